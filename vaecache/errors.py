@@ -1,0 +1,53 @@
+"""User-facing failure kinds. The CLI maps each to a one-line message and an exit code."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_PARTIAL = 3
+
+
+class VaecacheError(Exception):
+    """Base class for every error vaecache reports without a traceback."""
+
+    exit_code = EXIT_FAILED
+
+
+class UsageError(VaecacheError):
+    """The command line, a config file or an input path is wrong."""
+
+    exit_code = EXIT_USAGE
+
+
+class DatasetError(UsageError):
+    """The dataset cannot be discovered or planned (missing path, empty folder, bad index)."""
+
+
+class VideoDecodeError(VaecacheError):
+    """One video could not be read; recorded as a failure and the run goes on."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class VaeSpecError(UsageError):
+    """The --vae spec cannot be resolved into a model."""
+
+
+class FrameRuleError(UsageError):
+    """--num-frames or --size violates the VAE's compression rules."""
+
+
+class OutputError(VaecacheError):
+    """OUT cannot be written (disk full, permission denied) or is in an unusable state."""
+
+
+class ManifestError(VaecacheError):
+    """A manifest is missing, unparsable or of an unsupported format version."""
+
+
+class DistributedError(VaecacheError):
+    """Distributed state could not be set up, or a collective failed or timed out."""
