@@ -1,0 +1,122 @@
+"""The synthetic demo dataset: layout, readability with decord, motion, variety, determinism."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import decord
+import numpy as np
+import pytest
+
+from vaecache.demodata import DemoDataSpec, write_demo_dataset
+from vaecache.errors import UsageError
+
+SPEC = DemoDataSpec(scenes=2, cameras=2, frames=9, height=48, width=64, fps=12, seed=3)
+
+
+def _decode(path: Path) -> np.ndarray:
+    reader = decord.VideoReader(str(path))
+    return reader.get_batch(list(range(len(reader)))).asnumpy()
+
+
+def _mad(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a.astype(np.float32) - b.astype(np.float32)).mean())
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Path]]:
+    root = tmp_path_factory.mktemp("demo") / "data"  # missing root: must be created
+    return root, write_demo_dataset(root, SPEC)
+
+
+@pytest.fixture(scope="module")
+def decoded(dataset: tuple[Path, list[Path]]) -> dict[str, np.ndarray]:
+    root, paths = dataset
+    return {p.relative_to(root).as_posix(): _decode(p) for p in paths}
+
+
+def test_layout_is_scene_camera_mp4(dataset: tuple[Path, list[Path]]) -> None:
+    root, paths = dataset
+    expected = [root / f"scene_{s:03d}" / f"cam_{c}.mp4" for s in range(2) for c in range(2)]
+    assert paths == expected
+    on_disk = sorted(p for p in root.rglob("*") if p.is_file())
+    assert on_disk == expected  # no temp files or extras left behind
+
+
+def test_decord_reads_frames_size_fps(dataset: tuple[Path, list[Path]]) -> None:
+    for path in dataset[1]:
+        reader = decord.VideoReader(str(path))
+        assert len(reader) == SPEC.frames
+        assert reader[0].shape == (SPEC.height, SPEC.width, 3)
+        assert reader.get_avg_fps() == pytest.approx(SPEC.fps)
+
+
+def test_content_moves_and_varies(decoded: dict[str, np.ndarray]) -> None:
+    for frames in decoded.values():
+        assert _mad(frames[0], frames[-1]) > 10.0
+        assert _mad(frames[0], frames[1]) > 1.0  # motion between consecutive frames too
+    assert _mad(decoded["scene_000/cam_0.mp4"], decoded["scene_000/cam_1.mp4"]) > 20.0
+    assert _mad(decoded["scene_000/cam_0.mp4"], decoded["scene_001/cam_0.mp4"]) > 20.0
+    assert _mad(decoded["scene_001/cam_0.mp4"], decoded["scene_001/cam_1.mp4"]) > 20.0
+
+
+def test_same_spec_gives_identical_bytes(
+    tmp_path: Path, dataset: tuple[Path, list[Path]], decoded: dict[str, np.ndarray]
+) -> None:
+    root, paths = dataset
+    again = write_demo_dataset(tmp_path, SPEC)
+    assert [p.relative_to(tmp_path) for p in again] == [p.relative_to(root) for p in paths]
+    for first, second in zip(paths, again):
+        assert np.array_equal(decoded[first.relative_to(root).as_posix()], _decode(second))
+        assert first.read_bytes() == second.read_bytes()
+
+
+def test_rewrite_overwrites_in_place(tmp_path: Path) -> None:
+    spec = DemoDataSpec(scenes=1, cameras=1, frames=2, height=16, width=18)
+    (path,) = write_demo_dataset(tmp_path, spec)
+    path.write_bytes(b"garbage")
+    assert write_demo_dataset(tmp_path, spec) == [path]
+    assert len(decord.VideoReader(str(path))) == 2
+    assert sorted(p.name for p in path.parent.iterdir()) == ["cam_0.mp4"]
+
+
+def test_different_seed_gives_different_frames(
+    tmp_path: Path, dataset: tuple[Path, list[Path]], decoded: dict[str, np.ndarray]
+) -> None:
+    spec = DemoDataSpec(scenes=1, cameras=1, frames=SPEC.frames, height=48, width=64, fps=12, seed=4)
+    (other,) = write_demo_dataset(tmp_path, spec)
+    assert _mad(decoded["scene_000/cam_0.mp4"], _decode(other)) > 20.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"height": 63}, "height must be even"),
+        ({"width": 15}, "width must be even"),
+        ({"width": 14}, "width must be even and >= 16"),
+        ({"width": 48}, "width 48 is misread by decord"),
+        ({"scenes": 0}, "scenes must be >= 1"),
+        ({"cameras": 0}, "cameras must be >= 1"),
+        ({"frames": 0}, "frames must be >= 1"),
+        ({"fps": 0}, "fps must be >= 1"),
+        ({"frames": 2.5}, "frames must be an integer"),
+        ({"seed": -1}, "seed must be >= 0"),
+    ],
+)
+def test_bad_spec_raises_usage_error(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(UsageError, match=match):
+        DemoDataSpec(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("height", "width"), [(16, 18), (18, 20), (16, 96)])
+def test_small_sizes_read_back_with_decord(tmp_path: Path, height: int, width: int) -> None:
+    spec = DemoDataSpec(scenes=1, cameras=1, frames=3, height=height, width=width)
+    (path,) = write_demo_dataset(tmp_path, spec)
+    assert _decode(path).shape == (3, height, width, 3)
+
+
+def test_root_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "file"
+    root.write_text("x")
+    with pytest.raises(UsageError, match="not a directory"):
+        write_demo_dataset(root, DemoDataSpec(scenes=1, cameras=1, frames=1))

@@ -1,0 +1,141 @@
+"""`vaecache encode`: parse options, build the config, run the pipeline inside the distributed context."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from vaecache.cli._common import console, human_bytes, report_errors
+from vaecache.config import EncodeConfig, SamplingConfig, load_toml, parse_bytes, parse_size
+from vaecache.errors import UsageError
+
+
+def build_config(data: Path, out: Path | None, vae: str | None, options: dict[str, Any], config_file: Path | None) -> EncodeConfig:
+    """CLI flags override the TOML file; both use the long option names."""
+    merged: dict[str, Any] = load_toml(config_file) if config_file else {}
+    merged.update({key: value for key, value in options.items() if value is not None})
+    if out is None:
+        raise UsageError("--out is required: the folder the latent cache is written to")
+    vae = vae or merged.pop("vae", None)
+    if not vae:
+        raise UsageError("--vae is required (builtin:tiny, diffusers:PATH or python:module:function); "
+                         "there is no default, so a forgotten flag cannot produce silent garbage")
+    if "num_frames" not in merged:
+        raise UsageError("--num-frames is required (frames per clip, e.g. 17 for Wan-style 1+4k VAEs)")
+    if "size" not in merged:
+        raise UsageError("--size HxW is required (e.g. 480x832)")
+    height, width = parse_size(str(merged.pop("size")))
+    sampling = SamplingConfig(
+        num_frames=int(merged.pop("num_frames")),
+        frame_stride=int(merged.pop("frame_stride", 1)),
+        window_stride=merged.pop("window_stride", None),
+        max_clips_per_scene=merged.pop("max_clips_per_scene", None),
+    )
+    cameras = merged.pop("cameras", None)
+    if isinstance(cameras, str):
+        cameras = tuple(c.strip() for c in cameras.split(",") if c.strip())
+    elif cameras is not None:
+        cameras = tuple(cameras)
+    if "shard_size" in merged:
+        merged["shard_size"] = parse_bytes(merged["shard_size"])
+    merged.pop("data", None)
+    merged.pop("out", None)
+    return EncodeConfig(data=Path(data), out=Path(out), vae=vae, sampling=sampling, height=height, width=width,
+                        cameras=cameras, **merged)
+
+
+@report_errors
+def encode(
+    data: Path = typer.Argument(..., help="Dataset: DATA/<scene>/<camera>.mp4, a folder of videos, or a .jsonl index."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder for shards and manifest."),
+    vae: Optional[str] = typer.Option(None, "--vae", help="builtin:tiny | diffusers:PATH[#subfolder] | python:module:function"),
+    num_frames: Optional[int] = typer.Option(None, "--num-frames", help="Frames per clip (checked against the VAE's rule)."),
+    size: Optional[str] = typer.Option(None, "--size", help="HxW after resize-to-cover and center crop."),
+    frame_stride: Optional[int] = typer.Option(None, "--frame-stride", help="Use every S-th source frame (default 1)."),
+    window_stride: Optional[int] = typer.Option(None, "--window-stride", help="Source frames between clip starts (default: no overlap)."),
+    max_clips_per_scene: Optional[int] = typer.Option(None, "--max-clips-per-scene", help="Keep the first K clips of each scene."),
+    cameras: Optional[str] = typer.Option(None, "--cameras", help="Comma-separated camera order (default: names sorted)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32 | bf16 | fp16: VAE compute and stored dtype (default fp32)."),
+    device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda (auto: cuda:LOCAL_RANK when available)."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Clips per batch (B*cameras views)."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Decode worker processes per rank (default 2)."),
+    shard_size: Optional[str] = typer.Option(None, "--shard-size", help="Roll shards at this many bytes (default 256MiB)."),
+    store: Optional[str] = typer.Option(None, "--store", help="mean-logvar (default) | mean | sample"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for --store sample noise (per clip and camera)."),
+    sp_size: Optional[int] = typer.Option(None, "--sp-size", help="Ranks per sequence-parallel group (world = DP x SP)."),
+    on_error: Optional[str] = typer.Option(None, "--on-error", help="skip (default: record bad inputs, go on) | fail"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Discard what OUT holds and start over."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds before a stuck collective fails the job (default 1800)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="TOML file with these options (flags win)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on rank 0."),
+) -> None:
+    """Encode a video dataset into safetensors latent shards plus a manifest."""
+    from vaecache.dist import distributed
+    from vaecache.pipeline import run_encode
+
+    options = {
+        "num_frames": num_frames, "size": size, "frame_stride": frame_stride, "window_stride": window_stride,
+        "max_clips_per_scene": max_clips_per_scene, "cameras": cameras, "dtype": dtype, "device": device,
+        "batch_size": batch_size, "workers": workers, "shard_size": shard_size, "store": store, "seed": seed,
+        "sp_size": sp_size, "on_error": on_error, "overwrite": overwrite or None, "timeout_s": timeout,
+        "progress": None if progress else False,
+    }
+    cfg = build_config(data, out, vae, options, config)
+    with distributed(sp_size=cfg.sp_size, device=cfg.device, timeout_s=cfg.timeout_s) as ctx:
+        is_rank0 = ctx.info.rank == 0
+        if is_rank0 and cfg.vae.startswith("builtin:"):
+            console.print("[yellow]note:[/yellow] builtin:tiny is an untrained VAE with random weights "
+                          "(for demos and tests; its latents mean nothing to a real model)")
+        bar = _progress_bar() if is_rank0 and cfg.progress else None
+        task = None
+
+        def on_progress(done: int, total: int) -> None:
+            nonlocal task
+            if bar is None:
+                return
+            if task is None:
+                task = bar.add_task(f"encoding (rank 0's share of {ctx.mesh.dp_size} DP groups)", total=total)
+            bar.advance(task, done)
+
+        if bar is not None:
+            bar.start()
+        try:
+            summary = run_encode(cfg, ctx, on_progress)
+        finally:
+            if bar is not None:
+                bar.stop()
+    if is_rank0:
+        console.print(summary_table(summary))
+    raise typer.Exit(summary.exit_code)
+
+
+def _progress_bar() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("clips"),
+                    TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)
+
+
+def summary_table(summary) -> Table:
+    table = Table(title=f"vaecache encode -> {summary.out}", show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    shapes = ", ".join(f"{k} {tuple(v)}" for k, v in summary.latent_shape.items()) or "-"
+    rows = [
+        ("clips encoded now", f"{summary.clips}"),
+        ("clips already committed (resumed)", f"{summary.resumed_clips}"),
+        ("clips planned", f"{summary.planned_clips} from {summary.scenes} scenes"),
+        ("views", f"{summary.views}"),
+        ("frames", f"{summary.frames}"),
+        ("latent shape per clip", shapes),
+        ("shards / bytes written", f"{summary.shards} / {human_bytes(summary.bytes_written)}"),
+        ("skipped inputs", f"{len(summary.skipped)}" + (f" (see {summary.out}/failures.jsonl)" if summary.skipped else "")),
+        ("ranks", f"{summary.world_size} (SP {summary.sp_size})"),
+        ("wall time", f"{summary.wall_s:.1f} s"),
+        ("views/s", f"{summary.views_per_s:.2f}"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    return table

@@ -1,0 +1,174 @@
+"""Frozen, validated settings for every command. Loaded from CLI flags, optionally on top of a TOML file."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from vaecache.errors import UsageError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+STORE_CHOICES = ("mean-logvar", "mean", "sample")
+DTYPE_CHOICES = ("fp32", "bf16", "fp16")
+ON_ERROR_CHOICES = ("skip", "fail")
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """'64x96' -> (64, 96) as (height, width)."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if not match:
+        raise UsageError(f"--size must look like HxW (e.g. 480x832), got {text!r}")
+    height, width = int(match.group(1)), int(match.group(2))
+    if height < 1 or width < 1:
+        raise UsageError(f"--size must be positive, got {text!r}")
+    return height, width
+
+
+def parse_bytes(text: str | int) -> int:
+    """'256MiB', '1GB', '5000' -> bytes."""
+    if isinstance(text, int):
+        value = text
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*", text, flags=re.IGNORECASE)
+        if not match:
+            raise UsageError(f"--shard-size must be a byte count like 256MiB or 1GB, got {text!r}")
+        unit = (match.group(2) or "").upper().rstrip("B")
+        scale = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+                 "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}[unit]
+        value = int(float(match.group(1)) * scale)
+    if value < 1:
+        raise UsageError(f"--shard-size must be at least 1 byte, got {text!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How clips are cut from a scene. Every camera of a clip uses the same frame indices."""
+
+    num_frames: int
+    """Frames per clip (after striding)."""
+    frame_stride: int = 1
+    """Take every S-th source frame inside a clip."""
+    window_stride: int | None = None
+    """Source frames between the starts of consecutive clips; default num_frames*frame_stride (no overlap)."""
+    max_clips_per_scene: int | None = None
+    """Keep at most this many clips per scene (the first ones)."""
+
+    def __post_init__(self) -> None:
+        if self.num_frames < 1:
+            raise UsageError(f"--num-frames must be >= 1, got {self.num_frames}")
+        if self.frame_stride < 1:
+            raise UsageError(f"--frame-stride must be >= 1, got {self.frame_stride}")
+        if self.window_stride is not None and self.window_stride < 1:
+            raise UsageError(f"--window-stride must be >= 1, got {self.window_stride}")
+        if self.max_clips_per_scene is not None and self.max_clips_per_scene < 1:
+            raise UsageError(f"--max-clips-per-scene must be >= 1, got {self.max_clips_per_scene}")
+
+    @property
+    def span(self) -> int:
+        """Source frames covered by one clip, first to last inclusive."""
+        return (self.num_frames - 1) * self.frame_stride + 1
+
+    @property
+    def step(self) -> int:
+        return self.window_stride if self.window_stride is not None else self.num_frames * self.frame_stride
+
+
+@dataclass(frozen=True)
+class EncodeConfig:
+    """Everything `vaecache encode` needs. Fields that change latents go into the run fingerprint."""
+
+    data: Path
+    out: Path
+    vae: str
+    sampling: SamplingConfig
+    height: int
+    width: int
+    dtype: str = "fp32"
+    device: str = "auto"
+    batch_size: int = 1
+    """Clips per batch; a batch is folded into batch_size * cameras views."""
+    workers: int = 2
+    """DataLoader worker processes decoding video per rank (0 decodes in the main process)."""
+    shard_size: int = 256 * 2**20
+    """Roll a new safetensors shard once this many tensor bytes are buffered."""
+    store: str = "mean-logvar"
+    seed: int = 0
+    """Seeds the per-(clip, camera) noise generator used by --store sample."""
+    sp_size: int = 1
+    cameras: tuple[str, ...] | None = None
+    """Camera order for folder layouts; default: sorted by name."""
+    on_error: str = "skip"
+    overwrite: bool = False
+    timeout_s: float = 1800.0
+    """Collective timeout: a dead or stuck rank ends the job after this long instead of hanging."""
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.vae:
+            raise UsageError("--vae is required (e.g. builtin:tiny, diffusers:/path/to/vae, python:pkg.mod:factory)")
+        if self.height < 1 or self.width < 1:
+            raise UsageError(f"--size must be positive, got {self.height}x{self.width}")
+        if self.dtype not in DTYPE_CHOICES:
+            raise UsageError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
+        if self.store not in STORE_CHOICES:
+            raise UsageError(f"--store must be one of {', '.join(STORE_CHOICES)}, got {self.store!r}")
+        if self.on_error not in ON_ERROR_CHOICES:
+            raise UsageError(f"--on-error must be one of {', '.join(ON_ERROR_CHOICES)}, got {self.on_error!r}")
+        if self.batch_size < 1:
+            raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.workers < 0:
+            raise UsageError(f"--workers must be >= 0, got {self.workers}")
+        if self.sp_size < 1:
+            raise UsageError(f"--sp-size must be >= 1, got {self.sp_size}")
+        if self.shard_size < 1:
+            raise UsageError(f"--shard-size must be >= 1 byte, got {self.shard_size}")
+        if self.timeout_s <= 0:
+            raise UsageError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
+        if self.cameras is not None and len(set(self.cameras)) != len(self.cameras):
+            raise UsageError(f"camera order lists a camera twice: {list(self.cameras)}")
+
+    def latent_settings(self) -> dict[str, Any]:
+        """The settings that determine the stored bytes (compared on resume)."""
+        return {
+            "num_frames": self.sampling.num_frames,
+            "frame_stride": self.sampling.frame_stride,
+            "window_stride": self.sampling.step,
+            "max_clips_per_scene": self.sampling.max_clips_per_scene,
+            "height": self.height,
+            "width": self.width,
+            "dtype": self.dtype,
+            "store": self.store,
+            "seed": self.seed if self.store == "sample" else None,
+            "cameras": list(self.cameras) if self.cameras is not None else None,
+        }
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    """Read a config file whose keys are the long CLI option names (dashes or underscores)."""
+    try:
+        with open(path, "rb") as handle:
+            raw = tomllib.load(handle)
+    except FileNotFoundError:
+        raise UsageError(f"{path}: config file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: not valid TOML: {exc}") from None
+    section = raw.get("encode", raw)
+    known = {f.name for f in fields(EncodeConfig)} | {f.name for f in fields(SamplingConfig)} | {"size"}
+    normalized = {key.replace("-", "_"): value for key, value in section.items()}
+    unknown = sorted(set(normalized) - known)
+    if unknown:
+        raise UsageError(f"{path}: unknown setting(s) {', '.join(unknown)}")
+    return normalized
+
+
+__all__ = [
+    "DTYPE_CHOICES", "ON_ERROR_CHOICES", "STORE_CHOICES", "EncodeConfig", "SamplingConfig",
+    "load_toml", "parse_bytes", "parse_size",
+]

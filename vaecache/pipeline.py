@@ -1,0 +1,278 @@
+"""The encode loop: plan -> decode (DataLoader workers) -> encode (SP group) -> write (background thread)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import logging
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import torch
+
+import vaecache
+from vaecache.config import EncodeConfig
+from vaecache.dataset import (
+    Clip, SceneProbe, ViewBatchDataset, assign, batch_views, batched, discover_scenes, plan_clips, probe_scene,
+)
+from vaecache.dist import DistContext
+from vaecache.errors import EXIT_OK, EXIT_PARTIAL, UsageError, VaecacheError, VideoDecodeError
+from vaecache.manifest import AppendLog, failures_path, progress_path, read_failures, read_progress, write_manifest
+from vaecache.outdir import PreparedOut, prepare_out, release_lock
+from vaecache.parallel import gather_views, plan_sp
+from vaecache.vae import LoadedVae, load_vae
+from vaecache.writer import ShardWriter
+
+log = logging.getLogger("vaecache")
+T = TypeVar("T")
+
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+@dataclass
+class EncodeSummary:
+    """What a finished encode did, summed over ranks (filled on every rank, printed by rank 0)."""
+
+    out: Path
+    clips: int = 0
+    views: int = 0
+    frames: int = 0
+    resumed_clips: int = 0
+    planned_clips: int = 0
+    scenes: int = 0
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    latent_shape: dict[str, list[int]] = field(default_factory=dict)
+    bytes_written: int = 0
+    shards: int = 0
+    wall_s: float = 0.0
+    world_size: int = 1
+    sp_size: int = 1
+    untrained_vae: bool = False
+
+    @property
+    def views_per_s(self) -> float:
+        return self.views / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_PARTIAL if self.skipped else EXIT_OK
+
+
+def run_fingerprint(cfg: EncodeConfig, vae: LoadedVae) -> dict[str, Any]:
+    """Everything that determines stored bytes; a resume must match it exactly."""
+    vae_part = {k: v for k, v in vae.fingerprint().items() if k != "spec"}
+    return {"vae": vae_part, "latents": cfg.latent_settings(), "format_version": 1}
+
+
+def on_rank0(ctx: DistContext, fn: Callable[[], T]) -> T:
+    """Run fn on rank 0 and hand its result, or its error, to every rank (so no rank waits forever)."""
+    payload: Any = None
+    if ctx.info.rank == 0:
+        try:
+            payload = ("ok", fn())
+        except VaecacheError as exc:
+            payload = ("error", exc)
+    payload = ctx.broadcast_object(payload)
+    if payload[0] == "error":
+        raise payload[1]
+    return payload[1]
+
+
+def setup_logging(out: Path, rank: int, world: int) -> logging.Handler:
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(out / "logs" / f"rank-{rank:05d}.log")
+    handler.setFormatter(logging.Formatter(f"%(asctime)s rank {rank}/{world} %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    return handler
+
+
+def sample_noise(seed: int, clip_id: str, camera: str, shape: torch.Size) -> torch.Tensor:
+    """Posterior noise for --store sample, from (seed, clip id, camera) only: independent of rank and batch."""
+    key = hashlib.sha256(f"{seed}|{clip_id}|{camera}".encode()).digest()
+    generator = torch.Generator().manual_seed(int.from_bytes(key[:8], "little") & (2**63 - 1))
+    return torch.randn(shape, generator=generator, dtype=torch.float32)
+
+
+def clip_tensors(clip: Clip, moments: torch.Tensor, channels: int, cfg: EncodeConfig,
+                 dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Split the (NC, 2c|c, t, h, w) moments of one clip into what --store asks for."""
+    mean = moments[:, :channels]
+    logvar = moments[:, channels:] if moments.shape[1] > channels else None
+    if cfg.store == "mean":
+        return {"mean": mean}
+    if cfg.store == "mean-logvar":
+        return {"mean": mean, "logvar": logvar}
+    std = torch.exp(0.5 * logvar.float())
+    noise = torch.stack([sample_noise(cfg.seed, clip.clip_id, cam, mean.shape[1:]) for cam in clip.cameras])
+    return {"sample": (mean.float() + std * noise.to(std.device)).to(dtype)}
+
+
+def clip_record(clip: Clip, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    return {
+        "id": clip.clip_id,
+        "scene": clip.scene_id,
+        "cameras": list(clip.cameras),
+        "sources": list(clip.paths),
+        "frames": list(clip.frames),
+        "fps": clip.fps,
+        "tensors": {key: {"name": f"{clip.clip_id}/{key}", "shape": list(t.shape), "dtype": DTYPE_NAMES[t.dtype]}
+                    for key, t in tensors.items()},
+    }
+
+
+def failure_record(scene: str, path: str | None, reason: str, clip_id: str | None = None) -> dict[str, Any]:
+    return {"key": f"{scene}|{clip_id or ''}|{path or ''}", "scene": scene, "clip": clip_id, "path": path,
+            "reason": reason}
+
+
+def _probe_all(ctx: DistContext, scenes: list) -> dict[str, SceneProbe]:
+    """Every rank opens its share of the scenes; the results are exchanged so all ranks plan alike."""
+    mine = [probe_scene(scene) for scene in assign(scenes, ctx.info.rank, ctx.info.world_size)]
+    return {probe.scene_id: probe for part in ctx.all_gather_object(mine) for probe in part}
+
+
+def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Callable[[int, int], None] | None = None) -> EncodeSummary:
+    """Encode the dataset into OUT on this rank; returns the job-wide summary."""
+    started = time.perf_counter()
+    rank, world = ctx.info.rank, ctx.info.world_size
+    mesh = ctx.mesh
+    vae = load_vae(cfg.vae, ctx.device, cfg.dtype)
+    vae.rule.check(cfg.sampling.num_frames, cfg.height, cfg.width)
+    if cfg.store != "mean" and not vae.has_logvar:
+        raise UsageError(f"--store {cfg.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; use --store mean")
+    scenes = discover_scenes(cfg.data, cfg.cameras)
+    fingerprint = run_fingerprint(cfg, vae)
+    prepared: PreparedOut = on_rank0(ctx, lambda: prepare_out(cfg.out, fingerprint, cfg.overwrite, ctx.info.job_id))
+    handler = setup_logging(cfg.out, rank, world)
+    try:
+        log.info("vaecache %s: world %d = DP %d x SP %d, device %s, attempt %d, %d clips already committed",
+                 vaecache.__version__, world, mesh.dp_size, mesh.sp_size, ctx.device, prepared.attempt,
+                 len(prepared.done_clip_ids))
+        summary = _encode(cfg, ctx, vae, scenes, prepared, on_progress)
+        summary.wall_s = time.perf_counter() - started
+        if rank == 0:
+            _finalize(cfg, vae, summary, fingerprint)
+            release_lock(cfg.out)
+        ctx.barrier()
+        log.info("done: %d clips, %d views in %.1f s", summary.clips, summary.views, summary.wall_s)
+        return summary
+    finally:
+        log.removeHandler(handler)
+        handler.close()
+
+
+def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, scenes: list, prepared: PreparedOut,
+            on_progress: Callable[[int, int], None] | None) -> EncodeSummary:
+    rank, mesh = ctx.info.rank, ctx.mesh
+    probes = _probe_all(ctx, scenes)
+    clips, skipped = plan_clips(scenes, probes, cfg.sampling)
+    todo = [clip for clip in clips if clip.clip_id not in prepared.done_clip_ids]
+    mine = assign(todo, mesh.dp_rank, mesh.dp_size)
+    batches = batched(mine, cfg.batch_size)
+    plans = [plan_sp(len(batch_views(batch)), mesh.sp_size) for batch in batches]
+    view_indices = [plan.view_indices(mesh.sp_rank) for plan in plans]
+    failures = AppendLog(failures_path(cfg.out, rank))
+    if rank == 0:
+        for skip in skipped:
+            failures.append(failure_record(skip.scene_id, skip.path, skip.reason))
+            log.warning("skipped scene %s: %s%s", skip.scene_id, skip.reason, f" ({skip.path})" if skip.path else "")
+    local = {"clips": 0, "views": 0, "frames": 0, "failed": []}
+    loader = torch.utils.data.DataLoader(
+        ViewBatchDataset(batches, view_indices, cfg.height, cfg.width),
+        batch_size=None, shuffle=False, num_workers=cfg.workers, pin_memory=ctx.device.type == "cuda",
+        prefetch_factor=4 if cfg.workers else None,
+    )
+    progress_log = AppendLog(progress_path(cfg.out, rank)) if mesh.is_writer else None
+    writer = ShardWriter(cfg.out, rank, prepared.attempt, cfg.shard_size, progress_log) if progress_log else None
+    try:
+        for item in loader:
+            batch = batches[item["index"]]
+            plan = plans[item["index"]]
+            errors: dict[int, tuple[str, str]] = dict(item["errors"])
+            if not plan.is_local and mesh.sp_size > 1:
+                for part in ctx.sp_all_gather_object(errors):
+                    errors.update(part)
+            mean, logvar = vae.encode_views(item["views"])
+            moments = mean if logvar is None else torch.cat([mean, logvar], dim=1)
+            moments = gather_views(moments, plan, ctx.sp_group)
+            channels = mean.shape[1]
+            view_start = 0
+            for clip_index, clip in enumerate(batch):
+                clip_moments = moments[view_start:view_start + clip.num_views]
+                view_start += clip.num_views
+                if clip_index in errors:
+                    path, reason = errors[clip_index]
+                    if mesh.is_writer:
+                        failures.append(failure_record(clip.scene_id, path, reason, clip.clip_id))
+                        log.warning("clip %s failed: %s: %s", clip.clip_id, path, reason)
+                    local["failed"].append(clip.clip_id)
+                    if cfg.on_error == "fail":
+                        raise VideoDecodeError(path, reason)
+                    continue
+                if writer is not None:
+                    tensors = clip_tensors(clip, clip_moments, channels, cfg, vae.dtype)
+                    writer.add(clip_record(clip, tensors), {f"{clip.clip_id}/{k}": t for k, t in tensors.items()})
+                    local["clips"] += 1
+                    local["views"] += clip.num_views
+                    local["frames"] += clip.num_views * len(clip.frames)
+            if on_progress is not None:
+                on_progress(len(batch), len(mine))
+        if writer is not None:
+            writer.close()
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    finally:
+        failures.close()
+        if progress_log is not None:
+            progress_log.close()
+    local["bytes"] = writer.bytes_written if writer else 0
+    local["shards"] = len(writer.committed) if writer else 0
+    summary = EncodeSummary(cfg.out, world_size=ctx.info.world_size, sp_size=mesh.sp_size,
+                            untrained_vae=vae.untrained, resumed_clips=len(prepared.done_clip_ids),
+                            planned_clips=len(clips), scenes=len(scenes))
+    for part in ctx.all_gather_object(local):
+        summary.clips += part["clips"]
+        summary.views += part["views"]
+        summary.frames += part["frames"]
+        summary.bytes_written += part["bytes"]
+        summary.shards += part["shards"]
+    return summary
+
+
+def _finalize(cfg: EncodeConfig, vae: LoadedVae, summary: EncodeSummary, fingerprint: dict[str, Any]) -> None:
+    """Rank 0, after every rank finished: merge progress logs into the manifest, written last."""
+    shards, clips = read_progress(cfg.out)
+    failures = read_failures(cfg.out)
+    summary.skipped = failures
+    views = sum(len(c["cameras"]) for c in clips)
+    if clips:
+        summary.latent_shape = {key: entry["shape"] for key, entry in clips[0]["tensors"].items()}
+    header = {
+        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "producer": {"vaecache": vaecache.__version__, "torch": torch.__version__, "python": platform.python_version()},
+        "vae": vae.fingerprint(),
+        "fingerprint_sha256": hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest(),
+        "frame_rule": {"temporal_factor": vae.rule.temporal_factor, "spatial_factor": vae.rule.spatial_factor,
+                       "causal": vae.rule.causal},
+        "settings": {**cfg.latent_settings(), "data": str(cfg.data), "batch_size": cfg.batch_size,
+                     "sp_size": cfg.sp_size, "world_size": summary.world_size, "shard_size": cfg.shard_size,
+                     "vae_spec": cfg.vae},
+        "latent": {"store": _stored_keys(cfg.store), "dtype": DTYPE_NAMES[vae.dtype],
+                   "layout": "(cameras, channels, latent_frames, height/spatial_factor, width/spatial_factor)",
+                   "shape": summary.latent_shape},
+        "counts": {"clips": len(clips), "views": views, "frames": sum(len(c["cameras"]) * len(c["frames"]) for c in clips),
+                   "shards": len(shards), "bytes": sum(s["bytes"] for s in shards), "failures": len(failures)},
+    }
+    write_manifest(cfg.out, header, shards, clips, failures)
+
+
+def _stored_keys(store: str) -> list[str]:
+    return {"mean-logvar": ["mean", "logvar"], "mean": ["mean"], "sample": ["sample"]}[store]
+

@@ -1,0 +1,272 @@
+"""Checks that a latent cache is complete and intact. Produces a report (pure data); the CLI renders it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+from safetensors.torch import load as safetensors_load
+
+from vaecache.errors import ManifestError
+from vaecache.manifest import (
+    MANIFEST, SHARD_SUFFIX, SHARDS_DIR, iter_jsonl, read_manifest, read_progress,
+)
+from vaecache.writer import tensor_stats
+
+MAX_EXAMPLES = 5
+STATS_RTOL = 1e-6
+"""Recorded stats are float64 reductions; recomputing them may differ in the last bits with thread count."""
+
+
+@dataclass
+class Check:
+    """One row of the report: how many items passed and failed, and the first failures named."""
+
+    name: str
+    passed: int = 0
+    failed: int = 0
+    problems: list[str] = field(default_factory=list)
+    note: str = ""
+    skipped: bool = False
+
+    def ok(self, count: int = 1) -> None:
+        self.passed += count
+
+    def fail(self, problem: str) -> None:
+        self.failed += 1
+        if len(self.problems) < MAX_EXAMPLES:
+            self.problems.append(problem)
+
+
+@dataclass
+class VerifyReport:
+    out: str
+    complete: bool
+    checks: list[Check]
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.complete and all(check.failed == 0 for check in self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"out": self.out, "ok": self.ok, "complete": self.complete, "summary": self.summary,
+                "checks": [asdict(check) for check in self.checks]}
+
+
+def verify_cache(out: Path, quick: bool = False, threads: int | None = None) -> VerifyReport:
+    """Run every check on OUT. `quick` reads headers only (no hashing, no values)."""
+    out = Path(out)
+    manifest_check = Check("manifest")
+    try:
+        manifest = read_manifest(out)
+        manifest_check.ok()
+    except ManifestError as exc:
+        manifest_check.fail(str(exc))
+        if not (out / MANIFEST).exists():
+            shards, clips = read_progress(out) if out.is_dir() else ([], [])
+            manifest_check.note = (f"incomplete: no final manifest; {len(clips)} clips in {len(shards)} shards are "
+                                   "committed (rerun the same encode command to finish)")
+        return VerifyReport(str(out), complete=False, checks=[manifest_check])
+
+    clips_check = Check("clip records")
+    records = _read_records(out, manifest, clips_check)
+    shard_check = Check("shard files" + (" (size only, --quick)" if quick else ""))
+    orphan_check = Check("no orphan shards")
+    tensor_check = Check("tensors match records")
+    value_check = Check("values finite and match stats", skipped=quick)
+    failures_check = Check("failures file")
+
+    listed = {shard["file"]: shard for shard in manifest.get("shards", [])}
+    on_disk = {f"{SHARDS_DIR}/{p.name}" for p in (out / SHARDS_DIR).glob(f"*{SHARD_SUFFIX}")} if (out / SHARDS_DIR).is_dir() else set()
+    for orphan in sorted(on_disk - set(listed)):
+        orphan_check.fail(f"{orphan}: shard file not listed in the manifest")
+    orphan_check.ok(len(on_disk & set(listed)))
+
+    by_shard: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        by_shard.setdefault(f"{SHARDS_DIR}/{record.get('shard')}", []).append(record)
+    for file in sorted(set(by_shard) - set(listed)):
+        for record in by_shard[file]:
+            tensor_check.fail(f"clip {record.get('id')}: its shard {file} is not in the manifest")
+
+    with ThreadPoolExecutor(max_workers=threads or min(8, (os.cpu_count() or 2))) as pool:
+        results = list(pool.map(lambda item: _check_shard(out, item[0], item[1], by_shard.get(item[0], []), quick),
+                                sorted(listed.items())))
+    for result in results:
+        for check, problems, passed in ((shard_check, result["shard"], 1),
+                                        (tensor_check, result["tensors"], result["tensors_ok"]),
+                                        (value_check, result["values"], result["values_ok"])):
+            for problem in problems:
+                check.fail(problem)
+            if not problems:
+                check.ok(passed)
+            elif check is not shard_check:
+                check.ok(max(0, passed))
+
+    failures = _read_failures(out, manifest, failures_check)
+    clip_count = manifest.get("clips", {}).get("count")
+    if clip_count is not None and clip_count != len(records):
+        clips_check.fail(f"manifest says {clip_count} clips, {manifest['clips']['file']} holds {len(records)}")
+    summary = {
+        "clips": len(records),
+        "views": sum(len(r.get("cameras", [])) for r in records),
+        "shards": len(listed),
+        "bytes": sum(int(s.get("bytes", 0)) for s in listed.values()),
+        "failures": len(failures),
+        "failure_reasons": _reason_counts(failures),
+        "vae": manifest.get("vae", {}).get("family"),
+        "untrained_vae": manifest.get("vae", {}).get("untrained", False),
+        "latent_shape": manifest.get("latent", {}).get("shape"),
+    }
+    checks = [manifest_check, clips_check, shard_check, orphan_check, tensor_check, value_check, failures_check]
+    return VerifyReport(str(out), complete=True, checks=checks, summary=summary)
+
+
+def _read_records(out: Path, manifest: dict[str, Any], check: Check) -> list[dict[str, Any]]:
+    info = manifest.get("clips") or {}
+    path = out / str(info.get("file", "clips.jsonl"))
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        check.fail(f"{path.name}: missing")
+        return []
+    if info.get("sha256") and hashlib.sha256(data).hexdigest() != info["sha256"]:
+        check.fail(f"{path.name}: sha256 differs from the manifest (records were edited or truncated)")
+    records, seen = [], set()
+    for lineno, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            check.fail(f"{path.name}:{lineno}: does not parse")
+            continue
+        clip_id = record.get("id")
+        if clip_id in seen:
+            check.fail(f"clip {clip_id}: recorded twice")
+            continue
+        seen.add(clip_id)
+        records.append(record)
+        check.ok()
+    return records
+
+
+def _read_failures(out: Path, manifest: dict[str, Any], check: Check) -> list[dict[str, Any]]:
+    info = manifest.get("failures") or {}
+    path = out / str(info.get("file", "failures.jsonl"))
+    if not path.exists():
+        check.fail(f"{path.name}: missing")
+        return []
+    if info.get("sha256") and hashlib.sha256(path.read_bytes()).hexdigest() != info["sha256"]:
+        check.fail(f"{path.name}: sha256 differs from the manifest")
+    failures = list(iter_jsonl(path))
+    check.ok()
+    check.note = f"{len(failures)} skipped input(s)" + (
+        ": " + ", ".join(f"{n}x {r}" for r, n in _reason_counts(failures).items()) if failures else "")
+    return failures
+
+
+def _reason_counts(failures: Iterable[dict[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for failure in failures:
+        reason = str(failure.get("reason", "?")).split(" (")[0]
+        counts[reason] = counts.get(reason, 0) + 1
+    return counts
+
+
+def _header(data: bytes) -> dict[str, Any]:
+    if len(data) < 8:
+        raise ValueError("shorter than a safetensors header")
+    size = int.from_bytes(data[:8], "little")
+    if size > len(data) - 8:
+        raise ValueError(f"header claims {size} bytes, file has {len(data) - 8}")
+    header = json.loads(data[8:8 + size])
+    header.pop("__metadata__", None)
+    return header
+
+
+SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+
+
+def _check_shard(out: Path, file: str, shard: dict[str, Any], records: list[dict[str, Any]], quick: bool) -> dict[str, Any]:
+    result: dict[str, Any] = {"shard": [], "tensors": [], "values": [], "tensors_ok": 0, "values_ok": 0}
+    path = out / file
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        result["shard"].append(f"{file}: missing")
+        result["tensors"].extend(f"clip {r['id']}: its shard {file} is missing" for r in records)
+        return result
+    if size != shard.get("bytes"):
+        result["shard"].append(f"{file}: {size} bytes, manifest says {shard.get('bytes')}")
+    if quick:
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+            length = int.from_bytes(head, "little") if len(head) == 8 else 0
+            data = head + handle.read(min(length, 100 * 2**20))
+    else:
+        data = path.read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != shard.get("sha256"):
+            result["shard"].append(f"{file}: sha256 {digest[:12]}..., manifest says {str(shard.get('sha256'))[:12]}...")
+    try:
+        header = _header(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        result["shard"].append(f"{file}: safetensors header does not parse ({exc})")
+        return result
+    claimed = set()
+    for record in records:
+        for key, entry in record.get("tensors", {}).items():
+            name = entry.get("name")
+            claimed.add(name)
+            found = header.get(name)
+            if found is None:
+                result["tensors"].append(f"clip {record['id']}: tensor {name} not in {file}")
+            elif found.get("shape") != entry.get("shape") or found.get("dtype") != SAFETENSORS_DTYPES.get(entry.get("dtype")):
+                result["tensors"].append(
+                    f"clip {record['id']}: {key} is {found.get('dtype')} {found.get('shape')} in {file}, "
+                    f"record says {entry.get('dtype')} {entry.get('shape')}")
+            else:
+                result["tensors_ok"] += 1
+    for name in sorted(set(header) - claimed):
+        result["tensors"].append(f"{file}: tensor {name} is claimed by no clip record")
+    if quick or result["shard"]:
+        return result
+    try:
+        tensors = safetensors_load(data)
+    except Exception as exc:  # safetensors raises its own error type for malformed payloads
+        result["values"].append(f"{file}: tensors do not load ({exc})")
+        return result
+    for record in records:
+        for key, entry in record.get("tensors", {}).items():
+            tensor = tensors.get(entry.get("name"))
+            if tensor is None:
+                continue
+            problem = _value_problem(tensor, entry.get("stats"))
+            if problem:
+                result["values"].append(f"clip {record['id']}: {key} in {file} {problem}")
+            else:
+                result["values_ok"] += 1
+    return result
+
+
+def _value_problem(tensor: torch.Tensor, recorded: dict[str, float] | None) -> str | None:
+    finite = torch.isfinite(tensor)
+    if not bool(finite.all()):
+        return f"has {int((~finite).sum())} non-finite value(s)"
+    if not recorded:
+        return "has no recorded stats"
+    found = tensor_stats(tensor)
+    for key in ("min", "max", "mean", "std"):
+        want, got = recorded.get(key), found[key]
+        if want is None or not math.isclose(got, want, rel_tol=STATS_RTOL, abs_tol=1e-9):
+            return f"{key} is {got:.6g}, recorded {want}"
+    return None

@@ -1,0 +1,140 @@
+"""Shard writer: buffers clips, rolls a safetensors shard at a size limit, commits atomically off-thread.
+
+A shard is committed by: serialize -> sha256 -> temp file -> fsync -> rename -> fsync folder -> append
+one fsynced line (shard record + its clip records) to this rank's progress log. Only a shard named in a
+progress log counts; anything else in shards/ is debris from a crash and is discarded on resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save as safetensors_save
+
+from vaecache.errors import OutputError
+from vaecache.manifest import FORMAT_NAME, FORMAT_VERSION, SHARD_SUFFIX, SHARDS_DIR, AppendLog, atomic_write_bytes
+
+
+def tensor_stats(tensor: torch.Tensor) -> dict[str, float]:
+    """Summary values recorded per tensor at encode time; verify recomputes them from the stored bytes."""
+    values = tensor.detach().to("cpu", torch.float64)
+    return {
+        "min": float(values.min()),
+        "max": float(values.max()),
+        "mean": float(values.mean()),
+        "std": float(values.std(unbiased=False)),
+    }
+
+
+def shard_name(attempt: int, rank: int, seq: int) -> str:
+    return f"a{attempt:03d}-r{rank:05d}-{seq:06d}{SHARD_SUFFIX}"
+
+
+class ShardWriter:
+    """Context manager: `add()` clips, shards roll at `shard_size` bytes, `close()` commits the rest.
+
+    At most `max_pending` shards wait for the disk; beyond that `add()` blocks, so a slow disk slows
+    the encoder instead of growing memory.
+    """
+
+    def __init__(self, out: Path, rank: int, attempt: int, shard_size: int, progress: AppendLog,
+                 max_pending: int = 2) -> None:
+        self.folder = Path(out) / SHARDS_DIR
+        self.rank, self.attempt, self.shard_size = rank, attempt, shard_size
+        self.progress = progress
+        self._seq = 0
+        self._tensors: dict[str, torch.Tensor] = {}
+        self._records: list[dict[str, Any]] = []
+        self._bytes = 0
+        self._slots = threading.Semaphore(max_pending)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"vaecache-writer-r{rank}")
+        self._futures: list[Future] = []
+        self._error: BaseException | None = None
+        self.committed: list[dict[str, Any]] = []
+        self.bytes_written = 0
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def add(self, record: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        """Buffer one clip. `record["tensors"][key]["name"]` names each tensor in `tensors`."""
+        self._raise_pending()
+        for name, tensor in tensors.items():
+            if name in self._tensors:
+                raise ValueError(f"tensor {name} added twice")
+            tensor = tensor.detach().to("cpu").contiguous()
+            self._tensors[name] = tensor
+            self._bytes += tensor.numel() * tensor.element_size()
+        self._records.append(record)
+        if self._bytes >= self.shard_size:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand the buffered clips to the writer thread as one shard."""
+        if not self._records:
+            return
+        tensors, records = self._tensors, self._records
+        self._tensors, self._records, self._bytes = {}, [], 0
+        name = shard_name(self.attempt, self.rank, self._seq)
+        self._seq += 1
+        self._slots.acquire()
+        self._futures.append(self._pool.submit(self._commit, name, tensors, records))
+
+    def _commit(self, name: str, tensors: dict[str, torch.Tensor], records: list[dict[str, Any]]) -> None:
+        try:
+            for record in records:
+                record["shard"] = name
+                for entry in record["tensors"].values():
+                    entry["stats"] = tensor_stats(tensors[entry["name"]])
+            data = safetensors_save(tensors, metadata={"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION)})
+            shard = {
+                "file": f"{SHARDS_DIR}/{name}",
+                "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "clips": len(records),
+                "tensors": len(tensors),
+            }
+            atomic_write_bytes(self.folder / name, data)
+            self.progress.append({"shard": shard, "clips": records})
+            self.committed.append(shard)
+            self.bytes_written += len(data)
+        except BaseException as exc:
+            if self._error is None:
+                self._error = exc
+            raise
+        finally:
+            self._slots.release()
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            error = self._error
+            if isinstance(error, OutputError):
+                raise OutputError(str(error)) from None
+            raise OutputError(f"rank {self.rank}: writing a shard failed: {error}") from error
+
+    def close(self) -> list[dict[str, Any]]:
+        """Commit what is buffered and wait for the disk; raise the first write error."""
+        try:
+            self.flush()
+            for future in self._futures:
+                future.exception()
+        finally:
+            self._pool.shutdown(wait=True)
+        self._raise_pending()
+        return self.committed
+
+    def abort(self) -> None:
+        """Drop buffered clips, let in-flight commits finish (each is atomic), keep what committed."""
+        self._tensors, self._records, self._bytes = {}, [], 0
+        self._pool.shutdown(wait=True)
