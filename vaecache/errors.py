@@ -6,6 +6,8 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_PARTIAL = 3
+EXIT_STOPPED = 75
+"""Stopped by SIGTERM/SIGUSR1/Ctrl-C after committing its work (EX_TEMPFAIL): rerun to resume."""
 
 
 class VaecacheError(Exception):

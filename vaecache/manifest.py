@@ -34,6 +34,11 @@ PROGRESS_DIR = "progress"
 LOGS_DIR = "logs"
 SHARD_SUFFIX = ".safetensors"
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+FILE_MODE = 0o666 & ~_UMASK
+"""mkstemp creates 0600 files; caches are shared with training jobs, so use the usual umask-based mode."""
+
 
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
@@ -49,6 +54,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
+            os.fchmod(fd, FILE_MODE)
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
                 handle.flush()

@@ -20,9 +20,10 @@ from vaecache.dataset import (
     Clip, SceneProbe, ViewBatchDataset, assign, batch_views, batched, discover_scenes, plan_clips, probe_scene,
 )
 from vaecache.dist import DistContext
-from vaecache.errors import EXIT_OK, EXIT_PARTIAL, UsageError, VaecacheError, VideoDecodeError
+from vaecache.errors import EXIT_OK, EXIT_PARTIAL, EXIT_STOPPED, UsageError, VaecacheError, VideoDecodeError
 from vaecache.manifest import AppendLog, failures_path, progress_path, read_failures, read_progress, write_manifest
 from vaecache.outdir import PreparedOut, prepare_out, release_lock
+from vaecache.stop import StopRequest, ignore_stop_signals
 from vaecache.parallel import gather_views, plan_sp
 from vaecache.vae import LoadedVae, load_vae
 from vaecache.writer import ShardWriter
@@ -52,6 +53,9 @@ class EncodeSummary:
     world_size: int = 1
     sp_size: int = 1
     untrained_vae: bool = False
+    backoffs: list[str] = field(default_factory=list)
+    stopped: str | None = None
+    """The signal that stopped this rank early (the cache is resumable, not complete)."""
 
     @property
     def views_per_s(self) -> float:
@@ -59,6 +63,8 @@ class EncodeSummary:
 
     @property
     def exit_code(self) -> int:
+        if self.stopped:
+            return EXIT_STOPPED
         return EXIT_PARTIAL if self.skipped else EXIT_OK
 
 
@@ -155,13 +161,17 @@ def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Callable[[int, 
                  len(prepared.done_clip_ids))
         summary = _encode(cfg, ctx, vae, scenes, prepared, on_progress)
         summary.wall_s = time.perf_counter() - started
+        if summary.stopped:
+            log.warning("stopped early (%s): committed work is kept; rerun the same command to resume", summary.stopped)
+            return summary
         if rank == 0:
             _finalize(cfg, vae, summary, fingerprint)
-            release_lock(cfg.out)
         ctx.barrier()
         log.info("done: %d clips, %d views in %.1f s", summary.clips, summary.views, summary.wall_s)
         return summary
     finally:
+        if rank == 0:
+            release_lock(cfg.out)
         log.removeHandler(handler)
         handler.close()
 
@@ -181,47 +191,30 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, scenes: list, p
         for skip in skipped:
             failures.append(failure_record(skip.scene_id, skip.path, skip.reason))
             log.warning("skipped scene %s: %s%s", skip.scene_id, skip.reason, f" ({skip.path})" if skip.path else "")
-    local = {"clips": 0, "views": 0, "frames": 0, "failed": []}
+    local: dict[str, Any] = {"clips": 0, "views": 0, "frames": 0, "failed": 0, "backoffs": [], "stopped": None}
     loader = torch.utils.data.DataLoader(
         ViewBatchDataset(batches, view_indices, cfg.height, cfg.width),
         batch_size=None, shuffle=False, num_workers=cfg.workers, pin_memory=ctx.device.type == "cuda",
-        prefetch_factor=4 if cfg.workers else None,
+        prefetch_factor=4 if cfg.workers else None, worker_init_fn=ignore_stop_signals,
     )
     progress_log = AppendLog(progress_path(cfg.out, rank)) if mesh.is_writer else None
     writer = ShardWriter(cfg.out, rank, prepared.attempt, cfg.shard_size, progress_log) if progress_log else None
     try:
-        for item in loader:
-            batch = batches[item["index"]]
-            plan = plans[item["index"]]
-            errors: dict[int, tuple[str, str]] = dict(item["errors"])
-            if not plan.is_local and mesh.sp_size > 1:
-                for part in ctx.sp_all_gather_object(errors):
-                    errors.update(part)
-            mean, logvar = vae.encode_views(item["views"])
-            moments = mean if logvar is None else torch.cat([mean, logvar], dim=1)
-            moments = gather_views(moments, plan, ctx.sp_group)
-            channels = mean.shape[1]
-            view_start = 0
-            for clip_index, clip in enumerate(batch):
-                clip_moments = moments[view_start:view_start + clip.num_views]
-                view_start += clip.num_views
-                if clip_index in errors:
-                    path, reason = errors[clip_index]
-                    if mesh.is_writer:
-                        failures.append(failure_record(clip.scene_id, path, reason, clip.clip_id))
-                        log.warning("clip %s failed: %s: %s", clip.clip_id, path, reason)
-                    local["failed"].append(clip.clip_id)
-                    if cfg.on_error == "fail":
-                        raise VideoDecodeError(path, reason)
-                    continue
-                if writer is not None:
-                    tensors = clip_tensors(clip, clip_moments, channels, cfg, vae.dtype)
-                    writer.add(clip_record(clip, tensors), {f"{clip.clip_id}/{k}": t for k, t in tensors.items()})
-                    local["clips"] += 1
-                    local["views"] += clip.num_views
-                    local["frames"] += clip.num_views * len(clip.frames)
-            if on_progress is not None:
-                on_progress(len(batch), len(mine))
+        with StopRequest() as stop:
+            for item in loader:
+                batch, plan = batches[item["index"]], plans[item["index"]]
+                # Ranks of one SP group must stop at the same batch, or the all_gather below would hang.
+                if _sp_any(ctx, stop.requested):
+                    local["stopped"] = stop.signal_name or "a peer's signal"
+                    break
+                result = _as_result(vae.encode_views(item["views"]))
+                moments = result.mean if result.logvar is None else torch.cat([result.mean, result.logvar], dim=1)
+                moments = gather_views(moments, plan, ctx.sp_group)
+                errors = _batch_errors(ctx, plan, batch, item["errors"], result, view_indices[item["index"]])
+                local["backoffs"].extend(result.backoffs)
+                _write_batch(cfg, ctx, vae, batch, moments, result.mean.shape[1], errors, writer, failures, local)
+                if on_progress is not None:
+                    on_progress(len(batch), len(mine))
         if writer is not None:
             writer.close()
     except BaseException:
@@ -237,13 +230,75 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, scenes: list, p
     summary = EncodeSummary(cfg.out, world_size=ctx.info.world_size, sp_size=mesh.sp_size,
                             untrained_vae=vae.untrained, resumed_clips=len(prepared.done_clip_ids),
                             planned_clips=len(clips), scenes=len(scenes))
+    if local["stopped"]:
+        # Committed shards are durable; skip the job-wide exchange (peers may be gone) and let a rerun resume.
+        summary.stopped = local["stopped"]
+        summary.clips, summary.views, summary.frames = local["clips"], local["views"], local["frames"]
+        summary.bytes_written, summary.shards = local["bytes"], local["shards"]
+        return summary
     for part in ctx.all_gather_object(local):
         summary.clips += part["clips"]
         summary.views += part["views"]
         summary.frames += part["frames"]
         summary.bytes_written += part["bytes"]
         summary.shards += part["shards"]
+        summary.backoffs.extend(part["backoffs"])
+        if part["stopped"] and not summary.stopped:
+            summary.stopped = part["stopped"]
     return summary
+
+
+def _as_result(out: Any) -> Any:
+    if isinstance(out, tuple):
+        from types import SimpleNamespace
+        return SimpleNamespace(mean=out[0], logvar=out[1], failed={}, tiled=set(), backoffs=[])
+    return out
+
+
+def _sp_any(ctx: DistContext, flag: bool) -> bool:
+    """True on every SP rank if any SP rank has the flag set."""
+    if ctx.mesh.sp_size == 1:
+        return flag
+    return any(ctx.sp_all_gather_object(flag))
+
+
+def _batch_errors(ctx: DistContext, plan: Any, batch: list[Clip], decode_errors: dict[int, tuple[str, str]],
+                  result: Any, my_views: list[int]) -> dict[int, tuple[str, str]]:
+    """Clip index -> (path, reason) for clips of the batch that any SP rank could not decode or encode."""
+    errors = dict(decode_errors)
+    views = batch_views(batch)
+    for local_index, reason in result.failed.items():
+        ref = views[my_views[local_index]]
+        errors.setdefault(ref.clip_index, (batch[ref.clip_index].paths[ref.camera_index], reason))
+    if ctx.mesh.sp_size > 1 and not plan.is_local:
+        for part in ctx.sp_all_gather_object(errors):
+            for clip_index, error in part.items():
+                errors.setdefault(clip_index, error)
+    return errors
+
+
+def _write_batch(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, batch: list[Clip], moments: torch.Tensor,
+                 channels: int, errors: dict[int, tuple[str, str]], writer: ShardWriter | None,
+                 failures: AppendLog, local: dict[str, Any]) -> None:
+    view_start = 0
+    for clip_index, clip in enumerate(batch):
+        clip_moments = moments[view_start:view_start + clip.num_views]
+        view_start += clip.num_views
+        if clip_index in errors:
+            path, reason = errors[clip_index]
+            if ctx.mesh.is_writer:
+                failures.append(failure_record(clip.scene_id, path, reason, clip.clip_id))
+                log.warning("clip %s failed: %s: %s", clip.clip_id, path, reason)
+                local["failed"] += 1
+            if cfg.on_error == "fail":
+                raise VideoDecodeError(path, reason)
+            continue
+        if writer is not None:
+            tensors = clip_tensors(clip, clip_moments, channels, cfg, vae.dtype)
+            writer.add(clip_record(clip, tensors), {f"{clip.clip_id}/{k}": t for k, t in tensors.items()})
+            local["clips"] += 1
+            local["views"] += clip.num_views
+            local["frames"] += clip.num_views * len(clip.frames)
 
 
 def _finalize(cfg: EncodeConfig, vae: LoadedVae, summary: EncodeSummary, fingerprint: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from safetensors.torch import save as safetensors_save
 
+from vaecache import faults
 from vaecache.errors import OutputError
 from vaecache.manifest import FORMAT_NAME, FORMAT_VERSION, SHARD_SUFFIX, SHARDS_DIR, AppendLog, atomic_write_bytes
 
@@ -105,8 +106,19 @@ class ShardWriter:
                 "clips": len(records),
                 "tensors": len(tensors),
             }
+            number = len(self.committed) + 1
+            if faults.should_fail("crash-mid-write", number, self.rank):
+                with open(self.folder / f".{name}.crash.tmp", "wb") as handle:
+                    handle.write(data[: len(data) // 2])
+                faults.crash()
+            if faults.should_fail("enospc", number, self.rank):
+                raise OutputError(f"{self.folder / name}: cannot write ({faults.disk_full(name).strerror})")
             atomic_write_bytes(self.folder / name, data)
+            if faults.should_fail("crash-before-record", number, self.rank):
+                faults.crash()
             self.progress.append({"shard": shard, "clips": records})
+            if faults.should_fail("crash-after-commit", number, self.rank):
+                faults.crash()
             self.committed.append(shard)
             self.bytes_written += len(data)
         except BaseException as exc:

@@ -9,11 +9,12 @@ from typing import Any, Callable, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from vaecache.errors import EXIT_FAILED, VaecacheError
 
 F = TypeVar("F", bound=Callable[..., Any])
-console = Console(stderr=True, highlight=False)
+console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def debug_enabled() -> bool:
@@ -32,7 +33,7 @@ def report_errors(fn: F) -> F:
         except VaecacheError as exc:
             if debug_enabled():
                 raise
-            console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+            console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             console.print("[red]interrupted[/red]")
@@ -40,7 +41,7 @@ def report_errors(fn: F) -> F:
         except Exception as exc:
             if debug_enabled():
                 raise
-            console.print(f"[red]error:[/red] unexpected {type(exc).__name__}: {exc} "
+            console.print(f"[red]error:[/red] unexpected {type(exc).__name__}: {escape(str(exc))} "
                           "(rerun with VAECACHE_DEBUG=1 for a traceback)", soft_wrap=True)
             raise typer.Exit(EXIT_FAILED) from None
 

@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.markup import escape
 from rich.table import Table
 
 from vaecache.cli._common import console, human_bytes, report_errors
@@ -18,9 +19,11 @@ def build_config(data: Path, out: Path | None, vae: str | None, options: dict[st
     """CLI flags override the TOML file; both use the long option names."""
     merged: dict[str, Any] = load_toml(config_file) if config_file else {}
     merged.update({key: value for key, value in options.items() if value is not None})
+    toml_out, toml_vae = merged.pop("out", None), merged.pop("vae", None)  # flags win over the file
+    out = out if out is not None else toml_out
     if out is None:
         raise UsageError("--out is required: the folder the latent cache is written to")
-    vae = vae or merged.pop("vae", None)
+    vae = vae or toml_vae
     if not vae:
         raise UsageError("--vae is required (builtin:tiny, diffusers:PATH or python:module:function); "
                          "there is no default, so a forgotten flag cannot produce silent garbage")
@@ -43,7 +46,6 @@ def build_config(data: Path, out: Path | None, vae: str | None, options: dict[st
     if "shard_size" in merged:
         merged["shard_size"] = parse_bytes(merged["shard_size"])
     merged.pop("data", None)
-    merged.pop("out", None)
     return EncodeConfig(data=Path(data), out=Path(out), vae=vae, sampling=sampling, height=height, width=width,
                         cameras=cameras, **merged)
 
@@ -68,6 +70,8 @@ def encode(
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed for --store sample noise (per clip and camera)."),
     sp_size: Optional[int] = typer.Option(None, "--sp-size", help="Ranks per sequence-parallel group (world = DP x SP)."),
     on_error: Optional[str] = typer.Option(None, "--on-error", help="skip (default: record bad inputs, go on) | fail"),
+    tiling: Optional[bool] = typer.Option(None, "--tiling/--no-tiling", help="Use the VAE's own tiling: less memory, different latents (recorded)."),
+    max_views_per_forward: Optional[int] = typer.Option(None, "--max-views-per-forward", help="Views per VAE forward (default 1: latents independent of batch/SP/world size; halved on OOM)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Discard what OUT holds and start over."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds before a stuck collective fails the job (default 1800)."),
     config: Optional[Path] = typer.Option(None, "--config", help="TOML file with these options (flags win)."),
@@ -82,7 +86,7 @@ def encode(
         "max_clips_per_scene": max_clips_per_scene, "cameras": cameras, "dtype": dtype, "device": device,
         "batch_size": batch_size, "workers": workers, "shard_size": shard_size, "store": store, "seed": seed,
         "sp_size": sp_size, "on_error": on_error, "overwrite": overwrite or None, "timeout_s": timeout,
-        "progress": None if progress else False,
+        "progress": None if progress else False, "tiling": tiling, "max_views_per_forward": max_views_per_forward,
     }
     cfg = build_config(data, out, vae, options, config)
     with distributed(sp_size=cfg.sp_size, device=cfg.device, timeout_s=cfg.timeout_s) as ctx:
@@ -108,7 +112,10 @@ def encode(
         finally:
             if bar is not None:
                 bar.stop()
-    if is_rank0:
+    if summary.stopped:
+        console.print(f"[yellow]rank {ctx.info.rank} stopped by {summary.stopped}[/yellow]: committed shards are kept; "
+                      "rerun the same command to resume")
+    elif is_rank0:
         console.print(summary_table(summary))
     raise typer.Exit(summary.exit_code)
 
@@ -119,7 +126,7 @@ def _progress_bar() -> Progress:
 
 
 def summary_table(summary) -> Table:
-    table = Table(title=f"vaecache encode -> {summary.out}", show_header=False)
+    table = Table(title=f"vaecache encode -> {escape(str(summary.out))}", show_header=False)
     table.add_column("what")
     table.add_column("value", justify="right")
     shapes = ", ".join(f"{k} {tuple(v)}" for k, v in summary.latent_shape.items()) or "-"
@@ -131,7 +138,8 @@ def summary_table(summary) -> Table:
         ("frames", f"{summary.frames}"),
         ("latent shape per clip", shapes),
         ("shards / bytes written", f"{summary.shards} / {human_bytes(summary.bytes_written)}"),
-        ("skipped inputs", f"{len(summary.skipped)}" + (f" (see {summary.out}/failures.jsonl)" if summary.skipped else "")),
+        ("skipped inputs", f"{len(summary.skipped)}" + (f" (see {escape(str(summary.out))}/failures.jsonl)" if summary.skipped else "")),
+        ("OOM backoffs", f"{len(summary.backoffs)}"),
         ("ranks", f"{summary.world_size} (SP {summary.sp_size})"),
         ("wall time", f"{summary.wall_s:.1f} s"),
         ("views/s", f"{summary.views_per_s:.2f}"),

@@ -1,0 +1,215 @@
+"""Crash safety, resume, guards and bad inputs: kill it anywhere, rerun, get the same bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vaecache.demodata import DemoDataSpec, write_demo_dataset
+
+ENCODE_ARGS = ["--vae", "builtin:tiny", "--num-frames", "9", "--size", "64x64", "--workers", "0", "--no-progress"]
+
+
+def run_vaecache(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("VAECACHE_FAULT", None) if env is None or "VAECACHE_FAULT" not in env else None
+    return subprocess.run([sys.executable, "-m", "vaecache", *args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout)
+
+
+def encode(data: Path, out: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return run_vaecache("encode", str(data), "--out", str(out), *ENCODE_ARGS, *extra, env=env)
+
+
+def all_tensors(out: Path) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted((out / "shards").glob("*.safetensors")):
+        for name, tensor in load_file(shard).items():
+            assert name not in tensors, f"{name} stored twice"
+            tensors[name] = tensor
+    return tensors
+
+
+def assert_same_tensors(out: Path, reference: dict[str, torch.Tensor]) -> None:
+    got = all_tensors(out)
+    assert sorted(got) == sorted(reference)
+    for name, tensor in reference.items():
+        assert torch.equal(got[name], tensor), name
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("durability-data")
+    write_demo_dataset(root, DemoDataSpec(scenes=4, cameras=2, frames=18, height=64, width=64, seed=3))
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(data, tmp_path_factory) -> dict[str, torch.Tensor]:
+    out = tmp_path_factory.mktemp("durability-ref") / "out"
+    result = encode(data, out)
+    assert result.returncode == 0, result.stderr
+    tensors = all_tensors(out)
+    assert len(tensors) == 2 * 8  # 4 scenes x 2 clips x (mean, logvar)
+    return tensors
+
+
+@pytest.mark.parametrize("point", ["crash-after-commit:2", "crash-mid-write:2", "crash-before-record:2"])
+def test_crash_then_rerun_gives_identical_cache(point, data, reference, tmp_path):
+    out = tmp_path / "out"
+    crashed = encode(data, out, "--shard-size", "1", env={"VAECACHE_FAULT": point})
+    assert crashed.returncode == 137, crashed.stderr
+    assert not (out / "manifest.json").exists()
+    incomplete = run_vaecache("verify", str(out))
+    assert incomplete.returncode == 1
+    assert "incomplete" in incomplete.stderr
+    rerun = encode(data, out, "--shard-size", "1")
+    assert rerun.returncode == 0, rerun.stderr
+    verified = run_vaecache("verify", str(out))
+    assert verified.returncode == 0, verified.stderr
+    assert_same_tensors(out, reference)
+    committed_before = 1 if point.startswith("crash-after-commit") else 1
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["counts"]["clips"] == 8
+    assert len(list((out / "shards").iterdir())) == len(manifest["shards"])  # debris discarded
+    assert committed_before >= 1
+
+
+def test_resume_does_not_reencode_committed_clips(data, reference, tmp_path):
+    out = tmp_path / "out"
+    assert encode(data, out, "--shard-size", "1", env={"VAECACHE_FAULT": "crash-after-commit:3"}).returncode == 137
+    rerun = encode(data, out, "--shard-size", "1")
+    assert rerun.returncode == 0, rerun.stderr
+    log = (out / "logs" / "rank-00000.log").read_text()
+    assert "3 clips already committed" in log
+    assert_same_tensors(out, reference)
+
+
+def test_disk_full_leaves_nothing_that_passes_and_rerun_completes(data, reference, tmp_path):
+    out = tmp_path / "out"
+    failed = encode(data, out, "--shard-size", "1", env={"VAECACHE_FAULT": "enospc:2"})
+    assert failed.returncode == 1
+    assert "No space left on device" in failed.stderr
+    assert "Traceback" not in failed.stderr
+    assert run_vaecache("verify", str(out)).returncode == 1
+    rerun = encode(data, out, "--shard-size", "1")
+    assert rerun.returncode == 0, rerun.stderr
+    assert run_vaecache("verify", str(out)).returncode == 0
+    assert_same_tensors(out, reference)
+
+
+def test_sigterm_stops_cleanly_and_rerun_resumes(data, reference, tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ}
+    env.pop("VAECACHE_FAULT", None)
+    proc = subprocess.Popen([sys.executable, "-m", "vaecache", "encode", str(data), "--out", str(out), *ENCODE_ARGS,
+                             "--shard-size", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    progress = out / "progress" / "rank-00000.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (progress.exists() and progress.read_text().count("\n") >= 1):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    if proc.returncode == 0:
+        pytest.skip("the run finished before SIGTERM arrived")
+    assert proc.returncode == 75, stderr
+    assert "rerun the same command to resume" in stderr
+    assert not (out / "manifest.json").exists()
+    assert not (out / ".lock").exists()
+    rerun = encode(data, out, "--shard-size", "1")
+    assert rerun.returncode == 0, rerun.stderr
+    assert_same_tensors(out, reference)
+
+
+def test_second_job_on_same_out_is_refused(data, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (out / ".lock").write_text(json.dumps({"host": os.uname().nodename, "pid": holder.pid, "job_id": "42"}))
+        refused = encode(data, out)
+        assert refused.returncode == 1
+        assert "locked by another vaecache job" in refused.stderr and str(holder.pid) in refused.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    stale = encode(data, out)  # the holder is dead now: its lock is stale and cleared
+    assert stale.returncode == 0, stale.stderr
+    assert not (out / ".lock").exists()
+
+
+def _bad_dataset(root: Path) -> dict[str, str]:
+    """Good scenes plus one of every bad-input kind; returns scene -> expected reason fragment."""
+    write_demo_dataset(root, DemoDataSpec(scenes=2, cameras=2, frames=9, height=64, width=64, seed=1))
+    good = root / "scene_000" / "cam_0.mp4"
+    expected = {}
+
+    def scene(name: str) -> Path:
+        folder = root / name
+        folder.mkdir()
+        shutil.copy(root / "scene_001" / "cam_1.mp4", folder / "cam_1.mp4")
+        return folder
+
+    (scene("bad_empty") / "cam_0.mp4").write_bytes(b"")
+    expected["bad_empty"] = "empty file"
+    data = good.read_bytes()
+    (scene("bad_truncated") / "cam_0.mp4").write_bytes(data[: len(data) // 3])
+    expected["bad_truncated"] = "cam_0.mp4"
+    (scene("bad_notvideo") / "cam_0.mp4").write_text("this is not a video\n" * 50)
+    expected["bad_notvideo"] = "not a readable video"
+    scene("bad_missing_camera")
+    expected["bad_missing_camera"] = "camera 'cam_0' is missing"
+    short = root / "short_src"
+    write_demo_dataset(short, DemoDataSpec(scenes=1, cameras=1, frames=5, height=64, width=64, seed=2))
+    shutil.copy(short / "scene_000" / "cam_0.mp4", scene("bad_fewer_frames") / "cam_0.mp4")
+    expected["bad_fewer_frames"] = "has 5 frames"
+    shutil.rmtree(short)
+    both_short = root / "bad_too_short"
+    both_short.mkdir()
+    tmp = root.parent / f"{root.name}-short2"
+    write_demo_dataset(tmp, DemoDataSpec(scenes=1, cameras=2, frames=5, height=64, width=64, seed=4))
+    for cam in ("cam_0", "cam_1"):
+        shutil.copy(tmp / "scene_000" / f"{cam}.mp4", both_short / f"{cam}.mp4")
+    shutil.rmtree(tmp)
+    expected["bad_too_short"] = "too short"
+    (scene("bad_unreadable") / "cam_0.mp4").mkdir()
+    expected["bad_unreadable"] = "not a regular file"
+    return expected
+
+
+def test_bad_inputs_are_recorded_and_the_run_goes_on(tmp_path):
+    data = tmp_path / "data"
+    expected = _bad_dataset(data)
+    out = tmp_path / "out"
+    result = encode(data, out)
+    assert result.returncode == 3, result.stderr
+    failures = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
+    by_scene = {f["scene"]: f for f in failures}
+    assert set(by_scene) == set(expected)
+    for scene, fragment in expected.items():
+        assert fragment in (by_scene[scene]["reason"] + " " + str(by_scene[scene]["path"])), by_scene[scene]
+    clips = [json.loads(line) for line in (out / "clips.jsonl").read_text().splitlines()]
+    assert sorted({c["scene"] for c in clips}) == ["scene_000", "scene_001"]
+    verified = run_vaecache("verify", str(out))
+    assert verified.returncode == 0, verified.stderr
+    assert f"{len(expected)} skipped input(s)" in verified.stderr
+
+
+def test_on_error_fail_stops_at_first_bad_input(tmp_path):
+    data = tmp_path / "data"
+    _bad_dataset(data)
+    out = tmp_path / "out"
+    result = encode(data, out, "--on-error", "fail")
+    assert result.returncode == 1
+    assert "bad_" in result.stderr and "Traceback" not in result.stderr
+    assert not (out / "manifest.json").exists()
