@@ -1,0 +1,117 @@
+"""End to end under torchrun: any world size and SP size stores the same bytes as one process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vaecache.demodata import DemoDataSpec, write_demo_dataset
+
+ARGS = ["--vae", "builtin:tiny", "--num-frames", "9", "--size", "64x64", "--no-progress"]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VAECACHE_FAULT", "SLURM_"))}
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def single(data: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vaecache", "encode", str(data), "--out", str(out), *ARGS, *extra],
+                          capture_output=True, text=True, env=_env(), timeout=300)
+
+
+def torchrun_cmd(nproc: int, data: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "vaecache", "encode", str(data), "--out", str(out), *ARGS, *extra]
+
+
+def torchrun(nproc: int, data: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(torchrun_cmd(nproc, data, out, *extra), capture_output=True, text=True, env=_env(), timeout=300)
+
+
+def tensors(out: Path) -> dict[str, torch.Tensor]:
+    found: dict[str, torch.Tensor] = {}
+    for shard in sorted((out / "shards").glob("*.safetensors")):
+        for name, tensor in load_file(shard).items():
+            assert name not in found, f"{name} stored twice"
+            found[name] = tensor
+    return found
+
+
+def assert_identical(out: Path, reference: dict[str, torch.Tensor]) -> None:
+    got = tensors(out)
+    assert sorted(got) == sorted(reference)
+    for name, tensor in reference.items():
+        assert torch.equal(got[name], tensor), f"{name} differs from the 1-process run"
+
+
+def verify_ok(out: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "vaecache", "verify", str(out)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    # 5 scenes x 3 cameras: 15 views, divisible by neither 2 nor 4; 2 clips per scene.
+    root = tmp_path_factory.mktemp("e2e-data")
+    write_demo_dataset(root, DemoDataSpec(scenes=5, cameras=3, frames=18, height=64, width=64, seed=7))
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(data, tmp_path_factory) -> dict[str, torch.Tensor]:
+    out = tmp_path_factory.mktemp("e2e-ref") / "out"
+    result = single(data, out, "--workers", "0")
+    assert result.returncode == 0, result.stderr
+    found = tensors(out)
+    assert len(found) == 5 * 2 * 2
+    return found
+
+
+@pytest.mark.parametrize("nproc, extra", [
+    (2, ["--workers", "1"]),
+    (4, ["--sp-size", "2", "--batch-size", "3", "--workers", "0"]),
+    (4, ["--sp-size", "4", "--batch-size", "2", "--workers", "0"]),
+    (3, ["--sp-size", "3", "--workers", "1"]),
+], ids=["dp2", "dp2xsp2-b3", "sp4-b2", "sp3"])
+def test_torchrun_output_equals_single_process(nproc, extra, data, reference, tmp_path):
+    out = tmp_path / "out"
+    result = torchrun(nproc, data, out, *extra)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_identical(out, reference)
+    verify_ok(out)
+    assert len(list((out / "logs").glob("rank-*.log"))) == nproc
+
+
+def test_sp_size_must_divide_world(data, tmp_path):
+    result = torchrun(3, data, tmp_path / "out", "--sp-size", "2", "--workers", "0")
+    assert result.returncode != 0
+    assert "--sp-size 2 must divide the world size 3" in result.stderr
+
+
+def test_kill_9_of_two_rank_job_then_rerun_with_other_world_size(data, reference, tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.Popen(torchrun_cmd(2, data, out, "--shard-size", "1", "--workers", "0"),
+                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    shards = out / "shards"
+    while time.monotonic() < deadline and proc.poll() is None:
+        if shards.is_dir() and any(p.suffix == ".safetensors" for p in shards.iterdir()):
+            break
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks, mid-flight
+    proc.wait()
+    assert not (out / "manifest.json").exists()
+    rerun = torchrun(3, data, out, "--shard-size", "1", "--workers", "0")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    verify_ok(out)
+    assert_identical(out, reference)
