@@ -36,7 +36,9 @@ whose output for a row does not depend on the other rows (a VAE encoder in eval 
 
     def encode(views: torch.Tensor) -> torch.Tensor:
         # Deterministic per view: use the posterior mean (or mode); do not sample in here.
-        return vae.encode(views).latent_dist.mode() * vae.config.scaling_factor
+        # One view per forward: conv kernels may pick another algorithm for another batch size,
+        # so this is what makes the result bitwise independent of how views are split.
+        return torch.cat([vae.encode(v).latent_dist.mode() for v in views.split(1)])
 
     with torch.no_grad():
         # x: (B * num_cameras, C, T, H, W), identical on every rank of the SP group.
