@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin, get_type_hints
 
 from vaecache.errors import UsageError
 
@@ -35,10 +35,10 @@ def parse_bytes(text: str | int) -> int:
     if isinstance(text, int):
         value = text
     else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*", text, flags=re.IGNORECASE)
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(?:([KMGT]i?)B?|B)?\s*", text, flags=re.IGNORECASE)
         if not match:
             raise UsageError(f"--shard-size must be a byte count like 256MiB or 1GB, got {text!r}")
-        unit = (match.group(2) or "").upper().rstrip("B")
+        unit = (match.group(2) or "").upper()
         scale = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
                  "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}[unit]
         value = int(float(match.group(1)) * scale)
@@ -109,6 +109,11 @@ class EncodeConfig:
     timeout_s: float = 1800.0
     """Collective timeout: a dead or stuck rank ends the job after this long instead of hanging."""
     progress: bool = True
+    tiling: bool = False
+    """Run the VAE with its own spatial/temporal tiling (enable_tiling()): less memory, different latents."""
+    max_views_per_forward: int = 1
+    """Views per VAE forward. 1 keeps latents independent of batch, SP and world size (kernels can differ
+    by batch size); more is faster where that does not matter, and is recorded. Halved on out-of-memory."""
 
     def __post_init__(self) -> None:
         if not self.vae:
@@ -133,6 +138,11 @@ class EncodeConfig:
             raise UsageError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
         if self.cameras is not None and len(set(self.cameras)) != len(self.cameras):
             raise UsageError(f"camera order lists a camera twice: {list(self.cameras)}")
+        if not isinstance(self.tiling, bool):
+            raise UsageError(f"--tiling must be true or false, got {self.tiling!r}")
+        if isinstance(self.max_views_per_forward, bool) or not isinstance(self.max_views_per_forward, int) \
+                or self.max_views_per_forward < 1:
+            raise UsageError(f"--max-views-per-forward must be an integer >= 1, got {self.max_views_per_forward!r}")
 
     def latent_settings(self) -> dict[str, Any]:
         """The settings that determine the stored bytes (compared on resume)."""
@@ -147,6 +157,8 @@ class EncodeConfig:
             "store": self.store,
             "seed": self.seed if self.store == "sample" else None,
             "cameras": list(self.cameras) if self.cameras is not None else None,
+            "tiling": self.tiling,
+            "max_views_per_forward": self.max_views_per_forward,
         }
 
 
@@ -160,12 +172,35 @@ def load_toml(path: Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML: {exc}") from None
     section = raw.get("encode", raw)
-    known = {f.name for f in fields(EncodeConfig)} | {f.name for f in fields(SamplingConfig)} | {"size"}
-    normalized = {key.replace("-", "_"): value for key, value in section.items()}
+    # height and width come from "size", the sampling fields from their own keys
+    known = ({f.name for f in fields(EncodeConfig)} - {"sampling", "height", "width"}
+             | {f.name for f in fields(SamplingConfig)} | {"size"})
+    normalized = {_TOML_ALIASES.get(key.replace("-", "_"), key.replace("-", "_")): value for key, value in section.items()}
     unknown = sorted(set(normalized) - known)
     if unknown:
         raise UsageError(f"{path}: unknown setting(s) {', '.join(unknown)}")
+    for key, value in normalized.items():
+        allowed = _toml_types(key)
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise UsageError(f"{path}: {key} = {value!r} must be {' or '.join(t.__name__ for t in allowed)}")
     return normalized
+
+
+_TOML_ALIASES = {"timeout": "timeout_s"}
+"""Option names whose config field is spelled differently (--timeout sets timeout_s)."""
+
+
+def _toml_types(key: str) -> tuple[type, ...]:
+    """The TOML value types a setting accepts, from the config dataclasses' annotations."""
+    special = {"size": (str,), "data": (str,), "out": (str,), "shard_size": (int, str), "cameras": (str, list)}
+    if key in special:
+        return special[key]
+    hint = {**get_type_hints(SamplingConfig), **get_type_hints(EncodeConfig)}[key]
+    allowed: list[type] = []
+    for arg in get_args(hint) or (hint,):
+        arg = get_origin(arg) or arg
+        allowed += {float: [int, float], Path: [str], tuple: [list], type(None): []}.get(arg, [arg])
+    return tuple(allowed)
 
 
 __all__ = [

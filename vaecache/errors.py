@@ -35,6 +35,10 @@ class VideoDecodeError(VaecacheError):
         self.reason = reason
 
 
+class InputError(VaecacheError):
+    """An input could not be turned into latents (bad video, out of memory) and --on-error fail is set."""
+
+
 class VaeSpecError(UsageError):
     """The --vae spec cannot be resolved into a model."""
 

@@ -20,7 +20,7 @@ from vaecache.dataset import (
     Clip, SceneProbe, ViewBatchDataset, assign, batch_views, batched, discover_scenes, plan_clips, probe_scene,
 )
 from vaecache.dist import DistContext
-from vaecache.errors import EXIT_OK, EXIT_PARTIAL, EXIT_STOPPED, UsageError, VaecacheError, VideoDecodeError
+from vaecache.errors import EXIT_OK, EXIT_PARTIAL, EXIT_STOPPED, InputError, UsageError, VaecacheError
 from vaecache.manifest import AppendLog, failures_path, progress_path, read_failures, read_progress, write_manifest
 from vaecache.outdir import PreparedOut, prepare_out, release_lock
 from vaecache.stop import StopRequest, ignore_stop_signals
@@ -147,7 +147,7 @@ def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Callable[[int, 
     started = time.perf_counter()
     rank, world = ctx.info.rank, ctx.info.world_size
     mesh = ctx.mesh
-    vae = load_vae(cfg.vae, ctx.device, cfg.dtype)
+    vae = load_vae(cfg.vae, ctx.device, cfg.dtype, tiling=cfg.tiling, max_views_per_forward=cfg.max_views_per_forward)
     vae.rule.check(cfg.sampling.num_frames, cfg.height, cfg.width)
     if cfg.store != "mean" and not vae.has_logvar:
         raise UsageError(f"--store {cfg.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; use --store mean")
@@ -186,6 +186,9 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, scenes: list, p
     batches = batched(mine, cfg.batch_size)
     plans = [plan_sp(len(batch_views(batch)), mesh.sp_size) for batch in batches]
     view_indices = [plan.view_indices(mesh.sp_rank) for plan in plans]
+    if skipped and cfg.on_error == "fail":
+        first = skipped[0]
+        raise InputError(f"{first.path or first.scene_id}: {first.reason} (scene {first.scene_id}; --on-error fail)")
     failures = AppendLog(failures_path(cfg.out, rank))
     if rank == 0:
         for skip in skipped:
@@ -207,12 +210,13 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, scenes: list, p
                 if _sp_any(ctx, stop.requested):
                     local["stopped"] = stop.signal_name or "a peer's signal"
                     break
-                result = _as_result(vae.encode_views(item["views"]))
+                result = vae.encode_views(item["views"])
                 moments = result.mean if result.logvar is None else torch.cat([result.mean, result.logvar], dim=1)
                 moments = gather_views(moments, plan, ctx.sp_group)
-                errors = _batch_errors(ctx, plan, batch, item["errors"], result, view_indices[item["index"]])
+                errors, settings = _batch_outcome(ctx, plan, batch, item["errors"], result)
                 local["backoffs"].extend(result.backoffs)
-                _write_batch(cfg, ctx, vae, batch, moments, result.mean.shape[1], errors, writer, failures, local)
+                _write_batch(cfg, ctx, vae, batch, moments, result.mean.shape[1], errors, settings, writer, failures,
+                             local)
                 if on_progress is not None:
                     on_progress(len(batch), len(mine))
         if writer is not None:
@@ -248,13 +252,6 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, scenes: list, p
     return summary
 
 
-def _as_result(out: Any) -> Any:
-    if isinstance(out, tuple):
-        from types import SimpleNamespace
-        return SimpleNamespace(mean=out[0], logvar=out[1], failed={}, tiled=set(), backoffs=[])
-    return out
-
-
 def _sp_any(ctx: DistContext, flag: bool) -> bool:
     """True on every SP rank if any SP rank has the flag set."""
     if ctx.mesh.sp_size == 1:
@@ -262,24 +259,40 @@ def _sp_any(ctx: DistContext, flag: bool) -> bool:
     return any(ctx.sp_all_gather_object(flag))
 
 
-def _batch_errors(ctx: DistContext, plan: Any, batch: list[Clip], decode_errors: dict[int, tuple[str, str]],
-                  result: Any, my_views: list[int]) -> dict[int, tuple[str, str]]:
-    """Clip index -> (path, reason) for clips of the batch that any SP rank could not decode or encode."""
-    errors = dict(decode_errors)
+def _real_views(plan: Any, sp_rank: int, count: int) -> list[int | None]:
+    """For each row this rank encoded: the batch view it is, or None for a padding copy."""
+    if plan.is_local:
+        return list(range(count))
+    start = sp_rank * plan.per_rank
+    return [p if p < plan.num_views else None for p in range(start, start + count)]
+
+
+def _batch_outcome(ctx: DistContext, plan: Any, batch: list[Clip], decode_errors: dict[int, tuple[str, str]],
+                   result: Any) -> tuple[dict[int, tuple[str, str]], dict[int, dict[str, Any]]]:
+    """Clip index -> (path, reason) for clips any SP rank could not decode or encode, and view -> settings."""
     views = batch_views(batch)
-    for local_index, reason in result.failed.items():
-        ref = views[my_views[local_index]]
-        errors.setdefault(ref.clip_index, (batch[ref.clip_index].paths[ref.camera_index], reason))
+    errors = dict(decode_errors)
+    settings: dict[int, dict[str, Any]] = {}
+    for row, view in enumerate(_real_views(plan, ctx.mesh.sp_rank, result.mean.shape[0])):
+        if view is None:
+            continue
+        settings[view] = result.view_settings(row)
+        if row in result.failed:
+            ref = views[view]
+            clip = batch[ref.clip_index]
+            errors.setdefault(ref.clip_index, (clip.paths[ref.camera_index],
+                                               f"camera {clip.cameras[ref.camera_index]}: {result.failed[row]}"))
     if ctx.mesh.sp_size > 1 and not plan.is_local:
-        for part in ctx.sp_all_gather_object(errors):
-            for clip_index, error in part.items():
+        for part_errors, part_settings in ctx.sp_all_gather_object((errors, settings)):
+            for clip_index, error in part_errors.items():
                 errors.setdefault(clip_index, error)
-    return errors
+            settings.update(part_settings)
+    return errors, settings
 
 
 def _write_batch(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, batch: list[Clip], moments: torch.Tensor,
-                 channels: int, errors: dict[int, tuple[str, str]], writer: ShardWriter | None,
-                 failures: AppendLog, local: dict[str, Any]) -> None:
+                 channels: int, errors: dict[int, tuple[str, str]], settings: dict[int, dict[str, Any]],
+                 writer: ShardWriter | None, failures: AppendLog, local: dict[str, Any]) -> None:
     view_start = 0
     for clip_index, clip in enumerate(batch):
         clip_moments = moments[view_start:view_start + clip.num_views]
@@ -291,11 +304,16 @@ def _write_batch(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, batch: lis
                 log.warning("clip %s failed: %s: %s", clip.clip_id, path, reason)
                 local["failed"] += 1
             if cfg.on_error == "fail":
-                raise VideoDecodeError(path, reason)
+                raise InputError(f"{path}: {reason}")
             continue
         if writer is not None:
             tensors = clip_tensors(clip, clip_moments, channels, cfg, vae.dtype)
-            writer.add(clip_record(clip, tensors), {f"{clip.clip_id}/{k}": t for k, t in tensors.items()})
+            used = [settings[view_start - clip.num_views + c] for c in range(clip.num_views)]
+            record = clip_record(clip, tensors)
+            record["encode"] = {"tiled": any(u["tiled"] for u in used),
+                                "tiled_cameras": [cam for cam, u in zip(clip.cameras, used) if u["tiled"]],
+                                "units_per_forward": max(u["units_per_forward"] for u in used)}
+            writer.add(record, {f"{clip.clip_id}/{k}": t for k, t in tensors.items()})
             local["clips"] += 1
             local["views"] += clip.num_views
             local["frames"] += clip.num_views * len(clip.frames)
@@ -314,8 +332,7 @@ def _finalize(cfg: EncodeConfig, vae: LoadedVae, summary: EncodeSummary, fingerp
         "producer": {"vaecache": vaecache.__version__, "torch": torch.__version__, "python": platform.python_version()},
         "vae": vae.fingerprint(),
         "fingerprint_sha256": hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest(),
-        "frame_rule": {"temporal_factor": vae.rule.temporal_factor, "spatial_factor": vae.rule.spatial_factor,
-                       "causal": vae.rule.causal},
+        "frame_rule": vae.rule.to_json(),
         "settings": {**cfg.latent_settings(), "data": str(cfg.data), "batch_size": cfg.batch_size,
                      "sp_size": cfg.sp_size, "world_size": summary.world_size, "shard_size": cfg.shard_size,
                      "vae_spec": cfg.vae},
@@ -323,7 +340,8 @@ def _finalize(cfg: EncodeConfig, vae: LoadedVae, summary: EncodeSummary, fingerp
                    "layout": "(cameras, channels, latent_frames, height/spatial_factor, width/spatial_factor)",
                    "shape": summary.latent_shape},
         "counts": {"clips": len(clips), "views": views, "frames": sum(len(c["cameras"]) * len(c["frames"]) for c in clips),
-                   "shards": len(shards), "bytes": sum(s["bytes"] for s in shards), "failures": len(failures)},
+                   "shards": len(shards), "bytes": sum(s["bytes"] for s in shards), "failures": len(failures),
+                   "oom_backoffs": len(summary.backoffs)},
     }
     write_manifest(cfg.out, header, shards, clips, failures)
 

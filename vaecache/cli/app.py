@@ -7,6 +7,7 @@ import typer
 from vaecache import __version__
 from vaecache.cli.demo import demo, demo_data
 from vaecache.cli.encode import encode
+from vaecache.cli.plan import plan
 from vaecache.cli.verify import verify
 
 app = typer.Typer(
@@ -17,6 +18,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("encode")(encode)
+app.command("plan")(plan)
 app.command("verify")(verify)
 app.command("demo-data")(demo_data)
 app.command("demo")(demo)
@@ -31,7 +33,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")) -> None:
-    """vaecache: encode, verify, demo-data, demo."""
+    """vaecache: encode, plan, verify, demo-data, demo."""
 
 
 def main() -> None:

@@ -128,7 +128,7 @@ def _progress_bar() -> Progress:
 def summary_table(summary) -> Table:
     table = Table(title=f"vaecache encode -> {escape(str(summary.out))}", show_header=False)
     table.add_column("what")
-    table.add_column("value", justify="right")
+    table.add_column("value", justify="right", overflow="fold")  # never cut the failures.jsonl path
     shapes = ", ".join(f"{k} {tuple(v)}" for k, v in summary.latent_shape.items()) or "-"
     rows = [
         ("clips encoded now", f"{summary.clips}"),

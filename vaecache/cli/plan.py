@@ -1,0 +1,185 @@
+"""`vaecache plan`: parse options, build the plan, render it to stderr, optionally write JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from vaecache.cli._common import console, human_bytes, report_errors
+from vaecache.config import SamplingConfig, load_toml, parse_bytes, parse_size
+from vaecache.errors import UsageError
+from vaecache.manifest import atomic_write_bytes
+
+if TYPE_CHECKING:
+    from vaecache.plan import PlanConfig, PlanReport
+
+MAX_ROWS = 16
+# Encode options a shared TOML may hold that do not change the plan.
+_ENCODE_ONLY = ("out", "workers", "shard_size", "seed", "on_error", "overwrite", "timeout_s", "progress")
+
+
+def build_plan_config(data: Path, options: dict[str, Any], config_file: Path | None) -> PlanConfig:
+    """CLI flags override the TOML file (the same file `vaecache encode --config` reads)."""
+    from vaecache.plan import PlanConfig  # torch-heavy: imported when the command runs, not for --help
+
+    merged: dict[str, Any] = load_toml(config_file) if config_file else {}
+    merged.update({key: value for key, value in options.items() if value is not None})
+    for key in _ENCODE_ONLY + ("data",):
+        merged.pop(key, None)
+    if not merged.get("vae"):
+        raise UsageError("--vae is required (builtin:tiny, diffusers:PATH[#subfolder] or python:module:function)")
+    if "num_frames" not in merged:
+        raise UsageError("--num-frames is required (frames per clip, e.g. 17 for Wan-style 1+4k VAEs)")
+    if "size" not in merged:
+        raise UsageError("--size HxW is required (e.g. 480x832)")
+    height, width = parse_size(str(merged.pop("size")))
+    sampling = SamplingConfig(
+        num_frames=int(merged.pop("num_frames")),
+        frame_stride=int(merged.pop("frame_stride", 1)),
+        window_stride=merged.pop("window_stride", None),
+        max_clips_per_scene=merged.pop("max_clips_per_scene", None),
+    )
+    cameras = merged.pop("cameras", None)
+    if isinstance(cameras, str):
+        cameras = tuple(c.strip() for c in cameras.split(",") if c.strip())
+    elif cameras is not None:
+        cameras = tuple(cameras)
+    budget = merged.pop("memory_budget", None)
+    if budget is not None:
+        try:
+            budget = parse_bytes(budget)
+        except UsageError:
+            raise UsageError(f"--memory-budget must be a byte count like 8GiB or 500MB, got {budget!r}") from None
+    return PlanConfig(data=Path(data), sampling=sampling, height=height, width=width, cameras=cameras,
+                      memory_budget=budget, **merged)
+
+
+def summary_table(report: PlanReport) -> Table:
+    cfg = report.config
+    table = Table(title=f"vaecache plan {escape(cfg['data'])}", show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    keys = "+".join(report.stored)
+    rows = [
+        ("VAE", f"{escape(cfg['vae'])} ({report.vae['family']}{', untrained' if report.vae['untrained'] else ''})"),
+        ("scenes", f"{len(report.scenes) + len(report.skipped)} ({len(report.skipped)} skipped)"),
+        ("clips", f"{report.clips}"),
+        ("cameras per clip", f"{report.cameras}"),
+        ("views", f"{report.views}"),
+        ("frames", f"{report.frames}"),
+        ("latent shape per view", f"{tuple(report.latent_shape)} (c, t, h, w)"),
+        ("latent shape per clip", f"{(report.cameras, *report.latent_shape)}"),
+        (f"bytes ({keys}, {report.dtype})", f"{human_bytes(report.total_bytes)} "
+                                             f"({human_bytes(report.bytes_per_view * report.cameras)} per clip)"),
+        ("ranks", f"{cfg['world_size']} = DP {cfg['dp_size']} x SP {cfg['sp_size']}, batch {cfg['batch_size']} clips"),
+        ("padding waste", f"{report.encoded_views - report.views} of {report.encoded_views} encodes "
+                          f"({100 * report.padding_waste:.1f}%)"),
+    ]
+    m = report.measurement
+    if m is not None:
+        rows.append(("measured", f"{m.seconds_per_view:.3f} s/view on {m.device} ({m.views} views of {escape(m.clip_id)})"))
+        if m.peak_bytes is not None:
+            per_view = human_bytes(m.peak_per_view_bytes) if m.peak_per_view_bytes is not None else "unknown"
+            rows.append(("peak memory", f"{human_bytes(m.peak_bytes)} ({per_view} per view; {m.method})"))
+        if m.backoffs:
+            rows.append(("OOM backoffs while measuring", f"{len(m.backoffs)}"))
+    if report.eta_s is not None:
+        rows.append(("ETA", _duration(report.eta_s) + f" on {cfg['world_size']} ranks"))
+    if cfg.get("memory_budget") is not None:
+        fits = report.fits_views_per_forward
+        rows.append((f"views per forward in {human_bytes(cfg['memory_budget'])}", "unknown" if fits is None else f"{fits}"))
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def ranks_table(report: PlanReport) -> Table:
+    table = Table(title="work per DP group (SP group of ranks)")
+    for name in ("dp", "ranks", "clips", "batches", "views", "views per rank", "padded"):
+        table.add_column(name, justify="right")
+    for share in report.shares[:MAX_ROWS]:
+        ranks = f"{share.ranks[0]}" if len(share.ranks) == 1 else f"{share.ranks[0]}-{share.ranks[-1]}"
+        table.add_row(str(share.dp_rank), ranks, str(share.clips), str(share.batches), str(share.views),
+                      str(share.views_per_rank), str(share.padded_views))
+    if len(report.shares) > MAX_ROWS:
+        busiest = max(s.views_per_rank for s in report.shares)
+        table.add_row("...", "", "", "", "", f"max {busiest}", f"{len(report.shares) - MAX_ROWS} more groups")
+    return table
+
+
+def scenes_table(report: PlanReport) -> Table:
+    table = Table(title="scenes")
+    for name in ("scene", "cameras", "source frames", "clips"):
+        table.add_column(name, justify="right" if name != "scene" else "left")
+    for row in report.scenes[:MAX_ROWS]:
+        table.add_row(escape(row["scene"]), str(row["cameras"]), str(row["source_frames"]), str(row["clips"]))
+    if len(report.scenes) > MAX_ROWS:
+        table.add_row(f"... {len(report.scenes) - MAX_ROWS} more", "", "", "")
+    for skip in report.skipped[:MAX_ROWS]:
+        table.add_row(escape(skip["scene"]), "", "", f"[yellow]skipped[/yellow]: {escape(skip['reason'])}")
+    if len(report.skipped) > MAX_ROWS:
+        table.add_row(f"... {len(report.skipped) - MAX_ROWS} more skipped", "", "", "")
+    return table
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+@report_errors
+def plan(
+    data: Path = typer.Argument(..., help="Dataset: DATA/<scene>/<camera>.mp4, a folder of videos, or a .jsonl index."),
+    vae: Optional[str] = typer.Option(None, "--vae", help="builtin:tiny | diffusers:PATH\\[#subfolder] | python:module:function"),
+    num_frames: Optional[int] = typer.Option(None, "--num-frames", help="Frames per clip (checked against the VAE's rule)."),
+    size: Optional[str] = typer.Option(None, "--size", help="HxW after resize-to-cover and center crop."),
+    frame_stride: Optional[int] = typer.Option(None, "--frame-stride", help="Use every S-th source frame (default 1)."),
+    window_stride: Optional[int] = typer.Option(None, "--window-stride", help="Source frames between clip starts."),
+    max_clips_per_scene: Optional[int] = typer.Option(None, "--max-clips-per-scene", help="Keep the first K clips of each scene."),
+    cameras: Optional[str] = typer.Option(None, "--cameras", help="Comma-separated camera order (default: names sorted)."),
+    world_size: Optional[int] = typer.Option(None, "--world-size", help="Ranks to plan for (default 1)."),
+    sp_size: Optional[int] = typer.Option(None, "--sp-size", help="Ranks per sequence-parallel group (default 1)."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Clips per batch (default 1)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32 | bf16 | fp16 (default fp32)."),
+    device: Optional[str] = typer.Option(None, "--device", help="Where to measure: auto | cpu | cuda[:N] (default auto)."),
+    store: Optional[str] = typer.Option(None, "--store", help="mean-logvar (default) | mean | sample: what is counted in bytes."),
+    tiling: Optional[bool] = typer.Option(None, "--tiling/--no-tiling", help="Measure with the VAE's own tiling."),
+    max_views_per_forward: Optional[int] = typer.Option(None, "--max-views-per-forward", help="Views per VAE forward (default 1)."),
+    memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Device memory per rank, e.g. 8GiB: report the largest micro-batch that fits."),
+    measure: bool = typer.Option(True, "--measure/--no-measure", help="Encode one real clip to measure time and memory."),
+    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file ('-': stdout)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="TOML file with encode options (flags win)."),
+) -> None:
+    """Dry run: scenes, clips, latent shapes and bytes, the split over ranks, a measured ETA."""
+    options = {
+        "vae": vae, "num_frames": num_frames, "size": size, "frame_stride": frame_stride,
+        "window_stride": window_stride, "max_clips_per_scene": max_clips_per_scene, "cameras": cameras,
+        "world_size": world_size, "sp_size": sp_size, "batch_size": batch_size, "dtype": dtype, "device": device,
+        "store": store, "tiling": tiling, "max_views_per_forward": max_views_per_forward,
+        "memory_budget": memory_budget, "measure": None if measure else False,
+    }
+    from vaecache.plan import build_plan
+
+    cfg = build_plan_config(data, options, config)
+    report = build_plan(cfg)
+    console.print(scenes_table(report))
+    console.print(ranks_table(report))
+    console.print(summary_table(report))
+    for note in report.notes:
+        console.print(f"[dim]note:[/dim] {escape(note)}", soft_wrap=True)
+    if json_file is not None:
+        payload = json.dumps(report.to_json(), indent=2).encode() + b"\n"
+        if str(json_file) == "-":
+            sys.stdout.buffer.write(payload)
+            sys.stdout.flush()
+        else:
+            atomic_write_bytes(json_file, payload)
