@@ -54,7 +54,7 @@ def build_config(data: Path, out: Path | None, vae: str | None, options: dict[st
 def encode(
     data: Path = typer.Argument(..., help="Dataset: DATA/<scene>/<camera>.mp4, a folder of videos, or a .jsonl index."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder for shards and manifest."),
-    vae: Optional[str] = typer.Option(None, "--vae", help="builtin:tiny | diffusers:PATH[#subfolder] | python:module:function"),
+    vae: Optional[str] = typer.Option(None, "--vae", help="builtin:tiny | diffusers:PATH\\[#subfolder] | python:module:function"),
     num_frames: Optional[int] = typer.Option(None, "--num-frames", help="Frames per clip (checked against the VAE's rule)."),
     size: Optional[str] = typer.Option(None, "--size", help="HxW after resize-to-cover and center crop."),
     frame_stride: Optional[int] = typer.Option(None, "--frame-stride", help="Use every S-th source frame (default 1)."),
