@@ -73,11 +73,21 @@ def test_slurm_step() -> None:
     assert info == RankInfo(6, 8, 2, 4, 1, "gpu07", 29500 + 123456 % 20000, "slurm", "123456")
 
 
-def test_slurm_ntasks_per_node_and_master_from_env() -> None:
-    env = {**SLURM_STEP, "SLURM_NTASKS_PER_NODE": "4", "SLURM_TASKS_PER_NODE": "garbage"}
-    env |= {"MASTER_ADDR": "head", "MASTER_PORT": "1234"}
+def test_slurm_ntasks_per_node_is_the_last_resort_and_master_from_env() -> None:
+    env = {k: v for k, v in SLURM_STEP.items() if k not in ("SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE")}
+    env |= {"SLURM_NTASKS_PER_NODE": "4", "MASTER_ADDR": "head", "MASTER_PORT": "1234"}
     info = RankInfo.from_env(env)
     assert (info.local_world_size, info.master_addr, info.master_port) == (4, "head", 1234)
+
+
+def test_slurm_step_layout_wins_over_the_jobs_ntasks_per_node() -> None:
+    # sbatch --ntasks-per-node=2 --wrap "srun -n1 ...": the job's request is inherited by the step.
+    env = {"SLURM_JOB_ID": "9", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_NODEID": "0",
+           "SLURM_LOCALID": "0", "SLURM_NTASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2",
+           "SLURM_STEP_TASKS_PER_NODE": "1", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_STEP_NODELIST": "n2"}
+    info = RankInfo.from_env(env)
+    assert (info.world_size, info.local_world_size) == (1, 1)
+    assert info.master_addr == "n2"  # rank 0 of the step runs on the step's first node
 
 
 def test_slurm_uneven_tasks_per_node_and_old_nodelist_name() -> None:
@@ -98,7 +108,7 @@ def test_slurm_step_with_one_task() -> None:
     env = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "3", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_NODELIST": "a1"}
     info = RankInfo.from_env(env)
     assert (info.source, info.rank, info.world_size, info.local_world_size) == ("slurm", 0, 1, 1)
-    assert (info.master_addr, info.master_port) == ("a1", 29507)
+    assert (info.master_addr, info.master_port) == ("a1", 29500 + (7 + 1009 * 3) % 20000)
 
 
 def test_uses_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:

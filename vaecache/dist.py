@@ -143,17 +143,18 @@ def _tasks_per_node(value: str) -> list[int]:
     return counts
 
 
-def slurm_master_port(job_id: str | None) -> int:
-    """MASTER_PORT used when SLURM did not provide one: ``29500 + job_id % 20000``.
+def slurm_master_port(job_id: str | None, step_id: str | None = None) -> int:
+    """MASTER_PORT used when SLURM did not provide one: ``29500 + (job_id + 1009 * step_id) % 20000``.
 
-    Every task of a job derives the same port without talking to each other, and two jobs
-    sharing a first node collide only when their ids are equal modulo 20000. A non-numeric id is
-    hashed (crc32) first; no id gives 29500.
+    Every task of a step derives the same port without talking to each other; two jobs sharing a
+    first node collide only when their ids are equal modulo 20000, and two concurrent steps of one
+    job get different ports. A non-numeric id is hashed (crc32) first; no id gives 29500.
     """
     if not job_id:
         return DEFAULT_MASTER_PORT
     number = int(job_id) if job_id.isdigit() else zlib.crc32(job_id.encode())
-    return DEFAULT_MASTER_PORT + number % _SLURM_PORT_SPAN
+    step = int(step_id) if step_id and step_id.isdigit() else 0
+    return DEFAULT_MASTER_PORT + (number + 1009 * step) % _SLURM_PORT_SPAN
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,30 +258,34 @@ class RankInfo:
     def _from_slurm(cls, env: Mapping[str, str], ntasks: int, job_id: str | None) -> RankInfo:
         rank = _env_int(env, "SLURM_PROCID")
         node_rank = _env_int(env, "SLURM_NODEID", 0 if ntasks == 1 else None)
-        if env.get("SLURM_NTASKS_PER_NODE"):
-            local_world = _env_int(env, "SLURM_NTASKS_PER_NODE")
-        elif env.get("SLURM_TASKS_PER_NODE"):
-            counts = _tasks_per_node(env["SLURM_TASKS_PER_NODE"])
+        # The step's layout first: SLURM_NTASKS_PER_NODE is the job's request and is inherited by
+        # every step, even one launched with another layout (e.g. srun -n1 inside a bigger job).
+        layout_key = next((k for k in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE") if env.get(k)), None)
+        if layout_key is not None:
+            counts = _tasks_per_node(env[layout_key])
             if node_rank >= len(counts):
                 raise DistributedError(
-                    f"SLURM_NODEID={node_rank} but SLURM_TASKS_PER_NODE={env['SLURM_TASKS_PER_NODE']!r} "
-                    f"lists only {len(counts)} nodes"
+                    f"SLURM_NODEID={node_rank} but {layout_key}={env[layout_key]!r} lists only {len(counts)} nodes"
                 )
             local_world = counts[node_rank]
+        elif env.get("SLURM_NTASKS_PER_NODE"):
+            local_world = _env_int(env, "SLURM_NTASKS_PER_NODE")
         elif ntasks == 1:
             local_world = 1
         else:
-            raise DistributedError("neither SLURM_NTASKS_PER_NODE nor SLURM_TASKS_PER_NODE is set")
+            raise DistributedError("none of SLURM_STEP_TASKS_PER_NODE, SLURM_TASKS_PER_NODE, SLURM_NTASKS_PER_NODE is set")
         local_rank = _env_int(env, "SLURM_LOCALID", 0 if local_world == 1 else None)
         addr = env.get("MASTER_ADDR") or None
         if addr is None:
-            nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+            # Rank 0 runs on the step's first node, which is not the job's first node with srun -w/-x/--relative.
+            nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
             if not nodelist:
                 raise DistributedError(
-                    "MASTER_ADDR is not set and neither is SLURM_JOB_NODELIST to derive it from"
+                    "MASTER_ADDR is not set and neither is SLURM_STEP_NODELIST or SLURM_JOB_NODELIST to derive it from"
                 )
             addr = first_host(nodelist)
-        port = _env_int(env, "MASTER_PORT") if env.get("MASTER_PORT") else slurm_master_port(job_id)
+        port = (_env_int(env, "MASTER_PORT") if env.get("MASTER_PORT")
+                else slurm_master_port(job_id, env.get("SLURM_STEP_ID")))
         return cls(rank, ntasks, local_rank, local_world, node_rank, addr, port, "slurm", job_id)
 
 

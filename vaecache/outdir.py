@@ -48,7 +48,8 @@ def _short(value: Any) -> str:
 def acquire_lock(out: Path, job_id: str | None) -> None:
     """Refuse a second job on the same OUT. A lock left by a dead process on this host is cleared."""
     path = out / LOCK
-    me = {"host": socket.gethostname(), "pid": os.getpid(), "job_id": job_id}
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "job_id": job_id,
+          "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)}
     for _ in range(2):
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -57,8 +58,8 @@ def acquire_lock(out: Path, job_id: str | None) -> None:
                 holder = json.loads(path.read_text() or "{}")
             except (OSError, json.JSONDecodeError):
                 holder = {}
-            if holder.get("host") == me["host"] and not _pid_alive(holder.get("pid")):
-                path.unlink(missing_ok=True)  # its process is gone: the lock is stale
+            if _is_stale(holder, me):
+                path.unlink(missing_ok=True)
                 continue
             raise OutputError(
                 f"{out}: locked by another vaecache job (host {holder.get('host')}, pid {holder.get('pid')}, "
@@ -69,6 +70,15 @@ def acquire_lock(out: Path, job_id: str | None) -> None:
             json.dump(me, handle)
         return
     raise OutputError(f"{path}: could not take the lock")
+
+
+def _is_stale(holder: dict[str, Any], me: dict[str, Any]) -> bool:
+    """A lock is stale when its process is gone on this host, or when it is an earlier attempt of
+    this same SLURM job (a requeued job restarts only after every task of the previous attempt ended)."""
+    if holder.get("host") == me["host"] and not _pid_alive(holder.get("pid")):
+        return True
+    return (me["job_id"] is not None and holder.get("job_id") == me["job_id"]
+            and int(holder.get("restart") or 0) < me["restart"])
 
 
 def release_lock(out: Path) -> None:

@@ -144,6 +144,14 @@ def _probe_all(ctx: DistContext, scenes: list) -> dict[str, SceneProbe]:
 
 def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Callable[[int, int], None] | None = None) -> EncodeSummary:
     """Encode the dataset into OUT on this rank; returns the job-wide summary."""
+    # Stop signals are caught from here on, so one arriving while the VAE loads or the manifest is
+    # written cannot kill the rank between commits; the encode loop polls the flag.
+    with StopRequest() as stop:
+        return _run_encode(cfg, ctx, stop, on_progress)
+
+
+def _run_encode(cfg: EncodeConfig, ctx: DistContext, stop: StopRequest,
+                on_progress: Callable[[int, int], None] | None) -> EncodeSummary:
     started = time.perf_counter()
     rank, world = ctx.info.rank, ctx.info.world_size
     mesh = ctx.mesh
@@ -159,7 +167,7 @@ def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Callable[[int, 
         log.info("vaecache %s: world %d = DP %d x SP %d, device %s, attempt %d, %d clips already committed",
                  vaecache.__version__, world, mesh.dp_size, mesh.sp_size, ctx.device, prepared.attempt,
                  len(prepared.done_clip_ids))
-        summary = _encode(cfg, ctx, vae, scenes, prepared, on_progress)
+        summary = _encode(cfg, ctx, vae, scenes, prepared, stop, on_progress)
         summary.wall_s = time.perf_counter() - started
         if summary.stopped:
             log.warning("stopped early (%s): committed work is kept; rerun the same command to resume", summary.stopped)
@@ -177,7 +185,7 @@ def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Callable[[int, 
 
 
 def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, scenes: list, prepared: PreparedOut,
-            on_progress: Callable[[int, int], None] | None) -> EncodeSummary:
+            stop: StopRequest, on_progress: Callable[[int, int], None] | None) -> EncodeSummary:
     rank, mesh = ctx.info.rank, ctx.mesh
     probes = _probe_all(ctx, scenes)
     clips, skipped = plan_clips(scenes, probes, cfg.sampling)
@@ -203,22 +211,21 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, scenes: list, p
     progress_log = AppendLog(progress_path(cfg.out, rank)) if mesh.is_writer else None
     writer = ShardWriter(cfg.out, rank, prepared.attempt, cfg.shard_size, progress_log) if progress_log else None
     try:
-        with StopRequest() as stop:
-            for item in loader:
-                batch, plan = batches[item["index"]], plans[item["index"]]
-                # Ranks of one SP group must stop at the same batch, or the all_gather below would hang.
-                if _sp_any(ctx, stop.requested):
-                    local["stopped"] = stop.signal_name or "a peer's signal"
-                    break
-                result = vae.encode_views(item["views"])
-                moments = result.mean if result.logvar is None else torch.cat([result.mean, result.logvar], dim=1)
-                moments = gather_views(moments, plan, ctx.sp_group)
-                errors, settings = _batch_outcome(ctx, plan, batch, item["errors"], result)
-                local["backoffs"].extend(result.backoffs)
-                _write_batch(cfg, ctx, vae, batch, moments, result.mean.shape[1], errors, settings, writer, failures,
-                             local)
-                if on_progress is not None:
-                    on_progress(len(batch), len(mine))
+        for item in loader:
+            batch, plan = batches[item["index"]], plans[item["index"]]
+            # Ranks of one SP group must stop at the same batch, or the all_gather below would hang.
+            if _sp_any(ctx, stop.requested):
+                local["stopped"] = stop.signal_name or "a peer's signal"
+                break
+            result = vae.encode_views(item["views"])
+            moments = result.mean if result.logvar is None else torch.cat([result.mean, result.logvar], dim=1)
+            moments = gather_views(moments, plan, ctx.sp_group)
+            errors, settings = _batch_outcome(ctx, plan, batch, item["errors"], result)
+            local["backoffs"].extend(result.backoffs)
+            _write_batch(cfg, ctx, vae, batch, moments, result.mean.shape[1], errors, settings, writer, failures,
+                         local)
+            if on_progress is not None:
+                on_progress(len(batch), len(mine))
         if writer is not None:
             writer.close()
     except BaseException:

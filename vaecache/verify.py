@@ -97,7 +97,7 @@ def verify_cache(out: Path, quick: bool = False, threads: int | None = None) -> 
         for record in by_shard[file]:
             tensor_check.fail(f"clip {record.get('id')}: its shard {file} is not in the manifest")
 
-    with ThreadPoolExecutor(max_workers=threads or min(8, (os.cpu_count() or 2))) as pool:
+    with ThreadPoolExecutor(max_workers=threads or min(8, len(os.sched_getaffinity(0)))) as pool:
         results = list(pool.map(lambda item: _check_shard(out, item[0], item[1], by_shard.get(item[0], []), quick),
                                 sorted(listed.items())))
     for result in results:
