@@ -1,0 +1,49 @@
+"""OUT ownership: the lock's staleness rules and the settings guard's message."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+
+from vaecache.errors import OutputError
+from vaecache.outdir import _is_stale, acquire_lock, describe_differences, release_lock
+
+HOST = socket.gethostname()
+
+
+def test_lock_of_dead_process_on_this_host_is_stale():
+    assert _is_stale({"host": HOST, "pid": 2**22 + 12345, "job_id": None}, {"host": HOST, "job_id": None, "restart": 0})
+
+
+def test_lock_of_live_process_is_not_stale():
+    assert not _is_stale({"host": HOST, "pid": os.getpid(), "job_id": None}, {"host": HOST, "job_id": None, "restart": 0})
+
+
+def test_lock_from_other_host_is_kept_unless_it_is_an_earlier_attempt_of_this_job():
+    holder = {"host": "node-a", "pid": 1, "job_id": "77", "restart": 0}
+    assert not _is_stale(holder, {"host": "node-b", "job_id": "78", "restart": 1})
+    assert not _is_stale(holder, {"host": "node-b", "job_id": "77", "restart": 0})
+    assert _is_stale(holder, {"host": "node-b", "job_id": "77", "restart": 1})
+
+
+def test_acquire_refuses_a_held_lock_and_names_the_holder(tmp_path):
+    (tmp_path / ".lock").write_text(json.dumps({"host": "elsewhere", "pid": 4242, "job_id": "9"}))
+    with pytest.raises(OutputError, match="host elsewhere, pid 4242, job 9"):
+        acquire_lock(tmp_path, job_id=None)
+
+
+def test_acquire_and_release(tmp_path):
+    acquire_lock(tmp_path, job_id="5")
+    holder = json.loads((tmp_path / ".lock").read_text())
+    assert (holder["pid"], holder["job_id"]) == (os.getpid(), "5")
+    release_lock(tmp_path)
+    assert not (tmp_path / ".lock").exists()
+
+
+def test_describe_differences_names_each_changed_setting():
+    diffs = describe_differences({"latents": {"num_frames": 9, "dtype": "fp32"}, "vae": {"w": "a"}},
+                                 {"latents": {"num_frames": 13, "dtype": "fp32"}, "vae": {"w": "b"}})
+    assert diffs == ["latents.num_frames: 9 -> 13", 'vae.w: "a" -> "b"']
