@@ -68,10 +68,14 @@ class EncodeSummary:
         return EXIT_PARTIAL if self.skipped else EXIT_OK
 
 
+def run_fingerprint_vae_part(vae: LoadedVae) -> dict[str, Any]:
+    """The VAE's identity as recorded (JSON round-tripped, so it compares equal to a stored copy)."""
+    return json.loads(json.dumps({k: v for k, v in vae.fingerprint().items() if k != "spec"}))
+
+
 def run_fingerprint(cfg: EncodeConfig, vae: LoadedVae) -> dict[str, Any]:
     """Everything that determines stored bytes; a resume must match it exactly."""
-    vae_part = {k: v for k, v in vae.fingerprint().items() if k != "spec"}
-    return {"vae": vae_part, "latents": cfg.latent_settings(), "format_version": 1}
+    return {"vae": run_fingerprint_vae_part(vae), "latents": cfg.latent_settings(), "format_version": 1}
 
 
 def on_rank0(ctx: DistContext, fn: Callable[[], T]) -> T:

@@ -14,7 +14,7 @@ from typing import Any, Iterable
 import torch
 from safetensors.torch import load as safetensors_load
 
-from vaecache.errors import ManifestError
+from vaecache.errors import ManifestError, UsageError, VaecacheError
 from vaecache.manifest import (
     MANIFEST, SHARD_SUFFIX, SHARDS_DIR, iter_jsonl, read_manifest, read_progress,
 )
@@ -61,8 +61,42 @@ class VerifyReport:
                 "checks": [asdict(check) for check in self.checks]}
 
 
-def verify_cache(out: Path, quick: bool = False, threads: int | None = None) -> VerifyReport:
-    """Run every check on OUT. `quick` reads headers only (no hashing, no values)."""
+REENCODE_TOLERANCE = {"float32": 1e-3, "float16": 1e-2, "bfloat16": 1e-1}
+"""Max abs difference allowed by --reencode. On the machine and device that encoded, re-encoding is
+bit-exact (0); another GPU model, driver or CPU may pick other kernels, which moves fp32 latents by
+~1e-6 relative and bf16 latents by up to one bf16 ulp (~0.4% of the value, latents reach ~10)."""
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """What `vaecache verify` checks beyond integrity."""
+
+    quick: bool = False
+    """Sizes and headers only: no hashing, no value checks."""
+    threads: int | None = None
+    dataset: Path | None = None
+    """Re-plan clips from this source with the recorded settings and compare coverage."""
+    reencode: int = 0
+    """Re-encode this many clips (chosen by `seed`) and compare with what is stored."""
+    vae: str | None = None
+    """VAE for --reencode; default: the spec recorded in the manifest. Must match the fingerprint."""
+    seed: int = 0
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.reencode < 0:
+            raise UsageError(f"--reencode must be >= 0, got {self.reencode}")
+        if self.threads is not None and self.threads < 1:
+            raise UsageError(f"--threads must be >= 1, got {self.threads}")
+
+
+def verify_cache(out: Path, quick: bool = False, threads: int | None = None, ctx: Any = None,
+                 options: VerifyOptions | None = None) -> VerifyReport:
+    """Run every check on OUT. Under torchrun (`ctx` from vaecache.dist.distributed) shards and
+    re-encodes are split across ranks and every rank returns the whole report."""
+    options = options or VerifyOptions(quick=quick, threads=threads)
+    quick, threads = options.quick, options.threads
+    rank, world = (ctx.info.rank, ctx.info.world_size) if ctx is not None else (0, 1)
     out = Path(out)
     manifest_check = Check("manifest")
     try:
@@ -97,9 +131,12 @@ def verify_cache(out: Path, quick: bool = False, threads: int | None = None) -> 
         for record in by_shard[file]:
             tensor_check.fail(f"clip {record.get('id')}: its shard {file} is not in the manifest")
 
+    mine = sorted(listed.items())[rank::world]
     with ThreadPoolExecutor(max_workers=threads or min(8, len(os.sched_getaffinity(0)))) as pool:
         results = list(pool.map(lambda item: _check_shard(out, item[0], item[1], by_shard.get(item[0], []), quick),
-                                sorted(listed.items())))
+                                mine))
+    if world > 1:
+        results = [result for part in ctx.all_gather_object(results) for result in part]
     for result in results:
         for check, problems, passed in ((shard_check, result["shard"], 1),
                                         (tensor_check, result["tensors"], result["tensors_ok"]),
@@ -127,7 +164,120 @@ def verify_cache(out: Path, quick: bool = False, threads: int | None = None) -> 
         "latent_shape": manifest.get("latent", {}).get("shape"),
     }
     checks = [manifest_check, clips_check, shard_check, orphan_check, tensor_check, value_check, failures_check]
+    if options.dataset is not None:
+        checks.append(check_coverage(manifest, records, failures, options.dataset, threads))
+    if options.reencode:
+        checks.append(check_reencode(out, manifest, records, options, ctx))
     return VerifyReport(str(out), complete=True, checks=checks, summary=summary)
+
+
+def _sampling_from(settings: dict[str, Any]) -> Any:
+    from vaecache.config import SamplingConfig
+
+    return SamplingConfig(num_frames=settings["num_frames"], frame_stride=settings["frame_stride"],
+                          window_stride=settings["window_stride"], max_clips_per_scene=settings["max_clips_per_scene"])
+
+
+def check_coverage(manifest: dict[str, Any], records: list[dict[str, Any]], failures: list[dict[str, Any]],
+                   dataset: Path, threads: int | None = None) -> Check:
+    """Re-plan clips from the source with the recorded settings: clips missing from the cache, and
+    cached clips with no source any more. Clips recorded as failures count as accounted for."""
+    from vaecache.dataset import discover_scenes, plan_clips, probe_scene
+
+    check = Check("coverage of " + str(dataset))
+    settings = manifest.get("settings", {})
+    cameras = settings.get("cameras")
+    scenes = discover_scenes(Path(dataset), tuple(cameras) if cameras else None)
+    with ThreadPoolExecutor(max_workers=threads or min(8, len(os.sched_getaffinity(0)))) as pool:
+        probes = {probe.scene_id: probe for probe in pool.map(probe_scene, scenes)}
+    planned, skipped = plan_clips(scenes, probes, _sampling_from(settings))
+    expected = {clip.clip_id for clip in planned}
+    cached = {record.get("id") for record in records}
+    failed_clips = {f.get("clip") for f in failures if f.get("clip")}
+    for clip_id in sorted(expected - cached - failed_clips):
+        check.fail(f"clip {clip_id}: in the source, missing from the cache")
+    for clip_id in sorted(cached - expected):
+        check.fail(f"clip {clip_id}: in the cache, no longer in the source")
+    check.ok(len(expected & cached))
+    check.note = (f"{len(expected)} clips planned from {len(scenes)} scenes; {len(expected & failed_clips)} recorded "
+                  f"as failed; {len(skipped)} scenes skipped")
+    return check
+
+
+def check_reencode(out: Path, manifest: dict[str, Any], records: list[dict[str, Any]], options: VerifyOptions,
+                   ctx: Any = None) -> Check:
+    """Decode and re-encode K clips chosen by a seed with the recorded VAE; compare with what is stored."""
+    import random
+
+    from safetensors import safe_open
+
+    from vaecache.dataset import Clip, ViewDecoder
+    from vaecache.dist import distributed
+    from vaecache.pipeline import clip_tensors, run_fingerprint_vae_part
+    from vaecache.vae import load_vae
+
+    settings = manifest.get("settings", {})
+    spec = options.vae or settings.get("vae_spec")
+    check = Check(f"re-encode {options.reencode} clip(s) with {spec}")
+    if not records:
+        check.note = "no clips to re-encode"
+        return check
+    chosen = random.Random(options.seed).sample(sorted(records, key=lambda r: r["id"]), min(options.reencode, len(records)))
+    rank, world = (ctx.info.rank, ctx.info.world_size) if ctx is not None else (0, 1)
+    mine = chosen[rank::world]
+    device = ctx.device if ctx is not None else None
+    if device is None:
+        with distributed(device=options.device, environ={}) as single:
+            device = single.device
+    vae = load_vae(spec, device, settings.get("dtype", "fp32"), tiling=bool(settings.get("tiling", False)),
+                   max_views_per_forward=int(settings.get("max_views_per_forward", 1)))
+    recorded = {k: v for k, v in manifest.get("vae", {}).items() if k != "spec"}
+    given = run_fingerprint_vae_part(vae)
+    if recorded != given:
+        from vaecache.outdir import describe_differences
+
+        diffs = describe_differences(recorded, given)
+        raise UsageError(f"--vae {spec} does not match the VAE recorded in {out}/manifest.json "
+                         f"({'; '.join(diffs[:3])})")
+    from vaecache.config import EncodeConfig
+
+    cfg = EncodeConfig(data=Path("."), out=out, vae=spec, sampling=_sampling_from(settings),
+                       height=settings["height"], width=settings["width"], dtype=settings.get("dtype", "fp32"),
+                       store=settings.get("store", "mean-logvar"), seed=settings.get("seed") or 0)
+    decoder = ViewDecoder(cfg.height, cfg.width)
+    results = []
+    for record in mine:
+        clip = Clip(record["id"], record["scene"], tuple(record["cameras"]), tuple(record["sources"]),
+                    tuple(record["frames"]), record.get("fps", 0.0))
+        try:
+            views = torch.stack([decoder.decode(path, clip.frames) for path in clip.paths])
+        except VaecacheError as exc:
+            results.append((record["id"], None, f"source does not decode any more ({exc})"))
+            continue
+        result = vae.encode_views(views)
+        moments = result.mean if result.logvar is None else torch.cat([result.mean, result.logvar], dim=1)
+        fresh = clip_tensors(clip, moments.cpu(), result.mean.shape[1], cfg, vae.dtype)
+        worst = 0.0
+        with safe_open(str(out / SHARDS_DIR / record["shard"]), "pt") as shard:
+            for key, entry in record["tensors"].items():
+                stored = shard.get_tensor(entry["name"])
+                worst = max(worst, float((stored.float() - fresh[key].float()).abs().max()))
+        results.append((record["id"], worst, None))
+    if world > 1:
+        results = [item for part in ctx.all_gather_object(results) for item in part]
+    dtype_name = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[settings.get("dtype", "fp32")]
+    tolerance = REENCODE_TOLERANCE[dtype_name]
+    worst_all = 0.0
+    for clip_id, diff, problem in results:
+        if problem:
+            check.fail(f"clip {clip_id}: {problem}")
+        elif diff > tolerance:
+            check.fail(f"clip {clip_id}: re-encoded latents differ by {diff:.3g} (tolerance {tolerance:g})")
+        else:
+            check.ok()
+        worst_all = max(worst_all, diff or 0.0)
+    check.note = f"max abs difference {worst_all:.3g} (tolerance {tolerance:g} for {dtype_name})"
+    return check
 
 
 def _read_records(out: Path, manifest: dict[str, Any], check: Check) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from vaecache.cli._common import console, human_bytes, report_errors
@@ -16,12 +17,12 @@ from vaecache.verify import VerifyReport, verify_cache
 
 
 def report_table(report: VerifyReport) -> Table:
-    table = Table(title=f"vaecache verify {report.out}")
+    table = Table(title=f"vaecache verify {escape(report.out)}")
     table.add_column("check")
     table.add_column("result")
     table.add_column("passed", justify="right")
     table.add_column("failed", justify="right")
-    table.add_column("details")
+    table.add_column("details", overflow="fold")  # fold, never cut: the details name the broken shard or clip
     for check in report.checks:
         if check.skipped:
             status = "[dim]skipped[/dim]"
@@ -33,8 +34,15 @@ def report_table(report: VerifyReport) -> Table:
                                               if check.failed > len(check.problems) else []))
         if check.note:
             details = f"{details}\n{check.note}".strip()
-        table.add_row(check.name, status, str(check.passed), str(check.failed), details)
+        table.add_row(check.name, status, str(check.passed), str(check.failed), escape(details))
     return table
+
+
+def problem_lines(report: VerifyReport) -> list[str]:
+    """Each problem on one line (table cells wrap at terminal width; these stay greppable)."""
+    lines = [f"{check.name}: {problem}" for check in report.checks for problem in check.problems]
+    lines += [f"{check.name}: {check.note}" for check in report.checks if check.failed and check.note]
+    return lines
 
 
 @report_errors
@@ -43,14 +51,35 @@ def verify(
     quick: bool = typer.Option(False, "--quick", help="Skip hashing and value checks: sizes and headers only."),
     json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Shards checked in parallel (default: cores, up to 8)."),
+    dataset: Optional[Path] = typer.Option(None, "--dataset", help="Re-plan clips from this source with the recorded "
+                                           "settings: list clips missing from the cache and cached clips with no source."),
+    reencode: int = typer.Option(0, "--reencode", help="Decode and re-encode K clips (chosen by --seed) and compare."),
+    vae: Optional[str] = typer.Option(None, "--vae", help="VAE for --reencode (default: the recorded spec); must match "
+                                      "the recorded fingerprint."),
+    seed: int = typer.Option(0, "--seed", help="Which clips --reencode picks."),
+    device: str = typer.Option("auto", "--device", help="Device for --reencode: auto | cpu | cuda."),
 ) -> None:
-    """Prove a latent cache is complete and intact."""
+    """Prove a latent cache is complete and intact. Runs under torchrun to split the work across ranks."""
+    from vaecache.dist import distributed
+    from vaecache.verify import VerifyOptions
+
+    if threads is not None and threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {threads}")
     if not out.exists():
         raise UsageError(f"{out}: no such folder")
     if not out.is_dir():
         raise UsageError(f"{out}: not a folder")
-    report = verify_cache(out, quick=quick, threads=threads)
+    if dataset is not None and not dataset.exists():
+        raise UsageError(f"{dataset}: --dataset path does not exist")
+    options = VerifyOptions(quick=quick, threads=threads, dataset=dataset, reencode=reencode, vae=vae, seed=seed,
+                            device=device)
+    with distributed(device=device if reencode else "cpu") as ctx:
+        report = verify_cache(out, ctx=ctx, options=options)
+        if ctx.info.rank != 0:
+            raise typer.Exit(EXIT_OK if report.ok else EXIT_FAILED)
     console.print(report_table(report))
+    for line in problem_lines(report):
+        console.print(f"[red]FAIL[/red] {escape(line)}", soft_wrap=True)
     summary = report.summary
     if summary:
         console.print(f"{summary['clips']} clips, {summary['views']} views, {summary['shards']} shards, "

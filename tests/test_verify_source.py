@@ -1,0 +1,77 @@
+"""verify --dataset (coverage against the source) and --reencode (spot check with the recorded VAE)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import textwrap
+
+from safetensors.torch import load_file, save_file
+
+from vaecache.demodata import DemoDataSpec, write_demo_dataset
+from vaecache.writer import tensor_stats
+
+
+def test_coverage_names_missing_and_vanished_clips(good_cache, demo_data, tmp_path, run_cli):
+    source = shutil.copytree(demo_data, tmp_path / "data")
+    assert run_cli(["verify", good_cache, "--dataset", source]).exit_code == 0
+    shutil.rmtree(source / "scene_002")
+    write_demo_dataset(tmp_path / "extra", DemoDataSpec(scenes=1, cameras=2, frames=17, seed=9))
+    shutil.move(tmp_path / "extra" / "scene_000", source / "scene_new")
+    result = run_cli(["verify", good_cache, "--dataset", source])
+    assert result.exit_code == 1
+    assert "scene_new/000000-000008: in the source, missing from the cache" in result.output
+    assert "scene_002/000000-000008: in the cache, no longer in the source" in result.output
+
+
+def test_reencode_matches_exactly_on_the_same_machine(good_cache, run_cli, tmp_path):
+    report = tmp_path / "report.json"
+    result = run_cli(["verify", good_cache, "--reencode", "2", "--seed", "1", "--json", report])
+    assert result.exit_code == 0, result.output
+    row = [c for c in json.loads(report.read_text())["checks"] if c["name"].startswith("re-encode")][0]
+    assert (row["passed"], row["failed"]) == (2, 0)
+    assert "max abs difference 0 " in row["note"]
+
+
+def test_reencode_catches_a_tensor_altered_with_every_hash_and_stat_recomputed(cache_copy, run_cli):
+    records = [json.loads(line) for line in (cache_copy / "clips.jsonl").read_text().splitlines()]
+    victim = records[0]
+    shard_path = cache_copy / "shards" / victim["shard"]
+    tensors = load_file(shard_path)
+    name = victim["tensors"]["mean"]["name"]
+    tensors[name] = tensors[name] * 1.5  # plausible values, all finite
+    save_file(tensors, shard_path, metadata={"format": "vaecache", "format_version": "1"})
+    victim["tensors"]["mean"]["stats"] = tensor_stats(tensors[name])
+    clip_bytes = b"".join(json.dumps(r, sort_keys=True, separators=(",", ":")).encode() + b"\n" for r in records)
+    (cache_copy / "clips.jsonl").write_bytes(clip_bytes)
+    manifest = json.loads((cache_copy / "manifest.json").read_text())
+    manifest["clips"]["sha256"] = hashlib.sha256(clip_bytes).hexdigest()
+    for shard in manifest["shards"]:
+        if shard["file"].endswith(victim["shard"]):
+            shard["bytes"] = shard_path.stat().st_size
+            shard["sha256"] = hashlib.sha256(shard_path.read_bytes()).hexdigest()
+    (cache_copy / "manifest.json").write_text(json.dumps(manifest))
+    assert run_cli(["verify", cache_copy]).exit_code == 0  # integrity checks cannot see it
+    result = run_cli(["verify", cache_copy, "--reencode", "3"])
+    assert result.exit_code == 1
+    assert f"clip {victim['id']}: re-encoded latents differ" in result.output
+
+
+def test_reencode_with_another_vae_is_refused(good_cache, run_cli, tmp_path, monkeypatch):
+    (tmp_path / "other_vae.py").write_text(textwrap.dedent("""
+        import torch
+        from vaecache.vae import load_vae
+
+        def make():
+            vae = load_vae("builtin:tiny").module
+            with torch.no_grad():
+                next(vae.parameters()).add_(1.0)
+            return vae
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("other_vae", None)
+    result = run_cli(["verify", good_cache, "--reencode", "1", "--vae", "python:other_vae:make"])
+    assert result.exit_code == 2
+    assert "does not match the VAE recorded" in result.output
