@@ -99,8 +99,12 @@ def discover_scenes(data: Path, cameras: Sequence[str] | None = None) -> list[Sc
     return sorted(scenes, key=lambda scene: scene.scene_id)
 
 
+def _has_video_name(path: Path) -> bool:
+    return path.suffix.lower() in VIDEO_EXTENSIONS and not path.name.startswith(".")
+
+
 def _is_video(path: Path) -> bool:
-    return path.is_file() and path.suffix.lower() in VIDEO_EXTENSIONS and not path.name.startswith(".")
+    return path.is_file() and _has_video_name(path)
 
 
 def _scenes_from_folder(root: Path, order: Sequence[str] | None) -> list[Scene]:
@@ -116,9 +120,13 @@ def _scenes_from_folder(root: Path, order: Sequence[str] | None) -> list[Scene]:
         return [Scene(p.stem, (camera,), (str(p.resolve()),)) for p in videos]
     if not folders:
         raise DatasetError(f"{root}: no videos ({', '.join(VIDEO_EXTENSIONS)}) and no scene folders found")
-    found = {folder: {p.stem: p for p in sorted(folder.iterdir()) if _is_video(p)} for folder in folders}
+    # Inside a scene folder anything named like a video is that camera's file: a directory or a socket
+    # called cam_0.mp4 is then reported by the probe as "not a regular file" instead of as a missing camera.
+    found = {folder: {p.stem: p for p in sorted(folder.iterdir()) if _has_video_name(p)} for folder in folders}
     if not any(found.values()):
         raise DatasetError(f"{root}: scene folders hold no video files ({', '.join(VIDEO_EXTENSIONS)})")
+    if order:
+        _check_cameras_exist(root, order, [set(videos) for videos in found.values()])
     names = tuple(order) if order else _common_camera_set(found.values())
     scenes = []
     for folder, videos_by_camera in found.items():
@@ -128,6 +136,15 @@ def _scenes_from_folder(root: Path, order: Sequence[str] | None) -> list[Scene]:
                       else str(folder.resolve() / f"{name}{MISSING_SUFFIX}") for name in names)
         scenes.append(Scene(folder.name, names, paths))
     return scenes
+
+
+def _check_cameras_exist(where: Path, order: Sequence[str], per_scene: Sequence[set[str]]) -> None:
+    """A --cameras name that no scene has is a typo, not a dataset where every scene lacks a camera."""
+    seen = set().union(*per_scene)
+    unknown = [name for name in order if name not in seen]
+    if unknown:
+        raise DatasetError(f"{where}: camera(s) {', '.join(unknown)} from --cameras are in no scene "
+                           f"(cameras found: {', '.join(sorted(seen)[:10])})")
 
 
 def _common_camera_set(per_scene: Iterable[dict[str, Path]]) -> tuple[str, ...]:
@@ -143,6 +160,7 @@ def _common_camera_set(per_scene: Iterable[dict[str, Path]]) -> tuple[str, ...]:
 def _scenes_from_index(index: Path, order: Sequence[str] | None) -> list[Scene]:
     base = index.resolve().parent
     scenes = []
+    mapped: list[set[str]] = []  # camera names of the records that name their cameras
     with open(index, encoding="utf-8") as handle:
         for lineno, line in enumerate(handle, 1):
             if not line.strip():
@@ -158,10 +176,14 @@ def _scenes_from_index(index: Path, order: Sequence[str] | None) -> list[Scene]:
                 mapping = record["cameras"]
                 if not isinstance(mapping, dict) or not mapping:
                     raise DatasetError(f"{where}: \"cameras\" must map camera names to paths")
+                mapped.append(set(mapping))
             elif "path" in record:
                 mapping = {(order[0] if order else "video"): record["path"]}
             else:
                 raise DatasetError(f"{where}: needs \"cameras\" (camera -> path) or \"path\"")
+            bad = sorted(str(name) for name, raw in mapping.items() if not isinstance(raw, str) or not raw)
+            if bad:
+                raise DatasetError(f"{where}: the path of camera {bad[0]!r} must be a non-empty string")
             names = tuple(order) if order else tuple(sorted(mapping))
             paths = []
             for name in names:
@@ -176,6 +198,8 @@ def _scenes_from_index(index: Path, order: Sequence[str] | None) -> list[Scene]:
             scenes.append(Scene(str(record["id"]), names, tuple(paths), frame_range))
     if not scenes:
         raise DatasetError(f"{index}: index holds no scenes")
+    if order and mapped:
+        _check_cameras_exist(index, order, mapped)
     if not order:
         camera_sets = {scene.cameras for scene in scenes}
         if len(camera_sets) > 1:

@@ -27,7 +27,7 @@ def demo_data(
     spec = DemoDataSpec(scenes=scenes, cameras=cameras, frames=frames, height=height, width=width, fps=fps, seed=seed)
     paths = write_demo_dataset(root, spec)
     console.print(f"wrote {len(paths)} videos ({scenes} scenes x {cameras} cameras, {frames} frames, {height}x{width} "
-                  f"@ {fps} fps) to {root}")
+                  f"@ {fps} fps) to {root}", markup=False)
 
 
 @report_errors
@@ -45,7 +45,8 @@ def demo(
     data, out = root / "data", root / "cache"
     spec = DemoDataSpec(scenes=3, cameras=2, frames=17, height=64, width=64, fps=10, seed=0)
     write_demo_dataset(data, spec)
-    console.print(f"1/3 demo data: {spec.scenes} scenes x {spec.cameras} cameras of {spec.frames} frames in {data}")
+    console.print(f"1/3 demo data: {spec.scenes} scenes x {spec.cameras} cameras of {spec.frames} frames in {data}",
+                  markup=False)
     cfg = EncodeConfig(data=data, out=out, vae="builtin:tiny", sampling=SamplingConfig(num_frames=9),
                        height=64, width=64, workers=0, overwrite=True, progress=False)
     console.print("2/3 encoding with builtin:tiny (an untrained VAE with random weights, for demos and tests)")
@@ -56,5 +57,5 @@ def demo(
     console.print("3/3 verify")
     console.print(report_table(report))
     console.print(f"data: {data}\ncache: {out} (manifest.json, clips.jsonl, shards/)\nlogs: {out / 'logs'}\n"
-                  f"next: vaecache verify {out}")
+                  f"next: vaecache verify {out}", markup=False)
     raise typer.Exit(EXIT_OK if report.ok else 1)

@@ -1,0 +1,261 @@
+"""The command line as a user meets it: exit codes, one-line errors, demo commands, reruns of encode."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import decord
+import pytest
+import torch
+
+import vaecache
+from vaecache.demodata import DemoDataSpec, write_demo_dataset
+from vaecache.errors import DatasetError
+
+STANDARD = {"--vae": "builtin:tiny", "--num-frames": "9", "--size": "64x64"}
+
+
+def _error_line(output: str) -> str:
+    """The one `error:` line of a failed command (and insist there is exactly one)."""
+    lines = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, output
+    return lines[0]
+
+
+def _encode_args(data: Path, out: Path, **overrides: str | None) -> list[str]:
+    """The standard encode command with flags replaced (num_frames="5" -> --num-frames 5) or dropped (None)."""
+    flags = {**STANDARD, **{f"--{key.replace('_', '-')}": value for key, value in overrides.items()}}
+    args = ["encode", str(data), "--out", str(out)]
+    for flag, value in flags.items():
+        if value is not None:
+            args += [flag, value]
+    return args + ["--workers", "0", "--no-progress"]
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.fixture
+def empty_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    return folder
+
+
+BAD_INPUT = {
+    "missing DATA path": (dict(), "nope", r"nope: dataset path does not exist"),
+    "empty folder": (dict(), "empty", r"empty: no videos .* and no scene folders found"),
+    "unknown VAE spec": (dict(vae="wan2.1"), None, r"unknown VAE spec 'wan2.1'"),
+    "unknown builtin": (dict(vae="builtin:huge"), None, r"the only builtin is builtin:tiny"),
+    "missing --vae": (dict(vae=None), None, r"--vae is required"),
+    "size not HxW": (dict(size="64"), None, r"--size must look like HxW .*got '64'"),
+    "size not a multiple of 8": (dict(size="60x64"), None, r"height 60 is not a multiple of 8 .*56 and 64"),
+    "num-frames not 1+4k": (dict(num_frames="10"), None, r"--num-frames 10 .*nearest valid\D*9 and 13"),
+    "num-frames zero": (dict(num_frames="0"), None, r"--num-frames must be >= 1"),
+    "store unknown": (dict(store="latents"), None, r"--store must be one of mean-logvar, mean, sample"),
+    "camera typo": (dict(cameras="cam_0,cam_9"), None, r"camera\(s\) cam_9 from --cameras are in no scene"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT), ids=list(BAD_INPUT))
+def test_bad_input_is_one_line_and_exit_2(case: str, run_cli: Callable, demo_data: Path, empty_folder: Path,
+                                          tmp_path: Path) -> None:
+    overrides, data_name, pattern = BAD_INPUT[case]
+    data = {None: demo_data, "nope": tmp_path / "nope", "empty": empty_folder}[data_name]
+    out = tmp_path / "out"
+    result = run_cli(_encode_args(data, out, **overrides))
+    assert result.exit_code == 2, result.output
+    assert re.search(pattern, _error_line(result.output)), result.output
+    assert "Traceback" not in result.output
+    assert not out.exists()  # refused before OUT was touched
+
+
+def test_usage_mistakes_typer_catches_are_exit_2(run_cli: Callable, demo_data: Path, tmp_path: Path) -> None:
+    assert run_cli(["encode"]).exit_code == 2  # no DATA
+    result = run_cli(["encode", demo_data, "--out", tmp_path / "o", "--num-frames", "nine"])
+    assert result.exit_code == 2 and "--num-frames" in result.output
+
+
+def test_version_and_help(run_cli: Callable) -> None:
+    version = run_cli(["--version"])
+    assert version.exit_code == 0 and version.stdout.strip() == f"vaecache {vaecache.__version__}"
+    for command in ("encode", "verify", "demo-data", "demo"):
+        assert run_cli([command, "--help"]).exit_code == 0
+
+
+def test_debug_env_shows_the_traceback_in_process(run_cli: Callable, tmp_path: Path) -> None:
+    result = run_cli(_encode_args(tmp_path / "nope", tmp_path / "out"), env={"VAECACHE_DEBUG": "1"})
+    assert isinstance(result.exception, DatasetError)
+
+
+# --------------------------------------------------------------------------- real processes
+
+
+def _run(args: list[str], **env: str) -> subprocess.CompletedProcess:
+    environ = {key: value for key, value in os.environ.items() if key != "VAECACHE_DEBUG"}
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, env={**environ, **env})
+
+
+def test_console_script_error_is_one_line_without_traceback(tmp_path: Path) -> None:
+    script = Path(sys.executable).with_name("vaecache")  # the console script of this environment
+    command = str(script) if script.exists() else shutil.which("vaecache") or "vaecache"
+    proc = _run([command, "encode", str(tmp_path / "nope"), "--out", str(tmp_path / "out"), "--num-frames", "9",
+                 "--size", "64x64"])
+    assert proc.returncode == 2
+    assert "--vae is required" in _error_line(proc.stderr)
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_module_entry_point_with_debug_shows_a_traceback(tmp_path: Path) -> None:
+    proc = _run([sys.executable, "-m", "vaecache", "verify", str(tmp_path / "nope")], VAECACHE_DEBUG="1")
+    assert proc.returncode != 0
+    assert "Traceback" in proc.stderr and "UsageError" in proc.stderr and "no such folder" in proc.stderr
+
+
+def test_module_entry_point_verifies_a_good_cache(good_cache: Path, tmp_path: Path) -> None:
+    proc = _run([sys.executable, "-m", "vaecache", "verify", str(good_cache), "--json", str(tmp_path / "r.json")])
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["ok"] is True
+    assert "cache OK" in proc.stderr
+
+
+# --------------------------------------------------------------------------- demo commands
+
+
+def test_demo_data_writes_the_requested_layout(run_cli: Callable, tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    result = run_cli(["demo-data", root, "--scenes", "2", "--cameras", "3", "--frames", "6", "--size", "32x40",
+                      "--fps", "7", "--seed", "4"])
+    assert result.exit_code == 0, result.output
+    expected = sorted(root / f"scene_{s:03d}" / f"cam_{c}.mp4" for s in range(2) for c in range(3))
+    assert sorted(p for p in root.rglob("*") if p.is_file()) == expected
+    reader = decord.VideoReader(str(expected[0]))
+    assert len(reader) == 6 and reader[0].shape == (32, 40, 3) and reader.get_avg_fps() == pytest.approx(7)
+    assert "wrote 6 videos" in result.output
+
+
+def test_demo_data_rejects_a_size_decord_misreads(run_cli: Callable, tmp_path: Path) -> None:
+    result = run_cli(["demo-data", tmp_path / "d", "--size", "64x48"])
+    assert result.exit_code == 2 and "width 48 is misread by decord" in _error_line(result.output)
+
+
+def test_demo_runs_end_to_end(run_cli: Callable, tmp_path: Path) -> None:
+    result = run_cli(["demo", "--dir", tmp_path / "demo"])
+    assert result.exit_code == 0, result.output
+    cache = tmp_path / "demo" / "cache"
+    assert (cache / "manifest.json").is_file() and len(list((tmp_path / "demo" / "data").glob("*/*.mp4"))) == 6
+    assert run_cli(["verify", cache]).exit_code == 0
+
+
+# --------------------------------------------------------------------------- JSONL index and skipped scenes
+
+
+def test_encode_from_an_index_with_frame_ranges_reports_short_scenes(run_cli: Callable, demo_data: Path,
+                                                                    tmp_path: Path, cache_io: Any) -> None:
+    index = tmp_path / "lists" / "index.jsonl"
+    index.parent.mkdir()
+    rel = Path("..") / "videos"
+    shutil.copytree(demo_data / "scene_000", tmp_path / "videos")
+    cams = {"front": str(rel / "cam_0.mp4"), "back": str(rel / "cam_1.mp4")}
+    index.write_text(json.dumps({"id": "late", "cameras": cams, "frames": [4, 17]}) + "\n"
+                     + json.dumps({"id": "short", "cameras": cams, "frames": [0, 5]}) + "\n")
+    out = tmp_path / "out"
+    result = run_cli(_encode_args(index, out))
+    assert result.exit_code == 3, result.output  # partial: a scene was skipped
+    (record,) = cache_io.clips(out)
+    assert record["id"] == "late/000004-000012" and record["frames"] == list(range(4, 13))
+    assert record["cameras"] == ["back", "front"]
+    assert record["sources"] == [str((tmp_path / "videos" / f"cam_{i}.mp4").resolve()) for i in (1, 0)]
+    (failure,) = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
+    assert failure["scene"] == "short" and failure["reason"].startswith("too short: 5 usable frames")
+    assert "skipped inputs" in result.output
+    assert f"{out}/failures.jsonl" in re.sub(r"[\s│]", "", result.output)  # the summary points at it (cells fold)
+    assert run_cli(["verify", out]).exit_code == 0
+
+
+def test_broken_video_is_skipped_and_named(run_cli: Callable, tmp_path: Path, cache_io: Any) -> None:
+    data = tmp_path / "data"
+    write_demo_dataset(data, DemoDataSpec(scenes=2, cameras=1, frames=5, height=32, width=32))
+    (data / "scene_001" / "cam_0.mp4").write_bytes(b"\x00" * 500)
+    out = tmp_path / "out"
+    result = run_cli(_encode_args(data, out, num_frames="5", size="32x32"))
+    assert result.exit_code == 3, result.output
+    assert [r["id"] for r in cache_io.clips(out)] == ["scene_000/000000-000004"]
+    (failure,) = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
+    assert failure["path"].endswith("scene_001/cam_0.mp4") and "not a readable video" in failure["reason"]
+
+
+def test_on_error_fail_stops_at_an_unreadable_video(run_cli: Callable, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    write_demo_dataset(data, DemoDataSpec(scenes=2, cameras=1, frames=5, height=32, width=32))
+    (data / "scene_001" / "cam_0.mp4").write_bytes(b"\x00" * 500)
+    result = run_cli(_encode_args(data, tmp_path / "out", num_frames="5", size="32x32") + ["--on-error", "fail"])
+    assert result.exit_code == 1, result.output
+    assert "scene_001/cam_0.mp4: not a readable video" in _error_line(result.output)
+    assert "Traceback" not in result.output
+
+
+# --------------------------------------------------------------------------- rerunning encode
+
+
+def test_rerun_of_a_complete_cache_changes_nothing(run_cli: Callable, cache_copy: Path, demo_data: Path,
+                                                   cache_io: Any) -> None:
+    before = cache_io.tensors(cache_copy)
+    shards_before = cache_io.manifest(cache_copy)["shards"]
+    result = run_cli(_encode_args(demo_data, cache_copy))
+    assert result.exit_code == 0, result.output
+    cache_io.same_tensors(cache_io.tensors(cache_copy), before)
+    assert cache_io.manifest(cache_copy)["shards"] == shards_before
+    assert len(cache_io.clips(cache_copy)) == 3
+    assert run_cli(["verify", cache_copy]).exit_code == 0
+
+
+@pytest.mark.parametrize(("overrides", "differs"), [
+    (dict(num_frames="5"), "num_frames: 9 -> 5"),
+    (dict(dtype="bf16"), 'dtype: "fp32" -> "bf16"'),
+    (dict(store="mean"), 'store: "mean-logvar" -> "mean"'),
+])
+def test_rerun_with_other_settings_is_refused(run_cli: Callable, cache_copy: Path, demo_data: Path,
+                                              overrides: dict, differs: str) -> None:
+    result = run_cli(_encode_args(demo_data, cache_copy, **overrides))
+    assert result.exit_code == 2, result.output
+    line = _error_line(result.output)
+    assert "made with other settings" in line and differs in line and "--overwrite" in line
+    assert run_cli(["verify", cache_copy]).exit_code == 0  # the refused run left the cache complete
+
+
+def test_overwrite_starts_over(run_cli: Callable, cache_copy: Path, demo_data: Path, cache_io: Any) -> None:
+    result = run_cli(_encode_args(demo_data, cache_copy, num_frames="5") + ["--overwrite"])
+    assert result.exit_code == 0, result.output
+    manifest = cache_io.manifest(cache_copy)
+    assert manifest["settings"]["num_frames"] == 5
+    assert len(cache_io.clips(cache_copy)) == 9  # 17 frames -> 3 clips of 5 per scene
+    tensors = cache_io.tensors(cache_copy)
+    assert {tuple(t.shape) for t in tensors.values()} == {(2, 16, 2, 8, 8)}
+    assert all(name.split("/")[1] != "000000-000008" for name in tensors)  # nothing left of the old run
+    assert run_cli(["verify", cache_copy]).exit_code == 0
+
+
+def test_out_that_holds_other_files_is_refused(run_cli: Callable, demo_data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "thesis.tex").write_text("precious")
+    result = run_cli(_encode_args(demo_data, out))
+    assert result.exit_code == 2 and "not a vaecache output" in _error_line(result.output)
+    assert (out / "thesis.tex").read_text() == "precious"
+
+
+def test_a_dtype_run_stores_that_dtype(run_cli: Callable, demo_data: Path, tmp_path: Path, cache_io: Any) -> None:
+    out = tmp_path / "bf16"
+    result = run_cli(_encode_args(demo_data, out, dtype="bf16", store="mean", max_clips_per_scene="1"))
+    assert result.exit_code == 0, result.output
+    assert {t.dtype for t in cache_io.tensors(out).values()} == {torch.bfloat16}
+    assert {r["tensors"]["mean"]["dtype"] for r in cache_io.clips(out)} == {"bfloat16"}
+    assert run_cli(["verify", out]).exit_code == 0

@@ -1,0 +1,144 @@
+"""Session-wide fixtures: one real demo dataset, one good cache encoded with builtin:tiny, a CLI runner.
+
+Encoding is the slow part (VAE warm-up, h264 decode), so every cache that more than one test reads
+is built once per session here and treated as read-only; tests that damage or extend a cache work on
+a `shutil.copytree` of it (see `cache_copy`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner, Result
+
+from vaecache.cli.app import app
+from vaecache.demodata import DemoDataSpec, write_demo_dataset
+
+DEMO_SPEC = DemoDataSpec(scenes=3, cameras=2, frames=17, height=64, width=64, fps=10, seed=0)
+ENCODE_ARGS = ("--vae", "builtin:tiny", "--num-frames", "9", "--size", "64x64", "--workers", "0", "--no-progress")
+"""The standard encode of the demo data: one 9-frame clip per scene (17 frames, no overlap)."""
+
+
+def _quiet_diffusers() -> None:
+    # diffusers warns on every `module.to(dtype)` ("modules that should be kept in float32: []") through a
+    # StreamHandler bound to whatever sys.stderr was when its logger was first used; under CliRunner that
+    # stream is closed afterwards and later warnings print "--- Logging error ---" tracebacks into the output
+    # of unrelated tests. Silence it once, before any test runs.
+    from diffusers.utils import logging as diffusers_logging
+
+    diffusers_logging.set_verbosity_error()
+
+
+_quiet_diffusers()
+
+# One intra-op thread: on a shared 2-core runner, OpenMP's two spinning threads contend with the decode
+# workers, the shard-writer thread and other jobs, and a 3-clip encode went from ~0.3 s to 10+ s. Every
+# comparison in this suite is between runs of this same process, so the thread count is the same for both.
+torch.set_num_threads(1)
+
+
+def invoke(args: Sequence[Any], env: dict[str, str] | None = None) -> Result:
+    """Run `vaecache ARGS` in-process; stdout and stderr are both in `result.output`.
+
+    VAECACHE_DEBUG is unset unless `env` sets it, so a developer's shell setting cannot change results.
+    """
+    return CliRunner().invoke(app, [str(a) for a in args], env={"VAECACHE_DEBUG": None, **(env or {})})
+
+
+@pytest.fixture(scope="session")
+def run_cli() -> Callable[..., Result]:
+    """`run_cli(args, env=None) -> Result` (typer CliRunner on vaecache.cli.app.app)."""
+    return invoke
+
+
+def encode_ok(data: Path, out: Path, *extra: Any) -> Result:
+    """Encode with the standard settings plus `extra` (later flags win) and insist on exit 0."""
+    result = invoke(["encode", data, "--out", out, *ENCODE_ARGS, *extra])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+@pytest.fixture(scope="session")
+def encode_cli() -> Callable[..., Result]:
+    """`encode_cli(data, out, *extra_flags) -> Result`, asserting exit 0."""
+    return encode_ok
+
+
+@pytest.fixture(scope="session")
+def demo_spec() -> DemoDataSpec:
+    """The spec `demo_data` was written from (render_clip(spec, scene, camera) gives its exact frames)."""
+    return DEMO_SPEC
+
+
+@pytest.fixture(scope="session")
+def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3 scenes x 2 cameras x 17 frames of 64x64 h264, as DATA/scene_00k/cam_j.mp4. Read-only."""
+    root = tmp_path_factory.mktemp("demo") / "data"
+    write_demo_dataset(root, DEMO_SPEC)
+    return root
+
+
+@pytest.fixture(scope="session")
+def good_cache(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo data encoded once with the standard settings (--workers 0). Read-only: copy it to change it."""
+    out = tmp_path_factory.mktemp("good") / "cache"
+    encode_ok(demo_data, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def sharded_cache(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo data with a small --shard-size: one clip is 48 KiB, so shards hold 2 and 1 clips."""
+    out = tmp_path_factory.mktemp("sharded") / "cache"
+    encode_ok(demo_data, out, "--shard-size", "50000")
+    return out
+
+
+@pytest.fixture
+def cache_copy(good_cache: Path, tmp_path: Path) -> Path:
+    """A private, writable copy of `good_cache`."""
+    return Path(shutil.copytree(good_cache, tmp_path / "cache"))
+
+
+def read_manifest(out: Path) -> dict[str, Any]:
+    return json.loads((out / "manifest.json").read_text())
+
+
+def read_clips(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "clips.jsonl").read_text().splitlines() if line.strip()]
+
+
+def load_tensors(out: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of every shard of OUT, by name."""
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted((out / "shards").glob("*.safetensors")):
+        part = load_file(shard)
+        assert not set(part) & set(tensors), f"{shard.name} repeats tensor names"
+        tensors.update(part)
+    return tensors
+
+
+def assert_same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert a[name].dtype == b[name].dtype, name
+        assert torch.equal(a[name], b[name]), f"{name} differs"
+
+
+@pytest.fixture(scope="session")
+def cache_io() -> Any:
+    """Readers for caches: manifest(out), clips(out), tensors(out), same_tensors(a, b)."""
+
+    class CacheIO:
+        manifest = staticmethod(read_manifest)
+        clips = staticmethod(read_clips)
+        tensors = staticmethod(load_tensors)
+        same_tensors = staticmethod(assert_same_tensors)
+
+    return CacheIO

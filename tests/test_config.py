@@ -1,0 +1,217 @@
+"""Settings: flag parsing, validation with flag names in the message, TOML files, and the VAE's frame rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vaecache.cli.encode import build_config
+from vaecache.config import EncodeConfig, SamplingConfig, load_toml, parse_bytes, parse_size
+from vaecache.errors import FrameRuleError, UsageError, VaeSpecError
+from vaecache.vae import LoadedVae, load_vae
+
+
+@pytest.fixture(scope="module")
+def tiny() -> LoadedVae:
+    return load_vae("builtin:tiny")
+
+
+def _config(**overrides: object) -> EncodeConfig:
+    base: dict = dict(data=Path("d"), out=Path("o"), vae="builtin:tiny", sampling=SamplingConfig(9),
+                      height=64, width=64)
+    base.update(overrides)
+    return EncodeConfig(**base)
+
+
+# --------------------------------------------------------------------------- flag parsing
+
+
+@pytest.mark.parametrize(("text", "expected"), [("64x96", (64, 96)), ("480X832", (480, 832)), (" 8 x 16 ", (8, 16))])
+def test_parse_size(text: str, expected: tuple[int, int]) -> None:
+    assert parse_size(text) == expected  # (height, width)
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("64", "must look like HxW"), ("64x", "must look like HxW"), ("-8x8", "must look like HxW"),
+    ("64*64", "must look like HxW"), ("0x64", "must be positive"),
+])
+def test_parse_size_rejects(text: str, match: str) -> None:
+    with pytest.raises(UsageError, match=match):
+        parse_size(text)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("5000", 5000), ("100B", 100), ("1kb", 1000), ("2KiB", 2048), ("256MiB", 256 * 2**20), ("1.5GB", 1_500_000_000),
+    ("1 GiB", 2**30), ("3Mi", 3 * 2**20), (4096, 4096),
+])
+def test_parse_bytes(text: str | int, expected: int) -> None:
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "MiB", "lots", "5iB", "5i", "0", "0.1", "1 PB", -5])
+def test_parse_bytes_rejects_with_a_usage_error(text: str | int) -> None:
+    with pytest.raises(UsageError, match="--shard-size"):
+        parse_bytes(text)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize(("overrides", "match"), [
+    ({"vae": ""}, "--vae is required"),
+    ({"height": 0}, "--size must be positive"),
+    ({"dtype": "fp64"}, "--dtype must be one of fp32, bf16, fp16"),
+    ({"store": "logvar"}, "--store must be one of mean-logvar, mean, sample"),
+    ({"on_error": "ignore"}, "--on-error must be one of skip, fail"),
+    ({"batch_size": 0}, "--batch-size must be >= 1"),
+    ({"workers": -1}, "--workers must be >= 0"),
+    ({"sp_size": 0}, "--sp-size must be >= 1"),
+    ({"shard_size": 0}, "--shard-size must be >= 1 byte"),
+    ({"timeout_s": 0}, "--timeout must be > 0"),
+    ({"cameras": ("a", "b", "a")}, "lists a camera twice"),
+])
+def test_encode_config_names_the_bad_flag(overrides: dict, match: str) -> None:
+    with pytest.raises(UsageError, match=match):
+        _config(**overrides)
+
+
+def test_latent_settings_hold_what_changes_the_bytes() -> None:
+    settings = _config(sampling=SamplingConfig(5, frame_stride=2), dtype="bf16").latent_settings()
+    assert settings["num_frames"] == 5 and settings["frame_stride"] == 2
+    assert settings["window_stride"] == 10  # default: no overlap
+    assert settings["dtype"] == "bf16" and settings["seed"] is None  # the seed only matters for --store sample
+    assert _config(store="sample", seed=7).latent_settings()["seed"] == 7
+    # Settings that do not change stored bytes are not part of it.
+    assert _config(batch_size=4, workers=0).latent_settings() == _config().latent_settings()
+
+
+# --------------------------------------------------------------------------- TOML and flags
+
+
+def test_load_toml_accepts_dashes_and_an_encode_section(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[encode]\nnum-frames = 17\nsize = "64x96"\nbatch_size = 2\n')
+    assert load_toml(path) == {"num_frames": 17, "size": "64x96", "batch_size": 2}
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("nmu_frames = 3\n", r"unknown setting\(s\) nmu_frames"),
+    ("num_frames = \n", "not valid TOML"),
+])
+def test_load_toml_rejects(tmp_path: Path, text: str, match: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=match):
+        load_toml(path)
+    with pytest.raises(UsageError, match="config file not found"):
+        load_toml(tmp_path / "missing.toml")
+
+
+def test_load_toml_takes_the_cli_spelling_of_timeout(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("timeout = 60\n")
+    assert load_toml(path) == {"timeout_s": 60}
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ('batch-size = "2"\n', r"batch_size = '2' must be int"),
+    ("num-frames = 9.5\n", r"num_frames = 9.5 must be int"),
+    ("workers = true\n", r"workers = True must be int"),
+    ("overwrite = 1\n", r"overwrite = 1 must be bool"),
+    ("size = [64, 64]\n", r"size = \[64, 64\] must be str"),
+    ("height = 64\n", r"unknown setting\(s\) height"),  # comes from size
+])
+def test_load_toml_names_a_value_of_the_wrong_type(tmp_path: Path, text: str, match: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=match):
+        load_toml(path)
+
+
+EXAMPLE_CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLE_CONFIGS, ids=[p.name for p in EXAMPLE_CONFIGS])
+def test_example_configs_build(path: Path) -> None:
+    cfg = build_config(Path("data"), Path("out"), None, {}, path)
+    assert cfg.vae and cfg.sampling.num_frames >= 1 and cfg.height >= 1
+
+
+def test_flags_win_over_the_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('vae = "diffusers:/models/wan"\nnum_frames = 17\nsize = "64x64"\nbatch_size = 4\n'
+                    'cameras = ["b", "a"]\nshard_size = "1MiB"\n')
+    cfg = build_config(Path("d"), Path("o"), "builtin:tiny", {"num_frames": 9, "batch_size": None}, path)
+    assert cfg.vae == "builtin:tiny"
+    assert cfg.sampling.num_frames == 9
+    assert cfg.batch_size == 4  # unset flag: the file's value
+    assert cfg.cameras == ("b", "a") and cfg.shard_size == 2**20
+    assert (cfg.height, cfg.width) == (64, 64)
+    from_file = build_config(Path("d"), Path("o"), None, {}, path)
+    assert from_file.vae == "diffusers:/models/wan"
+
+
+def test_config_file_can_name_the_output_folder(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('out = "cache"\nvae = "builtin:tiny"\nnum_frames = 9\nsize = "64x64"\n')
+    assert build_config(Path("d"), None, None, {}, path).out == Path("cache")
+    assert build_config(Path("d"), Path("flag"), None, {}, path).out == Path("flag")
+
+
+@pytest.mark.parametrize(("out", "vae", "options", "match"), [
+    (None, "builtin:tiny", {"num_frames": 9, "size": "64x64"}, "--out is required"),
+    (Path("o"), None, {"num_frames": 9, "size": "64x64"}, "--vae is required"),
+    (Path("o"), "builtin:tiny", {"size": "64x64"}, "--num-frames is required"),
+    (Path("o"), "builtin:tiny", {"num_frames": 9}, "--size HxW is required"),
+    (Path("o"), "builtin:tiny", {"num_frames": 9, "size": "64x64", "cameras": "a, b,a"}, "lists a camera twice"),
+])
+def test_required_flags(out: Path | None, vae: str | None, options: dict, match: str) -> None:
+    with pytest.raises(UsageError, match=match):
+        build_config(Path("d"), out, vae, options, None)
+
+
+def test_camera_flag_is_a_comma_separated_order() -> None:
+    options = {"num_frames": 9, "size": "64x64", "cameras": " c, a ,b "}
+    cfg = build_config(Path("d"), Path("o"), "builtin:tiny", options, None)
+    assert cfg.cameras == ("c", "a", "b")
+
+
+# --------------------------------------------------------------------------- the VAE's frame rule
+
+
+def test_builtin_tiny_is_wan_style(tiny: LoadedVae) -> None:
+    rule = tiny.rule
+    assert (rule.temporal_factor, rule.spatial_factor, rule.causal) == (4, 8, True)
+    assert [rule.latent_frames(n) for n in (1, 5, 9, 17)] == [1, 2, 3, 5]
+    assert rule.latent_shape(16, 9, 64, 96) == (16, 3, 8, 12)
+    for frames in (1, 5, 9, 13, 81):
+        rule.check(frames, 64, 96)
+
+
+@pytest.mark.parametrize(("frames", "size", "match"), [
+    (10, (64, 64), r"--num-frames 10 .*1 \+ 4k frames.*nearest valid\D*9 and 13"),
+    (8, (64, 64), r"--num-frames 8 .*nearest valid\D*5 and 9"),
+    (2, (64, 64), r"--num-frames 2 .*nearest valid\D*1 and 5"),
+    (9, (60, 64), r"--size 60x64: height 60 is not a multiple of 8 .*nearest valid height: 56 and 64"),
+    (9, (64, 70), r"width 70 .*nearest valid width: 64 and 72"),
+    (9, (4, 64), r"height 4 .*nearest valid height: 8"),
+])
+def test_frame_rule_names_the_nearest_valid_values(tiny: LoadedVae, frames: int, size: tuple[int, int],
+                                                   match: str) -> None:
+    with pytest.raises(FrameRuleError, match=match):
+        tiny.rule.check(frames, *size)
+    assert issubclass(FrameRuleError, UsageError)
+
+
+@pytest.mark.parametrize(("spec", "match"), [
+    ("", "--vae is required"),
+    ("tiny", "unknown VAE spec 'tiny'"),
+    ("builtin:huge", "the only builtin is builtin:tiny"),
+    ("diffusers:/nonexistent/vae", "diffusers VAE folder not found"),
+    ("python:nomodule_xyz:make", "cannot import nomodule_xyz"),
+    ("python:justone", "expected python:module.path:function"),
+])
+def test_bad_vae_specs(spec: str, match: str) -> None:
+    with pytest.raises(VaeSpecError, match=match):
+        load_vae(spec)

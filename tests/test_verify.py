@@ -1,0 +1,285 @@
+"""`vaecache verify` against a battery of corruptions, each applied to a fresh copy of one good cache."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+import struct
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from vaecache.verify import verify_cache
+
+CLIP = "scene_001/000000-000008"
+"""The clip the corruptions target (the middle one of three)."""
+
+
+# --------------------------------------------------------------------------- helpers that damage a cache
+
+
+def _manifest(cache: Path) -> dict[str, Any]:
+    return json.loads((cache / "manifest.json").read_text())
+
+
+def _write_manifest(cache: Path, manifest: dict[str, Any]) -> None:
+    (cache / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def _shard_of(cache: Path, clip_id: str = CLIP) -> str:
+    for line in (cache / "clips.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["id"] == clip_id:
+            return f"shards/{record['shard']}"
+    raise AssertionError(f"{clip_id} not in clips.jsonl")
+
+
+def _rehash_shard(cache: Path, file: str) -> None:
+    """Make the manifest agree with the shard's current bytes, so only deeper checks can notice."""
+    data = (cache / file).read_bytes()
+    manifest = _manifest(cache)
+    (entry,) = [s for s in manifest["shards"] if s["file"] == file]
+    entry["bytes"], entry["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    _write_manifest(cache, manifest)
+
+
+def _rehash_clips(cache: Path) -> None:
+    manifest = _manifest(cache)
+    manifest["clips"]["sha256"] = hashlib.sha256((cache / "clips.jsonl").read_bytes()).hexdigest()
+    _write_manifest(cache, manifest)
+
+
+def _set_first_value(cache: Path, tensor: str, value: Callable[[float], float]) -> str:
+    """Overwrite the first float32 of `tensor` in place; returns the shard's file."""
+    file = _shard_of(cache)
+    path = cache / file
+    data = bytearray(path.read_bytes())
+    header_len = int.from_bytes(data[:8], "little")
+    entry = json.loads(data[8:8 + header_len])[tensor]
+    assert entry["dtype"] == "F32"
+    at = 8 + header_len + entry["data_offsets"][0]
+    (old,) = struct.unpack_from("<f", data, at)
+    struct.pack_into("<f", data, at, value(old))
+    path.write_bytes(bytes(data))
+    return file
+
+
+def _edit_clip_record(cache: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+    lines = (cache / "clips.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    for record in records:
+        if record["id"] == CLIP:
+            edit(record)
+    lines = [json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in records]
+    (cache / "clips.jsonl").write_text("".join(lines))
+
+
+def truncate_shard(cache: Path) -> tuple[set[str], str]:
+    file = _shard_of(cache)
+    path = cache / file
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return {"shard files"}, f"{file}: "
+
+
+def flip_byte(cache: Path) -> tuple[set[str], str]:
+    file = _shard_of(cache)
+    path = cache / file
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0x01  # inside the last tensor's data, not the header
+    path.write_bytes(bytes(data))
+    return {"shard files"}, f"{file}: sha256"
+
+
+def delete_shard(cache: Path) -> tuple[set[str], str]:
+    file = _shard_of(cache)
+    (cache / file).unlink()
+    return {"shard files", "tensors match records"}, f"{file}: missing"
+
+
+def orphan_shard(cache: Path) -> tuple[set[str], str]:
+    shutil.copy(cache / _shard_of(cache), cache / "shards" / "a000-r00007-000000.safetensors")
+    return {"no orphan shards"}, "shards/a000-r00007-000000.safetensors: shard file not listed in the manifest"
+
+
+def edit_shape(cache: Path) -> tuple[set[str], str]:
+    _edit_clip_record(cache, lambda r: r["tensors"]["mean"].update(shape=[2, 16, 4, 8, 8]))
+    return {"clip records", "tensors match records"}, f"clip {CLIP}: mean is F32 [2, 16, 3, 8, 8]"
+
+
+def edit_shape_rehashed(cache: Path) -> tuple[set[str], str]:
+    _edit_clip_record(cache, lambda r: r["tensors"]["mean"].update(shape=[2, 16, 4, 8, 8]))
+    _rehash_clips(cache)
+    return {"tensors match records"}, (f"clip {CLIP}: mean is F32 [2, 16, 3, 8, 8] in {_shard_of(cache)}, "
+                                       "record says float32 [2, 16, 4, 8, 8]")
+
+
+def write_nan(cache: Path) -> tuple[set[str], str]:
+    file = _set_first_value(cache, f"{CLIP}/mean", lambda old: math.nan)
+    _rehash_shard(cache, file)
+    return {"values finite and match stats"}, f"clip {CLIP}: mean in {file} has 1 non-finite value(s)"
+
+
+def alter_value(cache: Path) -> tuple[set[str], str]:
+    file = _set_first_value(cache, f"{CLIP}/logvar", lambda old: old + 0.25)
+    _rehash_shard(cache, file)
+    return {"values finite and match stats"}, f"clip {CLIP}: logvar in {file} "
+
+
+def duplicate_record(cache: Path) -> tuple[set[str], str]:
+    lines = (cache / "clips.jsonl").read_text().splitlines(keepends=True)
+    (cache / "clips.jsonl").write_text("".join(lines[:2] + [lines[1]] + lines[2:]))
+    _rehash_clips(cache)
+    return {"clip records"}, f"clip {CLIP}: recorded twice"
+
+
+def delete_manifest(cache: Path) -> tuple[set[str], str]:
+    (cache / "manifest.json").unlink()
+    return {"manifest"}, "incomplete: no final manifest; 3 clips in 1 shards are committed"
+
+
+def future_version(cache: Path) -> tuple[set[str], str]:
+    manifest = _manifest(cache)
+    manifest["format_version"] = 99
+    _write_manifest(cache, manifest)
+    return {"manifest"}, "format version 99 is not supported"
+
+
+def record_points_elsewhere(cache: Path) -> tuple[set[str], str]:
+    _edit_clip_record(cache, lambda r: r.update(shard="a000-r00009-000000.safetensors"))
+    _rehash_clips(cache)
+    return {"tensors match records"}, f"clip {CLIP}: its shard shards/a000-r00009-000000.safetensors is not in"
+
+
+def drop_record(cache: Path) -> tuple[set[str], str]:
+    lines = (cache / "clips.jsonl").read_text().splitlines(keepends=True)
+    (cache / "clips.jsonl").write_text("".join(lines[:1] + lines[2:]))
+    _rehash_clips(cache)
+    return {"clip records", "tensors match records"}, f"tensor {CLIP}/logvar is claimed by no clip record"
+
+
+def edit_failures(cache: Path) -> tuple[set[str], str]:
+    (cache / "failures.jsonl").write_text('{"key":"x","reason":"made up","scene":"x"}\n')
+    return {"failures file"}, "failures.jsonl: sha256 differs from the manifest"
+
+
+CORRUPTIONS = [truncate_shard, flip_byte, delete_shard, orphan_shard, edit_shape, edit_shape_rehashed, write_nan,
+               alter_value, duplicate_record, delete_manifest, future_version, record_points_elsewhere, drop_record,
+               edit_failures]
+
+
+def _failing(report: dict[str, Any]) -> set[str]:
+    return {check["name"].split(" (")[0] for check in report["checks"] if check["failed"]}
+
+
+def _problems(report: dict[str, Any]) -> str:
+    return "\n".join(p for check in report["checks"] for p in check["problems"] + [check["note"]])
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_good_cache_passes(good_cache: Path, run_cli: Callable, tmp_path: Path) -> None:
+    result = run_cli(["verify", good_cache, "--json", tmp_path / "report.json"])
+    assert result.exit_code == 0, result.output
+    assert "cache OK" in result.output and "FAIL" not in result.output
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["ok"] is True and report["complete"] is True
+    assert report["summary"]["clips"] == 3 and report["summary"]["views"] == 6 and report["summary"]["failures"] == 0
+    assert all(check["failed"] == 0 for check in report["checks"])
+    values = next(c for c in report["checks"] if c["name"].startswith("values"))
+    assert values["passed"] == 6  # mean and logvar of 3 clips, all re-read and compared with their stats
+
+
+@pytest.mark.parametrize("corrupt", CORRUPTIONS, ids=lambda f: f.__name__)
+def test_corruption_is_caught_and_named(corrupt: Callable, cache_copy: Path, run_cli: Callable, tmp_path: Path) -> None:
+    failing, message = corrupt(cache_copy)
+    report_file = tmp_path / "report.json"
+    result = run_cli(["verify", cache_copy, "--json", report_file])
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    assert "cache has problems" in result.output
+    assert message in result.output  # the user sees which shard or clip, in full, on one line
+    report = json.loads(report_file.read_text())
+    assert report["ok"] is False
+    assert _failing(report) == failing, _problems(report)
+    assert message in _problems(report)
+
+
+@pytest.mark.parametrize("corrupt", [truncate_shard, delete_shard, orphan_shard], ids=lambda f: f.__name__)
+def test_quick_still_catches_file_level_damage(corrupt: Callable, cache_copy: Path, run_cli: Callable) -> None:
+    _, message = corrupt(cache_copy)
+    result = run_cli(["verify", "--quick", cache_copy])
+    assert result.exit_code == 1, result.output
+    assert message in result.output
+
+
+def test_quick_passes_a_good_cache_and_skips_values(good_cache: Path, run_cli: Callable, tmp_path: Path) -> None:
+    result = run_cli(["verify", good_cache, "--quick", "--json", tmp_path / "r.json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["ok"] is True
+    assert [c["skipped"] for c in report["checks"] if c["name"].startswith("values")] == [True]
+
+
+def test_damage_in_one_of_several_shards_names_only_that_shard(sharded_cache: Path, tmp_path: Path) -> None:
+    cache = Path(shutil.copytree(sharded_cache, tmp_path / "cache"))
+    shards = sorted(p.name for p in (cache / "shards").iterdir())
+    assert len(shards) == 2
+    target, other = shards[1], shards[0]
+    (cache / "shards" / target).write_bytes((cache / "shards" / target).read_bytes()[:-10])
+    report = verify_cache(cache)
+    assert not report.ok
+    problems = "\n".join(p for check in report.checks for p in check.problems)
+    assert f"shards/{target}" in problems and other not in problems
+    assert verify_cache(sharded_cache).ok
+
+
+def test_incomplete_cache_after_a_crash_reports_committed_clips(cache_copy: Path) -> None:
+    # A run that died before writing the manifest: the progress log says what is committed.
+    (cache_copy / "manifest.json").unlink()
+    report = verify_cache(cache_copy, quick=True)
+    assert not report.complete and not report.ok
+    assert "3 clips in 1 shards are committed" in report.checks[0].note
+
+
+@pytest.mark.parametrize("target", ["missing", "file"])
+def test_verify_on_a_path_that_is_not_a_cache_folder_is_a_usage_error(run_cli: Callable, tmp_path: Path,
+                                                                      target: str) -> None:
+    path = tmp_path / "nothing-here"
+    if target == "file":
+        path.write_text("x")
+    result = run_cli(["verify", path])
+    assert result.exit_code == 2
+    (line,) = [line for line in result.output.splitlines() if line.strip()]
+    assert line.startswith("error: ") and str(path) in line
+
+
+@pytest.mark.parametrize("threads", ["0", "-1"])
+def test_threads_must_be_positive(run_cli: Callable, good_cache: Path, threads: str) -> None:
+    result = run_cli(["verify", good_cache, "--threads", threads])
+    assert result.exit_code == 2 and "--threads must be >= 1" in result.output
+
+
+def test_threads_do_not_change_the_verdict(good_cache: Path) -> None:
+    one, three = verify_cache(good_cache, threads=1), verify_cache(good_cache, threads=3)
+    assert one.to_json()["checks"] == three.to_json()["checks"]
+
+
+def test_a_folder_that_is_not_a_cache_fails_cleanly(run_cli: Callable, tmp_path: Path) -> None:
+    result = run_cli(["verify", tmp_path])
+    assert result.exit_code == 1
+    assert "no manifest" in result.output and "Traceback" not in result.output
+
+
+def test_paths_with_brackets_are_printed_verbatim(run_cli: Callable, good_cache: Path, tmp_path: Path) -> None:
+    # rich would read "[/x]" as markup; the path must reach the user unchanged, not crash the renderer.
+    odd = tmp_path / "[/x]" / "[bold]cache"
+    shutil.copytree(good_cache, odd)
+    result = run_cli(["verify", odd])
+    assert result.exit_code == 0, result.output
+    assert "[bold]cache" in result.output.replace("\n", "")
+    missing = run_cli(["verify", tmp_path / "[/x]" / "nope"])
+    assert missing.exit_code == 2 and f"error: {tmp_path / '[/x]' / 'nope'}: no such folder" in missing.output
