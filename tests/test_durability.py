@@ -213,3 +213,17 @@ def test_on_error_fail_stops_at_first_bad_input(tmp_path):
     assert result.returncode == 1
     assert "bad_" in result.stderr and "Traceback" not in result.stderr
     assert not (out / "manifest.json").exists()
+
+
+def test_cameras_at_different_frame_rates_are_a_bad_input(tmp_path):
+    data = tmp_path / "data"
+    write_demo_dataset(data, DemoDataSpec(scenes=2, cameras=2, frames=9, height=64, width=64, fps=10, seed=1))
+    other = tmp_path / "other"
+    write_demo_dataset(other, DemoDataSpec(scenes=1, cameras=2, frames=9, height=64, width=64, fps=25, seed=1))
+    shutil.copy(other / "scene_000" / "cam_1.mp4", data / "scene_001" / "cam_1.mp4")
+    out = tmp_path / "out"
+    result = encode(data, out)
+    assert result.returncode == 3, result.stderr
+    failures = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
+    assert [(f["scene"], f["path"].endswith("cam_1.mp4")) for f in failures] == [("scene_001", True)]
+    assert "camera 'cam_1' runs at 25 fps, camera 'cam_0' at 10 fps" in failures[0]["reason"]

@@ -42,7 +42,7 @@ def test_reencode_catches_a_tensor_altered_with_every_hash_and_stat_recomputed(c
     tensors = load_file(shard_path)
     name = victim["tensors"]["mean"]["name"]
     tensors[name] = tensors[name] * 1.5  # plausible values, all finite
-    save_file(tensors, shard_path, metadata={"format": "vaecache", "format_version": "1"})
+    save_file(tensors, shard_path, metadata={"format": "vaecache/1"})
     victim["tensors"]["mean"]["stats"] = tensor_stats(tensors[name])
     clip_bytes = b"".join(json.dumps(r, sort_keys=True, separators=(",", ":")).encode() + b"\n" for r in records)
     (cache_copy / "clips.jsonl").write_bytes(clip_bytes)

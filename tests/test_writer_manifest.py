@@ -190,8 +190,6 @@ def test_same_command_twice_gives_byte_identical_tensors(encoded: Callable, good
     assert [r["id"] for r in cache_io.clips(again)] == [r["id"] for r in cache_io.clips(good_cache)]
 
 
-@pytest.mark.xfail(strict=True, reason="writer.py: safetensors writes the __metadata__ dict in random (HashMap) "
-                                       "order, so identical shards get different bytes and sha256")
 def test_identical_shards_have_identical_bytes(tmp_path: Path) -> None:
     digests = set()
     for attempt in range(12):

@@ -237,6 +237,14 @@ def probe_scene(scene: Scene) -> SceneProbe:
             error=f"camera {scene.cameras[shortest]!r} has {counts[shortest]} frames, others have up to {max(counts)}",
             error_path=scene.paths[shortest],
         )
+    odd = next((i for i, fps in enumerate(fps_values) if abs(fps - fps_values[0]) > 0.01 * fps_values[0]), None)
+    if odd is not None:
+        return SceneProbe(
+            scene.scene_id,
+            error=f"camera {scene.cameras[odd]!r} runs at {fps_values[odd]:g} fps, camera {scene.cameras[0]!r} at "
+                  f"{fps_values[0]:g} fps (the same frame index would not be the same moment)",
+            error_path=scene.paths[odd],
+        )
     total = counts[0]
     if scene.frame_range is not None:
         start, stop = scene.frame_range

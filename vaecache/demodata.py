@@ -135,7 +135,7 @@ def _encode_mp4(path: Path, frames: np.ndarray, fps: int) -> None:
     try:
         with av.open(str(tmp), mode="w", format="mp4") as container:
             stream = container.add_stream(
-                "libx264", rate=fps, options={"crf": _CRF, "preset": _PRESET}
+                "libx264", rate=fps, options={"crf": _CRF, "preset": _PRESET, "x264-params": "threads=1:lookahead-threads=1"}
             )
             stream.width = frames.shape[2]
             stream.height = frames.shape[1]

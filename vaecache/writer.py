@@ -98,7 +98,9 @@ class ShardWriter:
                 record["shard"] = name
                 for entry in record["tensors"].values():
                     entry["stats"] = tensor_stats(tensors[entry["name"]])
-            data = safetensors_save(tensors, metadata={"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION)})
+            # One metadata key: safetensors writes metadata in hash-map order, so two keys would make
+            # identical shards differ in bytes and sha256 from run to run.
+            data = safetensors_save(tensors, metadata={"format": f"{FORMAT_NAME}/{FORMAT_VERSION}"})
             shard = {
                 "file": f"{SHARDS_DIR}/{name}",
                 "bytes": len(data),

@@ -1,0 +1,78 @@
+"""Smoke test of the benchmark scripts: each runs on a tiny workload and prints JSON with its documented keys.
+
+Only shapes of the output are checked, never the numbers (they depend on the machine and its load).
+bench.py and bench_verify.py run in this process (their main() prints the JSON; no second torch import);
+bench_sp.py launches torchrun, as it always does, with 2 ranks and the near-zero-cost plugin VAE of
+scripts/_null_vae.py (no diffusers import in the ranks).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+TINY = ["--scenes", "2", "--cameras", "2", "--size", "32x32", "--source-size", "48x64", "--repeats", "1"]
+
+
+def load_script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def printed_json(capsys: pytest.CaptureFixture[str]) -> dict:
+    captured = capsys.readouterr()
+    return json.loads(captured.out)
+
+
+def test_bench_prints_documented_keys(capsys, tmp_path):
+    result = load_script("bench").main([*TINY, "--frames", "10", "--num-frames", "5", "--workers", "0",
+                                        "--overhead", "--overhead-ranks", "1", "--overhead-scenes", "1",
+                                        "--tmp", str(tmp_path)])
+    printed = printed_json(capsys)
+    assert printed == json.loads(json.dumps(result))
+    assert set(printed["views_per_s"]) == {"encode_only", "vaecache", "naive"}
+    assert all(isinstance(v, float) and v > 0 for v in printed["views_per_s"].values())
+    for key in ("efficiency", "speedup_vs_naive", "peak_rss_mb"):
+        assert isinstance(printed[key], float), key
+    assert {"cpu_model", "cores", "torch", "device"} <= set(printed["machine"])
+    assert printed["config"]["views"] == 2 * 2 * 2  # 2 scenes x 2 cameras x 2 clips of 5 frames
+    assert {"steady", "wall"} <= set(printed["timed"])
+    one_rank = printed["overhead"]["ranks"]["1"]
+    assert one_rank["clips"] == [2, 4] and one_rank["overhead_cpu_ms_per_clip"] == 0.0
+    assert {"wall_ms_per_clip", "cpu_ms_per_clip", "rank_ms_per_clip", "fixed_cpu_s"} <= set(one_rank)
+
+
+def test_bench_verify_prints_documented_keys(capsys, tmp_path):
+    result = load_script("bench_verify").main(["--target-mb", "2", "--size", "64x64", "--cameras", "2",
+                                               "--shard-size", "1MiB", "--repeats", "1", "--tmp", str(tmp_path)])
+    printed = printed_json(capsys)
+    assert printed == json.loads(json.dumps(result))
+    assert {"verify_full", "verify_quick", "sha256sum", "python_sha256"} <= set(printed["mb_per_s"])
+    assert isinstance(printed["ratio_verify_full_vs_sha256sum"], float)
+    assert set(printed["verify_split_1thread"]["seconds"]) == {"read", "hash", "load", "values"}
+    assert printed["cache"]["shards"] >= 2
+
+
+def test_bench_sp_prints_documented_keys(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_sp.py"), "--nproc", "2", "--sp-sizes", "1,2", *TINY,
+         "--frames", "5", "--num-frames", "5", "--vae", "python:_null_vae:factory", "--store", "mean",
+         "--tmp", str(tmp_path)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = json.loads(proc.stdout)
+    assert set(printed["configs"]) == {"DP only", "SP=2"}
+    for row in printed["configs"].values():
+        for key in ("latency_ms", "encoder_views_per_s", "e2e_views_per_s", "peak_rss_mb_per_rank", "padding_waste"):
+            assert key in row, key
+        assert row["views"] == 4
+    assert printed["notes"] and printed["machine"]["cpu_model"]
