@@ -457,3 +457,25 @@ def test_view_batch_dataset_reports_a_broken_view_without_raising(demo_data: Pat
     assert item["views"].shape == (4, 3, 3, 32, 32)
     assert torch.count_nonzero(item["views"][1]) == 0  # the failed view is a zero placeholder
     assert torch.equal(item["views"][2], item["views"][0])
+
+
+def test_widths_decord_misreads_fall_back_to_pyav(tmp_path):
+    import av
+    import numpy as np
+
+    from vaecache.dataset import ViewDecoder
+
+    path = tmp_path / "w48.mp4"
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=25)
+        stream.width, stream.height, stream.pix_fmt = 48, 64, "yuv420p"
+        for i in range(9):
+            frame = np.full((64, 48, 3), i * 20, np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    views = ViewDecoder(64, 48).decode(str(path), [0, 4, 8])
+    assert views.shape == (3, 3, 64, 48)
+    expected = torch.tensor([0, 80, 160]) / 127.5 - 1
+    assert torch.allclose(views[:, :, 32, 24].mean(0), expected, atol=0.03)

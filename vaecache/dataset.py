@@ -383,12 +383,35 @@ class ViewDecoder:
             array = reader.get_batch(list(frames)).asnumpy()
         except Exception as exc:
             self._readers.pop(path, None)
-            raise VideoDecodeError(path, f"decoding frames {frames[0]}..{frames[-1]} failed ({_short(exc)})") from None
+            if "size must exactly match" not in str(exc):
+                raise VideoDecodeError(path, f"decoding frames {frames[0]}..{frames[-1]} failed ({_short(exc)})") from None
+            # decord 0.6 misreads frames of a few widths (16, 24, 48, 72: dmlc/decord#93): PyAV decodes them.
+            array = decode_frames_pyav(path, frames)
         if array.shape[0] != len(frames) or array.ndim != 4:
             raise VideoDecodeError(path, f"decoder returned {array.shape[0]} of {len(frames)} frames")
         tensor = torch.from_numpy(np.ascontiguousarray(array)).permute(0, 3, 1, 2)
         tensor = to_model_range(resize_cover_crop(tensor, self.height, self.width))
         return tensor.permute(1, 0, 2, 3).contiguous()
+
+
+def decode_frames_pyav(path: str, frames: Sequence[int]) -> np.ndarray:
+    """(T, H, W, 3) uint8 RGB of the given frame indices, decoding from the start (slow, exact)."""
+    import av
+
+    wanted = {index: position for position, index in enumerate(frames)}
+    out: list[np.ndarray | None] = [None] * len(frames)
+    try:
+        with av.open(path) as container:
+            for index, frame in enumerate(container.decode(video=0)):
+                if index in wanted:
+                    out[wanted[index]] = frame.to_ndarray(format="rgb24")
+                if index >= frames[-1]:
+                    break
+    except av.FFmpegError as exc:
+        raise VideoDecodeError(path, f"decoding frames {frames[0]}..{frames[-1]} failed ({_short(exc)})") from None
+    if any(frame is None for frame in out):
+        raise VideoDecodeError(path, f"video ended before frame {frames[-1]}")
+    return np.stack(out)
 
 
 @dataclass(frozen=True)
