@@ -1,0 +1,528 @@
+#!/usr/bin/env python
+"""Throughput of vaecache against its ceiling and against a naive loop, on the same clips in one run (issue 8).
+
+Three ways to encode the same clips, interleaved in every repeat (the order rotates between repeats):
+
+* encode_only: ``load_vae(spec).encode_views`` on batches decoded into memory beforehand: the ceiling;
+* vaecache: ``vaecache.pipeline.run_encode`` in ``vaecache.dist.distributed()`` (one process) into a
+  fresh OUT, decoding in ``--workers`` DataLoader processes, shards written by the writer thread;
+* naive: what a user writes first: decord VideoReader per camera, ``F.interpolate``, one
+  ``vae.module.encode(x).latent_dist`` per clip with all its cameras as one batch, ``torch.save``
+  per clip, one process.
+
+Each figure is the median over --repeats; ratios come from medians measured in this same run.
+JSON goes to stdout, a table to stderr. ``--overhead`` adds per-rank-count costs of the pipeline itself,
+with a near-zero-cost VAE (scripts/_null_vae.py) under torchrun.
+
+    python scripts/bench.py --repeats 3 --workers 1
+    python scripts/bench.py --overhead --overhead-ranks 1,2,4
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _benchlib as bl  # noqa: E402
+
+MODES = ("encode_only", "vaecache", "naive")
+
+TIMED = {
+    "steady": "per mode, from the end of its first batch (warm-up) to the end of its work, over the views of the "
+              "other batches. encode_only: encode_views calls only. vaecache: first on_progress callback to "
+              "run_encode's return (includes the writer thread's last shard, fsyncs and the manifest). naive: end "
+              "of the first clip to the end of the last clip's torch.save. views_per_s, efficiency and "
+              "speedup_vs_naive use these figures.",
+    "wall": "the whole call. encode_only: encode_views over every batch, VAE already loaded. vaecache: run_encode "
+            "(load_vae, probing, DataLoader worker start, encode, writer, manifest). naive: load_vae (the same "
+            "module), every clip, every torch.save. Process start and imports are in none of them.",
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--vae", default="builtin:tiny", help="--vae spec for all three modes (default builtin:tiny)")
+    p.add_argument("--scenes", type=int, default=4)
+    p.add_argument("--cameras", type=int, default=4)
+    p.add_argument("--frames", type=int, default=34, help="frames per source video (clips do not overlap)")
+    p.add_argument("--num-frames", type=int, default=17, help="frames per clip")
+    p.add_argument("--size", default="64x64", help="HxW the clips are resized and cropped to")
+    p.add_argument("--source-size", default="96x128", help="HxW of the generated videos (bigger: resizing is real work)")
+    p.add_argument("--batch-size", type=int, default=1, help="clips per batch (vaecache and encode_only)")
+    p.add_argument("--workers", type=int, default=1, help="vaecache DataLoader decode workers")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"))
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads for this process, all modes alike (default: torch's default)")
+    p.add_argument("--store", default="mean-logvar", choices=("mean-logvar", "mean"))
+    p.add_argument("--shard-size", default="256MiB")
+    p.add_argument("--max-views-per-forward", type=int, default=None,
+                   help="passed to vaecache and encode_only when EncodeConfig/load_vae know it (default: theirs, 1)")
+    p.add_argument("--tmp", default=None, help="folder for data and outputs (default: a new temp folder, removed)")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile one vaecache run with torch.profiler and print the top ops to stderr")
+    p.add_argument("--overhead", action="store_true", help="also measure pipeline overhead per rank count")
+    p.add_argument("--overhead-ranks", default="1,2,4")
+    p.add_argument("--overhead-scenes", type=int, default=16)
+    p.add_argument("--overhead-workers", type=int, default=0)
+    return p.parse_args(argv)
+
+
+# --------------------------------------------------------------------------- setup
+
+
+def resolve_device(spec: str):
+    import torch
+
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(spec)
+
+
+def sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def make_data(root: Path, args: argparse.Namespace, scenes: int) -> Path:
+    from vaecache.config import parse_size
+    from vaecache.demodata import DemoDataSpec, write_demo_dataset
+
+    src_h, src_w = parse_size(args.source_size)
+    write_demo_dataset(root, DemoDataSpec(scenes=scenes, cameras=args.cameras, frames=args.frames,
+                                          height=src_h, width=src_w, seed=0))
+    return root
+
+
+def plan_batches(data: Path, args: argparse.Namespace) -> list[list[Any]]:
+    """vaecache's own plan of the clips (so all modes encode exactly the same windows)."""
+    from vaecache.config import SamplingConfig
+    from vaecache.dataset import batched, discover_scenes, plan_clips, probe_scene
+
+    scenes = discover_scenes(data)
+    probes = {scene.scene_id: probe_scene(scene) for scene in scenes}
+    clips, skipped = plan_clips(scenes, probes, SamplingConfig(num_frames=args.num_frames))
+    if skipped or not clips:
+        raise SystemExit(f"dataset problem: {skipped or 'no clips'}")
+    return batched(clips, args.batch_size)
+
+
+def load(args: argparse.Namespace, device):
+    from vaecache.vae import load_vae
+
+    kwargs = {}
+    if args.max_views_per_forward is not None:
+        kwargs["max_views_per_forward"] = args.max_views_per_forward
+    return load_vae(args.vae, device, args.dtype, **kwargs)
+
+
+def mean_logvar(out: Any):
+    """encode_views returns (mean, logvar) in older versions and an EncodeResult in newer ones."""
+    if isinstance(out, tuple):
+        return out[0], out[1]
+    return out.mean, getattr(out, "logvar", None)
+
+
+# --------------------------------------------------------------------------- the three modes
+
+
+def steady(marks: list[tuple[float, int]], start: float) -> dict[str, float]:
+    """From per-batch (time done, views) marks: whole-call and post-first-batch figures."""
+    views = sum(v for _, v in marks)
+    wall = marks[-1][0] - start
+    if len(marks) < 2:
+        return {"views": views, "wall_s": wall, "steady_views": views, "steady_s": wall}
+    return {"views": views, "wall_s": wall, "steady_views": views - marks[0][1], "steady_s": marks[-1][0] - marks[0][0]}
+
+
+def run_encode_only(vae, decoded: list[Any], device) -> dict[str, float]:
+    marks = []
+    start = time.perf_counter()
+    for views in decoded:
+        mean, _ = mean_logvar(vae.encode_views(views))
+        sync(device)
+        marks.append((time.perf_counter(), views.shape[0]))
+    return steady(marks, start)
+
+
+def run_vaecache(args: argparse.Namespace, data: Path, out: Path, height: int, width: int,
+                 first_views: int) -> dict[str, Any]:
+    import dataclasses
+
+    import vaecache.pipeline as pipeline
+    from vaecache.config import EncodeConfig, SamplingConfig, parse_bytes
+    from vaecache.dist import distributed
+
+    options: dict[str, Any] = dict(
+        data=data, out=out, vae=args.vae, sampling=SamplingConfig(num_frames=args.num_frames), height=height,
+        width=width, dtype=args.dtype, device=args.device, batch_size=args.batch_size, workers=args.workers,
+        shard_size=parse_bytes(args.shard_size), store=args.store, overwrite=True, progress=False)
+    known = {f.name for f in dataclasses.fields(EncodeConfig)}
+    if args.max_views_per_forward is not None and "max_views_per_forward" in known:
+        options["max_views_per_forward"] = args.max_views_per_forward
+    cfg = EncodeConfig(**options)
+    marks: list[float] = []
+    encodes: list[tuple[float, float]] = []
+    start = time.perf_counter()
+    with _timed_encoder(pipeline, encodes), distributed(sp_size=1, device=args.device, environ={}) as ctx:
+        summary = pipeline.run_encode(cfg, ctx, lambda done, total: marks.append(time.perf_counter()))
+    end = time.perf_counter()
+    if summary.exit_code != 0:
+        raise SystemExit(f"vaecache run failed: exit {summary.exit_code}, skipped {summary.skipped}")
+    views = summary.views
+    manifest = json.loads((out / "manifest.json").read_text())
+    result = {"views": views, "wall_s": end - start, "steady_views": views, "steady_s": end - start,
+              "run_encode_wall_s": summary.wall_s,
+              "max_views_per_forward_used": manifest.get("vae", {}).get("max_views_per_forward")}
+    if len(marks) >= 2:
+        result.update(steady_views=views - first_views, steady_s=end - marks[0])
+    result.update(_stages(start, marks, encodes, end))
+    return result
+
+
+@contextlib.contextmanager
+def _timed_encoder(pipeline: Any, encodes: list[tuple[float, float]]) -> Iterator[None]:
+    """Instrumentation only: record (start, end) of every encode_views call that run_encode makes.
+
+    run_encode loads its own VAE, so the loader it calls is wrapped for the duration of one run; the
+    wrapper calls the real encode_views and changes nothing else.
+    """
+    original = pipeline.load_vae
+
+    def load_and_time(*args: Any, **kwargs: Any) -> Any:
+        vae = original(*args, **kwargs)
+        encode = vae.encode_views
+
+        def timed(views: Any) -> Any:
+            begin = time.perf_counter()
+            out = encode(views)
+            sync(vae.device)
+            encodes.append((begin, time.perf_counter()))
+            return out
+
+        vae.encode_views = timed
+        return vae
+
+    pipeline.load_vae = load_and_time
+    try:
+        yield
+    finally:
+        pipeline.load_vae = original
+
+
+def _stages(start: float, marks: list[float], encodes: list[tuple[float, float]], end: float) -> dict[str, float]:
+    """Where run_encode's main thread spends a batch: waiting for the DataLoader, in encode_views, and from
+    the end of encode_views to the progress callback (gather, clip tensors, handing them to the writer).
+    Per-batch medians over batches 2..N in ms, plus the setup before the first encode and the tail after
+    the last batch (writer.close: the last shard, then the manifest)."""
+    if not encodes or len(encodes) != len(marks):
+        return {}
+    waits = [b - m for (b, _), m in zip(encodes[1:], marks[:-1])]
+    encode = [e - b for b, e in encodes[1:]] or [encodes[0][1] - encodes[0][0]]
+    after = [m - e for (_, e), m in zip(encodes[1:], marks[1:])] or [marks[0] - encodes[0][1]]
+    steady = end - marks[0] if len(marks) > 1 else end - start
+    return {
+        "stage_wait_for_data_ms": 1000 * bl.median(waits) if waits else 0.0,
+        "stage_encode_ms": 1000 * bl.median(encode),
+        "stage_after_encode_ms": 1000 * bl.median(after),
+        "stage_setup_s": encodes[0][0] - start,
+        "stage_tail_s": end - marks[-1],
+        "encoder_busy": sum(e - b for b, e in encodes[1:]) / steady if len(marks) > 1 else float("nan"),
+    }
+
+
+def run_naive(args: argparse.Namespace, data: Path, out: Path, height: int, width: int, device) -> dict[str, float]:
+    """The loop a user writes: no workers, no overlap, one forward per clip with all its cameras."""
+    import decord
+    import torch
+    import torch.nn.functional as F
+
+    start = time.perf_counter()
+    vae = load(args, device)  # the same module vaecache loads; its load time counts here as it does there
+    model, dtype = vae.module, (vae.compute_dtype or vae.dtype)
+    out.mkdir(parents=True, exist_ok=True)
+    marks = []
+    for scene_dir in sorted(p for p in data.iterdir() if p.is_dir()):
+        videos = sorted(scene_dir.glob("*.mp4"))
+        length = len(decord.VideoReader(str(videos[0])))
+        for first in range(0, length - args.num_frames + 1, args.num_frames):
+            index = list(range(first, first + args.num_frames))
+            views = []
+            for video in videos:
+                reader = decord.VideoReader(str(video))
+                frames = torch.from_numpy(reader.get_batch(index).asnumpy())  # (T, H, W, 3) uint8
+                frames = frames.permute(0, 3, 1, 2).float() / 127.5 - 1.0  # (T, 3, H, W)
+                frames = F.interpolate(frames, size=(height, width), mode="bilinear", align_corners=False)
+                views.append(frames.permute(1, 0, 2, 3))  # (3, T, H, W)
+            x = torch.stack(views).to(device, dtype)
+            with torch.no_grad():
+                dist = model.encode(x).latent_dist
+            torch.save({"mean": dist.mean.cpu(), "logvar": dist.logvar.cpu()}, out / f"{scene_dir.name}_{first:06d}.pt")
+            marks.append((time.perf_counter(), len(videos)))
+    return steady(marks, start)
+
+
+# --------------------------------------------------------------------------- overhead (torchrun, null VAE)
+
+
+def run_overhead(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """Per rank count N: the same null-VAE encode on S and 2S scenes under torchrun; the difference between
+    the two sizes is the cost of the extra clips alone (process start, imports, rendezvous, VAE load and
+    the manifest cancel out)."""
+    ranks = [int(x) for x in args.overhead_ranks.split(",") if x.strip()]
+    sizes = (args.overhead_scenes, 2 * args.overhead_scenes)
+    datasets = {scenes: make_data(tmp / f"overhead-data-{scenes}", args, scenes) for scenes in sizes}
+    env = bl.child_env(threads=1, pythonpath=[bl.SCRIPTS])
+    decode_ms = _decode_ms_per_clip(datasets[sizes[0]], args)
+    runs: dict[tuple[int, int], list[dict[str, float]]] = {(n, s): [] for n in ranks for s in sizes}
+    jobs = list(runs)
+    for repeat in range(args.repeats):
+        shift = repeat % len(jobs)
+        for n, scenes in jobs[shift:] + jobs[:shift]:
+            out = tmp / f"overhead-out-{n}-{scenes}"
+            bl.progress(f"overhead: {n} rank(s), {scenes} scenes, repeat {repeat + 1}/{args.repeats}")
+            result = bl.run_timed(bl.torchrun_cmd(
+                n, "-m", "vaecache", "encode", str(datasets[scenes]), "--out", str(out),
+                "--vae", "python:_null_vae:factory", "--num-frames", str(args.num_frames), "--size", args.size,
+                "--store", "mean", "--device", "cpu", "--workers", str(args.overhead_workers),
+                "--batch-size", str(args.batch_size), "--no-progress", "--overwrite"), env=env)
+            bl.check(result, f"torchrun --nproc-per-node {n} vaecache encode (null VAE)")
+            clips = json.loads((out / "manifest.json").read_text())["counts"]["clips"]
+            loop = bl.log_span_s(out / "logs" / "rank-00000.log")
+            runs[(n, scenes)].append({"clips": clips, "wall_s": result.wall_s, "cpu_s": result.cpu_s,
+                                      "loop_s": loop if loop is not None else float("nan")})
+            shutil.rmtree(out, ignore_errors=True)
+    per_n: dict[str, Any] = {}
+    for n in ranks:
+        small, big = ({k: bl.median([r[k] for r in runs[(n, s)]]) for k in ("clips", "wall_s", "cpu_s", "loop_s")}
+                      for s in sizes)
+        extra = big["clips"] - small["clips"]
+        row = {
+            "clips": [int(small["clips"]), int(big["clips"])],
+            "wall_s": [bl.rnd(small["wall_s"]), bl.rnd(big["wall_s"])],
+            "cpu_s": [bl.rnd(small["cpu_s"]), bl.rnd(big["cpu_s"])],
+            "loop_s": [bl.rnd(small["loop_s"]), bl.rnd(big["loop_s"])],
+            "wall_ms_per_clip": bl.rnd(1000 * (big["wall_s"] - small["wall_s"]) / extra),
+            "cpu_ms_per_clip": bl.rnd(1000 * (big["cpu_s"] - small["cpu_s"]) / extra),
+            "rank_ms_per_clip": bl.rnd(1000 * n * (big["loop_s"] - small["loop_s"]) / extra),
+            "fixed_wall_s": bl.rnd(small["wall_s"] - small["clips"] * (big["wall_s"] - small["wall_s"]) / extra),
+            "fixed_cpu_s": bl.rnd(small["cpu_s"] - small["clips"] * (big["cpu_s"] - small["cpu_s"]) / extra),
+        }
+        per_n[str(n)] = row
+    if 1 in ranks:
+        base = per_n["1"]
+        for n in ranks:
+            row = per_n[str(n)]
+            row["overhead_cpu_ms_per_clip"] = bl.rnd(row["cpu_ms_per_clip"] - base["cpu_ms_per_clip"])
+            row["overhead_rank_ms_per_clip"] = bl.rnd(row["rank_ms_per_clip"] - base["rank_ms_per_clip"])
+    return {
+        "vae": "python:_null_vae:factory (every 4th frame avg-pooled 8x8: ~0 cost)",
+        "scenes": list(sizes), "cameras": args.cameras, "workers": args.overhead_workers, "omp_threads": 1,
+        "decode_ms_per_clip_1proc": bl.rnd(decode_ms),
+        "ranks": per_n,
+        "definitions": {
+            "method": "every rank count runs the same encode on S and 2S scenes; per-clip figures are the "
+                      "difference between the two sizes divided by the extra clips, so fixed costs (process "
+                      "start, python/torch imports, rendezvous, VAE load, OUT preparation, manifest) cancel",
+            "wall_ms_per_clip": "marginal wall time per clip of the whole torchrun command",
+            "cpu_ms_per_clip": "marginal user+sys CPU per clip of torchrun, all ranks and their workers",
+            "rank_ms_per_clip": "marginal rank-time per clip: N * (rank 0's log span, first line to 'done')",
+            "overhead_cpu_ms_per_clip": "cpu_ms_per_clip(N) - cpu_ms_per_clip(1): CPU that N ranks spend per clip "
+                                        "beyond one rank (collectives, per-rank files, duplicated per-rank work); "
+                                        "the coordination cost, least disturbed by other jobs",
+            "overhead_rank_ms_per_clip": "rank_ms_per_clip(N) - rank_ms_per_clip(1): also counts ranks waiting for "
+                                         "a core (N > cores, or other jobs) and for slower peers",
+            "fixed_wall_s, fixed_cpu_s": "intercept at 0 clips: what the run costs before and after its clips",
+            "decode_ms_per_clip_1proc": "in-process decord decode + resize of one clip (all cameras), for scale",
+        },
+    }
+
+
+def _decode_ms_per_clip(data: Path, args: argparse.Namespace) -> float:
+    from vaecache.config import parse_size
+    from vaecache.dataset import ViewDecoder
+
+    height, width = parse_size(args.size)
+    clips = [clip for batch in plan_batches(data, args) for clip in batch]
+    decoder = ViewDecoder(height, width)
+    start = time.perf_counter()
+    for clip in clips:
+        for path in clip.paths:
+            decoder.decode(path, clip.frames)
+    return 1000 * (time.perf_counter() - start) / len(clips)
+
+
+# --------------------------------------------------------------------------- profiling
+
+
+def profile_vaecache(args: argparse.Namespace, data: Path, out: Path, height: int, width: int,
+                     first_views: int) -> None:
+    """One vaecache run under torch.profiler: where the main process spends its time (workers not included)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run_vaecache(args, data, out, height, width, first_views)
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25), file=sys.stderr)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    import torch
+
+    from vaecache.config import parse_size
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    from diffusers.utils import logging as diffusers_logging
+
+    diffusers_logging.set_verbosity_error()
+    device = resolve_device(args.device)
+    height, width = parse_size(args.size)
+    machine = bl.machine_info(str(device))
+    own_tmp = args.tmp is None
+    tmp = Path(tempfile.mkdtemp(prefix="vaecache-bench-")) if own_tmp else Path(args.tmp)
+    tmp.mkdir(parents=True, exist_ok=True)
+    try:
+        bl.progress(f"writing {args.scenes} scenes x {args.cameras} cameras of {args.frames} frames at {args.source_size}")
+        data = make_data(tmp / "data", args, args.scenes)
+        batches = plan_batches(data, args)
+
+        from vaecache.dataset import ViewBatchDataset, batch_views
+
+        predecode = ViewBatchDataset(batches, [list(range(len(batch_views(b)))) for b in batches], height, width)
+        decode_start = time.perf_counter()
+        decoded = [predecode[i]["views"] for i in range(len(batches))]
+        decode_ms = 1000 * (time.perf_counter() - decode_start) / len(batches)  # decord + resize, this process
+        vae = load(args, device)
+        mean_logvar(vae.encode_views(decoded[0]))  # warm-up outside every measurement (allocator, kernels)
+
+        first_views = decoded[0].shape[0]
+        runners: dict[str, Callable[[int], dict[str, Any]]] = {
+            "encode_only": lambda r: run_encode_only(vae, decoded, device),
+            "vaecache": lambda r: run_vaecache(args, data, tmp / f"out-vaecache-{r}", height, width, first_views),
+            "naive": lambda r: run_naive(args, data, tmp / f"out-naive-{r}", height, width, device),
+        }
+        runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+        for repeat in range(args.repeats):
+            order = MODES[repeat % 3:] + MODES[:repeat % 3]
+            for mode in order:
+                bl.progress(f"repeat {repeat + 1}/{args.repeats}: {mode}")
+                gc.collect()
+                cpu_before = bl.cpu_seconds()
+                with bl.RssSampler(interval=0.1) as rss:
+                    result = runners[mode](repeat)
+                result["cpu_s"] = bl.cpu_seconds() - cpu_before
+                result["peak_rss_mb"], result["peak_pss_mb"] = rss.peak_mb, rss.peak_pss_mb
+                runs[mode].append(result)
+                shutil.rmtree(tmp / f"out-{mode}-{repeat}", ignore_errors=True)
+        if args.profile:
+            profile_vaecache(args, data, tmp / "out-profile", height, width, first_views)
+
+        med = {mode: {key: bl.median([r[key] for r in runs[mode]])
+                      for key in ("steady_s", "steady_views", "wall_s", "views", "cpu_s", "peak_rss_mb", "peak_pss_mb")}
+               for mode in MODES}
+        stage_keys = [k for k in runs["vaecache"][0] if k.startswith("stage_") or k == "encoder_busy"]
+        stages = {k: bl.rnd(bl.median([r[k] for r in runs["vaecache"]]), 4) for k in stage_keys}
+        vps = {mode: med[mode]["steady_views"] / med[mode]["steady_s"] for mode in MODES}
+        wall_vps = {mode: med[mode]["views"] / med[mode]["wall_s"] for mode in MODES}
+        result: dict[str, Any] = {
+            "views_per_s": {mode: bl.rnd(v, 4) for mode, v in vps.items()},
+            "efficiency": bl.rnd(vps["vaecache"] / vps["encode_only"], 3),
+            "speedup_vs_naive": bl.rnd(vps["vaecache"] / vps["naive"], 3),
+            "wall_views_per_s": {mode: bl.rnd(v, 4) for mode, v in wall_vps.items()},
+            "wall_efficiency": bl.rnd(wall_vps["vaecache"] / wall_vps["encode_only"], 3),
+            "wall_speedup_vs_naive": bl.rnd(wall_vps["vaecache"] / wall_vps["naive"], 3),
+            "ms_per_view": {mode: bl.rnd(1000 / v, 4) for mode, v in vps.items()},
+            "cpu_ms_per_view": {mode: bl.rnd(1000 * med[mode]["cpu_s"] / med[mode]["views"], 4) for mode in MODES},
+            "cpu_efficiency": bl.rnd(med["encode_only"]["cpu_s"] / med["vaecache"]["cpu_s"], 3),
+            "vaecache_stages": {**stages, "encode_only_batch_ms": bl.rnd(
+                1000 * med["encode_only"]["steady_s"] * len(batches[0]) * args.cameras / med["encode_only"]["steady_views"], 4),
+                "decode_batch_ms_1proc": bl.rnd(decode_ms, 4)},
+            "encode_slowdown_in_vaecache": bl.rnd(stages.get("stage_encode_ms", float("nan")) / (
+                1000 * med["encode_only"]["steady_s"] * len(batches[0]) * args.cameras
+                / med["encode_only"]["steady_views"]), 3),
+            "peak_rss_mb": bl.rnd(max(med[m]["peak_rss_mb"] for m in MODES), 4),
+            "peak_rss_mb_by_mode": {mode: bl.rnd(med[mode]["peak_rss_mb"], 4) for mode in MODES},
+            "peak_pss_mb_by_mode": {mode: bl.rnd(med[mode]["peak_pss_mb"], 4) for mode in MODES},
+            "maxrss_mb_main_process": bl.rnd(bl.maxrss_mb(), 4),
+            "runs": {mode: [{k: bl.rnd(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in runs[mode]]
+                     for mode in MODES},
+            "timed": TIMED,
+            "machine": {**machine, "load_avg_at_end": bl.load_avg()},
+            "config": {
+                "vae": args.vae, "scenes": args.scenes, "cameras": args.cameras, "frames": args.frames,
+                "num_frames": args.num_frames, "size": args.size, "source_size": args.source_size,
+                "clips": sum(len(b) for b in batches), "views": int(med["vaecache"]["views"]),
+                "batch_size": args.batch_size, "workers": args.workers, "repeats": args.repeats,
+                "device": str(device), "dtype": args.dtype, "torch_threads": torch.get_num_threads(),
+                "store": args.store, "shard_size": args.shard_size,
+                "max_views_per_forward": {"encode_only": getattr(vae, "max_views_per_forward", None),
+                                          "vaecache": runs["vaecache"][0].get("max_views_per_forward_used"),
+                                          "naive": "all cameras of a clip"},
+            },
+            "notes": [
+                "peak_rss_mb: sampled every 100 ms over this process and its children (DataLoader workers) while a "
+                "mode runs; the largest median over modes. Summed RSS counts pages a forked worker shares with "
+                "the main process twice; peak_pss_mb_by_mode counts them once. maxrss_mb_main_process is the "
+                "exact lifetime peak of this process.",
+                "cpu_ms_per_view: user+sys CPU of this process (all threads) and of reaped children (DataLoader "
+                "workers) over the whole call, per view; cpu_efficiency = encode_only CPU / vaecache CPU. Less "
+                "sensitive than wall time to other jobs on the cores (but OpenMP spin-waiting counts as CPU).",
+                "naive resizes with plain bilinear F.interpolate (no antialias, no crop); vaecache does antialiased "
+                "resize-to-cover + center crop, so vaecache does slightly more pixel work.",
+                "naive encodes all cameras of a clip in one forward; vaecache and encode_only run "
+                "max_views_per_forward views per forward (default 1, for batch-independent latents).",
+                "vaecache_stages: run_encode's main thread per batch (medians over batches 2..N and repeats, ms): "
+                "stage_wait_for_data (progress callback of the previous batch to encode_views start: DataLoader "
+                "not ready), stage_encode (encode_views), stage_after_encode (encode_views end to the progress "
+                "callback: clip tensors, writer.add, writer back-pressure); encoder_busy = share of the steady "
+                "window spent in encode_views; encode_slowdown_in_vaecache = stage_encode / encode_only_batch_ms "
+                "(> 1: the same forward ran slower inside vaecache, e.g. sharing cores with the decode worker). "
+                "Timed by wrapping the encode_views of the VAE run_encode loads "
+                "(instrumentation only). encode_only_batch_ms is the same encode on pre-decoded tensors; "
+                "decode_batch_ms_1proc is decord + resize of one batch in this process (done by the worker in "
+                "vaecache).",
+            ],
+        }
+        if args.overhead:
+            result["overhead"] = run_overhead(args, tmp)
+    finally:
+        if own_tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    rows = [(mode, result["views_per_s"][mode], result["ms_per_view"][mode], result["cpu_ms_per_view"][mode],
+             result["wall_views_per_s"][mode], result["peak_pss_mb_by_mode"][mode]) for mode in MODES]
+    human = bl.table(f"bench.py: {result['config']['views']} views, {args.repeats} repeats, medians "
+                     f"(load avg {machine['load_avg_at_start']} -> {bl.load_avg()})",
+                     ("mode", "views/s (steady)", "ms/view", "CPU ms/view", "views/s (wall)", "peak PSS MB"), rows)
+    human += (f"\nefficiency (vaecache / encode_only) = {result['efficiency']}   "
+              f"speedup vs naive = {result['speedup_vs_naive']}")
+    if "overhead" in result:
+        human += "\n\n" + bl.table(
+            "pipeline cost per clip with the null VAE under torchrun (marginal: S vs 2S scenes; see 'definitions')",
+            ("ranks", "clips", "wall ms/clip", "CPU ms/clip", "CPU overhead ms/clip", "rank-ms/clip", "fixed CPU s"),
+            [(n, "/".join(map(str, r["clips"])), r["wall_ms_per_clip"], r["cpu_ms_per_clip"],
+              r.get("overhead_cpu_ms_per_clip", "-"), r["rank_ms_per_clip"], r["fixed_cpu_s"])
+             for n, r in result["overhead"]["ranks"].items()])
+    bl.emit(result, human)
+    return result
+
+
+if __name__ == "__main__":
+    main()
