@@ -479,3 +479,14 @@ def test_widths_decord_misreads_fall_back_to_pyav(tmp_path):
     assert views.shape == (3, 3, 64, 48)
     expected = torch.tensor([0, 80, 160]) / 127.5 - 1
     assert torch.allclose(views[:, :, 32, 24].mean(0), expected, atol=0.03)
+
+
+@pytest.mark.parametrize("count", [0, 1, 5, 17])
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+def test_assign_contiguous_partitions_in_order_and_balances(count, world):
+    from vaecache.dataset import assign_contiguous
+
+    items = list(range(count))
+    parts = [assign_contiguous(items, rank, world) for rank in range(world)]
+    assert [x for part in parts for x in part] == items  # disjoint, complete, contiguous, in order
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1

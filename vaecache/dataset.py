@@ -330,6 +330,17 @@ def assign(items: Sequence[Any], rank: int, world: int) -> list[Any]:
     return list(items[rank::world])
 
 
+def assign_contiguous(items: Sequence[Any], rank: int, world: int) -> list[Any]:
+    """Worker `rank`'s contiguous, balanced block of `items` (sizes differ by at most one).
+
+    A scene's consecutive clips stay together, so an open video reader carries on instead of
+    seeking back to a keyframe on another rank."""
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} outside world of {world}")
+    count = len(items)
+    return list(items[rank * count // world:(rank + 1) * count // world])
+
+
 def batched(items: Sequence[Any], size: int) -> list[list[Any]]:
     return [list(items[i:i + size]) for i in range(0, len(items), size)]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import os
 import logging
 import platform
 import time
@@ -17,7 +18,7 @@ import torch
 import vaecache
 from vaecache.config import EncodeConfig
 from vaecache.dataset import (
-    Clip, SceneProbe, ViewBatchDataset, assign, batch_views, batched, discover_scenes, plan_clips, probe_scene,
+    Clip, SceneProbe, ViewBatchDataset, assign, assign_contiguous, batch_views, batched, discover_scenes, plan_clips, probe_scene,
 )
 from vaecache.dist import DistContext
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, EXIT_STOPPED, InputError, UsageError, VaecacheError
@@ -76,6 +77,19 @@ def run_fingerprint_vae_part(vae: LoadedVae) -> dict[str, Any]:
 def run_fingerprint(cfg: EncodeConfig, vae: LoadedVae) -> dict[str, Any]:
     """Everything that determines stored bytes; a resume must match it exactly."""
     return {"vae": run_fingerprint_vae_part(vae), "latents": cfg.latent_settings(), "format_version": 1}
+
+
+def _cpu_thread_budget(ctx: DistContext, workers: int) -> int:
+    """On CPU, give the VAE the cores this rank can use minus its decode workers (OMP_NUM_THREADS wins).
+
+    torch's default (every core) plus decode workers oversubscribes the machine, and busy-waiting
+    OpenMP threads then slow the encode several-fold as soon as anything else runs."""
+    if ctx.device.type != "cpu" or os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0)) // max(1, ctx.info.local_world_size)
+    threads = max(1, cores - workers)
+    torch.set_num_threads(threads)
+    return threads
 
 
 def on_rank0(ctx: DistContext, fn: Callable[[], T]) -> T:
@@ -159,6 +173,7 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, stop: StopRequest,
     started = time.perf_counter()
     rank, world = ctx.info.rank, ctx.info.world_size
     mesh = ctx.mesh
+    threads = _cpu_thread_budget(ctx, cfg.workers)
     vae = load_vae(cfg.vae, ctx.device, cfg.dtype, tiling=cfg.tiling, max_views_per_forward=cfg.max_views_per_forward)
     vae.rule.check(cfg.sampling.num_frames, cfg.height, cfg.width)
     if cfg.store != "mean" and not vae.has_logvar:
@@ -168,9 +183,9 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, stop: StopRequest,
     prepared: PreparedOut = on_rank0(ctx, lambda: prepare_out(cfg.out, fingerprint, cfg.overwrite, ctx.info.job_id))
     handler = setup_logging(cfg.out, rank, world)
     try:
-        log.info("vaecache %s: world %d = DP %d x SP %d, device %s, attempt %d, %d clips already committed",
-                 vaecache.__version__, world, mesh.dp_size, mesh.sp_size, ctx.device, prepared.attempt,
-                 len(prepared.done_clip_ids))
+        log.info("vaecache %s: world %d = DP %d x SP %d, device %s (%d torch threads), attempt %d, "
+                 "%d clips already committed", vaecache.__version__, world, mesh.dp_size, mesh.sp_size, ctx.device,
+                 threads, prepared.attempt, len(prepared.done_clip_ids))
         summary = _encode(cfg, ctx, vae, scenes, prepared, stop, on_progress)
         summary.wall_s = time.perf_counter() - started
         if summary.stopped:
@@ -194,7 +209,7 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, scenes: list, p
     probes = _probe_all(ctx, scenes)
     clips, skipped = plan_clips(scenes, probes, cfg.sampling)
     todo = [clip for clip in clips if clip.clip_id not in prepared.done_clip_ids]
-    mine = assign(todo, mesh.dp_rank, mesh.dp_size)
+    mine = assign_contiguous(todo, mesh.dp_rank, mesh.dp_size)
     batches = batched(mine, cfg.batch_size)
     plans = [plan_sp(len(batch_views(batch)), mesh.sp_size) for batch in batches]
     view_indices = [plan.view_indices(mesh.sp_rank) for plan in plans]

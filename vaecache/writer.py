@@ -8,6 +8,7 @@ progress log counts; anything else in shards/ is debris from a crash and is disc
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -21,15 +22,30 @@ from vaecache.errors import OutputError
 from vaecache.manifest import FORMAT_NAME, FORMAT_VERSION, SHARD_SUFFIX, SHARDS_DIR, AppendLog, atomic_write_bytes
 
 
+_STATS_CHUNK = 1 << 18
+"""Elements converted to float64 at a time: no full float64 copy of a large tensor."""
+
+
 def tensor_stats(tensor: torch.Tensor) -> dict[str, float]:
-    """Summary values recorded per tensor at encode time; verify recomputes them from the stored bytes."""
-    values = tensor.detach().to("cpu", torch.float64)
-    return {
-        "min": float(values.min()),
-        "max": float(values.max()),
-        "mean": float(values.mean()),
-        "std": float(values.std(unbiased=False)),
-    }
+    """Summary values recorded per tensor at encode time; verify recomputes them from the stored bytes.
+
+    min/max are exact in the stored dtype; mean and population std are accumulated in float64."""
+    flat = tensor.detach().to("cpu").reshape(-1)
+    count = flat.numel()
+    low, high = (float(v) for v in torch.aminmax(flat))
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return {"min": low, "max": high, "mean": float("nan"), "std": float("nan")}
+    buffer = torch.empty(min(_STATS_CHUNK, count), dtype=torch.float64)
+
+    def chunks():
+        for start in range(0, count, _STATS_CHUNK):
+            part = buffer[:min(_STATS_CHUNK, count - start)]
+            part.copy_(flat[start:start + _STATS_CHUNK])
+            yield part
+
+    mean = sum(float(part.sum()) for part in chunks()) / count
+    variance = sum(float(part.sub_(mean).square_().sum()) for part in chunks()) / count
+    return {"min": low, "max": high, "mean": mean, "std": math.sqrt(variance)}
 
 
 def shard_name(attempt: int, rank: int, seq: int) -> str:
