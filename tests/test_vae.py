@@ -134,18 +134,22 @@ def test_family_loads_with_rule_from_config_and_encodes_like_diffusers(
     assert result.failed == {} and result.tiled == set() and result.backoffs == [] and result.forward_sizes == [1, 1]
 
 
+@pytest.mark.parametrize("key", list(FAMILY_CONFIGS))
 def test_encode_cli_stores_the_family_latents(models: dict[str, Path], data_root: Path, views: torch.Tensor,
-                                              tmp_path: Path, run_cli: Any, cache_io: Any) -> None:
+                                              tmp_path: Path, run_cli: Any, cache_io: Any, key: str) -> None:
+    """Through the CLI on real mp4 clips that need no resize: equal to the family's own encode, fp32, exact."""
+    frames = RULES[key][4]
     out = tmp_path / "cache"
-    result = run_cli(["encode", data_root, "--out", out, "--vae", f"diffusers:{models['hunyuan']}", "--num-frames", "9",
+    result = run_cli(["encode", data_root, "--out", out, "--vae", f"diffusers:{models[key]}", "--num-frames", frames,
                       "--size", f"{SIZE}x{SIZE}", "--max-clips-per-scene", "1", "--workers", "0", "--no-progress"])
     assert result.exit_code == 0, result.output
     manifest = cache_io.manifest(out)
-    assert manifest["vae"]["family"] == "AutoencoderKLHunyuanVideo"
-    assert manifest["vae"]["normalization"] == {"scaling_factor": 0.5, "formula": "z * scaling_factor"}
+    assert manifest["vae"]["family"] == FAMILY_CONFIGS[key][0]
+    if key == "hunyuan":
+        assert manifest["vae"]["normalization"] == {"scaling_factor": 0.5, "formula": "z * scaling_factor"}
     (clip,) = cache_io.clips(out)
     tensors = cache_io.tensors(out)
-    mean, logvar = _reference(_load(models, "hunyuan"), views[:, :, :9])
+    mean, logvar = _reference(_load(models, key), views[:, :, :frames])
     assert torch.equal(tensors[clip["tensors"]["mean"]["name"]], mean)
     assert torch.equal(tensors[clip["tensors"]["logvar"]["name"]], logvar)
 
