@@ -162,6 +162,27 @@ class EncodeConfig:
         }
 
 
+def pop_clip_options(merged: dict[str, Any]) -> tuple[SamplingConfig, int, int, tuple[str, ...] | None]:
+    """Take the clip-shape options shared by encode and plan out of merged CLI/TOML settings."""
+    if "num_frames" not in merged:
+        raise UsageError("--num-frames is required (frames per clip, e.g. 17 for Wan-style 1+4k VAEs)")
+    if "size" not in merged:
+        raise UsageError("--size HxW is required (e.g. 480x832)")
+    height, width = parse_size(str(merged.pop("size")))
+    sampling = SamplingConfig(
+        num_frames=int(merged.pop("num_frames")),
+        frame_stride=int(merged.pop("frame_stride", 1)),
+        window_stride=merged.pop("window_stride", None),
+        max_clips_per_scene=merged.pop("max_clips_per_scene", None),
+    )
+    cameras = merged.pop("cameras", None)
+    if isinstance(cameras, str):
+        cameras = tuple(c.strip() for c in cameras.split(",") if c.strip())
+    elif cameras is not None:
+        cameras = tuple(cameras)
+    return sampling, height, width, cameras
+
+
 def load_toml(path: Path) -> dict[str, Any]:
     """Read a config file whose keys are the long CLI option names (dashes or underscores)."""
     try:

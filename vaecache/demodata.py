@@ -22,6 +22,7 @@ import av
 import numpy as np
 
 from vaecache.errors import OutputError, UsageError
+from vaecache.manifest import fsync_dir
 
 __all__ = ["DemoDataSpec", "render_clip", "write_demo_dataset"]
 
@@ -157,14 +158,6 @@ def _encode_mp4(path: Path, frames: np.ndarray, fps: int) -> None:
         raise
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_demo_dataset(root: Path, spec: DemoDataSpec) -> list[Path]:
     """Write ``root/scene_XXX/cam_J.mp4`` for every scene and camera; return the paths sorted.
 
@@ -182,7 +175,7 @@ def write_demo_dataset(root: Path, spec: DemoDataSpec) -> list[Path]:
                 path = scene_dir / f"cam_{camera}.mp4"
                 _encode_mp4(path, render_clip(spec, scene, camera), spec.fps)
                 written.append(path)
-            _fsync_dir(scene_dir)
+            fsync_dir(scene_dir)
     except OSError as exc:
         raise OutputError(f"cannot write demo data under {root}: {exc}") from exc
     return sorted(written)

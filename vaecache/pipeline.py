@@ -5,8 +5,8 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import os
 import logging
+import os
 import platform
 import time
 from dataclasses import dataclass, field
@@ -18,14 +18,15 @@ import torch
 import vaecache
 from vaecache.config import EncodeConfig
 from vaecache.dataset import (
-    Clip, SceneProbe, ViewBatchDataset, assign, assign_contiguous, batch_views, batched, discover_scenes, plan_clips, probe_scene,
+    Clip, SceneProbe, ViewBatchDataset, assign, assign_contiguous, batch_views, batched, discover_scenes, plan_clips,
+    probe_scene,
 )
 from vaecache.dist import DistContext
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, EXIT_STOPPED, InputError, UsageError, VaecacheError
 from vaecache.manifest import AppendLog, failures_path, progress_path, read_failures, read_progress, write_manifest
 from vaecache.outdir import PreparedOut, prepare_out, release_lock
-from vaecache.stop import StopRequest, ignore_stop_signals
 from vaecache.parallel import gather_views, plan_sp
+from vaecache.stop import StopRequest, ignore_stop_signals
 from vaecache.vae import LoadedVae, load_vae
 from vaecache.writer import ShardWriter
 
@@ -98,8 +99,9 @@ def on_rank0(ctx: DistContext, fn: Callable[[], T]) -> T:
     if ctx.info.rank == 0:
         try:
             payload = ("ok", fn())
-        except VaecacheError as exc:
-            payload = ("error", exc)
+        except Exception as exc:  # every rank must hear of it, or they would wait in the broadcast
+            payload = ("error", exc if isinstance(exc, VaecacheError)
+                       else VaecacheError(f"rank 0: {type(exc).__name__}: {exc}"))
     payload = ctx.broadcast_object(payload)
     if payload[0] == "error":
         raise payload[1]

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from vaecache.cli._common import console, human_bytes, report_errors
-from vaecache.config import EncodeConfig, SamplingConfig, load_toml, parse_bytes, parse_size
+from vaecache.config import EncodeConfig, load_toml, parse_bytes, pop_clip_options
 from vaecache.errors import UsageError
 
 
@@ -27,22 +27,7 @@ def build_config(data: Path, out: Path | None, vae: str | None, options: dict[st
     if not vae:
         raise UsageError("--vae is required (builtin:tiny, diffusers:PATH or python:module:function); "
                          "there is no default, so a forgotten flag cannot produce silent garbage")
-    if "num_frames" not in merged:
-        raise UsageError("--num-frames is required (frames per clip, e.g. 17 for Wan-style 1+4k VAEs)")
-    if "size" not in merged:
-        raise UsageError("--size HxW is required (e.g. 480x832)")
-    height, width = parse_size(str(merged.pop("size")))
-    sampling = SamplingConfig(
-        num_frames=int(merged.pop("num_frames")),
-        frame_stride=int(merged.pop("frame_stride", 1)),
-        window_stride=merged.pop("window_stride", None),
-        max_clips_per_scene=merged.pop("max_clips_per_scene", None),
-    )
-    cameras = merged.pop("cameras", None)
-    if isinstance(cameras, str):
-        cameras = tuple(c.strip() for c in cameras.split(",") if c.strip())
-    elif cameras is not None:
-        cameras = tuple(cameras)
+    sampling, height, width, cameras = pop_clip_options(merged)
     if "shard_size" in merged:
         merged["shard_size"] = parse_bytes(merged["shard_size"])
     merged.pop("data", None)

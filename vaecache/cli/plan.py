@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from vaecache.cli._common import console, human_bytes, report_errors
-from vaecache.config import SamplingConfig, load_toml, parse_bytes, parse_size
+from vaecache.config import load_toml, parse_bytes, pop_clip_options
 from vaecache.errors import UsageError
 from vaecache.manifest import atomic_write_bytes
 
@@ -34,22 +34,7 @@ def build_plan_config(data: Path, options: dict[str, Any], config_file: Path | N
         merged.pop(key, None)
     if not merged.get("vae"):
         raise UsageError("--vae is required (builtin:tiny, diffusers:PATH[#subfolder] or python:module:function)")
-    if "num_frames" not in merged:
-        raise UsageError("--num-frames is required (frames per clip, e.g. 17 for Wan-style 1+4k VAEs)")
-    if "size" not in merged:
-        raise UsageError("--size HxW is required (e.g. 480x832)")
-    height, width = parse_size(str(merged.pop("size")))
-    sampling = SamplingConfig(
-        num_frames=int(merged.pop("num_frames")),
-        frame_stride=int(merged.pop("frame_stride", 1)),
-        window_stride=merged.pop("window_stride", None),
-        max_clips_per_scene=merged.pop("max_clips_per_scene", None),
-    )
-    cameras = merged.pop("cameras", None)
-    if isinstance(cameras, str):
-        cameras = tuple(c.strip() for c in cameras.split(",") if c.strip())
-    elif cameras is not None:
-        cameras = tuple(cameras)
+    sampling, height, width, cameras = pop_clip_options(merged)
     budget = merged.pop("memory_budget", None)
     if budget is not None:
         try:
