@@ -19,7 +19,7 @@ from vaecache.demodata import DemoDataSpec, render_clip, write_demo_dataset
 from vaecache.errors import DatasetError, UsageError
 
 H264_MEAN_ERROR = 0.075
-"""Mean |decoded - source| in [-1, 1] units that h264 at crf 18 stays under (measured ~0.053, i.e. ~7/255)."""
+"""Mean |decoded - source| in [-1, 1] units that the demo videos stay under (4:2:0 chroma and colour conversion only)."""
 
 
 def _touch(path: Path) -> Path:

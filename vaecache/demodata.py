@@ -5,10 +5,12 @@ colour gradient whose phase drifts over time, a faint fixed texture, and a few m
 rectangles. Colours, phases and velocities are drawn from a generator seeded by (seed, scene,
 camera), so frames move over time and differ per camera, per scene and per seed.
 
-Encoding is single-threaded libx264 with a fixed crf and preset, yuv420p, and timestamps derived
-from the frame index only, so the same spec and the same PyAV/libx264 build write byte-identical
-files (checked by the tests). A different libx264 build may write different bytes; the decoded
-frames for a given build are what the rest of vaecache relies on.
+Encoding is lossless libx264 (qp 0), single-threaded, yuv420p, with timestamps derived from the
+frame index only. Lossy settings (crf 18) were not reproducible: libx264 driven through PyAV now and
+then made other decisions for the same input (decoded frames differed by ~2.6/255 on average from
+run to run). Lossless, every decoder returns exactly the encoded yuv420p frames, so the same spec
+always decodes to the same pixels, and the same PyAV/libx264 build writes byte-identical files
+(checked by the tests). The price is size: ~60 KB per 64x64x17 video instead of ~18 KB.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ __all__ = ["DemoDataSpec", "render_clip", "write_demo_dataset"]
 
 _N_CIRCLES = 3
 _N_RECTS = 2
-_CRF = "18"
 _PRESET = "veryfast"
 
 # decord 0.6 pads rows to 32 pixels and, at these widths only, mistakes the padding for extra
@@ -136,7 +137,7 @@ def _encode_mp4(path: Path, frames: np.ndarray, fps: int) -> None:
     try:
         with av.open(str(tmp), mode="w", format="mp4") as container:
             stream = container.add_stream(
-                "libx264", rate=fps, options={"crf": _CRF, "preset": _PRESET, "x264-params": "threads=1:lookahead-threads=1"}
+                "libx264", rate=fps, options={"qp": "0", "preset": _PRESET, "x264-params": "threads=1:lookahead-threads=1"}
             )
             stream.width = frames.shape[2]
             stream.height = frames.shape[1]

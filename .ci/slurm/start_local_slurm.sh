@@ -14,6 +14,7 @@
 # Environment: SLURM_LOCAL_DIR (default /tmp/local-slurm), SLURM_WAIT_TIMEOUT
 # (seconds to wait for the node to be idle, default 60), SLURM_CRED_EXPIRE.
 set -euo pipefail
+export PATH="$PATH:/usr/sbin:/sbin"  # runuser, munged, slurmctld live in sbin; CI may not have it on PATH
 
 BASE=${SLURM_LOCAL_DIR:-/tmp/local-slurm}
 CONF=/etc/slurm/slurm.conf            # default path: clients need no SLURM_CONF

@@ -4,6 +4,7 @@
 # Copy of /work/shared/tools/slurm/stop_local_slurm.sh; also puts back the
 # /etc/slurm/slurm.conf that start_local_slurm.sh replaced, if there was one.
 set -uo pipefail
+export PATH="$PATH:/usr/sbin:/sbin"  # runuser, munged, slurmctld live in sbin; CI may not have it on PATH
 BASE=${SLURM_LOCAL_DIR:-/tmp/local-slurm}
 
 stop_pid() {  # stop_pid <expected comm> <pidfile>
