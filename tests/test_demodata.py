@@ -7,8 +7,9 @@ from pathlib import Path
 import decord
 import numpy as np
 import pytest
+import torch
 
-from vaecache.demodata import DemoDataSpec, write_demo_dataset
+from vaecache.demodata import DemoDataSpec, render_clip, write_demo_dataset
 from vaecache.errors import UsageError
 
 SPEC = DemoDataSpec(scenes=2, cameras=2, frames=9, height=48, width=64, fps=12, seed=3)
@@ -94,7 +95,6 @@ def test_different_seed_gives_different_frames(
         ({"height": 63}, "height must be even"),
         ({"width": 15}, "width must be even"),
         ({"width": 14}, "width must be even and >= 16"),
-        ({"width": 48}, "width 48 is misread by decord"),
         ({"scenes": 0}, "scenes must be >= 1"),
         ({"cameras": 0}, "cameras must be >= 1"),
         ({"frames": 0}, "frames must be >= 1"),
@@ -120,3 +120,15 @@ def test_root_that_is_a_file_is_refused(tmp_path: Path) -> None:
     root.write_text("x")
     with pytest.raises(UsageError, match="not a directory"):
         write_demo_dataset(root, DemoDataSpec(scenes=1, cameras=1, frames=1))
+
+
+@pytest.mark.parametrize("width", [16, 24, 48, 72])
+def test_widths_decord_misreads_still_decode_through_vaecache(tmp_path: Path, width: int) -> None:
+    from vaecache.dataset import ViewDecoder
+
+    spec = DemoDataSpec(scenes=1, cameras=1, frames=3, height=32, width=width)
+    (path,) = write_demo_dataset(tmp_path, spec)
+    views = ViewDecoder(32, width).decode(str(path), [0, 1, 2])
+    source = torch.from_numpy(render_clip(spec, 0, 0)).permute(3, 0, 1, 2).float() / 127.5 - 1
+    assert views.shape == (3, 3, 32, width)
+    assert (views - source).abs().mean() < 0.1  # 4:2:0 chroma on 32-pixel-high frames; misread frames are ~0.5 off

@@ -32,10 +32,6 @@ _N_CIRCLES = 3
 _N_RECTS = 2
 _PRESET = "veryfast"
 
-# decord 0.6 pads rows to 32 pixels and, at these widths only, mistakes the padding for extra
-# channels: frames come back as (H, W, 4|6) and get_batch fails (dmlc/decord#93, #336). Checked
-# for every even width 16..192 plus a sample above; none above 96 can trigger it.
-_DECORD_BAD_WIDTHS = frozenset({16, 24, 48, 72})
 
 
 @dataclass(frozen=True)
@@ -51,7 +47,7 @@ class DemoDataSpec:
     height: int = 64
     """Frame height in pixels; even and >= 16 (h264 yuv420p needs even sizes)."""
     width: int = 64
-    """Frame width in pixels; even, >= 16, and not 16, 24, 48 or 72 (decord misreads those)."""
+    """Frame width in pixels; even and >= 16."""
     fps: int = 10
     """Frame rate stored in the container."""
     seed: int = 0
@@ -71,11 +67,6 @@ class DemoDataSpec:
                 raise UsageError(
                     f"demo data {name} must be even and >= 16 (h264 yuv420p), got {value}"
                 )
-        if self.width in _DECORD_BAD_WIDTHS:
-            raise UsageError(
-                f"demo data width {self.width} is misread by decord 0.6 "
-                f"(avoid {', '.join(map(str, sorted(_DECORD_BAD_WIDTHS)))}); try {self.width + 2}"
-            )
         if self.seed < 0:
             raise UsageError(f"demo data seed must be >= 0, got {self.seed}")
 
