@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 
@@ -32,22 +31,6 @@ def encode(data: Path, out: Path, *extra: str, env: dict[str, str] | None = None
     return run_vaecache("encode", str(data), "--out", str(out), *ENCODE_ARGS, *extra, env=env)
 
 
-def all_tensors(out: Path) -> dict[str, torch.Tensor]:
-    tensors: dict[str, torch.Tensor] = {}
-    for shard in sorted((out / "shards").glob("*.safetensors")):
-        for name, tensor in load_file(shard).items():
-            assert name not in tensors, f"{name} stored twice"
-            tensors[name] = tensor
-    return tensors
-
-
-def assert_same_tensors(out: Path, reference: dict[str, torch.Tensor]) -> None:
-    got = all_tensors(out)
-    assert sorted(got) == sorted(reference)
-    for name, tensor in reference.items():
-        assert torch.equal(got[name], tensor), name
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("durability-data")
@@ -56,17 +39,17 @@ def data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(data, tmp_path_factory) -> dict[str, torch.Tensor]:
+def reference(data, tmp_path_factory, cache_io) -> dict[str, torch.Tensor]:
     out = tmp_path_factory.mktemp("durability-ref") / "out"
     result = encode(data, out)
     assert result.returncode == 0, result.stderr
-    tensors = all_tensors(out)
+    tensors = cache_io.tensors(out)
     assert len(tensors) == 2 * 8  # 4 scenes x 2 clips x (mean, logvar)
     return tensors
 
 
 @pytest.mark.parametrize("point", ["crash-after-commit:2", "crash-mid-write:2", "crash-before-record:2"])
-def test_crash_then_rerun_gives_identical_cache(point, data, reference, tmp_path):
+def test_crash_then_rerun_gives_identical_cache(cache_io, point, data, reference, tmp_path):
     out = tmp_path / "out"
     crashed = encode(data, out, "--shard-size", "1", env={"VAECACHE_FAULT": point})
     assert crashed.returncode == 137, crashed.stderr
@@ -78,7 +61,7 @@ def test_crash_then_rerun_gives_identical_cache(point, data, reference, tmp_path
     assert rerun.returncode == 0, rerun.stderr
     verified = run_vaecache("verify", str(out))
     assert verified.returncode == 0, verified.stderr
-    assert_same_tensors(out, reference)
+    cache_io.same_tensors(cache_io.tensors(out), reference)
     # One clip per shard: only shards whose progress line was written survive the crash.
     committed = {"crash-after-commit:2": 2, "crash-mid-write:2": 1, "crash-before-record:2": 1}[point]
     assert f"attempt 1, {committed} clips already committed" in (out / "logs" / "rank-00000.log").read_text()
@@ -87,17 +70,17 @@ def test_crash_then_rerun_gives_identical_cache(point, data, reference, tmp_path
     assert len(list((out / "shards").iterdir())) == len(manifest["shards"])  # debris discarded
 
 
-def test_resume_does_not_reencode_committed_clips(data, reference, tmp_path):
+def test_resume_does_not_reencode_committed_clips(cache_io, data, reference, tmp_path):
     out = tmp_path / "out"
     assert encode(data, out, "--shard-size", "1", env={"VAECACHE_FAULT": "crash-after-commit:3"}).returncode == 137
     rerun = encode(data, out, "--shard-size", "1")
     assert rerun.returncode == 0, rerun.stderr
     log = (out / "logs" / "rank-00000.log").read_text()
     assert "3 clips already committed" in log
-    assert_same_tensors(out, reference)
+    cache_io.same_tensors(cache_io.tensors(out), reference)
 
 
-def test_disk_full_leaves_nothing_that_passes_and_rerun_completes(data, reference, tmp_path):
+def test_disk_full_leaves_nothing_that_passes_and_rerun_completes(cache_io, data, reference, tmp_path):
     out = tmp_path / "out"
     failed = encode(data, out, "--shard-size", "1", env={"VAECACHE_FAULT": "enospc:2"})
     assert failed.returncode == 1
@@ -107,10 +90,10 @@ def test_disk_full_leaves_nothing_that_passes_and_rerun_completes(data, referenc
     rerun = encode(data, out, "--shard-size", "1")
     assert rerun.returncode == 0, rerun.stderr
     assert run_vaecache("verify", str(out)).returncode == 0
-    assert_same_tensors(out, reference)
+    cache_io.same_tensors(cache_io.tensors(out), reference)
 
 
-def test_sigterm_stops_cleanly_and_rerun_resumes(data, reference, tmp_path):
+def test_sigterm_stops_cleanly_and_rerun_resumes(cache_io, data, reference, tmp_path):
     out = tmp_path / "out"
     env = {key: value for key, value in os.environ.items() if key != "VAECACHE_FAULT"}
     env["OMP_NUM_THREADS"] = "1"
@@ -130,7 +113,7 @@ def test_sigterm_stops_cleanly_and_rerun_resumes(data, reference, tmp_path):
     assert not (out / ".lock").exists()
     rerun = encode(data, out, "--shard-size", "1")
     assert rerun.returncode == 0, rerun.stderr
-    assert_same_tensors(out, reference)
+    cache_io.same_tensors(cache_io.tensors(out), reference)
 
 
 def test_second_job_on_same_out_is_refused(data, tmp_path):

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 
@@ -38,22 +37,6 @@ def torchrun(nproc: int, data: Path, out: Path, *extra: str) -> subprocess.Compl
     return subprocess.run(torchrun_cmd(nproc, data, out, *extra), capture_output=True, text=True, env=_env(), timeout=300)
 
 
-def tensors(out: Path) -> dict[str, torch.Tensor]:
-    found: dict[str, torch.Tensor] = {}
-    for shard in sorted((out / "shards").glob("*.safetensors")):
-        for name, tensor in load_file(shard).items():
-            assert name not in found, f"{name} stored twice"
-            found[name] = tensor
-    return found
-
-
-def assert_identical(out: Path, reference: dict[str, torch.Tensor]) -> None:
-    got = tensors(out)
-    assert sorted(got) == sorted(reference)
-    for name, tensor in reference.items():
-        assert torch.equal(got[name], tensor), f"{name} differs from the 1-process run"
-
-
 def verify_ok(out: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "vaecache", "verify", str(out)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
@@ -68,11 +51,11 @@ def data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(data, tmp_path_factory) -> dict[str, torch.Tensor]:
+def reference(data, tmp_path_factory, cache_io) -> dict[str, torch.Tensor]:
     out = tmp_path_factory.mktemp("e2e-ref") / "out"
     result = single(data, out, "--workers", "0")
     assert result.returncode == 0, result.stderr
-    found = tensors(out)
+    found = cache_io.tensors(out)
     assert len(found) == 5 * 2 * 2
     return found
 
@@ -83,11 +66,11 @@ def reference(data, tmp_path_factory) -> dict[str, torch.Tensor]:
     (4, ["--sp-size", "4", "--batch-size", "2", "--workers", "0"]),
     (3, ["--sp-size", "3", "--workers", "1"]),
 ], ids=["dp2", "dp2xsp2-b3", "sp4-b2", "sp3"])
-def test_torchrun_output_equals_single_process(nproc, extra, data, reference, tmp_path):
+def test_torchrun_output_equals_single_process(cache_io, nproc, extra, data, reference, tmp_path):
     out = tmp_path / "out"
     result = torchrun(nproc, data, out, *extra)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert_identical(out, reference)
+    cache_io.same_tensors(cache_io.tensors(out), reference)
     verify_ok(out)
     assert len(list((out / "logs").glob("rank-*.log"))) == nproc
 
@@ -98,7 +81,7 @@ def test_sp_size_must_divide_world(data, tmp_path):
     assert "--sp-size 2 must divide the world size 3" in result.stderr
 
 
-def test_kill_9_of_two_rank_job_then_rerun_with_other_world_size(data, reference, tmp_path):
+def test_kill_9_of_two_rank_job_then_rerun_with_other_world_size(cache_io, data, reference, tmp_path):
     out = tmp_path / "out"
     proc = subprocess.Popen(torchrun_cmd(2, data, out, "--shard-size", "1", "--workers", "0"),
                             env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -114,4 +97,4 @@ def test_kill_9_of_two_rank_job_then_rerun_with_other_world_size(data, reference
     rerun = torchrun(3, data, out, "--shard-size", "1", "--workers", "0")
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     verify_ok(out)
-    assert_identical(out, reference)
+    cache_io.same_tensors(cache_io.tensors(out), reference)
