@@ -124,17 +124,17 @@ def sample_noise(seed: int, clip_id: str, camera: str, shape: torch.Size) -> tor
     return torch.randn(shape, generator=generator, dtype=torch.float32)
 
 
-def clip_tensors(clip: Clip, moments: torch.Tensor, channels: int, cfg: EncodeConfig,
+def clip_tensors(clip: Clip, moments: torch.Tensor, channels: int, store: str, seed: int,
                  dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Split the (NC, 2c|c, t, h, w) moments of one clip into what --store asks for."""
     mean = moments[:, :channels]
     logvar = moments[:, channels:] if moments.shape[1] > channels else None
-    if cfg.store == "mean":
+    if store == "mean":
         return {"mean": mean}
-    if cfg.store == "mean-logvar":
+    if store == "mean-logvar":
         return {"mean": mean, "logvar": logvar}
     std = torch.exp(0.5 * logvar.float())
-    noise = torch.stack([sample_noise(cfg.seed, clip.clip_id, cam, mean.shape[1:]) for cam in clip.cameras])
+    noise = torch.stack([sample_noise(seed, clip.clip_id, cam, mean.shape[1:]) for cam in clip.cameras])
     return {"sample": (mean.float() + std * noise.to(std.device)).to(dtype)}
 
 
@@ -335,7 +335,7 @@ def _write_batch(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, batch: lis
                 raise InputError(f"{path}: {reason}")
             continue
         if writer is not None:
-            tensors = clip_tensors(clip, clip_moments, channels, cfg, vae.dtype)
+            tensors = clip_tensors(clip, clip_moments, channels, cfg.store, cfg.seed, vae.dtype)
             used = [settings[view_start - clip.num_views + c] for c in range(clip.num_views)]
             record = clip_record(clip, tensors)
             record["encode"] = {"tiled": any(u["tiled"] for u in used),

@@ -239,12 +239,8 @@ def check_reencode(out: Path, manifest: dict[str, Any], records: list[dict[str, 
         diffs = describe_differences(recorded, given)
         raise UsageError(f"--vae {spec} does not match the VAE recorded in {out}/manifest.json "
                          f"({'; '.join(diffs[:3])})")
-    from vaecache.config import EncodeConfig
-
-    cfg = EncodeConfig(data=Path("."), out=out, vae=spec, sampling=_sampling_from(settings),
-                       height=settings["height"], width=settings["width"], dtype=settings.get("dtype", "fp32"),
-                       store=settings.get("store", "mean-logvar"), seed=settings.get("seed") or 0)
-    decoder = ViewDecoder(cfg.height, cfg.width)
+    store, seed = settings.get("store", "mean-logvar"), settings.get("seed") or 0
+    decoder = ViewDecoder(settings["height"], settings["width"])
     results = []
     for record in mine:
         clip = Clip(record["id"], record["scene"], tuple(record["cameras"]), tuple(record["sources"]),
@@ -256,7 +252,7 @@ def check_reencode(out: Path, manifest: dict[str, Any], records: list[dict[str, 
             continue
         result = vae.encode_views(views)
         moments = result.mean if result.logvar is None else torch.cat([result.mean, result.logvar], dim=1)
-        fresh = clip_tensors(clip, moments.cpu(), result.mean.shape[1], cfg, vae.dtype)
+        fresh = clip_tensors(clip, moments.cpu(), result.mean.shape[1], store, seed, vae.dtype)
         worst = 0.0
         with safe_open(str(out / SHARDS_DIR / record["shard"]), "pt") as shard:
             for key, entry in record["tensors"].items():
