@@ -13,8 +13,9 @@ import torch
 from vaecache.config import SamplingConfig
 from vaecache.dataset import (
     Clip, Scene, SceneProbe, ViewBatchDataset, ViewDecoder, assign, batch_views, batched, clip_id_for,
-    discover_scenes, plan_clips, plan_windows, probe_scene, resize_cover_crop, to_model_range,
+    discover_scenes, plan_clips, plan_windows, probe_scene,
 )
+from vaecache.decode import resize_cover_crop, to_model_range
 from vaecache.demodata import DemoDataSpec, render_clip, write_demo_dataset
 from vaecache.errors import DatasetError, UsageError
 

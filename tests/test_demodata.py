@@ -1,15 +1,15 @@
-"""The synthetic demo dataset: layout, readability with decord, motion, variety, determinism."""
+"""The synthetic demo dataset: layout, readability (sequential PyAV decode), motion, variety, determinism."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import av
-import decord
 import numpy as np
 import pytest
 import torch
 
+from vaecache.decode import build_index, decode_sequential
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.errors import UsageError
 
@@ -17,8 +17,7 @@ SPEC = DemoDataSpec(scenes=2, cameras=2, frames=9, height=48, width=64, fps=12, 
 
 
 def _decode(path: Path) -> np.ndarray:
-    reader = decord.VideoReader(str(path))
-    return reader.get_batch(list(range(len(reader)))).asnumpy()
+    return decode_sequential(str(path))
 
 
 def _mad(a: np.ndarray, b: np.ndarray) -> float:
@@ -45,12 +44,12 @@ def test_layout_is_scene_camera_mp4(dataset: tuple[Path, list[Path]]) -> None:
     assert on_disk == expected  # no temp files or extras left behind
 
 
-def test_decord_reads_frames_size_fps(dataset: tuple[Path, list[Path]]) -> None:
+def test_index_reads_frames_size_fps(dataset: tuple[Path, list[Path]]) -> None:
     for path in dataset[1]:
-        reader = decord.VideoReader(str(path))
-        assert len(reader) == SPEC.frames
-        assert reader[0].shape == (SPEC.height, SPEC.width, 3)
-        assert reader.get_avg_fps() == pytest.approx(SPEC.fps)
+        index = build_index(str(path))
+        assert index.num_frames == SPEC.frames
+        assert index.upright_size == (SPEC.height, SPEC.width)
+        assert index.fps == pytest.approx(SPEC.fps)
 
 
 def test_content_moves_and_varies(decoded: dict[str, np.ndarray]) -> None:
@@ -78,7 +77,7 @@ def test_rewrite_overwrites_in_place(tmp_path: Path) -> None:
     (path,) = write_demo_dataset(tmp_path, spec)
     path.write_bytes(b"garbage")
     assert write_demo_dataset(tmp_path, spec) == [path]
-    assert len(decord.VideoReader(str(path))) == 2
+    assert build_index(str(path)).num_frames == 2
     assert sorted(p.name for p in path.parent.iterdir()) == ["cam_0.mp4"]
 
 
@@ -110,7 +109,7 @@ def test_bad_spec_raises_usage_error(kwargs: dict[str, object], match: str) -> N
 
 
 @pytest.mark.parametrize(("height", "width"), [(16, 18), (18, 20), (16, 96)])
-def test_small_sizes_read_back_with_decord(tmp_path: Path, height: int, width: int) -> None:
+def test_small_sizes_read_back(tmp_path: Path, height: int, width: int) -> None:
     spec = DemoDataSpec(scenes=1, cameras=1, frames=3, height=height, width=width)
     (path,) = write_demo_dataset(tmp_path, spec)
     assert _decode(path).shape == (3, height, width, 3)
@@ -125,7 +124,7 @@ def test_root_that_is_a_file_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("width", [16, 24, 48, 72])
 def test_widths_decord_misreads_still_decode_through_vaecache(tmp_path: Path, width: int) -> None:
-    from vaecache.dataset import ViewDecoder
+    from vaecache.decode import ViewDecoder
 
     spec = DemoDataSpec(scenes=1, cameras=1, frames=3, height=32, width=width)
     (path,) = write_demo_dataset(tmp_path, spec)

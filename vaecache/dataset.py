@@ -1,18 +1,17 @@
-"""Scene discovery, clip planning (pure), and decord decoding into (views, C, T, H, W) float tensors."""
+"""Scene discovery, probing, clip planning (pure), and the DataLoader dataset of views (decoding: decode.py)."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-import numpy as np
 import torch
 
 from vaecache.config import SamplingConfig
+from vaecache.decode import ViewDecoder, build_index
 from vaecache.errors import DatasetError, VideoDecodeError
 
 VIDEO_EXTENSIONS = (".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v")
@@ -218,18 +217,17 @@ def _parse_range(value: Any, where: str) -> tuple[int, int]:
 
 
 def probe_scene(scene: Scene) -> SceneProbe:
-    """Open every camera's video; all must be readable and hold the same number of frames."""
+    """Index every camera's video; all must be readable and hold the same number of frames."""
     counts, fps_values = [], []
     for camera, path in zip(scene.cameras, scene.paths):
         if path.endswith(MISSING_SUFFIX):
             return SceneProbe(scene.scene_id, error=f"camera {camera!r} is missing", error_path=path)
         try:
-            reader = open_video(path)
-            counts.append(len(reader))
-            fps_values.append(float(reader.get_avg_fps()))
-            del reader
+            index = build_index(path)
         except VideoDecodeError as exc:
             return SceneProbe(scene.scene_id, error=exc.reason, error_path=path)
+        counts.append(index.num_frames)
+        fps_values.append(index.fps)
     if len(set(counts)) > 1:
         shortest = min(range(len(counts)), key=counts.__getitem__)
         return SceneProbe(
@@ -252,39 +250,6 @@ def probe_scene(scene: Scene) -> SceneProbe:
             return SceneProbe(scene.scene_id, error=f"frame range [{start}, {stop}) exceeds the video's {total} frames",
                               error_path=scene.paths[0])
     return SceneProbe(scene.scene_id, num_frames=total, fps=fps_values[0])
-
-
-def open_video(path: str):
-    """A decord VideoReader, with decord's failures turned into VideoDecodeError naming the file."""
-    import decord
-
-    file = Path(path)
-    try:
-        size = file.stat().st_size
-    except FileNotFoundError:
-        raise VideoDecodeError(path, "file not found") from None
-    except PermissionError:
-        raise VideoDecodeError(path, "permission denied") from None
-    if size == 0:
-        raise VideoDecodeError(path, "empty file (0 bytes)")
-    if not file.is_file():
-        raise VideoDecodeError(path, "not a regular file")
-    try:
-        with open(file, "rb"):
-            pass
-        reader = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=1)
-    except PermissionError:
-        raise VideoDecodeError(path, "permission denied") from None
-    except Exception as exc:  # decord raises its own DECORDError / RuntimeError
-        raise VideoDecodeError(path, f"not a readable video ({_short(exc)})") from None
-    if len(reader) == 0:
-        raise VideoDecodeError(path, "video has no frames")
-    return reader
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:200]
 
 
 # --------------------------------------------------------------------------- planning (pure)
@@ -345,84 +310,7 @@ def batched(items: Sequence[Any], size: int) -> list[list[Any]]:
     return [list(items[i:i + size]) for i in range(0, len(items), size)]
 
 
-# --------------------------------------------------------------------------- decoding
-
-
-def resize_cover_crop(frames: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """(T, C, h, w) uint8 -> (T, C, height, width) float: scale to cover, then center-crop."""
-    _, _, src_h, src_w = frames.shape
-    frames = frames.float()
-    if (src_h, src_w) != (height, width):
-        scale = max(height / src_h, width / src_w)
-        new_h, new_w = max(height, round(src_h * scale)), max(width, round(src_w * scale))
-        if (new_h, new_w) != (src_h, src_w):
-            frames = torch.nn.functional.interpolate(frames, size=(new_h, new_w), mode="bilinear",
-                                                     align_corners=False, antialias=True)
-        top, left = (new_h - height) // 2, (new_w - width) // 2
-        frames = frames[:, :, top:top + height, left:left + width]
-    return frames
-
-
-def to_model_range(frames: torch.Tensor) -> torch.Tensor:
-    """[0, 255] -> [-1, 1], clamped (resampling can overshoot)."""
-    return (frames / 127.5 - 1.0).clamp_(-1.0, 1.0)
-
-
-class ViewDecoder:
-    """Decodes one camera of one clip. Keeps a few readers open, because a batch often reads one file twice."""
-
-    def __init__(self, height: int, width: int, cache_size: int = 8) -> None:
-        self.height, self.width = height, width
-        self._readers: OrderedDict[str, Any] = OrderedDict()
-        self._cache_size = cache_size
-
-    def _reader(self, path: str):
-        reader = self._readers.pop(path, None)
-        if reader is None:
-            reader = open_video(path)
-        self._readers[path] = reader
-        while len(self._readers) > self._cache_size:
-            self._readers.popitem(last=False)
-        return reader
-
-    def decode(self, path: str, frames: Sequence[int]) -> torch.Tensor:
-        """(C, T, H, W) float in [-1, 1]."""
-        reader = self._reader(path)
-        if frames[-1] >= len(reader):
-            raise VideoDecodeError(path, f"frame {frames[-1]} requested, video has {len(reader)}")
-        try:
-            array = reader.get_batch(list(frames)).asnumpy()
-        except Exception as exc:
-            self._readers.pop(path, None)
-            if "size must exactly match" not in str(exc):
-                raise VideoDecodeError(path, f"decoding frames {frames[0]}..{frames[-1]} failed ({_short(exc)})") from None
-            # decord 0.6 misreads frames of a few widths (16, 24, 48, 72: dmlc/decord#93): PyAV decodes them.
-            array = decode_frames_pyav(path, frames)
-        if array.shape[0] != len(frames) or array.ndim != 4:
-            raise VideoDecodeError(path, f"decoder returned {array.shape[0]} of {len(frames)} frames")
-        tensor = torch.from_numpy(np.ascontiguousarray(array)).permute(0, 3, 1, 2)
-        tensor = to_model_range(resize_cover_crop(tensor, self.height, self.width))
-        return tensor.permute(1, 0, 2, 3).contiguous()
-
-
-def decode_frames_pyav(path: str, frames: Sequence[int]) -> np.ndarray:
-    """(T, H, W, 3) uint8 RGB of the given frame indices, decoding from the start (slow, exact)."""
-    import av
-
-    wanted = {index: position for position, index in enumerate(frames)}
-    out: list[np.ndarray | None] = [None] * len(frames)
-    try:
-        with av.open(path) as container:
-            for index, frame in enumerate(container.decode(video=0)):
-                if index in wanted:
-                    out[wanted[index]] = frame.to_ndarray(format="rgb24")
-                if index >= frames[-1]:
-                    break
-    except av.FFmpegError as exc:
-        raise VideoDecodeError(path, f"decoding frames {frames[0]}..{frames[-1]} failed ({_short(exc)})") from None
-    if any(frame is None for frame in out):
-        raise VideoDecodeError(path, f"video ended before frame {frames[-1]}")
-    return np.stack(out)
+# --------------------------------------------------------------------------- views
 
 
 @dataclass(frozen=True)

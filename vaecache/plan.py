@@ -180,7 +180,7 @@ def resolve_device(device: str) -> torch.device:
 
 
 def probe_all(scenes: list[Scene], workers: int) -> dict[str, SceneProbe]:
-    """Open every scene's videos (threads: the work is in decord's C++ and file I/O)."""
+    """Open every scene's videos (threads: the work is in FFmpeg's demuxer and file I/O)."""
     if workers <= 1 or len(scenes) <= 1:
         probes = [probe_scene(scene) for scene in scenes]
     else:
