@@ -226,7 +226,7 @@ def check(result: Timed, what: str) -> None:
 def child_env(threads: int | None = None, pythonpath: Sequence[Path] = ()) -> dict[str, str]:
     """os.environ without launcher variables (so a child is never mistaken for a rank of this job)."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLURM_", "VAECACHE_FAULT", "VAECACHE_INJECT"))
+           if not k.startswith(("SLURM_", "VAECACHE_FAULT"))
            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                          "GROUP_RANK", "TORCHELASTIC_RUN_ID")}
     if threads is not None:

@@ -25,9 +25,10 @@ from vaecache.dataset import (
     Clip, Scene, SceneProbe, ViewDecoder, assign, batch_views, batched, discover_scenes, plan_clips, probe_scene,
 )
 from vaecache.dist import make_mesh
+from vaecache.dtypes import recorded_name
 from vaecache.errors import UsageError, VideoDecodeError
 from vaecache.parallel import plan_sp
-from vaecache.vae import DTYPE_LABELS, LoadedVae, load_vae
+from vaecache.vae import LoadedVae, load_vae
 
 PLAN_FORMAT = "vaecache-plan/1"
 MEASURE_TRIES = 5
@@ -240,7 +241,7 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
         skipped=[{"scene": s.scene_id, "path": s.path, "reason": s.reason} for s in skipped],
         clips=len(clips), cameras=clips[0].num_views if clips else len(scenes[0].cameras),
         views=views, frames=views * cfg.sampling.num_frames,
-        latent_shape=shape, stored=stored, dtype=DTYPE_LABELS[vae.dtype],
+        latent_shape=shape, stored=stored, dtype=recorded_name(vae.dtype),
         bytes_per_view=bytes_per_view, total_bytes=bytes_per_view * views,
         shares=dp_shares(clips, cfg.world_size, cfg.sp_size, cfg.batch_size),
     )

@@ -1,0 +1,103 @@
+"""Every supported diffusers family from a tiny random config saved to disk: rule from the config,
+normalization constants, and latents equal to the family's own encode.
+
+Latents are compared with `torch.equal` against the family's own `vae.encode(x).latent_dist` on the
+same decoded frames, one view per forward, in fp32: vaecache calls the same module on the same input,
+so anything but bit equality would be a bug.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tiny_vaes import FAMILY_CONFIGS, LTX_MEAN, LTX_STD, RULES, SIZE
+
+from vaecache.errors import FrameRuleError, VaeSpecError
+from vaecache.vae import FAMILIES, VaeRunner, load_vae
+
+
+def _load(models: dict[str, Path], key: str, **kwargs: Any) -> VaeRunner:
+    return load_vae(f"diffusers:{models[key]}", **kwargs)
+
+
+def _reference(vae: VaeRunner, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The family's own encode, one view (or one frame) per call."""
+    with torch.no_grad():
+        if vae.per_frame:
+            dists = [[vae.module.encode(view[:, t][None]).latent_dist for t in range(view.shape[1])] for view in x]
+            return (torch.stack([torch.stack([d.mean[0] for d in row], 1) for row in dists]),
+                    torch.stack([torch.stack([d.logvar[0] for d in row], 1) for row in dists]))
+        dists = [vae.module.encode(view[None]).latent_dist for view in x]
+        return torch.cat([d.mean for d in dists]), torch.cat([d.logvar for d in dists])
+
+
+@pytest.mark.parametrize("key", list(FAMILY_CONFIGS))
+def test_family_loads_with_rule_from_config_and_encodes_like_diffusers(
+        models: dict[str, Path], views: torch.Tensor, key: str) -> None:
+    vae = _load(models, key)
+    temporal, spatial, step, causal, frames, bad, nearest = RULES[key]
+    assert vae.family == FAMILY_CONFIGS[key][0]
+    assert (vae.rule.temporal_factor, vae.rule.spatial_factor, vae.rule.step, vae.rule.causal) == \
+        (temporal, spatial, step, causal)
+    vae.rule.check(frames, SIZE, SIZE)
+    if bad is not None:
+        with pytest.raises(FrameRuleError, match=f"--num-frames {bad} .*{vae.family}.*nearest valid: {nearest}$"):
+            vae.rule.check(bad, SIZE, SIZE)
+    with pytest.raises(FrameRuleError, match=f"height {SIZE + 1} is not a multiple of {spatial}"):
+        vae.rule.check(frames, SIZE + 1, SIZE)
+
+    x = views[:, :, :frames]
+    result = vae.encode_views(x)
+    mean, logvar = _reference(vae, x)
+    assert tuple(result.mean.shape) == (2, *vae.latent_shape(frames, SIZE, SIZE))
+    assert torch.equal(result.mean, mean)
+    assert result.logvar is not None and torch.equal(result.logvar, logvar)
+    assert result.failed == {} and result.tiled == set() and result.backoffs == [] and result.forward_sizes == [1, 1]
+
+
+@pytest.mark.parametrize("key", list(FAMILY_CONFIGS))
+def test_encode_cli_stores_the_family_latents(models: dict[str, Path], data_root: Path, views: torch.Tensor,
+                                              tmp_path: Path, run_cli: Any, cache_io: Any, key: str) -> None:
+    """Through the CLI on real mp4 clips that need no resize: equal to the family's own encode, fp32, exact."""
+    frames = RULES[key][4]
+    out = tmp_path / "cache"
+    result = run_cli(["encode", data_root, "--out", out, "--vae", f"diffusers:{models[key]}", "--num-frames", frames,
+                      "--size", f"{SIZE}x{SIZE}", "--max-clips-per-scene", "1", "--workers", "0", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    manifest = cache_io.manifest(out)
+    assert manifest["vae"]["family"] == FAMILY_CONFIGS[key][0]
+    if key == "hunyuan":
+        assert manifest["vae"]["normalization"] == {"scaling_factor": 0.5, "formula": "z * scaling_factor"}
+    (clip,) = cache_io.clips(out)
+    tensors = cache_io.tensors(out)
+    mean, logvar = _reference(_load(models, key), views[:, :, :frames])
+    assert torch.equal(tensors[clip["tensors"]["mean"]["name"]], mean)
+    assert torch.equal(tensors[clip["tensors"]["logvar"]["name"]], logvar)
+
+
+def test_per_frame_image_vae_takes_any_frame_count(models: dict[str, Path]) -> None:
+    vae = _load(models, "kl")
+    assert vae.per_frame and vae.latent_shape(5, SIZE, SIZE) == (4, 5, 16, 16)
+    vae.rule.check(5, SIZE, SIZE)
+
+
+def test_normalization_constants_per_family(models: dict[str, Path]) -> None:
+    wan = _load(models, "wan").normalization
+    assert wan["formula"] == "(z - latents_mean) / latents_std" and len(wan["latents_mean"]) == 16  # config defaults
+    ltx = _load(models, "ltx").normalization
+    assert ltx["latents_mean"] == pytest.approx(LTX_MEAN.tolist()) and ltx["latents_std"] == pytest.approx(LTX_STD.tolist())
+    assert ltx["scaling_factor"] == 1.0 and ltx["formula"] == "(z - latents_mean) * scaling_factor / latents_std"
+    assert _load(models, "cogvideox").normalization == {"scaling_factor": 0.7, "formula": "z * scaling_factor"}
+    assert _load(models, "hunyuan").normalization == {"scaling_factor": 0.5, "formula": "z * scaling_factor"}
+    assert _load(models, "kl").normalization == {"scaling_factor": 0.3, "shift_factor": 0.1,
+                                                 "formula": "(z - shift_factor) * scaling_factor"}
+
+
+def test_unsupported_class_lists_supported_ones(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKLMochi"}))
+    with pytest.raises(VaeSpecError, match="'AutoencoderKLMochi' is not supported; supported: " + ", ".join(FAMILIES)):
+        load_vae(f"diffusers:{tmp_path}")

@@ -1,0 +1,129 @@
+"""Loading: spec resolution, diffusers folders (safetensors only unless pickle is allowed), the python
+plugin protocol, dtype rules, tiling setup, and the fingerprint of what was loaded."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import diffusers
+import pytest
+import torch
+from tiny_vaes import FAMILY_CONFIGS, SIZE, TILES
+
+from vaecache.errors import UsageError, VaeSpecError
+from vaecache.vae import FrameRule, VaeModel, VaeRunner, fingerprint, load_vae
+
+
+def _load(models: dict[str, Path], key: str, **kwargs: Any) -> VaeRunner:
+    return load_vae(f"diffusers:{models[key]}", **kwargs)
+
+
+def test_subfolder_and_pipeline_folder_hint(models: dict[str, Path]) -> None:
+    root = models["hunyuan"].parent
+    assert load_vae(f"diffusers:{root}#hunyuan").family == "AutoencoderKLHunyuanVideo"
+    with pytest.raises(VaeSpecError, match="no config.json"):
+        load_vae(f"diffusers:{root}")
+
+
+@pytest.fixture(scope="module")
+def pickled_wan(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    """A tiny AutoencoderKLWan saved with pickled weights only (diffusion_pytorch_model.bin)."""
+    folder = tmp_path_factory.mktemp("pickled") / "wan"
+    cls, config = FAMILY_CONFIGS["wan"]
+    torch.manual_seed(7)
+    module = getattr(diffusers, cls)(**config)
+    module.save_pretrained(folder, safe_serialization=False)
+    assert [p.name for p in folder.glob("*.bin")] and not list(folder.glob("*.safetensors"))
+    return folder, module
+
+
+def test_pickled_weights_are_refused_unless_allowed(pickled_wan: tuple[Path, torch.nn.Module]) -> None:
+    folder, module = pickled_wan
+    with pytest.raises(VaeSpecError, match=rf"^{folder}: holds only pickled weights \(diffusion_pytorch_model.bin\)"
+                                           r".*--allow-pickle-weights"):
+        load_vae(f"diffusers:{folder}")
+    vae = load_vae(f"diffusers:{folder}", allow_pickle_weights=True)
+    assert torch.equal(vae.module.encoder.conv_in.weight, module.encoder.conv_in.weight)
+
+
+def test_safetensors_folder_loads_without_the_pickle_flag(models: dict[str, Path]) -> None:
+    vae = _load(models, "wan")
+    assert vae.family == "AutoencoderKLWan" and list(models["wan"].glob("*.safetensors"))
+
+
+def test_plugin_protocol(plugin: str, views: torch.Tensor) -> None:
+    vae = load_vae(f"{plugin}:rowwise")
+    assert vae.rule == FrameRule(2, 4, causal=True, label="RowwiseVae") and vae.has_logvar
+    assert vae.latent_shape(9, SIZE, SIZE) == (3, 5, 8, 8)  # channels found by one dummy encode
+    result = vae.encode_views(views[:, :, :9])
+    assert tuple(result.mean.shape) == (2, 3, 5, 8, 8) and result.logvar is not None
+    mean_only = load_vae(f"{plugin}:mean_only")
+    assert not mean_only.has_logvar and mean_only.encode_views(views[:1, :, :2]).logvar is None
+    assert mean_only.latent_shape(2, SIZE, SIZE) == (3, 2, 16, 16)
+
+
+def test_fp16_refused_for_ltx(models: dict[str, Path]) -> None:
+    with pytest.raises(UsageError, match="--dtype fp16 is refused for AutoencoderKLLTXVideo.*bf16"):
+        _load(models, "ltx", dtype="fp16")
+
+
+def test_unknown_dtype_is_refused(models: dict[str, Path]) -> None:
+    with pytest.raises(UsageError, match="--dtype must be one of fp32, bf16, fp16, got 'float64'"):
+        _load(models, "kl", dtype="float64")
+
+
+def test_fp16_upcast_for_force_upcast_families(models: dict[str, Path], views: torch.Tensor) -> None:
+    vae = _load(models, "kl", dtype="fp16")
+    assert vae.compute_dtype == torch.float32 and vae.dtype == torch.float16
+    assert "runs in fp32" in vae.dtype_note and vae.fingerprint()["precision"]["compute"] == "float32"
+    x = views[:1, :, :2]
+    result = vae.encode_views(x)
+    assert result.mean.dtype == torch.float16
+    assert torch.equal(result.mean, _load(models, "kl").encode_views(x).mean.half())
+
+
+def test_bf16_runs_and_stores_bf16(models: dict[str, Path], views: torch.Tensor) -> None:
+    vae = _load(models, "hunyuan", dtype="bf16")
+    result = vae.encode_views(views[:1, :, :5])
+    assert result.mean.dtype == torch.bfloat16 and torch.isfinite(result.mean.float()).all()
+    assert vae.fingerprint()["precision"] == {"compute": "bfloat16", "stored": "bfloat16", "note": None}
+
+
+def test_tiling_is_recorded_and_changes_latents(models: dict[str, Path], views: torch.Tensor) -> None:
+    plain = _load(models, "hunyuan", tile_options=TILES)
+    tiled = _load(models, "hunyuan", tiling=True, tile_options=TILES)
+    assert plain.fingerprint()["tiling"]["enabled"] is False and tiled.fingerprint()["tiling"]["enabled"] is True
+    assert tiled.fingerprint()["tiling"]["params"]["tile_sample_min_height"] == 16
+    assert tiled.fingerprint()["tiling"]["params"]["use_framewise_encoding"] is True
+    x = views[:, :, :5]
+    a, b = plain.encode_views(x), tiled.encode_views(x)
+    assert b.tiled == {0, 1} and a.tiled == set()
+    assert a.mean.shape == b.mean.shape and not torch.equal(a.mean, b.mean)
+
+
+def test_tiling_refused_for_a_module_without_it(plugin: str) -> None:
+    with pytest.raises(UsageError, match="--tiling: python:vaecache_test_plugin:rowwise .* has no enable_tiling"):
+        load_vae(f"{plugin}:rowwise", tiling=True)
+
+
+def test_builtin_tiny_fingerprint_records_run_settings() -> None:
+    vae = load_vae("builtin:tiny", max_views_per_forward=2)
+    fingerprint = vae.fingerprint()
+    assert fingerprint["family"] == "AutoencoderKLWan" and fingerprint["untrained"] is True
+    assert fingerprint["max_views_per_forward"] == 2 and fingerprint["tiling"]["available"] is True
+    assert fingerprint["precision"] == {"compute": "float32", "stored": "float32", "note": None}
+    with pytest.raises(UsageError, match="--max-views-per-forward must be an integer >= 1"):
+        load_vae("builtin:tiny", max_views_per_forward=0)
+
+
+def test_the_description_is_frozen_and_the_fingerprint_a_function_of_it() -> None:
+    vae = load_vae("builtin:tiny")
+    assert isinstance(vae.model, VaeModel) and vae.fingerprint() == fingerprint(vae.model)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        vae.model.dtype = torch.float16  # type: ignore[misc]
+    other = dataclasses.replace(vae.model, max_views_per_forward=3)
+    assert fingerprint(other) == {**fingerprint(vae.model), "max_views_per_forward": 3}
+    with pytest.raises(ValueError, match="max_views_per_forward must be >= 1"):
+        dataclasses.replace(vae.model, max_views_per_forward=0)

@@ -1,0 +1,118 @@
+"""VaeRunner: micro-batching, the out-of-memory backoff (injected, on CPU), the tiling fallback, and
+non-finite latents failed at encode time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tiny_vaes import SIZE, TILES
+
+from vaecache.errors import UsageError
+from vaecache.faults import FAULT_ENV, OomFault, OomInjector
+from vaecache.vae import VaeRunner, load_vae
+
+
+def _load(models: dict[str, Path], key: str, **kwargs: Any) -> VaeRunner:
+    return load_vae(f"diffusers:{models[key]}", **kwargs)
+
+
+def test_halving_keeps_latents_when_views_are_per_view_exact(plugin: str, views: torch.Tensor) -> None:
+    x = torch.cat([views, views.flip(-1)])[:, :, :9]  # 4 distinct views
+    reference = load_vae(f"{plugin}:rowwise", max_views_per_forward=4).encode_views(x)
+    assert reference.forward_sizes == [4, 4, 4, 4]
+
+    vae = load_vae(f"{plugin}:rowwise", max_views_per_forward=4)
+    vae.inject_oom = OomInjector(OomFault(2, more_than=1))  # the first two forwards of 2+ views run out of memory
+    result = vae.encode_views(x)
+    assert vae.module.calls == [1, 1, 1, 1]  # 4 -> 2 -> 1 (injected forwards never reach the module)
+    assert result.forward_sizes == [1, 1, 1, 1] and vae.backoff_counts == {"halved": 2}
+    assert len(result.backoffs) == 2 and "micro-batch 4 -> 2" in result.backoffs[0]
+    assert result.failed == {} and result.tiled == set()
+    assert torch.equal(result.mean, reference.mean) and torch.equal(result.logvar, reference.logvar)
+
+    vae = load_vae(f"{plugin}:rowwise", max_views_per_forward=4)
+    vae.inject_oom = OomInjector(OomFault(1, more_than=2))
+    result = vae.encode_views(x)
+    assert result.forward_sizes == [2, 2, 2, 2] and torch.equal(result.mean, reference.mean)
+    vae.encode_views(x)  # the smaller micro-batch sticks for the rest of the run
+    assert vae.module.calls == [2, 2, 2, 2]
+
+
+def test_oom_at_one_view_falls_back_to_tiling(models: dict[str, Path], views: torch.Tensor) -> None:
+    x = views[:, :, :5]
+    vae = _load(models, "hunyuan", tile_options=TILES)
+    vae.inject_oom = OomInjector(OomFault(None, untiled_only=True))
+    result = vae.encode_views(x)
+    assert result.tiled == {0, 1} and result.failed == {} and vae.backoff_counts == {"tiling": 2}
+    assert all("retrying it with the model's tiling" in event for event in result.backoffs)
+    assert vae.module.use_tiling is False  # switched on for the retry only
+    assert torch.equal(result.mean, _load(models, "hunyuan", tiling=True, tile_options=TILES).encode_views(x).mean)
+
+
+def test_persistent_oom_marks_views_failed_with_zero_rows(models: dict[str, Path], views: torch.Tensor,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    x = views[:, :, :5]
+    good = _load(models, "hunyuan").encode_views(x)
+    vae = _load(models, "hunyuan")
+    calls = []
+
+    def view_1_never_fits(units: int, tiled: bool) -> bool:
+        calls.append(tiled)
+        return len(calls) in (2, 3)  # the second view, untiled and then tiled
+
+    vae.inject_oom = view_1_never_fits
+    with caplog.at_level("WARNING", logger="vaecache"):
+        result = vae.encode_views(x)
+    assert list(result.failed) == [1] and "out of memory (one per forward and tiling)" in result.failed[1]
+    assert result.mean.shape == good.mean.shape and result.logvar.shape == good.logvar.shape
+    assert torch.equal(result.mean[0], good.mean[0]) and torch.equal(result.logvar[0], good.logvar[0])
+    assert not result.mean[1].any() and not result.logvar[1].any()
+    assert vae.backoff_counts == {"tiling": 1, "failed": 1}
+    assert sum("OOM backoff" in r.message for r in caplog.records) == 2
+
+
+def test_oom_injection_from_the_environment(models: dict[str, Path], views: torch.Tensor,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FAULT_ENV, "oom:*")
+    vae = _load(models, "kl")
+    result = vae.encode_views(views[:1, :, :2])
+    assert result.failed.keys() == {0} and "frame 0" in result.failed[0] and not result.mean.any()
+    monkeypatch.setenv(FAULT_ENV, "oom:lots")
+    with pytest.raises(UsageError, match="COUNT"):
+        _load(models, "kl")
+    monkeypatch.setenv(FAULT_ENV, "crash-after-commit:3@1")  # a shard fault alone injects no out-of-memory
+    assert _load(models, "kl").inject_oom is None
+
+
+def test_non_finite_latent_fails_its_view_only(plugin: str, views: torch.Tensor,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    x = torch.cat([views, views.flip(-1)])[:3, :, :2]
+    clean = load_vae(f"{plugin}:mean_only").encode_views(x)
+    vae = load_vae(f"{plugin}:overflowing", max_views_per_forward=3)
+    with caplog.at_level("ERROR", logger="vaecache"):
+        result = vae.encode_views(x)
+    assert result.failed == {1: f"non-finite latent (1 NaN, 2 inf) from {plugin}:overflowing"}
+    assert torch.isfinite(result.mean).all() and not result.mean[1].any() and not result.logvar[1].any()
+    assert torch.equal(result.mean[0], clean.mean[0]) and torch.equal(result.mean[2], clean.mean[2])
+    assert result.backoffs == [] and vae.backoff_counts == {}
+    assert any("view 1 failed: non-finite latent" in r.message for r in caplog.records)
+
+
+def test_non_finite_clip_is_a_failed_clip_end_to_end(plugin: str, demo_data: Path, tmp_path: Path,
+                                                     run_cli: Any, cache_io: Any) -> None:
+    """The plugin's second encoded row (clip 0, its second camera) holds a NaN: that clip is recorded as
+    failed with the camera and the VAE named, the others are stored, and encode exits 3."""
+    out = tmp_path / "cache"
+    spec = f"{plugin}:overflowing"
+    result = run_cli(["encode", demo_data, "--out", out, "--vae", spec, "--num-frames", "9", "--size", "64x64",
+                      "--workers", "0", "--no-progress"])
+    assert result.exit_code == 3, result.output
+    failures = [line for line in (out / "failures.jsonl").read_text().splitlines() if line.strip()]
+    assert len(failures) == 1
+    assert "camera cam_1: non-finite latent (1 NaN, 2 inf) from " + spec in failures[0]
+    clips = cache_io.clips(out)
+    assert [clip["id"] for clip in clips] == ["scene_001/000000-000008", "scene_002/000000-000008"]
+    assert all(torch.isfinite(t.float()).all() for t in cache_io.tensors(out).values())

@@ -1,0 +1,44 @@
+"""The one table of dtype names: what the CLI accepts, what caches record, and the torch dtype behind each.
+
+Importing this module does not import torch (config parsing and ``--help`` stay fast); only
+``torch_dtype`` does, when it is called.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vaecache.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+RECORDED_NAMES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+"""CLI name (``--dtype``) -> the name manifests and clip records use (torch's, without ``torch.``)."""
+DTYPE_CHOICES: tuple[str, ...] = tuple(RECORDED_NAMES)
+"""The names ``--dtype`` accepts."""
+
+
+def check_dtype_name(name: str) -> str:
+    """`name` if it is a ``--dtype`` choice; UsageError otherwise."""
+    if name not in RECORDED_NAMES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {name!r}")
+    return name
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a ``--dtype`` name (fp32, bf16, fp16)."""
+    import torch
+
+    return getattr(torch, RECORDED_NAMES[check_dtype_name(name)])
+
+
+def recorded_name(dtype: torch.dtype) -> str:
+    """The recorded name of a torch dtype this table knows (torch.bfloat16 -> "bfloat16")."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in RECORDED_NAMES.values():
+        raise UsageError(f"dtype {dtype} is not one of {', '.join(RECORDED_NAMES.values())}")
+    return name
+
+
+__all__ = ["DTYPE_CHOICES", "RECORDED_NAMES", "check_dtype_name", "recorded_name", "torch_dtype"]

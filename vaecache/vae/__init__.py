@@ -1,0 +1,63 @@
+"""VAE backends (builtin, diffusers, python plugin), their frame/pixel rules, fingerprints, and encoding.
+
+``--vae`` takes one of:
+
+* ``builtin:tiny``: an untrained tiny AutoencoderKLWan with fixed random weights, for demos and tests.
+* ``diffusers:PATH[#subfolder]``: a diffusers model folder; ``config.json``'s ``_class_name`` picks the
+  family: AutoencoderKLWan, AutoencoderKLHunyuanVideo, AutoencoderKLCogVideoX, AutoencoderKLLTXVideo,
+  or AutoencoderKL (a 2D image VAE applied to every frame; its latents are laid out (c, t, h, w) like
+  the video VAEs', with t equal to the number of frames). Frame and pixel rules come from the config.
+* ``python:module.path:factory``: anything else, following the protocol below.
+
+Python plugin protocol
+----------------------
+``factory()`` is called with no arguments and returns a ``torch.nn.Module`` with ``encode(x)``:
+
+* ``x`` is ``(B, 3, T, H, W)`` RGB in ``[-1, 1]``, on the module's device and dtype. B is 1 by default
+  and at most ``--max-views-per-forward``; each row must be encoded independently of the others.
+* It returns a diffusers output (``.latent_dist`` with ``.mean`` and ``.logvar``), an object with
+  ``.mean`` (and optionally ``.logvar``) tensors, a plain tensor (taken as the mean), or a 1-tuple of
+  one of these; every tensor is ``(B, c, t, h, w)``.
+
+Optional attributes on the module:
+
+* ``vaecache_temporal_factor`` (int, default 1) and ``vaecache_spatial_factor`` (int, default 1);
+* ``vaecache_causal`` (bool, default temporal_factor > 1): the clip takes 1 + k*temporal_factor frames;
+* ``vaecache_has_logvar`` (bool, default True): False when encode returns a mean only (then only
+  ``--store mean`` works);
+* ``vaecache_latent_channels`` (int): otherwise found by encoding one tiny dummy input, once;
+* ``config`` (dict): recorded in the fingerprint; ``enable_tiling()`` / ``disable_tiling()``: used by
+  ``--tiling`` and by the out-of-memory fallback.
+
+Encoding and memory
+-------------------
+``load_vae`` returns a ``VaeRunner`` (runner.py) around a ``VaeModel`` (model.py: the module and what
+identifies its latents; ``fingerprint()``). ``VaeRunner.encode_views`` runs at most
+``max_views_per_forward`` views per forward (default 1; for the per-frame 2D family the unit is one
+frame). Convolution kernels may pick other algorithms for other batch sizes, so one unit per forward is
+what makes stored latents independent of batch size, SP size and world size; K > 1 is allowed and
+recorded. On out-of-memory it halves the micro-batch and retries, then retries one view with the model's
+own tiling, then records the view as failed (its rows zero-filled so shapes stay uniform for
+all_gather). Every step is logged on the "vaecache" logger and counted in ``VaeRunner.backoff_counts``;
+``EncodeResult`` says which views were tiled, which failed, and the micro-batch that produced each.
+A view whose latent holds a NaN or an inf (fp16/bf16 overflow) is failed too, with the counts and the
+VAE named in its reason, and zero-filled: it is never stored.
+
+Testing the backoff: set ``VAECACHE_FAULT=oom:COUNT[>K][:untiled]`` before loading (grammar in
+vaecache/faults.py), or assign ``runner.inject_oom = callable(units_in_forward, tiled) -> bool`` (True
+raises ``torch.cuda.OutOfMemoryError`` before that forward runs). No diffusers internals are patched.
+"""
+
+from vaecache.vae.families import FAMILIES, SUPPORTED, Family
+from vaecache.vae.load import load_vae
+from vaecache.vae.model import VaeModel, fingerprint, weights_sha256
+from vaecache.vae.rules import FrameRule
+from vaecache.vae.runner import EncodeResult, VaeRunner
+
+LoadedVae = VaeRunner
+"""What load_vae returns (the name callers used before the split)."""
+
+__all__ = [
+    "FAMILIES", "SUPPORTED", "EncodeResult", "Family", "FrameRule", "LoadedVae", "VaeModel", "VaeRunner",
+    "fingerprint", "load_vae", "weights_sha256",
+]

@@ -1,0 +1,208 @@
+"""Resolving a --vae spec (builtin, diffusers folder, python plugin) into a ready VaeRunner."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vaecache.dtypes import check_dtype_name, torch_dtype
+from vaecache.errors import UsageError, VaeSpecError
+from vaecache.vae.families import FAMILIES, SUPPORTED, Family
+from vaecache.vae.model import VaeModel, weights_sha256
+from vaecache.vae.rules import FrameRule
+from vaecache.vae.runner import VaeRunner, _first_line, oom_hook_from_env
+
+log = logging.getLogger("vaecache")
+
+BUILTIN_TINY_CONFIG: dict[str, Any] = {
+    "base_dim": 8,
+    "z_dim": 16,
+    "dim_mult": [1, 2, 2, 2],
+    "num_res_blocks": 1,
+    "temperal_downsample": [False, True, True],
+}
+BUILTIN_TINY_SEED = 20240601
+
+
+def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32", *, tiling: bool = False,
+             max_views_per_forward: int = 1, tile_options: dict[str, Any] | None = None,
+             allow_pickle_weights: bool = False) -> VaeRunner:
+    """Resolve a --vae SPEC (builtin:tiny, diffusers:PATH[#subfolder], python:module:function) and get it ready.
+
+    `tile_options` go to the module's enable_tiling() (e.g. tile_sample_min_height); they are recorded
+    in the fingerprint whether or not tiling ends up used. A diffusers folder is read from safetensors
+    only, unless `allow_pickle_weights` lets a folder holding only pickled ``.bin`` weights load.
+    """
+    if not spec:
+        raise VaeSpecError("--vae is required (builtin:tiny, diffusers:PATH or python:module:function)")
+    check_dtype_name(dtype)
+    if isinstance(max_views_per_forward, bool) or not isinstance(max_views_per_forward, int) or max_views_per_forward < 1:
+        raise UsageError(f"--max-views-per-forward must be an integer >= 1, got {max_views_per_forward!r}")
+    inject_oom = oom_hook_from_env()  # a malformed VAECACHE_FAULT is refused before any weight loads
+    kind, _, rest = spec.partition(":")
+    if kind == "builtin":
+        model = _load_builtin(rest, spec)
+    elif kind == "diffusers":
+        model = _load_diffusers(rest, spec, allow_pickle_weights)
+    elif kind == "python":
+        model = _load_python(rest, spec)
+    else:
+        raise VaeSpecError(f"unknown VAE spec {spec!r}: use builtin:tiny, diffusers:PATH or python:module:function")
+    compute_dtype, dtype_note = _compute_dtype(model, dtype)
+    module = model.module
+    module.to(torch.device(device)).eval().requires_grad_(False)
+    if compute_dtype != torch.float32:  # weights load as fp32; casting to fp32 again only makes diffusers warn
+        module.to(compute_dtype)
+    tile_params = _setup_tiling(model, tiling, tile_options or {})
+    model = replace(model, device=torch.device(device), dtype=torch_dtype(dtype), compute_dtype=compute_dtype,
+                    dtype_note=dtype_note, tiling=tiling, tile_params=tile_params,
+                    max_views_per_forward=max_views_per_forward)
+    return VaeRunner(model, inject_oom)
+
+
+def _compute_dtype(model: VaeModel, dtype: str) -> tuple[torch.dtype, str | None]:
+    """The dtype the module runs in: refuse or upcast fp16 where a family is known to misbehave."""
+    requested = torch_dtype(dtype)
+    family = FAMILIES.get(model.family)
+    if requested != torch.float16 or family is None or family.fp16 == "ok":
+        return requested, None
+    if family.fp16 == "refuse":
+        raise UsageError(f"--dtype fp16 is refused for {model.family}: {family.fp16_reason}")
+    if model.config.get("force_upcast", True):
+        note = (f"--dtype fp16: {model.family} runs in fp32 and its latents are stored as fp16, "
+                f"because {family.fp16_reason}")
+        log.warning(note)
+        return torch.float32, note
+    return requested, None
+
+
+def _setup_tiling(model: VaeModel, tiling: bool, options: dict[str, Any]) -> dict[str, Any]:
+    """Configure the module's tiling (on only with --tiling) and return the tile parameters to record."""
+    module = model.module
+    if (tiling or options) and not model.can_tile:
+        raise UsageError(f"--tiling: {model.spec} ({model.family}) has no enable_tiling()/disable_tiling()")
+    if not model.can_tile:
+        return {}
+    try:
+        module.enable_tiling(**options)
+    except TypeError:  # AutoencoderKL's enable_tiling() takes no sizes: set the attributes it reads
+        module.enable_tiling()
+        unknown = [k for k in options if not hasattr(module, k)]
+        if unknown:
+            raise UsageError(f"tile options {unknown} are not known to {model.family}") from None
+        for key, value in options.items():
+            setattr(module, key, value)
+        if "tile_sample_min_size" in options and hasattr(module, "tile_latent_min_size"):
+            module.tile_latent_min_size = int(options["tile_sample_min_size"] / model.rule.spatial_factor)
+    if not tiling:
+        module.disable_tiling()
+    return _tile_params(module) or dict(options)
+
+
+def _can_tile(module: torch.nn.Module) -> bool:
+    return callable(getattr(module, "enable_tiling", None)) and callable(getattr(module, "disable_tiling", None))
+
+
+def _clean_config(config: Any) -> dict[str, Any]:
+    return json.loads(json.dumps({k: v for k, v in dict(config).items() if not k.startswith("_")}, default=str))
+
+
+def _tile_params(module: torch.nn.Module) -> dict[str, Any]:
+    """The module's tiling knobs (tile sizes, strides, overlaps, framewise encoding): they change latents."""
+    keep = ("use_framewise_encoding", "num_sample_frames_batch_size")
+    params = {k: v for k, v in vars(module).items()
+              if (k.startswith("tile_") or k in keep) and isinstance(v, (bool, int, float, str, list, tuple))}
+    return json.loads(json.dumps(params, sort_keys=True))
+
+
+def _family_model(module: torch.nn.Module, family: Family, spec: str, untrained: bool = False) -> VaeModel:
+    config = _clean_config(module.config)
+    return VaeModel(module, spec, family.name, family.rule(config), config, weights_sha256(module),
+                    latent_channels=int(config.get(family.channels_key) or 0), untrained=untrained,
+                    normalization=family.normalization(config, module), per_frame=family.per_frame,
+                    can_tile=_can_tile(module))
+
+
+def _load_builtin(name: str, spec: str) -> VaeModel:
+    if name != "tiny":
+        raise VaeSpecError(f"unknown builtin VAE {name!r} in {spec!r}: the only builtin is builtin:tiny")
+    from diffusers import AutoencoderKLWan
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(BUILTIN_TINY_SEED)
+        module = AutoencoderKLWan(**BUILTIN_TINY_CONFIG)
+    return _family_model(module, FAMILIES["AutoencoderKLWan"], spec, untrained=True)
+
+
+def _load_diffusers(location: str, spec: str, allow_pickle_weights: bool) -> VaeModel:
+    path_text, _, subfolder = location.partition("#")
+    if not path_text:
+        raise VaeSpecError(f"{spec!r}: expected diffusers:PATH[#subfolder]")
+    path = Path(path_text).expanduser()
+    if subfolder:
+        path = path / subfolder
+    config_file = path / "config.json"
+    if not path.is_dir():
+        raise VaeSpecError(f"{path}: diffusers VAE folder not found")
+    if not config_file.is_file():
+        hint = " (a pipeline folder? add #vae)" if (path / "vae" / "config.json").is_file() else ""
+        raise VaeSpecError(f"{path}: no config.json (not a diffusers-format model folder){hint}")
+    try:
+        family_name = json.loads(config_file.read_text()).get("_class_name")
+    except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
+        raise VaeSpecError(f"{config_file}: not valid JSON") from None
+    if family_name not in FAMILIES:
+        raise VaeSpecError(f"{config_file}: VAE class {family_name!r} is not supported; supported: {SUPPORTED} "
+                           "(anything else: --vae python:module:function)")
+    # Pickled weights can run arbitrary code when loaded: read them only when the user says so.
+    has_safetensors = any(path.glob("*.safetensors"))
+    pickled = sorted(p.name for p in path.glob("*.bin"))
+    if not has_safetensors and pickled and not allow_pickle_weights:
+        raise VaeSpecError(f"{path}: holds only pickled weights ({', '.join(pickled)}), which can run code when "
+                           "loaded; convert them to safetensors, or pass --allow-pickle-weights if you trust "
+                           "this folder")
+    import diffusers
+
+    try:
+        module = getattr(diffusers, family_name).from_pretrained(
+            str(path), torch_dtype=torch.float32, low_cpu_mem_usage=False,
+            use_safetensors=has_safetensors or not allow_pickle_weights)
+    except Exception as exc:  # diffusers raises many types for broken folders
+        raise VaeSpecError(f"{path}: could not load {family_name} ({_first_line(exc)[:200]})") from None
+    return _family_model(module, FAMILIES[family_name], spec)
+
+
+def _load_python(target: str, spec: str) -> VaeModel:
+    module_name, _, function_name = target.rpartition(":")
+    if not module_name or not function_name:
+        raise VaeSpecError(f"{spec!r}: expected python:module.path:function")
+    try:
+        factory = getattr(importlib.import_module(module_name), function_name)
+    except ImportError as exc:
+        raise VaeSpecError(f"{spec!r}: cannot import {module_name} ({exc})") from None
+    except AttributeError:
+        raise VaeSpecError(f"{spec!r}: {module_name} has no attribute {function_name}") from None
+    module = factory()
+    if not isinstance(module, torch.nn.Module) or not callable(getattr(module, "encode", None)):
+        raise VaeSpecError(f"{spec!r}: factory must return a torch.nn.Module with an encode(x) method, got {type(module).__name__}")
+    temporal = int(getattr(module, "vaecache_temporal_factor", 1))
+    spatial = int(getattr(module, "vaecache_spatial_factor", 1))
+    if temporal < 1 or spatial < 1:
+        raise VaeSpecError(f"{spec!r}: vaecache_temporal_factor and vaecache_spatial_factor must be >= 1")
+    rule = FrameRule(temporal, spatial, causal=bool(getattr(module, "vaecache_causal", temporal > 1)),
+                     label=type(module).__qualname__)
+    config = getattr(module, "config", None)
+    config = _clean_config(config) if isinstance(config, dict) else {}
+    config["factory"] = target
+    return VaeModel(module, spec, type(module).__qualname__, rule, config, weights_sha256(module),
+                    latent_channels=int(getattr(module, "vaecache_latent_channels", 0)),
+                    has_logvar=bool(getattr(module, "vaecache_has_logvar", True)), can_tile=_can_tile(module))
+
+
+__all__ = ["BUILTIN_TINY_CONFIG", "BUILTIN_TINY_SEED", "load_vae"]

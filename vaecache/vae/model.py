@@ -1,0 +1,87 @@
+"""The description of a loaded VAE (module, family, rule, identity, precision, tiling) and its fingerprint."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vaecache.dtypes import recorded_name
+from vaecache.vae.rules import FrameRule
+
+
+@dataclass(frozen=True)
+class VaeModel:
+    """A VAE ready to run: the module on its device and dtype, and every fact that identifies its latents.
+
+    Built once by ``load_vae``; nothing here changes while encoding (``VaeRunner`` holds the run state).
+    """
+
+    module: torch.nn.Module
+    spec: str
+    """The --vae spec it was loaded from; names the VAE in messages."""
+    family: str
+    rule: FrameRule
+    config: dict[str, Any]
+    weights_sha256: str
+    latent_channels: int = 0
+    """0 when a plugin does not declare them: the runner then finds them with one dummy encode."""
+    untrained: bool = False
+    has_logvar: bool = True
+    normalization: dict[str, Any] = field(default_factory=dict)
+    per_frame: bool = False
+    """A 2D image VAE: every frame is encoded on its own and the results stacked along t."""
+    device: torch.device = torch.device("cpu")
+    dtype: torch.dtype = torch.float32
+    """Storage dtype (what --dtype asked for); latents come back in it."""
+    compute_dtype: torch.dtype = torch.float32
+    """What the module runs in; differs from dtype only where a family is upcast (families.Family.fp16)."""
+    dtype_note: str | None = None
+    tiling: bool = False
+    can_tile: bool = False
+    """The module has enable_tiling()/disable_tiling() (used by --tiling and the out-of-memory fallback)."""
+    tile_params: dict[str, Any] = field(default_factory=dict)
+    max_views_per_forward: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_views_per_forward < 1 or self.latent_channels < 0:
+            raise ValueError(f"max_views_per_forward must be >= 1 and latent_channels >= 0 ({self.spec})")
+        if self.tiling and not self.can_tile:
+            raise ValueError(f"{self.spec}: tiling asked for a module without enable_tiling()")
+
+    def fingerprint(self) -> dict[str, Any]:
+        return fingerprint(self)
+
+
+def fingerprint(model: VaeModel) -> dict[str, Any]:
+    """What identifies these latents' producer: class, config, a hash of every parameter and buffer,
+    and the run settings that change latents (compute dtype, tiling and its tile sizes, micro-batch)."""
+    return {
+        "family": model.family,
+        "config": model.config,
+        "weights_sha256": model.weights_sha256,
+        "spec": model.spec,
+        "untrained": model.untrained,
+        "normalization": model.normalization,
+        "per_frame": model.per_frame,
+        "precision": {"compute": recorded_name(model.compute_dtype), "stored": recorded_name(model.dtype),
+                      "note": model.dtype_note},
+        "tiling": {"enabled": model.tiling, "available": model.can_tile, "params": model.tile_params},
+        "max_views_per_forward": model.max_views_per_forward,
+    }
+
+
+def weights_sha256(module: torch.nn.Module) -> str:
+    """sha256 over every parameter and buffer (name, dtype, shape, bytes) in name order."""
+    digest = hashlib.sha256()
+    state = module.state_dict()
+    for name in sorted(state):
+        tensor = state[name].detach().to("cpu").contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+__all__ = ["VaeModel", "fingerprint", "weights_sha256"]
