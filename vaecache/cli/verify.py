@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vaecache.cli._common import console, human_bytes, report_errors
+from vaecache.cli._common import check_json_target, console, human_bytes, report_errors, write_json
 from vaecache.errors import EXIT_FAILED, EXIT_OK, UsageError
-from vaecache.manifest import atomic_write_bytes
-from vaecache.verify import VerifyReport, verify_cache
+
+if TYPE_CHECKING:
+    from vaecache.verify import VerifyReport
 
 
 def report_table(report: VerifyReport) -> Table:
@@ -49,7 +49,7 @@ def problem_lines(report: VerifyReport) -> list[str]:
 def verify(
     out: Path = typer.Argument(..., help="A folder written by vaecache encode."),
     quick: bool = typer.Option(False, "--quick", help="Skip hashing and value checks: sizes and headers only."),
-    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file."),
+    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file ('-': stdout)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Shards checked in parallel (default: cores, up to 8)."),
     dataset: Optional[Path] = typer.Option(None, "--dataset", help="Re-plan clips from this source with the recorded "
                                            "settings: list clips missing from the cache and cached clips with no source."),
@@ -60,9 +60,6 @@ def verify(
     device: str = typer.Option("auto", "--device", help="Device for --reencode: auto | cpu | cuda."),
 ) -> None:
     """Prove a latent cache is complete and intact. Runs under torchrun to split the work across ranks."""
-    from vaecache.dist import distributed
-    from vaecache.verify import VerifyOptions
-
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
     if not out.exists():
@@ -71,6 +68,13 @@ def verify(
         raise UsageError(f"{out}: not a folder")
     if dataset is not None and not dataset.exists():
         raise UsageError(f"{dataset}: --dataset path does not exist")
+    if reencode < 0:
+        raise UsageError(f"--reencode must be >= 0, got {reencode}")
+    check_json_target(json_file)
+
+    from vaecache.dist import distributed
+    from vaecache.verify import VerifyOptions, verify_cache
+
     options = VerifyOptions(quick=quick, threads=threads, dataset=dataset, reencode=reencode, vae=vae, seed=seed,
                             device=device)
     with distributed(device=device if reencode else "cpu") as ctx:
@@ -87,5 +91,5 @@ def verify(
                       + (" (untrained builtin)" if summary.get("untrained_vae") else ""))
     console.print("[green]cache OK[/green]" if report.ok else "[red]cache has problems[/red]")
     if json_file is not None:
-        atomic_write_bytes(json_file, json.dumps(report.to_json(), indent=2).encode() + b"\n")
+        write_json(json_file, report.to_json())
     raise typer.Exit(EXIT_OK if report.ok else EXIT_FAILED)
