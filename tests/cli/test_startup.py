@@ -266,3 +266,13 @@ def test_encode_progress_in_a_log_is_lines_not_a_redrawn_bar(run_cli: Callable, 
     assert [line.split(",")[0] for line in progress] == [f"encode: {n}/3 clips ({p}%)"
                                                          for n, p in ((1, 33), (2, 67), (3, 100))]
     assert "\r" not in result.stderr
+
+
+def test_verify_hashing_progress_in_a_log_is_lines(run_cli: Callable, sharded_cache: Path) -> None:
+    shards = len(json.loads((sharded_cache / "manifest.json").read_text())["shards"])
+    assert shards > 1
+    result = run_cli(["verify", sharded_cache, "--threads", "1"], env={"VAECACHE_PROGRESS_INTERVAL": "0"})
+    assert result.exit_code == 0, result.output
+    progress = [line.split(",")[0] for line in result.stderr.splitlines() if line.startswith("verify: ")]
+    assert progress == [f"verify: {n}/{shards} shards ({round(100 * n / shards)}%)" for n in range(1, shards + 1)]
+    assert "\r" not in result.stderr

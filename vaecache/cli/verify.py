@@ -11,6 +11,7 @@ from rich.table import Table
 
 from vaecache.cli._common import check_json_target, console, human_bytes, report_errors, write_json
 from vaecache.errors import EXIT_FAILED, EXIT_OK, UsageError
+from vaecache.progress import progress as progress_reporter
 
 if TYPE_CHECKING:
     from vaecache.verify import VerifyReport
@@ -58,6 +59,8 @@ def verify(
                                       "the recorded fingerprint."),
     seed: int = typer.Option(0, "--seed", help="Which clips --reencode picks."),
     device: str = typer.Option("auto", "--device", help="Device for --reencode: auto | cpu | cuda."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Hashing progress on rank 0: a bar in a "
+                                  "terminal, a line every 30 s (VAECACHE_PROGRESS_INTERVAL) in a log."),
 ) -> None:
     """Prove a latent cache is complete and intact. Runs under torchrun to split the work across ranks."""
     if threads is not None and threads < 1:
@@ -78,7 +81,9 @@ def verify(
     options = VerifyOptions(quick=quick, threads=threads, dataset=dataset, reencode=reencode, vae=vae, seed=seed,
                             device=device)
     with distributed(device=device if reencode else "cpu") as ctx:
-        report = verify_cache(out, ctx=ctx, options=options)
+        label = "verify" if ctx.info.world_size == 1 else f"verify (rank 0's share of {ctx.info.world_size} ranks)"
+        with progress_reporter(label, "shards", console, enabled=progress and ctx.info.rank == 0) as on_progress:
+            report = verify_cache(out, ctx=ctx, options=options, on_progress=on_progress)
         if ctx.info.rank != 0:
             raise typer.Exit(EXIT_OK if report.ok else EXIT_FAILED)
     console.print(report_table(report))
