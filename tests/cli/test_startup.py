@@ -276,3 +276,14 @@ def test_verify_hashing_progress_in_a_log_is_lines(run_cli: Callable, sharded_ca
     progress = [line.split(",")[0] for line in result.stderr.splitlines() if line.startswith("verify: ")]
     assert progress == [f"verify: {n}/{shards} shards ({round(100 * n / shards)}%)" for n in range(1, shards + 1)]
     assert "\r" not in result.stderr
+
+
+@pytest.mark.slow
+def test_a_usage_error_under_torchrun_is_printed_once(tmp_path: Path) -> None:
+    environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "VAECACHE_DEBUG")}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                             "-m", "vaecache", "encode", str(tmp_path / "nope"), "--out", str(tmp_path / "out"),
+                             "--vae", "builtin:tiny", "--num-frames", "9", "--size", "64x64"],
+                            capture_output=True, text=True, timeout=300, env=environ)
+    assert result.returncode != 0
+    assert result.stderr.count("dataset path does not exist") == 1, result.stderr
