@@ -1,4 +1,12 @@
-from vaecache.cli.app import main
+"""`python -m vaecache`: the same entry point as the `vaecache` console script."""
+
+try:
+    from vaecache.cli.app import main
+except KeyboardInterrupt:  # Ctrl-C while the CLI itself imports: one line, not an import traceback
+    import sys
+
+    sys.stderr.write("interrupted during start-up; nothing was written\n")
+    sys.exit(130)
 
 if __name__ == "__main__":
     main()

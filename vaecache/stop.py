@@ -11,12 +11,26 @@ from typing import Any
 log = logging.getLogger("vaecache")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
+_stop_handling_began = False
+"""Whether this command reached the point where a stop request commits work instead of killing start-up."""
+
+
+def begin_command() -> None:
+    """Mark the start of a CLI command: a Ctrl-C from here on is a start-up interrupt until StopRequest takes over."""
+    global _stop_handling_began
+    _stop_handling_began = False
+
+
+def stop_handling_began() -> bool:
+    """True once a StopRequest was entered in this command (the encode run proper has begun)."""
+    return _stop_handling_began
+
 
 class StopRequest:
     """Context manager: while active, the signals above set a flag instead of killing the process.
 
     The encode loop polls `requested` between batches, commits its open shard and exits. A second
-    Ctrl-C raises KeyboardInterrupt as usual.
+    Ctrl-C abandons the batch in flight: it raises KeyboardInterrupt, after saying so.
     """
 
     def __init__(self) -> None:
@@ -30,12 +44,16 @@ class StopRequest:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT and self._event.is_set():
+            log.warning("second Ctrl-C: abandoning the batch in flight; shards committed before it are kept")
             raise KeyboardInterrupt
         self.signal_name = signal.Signals(signum).name
         self._event.set()
-        log.warning("received %s: finishing the current batch, committing, then stopping", self.signal_name)
+        log.warning("received %s: stopping once the batch in flight is committed (a second Ctrl-C abandons it)",
+                    self.signal_name)
 
     def __enter__(self) -> "StopRequest":
+        global _stop_handling_began
+        _stop_handling_began = True
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)

@@ -9,7 +9,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from safetensors.torch import load as safetensors_load
@@ -91,9 +91,11 @@ class VerifyOptions:
 
 
 def verify_cache(out: Path, quick: bool = False, threads: int | None = None, ctx: Any = None,
-                 options: VerifyOptions | None = None) -> VerifyReport:
+                 options: VerifyOptions | None = None,
+                 on_progress: Callable[[int, int], None] | None = None) -> VerifyReport:
     """Run every check on OUT. Under torchrun (`ctx` from vaecache.dist.distributed) shards and
-    re-encodes are split across ranks and every rank returns the whole report."""
+    re-encodes are split across ranks and every rank returns the whole report.
+    `on_progress(1, shards_of_this_rank)` is called as each of this rank's shards is checked."""
     options = options or VerifyOptions(quick=quick, threads=threads)
     quick, threads = options.quick, options.threads
     rank, world = (ctx.info.rank, ctx.info.world_size) if ctx is not None else (0, 1)
@@ -133,8 +135,12 @@ def verify_cache(out: Path, quick: bool = False, threads: int | None = None, ctx
 
     mine = sorted(listed.items())[rank::world]
     with ThreadPoolExecutor(max_workers=threads or min(8, len(os.sched_getaffinity(0)))) as pool:
-        results = list(pool.map(lambda item: _check_shard(out, item[0], item[1], by_shard.get(item[0], []), quick),
-                                mine))
+        results = []
+        for result in pool.map(lambda item: _check_shard(out, item[0], item[1], by_shard.get(item[0], []), quick),
+                               mine):
+            results.append(result)
+            if on_progress is not None:
+                on_progress(1, len(mine))
     if world > 1:
         results = [result for part in ctx.all_gather_object(results) for result in part]
     for result in results:

@@ -1,31 +1,76 @@
-"""Shared CLI plumbing: one-line error mapping, stderr console, option parsing helpers."""
+"""Shared CLI plumbing: one-line error mapping, stderr console, launcher env, JSON output.
+
+Nothing here imports torch, diffusers, decord or av: `--help` and usage errors must answer at once.
+"""
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
-from typing import Any, Callable, TypeVar
+from pathlib import Path
+from typing import Any, Callable, Mapping, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from vaecache.errors import EXIT_FAILED, VaecacheError
+from vaecache import stop
+from vaecache.errors import EXIT_FAILED, EXIT_USAGE, UsageError, VaecacheError
 
 F = TypeVar("F", bound=Callable[..., Any])
 console = Console(stderr=True, highlight=False, soft_wrap=True)
+EXIT_INTERRUPTED = 130
+"""Ctrl-C outside the encode loop's graceful stop (128 + SIGINT)."""
+REQUIRED_PANEL = "Required (flag or --config)"
+"""The --help panel for options that must come from a flag or the TOML file."""
 
 
 def debug_enabled() -> bool:
     return os.environ.get("VAECACHE_DEBUG", "") not in ("", "0")
 
 
+def launcher_rank_world(environ: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """(rank, world size) the launcher gave this process, read from torchrun or SLURM-step env vars.
+
+    A torch-free reading of the rule vaecache.dist's RankInfo.from_env applies, so usage errors can be
+    reported (once, on rank 0) before torch is imported. Unparsable values count as rank 0 of 1; the
+    distributed set-up reports them properly later.
+    """
+    env = os.environ if environ is None else environ
+
+    def number(*names: str, default: int) -> int:
+        for name in names:
+            try:
+                return int(env[name])
+            except (KeyError, ValueError):
+                continue
+        return default
+
+    if "RANK" in env or "WORLD_SIZE" in env:
+        return number("RANK", default=0), number("WORLD_SIZE", default=1)
+    in_step = "SLURM_STEP_ID" in env or "SLURM_STEPID" in env
+    ntasks = number("SLURM_NTASKS", "SLURM_NPROCS", default=1)
+    if in_step and (ntasks > 1 or "SLURM_PROCID" in env):
+        return number("SLURM_PROCID", default=0), ntasks
+    return 0, 1
+
+
+def is_launcher_rank0() -> bool:
+    return launcher_rank_world()[0] == 0
+
+
 def report_errors(fn: F) -> F:
-    """Known failures become one red line on stderr and their exit code; a traceback only with VAECACHE_DEBUG=1."""
+    """Known failures become one red line on stderr and their exit code; a traceback only with VAECACHE_DEBUG=1.
+
+    A usage error is printed by rank 0 only: every rank finds the same mistake. Ctrl-C before the
+    encode loop took over the signals (importing torch, loading the VAE) is one line, not a traceback.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        stop.begin_command()
         try:
             return fn(*args, **kwargs)
         except typer.Exit:
@@ -33,11 +78,14 @@ def report_errors(fn: F) -> F:
         except VaecacheError as exc:
             if debug_enabled():
                 raise
-            console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+            if not (isinstance(exc, UsageError) and not is_launcher_rank0()):
+                console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
-            console.print("[red]interrupted[/red]")
-            raise typer.Exit(130) from None
+            if debug_enabled():
+                raise
+            console.print(f"[red]{escape(interrupted_message(fn.__name__))}[/red]", soft_wrap=True)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
         except Exception as exc:
             if debug_enabled():
                 raise
@@ -46,6 +94,45 @@ def report_errors(fn: F) -> F:
             raise typer.Exit(EXIT_FAILED) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+WRITE_AT_THE_END = ("plan", "verify")
+"""Commands whose only write is their final atomic --json write."""
+
+
+def interrupted_message(command: str) -> str:
+    """What a Ctrl-C that ended `command` means for its output."""
+    if stop.stop_handling_began():
+        return ("interrupted: abandoned the batch in flight; shards committed before it are kept "
+                "(rerun the same command to resume)")
+    if command == "encode":  # before run_encode's StopRequest: importing torch, resolving the options
+        return "interrupted during start-up; nothing was written"
+    if command in WRITE_AT_THE_END:
+        return "interrupted; nothing was written"
+    return "interrupted"
+
+
+def write_json(target: Path, payload: Any) -> None:
+    """Write `payload` as indented JSON to a file (atomically) or, for `-`, to stdout."""
+    data = json.dumps(payload, indent=2).encode() + b"\n"
+    if str(target) == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
+    from vaecache.manifest import atomic_write_bytes
+
+    atomic_write_bytes(target, data)
+
+
+def check_json_target(target: Path | None) -> None:
+    """Refuse a --json file whose folder does not exist before any work is done."""
+    if target is None or str(target) == "-":
+        return
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"{target}: --json folder {parent} does not exist")
+    if target.is_dir():
+        raise UsageError(f"{target}: --json must name a file or '-', not a folder")
 
 
 def human_bytes(count: float) -> str:
@@ -58,3 +145,8 @@ def human_bytes(count: float) -> str:
 
 def stdout_is_tty() -> bool:
     return sys.stdout.isatty()
+
+
+__all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "REQUIRED_PANEL", "console", "check_json_target", "debug_enabled",
+           "human_bytes", "interrupted_message", "is_launcher_rank0", "launcher_rank_world", "report_errors",
+           "write_json"]

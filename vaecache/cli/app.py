@@ -1,10 +1,16 @@
-"""Assembles the Typer app. Commands live one per module; this file only wires them."""
+"""Assembles the Typer app. Commands live one per module; this file only wires them.
+
+Nothing imported here loads torch, diffusers, decord or av: `--help` and usage errors answer at once.
+"""
 
 from __future__ import annotations
+
+import sys
 
 import typer
 
 from vaecache import __version__
+from vaecache.cli._common import is_launcher_rank0
 from vaecache.cli.demo import demo, demo_data
 from vaecache.cli.encode import encode
 from vaecache.cli.plan import plan
@@ -36,5 +42,16 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """vaecache: encode, plan, verify, demo-data, demo."""
 
 
-def main() -> None:
-    app(prog_name="vaecache")
+def main(args: list[str] | None = None) -> None:
+    """The `vaecache` console script. Under torchrun or srun, a usage error is printed by rank 0 alone."""
+    if is_launcher_rank0():
+        app(args=args, prog_name="vaecache")
+        return
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=args, prog_name="vaecache", standalone_mode=False)
+    except typer.Abort:
+        sys.exit(130)
+    except typer.TyperException as exc:  # typer's own usage errors: the same typo on every rank, rank 0 says it
+        sys.exit(getattr(exc, "exit_code", 2))
+    sys.exit(code if isinstance(code, int) else 0)

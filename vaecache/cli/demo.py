@@ -8,7 +8,6 @@ import typer
 
 from vaecache.cli._common import console, report_errors
 from vaecache.config import parse_size
-from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.errors import EXIT_OK
 
 
@@ -24,6 +23,8 @@ def demo_data(
 ) -> None:
     """Write a deterministic synthetic multi-camera dataset as real h264 mp4 files."""
     height, width = parse_size(size)
+    from vaecache.demodata import DemoDataSpec, write_demo_dataset  # PyAV: loaded only when it will run
+
     spec = DemoDataSpec(scenes=scenes, cameras=cameras, frames=frames, height=height, width=width, fps=fps, seed=seed)
     paths = write_demo_dataset(root, spec)
     console.print(f"wrote {len(paths)} videos ({scenes} scenes x {cameras} cameras, {frames} frames, {height}x{width} "
@@ -36,6 +37,7 @@ def demo(
 ) -> None:
     """Generate demo data, encode it with builtin:tiny, verify it, and say where everything is."""
     from vaecache.config import EncodeConfig, SamplingConfig
+    from vaecache.demodata import DemoDataSpec, write_demo_dataset
     from vaecache.dist import distributed
     from vaecache.pipeline import run_encode
     from vaecache.verify import verify_cache

@@ -1,19 +1,27 @@
-"""`vaecache encode`: parse options, build the config, run the pipeline inside the distributed context."""
+"""`vaecache encode`: check usage, build the config, run the pipeline inside the distributed context.
+
+Usage is checked before torch is imported, so a typo answers at once; torch, diffusers and the
+decoders load only for a command that will run.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.markup import escape
 from rich.table import Table
 
-from vaecache.cli._common import console, human_bytes, report_errors
+from vaecache.cli._common import (REQUIRED_PANEL, check_json_target, console, human_bytes, launcher_rank_world,
+                                  report_errors, write_json)
 from vaecache.config import EncodeConfig, load_toml, parse_bytes, pop_clip_options
-from vaecache.errors import UsageError
+from vaecache.errors import DatasetError, UsageError
+from vaecache.progress import progress as progress_reporter
 
+if TYPE_CHECKING:
+    from vaecache.pipeline import EncodeSummary
 
 def build_config(data: Path, out: Path | None, vae: str | None, options: dict[str, Any], config_file: Path | None) -> EncodeConfig:
     """CLI flags override the TOML file; both use the long option names."""
@@ -35,13 +43,40 @@ def build_config(data: Path, out: Path | None, vae: str | None, options: dict[st
                         cameras=cameras, **merged)
 
 
+def check_usage_before_start(cfg: EncodeConfig, environ: dict[str, str] | None = None) -> None:
+    """What can be refused without torch: the dataset path and the SP size against the ranks launched."""
+    if not cfg.data.exists():
+        raise DatasetError(f"{cfg.data}: dataset path does not exist")
+    _, world = launcher_rank_world(environ)
+    if cfg.sp_size > 1 and world == 1:
+        raise UsageError(f"--sp-size {cfg.sp_size} needs {cfg.sp_size} ranks (or a multiple): "
+                         f"torchrun --nproc-per-node {cfg.sp_size} -m vaecache encode ... "
+                         f"(or srun --ntasks {cfg.sp_size} vaecache encode ...)")
+
+
+def summary_json(summary: EncodeSummary) -> dict[str, Any]:
+    """What the summary table shows, as JSON (encode --json)."""
+    payload = {field.name: getattr(summary, field.name) for field in dataclasses.fields(summary)}
+    payload["out"] = str(summary.out)
+    payload["views_per_s"] = summary.views_per_s
+    payload["exit_code"] = summary.exit_code
+    return payload
+
+
 @report_errors
 def encode(
     data: Path = typer.Argument(..., help="Dataset: DATA/<scene>/<camera>.mp4, a folder of videos, or a .jsonl index."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder for shards and manifest."),
-    vae: Optional[str] = typer.Option(None, "--vae", help="builtin:tiny | diffusers:PATH\\[#subfolder] | python:module:function"),
-    num_frames: Optional[int] = typer.Option(None, "--num-frames", help="Frames per clip (checked against the VAE's rule)."),
-    size: Optional[str] = typer.Option(None, "--size", help="HxW after resize-to-cover and center crop."),
+    # Required, yet Optional here: each may come from --config instead (checked in build_config).
+    out: Optional[Path] = typer.Option(None, "--out", "-o", rich_help_panel=REQUIRED_PANEL,
+                                       help="Output folder for shards and manifest. \\[required, or in --config]"),
+    vae: Optional[str] = typer.Option(None, "--vae", rich_help_panel=REQUIRED_PANEL,
+                                      help="builtin:tiny | diffusers:PATH\\[#subfolder] | python:module:function. "
+                                           "\\[required, or in --config]"),
+    num_frames: Optional[int] = typer.Option(None, "--num-frames", rich_help_panel=REQUIRED_PANEL,
+                                             help="Frames per clip (checked against the VAE's rule). "
+                                                  "\\[required, or in --config]"),
+    size: Optional[str] = typer.Option(None, "--size", rich_help_panel=REQUIRED_PANEL,
+                                       help="HxW after resize-to-cover and center crop. \\[required, or in --config]"),
     frame_stride: Optional[int] = typer.Option(None, "--frame-stride", help="Use every S-th source frame (default 1)."),
     window_stride: Optional[int] = typer.Option(None, "--window-stride", help="Source frames between clip starts (default: no overlap)."),
     max_clips_per_scene: Optional[int] = typer.Option(None, "--max-clips-per-scene", help="Keep the first K clips of each scene."),
@@ -60,12 +95,12 @@ def encode(
     overwrite: bool = typer.Option(False, "--overwrite", help="Discard what OUT holds and start over."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds before a stuck collective fails the job (default 1800)."),
     config: Optional[Path] = typer.Option(None, "--config", help="TOML file with these options (flags win)."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on rank 0."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress on rank 0: a bar in a terminal, "
+                                  "a line every 30 s (VAECACHE_PROGRESS_INTERVAL) in a log."),
+    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the summary as JSON to this file "
+                                             "('-': stdout), from rank 0."),
 ) -> None:
     """Encode a video dataset into safetensors latent shards plus a manifest."""
-    from vaecache.dist import distributed
-    from vaecache.pipeline import run_encode
-
     options = {
         "num_frames": num_frames, "size": size, "frame_stride": frame_stride, "window_stride": window_stride,
         "max_clips_per_scene": max_clips_per_scene, "cameras": cameras, "dtype": dtype, "device": device,
@@ -74,43 +109,31 @@ def encode(
         "progress": None if progress else False, "tiling": tiling, "max_views_per_forward": max_views_per_forward,
     }
     cfg = build_config(data, out, vae, options, config)
+    check_usage_before_start(cfg)
+    check_json_target(json_file)
+
+    from vaecache.dist import distributed
+    from vaecache.pipeline import run_encode
+
     with distributed(sp_size=cfg.sp_size, device=cfg.device, timeout_s=cfg.timeout_s) as ctx:
         is_rank0 = ctx.info.rank == 0
         if is_rank0 and cfg.vae.startswith("builtin:"):
             console.print("[yellow]note:[/yellow] builtin:tiny is an untrained VAE with random weights "
                           "(for demos and tests; its latents mean nothing to a real model)")
-        bar = _progress_bar() if is_rank0 and cfg.progress else None
-        task = None
-
-        def on_progress(done: int, total: int) -> None:
-            nonlocal task
-            if bar is None:
-                return
-            if task is None:
-                task = bar.add_task(f"encoding (rank 0's share of {ctx.mesh.dp_size} DP groups)", total=total)
-            bar.advance(task, done)
-
-        if bar is not None:
-            bar.start()
-        try:
+        label = "encode" if ctx.mesh.dp_size == 1 else f"encode (rank 0's share of {ctx.mesh.dp_size} DP groups)"
+        with progress_reporter(label, "clips", console, enabled=is_rank0 and cfg.progress) as on_progress:
             summary = run_encode(cfg, ctx, on_progress)
-        finally:
-            if bar is not None:
-                bar.stop()
     if summary.stopped:
         console.print(f"[yellow]rank {ctx.info.rank} stopped by {summary.stopped}[/yellow]: committed shards are kept; "
                       "rerun the same command to resume")
     elif is_rank0:
         console.print(summary_table(summary))
+    if is_rank0 and json_file is not None:
+        write_json(json_file, summary_json(summary))
     raise typer.Exit(summary.exit_code)
 
 
-def _progress_bar() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("clips"),
-                    TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)
-
-
-def summary_table(summary) -> Table:
+def summary_table(summary: EncodeSummary) -> Table:
     table = Table(title=f"vaecache encode -> {escape(str(summary.out))}", show_header=False)
     table.add_column("what")
     table.add_column("value", justify="right", overflow="fold")  # never cut the failures.jsonl path

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -11,10 +9,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vaecache.cli._common import console, human_bytes, report_errors
+from vaecache.cli._common import REQUIRED_PANEL, check_json_target, console, human_bytes, report_errors, write_json
 from vaecache.config import load_toml, parse_bytes, pop_clip_options
-from vaecache.errors import UsageError
-from vaecache.manifest import atomic_write_bytes
+from vaecache.errors import DatasetError, UsageError
 
 if TYPE_CHECKING:
     from vaecache.plan import PlanConfig, PlanReport
@@ -26,8 +23,6 @@ _ENCODE_ONLY = ("out", "workers", "shard_size", "seed", "on_error", "overwrite",
 
 def build_plan_config(data: Path, options: dict[str, Any], config_file: Path | None) -> PlanConfig:
     """CLI flags override the TOML file (the same file `vaecache encode --config` reads)."""
-    from vaecache.plan import PlanConfig  # torch-heavy: imported when the command runs, not for --help
-
     merged: dict[str, Any] = load_toml(config_file) if config_file else {}
     merged.update({key: value for key, value in options.items() if value is not None})
     for key in _ENCODE_ONLY + ("data",):
@@ -41,6 +36,8 @@ def build_plan_config(data: Path, options: dict[str, Any], config_file: Path | N
             budget = parse_bytes(budget)
         except UsageError:
             raise UsageError(f"--memory-budget must be a byte count like 8GiB or 500MB, got {budget!r}") from None
+    from vaecache.plan import PlanConfig  # torch-heavy: imported once the options parsed, not for --help or a typo
+
     return PlanConfig(data=Path(data), sampling=sampling, height=height, width=width, cameras=cameras,
                       memory_budget=budget, **merged)
 
@@ -124,9 +121,15 @@ def _duration(seconds: float) -> str:
 @report_errors
 def plan(
     data: Path = typer.Argument(..., help="Dataset: DATA/<scene>/<camera>.mp4, a folder of videos, or a .jsonl index."),
-    vae: Optional[str] = typer.Option(None, "--vae", help="builtin:tiny | diffusers:PATH\\[#subfolder] | python:module:function"),
-    num_frames: Optional[int] = typer.Option(None, "--num-frames", help="Frames per clip (checked against the VAE's rule)."),
-    size: Optional[str] = typer.Option(None, "--size", help="HxW after resize-to-cover and center crop."),
+    # Required, yet Optional here: each may come from --config instead (checked in build_plan_config).
+    vae: Optional[str] = typer.Option(None, "--vae", rich_help_panel=REQUIRED_PANEL,
+                                      help="builtin:tiny | diffusers:PATH\\[#subfolder] | python:module:function. "
+                                           "\\[required, or in --config]"),
+    num_frames: Optional[int] = typer.Option(None, "--num-frames", rich_help_panel=REQUIRED_PANEL,
+                                             help="Frames per clip (checked against the VAE's rule). "
+                                                  "\\[required, or in --config]"),
+    size: Optional[str] = typer.Option(None, "--size", rich_help_panel=REQUIRED_PANEL,
+                                       help="HxW after resize-to-cover and center crop. \\[required, or in --config]"),
     frame_stride: Optional[int] = typer.Option(None, "--frame-stride", help="Use every S-th source frame (default 1)."),
     window_stride: Optional[int] = typer.Option(None, "--window-stride", help="Source frames between clip starts."),
     max_clips_per_scene: Optional[int] = typer.Option(None, "--max-clips-per-scene", help="Keep the first K clips of each scene."),
@@ -152,9 +155,12 @@ def plan(
         "store": store, "tiling": tiling, "max_views_per_forward": max_views_per_forward,
         "memory_budget": memory_budget, "measure": None if measure else False,
     }
+    if not data.exists():
+        raise DatasetError(f"{data}: dataset path does not exist")
+    check_json_target(json_file)
+    cfg = build_plan_config(data, options, config)
     from vaecache.plan import build_plan
 
-    cfg = build_plan_config(data, options, config)
     report = build_plan(cfg)
     console.print(scenes_table(report))
     console.print(ranks_table(report))
@@ -162,9 +168,4 @@ def plan(
     for note in report.notes:
         console.print(f"[dim]note:[/dim] {escape(note)}", soft_wrap=True)
     if json_file is not None:
-        payload = json.dumps(report.to_json(), indent=2).encode() + b"\n"
-        if str(json_file) == "-":
-            sys.stdout.buffer.write(payload)
-            sys.stdout.flush()
-        else:
-            atomic_write_bytes(json_file, payload)
+        write_json(json_file, report.to_json())

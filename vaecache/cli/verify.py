@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vaecache.cli._common import console, human_bytes, report_errors
+from vaecache.cli._common import check_json_target, console, human_bytes, report_errors, write_json
 from vaecache.errors import EXIT_FAILED, EXIT_OK, UsageError
-from vaecache.manifest import atomic_write_bytes
-from vaecache.verify import VerifyReport, verify_cache
+from vaecache.progress import progress as progress_reporter
+
+if TYPE_CHECKING:
+    from vaecache.verify import VerifyReport
 
 
 def report_table(report: VerifyReport) -> Table:
@@ -49,7 +50,7 @@ def problem_lines(report: VerifyReport) -> list[str]:
 def verify(
     out: Path = typer.Argument(..., help="A folder written by vaecache encode."),
     quick: bool = typer.Option(False, "--quick", help="Skip hashing and value checks: sizes and headers only."),
-    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file."),
+    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file ('-': stdout)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Shards checked in parallel (default: cores, up to 8)."),
     dataset: Optional[Path] = typer.Option(None, "--dataset", help="Re-plan clips from this source with the recorded "
                                            "settings: list clips missing from the cache and cached clips with no source."),
@@ -58,11 +59,10 @@ def verify(
                                       "the recorded fingerprint."),
     seed: int = typer.Option(0, "--seed", help="Which clips --reencode picks."),
     device: str = typer.Option("auto", "--device", help="Device for --reencode: auto | cpu | cuda."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Hashing progress on rank 0: a bar in a "
+                                  "terminal, a line every 30 s (VAECACHE_PROGRESS_INTERVAL) in a log."),
 ) -> None:
     """Prove a latent cache is complete and intact. Runs under torchrun to split the work across ranks."""
-    from vaecache.dist import distributed
-    from vaecache.verify import VerifyOptions
-
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
     if not out.exists():
@@ -71,10 +71,19 @@ def verify(
         raise UsageError(f"{out}: not a folder")
     if dataset is not None and not dataset.exists():
         raise UsageError(f"{dataset}: --dataset path does not exist")
+    if reencode < 0:
+        raise UsageError(f"--reencode must be >= 0, got {reencode}")
+    check_json_target(json_file)
+
+    from vaecache.dist import distributed
+    from vaecache.verify import VerifyOptions, verify_cache
+
     options = VerifyOptions(quick=quick, threads=threads, dataset=dataset, reencode=reencode, vae=vae, seed=seed,
                             device=device)
     with distributed(device=device if reencode else "cpu") as ctx:
-        report = verify_cache(out, ctx=ctx, options=options)
+        label = "verify" if ctx.info.world_size == 1 else f"verify (rank 0's share of {ctx.info.world_size} ranks)"
+        with progress_reporter(label, "shards", console, enabled=progress and ctx.info.rank == 0) as on_progress:
+            report = verify_cache(out, ctx=ctx, options=options, on_progress=on_progress)
         if ctx.info.rank != 0:
             raise typer.Exit(EXIT_OK if report.ok else EXIT_FAILED)
     console.print(report_table(report))
@@ -87,5 +96,5 @@ def verify(
                       + (" (untrained builtin)" if summary.get("untrained_vae") else ""))
     console.print("[green]cache OK[/green]" if report.ok else "[red]cache has problems[/red]")
     if json_file is not None:
-        atomic_write_bytes(json_file, json.dumps(report.to_json(), indent=2).encode() + b"\n")
+        write_json(json_file, report.to_json())
     raise typer.Exit(EXIT_OK if report.ok else EXIT_FAILED)
