@@ -14,7 +14,7 @@ from rich.table import Table
 from vaecache.cli._common import console, human_bytes, report_errors
 from vaecache.config import load_toml, parse_bytes, pop_clip_options
 from vaecache.errors import UsageError
-from vaecache.manifest import atomic_write_bytes
+from vaecache.format.io import atomic_write_bytes
 
 if TYPE_CHECKING:
     from vaecache.plan import PlanConfig, PlanReport

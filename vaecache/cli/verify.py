@@ -12,7 +12,7 @@ from rich.table import Table
 
 from vaecache.cli._common import console, human_bytes, report_errors
 from vaecache.errors import EXIT_FAILED, EXIT_OK, UsageError
-from vaecache.manifest import atomic_write_bytes
+from vaecache.format.io import atomic_write_bytes
 from vaecache.verify import VerifyReport, verify_cache
 
 

@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from vaecache.errors import OutputError
-from vaecache.outdir import _is_stale, acquire_lock, describe_differences, release_lock
+from vaecache.format.outdir import _is_stale, acquire_lock, describe_differences, release_lock
 
 HOST = socket.gethostname()
 
