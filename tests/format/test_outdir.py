@@ -1,10 +1,14 @@
-"""OUT ownership: the lock's staleness rules and the settings guard's message."""
+"""OUT ownership: the lock's staleness rules, the settings guard's message, a complete cache left alone
+on rerun, and an empty result refused."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
+from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -47,3 +51,29 @@ def test_describe_differences_names_each_changed_setting():
     diffs = describe_differences({"latents": {"num_frames": 9, "dtype": "fp32"}, "vae": {"w": "a"}},
                                  {"latents": {"num_frames": 13, "dtype": "fp32"}, "vae": {"w": "b"}})
     assert diffs == ["latents.num_frames: 9 -> 13", 'vae.w: "a" -> "b"']
+
+
+def _file_digests(out: Path) -> dict[str, str]:
+    """sha256 of every file in OUT except logs/ (each run appends its own lines to the rank logs)."""
+    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(out.rglob("*")) if p.is_file() and p.relative_to(out).parts[0] != "logs"}
+
+
+def test_rerun_of_a_complete_cache_changes_no_byte_and_says_complete(cache_copy: Path, demo_data: Path,
+                                                                    encode_cli: Callable) -> None:
+    before = _file_digests(cache_copy)
+    result = encode_cli(demo_data, cache_copy, "--batch-size", "2")  # exit 0 asserted
+    assert "already complete" in result.output
+    assert _file_digests(cache_copy) == before
+
+
+def test_an_encode_that_yields_no_clip_fails_and_leaves_no_manifest(demo_data: Path, run_cli: Callable,
+                                                                   tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = run_cli(["encode", demo_data, "--out", out, "--vae", "builtin:tiny", "--num-frames", "21",  # scenes have 17
+                      "--size", "64x64", "--workers", "0", "--no-progress"])
+    assert result.exit_code == 1, result.output
+    assert "no clips encoded: 3 scenes too short" in result.output
+    assert not (out / "manifest.json").exists()
+    verified = run_cli(["verify", out])
+    assert verified.exit_code == 1 and "incomplete" in verified.output

@@ -101,6 +101,8 @@ def encode(
         console.print(f"[yellow]rank {ctx.info.rank} stopped by {summary.stopped}[/yellow]: committed shards are kept; "
                       "rerun the same command to resume")
     elif is_rank0:
+        if summary.already_complete:
+            console.print(f"{escape(str(summary.out))} is already complete: nothing to encode, nothing changed")
         console.print(summary_table(summary))
     raise typer.Exit(summary.exit_code)
 

@@ -10,15 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vaecache.errors import ManifestError, VaecacheError
+from vaecache.errors import EmptyCacheError, ManifestError
 from vaecache.format.io import atomic_write_bytes, atomic_write_json, iter_jsonl, jsonl_bytes
 from vaecache.format.layout import (
     CLIPS, FAILURES, FORMAT_NAME, FORMAT_VERSION, MANIFEST, PROGRESS_DIR, SHARDS_DIR, SUPPORTED_VERSIONS,
 )
-
-
-class EmptyCacheError(VaecacheError):
-    """An encode produced no clip at all: an empty cache is refused, not written as complete."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +94,17 @@ def reason_kind(reason: str) -> str:
     return str(reason).split(" (")[0].split(":")[0].strip() or "?"
 
 
+def describe_failures(failures: list[dict[str, Any]]) -> str:
+    """'3 scenes too short, 1 clip not a readable video': failure counts by unit and kind, most first."""
+    kinds: dict[tuple[str, str], int] = {}
+    for failure in failures:
+        key = ("clip" if failure.get("clip") else "scene", reason_kind(failure.get("reason", "?")))
+        kinds[key] = kinds.get(key, 0) + 1
+    parts = [f"{n} {unit}{'s' if n != 1 else ''} {kind}"
+             for (unit, kind), n in sorted(kinds.items(), key=lambda item: (-item[1], item[0]))]
+    return ", ".join(parts) or "nothing was planned"
+
+
 def reason_counts(failures: list[dict[str, Any]]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for failure in failures:
@@ -131,13 +138,7 @@ def finalize(out: Path, header: dict[str, Any]) -> dict[str, Any]:
     shards, clips = read_progress(out)
     failures = read_failures(out)
     if not clips:
-        kinds: dict[str, int] = {}
-        for failure in failures:
-            kind = reason_kind(failure.get("reason", "?"))
-            kinds[kind] = kinds.get(kind, 0) + 1
-        why = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
-        raise EmptyCacheError(f"{out}: no clips encoded: {why or 'nothing planned'} (see {out}/progress/; "
-                              "no manifest written)")
+        raise EmptyCacheError(f"{out}: no clips encoded: {describe_failures(failures)} (no manifest written)")
     header = dict(header)
     planned, backoffs = header.pop("planned_clips"), header.pop("oom_backoffs")
     header["latent"] = {**header["latent"],
