@@ -206,12 +206,6 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, scenes: list, p
     probes = _probe_all(ctx, scenes)
     clips, skipped = plan_clips(scenes, probes, cfg.sampling)
     todo = [clip for clip in clips if clip.clip_id not in prepared.done_clip_ids]
-    if prepared.complete and not todo:
-        return EncodeSummary(cfg.out, world_size=ctx.info.world_size, sp_size=mesh.sp_size,
-                             untrained_vae=vae.untrained, resumed_clips=len(prepared.done_clip_ids),
-                             planned_clips=len(clips), scenes=len(scenes), already_complete=True)
-    if prepared.complete:  # the dataset grew: the finished cache is about to change
-        prepared = on_rank0(ctx, lambda: begin_changes(cfg.out, prepared.attempt))
     mine = assign_contiguous(todo, mesh.dp_rank, mesh.dp_size)
     batches = batched(mine, cfg.batch_size)
     plans = [plan_sp(len(batch_views(batch)), mesh.sp_size) for batch in batches]
@@ -219,6 +213,12 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, scenes: list, p
     if skipped and cfg.on_error == "fail":
         first = skipped[0]
         raise InputError(f"{first.path or first.scene_id}: {first.reason} (scene {first.scene_id}; --on-error fail)")
+    if prepared.complete and not todo:
+        return EncodeSummary(cfg.out, world_size=ctx.info.world_size, sp_size=mesh.sp_size,
+                             untrained_vae=vae.untrained, resumed_clips=len(prepared.done_clip_ids),
+                             planned_clips=len(clips), scenes=len(scenes), already_complete=True)
+    if prepared.complete:  # the dataset grew: the finished cache is about to change
+        prepared = on_rank0(ctx, lambda: begin_changes(cfg.out, prepared.attempt))
     failures = AppendLog(failures_path(cfg.out, rank))
     if rank == 0:
         scene_by_id = {scene.scene_id: scene for scene in scenes}

@@ -6,14 +6,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import socket
 from pathlib import Path
 from typing import Callable
 
 import pytest
+import torch
 
 from vaecache.errors import OutputError
 from vaecache.format.outdir import _is_stale, acquire_lock, describe_differences, release_lock
+from vaecache.verify import verify_cache
 
 HOST = socket.gethostname()
 
@@ -77,3 +80,18 @@ def test_an_encode_that_yields_no_clip_fails_and_leaves_no_manifest(demo_data: P
     assert not (out / "manifest.json").exists()
     verified = run_cli(["verify", out])
     assert verified.exit_code == 1 and "incomplete" in verified.output
+
+
+def test_a_complete_cache_of_a_grown_dataset_gets_the_new_clips(cache_copy: Path, good_cache: Path, demo_data: Path,
+                                                               encode_cli: Callable, cache_io, tmp_path: Path) -> None:
+    grown = Path(shutil.copytree(demo_data, tmp_path / "grown"))
+    shutil.copytree(grown / "scene_002", grown / "scene_003")
+    encode_cli(grown, cache_copy)
+    manifest = cache_io.manifest(cache_copy)
+    assert manifest["counts"]["clips"] == 4 and manifest["counts"]["planned_clips"] == 4
+    tensors = cache_io.tensors(cache_copy)
+    assert torch.equal(tensors["scene_003/000000-000008/mean"], tensors["scene_002/000000-000008/mean"])
+    cache_io.same_tensors({k: v for k, v in tensors.items() if not k.startswith("scene_003/")},
+                          cache_io.tensors(good_cache))
+    assert json.loads((cache_copy / "run.json").read_text())["attempt"] == 1
+    assert verify_cache(cache_copy).ok
