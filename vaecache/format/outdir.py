@@ -26,6 +26,10 @@ class PreparedOut:
     complete: bool = False
     """OUT already holds a finished cache made with these settings; it was left untouched (see begin_changes)."""
 
+    def __post_init__(self) -> None:
+        if self.attempt < 0 or self.discarded_files < 0:
+            raise ValueError(f"attempt and discarded_files must be >= 0, got {self.attempt}, {self.discarded_files}")
+
 
 def describe_differences(recorded: dict[str, Any], wanted: dict[str, Any], prefix: str = "") -> list[str]:
     diffs = []
