@@ -8,7 +8,7 @@ pass-through plugin VAE that stores pixels as latents, so hundreds of MB take se
 * verify_full: ``vaecache.verify.verify_cache(OUT)``: sha256 of every shard + headers + value checks;
 * verify_quick: ``verify_cache(OUT, quick=True)``: sizes and headers only;
 * sha256sum: ``sha256sum SHARDS...`` (one process, one file after another);
-* python_sha256: ``hashlib.sha256`` streamed in 8 MiB blocks, one thread (vaecache.manifest.sha256_file);
+* python_sha256: ``hashlib.sha256`` streamed in 8 MiB blocks, one thread (vaecache.format.io.sha256_file);
 
 and splits verify's per-shard work into read / hash / safetensors load / value checks (one thread,
 one shard at a time) to show where its time goes. Every figure is MB/s of shard bytes (10^6 B/s).
@@ -133,7 +133,7 @@ def run_openssl(files: list[Path], digests: dict[str, str]) -> Callable[[], None
 
 
 def run_python_sha256(files: list[Path], digests: dict[str, str]) -> Callable[[], None]:
-    from vaecache.manifest import sha256_file
+    from vaecache.format.io import sha256_file
 
     def go() -> None:
         for path in files:
@@ -148,7 +148,7 @@ def split_verify(out: Path, files: list[Path]) -> dict[str, float]:
     from safetensors.torch import load as safetensors_load
 
     from vaecache import verify as V
-    from vaecache.manifest import iter_jsonl
+    from vaecache.format.io import iter_jsonl
 
     recorded = {entry["name"]: entry.get("stats") for record in iter_jsonl(out / "clips.jsonl")
                 for entry in record["tensors"].values()}

@@ -7,18 +7,17 @@ a `shutil.copytree` of it (see `cache_copy`).
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import pytest
 import torch
-from safetensors.torch import load_file
 from typer.testing import CliRunner, Result
 
 from vaecache.cli.app import app
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
+from vaecache.format.reader import CacheReader
 
 DEMO_SPEC = DemoDataSpec(scenes=3, cameras=2, frames=17, height=64, width=64, fps=10, seed=0)
 ENCODE_ARGS = ("--vae", "builtin:tiny", "--num-frames", "9", "--size", "64x64", "--workers", "0", "--no-progress")
@@ -107,21 +106,16 @@ def cache_copy(good_cache: Path, tmp_path: Path) -> Path:
 
 
 def read_manifest(out: Path) -> dict[str, Any]:
-    return json.loads((out / "manifest.json").read_text())
+    return CacheReader(out).manifest
 
 
 def read_clips(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (out / "clips.jsonl").read_text().splitlines() if line.strip()]
+    return list(CacheReader(out).clip_records())
 
 
 def load_tensors(out: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of every shard of OUT, by name."""
-    tensors: dict[str, torch.Tensor] = {}
-    for shard in sorted((out / "shards").glob("*.safetensors")):
-        part = load_file(shard)
-        assert not set(part) & set(tensors), f"{shard.name} repeats tensor names"
-        tensors.update(part)
-    return tensors
+    """Every tensor of every shard of OUT, by name (refuses unlisted or missing shards, repeated names)."""
+    return CacheReader(out).tensors()
 
 
 def assert_same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import pytest
 
+from vaecache.format.index import write_manifest
 from vaecache.verify import verify_cache
 
 CLIP = "scene_001/000000-000008"
@@ -243,6 +244,25 @@ def test_incomplete_cache_after_a_crash_reports_committed_clips(cache_copy: Path
     report = verify_cache(cache_copy, quick=True)
     assert not report.complete and not report.ok
     assert "3 clips in 1 shards are committed" in report.checks[0].note
+
+
+def test_a_cache_with_no_clips_fails(tmp_path: Path) -> None:
+    write_manifest(tmp_path, {"counts": {"planned_clips": 0}}, [], [], [])
+    report = verify_cache(tmp_path)
+    assert report.complete and not report.ok
+    (records,) = [c for c in report.checks if c.name == "clip records"]
+    assert records.problems == ["clips.jsonl: the cache holds no clips (an empty cache is not a result)"]
+
+
+def test_most_planned_clips_missing_is_a_warning_not_a_failure(cache_copy: Path) -> None:
+    manifest = _manifest(cache_copy)
+    manifest["counts"]["planned_clips"] = 10
+    _write_manifest(cache_copy, manifest)
+    report = verify_cache(cache_copy)
+    assert report.ok
+    (records,) = [c for c in report.checks if c.name == "clip records"]
+    assert records.note == "warning: only 3 of 10 planned clips were encoded; see failures.jsonl"
+    assert report.summary["planned_clips"] == 10
 
 
 @pytest.mark.parametrize("target", ["missing", "file"])

@@ -11,7 +11,7 @@ import textwrap
 from safetensors.torch import load_file, save_file
 
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
-from vaecache.writer import tensor_stats
+from vaecache.format.writer import tensor_stats
 
 
 def test_coverage_names_missing_and_vanished_clips(good_cache, demo_data, tmp_path, run_cli):

@@ -55,5 +55,9 @@ class ManifestError(VaecacheError):
     """A manifest is missing, unparsable or of an unsupported format version."""
 
 
+class EmptyCacheError(VaecacheError):
+    """An encode committed no clip at all; an empty cache is refused, no manifest is written."""
+
+
 class DistributedError(VaecacheError):
     """Distributed state could not be set up, or a collective failed or timed out."""

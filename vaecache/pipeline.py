@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import json
 import logging
@@ -23,17 +22,18 @@ from vaecache.dataset import (
 )
 from vaecache.dist import DistContext
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, EXIT_STOPPED, InputError, UsageError, VaecacheError
-from vaecache.manifest import AppendLog, failures_path, progress_path, read_failures, read_progress, write_manifest
-from vaecache.outdir import PreparedOut, prepare_out, release_lock
+from vaecache.format.index import finalize, manifest_header
+from vaecache.format.io import AppendLog
+from vaecache.format.layout import failures_path, progress_path
+from vaecache.format.outdir import PreparedOut, begin_changes, prepare_out, release_lock
+from vaecache.format.reader import CacheReader
+from vaecache.format.writer import DTYPE_NAMES, ShardWriter, failure_record
 from vaecache.parallel import gather_views, plan_sp
 from vaecache.stop import StopRequest, ignore_stop_signals
 from vaecache.vae import LoadedVae, load_vae
-from vaecache.writer import ShardWriter
 
 log = logging.getLogger("vaecache")
 T = TypeVar("T")
-
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 @dataclass
@@ -58,6 +58,8 @@ class EncodeSummary:
     backoffs: list[str] = field(default_factory=list)
     stopped: str | None = None
     """The signal that stopped this rank early (the cache is resumable, not complete)."""
+    already_complete: bool = False
+    """OUT already held every planned clip: nothing was encoded and no file in OUT was rewritten."""
 
     @property
     def views_per_s(self) -> float:
@@ -138,22 +140,9 @@ def clip_tensors(clip: Clip, moments: torch.Tensor, channels: int, store: str, s
     return {"sample": (mean.float() + std * noise.to(std.device)).to(dtype)}
 
 
-def clip_record(clip: Clip, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-    return {
-        "id": clip.clip_id,
-        "scene": clip.scene_id,
-        "cameras": list(clip.cameras),
-        "sources": list(clip.paths),
-        "frames": list(clip.frames),
-        "fps": clip.fps,
-        "tensors": {key: {"name": f"{clip.clip_id}/{key}", "shape": list(t.shape), "dtype": DTYPE_NAMES[t.dtype]}
-                    for key, t in tensors.items()},
-    }
-
-
-def failure_record(scene: str, path: str | None, reason: str, clip_id: str | None = None) -> dict[str, Any]:
-    return {"key": f"{scene}|{clip_id or ''}|{path or ''}", "scene": scene, "clip": clip_id, "path": path,
-            "reason": reason}
+def _camera_of(cameras: Any, paths: Any, path: str | None) -> str | None:
+    """The camera whose video is `path` (until probes carry the camera name themselves)."""
+    return cameras[list(paths).index(path)] if path in paths else None
 
 
 def _probe_all(ctx: DistContext, scenes: list) -> dict[str, SceneProbe]:
@@ -193,9 +182,15 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, stop: StopRequest,
         if summary.stopped:
             log.warning("stopped early (%s): committed work is kept; rerun the same command to resume", summary.stopped)
             return summary
-        if rank == 0:
-            _finalize(cfg, vae, summary, fingerprint)
-        ctx.barrier()
+        if summary.already_complete:
+            if rank == 0:
+                cache = CacheReader(cfg.out)
+                summary.skipped = cache.failure_records()
+                summary.latent_shape = cache.manifest.get("latent", {}).get("shape", {})
+            log.info("%s is complete: all %d planned clips are cached; nothing was changed", cfg.out,
+                     summary.planned_clips)
+            return summary
+        on_rank0(ctx, lambda: _finalize(cfg, vae, summary, fingerprint))
         log.info("done: %d clips, %d views in %.1f s", summary.clips, summary.views, summary.wall_s)
         return summary
     finally:
@@ -218,10 +213,19 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, scenes: list, p
     if skipped and cfg.on_error == "fail":
         first = skipped[0]
         raise InputError(f"{first.path or first.scene_id}: {first.reason} (scene {first.scene_id}; --on-error fail)")
+    if prepared.complete and not todo:
+        return EncodeSummary(cfg.out, world_size=ctx.info.world_size, sp_size=mesh.sp_size,
+                             untrained_vae=vae.untrained, resumed_clips=len(prepared.done_clip_ids),
+                             planned_clips=len(clips), scenes=len(scenes), already_complete=True)
+    if prepared.complete:  # the dataset grew: the finished cache is about to change
+        prepared = on_rank0(ctx, lambda: begin_changes(cfg.out, prepared.attempt))
     failures = AppendLog(failures_path(cfg.out, rank))
     if rank == 0:
+        scene_by_id = {scene.scene_id: scene for scene in scenes}
         for skip in skipped:
-            failures.append(failure_record(skip.scene_id, skip.path, skip.reason))
+            scene = scene_by_id[skip.scene_id]
+            failures.append(failure_record(skip.scene_id, skip.reason, path=skip.path,
+                                           camera=_camera_of(scene.cameras, scene.paths, skip.path)))
             log.warning("skipped scene %s: %s%s", skip.scene_id, skip.reason, f" ({skip.path})" if skip.path else "")
     local: dict[str, Any] = {"clips": 0, "views": 0, "frames": 0, "failed": 0, "backoffs": [], "stopped": None}
     loader = torch.utils.data.DataLoader(
@@ -328,7 +332,8 @@ def _write_batch(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, batch: lis
         if clip_index in errors:
             path, reason = errors[clip_index]
             if ctx.mesh.is_writer:
-                failures.append(failure_record(clip.scene_id, path, reason, clip.clip_id))
+                failures.append(failure_record(clip.scene_id, reason, clip=clip.clip_id, path=path,
+                                               camera=_camera_of(clip.cameras, clip.paths, path)))
                 log.warning("clip %s failed: %s: %s", clip.clip_id, path, reason)
                 local["failed"] += 1
             if cfg.on_error == "fail":
@@ -337,11 +342,7 @@ def _write_batch(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, batch: lis
         if writer is not None:
             tensors = clip_tensors(clip, clip_moments, channels, cfg.store, cfg.seed, vae.dtype)
             used = [settings[view_start - clip.num_views + c] for c in range(clip.num_views)]
-            record = clip_record(clip, tensors)
-            record["encode"] = {"tiled": any(u["tiled"] for u in used),
-                                "tiled_cameras": [cam for cam, u in zip(clip.cameras, used) if u["tiled"]],
-                                "units_per_forward": max(u["units_per_forward"] for u in used)}
-            writer.add(record, {f"{clip.clip_id}/{k}": t for k, t in tensors.items()})
+            writer.add(clip, tensors, used)
             local["clips"] += 1
             local["views"] += clip.num_views
             local["frames"] += clip.num_views * len(clip.frames)
@@ -349,29 +350,17 @@ def _write_batch(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, batch: lis
 
 def _finalize(cfg: EncodeConfig, vae: LoadedVae, summary: EncodeSummary, fingerprint: dict[str, Any]) -> None:
     """Rank 0, after every rank finished: merge progress logs into the manifest, written last."""
-    shards, clips = read_progress(cfg.out)
-    failures = read_failures(cfg.out)
-    summary.skipped = failures
-    views = sum(len(c["cameras"]) for c in clips)
-    if clips:
-        summary.latent_shape = {key: entry["shape"] for key, entry in clips[0]["tensors"].items()}
-    header = {
-        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "producer": {"vaecache": vaecache.__version__, "torch": torch.__version__, "python": platform.python_version()},
-        "vae": vae.fingerprint(),
-        "fingerprint_sha256": hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest(),
-        "frame_rule": vae.rule.to_json(),
-        "settings": {**cfg.latent_settings(), "data": str(cfg.data), "batch_size": cfg.batch_size,
-                     "sp_size": cfg.sp_size, "world_size": summary.world_size, "shard_size": cfg.shard_size,
-                     "vae_spec": cfg.vae},
-        "latent": {"store": _stored_keys(cfg.store), "dtype": DTYPE_NAMES[vae.dtype],
-                   "layout": "(cameras, channels, latent_frames, height/spatial_factor, width/spatial_factor)",
-                   "shape": summary.latent_shape},
-        "counts": {"clips": len(clips), "views": views, "frames": sum(len(c["cameras"]) * len(c["frames"]) for c in clips),
-                   "shards": len(shards), "bytes": sum(s["bytes"] for s in shards), "failures": len(failures),
-                   "oom_backoffs": len(summary.backoffs)},
-    }
-    write_manifest(cfg.out, header, shards, clips, failures)
+    header = manifest_header(
+        producer={"vaecache": vaecache.__version__, "torch": torch.__version__, "python": platform.python_version()},
+        vae=vae.fingerprint(), fingerprint=fingerprint, frame_rule=vae.rule.to_json(),
+        settings={**cfg.latent_settings(), "data": str(cfg.data), "batch_size": cfg.batch_size,
+                  "sp_size": cfg.sp_size, "world_size": summary.world_size, "shard_size": cfg.shard_size,
+                  "vae_spec": cfg.vae},
+        store=_stored_keys(cfg.store), dtype=DTYPE_NAMES[vae.dtype], planned_clips=summary.planned_clips,
+        oom_backoffs=len(summary.backoffs))
+    manifest = finalize(cfg.out, header)
+    summary.skipped = CacheReader(cfg.out).failure_records()
+    summary.latent_shape = manifest["latent"]["shape"]
 
 
 def _stored_keys(store: str) -> list[str]:

@@ -9,16 +9,17 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch
 from safetensors.torch import load as safetensors_load
 
 from vaecache.errors import ManifestError, UsageError, VaecacheError
-from vaecache.manifest import (
-    MANIFEST, SHARD_SUFFIX, SHARDS_DIR, iter_jsonl, read_manifest, read_progress,
-)
-from vaecache.writer import tensor_stats
+from vaecache.format.index import read_progress, reason_counts
+from vaecache.format.io import iter_jsonl
+from vaecache.format.layout import MANIFEST, SHARDS_DIR
+from vaecache.format.reader import CacheReader, ShardHeaderError, shard_header
+from vaecache.format.writer import tensor_stats
 
 MAX_EXAMPLES = 5
 STATS_RTOL = 1e-6
@@ -102,7 +103,8 @@ def verify_cache(out: Path, quick: bool = False, threads: int | None = None, ctx
     out = Path(out)
     manifest_check = Check("manifest")
     try:
-        manifest = read_manifest(out)
+        cache = CacheReader(out)
+        manifest = cache.manifest
         manifest_check.ok()
     except ManifestError as exc:
         manifest_check.fail(str(exc))
@@ -113,15 +115,15 @@ def verify_cache(out: Path, quick: bool = False, threads: int | None = None, ctx
         return VerifyReport(str(out), complete=False, checks=[manifest_check])
 
     clips_check = Check("clip records")
-    records = _read_records(out, manifest, clips_check)
+    records = _read_records(cache, clips_check)
     shard_check = Check("shard files" + (" (size only, --quick)" if quick else ""))
     orphan_check = Check("no orphan shards")
     tensor_check = Check("tensors match records")
     value_check = Check("values finite and match stats", skipped=quick)
     failures_check = Check("failures file")
 
-    listed = {shard["file"]: shard for shard in manifest.get("shards", [])}
-    on_disk = {f"{SHARDS_DIR}/{p.name}" for p in (out / SHARDS_DIR).glob(f"*{SHARD_SUFFIX}")} if (out / SHARDS_DIR).is_dir() else set()
+    listed = cache.shard_files()
+    on_disk = cache.shard_files_on_disk()
     for orphan in sorted(on_disk - set(listed)):
         orphan_check.fail(f"{orphan}: shard file not listed in the manifest")
     orphan_check.ok(len(on_disk & set(listed)))
@@ -154,17 +156,24 @@ def verify_cache(out: Path, quick: bool = False, threads: int | None = None, ctx
             elif check is not shard_check:
                 check.ok(max(0, passed))
 
-    failures = _read_failures(out, manifest, failures_check)
+    failures = _read_failures(cache, failures_check)
     clip_count = manifest.get("clips", {}).get("count")
     if clip_count is not None and clip_count != len(records):
         clips_check.fail(f"manifest says {clip_count} clips, {manifest['clips']['file']} holds {len(records)}")
+    if not records:
+        clips_check.fail(f"{cache.clips_path.name}: the cache holds no clips (an empty cache is not a result)")
+    planned = manifest.get("counts", {}).get("planned_clips")
+    if planned and len(records) * 2 < planned:
+        clips_check.note = (f"warning: only {len(records)} of {planned} planned clips were encoded; "
+                            f"see {cache.failures_path.name}")
     summary = {
         "clips": len(records),
         "views": sum(len(r.get("cameras", [])) for r in records),
         "shards": len(listed),
         "bytes": sum(int(s.get("bytes", 0)) for s in listed.values()),
         "failures": len(failures),
-        "failure_reasons": _reason_counts(failures),
+        "failure_reasons": reason_counts(failures),
+        "planned_clips": planned,
         "vae": manifest.get("vae", {}).get("family"),
         "untrained_vae": manifest.get("vae", {}).get("untrained", False),
         "latent_shape": manifest.get("latent", {}).get("shape"),
@@ -215,8 +224,6 @@ def check_reencode(out: Path, manifest: dict[str, Any], records: list[dict[str, 
     """Decode and re-encode K clips chosen by a seed with the recorded VAE; compare with what is stored."""
     import random
 
-    from safetensors import safe_open
-
     from vaecache.dataset import Clip, ViewDecoder
     from vaecache.dist import distributed
     from vaecache.pipeline import clip_tensors, run_fingerprint_vae_part
@@ -240,13 +247,14 @@ def check_reencode(out: Path, manifest: dict[str, Any], records: list[dict[str, 
     recorded = {k: v for k, v in manifest.get("vae", {}).items() if k != "spec"}
     given = run_fingerprint_vae_part(vae)
     if recorded != given:
-        from vaecache.outdir import describe_differences
+        from vaecache.format.outdir import describe_differences
 
         diffs = describe_differences(recorded, given)
         raise UsageError(f"--vae {spec} does not match the VAE recorded in {out}/manifest.json "
                          f"({'; '.join(diffs[:3])})")
     store, seed = settings.get("store", "mean-logvar"), settings.get("seed") or 0
     decoder = ViewDecoder(settings["height"], settings["width"])
+    cache = CacheReader(out)
     results = []
     for record in mine:
         clip = Clip(record["id"], record["scene"], tuple(record["cameras"]), tuple(record["sources"]),
@@ -260,10 +268,8 @@ def check_reencode(out: Path, manifest: dict[str, Any], records: list[dict[str, 
         moments = result.mean if result.logvar is None else torch.cat([result.mean, result.logvar], dim=1)
         fresh = clip_tensors(clip, moments.cpu(), result.mean.shape[1], store, seed, vae.dtype)
         worst = 0.0
-        with safe_open(str(out / SHARDS_DIR / record["shard"]), "pt") as shard:
-            for key, entry in record["tensors"].items():
-                stored = shard.get_tensor(entry["name"])
-                worst = max(worst, float((stored.float() - fresh[key].float()).abs().max()))
+        for key, stored in cache.clip_tensors(record).items():
+            worst = max(worst, float((stored.float() - fresh[key].float()).abs().max()))
         results.append((record["id"], worst, None))
     if world > 1:
         results = [item for part in ctx.all_gather_object(results) for item in part]
@@ -282,9 +288,9 @@ def check_reencode(out: Path, manifest: dict[str, Any], records: list[dict[str, 
     return check
 
 
-def _read_records(out: Path, manifest: dict[str, Any], check: Check) -> list[dict[str, Any]]:
-    info = manifest.get("clips") or {}
-    path = out / str(info.get("file", "clips.jsonl"))
+def _read_records(cache: CacheReader, check: Check) -> list[dict[str, Any]]:
+    info = cache.manifest.get("clips") or {}
+    path = cache.clips_path
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -311,9 +317,9 @@ def _read_records(out: Path, manifest: dict[str, Any], check: Check) -> list[dic
     return records
 
 
-def _read_failures(out: Path, manifest: dict[str, Any], check: Check) -> list[dict[str, Any]]:
-    info = manifest.get("failures") or {}
-    path = out / str(info.get("file", "failures.jsonl"))
+def _read_failures(cache: CacheReader, check: Check) -> list[dict[str, Any]]:
+    info = cache.manifest.get("failures") or {}
+    path = cache.failures_path
     if not path.exists():
         check.fail(f"{path.name}: missing")
         return []
@@ -322,27 +328,8 @@ def _read_failures(out: Path, manifest: dict[str, Any], check: Check) -> list[di
     failures = list(iter_jsonl(path))
     check.ok()
     check.note = f"{len(failures)} skipped input(s)" + (
-        ": " + ", ".join(f"{n}x {r}" for r, n in _reason_counts(failures).items()) if failures else "")
+        ": " + ", ".join(f"{n}x {r}" for r, n in reason_counts(failures).items()) if failures else "")
     return failures
-
-
-def _reason_counts(failures: Iterable[dict[str, Any]]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for failure in failures:
-        reason = str(failure.get("reason", "?")).split(" (")[0]
-        counts[reason] = counts.get(reason, 0) + 1
-    return counts
-
-
-def _header(data: bytes) -> dict[str, Any]:
-    if len(data) < 8:
-        raise ValueError("shorter than a safetensors header")
-    size = int.from_bytes(data[:8], "little")
-    if size > len(data) - 8:
-        raise ValueError(f"header claims {size} bytes, file has {len(data) - 8}")
-    header = json.loads(data[8:8 + size])
-    header.pop("__metadata__", None)
-    return header
 
 
 SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
@@ -359,20 +346,16 @@ def _check_shard(out: Path, file: str, shard: dict[str, Any], records: list[dict
         return result
     if size != shard.get("bytes"):
         result["shard"].append(f"{file}: {size} bytes, manifest says {shard.get('bytes')}")
-    if quick:
-        with open(path, "rb") as handle:
-            head = handle.read(8)
-            length = int.from_bytes(head, "little") if len(head) == 8 else 0
-            data = head + handle.read(min(length, 100 * 2**20))
-    else:
+    data = b""
+    if not quick:
         data = path.read_bytes()
         digest = hashlib.sha256(data).hexdigest()
         if digest != shard.get("sha256"):
             result["shard"].append(f"{file}: sha256 {digest[:12]}..., manifest says {str(shard.get('sha256'))[:12]}...")
     try:
-        header = _header(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        result["shard"].append(f"{file}: safetensors header does not parse ({exc})")
+        header = shard_header(path)
+    except ShardHeaderError as exc:
+        result["shard"].append(f"{file}: {str(exc).split(': ', 1)[1]}")
         return result
     claimed = set()
     for record in records:
@@ -382,9 +365,9 @@ def _check_shard(out: Path, file: str, shard: dict[str, Any], records: list[dict
             found = header.get(name)
             if found is None:
                 result["tensors"].append(f"clip {record['id']}: tensor {name} not in {file}")
-            elif found.get("shape") != entry.get("shape") or found.get("dtype") != SAFETENSORS_DTYPES.get(entry.get("dtype")):
+            elif found.shape != entry.get("shape") or found.dtype != SAFETENSORS_DTYPES.get(entry.get("dtype")):
                 result["tensors"].append(
-                    f"clip {record['id']}: {key} is {found.get('dtype')} {found.get('shape')} in {file}, "
+                    f"clip {record['id']}: {key} is {found.dtype} {found.shape} in {file}, "
                     f"record says {entry.get('dtype')} {entry.get('shape')}")
             else:
                 result["tensors_ok"] += 1

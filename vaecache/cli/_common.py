@@ -119,7 +119,7 @@ def write_json(target: Path, payload: Any) -> None:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
         return
-    from vaecache.manifest import atomic_write_bytes
+    from vaecache.format.io import atomic_write_bytes
 
     atomic_write_bytes(target, data)
 

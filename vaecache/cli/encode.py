@@ -127,6 +127,8 @@ def encode(
         console.print(f"[yellow]rank {ctx.info.rank} stopped by {summary.stopped}[/yellow]: committed shards are kept; "
                       "rerun the same command to resume")
     elif is_rank0:
+        if summary.already_complete:
+            console.print(f"{escape(str(summary.out))} is already complete: nothing to encode, nothing changed")
         console.print(summary_table(summary))
     if is_rank0 and json_file is not None:
         write_json(json_file, summary_json(summary))

@@ -1,4 +1,5 @@
-"""Shard writer: buffers clips, rolls a safetensors shard at a size limit, commits atomically off-thread.
+"""Shard writer: the only code that completes a clip record. Buffers clips, rolls a safetensors shard at a
+size limit, commits atomically off-thread.
 
 A shard is committed by: serialize -> sha256 -> temp file -> fsync -> rename -> fsync folder -> append
 one fsynced line (shard record + its clip records) to this rank's progress log. Only a shard named in a
@@ -12,14 +13,48 @@ import math
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, Sequence
 
 import torch
 from safetensors.torch import save as safetensors_save
 
 from vaecache import faults
 from vaecache.errors import OutputError
-from vaecache.manifest import FORMAT_NAME, FORMAT_VERSION, SHARD_SUFFIX, SHARDS_DIR, AppendLog, atomic_write_bytes
+from vaecache.format.io import AppendLog, atomic_write_bytes
+from vaecache.format.layout import FORMAT_NAME, FORMAT_VERSION, SHARDS_DIR, shard_name
+
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+class ClipLike(Protocol):
+    """What the writer needs to know of a clip (vaecache.dataset.Clip)."""
+
+    clip_id: str
+    scene_id: str
+    cameras: Sequence[str]
+    paths: Sequence[str]
+    frames: Sequence[int]
+    fps: float
+
+
+def tensor_name(clip_id: str, key: str) -> str:
+    """A stored tensor's name comes only from clip identity: `<clip id>/mean`."""
+    return f"{clip_id}/{key}"
+
+
+def encode_record(cameras: Sequence[str], view_settings: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The clip record's `encode` field from each camera's encode settings (`EncodeResult.view_settings`)."""
+    if len(view_settings) != len(cameras):
+        raise ValueError(f"{len(view_settings)} view settings for {len(cameras)} cameras")
+    return {"tiled": any(s["tiled"] for s in view_settings),
+            "tiled_cameras": [cam for cam, s in zip(cameras, view_settings) if s["tiled"]],
+            "units_per_forward": max(s["units_per_forward"] for s in view_settings)}
+
+
+def failure_record(scene: str, reason: str, *, clip: str | None = None, camera: str | None = None,
+                   path: str | None = None) -> dict[str, Any]:
+    """A failures.jsonl record: an input that produced no clip. `path` is None for a missing camera."""
+    return {"scene": scene, "clip": clip, "camera": camera, "path": path, "reason": reason}
 
 
 _STATS_CHUNK = 1 << 18
@@ -46,10 +81,6 @@ def tensor_stats(tensor: torch.Tensor) -> dict[str, float]:
     mean = sum(float(part.sum()) for part in chunks()) / count
     variance = sum(float(part.sub_(mean).square_().sum()) for part in chunks()) / count
     return {"min": low, "max": high, "mean": mean, "std": math.sqrt(variance)}
-
-
-def shard_name(attempt: int, rank: int, seq: int) -> str:
-    return f"a{attempt:03d}-r{rank:05d}-{seq:06d}{SHARD_SUFFIX}"
 
 
 class ShardWriter:
@@ -84,10 +115,24 @@ class ShardWriter:
         else:
             self.abort()
 
-    def add(self, record: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
-        """Buffer one clip. `record["tensors"][key]["name"]` names each tensor in `tensors`."""
+    def add(self, clip: ClipLike, tensors: dict[str, torch.Tensor], view_settings: Sequence[dict[str, Any]]) -> None:
+        """Buffer one clip: `tensors` by stored key (mean, logvar, sample), `view_settings` one per camera.
+
+        The record is completed here and on the writer thread (`shard`, per-tensor `stats`) and nowhere else."""
         self._raise_pending()
-        for name, tensor in tensors.items():
+        record = {
+            "id": clip.clip_id,
+            "scene": clip.scene_id,
+            "cameras": list(clip.cameras),
+            "sources": list(clip.paths),
+            "frames": list(clip.frames),
+            "fps": clip.fps,
+            "tensors": {key: {"name": tensor_name(clip.clip_id, key), "shape": list(t.shape),
+                              "dtype": DTYPE_NAMES[t.dtype]} for key, t in tensors.items()},
+            "encode": encode_record(clip.cameras, view_settings),
+        }
+        for key, tensor in tensors.items():
+            name = tensor_name(clip.clip_id, key)
             if name in self._tensors:
                 raise ValueError(f"tensor {name} added twice")
             tensor = tensor.detach().to("cpu").contiguous()

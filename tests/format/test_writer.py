@@ -13,9 +13,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from vaecache.dataset import Clip
 from vaecache.errors import ManifestError
-from vaecache.manifest import AppendLog, read_manifest, read_progress, write_manifest
-from vaecache.writer import ShardWriter
+from vaecache.format.index import read_manifest, read_progress, write_manifest
+from vaecache.format.io import AppendLog
+from vaecache.format.writer import ShardWriter
 
 SCENES = ["scene_000", "scene_001", "scene_002"]
 LATENT = [2, 16, 3, 8, 8]
@@ -197,7 +199,7 @@ def test_identical_shards_have_identical_bytes(tmp_path: Path) -> None:
         (out / "shards").mkdir(parents=True)
         progress = AppendLog(out / "progress.jsonl")
         with ShardWriter(out, rank=0, attempt=0, shard_size=2**20, progress=progress) as writer:
-            writer.add({"id": "s/0", "tensors": {"mean": {"name": "s/0/mean"}}}, {"s/0/mean": torch.ones(4)})
+            writer.add(_clip(0), {"mean": torch.ones(4)}, [UNTILED])
         progress.close()
         digests.add(_sha256(out / "shards" / "a000-r00000-000000.safetensors"))
     assert len(digests) == 1
@@ -213,14 +215,20 @@ def test_decode_workers_do_not_change_latents(encoded: Callable, good_cache: Pat
 
 # --------------------------------------------------------------------------- writer and manifest units
 
+UNTILED = {"tiled": False, "units_per_forward": 1}
+
+
+def _clip(i: int) -> Clip:
+    return Clip(f"s/{i:06d}-{i:06d}", "s", ("cam",), ("/d/s/cam.mp4",), (i,), 10.0)
+
+
 
 def test_shard_writer_rolls_commits_and_logs(tmp_path: Path) -> None:
     (tmp_path / "shards").mkdir()
     progress = AppendLog(tmp_path / "progress.jsonl")
     with ShardWriter(tmp_path, rank=3, attempt=1, shard_size=3 * 16 * 4, progress=progress) as writer:
         for i in range(5):
-            name = f"s/{i:06d}-{i:06d}/mean"
-            writer.add({"id": f"s/{i}", "tensors": {"mean": {"name": name}}}, {name: torch.full((4, 4), float(i))})
+            writer.add(_clip(i), {"mean": torch.full((4, 4), float(i))}, [UNTILED])
     progress.close()
     files = sorted(p.name for p in (tmp_path / "shards").iterdir())
     assert files == ["a001-r00003-000000.safetensors", "a001-r00003-000001.safetensors"]  # 3 clips, then 2
@@ -231,14 +239,16 @@ def test_shard_writer_rolls_commits_and_logs(tmp_path: Path) -> None:
         assert entry["shard"]["bytes"] == path.stat().st_size and entry["shard"]["sha256"] == _sha256(path)
         for clip in entry["clips"]:
             assert clip["shard"] == path.name
-            value = float(clip["id"].split("/")[1])
-            assert clip["tensors"]["mean"]["stats"] == {"min": value, "max": value, "mean": value, "std": 0.0}
+            value = float(clip["frames"][0])
+            assert clip["tensors"]["mean"] == {"name": f"{clip['id']}/mean", "shape": [4, 4], "dtype": "float32",
+                                               "stats": {"min": value, "max": value, "mean": value, "std": 0.0}}
+            assert clip["encode"] == {"tiled": False, "tiled_cameras": [], "units_per_forward": 1}
 
 
 def test_write_manifest_sorts_records_and_writes_manifest_last(tmp_path: Path) -> None:
     clips = [{"id": "b/1", "shard": "x"}, {"id": "a/1", "shard": "x"}]
     manifest = write_manifest(tmp_path, {"settings": {}}, [{"file": "shards/x", "bytes": 1}], clips,
-                              [{"key": "k", "reason": "too short"}])
+                              [{"scene": "s", "clip": None, "camera": None, "path": None, "reason": "too short"}])
     assert [json.loads(line)["id"] for line in (tmp_path / "clips.jsonl").read_text().splitlines()] == ["a/1", "b/1"]
     assert manifest == read_manifest(tmp_path)
     assert manifest["clips"]["count"] == 2 and manifest["failures"]["count"] == 1

@@ -181,6 +181,10 @@ def test_bad_inputs_are_recorded_and_the_run_goes_on(tmp_path):
     failures = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
     by_scene = {f["scene"]: f for f in failures}
     assert set(by_scene) == set(expected)
+    for failure in failures:  # the documented record, no internal fields
+        assert set(failure) == {"scene", "clip", "camera", "path", "reason"}, failure
+        if failure["path"] is not None:
+            assert failure["camera"] == Path(failure["path"]).stem, failure
     for scene, fragment in expected.items():
         assert fragment in (by_scene[scene]["reason"] + " " + str(by_scene[scene]["path"])), by_scene[scene]
     clips = [json.loads(line) for line in (out / "clips.jsonl").read_text().splitlines()]

@@ -10,14 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vaecache.errors import OutputError, UsageError
-from vaecache.manifest import (
-    CLIPS, FAILURES, LOGS_DIR, MANIFEST, PROGRESS_DIR, RUN, SHARD_SUFFIX, SHARDS_DIR,
-    atomic_write_bytes, atomic_write_json, iter_jsonl, jsonl_bytes,
-)
-
-LOCK = ".lock"
-OWNED_ENTRIES = (MANIFEST, CLIPS, FAILURES, RUN, SHARDS_DIR, PROGRESS_DIR, LOGS_DIR, LOCK)
+from vaecache.errors import ManifestError, OutputError, UsageError
+from vaecache.format.index import read_manifest, read_progress, repair_progress
+from vaecache.format.io import atomic_write_json
+from vaecache.format.layout import LOCK, LOGS_DIR, MANIFEST, OWNED_ENTRIES, PROGRESS_DIR, RUN, SHARDS_DIR
 
 
 @dataclass(frozen=True)
@@ -27,6 +23,12 @@ class PreparedOut:
     attempt: int
     done_clip_ids: frozenset[str]
     discarded_files: int
+    complete: bool = False
+    """OUT already holds a finished cache made with these settings; it was left untouched (see begin_changes)."""
+
+    def __post_init__(self) -> None:
+        if self.attempt < 0 or self.discarded_files < 0:
+            raise ValueError(f"attempt and discarded_files must be >= 0, got {self.attempt}, {self.discarded_files}")
 
 
 def describe_differences(recorded: dict[str, Any], wanted: dict[str, Any], prefix: str = "") -> list[str]:
@@ -102,6 +104,27 @@ def _pid_alive(pid: Any) -> bool:
     return True
 
 
+def _is_complete(out: Path) -> bool:
+    try:
+        read_manifest(out)
+    except ManifestError:
+        return False
+    return True
+
+
+def begin_changes(out: Path, attempt: int, fingerprint: dict[str, Any] | None = None) -> PreparedOut:
+    """Rank 0 only, before anything is committed: record the attempt, drop the manifest (OUT is not complete
+    until finalize rewrites it) and repair what a crash left behind. Without `fingerprint`, the one in
+    run.json is kept (prepare_out has already checked that it matches)."""
+    out = Path(out)
+    if fingerprint is None:
+        fingerprint = json.loads((out / RUN).read_text())["fingerprint"]
+    atomic_write_json(out / RUN, {"fingerprint": fingerprint, "attempt": attempt})
+    (out / MANIFEST).unlink(missing_ok=True)
+    done, discarded = repair_progress(out)
+    return PreparedOut(attempt, frozenset(done), discarded)
+
+
 def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id: str | None) -> PreparedOut:
     """Rank 0 only: take the lock, check or start the run record, repair what a crash left behind."""
     out = Path(out)
@@ -141,41 +164,14 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
             attempt = int(recorded.get("attempt", 0)) + 1
         for folder in (SHARDS_DIR, PROGRESS_DIR, LOGS_DIR):
             (out / folder).mkdir(exist_ok=True)
-        atomic_write_json(run_file, {"fingerprint": fingerprint, "attempt": attempt})
-        (out / MANIFEST).unlink(missing_ok=True)  # the cache is about to change: not complete until rewritten
-        done, discarded = _repair(out)
-        return PreparedOut(attempt, frozenset(done), discarded)
+        if attempt > 0 and _is_complete(out):
+            # A finished cache stays byte for byte as it is unless new work is about to be committed.
+            _, clips = read_progress(out)
+            return PreparedOut(attempt, frozenset(clip["id"] for clip in clips), 0, complete=True)
+        return begin_changes(out, attempt, fingerprint)
     except BaseException:
         release_lock(out)
         raise
 
 
-def _repair(out: Path) -> tuple[set[str], int]:
-    """Keep committed shards whose file is intact in size; drop torn log lines, orphans and temp files."""
-    progress = out / PROGRESS_DIR
-    claimed: set[str] = set()
-    done: set[str] = set()
-    for log in sorted(progress.glob("rank-*.jsonl")):
-        kept = []
-        for entry in iter_jsonl(log):
-            shard = entry["shard"]
-            path = out / shard["file"]
-            if path.is_file() and path.stat().st_size == shard["bytes"]:
-                kept.append(entry)
-                claimed.add(path.name)
-                done.update(clip["id"] for clip in entry["clips"])
-        atomic_write_bytes(log, jsonl_bytes(kept))
-    for log in progress.glob("failures-rank-*.jsonl"):
-        log.unlink()
-    discarded = 0
-    for path in (out / SHARDS_DIR).iterdir():
-        if path.name not in claimed:
-            path.unlink()
-            discarded += 1
-    for path in out.glob(".*.tmp"):
-        path.unlink()
-        discarded += 1
-    return done, discarded
-
-
-__all__ = ["PreparedOut", "SHARD_SUFFIX", "acquire_lock", "prepare_out", "release_lock"]
+__all__ = ["PreparedOut", "acquire_lock", "begin_changes", "prepare_out", "release_lock"]

@@ -1,0 +1,97 @@
+"""OUT ownership: the lock's staleness rules, the settings guard's message, a complete cache left alone
+on rerun, and an empty result refused."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+from vaecache.errors import OutputError
+from vaecache.format.outdir import _is_stale, acquire_lock, describe_differences, release_lock
+from vaecache.verify import verify_cache
+
+HOST = socket.gethostname()
+
+
+def test_lock_of_dead_process_on_this_host_is_stale():
+    assert _is_stale({"host": HOST, "pid": 2**22 + 12345, "job_id": None}, {"host": HOST, "job_id": None, "restart": 0})
+
+
+def test_lock_of_live_process_is_not_stale():
+    assert not _is_stale({"host": HOST, "pid": os.getpid(), "job_id": None}, {"host": HOST, "job_id": None, "restart": 0})
+
+
+def test_lock_from_other_host_is_kept_unless_it_is_an_earlier_attempt_of_this_job():
+    holder = {"host": "node-a", "pid": 1, "job_id": "77", "restart": 0}
+    assert not _is_stale(holder, {"host": "node-b", "job_id": "78", "restart": 1})
+    assert not _is_stale(holder, {"host": "node-b", "job_id": "77", "restart": 0})
+    assert _is_stale(holder, {"host": "node-b", "job_id": "77", "restart": 1})
+
+
+def test_acquire_refuses_a_held_lock_and_names_the_holder(tmp_path):
+    (tmp_path / ".lock").write_text(json.dumps({"host": "elsewhere", "pid": 4242, "job_id": "9"}))
+    with pytest.raises(OutputError, match="host elsewhere, pid 4242, job 9"):
+        acquire_lock(tmp_path, job_id=None)
+
+
+def test_acquire_and_release(tmp_path):
+    acquire_lock(tmp_path, job_id="5")
+    holder = json.loads((tmp_path / ".lock").read_text())
+    assert (holder["pid"], holder["job_id"]) == (os.getpid(), "5")
+    release_lock(tmp_path)
+    assert not (tmp_path / ".lock").exists()
+
+
+def test_describe_differences_names_each_changed_setting():
+    diffs = describe_differences({"latents": {"num_frames": 9, "dtype": "fp32"}, "vae": {"w": "a"}},
+                                 {"latents": {"num_frames": 13, "dtype": "fp32"}, "vae": {"w": "b"}})
+    assert diffs == ["latents.num_frames: 9 -> 13", 'vae.w: "a" -> "b"']
+
+
+def _file_digests(out: Path) -> dict[str, str]:
+    """sha256 of every file in OUT except logs/ (each run appends its own lines to the rank logs)."""
+    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(out.rglob("*")) if p.is_file() and p.relative_to(out).parts[0] != "logs"}
+
+
+def test_rerun_of_a_complete_cache_changes_no_byte_and_says_complete(cache_copy: Path, demo_data: Path,
+                                                                    encode_cli: Callable) -> None:
+    before = _file_digests(cache_copy)
+    result = encode_cli(demo_data, cache_copy, "--batch-size", "2")  # exit 0 asserted
+    assert "already complete" in result.output
+    assert _file_digests(cache_copy) == before
+
+
+def test_an_encode_that_yields_no_clip_fails_and_leaves_no_manifest(demo_data: Path, run_cli: Callable,
+                                                                   tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = run_cli(["encode", demo_data, "--out", out, "--vae", "builtin:tiny", "--num-frames", "21",  # scenes have 17
+                      "--size", "64x64", "--workers", "0", "--no-progress"])
+    assert result.exit_code == 1, result.output
+    assert "no clips encoded: 3 scenes too short" in result.output
+    assert not (out / "manifest.json").exists()
+    verified = run_cli(["verify", out])
+    assert verified.exit_code == 1 and "incomplete" in verified.output
+
+
+def test_a_complete_cache_of_a_grown_dataset_gets_the_new_clips(cache_copy: Path, good_cache: Path, demo_data: Path,
+                                                               encode_cli: Callable, cache_io, tmp_path: Path) -> None:
+    grown = Path(shutil.copytree(demo_data, tmp_path / "grown"))
+    shutil.copytree(grown / "scene_002", grown / "scene_003")
+    encode_cli(grown, cache_copy)
+    manifest = cache_io.manifest(cache_copy)
+    assert manifest["counts"]["clips"] == 4 and manifest["counts"]["planned_clips"] == 4
+    tensors = cache_io.tensors(cache_copy)
+    assert torch.equal(tensors["scene_003/000000-000008/mean"], tensors["scene_002/000000-000008/mean"])
+    cache_io.same_tensors({k: v for k, v in tensors.items() if not k.startswith("scene_003/")},
+                          cache_io.tensors(good_cache))
+    assert json.loads((cache_copy / "run.json").read_text())["attempt"] == 1
+    assert verify_cache(cache_copy).ok

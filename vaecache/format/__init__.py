@@ -1,0 +1,3 @@
+"""The on-disk contract of a latent cache in one place: layout names and version (layout), durable writes
+(io), the shard writer that completes clip records (writer), progress logs and manifest (index), ownership
+of OUT (outdir) and a reader for finished caches (reader)."""

@@ -1,0 +1,93 @@
+"""Durable-write primitives: atomic file write, fsynced append log, folder fsync, JSON Lines."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from vaecache.errors import OutputError
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+FILE_MODE = 0o666 & ~_UMASK
+"""mkstemp creates 0600 files; caches are shared with training jobs, so use the usual umask-based mode."""
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Make `path` appear complete or not at all: temp file, write, fsync, rename, fsync the folder."""
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            os.fchmod(fd, FILE_MODE)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        fsync_dir(path.parent)
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write ({exc.strerror or exc})") from None
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+
+
+def jsonl_bytes(records: Iterable[dict[str, Any]]) -> bytes:
+    return b"".join(json.dumps(r, sort_keys=True, separators=(",", ":")).encode() + b"\n" for r in records)
+
+
+def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """Records of a JSON Lines file. A torn last line (a crash mid-append) is ignored."""
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            if not line.endswith("\n"):
+                return
+            if line.strip():
+                yield json.loads(line)
+
+
+class AppendLog:
+    """An fsynced append-only JSON Lines file (per-rank progress and failure records)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        try:
+            self._handle = open(self.path, "a", encoding="utf-8")
+        except OSError as exc:
+            raise OutputError(f"{self.path}: cannot open for append ({exc.strerror or exc})") from None
+
+    def append(self, record: dict[str, Any]) -> None:
+        try:
+            self._handle.write(json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n")
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
+        except OSError as exc:
+            raise OutputError(f"{self.path}: cannot append ({exc.strerror or exc})") from None
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def sha256_file(path: Path, chunk: int = 8 * 2**20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()

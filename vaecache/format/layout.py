@@ -1,0 +1,43 @@
+"""Names and version of the on-disk layout of a latent cache.
+
+OUT/
+  manifest.json        written last, once; its presence means "complete"
+  clips.jsonl          one record per clip, sorted by clip id (sha256 recorded in manifest.json)
+  failures.jsonl       inputs that produced no clip, with the reason
+  run.json             settings + VAE fingerprint of the run that owns OUT (checked on resume)
+  shards/*.safetensors latent shards
+  progress/rank-*.jsonl  per-rank commit log: one line per committed shard (merged into the manifest)
+  logs/rank-*.log      per-rank logs
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+FORMAT_NAME = "vaecache"
+FORMAT_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+
+MANIFEST = "manifest.json"
+CLIPS = "clips.jsonl"
+FAILURES = "failures.jsonl"
+RUN = "run.json"
+LOCK = ".lock"
+SHARDS_DIR = "shards"
+PROGRESS_DIR = "progress"
+LOGS_DIR = "logs"
+SHARD_SUFFIX = ".safetensors"
+OWNED_ENTRIES = (MANIFEST, CLIPS, FAILURES, RUN, SHARDS_DIR, PROGRESS_DIR, LOGS_DIR, LOCK)
+"""Everything vaecache may create in OUT (anything else there means OUT is not a cache)."""
+
+
+def progress_path(out: Path, rank: int) -> Path:
+    return Path(out) / PROGRESS_DIR / f"rank-{rank:05d}.jsonl"
+
+
+def failures_path(out: Path, rank: int) -> Path:
+    return Path(out) / PROGRESS_DIR / f"failures-rank-{rank:05d}.jsonl"
+
+
+def shard_name(attempt: int, rank: int, seq: int) -> str:
+    return f"a{attempt:03d}-r{rank:05d}-{seq:06d}{SHARD_SUFFIX}"
