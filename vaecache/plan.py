@@ -1,7 +1,7 @@
 """`vaecache plan`: a dry run. What a job would encode, how it splits over ranks, and how long it would take.
 
-Planning is pure (the same functions the encode pipeline uses: discover_scenes, probe_scene,
-plan_clips, assign, batched, plan_sp); the only model work is one real clip encoded to measure
+Planning is pure and shared with the encode pipeline (discover_scenes, probe_scene, then
+planning.plan_job: the same clips per DP group as an encode); the only model work is one real clip encoded to measure
 seconds per view and peak memory, from which the ETA and the largest micro-batch that fits a memory
 budget are estimated. The CLI renders the report (cli/plan.py); `--json` writes `PlanReport.to_json()`.
 """
@@ -21,12 +21,10 @@ from typing import Any
 import torch
 
 from vaecache.config import DTYPE_CHOICES, STORE_CHOICES, SamplingConfig
-from vaecache.dataset import (
-    Clip, Scene, SceneProbe, ViewDecoder, assign, batch_views, batched, discover_scenes, plan_clips, probe_scene,
-)
-from vaecache.dist import make_mesh
+from vaecache.dataset import Scene, SceneProbe, ViewDecoder, discover_scenes, probe_scene
+from vaecache.dist import make_mesh, resolve_device
 from vaecache.errors import UsageError, VideoDecodeError
-from vaecache.parallel import plan_sp
+from vaecache.planning import Clip, JobPlan, plan_job
 from vaecache.vae import DTYPE_LABELS, LoadedVae, load_vae
 
 PLAN_FORMAT = "vaecache-plan/1"
@@ -88,6 +86,8 @@ class DpShare:
     """Views each rank of the group encodes, padding included: the group's critical path."""
     padded_views: int
     """Encodes spent on padding or on repeating views every rank already has."""
+    clip_ids: list[str] = field(default_factory=list)
+    """The clips this group's writer commits, in encode order."""
 
 
 @dataclass
@@ -166,19 +166,6 @@ class PlanReport:
         }
 
 
-def resolve_device(device: str) -> torch.device:
-    """"auto" -> cuda when available, else cpu; anything else as torch understands it."""
-    spec = device.strip().lower()
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if spec.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"--device {device} but CUDA is not available on this machine")
-    try:
-        return torch.device(spec)
-    except RuntimeError:
-        raise UsageError(f"--device {device!r} is not a device (use auto, cpu, cuda or cuda:N)") from None
-
-
 def probe_all(scenes: list[Scene], workers: int) -> dict[str, SceneProbe]:
     """Open every scene's videos (threads: the work is in decord's C++ and file I/O)."""
     if workers <= 1 or len(scenes) <= 1:
@@ -189,21 +176,17 @@ def probe_all(scenes: list[Scene], workers: int) -> dict[str, SceneProbe]:
     return {probe.scene_id: probe for probe in probes}
 
 
-def dp_shares(clips: list[Clip], world_size: int, sp_size: int, batch_size: int) -> list[DpShare]:
-    """Pure: how the encode pipeline splits `clips` over DP groups, batches and SP ranks."""
-    mesh = make_mesh(0, world_size, sp_size)
+def dp_shares(job: JobPlan) -> list[DpShare]:
+    """Pure: how the encode pipeline splits the job's clips over DP groups, batches and SP ranks."""
+    mesh = make_mesh(0, job.world_size, job.sp_size)
     shares = []
     for dp in range(mesh.dp_size):
-        mine = assign(clips, dp, mesh.dp_size)
-        views = per_rank = padded = 0
-        batches = batched(mine, batch_size)
-        for batch in batches:
-            n = len(batch_views(batch))
-            local = len(plan_sp(n, sp_size).view_indices(0))
-            views += n
-            per_rank += local
-            padded += local * sp_size - n
-        shares.append(DpShare(dp, mesh.sp_group_ranks(dp), len(mine), len(batches), views, per_rank, padded))
+        writer = job.rank_work(mesh.sp_group_ranks(dp)[0])
+        views = sum(p.num_views for p in writer.sp_plans)
+        per_rank = sum(len(indices) for indices in writer.view_indices)  # every rank of a group encodes as many
+        padded = per_rank * job.sp_size - views
+        shares.append(DpShare(dp, mesh.sp_group_ranks(dp), len(writer.clips), len(writer.batches), views, per_rank,
+                              padded, [clip.clip_id for clip in writer.clips]))
     return shares
 
 
@@ -218,7 +201,8 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
                          "use --store mean")
     scenes = discover_scenes(cfg.data, cfg.cameras)
     probes = probe_all(scenes, cfg.probe_workers)
-    clips, skipped = plan_clips(scenes, probes, cfg.sampling)
+    job = plan_job(scenes, probes, cfg.sampling, cfg.world_size, cfg.sp_size, cfg.batch_size)
+    clips, skipped = list(job.clips), list(job.skipped)
     per_scene: dict[str, int] = {}
     for clip in clips:
         per_scene[clip.scene_id] = per_scene.get(clip.scene_id, 0) + 1
@@ -242,7 +226,7 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
         views=views, frames=views * cfg.sampling.num_frames,
         latent_shape=shape, stored=stored, dtype=DTYPE_LABELS[vae.dtype],
         bytes_per_view=bytes_per_view, total_bytes=bytes_per_view * views,
-        shares=dp_shares(clips, cfg.world_size, cfg.sp_size, cfg.batch_size),
+        shares=dp_shares(job),
     )
     if vae.untrained:
         report.notes.append(f"{cfg.vae} is an untrained VAE with random weights: timings only, latents mean nothing")

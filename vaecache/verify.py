@@ -182,7 +182,8 @@ def check_coverage(manifest: dict[str, Any], records: list[dict[str, Any]], fail
                    dataset: Path, threads: int | None = None) -> Check:
     """Re-plan clips from the source with the recorded settings: clips missing from the cache, and
     cached clips with no source any more. Clips recorded as failures count as accounted for."""
-    from vaecache.dataset import discover_scenes, plan_clips, probe_scene
+    from vaecache.dataset import discover_scenes, probe_scene
+    from vaecache.planning import plan_job
 
     check = Check("coverage of " + str(dataset))
     settings = manifest.get("settings", {})
@@ -190,7 +191,8 @@ def check_coverage(manifest: dict[str, Any], records: list[dict[str, Any]], fail
     scenes = discover_scenes(Path(dataset), tuple(cameras) if cameras else None)
     with ThreadPoolExecutor(max_workers=threads or min(8, len(os.sched_getaffinity(0)))) as pool:
         probes = {probe.scene_id: probe for probe in pool.map(probe_scene, scenes)}
-    planned, skipped = plan_clips(scenes, probes, _sampling_from(settings))
+    job = plan_job(scenes, probes, _sampling_from(settings))
+    planned, skipped = job.clips, job.skipped
     expected = {clip.clip_id for clip in planned}
     cached = {record.get("id") for record in records}
     failed_clips = {f.get("clip") for f in failures if f.get("clip")}
@@ -211,7 +213,8 @@ def check_reencode(out: Path, manifest: dict[str, Any], records: list[dict[str, 
 
     from safetensors import safe_open
 
-    from vaecache.dataset import Clip, ViewDecoder
+    from vaecache.dataset import ViewDecoder
+    from vaecache.planning import Clip
     from vaecache.dist import distributed
     from vaecache.pipeline import clip_tensors, run_fingerprint_vae_part
     from vaecache.vae import load_vae
