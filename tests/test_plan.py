@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from vaecache.config import SamplingConfig, load_toml
+from vaecache.config import ClipSettings, SamplingConfig, load_toml
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.plan import Measurement, PlanConfig, build_plan, dp_shares, fits_views_per_forward
 from vaecache.planning import Clip, JobPlan
@@ -89,8 +89,8 @@ def test_memory_fit_from_measured_peak_per_view() -> None:
 
 
 def test_build_plan_without_measuring(data: Path) -> None:
-    cfg = PlanConfig(data=data, vae="builtin:tiny", sampling=SamplingConfig(9, max_clips_per_scene=1), height=32,
-                     width=32, memory_budget=2**30, measure=False)
+    cfg = PlanConfig(data=data, vae="builtin:tiny", clip=ClipSettings(SamplingConfig(9, max_clips_per_scene=1), 32, 32),
+                     memory_budget=2**30, measure=False)
     report = build_plan(cfg)
     assert report.clips == 3 and report.latent_shape == [16, 3, 4, 4] and report.measurement is None
     assert any("--memory-budget needs a measurement" in note for note in report.notes)

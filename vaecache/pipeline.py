@@ -75,7 +75,7 @@ def run_fingerprint_vae_part(vae: LoadedVae) -> dict[str, Any]:
 
 def run_fingerprint(cfg: EncodeConfig, vae: LoadedVae) -> dict[str, Any]:
     """Everything that determines stored bytes; a resume must match it exactly."""
-    return {"vae": run_fingerprint_vae_part(vae), "latents": cfg.latent_settings(), "format_version": 1}
+    return {"vae": run_fingerprint_vae_part(vae), "latents": cfg.clip.to_record(), "format_version": 1}
 
 
 def _cpu_thread_budget(ctx: DistContext, workers: int) -> int:
@@ -190,17 +190,17 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, stop: StopRequest,
     rank, world = ctx.info.rank, ctx.info.world_size
     mesh = ctx.mesh
     # Everything that can be checked without the VAE comes first: a typo in DATA or OUT fails at once.
-    scenes = discover_scenes(cfg.data, cfg.cameras)
+    scenes = discover_scenes(cfg.data, cfg.clip.cameras)
     _check_out_usable(cfg.out)
-    job = plan_job(scenes, _probe_all(ctx, scenes), cfg.sampling, world, mesh.sp_size, cfg.batch_size)
+    job = plan_job(scenes, _probe_all(ctx, scenes), cfg.clip.sampling, world, mesh.sp_size, cfg.batch_size)
     if job.skipped and cfg.on_error == "fail":
         first = job.skipped[0]
         raise InputError(f"{first.path or first.scene_id}: {first.reason} (scene {first.scene_id}; --on-error fail)")
     threads = _cpu_thread_budget(ctx, cfg.workers)
-    vae = load_vae(cfg.vae, ctx.device, cfg.dtype, tiling=cfg.tiling, max_views_per_forward=cfg.max_views_per_forward)
-    vae.rule.check(cfg.sampling.num_frames, cfg.height, cfg.width)
-    if cfg.store != "mean" and not vae.has_logvar:
-        raise UsageError(f"--store {cfg.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; use --store mean")
+    vae = load_vae(cfg.vae, ctx.device, cfg.clip.dtype, tiling=cfg.clip.tiling, max_views_per_forward=cfg.clip.max_views_per_forward)
+    vae.rule.check(cfg.clip.sampling.num_frames, cfg.clip.height, cfg.clip.width)
+    if cfg.clip.store != "mean" and not vae.has_logvar:
+        raise UsageError(f"--store {cfg.clip.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; use --store mean")
     fingerprint = run_fingerprint(cfg, vae)
     prepared: PreparedOut = ctx.on_rank0(lambda: prepare_out(cfg.out, fingerprint, cfg.overwrite, ctx.info.job_id))
     job = dataclasses.replace(job, done_clip_ids=frozenset(prepared.done_clip_ids))
@@ -237,7 +237,7 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
             log.warning("skipped scene %s: %s%s", skip.scene_id, skip.reason, f" ({skip.path})" if skip.path else "")
     counters = RankCounters()
     loader = torch.utils.data.DataLoader(
-        ViewBatchDataset(work.batches, work.view_indices, cfg.height, cfg.width),
+        ViewBatchDataset(work.batches, work.view_indices, cfg.clip.height, cfg.clip.width),
         batch_size=None, shuffle=False, num_workers=cfg.workers, pin_memory=ctx.device.type == "cuda",
         prefetch_factor=4 if cfg.workers else None, worker_init_fn=ignore_stop_signals,
     )
@@ -342,7 +342,7 @@ class _BatchSink:
                     raise InputError(f"{path}: {reason}")
                 continue
             if writer is not None:
-                tensors = clip_tensors(clip, clip_moments, channels, cfg.store, cfg.seed, self.vae.dtype)
+                tensors = clip_tensors(clip, clip_moments, channels, cfg.clip.store, cfg.clip.seed, self.vae.dtype)
                 used = [settings[view_start - clip.num_views + c] for c in range(clip.num_views)]
                 record = clip_record(clip, tensors)
                 record["encode"] = {"tiled": any(u["tiled"] for u in used),
@@ -368,10 +368,10 @@ def _finalize(cfg: EncodeConfig, vae: LoadedVae, summary: EncodeSummary, fingerp
         "vae": vae.fingerprint(),
         "fingerprint_sha256": hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest(),
         "frame_rule": vae.rule.to_json(),
-        "settings": {**cfg.latent_settings(), "data": str(cfg.data), "batch_size": cfg.batch_size,
+        "settings": {**cfg.clip.to_record(), "data": str(cfg.data), "batch_size": cfg.batch_size,
                      "sp_size": cfg.sp_size, "world_size": summary.world_size, "shard_size": cfg.shard_size,
                      "vae_spec": cfg.vae},
-        "latent": {"store": _stored_keys(cfg.store), "dtype": DTYPE_NAMES[vae.dtype],
+        "latent": {"store": _stored_keys(cfg.clip.store), "dtype": DTYPE_NAMES[vae.dtype],
                    "layout": "(cameras, channels, latent_frames, height/spatial_factor, width/spatial_factor)",
                    "shape": summary.latent_shape},
         "counts": {"clips": len(clips), "views": views, "frames": sum(len(c["cameras"]) * len(c["frames"]) for c in clips),

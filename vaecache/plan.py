@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from vaecache.config import DTYPE_CHOICES, STORE_CHOICES, SamplingConfig
+from vaecache.config import ClipSettings
 from vaecache.dataset import Scene, SceneProbe, ViewDecoder, discover_scenes, probe_scene
 from vaecache.dist import make_mesh, resolve_device
 from vaecache.errors import UsageError, VideoDecodeError
@@ -34,22 +34,16 @@ STORED_KEYS = {"mean-logvar": ("mean", "logvar"), "mean": ("mean",), "sample": (
 
 @dataclass(frozen=True)
 class PlanConfig:
-    """What `vaecache plan` is asked: the encode settings that shape the work, plus the cluster to plan for."""
+    """What `vaecache plan` is asked: the dataset, the VAE and clip settings an encode would use, and the
+    cluster shape to plan for."""
 
     data: Path
     vae: str
-    sampling: SamplingConfig
-    height: int
-    width: int
+    clip: ClipSettings
     world_size: int = 1
     sp_size: int = 1
     batch_size: int = 1
-    dtype: str = "fp32"
     device: str = "auto"
-    store: str = "mean-logvar"
-    cameras: tuple[str, ...] | None = None
-    tiling: bool = False
-    max_views_per_forward: int = 1
     memory_budget: int | None = None
     """Bytes of device memory one rank may use; the report then gives the largest micro-batch that fits."""
     measure: bool = True
@@ -57,16 +51,10 @@ class PlanConfig:
     probe_workers: int = 8
 
     def __post_init__(self) -> None:
-        if self.height < 1 or self.width < 1:
-            raise UsageError(f"--size must be positive, got {self.height}x{self.width}")
-        for name in ("world_size", "sp_size", "batch_size", "max_views_per_forward", "probe_workers"):
+        for name in ("world_size", "sp_size", "batch_size", "probe_workers"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
-        if self.dtype not in DTYPE_CHOICES:
-            raise UsageError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
-        if self.store not in STORE_CHOICES:
-            raise UsageError(f"--store must be one of {', '.join(STORE_CHOICES)}, got {self.store!r}")
         if self.memory_budget is not None and self.memory_budget < 1:
             raise UsageError(f"--memory-budget must be positive, got {self.memory_budget}")
         make_mesh(0, self.world_size, self.sp_size)  # sp_size must divide world_size
@@ -194,14 +182,14 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
     """Plan the job described by `cfg`; with cfg.measure, encode one real clip to time it."""
     device = resolve_device(cfg.device)
     if vae is None:
-        vae = load_vae(cfg.vae, device, cfg.dtype, tiling=cfg.tiling, max_views_per_forward=cfg.max_views_per_forward)
-    vae.rule.check(cfg.sampling.num_frames, cfg.height, cfg.width)
-    if cfg.store != "mean" and not vae.has_logvar:
-        raise UsageError(f"--store {cfg.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; "
+        vae = load_vae(cfg.vae, device, cfg.clip.dtype, tiling=cfg.clip.tiling, max_views_per_forward=cfg.clip.max_views_per_forward)
+    vae.rule.check(cfg.clip.sampling.num_frames, cfg.clip.height, cfg.clip.width)
+    if cfg.clip.store != "mean" and not vae.has_logvar:
+        raise UsageError(f"--store {cfg.clip.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; "
                          "use --store mean")
-    scenes = discover_scenes(cfg.data, cfg.cameras)
+    scenes = discover_scenes(cfg.data, cfg.clip.cameras)
     probes = probe_all(scenes, cfg.probe_workers)
-    job = plan_job(scenes, probes, cfg.sampling, cfg.world_size, cfg.sp_size, cfg.batch_size)
+    job = plan_job(scenes, probes, cfg.clip.sampling, cfg.world_size, cfg.sp_size, cfg.batch_size)
     clips, skipped = list(job.clips), list(job.skipped)
     per_scene: dict[str, int] = {}
     for clip in clips:
@@ -210,8 +198,8 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
     scene_rows = [{"scene": s.scene_id, "cameras": len(s.cameras), "source_frames": probes[s.scene_id].num_frames,
                    "clips": per_scene.get(s.scene_id, 0)} for s in scenes if s.scene_id not in skipped_ids]
 
-    shape = list(vae.latent_shape(cfg.sampling.num_frames, cfg.height, cfg.width))
-    stored = list(STORED_KEYS[cfg.store])
+    shape = list(vae.latent_shape(cfg.clip.sampling.num_frames, cfg.clip.height, cfg.clip.width))
+    stored = list(STORED_KEYS[cfg.clip.store])
     bytes_per_view = math.prod(shape) * torch.empty((), dtype=vae.dtype).element_size() * len(stored)
     views = sum(clip.num_views for clip in clips)
     fingerprint = vae.fingerprint()
@@ -223,7 +211,7 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
         scenes=scene_rows,
         skipped=[{"scene": s.scene_id, "path": s.path, "reason": s.reason} for s in skipped],
         clips=len(clips), cameras=clips[0].num_views if clips else len(scenes[0].cameras),
-        views=views, frames=views * cfg.sampling.num_frames,
+        views=views, frames=views * cfg.clip.sampling.num_frames,
         latent_shape=shape, stored=stored, dtype=DTYPE_LABELS[vae.dtype],
         bytes_per_view=bytes_per_view, total_bytes=bytes_per_view * views,
         shares=dp_shares(job),
@@ -242,7 +230,7 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
     if cfg.measure:
         for clip in clips[:MEASURE_TRIES]:
             try:
-                report.measurement = measure_clip(vae, clip, cfg.height, cfg.width)
+                report.measurement = measure_clip(vae, clip, cfg.clip.height, cfg.clip.width)
                 break
             except VideoDecodeError as exc:
                 report.notes.append(f"clip {clip.clip_id} does not decode ({exc}); measuring another")
@@ -338,13 +326,9 @@ def _peak_rss() -> int:
 
 def _config_json(cfg: PlanConfig, device: torch.device) -> dict[str, Any]:
     return {
-        "data": str(cfg.data), "vae": cfg.vae, "num_frames": cfg.sampling.num_frames,
-        "frame_stride": cfg.sampling.frame_stride, "window_stride": cfg.sampling.step,
-        "max_clips_per_scene": cfg.sampling.max_clips_per_scene, "height": cfg.height, "width": cfg.width,
-        "world_size": cfg.world_size, "sp_size": cfg.sp_size, "dp_size": cfg.world_size // cfg.sp_size,
-        "batch_size": cfg.batch_size, "dtype": cfg.dtype, "device": str(device), "store": cfg.store,
-        "cameras": list(cfg.cameras) if cfg.cameras else None, "tiling": cfg.tiling,
-        "max_views_per_forward": cfg.max_views_per_forward, "memory_budget": cfg.memory_budget,
+        "data": str(cfg.data), "vae": cfg.vae, **cfg.clip.to_record(), "world_size": cfg.world_size,
+        "sp_size": cfg.sp_size, "dp_size": cfg.world_size // cfg.sp_size, "batch_size": cfg.batch_size,
+        "device": str(device), "memory_budget": cfg.memory_budget,
     }
 
 
