@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -172,6 +173,22 @@ def procs() -> Any:
         torchrun = staticmethod(run_torchrun)
 
     return Procs
+
+
+@pytest.fixture
+def loud_vae(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A python: VAE spec whose factory records that it ran (and then fails), so a test can tell it was never loaded."""
+    marker = tmp_path / "vae-was-loaded"
+    (tmp_path / "loud_vae.py").write_text(textwrap.dedent(f"""
+        from pathlib import Path
+
+        def make():
+            Path({str(marker)!r}).write_text("loaded")
+            raise RuntimeError("the VAE was loaded")
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("loud_vae", None)
+    return "python:loud_vae:make"
 
 
 @pytest.fixture(scope="session")

@@ -2,27 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-import textwrap
 from pathlib import Path
-
-import pytest
-
-
-@pytest.fixture
-def loud_vae(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A python: VAE spec whose factory records that it ran (and then fails), so a test can tell it was never loaded."""
-    marker = tmp_path / "vae-was-loaded"
-    (tmp_path / "loud_vae.py").write_text(textwrap.dedent(f"""
-        from pathlib import Path
-
-        def make():
-            Path({str(marker)!r}).write_text("loaded")
-            raise RuntimeError("the VAE was loaded")
-    """))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    sys.modules.pop("loud_vae", None)
-    return "python:loud_vae:make"
 
 
 def _args(vae: str) -> list[str]:
@@ -50,3 +30,4 @@ def test_the_vae_loads_once_data_and_out_are_fine(run_cli, loud_vae, demo_data: 
     result = run_cli(["encode", demo_data, "--out", tmp_path / "out", *_args(loud_vae)])
     assert result.exit_code != 0
     assert (tmp_path / "vae-was-loaded").exists()
+

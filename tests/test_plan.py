@@ -145,3 +145,10 @@ def test_example_config_parses_and_fits_its_vae(name: str) -> None:
     assert settings["vae"].startswith("diffusers:")
     height, width = (int(v) for v in settings["size"].split("x"))
     FAMILIES[family].rule(config).check(settings["num_frames"], height, width)
+
+
+def test_plan_with_a_missing_dataset_fails_before_the_vae_loads(run_cli, loud_vae, tmp_path: Path) -> None:
+    result = run_cli(["plan", tmp_path / "no-such-data", "--vae", loud_vae, "--num-frames", "9", "--size", "64x64"])
+    assert result.exit_code == 2, result.output
+    assert "no-such-data: dataset path does not exist" in result.output
+    assert not (tmp_path / "vae-was-loaded").exists()

@@ -181,15 +181,17 @@ def dp_shares(job: JobPlan) -> list[DpShare]:
 def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
     """Plan the job described by `cfg`; with cfg.measure, encode one real clip to time it."""
     device = resolve_device(cfg.device)
+    # DATA first: a typo there fails before the VAE is loaded.
+    scenes = discover_scenes(cfg.data, cfg.clip.cameras)
+    probes = probe_all(scenes, cfg.probe_workers)
+    job = plan_job(scenes, probes, cfg.clip.sampling, cfg.world_size, cfg.sp_size, cfg.batch_size)
     if vae is None:
-        vae = load_vae(cfg.vae, device, cfg.clip.dtype, tiling=cfg.clip.tiling, max_views_per_forward=cfg.clip.max_views_per_forward)
+        vae = load_vae(cfg.vae, device, cfg.clip.dtype, tiling=cfg.clip.tiling,
+                       max_views_per_forward=cfg.clip.max_views_per_forward)
     vae.rule.check(cfg.clip.sampling.num_frames, cfg.clip.height, cfg.clip.width)
     if cfg.clip.store != "mean" and not vae.has_logvar:
         raise UsageError(f"--store {cfg.clip.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; "
                          "use --store mean")
-    scenes = discover_scenes(cfg.data, cfg.clip.cameras)
-    probes = probe_all(scenes, cfg.probe_workers)
-    job = plan_job(scenes, probes, cfg.clip.sampling, cfg.world_size, cfg.sp_size, cfg.batch_size)
     clips, skipped = list(job.clips), list(job.skipped)
     per_scene: dict[str, int] = {}
     for clip in clips:
