@@ -110,7 +110,8 @@ def make_data(root: Path, args: argparse.Namespace, scenes: int) -> Path:
 def plan_batches(data: Path, args: argparse.Namespace) -> list[list[Any]]:
     """vaecache's own plan of the clips (so all modes encode exactly the same windows)."""
     from vaecache.config import SamplingConfig
-    from vaecache.dataset import batched, discover_scenes, plan_clips, probe_scene
+    from vaecache.dataset import discover_scenes, probe_scene
+    from vaecache.planning import batched, plan_clips
 
     scenes = discover_scenes(data)
     probes = {scene.scene_id: probe_scene(scene) for scene in scenes}
@@ -160,20 +161,16 @@ def run_encode_only(vae, decoded: list[Any], device) -> dict[str, float]:
 
 def run_vaecache(args: argparse.Namespace, data: Path, out: Path, height: int, width: int,
                  first_views: int) -> dict[str, Any]:
-    import dataclasses
-
     import vaecache.pipeline as pipeline
-    from vaecache.config import EncodeConfig, SamplingConfig, parse_bytes
+    from vaecache.config import ClipSettings, EncodeConfig, SamplingConfig, parse_bytes
     from vaecache.dist import distributed
 
-    options: dict[str, Any] = dict(
-        data=data, out=out, vae=args.vae, sampling=SamplingConfig(num_frames=args.num_frames), height=height,
-        width=width, dtype=args.dtype, device=args.device, batch_size=args.batch_size, workers=args.workers,
-        shard_size=parse_bytes(args.shard_size), store=args.store, overwrite=True, progress=False)
-    known = {f.name for f in dataclasses.fields(EncodeConfig)}
-    if args.max_views_per_forward is not None and "max_views_per_forward" in known:
-        options["max_views_per_forward"] = args.max_views_per_forward
-    cfg = EncodeConfig(**options)
+    clip_options: dict[str, Any] = dict(dtype=args.dtype, store=args.store)
+    if args.max_views_per_forward is not None:
+        clip_options["max_views_per_forward"] = args.max_views_per_forward
+    clip = ClipSettings(SamplingConfig(num_frames=args.num_frames), height, width, **clip_options)
+    cfg = EncodeConfig(data=data, out=out, vae=args.vae, clip=clip, device=args.device, batch_size=args.batch_size,
+                       workers=args.workers, shard_size=parse_bytes(args.shard_size), overwrite=True, progress=False)
     marks: list[float] = []
     encodes: list[tuple[float, float]] = []
     start = time.perf_counter()
@@ -403,7 +400,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         data = make_data(tmp / "data", args, args.scenes)
         batches = plan_batches(data, args)
 
-        from vaecache.dataset import ViewBatchDataset, batch_views
+        from vaecache.dataset import ViewBatchDataset
+        from vaecache.planning import batch_views
 
         predecode = ViewBatchDataset(batches, [list(range(len(batch_views(b)))) for b in batches], height, width)
         decode_start = time.perf_counter()

@@ -85,8 +85,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def worker(args: argparse.Namespace) -> None:
     import torch
 
-    from vaecache.config import EncodeConfig, SamplingConfig, parse_size
-    from vaecache.dataset import ViewBatchDataset, assign, batch_views, batched, discover_scenes, plan_clips, probe_scene
+    from vaecache.config import ClipSettings, EncodeConfig, SamplingConfig, parse_size
+    from vaecache.dataset import ViewBatchDataset, discover_scenes, probe_scene
+    from vaecache.planning import assign, batch_views, batched, plan_clips
     from vaecache.dist import distributed, make_mesh
     from vaecache.parallel import gather_views, plan_sp
     from vaecache.pipeline import run_encode
@@ -148,11 +149,11 @@ def worker(args: argparse.Namespace) -> None:
                               "peak_rss_mb": rss.peak_mb, "peak_pss_mb": rss.peak_pss_mb}
                     if not args.no_e2e:
                         out_dir = data.parent / f"out-sp{sp}-r{repeat}"
-                        cfg = EncodeConfig(data=data, out=out_dir, vae=args.vae,
-                                           sampling=SamplingConfig(num_frames=args.num_frames), height=height,
-                                           width=width, dtype=args.dtype, device=args.device,
+                        clip = ClipSettings(SamplingConfig(num_frames=args.num_frames), height, width,
+                                            dtype=args.dtype, store=args.store)
+                        cfg = EncodeConfig(data=data, out=out_dir, vae=args.vae, clip=clip, device=args.device,
                                            batch_size=args.batch_size, workers=args.workers, sp_size=sp,
-                                           store=args.store, overwrite=True, progress=False)
+                                           overwrite=True, progress=False)
                         marks: list[float] = []
                         world.barrier()
                         start = time.perf_counter()

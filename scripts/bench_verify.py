@@ -67,7 +67,7 @@ def view_bytes(args: argparse.Namespace) -> int:
 
 
 def build_cache(args: argparse.Namespace, tmp: Path) -> Path:
-    from vaecache.config import EncodeConfig, SamplingConfig, parse_bytes, parse_size
+    from vaecache.config import ClipSettings, EncodeConfig, SamplingConfig, parse_bytes, parse_size
     from vaecache.demodata import DemoDataSpec, write_demo_dataset
     from vaecache.dist import distributed
     from vaecache.pipeline import run_encode
@@ -80,8 +80,8 @@ def build_cache(args: argparse.Namespace, tmp: Path) -> Path:
     write_demo_dataset(data, DemoDataSpec(scenes=scenes, cameras=args.cameras, frames=args.num_frames,
                                           height=height, width=width, seed=0))
     store = "mean" if args.vae.startswith("python:_null_vae") else "mean-logvar"
-    cfg = EncodeConfig(data=data, out=out, vae=args.vae, sampling=SamplingConfig(num_frames=args.num_frames),
-                       height=height, width=width, workers=0, shard_size=parse_bytes(args.shard_size), store=store,
+    clip = ClipSettings(SamplingConfig(num_frames=args.num_frames), height, width, store=store)
+    cfg = EncodeConfig(data=data, out=out, vae=args.vae, clip=clip, workers=0, shard_size=parse_bytes(args.shard_size),
                        overwrite=True, progress=False, device="cpu")
     with distributed(sp_size=1, device="cpu", environ={}) as ctx:
         summary = run_encode(cfg, ctx)

@@ -7,7 +7,12 @@ a `shutil.copytree` of it (see `cache_copy`).
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -123,6 +128,62 @@ def assert_same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
     for name in a:
         assert a[name].dtype == b[name].dtype, name
         assert torch.equal(a[name], b[name]), f"{name} differs"
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment for a vaecache child process: no fault injection or SLURM from the caller, one
+    OpenMP thread (two spinning threads per rank on a shared 2-core runner slow everything several-fold)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VAECACHE_FAULT", "SLURM_"))}
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra)
+    return env
+
+
+def run_vaecache(*args: Any, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m vaecache ARGS` in a child process (stdout and stderr captured as text)."""
+    return subprocess.run([sys.executable, "-m", "vaecache", *map(str, args)], capture_output=True, text=True,
+                          env=subprocess_env(**(env or {})), timeout=timeout)
+
+
+def torchrun_cmd(nproc: int, *args: Any) -> list[str]:
+    """The command line of `torchrun --standalone --nproc-per-node=NPROC -m vaecache ARGS`."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "vaecache", *map(str, args)]
+
+
+def run_torchrun(nproc: int, *args: Any, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`vaecache ARGS` on NPROC local ranks under torchrun (gloo on CPU)."""
+    return subprocess.run(torchrun_cmd(nproc, *args), capture_output=True, text=True, env=subprocess_env(),
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def procs() -> Any:
+    """Child-process runners: env(**extra), vaecache(*args), torchrun_cmd(nproc, *args), torchrun(nproc, *args)."""
+
+    class Procs:
+        env = staticmethod(subprocess_env)
+        vaecache = staticmethod(run_vaecache)
+        torchrun_cmd = staticmethod(torchrun_cmd)
+        torchrun = staticmethod(run_torchrun)
+
+    return Procs
+
+
+@pytest.fixture
+def loud_vae(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A python: VAE spec whose factory records that it ran (and then fails), so a test can tell it was never loaded."""
+    marker = tmp_path / "vae-was-loaded"
+    (tmp_path / "loud_vae.py").write_text(textwrap.dedent(f"""
+        from pathlib import Path
+
+        def make():
+            Path({str(marker)!r}).write_text("loaded")
+            raise RuntimeError("the VAE was loaded")
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("loud_vae", None)
+    return "python:loud_vae:make"
 
 
 @pytest.fixture(scope="session")

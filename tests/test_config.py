@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from vaecache.cli.encode import build_config
-from vaecache.config import EncodeConfig, SamplingConfig, load_toml, parse_bytes, parse_size
+from vaecache.config import ClipSettings, EncodeConfig, SamplingConfig, load_toml, parse_bytes, parse_size
 from vaecache.errors import FrameRuleError, UsageError, VaeSpecError
 from vaecache.vae import LoadedVae, load_vae
 
@@ -17,11 +18,16 @@ def tiny() -> LoadedVae:
     return load_vae("builtin:tiny")
 
 
+_CLIP_FIELDS = {f.name for f in fields(ClipSettings)}
+
+
 def _config(**overrides: object) -> EncodeConfig:
+    """An EncodeConfig from flat settings: ClipSettings fields go to its clip settings, the rest to the run."""
     base: dict = dict(data=Path("d"), out=Path("o"), vae="builtin:tiny", sampling=SamplingConfig(9),
                       height=64, width=64)
     base.update(overrides)
-    return EncodeConfig(**base)
+    clip = ClipSettings(**{k: v for k, v in base.items() if k in _CLIP_FIELDS})
+    return EncodeConfig(clip=clip, **{k: v for k, v in base.items() if k not in _CLIP_FIELDS})
 
 
 # --------------------------------------------------------------------------- flag parsing
@@ -77,13 +83,39 @@ def test_encode_config_names_the_bad_flag(overrides: dict, match: str) -> None:
 
 
 def test_latent_settings_hold_what_changes_the_bytes() -> None:
-    settings = _config(sampling=SamplingConfig(5, frame_stride=2), dtype="bf16").latent_settings()
+    settings = _config(sampling=SamplingConfig(5, frame_stride=2), dtype="bf16").clip.to_record()
     assert settings["num_frames"] == 5 and settings["frame_stride"] == 2
     assert settings["window_stride"] == 10  # default: no overlap
     assert settings["dtype"] == "bf16" and settings["seed"] is None  # the seed only matters for --store sample
-    assert _config(store="sample", seed=7).latent_settings()["seed"] == 7
+    assert _config(store="sample", seed=7).clip.to_record()["seed"] == 7
     # Settings that do not change stored bytes are not part of it.
-    assert _config(batch_size=4, workers=0).latent_settings() == _config().latent_settings()
+    assert _config(batch_size=4, workers=0).clip.to_record() == _config().clip.to_record()
+
+
+@pytest.mark.parametrize("clip", [
+    ClipSettings(SamplingConfig(9), 64, 64),
+    ClipSettings(SamplingConfig(5, frame_stride=2, window_stride=3, max_clips_per_scene=2), 32, 48, dtype="bf16",
+                 store="sample", seed=7, cameras=("b", "a"), tiling=True, max_views_per_forward=4),
+    ClipSettings(SamplingConfig(5), 32, 32, store="mean", seed=7),  # the seed is not recorded: it changes nothing
+])
+def test_clip_settings_round_trip_through_their_recorded_form(clip: ClipSettings) -> None:
+    import json
+
+    record = json.loads(json.dumps(clip.to_record()))  # as a manifest stores it
+    again = ClipSettings.from_record(record)
+    assert again.to_record() == record
+    if clip.store == "sample" or clip.seed == 0:
+        assert again.to_record() == clip.to_record() and (again.height, again.cameras) == (clip.height, clip.cameras)
+
+
+def test_clip_settings_from_a_record_without_tiling_fields_did_not_tile() -> None:
+    record = ClipSettings(SamplingConfig(9), 64, 64).to_record()
+    del record["tiling"], record["max_views_per_forward"]
+    clip = ClipSettings.from_record(record)
+    assert (clip.tiling, clip.max_views_per_forward) == (False, 1)
+    del record["height"]
+    with pytest.raises(UsageError, match="recorded settings lack 'height'"):
+        ClipSettings.from_record(record)
 
 
 # --------------------------------------------------------------------------- TOML and flags
@@ -135,7 +167,7 @@ EXAMPLE_CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob(
 @pytest.mark.parametrize("path", EXAMPLE_CONFIGS, ids=[p.name for p in EXAMPLE_CONFIGS])
 def test_example_configs_build(path: Path) -> None:
     cfg = build_config(Path("data"), Path("out"), None, {}, path)
-    assert cfg.vae and cfg.sampling.num_frames >= 1 and cfg.height >= 1
+    assert cfg.vae and cfg.clip.sampling.num_frames >= 1 and cfg.clip.height >= 1
 
 
 def test_flags_win_over_the_config_file(tmp_path: Path) -> None:
@@ -144,10 +176,10 @@ def test_flags_win_over_the_config_file(tmp_path: Path) -> None:
                     'cameras = ["b", "a"]\nshard_size = "1MiB"\n')
     cfg = build_config(Path("d"), Path("o"), "builtin:tiny", {"num_frames": 9, "batch_size": None}, path)
     assert cfg.vae == "builtin:tiny"
-    assert cfg.sampling.num_frames == 9
+    assert cfg.clip.sampling.num_frames == 9
     assert cfg.batch_size == 4  # unset flag: the file's value
-    assert cfg.cameras == ("b", "a") and cfg.shard_size == 2**20
-    assert (cfg.height, cfg.width) == (64, 64)
+    assert cfg.clip.cameras == ("b", "a") and cfg.shard_size == 2**20
+    assert (cfg.clip.height, cfg.clip.width) == (64, 64)
     from_file = build_config(Path("d"), Path("o"), None, {}, path)
     assert from_file.vae == "diffusers:/models/wan"
 
@@ -174,7 +206,7 @@ def test_required_flags(out: Path | None, vae: str | None, options: dict, match:
 def test_camera_flag_is_a_comma_separated_order() -> None:
     options = {"num_frames": 9, "size": "64x64", "cameras": " c, a ,b "}
     cfg = build_config(Path("d"), Path("o"), "builtin:tiny", options, None)
-    assert cfg.cameras == ("c", "a", "b")
+    assert cfg.clip.cameras == ("c", "a", "b")
 
 
 # --------------------------------------------------------------------------- the VAE's frame rule

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from vaecache.config import SamplingConfig, load_toml
-from vaecache.dataset import Clip
+from vaecache.config import ClipSettings, SamplingConfig, load_toml
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.plan import Measurement, PlanConfig, build_plan, dp_shares, fits_views_per_forward
+from vaecache.planning import Clip, JobPlan
 from vaecache.vae import FAMILIES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,8 +47,12 @@ def test_plan_cli_reports_clips_shapes_bytes_ranks_and_eta(data: Path, tmp_path:
     assert latent["stored"] == ["mean", "logvar"] and latent["dtype"] == "float32"
     assert latent["total_bytes"] == 18 * math.prod(TINY_SHAPE) * 4 * 2
     groups = report["ranks"]["dp_groups"]
+    # Contiguous blocks, as encode assigns them: 9 clips over 2 DP groups -> clips 0-3 and 4-8.
     assert [(g["ranks"], g["clips"], g["batches"], g["views"], g["views_per_rank"]) for g in groups] == \
-        [([0, 1], 5, 3, 10, 5), ([2, 3], 4, 2, 8, 4)]
+        [([0, 1], 4, 2, 8, 4), ([2, 3], 5, 3, 10, 5)]
+    per_scene_ids = [f"{scene}/{start:06d}-{start + 4:06d}" for scene in ("scene_000", "scene_001", "scene_002")
+                     for start in (0, 5, 10)]
+    assert [g["clip_ids"] for g in groups] == [per_scene_ids[:4], per_scene_ids[4:]]
     assert report["ranks"]["padding"]["waste_fraction"] == 0.0
     measured = report["measurement"]
     assert measured["views"] == 2 and measured["seconds_per_view"] > 0 and measured["device"] == "cpu"
@@ -68,10 +72,10 @@ def test_plan_json_to_stdout_parses(data: Path, run_cli: Any) -> None:
 
 def test_padding_waste_when_views_do_not_fill_the_sp_group() -> None:
     clips = [Clip(f"s/{i}", "s", ("a", "b"), ("a.mp4", "b.mp4"), (0, 1, 2), 10.0) for i in range(9)]
-    (share,) = dp_shares(clips, world_size=4, sp_size=4, batch_size=1)
+    (share,) = dp_shares(JobPlan(tuple(clips), (), world_size=4, sp_size=4, batch_size=1))
     # 2 views over 4 ranks: each rank encodes one view, two of the four encodes are padding.
     assert (share.views, share.views_per_rank, share.padded_views) == (18, 9, 18)
-    shares = dp_shares(clips, world_size=3, sp_size=1, batch_size=2)
+    shares = dp_shares(JobPlan(tuple(clips), (), world_size=3, sp_size=1, batch_size=2))
     assert [s.clips for s in shares] == [3, 3, 3] and all(s.padded_views == 0 for s in shares)
 
 
@@ -85,8 +89,8 @@ def test_memory_fit_from_measured_peak_per_view() -> None:
 
 
 def test_build_plan_without_measuring(data: Path) -> None:
-    cfg = PlanConfig(data=data, vae="builtin:tiny", sampling=SamplingConfig(9, max_clips_per_scene=1), height=32,
-                     width=32, memory_budget=2**30, measure=False)
+    cfg = PlanConfig(data=data, vae="builtin:tiny", clip=ClipSettings(SamplingConfig(9, max_clips_per_scene=1), 32, 32),
+                     memory_budget=2**30, measure=False)
     report = build_plan(cfg)
     assert report.clips == 3 and report.latent_shape == [16, 3, 4, 4] and report.measurement is None
     assert any("--memory-budget needs a measurement" in note for note in report.notes)
@@ -141,3 +145,10 @@ def test_example_config_parses_and_fits_its_vae(name: str) -> None:
     assert settings["vae"].startswith("diffusers:")
     height, width = (int(v) for v in settings["size"].split("x"))
     FAMILIES[family].rule(config).check(settings["num_frames"], height, width)
+
+
+def test_plan_with_a_missing_dataset_fails_before_the_vae_loads(run_cli, loud_vae, tmp_path: Path) -> None:
+    result = run_cli(["plan", tmp_path / "no-such-data", "--vae", loud_vae, "--num-frames", "9", "--size", "64x64"])
+    assert result.exit_code == 2, result.output
+    assert "no-such-data: dataset path does not exist" in result.output
+    assert not (tmp_path / "vae-was-loaded").exists()

@@ -81,34 +81,22 @@ class SamplingConfig:
 
 
 @dataclass(frozen=True)
-class EncodeConfig:
-    """Everything `vaecache encode` needs. Fields that change latents go into the run fingerprint."""
+class ClipSettings:
+    """What changes the stored latents: the run fingerprint and the manifest record exactly these.
 
-    data: Path
-    out: Path
-    vae: str
+    Encode, plan and verify --dataset/--reencode all describe a clip with this one type; `to_record()`
+    and `from_record()` are its only conversions to and from the recorded (JSON) form."""
+
     sampling: SamplingConfig
     height: int
     width: int
     dtype: str = "fp32"
-    device: str = "auto"
-    batch_size: int = 1
-    """Clips per batch; a batch is folded into batch_size * cameras views."""
-    workers: int = 2
-    """DataLoader worker processes decoding video per rank (0 decodes in the main process)."""
-    shard_size: int = 256 * 2**20
-    """Roll a new safetensors shard once this many tensor bytes are buffered."""
+    """VAE compute and stored dtype: fp32, bf16 or fp16."""
     store: str = "mean-logvar"
     seed: int = 0
-    """Seeds the per-(clip, camera) noise generator used by --store sample."""
-    sp_size: int = 1
+    """Seeds the per-(clip, camera) noise generator used by --store sample (recorded only then)."""
     cameras: tuple[str, ...] | None = None
     """Camera order for folder layouts; default: sorted by name."""
-    on_error: str = "skip"
-    overwrite: bool = False
-    timeout_s: float = 1800.0
-    """Collective timeout: a dead or stuck rank ends the job after this long instead of hanging."""
-    progress: bool = True
     tiling: bool = False
     """Run the VAE with its own spatial/temporal tiling (enable_tiling()): less memory, different latents."""
     max_views_per_forward: int = 1
@@ -116,26 +104,14 @@ class EncodeConfig:
     by batch size); more is faster where that does not matter, and is recorded. Halved on out-of-memory."""
 
     def __post_init__(self) -> None:
-        if not self.vae:
-            raise UsageError("--vae is required (e.g. builtin:tiny, diffusers:/path/to/vae, python:pkg.mod:factory)")
         if self.height < 1 or self.width < 1:
             raise UsageError(f"--size must be positive, got {self.height}x{self.width}")
         if self.dtype not in DTYPE_CHOICES:
             raise UsageError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
         if self.store not in STORE_CHOICES:
             raise UsageError(f"--store must be one of {', '.join(STORE_CHOICES)}, got {self.store!r}")
-        if self.on_error not in ON_ERROR_CHOICES:
-            raise UsageError(f"--on-error must be one of {', '.join(ON_ERROR_CHOICES)}, got {self.on_error!r}")
-        if self.batch_size < 1:
-            raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
-        if self.workers < 0:
-            raise UsageError(f"--workers must be >= 0, got {self.workers}")
-        if self.sp_size < 1:
-            raise UsageError(f"--sp-size must be >= 1, got {self.sp_size}")
-        if self.shard_size < 1:
-            raise UsageError(f"--shard-size must be >= 1 byte, got {self.shard_size}")
-        if self.timeout_s <= 0:
-            raise UsageError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise UsageError(f"--seed must be an integer, got {self.seed!r}")
         if self.cameras is not None and len(set(self.cameras)) != len(self.cameras):
             raise UsageError(f"camera order lists a camera twice: {list(self.cameras)}")
         if not isinstance(self.tiling, bool):
@@ -144,8 +120,8 @@ class EncodeConfig:
                 or self.max_views_per_forward < 1:
             raise UsageError(f"--max-views-per-forward must be an integer >= 1, got {self.max_views_per_forward!r}")
 
-    def latent_settings(self) -> dict[str, Any]:
-        """The settings that determine the stored bytes (compared on resume)."""
+    def to_record(self) -> dict[str, Any]:
+        """The recorded form (run fingerprint, manifest settings): compared on resume, read back by verify."""
         return {
             "num_frames": self.sampling.num_frames,
             "frame_stride": self.sampling.frame_stride,
@@ -161,9 +137,68 @@ class EncodeConfig:
             "max_views_per_forward": self.max_views_per_forward,
         }
 
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> ClipSettings:
+        """The settings a recorded run used (caches written before tiling was recorded did not tile)."""
+        try:
+            sampling = SamplingConfig(num_frames=record["num_frames"], frame_stride=record["frame_stride"],
+                                      window_stride=record["window_stride"],
+                                      max_clips_per_scene=record["max_clips_per_scene"])
+            cameras = record.get("cameras")
+            return cls(sampling=sampling, height=record["height"], width=record["width"], dtype=record["dtype"],
+                       store=record["store"], seed=record.get("seed") or 0,
+                       cameras=tuple(cameras) if cameras is not None else None,
+                       tiling=record.get("tiling", False), max_views_per_forward=record.get("max_views_per_forward", 1))
+        except KeyError as exc:
+            raise UsageError(f"recorded settings lack {exc.args[0]!r}") from None
 
-def pop_clip_options(merged: dict[str, Any]) -> tuple[SamplingConfig, int, int, tuple[str, ...] | None]:
-    """Take the clip-shape options shared by encode and plan out of merged CLI/TOML settings."""
+
+@dataclass(frozen=True)
+class EncodeConfig:
+    """Everything `vaecache encode` needs: where from and to, the VAE, the clip settings, and run options
+    (which do not change a stored byte)."""
+
+    data: Path
+    out: Path
+    vae: str
+    clip: ClipSettings
+    device: str = "auto"
+    batch_size: int = 1
+    """Clips per batch; a batch is folded into batch_size * cameras views."""
+    workers: int = 2
+    """DataLoader worker processes decoding video per rank (0 decodes in the main process)."""
+    shard_size: int = 256 * 2**20
+    """Roll a new safetensors shard once this many tensor bytes are buffered."""
+    sp_size: int = 1
+    on_error: str = "skip"
+    overwrite: bool = False
+    timeout_s: float = 1800.0
+    """Collective timeout: a dead or stuck rank ends the job after this long instead of hanging."""
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.vae:
+            raise UsageError("--vae is required (e.g. builtin:tiny, diffusers:/path/to/vae, python:pkg.mod:factory)")
+        if self.on_error not in ON_ERROR_CHOICES:
+            raise UsageError(f"--on-error must be one of {', '.join(ON_ERROR_CHOICES)}, got {self.on_error!r}")
+        if self.batch_size < 1:
+            raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.workers < 0:
+            raise UsageError(f"--workers must be >= 0, got {self.workers}")
+        if self.sp_size < 1:
+            raise UsageError(f"--sp-size must be >= 1, got {self.sp_size}")
+        if self.shard_size < 1:
+            raise UsageError(f"--shard-size must be >= 1 byte, got {self.shard_size}")
+        if self.timeout_s <= 0:
+            raise UsageError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
+
+
+_CLIP_KEYS = ("dtype", "store", "seed", "tiling", "max_views_per_forward")
+"""ClipSettings fields given as options of their own (the rest come from size, cameras and the sampling keys)."""
+
+
+def pop_clip_options(merged: dict[str, Any]) -> ClipSettings:
+    """Take the clip settings shared by encode and plan out of merged CLI/TOML settings."""
     if "num_frames" not in merged:
         raise UsageError("--num-frames is required (frames per clip, e.g. 17 for Wan-style 1+4k VAEs)")
     if "size" not in merged:
@@ -180,7 +215,8 @@ def pop_clip_options(merged: dict[str, Any]) -> tuple[SamplingConfig, int, int, 
         cameras = tuple(c.strip() for c in cameras.split(",") if c.strip())
     elif cameras is not None:
         cameras = tuple(cameras)
-    return sampling, height, width, cameras
+    options = {key: merged.pop(key) for key in _CLIP_KEYS if key in merged}
+    return ClipSettings(sampling=sampling, height=height, width=width, cameras=cameras, **options)
 
 
 def load_toml(path: Path) -> dict[str, Any]:
@@ -194,8 +230,8 @@ def load_toml(path: Path) -> dict[str, Any]:
         raise UsageError(f"{path}: not valid TOML: {exc}") from None
     section = raw.get("encode", raw)
     # height and width come from "size", the sampling fields from their own keys
-    known = ({f.name for f in fields(EncodeConfig)} - {"sampling", "height", "width"}
-             | {f.name for f in fields(SamplingConfig)} | {"size"})
+    known = ({f.name for f in fields(EncodeConfig)} - {"clip"} | {f.name for f in fields(ClipSettings)}
+             - {"sampling", "height", "width"} | {f.name for f in fields(SamplingConfig)} | {"size"})
     normalized = {_TOML_ALIASES.get(key.replace("-", "_"), key.replace("-", "_")): value for key, value in section.items()}
     unknown = sorted(set(normalized) - known)
     if unknown:
@@ -216,7 +252,7 @@ def _toml_types(key: str) -> tuple[type, ...]:
     special = {"size": (str,), "data": (str,), "out": (str,), "shard_size": (int, str), "cameras": (str, list)}
     if key in special:
         return special[key]
-    hint = {**get_type_hints(SamplingConfig), **get_type_hints(EncodeConfig)}[key]
+    hint = {**get_type_hints(SamplingConfig), **get_type_hints(ClipSettings), **get_type_hints(EncodeConfig)}[key]
     allowed: list[type] = []
     for arg in get_args(hint) or (hint,):
         arg = get_origin(arg) or arg
@@ -225,6 +261,6 @@ def _toml_types(key: str) -> tuple[type, ...]:
 
 
 __all__ = [
-    "DTYPE_CHOICES", "ON_ERROR_CHOICES", "STORE_CHOICES", "EncodeConfig", "SamplingConfig",
-    "load_toml", "parse_bytes", "parse_size",
+    "DTYPE_CHOICES", "ON_ERROR_CHOICES", "STORE_CHOICES", "ClipSettings", "EncodeConfig", "SamplingConfig",
+    "load_toml", "parse_bytes", "parse_size", "pop_clip_options",
 ]

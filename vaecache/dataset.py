@@ -1,18 +1,19 @@
-"""Scene discovery, probing, clip planning (pure), and the DataLoader dataset of views (decoding: decode.py)."""
+"""Scene discovery and decord decoding into (views, C, T, H, W) float tensors (clip planning: planning.py)."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+import numpy as np
 import torch
 
-from vaecache.config import SamplingConfig
-from vaecache.decode import ViewDecoder, build_index
 from vaecache.errors import DatasetError, VideoDecodeError
+from vaecache.planning import Clip, batch_views
 
 VIDEO_EXTENSIONS = (".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v")
 MISSING_SUFFIX = ".<missing>"
@@ -45,36 +46,6 @@ class SceneProbe:
     fps: float = 0.0
     error: str | None = None
     error_path: str | None = None
-
-
-@dataclass(frozen=True)
-class Clip:
-    """One training sample: the same frame indices of every camera of a scene."""
-
-    clip_id: str
-    scene_id: str
-    cameras: tuple[str, ...]
-    paths: tuple[str, ...]
-    frames: tuple[int, ...]
-    fps: float
-
-    @property
-    def num_views(self) -> int:
-        return len(self.cameras)
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """A scene (or one of its files) that produced no clip, and why."""
-
-    scene_id: str
-    path: str | None
-    reason: str
-
-
-def clip_id_for(scene_id: str, frames: Sequence[int]) -> str:
-    """Identity of a clip, from its source only: scene id and first/last source frame."""
-    return f"{scene_id}/{frames[0]:06d}-{frames[-1]:06d}"
 
 
 # --------------------------------------------------------------------------- discovery
@@ -217,17 +188,18 @@ def _parse_range(value: Any, where: str) -> tuple[int, int]:
 
 
 def probe_scene(scene: Scene) -> SceneProbe:
-    """Index every camera's video; all must be readable and hold the same number of frames."""
+    """Open every camera's video; all must be readable and hold the same number of frames."""
     counts, fps_values = [], []
     for camera, path in zip(scene.cameras, scene.paths):
         if path.endswith(MISSING_SUFFIX):
             return SceneProbe(scene.scene_id, error=f"camera {camera!r} is missing", error_path=path)
         try:
-            index = build_index(path)
+            reader = open_video(path)
+            counts.append(len(reader))
+            fps_values.append(float(reader.get_avg_fps()))
+            del reader
         except VideoDecodeError as exc:
             return SceneProbe(scene.scene_id, error=exc.reason, error_path=path)
-        counts.append(index.num_frames)
-        fps_values.append(index.fps)
     if len(set(counts)) > 1:
         shortest = min(range(len(counts)), key=counts.__getitem__)
         return SceneProbe(
@@ -252,78 +224,117 @@ def probe_scene(scene: Scene) -> SceneProbe:
     return SceneProbe(scene.scene_id, num_frames=total, fps=fps_values[0])
 
 
-# --------------------------------------------------------------------------- planning (pure)
+def open_video(path: str):
+    """A decord VideoReader, with decord's failures turned into VideoDecodeError naming the file."""
+    import decord
+
+    file = Path(path)
+    try:
+        size = file.stat().st_size
+    except FileNotFoundError:
+        raise VideoDecodeError(path, "file not found") from None
+    except PermissionError:
+        raise VideoDecodeError(path, "permission denied") from None
+    if size == 0:
+        raise VideoDecodeError(path, "empty file (0 bytes)")
+    if not file.is_file():
+        raise VideoDecodeError(path, "not a regular file")
+    try:
+        with open(file, "rb"):
+            pass
+        reader = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=1)
+    except PermissionError:
+        raise VideoDecodeError(path, "permission denied") from None
+    except Exception as exc:  # decord raises its own DECORDError / RuntimeError
+        raise VideoDecodeError(path, f"not a readable video ({_short(exc)})") from None
+    if len(reader) == 0:
+        raise VideoDecodeError(path, "video has no frames")
+    return reader
 
 
-def plan_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling: SamplingConfig) -> tuple[list[Clip], list[Skipped]]:
-    """Cut every usable scene into windows of `sampling.num_frames` frames. Pure: no I/O."""
-    clips: list[Clip] = []
-    skipped: list[Skipped] = []
-    for scene in scenes:
-        probe = probes[scene.scene_id]
-        if probe.error is not None:
-            skipped.append(Skipped(scene.scene_id, probe.error_path, probe.error))
-            continue
-        start, stop = scene.frame_range if scene.frame_range is not None else (0, probe.num_frames)
-        windows = plan_windows(start, stop, sampling)
-        if not windows:
-            skipped.append(Skipped(scene.scene_id, None,
-                                   f"too short: {stop - start} usable frames, one clip needs {sampling.span}"))
-            continue
-        for frames in windows:
-            clips.append(Clip(clip_id_for(scene.scene_id, frames), scene.scene_id, scene.cameras, scene.paths,
-                              frames, probe.fps))
-    return clips, skipped
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:200]
 
 
-def plan_windows(start: int, stop: int, sampling: SamplingConfig) -> list[tuple[int, ...]]:
-    """Frame indices of each clip in [start, stop)."""
-    windows = []
-    first = start
-    while first + sampling.span <= stop:
-        windows.append(tuple(range(first, first + sampling.span, sampling.frame_stride)))
-        if sampling.max_clips_per_scene is not None and len(windows) >= sampling.max_clips_per_scene:
-            break
-        first += sampling.step
-    return windows
+# --------------------------------------------------------------------------- decoding
 
 
-def assign(items: Sequence[Any], rank: int, world: int) -> list[Any]:
-    """The deterministic share of `items` that worker `rank` of `world` takes (round-robin)."""
-    if not 0 <= rank < world:
-        raise ValueError(f"rank {rank} outside world of {world}")
-    return list(items[rank::world])
+def resize_cover_crop(frames: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """(T, C, h, w) uint8 -> (T, C, height, width) float: scale to cover, then center-crop."""
+    _, _, src_h, src_w = frames.shape
+    frames = frames.float()
+    if (src_h, src_w) != (height, width):
+        scale = max(height / src_h, width / src_w)
+        new_h, new_w = max(height, round(src_h * scale)), max(width, round(src_w * scale))
+        if (new_h, new_w) != (src_h, src_w):
+            frames = torch.nn.functional.interpolate(frames, size=(new_h, new_w), mode="bilinear",
+                                                     align_corners=False, antialias=True)
+        top, left = (new_h - height) // 2, (new_w - width) // 2
+        frames = frames[:, :, top:top + height, left:left + width]
+    return frames
 
 
-def assign_contiguous(items: Sequence[Any], rank: int, world: int) -> list[Any]:
-    """Worker `rank`'s contiguous, balanced block of `items` (sizes differ by at most one).
-
-    A scene's consecutive clips stay together, so an open video reader carries on instead of
-    seeking back to a keyframe on another rank."""
-    if not 0 <= rank < world:
-        raise ValueError(f"rank {rank} outside world of {world}")
-    count = len(items)
-    return list(items[rank * count // world:(rank + 1) * count // world])
+def to_model_range(frames: torch.Tensor) -> torch.Tensor:
+    """[0, 255] -> [-1, 1], clamped (resampling can overshoot)."""
+    return (frames / 127.5 - 1.0).clamp_(-1.0, 1.0)
 
 
-def batched(items: Sequence[Any], size: int) -> list[list[Any]]:
-    return [list(items[i:i + size]) for i in range(0, len(items), size)]
+class ViewDecoder:
+    """Decodes one camera of one clip. Keeps a few readers open, because a batch often reads one file twice."""
+
+    def __init__(self, height: int, width: int, cache_size: int = 8) -> None:
+        self.height, self.width = height, width
+        self._readers: OrderedDict[str, Any] = OrderedDict()
+        self._cache_size = cache_size
+
+    def _reader(self, path: str):
+        reader = self._readers.pop(path, None)
+        if reader is None:
+            reader = open_video(path)
+        self._readers[path] = reader
+        while len(self._readers) > self._cache_size:
+            self._readers.popitem(last=False)
+        return reader
+
+    def decode(self, path: str, frames: Sequence[int]) -> torch.Tensor:
+        """(C, T, H, W) float in [-1, 1]."""
+        reader = self._reader(path)
+        if frames[-1] >= len(reader):
+            raise VideoDecodeError(path, f"frame {frames[-1]} requested, video has {len(reader)}")
+        try:
+            array = reader.get_batch(list(frames)).asnumpy()
+        except Exception as exc:
+            self._readers.pop(path, None)
+            if "size must exactly match" not in str(exc):
+                raise VideoDecodeError(path, f"decoding frames {frames[0]}..{frames[-1]} failed ({_short(exc)})") from None
+            # decord 0.6 misreads frames of a few widths (16, 24, 48, 72: dmlc/decord#93): PyAV decodes them.
+            array = decode_frames_pyav(path, frames)
+        if array.shape[0] != len(frames) or array.ndim != 4:
+            raise VideoDecodeError(path, f"decoder returned {array.shape[0]} of {len(frames)} frames")
+        tensor = torch.from_numpy(np.ascontiguousarray(array)).permute(0, 3, 1, 2)
+        tensor = to_model_range(resize_cover_crop(tensor, self.height, self.width))
+        return tensor.permute(1, 0, 2, 3).contiguous()
 
 
-# --------------------------------------------------------------------------- views
+def decode_frames_pyav(path: str, frames: Sequence[int]) -> np.ndarray:
+    """(T, H, W, 3) uint8 RGB of the given frame indices, decoding from the start (slow, exact)."""
+    import av
 
-
-@dataclass(frozen=True)
-class ViewRef:
-    """One camera of one clip, addressed by its position in a batch."""
-
-    clip_index: int
-    camera_index: int
-
-
-def batch_views(batch: Sequence[Clip]) -> list[ViewRef]:
-    """The batch folded into views: clip-major, camera-minor (B*NC entries)."""
-    return [ViewRef(i, c) for i, clip in enumerate(batch) for c in range(clip.num_views)]
+    wanted = {index: position for position, index in enumerate(frames)}
+    out: list[np.ndarray | None] = [None] * len(frames)
+    try:
+        with av.open(path) as container:
+            for index, frame in enumerate(container.decode(video=0)):
+                if index in wanted:
+                    out[wanted[index]] = frame.to_ndarray(format="rgb24")
+                if index >= frames[-1]:
+                    break
+    except av.FFmpegError as exc:
+        raise VideoDecodeError(path, f"decoding frames {frames[0]}..{frames[-1]} failed ({_short(exc)})") from None
+    if any(frame is None for frame in out):
+        raise VideoDecodeError(path, f"video ended before frame {frames[-1]}")
+    return np.stack(out)
 
 
 class ViewBatchDataset(torch.utils.data.Dataset):

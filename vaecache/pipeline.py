@@ -1,7 +1,8 @@
-"""The encode loop: plan -> decode (DataLoader workers) -> encode (SP group) -> write (background thread)."""
+"""The encode loop: plan -> decode (DataLoader workers) -> encode (SP group) -> gather -> write."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -10,30 +11,28 @@ import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable
 
 import torch
 
 import vaecache
 from vaecache.config import EncodeConfig
-from vaecache.dataset import (
-    Clip, SceneProbe, ViewBatchDataset, assign, assign_contiguous, batch_views, batched, discover_scenes, plan_clips,
-    probe_scene,
-)
+from vaecache.dataset import Scene, SceneProbe, ViewBatchDataset, discover_scenes, probe_scene
 from vaecache.dist import DistContext
-from vaecache.errors import EXIT_OK, EXIT_PARTIAL, EXIT_STOPPED, InputError, UsageError, VaecacheError
+from vaecache.dtypes import recorded_name
+from vaecache.errors import EXIT_OK, EXIT_PARTIAL, EXIT_STOPPED, InputError, UsageError
 from vaecache.format.index import finalize, manifest_header
 from vaecache.format.io import AppendLog
 from vaecache.format.layout import failures_path, progress_path
 from vaecache.format.outdir import PreparedOut, begin_changes, prepare_out, release_lock
 from vaecache.format.reader import CacheReader
-from vaecache.format.writer import DTYPE_NAMES, ShardWriter, failure_record
-from vaecache.parallel import gather_views, plan_sp
+from vaecache.format.writer import ShardWriter, failure_record
+from vaecache.parallel import SPPlan, gather_views
+from vaecache.planning import Clip, JobPlan, assign, batch_views, plan_job
 from vaecache.stop import StopRequest, ignore_stop_signals
 from vaecache.vae import LoadedVae, load_vae
 
 log = logging.getLogger("vaecache")
-T = TypeVar("T")
 
 
 @dataclass
@@ -79,7 +78,7 @@ def run_fingerprint_vae_part(vae: LoadedVae) -> dict[str, Any]:
 
 def run_fingerprint(cfg: EncodeConfig, vae: LoadedVae) -> dict[str, Any]:
     """Everything that determines stored bytes; a resume must match it exactly."""
-    return {"vae": run_fingerprint_vae_part(vae), "latents": cfg.latent_settings(), "format_version": 1}
+    return {"vae": run_fingerprint_vae_part(vae), "latents": cfg.clip.to_record(), "format_version": 1}
 
 
 def _cpu_thread_budget(ctx: DistContext, workers: int) -> int:
@@ -93,21 +92,6 @@ def _cpu_thread_budget(ctx: DistContext, workers: int) -> int:
     threads = max(1, cores - workers)
     torch.set_num_threads(threads)
     return threads
-
-
-def on_rank0(ctx: DistContext, fn: Callable[[], T]) -> T:
-    """Run fn on rank 0 and hand its result, or its error, to every rank (so no rank waits forever)."""
-    payload: Any = None
-    if ctx.info.rank == 0:
-        try:
-            payload = ("ok", fn())
-        except Exception as exc:  # every rank must hear of it, or they would wait in the broadcast
-            payload = ("error", exc if isinstance(exc, VaecacheError)
-                       else VaecacheError(f"rank 0: {type(exc).__name__}: {exc}"))
-    payload = ctx.broadcast_object(payload)
-    if payload[0] == "error":
-        raise payload[1]
-    return payload[1]
 
 
 def setup_logging(out: Path, rank: int, world: int) -> logging.Handler:
@@ -145,10 +129,41 @@ def _camera_of(cameras: Any, paths: Any, path: str | None) -> str | None:
     return cameras[list(paths).index(path)] if path in paths else None
 
 
-def _probe_all(ctx: DistContext, scenes: list) -> dict[str, SceneProbe]:
+@dataclass
+class RankCounters:
+    """What one rank's encode loop did; the ranks' counters are summed into the EncodeSummary."""
+
+    clips: int = 0
+    views: int = 0
+    frames: int = 0
+    failed: int = 0
+    bytes_written: int = 0
+    shards: int = 0
+    backoffs: list[str] = field(default_factory=list)
+    stopped: str | None = None
+    """The signal that ended this rank's loop early, if one did."""
+
+    def add_to(self, summary: EncodeSummary) -> None:
+        summary.clips += self.clips
+        summary.views += self.views
+        summary.frames += self.frames
+        summary.bytes_written += self.bytes_written
+        summary.shards += self.shards
+        summary.backoffs.extend(self.backoffs)
+        if self.stopped and not summary.stopped:
+            summary.stopped = self.stopped
+
+
+def _probe_all(ctx: DistContext, scenes: list[Scene]) -> dict[str, SceneProbe]:
     """Every rank opens its share of the scenes; the results are exchanged so all ranks plan alike."""
     mine = [probe_scene(scene) for scene in assign(scenes, ctx.info.rank, ctx.info.world_size)]
     return {probe.scene_id: probe for part in ctx.all_gather_object(mine) for probe in part}
+
+
+def _check_out_usable(out: Path) -> None:
+    """What can be told about OUT without the run fingerprint (prepare_out checks the rest)."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out}: --out exists and is not a folder")
 
 
 def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Callable[[int, int], None] | None = None) -> EncodeSummary:
@@ -164,20 +179,27 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, stop: StopRequest,
     started = time.perf_counter()
     rank, world = ctx.info.rank, ctx.info.world_size
     mesh = ctx.mesh
+    # Everything that can be checked without the VAE comes first: a typo in DATA or OUT fails at once.
+    scenes = discover_scenes(cfg.data, cfg.clip.cameras)
+    _check_out_usable(cfg.out)
+    job = plan_job(scenes, _probe_all(ctx, scenes), cfg.clip.sampling, world, mesh.sp_size, cfg.batch_size)
+    if job.skipped and cfg.on_error == "fail":
+        first = job.skipped[0]
+        raise InputError(f"{first.path or first.scene_id}: {first.reason} (scene {first.scene_id}; --on-error fail)")
     threads = _cpu_thread_budget(ctx, cfg.workers)
-    vae = load_vae(cfg.vae, ctx.device, cfg.dtype, tiling=cfg.tiling, max_views_per_forward=cfg.max_views_per_forward)
-    vae.rule.check(cfg.sampling.num_frames, cfg.height, cfg.width)
-    if cfg.store != "mean" and not vae.has_logvar:
-        raise UsageError(f"--store {cfg.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; use --store mean")
-    scenes = discover_scenes(cfg.data, cfg.cameras)
+    vae = load_vae(cfg.vae, ctx.device, cfg.clip.dtype, tiling=cfg.clip.tiling, max_views_per_forward=cfg.clip.max_views_per_forward)
+    vae.rule.check(cfg.clip.sampling.num_frames, cfg.clip.height, cfg.clip.width)
+    if cfg.clip.store != "mean" and not vae.has_logvar:
+        raise UsageError(f"--store {cfg.clip.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; use --store mean")
     fingerprint = run_fingerprint(cfg, vae)
-    prepared: PreparedOut = on_rank0(ctx, lambda: prepare_out(cfg.out, fingerprint, cfg.overwrite, ctx.info.job_id))
+    prepared: PreparedOut = ctx.on_rank0(lambda: prepare_out(cfg.out, fingerprint, cfg.overwrite, ctx.info.job_id))
+    job = dataclasses.replace(job, done_clip_ids=frozenset(prepared.done_clip_ids))
     handler = setup_logging(cfg.out, rank, world)
     try:
         log.info("vaecache %s: world %d = DP %d x SP %d, device %s (%d torch threads), attempt %d, "
                  "%d clips already committed", vaecache.__version__, world, mesh.dp_size, mesh.sp_size, ctx.device,
                  threads, prepared.attempt, len(prepared.done_clip_ids))
-        summary = _encode(cfg, ctx, vae, scenes, prepared, stop, on_progress)
+        summary = _encode(cfg, ctx, vae, job, len(scenes), prepared, stop, on_progress)
         summary.wall_s = time.perf_counter() - started
         if summary.stopped:
             log.warning("stopped early (%s): committed work is kept; rerun the same command to resume", summary.stopped)
@@ -190,7 +212,7 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, stop: StopRequest,
             log.info("%s is complete: all %d planned clips are cached; nothing was changed", cfg.out,
                      summary.planned_clips)
             return summary
-        on_rank0(ctx, lambda: _finalize(cfg, vae, summary, fingerprint))
+        ctx.on_rank0(lambda: _finalize(cfg, vae, summary, fingerprint))
         log.info("done: %d clips, %d views in %.1f s", summary.clips, summary.views, summary.wall_s)
         return summary
     finally:
@@ -200,57 +222,48 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, stop: StopRequest,
         handler.close()
 
 
-def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, scenes: list, prepared: PreparedOut,
-            stop: StopRequest, on_progress: Callable[[int, int], None] | None) -> EncodeSummary:
+def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, num_scenes: int,
+            prepared: PreparedOut, stop: StopRequest, on_progress: Callable[[int, int], None] | None) -> EncodeSummary:
     rank, mesh = ctx.info.rank, ctx.mesh
-    probes = _probe_all(ctx, scenes)
-    clips, skipped = plan_clips(scenes, probes, cfg.sampling)
-    todo = [clip for clip in clips if clip.clip_id not in prepared.done_clip_ids]
-    mine = assign_contiguous(todo, mesh.dp_rank, mesh.dp_size)
-    batches = batched(mine, cfg.batch_size)
-    plans = [plan_sp(len(batch_views(batch)), mesh.sp_size) for batch in batches]
-    view_indices = [plan.view_indices(mesh.sp_rank) for plan in plans]
-    if skipped and cfg.on_error == "fail":
-        first = skipped[0]
-        raise InputError(f"{first.path or first.scene_id}: {first.reason} (scene {first.scene_id}; --on-error fail)")
+    todo = job.todo
     if prepared.complete and not todo:
         return EncodeSummary(cfg.out, world_size=ctx.info.world_size, sp_size=mesh.sp_size,
                              untrained_vae=vae.untrained, resumed_clips=len(prepared.done_clip_ids),
-                             planned_clips=len(clips), scenes=len(scenes), already_complete=True)
+                             planned_clips=len(job.clips), scenes=num_scenes, already_complete=True)
     if prepared.complete:  # the dataset grew: the finished cache is about to change
-        prepared = on_rank0(ctx, lambda: begin_changes(cfg.out, prepared.attempt))
+        prepared = ctx.on_rank0(lambda: begin_changes(cfg.out, prepared.attempt))
+    work = job.rank_work(rank)
     failures = AppendLog(failures_path(cfg.out, rank))
     if rank == 0:
-        scene_by_id = {scene.scene_id: scene for scene in scenes}
-        for skip in skipped:
-            scene = scene_by_id[skip.scene_id]
+        scene_paths = {clip.scene_id: (clip.cameras, clip.paths) for clip in job.clips}
+        for skip in job.skipped:
             failures.append(failure_record(skip.scene_id, skip.reason, path=skip.path,
-                                           camera=_camera_of(scene.cameras, scene.paths, skip.path)))
+                                           camera=_camera_of(*scene_paths.get(skip.scene_id, ((), ())), skip.path)))
             log.warning("skipped scene %s: %s%s", skip.scene_id, skip.reason, f" ({skip.path})" if skip.path else "")
-    local: dict[str, Any] = {"clips": 0, "views": 0, "frames": 0, "failed": 0, "backoffs": [], "stopped": None}
+    counters = RankCounters()
     loader = torch.utils.data.DataLoader(
-        ViewBatchDataset(batches, view_indices, cfg.height, cfg.width),
+        ViewBatchDataset(work.batches, work.view_indices, cfg.clip.height, cfg.clip.width),
         batch_size=None, shuffle=False, num_workers=cfg.workers, pin_memory=ctx.device.type == "cuda",
         prefetch_factor=4 if cfg.workers else None, worker_init_fn=ignore_stop_signals,
     )
     progress_log = AppendLog(progress_path(cfg.out, rank)) if mesh.is_writer else None
     writer = ShardWriter(cfg.out, rank, prepared.attempt, cfg.shard_size, progress_log) if progress_log else None
+    sink = _BatchSink(cfg, ctx, vae, writer, failures, counters)
     try:
         for item in loader:
-            batch, plan = batches[item["index"]], plans[item["index"]]
+            batch, sp_plan = work.batches[item["index"]], work.sp_plans[item["index"]]
             # Ranks of one SP group must stop at the same batch, or the all_gather below would hang.
-            if _sp_any(ctx, stop.requested):
-                local["stopped"] = stop.signal_name or "a peer's signal"
+            if ctx.sp_any(stop.requested):
+                counters.stopped = stop.signal_name or "a peer's signal"
                 break
             result = vae.encode_views(item["views"])
             moments = result.mean if result.logvar is None else torch.cat([result.mean, result.logvar], dim=1)
-            moments = gather_views(moments, plan, ctx.sp_group)
-            errors, settings = _batch_outcome(ctx, plan, batch, item["errors"], result)
-            local["backoffs"].extend(result.backoffs)
-            _write_batch(cfg, ctx, vae, batch, moments, result.mean.shape[1], errors, settings, writer, failures,
-                         local)
+            moments = gather_views(moments, sp_plan, ctx.sp_group)
+            errors, settings = _batch_outcome(ctx, sp_plan, batch, item["errors"], result)
+            counters.backoffs.extend(result.backoffs)
+            sink.commit(batch, moments, result.mean.shape[1], errors, settings)
             if on_progress is not None:
-                on_progress(len(batch), len(mine))
+                on_progress(len(batch), len(work.clips))
         if writer is not None:
             writer.close()
     except BaseException:
@@ -261,37 +274,21 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, scenes: list, p
         failures.close()
         if progress_log is not None:
             progress_log.close()
-    local["bytes"] = writer.bytes_written if writer else 0
-    local["shards"] = len(writer.committed) if writer else 0
+    counters.bytes_written = writer.bytes_written if writer else 0
+    counters.shards = len(writer.committed) if writer else 0
     summary = EncodeSummary(cfg.out, world_size=ctx.info.world_size, sp_size=mesh.sp_size,
                             untrained_vae=vae.untrained, resumed_clips=len(prepared.done_clip_ids),
-                            planned_clips=len(clips), scenes=len(scenes))
-    if local["stopped"]:
+                            planned_clips=len(job.clips), scenes=num_scenes)
+    if counters.stopped:
         # Committed shards are durable; skip the job-wide exchange (peers may be gone) and let a rerun resume.
-        summary.stopped = local["stopped"]
-        summary.clips, summary.views, summary.frames = local["clips"], local["views"], local["frames"]
-        summary.bytes_written, summary.shards = local["bytes"], local["shards"]
+        counters.add_to(summary)
         return summary
-    for part in ctx.all_gather_object(local):
-        summary.clips += part["clips"]
-        summary.views += part["views"]
-        summary.frames += part["frames"]
-        summary.bytes_written += part["bytes"]
-        summary.shards += part["shards"]
-        summary.backoffs.extend(part["backoffs"])
-        if part["stopped"] and not summary.stopped:
-            summary.stopped = part["stopped"]
+    for part in ctx.all_gather_object(counters):
+        part.add_to(summary)
     return summary
 
 
-def _sp_any(ctx: DistContext, flag: bool) -> bool:
-    """True on every SP rank if any SP rank has the flag set."""
-    if ctx.mesh.sp_size == 1:
-        return flag
-    return any(ctx.sp_all_gather_object(flag))
-
-
-def _real_views(plan: Any, sp_rank: int, count: int) -> list[int | None]:
+def _real_views(plan: SPPlan, sp_rank: int, count: int) -> list[int | None]:
     """For each row this rank encoded: the batch view it is, or None for a padding copy."""
     if plan.is_local:
         return list(range(count))
@@ -299,7 +296,7 @@ def _real_views(plan: Any, sp_rank: int, count: int) -> list[int | None]:
     return [p if p < plan.num_views else None for p in range(start, start + count)]
 
 
-def _batch_outcome(ctx: DistContext, plan: Any, batch: list[Clip], decode_errors: dict[int, tuple[str, str]],
+def _batch_outcome(ctx: DistContext, plan: SPPlan, batch: tuple[Clip, ...], decode_errors: dict[int, tuple[str, str]],
                    result: Any) -> tuple[dict[int, tuple[str, str]], dict[int, dict[str, Any]]]:
     """Clip index -> (path, reason) for clips any SP rank could not decode or encode, and view -> settings."""
     views = batch_views(batch)
@@ -322,30 +319,41 @@ def _batch_outcome(ctx: DistContext, plan: Any, batch: list[Clip], decode_errors
     return errors, settings
 
 
-def _write_batch(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, batch: list[Clip], moments: torch.Tensor,
-                 channels: int, errors: dict[int, tuple[str, str]], settings: dict[int, dict[str, Any]],
-                 writer: ShardWriter | None, failures: AppendLog, local: dict[str, Any]) -> None:
-    view_start = 0
-    for clip_index, clip in enumerate(batch):
-        clip_moments = moments[view_start:view_start + clip.num_views]
-        view_start += clip.num_views
-        if clip_index in errors:
-            path, reason = errors[clip_index]
-            if ctx.mesh.is_writer:
-                failures.append(failure_record(clip.scene_id, reason, clip=clip.clip_id, path=path,
-                                               camera=_camera_of(clip.cameras, clip.paths, path)))
-                log.warning("clip %s failed: %s: %s", clip.clip_id, path, reason)
-                local["failed"] += 1
-            if cfg.on_error == "fail":
-                raise InputError(f"{path}: {reason}")
-            continue
-        if writer is not None:
-            tensors = clip_tensors(clip, clip_moments, channels, cfg.store, cfg.seed, vae.dtype)
-            used = [settings[view_start - clip.num_views + c] for c in range(clip.num_views)]
-            writer.add(clip, tensors, used)
-            local["clips"] += 1
-            local["views"] += clip.num_views
-            local["frames"] += clip.num_views * len(clip.frames)
+@dataclass
+class _BatchSink:
+    """Where a gathered batch goes: its clips to the shard writer (writer ranks), its failures to the failure log."""
+
+    cfg: EncodeConfig
+    ctx: DistContext
+    vae: LoadedVae
+    writer: ShardWriter | None
+    failures: AppendLog
+    counters: RankCounters
+
+    def commit(self, batch: tuple[Clip, ...], moments: torch.Tensor, channels: int,
+               errors: dict[int, tuple[str, str]], settings: dict[int, dict[str, Any]]) -> None:
+        cfg, writer, counters = self.cfg, self.writer, self.counters
+        view_start = 0
+        for clip_index, clip in enumerate(batch):
+            clip_moments = moments[view_start:view_start + clip.num_views]
+            view_start += clip.num_views
+            if clip_index in errors:
+                path, reason = errors[clip_index]
+                if self.ctx.mesh.is_writer:
+                    self.failures.append(failure_record(clip.scene_id, reason, clip=clip.clip_id, path=path,
+                                                        camera=_camera_of(clip.cameras, clip.paths, path)))
+                    log.warning("clip %s failed: %s: %s", clip.clip_id, path, reason)
+                    counters.failed += 1
+                if cfg.on_error == "fail":
+                    raise InputError(f"{path}: {reason}")
+                continue
+            if writer is not None:
+                tensors = clip_tensors(clip, clip_moments, channels, cfg.clip.store, cfg.clip.seed, self.vae.dtype)
+                used = [settings[view_start - clip.num_views + c] for c in range(clip.num_views)]
+                writer.add(clip, tensors, used)
+                counters.clips += 1
+                counters.views += clip.num_views
+                counters.frames += clip.num_views * len(clip.frames)
 
 
 def _finalize(cfg: EncodeConfig, vae: LoadedVae, summary: EncodeSummary, fingerprint: dict[str, Any]) -> None:
@@ -353,10 +361,10 @@ def _finalize(cfg: EncodeConfig, vae: LoadedVae, summary: EncodeSummary, fingerp
     header = manifest_header(
         producer={"vaecache": vaecache.__version__, "torch": torch.__version__, "python": platform.python_version()},
         vae=vae.fingerprint(), fingerprint=fingerprint, frame_rule=vae.rule.to_json(),
-        settings={**cfg.latent_settings(), "data": str(cfg.data), "batch_size": cfg.batch_size,
+        settings={**cfg.clip.to_record(), "data": str(cfg.data), "batch_size": cfg.batch_size,
                   "sp_size": cfg.sp_size, "world_size": summary.world_size, "shard_size": cfg.shard_size,
                   "vae_spec": cfg.vae},
-        store=_stored_keys(cfg.store), dtype=DTYPE_NAMES[vae.dtype], planned_clips=summary.planned_clips,
+        store=_stored_keys(cfg.clip.store), dtype=recorded_name(vae.dtype), planned_clips=summary.planned_clips,
         oom_backoffs=len(summary.backoffs))
     manifest = finalize(cfg.out, header)
     summary.skipped = CacheReader(cfg.out).failure_records()

@@ -1,7 +1,7 @@
 """`vaecache plan`: a dry run. What a job would encode, how it splits over ranks, and how long it would take.
 
-Planning is pure (the same functions the encode pipeline uses: discover_scenes, probe_scene,
-plan_clips, assign, batched, plan_sp); the only model work is one real clip encoded to measure
+Planning is pure and shared with the encode pipeline (discover_scenes, probe_scene, then
+planning.plan_job: the same clips per DP group as an encode); the only model work is one real clip encoded to measure
 seconds per view and peak memory, from which the ETA and the largest micro-batch that fits a memory
 budget are estimated. The CLI renders the report (cli/plan.py); `--json` writes `PlanReport.to_json()`.
 """
@@ -20,14 +20,12 @@ from typing import Any
 
 import torch
 
-from vaecache.config import DTYPE_CHOICES, STORE_CHOICES, SamplingConfig
-from vaecache.dataset import (
-    Clip, Scene, SceneProbe, ViewDecoder, assign, batch_views, batched, discover_scenes, plan_clips, probe_scene,
-)
-from vaecache.dist import make_mesh
-from vaecache.dtypes import recorded_name
+from vaecache.config import ClipSettings
+from vaecache.dataset import Scene, SceneProbe, ViewDecoder, discover_scenes, probe_scene
+from vaecache.dist import make_mesh, resolve_device
 from vaecache.errors import UsageError, VideoDecodeError
-from vaecache.parallel import plan_sp
+from vaecache.planning import Clip, JobPlan, plan_job
+from vaecache.dtypes import recorded_name
 from vaecache.vae import LoadedVae, load_vae
 
 PLAN_FORMAT = "vaecache-plan/1"
@@ -37,22 +35,16 @@ STORED_KEYS = {"mean-logvar": ("mean", "logvar"), "mean": ("mean",), "sample": (
 
 @dataclass(frozen=True)
 class PlanConfig:
-    """What `vaecache plan` is asked: the encode settings that shape the work, plus the cluster to plan for."""
+    """What `vaecache plan` is asked: the dataset, the VAE and clip settings an encode would use, and the
+    cluster shape to plan for."""
 
     data: Path
     vae: str
-    sampling: SamplingConfig
-    height: int
-    width: int
+    clip: ClipSettings
     world_size: int = 1
     sp_size: int = 1
     batch_size: int = 1
-    dtype: str = "fp32"
     device: str = "auto"
-    store: str = "mean-logvar"
-    cameras: tuple[str, ...] | None = None
-    tiling: bool = False
-    max_views_per_forward: int = 1
     memory_budget: int | None = None
     """Bytes of device memory one rank may use; the report then gives the largest micro-batch that fits."""
     measure: bool = True
@@ -60,16 +52,10 @@ class PlanConfig:
     probe_workers: int = 8
 
     def __post_init__(self) -> None:
-        if self.height < 1 or self.width < 1:
-            raise UsageError(f"--size must be positive, got {self.height}x{self.width}")
-        for name in ("world_size", "sp_size", "batch_size", "max_views_per_forward", "probe_workers"):
+        for name in ("world_size", "sp_size", "batch_size", "probe_workers"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
-        if self.dtype not in DTYPE_CHOICES:
-            raise UsageError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
-        if self.store not in STORE_CHOICES:
-            raise UsageError(f"--store must be one of {', '.join(STORE_CHOICES)}, got {self.store!r}")
         if self.memory_budget is not None and self.memory_budget < 1:
             raise UsageError(f"--memory-budget must be positive, got {self.memory_budget}")
         make_mesh(0, self.world_size, self.sp_size)  # sp_size must divide world_size
@@ -89,6 +75,8 @@ class DpShare:
     """Views each rank of the group encodes, padding included: the group's critical path."""
     padded_views: int
     """Encodes spent on padding or on repeating views every rank already has."""
+    clip_ids: list[str] = field(default_factory=list)
+    """The clips this group's writer commits, in encode order."""
 
 
 @dataclass
@@ -167,19 +155,6 @@ class PlanReport:
         }
 
 
-def resolve_device(device: str) -> torch.device:
-    """"auto" -> cuda when available, else cpu; anything else as torch understands it."""
-    spec = device.strip().lower()
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if spec.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"--device {device} but CUDA is not available on this machine")
-    try:
-        return torch.device(spec)
-    except RuntimeError:
-        raise UsageError(f"--device {device!r} is not a device (use auto, cpu, cuda or cuda:N)") from None
-
-
 def probe_all(scenes: list[Scene], workers: int) -> dict[str, SceneProbe]:
     """Open every scene's videos (threads: the work is in FFmpeg's demuxer and file I/O)."""
     if workers <= 1 or len(scenes) <= 1:
@@ -190,36 +165,35 @@ def probe_all(scenes: list[Scene], workers: int) -> dict[str, SceneProbe]:
     return {probe.scene_id: probe for probe in probes}
 
 
-def dp_shares(clips: list[Clip], world_size: int, sp_size: int, batch_size: int) -> list[DpShare]:
-    """Pure: how the encode pipeline splits `clips` over DP groups, batches and SP ranks."""
-    mesh = make_mesh(0, world_size, sp_size)
+def dp_shares(job: JobPlan) -> list[DpShare]:
+    """Pure: how the encode pipeline splits the job's clips over DP groups, batches and SP ranks."""
+    mesh = make_mesh(0, job.world_size, job.sp_size)
     shares = []
     for dp in range(mesh.dp_size):
-        mine = assign(clips, dp, mesh.dp_size)
-        views = per_rank = padded = 0
-        batches = batched(mine, batch_size)
-        for batch in batches:
-            n = len(batch_views(batch))
-            local = len(plan_sp(n, sp_size).view_indices(0))
-            views += n
-            per_rank += local
-            padded += local * sp_size - n
-        shares.append(DpShare(dp, mesh.sp_group_ranks(dp), len(mine), len(batches), views, per_rank, padded))
+        writer = job.rank_work(mesh.sp_group_ranks(dp)[0])
+        views = sum(p.num_views for p in writer.sp_plans)
+        per_rank = sum(len(indices) for indices in writer.view_indices)  # every rank of a group encodes as many
+        padded = per_rank * job.sp_size - views
+        shares.append(DpShare(dp, mesh.sp_group_ranks(dp), len(writer.clips), len(writer.batches), views, per_rank,
+                              padded, [clip.clip_id for clip in writer.clips]))
     return shares
 
 
 def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
     """Plan the job described by `cfg`; with cfg.measure, encode one real clip to time it."""
     device = resolve_device(cfg.device)
-    if vae is None:
-        vae = load_vae(cfg.vae, device, cfg.dtype, tiling=cfg.tiling, max_views_per_forward=cfg.max_views_per_forward)
-    vae.rule.check(cfg.sampling.num_frames, cfg.height, cfg.width)
-    if cfg.store != "mean" and not vae.has_logvar:
-        raise UsageError(f"--store {cfg.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; "
-                         "use --store mean")
-    scenes = discover_scenes(cfg.data, cfg.cameras)
+    # DATA first: a typo there fails before the VAE is loaded.
+    scenes = discover_scenes(cfg.data, cfg.clip.cameras)
     probes = probe_all(scenes, cfg.probe_workers)
-    clips, skipped = plan_clips(scenes, probes, cfg.sampling)
+    job = plan_job(scenes, probes, cfg.clip.sampling, cfg.world_size, cfg.sp_size, cfg.batch_size)
+    if vae is None:
+        vae = load_vae(cfg.vae, device, cfg.clip.dtype, tiling=cfg.clip.tiling,
+                       max_views_per_forward=cfg.clip.max_views_per_forward)
+    vae.rule.check(cfg.clip.sampling.num_frames, cfg.clip.height, cfg.clip.width)
+    if cfg.clip.store != "mean" and not vae.has_logvar:
+        raise UsageError(f"--store {cfg.clip.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; "
+                         "use --store mean")
+    clips, skipped = list(job.clips), list(job.skipped)
     per_scene: dict[str, int] = {}
     for clip in clips:
         per_scene[clip.scene_id] = per_scene.get(clip.scene_id, 0) + 1
@@ -227,8 +201,8 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
     scene_rows = [{"scene": s.scene_id, "cameras": len(s.cameras), "source_frames": probes[s.scene_id].num_frames,
                    "clips": per_scene.get(s.scene_id, 0)} for s in scenes if s.scene_id not in skipped_ids]
 
-    shape = list(vae.latent_shape(cfg.sampling.num_frames, cfg.height, cfg.width))
-    stored = list(STORED_KEYS[cfg.store])
+    shape = list(vae.latent_shape(cfg.clip.sampling.num_frames, cfg.clip.height, cfg.clip.width))
+    stored = list(STORED_KEYS[cfg.clip.store])
     bytes_per_view = math.prod(shape) * torch.empty((), dtype=vae.dtype).element_size() * len(stored)
     views = sum(clip.num_views for clip in clips)
     fingerprint = vae.fingerprint()
@@ -240,10 +214,10 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
         scenes=scene_rows,
         skipped=[{"scene": s.scene_id, "path": s.path, "reason": s.reason} for s in skipped],
         clips=len(clips), cameras=clips[0].num_views if clips else len(scenes[0].cameras),
-        views=views, frames=views * cfg.sampling.num_frames,
+        views=views, frames=views * cfg.clip.sampling.num_frames,
         latent_shape=shape, stored=stored, dtype=recorded_name(vae.dtype),
         bytes_per_view=bytes_per_view, total_bytes=bytes_per_view * views,
-        shares=dp_shares(clips, cfg.world_size, cfg.sp_size, cfg.batch_size),
+        shares=dp_shares(job),
     )
     if vae.untrained:
         report.notes.append(f"{cfg.vae} is an untrained VAE with random weights: timings only, latents mean nothing")
@@ -259,7 +233,7 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
     if cfg.measure:
         for clip in clips[:MEASURE_TRIES]:
             try:
-                report.measurement = measure_clip(vae, clip, cfg.height, cfg.width)
+                report.measurement = measure_clip(vae, clip, cfg.clip.height, cfg.clip.width)
                 break
             except VideoDecodeError as exc:
                 report.notes.append(f"clip {clip.clip_id} does not decode ({exc}); measuring another")
@@ -355,13 +329,9 @@ def _peak_rss() -> int:
 
 def _config_json(cfg: PlanConfig, device: torch.device) -> dict[str, Any]:
     return {
-        "data": str(cfg.data), "vae": cfg.vae, "num_frames": cfg.sampling.num_frames,
-        "frame_stride": cfg.sampling.frame_stride, "window_stride": cfg.sampling.step,
-        "max_clips_per_scene": cfg.sampling.max_clips_per_scene, "height": cfg.height, "width": cfg.width,
-        "world_size": cfg.world_size, "sp_size": cfg.sp_size, "dp_size": cfg.world_size // cfg.sp_size,
-        "batch_size": cfg.batch_size, "dtype": cfg.dtype, "device": str(device), "store": cfg.store,
-        "cameras": list(cfg.cameras) if cfg.cameras else None, "tiling": cfg.tiling,
-        "max_views_per_forward": cfg.max_views_per_forward, "memory_budget": cfg.memory_budget,
+        "data": str(cfg.data), "vae": cfg.vae, **cfg.clip.to_record(), "world_size": cfg.world_size,
+        "sp_size": cfg.sp_size, "dp_size": cfg.world_size // cfg.sp_size, "batch_size": cfg.batch_size,
+        "device": str(device), "memory_budget": cfg.memory_budget,
     }
 
 

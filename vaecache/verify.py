@@ -14,6 +14,8 @@ from typing import Any, Callable
 import torch
 from safetensors.torch import load as safetensors_load
 
+from vaecache.config import ClipSettings
+from vaecache.dtypes import RECORDED_NAMES
 from vaecache.errors import ManifestError, UsageError, VaecacheError
 from vaecache.format.index import read_progress, reason_counts
 from vaecache.format.io import iter_jsonl
@@ -186,26 +188,20 @@ def verify_cache(out: Path, quick: bool = False, threads: int | None = None, ctx
     return VerifyReport(str(out), complete=True, checks=checks, summary=summary)
 
 
-def _sampling_from(settings: dict[str, Any]) -> Any:
-    from vaecache.config import SamplingConfig
-
-    return SamplingConfig(num_frames=settings["num_frames"], frame_stride=settings["frame_stride"],
-                          window_stride=settings["window_stride"], max_clips_per_scene=settings["max_clips_per_scene"])
-
-
 def check_coverage(manifest: dict[str, Any], records: list[dict[str, Any]], failures: list[dict[str, Any]],
                    dataset: Path, threads: int | None = None) -> Check:
     """Re-plan clips from the source with the recorded settings: clips missing from the cache, and
     cached clips with no source any more. Clips recorded as failures count as accounted for."""
-    from vaecache.dataset import discover_scenes, plan_clips, probe_scene
+    from vaecache.dataset import discover_scenes, probe_scene
+    from vaecache.planning import plan_job
 
     check = Check("coverage of " + str(dataset))
-    settings = manifest.get("settings", {})
-    cameras = settings.get("cameras")
-    scenes = discover_scenes(Path(dataset), tuple(cameras) if cameras else None)
+    clip_settings = ClipSettings.from_record(manifest.get("settings", {}))
+    scenes = discover_scenes(Path(dataset), clip_settings.cameras)
     with ThreadPoolExecutor(max_workers=threads or min(8, len(os.sched_getaffinity(0)))) as pool:
         probes = {probe.scene_id: probe for probe in pool.map(probe_scene, scenes)}
-    planned, skipped = plan_clips(scenes, probes, _sampling_from(settings))
+    job = plan_job(scenes, probes, clip_settings.sampling)
+    planned, skipped = job.clips, job.skipped
     expected = {clip.clip_id for clip in planned}
     cached = {record.get("id") for record in records}
     failed_clips = {f.get("clip") for f in failures if f.get("clip")}
@@ -224,12 +220,14 @@ def check_reencode(out: Path, manifest: dict[str, Any], records: list[dict[str, 
     """Decode and re-encode K clips chosen by a seed with the recorded VAE; compare with what is stored."""
     import random
 
-    from vaecache.dataset import Clip, ViewDecoder
-    from vaecache.dist import distributed
+    from vaecache.dataset import ViewDecoder
+    from vaecache.dist import resolve_device
+    from vaecache.planning import Clip
     from vaecache.pipeline import clip_tensors, run_fingerprint_vae_part
     from vaecache.vae import load_vae
 
     settings = manifest.get("settings", {})
+    clip_settings = ClipSettings.from_record(settings)
     spec = options.vae or settings.get("vae_spec")
     check = Check(f"re-encode {options.reencode} clip(s) with {spec}")
     if not records:
@@ -238,12 +236,9 @@ def check_reencode(out: Path, manifest: dict[str, Any], records: list[dict[str, 
     chosen = random.Random(options.seed).sample(sorted(records, key=lambda r: r["id"]), min(options.reencode, len(records)))
     rank, world = (ctx.info.rank, ctx.info.world_size) if ctx is not None else (0, 1)
     mine = chosen[rank::world]
-    device = ctx.device if ctx is not None else None
-    if device is None:
-        with distributed(device=options.device, environ={}) as single:
-            device = single.device
-    vae = load_vae(spec, device, settings.get("dtype", "fp32"), tiling=bool(settings.get("tiling", False)),
-                   max_views_per_forward=int(settings.get("max_views_per_forward", 1)))
+    device = ctx.device if ctx is not None else resolve_device(options.device)
+    vae = load_vae(spec, device, clip_settings.dtype, tiling=clip_settings.tiling,
+                   max_views_per_forward=clip_settings.max_views_per_forward)
     recorded = {k: v for k, v in manifest.get("vae", {}).items() if k != "spec"}
     given = run_fingerprint_vae_part(vae)
     if recorded != given:
@@ -252,8 +247,7 @@ def check_reencode(out: Path, manifest: dict[str, Any], records: list[dict[str, 
         diffs = describe_differences(recorded, given)
         raise UsageError(f"--vae {spec} does not match the VAE recorded in {out}/manifest.json "
                          f"({'; '.join(diffs[:3])})")
-    store, seed = settings.get("store", "mean-logvar"), settings.get("seed") or 0
-    decoder = ViewDecoder(settings["height"], settings["width"])
+    decoder = ViewDecoder(clip_settings.height, clip_settings.width)
     cache = CacheReader(out)
     results = []
     for record in mine:
@@ -266,14 +260,15 @@ def check_reencode(out: Path, manifest: dict[str, Any], records: list[dict[str, 
             continue
         result = vae.encode_views(views)
         moments = result.mean if result.logvar is None else torch.cat([result.mean, result.logvar], dim=1)
-        fresh = clip_tensors(clip, moments.cpu(), result.mean.shape[1], store, seed, vae.dtype)
+        fresh = clip_tensors(clip, moments.cpu(), result.mean.shape[1], clip_settings.store, clip_settings.seed,
+                             vae.dtype)
         worst = 0.0
         for key, stored in cache.clip_tensors(record).items():
             worst = max(worst, float((stored.float() - fresh[key].float()).abs().max()))
         results.append((record["id"], worst, None))
     if world > 1:
         results = [item for part in ctx.all_gather_object(results) for item in part]
-    dtype_name = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[settings.get("dtype", "fp32")]
+    dtype_name = RECORDED_NAMES[clip_settings.dtype]
     tolerance = REENCODE_TOLERANCE[dtype_name]
     worst_all = 0.0
     for clip_id, diff, problem in results:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,32 +13,27 @@ import torch
 
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 
+pytestmark = pytest.mark.slow
+
 ARGS = ["--vae", "builtin:tiny", "--num-frames", "9", "--size", "64x64", "--no-progress"]
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VAECACHE_FAULT", "SLURM_"))}
-    env["OMP_NUM_THREADS"] = "1"
-    return env
+@pytest.fixture(scope="module")
+def single(procs):
+    return lambda data, out, *extra: procs.vaecache("encode", data, "--out", out, *ARGS, *extra)
 
 
-def single(data: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vaecache", "encode", str(data), "--out", str(out), *ARGS, *extra],
-                          capture_output=True, text=True, env=_env(), timeout=300)
+@pytest.fixture(scope="module")
+def torchrun(procs):
+    return lambda nproc, data, out, *extra: procs.torchrun(nproc, "encode", data, "--out", out, *ARGS, *extra)
 
 
-def torchrun_cmd(nproc: int, data: Path, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "vaecache", "encode", str(data), "--out", str(out), *ARGS, *extra]
-
-
-def torchrun(nproc: int, data: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(torchrun_cmd(nproc, data, out, *extra), capture_output=True, text=True, env=_env(), timeout=300)
-
-
-def verify_ok(out: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "vaecache", "verify", str(out)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+@pytest.fixture(scope="module")
+def verify_ok(procs):
+    def check(out: Path) -> None:
+        result = procs.vaecache("verify", out)
+        assert result.returncode == 0, result.stderr
+    return check
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +45,7 @@ def data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(data, tmp_path_factory, cache_io) -> dict[str, torch.Tensor]:
+def reference(data, tmp_path_factory, cache_io, single) -> dict[str, torch.Tensor]:
     out = tmp_path_factory.mktemp("e2e-ref") / "out"
     result = single(data, out, "--workers", "0")
     assert result.returncode == 0, result.stderr
@@ -66,7 +60,7 @@ def reference(data, tmp_path_factory, cache_io) -> dict[str, torch.Tensor]:
     (4, ["--sp-size", "4", "--batch-size", "2", "--workers", "0"]),
     (3, ["--sp-size", "3", "--workers", "1"]),
 ], ids=["dp2", "dp2xsp2-b3", "sp4-b2", "sp3"])
-def test_torchrun_output_equals_single_process(cache_io, nproc, extra, data, reference, tmp_path):
+def test_torchrun_output_equals_single_process(cache_io, nproc, extra, data, reference, tmp_path, torchrun, verify_ok):
     out = tmp_path / "out"
     result = torchrun(nproc, data, out, *extra)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -75,16 +69,17 @@ def test_torchrun_output_equals_single_process(cache_io, nproc, extra, data, ref
     assert len(list((out / "logs").glob("rank-*.log"))) == nproc
 
 
-def test_sp_size_must_divide_world(data, tmp_path):
+def test_sp_size_must_divide_world(data, tmp_path, torchrun):
     result = torchrun(3, data, tmp_path / "out", "--sp-size", "2", "--workers", "0")
     assert result.returncode != 0
     assert "--sp-size 2 must divide the world size 3" in result.stderr
 
 
-def test_kill_9_of_two_rank_job_then_rerun_with_other_world_size(cache_io, data, reference, tmp_path):
+def test_kill_9_of_two_rank_job_then_rerun_with_other_world_size(cache_io, data, reference, tmp_path, procs, torchrun,
+                                                                 verify_ok):
     out = tmp_path / "out"
-    proc = subprocess.Popen(torchrun_cmd(2, data, out, "--shard-size", "1", "--workers", "0"),
-                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(procs.torchrun_cmd(2, "encode", data, "--out", out, *ARGS, "--shard-size", "1", "--workers", "0"),
+                            env=procs.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120
     shards = out / "shards"
     while time.monotonic() < deadline and proc.poll() is None:

@@ -36,7 +36,7 @@ def demo(
     root: Path = typer.Option(Path("vaecache-demo"), "--dir", help="Where demo data and the cache go."),
 ) -> None:
     """Generate demo data, encode it with builtin:tiny, verify it, and say where everything is."""
-    from vaecache.config import EncodeConfig, SamplingConfig
+    from vaecache.config import ClipSettings, EncodeConfig, SamplingConfig
     from vaecache.demodata import DemoDataSpec, write_demo_dataset
     from vaecache.dist import distributed
     from vaecache.pipeline import run_encode
@@ -49,8 +49,8 @@ def demo(
     write_demo_dataset(data, spec)
     console.print(f"1/3 demo data: {spec.scenes} scenes x {spec.cameras} cameras of {spec.frames} frames in {data}",
                   markup=False)
-    cfg = EncodeConfig(data=data, out=out, vae="builtin:tiny", sampling=SamplingConfig(num_frames=9),
-                       height=64, width=64, workers=0, overwrite=True, progress=False)
+    cfg = EncodeConfig(data=data, out=out, vae="builtin:tiny", clip=ClipSettings(SamplingConfig(num_frames=9), 64, 64),
+                       workers=0, overwrite=True, progress=False)
     console.print("2/3 encoding with builtin:tiny (an untrained VAE with random weights, for demos and tests)")
     with distributed(sp_size=1, device="cpu") as ctx:
         summary = run_encode(cfg, ctx)

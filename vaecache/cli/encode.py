@@ -35,12 +35,11 @@ def build_config(data: Path, out: Path | None, vae: str | None, options: dict[st
     if not vae:
         raise UsageError("--vae is required (builtin:tiny, diffusers:PATH or python:module:function); "
                          "there is no default, so a forgotten flag cannot produce silent garbage")
-    sampling, height, width, cameras = pop_clip_options(merged)
+    clip = pop_clip_options(merged)
     if "shard_size" in merged:
         merged["shard_size"] = parse_bytes(merged["shard_size"])
     merged.pop("data", None)
-    return EncodeConfig(data=Path(data), out=Path(out), vae=vae, sampling=sampling, height=height, width=width,
-                        cameras=cameras, **merged)
+    return EncodeConfig(data=Path(data), out=Path(out), vae=vae, clip=clip, **merged)
 
 
 def check_usage_before_start(cfg: EncodeConfig, environ: dict[str, str] | None = None) -> None:

@@ -29,7 +29,7 @@ def build_plan_config(data: Path, options: dict[str, Any], config_file: Path | N
         merged.pop(key, None)
     if not merged.get("vae"):
         raise UsageError("--vae is required (builtin:tiny, diffusers:PATH[#subfolder] or python:module:function)")
-    sampling, height, width, cameras = pop_clip_options(merged)
+    clip = pop_clip_options(merged)
     budget = merged.pop("memory_budget", None)
     if budget is not None:
         try:
@@ -38,8 +38,7 @@ def build_plan_config(data: Path, options: dict[str, Any], config_file: Path | N
             raise UsageError(f"--memory-budget must be a byte count like 8GiB or 500MB, got {budget!r}") from None
     from vaecache.plan import PlanConfig  # torch-heavy: imported once the options parsed, not for --help or a typo
 
-    return PlanConfig(data=Path(data), sampling=sampling, height=height, width=width, cameras=cameras,
-                      memory_budget=budget, **merged)
+    return PlanConfig(data=Path(data), clip=clip, memory_budget=budget, **merged)
 
 
 def summary_table(report: PlanReport) -> Table:

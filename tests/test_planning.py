@@ -1,0 +1,151 @@
+"""Pure planning: clip windows, clip ids, DP/SP assignment and the job plan (vaecache/planning.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vaecache.config import SamplingConfig
+from vaecache.dataset import Scene, SceneProbe
+from vaecache.errors import UsageError
+from vaecache.planning import (
+    Clip, JobPlan, assign, assign_contiguous, batch_views, batched, clip_id_for, plan_clips, plan_job, plan_windows,
+)
+
+
+def test_windows_do_not_overlap_by_default() -> None:
+    assert plan_windows(0, 17, SamplingConfig(num_frames=9)) == [tuple(range(9))]
+    assert plan_windows(0, 18, SamplingConfig(num_frames=9)) == [tuple(range(9)), tuple(range(9, 18))]
+    assert plan_windows(0, 8, SamplingConfig(num_frames=9)) == []
+
+
+def test_frame_stride_window_stride_and_limit() -> None:
+    strided = SamplingConfig(num_frames=3, frame_stride=2)
+    assert strided.span == 5
+    assert plan_windows(0, 12, strided) == [(0, 2, 4), (6, 8, 10)]
+    overlapping = SamplingConfig(num_frames=5, window_stride=2)
+    assert plan_windows(0, 9, overlapping) == [(0, 1, 2, 3, 4), (2, 3, 4, 5, 6), (4, 5, 6, 7, 8)]
+    limited = SamplingConfig(num_frames=5, window_stride=2, max_clips_per_scene=2)
+    assert plan_windows(0, 9, limited) == [(0, 1, 2, 3, 4), (2, 3, 4, 5, 6)]
+    assert plan_windows(10, 16, SamplingConfig(num_frames=3)) == [(10, 11, 12), (13, 14, 15)]
+
+
+def _scene(scene_id: str, cameras: int = 2, frame_range: tuple[int, int] | None = None) -> Scene:
+    names = tuple(f"cam_{i}" for i in range(cameras))
+    return Scene(scene_id, names, tuple(f"/videos/{scene_id}/{n}.mp4" for n in names), frame_range)
+
+
+def test_plan_clips_ids_cameras_and_skips() -> None:
+    scenes = [_scene("long"), _scene("short"), _scene("broken"), _scene("ranged", frame_range=(4, 13))]
+    probes = {
+        "long": SceneProbe("long", num_frames=30, fps=24.0),
+        "short": SceneProbe("short", num_frames=8, fps=24.0),
+        "broken": SceneProbe("broken", error="not a readable video", error_path="/videos/broken/cam_1.mp4"),
+        "ranged": SceneProbe("ranged", num_frames=100, fps=30.0),
+    }
+    clips, skipped = plan_clips(scenes, probes, SamplingConfig(num_frames=9))
+    assert [c.clip_id for c in clips] == ["long/000000-000008", "long/000009-000017", "long/000018-000026",
+                                          "ranged/000004-000012"]
+    for clip in clips:
+        scene = next(s for s in scenes if s.scene_id == clip.scene_id)
+        assert (clip.cameras, clip.paths) == (scene.cameras, scene.paths)  # one frame tuple for every camera
+        assert clip.num_views == 2 and len(clip.frames) == 9
+    assert clips[-1].fps == 30.0
+    assert {s.scene_id: s.reason for s in skipped} == {
+        "short": "too short: 8 usable frames, one clip needs 9",
+        "broken": "not a readable video",
+    }
+    assert [s.path for s in skipped] == [None, "/videos/broken/cam_1.mp4"]
+
+
+def test_clip_ids_come_from_scene_and_window_only() -> None:
+    assert clip_id_for("scene", (16, 18, 20)) == "scene/000016-000020"
+    scenes = [_scene(f"s{i}") for i in range(5)]
+    probes = {s.scene_id: SceneProbe(s.scene_id, num_frames=20, fps=10.0) for s in scenes}
+    clips, _ = plan_clips(scenes, probes, SamplingConfig(num_frames=5))
+    reference = {c.clip_id: c for c in clips}
+    assert len(reference) == len(clips) == 20
+    for world in (1, 2, 3, 7):
+        for rank in range(world):
+            for batch in batched(assign(clips, rank, world), 3):
+                for clip in batch:
+                    assert reference[clip.clip_id] == clip
+    # Planning a subset of scenes gives the same ids for the scenes it keeps.
+    subset, _ = plan_clips(scenes[2:], probes, SamplingConfig(num_frames=5))
+    assert [c.clip_id for c in subset] == [c.clip_id for c in clips[8:]]
+
+
+@pytest.mark.parametrize("count", [0, 1, 5, 12, 13])
+def test_assign_partitions_disjointly_and_covers_everything(count: int) -> None:
+    items = [f"clip-{i}" for i in range(count)]
+    for world in range(1, 10):
+        shares = [assign(items, rank, world) for rank in range(world)]
+        flat = [item for share in shares for item in share]
+        assert sorted(flat) == sorted(items)  # covers all, no item twice
+        assert len(set(flat)) == len(flat)
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1  # balanced
+        assert shares == [assign(items, rank, world) for rank in range(world)]  # deterministic
+
+
+def test_assign_rejects_a_rank_outside_the_world() -> None:
+    with pytest.raises(ValueError, match="rank 2 outside world of 2"):
+        assign([1, 2, 3], 2, 2)
+    with pytest.raises(ValueError):
+        assign([1, 2, 3], -1, 2)
+
+
+def test_batched_keeps_order_and_the_last_partial_batch() -> None:
+    assert batched(list(range(7)), 3) == [[0, 1, 2], [3, 4, 5], [6]]
+    assert batched([], 3) == []
+    clips = [Clip(f"s/{i}", "s", ("a", "b"), ("pa", "pb"), (0,), 1.0) for i in range(2)]
+    assert [(v.clip_index, v.camera_index) for v in batch_views(clips)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+@pytest.mark.parametrize("count", [0, 1, 5, 17])
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+def test_assign_contiguous_partitions_in_order_and_balances(count, world):
+    items = list(range(count))
+    parts = [assign_contiguous(items, rank, world) for rank in range(world)]
+    assert [x for part in parts for x in part] == items  # disjoint, complete, contiguous, in order
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def _job(world_size: int, sp_size: int, batch_size: int, done: frozenset[str] = frozenset()) -> JobPlan:
+    scenes = [_scene(f"s{i}", cameras=3) for i in range(4)]
+    probes = {s.scene_id: SceneProbe(s.scene_id, num_frames=20, fps=10.0) for s in scenes}
+    return plan_job(scenes, probes, SamplingConfig(num_frames=5), world_size, sp_size, batch_size, done)
+
+
+@pytest.mark.parametrize(("world", "sp"), [(1, 1), (2, 1), (4, 2), (6, 3), (8, 4)])
+def test_job_plan_gives_each_dp_group_a_contiguous_block_and_its_sp_ranks_the_same_batches(world, sp) -> None:
+    job = _job(world, sp, batch_size=2)
+    per_group = job.clip_ids_per_dp_group()
+    assert [i for ids in per_group for i in ids] == [c.clip_id for c in job.clips]  # contiguous, in order, complete
+    assert per_group == [[c.clip_id for c in assign_contiguous(list(job.clips), dp, world // sp)]
+                         for dp in range(world // sp)]
+    for rank in range(world):
+        work = job.rank_work(rank)
+        group_writer = job.rank_work(rank - rank % sp)
+        assert work.batches == group_writer.batches and work.sp_plans == group_writer.sp_plans
+        assert [c.clip_id for c in work.clips] == per_group[rank // sp]
+        assert all(len(batch) <= 2 for batch in work.batches)
+    # Together the SP ranks of a group decode every view of each batch (3 cameras x 2 clips = 6 views).
+    for dp in range(world // sp):
+        works = [job.rank_work(r) for r in range(dp * sp, (dp + 1) * sp)]
+        for b, batch in enumerate(works[0].batches):
+            covered = {v for w in works for v in w.view_indices[b]}
+            assert covered == set(range(len(batch_views(batch))))
+
+
+def test_job_plan_leaves_committed_clips_out_of_every_share() -> None:
+    full = _job(2, 1, 1)
+    done = frozenset(c.clip_id for c in full.clips[:5])
+    resumed = _job(2, 1, 1, done)
+    assert resumed.clips == full.clips  # the plan is the same; only the work left shrinks
+    assert [i for ids in resumed.clip_ids_per_dp_group() for i in ids] == [c.clip_id for c in full.clips[5:]]
+
+
+def test_job_plan_rejects_a_cluster_shape_that_cannot_be() -> None:
+    with pytest.raises(UsageError, match="--sp-size 2 must divide the world size 3"):
+        _job(3, 2, 1)
+    with pytest.raises(UsageError, match="--batch-size must be an integer >= 1"):
+        _job(2, 1, 0)
