@@ -17,10 +17,9 @@ import torch
 
 import vaecache
 from vaecache.config import EncodeConfig
-from vaecache.dataset import (
-    Clip, SceneProbe, ViewBatchDataset, assign, assign_contiguous, batch_views, batched, discover_scenes, plan_clips,
-    probe_scene,
-)
+from vaecache.dataset import Clip, assign, assign_contiguous, batch_views, batched, plan_clips
+from vaecache.decode import ViewBatchDataset
+from vaecache.sources import SceneProbe, discover_scenes, probe_scene
 from vaecache.dist import DistContext
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, EXIT_STOPPED, InputError, UsageError, VaecacheError
 from vaecache.manifest import AppendLog, failures_path, progress_path, read_failures, read_progress, write_manifest

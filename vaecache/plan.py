@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from vaecache.config import DTYPE_CHOICES, STORE_CHOICES, SamplingConfig
-from vaecache.dataset import (
-    Clip, Scene, SceneProbe, ViewDecoder, assign, batch_views, batched, discover_scenes, plan_clips, probe_scene,
-)
+from vaecache.dataset import Clip, assign, batch_views, batched, plan_clips
+from vaecache.decode import ViewDecoder
+from vaecache.sources import Scene, SceneProbe, discover_scenes, probe_scene
 from vaecache.dist import make_mesh
 from vaecache.errors import UsageError, VideoDecodeError
 from vaecache.parallel import plan_sp
@@ -179,8 +179,13 @@ def resolve_device(device: str) -> torch.device:
         raise UsageError(f"--device {device!r} is not a device (use auto, cpu, cuda or cuda:N)") from None
 
 
+def _source_frames(scene: Scene, probe: SceneProbe) -> int:
+    """Frames the clips are cut from: the JSONL "frames" range where given, else the whole video."""
+    return scene.frame_range[1] - scene.frame_range[0] if scene.frame_range is not None else probe.num_frames
+
+
 def probe_all(scenes: list[Scene], workers: int) -> dict[str, SceneProbe]:
-    """Open every scene's videos (threads: the work is in decord's C++ and file I/O)."""
+    """Open every scene's videos (threads: the work is in FFmpeg's C code (PyAV releases the GIL) and file I/O)."""
     if workers <= 1 or len(scenes) <= 1:
         probes = [probe_scene(scene) for scene in scenes]
     else:
@@ -223,7 +228,7 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
     for clip in clips:
         per_scene[clip.scene_id] = per_scene.get(clip.scene_id, 0) + 1
     skipped_ids = {s.scene_id for s in skipped}
-    scene_rows = [{"scene": s.scene_id, "cameras": len(s.cameras), "source_frames": probes[s.scene_id].num_frames,
+    scene_rows = [{"scene": s.scene_id, "cameras": len(s.cameras), "source_frames": _source_frames(s, probes[s.scene_id]),
                    "clips": per_scene.get(s.scene_id, 0)} for s in scenes if s.scene_id not in skipped_ids]
 
     shape = list(vae.latent_shape(cfg.sampling.num_frames, cfg.height, cfg.width))

@@ -182,7 +182,8 @@ def check_coverage(manifest: dict[str, Any], records: list[dict[str, Any]], fail
                    dataset: Path, threads: int | None = None) -> Check:
     """Re-plan clips from the source with the recorded settings: clips missing from the cache, and
     cached clips with no source any more. Clips recorded as failures count as accounted for."""
-    from vaecache.dataset import discover_scenes, plan_clips, probe_scene
+    from vaecache.dataset import plan_clips
+    from vaecache.sources import discover_scenes, probe_scene
 
     check = Check("coverage of " + str(dataset))
     settings = manifest.get("settings", {})
@@ -211,7 +212,8 @@ def check_reencode(out: Path, manifest: dict[str, Any], records: list[dict[str, 
 
     from safetensors import safe_open
 
-    from vaecache.dataset import Clip, ViewDecoder
+    from vaecache.dataset import Clip
+    from vaecache.decode import ViewDecoder
     from vaecache.dist import distributed
     from vaecache.pipeline import clip_tensors, run_fingerprint_vae_part
     from vaecache.vae import load_vae

@@ -1,0 +1,423 @@
+"""Frame-exact video decoding (PyAV), resize/crop, and the DataLoader dataset of views.
+
+Frame n of a video is the n-th frame a straight decode from the start returns. The reader finds it by
+timestamp, never by counting after a seek: it lists the video stream's presentation timestamps by
+demuxing packets (no decoding), seeks to a keyframe at or before the first wanted frame, decodes forward
+and keeps the frames whose pts it asked for. Counting after a seek is what decord does, and on open-GOP
+h264, HEVC or MPEG-4 with B-frames, AVI, or an mp4 with an edit list it returned neighbouring frames
+without an error (issue 12). A file whose timestamps cannot identify frames (missing or repeated pts) is
+read by a straight decode from the start that counts frames.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import av
+import numpy as np
+import torch
+
+from vaecache.errors import VideoDecodeError
+
+EVEN_SPACING_TOLERANCE = 0.5
+"""A clip's frame intervals may differ from their mean by at most this fraction of the video's frame duration."""
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:200]
+
+
+@dataclass(frozen=True)
+class _Keyframe:
+    position: int
+    """Index of the keyframe in presentation order (its frame number)."""
+    seek_ts: int
+    """Timestamp to seek to (dts where known: the demuxers index by it)."""
+    pts: int
+
+
+class VideoReader:
+    """One video file, read frame-exactly with PyAV; consecutive reads continue forward without seeking."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        _check_file(path)
+        try:
+            self._container = av.open(path)
+        except PermissionError:
+            raise VideoDecodeError(path, "permission denied") from None
+        except (av.FFmpegError, UnicodeDecodeError, ValueError) as exc:
+            raise VideoDecodeError(path, f"not a readable video ({_short(exc)})") from None
+        if not self._container.streams.video:
+            self.close()
+            raise VideoDecodeError(path, "not a readable video (no video stream)")
+        self._stream = self._container.streams.video[0]
+        self._stream.thread_type = "AUTO"
+        self.time_base: Fraction = self._stream.time_base or Fraction(1, 1)
+        try:
+            self._pts, self._keyframes = self._index()
+        except av.FFmpegError as exc:
+            self.close()
+            raise VideoDecodeError(path, f"not a readable video ({_short(exc)})") from None
+        self._frames: Iterator[Any] | None = None
+        self._last_pts: int | None = None
+        self.sequential = self._pts is None
+        self._counted: list[int] = []
+        self._next_index = 0
+        if self.sequential:
+            self._count_sequentially()
+        if len(self) == 0:
+            self.close()
+            raise VideoDecodeError(path, "video has no frames")
+        self.rotation = self._read_rotation()
+
+    # ------------------------------------------------------------------ index
+
+    def _index(self) -> tuple[list[int] | None, list[_Keyframe]]:
+        """Presentation-ordered pts of every shown frame and the keyframes, from packets alone.
+
+        Packets flagged discard (before an edit list's start) are never shown, so they are not frames."""
+        entries = []
+        for packet in self._container.demux(self._stream):
+            if packet.size == 0 or packet.is_discard:
+                continue
+            entries.append((packet.pts, packet.dts, packet.is_keyframe))
+        pts = [entry[0] for entry in entries]
+        if any(p is None for p in pts) or len(set(pts)) != len(pts):
+            return None, []
+        ordered = sorted(pts)
+        position = {p: i for i, p in enumerate(ordered)}
+        keyframes = sorted((_Keyframe(position[p], d if d is not None else p, p) for p, d, key in entries if key),
+                           key=lambda k: k.position)
+        return ordered, keyframes
+
+    def _count_sequentially(self) -> None:
+        self._restart()
+        self._counted = [0 for _ in self._decoded()]
+        self._restart()
+
+    def __len__(self) -> int:
+        return len(self._pts) if self._pts is not None else len(self._counted)
+
+    def timestamps(self, frames: Sequence[int]) -> list[float]:
+        """Presentation time in seconds of each frame (evenly spaced 0, 1/fps, ... when read sequentially)."""
+        if self._pts is None:
+            return [float(index / self._nominal_rate()) for index in frames]
+        first = self._pts[0]
+        return [float((self._pts[index] - first) * self.time_base) for index in frames]
+
+    def fps(self) -> float:
+        """Frames per second of the even stretches: 1 / the median frame duration (average rate as fallback)."""
+        if self._pts is None or len(self._pts) < 2:
+            return float(self._nominal_rate())
+        steps = sorted(b - a for a, b in zip(self._pts, self._pts[1:]))
+        return float(1 / (steps[len(steps) // 2] * self.time_base))
+
+    def _nominal_rate(self) -> Fraction:
+        rate = self._stream.average_rate or self._stream.guessed_rate or self._stream.base_rate
+        return Fraction(rate) if rate else Fraction(1)
+
+    def _read_rotation(self) -> int:
+        """Counter-clockwise degrees from the display matrix (a multiple of 90), read from the first frame."""
+        self._restart()
+        try:
+            frame = next(self._decoded(), None)
+        except av.FFmpegError as exc:
+            raise VideoDecodeError(self.path, f"not a readable video ({_short(exc)})") from None
+        finally:
+            self._restart()
+        degrees = int(round(getattr(frame, "rotation", 0) or 0)) % 360
+        if degrees % 90:
+            raise VideoDecodeError(self.path, f"display rotation of {degrees} degrees is not a multiple of 90")
+        return degrees
+
+    # ------------------------------------------------------------------ decoding
+
+    def _restart(self) -> None:
+        """Decode from the very start again (a fresh container: no seek involved)."""
+        self._container.close()
+        self._container = av.open(self.path)
+        self._stream = self._container.streams.video[0]
+        self._stream.thread_type = "AUTO"
+        self._frames = None
+        self._last_pts = None
+        self._next_index = 0
+
+    def _decoded(self) -> Iterator[Any]:
+        for packet in self._container.demux(self._stream):
+            yield from packet.decode()
+
+    def check_even(self, frames: Sequence[int]) -> None:
+        """Refuse a clip whose frames are not evenly spaced in time (a variable-frame-rate stretch)."""
+        if self._pts is None or len(frames) < 3:
+            return
+        times = [self._pts[i] for i in frames]
+        steps = [b - a for a, b in zip(times, times[1:])]
+        mean = (times[-1] - times[0]) / (len(times) - 1)
+        all_steps = sorted(b - a for a, b in zip(self._pts, self._pts[1:]))
+        frame_duration = all_steps[len(all_steps) // 2]
+        worst = max(range(len(steps)), key=lambda i: abs(steps[i] - mean))
+        if abs(steps[worst] - mean) > EVEN_SPACING_TOLERANCE * frame_duration:
+            raise VideoDecodeError(
+                self.path,
+                f"frames {frames[0]}..{frames[-1]} are not evenly spaced in time: {float(steps[worst] * self.time_base):.3f} s "
+                f"between frames {frames[worst]} and {frames[worst + 1]}, {float(mean * self.time_base):.3f} s on average "
+                f"(variable frame rate)")
+
+    def read(self, frames: Sequence[int]) -> np.ndarray:
+        """(T, H, W, 3) uint8 RGB of the given frame numbers (ascending), upright."""
+        frames = list(frames)
+        if not frames:
+            raise ValueError("no frames requested")
+        if frames != sorted(frames) or frames[0] < 0:
+            raise ValueError(f"frame numbers must be ascending and >= 0, got {frames[:5]}...")
+        if frames[-1] >= len(self):
+            raise VideoDecodeError(self.path, f"frame {frames[-1]} requested, video has {len(self)}")
+        self.check_even(frames)
+        try:
+            array = self._read_sequential(frames) if self.sequential else self._read_by_pts(frames)
+        except av.FFmpegError as exc:
+            self._frames = None
+            raise VideoDecodeError(self.path, f"decoding frames {frames[0]}..{frames[-1]} failed ({_short(exc)})") from None
+        if self.rotation:
+            array = np.ascontiguousarray(np.rot90(array, k=self.rotation // 90, axes=(1, 2)))
+        return array
+
+    def _read_by_pts(self, frames: list[int]) -> np.ndarray:
+        assert self._pts is not None
+        wanted = {self._pts[index]: position for position, index in enumerate(frames)}
+        first, last = self._pts[frames[0]], self._pts[frames[-1]]
+        out: list[np.ndarray | None] = [None] * len(frames)
+        if self._frames is None or self._last_pts is None or self._last_pts >= first or self._far_behind(frames[0]):
+            self._seek_before(frames[0])
+        assert self._frames is not None
+        for frame in self._frames:
+            if frame.pts is None:
+                return self._switch_to_sequential(frames)
+            self._last_pts = frame.pts
+            if frame.pts in wanted:
+                out[wanted[frame.pts]] = frame.to_ndarray(format="rgb24")
+            if frame.pts >= last:
+                break
+        else:
+            self._frames = None
+        missing = [frames[i] for i, array in enumerate(out) if array is None]
+        if missing:
+            self._frames = None
+            raise VideoDecodeError(self.path, f"the decoder never produced frame {missing[0]} (of {frames[0]}..{frames[-1]})")
+        return np.stack(out)  # type: ignore[arg-type]
+
+    def _far_behind(self, index: int) -> bool:
+        """Whether a keyframe lies between the decoder's position and frame `index` (seeking is then cheaper)."""
+        assert self._pts is not None and self._last_pts is not None
+        current = bisect.bisect_right(self._pts, self._last_pts)
+        return any(current < key.position <= index for key in self._keyframes)
+
+    def _seek_before(self, index: int) -> None:
+        """Position the decoder on a keyframe at or before frame `index`, checked on the first packet it reads.
+
+        Demuxers seek by their own index (dts, cues, or a faulty AVI index) and may land after the target;
+        then an earlier keyframe is tried, and in the end a fresh decode from the start."""
+        candidates = [key for key in self._keyframes if key.position <= index]
+        for key in reversed(candidates[-3:]):
+            try:
+                self._container.seek(key.seek_ts, stream=self._stream, backward=True)
+            except av.FFmpegError:
+                break
+            self._stream.codec_context.flush_buffers()
+            packets = self._container.demux(self._stream)
+            first = next((p for p in packets if p.size and not p.is_discard), None)
+            if first is None or first.pts is None or not first.is_keyframe:
+                continue
+            landed = bisect.bisect_left(self._pts, first.pts)  # type: ignore[arg-type]
+            if landed < len(self._pts) and self._pts[landed] == first.pts and landed <= key.position:  # type: ignore[index]
+                self._frames = self._decode_packets(first, packets)
+                self._last_pts = None
+                return
+        self._restart()
+        self._frames = self._decoded()
+
+    def _decode_packets(self, first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+        yield from first.decode()
+        for packet in rest:
+            yield from packet.decode()
+
+    def _switch_to_sequential(self, frames: list[int]) -> np.ndarray:
+        """A decoder that returns frames without pts cannot be read by timestamp: count from the start instead."""
+        self.sequential = True
+        self._restart()
+        return self._read_sequential(frames)
+
+    def _read_sequential(self, frames: list[int]) -> np.ndarray:
+        if self._frames is None or self._next_index > frames[0]:
+            self._restart()
+            self._frames = self._decoded()
+        wanted = {index: position for position, index in enumerate(frames)}
+        out: list[np.ndarray | None] = [None] * len(frames)
+        for frame in self._frames:
+            index = self._next_index
+            self._next_index += 1
+            if index in wanted:
+                out[wanted[index]] = frame.to_ndarray(format="rgb24")
+            if index >= frames[-1]:
+                break
+        else:
+            self._frames = None
+        if any(array is None for array in out):
+            self._frames = None
+            raise VideoDecodeError(self.path, f"video ended before frame {frames[-1]}")
+        return np.stack(out)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self._frames = None
+        container = getattr(self, "_container", None)
+        if container is not None:
+            container.close()
+
+    def __enter__(self) -> VideoReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_file(path: str) -> None:
+    file = Path(path)
+    try:
+        size = file.stat().st_size
+    except FileNotFoundError:
+        raise VideoDecodeError(path, "file not found") from None
+    except PermissionError:
+        raise VideoDecodeError(path, "permission denied") from None
+    if not file.is_file():
+        raise VideoDecodeError(path, "not a regular file")
+    if size == 0:
+        raise VideoDecodeError(path, "empty file (0 bytes)")
+    try:
+        with open(file, "rb"):
+            pass
+    except PermissionError:
+        raise VideoDecodeError(path, "permission denied") from None
+
+
+def open_video(path: str) -> VideoReader:
+    """A frame-exact reader of `path`; every failure is a VideoDecodeError naming the file."""
+    return VideoReader(path)
+
+
+def decode_frames(path: str, frames: Sequence[int]) -> np.ndarray:
+    """(T, H, W, 3) uint8 RGB of `frames` of `path`, with a reader of its own."""
+    with open_video(path) as reader:
+        return reader.read(frames)
+
+
+# --------------------------------------------------------------------------- resize, crop, range
+
+
+def resize_cover_crop(frames: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """(T, C, h, w) uint8 -> (T, C, height, width) float: scale to cover, then center-crop."""
+    _, _, src_h, src_w = frames.shape
+    frames = frames.float()
+    if (src_h, src_w) != (height, width):
+        scale = max(height / src_h, width / src_w)
+        new_h, new_w = max(height, round(src_h * scale)), max(width, round(src_w * scale))
+        if (new_h, new_w) != (src_h, src_w):
+            frames = torch.nn.functional.interpolate(frames, size=(new_h, new_w), mode="bilinear",
+                                                     align_corners=False, antialias=True)
+        top, left = (new_h - height) // 2, (new_w - width) // 2
+        frames = frames[:, :, top:top + height, left:left + width]
+    return frames
+
+
+def to_model_range(frames: torch.Tensor) -> torch.Tensor:
+    """[0, 255] -> [-1, 1], clamped (resampling can overshoot)."""
+    return (frames / 127.5 - 1.0).clamp_(-1.0, 1.0)
+
+
+# --------------------------------------------------------------------------- views
+
+
+class ViewDecoder:
+    """Decodes one camera of one clip. Keeps a few readers open: a batch often reads one file twice, and
+    the next clip of a file continues where the last one stopped."""
+
+    def __init__(self, height: int, width: int, cache_size: int = 8) -> None:
+        self.height, self.width = height, width
+        self._readers: OrderedDict[str, VideoReader] = OrderedDict()
+        self._cache_size = cache_size
+
+    def _reader(self, path: str) -> VideoReader:
+        reader = self._readers.pop(path, None)
+        if reader is None:
+            reader = open_video(path)
+        self._readers[path] = reader
+        while len(self._readers) > self._cache_size:
+            self._readers.popitem(last=False)[1].close()
+        return reader
+
+    def frames(self, path: str, frames: Sequence[int]) -> np.ndarray:
+        """(T, H, W, 3) uint8 RGB, upright, exactly the frames asked for."""
+        try:
+            return self._reader(path).read(frames)
+        except VideoDecodeError:
+            stale = self._readers.pop(path, None)
+            if stale is not None:
+                stale.close()
+            raise
+
+    def decode(self, path: str, frames: Sequence[int]) -> torch.Tensor:
+        """(C, T, H, W) float in [-1, 1]."""
+        array = self.frames(path, frames)
+        tensor = torch.from_numpy(np.ascontiguousarray(array)).permute(0, 3, 1, 2)
+        tensor = to_model_range(resize_cover_crop(tensor, self.height, self.width))
+        return tensor.permute(1, 0, 2, 3).contiguous()
+
+
+class ViewBatchDataset(torch.utils.data.Dataset):
+    """Item i decodes the views this rank encodes for batch i; failures are reported, not raised."""
+
+    def __init__(self, batches: Sequence[Sequence[Any]], view_indices: Sequence[Sequence[int]], height: int, width: int) -> None:
+        self.batches = [list(b) for b in batches]
+        self.view_indices = [list(v) for v in view_indices]
+        self.height, self.width = height, width
+        self._decoder: ViewDecoder | None = None
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        from vaecache.dataset import batch_views  # planning imports sources, which imports this module
+
+        if self._decoder is None:
+            self._decoder = ViewDecoder(self.height, self.width)
+        batch = self.batches[index]
+        views = batch_views(batch)
+        decoded: dict[int, torch.Tensor] = {}
+        errors: dict[int, tuple[str, str]] = {}
+        out = []
+        for view_index in self.view_indices[index]:
+            ref = views[view_index]
+            clip = batch[ref.clip_index]
+            if ref.clip_index in errors:
+                tensor = None
+            elif view_index in decoded:
+                tensor = decoded[view_index]
+            else:
+                try:
+                    tensor = self._decoder.decode(clip.paths[ref.camera_index], clip.frames)
+                    decoded[view_index] = tensor
+                except VideoDecodeError as exc:
+                    errors[ref.clip_index] = (exc.path, exc.reason)
+                    tensor = None
+            out.append(tensor)
+        template = next((t for t in out if t is not None), None)
+        if template is None:
+            template = torch.zeros(3, len(batch[0].frames), self.height, self.width)
+        stacked = torch.stack([t if t is not None else torch.zeros_like(template) for t in out])
+        return {"index": index, "views": stacked, "errors": errors}
