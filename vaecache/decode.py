@@ -113,11 +113,18 @@ class VideoReader:
         return [float((self._pts[index] - first) * self.time_base) for index in frames]
 
     def fps(self) -> float:
-        """Frames per second of the even stretches: 1 / the median frame duration (average rate as fallback)."""
+        """Frames per second of the even stretches: 1 / the mean frame duration, leaving out steps more than half
+        a frame from the median (the gaps of a variable-frame-rate file; millisecond rounding stays in)."""
         if self._pts is None or len(self._pts) < 2:
             return float(self._nominal_rate())
+        median = self._median_step()
+        steps = [b - a for a, b in zip(self._pts, self._pts[1:]) if abs(b - a - median) <= median / 2]
+        return float(len(steps) / (sum(steps) * self.time_base))
+
+    def _median_step(self) -> int:
+        assert self._pts is not None
         steps = sorted(b - a for a, b in zip(self._pts, self._pts[1:]))
-        return float(1 / (steps[len(steps) // 2] * self.time_base))
+        return steps[len(steps) // 2]
 
     def _nominal_rate(self) -> Fraction:
         rate = self._stream.average_rate or self._stream.guessed_rate or self._stream.base_rate
@@ -154,21 +161,22 @@ class VideoReader:
             yield from packet.decode()
 
     def check_even(self, frames: Sequence[int]) -> None:
-        """Refuse a clip whose frames are not evenly spaced in time (a variable-frame-rate stretch)."""
+        """Refuse frames whose times do not follow their frame numbers evenly (a variable-frame-rate stretch):
+        each step may differ from (frame-number step x the mean time per frame) by half a frame duration."""
         if self._pts is None or len(frames) < 3:
             return
         times = [self._pts[i] for i in frames]
-        steps = [b - a for a, b in zip(times, times[1:])]
-        mean = (times[-1] - times[0]) / (len(times) - 1)
-        all_steps = sorted(b - a for a, b in zip(self._pts, self._pts[1:]))
-        frame_duration = all_steps[len(all_steps) // 2]
-        worst = max(range(len(steps)), key=lambda i: abs(steps[i] - mean))
-        if abs(steps[worst] - mean) > EVEN_SPACING_TOLERANCE * frame_duration:
+        per_frame = (times[-1] - times[0]) / (frames[-1] - frames[0])
+        errors = [abs((t1 - t0) - (i1 - i0) * per_frame)
+                  for t0, t1, i0, i1 in zip(times, times[1:], frames, frames[1:])]
+        worst = max(range(len(errors)), key=errors.__getitem__)
+        if errors[worst] > EVEN_SPACING_TOLERANCE * self._median_step():
+            step = frames[worst + 1] - frames[worst]
             raise VideoDecodeError(
                 self.path,
-                f"frames {frames[0]}..{frames[-1]} are not evenly spaced in time: {float(steps[worst] * self.time_base):.3f} s "
-                f"between frames {frames[worst]} and {frames[worst + 1]}, {float(mean * self.time_base):.3f} s on average "
-                f"(variable frame rate)")
+                f"frames {frames[0]}..{frames[-1]} are not evenly spaced in time: "
+                f"{float((times[worst + 1] - times[worst]) * self.time_base):.3f} s between frames {frames[worst]} and "
+                f"{frames[worst + 1]}, {float(step * self._median_step() * self.time_base):.3f} s at the video's frame rate (variable frame rate)")
 
     def read(self, frames: Sequence[int]) -> np.ndarray:
         """(T, H, W, 3) uint8 RGB of the given frame numbers (ascending), upright."""

@@ -1,0 +1,210 @@
+"""Dataset layouts (folders, JSONL index), discovery errors and probing of real mp4s."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vaecache.config import SamplingConfig
+from vaecache.dataset import plan_clips
+from vaecache.demodata import DemoDataSpec, write_demo_dataset
+from vaecache.errors import DatasetError, UsageError
+from vaecache.sources import Scene, discover, discover_scenes, probe_scene
+
+
+def _touch(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"not decoded by discovery")
+    return path
+
+
+def test_multicamera_folder_orders_cameras_by_name(tmp_path: Path) -> None:
+    for scene in ("s2", "s1"):
+        for camera in ("right", "left", "center"):
+            _touch(tmp_path / scene / f"{camera}.mp4")
+    scenes = discover_scenes(tmp_path)
+    assert [s.scene_id for s in scenes] == ["s1", "s2"]
+    for scene in scenes:
+        assert scene.cameras == ("center", "left", "right")
+        assert scene.paths == tuple(str((tmp_path / scene.scene_id / f"{c}.mp4").resolve()) for c in scene.cameras)
+        assert scene.frame_range is None
+
+
+def test_multicamera_folder_uses_the_given_camera_order(tmp_path: Path) -> None:
+    for camera in ("a", "b", "c"):
+        _touch(tmp_path / "scene" / f"{camera}.mp4")
+    (scene,) = discover_scenes(tmp_path, cameras=["c", "a", "b"])
+    assert scene.cameras == ("c", "a", "b")
+    assert [Path(p).stem for p in scene.paths] == ["c", "a", "b"]
+
+
+def test_camera_flag_also_selects_cameras(demo_data: Path) -> None:
+    scenes = discover_scenes(demo_data, cameras=["cam_1"])
+    assert [s.cameras for s in scenes] == [("cam_1",)] * 3
+    assert all(s.paths[0].endswith("/cam_1.mp4") for s in scenes)
+
+
+def test_a_camera_no_scene_has_is_a_typo_not_a_skip(demo_data: Path, tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match=r"camera\(s\) cam_9 from --cameras are in no scene \(cameras found: cam_0"):
+        discover_scenes(demo_data, cameras=["cam_0", "cam_9"])
+    index = tmp_path / "index.jsonl"
+    index.write_text(json.dumps({"id": "a", "cameras": {"front": "a.mp4"}}) + "\n")
+    with pytest.raises(DatasetError, match=r"camera\(s\) back from --cameras are in no scene"):
+        discover_scenes(index, cameras=["front", "back"])
+
+
+def test_a_folder_named_like_a_video_is_reported_not_ignored(demo_data: Path, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(demo_data / "scene_000", data / "scene_000")
+    (data / "scene_000" / "cam_1.mp4").unlink()
+    (data / "scene_000" / "cam_1.mp4").mkdir()
+    (scene,) = discover_scenes(data)
+    assert scene.cameras == ("cam_0", "cam_1")
+    probe = probe_scene(scene)
+    assert probe.error == "not a regular file" and probe.error_path == str((data / "scene_000" / "cam_1.mp4").resolve())
+
+
+def test_multicamera_folder_ignores_hidden_and_non_video_files(tmp_path: Path) -> None:
+    _touch(tmp_path / "scene" / "cam_0.mp4")
+    _touch(tmp_path / "scene" / "notes.txt")
+    _touch(tmp_path / "scene" / ".cam_1.mp4")
+    _touch(tmp_path / ".cache" / "cam_0.mp4")
+    (scene,) = discover_scenes(tmp_path)
+    assert (scene.scene_id, scene.cameras) == ("scene", ("cam_0",))
+
+
+def test_scene_missing_a_camera_is_skipped_and_reported(demo_data: Path, tmp_path: Path) -> None:
+    data = Path(shutil.copytree(demo_data, tmp_path / "data"))
+    (data / "scene_001" / "cam_1.mp4").unlink()
+    scenes = discover_scenes(data)
+    assert [s.cameras for s in scenes] == [("cam_0", "cam_1")] * 3
+    probes = {s.scene_id: probe_scene(s) for s in scenes}
+    clips, skipped = plan_clips(scenes, probes, SamplingConfig(num_frames=9))
+    assert [c.clip_id for c in clips] == ["scene_000/000000-000008", "scene_002/000000-000008"]
+    (skip,) = skipped
+    assert skip.scene_id == "scene_001"
+    assert "cam_1" in skip.reason and "missing" in skip.reason
+
+
+def test_cameras_with_different_frame_counts_are_reported(tmp_path: Path) -> None:
+    write_demo_dataset(tmp_path / "a", DemoDataSpec(scenes=1, cameras=1, frames=9, height=32, width=32))
+    write_demo_dataset(tmp_path / "b", DemoDataSpec(scenes=1, cameras=1, frames=5, height=32, width=32))
+    scene = Scene("s", ("a", "b"), (str(tmp_path / "a/scene_000/cam_0.mp4"), str(tmp_path / "b/scene_000/cam_0.mp4")))
+    probe = probe_scene(scene)
+    assert probe.error is not None and "'b' has 5 frames" in probe.error
+    assert probe.error_path == scene.paths[1]
+
+
+def test_folder_of_videos_is_one_camera_per_scene(tmp_path: Path) -> None:
+    for name in ("b.mp4", "a.MOV", "c.mkv", "readme.md"):
+        _touch(tmp_path / name)
+    scenes = discover_scenes(tmp_path)
+    assert [s.scene_id for s in scenes] == ["a", "b", "c"]
+    assert all(s.cameras == ("video",) for s in scenes)
+    assert scenes[0].paths == (str((tmp_path / "a.MOV").resolve()),)
+    (named,) = {s.cameras for s in discover_scenes(tmp_path, cameras=["front"])}
+    assert named == ("front",)
+
+
+def test_folder_mixing_videos_and_scene_folders_is_refused(tmp_path: Path) -> None:
+    _touch(tmp_path / "a.mp4")
+    _touch(tmp_path / "scene" / "cam.mp4")
+    with pytest.raises(DatasetError, match="mixes video files and scene folders"):
+        discover_scenes(tmp_path)
+
+
+def test_single_camera_folder_refuses_several_cameras(tmp_path: Path) -> None:
+    _touch(tmp_path / "a.mp4")
+    with pytest.raises(DatasetError, match="single-camera folder, but 2 cameras"):
+        discover_scenes(tmp_path, cameras=["x", "y"])
+
+
+def test_jsonl_index_resolves_paths_against_the_index_file(tmp_path: Path) -> None:
+    _touch(tmp_path / "videos" / "r1_front.mp4")
+    _touch(tmp_path / "videos" / "r1_back.mp4")
+    absolute = _touch(tmp_path / "elsewhere" / "x.mp4").resolve()
+    index = tmp_path / "lists" / "index.jsonl"
+    index.parent.mkdir()
+    index.write_text("\n".join([
+        json.dumps({"id": "r1", "cameras": {"front": "../videos/r1_front.mp4", "back": "../videos/r1_back.mp4"},
+                    "frames": [2, 11]}),
+        "",
+        json.dumps({"id": "r0", "cameras": {"back": str(absolute), "front": "../videos/r1_front.mp4"}}),
+    ]) + "\n")
+    r0, r1 = discover_scenes(index)
+    assert (r0.scene_id, r1.scene_id) == ("r0", "r1")
+    assert r1.cameras == ("back", "front")  # sorted by name
+    assert r1.paths == tuple(str((tmp_path / f"videos/r1_{c}.mp4").resolve()) for c in ("back", "front"))
+    assert r1.frame_range == (2, 11)
+    assert r0.paths[0] == str(absolute) and r0.frame_range is None
+    (front_first, _) = discover_scenes(index, cameras=["front", "back"])
+    assert front_first.cameras == ("front", "back")
+
+
+def test_jsonl_index_with_single_paths(tmp_path: Path) -> None:
+    _touch(tmp_path / "v" / "a.mp4")
+    index = tmp_path / "index.jsonl"
+    index.write_text(json.dumps({"id": "a", "path": "v/a.mp4"}) + "\n")
+    (scene,) = discover_scenes(index)
+    assert (scene.cameras, scene.paths) == (("video",), (str((tmp_path / "v/a.mp4").resolve()),))
+
+
+@pytest.mark.parametrize(("line", "match"), [
+    ("{not json", r"index.jsonl:1: not valid JSON"),
+    (json.dumps({"cameras": {"a": "x.mp4"}}), r"needs an \"id\""),
+    (json.dumps({"id": "a"}), r"needs \"cameras\" .* or \"path\""),
+    (json.dumps({"id": "a", "cameras": {}}), r"\"cameras\" must map camera names to paths"),
+    (json.dumps({"id": "a", "path": "x.mp4", "frames": [5, 5]}), r"\"frames\" must be \[start, stop\)"),
+    (json.dumps({"id": "a", "path": "x.mp4", "frames": [-1, 4]}), r"\"frames\" must be \[start, stop\)"),
+    (json.dumps({"id": "a/b", "path": "x.mp4"}), r"scene id 'a/b' is not usable"),
+    (json.dumps({"id": "a", "cameras": {"x": 5}}), r"index.jsonl:1: the path of camera 'x' must be a non-empty string"),
+    (json.dumps({"id": "a", "path": None}), r"the path of camera 'video' must be a non-empty string"),
+])
+def test_bad_index_lines_are_named(tmp_path: Path, line: str, match: str) -> None:
+    index = tmp_path / "index.jsonl"
+    index.write_text(line + "\n")
+    with pytest.raises(DatasetError, match=match):
+        discover_scenes(index)
+
+
+def test_index_problems_across_lines(tmp_path: Path) -> None:
+    index = tmp_path / "index.jsonl"
+    index.write_text("\n\n")
+    with pytest.raises(DatasetError, match="holds no scenes"):
+        discover_scenes(index)
+    index.write_text(json.dumps({"id": "a", "path": "x.mp4"}) + "\n" + json.dumps({"id": "a", "path": "y.mp4"}) + "\n")
+    with pytest.raises(DatasetError, match="appear twice: a"):
+        discover_scenes(index)
+    index.write_text(json.dumps({"id": "a", "cameras": {"x": "1.mp4"}}) + "\n"
+                     + json.dumps({"id": "b", "cameras": {"y": "2.mp4"}}) + "\n")
+    with pytest.raises(DatasetError, match="different camera sets"):
+        discover_scenes(index)
+
+
+def test_jsonl_frame_range_is_planned_and_checked(demo_data: Path, tmp_path: Path) -> None:
+    index = tmp_path / "index.jsonl"
+    cams = {"cam_0": str(demo_data / "scene_000/cam_0.mp4"), "cam_1": str(demo_data / "scene_000/cam_1.mp4")}
+    index.write_text(json.dumps({"id": "inside", "cameras": cams, "frames": [3, 8]}) + "\n"
+                     + json.dumps({"id": "beyond", "cameras": cams, "frames": [3, 18]}) + "\n")
+    scenes = discover_scenes(index)
+    probes = {s.scene_id: probe_scene(s) for s in scenes}
+    assert "exceeds the video's 17 frames" in probes["beyond"].error
+    clips, skipped = plan_clips(scenes, probes, SamplingConfig(num_frames=5))
+    assert [(c.clip_id, c.frames) for c in clips] == [("inside/000003-000007", (3, 4, 5, 6, 7))]
+    assert [s.scene_id for s in skipped] == ["beyond"]
+
+
+def test_missing_path_empty_folder_and_wrong_file_are_dataset_errors(tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match="does not exist"):
+        discover_scenes(tmp_path / "nope")
+    with pytest.raises(DatasetError, match="no videos .* and no scene folders found"):
+        discover_scenes(tmp_path)
+    (tmp_path / "empty_scene").mkdir()
+    with pytest.raises(DatasetError, match="scene folders hold no video files"):
+        discover_scenes(tmp_path)
+    with pytest.raises(DatasetError, match="expected a folder or a .jsonl index"):
+        discover_scenes(_touch(tmp_path / "clip.mp4"))
+    assert issubclass(DatasetError, UsageError)  # the CLI maps it to exit code 2
