@@ -86,7 +86,8 @@ def test_scene_missing_a_camera_is_skipped_and_reported(demo_data: Path, tmp_pat
     assert [c.clip_id for c in clips] == ["scene_000/000000-000008", "scene_002/000000-000008"]
     (skip,) = skipped
     assert skip.scene_id == "scene_001"
-    assert "cam_1" in skip.reason and "missing" in skip.reason
+    assert skip.reason == "camera 'cam_1' is missing"
+    assert (skip.camera, skip.path) == ("cam_1", None)  # a missing camera has no path, and is named
 
 
 def test_cameras_with_different_frame_counts_are_reported(tmp_path: Path) -> None:
@@ -208,3 +209,61 @@ def test_missing_path_empty_folder_and_wrong_file_are_dataset_errors(tmp_path: P
     with pytest.raises(DatasetError, match="expected a folder or a .jsonl index"):
         discover_scenes(_touch(tmp_path / "clip.mp4"))
     assert issubclass(DatasetError, UsageError)  # the CLI maps it to exit code 2
+
+
+
+def test_missing_camera_in_an_index_has_no_path(demo_data: Path, tmp_path: Path) -> None:
+    index = tmp_path / "index.jsonl"
+    index.write_text(json.dumps({"id": "a", "cameras": {"left": str(demo_data / "scene_000/cam_0.mp4")}}) + "\n"
+                     + json.dumps({"id": "b", "cameras": {"left": str(demo_data / "scene_001/cam_0.mp4"),
+                                                          "right": str(demo_data / "scene_001/cam_1.mp4")}}) + "\n")
+    a, b = discover_scenes(index, cameras=["left", "right"])
+    assert a.paths[1] is None and b.paths[1] is not None
+    probe = probe_scene(a)
+    assert (probe.error, probe.error_camera, probe.error_path) == ("camera 'right' is missing", "right", None)
+
+
+def test_an_index_mixing_cameras_and_path_lines_is_refused(tmp_path: Path) -> None:
+    """A single video has no camera name to be filed under among named cameras, with or without --cameras."""
+    index = tmp_path / "index.jsonl"
+    index.write_text(json.dumps({"id": "drive", "cameras": {"front": "f.mp4", "left": "l.mp4"}}) + "\n"
+                     + json.dumps({"id": "robot", "path": "r.mp4"}) + "\n")
+    for cameras in (None, ["front"], ["front", "left"]):
+        with pytest.raises(DatasetError, match=r"index.jsonl:2: uses \"path\" but .*index.jsonl:1 uses \"cameras\"; "
+                                               r"an index lists every scene one way"):
+            discover_scenes(index, cameras=cameras)
+    index.write_text(json.dumps({"id": "robot", "path": "r.mp4", "cameras": {"front": "f.mp4"}}) + "\n")
+    with pytest.raises(DatasetError, match=r"index.jsonl:1: has both \"cameras\" and \"path\""):
+        discover_scenes(index)
+
+
+def test_path_lines_take_one_camera_name_from_cameras(tmp_path: Path) -> None:
+    index = tmp_path / "index.jsonl"
+    index.write_text(json.dumps({"id": "robot", "path": "r.mp4"}) + "\n")
+    (scene,) = discover_scenes(index, cameras=["wrist"])
+    assert scene.cameras == ("wrist",)
+    with pytest.raises(DatasetError, match=r"index.jsonl:1: a \"path\" scene has one camera, but 2 cameras were configured"):
+        discover_scenes(index, cameras=["wrist", "head"])
+
+
+def test_cameras_left_out_of_the_chosen_set_are_reported(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    for scene in ("s1", "s2", "s3"):
+        for camera in ("left", "right"):
+            _touch(tmp_path / scene / f"{camera}.mp4")
+    _touch(tmp_path / "s2" / "depth.mp4")
+    with caplog.at_level("WARNING", logger="vaecache"):
+        found = discover(tmp_path)
+    assert [s.cameras for s in found.scenes] == [("left", "right")] * 3
+    assert found.left_out_cameras == {"depth": 1}
+    assert "camera depth (in 1 scene) is not in the chosen camera set (left, right)" in caplog.text
+    assert discover(tmp_path, cameras=["right"]).left_out_cameras == {"left": 3, "depth": 1}
+    assert discover(tmp_path, cameras=["depth", "left", "right"]).left_out_cameras == {}
+    index = tmp_path / "index.jsonl"
+    index.write_text(json.dumps({"id": "a", "cameras": {"front": "a.mp4", "back": "b.mp4"}}) + "\n")
+    assert discover(index, cameras=["front"]).left_out_cameras == {"back": 1}
+
+
+def test_probe_counts_frames_reads_fps_and_rotation(demo_data: Path) -> None:
+    (scene,) = discover_scenes(demo_data)[:1]
+    probe = probe_scene(scene)
+    assert (probe.num_frames, probe.fps, probe.rotations, probe.error) == (17, 10.0, (0, 0), None)
