@@ -86,7 +86,9 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     from vaecache.config import EncodeConfig, SamplingConfig, parse_size
-    from vaecache.dataset import ViewBatchDataset, assign, batch_views, batched, discover_scenes, plan_clips, probe_scene
+    from vaecache.dataset import assign, batch_views, batched, plan_clips
+    from vaecache.decode import ViewBatchDataset
+    from vaecache.sources import discover_scenes, probe_scene
     from vaecache.dist import distributed, make_mesh
     from vaecache.parallel import gather_views, plan_sp
     from vaecache.pipeline import run_encode

@@ -17,7 +17,7 @@ import diffusers
 import pytest
 import torch
 
-from vaecache.dataset import ViewDecoder
+from vaecache.decode import ViewDecoder
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.errors import FrameRuleError, UsageError, VaeSpecError
 from vaecache.vae import FAMILIES, INJECT_OOM_ENV, FrameRule, LoadedVae, OomInjector, load_vae
