@@ -12,6 +12,7 @@ read by a straight decode from the start that counts frames.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 from fractions import Fraction
@@ -131,14 +132,16 @@ class VideoReader:
         return Fraction(rate) if rate else Fraction(1)
 
     def _read_rotation(self) -> int:
-        """Counter-clockwise degrees from the display matrix (a multiple of 90), read from the first frame."""
+        """Counter-clockwise degrees from the display matrix (a multiple of 90), read from the first frame.
+
+        The decoder is left at the start with that frame pending, so a first read from frame 0 needs no seek."""
         self._restart()
+        frames = self._decoded()
         try:
-            frame = next(self._decoded(), None)
+            frame = next(frames, None)
         except av.FFmpegError as exc:
             raise VideoDecodeError(self.path, f"not a readable video ({_short(exc)})") from None
-        finally:
-            self._restart()
+        self._frames = itertools.chain([frame], frames) if frame is not None else None
         degrees = int(round(getattr(frame, "rotation", 0) or 0)) % 360
         if degrees % 90:
             raise VideoDecodeError(self.path, f"display rotation of {degrees} degrees is not a multiple of 90")
@@ -202,7 +205,9 @@ class VideoReader:
         wanted = {self._pts[index]: position for position, index in enumerate(frames)}
         first, last = self._pts[frames[0]], self._pts[frames[-1]]
         out: list[np.ndarray | None] = [None] * len(frames)
-        if self._frames is None or self._last_pts is None or self._last_pts >= first or self._far_behind(frames[0]):
+        # _last_pts None with a live decoder: it is at a keyframe (or the start) and no frame was taken yet.
+        behind = self._last_pts is not None and self._last_pts >= first
+        if self._frames is None or behind or self._far_behind(frames[0]):
             self._seek_before(frames[0])
         assert self._frames is not None
         for frame in self._frames:
@@ -223,8 +228,8 @@ class VideoReader:
 
     def _far_behind(self, index: int) -> bool:
         """Whether a keyframe lies between the decoder's position and frame `index` (seeking is then cheaper)."""
-        assert self._pts is not None and self._last_pts is not None
-        current = bisect.bisect_right(self._pts, self._last_pts)
+        assert self._pts is not None
+        current = 0 if self._last_pts is None else bisect.bisect_right(self._pts, self._last_pts)
         return any(current < key.position <= index for key in self._keyframes)
 
     def _seek_before(self, index: int) -> None:
