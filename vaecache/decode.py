@@ -374,6 +374,10 @@ class ViewDecoder:
             self._readers.popitem(last=False)[1].close()
         return reader
 
+    def timestamps(self, path: str, frames: Sequence[int]) -> list[float]:
+        """Presentation time (seconds from the first frame) of each frame of `path`."""
+        return self._reader(path).timestamps(frames)
+
     def frames(self, path: str, frames: Sequence[int]) -> np.ndarray:
         """(T, H, W, 3) uint8 RGB, upright, exactly the frames asked for."""
         try:
@@ -393,7 +397,10 @@ class ViewDecoder:
 
 
 class ViewBatchDataset(torch.utils.data.Dataset):
-    """Item i decodes the views this rank encodes for batch i; failures are reported, not raised."""
+    """Item i decodes the views this rank encodes for batch i; failures are reported, not raised.
+
+    An item is {"index", "views" (V, C, T, H, W), "errors": {clip: (path, reason)}, "times": {clip: seconds of
+    each frame in its first decoded camera, from that video's first frame}} (times: for the clip record)."""
 
     def __init__(self, batches: Sequence[Sequence[Any]], view_indices: Sequence[Sequence[int]], height: int, width: int) -> None:
         self.batches = [list(b) for b in batches]
@@ -413,6 +420,7 @@ class ViewBatchDataset(torch.utils.data.Dataset):
         views = batch_views(batch)
         decoded: dict[int, torch.Tensor] = {}
         errors: dict[int, tuple[str, str]] = {}
+        times: dict[int, list[float]] = {}
         out = []
         for view_index in self.view_indices[index]:
             ref = views[view_index]
@@ -425,6 +433,8 @@ class ViewBatchDataset(torch.utils.data.Dataset):
                 try:
                     tensor = self._decoder.decode(clip.paths[ref.camera_index], clip.frames)
                     decoded[view_index] = tensor
+                    if ref.clip_index not in times:
+                        times[ref.clip_index] = self._decoder.timestamps(clip.paths[ref.camera_index], clip.frames)
                 except VideoDecodeError as exc:
                     errors[ref.clip_index] = (exc.path, exc.reason)
                     tensor = None
@@ -433,4 +443,6 @@ class ViewBatchDataset(torch.utils.data.Dataset):
         if template is None:
             template = torch.zeros(3, len(batch[0].frames), self.height, self.width)
         stacked = torch.stack([t if t is not None else torch.zeros_like(template) for t in out])
-        return {"index": index, "views": stacked, "errors": errors}
+        for clip_index in errors:
+            times.pop(clip_index, None)
+        return {"index": index, "views": stacked, "errors": errors, "times": times}
