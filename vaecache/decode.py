@@ -158,6 +158,7 @@ class VideoReader:
         self._frames = None
         self._last_pts = None
         self._next_index = 0
+        self._from_start = True
 
     def _decoded(self) -> Iterator[Any]:
         for packet in self._container.demux(self._stream):
@@ -202,17 +203,30 @@ class VideoReader:
 
     def _read_by_pts(self, frames: list[int]) -> np.ndarray:
         assert self._pts is not None
-        wanted = {self._pts[index]: position for position, index in enumerate(frames)}
-        first, last = self._pts[frames[0]], self._pts[frames[-1]]
-        out: list[np.ndarray | None] = [None] * len(frames)
+        first = self._pts[frames[0]]
         # _last_pts None with a live decoder: it is at a keyframe (or the start) and no frame was taken yet.
         behind = self._last_pts is not None and self._last_pts >= first
         if self._frames is None or behind or self._far_behind(frames[0]):
             self._seek_before(frames[0])
-        assert self._frames is not None
+        out = self._take_by_pts(frames)
+        if out is None and not self._from_start:
+            # A decoder that holds back frames after a seek (no recovery point): decode from the start instead.
+            self._restart()
+            self._frames = self._decoded()
+            out = self._take_by_pts(frames)
+        if out is None:
+            return self._switch_to_sequential(frames)
+        return out
+
+    def _take_by_pts(self, frames: list[int]) -> np.ndarray | None:
+        """Decode forward, keeping the frames whose pts are wanted; None if a frame carries no pts."""
+        assert self._pts is not None and self._frames is not None
+        wanted = {self._pts[index]: position for position, index in enumerate(frames)}
+        last = self._pts[frames[-1]]
+        out: list[np.ndarray | None] = [None] * len(frames)
         for frame in self._frames:
             if frame.pts is None:
-                return self._switch_to_sequential(frames)
+                return None
             self._last_pts = frame.pts
             if frame.pts in wanted:
                 out[wanted[frame.pts]] = frame.to_ndarray(format="rgb24")
@@ -223,7 +237,10 @@ class VideoReader:
         missing = [frames[i] for i, array in enumerate(out) if array is None]
         if missing:
             self._frames = None
-            raise VideoDecodeError(self.path, f"the decoder never produced frame {missing[0]} (of {frames[0]}..{frames[-1]})")
+            if self._from_start:
+                raise VideoDecodeError(self.path, f"the decoder never produced frame {missing[0]} "
+                                                  f"(of {frames[0]}..{frames[-1]})")
+            return None
         return np.stack(out)  # type: ignore[arg-type]
 
     def _far_behind(self, index: int) -> bool:
@@ -252,6 +269,7 @@ class VideoReader:
             if landed < len(self._pts) and self._pts[landed] == first.pts and landed <= key.position:  # type: ignore[index]
                 self._frames = self._decode_packets(first, packets)
                 self._last_pts = None
+                self._from_start = False
                 return
         self._restart()
         self._frames = self._decoded()
@@ -264,7 +282,10 @@ class VideoReader:
     def _switch_to_sequential(self, frames: list[int]) -> np.ndarray:
         """A decoder that returns frames without pts cannot be read by timestamp: count from the start instead."""
         self.sequential = True
-        self._restart()
+        self._pts, self._keyframes = None, []
+        self._count_sequentially()
+        if frames[-1] >= len(self):
+            raise VideoDecodeError(self.path, f"frame {frames[-1]} requested, a straight decode gives {len(self)}")
         return self._read_sequential(frames)
 
     def _read_sequential(self, frames: list[int]) -> np.ndarray:
