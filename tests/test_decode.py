@@ -18,7 +18,7 @@ from vaecache.demodata import DemoDataSpec, render_clip, write_demo_dataset
 from vaecache.errors import VideoDecodeError
 from vaecache.sources import Scene, discover_scenes, probe_scene
 
-from videos import LAYOUTS, sequential_frames, write_video
+from videos import LAYOUTS, remux_to_raw_h264, sequential_frames, write_video
 
 H264_MEAN_ERROR = 0.075
 """Mean |decoded - source| in [-1, 1] units that the demo videos stay under (4:2:0 chroma and colour conversion only)."""
@@ -237,16 +237,14 @@ def test_consecutive_clips_continue_without_reopening(layout_videos: dict, refer
             _assert_frames(name, reader.read(frames), references[name], frames)
 
 
-def test_a_reader_without_timestamps_counts_frames_from_the_start(layout_videos: dict, references: dict) -> None:
-    """The sequential fallback (files whose pts cannot identify frames) returns the same frames."""
-    name = "mpeg4-avi-bframes"
-    with open_video(str(layout_videos[name])) as reader:
-        reader._pts = None  # what _index returns for missing or repeated pts
-        reader.sequential = True
-        reader._count_sequentially()
-        assert len(reader) == 72
+def test_a_stream_without_timestamps_is_read_by_counting_from_the_start(layout_videos: dict, tmp_path: Path) -> None:
+    """Raw h264 (open GOP, B-frames) has no pts at all: the reader counts frames of a straight decode."""
+    path = remux_to_raw_h264(layout_videos["h264-open-gop"], tmp_path / "raw.h264")
+    reference = sequential_frames(path)
+    with open_video(str(path)) as reader:
+        assert reader.sequential and len(reader) == len(reference) == 72
         for frames in _windows(72, 3, random.Random(3), 8):
-            _assert_frames(name, reader.read(frames), references[name], frames)
+            _assert_frames("raw h264", reader.read(frames), reference, frames)
 
 
 def test_edit_list_mp4_counts_only_shown_frames(tmp_path: Path) -> None:

@@ -90,3 +90,16 @@ def sequential_frames(path: Path) -> list[np.ndarray]:
     """The reference: every frame of a straight PyAV decode from the start, in output order (frame n = the n-th)."""
     with av.open(str(path)) as container:
         return [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+
+
+def remux_to_raw_h264(source: Path, out: Path) -> Path:
+    """Copy an h264 stream into a raw Annex B file: no container, so its packets and frames carry no pts."""
+    with av.open(str(source)) as src, av.open(str(out), "w", format="h264") as dst:
+        stream_in = src.streams.video[0]
+        stream_out = dst.add_stream_from_template(stream_in)
+        for packet in src.demux(stream_in):
+            if packet.dts is None:
+                continue
+            packet.stream = stream_out
+            dst.mux(packet)
+    return out
