@@ -292,6 +292,12 @@ def test_rotation_metadata_is_applied(tmp_path: Path) -> None:
     assert got.shape == (3, 96, 64, 3)
     for array, index in zip(got, (0, 5, 17)):
         assert np.array_equal(array, np.rot90(reference[index], k=1))
+    try:
+        import decord
+    except ImportError:
+        decord = None
+    if decord is not None:  # decord applies the display matrix too: same direction, same pixels
+        assert np.array_equal(decord.VideoReader(str(path), num_threads=1).get_batch([0, 5, 17]).asnumpy(), got)
     with open_video(str(write_video(tmp_path / "plain.mp4", LAYOUTS["h264-open-gop"], frames=4))) as plain:
         assert plain.rotation == 0 and plain.read([1]).shape == (1, 64, 96, 3)
 
