@@ -61,22 +61,25 @@ class VideoReader:
         self._stream = self._container.streams.video[0]
         self._stream.thread_type = "AUTO"
         self.time_base: Fraction = self._stream.time_base or Fraction(1, 1)
+        self._frames: Iterator[Any] | None = None
+        self._last_pts: int | None = None
+        self._next_index = 0
+        self._from_start = True
+        self._count = 0
         try:
             self._pts, self._keyframes = self._index()
+            self.sequential = self._pts is None
+            if self.sequential:
+                self._count_sequentially()
+            if len(self) == 0:
+                raise VideoDecodeError(path, "video has no frames")
+            self.rotation = self._read_rotation()
         except av.FFmpegError as exc:
             self.close()
             raise VideoDecodeError(path, f"not a readable video ({_short(exc)})") from None
-        self._frames: Iterator[Any] | None = None
-        self._last_pts: int | None = None
-        self.sequential = self._pts is None
-        self._counted: list[int] = []
-        self._next_index = 0
-        if self.sequential:
-            self._count_sequentially()
-        if len(self) == 0:
+        except VideoDecodeError:
             self.close()
-            raise VideoDecodeError(path, "video has no frames")
-        self.rotation = self._read_rotation()
+            raise
 
     # ------------------------------------------------------------------ index
 
@@ -100,11 +103,11 @@ class VideoReader:
 
     def _count_sequentially(self) -> None:
         self._restart()
-        self._counted = [0 for _ in self._decoded()]
+        self._count = sum(1 for _ in self._decoded())
         self._restart()
 
     def __len__(self) -> int:
-        return len(self._pts) if self._pts is not None else len(self._counted)
+        return len(self._pts) if self._pts is not None else self._count
 
     def timestamps(self, frames: Sequence[int]) -> list[float]:
         """Presentation time in seconds of each frame (evenly spaced 0, 1/fps, ... when read sequentially)."""
@@ -137,10 +140,7 @@ class VideoReader:
         The decoder is left at the start with that frame pending, so a first read from frame 0 needs no seek."""
         self._restart()
         frames = self._decoded()
-        try:
-            frame = next(frames, None)
-        except av.FFmpegError as exc:
-            raise VideoDecodeError(self.path, f"not a readable video ({_short(exc)})") from None
+        frame = next(frames, None)
         self._frames = itertools.chain([frame], frames) if frame is not None else None
         degrees = int(round(getattr(frame, "rotation", 0) or 0)) % 360
         if degrees % 90:
