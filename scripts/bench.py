@@ -110,8 +110,8 @@ def make_data(root: Path, args: argparse.Namespace, scenes: int) -> Path:
 def plan_batches(data: Path, args: argparse.Namespace) -> list[list[Any]]:
     """vaecache's own plan of the clips (so all modes encode exactly the same windows)."""
     from vaecache.config import SamplingConfig
-    from vaecache.dataset import discover_scenes, probe_scene
     from vaecache.planning import batched, plan_clips
+    from vaecache.sources import discover_scenes, probe_scene
 
     scenes = discover_scenes(data)
     probes = {scene.scene_id: probe_scene(scene) for scene in scenes}
@@ -350,7 +350,7 @@ def run_overhead(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 def _decode_ms_per_clip(data: Path, args: argparse.Namespace) -> float:
     from vaecache.config import parse_size
-    from vaecache.dataset import ViewDecoder
+    from vaecache.decode import ViewDecoder
 
     height, width = parse_size(args.size)
     clips = [clip for batch in plan_batches(data, args) for clip in batch]
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         data = make_data(tmp / "data", args, args.scenes)
         batches = plan_batches(data, args)
 
-        from vaecache.dataset import ViewBatchDataset
+        from vaecache.decode import ViewBatchDataset
         from vaecache.planning import batch_views
 
         predecode = ViewBatchDataset(batches, [list(range(len(batch_views(b)))) for b in batches], height, width)

@@ -86,8 +86,9 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     from vaecache.config import ClipSettings, EncodeConfig, SamplingConfig, parse_size
-    from vaecache.dataset import ViewBatchDataset, discover_scenes, probe_scene
+    from vaecache.decode import ViewBatchDataset
     from vaecache.planning import assign, batch_views, batched, plan_clips
+    from vaecache.sources import discover_scenes, probe_scene
     from vaecache.dist import distributed, make_mesh
     from vaecache.parallel import gather_views, plan_sp
     from vaecache.pipeline import run_encode

@@ -7,7 +7,6 @@ a `shutil.copytree` of it (see `cache_copy`).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess

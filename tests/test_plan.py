@@ -152,3 +152,15 @@ def test_plan_with_a_missing_dataset_fails_before_the_vae_loads(run_cli, loud_va
     assert result.exit_code == 2, result.output
     assert "no-such-data: dataset path does not exist" in result.output
     assert not (tmp_path / "vae-was-loaded").exists()
+
+
+def test_plan_shows_a_jsonl_scenes_frame_range_as_its_source_frames(data: Path, tmp_path: Path, run_cli: Any) -> None:
+    index = tmp_path / "index.jsonl"
+    index.write_text(json.dumps({"id": "ranged", "path": str(data / "scene_000/cam_0.mp4"), "frames": [2, 12]}) + "\n"
+                     + json.dumps({"id": "whole", "path": str(data / "scene_001/cam_0.mp4")}) + "\n")
+    out = tmp_path / "plan.json"
+    result = run_cli(["plan", index, *PLAN_ARGS, "--json", out])
+    assert result.exit_code == 0, result.output
+    rows = {row["scene"]: row for row in json.loads(out.read_text())["dataset"]["per_scene"]}
+    assert (rows["ranged"]["source_frames"], rows["ranged"]["clips"]) == (10, 2)
+    assert (rows["whole"]["source_frames"], rows["whole"]["clips"]) == (17, 3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vaecache.config import SamplingConfig
-from vaecache.dataset import Scene, SceneProbe
+from vaecache.sources import Scene, SceneProbe
 from vaecache.errors import UsageError
 from vaecache.planning import (
     Clip, JobPlan, assign, assign_contiguous, batch_views, batched, clip_id_for, plan_clips, plan_job, plan_windows,

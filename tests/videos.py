@@ -1,97 +1,105 @@
-"""Small real video files that seeking decoders get wrong: open-GOP h264, HEVC and MPEG-4 Part 2 with
-B-frames, an mp4 cut with an edit list, rotation metadata, a variable frame rate. Written with PyAV."""
+"""Small real test videos in the stream layouts that broke seeking, and the reference decode they are checked against.
+
+Every frame is distinct (a moving bar over seeded noise whose brightness steps with the frame index), so a
+decode that returns a neighbour instead of the frame asked for differs by far more than rounding.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
+from typing import Sequence
 
 import av
 import numpy as np
 
-WIDTH, HEIGHT = 96, 64
+
+@dataclass(frozen=True)
+class VideoLayout:
+    """How to write one test video: codec, container, GOP and B-frame options."""
+
+    name: str
+    codec: str
+    suffix: str
+    options: dict[str, str] = field(default_factory=dict)
+    pix_fmt: str = "yuv420p"
+    gop: int = 12
+    max_b_frames: int | None = None
 
 
-def frame_image(index: int, width: int = WIDTH, height: int = HEIGHT) -> np.ndarray:
-    """A frame whose content differs visibly from every other frame's (moving bars, a changing tint)."""
-    image = np.zeros((height, width, 3), np.uint8)
-    image[:, :, 0] = (index * 7) % 256
-    image[:, :, 1] = (np.arange(width)[None, :] * 2) % 256
-    image[(index * 3) % height, :, :] = 255
-    image[:, (index * 5) % width, 2] = 255
-    return image
+LAYOUTS = {
+    "h264-open-gop": VideoLayout("h264-open-gop", "libx264", ".mp4",
+                                 {"x264-params": "open-gop=1:bframes=3:b-pyramid=normal:keyint=12:min-keyint=12:scenecut=0",
+                                  "preset": "veryfast", "threads": "1"}),
+    "hevc-bframes": VideoLayout("hevc-bframes", "libx265", ".mp4",
+                                {"x265-params": "bframes=4:keyint=15:min-keyint=15:open-gop=1:scenecut=0:log-level=error:pools=1:frame-threads=1",
+                                 "preset": "ultrafast"}),
+    "mpeg4-avi-bframes": VideoLayout("mpeg4-avi-bframes", "mpeg4", ".avi", {}, gop=12, max_b_frames=2),
+    "h264-mkv": VideoLayout("h264-mkv", "libx264", ".mkv",
+                            {"x264-params": "bframes=2:keyint=12:min-keyint=12:scenecut=0", "preset": "veryfast",
+                             "threads": "1"}),
+    "vp9-webm": VideoLayout("vp9-webm", "libvpx-vp9", ".webm", {"deadline": "realtime", "cpu-used": "8", "threads": "1"},
+                            gop=15),
+}
 
 
-def write_video(path: Path, codec: str, frames: int = 120, options: dict[str, str] | None = None,
-                container_format: str | None = None, rate: int = 25, rotation: int = 0) -> Path:
-    with av.open(str(path), "w", format=container_format) as container:
-        stream = container.add_stream(codec, rate=rate)
-        stream.width, stream.height, stream.pix_fmt = WIDTH, HEIGHT, "yuv420p"
-        if options:
-            stream.options = options
-        if rotation:
-            stream.set_display_rotation(rotation)
-        for index in range(frames):
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame_image(index), format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return path
+def frame_pixels(index: int, height: int, width: int, seed: int = 0) -> np.ndarray:
+    """(H, W, 3) uint8 frame `index`: distinct from every other index by a large margin."""
+    rng = np.random.default_rng(seed)
+    noise = rng.integers(0, 40, size=(height, width, 3), dtype=np.uint8)
+    frame = noise + np.uint8((index * 37) % 180)
+    left = (index * 5) % width
+    frame[:, left:left + 6, :] = 255
+    frame[: height // 4, :, index % 3] = 0
+    return frame
 
 
-def open_gop_h264(path: Path) -> Path:
-    return write_video(path, "libx264", options={
-        "x264-params": "open-gop=1:bframes=3:b-pyramid=normal:keyint=24:min-keyint=24:scenecut=0", "crf": "18"})
+def write_video(path: Path, layout: VideoLayout, frames: int = 72, height: int = 64, width: int = 96, fps: int = 24,
+                rotate: int | None = None, pts: Sequence[int] | None = None, time_base: Fraction | None = None) -> Path:
+    """Encode `frames` frames of `frame_pixels` with `layout`.
 
-
-def hevc_bframes(path: Path) -> Path:
-    return write_video(path, "libx265", options={
-        "x265-params": "bframes=4:keyint=24:min-keyint=24:open-gop=1:scenecut=0:log-level=error"})
-
-
-def mpeg4_avi_bframes(path: Path) -> Path:
-    return write_video(path, "mpeg4", container_format="avi", options={"bf": "2", "g": "24"})
-
-
-def vp9_webm(path: Path) -> Path:
-    return write_video(path, "libvpx-vp9", frames=60, options={"g": "20", "deadline": "realtime", "cpu-used": "8"})
-
-
-def rotated_h264(path: Path, rotation: int = 90) -> Path:
-    return write_video(path, "libx264", frames=30, rotation=rotation, options={"crf": "18", "g": "10"})
-
-
-def edit_list_cut(source: Path, path: Path, first_frame: int) -> Path:
-    """Remux `source` from the keyframe before `first_frame` with timestamps shifted so `first_frame` is
-    at 0, as `ffmpeg -ss T -c copy` does: the frames before it stay in the file behind an edit list."""
-    with av.open(str(source)) as src, av.open(str(path), "w") as out:
-        stream = src.streams.video[0]
-        target = out.add_stream_from_template(stream)
-        shift = int(first_frame / float(stream.average_rate) / stream.time_base)
-        src.seek(shift, stream=stream, backward=True)
-        for packet in src.demux(stream):
-            if packet.dts is None:
-                continue
-            packet.pts -= shift
-            packet.dts -= shift
-            packet.stream = target
-            out.mux(packet)
-    return path
-
-
-def variable_rate_h264(path: Path, frames: int = 40, gap_after: int = 20, gap_s: float = 2.0) -> Path:
-    """10 fps with one `gap_s` hole after frame `gap_after` (a camera that paused)."""
+    `pts` sets each frame's timestamp by hand (in `time_base`, default 1/fps) for variable-frame-rate files;
+    `rotate` writes the legacy 'rotate' tag, which the mov muxer turns into a display matrix."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     with av.open(str(path), "w") as container:
-        stream = container.add_stream("libx264", rate=10)
-        stream.width, stream.height, stream.pix_fmt = WIDTH, HEIGHT, "yuv420p"
-        stream.codec_context.time_base = Fraction(1, 1000)
-        stream.options = {"crf": "18", "g": "10", "bf": "0"}
+        stream = container.add_stream(layout.codec, rate=fps, options=dict(layout.options))
+        stream.width, stream.height, stream.pix_fmt = width, height, layout.pix_fmt
+        stream.codec_context.gop_size = layout.gop
+        if layout.max_b_frames is not None:
+            stream.codec_context.max_b_frames = layout.max_b_frames
+        if time_base is not None or pts is not None:
+            stream.time_base = time_base or Fraction(1, fps)
+            stream.codec_context.time_base = stream.time_base
+        if rotate is not None:
+            stream.set_display_rotation(rotate)
         for index in range(frames):
-            frame = av.VideoFrame.from_ndarray(frame_image(index), format="rgb24")
-            frame.pts = index * 100 + (int(gap_s * 1000) if index > gap_after else 0)
-            frame.time_base = Fraction(1, 1000)
+            frame = av.VideoFrame.from_ndarray(frame_pixels(index, height, width), format="rgb24")
+            frame.pts = pts[index] if pts is not None else index
+            if pts is not None or time_base is not None:
+                frame.time_base = stream.time_base
             for packet in stream.encode(frame):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
     return path
+
+
+def sequential_frames(path: Path) -> list[np.ndarray]:
+    """The reference: every frame of a straight PyAV decode from the start, in output order (frame n = the n-th)."""
+    with av.open(str(path)) as container:
+        return [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+
+
+def remux_to_raw_h264(source: Path, out: Path) -> Path:
+    """Copy an h264 stream into a raw Annex B file: no container, so its packets and frames carry no pts."""
+    with av.open(str(source)) as src, av.open(str(out), "w", format="h264") as dst:
+        stream_in = src.streams.video[0]
+        stream_out = dst.add_stream_from_template(stream_in)
+        for packet in src.demux(stream_in):
+            if packet.dts is None:
+                continue
+            packet.stream = stream_out
+            dst.mux(packet)
+    return out

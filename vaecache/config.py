@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
+from vaecache.dtypes import DTYPE_CHOICES
 from vaecache.errors import UsageError
 
 try:
@@ -15,7 +16,6 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 STORE_CHOICES = ("mean-logvar", "mean", "sample")
-DTYPE_CHOICES = ("fp32", "bf16", "fp16")
 ON_ERROR_CHOICES = ("skip", "fail")
 
 

@@ -1,315 +1,357 @@
-"""Frame-exact video decoding (PyAV), resize/crop to the clip size, and the DataLoader dataset of views.
+"""Frame-exact video decoding (PyAV), resize/crop, and the DataLoader dataset of views.
 
-Frame n of a video is the n-th frame a straight sequential decode of its first video stream returns.
-Seeking decoders (decord, and any "seek to a keyframe, then count") get this wrong on open-GOP h264,
-HEVC and MPEG-4 Part 2 with B-frames and on mp4 edit lists, because the frames a decoder returns right
-after a seek are not the frames that follow the keyframe in presentation order. So a reader here:
-
-* builds a :class:`VideoIndex` by demuxing the stream once (no decoding): the presentation timestamp
-  of every frame the decoder will return (packets marked discard, as an edit list does, return none),
-  sorted, so frame n is the n-th timestamp;
-* seeks to the keyframe at or before the first wanted timestamp, decodes forward and **identifies each
-  decoded frame by its timestamp**, never by counting after a seek; it keeps its position, so the next
-  clip of the same file goes on decoding forward without a seek;
-* where a stream has no usable timestamps (some AVI files), decodes from the start and counts.
-
-A frame that is asked for and never produced is a :class:`VideoDecodeError`, not a wrong frame.
-Rotation metadata (phone video) is applied, so frames come out upright; clips whose frames are not
-evenly spaced in time (variable frame rate) are refused by :func:`check_even_spacing`.
+Frame n of a video is the n-th frame a straight decode from the start returns. The reader finds it by
+timestamp, never by counting after a seek: it lists the video stream's presentation timestamps by
+demuxing packets (no decoding), seeks to a keyframe at or before the first wanted frame, decodes forward
+and keeps the frames whose pts it asked for. Counting after a seek is what decord does, and on open-GOP
+h264, HEVC or MPEG-4 with B-frames, AVI, or an mp4 with an edit list it returned neighbouring frames
+without an error (issue 12). A file whose timestamps cannot identify frames (missing or repeated pts) is
+read by a straight decode from the start that counts frames.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
+import av
 import numpy as np
 import torch
 
 from vaecache.errors import VideoDecodeError
 
-SPACING_TOLERANCE = 0.5
-"""A clip's frame intervals may differ from their median by at most this fraction of it."""
+EVEN_SPACING_TOLERANCE = 0.5
+"""A clip's frame intervals may differ from their mean by at most this fraction of the video's frame duration."""
 
 
-def short_reason(exc: BaseException) -> str:
+def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return (text[0] if text else type(exc).__name__)[:200]
 
 
-def check_file(path: str) -> None:
-    """Raise VideoDecodeError for what is not a readable regular, non-empty file, naming the problem."""
+@dataclass(frozen=True)
+class _Keyframe:
+    position: int
+    """Index of the keyframe in presentation order (its frame number)."""
+    seek_ts: int
+    """Timestamp to seek to (dts where known: the demuxers index by it)."""
+    pts: int
+
+
+class VideoReader:
+    """One video file, read frame-exactly with PyAV; consecutive reads continue forward without seeking."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        _check_file(path)
+        try:
+            self._container = av.open(path)
+        except PermissionError:
+            raise VideoDecodeError(path, "permission denied") from None
+        except (av.FFmpegError, UnicodeDecodeError, ValueError) as exc:
+            raise VideoDecodeError(path, f"not a readable video ({_short(exc)})") from None
+        if not self._container.streams.video:
+            self.close()
+            raise VideoDecodeError(path, "not a readable video (no video stream)")
+        self._stream = self._container.streams.video[0]
+        self._stream.thread_type = "AUTO"
+        self.time_base: Fraction = self._stream.time_base or Fraction(1, 1)
+        self._frames: Iterator[Any] | None = None
+        self._last_pts: int | None = None
+        self._next_index = 0
+        self._from_start = True
+        self._count = 0
+        try:
+            self._pts, self._keyframes = self._index()
+            self.sequential = self._pts is None
+            if self.sequential:
+                self._count_sequentially()
+            if len(self) == 0:
+                raise VideoDecodeError(path, "video has no frames")
+            self.rotation = self._read_rotation()
+        except av.FFmpegError as exc:
+            self.close()
+            raise VideoDecodeError(path, f"not a readable video ({_short(exc)})") from None
+        except VideoDecodeError:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ index
+
+    def _index(self) -> tuple[list[int] | None, list[_Keyframe]]:
+        """Presentation-ordered pts of every shown frame and the keyframes, from packets alone.
+
+        Packets flagged discard (before an edit list's start) are never shown, so they are not frames."""
+        entries = []
+        for packet in self._container.demux(self._stream):
+            if packet.size == 0 or packet.is_discard:
+                continue
+            entries.append((packet.pts, packet.dts, packet.is_keyframe))
+        pts = [entry[0] for entry in entries]
+        if any(p is None for p in pts) or len(set(pts)) != len(pts):
+            return None, []
+        ordered = sorted(pts)
+        position = {p: i for i, p in enumerate(ordered)}
+        keyframes = sorted((_Keyframe(position[p], d if d is not None else p, p) for p, d, key in entries if key),
+                           key=lambda k: k.position)
+        return ordered, keyframes
+
+    def _count_sequentially(self) -> None:
+        self._restart()
+        self._count = sum(1 for _ in self._decoded())
+        self._restart()
+
+    def __len__(self) -> int:
+        return len(self._pts) if self._pts is not None else self._count
+
+    def timestamps(self, frames: Sequence[int]) -> list[float]:
+        """Presentation time in seconds of each frame (evenly spaced 0, 1/fps, ... when read sequentially)."""
+        if self._pts is None:
+            return [float(index / self._nominal_rate()) for index in frames]
+        first = self._pts[0]
+        return [float((self._pts[index] - first) * self.time_base) for index in frames]
+
+    def fps(self) -> float:
+        """Frames per second of the even stretches: 1 / the mean frame duration, leaving out steps more than half
+        a frame from the median (the gaps of a variable-frame-rate file; millisecond rounding stays in)."""
+        if self._pts is None or len(self._pts) < 2:
+            return float(self._nominal_rate())
+        median = self._median_step()
+        steps = [b - a for a, b in zip(self._pts, self._pts[1:]) if abs(b - a - median) <= median / 2]
+        return float(len(steps) / (sum(steps) * self.time_base))
+
+    def _median_step(self) -> int:
+        assert self._pts is not None
+        steps = sorted(b - a for a, b in zip(self._pts, self._pts[1:]))
+        return steps[len(steps) // 2]
+
+    def _nominal_rate(self) -> Fraction:
+        rate = self._stream.average_rate or self._stream.guessed_rate or self._stream.base_rate
+        return Fraction(rate) if rate else Fraction(1)
+
+    def _read_rotation(self) -> int:
+        """Counter-clockwise degrees from the display matrix (a multiple of 90), read from the first frame.
+
+        The decoder is left at the start with that frame pending, so a first read from frame 0 needs no seek."""
+        self._restart()
+        frames = self._decoded()
+        frame = next(frames, None)
+        self._frames = itertools.chain([frame], frames) if frame is not None else None
+        degrees = int(round(getattr(frame, "rotation", 0) or 0)) % 360
+        if degrees % 90:
+            raise VideoDecodeError(self.path, f"display rotation of {degrees} degrees is not a multiple of 90")
+        return degrees
+
+    # ------------------------------------------------------------------ decoding
+
+    def _restart(self) -> None:
+        """Decode from the very start again (a fresh container: no seek involved)."""
+        self._container.close()
+        self._container = av.open(self.path)
+        self._stream = self._container.streams.video[0]
+        self._stream.thread_type = "AUTO"
+        self._frames = None
+        self._last_pts = None
+        self._next_index = 0
+        self._from_start = True
+
+    def _decoded(self) -> Iterator[Any]:
+        for packet in self._container.demux(self._stream):
+            yield from packet.decode()
+
+    def check_even(self, frames: Sequence[int]) -> None:
+        """Refuse frames whose times do not follow their frame numbers evenly (a variable-frame-rate stretch):
+        each step may differ from (frame-number step x the mean time per frame) by half a frame duration."""
+        if self._pts is None or len(frames) < 3:
+            return
+        times = [self._pts[i] for i in frames]
+        per_frame = (times[-1] - times[0]) / (frames[-1] - frames[0])
+        errors = [abs((t1 - t0) - (i1 - i0) * per_frame)
+                  for t0, t1, i0, i1 in zip(times, times[1:], frames, frames[1:])]
+        worst = max(range(len(errors)), key=errors.__getitem__)
+        if errors[worst] > EVEN_SPACING_TOLERANCE * self._median_step():
+            step = frames[worst + 1] - frames[worst]
+            raise VideoDecodeError(
+                self.path,
+                f"frames {frames[0]}..{frames[-1]} are not evenly spaced in time: "
+                f"{float((times[worst + 1] - times[worst]) * self.time_base):.3f} s between frames {frames[worst]} and "
+                f"{frames[worst + 1]}, {float(step * self._median_step() * self.time_base):.3f} s at the video's frame rate (variable frame rate)")
+
+    def read(self, frames: Sequence[int]) -> np.ndarray:
+        """(T, H, W, 3) uint8 RGB of the given frame numbers (ascending), upright."""
+        frames = list(frames)
+        if not frames:
+            raise ValueError("no frames requested")
+        if frames != sorted(frames) or frames[0] < 0:
+            raise ValueError(f"frame numbers must be ascending and >= 0, got {frames[:5]}...")
+        if frames[-1] >= len(self):
+            raise VideoDecodeError(self.path, f"frame {frames[-1]} requested, video has {len(self)}")
+        self.check_even(frames)
+        try:
+            array = self._read_sequential(frames) if self.sequential else self._read_by_pts(frames)
+        except av.FFmpegError as exc:
+            self._frames = None
+            raise VideoDecodeError(self.path, f"decoding frames {frames[0]}..{frames[-1]} failed ({_short(exc)})") from None
+        if self.rotation:
+            array = np.ascontiguousarray(np.rot90(array, k=self.rotation // 90, axes=(1, 2)))
+        return array
+
+    def _read_by_pts(self, frames: list[int]) -> np.ndarray:
+        assert self._pts is not None
+        first = self._pts[frames[0]]
+        # _last_pts None with a live decoder: it is at a keyframe (or the start) and no frame was taken yet.
+        behind = self._last_pts is not None and self._last_pts >= first
+        if self._frames is None or behind or self._far_behind(frames[0]):
+            self._seek_before(frames[0])
+        out = self._take_by_pts(frames)
+        if out is None and not self._from_start:
+            # A decoder that holds back frames after a seek (no recovery point): decode from the start instead.
+            self._restart()
+            self._frames = self._decoded()
+            out = self._take_by_pts(frames)
+        if out is None:
+            return self._switch_to_sequential(frames)
+        return out
+
+    def _take_by_pts(self, frames: list[int]) -> np.ndarray | None:
+        """Decode forward, keeping the frames whose pts are wanted; None if a frame carries no pts."""
+        assert self._pts is not None and self._frames is not None
+        wanted = {self._pts[index]: position for position, index in enumerate(frames)}
+        last = self._pts[frames[-1]]
+        out: list[np.ndarray | None] = [None] * len(frames)
+        for frame in self._frames:
+            if frame.pts is None:
+                return None
+            self._last_pts = frame.pts
+            if frame.pts in wanted:
+                out[wanted[frame.pts]] = frame.to_ndarray(format="rgb24")
+            if frame.pts >= last:
+                break
+        else:
+            self._frames = None
+        missing = [frames[i] for i, array in enumerate(out) if array is None]
+        if missing:
+            self._frames = None
+            if self._from_start:
+                raise VideoDecodeError(self.path, f"the decoder never produced frame {missing[0]} "
+                                                  f"(of {frames[0]}..{frames[-1]})")
+            return None
+        return np.stack(out)  # type: ignore[arg-type]
+
+    def _far_behind(self, index: int) -> bool:
+        """Whether a keyframe lies between the decoder's position and frame `index` (seeking is then cheaper)."""
+        assert self._pts is not None
+        current = 0 if self._last_pts is None else bisect.bisect_right(self._pts, self._last_pts)
+        return any(current < key.position <= index for key in self._keyframes)
+
+    def _seek_before(self, index: int) -> None:
+        """Position the decoder on a keyframe at or before frame `index`, checked on the first packet it reads.
+
+        Demuxers seek by their own index (dts, cues, or a faulty AVI index) and may land after the target;
+        then an earlier keyframe is tried, and in the end a fresh decode from the start."""
+        candidates = [key for key in self._keyframes if key.position <= index]
+        for key in reversed(candidates[-3:]):
+            try:
+                self._container.seek(key.seek_ts, stream=self._stream, backward=True)
+            except av.FFmpegError:
+                break
+            self._stream.codec_context.flush_buffers()
+            packets = self._container.demux(self._stream)
+            first = next((p for p in packets if p.size and not p.is_discard), None)
+            if first is None or first.pts is None or not first.is_keyframe:
+                continue
+            landed = bisect.bisect_left(self._pts, first.pts)  # type: ignore[arg-type]
+            if landed < len(self._pts) and self._pts[landed] == first.pts and landed <= key.position:  # type: ignore[index]
+                self._frames = self._decode_packets(first, packets)
+                self._last_pts = None
+                self._from_start = False
+                return
+        self._restart()
+        self._frames = self._decoded()
+
+    def _decode_packets(self, first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+        yield from first.decode()
+        for packet in rest:
+            yield from packet.decode()
+
+    def _switch_to_sequential(self, frames: list[int]) -> np.ndarray:
+        """A decoder that returns frames without pts cannot be read by timestamp: count from the start instead."""
+        self.sequential = True
+        self._pts, self._keyframes = None, []
+        self._count_sequentially()
+        if frames[-1] >= len(self):
+            raise VideoDecodeError(self.path, f"frame {frames[-1]} requested, a straight decode gives {len(self)}")
+        return self._read_sequential(frames)
+
+    def _read_sequential(self, frames: list[int]) -> np.ndarray:
+        if self._frames is None or self._next_index > frames[0]:
+            self._restart()
+            self._frames = self._decoded()
+        wanted = {index: position for position, index in enumerate(frames)}
+        out: list[np.ndarray | None] = [None] * len(frames)
+        for frame in self._frames:
+            index = self._next_index
+            self._next_index += 1
+            if index in wanted:
+                out[wanted[index]] = frame.to_ndarray(format="rgb24")
+            if index >= frames[-1]:
+                break
+        else:
+            self._frames = None
+        if any(array is None for array in out):
+            self._frames = None
+            raise VideoDecodeError(self.path, f"video ended before frame {frames[-1]}")
+        return np.stack(out)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self._frames = None
+        container = getattr(self, "_container", None)
+        if container is not None:
+            container.close()
+
+    def __enter__(self) -> VideoReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_file(path: str) -> None:
     file = Path(path)
     try:
-        if not file.is_file():
-            if file.is_symlink() and not file.exists():
-                raise VideoDecodeError(path, "broken symlink")
-            raise VideoDecodeError(path, "file not found" if not file.exists() else "not a regular file")
         size = file.stat().st_size
+    except FileNotFoundError:
+        raise VideoDecodeError(path, "file not found") from None
+    except PermissionError:
+        raise VideoDecodeError(path, "permission denied") from None
+    if not file.is_file():
+        raise VideoDecodeError(path, "not a regular file")
+    if size == 0:
+        raise VideoDecodeError(path, "empty file (0 bytes)")
+    try:
         with open(file, "rb"):
             pass
     except PermissionError:
         raise VideoDecodeError(path, "permission denied") from None
-    except OSError as exc:
-        raise VideoDecodeError(path, f"cannot open ({exc.strerror or exc})") from None
-    if size == 0:
-        raise VideoDecodeError(path, "empty file (0 bytes)")
 
 
-@dataclass(frozen=True)
-class VideoIndex:
-    """What demuxing a video's first video stream found: every frame's timestamp, in presentation order."""
-
-    path: str
-    pts: tuple[int, ...] | None
-    """Presentation timestamps (stream time base) of the frames a sequential decode returns, sorted;
-    None when the stream's packets carry no usable timestamps (frames are then counted by decoding)."""
-    keyframe_pts: tuple[int, ...]
-    """Timestamps of keyframe packets, sorted (seek targets)."""
-    num_frames: int
-    time_base: float
-    fps: float
-    """Average frame rate as the container states it."""
-    width: int
-    height: int
-    rotation: int
-    """Counter-clockwise degrees (0, 90, 180, 270) that frames are rotated by to come out upright."""
-    codec: str
-
-    def seconds(self, index: int) -> float | None:
-        """Presentation time of frame `index` in seconds (None without timestamps)."""
-        if self.pts is None:
-            return None
-        return (self.pts[index] - self.pts[0]) * self.time_base
-
-    @property
-    def upright_size(self) -> tuple[int, int]:
-        """(height, width) of frames after rotation."""
-        return (self.width, self.height) if self.rotation in (90, 270) else (self.height, self.width)
+def open_video(path: str) -> VideoReader:
+    """A frame-exact reader of `path`; every failure is a VideoDecodeError naming the file."""
+    return VideoReader(path)
 
 
-def build_index(path: str) -> VideoIndex:
-    """Demux the first video stream (no decoding) and list its frames' timestamps.
-
-    Raises VideoDecodeError naming the file for anything that is not a readable video."""
-    import av
-
-    check_file(path)
-    try:
-        container = av.open(path)
-    except av.FFmpegError as exc:
-        raise VideoDecodeError(path, f"not a readable video ({short_reason(exc)})") from None
-    with container:
-        if not container.streams.video:
-            kinds = sorted({s.type for s in container.streams}) or ["no streams"]
-            raise VideoDecodeError(path, f"no video stream (holds {', '.join(kinds)})")
-        stream = container.streams.video[0]
-        pts: list[int] = []
-        keyframes: list[int] = []
-        packets = 0
-        usable = True
-        try:
-            for packet in container.demux(stream):
-                if packet.size == 0:
-                    continue
-                packets += 1
-                if packet.is_discard:
-                    continue
-                if packet.pts is None:
-                    usable = False
-                    continue
-                pts.append(packet.pts)
-                if packet.is_keyframe:
-                    keyframes.append(packet.pts)
-        except av.FFmpegError as exc:
-            raise VideoDecodeError(path, f"not a readable video ({short_reason(exc)})") from None
-        time_base = float(stream.time_base) if stream.time_base else 0.0
-        rate = stream.average_rate or stream.guessed_rate
-        fps = float(rate) if rate else 0.0
-        codec = stream.codec_context.name if stream.codec_context else "unknown"
-        width, height = stream.codec_context.width, stream.codec_context.height
-    pts.sort()
-    if usable and (len(set(pts)) != len(pts) or not keyframes or time_base <= 0):
-        usable = False
-    rotation = _first_frame_rotation(path) if packets else 0
-    if usable:
-        count = len(pts)
-    else:
-        count = _count_frames(path)
-    if count == 0:
-        raise VideoDecodeError(path, "video has no frames")
-    return VideoIndex(path, tuple(pts) if usable else None, tuple(sorted(keyframes)) if usable else (), count,
-                      time_base, fps, width, height, rotation, codec)
+def decode_frames(path: str, frames: Sequence[int]) -> np.ndarray:
+    """(T, H, W, 3) uint8 RGB of `frames` of `path`, with a reader of its own."""
+    with open_video(path) as reader:
+        return reader.read(frames)
 
 
-def _first_frame_rotation(path: str) -> int:
-    """The display rotation of the first decoded frame (PyAV exposes the display matrix per frame)."""
-    import av
-
-    try:
-        with av.open(path) as container:
-            for frame in container.decode(video=0):
-                return int(round(float(getattr(frame, "rotation", 0) or 0) / 90.0)) * 90 % 360
-    except av.FFmpegError as exc:
-        raise VideoDecodeError(path, f"not a readable video ({short_reason(exc)})") from None
-    return 0
-
-
-def _count_frames(path: str) -> int:
-    import av
-
-    try:
-        with av.open(path) as container:
-            return sum(1 for _ in container.decode(video=0))
-    except av.FFmpegError as exc:
-        raise VideoDecodeError(path, f"not a readable video ({short_reason(exc)})") from None
-
-
-def upright(array: np.ndarray, rotation: int) -> np.ndarray:
-    """Rotate an (H, W, 3) frame counter-clockwise by `rotation` degrees (a multiple of 90)."""
-    turns = (rotation // 90) % 4
-    return np.ascontiguousarray(np.rot90(array, k=turns)) if turns else array
-
-
-class FrameReader:
-    """Reads frames of one video by index, exactly (see the module docstring). Not thread-safe."""
-
-    def __init__(self, path: str, index: VideoIndex | None = None) -> None:
-        self.path = path
-        self.index = index if index is not None else build_index(path)
-        self._container: Any = None
-        self._frames: Any = None
-        self._position: int | None = None
-        """Timestamp (or, without timestamps, the frame number) of the last frame decoded."""
-        self.seeks = 0
-
-    def __len__(self) -> int:
-        return self.index.num_frames
-
-    def close(self) -> None:
-        if self._container is not None:
-            self._container.close()
-        self._container = self._frames = self._position = None
-
-    def _restart(self, target: int | None) -> None:
-        """Start decoding at the keyframe at or before timestamp `target`; None: from the start, afresh."""
-        import av
-
-        if target is None:
-            self.close()
-        if self._container is None:
-            self._container = av.open(self.path)
-        stream = self._container.streams.video[0]
-        if target is not None:
-            self._container.seek(target, stream=stream, backward=True, any_frame=False)  # also flushes the decoder
-            self.seeks += 1
-        self._frames = self._container.decode(stream)
-        self._position = None
-
-    def read(self, frames: Sequence[int]) -> np.ndarray:
-        """(T, H, W, 3) uint8 RGB of `frames` (ascending source frame indices), upright."""
-        if not frames:
-            raise ValueError("no frames requested")
-        if list(frames) != sorted(set(frames)):
-            raise ValueError(f"frames must be strictly ascending, got {list(frames)[:8]}")
-        if frames[0] < 0 or frames[-1] >= self.index.num_frames:
-            raise VideoDecodeError(self.path, f"frame {frames[-1]} requested, video has {self.index.num_frames}")
-        import av
-
-        try:
-            if self.index.pts is None:
-                out = self._read_counting(frames)
-            else:
-                out = self._read_by_pts(frames)
-        except av.FFmpegError as exc:
-            self.close()
-            raise VideoDecodeError(self.path, f"decoding frames {frames[0]}..{frames[-1]} failed "
-                                              f"({short_reason(exc)})") from None
-        return np.stack([upright(frame, self.index.rotation) for frame in out])
-
-    def _read_by_pts(self, frames: Sequence[int]) -> list[np.ndarray]:
-        pts = self.index.pts
-        assert pts is not None
-        wanted = {pts[i]: k for k, i in enumerate(frames)}
-        first, last = pts[frames[0]], pts[frames[-1]]
-        keyframe = _floor(self.index.keyframe_pts, first)
-        # Decoding on from where the reader stands beats a seek unless a keyframe lies in between.
-        carry_on = (self._frames is not None and self._position is not None and self._position < first
-                    and (keyframe is None or keyframe <= self._position))
-        out: list[np.ndarray | None] = []
-        for attempt in range(2):
-            if attempt == 1:
-                self._restart(None)  # a seek landed after a frame we need: decode from the very start
-            elif not carry_on:
-                self._restart(first)
-            out = [None] * len(frames)
-            for frame in self._frames:
-                if frame.pts is None:
-                    continue
-                self._position = frame.pts
-                position = wanted.get(frame.pts)
-                if position is not None:
-                    out[position] = frame.to_ndarray(format="rgb24")
-                if frame.pts >= last:
-                    break
-            if all(frame is not None for frame in out):
-                return out  # type: ignore[return-value]
-        missing = [frames[k] for k, frame in enumerate(out) if frame is None]
-        self.close()
-        raise VideoDecodeError(self.path, f"the decoder never produced frame(s) {missing[:5]}")
-
-    def _read_counting(self, frames: Sequence[int]) -> list[np.ndarray]:
-        if self._frames is None or self._position is None or self._position >= frames[0]:
-            self._restart(None)
-            self._position = -1
-        wanted = {index: k for k, index in enumerate(frames)}
-        out: list[np.ndarray | None] = [None] * len(frames)
-        for frame in self._frames:
-            self._position += 1
-            position = wanted.get(self._position)
-            if position is not None:
-                out[position] = frame.to_ndarray(format="rgb24")
-            if self._position >= frames[-1]:
-                break
-        if any(frame is None for frame in out):
-            self.close()
-            raise VideoDecodeError(self.path, f"video ended before frame {frames[-1]}")
-        return out  # type: ignore[return-value]
-
-
-def _floor(values: Sequence[int], target: int) -> int | None:
-    """Largest value <= target in a sorted sequence, or None."""
-    import bisect
-
-    position = bisect.bisect_right(values, target)
-    return values[position - 1] if position else None
-
-
-def frame_times(index: VideoIndex, frames: Sequence[int]) -> list[float] | None:
-    """Seconds from the video's first frame to each of `frames` (None without timestamps)."""
-    if index.pts is None:
-        return None
-    return [round(index.seconds(i), 6) for i in frames]  # type: ignore[arg-type]
-
-
-def check_even_spacing(index: VideoIndex, frames: Sequence[int]) -> str | None:
-    """Why `frames` are not evenly spaced in time (a variable-frame-rate gap), or None when they are."""
-    if index.pts is None or len(frames) < 3:
-        return None
-    stamps = [index.pts[i] for i in frames]
-    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-    typical = sorted(gaps)[len(gaps) // 2]
-    worst = max(gaps, key=lambda gap: abs(gap - typical))
-    if typical <= 0 or abs(worst - typical) > SPACING_TOLERANCE * typical:
-        at = gaps.index(worst)
-        return (f"frames are not evenly spaced in time (variable frame rate): {worst * index.time_base:.3f} s "
-                f"between frames {frames[at]} and {frames[at + 1]}, {typical * index.time_base:.3f} s typical")
-    return None
-
-
-# --------------------------------------------------------------------------- resize and range
+# --------------------------------------------------------------------------- resize, crop, range
 
 
 def resize_cover_crop(frames: torch.Tensor, height: int, width: int) -> torch.Tensor:
@@ -336,60 +378,92 @@ def to_model_range(frames: torch.Tensor) -> torch.Tensor:
 
 
 class ViewDecoder:
-    """Decodes one camera of one clip. Keeps a few readers open: consecutive clips of a file carry on."""
+    """Decodes one camera of one clip. Keeps a few readers open: a batch often reads one file twice, and
+    the next clip of a file continues where the last one stopped."""
 
     def __init__(self, height: int, width: int, cache_size: int = 8) -> None:
         self.height, self.width = height, width
-        self._readers: OrderedDict[str, FrameReader] = OrderedDict()
+        self._readers: OrderedDict[str, VideoReader] = OrderedDict()
         self._cache_size = cache_size
 
-    def reader(self, path: str) -> FrameReader:
+    def _reader(self, path: str) -> VideoReader:
         reader = self._readers.pop(path, None)
         if reader is None:
-            reader = FrameReader(path)
+            reader = open_video(path)
         self._readers[path] = reader
         while len(self._readers) > self._cache_size:
             self._readers.popitem(last=False)[1].close()
         return reader
 
+    def timestamps(self, path: str, frames: Sequence[int]) -> list[float]:
+        """Presentation time (seconds from the first frame) of each frame of `path`."""
+        return self._reader(path).timestamps(frames)
+
     def frames(self, path: str, frames: Sequence[int]) -> np.ndarray:
-        """(T, H, W, 3) uint8 source frames, exact and upright; refuses unevenly spaced clips."""
-        reader = self.reader(path)
-        uneven = check_even_spacing(reader.index, frames)
-        if uneven is not None:
-            raise VideoDecodeError(path, uneven)
+        """(T, H, W, 3) uint8 RGB, upright, exactly the frames asked for."""
         try:
-            return reader.read(frames)
+            return self._reader(path).read(frames)
         except VideoDecodeError:
-            self._readers.pop(path, None)
+            stale = self._readers.pop(path, None)
+            if stale is not None:
+                stale.close()
             raise
 
     def decode(self, path: str, frames: Sequence[int]) -> torch.Tensor:
-        """(C, T, H, W) float in [-1, 1] at the clip size."""
+        """(C, T, H, W) float in [-1, 1]."""
         array = self.frames(path, frames)
-        tensor = torch.from_numpy(array).permute(0, 3, 1, 2)
+        tensor = torch.from_numpy(np.ascontiguousarray(array)).permute(0, 3, 1, 2)
         tensor = to_model_range(resize_cover_crop(tensor, self.height, self.width))
         return tensor.permute(1, 0, 2, 3).contiguous()
 
-    def close(self) -> None:
-        for reader in self._readers.values():
-            reader.close()
-        self._readers.clear()
 
+class ViewBatchDataset(torch.utils.data.Dataset):
+    """Item i decodes the views this rank encodes for batch i; failures are reported, not raised.
 
-def decode_sequential(path: str, frames: Sequence[int] | None = None) -> np.ndarray:
-    """Reference decode: every frame (or `frames`) of a straight sequential PyAV decode, upright.
+    An item is {"index", "views" (V, C, T, H, W), "errors": {clip: (path, reason)}, "times": {clip: seconds of
+    each frame in its first decoded camera, from that video's first frame}} (times: for the clip record)."""
 
-    Slow (decodes from the start); used by tests and by nothing on the encode path."""
-    import av
+    def __init__(self, batches: Sequence[Sequence[Any]], view_indices: Sequence[Sequence[int]], height: int, width: int) -> None:
+        self.batches = [list(b) for b in batches]
+        self.view_indices = [list(v) for v in view_indices]
+        self.height, self.width = height, width
+        self._decoder: ViewDecoder | None = None
 
-    index = build_index(path)
-    wanted = set(frames) if frames is not None else None
-    out = []
-    with av.open(path) as container:
-        for number, frame in enumerate(container.decode(video=0)):
-            if wanted is None or number in wanted:
-                out.append(upright(frame.to_ndarray(format="rgb24"), index.rotation))
-            if frames is not None and number >= max(frames):
-                break
-    return np.stack(out)
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        from vaecache.planning import batch_views  # planning imports sources, which imports this module
+
+        if self._decoder is None:
+            self._decoder = ViewDecoder(self.height, self.width)
+        batch = self.batches[index]
+        views = batch_views(batch)
+        decoded: dict[int, torch.Tensor] = {}
+        errors: dict[int, tuple[str, str]] = {}
+        times: dict[int, list[float]] = {}
+        out = []
+        for view_index in self.view_indices[index]:
+            ref = views[view_index]
+            clip = batch[ref.clip_index]
+            if ref.clip_index in errors:
+                tensor = None
+            elif view_index in decoded:
+                tensor = decoded[view_index]
+            else:
+                try:
+                    tensor = self._decoder.decode(clip.paths[ref.camera_index], clip.frames)
+                    decoded[view_index] = tensor
+                    if ref.clip_index not in times:
+                        times[ref.clip_index] = self._decoder.timestamps(clip.paths[ref.camera_index], clip.frames)
+                except VideoDecodeError as exc:
+                    errors[ref.clip_index] = (exc.path, exc.reason)
+                    tensor = None
+            out.append(tensor)
+        template = next((t for t in out if t is not None), None)
+        if template is None:
+            template = torch.zeros(3, len(batch[0].frames), self.height, self.width)
+        stacked = torch.stack([t if t is not None else torch.zeros_like(template) for t in out])
+        for clip_index in errors:
+            times.pop(clip_index, None)
+        return {"index": index, "views": stacked, "errors": errors, "times": times}

@@ -17,7 +17,8 @@ import torch
 
 import vaecache
 from vaecache.config import EncodeConfig
-from vaecache.dataset import Scene, SceneProbe, ViewBatchDataset, discover_scenes, probe_scene
+from vaecache.decode import ViewBatchDataset
+from vaecache.sources import Scene, SceneProbe, discover_scenes, probe_scene
 from vaecache.dist import DistContext
 from vaecache.dtypes import recorded_name
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, EXIT_STOPPED, InputError, UsageError
@@ -125,7 +126,7 @@ def clip_tensors(clip: Clip, moments: torch.Tensor, channels: int, store: str, s
 
 
 def _camera_of(cameras: Any, paths: Any, path: str | None) -> str | None:
-    """The camera whose video is `path` (until probes carry the camera name themselves)."""
+    """The camera whose video is `path` (a decode or encode error names the file)."""
     return cameras[list(paths).index(path)] if path in paths else None
 
 
@@ -235,10 +236,8 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
     work = job.rank_work(rank)
     failures = AppendLog(failures_path(cfg.out, rank))
     if rank == 0:
-        scene_paths = {clip.scene_id: (clip.cameras, clip.paths) for clip in job.clips}
         for skip in job.skipped:
-            failures.append(failure_record(skip.scene_id, skip.reason, path=skip.path,
-                                           camera=_camera_of(*scene_paths.get(skip.scene_id, ((), ())), skip.path)))
+            failures.append(failure_record(skip.scene_id, skip.reason, path=skip.path, camera=skip.camera))
             log.warning("skipped scene %s: %s%s", skip.scene_id, skip.reason, f" ({skip.path})" if skip.path else "")
     counters = RankCounters()
     loader = torch.utils.data.DataLoader(
@@ -259,9 +258,9 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
             result = vae.encode_views(item["views"])
             moments = result.mean if result.logvar is None else torch.cat([result.mean, result.logvar], dim=1)
             moments = gather_views(moments, sp_plan, ctx.sp_group)
-            errors, settings = _batch_outcome(ctx, sp_plan, batch, item["errors"], result)
+            outcome = _batch_outcome(ctx, sp_plan, batch, item["errors"], item["times"], result)
             counters.backoffs.extend(result.backoffs)
-            sink.commit(batch, moments, result.mean.shape[1], errors, settings)
+            sink.commit(batch, moments, result.mean.shape[1], outcome)
             if on_progress is not None:
                 on_progress(len(batch), len(work.clips))
         if writer is not None:
@@ -296,11 +295,24 @@ def _real_views(plan: SPPlan, sp_rank: int, count: int) -> list[int | None]:
     return [p if p < plan.num_views else None for p in range(start, start + count)]
 
 
+@dataclass
+class BatchOutcome:
+    """What the SP group learnt about one batch, the same on every rank of the group."""
+
+    errors: dict[int, tuple[str, str]]
+    """Clip index -> (path, reason) for clips some rank could not decode or encode."""
+    settings: dict[int, dict[str, Any]]
+    """Batch view -> what produced it (tiling, units per forward)."""
+    times: dict[int, list[float]]
+    """Clip index -> seconds of each of its frames from the video's first frame."""
+
+
 def _batch_outcome(ctx: DistContext, plan: SPPlan, batch: tuple[Clip, ...], decode_errors: dict[int, tuple[str, str]],
-                   result: Any) -> tuple[dict[int, tuple[str, str]], dict[int, dict[str, Any]]]:
-    """Clip index -> (path, reason) for clips any SP rank could not decode or encode, and view -> settings."""
+                   times: dict[int, list[float]], result: Any) -> BatchOutcome:
+    """Merge this rank's decode and encode results for `batch` with its SP peers'."""
     views = batch_views(batch)
     errors = dict(decode_errors)
+    times = dict(times)
     settings: dict[int, dict[str, Any]] = {}
     for row, view in enumerate(_real_views(plan, ctx.mesh.sp_rank, result.mean.shape[0])):
         if view is None:
@@ -312,11 +324,13 @@ def _batch_outcome(ctx: DistContext, plan: SPPlan, batch: tuple[Clip, ...], deco
             errors.setdefault(ref.clip_index, (clip.paths[ref.camera_index],
                                                f"camera {clip.cameras[ref.camera_index]}: {result.failed[row]}"))
     if ctx.mesh.sp_size > 1 and not plan.is_local:
-        for part_errors, part_settings in ctx.sp_all_gather_object((errors, settings)):
+        for part_errors, part_settings, part_times in ctx.sp_all_gather_object((errors, settings, times)):
             for clip_index, error in part_errors.items():
                 errors.setdefault(clip_index, error)
             settings.update(part_settings)
-    return errors, settings
+            for clip_index, stamps in part_times.items():
+                times.setdefault(clip_index, stamps)
+    return BatchOutcome(errors, settings, times)
 
 
 @dataclass
@@ -330,8 +344,8 @@ class _BatchSink:
     failures: AppendLog
     counters: RankCounters
 
-    def commit(self, batch: tuple[Clip, ...], moments: torch.Tensor, channels: int,
-               errors: dict[int, tuple[str, str]], settings: dict[int, dict[str, Any]]) -> None:
+    def commit(self, batch: tuple[Clip, ...], moments: torch.Tensor, channels: int, outcome: BatchOutcome) -> None:
+        errors, settings = outcome.errors, outcome.settings
         cfg, writer, counters = self.cfg, self.writer, self.counters
         view_start = 0
         for clip_index, clip in enumerate(batch):
@@ -350,7 +364,7 @@ class _BatchSink:
             if writer is not None:
                 tensors = clip_tensors(clip, clip_moments, channels, cfg.clip.store, cfg.clip.seed, self.vae.dtype)
                 used = [settings[view_start - clip.num_views + c] for c in range(clip.num_views)]
-                writer.add(clip, tensors, used)
+                writer.add(clip, tensors, used, outcome.times.get(clip_index))
                 counters.clips += 1
                 counters.views += clip.num_views
                 counters.frames += clip.num_views * len(clip.frames)

@@ -21,8 +21,9 @@ from typing import Any
 import torch
 
 from vaecache.config import ClipSettings
-from vaecache.dataset import Scene, SceneProbe, ViewDecoder, discover_scenes, probe_scene
+from vaecache.decode import ViewDecoder
 from vaecache.dist import make_mesh, resolve_device
+from vaecache.sources import Scene, SceneProbe, discover_scenes, probe_scene
 from vaecache.errors import UsageError, VideoDecodeError
 from vaecache.planning import Clip, JobPlan, plan_job
 from vaecache.dtypes import recorded_name
@@ -155,8 +156,13 @@ class PlanReport:
         }
 
 
+def _source_frames(scene: Scene, probe: SceneProbe) -> int:
+    """Frames the clips are cut from: the JSONL "frames" range where given, else the whole video."""
+    return scene.frame_range[1] - scene.frame_range[0] if scene.frame_range is not None else probe.num_frames
+
+
 def probe_all(scenes: list[Scene], workers: int) -> dict[str, SceneProbe]:
-    """Open every scene's videos (threads: the work is in FFmpeg's demuxer and file I/O)."""
+    """Open every scene's videos (threads: PyAV releases the GIL in FFmpeg's demuxer and decoder)."""
     if workers <= 1 or len(scenes) <= 1:
         probes = [probe_scene(scene) for scene in scenes]
     else:
@@ -198,7 +204,7 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
     for clip in clips:
         per_scene[clip.scene_id] = per_scene.get(clip.scene_id, 0) + 1
     skipped_ids = {s.scene_id for s in skipped}
-    scene_rows = [{"scene": s.scene_id, "cameras": len(s.cameras), "source_frames": probes[s.scene_id].num_frames,
+    scene_rows = [{"scene": s.scene_id, "cameras": len(s.cameras), "source_frames": _source_frames(s, probes[s.scene_id]),
                    "clips": per_scene.get(s.scene_id, 0)} for s in scenes if s.scene_id not in skipped_ids]
 
     shape = list(vae.latent_shape(cfg.clip.sampling.num_frames, cfg.clip.height, cfg.clip.width))

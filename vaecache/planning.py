@@ -14,9 +14,10 @@ from vaecache.config import SamplingConfig
 from vaecache.dist.mesh import make_mesh
 from vaecache.errors import UsageError
 from vaecache.parallel import SPPlan, plan_sp
+from vaecache.sources import Skipped
 
 if TYPE_CHECKING:
-    from vaecache.dataset import Scene, SceneProbe
+    from vaecache.sources import Scene, SceneProbe
 
 
 @dataclass(frozen=True)
@@ -35,21 +36,9 @@ class Clip:
         return len(self.cameras)
 
 
-@dataclass(frozen=True)
-class Skipped:
-    """A scene (or one of its files) that produced no clip, and why."""
-
-    scene_id: str
-    path: str | None
-    reason: str
-
-
 def clip_id_for(scene_id: str, frames: Sequence[int]) -> str:
     """Identity of a clip, from its source only: scene id and first/last source frame."""
     return f"{scene_id}/{frames[0]:06d}-{frames[-1]:06d}"
-
-
-
 
 
 def plan_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling: SamplingConfig) -> tuple[list[Clip], list[Skipped]]:
@@ -59,7 +48,7 @@ def plan_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling:
     for scene in scenes:
         probe = probes[scene.scene_id]
         if probe.error is not None:
-            skipped.append(Skipped(scene.scene_id, probe.error_path, probe.error))
+            skipped.append(Skipped(scene.scene_id, probe.error_path, probe.error, probe.error_camera))
             continue
         start, stop = scene.frame_range if scene.frame_range is not None else (0, probe.num_frames)
         windows = plan_windows(start, stop, sampling)

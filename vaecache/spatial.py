@@ -42,7 +42,6 @@ import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as tdist

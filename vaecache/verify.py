@@ -192,8 +192,8 @@ def check_coverage(manifest: dict[str, Any], records: list[dict[str, Any]], fail
                    dataset: Path, threads: int | None = None) -> Check:
     """Re-plan clips from the source with the recorded settings: clips missing from the cache, and
     cached clips with no source any more. Clips recorded as failures count as accounted for."""
-    from vaecache.dataset import discover_scenes, probe_scene
     from vaecache.planning import plan_job
+    from vaecache.sources import discover_scenes, probe_scene
 
     check = Check("coverage of " + str(dataset))
     clip_settings = ClipSettings.from_record(manifest.get("settings", {}))
@@ -220,7 +220,7 @@ def check_reencode(out: Path, manifest: dict[str, Any], records: list[dict[str, 
     """Decode and re-encode K clips chosen by a seed with the recorded VAE; compare with what is stored."""
     import random
 
-    from vaecache.dataset import ViewDecoder
+    from vaecache.decode import ViewDecoder
     from vaecache.dist import resolve_device
     from vaecache.planning import Clip
     from vaecache.pipeline import clip_tensors, run_fingerprint_vae_part

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import vaecache
-from vaecache.decode import build_index
+from vaecache.decode import open_video
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.errors import DatasetError
 
@@ -136,8 +136,8 @@ def test_demo_data_writes_the_requested_layout(run_cli: Callable, tmp_path: Path
     assert result.exit_code == 0, result.output
     expected = sorted(root / f"scene_{s:03d}" / f"cam_{c}.mp4" for s in range(2) for c in range(3))
     assert sorted(p for p in root.rglob("*") if p.is_file()) == expected
-    index = build_index(str(expected[0]))
-    assert index.num_frames == 6 and index.upright_size == (32, 40) and index.fps == pytest.approx(7)
+    with open_video(str(expected[0])) as reader:
+        assert len(reader) == 6 and reader.read([0]).shape == (1, 32, 40, 3) and reader.fps() == pytest.approx(7)
     assert "wrote 6 videos" in result.output
 
 

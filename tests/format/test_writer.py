@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from vaecache.dataset import Clip
+from vaecache.planning import Clip
 from vaecache.errors import ManifestError
 from vaecache.format.index import read_manifest, read_progress, write_manifest
 from vaecache.format.io import AppendLog

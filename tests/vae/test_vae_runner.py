@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_vaes import SIZE, TILES
+from tiny_vaes import TILES
 
 from vaecache.errors import UsageError
 from vaecache.faults import FAULT_ENV, OomFault, OomInjector

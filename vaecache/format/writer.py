@@ -19,15 +19,15 @@ import torch
 from safetensors.torch import save as safetensors_save
 
 from vaecache import faults
+from vaecache.dtypes import recorded_name
 from vaecache.errors import OutputError
 from vaecache.format.io import AppendLog, atomic_write_bytes
 from vaecache.format.layout import FORMAT_NAME, FORMAT_VERSION, SHARDS_DIR, shard_name
 
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 class ClipLike(Protocol):
-    """What the writer needs to know of a clip (vaecache.dataset.Clip)."""
+    """What the writer needs to know of a clip (vaecache.planning.Clip)."""
 
     clip_id: str
     scene_id: str
@@ -115,8 +115,10 @@ class ShardWriter:
         else:
             self.abort()
 
-    def add(self, clip: ClipLike, tensors: dict[str, torch.Tensor], view_settings: Sequence[dict[str, Any]]) -> None:
-        """Buffer one clip: `tensors` by stored key (mean, logvar, sample), `view_settings` one per camera.
+    def add(self, clip: ClipLike, tensors: dict[str, torch.Tensor], view_settings: Sequence[dict[str, Any]],
+            times: Sequence[float] | None = None) -> None:
+        """Buffer one clip: `tensors` by stored key (mean, logvar, sample), `view_settings` one per camera,
+        `times` the seconds of each frame from the video's first frame (as decoded).
 
         The record is completed here and on the writer thread (`shard`, per-tensor `stats`) and nowhere else."""
         self._raise_pending()
@@ -127,8 +129,9 @@ class ShardWriter:
             "sources": list(clip.paths),
             "frames": list(clip.frames),
             "fps": clip.fps,
+            **({"times": [round(float(t), 6) for t in times]} if times is not None else {}),
             "tensors": {key: {"name": tensor_name(clip.clip_id, key), "shape": list(t.shape),
-                              "dtype": DTYPE_NAMES[t.dtype]} for key, t in tensors.items()},
+                              "dtype": recorded_name(t.dtype)} for key, t in tensors.items()},
             "encode": encode_record(clip.cameras, view_settings),
         }
         for key, tensor in tensors.items():

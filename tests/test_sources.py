@@ -1,4 +1,4 @@
-"""Dataset layouts, pure clip planning and sharding, and decoding real mp4s into (views, C, T, H, W)."""
+"""Dataset layouts (folders, JSONL index), discovery errors and probing of real mp4s."""
 
 from __future__ import annotations
 
@@ -6,51 +6,19 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 
 from vaecache.config import SamplingConfig
-from vaecache.dataset import (
-    Scene, ViewBatchDataset, ViewDecoder, discover_scenes, probe_scene, resize_cover_crop, to_model_range,
-)
-from vaecache.demodata import DemoDataSpec, render_clip, write_demo_dataset
+from vaecache.planning import plan_clips
+from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.errors import DatasetError, UsageError
-from vaecache.planning import Clip, plan_clips
-
-H264_MEAN_ERROR = 0.075
-"""Mean |decoded - source| in [-1, 1] units that the demo videos stay under (4:2:0 chroma and colour conversion only)."""
+from vaecache.sources import Scene, discover, discover_scenes, probe_scene
 
 
 def _touch(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"not decoded by discovery")
     return path
-
-
-def _to_model(frames: np.ndarray) -> torch.Tensor:
-    """(T, H, W, 3) uint8 -> (C, T, H, W) in [-1, 1], the layout ViewDecoder returns."""
-    return torch.from_numpy(frames).float().div(127.5).sub(1.0).permute(3, 0, 1, 2)
-
-
-def _mean_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().mean())
-
-
-# --------------------------------------------------------------------------- real videos
-
-
-WIDE = DemoDataSpec(scenes=1, cameras=1, frames=9, height=48, width=96, fps=10, seed=1)
-
-
-@pytest.fixture(scope="module")
-def wide_video(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One 48x96 (H x W) video: non-square, so a 48x48 crop must come from the middle of each row."""
-    (path,) = write_demo_dataset(tmp_path_factory.mktemp("wide"), WIDE)
-    return path
-
-
-# --------------------------------------------------------------------------- discovery: multi-camera folder
 
 
 def test_multicamera_folder_orders_cameras_by_name(tmp_path: Path) -> None:
@@ -118,7 +86,8 @@ def test_scene_missing_a_camera_is_skipped_and_reported(demo_data: Path, tmp_pat
     assert [c.clip_id for c in clips] == ["scene_000/000000-000008", "scene_002/000000-000008"]
     (skip,) = skipped
     assert skip.scene_id == "scene_001"
-    assert "cam_1" in skip.reason and "missing" in skip.reason
+    assert skip.reason == "camera 'cam_1' is missing"
+    assert (skip.camera, skip.path) == ("cam_1", None)  # a missing camera has no path, and is named
 
 
 def test_cameras_with_different_frame_counts_are_reported(tmp_path: Path) -> None:
@@ -128,9 +97,6 @@ def test_cameras_with_different_frame_counts_are_reported(tmp_path: Path) -> Non
     probe = probe_scene(scene)
     assert probe.error is not None and "'b' has 5 frames" in probe.error
     assert probe.error_path == scene.paths[1]
-
-
-# --------------------------------------------------------------------------- discovery: single-camera folder
 
 
 def test_folder_of_videos_is_one_camera_per_scene(tmp_path: Path) -> None:
@@ -155,9 +121,6 @@ def test_single_camera_folder_refuses_several_cameras(tmp_path: Path) -> None:
     _touch(tmp_path / "a.mp4")
     with pytest.raises(DatasetError, match="single-camera folder, but 2 cameras"):
         discover_scenes(tmp_path, cameras=["x", "y"])
-
-
-# --------------------------------------------------------------------------- discovery: JSONL index
 
 
 def test_jsonl_index_resolves_paths_against_the_index_file(tmp_path: Path) -> None:
@@ -235,9 +198,6 @@ def test_jsonl_frame_range_is_planned_and_checked(demo_data: Path, tmp_path: Pat
     assert [s.scene_id for s in skipped] == ["beyond"]
 
 
-# --------------------------------------------------------------------------- discovery: bad paths
-
-
 def test_missing_path_empty_folder_and_wrong_file_are_dataset_errors(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="does not exist"):
         discover_scenes(tmp_path / "nope")
@@ -251,143 +211,59 @@ def test_missing_path_empty_folder_and_wrong_file_are_dataset_errors(tmp_path: P
     assert issubclass(DatasetError, UsageError)  # the CLI maps it to exit code 2
 
 
-# --------------------------------------------------------------------------- planning (pure)
+
+def test_missing_camera_in_an_index_has_no_path(demo_data: Path, tmp_path: Path) -> None:
+    index = tmp_path / "index.jsonl"
+    index.write_text(json.dumps({"id": "a", "cameras": {"left": str(demo_data / "scene_000/cam_0.mp4")}}) + "\n"
+                     + json.dumps({"id": "b", "cameras": {"left": str(demo_data / "scene_001/cam_0.mp4"),
+                                                          "right": str(demo_data / "scene_001/cam_1.mp4")}}) + "\n")
+    a, b = discover_scenes(index, cameras=["left", "right"])
+    assert a.paths[1] is None and b.paths[1] is not None
+    probe = probe_scene(a)
+    assert (probe.error, probe.error_camera, probe.error_path) == ("camera 'right' is missing", "right", None)
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"num_frames": 0}, "--num-frames must be >= 1"),
-    ({"num_frames": 9, "frame_stride": 0}, "--frame-stride must be >= 1"),
-    ({"num_frames": 9, "window_stride": 0}, "--window-stride must be >= 1"),
-    ({"num_frames": 9, "max_clips_per_scene": 0}, "--max-clips-per-scene must be >= 1"),
-])
-def test_sampling_is_validated(kwargs: dict, match: str) -> None:
-    with pytest.raises(UsageError, match=match):
-        SamplingConfig(**kwargs)
+def test_an_index_mixing_cameras_and_path_lines_is_refused(tmp_path: Path) -> None:
+    """A single video has no camera name to be filed under among named cameras, with or without --cameras."""
+    index = tmp_path / "index.jsonl"
+    index.write_text(json.dumps({"id": "drive", "cameras": {"front": "f.mp4", "left": "l.mp4"}}) + "\n"
+                     + json.dumps({"id": "robot", "path": "r.mp4"}) + "\n")
+    for cameras in (None, ["front"], ["front", "left"]):
+        with pytest.raises(DatasetError, match=r"index.jsonl:2: uses \"path\" but .*index.jsonl:1 uses \"cameras\"; "
+                                               r"an index lists every scene one way"):
+            discover_scenes(index, cameras=cameras)
+    index.write_text(json.dumps({"id": "robot", "path": "r.mp4", "cameras": {"front": "f.mp4"}}) + "\n")
+    with pytest.raises(DatasetError, match=r"index.jsonl:1: has both \"cameras\" and \"path\""):
+        discover_scenes(index)
 
 
-# --------------------------------------------------------------------------- resize and crop (pure)
+def test_path_lines_take_one_camera_name_from_cameras(tmp_path: Path) -> None:
+    index = tmp_path / "index.jsonl"
+    index.write_text(json.dumps({"id": "robot", "path": "r.mp4"}) + "\n")
+    (scene,) = discover_scenes(index, cameras=["wrist"])
+    assert scene.cameras == ("wrist",)
+    with pytest.raises(DatasetError, match=r"index.jsonl:1: a \"path\" scene has one camera, but 2 cameras were configured"):
+        discover_scenes(index, cameras=["wrist", "head"])
 
 
-def test_resize_cover_crop_takes_the_center() -> None:
-    columns = torch.arange(8, dtype=torch.uint8).repeat(1, 3, 4, 1)  # (T=1, C=3, H=4, W=8): value = column
-    cropped = resize_cover_crop(columns, 4, 4)
-    assert cropped.dtype == torch.float32 and cropped.shape == (1, 3, 4, 4)
-    assert cropped[0, 0, 0].tolist() == [2.0, 3.0, 4.0, 5.0]
-    rows = torch.arange(8, dtype=torch.uint8).view(1, 1, 8, 1).repeat(1, 3, 1, 4)  # H=8, W=4: value = row
-    assert resize_cover_crop(rows, 2, 4)[0, 0, :, 0].tolist() == [3.0, 4.0]
+def test_cameras_left_out_of_the_chosen_set_are_reported(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    for scene in ("s1", "s2", "s3"):
+        for camera in ("left", "right"):
+            _touch(tmp_path / scene / f"{camera}.mp4")
+    _touch(tmp_path / "s2" / "depth.mp4")
+    with caplog.at_level("WARNING", logger="vaecache"):
+        found = discover(tmp_path)
+    assert [s.cameras for s in found.scenes] == [("left", "right")] * 3
+    assert found.left_out_cameras == {"depth": 1}
+    assert "camera depth (in 1 scene) is not in the chosen camera set (left, right)" in caplog.text
+    assert discover(tmp_path, cameras=["right"]).left_out_cameras == {"left": 3, "depth": 1}
+    assert discover(tmp_path, cameras=["depth", "left", "right"]).left_out_cameras == {}
+    index = tmp_path / "index.jsonl"
+    index.write_text(json.dumps({"id": "a", "cameras": {"front": "a.mp4", "back": "b.mp4"}}) + "\n")
+    assert discover(index, cameras=["front"]).left_out_cameras == {"back": 1}
 
 
-def test_resize_cover_crop_scales_to_cover_then_crops() -> None:
-    frames = torch.full((2, 3, 8, 16), 200, dtype=torch.uint8)
-    frames[:, :, :, :2] = 0  # dark edge columns: outside the centered 4x4 crop of the 4x8 downscale,
-    frames[:, :, :, -2:] = 0  # even counting the antialiasing filter's reach
-    out = resize_cover_crop(frames, 4, 4)
-    assert out.shape == (2, 3, 4, 4)
-    assert torch.allclose(out, torch.full_like(out, 200.0))
-    small = torch.full((1, 3, 5, 10), 100, dtype=torch.uint8)
-    up = resize_cover_crop(small, 16, 16)  # upscale so that both sides cover
-    assert up.shape == (1, 3, 16, 16) and torch.allclose(up, torch.full_like(up, 100.0), atol=1e-3)
-
-
-def test_model_range_is_minus_one_to_one() -> None:
-    out = to_model_range(torch.tensor([0.0, 127.5, 255.0, 300.0, -4.0]))
-    assert out.tolist() == [-1.0, 0.0, 1.0, 1.0, -1.0]
-
-
-# --------------------------------------------------------------------------- decoding real mp4s
-
-
-def test_decoded_frames_match_the_source_rgb_and_centered(wide_video: Path) -> None:
-    frames = (1, 3, 6)
-    decoded = ViewDecoder(48, 48).decode(str(wide_video), frames)
-    assert decoded.shape == (3, 3, 48, 48) and decoded.dtype == torch.float32
-    assert decoded.min() >= -1.0 and decoded.max() <= 1.0
-    source = _to_model(render_clip(WIDE, 0, 0))  # (C, T, 48, 96), the exact frames that were encoded
-
-    centered = source[:, list(frames), :, 24:72]
-    assert _mean_error(decoded, centered) < H264_MEAN_ERROR
-    # The best-matching horizontal offset is the centered one (24 of 0..48).
-    errors = [_mean_error(decoded, source[:, list(frames), :, left:left + 48]) for left in range(0, 49, 4)]
-    assert int(np.argmin(errors)) * 4 == 24
-    # RGB, not BGR.
-    assert _mean_error(decoded, centered.flip(0)) > 3 * _mean_error(decoded, centered)
-    # Each decoded frame is closest to the source frame it was asked for.
-    for position, index in enumerate(frames):
-        per_frame = [_mean_error(decoded[:, position], source[:, t, :, 24:72]) for t in range(WIDE.frames)]
-        assert int(np.argmin(per_frame)) == index
-
-
-def test_decoder_reports_unreadable_and_out_of_range(tmp_path: Path, wide_video: Path) -> None:
-    from vaecache.errors import VideoDecodeError
-
-    decoder = ViewDecoder(48, 48)
-    with pytest.raises(VideoDecodeError, match="frame 9 requested, video has 9"):
-        decoder.decode(str(wide_video), (5, 9))
-    garbage = tmp_path / "garbage.mp4"
-    garbage.write_bytes(b"\x00" * 1000)
-    with pytest.raises(VideoDecodeError, match="garbage.mp4: not a readable video"):
-        decoder.decode(str(garbage), (0,))
-    with pytest.raises(VideoDecodeError, match="file not found"):
-        decoder.decode(str(tmp_path / "none.mp4"), (0,))
-
-
-def test_view_batch_dataset_lays_out_views_c_t_h_w(demo_data: Path, demo_spec: DemoDataSpec) -> None:
-    scenes = discover_scenes(demo_data)[:2]
-    probes = {s.scene_id: probe_scene(s) for s in scenes}
-    assert {(p.num_frames, p.fps) for p in probes.values()} == {(17, 10.0)}
-    clips, skipped = plan_clips(scenes, probes, SamplingConfig(num_frames=4, frame_stride=2, max_clips_per_scene=1))
-    assert not skipped and [c.frames for c in clips] == [(0, 2, 4, 6)] * 2
-    item = ViewBatchDataset([clips], [list(range(4))], 64, 64)[0]
-    assert item["index"] == 0 and item["errors"] == {}
-    views = item["views"]
-    assert views.shape == (4, 3, 4, 64, 64)  # (B * cameras, C, T, H, W), clip-major, camera-minor
-    decoder = ViewDecoder(64, 64)
-    candidates = {}  # (scene, camera, frame shift) -> the source frames
-    for scene in range(2):
-        for camera in range(2):
-            source = _to_model(render_clip(demo_spec, scene, camera))
-            for shift in (0, 1):
-                candidates[scene, camera, shift] = source[:, [f + shift for f in (0, 2, 4, 6)]]
-    for view, expected in zip(views, [(0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0)]):
-        scene, camera, _ = expected
-        assert torch.equal(view, decoder.decode(clips[scene].paths[camera], clips[scene].frames))
-        errors = {key: _mean_error(view, source) for key, source in candidates.items()}
-        assert min(errors, key=errors.get) == expected  # this camera, these frame indices
-        assert errors[expected] < H264_MEAN_ERROR
-
-
-def test_view_batch_dataset_reports_a_broken_view_without_raising(demo_data: Path, tmp_path: Path) -> None:
-    good = str(demo_data / "scene_000" / "cam_0.mp4")
-    broken = tmp_path / "broken.mp4"
-    broken.write_bytes(b"junk" * 100)
-    clips = [Clip("a/000000-000002", "a", ("c0", "c1"), (good, str(broken)), (0, 1, 2), 12.0),
-             Clip("b/000000-000002", "b", ("c0", "c1"), (good, good), (0, 1, 2), 12.0)]
-    item = ViewBatchDataset([clips], [[0, 1, 2, 3]], 32, 32)[0]
-    assert set(item["errors"]) == {0}
-    path, reason = item["errors"][0]
-    assert path == str(broken) and "not a readable video" in reason
-    assert item["views"].shape == (4, 3, 3, 32, 32)
-    assert torch.count_nonzero(item["views"][1]) == 0  # the failed view is a zero placeholder
-    assert torch.equal(item["views"][2], item["views"][0])
-
-
-def test_widths_decord_misreads_fall_back_to_pyav(tmp_path):
-    import av
-    import numpy as np
-
-    from vaecache.dataset import ViewDecoder
-
-    path = tmp_path / "w48.mp4"
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("libx264", rate=25)
-        stream.width, stream.height, stream.pix_fmt = 48, 64, "yuv420p"
-        for i in range(9):
-            frame = np.full((64, 48, 3), i * 20, np.uint8)
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    views = ViewDecoder(64, 48).decode(str(path), [0, 4, 8])
-    assert views.shape == (3, 3, 64, 48)
-    expected = torch.tensor([0, 80, 160]) / 127.5 - 1
-    assert torch.allclose(views[:, :, 32, 24].mean(0), expected, atol=0.03)
+def test_probe_counts_frames_reads_fps_and_rotation(demo_data: Path) -> None:
+    (scene,) = discover_scenes(demo_data)[:1]
+    probe = probe_scene(scene)
+    assert (probe.num_frames, probe.fps, probe.rotations, probe.error) == (17, 10.0, (0, 0), None)
