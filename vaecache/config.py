@@ -175,6 +175,8 @@ class EncodeConfig:
     timeout_s: float = 1800.0
     """Collective timeout: a dead or stuck rank ends the job after this long instead of hanging."""
     progress: bool = True
+    allow_pickle_weights: bool = False
+    """Let a diffusers folder with only pickled .bin weights load (unpickling can run code)."""
 
     def __post_init__(self) -> None:
         if not self.vae:

@@ -188,7 +188,8 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, stop: StopRequest,
         first = job.skipped[0]
         raise InputError(f"{first.path or first.scene_id}: {first.reason} (scene {first.scene_id}; --on-error fail)")
     threads = _cpu_thread_budget(ctx, cfg.workers)
-    vae = load_vae(cfg.vae, ctx.device, cfg.clip.dtype, tiling=cfg.clip.tiling, max_views_per_forward=cfg.clip.max_views_per_forward)
+    vae = load_vae(cfg.vae, ctx.device, cfg.clip.dtype, tiling=cfg.clip.tiling,
+                   max_views_per_forward=cfg.clip.max_views_per_forward, allow_pickle_weights=cfg.allow_pickle_weights)
     vae.rule.check(cfg.clip.sampling.num_frames, cfg.clip.height, cfg.clip.width)
     if cfg.clip.store != "mean" and not vae.has_logvar:
         raise UsageError(f"--store {cfg.clip.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; use --store mean")

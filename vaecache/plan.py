@@ -51,6 +51,7 @@ class PlanConfig:
     measure: bool = True
     """Encode one real clip to measure time and memory (off: planning only)."""
     probe_workers: int = 8
+    allow_pickle_weights: bool = False
 
     def __post_init__(self) -> None:
         for name in ("world_size", "sp_size", "batch_size", "probe_workers"):
@@ -193,7 +194,7 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
     probes = probe_all(scenes, cfg.probe_workers)
     job = plan_job(scenes, probes, cfg.clip.sampling, cfg.world_size, cfg.sp_size, cfg.batch_size)
     if vae is None:
-        vae = load_vae(cfg.vae, device, cfg.clip.dtype, tiling=cfg.clip.tiling,
+        vae = load_vae(cfg.vae, device, cfg.clip.dtype, tiling=cfg.clip.tiling, allow_pickle_weights=cfg.allow_pickle_weights,
                        max_views_per_forward=cfg.clip.max_views_per_forward)
     vae.rule.check(cfg.clip.sampling.num_frames, cfg.clip.height, cfg.clip.width)
     if cfg.clip.store != "mean" and not vae.has_logvar:

@@ -85,6 +85,7 @@ class VerifyOptions:
     """VAE for --reencode; default: the spec recorded in the manifest. Must match the fingerprint."""
     seed: int = 0
     device: str = "auto"
+    allow_pickle_weights: bool = False
 
     def __post_init__(self) -> None:
         if self.reencode < 0:
@@ -238,6 +239,7 @@ def check_reencode(out: Path, manifest: dict[str, Any], records: list[dict[str, 
     mine = chosen[rank::world]
     device = ctx.device if ctx is not None else resolve_device(options.device)
     vae = load_vae(spec, device, clip_settings.dtype, tiling=clip_settings.tiling,
+                   allow_pickle_weights=options.allow_pickle_weights,
                    max_views_per_forward=clip_settings.max_views_per_forward)
     recorded = {k: v for k, v in manifest.get("vae", {}).items() if k != "spec"}
     given = run_fingerprint_vae_part(vae)

@@ -127,3 +127,14 @@ def test_the_description_is_frozen_and_the_fingerprint_a_function_of_it() -> Non
     assert fingerprint(other) == {**fingerprint(vae.model), "max_views_per_forward": 3}
     with pytest.raises(ValueError, match="max_views_per_forward must be >= 1"):
         dataclasses.replace(vae.model, max_views_per_forward=0)
+
+
+def test_the_cli_flag_lets_pickled_weights_load(pickled_wan: tuple[Path, torch.nn.Module], demo_data: Path,
+                                                tmp_path: Path, run_cli) -> None:
+    folder, _ = pickled_wan
+    args = ["encode", demo_data, "--out", tmp_path / "out", "--vae", f"diffusers:{folder}", "--num-frames", "9",
+            "--size", "64x64", "--workers", "0", "--no-progress", "--max-clips-per-scene", "1"]
+    refused = run_cli(args)
+    assert refused.exit_code == 2 and "--allow-pickle-weights" in refused.output
+    assert run_cli([*args, "--allow-pickle-weights"]).exit_code == 0
+    assert run_cli(["verify", tmp_path / "out"]).exit_code == 0

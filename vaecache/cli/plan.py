@@ -143,6 +143,7 @@ def plan(
     max_views_per_forward: Optional[int] = typer.Option(None, "--max-views-per-forward", help="Views per VAE forward (default 1)."),
     memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Device memory per rank, e.g. 8GiB: report the largest micro-batch that fits."),
     measure: bool = typer.Option(True, "--measure/--no-measure", help="Encode one real clip to measure time and memory."),
+    allow_pickle_weights: bool = typer.Option(False, "--allow-pickle-weights", help="Let a diffusers VAE folder holding only pickled .bin weights load (pickle runs code: trust the folder)."),
     json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file ('-': stdout)."),
     config: Optional[Path] = typer.Option(None, "--config", help="TOML file with encode options (flags win)."),
 ) -> None:
@@ -153,6 +154,7 @@ def plan(
         "world_size": world_size, "sp_size": sp_size, "batch_size": batch_size, "dtype": dtype, "device": device,
         "store": store, "tiling": tiling, "max_views_per_forward": max_views_per_forward,
         "memory_budget": memory_budget, "measure": None if measure else False,
+        "allow_pickle_weights": allow_pickle_weights or None,
     }
     if not data.exists():
         raise DatasetError(f"{data}: dataset path does not exist")
