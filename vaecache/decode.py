@@ -25,6 +25,8 @@ import torch
 
 from vaecache.errors import VideoDecodeError
 
+DECODER = "pyav-pts/1"
+"""Names this way of decoding in the run fingerprint (vaecache 0.1.0 caches decoded with decord)."""
 EVEN_SPACING_TOLERANCE = 0.5
 """A clip's frame intervals may differ from their mean by at most this fraction of the video's frame duration."""
 

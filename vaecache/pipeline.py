@@ -17,7 +17,7 @@ import torch
 
 import vaecache
 from vaecache.config import EncodeConfig
-from vaecache.decode import ViewBatchDataset
+from vaecache.decode import DECODER, ViewBatchDataset
 from vaecache.sources import Scene, SceneProbe, discover_scenes, probe_scene
 from vaecache.dist import DistContext
 from vaecache.dtypes import recorded_name
@@ -79,7 +79,10 @@ def run_fingerprint_vae_part(vae: LoadedVae) -> dict[str, Any]:
 
 def run_fingerprint(cfg: EncodeConfig, vae: LoadedVae) -> dict[str, Any]:
     """Everything that determines stored bytes; a resume must match it exactly."""
-    return {"vae": run_fingerprint_vae_part(vae), "latents": cfg.clip.to_record(), "format_version": 1}
+    # The decoder is part of it: a cache started by 0.1.0 (decord, mis-seeking on open-GOP streams) must not
+    # be resumed with frame-exact decoding into one mixed cache.
+    return {"vae": run_fingerprint_vae_part(vae), "latents": cfg.clip.to_record(), "decoder": DECODER,
+            "format_version": 1}
 
 
 def _cpu_thread_budget(ctx: DistContext, workers: int) -> int:
