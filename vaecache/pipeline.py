@@ -170,23 +170,33 @@ def _check_out_usable(out: Path) -> None:
         raise UsageError(f"{out}: --out exists and is not a folder")
 
 
+@dataclass(frozen=True)
+class StartUp:
+    """What start-up found before OUT is touched: the job plan, the loaded VAE, the torch thread budget."""
+
+    job: JobPlan
+    scenes: int
+    vae: LoadedVae
+    threads: int
+
+
 def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Callable[[int, int], None] | None = None) -> EncodeSummary:
     """Encode the dataset into OUT on this rank; returns the job-wide summary."""
-    # Stop signals are caught from here on, so one arriving while the VAE loads or the manifest is
+    started = time.perf_counter()
+    # Start-up writes nothing, so a Ctrl-C in it ends the command at once (the CLI prints one line).
+    start = _start_up(cfg, ctx)
+    # From here on stop signals are caught, so one arriving while OUT is prepared or the manifest is
     # written cannot kill the rank between commits; the encode loop polls the flag.
     with StopRequest() as stop:
-        return _run_encode(cfg, ctx, stop, on_progress)
+        return _run_encode(cfg, ctx, start, stop, on_progress, started)
 
 
-def _run_encode(cfg: EncodeConfig, ctx: DistContext, stop: StopRequest,
-                on_progress: Callable[[int, int], None] | None) -> EncodeSummary:
-    started = time.perf_counter()
-    rank, world = ctx.info.rank, ctx.info.world_size
-    mesh = ctx.mesh
-    # Everything that can be checked without the VAE comes first: a typo in DATA or OUT fails at once.
+def _start_up(cfg: EncodeConfig, ctx: DistContext) -> StartUp:
+    """Everything that can be checked without the VAE first (a typo in DATA or OUT fails at once), then the VAE."""
     scenes = discover_scenes(cfg.data, cfg.clip.cameras)
     _check_out_usable(cfg.out)
-    job = plan_job(scenes, _probe_all(ctx, scenes), cfg.clip.sampling, world, mesh.sp_size, cfg.batch_size)
+    job = plan_job(scenes, _probe_all(ctx, scenes), cfg.clip.sampling, ctx.info.world_size, ctx.mesh.sp_size,
+                   cfg.batch_size)
     if job.skipped and cfg.on_error == "fail":
         first = job.skipped[0]
         raise InputError(f"{first.path or first.scene_id}: {first.reason} (scene {first.scene_id}; --on-error fail)")
@@ -196,15 +206,22 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, stop: StopRequest,
     vae.rule.check(cfg.clip.sampling.num_frames, cfg.clip.height, cfg.clip.width)
     if cfg.clip.store != "mean" and not vae.has_logvar:
         raise UsageError(f"--store {cfg.clip.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; use --store mean")
+    return StartUp(job, len(scenes), vae, threads)
+
+
+def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopRequest,
+                on_progress: Callable[[int, int], None] | None, started: float) -> EncodeSummary:
+    rank, world = ctx.info.rank, ctx.info.world_size
+    mesh, vae, threads = ctx.mesh, start.vae, start.threads
     fingerprint = run_fingerprint(cfg, vae)
     prepared: PreparedOut = ctx.on_rank0(lambda: prepare_out(cfg.out, fingerprint, cfg.overwrite, ctx.info.job_id))
-    job = dataclasses.replace(job, done_clip_ids=frozenset(prepared.done_clip_ids))
+    job = dataclasses.replace(start.job, done_clip_ids=frozenset(prepared.done_clip_ids))
     handler = setup_logging(cfg.out, rank, world)
     try:
         log.info("vaecache %s: world %d = DP %d x SP %d, device %s (%d torch threads), attempt %d, "
                  "%d clips already committed", vaecache.__version__, world, mesh.dp_size, mesh.sp_size, ctx.device,
                  threads, prepared.attempt, len(prepared.done_clip_ids))
-        summary = _encode(cfg, ctx, vae, job, len(scenes), prepared, stop, on_progress)
+        summary = _encode(cfg, ctx, vae, job, start.scenes, prepared, stop, on_progress)
         summary.wall_s = time.perf_counter() - started
         if summary.stopped:
             log.warning("stopped early (%s): committed work is kept; rerun the same command to resume", summary.stopped)
