@@ -267,3 +267,12 @@ def test_probe_counts_frames_reads_fps_and_rotation(demo_data: Path) -> None:
     (scene,) = discover_scenes(demo_data)[:1]
     probe = probe_scene(scene)
     assert (probe.num_frames, probe.fps, probe.rotations, probe.error) == (17, 10.0, (0, 0), None)
+
+
+def test_an_encode_names_the_cameras_it_leaves_out(demo_data: Path, tmp_path: Path, run_cli) -> None:
+    result = run_cli(["encode", demo_data, "--out", tmp_path / "out", "--vae", "builtin:tiny", "--num-frames", "9",
+                      "--size", "64x64", "--workers", "0", "--no-progress", "--cameras", "cam_0", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    assert "cam_1 (3 scenes)" in result.output
+    summary = json.loads(result.stdout[result.stdout.index("{"):])
+    assert summary["left_out_cameras"] == {"cam_1": 3}

@@ -18,7 +18,7 @@ import torch
 import vaecache
 from vaecache.config import EncodeConfig
 from vaecache.decode import DECODER, ViewBatchDataset
-from vaecache.sources import Scene, SceneProbe, discover_scenes, probe_scene
+from vaecache.sources import Scene, SceneProbe, discover, probe_scene
 from vaecache.dist import DistContext
 from vaecache.dtypes import recorded_name
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, EXIT_STOPPED, InputError, UsageError
@@ -58,6 +58,8 @@ class EncodeSummary:
     backoffs: list[str] = field(default_factory=list)
     stopped: str | None = None
     """The signal that stopped this rank early (the cache is resumable, not complete)."""
+    left_out_cameras: dict[str, int] = field(default_factory=dict)
+    """Cameras some scenes have that the chosen camera set does not encode -> how many scenes have each."""
     already_complete: bool = False
     """OUT already held every planned clip: nothing was encoded and no file in OUT was rewritten."""
 
@@ -176,6 +178,7 @@ class StartUp:
 
     job: JobPlan
     scenes: int
+    left_out_cameras: dict[str, int]
     vae: LoadedVae
     threads: int
 
@@ -193,7 +196,8 @@ def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Callable[[int, 
 
 def _start_up(cfg: EncodeConfig, ctx: DistContext) -> StartUp:
     """Everything that can be checked without the VAE first (a typo in DATA or OUT fails at once), then the VAE."""
-    scenes = discover_scenes(cfg.data, cfg.clip.cameras)
+    found = discover(cfg.data, cfg.clip.cameras)
+    scenes = found.scenes
     _check_out_usable(cfg.out)
     job = plan_job(scenes, _probe_all(ctx, scenes), cfg.clip.sampling, ctx.info.world_size, ctx.mesh.sp_size,
                    cfg.batch_size)
@@ -206,7 +210,7 @@ def _start_up(cfg: EncodeConfig, ctx: DistContext) -> StartUp:
     vae.rule.check(cfg.clip.sampling.num_frames, cfg.clip.height, cfg.clip.width)
     if cfg.clip.store != "mean" and not vae.has_logvar:
         raise UsageError(f"--store {cfg.clip.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; use --store mean")
-    return StartUp(job, len(scenes), vae, threads)
+    return StartUp(job, len(scenes), dict(found.left_out_cameras), vae, threads)
 
 
 def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopRequest,
@@ -223,6 +227,7 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
                  threads, prepared.attempt, len(prepared.done_clip_ids))
         summary = _encode(cfg, ctx, vae, job, start.scenes, prepared, stop, on_progress)
         summary.wall_s = time.perf_counter() - started
+        summary.left_out_cameras = start.left_out_cameras
         if summary.stopped:
             log.warning("stopped early (%s): committed work is kept; rerun the same command to resume", summary.stopped)
             return summary

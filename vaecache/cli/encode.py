@@ -151,6 +151,8 @@ def summary_table(summary: EncodeSummary) -> Table:
         ("shards / bytes written", f"{summary.shards} / {human_bytes(summary.bytes_written)}"),
         ("skipped inputs", f"{len(summary.skipped)}" + (f" (see {escape(str(summary.out))}/failures.jsonl)" if summary.skipped else "")),
         ("OOM backoffs", f"{len(summary.backoffs)}"),
+        ("cameras left out (not encoded)", ", ".join(f"{escape(name)} ({count} scenes)"
+                                                     for name, count in sorted(summary.left_out_cameras.items())) or "-"),
         ("ranks", f"{summary.world_size} (SP {summary.sp_size})"),
         ("wall time", f"{summary.wall_s:.1f} s"),
         ("views/s", f"{summary.views_per_s:.2f}"),
