@@ -11,7 +11,8 @@ import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
@@ -160,9 +161,28 @@ class RankCounters:
             summary.stopped = self.stopped
 
 
-def _probe_all(ctx: DistContext, scenes: list[Scene]) -> dict[str, SceneProbe]:
+Advance = Callable[[int, int], None]
+"""advance(steps_done_now, total)."""
+ProgressFactory = Callable[[str, str], ContextManager[Advance]]
+"""progress(label, unit) -> a context that yields an Advance (vaecache.progress.progress, bound to a console)."""
+
+
+@contextmanager
+def _phase(progress: ProgressFactory | None, label: str, unit: str) -> Iterator[Advance]:
+    if progress is None:
+        yield lambda steps, total: None
+        return
+    with progress(label, unit) as advance:
+        yield advance
+
+
+def _probe_all(ctx: DistContext, scenes: list[Scene], advance: Advance) -> dict[str, SceneProbe]:
     """Every rank opens its share of the scenes; the results are exchanged so all ranks plan alike."""
-    mine = [probe_scene(scene) for scene in assign(scenes, ctx.info.rank, ctx.info.world_size)]
+    share = assign(scenes, ctx.info.rank, ctx.info.world_size)
+    mine = []
+    for scene in share:
+        mine.append(probe_scene(scene))
+        advance(1, len(share))
     return {probe.scene_id: probe for part in ctx.all_gather_object(mine) for probe in part}
 
 
@@ -183,23 +203,29 @@ class StartUp:
     threads: int
 
 
-def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Callable[[int, int], None] | None = None) -> EncodeSummary:
-    """Encode the dataset into OUT on this rank; returns the job-wide summary."""
+def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None = None,
+               progress: ProgressFactory | None = None) -> EncodeSummary:
+    """Encode the dataset into OUT on this rank; returns the job-wide summary.
+
+    `on_progress(clips_done_now, clips_of_this_rank)` is called after each batch; `progress`, where given,
+    shows the probing of this rank's scenes and then its clips."""
     started = time.perf_counter()
     # Start-up writes nothing, so a Ctrl-C in it ends the command at once (the CLI prints one line).
-    start = _start_up(cfg, ctx)
+    start = _start_up(cfg, ctx, progress)
     # From here on stop signals are caught, so one arriving while OUT is prepared or the manifest is
     # written cannot kill the rank between commits; the encode loop polls the flag.
     with StopRequest() as stop:
-        return _run_encode(cfg, ctx, start, stop, on_progress, started)
+        return _run_encode(cfg, ctx, start, stop, on_progress, progress, started)
 
 
-def _start_up(cfg: EncodeConfig, ctx: DistContext) -> StartUp:
+def _start_up(cfg: EncodeConfig, ctx: DistContext, progress: ProgressFactory | None) -> StartUp:
     """Everything that can be checked without the VAE first (a typo in DATA or OUT fails at once), then the VAE."""
     found = discover(cfg.data, cfg.clip.cameras)
     scenes = found.scenes
     _check_out_usable(cfg.out)
-    job = plan_job(scenes, _probe_all(ctx, scenes), cfg.clip.sampling, ctx.info.world_size, ctx.mesh.sp_size,
+    with _phase(progress, "probe", "scenes") as advance:
+        probes = _probe_all(ctx, scenes, advance)
+    job = plan_job(scenes, probes, cfg.clip.sampling, ctx.info.world_size, ctx.mesh.sp_size,
                    cfg.batch_size)
     if job.skipped and cfg.on_error == "fail":
         first = job.skipped[0]
@@ -214,7 +240,7 @@ def _start_up(cfg: EncodeConfig, ctx: DistContext) -> StartUp:
 
 
 def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopRequest,
-                on_progress: Callable[[int, int], None] | None, started: float) -> EncodeSummary:
+                on_progress: Advance | None, progress: ProgressFactory | None, started: float) -> EncodeSummary:
     rank, world = ctx.info.rank, ctx.info.world_size
     mesh, vae, threads = ctx.mesh, start.vae, start.threads
     fingerprint = run_fingerprint(cfg, vae)
@@ -225,7 +251,14 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
         log.info("vaecache %s: world %d = DP %d x SP %d, device %s (%d torch threads), attempt %d, "
                  "%d clips already committed", vaecache.__version__, world, mesh.dp_size, mesh.sp_size, ctx.device,
                  threads, prepared.attempt, len(prepared.done_clip_ids))
-        summary = _encode(cfg, ctx, vae, job, start.scenes, prepared, stop, on_progress)
+        label = "encode" if mesh.dp_size == 1 else f"encode (rank 0's share of {mesh.dp_size} DP groups)"
+        with _phase(progress, label, "clips") as advance:
+            def report(done: int, total: int) -> None:
+                advance(done, total)
+                if on_progress is not None:
+                    on_progress(done, total)
+
+            summary = _encode(cfg, ctx, vae, job, start.scenes, prepared, stop, report)
         summary.wall_s = time.perf_counter() - started
         summary.left_out_cameras = start.left_out_cameras
         if summary.stopped:

@@ -265,6 +265,8 @@ def test_encode_progress_in_a_log_is_lines_not_a_redrawn_bar(run_cli: Callable, 
     progress = [line for line in result.stderr.splitlines() if line.startswith("encode: ")]
     assert [line.split(",")[0] for line in progress] == [f"encode: {n}/3 clips ({p}%)"
                                                          for n, p in ((1, 33), (2, 67), (3, 100))]
+    probing = [line.split(",")[0] for line in result.stderr.splitlines() if line.startswith("probe: ")]
+    assert probing == [f"probe: {n}/3 scenes ({p}%)" for n, p in ((1, 33), (2, 67), (3, 100))]
     assert "\r" not in result.stderr
 
 

@@ -121,9 +121,8 @@ def encode(
         if is_rank0 and cfg.vae.startswith("builtin:"):
             console.print("[yellow]note:[/yellow] builtin:tiny is an untrained VAE with random weights "
                           "(for demos and tests; its latents mean nothing to a real model)")
-        label = "encode" if ctx.mesh.dp_size == 1 else f"encode (rank 0's share of {ctx.mesh.dp_size} DP groups)"
-        with progress_reporter(label, "clips", console, enabled=is_rank0 and cfg.progress) as on_progress:
-            summary = run_encode(cfg, ctx, on_progress)
+        summary = run_encode(cfg, ctx, progress=lambda label, unit: progress_reporter(
+            label, unit, console, enabled=is_rank0 and cfg.progress))
     if summary.stopped:
         console.print(f"[yellow]rank {ctx.info.rank} stopped by {summary.stopped}[/yellow]: committed shards are kept; "
                       "rerun the same command to resume")
