@@ -17,6 +17,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 STORE_CHOICES = ("mean-logvar", "mean", "sample")
 ON_ERROR_CHOICES = ("skip", "fail")
+SP_MODE_CHOICES = ("views", "spatial")
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -170,6 +171,9 @@ class EncodeConfig:
     shard_size: int = 256 * 2**20
     """Roll a new safetensors shard once this many tensor bytes are buffered."""
     sp_size: int = 1
+    sp_mode: str = "views"
+    """How an SP group splits the work: "views" (each rank encodes whole views of the batch) or "spatial"
+    (every view's rows are cut into bands across the group, halos exchanged; Wan VAEs)."""
     on_error: str = "skip"
     overwrite: bool = False
     timeout_s: float = 1800.0
@@ -189,6 +193,8 @@ class EncodeConfig:
             raise UsageError(f"--workers must be >= 0, got {self.workers}")
         if self.sp_size < 1:
             raise UsageError(f"--sp-size must be >= 1, got {self.sp_size}")
+        if self.sp_mode not in SP_MODE_CHOICES:
+            raise UsageError(f"--sp-mode must be one of {', '.join(SP_MODE_CHOICES)}, got {self.sp_mode!r}")
         if self.shard_size < 1:
             raise UsageError(f"--shard-size must be >= 1 byte, got {self.shard_size}")
         if self.timeout_s <= 0:

@@ -29,7 +29,7 @@ from vaecache.format.layout import failures_path, progress_path
 from vaecache.format.outdir import PreparedOut, begin_changes, prepare_out, release_lock
 from vaecache.format.reader import CacheReader
 from vaecache.format.writer import ShardWriter, failure_record
-from vaecache.parallel import SPPlan, gather_views
+from vaecache.parallel import SPPlan, gather_views, plan_sp
 from vaecache.planning import Clip, JobPlan, assign, batch_views, plan_job
 from vaecache.stop import StopRequest, ignore_stop_signals
 from vaecache.vae import LoadedVae, load_vae
@@ -84,8 +84,11 @@ def run_fingerprint(cfg: EncodeConfig, vae: LoadedVae) -> dict[str, Any]:
     """Everything that determines stored bytes; a resume must match it exactly."""
     # The decoder is part of it: a cache started by 0.1.0 (decord, mis-seeking on open-GOP streams) must not
     # be resumed with frame-exact decoding into one mixed cache.
-    return {"vae": run_fingerprint_vae_part(vae), "latents": cfg.clip.to_record(), "decoder": DECODER,
-            "format_version": 1}
+    fingerprint = {"vae": run_fingerprint_vae_part(vae), "latents": cfg.clip.to_record(), "decoder": DECODER,
+                   "format_version": 1}
+    if cfg.sp_mode == "spatial":  # band edges depend on the group size, and so do the last bits of the latents
+        fingerprint["parallel"] = {"mode": "spatial", "sp_size": cfg.sp_size}
+    return fingerprint
 
 
 def _cpu_thread_budget(ctx: DistContext, workers: int) -> int:
@@ -236,7 +239,21 @@ def _start_up(cfg: EncodeConfig, ctx: DistContext, progress: ProgressFactory | N
     vae.rule.check(cfg.clip.sampling.num_frames, cfg.clip.height, cfg.clip.width)
     if cfg.clip.store != "mean" and not vae.has_logvar:
         raise UsageError(f"--store {cfg.clip.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; use --store mean")
+    if cfg.sp_mode == "spatial":
+        _check_spatial(cfg, vae)
     return StartUp(job, len(scenes), dict(found.left_out_cameras), vae, threads)
+
+
+def _check_spatial(cfg: EncodeConfig, vae: LoadedVae) -> None:
+    """--sp-mode spatial needs a Wan VAE without tiling and at least one latent row per rank."""
+    from vaecache.spatial import SUPPORTED_FAMILIES, plan_bands
+
+    if vae.family not in SUPPORTED_FAMILIES:
+        raise UsageError(f"--sp-mode spatial supports {', '.join(SUPPORTED_FAMILIES)}; {cfg.vae} is {vae.family} "
+                         "(use --sp-mode views)")
+    if cfg.clip.tiling:
+        raise UsageError("--sp-mode spatial cannot be combined with --tiling")
+    plan_bands(cfg.clip.height, vae.rule.spatial_factor, cfg.sp_size)
 
 
 def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopRequest,
@@ -298,9 +315,15 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
         for skip in job.skipped:
             failures.append(failure_record(skip.scene_id, skip.reason, path=skip.path, camera=skip.camera))
             log.warning("skipped scene %s: %s%s", skip.scene_id, skip.reason, f" ({skip.path})" if skip.path else "")
+    spatial = cfg.sp_mode == "spatial"
+    if spatial:  # every rank of the SP group decodes every view and encodes its band of each
+        view_indices = tuple(tuple(range(len(batch_views(b)))) for b in work.batches)
+        sp_plans = tuple(plan_sp(len(batch_views(b)), 1) for b in work.batches)
+    else:
+        view_indices, sp_plans = work.view_indices, work.sp_plans
     counters = RankCounters()
     loader = torch.utils.data.DataLoader(
-        ViewBatchDataset(work.batches, work.view_indices, cfg.clip.height, cfg.clip.width),
+        ViewBatchDataset(work.batches, view_indices, cfg.clip.height, cfg.clip.width),
         batch_size=None, shuffle=False, num_workers=cfg.workers, pin_memory=ctx.device.type == "cuda",
         prefetch_factor=4 if cfg.workers else None, worker_init_fn=ignore_stop_signals,
     )
@@ -309,12 +332,12 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
     sink = _BatchSink(cfg, ctx, vae, writer, failures, counters)
     try:
         for item in loader:
-            batch, sp_plan = work.batches[item["index"]], work.sp_plans[item["index"]]
+            batch, sp_plan = work.batches[item["index"]], sp_plans[item["index"]]
             # Ranks of one SP group must stop at the same batch, or the all_gather below would hang.
             if ctx.sp_any(stop.requested):
                 counters.stopped = stop.signal_name or "a peer's signal"
                 break
-            result = vae.encode_views(item["views"])
+            result = vae.encode_spatial(item["views"], ctx.sp_group) if spatial else vae.encode_views(item["views"])
             moments = result.mean if result.logvar is None else torch.cat([result.mean, result.logvar], dim=1)
             moments = gather_views(moments, sp_plan, ctx.sp_group)
             outcome = _batch_outcome(ctx, sp_plan, batch, item["errors"], item["times"], result)
@@ -435,7 +458,8 @@ def _finalize(cfg: EncodeConfig, vae: LoadedVae, summary: EncodeSummary, fingerp
         producer={"vaecache": vaecache.__version__, "torch": torch.__version__, "python": platform.python_version()},
         vae=vae.fingerprint(), fingerprint=fingerprint, frame_rule=vae.rule.to_json(),
         settings={**cfg.clip.to_record(), "data": str(cfg.data), "batch_size": cfg.batch_size,
-                  "sp_size": cfg.sp_size, "world_size": summary.world_size, "shard_size": cfg.shard_size,
+                  "sp_size": cfg.sp_size, "sp_mode": cfg.sp_mode, "world_size": summary.world_size,
+                  "shard_size": cfg.shard_size,
                   "vae_spec": cfg.vae},
         store=_stored_keys(cfg.clip.store), dtype=recorded_name(vae.dtype), planned_clips=summary.planned_clips,
         oom_backoffs=len(summary.backoffs))

@@ -80,3 +80,38 @@ def test_spatial_encode_matches_diffusers_encode(tmp_path: Path, group: int) -> 
         for result in json.loads((tmp_path / f"rank-{rank}.json").read_text()):
             assert result["shape"] == result["expected_shape"], result
             assert result["max_abs"] <= RELATIVE_TOLERANCE * result["scale"], result
+
+
+ENCODE = ["--vae", "builtin:tiny", "--num-frames", "9", "--size", "64x64", "--no-progress", "--workers", "0"]
+
+
+@pytest.mark.slow
+def test_encode_in_spatial_mode_matches_a_one_process_encode(procs, demo_data: Path, tmp_path: Path, cache_io) -> None:
+    one = procs.vaecache("encode", demo_data, "--out", tmp_path / "one", *ENCODE)
+    assert one.returncode == 0, one.stderr
+    split = procs.torchrun(2, "encode", demo_data, "--out", tmp_path / "split", *ENCODE, "--sp-size", "2",
+                           "--sp-mode", "spatial")
+    assert split.returncode == 0, split.stderr
+    reference, banded = cache_io.tensors(tmp_path / "one"), cache_io.tensors(tmp_path / "split")
+    assert sorted(reference) == sorted(banded)
+    for name, tensor in reference.items():
+        scale = float(tensor.abs().max())
+        assert float((banded[name] - tensor).abs().max()) <= RELATIVE_TOLERANCE * scale, name
+    manifest = cache_io.manifest(tmp_path / "split")
+    assert (manifest["settings"]["sp_mode"], manifest["settings"]["sp_size"]) == ("spatial", 2)
+    assert procs.vaecache("verify", tmp_path / "split").returncode == 0
+    resumed_as_views = procs.torchrun(2, "encode", demo_data, "--out", tmp_path / "split", *ENCODE, "--sp-size", "2")
+    assert resumed_as_views.returncode != 0 and "made with other settings (parallel" in resumed_as_views.stderr
+
+
+def test_spatial_mode_in_one_process_is_the_plain_encode(demo_data: Path, tmp_path: Path, encode_cli, cache_io) -> None:
+    encode_cli(demo_data, tmp_path / "views")
+    encode_cli(demo_data, tmp_path / "spatial", "--sp-mode", "spatial")
+    cache_io.same_tensors(cache_io.tensors(tmp_path / "views"), cache_io.tensors(tmp_path / "spatial"))
+
+
+def test_spatial_mode_refuses_tiling_and_too_many_ranks(demo_data: Path, tmp_path: Path, run_cli) -> None:
+    tiled = run_cli(["encode", demo_data, "--out", tmp_path / "a", *ENCODE, "--sp-mode", "spatial", "--tiling"])
+    assert tiled.exit_code == 2 and "cannot be combined with --tiling" in tiled.output
+    odd = run_cli(["encode", demo_data, "--out", tmp_path / "b", *ENCODE, "--sp-mode", "sideways"])
+    assert odd.exit_code == 2 and "--sp-mode must be one of views, spatial" in odd.output

@@ -88,6 +88,8 @@ def encode(
     store: Optional[str] = typer.Option(None, "--store", help="mean-logvar (default) | mean | sample"),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed for --store sample noise (per clip and camera)."),
     sp_size: Optional[int] = typer.Option(None, "--sp-size", help="Ranks per sequence-parallel group (world = DP x SP)."),
+    sp_mode: Optional[str] = typer.Option(None, "--sp-mode", help="views (default): split the views of a batch over the "
+                                          "SP group | spatial: split every view's rows into bands (Wan VAEs; recorded)."),
     on_error: Optional[str] = typer.Option(None, "--on-error", help="skip (default: record bad inputs, go on) | fail"),
     tiling: Optional[bool] = typer.Option(None, "--tiling/--no-tiling", help="Use the VAE's own tiling: less memory, different latents (recorded)."),
     max_views_per_forward: Optional[int] = typer.Option(None, "--max-views-per-forward", help="Views per VAE forward (default 1: latents independent of batch/SP/world size; halved on OOM)."),
@@ -105,7 +107,7 @@ def encode(
         "num_frames": num_frames, "size": size, "frame_stride": frame_stride, "window_stride": window_stride,
         "max_clips_per_scene": max_clips_per_scene, "cameras": cameras, "dtype": dtype, "device": device,
         "batch_size": batch_size, "workers": workers, "shard_size": shard_size, "store": store, "seed": seed,
-        "sp_size": sp_size, "on_error": on_error, "overwrite": overwrite or None, "timeout_s": timeout,
+        "sp_size": sp_size, "sp_mode": sp_mode, "on_error": on_error, "overwrite": overwrite or None, "timeout_s": timeout,
         "progress": None if progress else False, "tiling": tiling, "max_views_per_forward": max_views_per_forward,
         "allow_pickle_weights": allow_pickle_weights or None,
     }

@@ -151,6 +151,30 @@ class VaeRunner:
             forward_sizes[v] = max(forward_sizes[v], size)
         return EncodeResult(mean, logvar, failed, {units[i][0] for i in tiled_units}, events, forward_sizes)
 
+    @torch.inference_mode()
+    def encode_spatial(self, views: torch.Tensor, group: Any) -> EncodeResult:
+        """Every view encoded by the ranks of `group` together, each rank on a band of rows of every frame
+        (vaecache.spatial); all views come back on every rank. One view per forward; no out-of-memory
+        backoff (a band that does not fit needs a larger group, not a smaller batch)."""
+        from vaecache.spatial import spatial_encode
+
+        model = self.model
+        if views.dim() != 5:
+            raise UsageError(f"encode_spatial needs (views, channels, frames, height, width), got {tuple(views.shape)}")
+        means, logvars = [], []
+        for view in views.split(1):
+            moments = spatial_encode(model.module, view.to(model.device, model.compute_dtype), group)
+            channels = moments.shape[1] // 2
+            means.append(moments[:, :channels].to(model.dtype))
+            logvars.append(moments[:, channels:].to(model.dtype))
+        mean, logvar = torch.cat(means), torch.cat(logvars)
+        failed = self._non_finite_views(mean, logvar)
+        for v, reason in failed.items():
+            log.error("view %d failed: %s", v, reason)
+            mean[v].zero_()
+            logvar[v].zero_()
+        return EncodeResult(mean, logvar, failed, set(), [], [1] * views.shape[0])
+
     def _non_finite_views(self, mean: torch.Tensor, logvar: torch.Tensor | None) -> dict[int, str]:
         """View index -> reason, for views whose stored latent holds a NaN or an inf (fp16/bf16 overflow)."""
         stored = [mean] if logvar is None else [mean, logvar]
