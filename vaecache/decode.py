@@ -435,31 +435,30 @@ class ViewBatchDataset(torch.utils.data.Dataset):
         return len(self.batches)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        from vaecache.planning import batch_views  # planning imports sources, which imports this module
-
         if self._decoder is None:
             self._decoder = ViewDecoder(self.height, self.width)
         batch = self.batches[index]
-        views = batch_views(batch)
+        # clip-major, camera-minor, as planning.batch_views lays a batch out (not imported: planning -> sources -> here)
+        views = [(clip_index, camera) for clip_index, clip in enumerate(batch) for camera in range(len(clip.cameras))]
         decoded: dict[int, torch.Tensor] = {}
         errors: dict[int, tuple[str, str]] = {}
         times: dict[int, list[float]] = {}
         out = []
         for view_index in self.view_indices[index]:
-            ref = views[view_index]
-            clip = batch[ref.clip_index]
-            if ref.clip_index in errors:
+            clip_index, camera = views[view_index]
+            clip = batch[clip_index]
+            if clip_index in errors:
                 tensor = None
             elif view_index in decoded:
                 tensor = decoded[view_index]
             else:
                 try:
-                    tensor = self._decoder.decode(clip.paths[ref.camera_index], clip.frames)
+                    tensor = self._decoder.decode(clip.paths[camera], clip.frames)
                     decoded[view_index] = tensor
-                    if ref.clip_index not in times:
-                        times[ref.clip_index] = self._decoder.timestamps(clip.paths[ref.camera_index], clip.frames)
+                    if clip_index not in times:
+                        times[clip_index] = self._decoder.timestamps(clip.paths[camera], clip.frames)
                 except VideoDecodeError as exc:
-                    errors[ref.clip_index] = (exc.path, exc.reason)
+                    errors[clip_index] = (exc.path, exc.reason)
                     tensor = None
             out.append(tensor)
         template = next((t for t in out if t is not None), None)
