@@ -15,7 +15,9 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-STORE_CHOICES = ("mean-logvar", "mean", "sample")
+STORED_KEYS: dict[str, tuple[str, ...]] = {"mean-logvar": ("mean", "logvar"), "mean": ("mean",), "sample": ("sample",)}
+"""--store -> the tensors stored per clip."""
+STORE_CHOICES = tuple(STORED_KEYS)
 ON_ERROR_CHOICES = ("skip", "fail")
 SP_MODE_CHOICES = ("views", "spatial")
 

@@ -17,6 +17,8 @@ RECORDED_NAMES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16":
 """CLI name (``--dtype``) -> the name manifests and clip records use (torch's, without ``torch.``)."""
 DTYPE_CHOICES: tuple[str, ...] = tuple(RECORDED_NAMES)
 """The names ``--dtype`` accepts."""
+SAFETENSORS_NAMES: dict[str, str] = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+"""Recorded name -> the dtype a safetensors header states."""
 
 
 def check_dtype_name(name: str) -> str:
@@ -41,4 +43,4 @@ def recorded_name(dtype: torch.dtype) -> str:
     return name
 
 
-__all__ = ["DTYPE_CHOICES", "RECORDED_NAMES", "check_dtype_name", "recorded_name", "torch_dtype"]
+__all__ = ["DTYPE_CHOICES", "RECORDED_NAMES", "SAFETENSORS_NAMES", "check_dtype_name", "recorded_name", "torch_dtype"]

@@ -17,7 +17,7 @@ from typing import Any, Callable, ContextManager, Iterator
 import torch
 
 import vaecache
-from vaecache.config import EncodeConfig
+from vaecache.config import STORED_KEYS, EncodeConfig
 from vaecache.decode import DECODER, ViewBatchDataset
 from vaecache.sources import Scene, SceneProbe, discover, probe_scene
 from vaecache.dist import DistContext
@@ -25,7 +25,7 @@ from vaecache.dtypes import recorded_name
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, EXIT_STOPPED, InputError, UsageError
 from vaecache.format.index import finalize, manifest_header
 from vaecache.format.io import AppendLog
-from vaecache.format.layout import failures_path, progress_path
+from vaecache.format.layout import FORMAT_VERSION, failures_path, progress_path
 from vaecache.format.outdir import PreparedOut, begin_changes, prepare_out, release_lock
 from vaecache.format.reader import CacheReader
 from vaecache.format.writer import ShardWriter, failure_record
@@ -85,7 +85,7 @@ def run_fingerprint(cfg: EncodeConfig, vae: LoadedVae) -> dict[str, Any]:
     # The decoder is part of it: a cache started by 0.1.0 (decord, mis-seeking on open-GOP streams) must not
     # be resumed with frame-exact decoding into one mixed cache.
     fingerprint = {"vae": run_fingerprint_vae_part(vae), "latents": cfg.clip.to_record(), "decoder": DECODER,
-                   "format_version": 1}
+                   "format_version": FORMAT_VERSION}
     if cfg.sp_mode == "spatial":  # band edges depend on the group size, and so do the last bits of the latents
         fingerprint["parallel"] = {"mode": "spatial", "sp_size": cfg.sp_size}
     return fingerprint
@@ -253,6 +253,8 @@ def _check_spatial(cfg: EncodeConfig, vae: LoadedVae) -> None:
                          "(use --sp-mode views)")
     if cfg.clip.tiling:
         raise UsageError("--sp-mode spatial cannot be combined with --tiling")
+    if cfg.clip.max_views_per_forward > 1:
+        raise UsageError("--sp-mode spatial encodes one view per forward; drop --max-views-per-forward")
     plan_bands(cfg.clip.height, vae.rule.spatial_factor, cfg.sp_size)
 
 
@@ -309,6 +311,8 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
                              planned_clips=len(job.clips), scenes=num_scenes, already_complete=True)
     if prepared.complete:  # the dataset grew: the finished cache is about to change
         prepared = ctx.on_rank0(lambda: begin_changes(cfg.out, prepared.attempt))
+        # begin_changes repairs the progress logs: a shard it dropped must be encoded again
+        job = dataclasses.replace(job, done_clip_ids=frozenset(prepared.done_clip_ids))
     work = job.rank_work(rank)
     failures = AppendLog(failures_path(cfg.out, rank))
     if rank == 0:
@@ -360,10 +364,8 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
     summary = EncodeSummary(cfg.out, world_size=ctx.info.world_size, sp_size=mesh.sp_size,
                             untrained_vae=vae.untrained, resumed_clips=len(prepared.done_clip_ids),
                             planned_clips=len(job.clips), scenes=num_scenes)
-    if counters.stopped:
-        # Committed shards are durable; skip the job-wide exchange (peers may be gone) and let a rerun resume.
-        counters.add_to(summary)
-        return summary
+    # Every rank gathers, stopped or not: a DP group that finished waits here for one that stopped, and all
+    # of them learn that the job stopped (no finalize, exit 75) instead of waiting in finalize for it.
     for part in ctx.all_gather_object(counters):
         part.add_to(summary)
     return summary
@@ -461,13 +463,8 @@ def _finalize(cfg: EncodeConfig, vae: LoadedVae, summary: EncodeSummary, fingerp
                   "sp_size": cfg.sp_size, "sp_mode": cfg.sp_mode, "world_size": summary.world_size,
                   "shard_size": cfg.shard_size,
                   "vae_spec": cfg.vae},
-        store=_stored_keys(cfg.clip.store), dtype=recorded_name(vae.dtype), planned_clips=summary.planned_clips,
+        store=list(STORED_KEYS[cfg.clip.store]), dtype=recorded_name(vae.dtype), planned_clips=summary.planned_clips,
         oom_backoffs=len(summary.backoffs))
     manifest = finalize(cfg.out, header)
     summary.skipped = CacheReader(cfg.out).failure_records()
     summary.latent_shape = manifest["latent"]["shape"]
-
-
-def _stored_keys(store: str) -> list[str]:
-    return {"mean-logvar": ["mean", "logvar"], "mean": ["mean"], "sample": ["sample"]}[store]
-

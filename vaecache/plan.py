@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from vaecache.config import ClipSettings
+from vaecache.config import STORED_KEYS, ClipSettings
 from vaecache.decode import ViewDecoder
 from vaecache.dist import make_mesh, resolve_device
 from vaecache.sources import Scene, SceneProbe, discover_scenes, probe_scene
@@ -31,7 +31,6 @@ from vaecache.vae import LoadedVae, load_vae
 
 PLAN_FORMAT = "vaecache-plan/1"
 MEASURE_TRIES = 5
-STORED_KEYS = {"mean-logvar": ("mean", "logvar"), "mean": ("mean",), "sample": ("sample",)}
 
 
 @dataclass(frozen=True)

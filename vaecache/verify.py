@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load as safetensors_load
 
 from vaecache.config import ClipSettings
-from vaecache.dtypes import RECORDED_NAMES
+from vaecache.dtypes import RECORDED_NAMES, SAFETENSORS_NAMES
 from vaecache.errors import ManifestError, UsageError, VaecacheError
 from vaecache.format.index import read_progress, reason_counts
 from vaecache.format.io import iter_jsonl
@@ -329,9 +329,6 @@ def _read_failures(cache: CacheReader, check: Check) -> list[dict[str, Any]]:
     return failures
 
 
-SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
-
-
 def _check_shard(out: Path, file: str, shard: dict[str, Any], records: list[dict[str, Any]], quick: bool) -> dict[str, Any]:
     result: dict[str, Any] = {"shard": [], "tensors": [], "values": [], "tensors_ok": 0, "values_ok": 0}
     path = out / file
@@ -362,7 +359,7 @@ def _check_shard(out: Path, file: str, shard: dict[str, Any], records: list[dict
             found = header.get(name)
             if found is None:
                 result["tensors"].append(f"clip {record['id']}: tensor {name} not in {file}")
-            elif found.shape != entry.get("shape") or found.dtype != SAFETENSORS_DTYPES.get(entry.get("dtype")):
+            elif found.shape != entry.get("shape") or found.dtype != SAFETENSORS_NAMES.get(entry.get("dtype")):
                 result["tensors"].append(
                     f"clip {record['id']}: {key} is {found.dtype} {found.shape} in {file}, "
                     f"record says {entry.get('dtype')} {entry.get('shape')}")

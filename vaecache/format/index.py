@@ -80,10 +80,10 @@ def repair_progress(out: Path) -> tuple[set[str], int]:
         log.unlink()
     discarded = 0
     for path in (out / SHARDS_DIR).iterdir():
-        if path.name not in claimed:
+        if path.name not in claimed and (path.is_file() or path.is_symlink()):
             path.unlink()
             discarded += 1
-    for path in out.glob(".*.tmp"):
+    for path in [*out.glob(".*.tmp"), *progress.glob(".*.tmp")]:
         path.unlink()
         discarded += 1
     return done, discarded

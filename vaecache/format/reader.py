@@ -93,7 +93,3 @@ class CacheReader:
                         raise ManifestError(f"{self.out / file}: repeats tensor {name}")
                     found[name] = handle.get_tensor(name)
         return found
-
-
-def open_cache(out: Path) -> CacheReader:
-    return CacheReader(out)
