@@ -113,8 +113,22 @@ def edit_shape(cache: Path) -> tuple[set[str], str]:
 def edit_shape_rehashed(cache: Path) -> tuple[set[str], str]:
     _edit_clip_record(cache, lambda r: r["tensors"]["mean"].update(shape=[2, 16, 4, 8, 8]))
     _rehash_clips(cache)
-    return {"tensors match records"}, (f"clip {CLIP}: mean is F32 [2, 16, 3, 8, 8] in {_shard_of(cache)}, "
-                                       "record says float32 [2, 16, 4, 8, 8]")
+    return {"tensors match records", "clip records"}, (f"clip {CLIP}: mean is F32 [2, 16, 3, 8, 8] in "
+                                                       f"{_shard_of(cache)}, record says float32 [2, 16, 4, 8, 8]")
+
+
+def swap_tensor_entries_rehashed(cache: Path) -> tuple[set[str], str]:
+    """Two records exchange their tensor entries (same shapes, same shard): every tensor is still claimed
+    once and matches its record's shape, but each record now points at the other clip's latents."""
+    lines = (cache / "clips.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    first = next(i for i, r in enumerate(records) if r["id"] == CLIP)
+    other = next(i for i, r in enumerate(records) if r["id"] != CLIP and r["shard"] == records[first]["shard"])
+    records[first]["tensors"], records[other]["tensors"] = records[other]["tensors"], records[first]["tensors"]
+    (cache / "clips.jsonl").write_text("".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n"
+                                               for r in records))
+    _rehash_clips(cache)
+    return {"clip records"}, f"clip {CLIP}: logvar is stored as tensor '{records[other]['id']}/logvar', expected '{CLIP}/logvar'"
 
 
 def write_nan(cache: Path) -> tuple[set[str], str]:
@@ -166,7 +180,8 @@ def edit_failures(cache: Path) -> tuple[set[str], str]:
     return {"failures file"}, "failures.jsonl: sha256 differs from the manifest"
 
 
-CORRUPTIONS = [truncate_shard, flip_byte, delete_shard, orphan_shard, edit_shape, edit_shape_rehashed, write_nan,
+CORRUPTIONS = [truncate_shard, flip_byte, delete_shard, orphan_shard, edit_shape, edit_shape_rehashed,
+               swap_tensor_entries_rehashed, write_nan,
                alter_value, duplicate_record, delete_manifest, future_version, record_points_elsewhere, drop_record,
                edit_failures]
 

@@ -309,9 +309,33 @@ def _read_records(cache: CacheReader, check: Check) -> list[dict[str, Any]]:
             check.fail(f"clip {clip_id}: recorded twice")
             continue
         seen.add(clip_id)
+        problem = _record_problem(record, cache.manifest)
+        if problem:
+            check.fail(f"clip {clip_id}: {problem}")
+        else:
+            check.ok()
         records.append(record)
-        check.ok()
     return records
+
+
+def _record_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str | None:
+    """Why a clip record disagrees with the manifest: its stored keys, their shapes, their tensor names."""
+    latent = manifest.get("latent") or {}
+    tensors = record.get("tensors")
+    if not isinstance(tensors, dict):
+        return "record has no tensors"
+    keys = latent.get("store")
+    if keys is not None and sorted(tensors) != sorted(keys):
+        return f"stores {sorted(tensors)}, the manifest says {sorted(keys)}"
+    cameras = len(record.get("cameras") or [])
+    for key, entry in sorted(tensors.items()):
+        name = f"{record.get('id')}/{key}"
+        if entry.get("name") != name:
+            return f"{key} is stored as tensor {entry.get('name')!r}, expected {name!r}"
+        expected = (latent.get("shape") or {}).get(key)
+        if expected is not None and entry.get("shape") != [cameras, *expected[1:]]:
+            return f"{key} has shape {entry.get('shape')}, the manifest's latent shape is {[cameras, *expected[1:]]}"
+    return None
 
 
 def _read_failures(cache: CacheReader, check: Check) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@ non-finite latents failed at encode time."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ def test_halving_keeps_latents_when_views_are_per_view_exact(plugin: str, views:
     assert reference.forward_sizes == [4, 4, 4, 4]
 
     vae = load_vae(f"{plugin}:rowwise", max_views_per_forward=4)
+    assert vae.latent_channels and vae.module.calls == [1]  # the plugin declares no channels: one probe forward
+    vae.module.calls.clear()
     vae.inject_oom = OomInjector(OomFault(2, more_than=1))  # the first two forwards of 2+ views run out of memory
     result = vae.encode_views(x)
     assert vae.module.calls == [1, 1, 1, 1]  # 4 -> 2 -> 1 (injected forwards never reach the module)
@@ -34,6 +37,8 @@ def test_halving_keeps_latents_when_views_are_per_view_exact(plugin: str, views:
     assert torch.equal(result.mean, reference.mean) and torch.equal(result.logvar, reference.logvar)
 
     vae = load_vae(f"{plugin}:rowwise", max_views_per_forward=4)
+    vae.latent_channels  # the probe forward, before the counted ones
+    vae.module.calls.clear()
     vae.inject_oom = OomInjector(OomFault(1, more_than=2))
     result = vae.encode_views(x)
     assert result.forward_sizes == [2, 2, 2, 2] and torch.equal(result.mean, reference.mean)
@@ -116,3 +121,25 @@ def test_non_finite_clip_is_a_failed_clip_end_to_end(plugin: str, demo_data: Pat
     clips = cache_io.clips(out)
     assert [clip["id"] for clip in clips] == ["scene_001/000000-000008", "scene_002/000000-000008"]
     assert all(torch.isfinite(t.float()).all() for t in cache_io.tensors(out).values())
+
+
+@pytest.mark.parametrize("factory", ["short_row", "one_frame", "three_channels"])
+@pytest.mark.parametrize("cameras", ["cam_0", "cam_0,cam_1"])
+def test_a_latent_of_the_wrong_shape_is_a_failed_clip_not_stored(plugin: str, factory: str, cameras: str,
+                                                                 demo_data: Path, tmp_path: Path, run_cli: Any,
+                                                                 cache_io: Any) -> None:
+    """The plugin's second forward returns a misshapen latent: that view's clip is recorded as failed, naming
+    the VAE, the clip and the camera, and the cache holds only right-shaped latents that verify accepts."""
+    out = tmp_path / "cache"
+    spec = f"{plugin}:{factory}"
+    result = run_cli(["encode", demo_data, "--out", out, "--vae", spec, "--num-frames", "9", "--size", "64x64",
+                      "--workers", "0", "--no-progress", "--cameras", cameras])
+    assert result.exit_code == 3, result.output
+    (failure,) = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines() if line.strip()]
+    second_camera = cameras.split(",")[1 % len(cameras.split(","))]
+    assert failure["camera"] == second_camera and failure["clip"] is not None
+    assert f"{spec} returned a latent of shape" in failure["reason"] and "expected (4, 9, 32, 32)" in failure["reason"]
+    shape = cache_io.manifest(out)["latent"]["shape"]["mean"]
+    assert all(list(t.shape) == shape for name, t in cache_io.tensors(out).items() if name.endswith("/mean"))
+    assert len(cache_io.clips(out)) == 2
+    assert run_cli(["verify", out]).exit_code == 0

@@ -107,6 +107,38 @@ class Overflowing(torch.nn.Module):
         return types.SimpleNamespace(mean=mean, logvar=torch.zeros_like(mean))
 
 
+class Misshapen(torch.nn.Module):
+    """Returns a latent of the wrong shape on its second call: one row short, one frame, or 3 channels."""
+
+    vaecache_spatial_factor = 2
+    vaecache_latent_channels = 4
+
+    def __init__(self, flaw):
+        super().__init__()
+        self.pool = torch.nn.AvgPool3d((1, 2, 2))
+        self.flaw = flaw
+        self.calls = 0
+
+    def encode(self, x):
+        self.calls += 1
+        mean = self.pool(torch.cat([x, x[:, :1]], 1))
+        if self.calls == 2:
+            mean = {"row": mean[:, :, :, :-1], "frames": mean[:, :, :1], "channels": mean[:, :3]}[self.flaw]
+        return types.SimpleNamespace(mean=mean, logvar=torch.zeros_like(mean))
+
+
+def short_row():
+    return Misshapen("row")
+
+
+def one_frame():
+    return Misshapen("frames")
+
+
+def three_channels():
+    return Misshapen("channels")
+
+
 def rowwise():
     return RowwiseVae()
 

@@ -115,12 +115,18 @@ class VaeRunner:
         else:
             units = [(v, -1) for v in range(num_views)]
         outputs, failed_units, tiled_units, sizes, events = self._run_units(views, units)
+        expected = self.latent_shape(num_frames, height, width)
+        if model.per_frame:
+            expected = (expected[0], *expected[2:])
+        for index, (m, lv) in list(outputs.items()):
+            wrong = next((tuple(t.shape) for t in (m, lv) if t is not None and tuple(t.shape) != expected), None)
+            if wrong is not None:
+                del outputs[index]
+                failed_units[index] = (f"{model.spec} returned a latent of shape {wrong}, expected {expected} "
+                                       f"(c, {'h, w' if model.per_frame else 't, h, w'})")
+                log.error("%s failed: %s", self._unit_label(units[index]), failed_units[index])
 
-        template = next((m for m, _ in outputs.values()), None)
-        if template is not None:
-            shape = ((template.shape[0], num_frames, *template.shape[1:]) if model.per_frame else tuple(template.shape))
-        else:
-            shape = self.latent_shape(num_frames, height, width)
+        shape = self.latent_shape(num_frames, height, width)
         with_logvar = any(lv is not None for _, lv in outputs.values()) or (not outputs and model.has_logvar)
         if model.has_logvar and outputs and not with_logvar:
             raise VaeSpecError(f"{model.spec}: declares a log-variance (vaecache_has_logvar) but encode returned a mean only")
