@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import socket
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -95,3 +96,37 @@ def test_a_complete_cache_of_a_grown_dataset_gets_the_new_clips(cache_copy: Path
                           cache_io.tensors(good_cache))
     assert json.loads((cache_copy / "run.json").read_text())["attempt"] == 1
     assert verify_cache(cache_copy).ok
+
+
+def _start_together(out: Path, barrier, results, index: int) -> None:
+    from vaecache.errors import OutputError
+
+    barrier.wait()
+    try:
+        acquire_lock(out, job_id=None)
+        results[index] = 1
+        time.sleep(0.2)  # hold it as a running job would, while the others try
+    except OutputError:
+        results[index] = 0
+
+
+@pytest.mark.parametrize("left_behind", ["stale record", "no lock"])
+def test_of_many_starters_exactly_one_takes_the_lock(tmp_path: Path, left_behind: str) -> None:
+    """A stale .lock (dead pid) used to be taken over by two starters at once (413 of 2000 trials)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    starters, trials = 8, 12
+    for trial in range(trials):
+        out = tmp_path / f"out{trial}"
+        out.mkdir()
+        if left_behind == "stale record":
+            (out / ".lock").write_text(json.dumps({"host": HOST, "pid": 2**22 + 12345, "job_id": None}))
+        barrier = context.Barrier(starters)
+        results = context.Array("i", [-1] * starters)
+        procs = [context.Process(target=_start_together, args=(out, barrier, results, i)) for i in range(starters)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(30)
+        assert list(results).count(1) == 1 and list(results).count(0) == starters - 1, (trial, list(results))

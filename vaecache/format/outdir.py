@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -47,31 +48,61 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+_HELD_LOCKS: dict[Path, int] = {}
+"""OUT/.lock -> the open descriptor whose flock this process holds for the run."""
+
+
 def acquire_lock(out: Path, job_id: str | None) -> None:
-    """Refuse a second job on the same OUT. A lock left by a dead process on this host is cleared."""
+    """Refuse a second job on the same OUT.
+
+    The lock is an flock held on OUT/.lock for the whole run, so taking it is atomic: of any number of
+    processes starting together exactly one gets it. The file also records who holds it (host, pid, SLURM
+    job): a record left by a process that is gone (same host, or an earlier attempt of the same SLURM job)
+    is taken over; a record of a live job elsewhere, whose filesystem may not share flocks, is refused."""
     path = out / LOCK
     me = {"host": socket.gethostname(), "pid": os.getpid(), "job_id": job_id,
           "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)}
-    for _ in range(2):
+    for _ in range(8):
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                holder = json.loads(path.read_text() or "{}")
-            except (OSError, json.JSONDecodeError):
-                holder = {}
-            if _is_stale(holder, me):
-                path.unlink(missing_ok=True)
-                continue
-            raise OutputError(
-                f"{out}: locked by another vaecache job (host {holder.get('host')}, pid {holder.get('pid')}, "
-                f"job {holder.get('job_id')}); if that job is gone, delete {path} and rerun") from None
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise OutputError(f"{path}: cannot create lock ({exc.strerror or exc})") from None
-        with os.fdopen(fd, "w") as handle:
-            json.dump(me, handle)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise _locked(out, path, holder) from None
+        try:
+            same_file = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same_file = False
+        if not same_file:  # the holder released (unlinked) it between our open and our flock: start again
+            os.close(fd)
+            continue
+        holder = _read_holder(fd)
+        if holder and holder.get("pid") != me["pid"] and not _is_stale(holder, me):
+            os.close(fd)
+            raise _locked(out, path, holder)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me).encode(), 0)
+        os.fsync(fd)
+        _HELD_LOCKS[path] = fd
         return
     raise OutputError(f"{path}: could not take the lock")
+
+
+def _read_holder(fd: int) -> dict[str, Any]:
+    try:
+        holder = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def _locked(out: Path, path: Path, holder: dict[str, Any]) -> OutputError:
+    return OutputError(f"{out}: locked by another vaecache job (host {holder.get('host')}, pid {holder.get('pid')}, "
+                       f"job {holder.get('job_id')}); if that job is gone, delete {path} and rerun")
 
 
 def _is_stale(holder: dict[str, Any], me: dict[str, Any]) -> bool:
@@ -84,12 +115,16 @@ def _is_stale(holder: dict[str, Any], me: dict[str, Any]) -> bool:
 
 
 def release_lock(out: Path) -> None:
+    """Remove OUT/.lock and drop the flock, if this process holds it (unlinked while still held, so no other
+    process can take the old file in between)."""
     path = out / LOCK
+    fd = _HELD_LOCKS.pop(path, None)
+    if fd is None:
+        return
     try:
-        if json.loads(path.read_text()).get("pid") == os.getpid():
-            path.unlink()
-    except (OSError, json.JSONDecodeError):
-        pass
+        path.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
 
 
 def _pid_alive(pid: Any) -> bool:
