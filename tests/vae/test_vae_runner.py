@@ -143,3 +143,28 @@ def test_a_latent_of_the_wrong_shape_is_a_failed_clip_not_stored(plugin: str, fa
     assert all(list(t.shape) == shape for name, t in cache_io.tensors(out).items() if name.endswith("/mean"))
     assert len(cache_io.clips(out)) == 2
     assert run_cli(["verify", out]).exit_code == 0
+
+
+def test_an_error_on_one_input_is_a_failed_clip_and_the_run_goes_on(plugin: str, demo_data: Path, tmp_path: Path,
+                                                                    run_cli: Any, cache_io: Any) -> None:
+    out = tmp_path / "cache"
+    spec = f"{plugin}:exploding"
+    result = run_cli(["encode", demo_data, "--out", out, "--vae", spec, "--num-frames", "9", "--size", "64x64",
+                      "--workers", "0", "--no-progress"])
+    assert result.exit_code == 3, result.output
+    (failure,) = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines() if line.strip()]
+    assert failure["clip"] == "scene_001/000000-000008" and failure["camera"] == "cam_0"
+    assert f"{spec} raised RuntimeError: plugin exploded on call 3" in failure["reason"]
+    assert [clip["id"] for clip in cache_io.clips(out)] == ["scene_000/000000-000008", "scene_002/000000-000008"]
+    assert cache_io.manifest(out)["counts"]["oom_backoffs"] == 0
+    assert run_cli(["verify", out]).exit_code == 0
+
+
+def test_a_vae_that_fails_on_every_input_stops_the_run(plugin: str, demo_data: Path, tmp_path: Path,
+                                                       run_cli: Any) -> None:
+    result = run_cli(["encode", demo_data, "--out", tmp_path / "cache", "--vae", f"{plugin}:always_exploding",
+                      "--num-frames", "9", "--size", "64x64", "--workers", "0", "--no-progress",
+                      "--frame-stride", "1", "--window-stride", "1"])
+    assert result.exit_code == 1, result.output
+    assert "failed on 8 inputs in a row" in result.output and "plugin exploded" in result.output
+    assert not (tmp_path / "cache" / "manifest.json").exists()

@@ -127,6 +127,34 @@ class Misshapen(torch.nn.Module):
         return types.SimpleNamespace(mean=mean, logvar=torch.zeros_like(mean))
 
 
+class Exploding(torch.nn.Module):
+    """Raises on its third forward (a plugin bug that one input triggers), or on every forward."""
+
+    vaecache_spatial_factor = 2
+    vaecache_latent_channels = 4
+
+    def __init__(self, always=False):
+        super().__init__()
+        self.pool = torch.nn.AvgPool3d((1, 2, 2))
+        self.always = always
+        self.calls = 0
+
+    def encode(self, x):
+        self.calls += 1
+        if self.always or self.calls == 3:
+            raise RuntimeError(f"plugin exploded on call {self.calls}")
+        mean = self.pool(torch.cat([x, x[:, :1]], 1))
+        return types.SimpleNamespace(mean=mean, logvar=torch.zeros_like(mean))
+
+
+def exploding():
+    return Exploding()
+
+
+def always_exploding():
+    return Exploding(always=True)
+
+
 def short_row():
     return Misshapen("row")
 

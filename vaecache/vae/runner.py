@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 
 from vaecache import faults
-from vaecache.errors import UsageError, VaeSpecError
+from vaecache.errors import UsageError, VaecacheError, VaeSpecError
 from vaecache.vae.model import VaeModel
 
 log = logging.getLogger("vaecache")
@@ -60,6 +60,7 @@ class VaeRunner:
         self.backoff_counts: Counter[str] = Counter()
         self._units_per_forward = 0
         self._latent_channels = model.latent_channels
+        self._errors_in_a_row = 0
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names the runner lacks: the description's fields and fingerprint().
@@ -207,8 +208,14 @@ class VaeRunner:
         while position < len(units):
             size = min(model.max_views_per_forward, self._units_per_forward or model.max_views_per_forward)
             chunk = list(range(position, min(position + size, len(units))))
-            error = self._try_forward(views, units, chunk, model.tiling, outputs, sizes)
+            try:
+                error = self._try_forward(views, units, chunk, model.tiling, outputs, sizes)
+            except _ForwardError as exc:
+                self._units_alone(views, units, chunk, exc, outputs, sizes, failed)
+                position += len(chunk)
+                continue
             if error is None:
+                self._errors_in_a_row = 0
                 if model.tiling:
                     tiled.update(chunk)
                 position += len(chunk)
@@ -236,6 +243,28 @@ class VaeRunner:
             position += 1
         return outputs, failed, tiled, sizes, events
 
+    def _units_alone(self, views: torch.Tensor, units: list[tuple[int, int]], chunk: list[int],
+                     error: _ForwardError, outputs: dict, sizes: dict, failed: dict[int, str]) -> None:
+        """After `error` (not out of memory) in a forward of `chunk`: each unit alone; one that still fails is a
+        failed view, the others are kept. Too many failures in a row stop the run: the VAE is broken."""
+        for index in chunk:
+            reason: str | None = str(error) if len(chunk) == 1 else None
+            if reason is None:
+                try:
+                    oom = self._try_forward(views, units, [index], self.model.tiling, outputs, sizes)
+                    reason = None if oom is None else f"out of memory: {oom}"
+                except _ForwardError as alone:
+                    reason = str(alone)
+            if reason is None:
+                self._errors_in_a_row = 0
+                continue
+            failed[index] = reason
+            log.error("%s failed: %s", self._unit_label(units[index]), reason)
+            self._errors_in_a_row += 1
+            if self._errors_in_a_row >= ERRORS_IN_A_ROW_LIMIT:
+                raise VaecacheError(f"{self.model.spec} failed on {self._errors_in_a_row} inputs in a row (last: "
+                                    f"{reason}); that is not about one clip, so the run stops")
+
     def _try_forward(self, views: torch.Tensor, units: list[tuple[int, int]], chunk: list[int], tiled: bool,
                      outputs: dict, sizes: dict) -> str | None:
         """Run one forward over `chunk`; store its rows and return None, or return the OOM message."""
@@ -248,6 +277,10 @@ class VaeRunner:
             mean, logvar = self._forward(batch.to(self.model.device, self.model.compute_dtype, non_blocking=True), tiled)
         except OOM_ERRORS as exc:
             message = _first_line(exc)
+        except VaecacheError:
+            raise
+        except Exception as exc:  # a plugin or model error on this input
+            raise _ForwardError(f"{self.model.spec} raised {type(exc).__name__}: {_first_line(exc)}") from None
         else:
             for row, index in enumerate(chunk):
                 outputs[index] = (mean[row], None if logvar is None else logvar[row])
@@ -283,6 +316,14 @@ class VaeRunner:
         self.backoff_counts[kind] += 1
         events.append(message)
         log.log(level, "OOM backoff: %s", message)
+
+
+ERRORS_IN_A_ROW_LIMIT = 8
+"""A VAE that raises on this many inputs in a row is broken, not fed a bad clip: the run stops."""
+
+
+class _ForwardError(Exception):
+    """A forward raised something other than out-of-memory; the message names the VAE and the error."""
 
 
 def oom_hook_from_env() -> OomHook | None:
