@@ -32,7 +32,7 @@ def test_reencode_matches_exactly_on_the_same_machine(good_cache, run_cli, tmp_p
     assert result.exit_code == 0, result.output
     row = [c for c in json.loads(report.read_text())["checks"] if c["name"].startswith("re-encode")][0]
     assert (row["passed"], row["failed"]) == (2, 0)
-    assert "max abs difference 0 " in row["note"]
+    assert row["note"].startswith("max abs difference 0, 0 of the stored max")
 
 
 def test_reencode_catches_a_tensor_altered_with_every_hash_and_stat_recomputed(cache_copy, run_cli):
@@ -75,3 +75,37 @@ def test_reencode_with_another_vae_is_refused(good_cache, run_cli, tmp_path, mon
     result = run_cli(["verify", good_cache, "--reencode", "1", "--vae", "python:other_vae:make"])
     assert result.exit_code == 2
     assert "does not match the VAE recorded" in result.output
+
+
+def test_reencode_fails_a_vae_that_is_not_reproducible(demo_data, tmp_path, run_cli, monkeypatch):
+    """A VAE adding 1e-3 of noise gives other latents on every run; the default tolerance (1e-6 of the stored
+    max for fp32) fails it, and only an explicit --tolerance lets it pass."""
+    (tmp_path / "noisy_vae.py").write_text(textwrap.dedent("""
+        import types
+        import torch
+
+        class Noisy(torch.nn.Module):
+            vaecache_spatial_factor = 2
+            vaecache_latent_channels = 4
+
+            def __init__(self):
+                super().__init__()
+                self.pool = torch.nn.AvgPool3d((1, 2, 2))
+
+            def encode(self, x):
+                mean = self.pool(torch.cat([x, x[:, :1]], 1)) + 1e-3 * torch.randn(1)
+                return types.SimpleNamespace(mean=mean, logvar=torch.zeros_like(mean))
+
+        def make():
+            return Noisy()
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("noisy_vae", None)
+    out = tmp_path / "cache"
+    encoded = run_cli(["encode", demo_data, "--out", out, "--vae", "python:noisy_vae:make", "--num-frames", "9",
+                       "--size", "64x64", "--workers", "0", "--no-progress"])
+    assert encoded.exit_code == 0, encoded.output
+    strict = run_cli(["verify", out, "--reencode", "2"])
+    assert strict.exit_code == 1 and "re-encoded latents differ by" in strict.output and "tolerance 1e-06" in strict.output
+    assert run_cli(["verify", out, "--reencode", "2", "--tolerance", "0.1"]).exit_code == 0
+    assert run_cli(["verify", out, "--reencode", "1", "--tolerance", "-1"]).exit_code == 2

@@ -59,6 +59,9 @@ def verify(
                                       "the recorded fingerprint."),
     seed: int = typer.Option(0, "--seed", help="Which clips --reencode picks."),
     device: str = typer.Option("auto", "--device", help="Device for --reencode: auto | cpu | cuda."),
+    tolerance: Optional[float] = typer.Option(None, "--tolerance", help="--reencode: allowed max abs difference as a "
+                                              "fraction of the stored max (default: 1e-6 fp32, 1e-3 fp16, 8e-3 bf16; "
+                                              "loosen it on another machine than the encode's)."),
     allow_pickle_weights: bool = typer.Option(False, "--allow-pickle-weights", help="Let a diffusers VAE folder holding only pickled .bin weights load (pickle runs code: trust the folder)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Hashing progress on rank 0: a bar in a "
                                   "terminal, a line every 30 s (VAECACHE_PROGRESS_INTERVAL) in a log."),
@@ -80,7 +83,8 @@ def verify(
     from vaecache.verify import VerifyOptions, verify_cache
 
     options = VerifyOptions(quick=quick, threads=threads, dataset=dataset, reencode=reencode, vae=vae, seed=seed,
-                            device=device, allow_pickle_weights=allow_pickle_weights)
+                            device=device, allow_pickle_weights=allow_pickle_weights,
+                            tolerance=tolerance)
     with distributed(device=device if reencode else "cpu") as ctx:
         label = "verify" if ctx.info.world_size == 1 else f"verify (rank 0's share of {ctx.info.world_size} ranks)"
         with progress_reporter(label, "shards", console, enabled=progress and ctx.info.rank == 0) as on_progress:
