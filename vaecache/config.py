@@ -182,6 +182,9 @@ class EncodeConfig:
     """Collective timeout: a dead or stuck rank ends the job after this long instead of hanging."""
     progress: bool = True
     allow_pickle_weights: bool = False
+    hash_sources: bool = False
+    """Record each source's sha256 (besides size and mtime) so a resume can tell changed content apart from
+    a file that was only touched or copied."""
     """Let a diffusers folder with only pickled .bin weights load (unpickling can run code)."""
 
     def __post_init__(self) -> None:

@@ -9,10 +9,11 @@ import logging
 import os
 import platform
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from contextlib import contextmanager
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import torch
 
@@ -24,7 +25,7 @@ from vaecache.dist import DistContext
 from vaecache.dtypes import recorded_name
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, EXIT_STOPPED, InputError, UsageError
 from vaecache.format.index import finalize, manifest_header
-from vaecache.format.io import AppendLog
+from vaecache.format.io import AppendLog, sha256_file
 from vaecache.format.layout import FORMAT_VERSION, failures_path, progress_path
 from vaecache.format.outdir import PreparedOut, begin_changes, prepare_out, release_lock
 from vaecache.format.reader import CacheReader
@@ -85,10 +86,31 @@ def run_fingerprint(cfg: EncodeConfig, vae: LoadedVae) -> dict[str, Any]:
     # The decoder is part of it: a cache started by 0.1.0 (decord, mis-seeking on open-GOP streams) must not
     # be resumed with frame-exact decoding into one mixed cache.
     fingerprint = {"vae": run_fingerprint_vae_part(vae), "latents": cfg.clip.to_record(), "decoder": DECODER,
-                   "format_version": FORMAT_VERSION}
+                   "data": str(cfg.data), "format_version": FORMAT_VERSION}
     if cfg.sp_mode == "spatial":  # band edges depend on the group size, and so do the last bits of the latents
         fingerprint["parallel"] = {"mode": "spatial", "sp_size": cfg.sp_size}
     return fingerprint
+
+
+def source_identities(paths: Sequence[str], with_hash: bool) -> dict[str, dict[str, Any]]:
+    """Path -> {size, mtime_ns[, sha256]} of each source that exists (a missing one is a recorded failure)."""
+    def identity(path: str) -> dict[str, Any] | None:
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return None
+        found: dict[str, Any] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        if with_hash:
+            try:
+                found["sha256"] = sha256_file(Path(path))
+            except OSError:
+                return None
+        return found
+
+    workers = min(8, max(1, len(paths))) if with_hash else 1
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        found = dict(zip(paths, pool.map(identity, paths)))
+    return {path: value for path, value in found.items() if value is not None}
 
 
 def _cpu_thread_budget(ctx: DistContext, workers: int) -> int:
@@ -201,6 +223,8 @@ class StartUp:
 
     job: JobPlan
     scenes: int
+    sources: tuple[str, ...]
+    """Every source video the discovered scenes name (skipped scenes too)."""
     left_out_cameras: dict[str, int]
     vae: LoadedVae
     threads: int
@@ -241,7 +265,8 @@ def _start_up(cfg: EncodeConfig, ctx: DistContext, progress: ProgressFactory | N
         raise UsageError(f"--store {cfg.clip.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; use --store mean")
     if cfg.sp_mode == "spatial":
         _check_spatial(cfg, vae)
-    return StartUp(job, len(scenes), dict(found.left_out_cameras), vae, threads)
+    sources = tuple(sorted({path for scene in scenes for path in scene.paths if path is not None}))
+    return StartUp(job, len(scenes), sources, dict(found.left_out_cameras), vae, threads)
 
 
 def _check_spatial(cfg: EncodeConfig, vae: LoadedVae) -> None:
@@ -263,7 +288,9 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
     rank, world = ctx.info.rank, ctx.info.world_size
     mesh, vae, threads = ctx.mesh, start.vae, start.threads
     fingerprint = run_fingerprint(cfg, vae)
-    prepared: PreparedOut = ctx.on_rank0(lambda: prepare_out(cfg.out, fingerprint, cfg.overwrite, ctx.info.job_id))
+    sources = source_identities(start.sources, cfg.hash_sources) if rank == 0 else None  # what OUT is made from
+    prepared: PreparedOut = ctx.on_rank0(lambda: prepare_out(cfg.out, fingerprint, cfg.overwrite, ctx.info.job_id,
+                                                             sources))
     job = dataclasses.replace(start.job, done_clip_ids=frozenset(prepared.done_clip_ids))
     handler = setup_logging(cfg.out, rank, world)
     try:
@@ -277,7 +304,7 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
                 if on_progress is not None:
                     on_progress(done, total)
 
-            summary = _encode(cfg, ctx, vae, job, start.scenes, prepared, stop, report)
+            summary = _encode(cfg, ctx, vae, job, start.scenes, prepared, sources, stop, report)
         summary.wall_s = time.perf_counter() - started
         summary.left_out_cameras = start.left_out_cameras
         if summary.stopped:
@@ -302,7 +329,8 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
 
 
 def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, num_scenes: int,
-            prepared: PreparedOut, stop: StopRequest, on_progress: Callable[[int, int], None] | None) -> EncodeSummary:
+            prepared: PreparedOut, sources: dict[str, dict[str, Any]] | None, stop: StopRequest,
+            on_progress: Callable[[int, int], None] | None) -> EncodeSummary:
     rank, mesh = ctx.info.rank, ctx.mesh
     todo = job.todo
     if prepared.complete and not todo:
@@ -310,7 +338,7 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
                              untrained_vae=vae.untrained, resumed_clips=len(prepared.done_clip_ids),
                              planned_clips=len(job.clips), scenes=num_scenes, already_complete=True)
     if prepared.complete:  # the dataset grew: the finished cache is about to change
-        prepared = ctx.on_rank0(lambda: begin_changes(cfg.out, prepared.attempt))
+        prepared = ctx.on_rank0(lambda: begin_changes(cfg.out, prepared.attempt, sources=sources))
         # begin_changes repairs the progress logs: a shard it dropped must be encoded again
         job = dataclasses.replace(job, done_clip_ids=frozenset(prepared.done_clip_ids))
     work = job.rank_work(rank)

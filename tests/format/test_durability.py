@@ -216,3 +216,34 @@ def test_cameras_at_different_frame_rates_are_a_bad_input(tmp_path):
     failures = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
     assert [(f["scene"], f["path"].endswith("cam_1.mp4")) for f in failures] == [("scene_001", True)]
     assert "camera 'cam_1' runs at 25 fps, camera 'cam_0' at 10 fps" in failures[0]["reason"]
+
+
+def test_resume_on_other_data_is_refused_naming_what_differs(tmp_path: Path, cache_io) -> None:
+    """A crashed run on dataset A resumed on B with the same scene names used to finish as half A, half B."""
+    spec = DemoDataSpec(scenes=3, cameras=2, frames=9, height=64, width=64, seed=3)
+    first, second = tmp_path / "a", tmp_path / "b"
+    write_demo_dataset(first, spec)
+    write_demo_dataset(second, DemoDataSpec(scenes=3, cameras=2, frames=9, height=64, width=64, seed=4))
+    out = tmp_path / "out"
+    assert encode(first, out, "--shard-size", "1", env={"VAECACHE_FAULT": "crash-after-commit:1"}).returncode == 137
+    elsewhere = encode(second, out, "--shard-size", "1")
+    assert elsewhere.returncode == 2 and "made with other settings (data:" in elsewhere.stderr
+    # The same path with other videos in it (same names, same sizes possible): refused, naming a file.
+    write_demo_dataset(first, DemoDataSpec(scenes=3, cameras=2, frames=9, height=64, width=64, seed=5))
+    replaced = encode(first, out, "--shard-size", "1")
+    assert replaced.returncode == 2 and "was made from other data" in replaced.stderr
+    assert "scene_000/cam_0.mp4: " in replaced.stderr
+    assert not (out / "manifest.json").exists()
+
+
+def test_hash_sources_tells_a_touched_file_from_changed_content(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    write_demo_dataset(data, DemoDataSpec(scenes=2, cameras=1, frames=9, height=64, width=64, seed=3))
+    out = tmp_path / "out"
+    crashed = encode(data, out, "--shard-size", "1", "--hash-sources", env={"VAECACHE_FAULT": "crash-after-commit:1"})
+    assert crashed.returncode == 137
+    os.utime(data / "scene_000" / "cam_0.mp4")  # touched, same bytes
+    resumed = encode(data, out, "--shard-size", "1", "--hash-sources")
+    assert resumed.returncode == 0, resumed.stderr
+    recorded = json.loads((out / "run.json").read_text())["sources"]
+    assert all(len(entry["sha256"]) == 64 for entry in recorded.values()) and len(recorded) == 2

@@ -83,19 +83,22 @@ def test_an_encode_that_yields_no_clip_fails_and_leaves_no_manifest(demo_data: P
     assert verified.exit_code == 1 and "incomplete" in verified.output
 
 
-def test_a_complete_cache_of_a_grown_dataset_gets_the_new_clips(cache_copy: Path, good_cache: Path, demo_data: Path,
+def test_a_complete_cache_of_a_grown_dataset_gets_the_new_clips(good_cache: Path, demo_data: Path,
                                                                encode_cli: Callable, cache_io, tmp_path: Path) -> None:
-    grown = Path(shutil.copytree(demo_data, tmp_path / "grown"))
-    shutil.copytree(grown / "scene_002", grown / "scene_003")
-    encode_cli(grown, cache_copy)
-    manifest = cache_io.manifest(cache_copy)
+    data = Path(shutil.copytree(demo_data, tmp_path / "data"))  # grown in place: DATA is part of the settings
+    cache = tmp_path / "cache"
+    encode_cli(data, cache)
+    shutil.copytree(data / "scene_002", data / "scene_003")
+    encode_cli(data, cache)
+    manifest = cache_io.manifest(cache)
     assert manifest["counts"]["clips"] == 4 and manifest["counts"]["planned_clips"] == 4
-    tensors = cache_io.tensors(cache_copy)
+    tensors = cache_io.tensors(cache)
     assert torch.equal(tensors["scene_003/000000-000008/mean"], tensors["scene_002/000000-000008/mean"])
     cache_io.same_tensors({k: v for k, v in tensors.items() if not k.startswith("scene_003/")},
                           cache_io.tensors(good_cache))
-    assert json.loads((cache_copy / "run.json").read_text())["attempt"] == 1
-    assert verify_cache(cache_copy).ok
+    run = json.loads((cache / "run.json").read_text())
+    assert run["attempt"] == 1 and str(data / "scene_003" / "cam_0.mp4") in run["sources"]
+    assert verify_cache(cache).ok
 
 
 def _start_together(out: Path, barrier, results, index: int) -> None:

@@ -94,6 +94,8 @@ def encode(
     tiling: Optional[bool] = typer.Option(None, "--tiling/--no-tiling", help="Use the VAE's own tiling: less memory, different latents (recorded)."),
     max_views_per_forward: Optional[int] = typer.Option(None, "--max-views-per-forward", help="Views per VAE forward (default 1: latents independent of batch/SP/world size; halved on OOM)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Discard what OUT holds and start over."),
+    hash_sources: bool = typer.Option(False, "--hash-sources", help="Record each source video's sha256 (besides size "
+                                      "and mtime): a resume then tells changed content from a touched file."),
     allow_pickle_weights: bool = typer.Option(False, "--allow-pickle-weights", help="Let a diffusers VAE folder holding only pickled .bin weights load (pickle runs code: trust the folder)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds before a stuck collective fails the job (default 1800)."),
     config: Optional[Path] = typer.Option(None, "--config", help="TOML file with these options (flags win)."),
@@ -109,7 +111,7 @@ def encode(
         "batch_size": batch_size, "workers": workers, "shard_size": shard_size, "store": store, "seed": seed,
         "sp_size": sp_size, "sp_mode": sp_mode, "on_error": on_error, "overwrite": overwrite or None, "timeout_s": timeout,
         "progress": None if progress else False, "tiling": tiling, "max_views_per_forward": max_views_per_forward,
-        "allow_pickle_weights": allow_pickle_weights or None,
+        "allow_pickle_weights": allow_pickle_weights or None, "hash_sources": hash_sources or None,
     }
     cfg = build_config(data, out, vae, options, config)
     check_usage_before_start(cfg)

@@ -147,21 +147,43 @@ def _is_complete(out: Path) -> bool:
     return True
 
 
-def begin_changes(out: Path, attempt: int, fingerprint: dict[str, Any] | None = None) -> PreparedOut:
+def begin_changes(out: Path, attempt: int, fingerprint: dict[str, Any] | None = None,
+                  sources: dict[str, dict[str, Any]] | None = None) -> PreparedOut:
     """Rank 0 only, before anything is committed: record the attempt, drop the manifest (OUT is not complete
-    until finalize rewrites it) and repair what a crash left behind. Without `fingerprint`, the one in
-    run.json is kept (prepare_out has already checked that it matches)."""
+    until finalize rewrites it) and repair what a crash left behind. Without `fingerprint`, the one in run.json
+    is kept (prepare_out has already checked it); `sources` are added to the ones recorded there."""
     out = Path(out)
-    if fingerprint is None:
-        fingerprint = json.loads((out / RUN).read_text())["fingerprint"]
-    atomic_write_json(out / RUN, {"fingerprint": fingerprint, "attempt": attempt})
+    recorded = json.loads((out / RUN).read_text()) if (out / RUN).exists() else {}
+    fingerprint = recorded["fingerprint"] if fingerprint is None else fingerprint
+    sources = {**recorded.get("sources", {}), **(sources or {})}
+    atomic_write_json(out / RUN, {"fingerprint": fingerprint, "attempt": attempt, "sources": sources})
     (out / MANIFEST).unlink(missing_ok=True)
     done, discarded = repair_progress(out)
     return PreparedOut(attempt, frozenset(done), discarded)
 
 
-def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id: str | None) -> PreparedOut:
-    """Rank 0 only: take the lock, check or start the run record, repair what a crash left behind."""
+def changed_sources(recorded: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]]) -> list[str]:
+    """Sources both runs saw whose identity differs: size, then the content hash where both have one, else
+    the modification time. Sources that are new (a grown dataset) or gone are not changes here."""
+    changed = []
+    for path in sorted(set(recorded) & set(current)):
+        old, new = recorded[path], current[path]
+        if old.get("size") != new.get("size"):
+            changed.append(f"{path}: size {old.get('size')} -> {new.get('size')}")
+        elif old.get("sha256") and new.get("sha256"):
+            if old["sha256"] != new["sha256"]:
+                changed.append(f"{path}: content differs (sha256)")
+        elif old.get("mtime_ns") != new.get("mtime_ns"):
+            changed.append(f"{path}: modified since the cache was started")
+    return changed
+
+
+def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id: str | None,
+                sources: dict[str, dict[str, Any]] | None = None) -> PreparedOut:
+    """Rank 0 only: take the lock, check or start the run record, repair what a crash left behind.
+
+    `sources` maps each source video to its identity (size, mtime_ns, sha256 with --hash-sources); a resume
+    whose sources changed under the cache is refused."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out}: --out exists and is not a folder")
@@ -196,6 +218,10 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
             if diffs:
                 raise UsageError(f"{out} was made with other settings ({'; '.join(diffs[:4])}); "
                                  "use the same settings to resume, or --overwrite to start over")
+            changed = changed_sources(recorded.get("sources", {}), sources or {})
+            if changed:
+                raise UsageError(f"{out} was made from other data: {len(changed)} source(s) changed since "
+                                 f"({'; '.join(changed[:3])}); resume on the same data, or --overwrite to start over")
             attempt = int(recorded.get("attempt", 0)) + 1
         for folder in (SHARDS_DIR, PROGRESS_DIR, LOGS_DIR):
             (out / folder).mkdir(exist_ok=True)
@@ -203,7 +229,7 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
             # A finished cache stays byte for byte as it is unless new work is about to be committed.
             _, clips = read_progress(out)
             return PreparedOut(attempt, frozenset(clip["id"] for clip in clips), 0, complete=True)
-        return begin_changes(out, attempt, fingerprint)
+        return begin_changes(out, attempt, fingerprint, sources)
     except BaseException:
         release_lock(out)
         raise
