@@ -60,6 +60,8 @@ class EncodeSummary:
     backoffs: list[str] = field(default_factory=list)
     stopped: str | None = None
     """The signal that stopped this rank early (the cache is resumable, not complete)."""
+    repaired: list[str] = field(default_factory=list)
+    """Committed shards found damaged at start-up ("file: problem"), dropped and their clips encoded again."""
     left_out_cameras: dict[str, int] = field(default_factory=dict)
     """Cameras some scenes have that the chosen camera set does not encode -> how many scenes have each."""
     already_complete: bool = False
@@ -307,6 +309,7 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
             summary = _encode(cfg, ctx, vae, job, start.scenes, prepared, sources, stop, report)
         summary.wall_s = time.perf_counter() - started
         summary.left_out_cameras = start.left_out_cameras
+        summary.repaired = list(prepared.damaged)
         if summary.stopped:
             log.warning("stopped early (%s): committed work is kept; rerun the same command to resume", summary.stopped)
             return summary

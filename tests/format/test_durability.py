@@ -247,3 +247,34 @@ def test_hash_sources_tells_a_touched_file_from_changed_content(tmp_path: Path) 
     assert resumed.returncode == 0, resumed.stderr
     recorded = json.loads((out / "run.json").read_text())["sources"]
     assert all(len(entry["sha256"]) == 64 for entry in recorded.values()) and len(recorded) == 2
+
+
+def _flip_a_byte(shard: Path) -> None:
+    data = bytearray(shard.read_bytes())
+    data[-5] ^= 0x40  # inside the tensor data: the size stays, the sha256 does not
+    shard.write_bytes(bytes(data))
+
+
+def test_a_damaged_shard_is_repaired_by_the_resume(data, reference, tmp_path: Path, cache_io) -> None:
+    out = tmp_path / "out"
+    assert encode(data, out, "--shard-size", "1", env={"VAECACHE_FAULT": "crash-after-commit:3"}).returncode == 137
+    _flip_a_byte(sorted((out / "shards").glob("*.safetensors"))[0])
+    resumed = encode(data, out, "--shard-size", "1")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "repaired: 1 damaged shard(s)" in resumed.stderr and "sha256 differs" in resumed.stderr
+    cache_io.same_tensors(cache_io.tensors(out), reference)
+    assert run_vaecache("verify", str(out)).returncode == 0
+
+
+def test_encode_again_repairs_a_cache_that_verify_failed(data, reference, tmp_path: Path, cache_io) -> None:
+    out = tmp_path / "out"
+    assert encode(data, out, "--shard-size", "1").returncode == 0
+    _flip_a_byte(sorted((out / "shards").glob("*.safetensors"))[2])
+    assert run_vaecache("verify", str(out)).returncode == 1
+    repaired = encode(data, out, "--shard-size", "1")
+    assert repaired.returncode == 0, repaired.stderr
+    assert "repaired: 1 damaged shard(s)" in repaired.stderr
+    cache_io.same_tensors(cache_io.tensors(out), reference)
+    assert run_vaecache("verify", str(out)).returncode == 0
+    again = encode(data, out, "--shard-size", "1")  # now intact: left alone
+    assert again.returncode == 0 and "already complete" in again.stderr

@@ -74,6 +74,6 @@ def test_repair_and_finalize_read_the_same_entries(tmp_path: Path) -> None:
     with open(progress_path(tmp_path, 0), "a") as handle:
         handle.write('{"shard": {"file": "shards/torn')
     assert [e.shard["file"] for e in iter_progress(tmp_path)] == ["shards/good.safetensors", "shards/short.safetensors"]
-    done, discarded = repair_progress(tmp_path)
-    assert done == {"g"} and discarded == 1
+    done, discarded, damaged = repair_progress(tmp_path)
+    assert done == {"g"} and discarded == 1 and damaged == {"shards/short.safetensors": "2 bytes, 5 recorded"}
     assert [json.loads(line) for line in progress_path(tmp_path, 0).read_text().splitlines()] == [good]

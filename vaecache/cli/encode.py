@@ -133,6 +133,9 @@ def encode(
     elif is_rank0:
         if summary.already_complete:
             console.print(f"{escape(str(summary.out))} is already complete: nothing to encode, nothing changed")
+        if summary.repaired:
+            console.print(f"[yellow]repaired:[/yellow] {len(summary.repaired)} damaged shard(s) dropped and their clips "
+                          f"encoded again ({escape('; '.join(summary.repaired[:3]))})", soft_wrap=True)
         console.print(summary_table(summary))
     if is_rank0 and json_file is not None:
         write_json(json_file, summary_json(summary))

@@ -6,12 +6,13 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from vaecache.errors import EmptyCacheError, ManifestError
-from vaecache.format.io import atomic_write_bytes, atomic_write_json, iter_jsonl, jsonl_bytes
+from vaecache.format.io import atomic_write_bytes, atomic_write_json, iter_jsonl, jsonl_bytes, sha256_file
 from vaecache.format.layout import (
     CLIPS, FAILURES, FORMAT_NAME, FORMAT_VERSION, MANIFEST, PROGRESS_DIR, SHARDS_DIR, SUPPORTED_VERSIONS,
 )
@@ -60,17 +61,44 @@ def read_failures(out: Path) -> list[dict[str, Any]]:
     return [failures[key] for key in sorted(failures)]
 
 
-def repair_progress(out: Path) -> tuple[set[str], int]:
-    """Keep committed shards whose file is intact in size; drop torn log lines, orphans, temp files and the
-    failure logs (a rerun records failures afresh). Returns (committed clip ids, files discarded)."""
+def shard_problem(out: Path, shard: dict[str, Any]) -> str | None:
+    """Why a committed shard cannot be kept (missing, another size, another sha256), or None when intact."""
+    path = Path(out) / shard["file"]
+    try:
+        if not path.is_file():
+            return "missing"
+        if path.stat().st_size != shard["bytes"]:
+            return f"{path.stat().st_size} bytes, {shard['bytes']} recorded"
+        if shard.get("sha256") and sha256_file(path) != shard["sha256"]:
+            return "sha256 differs from the one recorded when it was committed"
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    return None
+
+
+def damaged_shards(out: Path, shards: list[dict[str, Any]], threads: int = 8) -> dict[str, str]:
+    """Shard file -> problem, for the shards that are not intact (hashed in parallel)."""
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(shards)))) as pool:
+        problems = pool.map(lambda shard: shard_problem(out, shard), shards)
+    return {shard["file"]: problem for shard, problem in zip(shards, problems) if problem is not None}
+
+
+def repair_progress(out: Path) -> tuple[set[str], int, dict[str, str]]:
+    """Keep committed shards whose file is intact (size and sha256); drop torn log lines, damaged shards,
+    orphans, temp files and the failure logs (a rerun records failures afresh).
+
+    Returns (committed clip ids, files discarded, damaged shard file -> problem): the clips of a damaged
+    shard are no longer committed, so the run encodes them again."""
     out = Path(out)
     progress = out / PROGRESS_DIR
     kept: dict[Path, list[ProgressEntry]] = {log: [] for log in sorted(progress.glob("rank-*.jsonl"))}
     claimed: set[str] = set()
     done: set[str] = set()
-    for entry in iter_progress(out):
-        path = out / entry.shard["file"]
-        if path.is_file() and path.stat().st_size == entry.shard["bytes"]:
+    entries = iter_progress(out)
+    damaged = damaged_shards(out, [entry.shard for entry in entries])
+    for entry in entries:
+        if entry.shard["file"] not in damaged:
+            path = out / entry.shard["file"]
             kept[entry.log].append(entry)
             claimed.add(path.name)
             done.update(clip["id"] for clip in entry.clips)
@@ -86,7 +114,7 @@ def repair_progress(out: Path) -> tuple[set[str], int]:
     for path in [*out.glob(".*.tmp"), *progress.glob(".*.tmp")]:
         path.unlink()
         discarded += 1
-    return done, discarded
+    return done, discarded, damaged
 
 
 def reason_kind(reason: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import shutil
 import socket
@@ -12,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from vaecache.errors import ManifestError, OutputError, UsageError
-from vaecache.format.index import read_manifest, read_progress, repair_progress
+from vaecache.format.index import damaged_shards, read_manifest, read_progress, repair_progress
 from vaecache.format.io import atomic_write_json
 from vaecache.format.layout import LOCK, LOGS_DIR, MANIFEST, OWNED_ENTRIES, PROGRESS_DIR, RUN, SHARDS_DIR
+
+log = logging.getLogger("vaecache")
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,8 @@ class PreparedOut:
     done_clip_ids: frozenset[str]
     discarded_files: int
     complete: bool = False
+    damaged: tuple[str, ...] = ()
+    """Committed shards found damaged and dropped ("file: problem"): their clips are encoded again."""
     """OUT already holds a finished cache made with these settings; it was left untouched (see begin_changes)."""
 
     def __post_init__(self) -> None:
@@ -158,8 +163,10 @@ def begin_changes(out: Path, attempt: int, fingerprint: dict[str, Any] | None = 
     sources = {**recorded.get("sources", {}), **(sources or {})}
     atomic_write_json(out / RUN, {"fingerprint": fingerprint, "attempt": attempt, "sources": sources})
     (out / MANIFEST).unlink(missing_ok=True)
-    done, discarded = repair_progress(out)
-    return PreparedOut(attempt, frozenset(done), discarded)
+    done, discarded, damaged = repair_progress(out)
+    for file, problem in sorted(damaged.items()):
+        log.warning("%s: committed shard is damaged (%s); its clips are encoded again", out / file, problem)
+    return PreparedOut(attempt, frozenset(done), discarded, damaged=tuple(f"{f}: {p}" for f, p in sorted(damaged.items())))
 
 
 def changed_sources(recorded: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]]) -> list[str]:
@@ -226,9 +233,11 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
         for folder in (SHARDS_DIR, PROGRESS_DIR, LOGS_DIR):
             (out / folder).mkdir(exist_ok=True)
         if attempt > 0 and _is_complete(out):
-            # A finished cache stays byte for byte as it is unless new work is about to be committed.
-            _, clips = read_progress(out)
-            return PreparedOut(attempt, frozenset(clip["id"] for clip in clips), 0, complete=True)
+            # A finished cache stays byte for byte as it is unless new work is about to be committed, or one of
+            # its shards is damaged (then this run repairs it: the damaged shards' clips are encoded again).
+            shards, clips = read_progress(out)
+            if not damaged_shards(out, shards):
+                return PreparedOut(attempt, frozenset(clip["id"] for clip in clips), 0, complete=True)
         return begin_changes(out, attempt, fingerprint, sources)
     except BaseException:
         release_lock(out)
