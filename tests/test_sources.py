@@ -276,3 +276,41 @@ def test_an_encode_names_the_cameras_it_leaves_out(demo_data: Path, tmp_path: Pa
     assert "cam_1 (3 scenes)" in result.output
     summary = json.loads(result.stdout[result.stdout.index("{"):])
     assert summary["left_out_cameras"] == {"cam_1": 3}
+
+
+def test_hostile_names_and_links_are_recorded_failures_and_the_run_goes_on(demo_data: Path, tmp_path: Path,
+                                                                            run_cli) -> None:
+    """A self-referencing symlink, a folder named with a newline, a folder starting with '..' and an
+    audio-only file each become one failure record with a plain reason; the good scenes are encoded."""
+    import av
+    import numpy as np
+
+    data = Path(shutil.copytree(demo_data, tmp_path / "data"))
+    loop = data / "looped"
+    loop.mkdir()
+    (loop / "cam_0.mp4").symlink_to("cam_0.mp4")
+    shutil.copy(data / "scene_000" / "cam_1.mp4", loop / "cam_1.mp4")
+    shutil.copytree(data / "scene_000", data / "bad\nname")
+    shutil.copytree(data / "scene_001", data / "..sneaky")
+    audio = data / "audio_only"
+    shutil.copytree(data / "scene_002", audio)
+    with av.open(str(audio / "cam_0.mp4"), "w") as container:
+        stream = container.add_stream("aac", rate=8000)
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), dtype=np.float32), format="fltp", layout="mono")
+        frame.sample_rate = 8000
+        for packet in [*stream.encode(frame), *stream.encode()]:
+            container.mux(packet)
+    out = tmp_path / "out"
+    result = run_cli(["encode", data, "--out", out, "--vae", "builtin:tiny", "--num-frames", "9", "--size", "64x64",
+                      "--workers", "0", "--no-progress"])
+    assert result.exit_code == 3, result.output
+    assert "unexpected" not in result.output
+    failures = {r["scene"]: r for r in map(json.loads, (out / "failures.jsonl").read_text().splitlines())}
+    assert set(failures) == {"looped", "bad\nname", "..sneaky", "audio_only"}
+    assert failures["looped"]["reason"] == "symlink loop" and failures["looped"]["camera"] == "cam_0"
+    assert "cannot be a scene id" in failures["bad\nname"]["reason"]
+    assert "starting with '.'" in failures["..sneaky"]["reason"]
+    assert failures["audio_only"]["reason"].startswith("not a readable video") or "no video stream" in failures["audio_only"]["reason"]
+    assert "DECORD" not in failures["audio_only"]["reason"].upper()
+    clips = [json.loads(line)["id"] for line in (out / "clips.jsonl").read_text().splitlines()]
+    assert clips == [f"scene_00{i}/000000-000008" for i in range(3)]

@@ -12,6 +12,7 @@ read by a straight decode from the start that counts frames.
 from __future__ import annotations
 
 import bisect
+import errno
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -328,9 +329,12 @@ def _check_file(path: str) -> None:
     try:
         size = file.stat().st_size
     except FileNotFoundError:
-        raise VideoDecodeError(path, "file not found") from None
+        raise VideoDecodeError(path, "broken symlink" if file.is_symlink() else "file not found") from None
     except PermissionError:
         raise VideoDecodeError(path, "permission denied") from None
+    except OSError as exc:
+        reason = "symlink loop" if exc.errno == errno.ELOOP else f"cannot read ({exc.strerror or exc})"
+        raise VideoDecodeError(path, reason) from None
     if not file.is_file():
         raise VideoDecodeError(path, "not a regular file")
     if size == 0:

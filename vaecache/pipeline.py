@@ -256,6 +256,7 @@ def _start_up(cfg: EncodeConfig, ctx: DistContext, progress: ProgressFactory | N
         probes = _probe_all(ctx, scenes, advance)
     job = plan_job(scenes, probes, cfg.clip.sampling, ctx.info.world_size, ctx.mesh.sp_size,
                    cfg.batch_size)
+    job = dataclasses.replace(job, skipped=(*found.rejected, *job.skipped))
     if job.skipped and cfg.on_error == "fail":
         first = job.skipped[0]
         raise InputError(f"{first.path or first.scene_id}: {first.reason} (scene {first.scene_id}; --on-error fail)")

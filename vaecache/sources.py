@@ -67,6 +67,9 @@ class Discovery:
     scenes: list[Scene]
     left_out_cameras: dict[str, int] = field(default_factory=dict)
     """Camera name -> number of scenes that have it although it is not encoded."""
+    rejected: list[Skipped] = field(default_factory=list)
+    """Scenes whose name cannot be a scene id (control characters, '/', a leading '..'): recorded as
+    failures, the rest of the dataset goes on."""
 
 
 # --------------------------------------------------------------------------- discovery
@@ -80,9 +83,11 @@ def discover(data: Path, cameras: Sequence[str] | None = None) -> Discovery:
     if data.is_file():
         if data.suffix.lower() not in (".jsonl", ".json"):
             raise DatasetError(f"{data}: expected a folder or a .jsonl index, got a {data.suffix or 'suffix-less'} file")
-        scenes, seen = _scenes_from_index(data, cameras)
+        scenes, seen, rejected = _scenes_from_index(data, cameras)
     else:
-        scenes, seen = _scenes_from_folder(data, cameras)
+        scenes, seen, rejected = _scenes_from_folder(data, cameras)
+    for skip in rejected:
+        log.warning("skipped %s: %s", skip.path or skip.scene_id, skip.reason)
     ids = [scene.scene_id for scene in scenes]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
@@ -95,12 +100,32 @@ def discover(data: Path, cameras: Sequence[str] | None = None) -> Discovery:
     for name, count in sorted(left_out.items()):
         log.warning("camera %s (in %d scene%s) is not in the chosen camera set (%s) and is not encoded",
                     name, count, "" if count == 1 else "s", ", ".join(scenes[0].cameras))
-    return Discovery(sorted(scenes, key=lambda scene: scene.scene_id), left_out)
+    return Discovery(sorted(scenes, key=lambda scene: scene.scene_id), left_out, rejected)
 
 
 def discover_scenes(data: Path, cameras: Sequence[str] | None = None) -> list[Scene]:
     """The scenes of `discover` (cameras left out are logged there)."""
     return discover(data, cameras).scenes
+
+
+def unusable_id(name: str) -> str | None:
+    """Why `name` cannot be a scene id (ids name files and tensors: no '/', no control characters, no leading '.')."""
+    if not name:
+        return "an empty name"
+    if _BAD_ID.search(name):
+        return "a name with '/', '\\' or control characters"
+    if name.startswith("."):
+        return "a name starting with '.'"
+    return None
+
+
+def _resolved(path: Path) -> str:
+    """The absolute path with symlinks resolved; as given (absolute) when they cannot be (a loop): the probe
+    then records why the file cannot be read."""
+    try:
+        return str(path.resolve())
+    except (OSError, RuntimeError):
+        return str(path.absolute())
 
 
 def _has_video_name(path: Path) -> bool:
@@ -111,8 +136,16 @@ def _is_video(path: Path) -> bool:
     return path.is_file() and _has_video_name(path)
 
 
-def _scenes_from_folder(root: Path, order: Sequence[str] | None) -> tuple[list[Scene], list[set[str]]]:
-    entries = sorted(p for p in root.iterdir() if not p.name.startswith("."))
+def _scenes_from_folder(root: Path, order: Sequence[str] | None) -> tuple[list[Scene], list[set[str]], list[Skipped]]:
+    # Hidden entries (".name") are not scenes; "..name" is not hidden by convention, so it is reported.
+    entries = sorted(p for p in root.iterdir() if not p.name.startswith(".") or p.name.startswith(".."))
+    rejected: list[Skipped] = []
+    for entry in list(entries):
+        name = entry.stem if _is_video(entry) else entry.name
+        why = unusable_id(name) if (entry.is_dir() or _is_video(entry)) else None
+        if why is not None:
+            rejected.append(Skipped(name, str(entry.absolute()), f"{why} cannot be a scene id; rename it"))
+            entries.remove(entry)
     videos = [p for p in entries if _is_video(p)]
     folders = [p for p in entries if p.is_dir()]
     if videos and folders:
@@ -121,7 +154,9 @@ def _scenes_from_folder(root: Path, order: Sequence[str] | None) -> tuple[list[S
         if order and len(order) != 1:
             raise DatasetError(f"{root}: single-camera folder, but {len(order)} cameras were configured")
         camera = order[0] if order else "video"
-        return [Scene(p.stem, (camera,), (str(p.resolve()),)) for p in videos], []
+        return [Scene(p.stem, (camera,), (_resolved(p),)) for p in videos], [], rejected
+    if not folders and rejected:
+        return [], [], rejected
     if not folders:
         raise DatasetError(f"{root}: no videos ({', '.join(VIDEO_EXTENSIONS)}) and no scene folders found")
     # Inside a scene folder anything named like a video is that camera's file: a directory or a socket
@@ -136,9 +171,9 @@ def _scenes_from_folder(root: Path, order: Sequence[str] | None) -> tuple[list[S
     for folder, videos_by_camera in found.items():
         # A scene missing a camera stays in the list with no path for it, so the probe records it as a
         # skipped input instead of failing the whole dataset.
-        paths = tuple(str(videos_by_camera[name].resolve()) if name in videos_by_camera else None for name in names)
+        paths = tuple(_resolved(videos_by_camera[name]) if name in videos_by_camera else None for name in names)
         scenes.append(Scene(folder.name, names, paths))
-    return scenes, [set(videos) for videos in found.values()]
+    return scenes, [set(videos) for videos in found.values()], rejected
 
 
 def _check_cameras_exist(where: Path, order: Sequence[str], per_scene: Sequence[set[str]]) -> None:
@@ -160,7 +195,7 @@ def _common_camera_set(per_scene: Iterable[dict[str, Path]]) -> tuple[str, ...]:
     return max(sorted(counts), key=lambda key: (counts[key], len(key)))
 
 
-def _scenes_from_index(index: Path, order: Sequence[str] | None) -> tuple[list[Scene], list[set[str]]]:
+def _scenes_from_index(index: Path, order: Sequence[str] | None) -> tuple[list[Scene], list[set[str]], list[Skipped]]:
     """One scene per line. Every line uses the same form: all "cameras" (a mapping) or all "path" (one
     camera, named by --cameras or `video`); a mix is refused, because a single video has no camera name
     to file it under among the others."""
@@ -203,7 +238,7 @@ def _scenes_from_index(index: Path, order: Sequence[str] | None) -> tuple[list[S
             if bad:
                 raise DatasetError(f"{where}: the path of camera {bad[0]!r} must be a non-empty string")
             names = tuple(order) if order else tuple(sorted(mapping))
-            paths = tuple(str((base / mapping[name]).resolve()) if name in mapping else None for name in names)
+            paths = tuple(_resolved(base / mapping[name]) if name in mapping else None for name in names)
             frame_range = None
             if "frames" in record:
                 frame_range = _parse_range(record["frames"], where)
@@ -216,7 +251,8 @@ def _scenes_from_index(index: Path, order: Sequence[str] | None) -> tuple[list[S
         camera_sets = {scene.cameras for scene in scenes}
         if len(camera_sets) > 1:
             raise DatasetError(f"{index}: scenes list different camera sets {sorted(map(list, camera_sets))[:2]}; pass --cameras to choose")
-    return scenes, mapped
+    # An index is written by hand or by a script: a bad id there is refused naming its line (Scene checks it).
+    return scenes, mapped, []
 
 
 def _parse_range(value: Any, where: str) -> tuple[int, int]:
