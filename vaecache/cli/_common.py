@@ -10,7 +10,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Annotated, Any, Callable, Mapping, Optional, TypeVar
 
 import typer
 from rich.console import Console
@@ -25,6 +25,17 @@ EXIT_INTERRUPTED = 130
 """Ctrl-C outside the encode loop's graceful stop (128 + SIGINT)."""
 REQUIRED_PANEL = "Required (flag or --config)"
 """The --help panel for options that must come from a flag or the TOML file."""
+
+# Options encode and plan share. Required, yet Optional here: each may come from --config instead.
+VaeOption = Annotated[Optional[str], typer.Option(
+    "--vae", rich_help_panel=REQUIRED_PANEL,
+    help="builtin:tiny | diffusers:PATH\\[#subfolder] | python:module:function. \\[required, or in --config]")]
+NumFramesOption = Annotated[Optional[int], typer.Option(
+    "--num-frames", rich_help_panel=REQUIRED_PANEL,
+    help="Frames per clip (checked against the VAE's rule). \\[required, or in --config]")]
+SizeOption = Annotated[Optional[str], typer.Option(
+    "--size", rich_help_panel=REQUIRED_PANEL,
+    help="HxW after resize-to-cover and center crop. \\[required, or in --config]")]
 
 
 def debug_enabled() -> bool:

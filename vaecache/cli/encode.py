@@ -14,8 +14,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vaecache.cli._common import (REQUIRED_PANEL, check_json_target, console, human_bytes, launcher_rank_world,
-                                  report_errors, write_json)
+from vaecache.cli._common import (REQUIRED_PANEL, NumFramesOption, SizeOption, VaeOption, check_json_target, console,
+                                  human_bytes, launcher_rank_world, report_errors, write_json)
 from vaecache.config import EncodeConfig, load_toml, parse_bytes, pop_clip_options
 from vaecache.errors import DatasetError, UsageError
 from vaecache.progress import progress as progress_reporter
@@ -68,14 +68,9 @@ def encode(
     # Required, yet Optional here: each may come from --config instead (checked in build_config).
     out: Optional[Path] = typer.Option(None, "--out", "-o", rich_help_panel=REQUIRED_PANEL,
                                        help="Output folder for shards and manifest. \\[required, or in --config]"),
-    vae: Optional[str] = typer.Option(None, "--vae", rich_help_panel=REQUIRED_PANEL,
-                                      help="builtin:tiny | diffusers:PATH\\[#subfolder] | python:module:function. "
-                                           "\\[required, or in --config]"),
-    num_frames: Optional[int] = typer.Option(None, "--num-frames", rich_help_panel=REQUIRED_PANEL,
-                                             help="Frames per clip (checked against the VAE's rule). "
-                                                  "\\[required, or in --config]"),
-    size: Optional[str] = typer.Option(None, "--size", rich_help_panel=REQUIRED_PANEL,
-                                       help="HxW after resize-to-cover and center crop. \\[required, or in --config]"),
+    vae: VaeOption = None,
+    num_frames: NumFramesOption = None,
+    size: SizeOption = None,
     frame_stride: Optional[int] = typer.Option(None, "--frame-stride", help="Use every S-th source frame (default 1)."),
     window_stride: Optional[int] = typer.Option(None, "--window-stride", help="Source frames between clip starts (default: no overlap)."),
     max_clips_per_scene: Optional[int] = typer.Option(None, "--max-clips-per-scene", help="Keep the first K clips of each scene."),
