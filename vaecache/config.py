@@ -180,12 +180,15 @@ class EncodeConfig:
     overwrite: bool = False
     timeout_s: float = 1800.0
     """Collective timeout: a dead or stuck rank ends the job after this long instead of hanging."""
+    liveness_timeout_s: float = 60.0
+    """A rank whose heartbeat stops for this long (SIGSTOP, a frozen node) fails the job naming its rank and
+    host; a slow rank that still beats is waited for. 0 turns the heartbeats off."""
     progress: bool = True
     allow_pickle_weights: bool = False
+    """Let a diffusers folder with only pickled .bin weights load (unpickling can run code)."""
     hash_sources: bool = False
     """Record each source's sha256 (besides size and mtime) so a resume can tell changed content apart from
     a file that was only touched or copied."""
-    """Let a diffusers folder with only pickled .bin weights load (unpickling can run code)."""
 
     def __post_init__(self) -> None:
         if not self.vae:
@@ -204,6 +207,8 @@ class EncodeConfig:
             raise UsageError(f"--shard-size must be >= 1 byte, got {self.shard_size}")
         if self.timeout_s <= 0:
             raise UsageError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
+        if self.liveness_timeout_s < 0:
+            raise UsageError(f"--liveness-timeout must be >= 0 seconds (0 turns it off), got {self.liveness_timeout_s}")
 
 
 _CLIP_KEYS = ("dtype", "store", "seed", "tiling", "max_views_per_forward")
@@ -256,7 +261,7 @@ def load_toml(path: Path) -> dict[str, Any]:
     return normalized
 
 
-_TOML_ALIASES = {"timeout": "timeout_s"}
+_TOML_ALIASES = {"timeout": "timeout_s", "liveness_timeout": "liveness_timeout_s"}
 """Option names whose config field is spelled differently (--timeout sets timeout_s)."""
 
 

@@ -22,6 +22,7 @@ from vaecache.config import STORED_KEYS, EncodeConfig
 from vaecache.decode import DECODER, ViewBatchDataset
 from vaecache.sources import Scene, SceneProbe, discover, probe_scene
 from vaecache.dist import DistContext
+from vaecache.dist.liveness import set_doing
 from vaecache.dtypes import recorded_name
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, EXIT_STOPPED, InputError, UsageError
 from vaecache.format.index import finalize, manifest_header
@@ -206,6 +207,7 @@ def _phase(progress: ProgressFactory | None, label: str, unit: str) -> Iterator[
 def _probe_all(ctx: DistContext, scenes: list[Scene], advance: Advance) -> dict[str, SceneProbe]:
     """Every rank opens its share of the scenes; the results are exchanged so all ranks plan alike."""
     share = assign(scenes, ctx.info.rank, ctx.info.world_size)
+    set_doing(f"probing {len(share)} scenes")
     mine = []
     for scene in share:
         mine.append(probe_scene(scene))
@@ -261,6 +263,7 @@ def _start_up(cfg: EncodeConfig, ctx: DistContext, progress: ProgressFactory | N
         first = job.skipped[0]
         raise InputError(f"{first.path or first.scene_id}: {first.reason} (scene {first.scene_id}; --on-error fail)")
     threads = _cpu_thread_budget(ctx, cfg.workers)
+    set_doing(f"loading the VAE {cfg.vae}")
     vae = load_vae(cfg.vae, ctx.device, cfg.clip.dtype, tiling=cfg.clip.tiling,
                    max_views_per_forward=cfg.clip.max_views_per_forward, allow_pickle_weights=cfg.allow_pickle_weights)
     vae.rule.check(cfg.clip.sampling.num_frames, cfg.clip.height, cfg.clip.width)
@@ -322,6 +325,7 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
             log.info("%s is complete: all %d planned clips are cached; nothing was changed", cfg.out,
                      summary.planned_clips)
             return summary
+        set_doing("writing the manifest" if rank == 0 else "waiting for rank 0 to write the manifest")
         ctx.on_rank0(lambda: _finalize(cfg, vae, summary, fingerprint))
         log.info("done: %d clips, %d views in %.1f s", summary.clips, summary.views, summary.wall_s)
         return summary
@@ -373,6 +377,7 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
             if ctx.sp_any(stop.requested):
                 counters.stopped = stop.signal_name or "a peer's signal"
                 break
+            set_doing(f"encoding clip {batch[0].clip_id} (batch {item['index'] + 1} of {len(work.batches)})")
             result = vae.encode_spatial(item["views"], ctx.sp_group) if spatial else vae.encode_views(item["views"])
             moments = result.mean if result.logvar is None else torch.cat([result.mean, result.logvar], dim=1)
             moments = gather_views(moments, sp_plan, ctx.sp_group)
@@ -396,6 +401,7 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
     summary = EncodeSummary(cfg.out, world_size=ctx.info.world_size, sp_size=mesh.sp_size,
                             untrained_vae=vae.untrained, resumed_clips=len(prepared.done_clip_ids),
                             planned_clips=len(job.clips), scenes=num_scenes)
+    set_doing("waiting for the other ranks to finish their shares")
     # Every rank gathers, stopped or not: a DP group that finished waits here for one that stopped, and all
     # of them learn that the job stopped (no finalize, exit 75) instead of waiting in finalize for it.
     for part in ctx.all_gather_object(counters):

@@ -93,6 +93,9 @@ def encode(
                                       "and mtime): a resume then tells changed content from a touched file."),
     allow_pickle_weights: bool = typer.Option(False, "--allow-pickle-weights", help="Let a diffusers VAE folder holding only pickled .bin weights load (pickle runs code: trust the folder)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds before a stuck collective fails the job (default 1800)."),
+    liveness_timeout: Optional[float] = typer.Option(None, "--liveness-timeout", help="Seconds without a heartbeat "
+                                                     "before a stopped rank fails the job, named with its host "
+                                                     "(default 60; 0: off)."),
     config: Optional[Path] = typer.Option(None, "--config", help="TOML file with these options (flags win)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress on rank 0: a bar in a terminal, "
                                   "a line every 30 s (VAECACHE_PROGRESS_INTERVAL) in a log."),
@@ -105,6 +108,7 @@ def encode(
         "max_clips_per_scene": max_clips_per_scene, "cameras": cameras, "dtype": dtype, "device": device,
         "batch_size": batch_size, "workers": workers, "shard_size": shard_size, "store": store, "seed": seed,
         "sp_size": sp_size, "sp_mode": sp_mode, "on_error": on_error, "overwrite": overwrite or None, "timeout_s": timeout,
+        "liveness_timeout_s": liveness_timeout,
         "progress": None if progress else False, "tiling": tiling, "max_views_per_forward": max_views_per_forward,
         "allow_pickle_weights": allow_pickle_weights or None, "hash_sources": hash_sources or None,
     }
@@ -115,7 +119,8 @@ def encode(
     from vaecache.dist import distributed
     from vaecache.pipeline import run_encode
 
-    with distributed(sp_size=cfg.sp_size, device=cfg.device, timeout_s=cfg.timeout_s) as ctx:
+    with distributed(sp_size=cfg.sp_size, device=cfg.device, timeout_s=cfg.timeout_s,
+                     liveness_timeout_s=cfg.liveness_timeout_s) as ctx:
         is_rank0 = ctx.info.rank == 0
         if is_rank0 and cfg.vae.startswith("builtin:"):
             console.print("[yellow]note:[/yellow] builtin:tiny is an untrained VAE with random weights "

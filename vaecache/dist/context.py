@@ -22,6 +22,7 @@ import torch
 import torch.distributed as tdist
 from torch.distributed import ProcessGroup
 
+from vaecache.dist import liveness
 from vaecache.dist.launch import RankInfo, _export_master
 from vaecache.dist.mesh import Mesh, make_mesh
 from vaecache.errors import DistributedError, UsageError, VaecacheError
@@ -117,8 +118,18 @@ def collective_errors(
         elapsed = time.monotonic() - start
         timeout = group_timeout_s(group) if timeout_s is None else timeout_s
         limit = f"; timeout {timeout:g} s" if timeout is not None else ""
-        why = f" (a peer rank died or is stuck{limit})" if kind == "peer" else ""
+        why = f" (a peer rank died or is stuck{limit}{_silent_note()})" if kind == "peer" else ""
         raise DistributedError(f"rank {who}: {op} in {where} failed after {elapsed:.1f} s{why}: {exc}") from exc
+
+
+def _silent_note() -> str:
+    """"; silent: rank 3 on node7 (pid 812), last heard 75 s ago" from the heartbeats, where there are any."""
+    live = liveness.active()
+    names = live.silent_ranks() if live is not None else []
+    if not names:
+        return ""
+    more = f" and {len(names) - 8} more" if len(names) > 8 else ""
+    return "; silent: " + "; ".join(names[:8]) + more
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,16 +297,19 @@ def distributed(
     device: str = "auto",
     timeout_s: float = 600.0,
     environ: Mapping[str, str] | None = None,
+    liveness_timeout_s: float = liveness.DEFAULT_LIVENESS_TIMEOUT_S,
 ) -> Iterator[DistContext]:
     """Set up torch.distributed for this process (when world > 1) and always tear it down.
 
     Reads :meth:`RankInfo.from_env`, checks ``sp_size`` against the world size before any
     network traffic, picks the device, initialises NCCL (CUDA) or gloo (CPU) with ``env://`` and
-    ``timeout_s``, and creates the SP groups. When torch.distributed was already initialised by the
+    ``timeout_s``, creates the SP groups and starts the heartbeats (:mod:`vaecache.dist.liveness`; a rank
+    silent for ``liveness_timeout_s`` fails the job naming it; 0 turns that off). When torch.distributed was already initialised by the
     caller it is reused and left initialised (only the SP groups made here are destroyed).
     """
     if timeout_s <= 0:
         raise UsageError(f"distributed timeout must be > 0 s, got {timeout_s}")
+    liveness.check_timeout(liveness_timeout_s)
     info = RankInfo.from_env(environ)
     mesh = make_mesh(info.rank, info.world_size, sp_size)
     dev = resolve_device(device, info)
@@ -345,8 +359,10 @@ def distributed(
             if mesh.sp_size > 1:
                 # An outer mixed backend ("cpu:gloo,cuda:nccl") is kept for the groups as well.
                 sp_group = _new_sp_groups(mesh, timeout, None)
+            liveness.start_liveness(info.rank, info.world_size, liveness_timeout_s)
         yield DistContext(info, mesh, dev, backend, sp_group, float(timeout_s))
     finally:
+        liveness.stop_liveness()
         try:
             if owns_world:
                 tdist.destroy_process_group()

@@ -1,0 +1,152 @@
+"""Heartbeats and the ring watch: a stopped rank is named with its host; a slow one that beats is waited for."""
+
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+
+import pytest
+import torch.distributed as tdist
+
+from vaecache.dist import liveness
+from vaecache.dist.context import collective_errors
+from vaecache.dist.liveness import EXITED, Beat, Liveness, RingWatch, interval_for
+from vaecache.errors import DistributedError
+
+
+def beat(rank: int, count: int, state: str = liveness.RUNNING) -> Beat:
+    return Beat(rank, "node7", 4242, count, state)
+
+
+def test_ring_watch_waits_while_the_count_moves_and_names_the_silence():
+    watch = RingWatch(rank=0, world=3, timeout_s=10, now=0.0)
+    assert watch.target == 1
+    for t in range(0, 100, 5):  # a slow rank that still beats is waited for as long as it takes
+        assert watch.see(beat(1, t), float(t)) is None
+    assert watch.see(beat(1, 95), 104.0) is None  # unchanged for 9 s: not yet
+    assert watch.see(beat(1, 95), 106.0) == pytest.approx(11.0)
+
+
+def test_ring_watch_skips_ranks_that_exited_and_counts_a_missing_beat_from_the_start():
+    watch = RingWatch(rank=2, world=4, timeout_s=5, now=0.0)
+    assert watch.target == 3
+    assert watch.see(beat(3, 1, EXITED), 1.0) is None
+    assert watch.target == 0  # wraps around the ring
+    assert watch.see(None, 5.5) is None  # counted from when watching rank 0 began (1.0)
+    assert watch.see(None, 6.5) == pytest.approx(5.5)
+    alone = RingWatch(rank=0, world=2, timeout_s=5, now=0.0)
+    alone.see(beat(1, 1, EXITED), 0.0)
+    assert alone.target is None and alone.see(None, 1e6) is None
+
+
+def test_interval_is_at_most_5_s_and_four_beats_per_timeout():
+    assert interval_for(60) == 5.0
+    assert interval_for(2) == 0.5
+    with pytest.raises(ValueError):
+        RingWatch(0, 2, 0, 0.0)
+
+
+@pytest.fixture
+def store():
+    master = tdist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=2), wait_for_workers=False)
+    yield master
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _ranks(store, world: int, clock: Clock, timeout_s: float = 10) -> list[Liveness]:
+    verdicts: list[tuple[int, str, bool]] = []
+    ranks = []
+    for rank in range(world):
+        live = Liveness(store, rank, world, timeout_s, clock=clock,
+                        on_failure=lambda message, announce, rank=rank: verdicts.append((rank, message, announce)))
+        ranks.append(live)
+    for live in ranks:
+        live.beat()
+    return ranks
+
+
+def test_a_rank_that_stops_beating_is_named_with_host_pid_and_what_it_was_doing(store):
+    clock = Clock()
+    r0, r1, r2 = _ranks(store, 3, clock)
+    r1.doing = "encoding clip scene_0003/f000000 (batch 4 of 9)"
+    for step in range(1, 4):  # all beat: nobody is declared
+        clock.now = step * 4.0
+        assert [r.tick() for r in (r0, r1, r2)] == [None, None, None]
+    for step in range(4, 8):  # rank 1 is stopped: only ranks 0 and 2 tick
+        clock.now = step * 4.0
+        found = r0.tick()
+        r2.tick()
+    assert found is not None
+    message, announce = found
+    assert message.startswith(f"rank 1 on {socket.gethostname()} (pid ")
+    assert "no heartbeat for 12 s (--liveness-timeout 10 s)" in message
+    assert "last seen encoding clip scene_0003/f000000 (batch 4 of 9)" in message
+    assert "Committed shards are kept" in message and announce  # rank 0 prints it
+    # every other rank reads the same verdict from the store within one tick, and only rank 0 prints
+    assert r2.tick() == (message, False)
+    assert r1.tick() == (message, False)
+
+
+def test_the_finder_prints_when_rank_0_is_the_one_that_stopped(store):
+    clock = Clock()
+    r0, r1 = _ranks(store, 2, clock, timeout_s=3)
+    clock.now = 1.0
+    r1.tick()
+    clock.now = 5.0
+    message, announce = r1.tick()
+    assert message.startswith("rank 0 on ") and announce
+
+
+def test_an_exited_rank_is_not_blamed_and_the_watch_moves_on(store):
+    clock = Clock()
+    r0, r1, r2 = _ranks(store, 3, clock, timeout_s=3)
+    r1.stop()  # publishes its exit (its thread was never started)
+    for step in range(1, 6):
+        clock.now = step * 2.0
+        assert r0.tick() is None
+        r2.tick()
+    assert r0.watch.target == 2 and 1 in r0.watch.exited
+
+
+def test_a_store_that_stops_answering_is_blamed_on_its_host():
+    clock = Clock()
+    master = tdist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=1), wait_for_workers=False)
+    client = tdist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=timedelta(seconds=1),
+                            wait_for_workers=False)
+    live = Liveness(client, 1, 2, 3, clock=clock, store_where="rank 0 on head01 (it hosts the rendezvous store)")
+    live.beat()
+    del master  # the store's process is gone
+    clock.now = 1.0
+    assert live.tick() is None
+    clock.now = 5.0
+    message, announce = live.tick()
+    assert message.startswith("rank 0 on head01 (it hosts the rendezvous store) stopped answering for 4 s") and announce
+
+
+def test_a_failed_collective_names_the_silent_ranks(store, monkeypatch):
+    clock = Clock()
+    r0, r1, r2 = _ranks(store, 3, clock)
+    store.set(r0._key(2), Beat(2, "node9", 77, 5, wall=1.0).to_bytes())  # last beat long ago
+    r1.stop()
+    monkeypatch.setattr(liveness, "_active", r0)
+    with pytest.raises(DistributedError) as info:
+        with collective_errors("all_gather_object", timeout_s=30):
+            raise RuntimeError("Connection closed by peer")
+    text = str(info.value)
+    assert "a peer rank died or is stuck; timeout 30 s; silent:" in text
+    assert f"rank 1 on {socket.gethostname()} (pid " in text and "exited" in text
+    assert "rank 2 on node9 (pid 77), last heard" in text
+
+
+def test_liveness_timeout_is_validated_and_off_for_one_process():
+    with pytest.raises(Exception, match="--liveness-timeout must be >= 0"):
+        liveness.check_timeout(-1)
+    assert liveness.start_liveness(0, 1, 60) is None
+    assert liveness.start_liveness(0, 4, 0) is None
