@@ -128,7 +128,7 @@ class Liveness:
         self.interval_s = interval_for(timeout_s)
         self.prefix, self.store_where = prefix, store_where
         self.host, self.pid = socket.gethostname(), os.getpid()
-        self.doing = ""
+        self.doing = "starting up"
         self._count = 0
         self._clock = clock
         self._stop = threading.Event()
