@@ -137,6 +137,23 @@ class VideoReader:
         steps = sorted(b - a for a, b in zip(self._pts, self._pts[1:]))
         return steps[len(steps) // 2]
 
+    @property
+    def frame_size(self) -> tuple[int, int]:
+        """(width, height) of the stored frames, before the display rotation."""
+        return int(self._stream.codec_context.width), int(self._stream.codec_context.height)
+
+    @property
+    def codec(self) -> str:
+        return str(self._stream.codec_context.name)
+
+    def check_probe(self, frames: int, width: int, height: int) -> None:
+        """Refuse a video that is not what its probe (an index, the probe cache) says: it changed since."""
+        if (len(self), *self.frame_size) != (frames, width, height):
+            found_w, found_h = self.frame_size
+            raise VideoDecodeError(self.path, f"the index says {frames} frames of {width}x{height}, the video has "
+                                              f"{len(self)} frames of {found_w}x{found_h} (it changed since it was "
+                                              "probed; run `vaecache index` again)")
+
     def _nominal_rate(self) -> Fraction:
         rate = self._stream.average_rate or self._stream.guessed_rate or self._stream.base_rate
         return Fraction(rate) if rate else Fraction(1)
@@ -422,6 +439,16 @@ class ViewDecoder:
                 stale.close()
             raise
 
+    def check(self, path: str, expect: tuple[int, int, int]) -> None:
+        """VideoDecodeError unless `path` has `expect` = (frames, width, height), as planned."""
+        try:
+            self._reader(path).check_probe(*expect)
+        except VideoDecodeError:
+            stale = self._readers.pop(path, None)
+            if stale is not None:
+                stale.close()
+            raise
+
     def decode(self, path: str, frames: Sequence[int]) -> torch.Tensor:
         """(C, T, H, W) float in [-1, 1]."""
         array = self.frames(path, frames)
@@ -464,6 +491,9 @@ class ViewBatchDataset(torch.utils.data.Dataset):
                 tensor = decoded[view_index]
             else:
                 try:
+                    expect = getattr(clip, "expect", ())
+                    if expect:
+                        self._decoder.check(clip.paths[camera], expect[camera])
                     tensor = self._decoder.decode(clip.paths[camera], clip.frames)
                     decoded[view_index] = tensor
                     if clip_index not in times:

@@ -20,14 +20,15 @@ import torch
 import vaecache
 from vaecache.config import STORED_KEYS, EncodeConfig
 from vaecache.decode import DECODER, ViewBatchDataset
-from vaecache.sources import Scene, SceneProbe, discover, probe_scene
+from vaecache.sources import (ProbeCache, Scene, SceneProbe, discover, judge_scene, open_scene, probe_from_cache,
+                              probe_records, probe_scene, read_probe_cache)
 from vaecache.dist import DistContext
 from vaecache.dist.liveness import set_doing
 from vaecache.dtypes import recorded_name
-from vaecache.errors import EXIT_OK, EXIT_PARTIAL, EXIT_STOPPED, InputError, UsageError
+from vaecache.errors import EXIT_OK, EXIT_PARTIAL, EXIT_STOPPED, InputError, OutputError, UsageError
 from vaecache.format.index import finalize, manifest_header
 from vaecache.format.io import AppendLog, sha256_file
-from vaecache.format.layout import FORMAT_VERSION, failures_path, progress_path
+from vaecache.format.layout import PROBES_DIR, FORMAT_VERSION, failures_path, probes_path, progress_path
 from vaecache.format.outdir import PreparedOut, begin_changes, prepare_out, release_lock
 from vaecache.format.reader import CacheReader
 from vaecache.format.writer import ShardWriter, failure_record
@@ -204,15 +205,49 @@ def _phase(progress: ProgressFactory | None, label: str, unit: str) -> Iterator[
         yield advance
 
 
-def _probe_all(ctx: DistContext, scenes: list[Scene], advance: Advance) -> dict[str, SceneProbe]:
-    """Every rank opens its share of the scenes; the results are exchanged so all ranks plan alike."""
-    share = assign(scenes, ctx.info.rank, ctx.info.world_size)
+def _probe_all(ctx: DistContext, scenes: list[Scene], advance: Advance,
+               cache: ProbeCache) -> tuple[dict[str, SceneProbe], list[dict[str, Any]]]:
+    """Every scene's probe: from the index (`vaecache index`) or OUT's probe cache where they hold it (no video
+    is opened), else every rank opens its share of the rest and the results are exchanged so all ranks plan
+    alike. Returns the probes and this rank's new probe-cache records."""
+    probes: dict[str, SceneProbe] = {}
+    unknown = []
+    for scene in scenes:
+        known = probe_scene(scene) if scene.probed is not None else probe_from_cache(scene, cache)
+        if known is None:
+            unknown.append(scene)
+        else:
+            probes[scene.scene_id] = known
+    share = assign(unknown, ctx.info.rank, ctx.info.world_size)
     set_doing(f"probing {len(share)} scenes")
-    mine = []
+    mine, records = [], []
     for scene in share:
-        mine.append(probe_scene(scene))
+        found = open_scene(scene)
+        mine.append(judge_scene(scene, found))
+        records.extend(probe_records(scene, found))
         advance(1, len(share))
-    return {probe.scene_id: probe for part in ctx.all_gather_object(mine) for probe in part}
+    if unknown:  # every rank sees the same index and cache, so every rank takes part or none does
+        for part in ctx.all_gather_object(mine):
+            probes.update((probe.scene_id, probe) for probe in part)
+        log.info("probed %d of %d scenes (%d from the index or OUT/%s)", len(unknown), len(scenes),
+                 len(scenes) - len(unknown), PROBES_DIR)
+    return probes, records
+
+
+def _write_probe_cache(out: Path, rank: int, records: list[dict[str, Any]]) -> None:
+    """Append this rank's new probe records to OUT/probes/rank-N.jsonl (one fsync): a restart opens none of
+    these videos again."""
+    if not records:
+        return
+    path = probes_path(out, rank)
+    try:
+        path.parent.mkdir(exist_ok=True)
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write("".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in records))
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write the probe cache ({exc.strerror or exc})") from None
 
 
 def _check_out_usable(out: Path) -> None:
@@ -227,6 +262,8 @@ class StartUp:
 
     job: JobPlan
     scenes: int
+    probe_records: tuple[dict[str, Any], ...]
+    """This rank's new probe-cache records, written to OUT/probes once OUT is prepared."""
     sources: tuple[str, ...]
     """Every source video the discovered scenes name (skipped scenes too)."""
     left_out_cameras: dict[str, int]
@@ -254,10 +291,13 @@ def _start_up(cfg: EncodeConfig, ctx: DistContext, progress: ProgressFactory | N
     found = discover(cfg.data, cfg.clip.cameras)
     scenes = found.scenes
     _check_out_usable(cfg.out)
+    cache = read_probe_cache(sorted((cfg.out / PROBES_DIR).glob("rank-*.jsonl")))
     with _phase(progress, "probe", "scenes") as advance:
-        probes = _probe_all(ctx, scenes, advance)
+        probes, records = _probe_all(ctx, scenes, advance, cache)
+    del cache
     job = plan_job(scenes, probes, cfg.clip.sampling, ctx.info.world_size, ctx.mesh.sp_size,
                    cfg.batch_size)
+    del probes
     job = dataclasses.replace(job, skipped=(*found.rejected, *job.skipped))
     if job.skipped and cfg.on_error == "fail":
         first = job.skipped[0]
@@ -272,7 +312,7 @@ def _start_up(cfg: EncodeConfig, ctx: DistContext, progress: ProgressFactory | N
     if cfg.sp_mode == "spatial":
         _check_spatial(cfg, vae)
     sources = tuple(sorted({path for scene in scenes for path in scene.paths if path is not None}))
-    return StartUp(job, len(scenes), sources, dict(found.left_out_cameras), vae, threads)
+    return StartUp(job, len(scenes), tuple(records), sources, dict(found.left_out_cameras), vae, threads)
 
 
 def _check_spatial(cfg: EncodeConfig, vae: LoadedVae) -> None:
@@ -298,6 +338,7 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
     prepared: PreparedOut = ctx.on_rank0(lambda: prepare_out(cfg.out, fingerprint, cfg.overwrite, ctx.info.job_id,
                                                              sources))
     job = dataclasses.replace(start.job, done_clip_ids=frozenset(prepared.done_clip_ids))
+    _write_probe_cache(cfg.out, rank, list(start.probe_records))
     handler = setup_logging(cfg.out, rank, world)
     try:
         log.info("vaecache %s: world %d = DP %d x SP %d, device %s (%d torch threads), attempt %d, "

@@ -162,13 +162,16 @@ def _source_frames(scene: Scene, probe: SceneProbe) -> int:
 
 
 def probe_all(scenes: list[Scene], workers: int) -> dict[str, SceneProbe]:
-    """Open every scene's videos (threads: PyAV releases the GIL in FFmpeg's demuxer and decoder)."""
-    if workers <= 1 or len(scenes) <= 1:
-        probes = [probe_scene(scene) for scene in scenes]
+    """Every scene's probe: from the index where it gives them (`vaecache index`: no video is opened), else by
+    opening its videos (threads: PyAV releases the GIL in FFmpeg's demuxer and decoder)."""
+    probes = {scene.scene_id: probe_scene(scene) for scene in scenes if scene.probed is not None}
+    rest = [scene for scene in scenes if scene.probed is None]
+    if workers <= 1 or len(rest) <= 1:
+        probes.update((scene.scene_id, probe_scene(scene)) for scene in rest)
     else:
-        with ThreadPoolExecutor(max_workers=min(workers, len(scenes))) as pool:
-            probes = list(pool.map(probe_scene, scenes))
-    return {probe.scene_id: probe for probe in probes}
+        with ThreadPoolExecutor(max_workers=min(workers, len(rest))) as pool:
+            probes.update((probe.scene_id, probe) for probe in pool.map(probe_scene, rest))
+    return probes
 
 
 def dp_shares(job: JobPlan) -> list[DpShare]:
@@ -199,10 +202,8 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
     if cfg.clip.store != "mean" and not vae.has_logvar:
         raise UsageError(f"--store {cfg.clip.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; "
                          "use --store mean")
-    clips, skipped = list(job.clips), list(job.skipped)
-    per_scene: dict[str, int] = {}
-    for clip in clips:
-        per_scene[clip.scene_id] = per_scene.get(clip.scene_id, 0) + 1
+    clips, skipped = job.clips, list(job.skipped)
+    per_scene = clips.scene_counts()  # a count per scene: the clips themselves are built per DP group below
     skipped_ids = {s.scene_id for s in skipped}
     scene_rows = [{"scene": s.scene_id, "cameras": len(s.cameras), "source_frames": _source_frames(s, probes[s.scene_id]),
                    "clips": per_scene.get(s.scene_id, 0)} for s in scenes if s.scene_id not in skipped_ids]
@@ -210,7 +211,7 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
     shape = list(vae.latent_shape(cfg.clip.sampling.num_frames, cfg.clip.height, cfg.clip.width))
     stored = list(STORED_KEYS[cfg.clip.store])
     bytes_per_view = math.prod(shape) * torch.empty((), dtype=vae.dtype).element_size() * len(stored)
-    views = sum(clip.num_views for clip in clips)
+    views = sum(per_scene.get(s.scene_id, 0) * len(s.cameras) for s in scenes)
     fingerprint = vae.fingerprint()
     report = PlanReport(
         config=_config_json(cfg, device),

@@ -7,8 +7,12 @@ caller of the assignment functions, so a dry run cannot drift from what an encod
 
 from __future__ import annotations
 
+import bisect
+import functools
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, overload
 
 from vaecache.config import SamplingConfig
 from vaecache.dist.mesh import make_mesh
@@ -30,6 +34,9 @@ class Clip:
     paths: tuple[str, ...]
     frames: tuple[int, ...]
     fps: float
+    expect: tuple[tuple[int, int, int], ...] = ()
+    """Per camera, (frames, width, height) the probe found: decoding refuses a video that differs (it
+    changed since it was probed). Empty: nothing to check."""
 
     @property
     def num_views(self) -> int:
@@ -43,23 +50,156 @@ def clip_id_for(scene_id: str, frames: Sequence[int]) -> str:
 
 def plan_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling: SamplingConfig) -> tuple[list[Clip], list[Skipped]]:
     """Cut every usable scene into windows of `sampling.num_frames` frames. Pure: no I/O."""
-    clips: list[Clip] = []
+    clips, skipped = plan_scene_clips(scenes, probes, sampling)
+    return list(clips), skipped
+
+
+def window_count(start: int, stop: int, sampling: SamplingConfig) -> int:
+    """How many windows plan_windows(start, stop, sampling) gives, without listing them."""
+    if stop - start < sampling.span:
+        return 0
+    count = (stop - start - sampling.span) // sampling.step + 1
+    return count if sampling.max_clips_per_scene is None else min(count, sampling.max_clips_per_scene)
+
+
+def window(start: int, index: int, sampling: SamplingConfig) -> tuple[int, ...]:
+    """The frame indices of window `index` of a scene whose usable frames start at `start`."""
+    first = start + index * sampling.step
+    return tuple(range(first, first + sampling.span, sampling.frame_stride))
+
+
+def plan_scene_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling: SamplingConfig,
+                     ) -> tuple[PlannedClips, list[Skipped]]:
+    """The clips of every usable scene as a PlannedClips (a clip count per scene: no Clip is built until
+    a block of them is asked for), and the scenes that give none. Pure: no I/O."""
+    usable: list[tuple[Scene, int, float, tuple[tuple[int, int, int], ...]]] = []
+    counts = array("q")
     skipped: list[Skipped] = []
+    shared: dict[Any, Any] = {}  # equal `expect` tuples stored once
     for scene in scenes:
         probe = probes[scene.scene_id]
         if probe.error is not None:
             skipped.append(Skipped(scene.scene_id, probe.error_path, probe.error, probe.error_camera))
             continue
         start, stop = scene.frame_range if scene.frame_range is not None else (0, probe.num_frames)
-        windows = plan_windows(start, stop, sampling)
-        if not windows:
+        count = window_count(start, stop, sampling)
+        if not count:
             skipped.append(Skipped(scene.scene_id, None,
                                    f"too short: {stop - start} usable frames, one clip needs {sampling.span}"))
             continue
-        for frames in windows:
-            clips.append(Clip(clip_id_for(scene.scene_id, frames), scene.scene_id, scene.cameras, scene.paths,
-                              frames, probe.fps))
-    return clips, skipped
+        expect = tuple((c.frames, c.width, c.height) for c in probe.cameras)
+        usable.append((scene, start, probe.fps, shared.setdefault(expect, expect)))
+        counts.append(count)
+    return PlannedClips(tuple(usable), counts, sampling), skipped
+
+
+class PlannedClips(Sequence[Clip]):
+    """The clips of a plan, in plan order, held as one clip count per scene.
+
+    Indexing and slicing build only the clips asked for, found through prefix sums of the counts: a DP
+    group's contiguous block of ten million clips costs the memory of its own clips (and a few bytes per
+    scene), never the whole list. `without(done)` is the same sequence less the clips already committed."""
+
+    def __init__(self, scenes: tuple[tuple[Scene, int, float, tuple[tuple[int, int, int], ...]], ...], counts: array,
+                 sampling: SamplingConfig, done: frozenset[str] = frozenset(), skips: dict[int, frozenset[int]] | None = None,
+                 ) -> None:
+        self._scenes, self._sampling, self._done = scenes, sampling, done
+        self._skips = skips or {}
+        """Scene position -> window indices left out (committed clips)."""
+        self._window_counts = counts
+        ends = array("q")
+        total = 0
+        for position, count in enumerate(counts):
+            total += count - len(self._skips.get(position, ()))
+            ends.append(total)
+        self._ends = ends
+        """Running total of clips up to and including each scene."""
+
+    def without(self, done: frozenset[str]) -> PlannedClips:
+        """These clips less those whose id is in `done` (ids of clips not in the plan are ignored)."""
+        if not done:
+            return self
+        positions = {scene.scene_id: position for position, (scene, *_) in enumerate(self._scenes)}
+        skips: dict[int, set[int]] = {}
+        for clip_id in done:
+            scene_id, _, frames = clip_id.rpartition("/")
+            position = positions.get(scene_id)
+            first, _, last = frames.partition("-")
+            if position is None or not (first.isdigit() and last.isdigit()):
+                continue
+            start = self._scenes[position][1]
+            index, offset = divmod(int(first) - start, self._sampling.step)
+            if offset or not 0 <= index < self._window_counts[position]:
+                continue
+            if clip_id_for(scene_id, window(start, index, self._sampling)) == clip_id:
+                skips.setdefault(position, set()).add(index)
+        return PlannedClips(self._scenes, self._window_counts, self._sampling, done,
+                            {position: frozenset(indices) for position, indices in skips.items()})
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def scene_counts(self) -> dict[str, int]:
+        """Scene id -> clips it gives here (committed clips left out)."""
+        return {scene.scene_id: self._ends[p] - (self._ends[p - 1] if p else 0)
+                for p, (scene, *_) in enumerate(self._scenes)}
+
+    def _scene_clips(self, position: int) -> list[Clip]:
+        scene, start, fps, expect = self._scenes[position]
+        skip = self._skips.get(position, ())
+        clips = []
+        for index in range(self._window_counts[position]):
+            if index in skip:
+                continue
+            frames = window(start, index, self._sampling)
+            clips.append(Clip(clip_id_for(scene.scene_id, frames), scene.scene_id, scene.cameras,
+                              scene.paths, frames, fps, expect))  # type: ignore[arg-type]  # usable: no None path
+        return clips
+
+    def block(self, lo: int, hi: int) -> list[Clip]:
+        """Clips lo..hi-1 (plan order), building only the scenes they come from."""
+        lo, hi = max(0, lo), min(len(self), hi)
+        if lo >= hi:
+            return []
+        position = bisect.bisect_right(self._ends, lo)
+        before = self._ends[position - 1] if position else 0
+        out: list[Clip] = []
+        while len(out) < hi - lo + (lo - before):
+            out.extend(self._scene_clips(position))
+            position += 1
+        return out[lo - before:hi - before]
+
+    @overload
+    def __getitem__(self, index: int) -> Clip: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Clip]: ...
+
+    def __getitem__(self, index: int | slice) -> Clip | list[Clip]:
+        if isinstance(index, slice):
+            start, stop, stride = index.indices(len(self))
+            if stride != 1:
+                return self.block(0, len(self))[index]
+            return self.block(start, stop)
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"clip {index} of {len(self)}")
+        return self.block(index, index + 1)[0]
+
+    def __iter__(self) -> Iterator[Clip]:
+        for position in range(len(self._scenes)):
+            yield from self._scene_clips(position)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)) or len(other) != len(self):
+            return NotImplemented if not isinstance(other, Sequence) else False
+        return all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PlannedClips({len(self)} clips of {len(self._scenes)} scenes)"
 
 
 def plan_windows(start: int, stop: int, sampling: SamplingConfig) -> list[tuple[int, ...]]:
@@ -127,7 +267,8 @@ class RankWork:
 class JobPlan:
     """Clips planned from a dataset, spread over DP groups (contiguous blocks) and SP ranks (views)."""
 
-    clips: tuple[Clip, ...]
+    clips: Sequence[Clip]
+    """A tuple, or a PlannedClips (plan_job) that builds only the block a DP group asks for."""
     skipped: tuple[Skipped, ...]
     world_size: int = 1
     sp_size: int = 1
@@ -144,9 +285,11 @@ class JobPlan:
     def dp_size(self) -> int:
         return self.world_size // self.sp_size
 
-    @property
-    def todo(self) -> list[Clip]:
-        """The clips still to encode, in plan order."""
+    @functools.cached_property
+    def todo(self) -> Sequence[Clip]:
+        """The clips still to encode, in plan order (built block by block where the plan is a PlannedClips)."""
+        if isinstance(self.clips, PlannedClips):
+            return self.clips.without(self.done_clip_ids)
         return [clip for clip in self.clips if clip.clip_id not in self.done_clip_ids]
 
     def dp_clips(self, dp_rank: int) -> list[Clip]:
@@ -173,10 +316,12 @@ class JobPlan:
 def plan_job(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling: SamplingConfig, world_size: int = 1,
              sp_size: int = 1, batch_size: int = 1, done_clip_ids: Sequence[str] | frozenset[str] = frozenset(),
              ) -> JobPlan:
-    """Pure: the job plan for these scenes (probed), sampling and cluster shape."""
-    clips, skipped = plan_clips(scenes, probes, sampling)
-    return JobPlan(tuple(clips), tuple(skipped), world_size, sp_size, batch_size, frozenset(done_clip_ids))
+    """Pure: the job plan for these scenes (probed), sampling and cluster shape. Its clips are a PlannedClips:
+    each rank builds only its own DP group's block."""
+    clips, skipped = plan_scene_clips(scenes, probes, sampling)
+    return JobPlan(clips, tuple(skipped), world_size, sp_size, batch_size, frozenset(done_clip_ids))
 
 
-__all__ = ["Clip", "JobPlan", "RankWork", "Skipped", "ViewRef", "assign", "assign_contiguous", "batch_views",
-           "batched", "clip_id_for", "plan_clips", "plan_job", "plan_windows"]
+__all__ = ["Clip", "JobPlan", "PlannedClips", "RankWork", "Skipped", "ViewRef", "assign", "assign_contiguous",
+           "batch_views", "batched", "clip_id_for", "plan_clips", "plan_job", "plan_scene_clips", "plan_windows",
+           "window", "window_count"]

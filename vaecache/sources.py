@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,67 @@ VIDEO_EXTENSIONS = (".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v")
 _BAD_ID = re.compile(r"[/\\\x00-\x1f]")
 
 
-@dataclass(frozen=True)
+PROBE_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "frames": int, "fps": (int, float), "width": int, "height": int, "codec": str, "size": int, "mtime_ns": int,
+    "rotation": int}
+"""What `vaecache index` records per camera, and the JSON type of each (see CameraProbe)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CameraProbe:
+    """What opening one video told us (or what an index says it would): the planner needs nothing else."""
+
+    frames: int
+    """Frames of a straight decode from the start (vaecache.decode.VideoReader's count)."""
+    fps: float
+    width: int
+    """Stored frame width in pixels, before the display rotation is applied."""
+    height: int
+    codec: str
+    size: int
+    """File size in bytes when probed; with mtime_ns it tells whether the file changed since."""
+    mtime_ns: int
+    rotation: int = 0
+    """Counter-clockwise display rotation in degrees (a multiple of 90) that decoding applies."""
+
+    def __post_init__(self) -> None:
+        if self.frames < 1 or self.fps <= 0 or self.width < 1 or self.height < 1 or self.size < 1 or self.rotation % 90:
+            raise DatasetError(f"probe {self}: frames, fps, width, height and size must be positive and rotation "
+                               "a multiple of 90")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"frames": self.frames, "fps": self.fps, "width": self.width, "height": self.height, "codec": self.codec,
+                "size": self.size, "mtime_ns": self.mtime_ns, "rotation": self.rotation}
+
+    @classmethod
+    def from_json(cls, raw: Any, where: str) -> CameraProbe:
+        """Validate one index/cache record; a wrong or missing field is a DatasetError naming `where`."""
+        if not isinstance(raw, dict):
+            raise DatasetError(f"{where}: a probe must be an object with {', '.join(PROBE_FIELDS)}, got {raw!r:.80}")
+        for name, kind in PROBE_FIELDS.items():
+            value = raw.get(name, 0 if name == "rotation" else None)
+            if value is None:
+                raise DatasetError(f"{where}: probe lacks \"{name}\" (needs {', '.join(PROBE_FIELDS)})")
+            if isinstance(value, bool) or not isinstance(value, kind):
+                expected = "a number" if kind == (int, float) else "a string" if kind is str else "an integer"
+                raise DatasetError(f"{where}: probe field \"{name}\" must be {expected}, got {value!r:.80}")
+        unknown = sorted(set(raw) - set(PROBE_FIELDS))
+        if unknown:
+            raise DatasetError(f"{where}: unknown probe field(s) {', '.join(map(repr, unknown))} "
+                               f"(known: {', '.join(PROBE_FIELDS)})")
+        try:
+            return cls(raw["frames"], float(raw["fps"]), raw["width"], raw["height"], raw["codec"], raw["size"],
+                       raw["mtime_ns"], raw.get("rotation", 0))
+        except DatasetError:
+            raise DatasetError(f"{where}: probe values out of range (frames, fps, width, height and size must be "
+                               f"positive, rotation a multiple of 90): {raw!r:.200}") from None
+
+    def matches(self, stat: os.stat_result) -> bool:
+        """Whether a file with this stat is still the file that was probed."""
+        return stat.st_size == self.size and stat.st_mtime_ns == self.mtime_ns
+
+
+@dataclass(frozen=True, slots=True)
 class Scene:
     """One recording: the same moment seen by every camera. Paths are absolute, in camera order; a camera
     the scene lacks has no path (None), and the probe records the scene as skipped."""
@@ -27,15 +88,20 @@ class Scene:
     paths: tuple[str | None, ...]
     frame_range: tuple[int, int] | None = None
     """[start, stop) of source frames to use; None means the whole video."""
+    probed: tuple[CameraProbe, ...] | None = None
+    """Per camera, what an index written by `vaecache index` says: the scene is then planned without opening
+    a video (decoding checks the frame count and size of what it opens)."""
 
     def __post_init__(self) -> None:
         if not self.scene_id or _BAD_ID.search(self.scene_id) or self.scene_id.startswith("."):
             raise DatasetError(f"scene id {self.scene_id!r} is not usable (empty, starts with '.', or has '/' or control characters)")
         if len(self.cameras) != len(self.paths) or not self.cameras:
             raise DatasetError(f"scene {self.scene_id}: needs one path per camera")
+        if self.probed is not None and len(self.probed) != len(self.cameras):
+            raise DatasetError(f"scene {self.scene_id}: needs one probe per camera")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SceneProbe:
     """What opening a scene's videos told us: usable frames, fps and rotation, or why it is unusable."""
 
@@ -48,6 +114,8 @@ class SceneProbe:
     """The camera the error is about (a missing camera has a camera but no path)."""
     rotations: tuple[int, ...] = ()
     """Per camera, the counter-clockwise display rotation (degrees) that decoding applies."""
+    cameras: tuple[CameraProbe, ...] = ()
+    """Per camera, what was probed (empty for an unusable scene): decoding checks frames and size against it."""
 
 
 @dataclass(frozen=True)
@@ -119,9 +187,22 @@ def unusable_id(name: str) -> str | None:
     return None
 
 
-def _resolved(path: Path) -> str:
+def _resolved(path: Path, parents: dict[str, str] | None = None) -> str:
     """The absolute path with symlinks resolved; as given (absolute) when they cannot be (a loop): the probe
-    then records why the file cannot be read."""
+    then records why the file cannot be read.
+
+    With `parents` (a cache of resolved folders), a file that is not itself a symlink costs one lstat: an
+    index of a million scenes in a few folders is not resolved component by component a million times."""
+    if parents is not None:
+        folder = str(path.parent)
+        if folder not in parents:
+            parents[folder] = _resolved(path.parent)
+        try:
+            is_link = os.path.islink(path)
+        except OSError:
+            is_link = True
+        if not is_link:
+            return os.path.join(parents[folder], path.name)
     try:
         return str(path.resolve())
     except (OSError, RuntimeError):
@@ -203,6 +284,8 @@ def _scenes_from_index(index: Path, order: Sequence[str] | None) -> tuple[list[S
     scenes = []
     mapped: list[set[str]] = []  # camera names of the records that name their cameras
     form: tuple[str, str] | None = None  # ("cameras" | "path", where first seen)
+    camera_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
+    parents: dict[str, str] = {}
     with open(index, encoding="utf-8") as handle:
         for lineno, line in enumerate(handle, 1):
             if not line.strip():
@@ -238,11 +321,13 @@ def _scenes_from_index(index: Path, order: Sequence[str] | None) -> tuple[list[S
             if bad:
                 raise DatasetError(f"{where}: the path of camera {bad[0]!r} must be a non-empty string")
             names = tuple(order) if order else tuple(sorted(mapping))
-            paths = tuple(_resolved(base / mapping[name]) if name in mapping else None for name in names)
+            names = camera_sets.setdefault(names, names)  # one tuple per camera set, not one per scene
+            paths = tuple(_resolved(base / mapping[name], parents) if name in mapping else None for name in names)
             frame_range = None
             if "frames" in record:
                 frame_range = _parse_range(record["frames"], where)
-            scenes.append(Scene(str(record["id"]), names, paths, frame_range))
+            probed = _parse_probe(record["probe"], kind, names, mapping, where) if "probe" in record else None
+            scenes.append(Scene(str(record["id"]), names, paths, frame_range, probed))
     if not scenes:
         raise DatasetError(f"{index}: index holds no scenes")
     if order and mapped:
@@ -255,6 +340,28 @@ def _scenes_from_index(index: Path, order: Sequence[str] | None) -> tuple[list[S
     return scenes, mapped, []
 
 
+def _parse_probe(raw: Any, kind: str, names: tuple[str, ...], mapping: dict[str, Any],
+                 where: str) -> tuple[CameraProbe, ...] | None:
+    """A line's "probe": camera -> fields for a "cameras" line, the fields themselves for a "path" line.
+
+    A camera the scene lacks has no probe (the scene is then skipped as missing that camera): None."""
+    if kind == "path":
+        return (CameraProbe.from_json(raw, where),)
+    if not isinstance(raw, dict):
+        raise DatasetError(f"{where}: \"probe\" must map camera names to probe fields")
+    extra = sorted(set(raw) - set(mapping))
+    if extra:
+        raise DatasetError(f"{where}: \"probe\" names camera(s) {', '.join(map(repr, extra))} that \"cameras\" lacks")
+    probes = []
+    for name in names:
+        if name not in mapping:
+            return None
+        if name not in raw:
+            raise DatasetError(f"{where}: \"probe\" lacks camera {name!r}")
+        probes.append(CameraProbe.from_json(raw[name], f"{where}: camera {name!r}"))
+    return tuple(probes)
+
+
 def _parse_range(value: Any, where: str) -> tuple[int, int]:
     if (isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value)
             and 0 <= value[0] < value[1]):
@@ -265,23 +372,60 @@ def _parse_range(value: Any, where: str) -> tuple[int, int]:
 # --------------------------------------------------------------------------- probing
 
 
-def probe_scene(scene: Scene) -> SceneProbe:
-    """Open every camera's video; all must be readable and hold the same number of frames at the same fps.
+def probe_file(path: str) -> CameraProbe:
+    """Open one video and read what planning needs. Raises VideoDecodeError (naming the file) when it cannot.
 
-    The frame count is that of a straight decode from the start (see vaecache.decode.VideoReader)."""
+    The frame count is that of a straight decode from the start (see vaecache.decode.VideoReader); size and
+    mtime are read before the file is opened, so a file changed while it is probed looks changed later."""
     from vaecache.decode import open_video
 
-    counts, fps_values, rotations = [], [], []
-    for camera, path in zip(scene.cameras, scene.paths):
+    try:
+        stat = os.stat(path)
+    except OSError:
+        stat = None  # open_video names the problem (missing, a loop, permission)
+    with open_video(path) as reader:
+        if stat is None:
+            stat = os.stat(path)
+        width, height = reader.frame_size
+        return CameraProbe(len(reader), reader.fps(), width, height, reader.codec, stat.st_size, stat.st_mtime_ns,
+                           reader.rotation)
+
+
+def probe_scene(scene: Scene) -> SceneProbe:
+    """Every camera's probe, then the checks of `judge_scene`. A scene whose index gives its probes (see
+    Scene.probed) opens no video; any other opens every camera's video in turn, stopping at the first error."""
+    if scene.probed is not None:
+        return judge_scene(scene, scene.probed)
+    return judge_scene(scene, open_scene(scene))
+
+
+def open_scene(scene: Scene) -> list[CameraProbe | VideoDecodeError]:
+    """Probe each camera's video in camera order, up to the first missing camera or unreadable file."""
+    found: list[CameraProbe | VideoDecodeError] = []
+    for path in scene.paths:
+        if path is None:
+            break
+        try:
+            found.append(probe_file(path))
+        except VideoDecodeError as exc:
+            found.append(exc)
+            break
+    return found
+
+
+def judge_scene(scene: Scene, found: Sequence[CameraProbe | VideoDecodeError]) -> SceneProbe:
+    """Pure: whether a scene is usable from its cameras' probes (in camera order; a probe may be the error
+    opening that camera gave). All cameras must be present and readable, with the same number of frames at
+    the same fps, and the frame range must lie inside the video."""
+    counts, fps_values = [], []
+    for index, (camera, path) in enumerate(zip(scene.cameras, scene.paths)):
         if path is None:
             return SceneProbe(scene.scene_id, error=f"camera {camera!r} is missing", error_camera=camera)
-        try:
-            with open_video(path) as reader:
-                counts.append(len(reader))
-                fps_values.append(reader.fps())
-                rotations.append(reader.rotation)
-        except VideoDecodeError as exc:
-            return SceneProbe(scene.scene_id, error=exc.reason, error_path=path, error_camera=camera)
+        probe = found[index]
+        if isinstance(probe, VideoDecodeError):
+            return SceneProbe(scene.scene_id, error=probe.reason, error_path=path, error_camera=camera)
+        counts.append(probe.frames)
+        fps_values.append(probe.fps)
     if len(set(counts)) > 1:
         shortest = min(range(len(counts)), key=counts.__getitem__)
         return SceneProbe(
@@ -303,4 +447,75 @@ def probe_scene(scene: Scene) -> SceneProbe:
         if stop > total:
             return SceneProbe(scene.scene_id, error=f"frame range [{start}, {stop}) exceeds the video's {total} frames",
                               error_path=scene.paths[0], error_camera=scene.cameras[0])
-    return SceneProbe(scene.scene_id, num_frames=total, fps=fps_values[0], rotations=tuple(rotations))
+    probes = tuple(found)  # type: ignore[arg-type]  # every entry is a CameraProbe here
+    return SceneProbe(scene.scene_id, num_frames=total, fps=fps_values[0],
+                      rotations=tuple(p.rotation for p in probes), cameras=probes)
+
+
+# --------------------------------------------------------------------------- probe cache
+
+ProbeCache = dict[str, "CameraProbe | tuple[int, int, str]"]
+"""Source path -> its probe, or (size, mtime_ns, reason) for a file that could not be read."""
+
+
+def probe_records(scene: Scene, found: Sequence[CameraProbe | VideoDecodeError]) -> list[dict[str, Any]]:
+    """Cache records (one per file opened, see open_scene) for the probe cache: a readable file's probe, or
+    the reason an unreadable one failed with its size and mtime. A file that cannot be stat'ed is not cached."""
+    records = []
+    for path, result in zip(scene.paths, found):
+        if isinstance(result, CameraProbe):
+            records.append({"path": path, "probe": result.to_json()})
+            continue
+        try:
+            stat = os.stat(result.path)
+        except OSError:
+            continue
+        records.append({"path": path, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "error": result.reason})
+    return records
+
+
+def read_probe_cache(paths: Iterable[Path]) -> ProbeCache:
+    """The probe cache files `paths` merged (a later record wins). A torn or unparsable line is ignored:
+    the cache only saves work, the file it describes is probed again."""
+    cache: ProbeCache = {}
+    for file in paths:
+        try:
+            lines = open(file, encoding="utf-8").read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                record = json.loads(line)
+                if "probe" in record:
+                    cache[record["path"]] = CameraProbe.from_json(record["probe"], str(file))
+                else:
+                    cache[record["path"]] = (int(record["size"]), int(record["mtime_ns"]), str(record["error"]))
+            except (ValueError, KeyError, TypeError, DatasetError):
+                continue
+    return cache
+
+
+def probe_from_cache(scene: Scene, cache: ProbeCache) -> SceneProbe | None:
+    """The scene judged from cached probes of files that did not change since (size and mtime), or None when
+    one of its files must be opened again."""
+    found: list[CameraProbe | VideoDecodeError] = []
+    for path in scene.paths:
+        if path is None:
+            break
+        entry = cache.get(path)
+        if entry is None:
+            return None
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return None
+        if isinstance(entry, CameraProbe):
+            if not entry.matches(stat):
+                return None
+            found.append(entry)
+            continue
+        if (stat.st_size, stat.st_mtime_ns) != entry[:2]:
+            return None
+        found.append(VideoDecodeError(path, entry[2]))
+        break
+    return judge_scene(scene, found)

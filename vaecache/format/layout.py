@@ -7,6 +7,7 @@ OUT/
   run.json             settings + VAE fingerprint of the run that owns OUT (checked on resume)
   shards/*.safetensors latent shards
   progress/rank-*.jsonl  per-rank commit log: one line per committed shard (merged into the manifest)
+  probes/rank-*.jsonl  per-rank probe cache: what opening each source told (a restart opens no video twice)
   logs/rank-*.log      per-rank logs
 """
 
@@ -26,13 +27,18 @@ LOCK = ".lock"
 SHARDS_DIR = "shards"
 PROGRESS_DIR = "progress"
 LOGS_DIR = "logs"
+PROBES_DIR = "probes"
 SHARD_SUFFIX = ".safetensors"
-OWNED_ENTRIES = (MANIFEST, CLIPS, FAILURES, RUN, SHARDS_DIR, PROGRESS_DIR, LOGS_DIR, LOCK)
+OWNED_ENTRIES = (MANIFEST, CLIPS, FAILURES, RUN, SHARDS_DIR, PROGRESS_DIR, LOGS_DIR, LOCK, PROBES_DIR)
 """Everything vaecache may create in OUT (anything else there means OUT is not a cache)."""
 
 
 def progress_path(out: Path, rank: int) -> Path:
     return Path(out) / PROGRESS_DIR / f"rank-{rank:05d}.jsonl"
+
+
+def probes_path(out: Path, rank: int) -> Path:
+    return Path(out) / PROBES_DIR / f"rank-{rank:05d}.jsonl"
 
 
 def failures_path(out: Path, rank: int) -> Path:
