@@ -7,6 +7,7 @@ Shard faults, ``<point>:<k>[@<rank>]``: rank <rank> (default: every rank) fails 
   crash-mid-write      os._exit(137) with half of shard k's temp file written (no rename)
   crash-before-record  os._exit(137) after shard k was renamed into place but before its progress line
   enospc               shard k's write fails with OSError(ENOSPC), as on a full disk
+  crash-after-probe    `vaecache index`: os._exit(137) once the k-th scene this rank probed is durable
 os._exit skips every cleanup handler, like a SIGKILL or a node failure.
 
 Out-of-memory faults, ``oom:COUNT[>K][:untiled]`` (every rank): the VAE runner raises
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from vaecache.errors import UsageError
 
 FAULT_ENV = "VAECACHE_FAULT"
-POINTS = ("crash-after-commit", "crash-mid-write", "crash-before-record", "enospc")
+POINTS = ("crash-after-commit", "crash-mid-write", "crash-before-record", "enospc", "crash-after-probe")
 OOM = "oom"
 _GRAMMAR = f"<point>:<k>[@<rank>] (point: {', '.join(POINTS)}) or oom:COUNT[>K][:untiled], separated by ','"
 

@@ -138,6 +138,9 @@ class Discovery:
     rejected: list[Skipped] = field(default_factory=list)
     """Scenes whose name cannot be a scene id (control characters, '/', a leading '..'): recorded as
     failures, the rest of the dataset goes on."""
+    form: str = "cameras"
+    """"path" for a single-camera folder or an index of "path" lines, else "cameras" (how `vaecache index`
+    writes the scenes back)."""
 
 
 # --------------------------------------------------------------------------- discovery
@@ -152,8 +155,10 @@ def discover(data: Path, cameras: Sequence[str] | None = None) -> Discovery:
         if data.suffix.lower() not in (".jsonl", ".json"):
             raise DatasetError(f"{data}: expected a folder or a .jsonl index, got a {data.suffix or 'suffix-less'} file")
         scenes, seen, rejected = _scenes_from_index(data, cameras)
+        form = "cameras" if seen else "path"  # only "cameras" lines name their camera sets
     else:
         scenes, seen, rejected = _scenes_from_folder(data, cameras)
+        form = "cameras" if seen else "path"  # a single-camera folder has no camera sets
     for skip in rejected:
         log.warning("skipped %s: %s", skip.path or skip.scene_id, skip.reason)
     ids = [scene.scene_id for scene in scenes]
@@ -168,7 +173,7 @@ def discover(data: Path, cameras: Sequence[str] | None = None) -> Discovery:
     for name, count in sorted(left_out.items()):
         log.warning("camera %s (in %d scene%s) is not in the chosen camera set (%s) and is not encoded",
                     name, count, "" if count == 1 else "s", ", ".join(scenes[0].cameras))
-    return Discovery(sorted(scenes, key=lambda scene: scene.scene_id), left_out, rejected)
+    return Discovery(sorted(scenes, key=lambda scene: scene.scene_id), left_out, rejected, form)
 
 
 def discover_scenes(data: Path, cameras: Sequence[str] | None = None) -> list[Scene]:

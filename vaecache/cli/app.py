@@ -13,6 +13,7 @@ from vaecache import __version__
 from vaecache.cli._common import is_launcher_rank0
 from vaecache.cli.demo import demo, demo_data
 from vaecache.cli.encode import encode
+from vaecache.cli.index import index
 from vaecache.cli.plan import plan
 from vaecache.cli.verify import verify
 
@@ -23,6 +24,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+app.command("index")(index)
 app.command("encode")(encode)
 app.command("plan")(plan)
 app.command("verify")(verify)
@@ -39,7 +41,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")) -> None:
-    """vaecache: encode, plan, verify, demo-data, demo."""
+    """vaecache: index, encode, plan, verify, demo-data, demo."""
 
 
 def main(args: list[str] | None = None) -> None:

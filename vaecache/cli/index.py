@@ -1,0 +1,56 @@
+"""`vaecache index`: probe every video of DATA once into a JSONL index that encode and plan read without
+opening a video. Runs alone or as every rank of torchrun / srun; a killed run resumes where it stopped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from vaecache.cli._common import console, report_errors
+from vaecache.errors import DatasetError
+from vaecache.progress import progress as progress_reporter
+
+
+@report_errors
+def index(
+    data: Path = typer.Argument(..., help="Dataset: DATA/<scene>/<camera>.mp4, a folder of videos, or a .jsonl index."),
+    output: Path = typer.Option(..., "--output", "-o", help="The index to write (INDEX.jsonl); unusable scenes go to "
+                                "INDEX.rejected.jsonl beside it."),
+    cameras: Optional[str] = typer.Option(None, "--cameras", help="Comma-separated camera order (default: names sorted)."),
+    workers: int = typer.Option(8, "--workers", help="Threads probing videos in each rank."),
+    timeout: float = typer.Option(1800.0, "--timeout", help="Seconds a rank waits for the others at the end."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress on rank 0: a bar in a terminal, "
+                                  "a line every 30 s (VAECACHE_PROGRESS_INTERVAL) in a log."),
+) -> None:
+    """Probe every video once (frame count, fps, size, codec) into a JSONL index for encode and plan."""
+    if not data.exists():
+        raise DatasetError(f"{data}: dataset path does not exist")
+    from vaecache.indexing import IndexConfig
+
+    names = tuple(name.strip() for name in cameras.split(",") if name.strip()) if cameras else None
+    cfg = IndexConfig(data=data, output=output, cameras=names or None, workers=workers)
+
+    from vaecache.dist import distributed
+    from vaecache.indexing import run_index
+
+    with distributed(sp_size=1, device="cpu", timeout_s=timeout) as ctx:
+        is_rank0 = ctx.info.rank == 0
+        label = "index" if ctx.info.world_size == 1 else f"index (rank 0's share of {ctx.info.world_size} ranks)"
+        with progress_reporter(label, "scenes", console, enabled=is_rank0 and progress) as advance:
+            summary = run_index(cfg, ctx, advance)
+    if is_rank0:
+        table = Table(title=f"vaecache index -> {escape(str(summary.output))}", show_header=False)
+        table.add_column("what")
+        table.add_column("value", justify="right", overflow="fold")
+        for row in (("scenes", f"{summary.scenes}"), ("usable", f"{summary.usable}"),
+                    ("rejected", f"{summary.rejected}" + (f" (see {escape(str(summary.rejected_file))})"
+                                                          if summary.rejected else "")),
+                    ("probed now", f"{summary.probed}"), ("from an earlier run", f"{summary.reused}"),
+                    ("ranks", f"{ctx.info.world_size} x {workers} threads"), ("wall time", f"{summary.wall_s:.1f} s")):
+            table.add_row(*row)
+        console.print(table)
+    raise typer.Exit(summary.exit_code)

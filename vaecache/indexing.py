@@ -1,0 +1,263 @@
+"""`vaecache index`: probe every video once, across ranks and with a pool of threads in each, into a JSONL index.
+
+Each rank probes a round-robin share of the scenes not probed yet and appends what it found to its own
+partial file, `INDEX.jsonl.partial/rank-NNNNN.jsonl` (the probe-cache record layout of OUT/probes, fsynced in
+batches). A killed run loses at most the batch in flight: a rerun reads every partial file and opens only
+the videos with no record or whose size or mtime changed. When every rank is done, rank 0 writes INDEX.jsonl
+(scenes sorted by id, so the same data gives the same bytes whatever the world size) and
+INDEX.rejected.jsonl (unusable scenes and why), each atomically, then removes the partial folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Callable, Iterator, Sequence
+
+import json
+
+from vaecache import faults
+from vaecache.errors import EXIT_OK, EXIT_PARTIAL, OutputError, UsageError
+from vaecache.format.io import FILE_MODE, fsync_dir
+from vaecache.sources import (Discovery, Scene, Skipped, discover, judge_scene, open_scene, probe_from_cache,
+                              probe_records, read_probe_cache)
+
+log = logging.getLogger("vaecache")
+
+PARTIAL_SUFFIX = ".partial"
+REJECTED_SUFFIX = ".rejected.jsonl"
+FSYNC_EVERY_SCENES = 256
+FSYNC_EVERY_S = 5.0
+CRASH_POINT = "crash-after-probe"
+"""VAECACHE_FAULT point: a rank exits (137) right after its k-th newly probed scene is durable."""
+
+Advance = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    """What `vaecache index` is asked: the dataset, where the index goes, the camera set, the pool size."""
+
+    data: Path
+    output: Path
+    cameras: tuple[str, ...] | None = None
+    workers: int = 8
+    """Threads probing in each rank (PyAV releases the GIL while FFmpeg demuxes and decodes)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise UsageError(f"--workers must be an integer >= 1, got {self.workers!r}")
+        if self.output.suffix.lower() != ".jsonl":
+            raise UsageError(f"{self.output}: the index must be a .jsonl file (-o INDEX.jsonl)")
+        if self.output.is_dir():
+            raise UsageError(f"{self.output}: -o names a folder; give the index file's name")
+        parent = self.output.parent if str(self.output.parent) else Path(".")
+        if not parent.is_dir():
+            raise UsageError(f"{self.output}: folder {parent} does not exist")
+
+
+@dataclass(frozen=True)
+class IndexSummary:
+    """What an index run did (the same on every rank)."""
+
+    output: Path
+    rejected_file: Path
+    scenes: int
+    usable: int
+    rejected: int
+    probed: int
+    """Scenes whose videos were opened in this run (summed over ranks); the rest came from partial files."""
+    reused: int
+    wall_s: float
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_PARTIAL if self.rejected else EXIT_OK
+
+
+def rejected_path(output: Path) -> Path:
+    """INDEX.jsonl -> INDEX.rejected.jsonl, beside it."""
+    return output.with_name(output.name[: -len(output.suffix)] + REJECTED_SUFFIX)
+
+
+def partial_dir(output: Path) -> Path:
+    """INDEX.jsonl -> INDEX.jsonl.partial/, the per-rank partial files of an unfinished run."""
+    return output.with_name(output.name + PARTIAL_SUFFIX)
+
+
+def run_index(cfg: IndexConfig, ctx: Any, advance: Advance | None = None) -> IndexSummary:
+    """Probe this rank's share of DATA's scenes (resuming from the partial files), then rank 0 writes the index."""
+    started = time.perf_counter()
+    rank, world = ctx.info.rank, ctx.info.world_size
+    found = discover(cfg.data, cfg.cameras)
+    work = partial_dir(cfg.output)
+    # Every rank reads every partial file before any rank appends (the barrier): a rank that died mid-line
+    # is cut back to its last whole line by its successor only once nobody reads it any more.
+    cache = read_probe_cache(sorted(work.glob("rank-*.jsonl")))
+    todo = [scene for scene in found.scenes if probe_from_cache(scene, cache) is None]
+    del cache
+    reused = len(found.scenes) - len(todo)
+    if rank == 0 and reused:
+        log.info("resuming %s: %d of %d scenes already probed", cfg.output, reused, len(found.scenes))
+    ctx.barrier()
+    share = todo[rank::world]
+    try:
+        work.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"{work}: cannot create the partial folder ({exc.strerror or exc})") from None
+    probed = _probe_share(share, work / f"rank-{rank:05d}.jsonl", cfg.workers, rank, advance)
+    probed = ctx.all_reduce_sum(probed)
+    ctx.barrier()
+    result = ctx.on_rank0(lambda: _write_index(cfg, found, work))
+    return IndexSummary(cfg.output, rejected_path(cfg.output), len(found.scenes) + len(found.rejected),
+                        result[0], result[1], probed, reused, time.perf_counter() - started)
+
+
+def _probe_share(share: Sequence[Scene], partial: Path, workers: int, rank: int, advance: Advance | None) -> int:
+    """Probe `share` with `workers` threads, appending each scene's file records to `partial` in order."""
+    handle = _open_partial(partial)
+    unsynced, last_sync = 0, time.monotonic()
+    try:
+        for number, records in enumerate(_probed(share, workers), 1):
+            handle.write("".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in records))
+            unsynced += 1
+            crash = faults.should_fail(CRASH_POINT, number, rank)
+            if crash or unsynced >= FSYNC_EVERY_SCENES or time.monotonic() - last_sync >= FSYNC_EVERY_S:
+                _sync(handle, partial)
+                unsynced, last_sync = 0, time.monotonic()
+            if crash:
+                faults.crash()
+            if advance is not None:
+                advance(1, len(share))
+        _sync(handle, partial)
+    finally:
+        handle.close()
+    return len(share)
+
+
+def _probed(share: Sequence[Scene], workers: int) -> Iterator[list[dict[str, Any]]]:
+    """Each scene's probe records, in share order; at most 4 x workers scenes in flight."""
+    def probe(scene: Scene) -> list[dict[str, Any]]:
+        return probe_records(scene, open_scene(scene))
+
+    if workers == 1:
+        yield from map(probe, share)
+        return
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vaecache-probe") as pool:
+        pending: deque[Future[list[dict[str, Any]]]] = deque()
+        scenes = iter(share)
+        for scene in scenes:
+            pending.append(pool.submit(probe, scene))
+            if len(pending) >= 4 * workers:
+                break
+        while pending:
+            records = pending.popleft().result()
+            scene = next(scenes, None)
+            if scene is not None:
+                pending.append(pool.submit(probe, scene))
+            yield records
+
+
+def _open_partial(path: Path) -> IO[str]:
+    """Open this rank's partial file for appending, cut back to its last whole line (a crash mid-write)."""
+    try:
+        if path.exists():
+            data = path.read_bytes()
+            keep = data.rfind(b"\n") + 1
+            if keep != len(data):
+                with open(path, "r+b") as raw:
+                    raw.truncate(keep)
+        return open(path, "a", encoding="utf-8")
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot open the partial index ({exc.strerror or exc})") from None
+
+
+def _sync(handle: IO[str], path: Path) -> None:
+    try:
+        handle.flush()
+        os.fsync(handle.fileno())
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write the partial index ({exc.strerror or exc})") from None
+
+
+def index_line(scene: Scene, form: str, probes: Sequence[Any]) -> dict[str, Any]:
+    """One line of the index: the scene as discovery read it, and per camera what was probed."""
+    line: dict[str, Any] = {"id": scene.scene_id}
+    if form == "path":
+        line["path"] = scene.paths[0]
+    else:
+        line["cameras"] = dict(zip(scene.cameras, scene.paths))
+    if scene.frame_range is not None:
+        line["frames"] = list(scene.frame_range)
+    line["probe"] = probes[0].to_json() if form == "path" else {
+        camera: probe.to_json() for camera, probe in zip(scene.cameras, probes)}
+    return line
+
+
+def _write_index(cfg: IndexConfig, found: Discovery, work: Path) -> tuple[int, int]:
+    """Rank 0, once every rank is done: the index and the rejected scenes, sorted by id, each written
+    atomically; then the partial folder goes. Returns (usable, rejected) scene counts."""
+    cache = read_probe_cache(sorted(work.glob("rank-*.jsonl")))
+    rejected: list[Skipped] = list(found.rejected)
+    usable = 0
+    with _AtomicLines(cfg.output) as index:
+        for scene in found.scenes:
+            # A file no record covers (it cannot be stat'ed, or it changed since it was probed) is opened here.
+            probe = probe_from_cache(scene, cache) or judge_scene(scene, open_scene(scene))
+            if probe.error is not None:
+                rejected.append(Skipped(scene.scene_id, probe.error_path, probe.error, probe.error_camera))
+                continue
+            index.write(index_line(scene, found.form, probe.cameras))
+            usable += 1
+        rejected.sort(key=lambda skip: (skip.scene_id, skip.path or ""))
+        with _AtomicLines(rejected_path(cfg.output)) as side:
+            for skip in rejected:
+                side.write({"id": skip.scene_id, "camera": skip.camera, "path": skip.path, "reason": skip.reason})
+    shutil.rmtree(work, ignore_errors=True)
+    return usable, len(rejected)
+
+
+class _AtomicLines:
+    """A JSON Lines file that appears complete or not at all: temp file, lines, fsync, rename, fsync folder."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tmp = path.with_name(f".{path.name}.tmp")
+
+    def __enter__(self) -> _AtomicLines:
+        try:
+            self._handle = open(self.tmp, "w", encoding="utf-8")
+            os.chmod(self.tmp, FILE_MODE)
+        except OSError as exc:
+            raise OutputError(f"{self.path}: cannot write ({exc.strerror or exc})") from None
+        return self
+
+    def write(self, record: dict[str, Any]) -> None:
+        try:
+            self._handle.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
+        except OSError as exc:
+            raise OutputError(f"{self.path}: cannot write ({exc.strerror or exc})") from None
+
+    def __exit__(self, kind: Any, *rest: Any) -> None:
+        try:
+            if kind is not None:
+                self._handle.close()
+                self.tmp.unlink(missing_ok=True)
+                return
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
+            self._handle.close()
+            os.replace(self.tmp, self.path)
+            fsync_dir(self.path.parent if str(self.path.parent) else Path("."))
+        except OSError as exc:
+            self.tmp.unlink(missing_ok=True)
+            raise OutputError(f"{self.path}: cannot write ({exc.strerror or exc})") from None
+
+
+__all__ = ["IndexConfig", "IndexSummary", "index_line", "partial_dir", "rejected_path", "run_index"]
