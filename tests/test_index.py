@@ -149,8 +149,8 @@ def test_a_probed_index_is_planned_without_opening_a_video_and_decoding_refuses_
     assert not (out / "probes").exists()  # nothing was probed, so nothing was cached
 
 
-def test_a_killed_index_run_resumes_without_probing_the_finished_scenes_again(data: Path, tmp_path: Path,
-                                                                              procs) -> None:
+def test_a_killed_index_run_resumes_without_probing_the_finished_scenes_again(data: Path, tmp_path: Path, procs,
+                                                                              run_cli) -> None:
     index = tmp_path / "index.jsonl"
     killed = procs.vaecache("index", data, "-o", index, "--workers", "1", "--no-progress",
                             env={"VAECACHE_FAULT": "crash-after-probe:2"})
@@ -164,10 +164,10 @@ def test_a_killed_index_run_resumes_without_probing_the_finished_scenes_again(da
     stat = video.stat()
     video.write_bytes(b"\0" * stat.st_size)
     os.utime(video, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    resumed = procs.vaecache("index", data, "-o", index, "--workers", "1", "--no-progress")
-    assert resumed.returncode == 0, resumed.stderr
-    assert re.search(r"probed now\s*│\s*1\s*│", resumed.stderr), resumed.stderr
-    assert re.search(r"from an earlier run\s*│\s*2\s*│", resumed.stderr), resumed.stderr
+    resumed = run_cli(["index", data, "-o", index, "--workers", "1", "--no-progress"])
+    assert resumed.exit_code == 0, resumed.output
+    assert re.search(r"probed now\s*│\s*1\s*│", resumed.output), resumed.output
+    assert re.search(r"from an earlier run\s*│\s*2\s*│", resumed.output), resumed.output
     assert [line["id"] for line in _lines(index)] == ["scene_000", "scene_001", "scene_002"]
     assert _lines(index)[1]["probe"]["cam_0"]["frames"] == 17  # the probe of the run that was killed
     assert not (tmp_path / "index.jsonl.partial").exists()

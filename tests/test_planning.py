@@ -153,3 +153,45 @@ def test_job_plan_rejects_a_cluster_shape_that_cannot_be() -> None:
         _job(3, 2, 1)
     with pytest.raises(UsageError, match="--batch-size must be an integer >= 1"):
         _job(2, 1, 0)
+
+
+def _uneven_job_inputs() -> tuple[list[Scene], dict[str, SceneProbe]]:
+    """Scenes of 0..6 clips (some too short, one broken, one with a frame range): uneven per-scene counts."""
+    frames = [5, 31, 4, 12, 30, 9, 18, 0, 26, 7, 15]
+    scenes = [_scene(f"s{i:02d}", cameras=2, frame_range=(3, 20) if i == 6 else None) for i in range(len(frames))]
+    probes = {s.scene_id: (SceneProbe(s.scene_id, num_frames=n, fps=10.0) if n else
+                           SceneProbe(s.scene_id, error="not a readable video")) for s, n in zip(scenes, frames)}
+    return scenes, probes
+
+
+@pytest.mark.parametrize(("world", "sp"), [(1, 1), (2, 1), (3, 1), (4, 2), (6, 3), (8, 1), (16, 2), (64, 1)])
+@pytest.mark.parametrize("sampling", [SamplingConfig(num_frames=5), SamplingConfig(num_frames=3, window_stride=2),
+                                      SamplingConfig(num_frames=2, frame_stride=3, max_clips_per_scene=3)],
+                         ids=["plain", "overlapping", "strided-capped"])
+def test_block_planning_gives_each_rank_exactly_the_clips_of_the_materialized_plan(world, sp, sampling) -> None:
+    scenes, probes = _uneven_job_inputs()
+    every, _ = plan_clips(scenes, probes, sampling)  # the whole list, as planning did before blocks
+    assert len(every) > 16  # unevenly spread over scenes; world 64 leaves some DP groups idle
+    committed = frozenset(c.clip_id for c in every[1::3]) | {"s01/999990-999994", "gone/000000-000004"}
+    for done in (frozenset(), committed):
+        job = plan_job(scenes, probes, sampling, world, sp, 2, done)
+        assert list(job.clips) == every
+        todo = [c for c in every if c.clip_id not in done]
+        for rank in range(world):
+            expected = assign_contiguous(todo, rank // sp, world // sp)
+            work = job.rank_work(rank)
+            assert list(work.clips) == expected
+            assert [list(b) for b in work.batches] == batched(expected, 2)
+
+
+def test_planned_clips_index_and_slice_like_a_list() -> None:
+    scenes, probes = _uneven_job_inputs()
+    every, _ = plan_clips(scenes, probes, SamplingConfig(num_frames=5))
+    planned = plan_job(scenes, probes, SamplingConfig(num_frames=5)).clips
+    assert len(planned) == len(every) and planned == every
+    assert planned[0] == every[0] and planned[-1] == every[-1] and planned[7] == every[7]
+    for lo, hi in [(0, 0), (0, 3), (2, 9), (5, len(every)), (len(every) - 1, len(every) + 5), (-4, -1)]:
+        assert planned[lo:hi] == every[lo:hi]
+    assert planned[::2] == every[::2]
+    with pytest.raises(IndexError):
+        planned[len(every)]
