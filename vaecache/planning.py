@@ -304,9 +304,15 @@ class JobPlan:
         mesh = make_mesh(rank, self.world_size, self.sp_size)
         clips = self.dp_clips(mesh.dp_rank)
         batches = batched(clips, self.batch_size)
-        sp_plans = [plan_sp(len(batch_views(batch)), self.sp_size) for batch in batches]
-        return RankWork(tuple(clips), tuple(tuple(batch) for batch in batches), tuple(sp_plans),
-                        tuple(tuple(p.view_indices(mesh.sp_rank)) for p in sp_plans))
+        splits: dict[int, tuple[SPPlan, tuple[int, ...]]] = {}  # views per batch -> its split (few distinct)
+        for batch in batches:
+            views = sum(clip.num_views for clip in batch)  # len(batch_views(batch)), without listing them
+            if views not in splits:
+                split = plan_sp(views, self.sp_size)
+                splits[views] = (split, tuple(split.view_indices(mesh.sp_rank)))
+        chosen = [splits[sum(clip.num_views for clip in batch)] for batch in batches]
+        return RankWork(tuple(clips), tuple(tuple(batch) for batch in batches), tuple(c[0] for c in chosen),
+                        tuple(c[1] for c in chosen))
 
     def clip_ids_per_dp_group(self) -> list[list[str]]:
         """For each DP group, in order: the ids of the clips its writer commits."""

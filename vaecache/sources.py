@@ -6,6 +6,8 @@ import json
 import logging
 import os
 import re
+import stat
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -55,6 +57,17 @@ class CameraProbe:
         """Validate one index/cache record; a wrong or missing field is a DatasetError naming `where`."""
         if not isinstance(raw, dict):
             raise DatasetError(f"{where}: a probe must be an object with {', '.join(PROBE_FIELDS)}, got {raw!r:.80}")
+        try:  # the common case, checked fast: every field present with its type, nothing else
+            frames, fps, width, height, codec, size, mtime_ns = (raw["frames"], raw["fps"], raw["width"],
+                                                                 raw["height"], raw["codec"], raw["size"],
+                                                                 raw["mtime_ns"])
+            rotation = raw.get("rotation", 0)
+            if (type(frames) is type(width) is type(height) is type(size) is type(mtime_ns) is type(rotation) is int
+                    and type(fps) in (float, int) and type(codec) is str and len(raw) <= len(PROBE_FIELDS)
+                    and frames > 0 and fps > 0 and width > 0 and height > 0 and size > 0 and not rotation % 90):
+                return cls(frames, float(fps), width, height, sys.intern(codec), size, mtime_ns, rotation)
+        except KeyError:
+            pass
         for name, kind in PROBE_FIELDS.items():
             value = raw.get(name, 0 if name == "rotation" else None)
             if value is None:
@@ -161,8 +174,9 @@ def discover(data: Path, cameras: Sequence[str] | None = None) -> Discovery:
         form = "cameras" if seen else "path"  # a single-camera folder has no camera sets
     for skip in rejected:
         log.warning("skipped %s: %s", skip.path or skip.scene_id, skip.reason)
-    ids = [scene.scene_id for scene in scenes]
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    seen_ids: set[str] = set()
+    duplicates = sorted({scene.scene_id for scene in scenes
+                         if scene.scene_id in seen_ids or seen_ids.add(scene.scene_id)})  # type: ignore[func-returns-value]
     if duplicates:
         raise DatasetError(f"{data}: scene id(s) appear twice: {', '.join(duplicates[:5])}")
     chosen = set(scenes[0].cameras) if scenes else set()
@@ -192,26 +206,33 @@ def unusable_id(name: str) -> str | None:
     return None
 
 
-def _resolved(path: Path, parents: dict[str, str] | None = None) -> str:
+def _resolved(path: Path) -> str:
     """The absolute path with symlinks resolved; as given (absolute) when they cannot be (a loop): the probe
-    then records why the file cannot be read.
-
-    With `parents` (a cache of resolved folders), a file that is not itself a symlink costs one lstat: an
-    index of a million scenes in a few folders is not resolved component by component a million times."""
-    if parents is not None:
-        folder = str(path.parent)
-        if folder not in parents:
-            parents[folder] = _resolved(path.parent)
-        try:
-            is_link = os.path.islink(path)
-        except OSError:
-            is_link = True
-        if not is_link:
-            return os.path.join(parents[folder], path.name)
+    then records why the file cannot be read."""
     try:
         return str(path.resolve())
     except (OSError, RuntimeError):
         return str(path.absolute())
+
+
+def _resolved_in(base: str, relative: str, parents: dict[str, str]) -> str:
+    """`_resolved(base / relative)`, with `parents` caching resolved folders: a file that is not itself a
+    symlink costs one lstat, so an index of a million scenes in a few folders is not resolved component by
+    component a million times."""
+    head, _, name = relative.rpartition("/")
+    folder = head if relative.startswith("/") else f"{base}/{head}" if head else base
+    if not name or name in (".", ".."):
+        return _resolved(Path(base, relative))
+    parent = parents.get(folder)
+    if parent is None:
+        parent = parents[folder] = _resolved(Path(folder or "/"))
+    path = f"{parent}/{name}" if parent != "/" else f"/{name}"
+    try:
+        if not stat.S_ISLNK(os.lstat(path).st_mode):
+            return path
+    except OSError:
+        return path  # missing (or unreadable): the probe says so, naming this path
+    return _resolved(Path(path))
 
 
 def _has_video_name(path: Path) -> bool:
@@ -285,9 +306,11 @@ def _scenes_from_index(index: Path, order: Sequence[str] | None) -> tuple[list[S
     """One scene per line. Every line uses the same form: all "cameras" (a mapping) or all "path" (one
     camera, named by --cameras or `video`); a mix is refused, because a single video has no camera name
     to file it under among the others."""
-    base = index.resolve().parent
+    base = str(index.resolve().parent)
+    name_of_index = str(index)
     scenes = []
     mapped: list[set[str]] = []  # camera names of the records that name their cameras
+    name_sets: dict[frozenset[str], frozenset[str]] = {}  # equal sets stored once (a million lines, few sets)
     form: tuple[str, str] | None = None  # ("cameras" | "path", where first seen)
     camera_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
     parents: dict[str, str] = {}
@@ -295,7 +318,7 @@ def _scenes_from_index(index: Path, order: Sequence[str] | None) -> tuple[list[S
         for lineno, line in enumerate(handle, 1):
             if not line.strip():
                 continue
-            where = f"{index}:{lineno}"
+            where = f"{name_of_index}:{lineno}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
@@ -316,18 +339,20 @@ def _scenes_from_index(index: Path, order: Sequence[str] | None) -> tuple[list[S
                 mapping = record["cameras"]
                 if not isinstance(mapping, dict) or not mapping:
                     raise DatasetError(f"{where}: \"cameras\" must map camera names to paths")
-                mapped.append(set(mapping))
+                camera_names = frozenset(mapping)
+                mapped.append(name_sets.setdefault(camera_names, camera_names))  # type: ignore[arg-type]
             else:
                 if order and len(order) != 1:
                     raise DatasetError(f"{where}: a \"path\" scene has one camera, but {len(order)} cameras were "
                                        f"configured (--cameras)")
                 mapping = {(order[0] if order else "video"): record["path"]}
-            bad = sorted(str(name) for name, raw in mapping.items() if not isinstance(raw, str) or not raw)
-            if bad:
-                raise DatasetError(f"{where}: the path of camera {bad[0]!r} must be a non-empty string")
+            for name, raw in mapping.items():
+                if not isinstance(raw, str) or not raw:
+                    bad = sorted(str(n) for n, r in mapping.items() if not isinstance(r, str) or not r)
+                    raise DatasetError(f"{where}: the path of camera {bad[0]!r} must be a non-empty string")
             names = tuple(order) if order else tuple(sorted(mapping))
             names = camera_sets.setdefault(names, names)  # one tuple per camera set, not one per scene
-            paths = tuple(_resolved(base / mapping[name], parents) if name in mapping else None for name in names)
+            paths = tuple(_resolved_in(base, mapping[name], parents) if name in mapping else None for name in names)
             frame_range = None
             if "frames" in record:
                 frame_range = _parse_range(record["frames"], where)
@@ -422,6 +447,10 @@ def judge_scene(scene: Scene, found: Sequence[CameraProbe | VideoDecodeError]) -
     """Pure: whether a scene is usable from its cameras' probes (in camera order; a probe may be the error
     opening that camera gave). All cameras must be present and readable, with the same number of frames at
     the same fps, and the frame range must lie inside the video."""
+    if len(found) == 1 == len(scene.paths) and isinstance(found[0], CameraProbe) and scene.frame_range is None:
+        only = found[0]  # one camera, whole video: nothing to compare (the common case of a big index)
+        return SceneProbe(scene.scene_id, num_frames=only.frames, fps=only.fps,
+                          rotations=_shared((only.rotation,)), cameras=(only,))
     counts, fps_values = [], []
     for index, (camera, path) in enumerate(zip(scene.cameras, scene.paths)):
         if path is None:
@@ -454,7 +483,15 @@ def judge_scene(scene: Scene, found: Sequence[CameraProbe | VideoDecodeError]) -
                               error_path=scene.paths[0], error_camera=scene.cameras[0])
     probes = tuple(found)  # type: ignore[arg-type]  # every entry is a CameraProbe here
     return SceneProbe(scene.scene_id, num_frames=total, fps=fps_values[0],
-                      rotations=tuple(p.rotation for p in probes), cameras=probes)
+                      rotations=_shared(tuple(p.rotation for p in probes)), cameras=probes)
+
+
+_SHARED: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+
+def _shared(value: tuple[int, ...]) -> tuple[int, ...]:
+    """One tuple object per distinct value (a million scenes have a handful of rotation tuples)."""
+    return _SHARED.setdefault(value, value)
 
 
 # --------------------------------------------------------------------------- probe cache
