@@ -5,7 +5,7 @@ Writes one small real video (PyAV, h264) and a JSONL index of --scenes scenes th
 with the probe fields `vaecache index` writes (frame counts given, so no video is opened). Then, each in
 a fresh process:
 
-* plan: `vaecache plan INDEX --no-measure` with --plan-clips-per-scene clips per scene, timed --repeats
+* plan: `vaecache plan INDEX --no-measure` (with --plan-json: and `--json FILE`) with --plan-clips-per-scene clips per scene, timed --repeats
   times (median), with the process's peak RSS;
 * rank_planning: what one encode rank does before it decodes anything (discover the index, probes from
   it, plan_job, the rank's own RankWork) for --world ranks, computed for --rank, on scenes of uneven
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import textwrap
@@ -31,8 +32,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _benchlib as bl  # noqa: E402
 
 NUM_FRAMES = 5
-RANK_SCRIPT = textwrap.dedent("""
-    import json, resource, sys, time
+HWM = textwrap.dedent("""
+    def hwm_mb():
+        # VmHWM: this process's peak RSS. Not getrusage's ru_maxrss, which a child inherits across exec.
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+""")
+RANK_SCRIPT = HWM + textwrap.dedent("""
+    import json, sys, time
     from pathlib import Path
     started = time.perf_counter()
     from vaecache.config import SamplingConfig
@@ -40,7 +48,7 @@ RANK_SCRIPT = textwrap.dedent("""
     from vaecache.sources import discover, probe_scene
     index, world, rank = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     imported = time.perf_counter()
-    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    base_rss = hwm_mb()
     scenes = discover(index).scenes
     probes = {scene.scene_id: probe_scene(scene) for scene in scenes}
     job = plan_job(scenes, probes, SamplingConfig(num_frames=%d), world, 1, 4)
@@ -49,7 +57,7 @@ RANK_SCRIPT = textwrap.dedent("""
     done = time.perf_counter()
     print(json.dumps({"seconds": done - imported, "import_s": imported - started, "rank_clips": len(work.clips),
                       "rank_batches": len(work.batches), "import_rss_mb": base_rss, "clips": len(job.clips), "skipped": len(job.skipped),
-                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                      "peak_rss_mb": hwm_mb()}))
 """ % NUM_FRAMES)
 
 
@@ -95,6 +103,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--world", type=int, default=64)
     parser.add_argument("--rank", type=int, default=31)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--plan-json", action="store_true", help="time `vaecache plan --json FILE` (the report "
+                        "lists every clip id and scene; indented JSON is written by Python's pure-Python encoder)")
     parser.add_argument("--tmp", type=Path, default=None)
     args = parser.parse_args(argv)
 
@@ -109,21 +119,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         plan_index = root / "plan.jsonl"
         plan_clips = write_index(plan_index, video, args.scenes, args.plan_clips_per_scene)
         plan_runs = []
+        json_args = ["--json", str(root / "plan.json")] if args.plan_json else []
         for repeat in range(args.repeats):
             bl.progress(f"vaecache plan, run {repeat + 1}/{args.repeats}")
-            timed = bl.run_timed([sys.executable, "-c", "import resource, sys; from vaecache.cli.app import main\n"
-                                  "try:\n    main(sys.argv[1:])\nfinally:\n"
-                                  "    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)",
+            timed = bl.run_timed([sys.executable, "-c", HWM + "import sys\nfrom vaecache.cli.app import main\n"
+                                  "try:\n    main(sys.argv[1:])\nfinally:\n    print(hwm_mb(), file=sys.stderr)",
                                   "plan", plan_index, "--vae", "python:_null_vae:factory", "--num-frames",
-                                  str(NUM_FRAMES), "--size", "32x32", "--store", "mean", "--no-measure", "--world-size", str(args.world),
-                                  "--json", root / "plan.json"], env=env)
+                                  str(NUM_FRAMES), "--size", "32x32", "--store", "mean", "--no-measure",
+                                  "--world-size", str(args.world), *json_args], env=env)
             if timed.returncode != 0:
                 bl.check(timed, "vaecache plan")
-            planned = json.loads((root / "plan.json").read_text())["dataset"]["clips"]
-            assert planned == plan_clips, (planned, plan_clips)
-            plan_runs.append((timed.wall_s, int(timed.stderr.strip().splitlines()[-1]) / 1024))
+            planned = re.search(r"│ clips\s*│\s*(\d+)", timed.stderr)
+            assert planned and int(planned.group(1)) == plan_clips, (timed.stderr[-2000:], plan_clips)
+            plan_runs.append((timed.wall_s, float(timed.stderr.strip().splitlines()[-1])))
         plan_s = bl.median([wall for wall, _ in plan_runs])
-        plan = {"scenes": args.scenes, "clips": plan_clips, "world_size": args.world, "seconds": [round(w, 2) for w, _ in plan_runs],
+        plan = {"scenes": args.scenes, "clips": plan_clips, "world_size": args.world, "json": args.plan_json, "seconds": [round(w, 2) for w, _ in plan_runs],
                 "median_s": round(plan_s, 2), "peak_rss_mb": round(max(rss for _, rss in plan_runs), 1),
                 "extrapolated_10m_clips_s": round(plan_s * 10_000_000 / plan_clips, 1),
                 "target_s": 30.0}

@@ -76,3 +76,16 @@ def test_bench_sp_prints_documented_keys(tmp_path):
             assert key in row, key
         assert row["views"] == 4
     assert printed["notes"] and printed["machine"]["cpu_model"]
+
+
+def test_bench_scale_prints_documented_keys(capsys, tmp_path):
+    result = load_script("bench_scale").main(["--scenes", "40", "--world", "4", "--rank", "1", "--tmp", str(tmp_path)])
+    printed = printed_json(capsys)
+    assert printed == json.loads(json.dumps(result))
+    assert printed["plan"]["scenes"] == 40 and printed["plan"]["clips"] == 40
+    for key in ("median_s", "peak_rss_mb", "extrapolated_10m_clips_s"):
+        assert isinstance(printed["plan"][key], float), key
+    rank = printed["rank_planning"]
+    assert rank["world_size"] == 4 and 0 < rank["rank_clips"] < rank["clips"]
+    assert isinstance(rank["peak_rss_mb"], float) and isinstance(rank["extrapolated_10m_clips_rss_mb"], float)
+    assert printed["machine"]["cpu_model"]

@@ -215,10 +215,10 @@ def _resolved(path: Path) -> str:
         return str(path.absolute())
 
 
-def _resolved_in(base: str, relative: str, parents: dict[str, str]) -> str:
+def _resolved_in(base: str, relative: str, parents: dict[str, str], trusted: bool = False) -> str:
     """`_resolved(base / relative)`, with `parents` caching resolved folders: a file that is not itself a
     symlink costs one lstat, so an index of a million scenes in a few folders is not resolved component by
-    component a million times."""
+    component a million times. `trusted`: the file name is taken as resolved (no lstat)."""
     head, _, name = relative.rpartition("/")
     folder = head if relative.startswith("/") else f"{base}/{head}" if head else base
     if not name or name in (".", ".."):
@@ -227,6 +227,8 @@ def _resolved_in(base: str, relative: str, parents: dict[str, str]) -> str:
     if parent is None:
         parent = parents[folder] = _resolved(Path(folder or "/"))
     path = f"{parent}/{name}" if parent != "/" else f"/{name}"
+    if trusted:
+        return path
     try:
         if not stat.S_ISLNK(os.lstat(path).st_mode):
             return path
@@ -352,7 +354,10 @@ def _scenes_from_index(index: Path, order: Sequence[str] | None) -> tuple[list[S
                     raise DatasetError(f"{where}: the path of camera {bad[0]!r} must be a non-empty string")
             names = tuple(order) if order else tuple(sorted(mapping))
             names = camera_sets.setdefault(names, names)  # one tuple per camera set, not one per scene
-            paths = tuple(_resolved_in(base, mapping[name], parents) if name in mapping else None for name in names)
+            # A probed line was written by `vaecache index` with resolved paths: no lstat per file for it.
+            probed_line = "probe" in record
+            paths = tuple((_resolved_in(base, mapping[name], parents, probed_line) if name in mapping else None)
+                          for name in names)
             frame_range = None
             if "frames" in record:
                 frame_range = _parse_range(record["frames"], where)

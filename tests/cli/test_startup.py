@@ -49,7 +49,7 @@ STANDARD = ["--out", "OUT", "--vae", "builtin:tiny", "--num-frames", "9", "--siz
 
 
 @pytest.mark.parametrize("args", [["--help"], ["encode", "--help"], ["plan", "--help"], ["verify", "--help"],
-                                  ["demo-data", "--help"]], ids=" ".join)
+                                  ["demo-data", "--help"], ["index", "--help"]], ids=" ".join)
 def test_help_loads_no_heavy_module(args: list[str]) -> None:
     code, heavy, _ = _probe(args)
     assert code in (0, None)
@@ -64,6 +64,8 @@ def test_help_loads_no_heavy_module(args: list[str]) -> None:
     ("--sp-size 2 alone", "--sp-size 2 needs 2 ranks"),
     ("plan missing DATA", "dataset path does not exist"),
     ("verify missing OUT", "no such folder"),
+    ("index missing DATA", "dataset path does not exist"),
+    ("index -o not .jsonl", "the index must be a .jsonl file"),
 ], ids=str)
 def test_usage_error_exits_2_before_any_heavy_import(case: str, pattern: str, demo_data: Path, tmp_path: Path) -> None:
     out = str(tmp_path / "out")
@@ -76,6 +78,8 @@ def test_usage_error_exits_2_before_any_heavy_import(case: str, pattern: str, de
         "--sp-size 2 alone": ["encode", str(demo_data), *standard, "--sp-size", "2"],
         "plan missing DATA": ["plan", str(tmp_path / "nope"), *standard[2:]],
         "verify missing OUT": ["verify", str(tmp_path / "nope")],
+        "index missing DATA": ["index", str(tmp_path / "nope"), "-o", str(tmp_path / "index.jsonl")],
+        "index -o not .jsonl": ["index", str(demo_data), "-o", out],
     }[case]
     code, heavy, stderr = _probe(args)
     assert code == 2, stderr
