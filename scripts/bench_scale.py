@@ -50,7 +50,7 @@ RANK_SCRIPT = HWM + textwrap.dedent("""
     imported = time.perf_counter()
     base_rss = hwm_mb()
     scenes = discover(index).scenes
-    probes = {scene.scene_id: probe_scene(scene) for scene in scenes}
+    probes = {scene.scene_id: probe_scene(scene) for scene in scenes if scene.probed is None}
     job = plan_job(scenes, probes, SamplingConfig(num_frames=%d), world, 1, 4)
     del probes
     work = job.rank_work(rank)

@@ -21,7 +21,7 @@ import vaecache
 from vaecache.config import STORED_KEYS, EncodeConfig
 from vaecache.decode import DECODER, ViewBatchDataset
 from vaecache.sources import (ProbeCache, Scene, SceneProbe, discover, judge_scene, open_scene, probe_from_cache,
-                              probe_records, probe_scene, read_probe_cache)
+                              probe_records, read_probe_cache)
 from vaecache.dist import DistContext
 from vaecache.dist.liveness import set_doing
 from vaecache.dtypes import recorded_name
@@ -207,13 +207,15 @@ def _phase(progress: ProgressFactory | None, label: str, unit: str) -> Iterator[
 
 def _probe_all(ctx: DistContext, scenes: list[Scene], advance: Advance,
                cache: ProbeCache) -> tuple[dict[str, SceneProbe], list[dict[str, Any]]]:
-    """Every scene's probe: from the index (`vaecache index`) or OUT's probe cache where they hold it (no video
-    is opened), else every rank opens its share of the rest and the results are exchanged so all ranks plan
+    """The probes of scenes the index gives none for: from OUT's probe cache where it holds them (no video is
+    opened), else every rank opens its share of the rest and the results are exchanged so all ranks plan
     alike. Returns the probes and this rank's new probe-cache records."""
     probes: dict[str, SceneProbe] = {}
     unknown = []
     for scene in scenes:
-        known = probe_scene(scene) if scene.probed is not None else probe_from_cache(scene, cache)
+        if scene.probed is not None:
+            continue  # planned from its index line (plan_job judges it): no SceneProbe kept per scene
+        known = probe_from_cache(scene, cache)
         if known is None:
             unknown.append(scene)
         else:

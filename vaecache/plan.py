@@ -156,15 +156,18 @@ class PlanReport:
         }
 
 
-def _source_frames(scene: Scene, probe: SceneProbe) -> int:
-    """Frames the clips are cut from: the JSONL "frames" range where given, else the whole video."""
-    return scene.frame_range[1] - scene.frame_range[0] if scene.frame_range is not None else probe.num_frames
+def _source_frames(scene: Scene, probe: SceneProbe | None) -> int:
+    """Frames the clips are cut from: the JSONL "frames" range where given, else the whole video (from the
+    probe, or the index line's own probe)."""
+    if scene.frame_range is not None:
+        return scene.frame_range[1] - scene.frame_range[0]
+    return probe.num_frames if probe is not None else scene.probed[0].frames  # type: ignore[index]
 
 
 def probe_all(scenes: list[Scene], workers: int) -> dict[str, SceneProbe]:
-    """Every scene's probe: from the index where it gives them (`vaecache index`: no video is opened), else by
+    """The probe of every scene the index gives none for (`vaecache index` does: no video is opened), by
     opening its videos (threads: PyAV releases the GIL in FFmpeg's demuxer and decoder)."""
-    probes = {scene.scene_id: probe_scene(scene) for scene in scenes if scene.probed is not None}
+    probes: dict[str, SceneProbe] = {}  # a scene whose index gives its probe needs none (plan_job judges it)
     rest = [scene for scene in scenes if scene.probed is None]
     if workers <= 1 or len(rest) <= 1:
         probes.update((scene.scene_id, probe_scene(scene)) for scene in rest)
@@ -205,7 +208,7 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
     clips, skipped = job.clips, list(job.skipped)
     per_scene = clips.scene_counts()  # a count per scene: the clips themselves are built per DP group below
     skipped_ids = {s.scene_id for s in skipped}
-    scene_rows = [{"scene": s.scene_id, "cameras": len(s.cameras), "source_frames": _source_frames(s, probes[s.scene_id]),
+    scene_rows = [{"scene": s.scene_id, "cameras": len(s.cameras), "source_frames": _source_frames(s, probes.get(s.scene_id)),
                    "clips": per_scene.get(s.scene_id, 0)} for s in scenes if s.scene_id not in skipped_ids]
 
     shape = list(vae.latent_shape(cfg.clip.sampling.num_frames, cfg.clip.height, cfg.clip.width))

@@ -18,7 +18,7 @@ from vaecache.config import SamplingConfig
 from vaecache.dist.mesh import make_mesh
 from vaecache.errors import UsageError
 from vaecache.parallel import SPPlan, plan_sp
-from vaecache.sources import Skipped
+from vaecache.sources import Skipped, judge_scene
 
 if TYPE_CHECKING:
     from vaecache.sources import Scene, SceneProbe
@@ -71,13 +71,18 @@ def window(start: int, index: int, sampling: SamplingConfig) -> tuple[int, ...]:
 def plan_scene_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling: SamplingConfig,
                      ) -> tuple[PlannedClips, list[Skipped]]:
     """The clips of every usable scene as a PlannedClips (a clip count per scene: no Clip is built until
-    a block of them is asked for), and the scenes that give none. Pure: no I/O."""
+    a block of them is asked for), and the scenes that give none. Pure: no I/O. A scene whose index gives
+    its probe (Scene.probed) needs no entry in `probes`."""
     usable: list[tuple[Scene, int, float, tuple[tuple[int, int, int], ...]]] = []
     counts = array("q")
     skipped: list[Skipped] = []
     shared: dict[Any, Any] = {}  # equal `expect` tuples stored once
     for scene in scenes:
-        probe = probes[scene.scene_id]
+        probe = probes.get(scene.scene_id)
+        if probe is None and scene.probed is not None:
+            probe = judge_scene(scene, scene.probed)  # pure: the index gave the probe (none kept per scene)
+        elif probe is None:
+            raise KeyError(f"scene {scene.scene_id} was not probed")
         if probe.error is not None:
             skipped.append(Skipped(scene.scene_id, probe.error_path, probe.error, probe.error_camera))
             continue
