@@ -11,6 +11,8 @@ import textwrap
 from safetensors.torch import load_file, save_file
 
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
+from vaecache.format.reader import CacheReader
+from vaecache.format.table import CLIP_TABLE, write_table
 from vaecache.format.writer import tensor_stats
 
 
@@ -36,7 +38,7 @@ def test_reencode_matches_exactly_on_the_same_machine(good_cache, run_cli, tmp_p
 
 
 def test_reencode_catches_a_tensor_altered_with_every_hash_and_stat_recomputed(cache_copy, run_cli):
-    records = [json.loads(line) for line in (cache_copy / "clips.jsonl").read_text().splitlines()]
+    records = list(CacheReader(cache_copy).clip_records())
     victim = records[0]
     shard_path = cache_copy / "shards" / victim["shard"]
     tensors = load_file(shard_path)
@@ -44,10 +46,9 @@ def test_reencode_catches_a_tensor_altered_with_every_hash_and_stat_recomputed(c
     tensors[name] = tensors[name] * 1.5  # plausible values, all finite
     save_file(tensors, shard_path, metadata={"format": "vaecache/1"})
     victim["tensors"]["mean"]["stats"] = tensor_stats(tensors[name])
-    clip_bytes = b"".join(json.dumps(r, sort_keys=True, separators=(",", ":")).encode() + b"\n" for r in records)
-    (cache_copy / "clips.jsonl").write_bytes(clip_bytes)
+    written = write_table(cache_copy / "clips.parquet", CLIP_TABLE, records)
     manifest = json.loads((cache_copy / "manifest.json").read_text())
-    manifest["clips"]["sha256"] = hashlib.sha256(clip_bytes).hexdigest()
+    manifest["clips"]["sha256"] = written.sha256
     for shard in manifest["shards"]:
         if shard["file"].endswith(victim["shard"]):
             shard["bytes"] = shard_path.stat().st_size

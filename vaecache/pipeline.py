@@ -9,11 +9,10 @@ import logging
 import os
 import platform
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from contextlib import contextmanager
-from typing import Any, Callable, ContextManager, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
@@ -25,9 +24,10 @@ from vaecache.dist import DistContext
 from vaecache.dtypes import recorded_name
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, EXIT_STOPPED, InputError, UsageError
 from vaecache.format.index import finalize, manifest_header
-from vaecache.format.io import AppendLog, sha256_file
+from vaecache.format.io import AppendLog
 from vaecache.format.layout import FORMAT_VERSION, failures_path, progress_path
 from vaecache.format.outdir import PreparedOut, begin_changes, prepare_out, release_lock
+from vaecache.format.provenance import source_identities
 from vaecache.format.reader import CacheReader
 from vaecache.format.writer import ShardWriter, failure_record
 from vaecache.parallel import SPPlan, gather_views, plan_sp
@@ -92,27 +92,6 @@ def run_fingerprint(cfg: EncodeConfig, vae: LoadedVae) -> dict[str, Any]:
     if cfg.sp_mode == "spatial":  # band edges depend on the group size, and so do the last bits of the latents
         fingerprint["parallel"] = {"mode": "spatial", "sp_size": cfg.sp_size}
     return fingerprint
-
-
-def source_identities(paths: Sequence[str], with_hash: bool) -> dict[str, dict[str, Any]]:
-    """Path -> {size, mtime_ns[, sha256]} of each source that exists (a missing one is a recorded failure)."""
-    def identity(path: str) -> dict[str, Any] | None:
-        try:
-            stat = os.stat(path)
-        except OSError:
-            return None
-        found: dict[str, Any] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-        if with_hash:
-            try:
-                found["sha256"] = sha256_file(Path(path))
-            except OSError:
-                return None
-        return found
-
-    workers = min(8, max(1, len(paths))) if with_hash else 1
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        found = dict(zip(paths, pool.map(identity, paths)))
-    return {path: value for path, value in found.items() if value is not None}
 
 
 def _cpu_thread_budget(ctx: DistContext, workers: int) -> int:
@@ -364,7 +343,8 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
         prefetch_factor=4 if cfg.workers else None, worker_init_fn=ignore_stop_signals,
     )
     progress_log = AppendLog(progress_path(cfg.out, rank)) if mesh.is_writer else None
-    writer = ShardWriter(cfg.out, rank, prepared.attempt, cfg.shard_size, progress_log) if progress_log else None
+    writer = (ShardWriter(cfg.out, rank, prepared.attempt, cfg.shard_size, progress_log, hash_sources=cfg.hash_sources)
+              if progress_log else None)
     sink = _BatchSink(cfg, ctx, vae, writer, failures, counters)
     try:
         for item in loader:

@@ -1,21 +1,26 @@
 """The cache's index: the per-rank progress logs (one parser, used by resume-repair and by finalize),
-failure records, and manifest.json (built, written last, read back with a version check)."""
+failure records, the clip and failure tables (a streaming merge of the logs) and manifest.json (built,
+written last, read back with a version check)."""
 
 from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import heapq
+import itertools
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 from vaecache.errors import EmptyCacheError, ManifestError
 from vaecache.format.io import atomic_write_bytes, atomic_write_json, iter_jsonl, jsonl_bytes, sha256_file
 from vaecache.format.layout import (
     CLIPS, FAILURES, FORMAT_NAME, FORMAT_VERSION, MANIFEST, PROGRESS_DIR, SHARDS_DIR, SUPPORTED_VERSIONS,
 )
+from vaecache.format.table import CLIP_TABLE, FAILURE_TABLE, WrittenTable, write_table
 
 
 @dataclass(frozen=True)
@@ -159,46 +164,211 @@ def manifest_header(*, producer: dict[str, str], vae: dict[str, Any], fingerprin
     }
 
 
+MAX_RUNS_PER_LOG = 32
+"""A progress log that falls into more ascending runs than this is sorted in chunks instead (see _runs_of)."""
+MAX_OPEN_RUNS = 128
+"""Runs merged at once (open files); more are merged in rounds through spill files first."""
+SPILL_ROWS = 50_000
+"""Clip records held in memory at once when a log must be sorted in chunks."""
+
+
+@dataclass(frozen=True)
+class _Run:
+    """A stretch of clip records in ascending id order, re-read lazily by the merge: in a progress log, from
+    the clip `skip` of the line at byte `offset`, `count` clips; in a spill file, one record per line."""
+
+    path: Path
+    offset: int
+    skip: int
+    count: int
+    spilled: bool = False
+
+
+@dataclass
+class _Totals:
+    """What finalize sums while it scans the progress logs (bounded by shard count, not clip count)."""
+
+    shards: list[dict[str, Any]] = field(default_factory=list)
+    clips: int = 0
+    views: int = 0
+    frames: int = 0
+    shape: dict[str, Any] | None = None
+
+    def add(self, clip: dict[str, Any]) -> None:
+        self.clips += 1
+        self.views += len(clip.get("cameras", []))
+        self.frames += len(clip.get("cameras", [])) * len(clip.get("frames", []))
+        if self.shape is None:
+            self.shape = {key: entry["shape"] for key, entry in clip["tensors"].items()}
+
+
+def _log_entries(log: Path) -> Iterator[tuple[int, ProgressEntry]]:
+    """(byte offset, entry) of every complete line of a progress log; a torn last line is ignored."""
+    offset = 0
+    with open(log, "rb") as handle:
+        for line in handle:
+            if not line.endswith(b"\n"):
+                return
+            if line.strip():
+                try:
+                    entry = json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                    raise ManifestError(f"{log}: line at byte {offset} does not parse ({exc})") from None
+                if not isinstance(entry, dict):
+                    raise ManifestError(f"{log}: line at byte {offset} is not a progress entry")
+                yield offset, ProgressEntry(log, entry.get("shard"), entry.get("clips"))
+            offset += len(line)
+
+
+def _clip_id(log: Path, clip: Any) -> str:
+    if not isinstance(clip, dict) or not isinstance(clip.get("id"), str):
+        raise ManifestError(f"{log}: a committed clip record has no id")
+    return clip["id"]
+
+
+def _scan_log(log: Path, totals: _Totals) -> list[_Run]:
+    """One pass over a progress log: add its shards and clips to `totals`; return its ascending runs.
+
+    A rank appends clips in plan order, which is id order within one attempt for folder datasets (scenes
+    sorted by id, windows in frame order); a resumed attempt appends another block later, and an index
+    file or a scene id holding a character below '/' can break the order: each break starts a new run."""
+    runs: list[_Run] = []
+    start: tuple[int, int] | None = None
+    count, previous = 0, None
+    for offset, entry in _log_entries(log):
+        totals.shards.append(entry.shard)
+        for index, clip in enumerate(entry.clips):
+            clip_id = _clip_id(log, clip)
+            totals.add(clip)
+            if start is None or clip_id < previous:
+                if start is not None:
+                    runs.append(_Run(log, *start, count))
+                start, count = (offset, index), 0
+            count += 1
+            previous = clip_id
+    if start is not None:
+        runs.append(_Run(log, *start, count))
+    return runs
+
+
+def _read_run(run: _Run) -> Iterator[dict[str, Any]]:
+    left, skip = run.count, run.skip
+    with open(run.path, "rb") as handle:
+        handle.seek(run.offset)
+        for line in handle:
+            if run.spilled:
+                yield json.loads(line)
+                left -= 1
+            else:
+                clips = json.loads(line)["clips"]
+                for clip in clips[skip:skip + left]:
+                    yield clip
+                    left -= 1
+                skip = 0
+            if left <= 0:
+                return
+
+
+def _spill(folder: Path, records: Iterable[dict[str, Any]], number: int) -> _Run:
+    path = folder / f".merge-{os.getpid()}-{number:06d}.tmp"
+    count = 0
+    with open(path, "wb") as handle:
+        for record in records:
+            handle.write(json.dumps(record, sort_keys=True, separators=(",", ":")).encode() + b"\n")
+            count += 1
+    return _Run(path, 0, 0, count, spilled=True)
+
+
+def _sorted_runs(out: Path, totals: _Totals) -> tuple[list[_Run], list[Path]]:
+    """Every progress log's clips as at most MAX_OPEN_RUNS ascending runs (and the spill files made)."""
+    folder = Path(out) / PROGRESS_DIR
+    logs = sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []
+    runs: list[_Run] = []
+    spills: list[Path] = []
+    for log in logs:
+        found = _scan_log(log, totals)
+        if len(found) <= MAX_RUNS_PER_LOG:
+            runs.extend(found)
+            continue
+        clips = itertools.chain.from_iterable(map(_read_run, found))  # out of order: sort it in bounded chunks
+        while chunk := list(itertools.islice(clips, SPILL_ROWS)):
+            runs.append(_spill(folder, sorted(chunk, key=_by_id), len(spills)))
+            spills.append(runs[-1].path)
+    while len(runs) > MAX_OPEN_RUNS:  # merge in rounds so that no more files are open at once
+        merged = []
+        for start in range(0, len(runs), MAX_OPEN_RUNS):
+            group = runs[start:start + MAX_OPEN_RUNS]
+            merged.append(_spill(folder, heapq.merge(*map(_read_run, group), key=_by_id), len(spills)))
+            spills.append(merged[-1].path)
+        runs = merged
+    return runs, spills
+
+
+def _by_id(record: dict[str, Any]) -> str:
+    return record["id"]
+
+
 def finalize(out: Path, header: dict[str, Any]) -> dict[str, Any]:
-    """Merge every rank's progress log into clips.jsonl/failures.jsonl and write manifest.json last.
+    """Merge every rank's progress log into clips.parquet and failures.parquet, then write manifest.json last.
 
-    Refuses (EmptyCacheError, no manifest written) when no clip at all was committed."""
-    shards, clips = read_progress(out)
-    failures = read_failures(out)
-    if not clips:
-        raise EmptyCacheError(f"{out}: no clips encoded: {describe_failures(failures)} (no manifest written)")
-    header = dict(header)
-    planned, backoffs = header.pop("planned_clips"), header.pop("oom_backoffs")
-    header["latent"] = {**header["latent"],
-                        "shape": {key: entry["shape"] for key, entry in clips[0]["tensors"].items()}}
-    header["counts"] = {
-        "clips": len(clips), "views": sum(len(c["cameras"]) for c in clips),
-        "frames": sum(len(c["cameras"]) * len(c["frames"]) for c in clips),
-        "shards": len(shards), "bytes": sum(s["bytes"] for s in shards), "failures": len(failures),
-        "oom_backoffs": backoffs, "planned_clips": planned,
-    }
-    return write_manifest(out, header, shards, clips, failures)
-
-
-def write_manifest(out: Path, header: dict[str, Any], shards: list[dict[str, Any]], clips: list[dict[str, Any]],
-                   failures: list[dict[str, Any]]) -> dict[str, Any]:
-    """Write clips.jsonl and failures.jsonl, then manifest.json last (its presence means complete)."""
+    Streaming: one pass over the logs sums the counts and finds each log's ascending runs, a k-way merge of
+    the runs writes the clip table row group by row group. Memory holds the shard list, the failures and
+    one progress-log line per run, never all clip records. Refuses (EmptyCacheError, no table and no
+    manifest written) when no clip at all was committed."""
     out = Path(out)
-    clips = sorted(clips, key=lambda c: c["id"])
-    clip_bytes = jsonl_bytes(clips)
-    atomic_write_bytes(out / CLIPS, clip_bytes)
-    failure_bytes = jsonl_bytes(failures)
-    atomic_write_bytes(out / FAILURES, failure_bytes)
+    totals = _Totals()
+    runs, spills = _sorted_runs(out, totals)
+    try:
+        failures = read_failures(out)
+        if not totals.clips:
+            raise EmptyCacheError(f"{out}: no clips encoded: {describe_failures(failures)} (no manifest written)")
+        header = dict(header)
+        planned, backoffs = header.pop("planned_clips"), header.pop("oom_backoffs")
+        header["latent"] = {**header["latent"], "shape": totals.shape}
+        header["counts"] = {
+            "clips": totals.clips, "views": totals.views, "frames": totals.frames,
+            "shards": len(totals.shards), "bytes": sum(s["bytes"] for s in totals.shards), "failures": len(failures),
+            "oom_backoffs": backoffs, "planned_clips": planned,
+        }
+        clips = write_table(out / CLIPS, CLIP_TABLE, heapq.merge(*map(_read_run, runs), key=_by_id))
+    finally:
+        for path in spills:
+            path.unlink(missing_ok=True)
+    return _write_manifest_last(out, header, totals.shards, clips, write_table(out / FAILURES, FAILURE_TABLE, failures))
+
+
+def write_manifest(out: Path, header: dict[str, Any], shards: list[dict[str, Any]], clips: Iterable[dict[str, Any]],
+                   failures: list[dict[str, Any]]) -> dict[str, Any]:
+    """Write the clip table (sorted by id here, in memory: small caches, tests) and the failure table, then
+    manifest.json last. `finalize` is the streaming path an encode takes."""
+    out = Path(out)
+    written = write_table(out / CLIPS, CLIP_TABLE, sorted(clips, key=_by_id))
+    return _write_manifest_last(out, header, shards, written, write_table(out / FAILURES, FAILURE_TABLE, failures))
+
+
+def _write_manifest_last(out: Path, header: dict[str, Any], shards: list[dict[str, Any]], clips: WrittenTable,
+                         failures: WrittenTable) -> dict[str, Any]:
     manifest = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         **header,
         "shards": sorted(shards, key=lambda s: s["file"]),
-        "clips": {"file": CLIPS, "count": len(clips), "sha256": hashlib.sha256(clip_bytes).hexdigest()},
-        "failures": {"file": FAILURES, "count": len(failures), "sha256": hashlib.sha256(failure_bytes).hexdigest()},
+        "clips": {"file": CLIPS, "count": clips.count, "sha256": clips.sha256},
+        "failures": {"file": FAILURES, "count": failures.count, "sha256": failures.sha256},
     }
     atomic_write_json(out / MANIFEST, manifest)
     return manifest
+
+
+def progress_counts(out: Path) -> tuple[int, int]:
+    """(committed clips, committed shards) in every rank's progress log, counted as they stream."""
+    folder = Path(out) / PROGRESS_DIR
+    clips = shards = 0
+    for log in sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []:
+        for _, entry in _log_entries(log):
+            shards += 1
+            clips += len(entry.clips)
+    return clips, shards
 
 
 def read_manifest(out: Path) -> dict[str, Any]:

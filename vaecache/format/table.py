@@ -1,0 +1,298 @@
+"""The clip table and the failure table as Parquet (format version 2): a record <-> row mapping that loses
+nothing, a streaming writer (row group by row group) and a streaming reader.
+
+A clip record is the JSON object the shard writer completes. Its parts a trainer queries are columns
+(id, scene, shard, cameras, sources and their identity, frames, fps, times, and the tensors as parallel
+lists: keys, names, shapes, dtypes, stats); every other key (`encode`, metadata passed through from an
+index) is kept in the JSON column `extra`. A key whose value does not fit its column's type also goes to
+`extra`, so a record read back equals the record written, whatever it holds. A null column means "key
+absent"; a null list element means "field absent" in that element.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from vaecache.errors import ManifestError
+from vaecache.format.io import FILE_MODE, fsync_dir, sha256_file
+
+ROW_GROUP_ROWS = 16384
+"""Rows per row group: what the writer holds in memory at once, and the unit a reader skips by."""
+READ_BATCH_ROWS = 8192
+TABLE_METADATA_KEY = b"vaecache"
+
+
+class ClipTableError(ManifestError):
+    """A clip or failure table cannot be read (truncated, overwritten, not Parquet, missing columns)."""
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int and -2**63 <= value < 2**63
+
+
+def _is_str_list(value: Any) -> bool:
+    return type(value) is list and all(type(v) is str for v in value)
+
+
+def _is_int_list(value: Any) -> bool:
+    return type(value) is list and all(_is_int(v) for v in value)
+
+
+def _is_float_list(value: Any) -> bool:
+    return type(value) is list and all(type(v) is float for v in value)
+
+
+@dataclass(frozen=True)
+class Column:
+    """A record key stored as one column: its Arrow type and the test a value must pass to be stored there."""
+
+    key: str
+    type: pa.DataType
+    fits: Callable[[Any], bool]
+
+
+STATS_TYPE = pa.struct([("min", pa.float64()), ("max", pa.float64()), ("mean", pa.float64()), ("std", pa.float64())])
+STATS_KEYS = ("min", "max", "mean", "std")
+TENSOR_FIELDS = ("name", "shape", "dtype", "stats")
+IDENTITY_FIELDS = ("size", "mtime_ns", "sha256")
+
+CLIP_COLUMNS = (
+    Column("id", pa.string(), lambda v: type(v) is str),
+    Column("scene", pa.string(), lambda v: type(v) is str),
+    Column("shard", pa.string(), lambda v: type(v) is str),
+    Column("cameras", pa.list_(pa.string()), _is_str_list),
+    Column("sources", pa.list_(pa.string()), _is_str_list),
+    Column("frames", pa.list_(pa.int64()), _is_int_list),
+    Column("fps", pa.float64(), lambda v: type(v) is float),
+    Column("times", pa.list_(pa.float64()), _is_float_list),
+)
+"""Plain record keys stored as columns of the same name."""
+
+TENSOR_COLUMNS = {"tensor_keys": pa.list_(pa.string()), "tensor_names": pa.list_(pa.string()),
+                  "tensor_shapes": pa.list_(pa.list_(pa.int64())), "tensor_dtypes": pa.list_(pa.string()),
+                  "tensor_stats": pa.list_(STATS_TYPE)}
+"""`tensors` ({key: {name, shape, dtype, stats}}) as parallel lists, one element per stored key, in record order."""
+
+IDENTITY_COLUMNS = {"source_sizes": pa.list_(pa.int64()), "source_mtimes_ns": pa.list_(pa.int64()),
+                    "source_sha256": pa.list_(pa.string())}
+"""`source_identity` ([{size, mtime_ns[, sha256]}], one per camera, aligned with `sources`) as parallel lists."""
+
+CLIP_SCHEMA = pa.schema([pa.field("id", pa.string(), nullable=False),
+                         *[pa.field(c.key, c.type) for c in CLIP_COLUMNS[1:]],
+                         *[pa.field(name, kind) for name, kind in IDENTITY_COLUMNS.items()],
+                         *[pa.field(name, kind) for name, kind in TENSOR_COLUMNS.items()],
+                         pa.field("extra", pa.string())])
+
+FAILURE_COLUMNS = tuple(Column(key, pa.string(), lambda v: type(v) is str)
+                        for key in ("scene", "clip", "camera", "path", "reason"))
+FAILURE_SCHEMA = pa.schema([*[pa.field(c.key, c.type) for c in FAILURE_COLUMNS], pa.field("extra", pa.string())])
+
+
+def _tensors_fit(tensors: Any) -> bool:
+    if type(tensors) is not dict:
+        return False
+    for key, entry in tensors.items():
+        if type(key) is not str or type(entry) is not dict or not set(entry) <= set(TENSOR_FIELDS):
+            return False
+        if ("name" in entry and type(entry["name"]) is not str) or ("dtype" in entry and type(entry["dtype"]) is not str):
+            return False
+        if "shape" in entry and not _is_int_list(entry["shape"]):
+            return False
+        stats = entry.get("stats", {key: 0.0 for key in STATS_KEYS})
+        if type(stats) is not dict or set(stats) != set(STATS_KEYS) or any(type(v) is not float for v in stats.values()):
+            return False
+    return True
+
+
+def _identity_fits(identity: Any) -> bool:
+    return type(identity) is list and all(
+        type(item) is dict and set(item) <= set(IDENTITY_FIELDS) and _is_int(item.get("size"))
+        and _is_int(item.get("mtime_ns")) and type(item.get("sha256", "")) is str for item in identity)
+
+
+def _dumps(extra: dict[str, Any]) -> str | None:
+    return json.dumps(extra, sort_keys=True, separators=(",", ":")) if extra else None
+
+
+def clip_row(record: dict[str, Any]) -> dict[str, Any]:
+    """The table row of a clip record (see the module docstring)."""
+    row: dict[str, Any] = {}
+    extra = {key: value for key, value in record.items()}
+    for column in CLIP_COLUMNS:
+        value = extra.get(column.key)
+        if column.key in extra and column.fits(value):
+            row[column.key] = extra.pop(column.key)
+    if type(row.get("id")) is not str:
+        raise ValueError(f"clip record without a string id: {str(record)[:80]}")
+    tensors = extra.get("tensors")
+    if _tensors_fit(tensors):
+        del extra["tensors"]
+        entries = list(tensors.values())
+        row["tensor_keys"] = list(tensors)
+        row["tensor_names"] = [e.get("name") for e in entries]
+        row["tensor_shapes"] = [e.get("shape") for e in entries]
+        row["tensor_dtypes"] = [e.get("dtype") for e in entries]
+        row["tensor_stats"] = [e.get("stats") for e in entries]
+    identity = extra.get("source_identity")
+    if _identity_fits(identity):
+        del extra["source_identity"]
+        row["source_sizes"] = [item["size"] for item in identity]
+        row["source_mtimes_ns"] = [item["mtime_ns"] for item in identity]
+        row["source_sha256"] = [item.get("sha256") for item in identity]
+    row["extra"] = _dumps(extra)
+    return row
+
+
+def clip_record(row: dict[str, Any]) -> dict[str, Any]:
+    """The clip record a table row holds (inverse of clip_row)."""
+    record = {column.key: row[column.key] for column in CLIP_COLUMNS if row.get(column.key) is not None}
+    sizes = row.get("source_sizes")
+    if sizes is not None:
+        record["source_identity"] = [
+            {"size": size, "mtime_ns": mtime, **({"sha256": digest} if digest is not None else {})}
+            for size, mtime, digest in zip(sizes, row["source_mtimes_ns"], row["source_sha256"])]
+    keys = row.get("tensor_keys")
+    if keys is not None:
+        tensors = {}
+        for key, name, shape, dtype, stats in zip(keys, row["tensor_names"], row["tensor_shapes"],
+                                                  row["tensor_dtypes"], row["tensor_stats"]):
+            entry = {field: value for field, value in (("name", name), ("shape", shape), ("dtype", dtype),
+                                                        ("stats", stats)) if value is not None}
+            tensors[key] = entry
+        record["tensors"] = tensors
+    if row.get("extra"):
+        record.update(json.loads(row["extra"]))
+    return record
+
+
+def failure_row(record: dict[str, Any]) -> dict[str, Any]:
+    extra = dict(record)
+    row = {column.key: extra.pop(column.key) for column in FAILURE_COLUMNS
+           if column.key in extra and column.fits(extra[column.key])}
+    row["extra"] = _dumps(extra)
+    return row
+
+
+def failure_from_row(row: dict[str, Any]) -> dict[str, Any]:
+    record = {column.key: row[column.key] for column in FAILURE_COLUMNS if row.get(column.key) is not None}
+    if row.get("extra"):
+        record.update(json.loads(row["extra"]))
+    return record
+
+
+@dataclass(frozen=True)
+class TableKind:
+    """A Parquet table of records: its schema and the record <-> row mapping."""
+
+    name: str
+    schema: pa.Schema
+    to_row: Callable[[dict[str, Any]], dict[str, Any]]
+    to_record: Callable[[dict[str, Any]], dict[str, Any]]
+
+
+CLIP_TABLE = TableKind("clips", CLIP_SCHEMA, clip_row, clip_record)
+FAILURE_TABLE = TableKind("failures", FAILURE_SCHEMA, failure_row, failure_from_row)
+
+
+@dataclass(frozen=True)
+class WrittenTable:
+    """What the manifest records of a table: its row count and the sha256 of the file."""
+
+    count: int
+    sha256: str
+
+
+def write_table(path: Path, kind: TableKind, records: Iterable[dict[str, Any]],
+                row_group_rows: int = ROW_GROUP_ROWS) -> WrittenTable:
+    """Write `records` (in the order given) as Parquet at `path`, atomically: a temp file in the same folder
+    gets one zstd row group per `row_group_rows` records as they stream in, is fsynced, hashed and renamed
+    over `path`, and the folder is fsynced. Holds one row group in memory, never the whole table."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    count = 0
+    schema = kind.schema.with_metadata({TABLE_METADATA_KEY: json.dumps({"table": kind.name}).encode()})
+    try:
+        with open(tmp, "wb") as handle:
+            os.fchmod(handle.fileno(), FILE_MODE)
+            writer = pq.ParquetWriter(handle, schema, compression="zstd", write_page_checksum=True)
+            try:
+                rows: list[dict[str, Any]] = []
+                for record in records:
+                    rows.append(kind.to_row(record))
+                    if len(rows) >= row_group_rows:
+                        writer.write_table(pa.Table.from_pylist(rows, schema=schema), row_group_size=len(rows))
+                        count += len(rows)
+                        rows = []
+                if rows or count == 0:
+                    writer.write_table(pa.Table.from_pylist(rows, schema=schema), row_group_size=max(1, len(rows)))
+                    count += len(rows)
+            finally:
+                writer.close()
+            handle.flush()
+            os.fsync(handle.fileno())
+        digest = sha256_file(tmp)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        from vaecache.errors import OutputError
+
+        raise OutputError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return WrittenTable(count, digest)
+
+
+def _open(path: Path, kind: TableKind) -> pq.ParquetFile:
+    try:
+        table = pq.ParquetFile(path, page_checksum_verification=True)
+    except FileNotFoundError:
+        raise ClipTableError(f"{path}: missing") from None
+    except (pa.ArrowException, OSError) as exc:
+        raise ClipTableError(f"{path}: not a readable Parquet file ({_first_line(exc)})") from None
+    missing = [name for name in kind.schema.names if name not in table.schema_arrow.names]
+    if missing:
+        raise ClipTableError(f"{path}: not a vaecache {kind.name} table (no column {', '.join(missing)})")
+    return table
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def iter_table(path: Path, kind: TableKind, batch_rows: int = READ_BATCH_ROWS) -> Iterator[dict[str, Any]]:
+    """The records of a table, one record batch at a time (bounded memory at any row count)."""
+    table = _open(Path(path), kind)
+    try:
+        for batch in table.iter_batches(batch_size=batch_rows, columns=kind.schema.names):
+            for row in batch.to_pylist():
+                yield kind.to_record(row)
+    except (pa.ArrowException, OSError) as exc:
+        raise ClipTableError(f"{path}: does not read ({_first_line(exc)})") from None
+
+
+def iter_column(path: Path, kind: TableKind, column: str, batch_rows: int = 65536) -> Iterator[Any]:
+    """One column's values, batch by batch (no other column is read)."""
+    table = _open(Path(path), kind)
+    try:
+        for batch in table.iter_batches(batch_size=batch_rows, columns=[column]):
+            yield from batch.column(0).to_pylist()
+    except (pa.ArrowException, OSError) as exc:
+        raise ClipTableError(f"{path}: does not read ({_first_line(exc)})") from None
+
+
+def table_rows(path: Path, kind: TableKind) -> int:
+    """Row count from the Parquet footer (no data read)."""
+    return _open(Path(path), kind).metadata.num_rows
+
+
+__all__ = ["CLIP_SCHEMA", "CLIP_TABLE", "FAILURE_SCHEMA", "FAILURE_TABLE", "ClipTableError", "TableKind",
+           "WrittenTable", "clip_record", "clip_row", "iter_column", "iter_table", "table_rows", "write_table"]
