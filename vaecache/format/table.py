@@ -210,11 +210,12 @@ class WrittenTable:
 
 
 def write_table(path: Path, kind: TableKind, records: Iterable[dict[str, Any]],
-                row_group_rows: int = ROW_GROUP_ROWS) -> WrittenTable:
+                row_group_rows: int | None = None) -> WrittenTable:
     """Write `records` (in the order given) as Parquet at `path`, atomically: a temp file in the same folder
     gets one zstd row group per `row_group_rows` records as they stream in, is fsynced, hashed and renamed
     over `path`, and the folder is fsynced. Holds one row group in memory, never the whole table."""
     path = Path(path)
+    row_group_rows = row_group_rows or ROW_GROUP_ROWS
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     count = 0
     schema = kind.schema.with_metadata({TABLE_METADATA_KEY: json.dumps({"table": kind.name}).encode()})
