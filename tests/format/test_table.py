@@ -87,7 +87,7 @@ def _entry(shard: str, clip_ids: list[str]) -> dict[str, Any]:
             "clips": [_record(clip_id, shard) for clip_id in clip_ids]}
 
 
-@pytest.mark.parametrize("fallback", [False, True], ids=["runs", "chunk-sort"])
+@pytest.mark.parametrize("fallback", [False, True], ids=["runs", "small-chunks-merge-rounds"])
 def test_finalize_merges_every_ranks_runs_in_id_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       fallback: bool) -> None:
     """Two ranks, each a block in plan order; a resumed attempt appends later blocks to the same logs, and a
@@ -99,12 +99,12 @@ def test_finalize_merges_every_ranks_runs_in_id_order(tmp_path: Path, monkeypatc
     _log(progress_path(tmp_path, 1), _entry("a000-r00001-000000.safetensors", ids[8:12]),
          _entry("a001-r00001-000000.safetensors", ids[5:8] + ["s005-b/000000-000008"]),
          _entry("a001-r00001-000001.safetensors", ids[12:14] + ids[18:]))
-    if fallback:  # every log sorted in chunks of 2 records, merged in rounds of 2 files
-        monkeypatch.setattr(index_module, "MAX_RUNS_PER_LOG", 1)
-        monkeypatch.setattr(index_module, "SPILL_ROWS", 2)
+    if fallback:  # records sorted in chunks of 3 into many runs, merged in rounds of 2 files
+        monkeypatch.setattr(index_module, "RUN_CHUNK_ROWS", 3)
         monkeypatch.setattr(index_module, "MAX_OPEN_RUNS", 2)
+        monkeypatch.setattr(index_module, "PARALLEL_SCAN_BYTES", 0)
     monkeypatch.setattr("vaecache.format.table.ROW_GROUP_ROWS", 5)
-    manifest = finalize(tmp_path, HEADER)
+    manifest = finalize(tmp_path, HEADER, workers=2 if fallback else 1)  # two processes scan the two logs
     expected = sorted([*ids, "s013/000000-000008", "s005-b/000000-000008"])
     records = list(CacheReader(tmp_path).clip_records())
     assert [r["id"] for r in records] == expected

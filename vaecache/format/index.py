@@ -4,23 +4,29 @@ written last, read back with a version check)."""
 
 from __future__ import annotations
 
+import bisect
 import datetime as _dt
 import hashlib
 import heapq
-import itertools
 import json
+import multiprocessing as mp
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
+
+import pyarrow as pa
 
 from vaecache.errors import EmptyCacheError, ManifestError
 from vaecache.format.io import atomic_write_bytes, atomic_write_json, iter_jsonl, jsonl_bytes, sha256_file
 from vaecache.format.layout import (
     CLIPS, FAILURES, FORMAT_NAME, FORMAT_VERSION, MANIFEST, PROGRESS_DIR, SHARDS_DIR, SUPPORTED_VERSIONS,
 )
-from vaecache.format.table import CLIP_TABLE, FAILURE_TABLE, WrittenTable, write_table
+from vaecache.format import table as _table
+from vaecache.format.table import (
+    CLIP_TABLE, FAILURE_TABLE, WrittenTable, clip_row, schema_of, write_table, write_tables,
+)
 
 
 @dataclass(frozen=True)
@@ -164,24 +170,12 @@ def manifest_header(*, producer: dict[str, str], vae: dict[str, Any], fingerprin
     }
 
 
-MAX_RUNS_PER_LOG = 32
-"""A progress log that falls into more ascending runs than this is sorted in chunks instead (see _runs_of)."""
-MAX_OPEN_RUNS = 128
-"""Runs merged at once (open files); more are merged in rounds through spill files first."""
-SPILL_ROWS = 50_000
-"""Clip records held in memory at once when a log must be sorted in chunks."""
-
-
-@dataclass(frozen=True)
-class _Run:
-    """A stretch of clip records in ascending id order, re-read lazily by the merge: in a progress log, from
-    the clip `skip` of the line at byte `offset`, `count` clips; in a spill file, one record per line."""
-
-    path: Path
-    offset: int
-    skip: int
-    count: int
-    spilled: bool = False
+RUN_CHUNK_ROWS = 16384
+"""Clip records converted to table rows, sorted if need be and appended to a run, at a time."""
+MAX_OPEN_RUNS = 64
+"""Runs merged at once (open files); more are merged in rounds first."""
+PARALLEL_SCAN_BYTES = 32 * 2**20
+"""Progress logs smaller than this in all are scanned in this process (starting workers costs seconds)."""
 
 
 @dataclass
@@ -196,8 +190,9 @@ class _Totals:
 
     def add(self, clip: dict[str, Any]) -> None:
         self.clips += 1
-        self.views += len(clip.get("cameras", []))
-        self.frames += len(clip.get("cameras", [])) * len(clip.get("frames", []))
+        cameras = len(clip.get("cameras") or ())
+        self.views += cameras
+        self.frames += cameras * len(clip.get("frames") or ())
         if self.shape is None:
             self.shape = {key: entry["shape"] for key, entry in clip["tensors"].items()}
 
@@ -226,99 +221,157 @@ def _clip_id(log: Path, clip: Any) -> str:
     return clip["id"]
 
 
-def _scan_log(log: Path, totals: _Totals) -> list[_Run]:
-    """One pass over a progress log: add its shards and clips to `totals`; return its ascending runs.
+class _Runs:
+    """Sorted runs of table rows in Arrow IPC files beside the progress logs (finalize deletes them).
 
-    A rank appends clips in plan order, which is id order within one attempt for folder datasets (scenes
-    sorted by id, windows in frame order); a resumed attempt appends another block later, and an index
-    file or a scene id holding a character below '/' can break the order: each break starts a new run."""
-    runs: list[_Run] = []
-    start: tuple[int, int] | None = None
-    count, previous = 0, None
-    for offset, entry in _log_entries(log):
+    Chunks of rows are appended to the open run while their ids keep ascending; a chunk that is out of
+    order is sorted, and one that starts below the run's last id opens a new run. A rank appends clips
+    in plan order, which is id order within one attempt for folder datasets (scenes sorted by id,
+    windows in frame order), so the runs are about one per rank and attempt; a resumed attempt appends
+    another block, and an index file or a scene id holding a character below '/' breaks the order."""
+
+    def __init__(self, folder: Path, prefix: str) -> None:
+        self.folder, self.prefix, self.schema = folder, prefix, schema_of(CLIP_TABLE)
+        self.paths: list[Path] = []
+        self._writer: Any = None
+        self._last: str | None = None
+
+    def _new_file(self) -> Any:
+        self.paths.append(self.folder / f"{self.prefix}{len(self.paths):06d}.tmp")
+        return pa.ipc.new_file(str(self.paths[-1]), self.schema)
+
+    def add(self, chunk: list[tuple[str, dict[str, Any]]]) -> None:
+        if not chunk:
+            return
+        if any(chunk[i][0] > chunk[i + 1][0] for i in range(len(chunk) - 1)):
+            chunk.sort(key=lambda item: item[0])
+        if self._writer is None or chunk[0][0] < self._last:
+            self.close()
+            self._writer = self._new_file()
+        self._writer.write_table(pa.Table.from_pylist([row for _, row in chunk], schema=self.schema))
+        self._last = chunk[-1][0]
+
+    def add_tables(self, tables: Iterable[pa.Table]) -> Path:
+        """A run made of tables already in id order (a merge round); returns its file."""
+        self.close()
+        self._writer = self._new_file()
+        for table in tables:
+            self._writer.write_table(table)
+        self.close()
+        return self.paths[-1]
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+
+def _scan_log(log: Path, prefix: str, chunk_rows: int) -> tuple[_Totals, list[Path]]:
+    """One pass over one progress log: its counts, and its clip records as table rows in sorted runs."""
+    totals, runs = _Totals(), _Runs(log.parent, prefix)
+    chunk: list[tuple[str, dict[str, Any]]] = []
+    for _, entry in _log_entries(log):
         totals.shards.append(entry.shard)
-        for index, clip in enumerate(entry.clips):
+        for clip in entry.clips:
             clip_id = _clip_id(log, clip)
             totals.add(clip)
-            if start is None or clip_id < previous:
-                if start is not None:
-                    runs.append(_Run(log, *start, count))
-                start, count = (offset, index), 0
-            count += 1
-            previous = clip_id
-    if start is not None:
-        runs.append(_Run(log, *start, count))
-    return runs
+            chunk.append((clip_id, clip_row(clip)))
+            if len(chunk) >= chunk_rows:
+                runs.add(chunk)
+                chunk = []
+    runs.add(chunk)
+    runs.close()
+    return totals, runs.paths
 
 
-def _read_run(run: _Run) -> Iterator[dict[str, Any]]:
-    left, skip = run.count, run.skip
-    with open(run.path, "rb") as handle:
-        handle.seek(run.offset)
-        for line in handle:
-            if run.spilled:
-                yield json.loads(line)
-                left -= 1
-            else:
-                clips = json.loads(line)["clips"]
-                for clip in clips[skip:skip + left]:
-                    yield clip
-                    left -= 1
-                skip = 0
-            if left <= 0:
-                return
-
-
-def _spill(folder: Path, records: Iterable[dict[str, Any]], number: int) -> _Run:
-    path = folder / f".merge-{os.getpid()}-{number:06d}.tmp"
-    count = 0
-    with open(path, "wb") as handle:
-        for record in records:
-            handle.write(json.dumps(record, sort_keys=True, separators=(",", ":")).encode() + b"\n")
-            count += 1
-    return _Run(path, 0, 0, count, spilled=True)
-
-
-def _sorted_runs(out: Path, totals: _Totals) -> tuple[list[_Run], list[Path]]:
-    """Every progress log's clips as at most MAX_OPEN_RUNS ascending runs (and the spill files made)."""
+def _scan_logs(out: Path, prefix: str, workers: int) -> tuple[_Totals, list[Path]]:
+    """Every rank's progress log scanned (in `workers` processes: the JSON parsing is the cost), totals
+    summed in log order."""
     folder = Path(out) / PROGRESS_DIR
     logs = sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []
-    runs: list[_Run] = []
-    spills: list[Path] = []
-    for log in logs:
-        found = _scan_log(log, totals)
-        if len(found) <= MAX_RUNS_PER_LOG:
-            runs.extend(found)
-            continue
-        clips = itertools.chain.from_iterable(map(_read_run, found))  # out of order: sort it in bounded chunks
-        while chunk := list(itertools.islice(clips, SPILL_ROWS)):
-            runs.append(_spill(folder, sorted(chunk, key=_by_id), len(spills)))
-            spills.append(runs[-1].path)
-    while len(runs) > MAX_OPEN_RUNS:  # merge in rounds so that no more files are open at once
-        merged = []
-        for start in range(0, len(runs), MAX_OPEN_RUNS):
-            group = runs[start:start + MAX_OPEN_RUNS]
-            merged.append(_spill(folder, heapq.merge(*map(_read_run, group), key=_by_id), len(spills)))
-            spills.append(merged[-1].path)
-        runs = merged
-    return runs, spills
+    jobs = [(log, f"{prefix}{number:05d}-", RUN_CHUNK_ROWS) for number, log in enumerate(logs)]
+    if workers > 1 and len(logs) > 1 and sum(log.stat().st_size for log in logs) >= PARALLEL_SCAN_BYTES:
+        # spawn: rank 0 may hold CUDA and torch threads, which a forked child must not inherit
+        with ProcessPoolExecutor(max_workers=min(workers, len(logs)), mp_context=mp.get_context("spawn")) as pool:
+            parts = list(pool.map(_scan_log, *zip(*jobs)))
+    else:
+        parts = [_scan_log(*job) for job in jobs]
+    totals, paths = _Totals(), []
+    for part, part_paths in parts:
+        totals.shards.extend(part.shards)
+        totals.clips, totals.views, totals.frames = (totals.clips + part.clips, totals.views + part.views,
+                                                     totals.frames + part.frames)
+        totals.shape = totals.shape or part.shape
+        paths.extend(part_paths)
+    return totals, paths
 
 
-def _by_id(record: dict[str, Any]) -> str:
-    return record["id"]
+def default_workers() -> int:
+    """Processes that scan progress logs in finalize: the cores this process may use, at most 4 (memory)."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
-def finalize(out: Path, header: dict[str, Any]) -> dict[str, Any]:
+def _merge(paths: list[Path], rows: int) -> Iterator[pa.Table]:
+    """K-way merge by id of sorted Arrow files, as tables of `rows` rows. Whole stretches of one run that
+    come before every other run's head are taken at once (bisect), so disjoint runs cost a few slices."""
+    readers = [pa.ipc.open_file(pa.memory_map(str(path))) for path in paths]
+    batches: list[Any] = [None] * len(paths)
+    ids: list[list[str]] = [[] for _ in paths]
+    where = [0] * len(paths)
+    next_batch = [0] * len(paths)
+
+    def load(run: int) -> bool:
+        while next_batch[run] < readers[run].num_record_batches:
+            batch = readers[run].get_batch(next_batch[run])
+            next_batch[run] += 1
+            if batch.num_rows:
+                batches[run], ids[run], where[run] = batch, batch.column("id").to_pylist(), 0
+                return True
+        return False
+
+    heap = [(ids[run][0], run) for run in range(len(paths)) if load(run)]
+    heapq.heapify(heap)
+    pending: list[Any] = []
+    count = 0
+    while heap:
+        _, run = heapq.heappop(heap)
+        start = where[run]
+        limit = len(ids[run]) if not heap else bisect.bisect_right(ids[run], heap[0][0], start)
+        stop = min(max(limit, start + 1), start + rows - count)
+        pending.append(batches[run].slice(start, stop - start))
+        count += stop - start
+        where[run] = stop
+        if stop < len(ids[run]) or load(run):
+            heapq.heappush(heap, (ids[run][where[run]], run))
+        if count >= rows:
+            yield pa.Table.from_batches(pending)
+            pending, count = [], 0
+    if pending:
+        yield pa.Table.from_batches(pending)
+
+
+def _merged_tables(paths: list[Path], rounds: _Runs, rows: int) -> Iterator[pa.Table]:
+    """Every run merged into one id-sorted stream, in rounds (written by `rounds`) of at most MAX_OPEN_RUNS
+    open files."""
+    while len(paths) > MAX_OPEN_RUNS:
+        paths = [rounds.add_tables(_merge(paths[i:i + MAX_OPEN_RUNS], rows)) for i in range(0, len(paths), MAX_OPEN_RUNS)]
+    yield from _merge(paths, rows)
+
+
+def finalize(out: Path, header: dict[str, Any], workers: int | None = None) -> dict[str, Any]:
     """Merge every rank's progress log into clips.parquet and failures.parquet, then write manifest.json last.
 
-    Streaming: one pass over the logs sums the counts and finds each log's ascending runs, a k-way merge of
-    the runs writes the clip table row group by row group. Memory holds the shard list, the failures and
-    one progress-log line per run, never all clip records. Refuses (EmptyCacheError, no table and no
-    manifest written) when no clip at all was committed."""
+    Streaming: one pass over the logs (`workers` processes, default_workers()) sums the counts and turns
+    the records into table rows kept in sorted runs (Arrow files beside the logs); a k-way merge of the
+    runs writes the clip table row group by row group. Memory holds the shard list, the failures and a few
+    row groups per process, never all clip records. Refuses (EmptyCacheError, no table and no manifest
+    written) when no clip at all was committed."""
     out = Path(out)
-    totals = _Totals()
-    runs, spills = _sorted_runs(out, totals)
+    folder = out / PROGRESS_DIR
+    prefix = f".merge-{os.getpid()}-"
     try:
+        totals, paths = _scan_logs(out, prefix, default_workers() if workers is None else workers)
         failures = read_failures(out)
         if not totals.clips:
             raise EmptyCacheError(f"{out}: no clips encoded: {describe_failures(failures)} (no manifest written)")
@@ -330,9 +383,10 @@ def finalize(out: Path, header: dict[str, Any]) -> dict[str, Any]:
             "shards": len(totals.shards), "bytes": sum(s["bytes"] for s in totals.shards), "failures": len(failures),
             "oom_backoffs": backoffs, "planned_clips": planned,
         }
-        clips = write_table(out / CLIPS, CLIP_TABLE, heapq.merge(*map(_read_run, runs), key=_by_id))
+        rounds = _Runs(folder, f"{prefix}m-")
+        clips = write_tables(out / CLIPS, CLIP_TABLE, _merged_tables(paths, rounds, _table.ROW_GROUP_ROWS))
     finally:
-        for path in spills:
+        for path in folder.glob(f"{prefix}*.tmp") if folder.is_dir() else []:
             path.unlink(missing_ok=True)
     return _write_manifest_last(out, header, totals.shards, clips, write_table(out / FAILURES, FAILURE_TABLE, failures))
 

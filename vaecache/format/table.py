@@ -11,6 +11,7 @@ absent"; a null list element means "field absent" in that element.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from typing import Any, Callable, Iterable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vaecache.errors import ManifestError
+from vaecache.errors import ManifestError, OutputError
 from vaecache.format.io import FILE_MODE, fsync_dir, sha256_file
 
 ROW_GROUP_ROWS = 16384
@@ -37,16 +38,21 @@ def _is_int(value: Any) -> bool:
     return type(value) is int and -2**63 <= value < 2**63
 
 
+_STR, _INT, _FLOAT = frozenset({str}), frozenset({int}), frozenset({float})
+# The checks below run per record (millions in a finalize): types are compared set-wise at C speed.
+
+
 def _is_str_list(value: Any) -> bool:
-    return type(value) is list and all(type(v) is str for v in value)
+    return type(value) is list and set(map(type, value)) <= _STR
 
 
 def _is_int_list(value: Any) -> bool:
-    return type(value) is list and all(_is_int(v) for v in value)
+    return type(value) is list and (not value or (set(map(type, value)) <= _INT
+                                                  and -2**63 <= min(value) and max(value) < 2**63))
 
 
 def _is_float_list(value: Any) -> bool:
-    return type(value) is list and all(type(v) is float for v in value)
+    return type(value) is list and set(map(type, value)) <= _FLOAT
 
 
 @dataclass(frozen=True)
@@ -60,8 +66,12 @@ class Column:
 
 STATS_TYPE = pa.struct([("min", pa.float64()), ("max", pa.float64()), ("mean", pa.float64()), ("std", pa.float64())])
 STATS_KEYS = ("min", "max", "mean", "std")
+_STATS_KEY_SET = frozenset(STATS_KEYS)
+_NO_STATS: dict[str, float] = {key: 0.0 for key in STATS_KEYS}
 TENSOR_FIELDS = ("name", "shape", "dtype", "stats")
 IDENTITY_FIELDS = ("size", "mtime_ns", "sha256")
+_TENSOR_FIELD_SET = frozenset(TENSOR_FIELDS)
+_IDENTITY_FIELD_SET = frozenset(IDENTITY_FIELDS)
 
 CLIP_COLUMNS = (
     Column("id", pa.string(), lambda v: type(v) is str),
@@ -99,22 +109,27 @@ def _tensors_fit(tensors: Any) -> bool:
     if type(tensors) is not dict:
         return False
     for key, entry in tensors.items():
-        if type(key) is not str or type(entry) is not dict or not set(entry) <= set(TENSOR_FIELDS):
+        if type(key) is not str or type(entry) is not dict or not entry.keys() <= _TENSOR_FIELD_SET:
             return False
         if ("name" in entry and type(entry["name"]) is not str) or ("dtype" in entry and type(entry["dtype"]) is not str):
             return False
         if "shape" in entry and not _is_int_list(entry["shape"]):
             return False
-        stats = entry.get("stats", {key: 0.0 for key in STATS_KEYS})
-        if type(stats) is not dict or set(stats) != set(STATS_KEYS) or any(type(v) is not float for v in stats.values()):
+        stats = entry.get("stats", _NO_STATS)
+        if stats is not _NO_STATS and (type(stats) is not dict or stats.keys() != _STATS_KEY_SET
+                                       or not set(map(type, stats.values())) <= _FLOAT):
             return False
     return True
 
 
 def _identity_fits(identity: Any) -> bool:
-    return type(identity) is list and all(
-        type(item) is dict and set(item) <= set(IDENTITY_FIELDS) and _is_int(item.get("size"))
-        and _is_int(item.get("mtime_ns")) and type(item.get("sha256", "")) is str for item in identity)
+    if type(identity) is not list:
+        return False
+    for item in identity:
+        if (type(item) is not dict or not item.keys() <= _IDENTITY_FIELD_SET or not _is_int(item.get("size"))
+                or not _is_int(item.get("mtime_ns")) or ("sha256" in item and type(item["sha256"]) is not str)):
+            return False
+    return True
 
 
 def _dumps(extra: dict[str, Any]) -> str | None:
@@ -209,31 +224,45 @@ class WrittenTable:
     sha256: str
 
 
+def schema_of(kind: TableKind) -> pa.Schema:
+    """The table's schema as written (with a small metadata entry naming the table)."""
+    return kind.schema.with_metadata({TABLE_METADATA_KEY: json.dumps({"table": kind.name}).encode()})
+
+
+def rows_table(kind: TableKind, records: Iterable[dict[str, Any]]) -> pa.Table:
+    """Records as an Arrow table of the kind's schema (in memory: one row group's worth at a time)."""
+    return pa.Table.from_pylist([kind.to_row(record) for record in records], schema=schema_of(kind))
+
+
 def write_table(path: Path, kind: TableKind, records: Iterable[dict[str, Any]],
                 row_group_rows: int | None = None) -> WrittenTable:
-    """Write `records` (in the order given) as Parquet at `path`, atomically: a temp file in the same folder
-    gets one zstd row group per `row_group_rows` records as they stream in, is fsynced, hashed and renamed
-    over `path`, and the folder is fsynced. Holds one row group in memory, never the whole table."""
+    """Write `records` (in the order given) as Parquet at `path`, one row group per `row_group_rows` records
+    as they stream in (see write_tables)."""
+    size = row_group_rows or ROW_GROUP_ROWS
+    iterator = iter(records)
+    chunks = iter(lambda: list(itertools.islice(iterator, size)), [])
+    return write_tables(path, kind, (rows_table(kind, chunk) for chunk in chunks))
+
+
+def write_tables(path: Path, kind: TableKind, tables: Iterable[pa.Table]) -> WrittenTable:
+    """Write Arrow tables of the kind's schema at `path`, one zstd row group each, atomically: a temp file in
+    the same folder is written as they stream in, fsynced, hashed and renamed over `path`, and the folder is
+    fsynced. Holds one row group in memory, never the whole table."""
     path = Path(path)
-    row_group_rows = row_group_rows or ROW_GROUP_ROWS
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     count = 0
-    schema = kind.schema.with_metadata({TABLE_METADATA_KEY: json.dumps({"table": kind.name}).encode()})
+    schema = schema_of(kind)
     try:
         with open(tmp, "wb") as handle:
             os.fchmod(handle.fileno(), FILE_MODE)
             writer = pq.ParquetWriter(handle, schema, compression="zstd", write_page_checksum=True)
             try:
-                rows: list[dict[str, Any]] = []
-                for record in records:
-                    rows.append(kind.to_row(record))
-                    if len(rows) >= row_group_rows:
-                        writer.write_table(pa.Table.from_pylist(rows, schema=schema), row_group_size=len(rows))
-                        count += len(rows)
-                        rows = []
-                if rows or count == 0:
-                    writer.write_table(pa.Table.from_pylist(rows, schema=schema), row_group_size=max(1, len(rows)))
-                    count += len(rows)
+                for table in tables:
+                    if table.num_rows:
+                        writer.write_table(table.replace_schema_metadata(schema.metadata), row_group_size=table.num_rows)
+                        count += table.num_rows
+                if not count:
+                    writer.write_table(pa.Table.from_pylist([], schema=schema))
             finally:
                 writer.close()
             handle.flush()
@@ -243,8 +272,6 @@ def write_table(path: Path, kind: TableKind, records: Iterable[dict[str, Any]],
         fsync_dir(path.parent)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
-        from vaecache.errors import OutputError
-
         raise OutputError(f"{path}: cannot write ({exc.strerror or exc})") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -296,4 +323,5 @@ def table_rows(path: Path, kind: TableKind) -> int:
 
 
 __all__ = ["CLIP_SCHEMA", "CLIP_TABLE", "FAILURE_SCHEMA", "FAILURE_TABLE", "ClipTableError", "TableKind",
-           "WrittenTable", "clip_record", "clip_row", "iter_column", "iter_table", "table_rows", "write_table"]
+           "WrittenTable", "clip_record", "clip_row", "iter_column", "iter_table", "rows_table", "schema_of", "table_rows",
+           "write_table", "write_tables"]
