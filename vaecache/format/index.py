@@ -172,6 +172,8 @@ def manifest_header(*, producer: dict[str, str], vae: dict[str, Any], fingerprin
 
 RUN_CHUNK_ROWS = 16384
 """Clip records converted to table rows, sorted if need be and appended to a run, at a time."""
+RUN_BATCH_ROWS = 1024
+"""Rows per record batch in a run file: the merge holds one batch of every run at once."""
 MAX_OPEN_RUNS = 64
 """Runs merged at once (open files); more are merged in rounds first."""
 PARALLEL_SCAN_BYTES = 32 * 2**20
@@ -248,7 +250,8 @@ class _Runs:
         if self._writer is None or chunk[0][0] < self._last:
             self.close()
             self._writer = self._new_file()
-        self._writer.write_table(pa.Table.from_pylist([row for _, row in chunk], schema=self.schema))
+        self._writer.write_table(pa.Table.from_pylist([row for _, row in chunk], schema=self.schema),
+                                 max_chunksize=RUN_BATCH_ROWS)
         self._last = chunk[-1][0]
 
     def add_tables(self, tables: Iterable[pa.Table]) -> Path:
@@ -256,7 +259,7 @@ class _Runs:
         self.close()
         self._writer = self._new_file()
         for table in tables:
-            self._writer.write_table(table)
+            self._writer.write_table(table, max_chunksize=RUN_BATCH_ROWS)
         self.close()
         return self.paths[-1]
 
@@ -315,7 +318,7 @@ def default_workers() -> int:
 def _merge(paths: list[Path], rows: int) -> Iterator[pa.Table]:
     """K-way merge by id of sorted Arrow files, as tables of `rows` rows. Whole stretches of one run that
     come before every other run's head are taken at once (bisect), so disjoint runs cost a few slices."""
-    readers = [pa.ipc.open_file(pa.memory_map(str(path))) for path in paths]
+    readers = [pa.ipc.open_file(pa.OSFile(str(path))) for path in paths]  # read per batch (no mapped pages kept)
     batches: list[Any] = [None] * len(paths)
     ids: list[list[str]] = [[] for _ in paths]
     where = [0] * len(paths)

@@ -136,31 +136,36 @@ def _dumps(extra: dict[str, Any]) -> str | None:
     return json.dumps(extra, sort_keys=True, separators=(",", ":")) if extra else None
 
 
+_PLAIN_FITS = {column.key: column.fits for column in CLIP_COLUMNS}
+
+
 def clip_row(record: dict[str, Any]) -> dict[str, Any]:
-    """The table row of a clip record (see the module docstring)."""
+    """The table row of a clip record (see the module docstring). One pass over the record's keys: this
+    runs for every clip in a finalize."""
     row: dict[str, Any] = {}
-    extra = {key: value for key, value in record.items()}
-    for column in CLIP_COLUMNS:
-        value = extra.get(column.key)
-        if column.key in extra and column.fits(value):
-            row[column.key] = extra.pop(column.key)
-    if type(row.get("id")) is not str:
+    extra: dict[str, Any] = {}
+    for key, value in record.items():
+        fits = _PLAIN_FITS.get(key)
+        if fits is not None:
+            if fits(value):
+                row[key] = value
+                continue
+        elif key == "tensors" and _tensors_fit(value):
+            entries = list(value.values())
+            row["tensor_keys"] = list(value)
+            row["tensor_names"] = [e.get("name") for e in entries]
+            row["tensor_shapes"] = [e.get("shape") for e in entries]
+            row["tensor_dtypes"] = [e.get("dtype") for e in entries]
+            row["tensor_stats"] = [e.get("stats") for e in entries]
+            continue
+        elif key == "source_identity" and _identity_fits(value):
+            row["source_sizes"] = [item["size"] for item in value]
+            row["source_mtimes_ns"] = [item["mtime_ns"] for item in value]
+            row["source_sha256"] = [item.get("sha256") for item in value]
+            continue
+        extra[key] = value
+    if "id" not in row:
         raise ValueError(f"clip record without a string id: {str(record)[:80]}")
-    tensors = extra.get("tensors")
-    if _tensors_fit(tensors):
-        del extra["tensors"]
-        entries = list(tensors.values())
-        row["tensor_keys"] = list(tensors)
-        row["tensor_names"] = [e.get("name") for e in entries]
-        row["tensor_shapes"] = [e.get("shape") for e in entries]
-        row["tensor_dtypes"] = [e.get("dtype") for e in entries]
-        row["tensor_stats"] = [e.get("stats") for e in entries]
-    identity = extra.get("source_identity")
-    if _identity_fits(identity):
-        del extra["source_identity"]
-        row["source_sizes"] = [item["size"] for item in identity]
-        row["source_mtimes_ns"] = [item["mtime_ns"] for item in identity]
-        row["source_sha256"] = [item.get("sha256") for item in identity]
     row["extra"] = _dumps(extra)
     return row
 
