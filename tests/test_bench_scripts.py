@@ -76,3 +76,14 @@ def test_bench_sp_prints_documented_keys(tmp_path):
             assert key in row, key
         assert row["views"] == 4
     assert printed["notes"] and printed["machine"]["cpu_model"]
+
+
+def test_bench_scale_prints_documented_keys(capsys, tmp_path):
+    result = load_script("bench_scale").main(["--clips", "300", "--ranks", "2", "--cameras", "2",
+                                              "--clips-per-shard", "8", "--tmp", str(tmp_path)])
+    printed = printed_json(capsys)
+    assert printed == json.loads(json.dumps(result))
+    finalize = printed["finalize"]
+    for key in ("finalize_s", "finalize_peak_rss_mb", "load_columns_s", "verify_record_pass_s", "clips_parquet_mb"):
+        assert isinstance(finalize[key], (int, float)), key
+    assert printed["config"]["clips"] == 300 and printed["machine"]["cpu_model"]

@@ -3,7 +3,6 @@ non-finite latents failed at encode time."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 

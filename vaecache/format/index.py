@@ -399,7 +399,7 @@ def write_manifest(out: Path, header: dict[str, Any], shards: list[dict[str, Any
     """Write the clip table (sorted by id here, in memory: small caches, tests) and the failure table, then
     manifest.json last. `finalize` is the streaming path an encode takes."""
     out = Path(out)
-    written = write_table(out / CLIPS, CLIP_TABLE, sorted(clips, key=_by_id))
+    written = write_table(out / CLIPS, CLIP_TABLE, sorted(clips, key=lambda clip: clip["id"]))
     return _write_manifest_last(out, header, shards, written, write_table(out / FAILURES, FAILURE_TABLE, failures))
 
 
