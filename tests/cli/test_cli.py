@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import vaecache
-from conftest import read_failures
+from vaecache.format.reader import CacheReader
 from vaecache.decode import open_video
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.errors import DatasetError
@@ -177,7 +177,7 @@ def test_encode_from_an_index_with_frame_ranges_reports_short_scenes(run_cli: Ca
     assert record["id"] == "late/000004-000012" and record["frames"] == list(range(4, 13))
     assert record["cameras"] == ["back", "front"]
     assert record["sources"] == [str((tmp_path / "videos" / f"cam_{i}.mp4").resolve()) for i in (1, 0)]
-    (failure,) = read_failures(out)
+    (failure,) = CacheReader(out).failure_records()
     assert failure["scene"] == "short" and failure["reason"].startswith("too short: 5 usable frames")
     assert "skipped inputs" in result.output
     assert f"{out}/failures.parquet" in re.sub(r"[\s│]", "", result.output)  # the summary points at it (cells fold)
@@ -192,7 +192,7 @@ def test_broken_video_is_skipped_and_named(run_cli: Callable, tmp_path: Path, ca
     result = run_cli(_encode_args(data, out, num_frames="5", size="32x32"))
     assert result.exit_code == 3, result.output
     assert [r["id"] for r in cache_io.clips(out)] == ["scene_000/000000-000004"]
-    (failure,) = read_failures(out)
+    (failure,) = CacheReader(out).failure_records()
     assert failure["path"].endswith("scene_001/cam_0.mp4") and "not a readable video" in failure["reason"]
 
 
