@@ -1,35 +1,88 @@
 #!/usr/bin/env python
-"""Planning at corpus scale (issue 14): `vaecache plan` on a synthetic index, and one rank's planning memory.
+"""Scale benchmarks (issue 14): how planning, the cache's index steps and the per-clip cost grow with the corpus.
 
-Writes one small real video (PyAV, h264) and a JSONL index of --scenes scenes that all reference it, each
-with the probe fields `vaecache index` writes (frame counts given, so no video is opened). Then, each in
-a fresh process:
+Sections `plan` and `rank_planning`: one small real video (PyAV, h264) and a JSONL index of --scenes scenes
+that all reference it, each with the probe fields `vaecache index` writes (frame counts given, so no video
+is opened). Each in a fresh process: `plan`: `vaecache plan INDEX --no-measure` (with --plan-json: and
+`--json FILE`) with --plan-clips-per-scene clips per scene, timed --repeats times (median), with the
+process's peak RSS; `rank_planning`: what one encode rank does before it decodes anything (discover the
+index, probes from it, plan_job, the rank's own RankWork) for --world ranks, computed for --rank, on scenes
+of uneven length averaging --rank-clips-per-scene clips (10 x 1M scenes = 10M clips). Each figure is
+extrapolated linearly to 10M clips.
 
-* plan: `vaecache plan INDEX --no-measure` (with --plan-json: and `--json FILE`) with --plan-clips-per-scene clips per scene, timed --repeats
-  times (median), with the process's peak RSS;
-* rank_planning: what one encode rank does before it decodes anything (discover the index, probes from
-  it, plan_job, the rank's own RankWork) for --world ranks, computed for --rank, on scenes of uneven
-  length averaging --rank-clips-per-scene clips (10 x 1M scenes = 10M clips): seconds and peak RSS.
+Section `overhead`: a real encode with the near-zero-cost VAE (`_null_vae:factory`) of --overhead-scenes
+one-clip scenes (5 frames of 32x32) on one rank, with --workers 0 and 2, once with every scene naming the
+same video and once with a hard link per scene (a file opened per clip): the encode loop's time per clip
+(the summary's `encode_s`, start-up and finalize excluded). Target: <= 5 ms per clip.
 
-Each figure is extrapolated linearly to 10M clips. Output: a table on stderr, JSON on stdout.
+Section `finalize`: synthesizes N committed clip records in per-rank progress logs, as an encode leaves them
+(realistic records: several cameras, mean and logvar with stats, sources with their identity, the encode
+field; tiny or no shards, since finalize reads only the logs), including a resumed attempt that appended a
+second block to every log. Then, each in a fresh child process so that peak RSS is that step's alone:
 
-    python scripts/bench_scale.py --scenes 1000000
+* finalize: `vaecache.format.index.finalize` (streaming k-way merge -> clips.parquet, manifest last);
+* load: `pyarrow.parquet.read_table(clips.parquet, columns=[id, shard, tensor_names, tensor_shapes])`;
+* verify pass: verify's streaming pass over the clip records (sha256 of the table, order, every record
+  against the manifest), with the per-shard checks left out (no shard files exist).
+
+    python scripts/bench_scale.py --sections plan,rank_planning --scenes 1000000   # targets: 30 s, 1 GB for 10M
+    python scripts/bench_scale.py --sections finalize --clips 1000000   # targets: finalize <= 60 s, <= 1 GB RSS
+    python scripts/bench_scale.py --sections overhead                   # target: <= 5 ms per clip
+
+Prints a table on stderr and JSON on stdout; the machine is named from /proc/cpuinfo and `platform`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import resource
+import shutil
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _benchlib as bl  # noqa: E402
+
+SECTIONS = ("plan", "rank_planning", "finalize", "overhead")
+FINALIZE_TARGET_S, FINALIZE_TARGET_RSS_MB = 60.0, 1024.0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sections", default="plan,rank_planning,finalize,overhead",
+                   help=f"comma-separated, of {', '.join(SECTIONS)}")
+    p.add_argument("--scenes", type=int, default=100_000, help="plan sections: scenes in the synthetic index")
+    p.add_argument("--plan-clips-per-scene", type=int, default=1)
+    p.add_argument("--rank-clips-per-scene", type=float, default=10.0)
+    p.add_argument("--world", type=int, default=64, help="rank_planning: world size")
+    p.add_argument("--rank", type=int, default=31, help="rank_planning: the rank whose planning is measured")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--plan-json", action="store_true", help="time `vaecache plan --json FILE` (the report "
+                   "lists every clip id and scene; indented JSON is written by Python's pure-Python encoder)")
+    p.add_argument("--overhead-scenes", type=int, default=2000, help="overhead: one-clip scenes encoded")
+    p.add_argument("--clips", type=int, default=100_000, help="finalize: committed clips to synthesize")
+    p.add_argument("--writers", type=int, default=16, help="finalize: writer ranks (one progress log each)")
+    p.add_argument("--cameras", type=int, default=6)
+    p.add_argument("--clips-per-scene", type=int, default=10)
+    p.add_argument("--clips-per-shard", type=int, default=32, help="clips per committed shard (one log line)")
+    p.add_argument("--resumed", type=float, default=0.3,
+                   help="share of each rank's block committed by a second attempt (appended later to the logs)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="finalize's log-scanning processes (default: vaecache's own, min(4, cores))")
+    p.add_argument("--tmp", default=None)
+    p.add_argument("--child", nargs=2, metavar=("STEP", "OUT"), help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+# --------------------------------------------------------------------------- planning
 
 NUM_FRAMES = 5
 HWM = textwrap.dedent("""
@@ -95,74 +148,277 @@ def write_index(path: Path, video: Path, scenes: int, clips_per_scene: float) ->
     return clips
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scenes", type=int, default=1_000_000)
-    parser.add_argument("--plan-clips-per-scene", type=int, default=1)
-    parser.add_argument("--rank-clips-per-scene", type=float, default=10.0)
-    parser.add_argument("--world", type=int, default=64)
-    parser.add_argument("--rank", type=int, default=31)
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--plan-json", action="store_true", help="time `vaecache plan --json FILE` (the report "
-                        "lists every clip id and scene; indented JSON is written by Python's pure-Python encoder)")
-    parser.add_argument("--tmp", type=Path, default=None)
-    args = parser.parse_args(argv)
+def bench_plan(args: argparse.Namespace, root: Path, video: Path) -> dict[str, Any]:
+    env = bl.child_env(threads=1, pythonpath=[bl.SCRIPTS])
+    bl.progress(f"writing a {args.scenes}-scene index for plan")
+    plan_index = root / "plan.jsonl"
+    plan_clips = write_index(plan_index, video, args.scenes, args.plan_clips_per_scene)
+    plan_runs = []
+    json_args = ["--json", str(root / "plan.json")] if args.plan_json else []
+    for repeat in range(args.repeats):
+        bl.progress(f"vaecache plan, run {repeat + 1}/{args.repeats}")
+        timed = bl.run_timed([sys.executable, "-c", HWM + "import sys\nfrom vaecache.cli.app import main\n"
+                              "try:\n    main(sys.argv[1:])\nfinally:\n    print(hwm_mb(), file=sys.stderr)",
+                              "plan", plan_index, "--vae", "python:_null_vae:factory", "--num-frames",
+                              str(NUM_FRAMES), "--size", "32x32", "--store", "mean", "--no-measure",
+                              "--world-size", str(args.world), *json_args], env=env)
+        if timed.returncode != 0:
+            bl.check(timed, "vaecache plan")
+        planned = re.search(r"│ clips\s*│\s*(\d+)", timed.stderr)
+        assert planned and int(planned.group(1)) == plan_clips, (timed.stderr[-2000:], plan_clips)
+        plan_runs.append((timed.wall_s, float(timed.stderr.strip().splitlines()[-1])))
+    plan_s = bl.median([wall for wall, _ in plan_runs])
+    return {"scenes": args.scenes, "clips": plan_clips, "world_size": args.world, "json": args.plan_json,
+            "seconds": [round(w, 2) for w, _ in plan_runs], "median_s": round(plan_s, 2),
+            "peak_rss_mb": round(max(rss for _, rss in plan_runs), 1),
+            "extrapolated_10m_clips_s": round(plan_s * 10_000_000 / plan_clips, 1), "target_s": 30.0}
 
-    machine = bl.machine_info("cpu")
-    with tempfile.TemporaryDirectory(dir=args.tmp, prefix="bench-scale-") as tmp:
-        root = Path(tmp)
-        video = root / "v.mp4"
-        write_video(video)
-        env = bl.child_env(threads=1, pythonpath=[bl.SCRIPTS])
 
-        bl.progress(f"writing a {args.scenes}-scene index for plan")
-        plan_index = root / "plan.jsonl"
-        plan_clips = write_index(plan_index, video, args.scenes, args.plan_clips_per_scene)
-        plan_runs = []
-        json_args = ["--json", str(root / "plan.json")] if args.plan_json else []
-        for repeat in range(args.repeats):
-            bl.progress(f"vaecache plan, run {repeat + 1}/{args.repeats}")
-            timed = bl.run_timed([sys.executable, "-c", HWM + "import sys\nfrom vaecache.cli.app import main\n"
-                                  "try:\n    main(sys.argv[1:])\nfinally:\n    print(hwm_mb(), file=sys.stderr)",
-                                  "plan", plan_index, "--vae", "python:_null_vae:factory", "--num-frames",
-                                  str(NUM_FRAMES), "--size", "32x32", "--store", "mean", "--no-measure",
-                                  "--world-size", str(args.world), *json_args], env=env)
-            if timed.returncode != 0:
-                bl.check(timed, "vaecache plan")
-            planned = re.search(r"│ clips\s*│\s*(\d+)", timed.stderr)
-            assert planned and int(planned.group(1)) == plan_clips, (timed.stderr[-2000:], plan_clips)
-            plan_runs.append((timed.wall_s, float(timed.stderr.strip().splitlines()[-1])))
-        plan_s = bl.median([wall for wall, _ in plan_runs])
-        plan = {"scenes": args.scenes, "clips": plan_clips, "world_size": args.world, "json": args.plan_json, "seconds": [round(w, 2) for w, _ in plan_runs],
-                "median_s": round(plan_s, 2), "peak_rss_mb": round(max(rss for _, rss in plan_runs), 1),
-                "extrapolated_10m_clips_s": round(plan_s * 10_000_000 / plan_clips, 1),
-                "target_s": 30.0}
+def bench_rank_planning(args: argparse.Namespace, root: Path, video: Path) -> dict[str, Any]:
+    env = bl.child_env(threads=1, pythonpath=[bl.SCRIPTS])
+    bl.progress(f"writing a {args.scenes}-scene index of ~{args.rank_clips_per_scene:g} clips per scene")
+    rank_index = root / "rank.jsonl"
+    rank_clips = write_index(rank_index, video, args.scenes, args.rank_clips_per_scene)
+    bl.progress(f"planning rank {args.rank} of {args.world}")
+    timed = bl.run_timed([sys.executable, "-c", RANK_SCRIPT, rank_index, str(args.world), str(args.rank)], env=env)
+    bl.check(timed, "rank planning")
+    measured = json.loads(timed.stdout)
+    assert measured["clips"] == rank_clips, (measured["clips"], rank_clips)
+    return {"scenes": args.scenes, "clips": rank_clips, "world_size": args.world, "rank": args.rank,
+            "rank_clips": measured["rank_clips"], "seconds": round(measured["seconds"], 2),
+            "peak_rss_mb": round(measured["peak_rss_mb"], 1), "import_rss_mb": round(measured["import_rss_mb"], 1),
+            "extrapolated_10m_clips_rss_mb": round(measured["import_rss_mb"] + (
+                measured["peak_rss_mb"] - measured["import_rss_mb"]) * 10_000_000 / rank_clips, 1),
+            "target_rss_mb": 1024.0,
+            "note": "includes the interpreter, torch (imported by vaecache.planning's mesh) and the whole parsed "
+                    "index; extrapolation: import_rss_mb + (peak - import) x 10M / clips"}
 
-        bl.progress(f"writing a {args.scenes}-scene index of ~{args.rank_clips_per_scene:g} clips per scene")
-        rank_index = root / "rank.jsonl"
-        rank_clips = write_index(rank_index, video, args.scenes, args.rank_clips_per_scene)
-        bl.progress(f"planning rank {args.rank} of {args.world}")
-        timed = bl.run_timed([sys.executable, "-c", RANK_SCRIPT, rank_index, str(args.world), str(args.rank)], env=env)
-        bl.check(timed, "rank planning")
-        measured = json.loads(timed.stdout)
-        assert measured["clips"] == rank_clips, (measured["clips"], rank_clips)
-        rank = {"scenes": args.scenes, "clips": rank_clips, "world_size": args.world, "rank": args.rank,
-                "rank_clips": measured["rank_clips"], "seconds": round(measured["seconds"], 2),
-                "peak_rss_mb": round(measured["peak_rss_mb"], 1),
-                "import_rss_mb": round(measured["import_rss_mb"], 1),
-                "extrapolated_10m_clips_rss_mb": round(measured["import_rss_mb"] + (measured["peak_rss_mb"] - measured[
-                    "import_rss_mb"]) * 10_000_000 / rank_clips, 1),
-                "target_rss_mb": 1024.0}
 
-    result = {"machine": machine, "plan": plan, "rank_planning": rank,
-              "notes": ["rank_planning includes the interpreter, torch (imported by vaecache.planning's mesh) "
-                        "and the whole parsed index; extrapolation: import_rss_mb + (peak - import) x 10M / clips"]}
-    rows = [["plan (vaecache plan --no-measure)", plan["scenes"], plan["clips"], plan["median_s"], plan["peak_rss_mb"]],
-            [f"rank {args.rank}/{args.world} planning", rank["scenes"], rank["clips"], rank["seconds"],
-             rank["peak_rss_mb"]]]
-    bl.emit(result, bl.table(f"bench_scale on {machine['cpu_model']} ({machine['cores_usable']} cores usable, "
-                             f"load {machine.get('load_avg_at_start')})",
-                             ["step", "scenes", "clips", "seconds", "peak RSS MB"], rows))
+# --------------------------------------------------------------------------- per-clip overhead
+
+
+def bench_overhead(args: argparse.Namespace, root: Path, video: Path) -> dict[str, Any]:
+    """encode_s per clip of a real encode with the null VAE: one shared video, or a hard link per scene."""
+    from vaecache.sources import probe_file
+
+    probe = probe_file(str(video)).to_json()
+    links = root / "links"
+    links.mkdir()
+    indexes = {}
+    for layout in ("one video", "a file per clip"):
+        index = root / f"overhead-{len(indexes)}.jsonl"
+        with open(index, "w", encoding="utf-8") as handle:
+            for i in range(args.overhead_scenes):
+                path = video
+                if layout == "a file per clip":
+                    path = links / f"v{i:07d}.mp4"
+                    os.link(video, path)
+                fields = {**probe, "mtime_ns": path.stat().st_mtime_ns}
+                handle.write(json.dumps({"id": f"s{i:07d}", "path": str(path), "frames": [0, NUM_FRAMES],
+                                         "probe": fields}) + "\n")
+        indexes[layout] = index
+    env = bl.child_env(threads=1, pythonpath=[bl.SCRIPTS])
+    rows = {}
+    for layout, index in indexes.items():
+        for workers in (0, 2):
+            out = root / f"overhead-out-{len(rows)}"
+            bl.progress(f"overhead: {args.overhead_scenes} clips, {layout}, --workers {workers}")
+            timed = bl.run_timed([sys.executable, "-m", "vaecache", "encode", str(index), "--out", str(out),
+                                  "--vae", "python:_null_vae:factory", "--num-frames", str(NUM_FRAMES), "--size",
+                                  "32x32", "--store", "mean", "--workers", str(workers), "--no-progress",
+                                  "--json", "-"], env=env)
+            bl.check(timed, "encode")
+            summary = json.loads(timed.stdout)
+            assert summary["clips"] == args.overhead_scenes, summary
+            rows[f"{layout}, workers {workers}"] = {
+                "clips": summary["clips"], "encode_s": round(summary["encode_s"], 2),
+                "ms_per_clip": round(1000 * summary["encode_s"] / summary["clips"], 2),
+                "startup_s": round(summary["startup_s"], 2), "finalize_s": round(summary["finalize_s"], 2)}
+            shutil.rmtree(out)
+    return {"scenes": args.overhead_scenes, "runs": rows, "target_ms_per_clip": 5.0}
+
+
+# --------------------------------------------------------------------------- synthetic progress logs
+
+
+def clip_record(index: int, args: argparse.Namespace) -> dict[str, Any]:
+    """A committed clip record shaped as the shard writer completes it."""
+    scene = f"fleet/2024-05-01/drive_{index // args.clips_per_scene:07d}"
+    first = (index % args.clips_per_scene) * 17
+    clip_id = f"{scene}/{first:06d}-{first + 16:06d}"
+    cameras = [f"cam_{c}" for c in range(args.cameras)]
+    shape = [args.cameras, 16, 5, 60, 104]
+    stats = {"min": -3.25 - index % 7, "max": 3.5 + index % 5, "mean": 0.0123 * (index % 11), "std": 0.987654321}
+    return {
+        "id": clip_id, "scene": scene, "cameras": cameras,
+        "sources": [f"/datasets/{scene}/{cam}.mp4" for cam in cameras],
+        "source_identity": [{"size": 48_000_000 + c, "mtime_ns": 1_714_521_600_000_000_000 + index} for c in range(args.cameras)],
+        "frames": list(range(first, first + 17)), "fps": 10.0,
+        "times": [round((first + f) / 10, 6) for f in range(17)],
+        "tensors": {key: {"name": f"{clip_id}/{key}", "shape": shape, "dtype": "bfloat16", "stats": stats}
+                    for key in ("mean", "logvar")},
+        "encode": {"tiled": False, "tiled_cameras": [], "units_per_forward": 1},
+    }
+
+
+def _blocks(count: int, parts: int) -> list[range]:
+    return [range(p * count // parts, (p + 1) * count // parts) for p in range(parts)]
+
+
+def write_progress_logs(out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Attempt 0: each rank commits the first part of its contiguous block; attempt 1 splits what is left
+    over the ranks again and appends to the same logs (so every log holds two ascending runs)."""
+    from vaecache.format.layout import progress_path
+
+    (out / "progress").mkdir(parents=True)
+    (out / "shards").mkdir()
+    ranks = args.writers
+    first_attempt, left = [], []
+    for block in _blocks(args.clips, ranks):
+        cut = block.start + int(len(block) * (1 - args.resumed))
+        first_attempt.append(range(block.start, cut))
+        left.extend(range(cut, block.stop))
+    second_attempt = [left[b.start:b.stop] for b in _blocks(len(left), ranks)]
+    for rank in range(ranks):
+        with open(progress_path(out, rank), "w", encoding="utf-8") as handle:
+            for attempt, indices in ((0, list(first_attempt[rank])), (1, second_attempt[rank])):
+                for seq, start in enumerate(range(0, len(indices), args.clips_per_shard)):
+                    name = f"a{attempt:03d}-r{rank:05d}-{seq:06d}.safetensors"
+                    clips = [clip_record(i, args) for i in indices[start:start + args.clips_per_shard]]
+                    for clip in clips:
+                        clip["shard"] = name
+                    shard = {"file": f"shards/{name}", "bytes": 1, "sha256": "0" * 64, "clips": len(clips),
+                             "tensors": 2 * len(clips)}
+                    handle.write(json.dumps({"shard": shard, "clips": clips}, sort_keys=True,
+                                            separators=(",", ":")) + "\n")
+    logs = sum(p.stat().st_size for p in (out / "progress").iterdir())
+    return {"progress_logs_mb": round(logs / 1e6, 1)}
+
+
+# --------------------------------------------------------------------------- steps, each in a child process
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def child(step: str, out: Path, workers: int | None) -> dict[str, Any]:
+    """One step, timed, in this fresh process; its peak RSS includes its scan workers' (RUSAGE_CHILDREN)."""
+    import pyarrow.parquet as pq
+
+    from vaecache.format.index import finalize
+
+    if step == "verify_pass":
+        from vaecache.format.reader import CacheReader
+        from vaecache.verify import Check, _scan_records
+    imported = _rss_mb()
+    start = time.perf_counter()
+    if step == "finalize":
+        header = {"settings": {}, "latent": {"store": ["mean", "logvar"], "dtype": "bfloat16", "layout": "x"},
+                  "planned_clips": 0, "oom_backoffs": 0}
+        manifest = finalize(out, header, workers=workers)
+        result = {"clips": manifest["clips"]["count"]}
+    elif step == "load":
+        table = pq.read_table(out / "clips.parquet", columns=["id", "shard", "tensor_names", "tensor_shapes"])
+        result = {"clips": table.num_rows}
+    elif step == "verify_pass":
+        cache = CacheReader(out)
+        records, tensors = Check("clip records"), Check("tensors")
+        seen = _scan_records(cache, records, tensors, cache.shard_files(), lambda file, record: None)
+        if records.failed or tensors.failed:
+            raise SystemExit(f"verify pass found problems: {records.problems + tensors.problems}")
+        result = {"clips": seen.clips}
+    else:
+        raise SystemExit(f"unknown step {step}")
+    workers_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return {**result, "seconds": time.perf_counter() - start, "peak_rss_mb": _rss_mb(), "import_rss_mb": imported,
+            "largest_worker_rss_mb": workers_rss}
+
+
+def run_child(step: str, out: Path, workers: int | None) -> dict[str, Any]:
+    extra = ["--workers", str(workers)] if workers is not None else []
+    timed = bl.run_timed([sys.executable, __file__, "--child", step, str(out), *extra], env=bl.child_env())
+    bl.check(timed, step)
+    return json.loads(timed.stdout)
+
+
+def bench_finalize(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    out = tmp / "out"
+    bl.progress(f"finalize: writing {args.clips} clip records in {args.writers} progress logs")
+    start = time.perf_counter()
+    made = write_progress_logs(out, args)
+    bl.progress(f"finalize: logs written in {time.perf_counter() - start:.1f} s; timing finalize")
+    steps = {step: run_child(step, out, args.workers) for step in ("finalize", "load", "verify_pass")}
+    for step, found in steps.items():
+        if found["clips"] != args.clips:
+            raise SystemExit(f"{step} saw {found['clips']} clips, {args.clips} were committed")
+    return {
+        **made,
+        "clips_parquet_mb": round((out / "clips.parquet").stat().st_size / 1e6, 1),
+        "finalize_s": round(steps["finalize"]["seconds"], 2),
+        "finalize_peak_rss_mb": round(steps["finalize"]["peak_rss_mb"], 0),
+        "finalize_rss_after_imports_mb": round(steps["finalize"]["import_rss_mb"], 0),
+        "finalize_workers": args.workers,
+        "finalize_largest_worker_rss_mb": round(steps["finalize"]["largest_worker_rss_mb"], 0),
+        "load_columns_s": round(steps["load"]["seconds"], 3),
+        "load_peak_rss_mb": round(steps["load"]["peak_rss_mb"], 0),
+        "verify_record_pass_s": round(steps["verify_pass"]["seconds"], 2),
+        "verify_record_pass_peak_rss_mb": round(steps["verify_pass"]["peak_rss_mb"], 0),
+        "targets": {"finalize_s_at_1M": FINALIZE_TARGET_S, "finalize_rss_mb_at_1M": FINALIZE_TARGET_RSS_MB},
+        "finalize_s_per_1M_clips": round(steps["finalize"]["seconds"] * 1e6 / args.clips, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    if args.child:
+        result = child(args.child[0], Path(args.child[1]), args.workers)
+        print(json.dumps(result))
+        return result
+    sections = [s for s in args.sections.split(",") if s]
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        raise SystemExit(f"unknown section(s) {unknown}; known: {SECTIONS}")
+    tmp = Path(tempfile.mkdtemp(prefix="bench_scale-", dir=args.tmp))
+    try:
+        result: dict[str, Any] = {
+            "machine": bl.machine_info(),
+            "config": {k: getattr(args, k) for k in ("clips", "writers", "cameras", "clips_per_scene", "clips_per_shard",
+                                                     "resumed", "workers")},
+        }
+        if {"plan", "rank_planning", "overhead"} & set(sections):
+            video = tmp / "v.mp4"
+            write_video(video)
+            for name, bench in (("plan", bench_plan), ("rank_planning", bench_rank_planning),
+                                ("overhead", bench_overhead)):
+                if name in sections:
+                    result[name] = bench(args, tmp, video)
+        if "finalize" in sections:
+            result["finalize"] = bench_finalize(args, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    rows = []
+    if "plan" in result:
+        plan = result["plan"]
+        rows.append([f"vaecache plan --no-measure --world-size {args.world} ({plan['scenes']} scenes, "
+                     f"{plan['clips']} clips)", plan["median_s"], plan["peak_rss_mb"]])
+    if "rank_planning" in result:
+        rank = result["rank_planning"]
+        rows.append([f"rank {args.rank}/{args.world} planning ({rank['clips']} clips, {rank['rank_clips']} its own)",
+                     rank["seconds"], rank["peak_rss_mb"]])
+    if "overhead" in result:
+        for label, run in result["overhead"]["runs"].items():
+            rows.append([f"encode loop, null VAE, {label}: {run['ms_per_clip']} ms/clip", run["encode_s"], "-"])
+    if "finalize" in result:
+        f = result["finalize"]
+        rows += [["finalize (k-way merge -> clips.parquet)", f["finalize_s"],
+                 f"{f['finalize_peak_rss_mb']:.0f} (+ {f['finalize_largest_worker_rss_mb']:.0f} per scan worker)"],
+                ["load id, shard, tensor names, shapes (pyarrow)", f["load_columns_s"], f["load_peak_rss_mb"]],
+                ["verify's streaming record pass", f["verify_record_pass_s"], f["verify_record_pass_peak_rss_mb"]]]
+    machine = result["machine"]
+    human = bl.table(f"bench_scale on {machine['cpu_model']} ({machine['cores_usable']} cores usable, load "
+                     f"{machine.get('load_avg_at_start')})", ["step", "seconds", "peak RSS MB"], rows)
+    bl.emit(result, human)
     return result
 
 

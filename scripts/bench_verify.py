@@ -144,13 +144,13 @@ def run_python_sha256(files: list[Path], digests: dict[str, str]) -> Callable[[]
 
 def split_verify(out: Path, files: list[Path]) -> dict[str, float]:
     """verify's per-shard steps timed one by one on one worker thread (as verify_cache(threads=1) runs them):
-    seconds summed over shards. Value checks compare with the stats recorded in clips.jsonl, as verify does."""
+    seconds summed over shards. Value checks compare with the stats recorded in the clip table, as verify does."""
     from safetensors.torch import load as safetensors_load
 
     from vaecache import verify as V
-    from vaecache.format.io import iter_jsonl
+    from vaecache.format.reader import CacheReader
 
-    recorded = {entry["name"]: entry.get("stats") for record in iter_jsonl(out / "clips.jsonl")
+    recorded = {entry["name"]: entry.get("stats") for record in CacheReader(out).clip_records()
                 for entry in record["tensors"].values()}
 
     def steps() -> dict[str, float]:

@@ -117,6 +117,11 @@ def read_clips(out: Path) -> list[dict[str, Any]]:
     return list(CacheReader(out).clip_records())
 
 
+def read_failures(out: Path) -> list[dict[str, Any]]:
+    """The failure records of a finished cache (failures.parquet, read back by pyarrow)."""
+    return CacheReader(out).failure_records()
+
+
 def load_tensors(out: Path) -> dict[str, torch.Tensor]:
     """Every tensor of every shard of OUT, by name (refuses unlisted or missing shards, repeated names)."""
     return CacheReader(out).tensors()
@@ -187,11 +192,12 @@ def loud_vae(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 @pytest.fixture(scope="session")
 def cache_io() -> Any:
-    """Readers for caches: manifest(out), clips(out), tensors(out), same_tensors(a, b)."""
+    """Readers for caches: manifest(out), clips(out), failures(out), tensors(out), same_tensors(a, b)."""
 
     class CacheIO:
         manifest = staticmethod(read_manifest)
         clips = staticmethod(read_clips)
+        failures = staticmethod(read_failures)
         tensors = staticmethod(load_tensors)
         same_tensors = staticmethod(assert_same_tensors)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from vaecache.format.reader import CacheReader
 from vaecache.config import SamplingConfig
 from vaecache.planning import plan_clips
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
@@ -305,12 +306,12 @@ def test_hostile_names_and_links_are_recorded_failures_and_the_run_goes_on(demo_
                       "--workers", "0", "--no-progress"])
     assert result.exit_code == 3, result.output
     assert "unexpected" not in result.output
-    failures = {r["scene"]: r for r in map(json.loads, (out / "failures.jsonl").read_text().splitlines())}
+    failures = {r["scene"]: r for r in CacheReader(out).failure_records()}
     assert set(failures) == {"looped", "bad\nname", "..sneaky", "audio_only"}
     assert failures["looped"]["reason"] == "symlink loop" and failures["looped"]["camera"] == "cam_0"
     assert "cannot be a scene id" in failures["bad\nname"]["reason"]
     assert "starting with '.'" in failures["..sneaky"]["reason"]
     assert failures["audio_only"]["reason"].startswith("not a readable video") or "no video stream" in failures["audio_only"]["reason"]
     assert "DECORD" not in failures["audio_only"]["reason"].upper()
-    clips = [json.loads(line)["id"] for line in (out / "clips.jsonl").read_text().splitlines()]
+    clips = [c["id"] for c in list(CacheReader(out).clip_records())]
     assert clips == [f"scene_00{i}/000000-000008" for i in range(3)]

@@ -13,6 +13,8 @@ from typing import Any, Callable
 import pytest
 
 from vaecache.format.index import write_manifest
+from vaecache.format.reader import CacheReader
+from vaecache.format.table import CLIP_TABLE, FAILURE_TABLE, write_table
 from vaecache.verify import verify_cache
 
 CLIP = "scene_001/000000-000008"
@@ -30,12 +32,20 @@ def _write_manifest(cache: Path, manifest: dict[str, Any]) -> None:
     (cache / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
 
 
+def _records(cache: Path) -> list[dict[str, Any]]:
+    return list(CacheReader(cache).clip_records())
+
+
+def _write_records(cache: Path, records: list[dict[str, Any]]) -> None:
+    """Rewrite clips.parquet with these records, in this order (the manifest's sha256 is left as it was)."""
+    write_table(cache / "clips.parquet", CLIP_TABLE, records)
+
+
 def _shard_of(cache: Path, clip_id: str = CLIP) -> str:
-    for line in (cache / "clips.jsonl").read_text().splitlines():
-        record = json.loads(line)
+    for record in _records(cache):
         if record["id"] == clip_id:
             return f"shards/{record['shard']}"
-    raise AssertionError(f"{clip_id} not in clips.jsonl")
+    raise AssertionError(f"{clip_id} not in clips.parquet")
 
 
 def _rehash_shard(cache: Path, file: str) -> None:
@@ -49,7 +59,7 @@ def _rehash_shard(cache: Path, file: str) -> None:
 
 def _rehash_clips(cache: Path) -> None:
     manifest = _manifest(cache)
-    manifest["clips"]["sha256"] = hashlib.sha256((cache / "clips.jsonl").read_bytes()).hexdigest()
+    manifest["clips"]["sha256"] = hashlib.sha256((cache / "clips.parquet").read_bytes()).hexdigest()
     _write_manifest(cache, manifest)
 
 
@@ -69,13 +79,11 @@ def _set_first_value(cache: Path, tensor: str, value: Callable[[float], float]) 
 
 
 def _edit_clip_record(cache: Path, edit: Callable[[dict[str, Any]], None]) -> None:
-    lines = (cache / "clips.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines]
+    records = _records(cache)
     for record in records:
         if record["id"] == CLIP:
             edit(record)
-    lines = [json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in records]
-    (cache / "clips.jsonl").write_text("".join(lines))
+    _write_records(cache, records)
 
 
 def truncate_shard(cache: Path) -> tuple[set[str], str]:
@@ -120,13 +128,11 @@ def edit_shape_rehashed(cache: Path) -> tuple[set[str], str]:
 def swap_tensor_entries_rehashed(cache: Path) -> tuple[set[str], str]:
     """Two records exchange their tensor entries (same shapes, same shard): every tensor is still claimed
     once and matches its record's shape, but each record now points at the other clip's latents."""
-    lines = (cache / "clips.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines]
+    records = _records(cache)
     first = next(i for i, r in enumerate(records) if r["id"] == CLIP)
     other = next(i for i, r in enumerate(records) if r["id"] != CLIP and r["shard"] == records[first]["shard"])
     records[first]["tensors"], records[other]["tensors"] = records[other]["tensors"], records[first]["tensors"]
-    (cache / "clips.jsonl").write_text("".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n"
-                                               for r in records))
+    _write_records(cache, records)
     _rehash_clips(cache)
     return {"clip records"}, f"clip {CLIP}: logvar is stored as tensor '{records[other]['id']}/logvar', expected '{CLIP}/logvar'"
 
@@ -144,8 +150,8 @@ def alter_value(cache: Path) -> tuple[set[str], str]:
 
 
 def duplicate_record(cache: Path) -> tuple[set[str], str]:
-    lines = (cache / "clips.jsonl").read_text().splitlines(keepends=True)
-    (cache / "clips.jsonl").write_text("".join(lines[:2] + [lines[1]] + lines[2:]))
+    records = _records(cache)
+    _write_records(cache, records[:2] + [records[1]] + records[2:])
     _rehash_clips(cache)
     return {"clip records"}, f"clip {CLIP}: recorded twice"
 
@@ -169,21 +175,37 @@ def record_points_elsewhere(cache: Path) -> tuple[set[str], str]:
 
 
 def drop_record(cache: Path) -> tuple[set[str], str]:
-    lines = (cache / "clips.jsonl").read_text().splitlines(keepends=True)
-    (cache / "clips.jsonl").write_text("".join(lines[:1] + lines[2:]))
+    records = _records(cache)
+    _write_records(cache, records[:1] + records[2:])
     _rehash_clips(cache)
     return {"clip records", "tensors match records"}, f"tensor {CLIP}/logvar is claimed by no clip record"
 
 
 def edit_failures(cache: Path) -> tuple[set[str], str]:
-    (cache / "failures.jsonl").write_text('{"key":"x","reason":"made up","scene":"x"}\n')
-    return {"failures file"}, "failures.jsonl: sha256 differs from the manifest"
+    write_table(cache / "failures.parquet", FAILURE_TABLE, [{"key": "x", "reason": "made up", "scene": "x"}])
+    return {"failures file"}, "failures.parquet: sha256 differs from the manifest"
+
+
+def flip_clip_table_byte(cache: Path) -> tuple[set[str], str]:
+    """One byte of clips.parquet changed on disk: caught by its sha256 (and the page checksums) naming the file."""
+    path = cache / "clips.parquet"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3] ^= 0x01
+    path.write_bytes(bytes(data))
+    return {"clip records", "tensors match records"}, "clips.parquet: sha256 differs from the manifest"
+
+
+def unsorted_records_rehashed(cache: Path) -> tuple[set[str], str]:
+    records = _records(cache)
+    _write_records(cache, [records[1], records[0], records[2]])
+    _rehash_clips(cache)
+    return {"clip records"}, f"clips.parquet: clip {records[0]['id']} comes after {CLIP} (records must be sorted by id)"
 
 
 CORRUPTIONS = [truncate_shard, flip_byte, delete_shard, orphan_shard, edit_shape, edit_shape_rehashed,
                swap_tensor_entries_rehashed, write_nan,
                alter_value, duplicate_record, delete_manifest, future_version, record_points_elsewhere, drop_record,
-               edit_failures]
+               edit_failures, flip_clip_table_byte, unsorted_records_rehashed]
 
 
 def _failing(report: dict[str, Any]) -> set[str]:
@@ -266,7 +288,7 @@ def test_a_cache_with_no_clips_fails(tmp_path: Path) -> None:
     report = verify_cache(tmp_path)
     assert report.complete and not report.ok
     (records,) = [c for c in report.checks if c.name == "clip records"]
-    assert records.problems == ["clips.jsonl: the cache holds no clips (an empty cache is not a result)"]
+    assert records.problems == ["clips.parquet: the cache holds no clips (an empty cache is not a result)"]
 
 
 def test_most_planned_clips_missing_is_a_warning_not_a_failure(cache_copy: Path) -> None:
@@ -276,7 +298,7 @@ def test_most_planned_clips_missing_is_a_warning_not_a_failure(cache_copy: Path)
     report = verify_cache(cache_copy)
     assert report.ok
     (records,) = [c for c in report.checks if c.name == "clip records"]
-    assert records.note == "warning: only 3 of 10 planned clips were encoded; see failures.jsonl"
+    assert records.note == "warning: only 3 of 10 planned clips were encoded; see failures.parquet"
     assert report.summary["planned_clips"] == 10
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 import shutil
 import sys
@@ -11,6 +12,8 @@ import textwrap
 from safetensors.torch import load_file, save_file
 
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
+from vaecache.format.reader import CacheReader
+from vaecache.format.table import CLIP_TABLE, write_table
 from vaecache.format.writer import tensor_stats
 
 
@@ -36,7 +39,7 @@ def test_reencode_matches_exactly_on_the_same_machine(good_cache, run_cli, tmp_p
 
 
 def test_reencode_catches_a_tensor_altered_with_every_hash_and_stat_recomputed(cache_copy, run_cli):
-    records = [json.loads(line) for line in (cache_copy / "clips.jsonl").read_text().splitlines()]
+    records = list(CacheReader(cache_copy).clip_records())
     victim = records[0]
     shard_path = cache_copy / "shards" / victim["shard"]
     tensors = load_file(shard_path)
@@ -44,10 +47,9 @@ def test_reencode_catches_a_tensor_altered_with_every_hash_and_stat_recomputed(c
     tensors[name] = tensors[name] * 1.5  # plausible values, all finite
     save_file(tensors, shard_path, metadata={"format": "vaecache/1"})
     victim["tensors"]["mean"]["stats"] = tensor_stats(tensors[name])
-    clip_bytes = b"".join(json.dumps(r, sort_keys=True, separators=(",", ":")).encode() + b"\n" for r in records)
-    (cache_copy / "clips.jsonl").write_bytes(clip_bytes)
+    written = write_table(cache_copy / "clips.parquet", CLIP_TABLE, records)
     manifest = json.loads((cache_copy / "manifest.json").read_text())
-    manifest["clips"]["sha256"] = hashlib.sha256(clip_bytes).hexdigest()
+    manifest["clips"]["sha256"] = written.sha256
     for shard in manifest["shards"]:
         if shard["file"].endswith(victim["shard"]):
             shard["bytes"] = shard_path.stat().st_size
@@ -109,3 +111,52 @@ def test_reencode_fails_a_vae_that_is_not_reproducible(demo_data, tmp_path, run_
     assert strict.exit_code == 1 and "re-encoded latents differ by" in strict.output and "tolerance 1e-06" in strict.output
     assert run_cli(["verify", out, "--reencode", "2", "--tolerance", "0.1"]).exit_code == 0
     assert run_cli(["verify", out, "--reencode", "1", "--tolerance", "-1"]).exit_code == 2
+
+
+def test_identity_change_names_what_changed() -> None:
+    from vaecache.format.provenance import identity_change
+
+    old = {"size": 10, "mtime_ns": 1_700_000_000_000_000_000}
+    assert identity_change(old, dict(old)) is None
+    assert identity_change(old, None) == "missing or unreadable"
+    assert identity_change(old, {**old, "size": 12}) == "size 10 -> 12 bytes"
+    assert identity_change(old, {**old, "mtime_ns": 1_700_000_060_000_000_000}) == (
+        "modified (mtime 2023-11-14T22:13:20+00:00 -> 2023-11-14T22:14:20+00:00)")
+    hashed = {**old, "sha256": "a" * 64}
+    assert identity_change(hashed, {**hashed, "mtime_ns": 5}) is None  # touched, same content
+    assert identity_change(hashed, {**hashed, "sha256": "b" * 64}) == "content differs (sha256)"
+
+
+def test_verify_dataset_reports_sources_changed_since_encoding(tmp_path, run_cli, cache_io):
+    """Each clip records its sources' size, mtime and (--hash-sources) sha256; verify --dataset names the
+    files changed since, what changed and how many clips are stale. A file only touched is not stale."""
+    data = tmp_path / "data"
+    write_demo_dataset(data, DemoDataSpec(scenes=3, cameras=1, frames=5, height=32, width=32))
+    out = tmp_path / "cache"
+    encoded = run_cli(["encode", data, "--out", out, "--vae", "builtin:tiny", "--num-frames", "5", "--size", "32x32",
+                       "--workers", "0", "--no-progress", "--hash-sources"])
+    assert encoded.exit_code == 0, encoded.output
+    first = cache_io.clips(out)[0]
+    path = first["sources"][0]
+    stat = os.stat(path)
+    assert first["source_identity"] == [{"size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+                                         "sha256": hashlib.sha256(open(path, "rb").read()).hexdigest()}]
+    assert run_cli(["verify", out, "--dataset", data]).exit_code == 0
+    touched, edited, grown = (data / f"scene_00{i}" / "cam_0.mp4" for i in range(3))
+    os.utime(touched, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    content = bytearray(edited.read_bytes())
+    content[-1] ^= 0xFF  # same size, same mtime: only the hash tells
+    edited.write_bytes(bytes(content))
+    os.utime(edited, ns=(os.stat(edited).st_atime_ns, cache_io.clips(out)[1]["source_identity"][0]["mtime_ns"]))
+    with open(grown, "ab") as handle:
+        handle.write(b"\0" * 7)
+    report = tmp_path / "report.json"
+    result = run_cli(["verify", out, "--dataset", data, "--json", report])
+    assert result.exit_code == 1
+    assert f"scene scene_001: {edited.resolve()}: content differs (sha256) since it was encoded; 1 clip(s) stale " \
+           "(first scene_001/000000-000004)" in result.output
+    size = os.stat(grown).st_size
+    assert f"scene scene_002: {grown.resolve()}: size {size - 7} -> {size} bytes since it was encoded" in result.output
+    (row,) = [c for c in json.loads(report.read_text())["checks"] if c["name"] == "sources unchanged since encoded"]
+    assert (row["passed"], row["failed"]) == (1, 2)
+    assert row["note"] == "2 of 3 source file(s) changed since encoding, 2 clip(s) with stale latents"

@@ -9,11 +9,10 @@ import logging
 import os
 import platform
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from contextlib import contextmanager
-from typing import Any, Callable, ContextManager, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
@@ -27,9 +26,10 @@ from vaecache.dist.liveness import set_doing
 from vaecache.dtypes import recorded_name
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, EXIT_STOPPED, InputError, OutputError, UsageError
 from vaecache.format.index import finalize, manifest_header
-from vaecache.format.io import AppendLog, sha256_file
+from vaecache.format.io import AppendLog
 from vaecache.format.layout import PROBES_DIR, FORMAT_VERSION, failures_path, probes_path, progress_path
 from vaecache.format.outdir import PreparedOut, begin_changes, prepare_out, release_lock
+from vaecache.format.provenance import source_identities
 from vaecache.format.reader import CacheReader
 from vaecache.format.writer import ShardWriter, failure_record
 from vaecache.parallel import SPPlan, gather_views, plan_sp
@@ -56,6 +56,12 @@ class EncodeSummary:
     bytes_written: int = 0
     shards: int = 0
     wall_s: float = 0.0
+    startup_s: float = 0.0
+    """This rank's time from the start to its first batch: discovery, probing, planning, VAE load, OUT."""
+    encode_s: float = 0.0
+    """This rank's encode loop: decoding, encoding and committing its clips (not the wait for other ranks)."""
+    finalize_s: float = 0.0
+    """Waiting for the other ranks, and rank 0 merging the progress logs into the manifest."""
     world_size: int = 1
     sp_size: int = 1
     untrained_vae: bool = False
@@ -94,27 +100,6 @@ def run_fingerprint(cfg: EncodeConfig, vae: LoadedVae) -> dict[str, Any]:
     if cfg.sp_mode == "spatial":  # band edges depend on the group size, and so do the last bits of the latents
         fingerprint["parallel"] = {"mode": "spatial", "sp_size": cfg.sp_size}
     return fingerprint
-
-
-def source_identities(paths: Sequence[str], with_hash: bool) -> dict[str, dict[str, Any]]:
-    """Path -> {size, mtime_ns[, sha256]} of each source that exists (a missing one is a recorded failure)."""
-    def identity(path: str) -> dict[str, Any] | None:
-        try:
-            stat = os.stat(path)
-        except OSError:
-            return None
-        found: dict[str, Any] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-        if with_hash:
-            try:
-                found["sha256"] = sha256_file(Path(path))
-            except OSError:
-                return None
-        return found
-
-    workers = min(8, max(1, len(paths))) if with_hash else 1
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        found = dict(zip(paths, pool.map(identity, paths)))
-    return {path: value for path, value in found.items() if value is not None}
 
 
 def _cpu_thread_budget(ctx: DistContext, workers: int) -> int:
@@ -353,7 +338,7 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
                 if on_progress is not None:
                     on_progress(done, total)
 
-            summary = _encode(cfg, ctx, vae, job, start.scenes, prepared, sources, stop, report)
+            summary = _encode(cfg, ctx, vae, job, start.scenes, prepared, sources, stop, report, started)
         summary.wall_s = time.perf_counter() - started
         summary.left_out_cameras = start.left_out_cameras
         summary.repaired = list(prepared.damaged)
@@ -369,7 +354,11 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
                      summary.planned_clips)
             return summary
         set_doing("writing the manifest" if rank == 0 else "waiting for rank 0 to write the manifest")
-        ctx.on_rank0(lambda: _finalize(cfg, vae, summary, fingerprint))
+        finalize_started = time.perf_counter()
+        # every rank learns what finalize found, so every rank exits with the same code
+        summary.skipped, summary.latent_shape = ctx.on_rank0(lambda: _finalize(cfg, vae, summary, fingerprint))
+        summary.finalize_s = time.perf_counter() - finalize_started
+        summary.wall_s = time.perf_counter() - started
         log.info("done: %d clips, %d views in %.1f s", summary.clips, summary.views, summary.wall_s)
         return summary
     finally:
@@ -381,7 +370,7 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
 
 def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, num_scenes: int,
             prepared: PreparedOut, sources: dict[str, dict[str, Any]] | None, stop: StopRequest,
-            on_progress: Callable[[int, int], None] | None) -> EncodeSummary:
+            on_progress: Callable[[int, int], None] | None, started: float) -> EncodeSummary:
     rank, mesh = ctx.info.rank, ctx.mesh
     todo = job.todo
     if prepared.complete and not todo:
@@ -411,8 +400,10 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
         prefetch_factor=4 if cfg.workers else None, worker_init_fn=ignore_stop_signals,
     )
     progress_log = AppendLog(progress_path(cfg.out, rank)) if mesh.is_writer else None
-    writer = ShardWriter(cfg.out, rank, prepared.attempt, cfg.shard_size, progress_log) if progress_log else None
+    writer = (ShardWriter(cfg.out, rank, prepared.attempt, cfg.shard_size, progress_log, hash_sources=cfg.hash_sources)
+              if progress_log else None)
     sink = _BatchSink(cfg, ctx, vae, writer, failures, counters)
+    loop_started = time.perf_counter()
     try:
         for item in loader:
             batch, sp_plan = work.batches[item["index"]], sp_plans[item["index"]]
@@ -431,6 +422,7 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
                 on_progress(len(batch), len(work.clips))
         if writer is not None:
             writer.close()
+        loop_s = time.perf_counter() - loop_started
     except BaseException:
         if writer is not None:
             writer.abort()
@@ -443,7 +435,8 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
     counters.shards = len(writer.committed) if writer else 0
     summary = EncodeSummary(cfg.out, world_size=ctx.info.world_size, sp_size=mesh.sp_size,
                             untrained_vae=vae.untrained, resumed_clips=len(prepared.done_clip_ids),
-                            planned_clips=len(job.clips), scenes=num_scenes)
+                            planned_clips=len(job.clips), scenes=num_scenes,
+                            startup_s=loop_started - started, encode_s=loop_s)
     set_doing("waiting for the other ranks to finish their shares")
     # Every rank gathers, stopped or not: a DP group that finished waits here for one that stopped, and all
     # of them learn that the job stopped (no finalize, exit 75) instead of waiting in finalize for it.
@@ -535,8 +528,10 @@ class _BatchSink:
                 counters.frames += clip.num_views * len(clip.frames)
 
 
-def _finalize(cfg: EncodeConfig, vae: LoadedVae, summary: EncodeSummary, fingerprint: dict[str, Any]) -> None:
-    """Rank 0, after every rank finished: merge progress logs into the manifest, written last."""
+def _finalize(cfg: EncodeConfig, vae: LoadedVae, summary: EncodeSummary, fingerprint: dict[str, Any],
+              ) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
+    """Rank 0, after every rank finished: merge progress logs into the manifest, written last. Returns the
+    failure records and the latent shape."""
     header = manifest_header(
         producer={"vaecache": vaecache.__version__, "torch": torch.__version__, "python": platform.python_version()},
         vae=vae.fingerprint(), fingerprint=fingerprint, frame_rule=vae.rule.to_json(),
@@ -547,5 +542,4 @@ def _finalize(cfg: EncodeConfig, vae: LoadedVae, summary: EncodeSummary, fingerp
         store=list(STORED_KEYS[cfg.clip.store]), dtype=recorded_name(vae.dtype), planned_clips=summary.planned_clips,
         oom_backoffs=len(summary.backoffs))
     manifest = finalize(cfg.out, header)
-    summary.skipped = CacheReader(cfg.out).failure_records()
-    summary.latent_shape = manifest["latent"]["shape"]
+    return CacheReader(cfg.out).failure_records(), manifest["latent"]["shape"]

@@ -6,10 +6,11 @@ import hashlib
 import json
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from safetensors.torch import load as safetensors_load
@@ -17,10 +18,12 @@ from safetensors.torch import load as safetensors_load
 from vaecache.config import ClipSettings
 from vaecache.dtypes import RECORDED_NAMES, SAFETENSORS_NAMES
 from vaecache.errors import ManifestError, UsageError, VaecacheError
-from vaecache.format.index import read_progress, reason_counts
-from vaecache.format.io import iter_jsonl
+from vaecache.format.index import progress_counts, reason_counts
+from vaecache.format.io import sha256_file
 from vaecache.format.layout import MANIFEST, SHARDS_DIR
+from vaecache.format.provenance import IdentityMemo, identity_change
 from vaecache.format.reader import CacheReader, ShardHeaderError, shard_header
+from vaecache.format.table import ClipTableError
 from vaecache.format.writer import tensor_stats
 
 MAX_EXAMPLES = 5
@@ -117,13 +120,12 @@ def verify_cache(out: Path, quick: bool = False, threads: int | None = None, ctx
     except ManifestError as exc:
         manifest_check.fail(str(exc))
         if not (out / MANIFEST).exists():
-            shards, clips = read_progress(out) if out.is_dir() else ([], [])
-            manifest_check.note = (f"incomplete: no final manifest; {len(clips)} clips in {len(shards)} shards are "
+            clips, shards = progress_counts(out) if out.is_dir() else (0, 0)
+            manifest_check.note = (f"incomplete: no final manifest; {clips} clips in {shards} shards are "
                                    "committed (rerun the same encode command to finish)")
         return VerifyReport(str(out), complete=False, checks=[manifest_check])
 
     clips_check = Check("clip records")
-    records = _read_records(cache, clips_check)
     shard_check = Check("shard files" + (" (size only, --quick)" if quick else ""))
     orphan_check = Check("no orphan shards")
     tensor_check = Check("tensors match records")
@@ -136,24 +138,15 @@ def verify_cache(out: Path, quick: bool = False, threads: int | None = None, ctx
         orphan_check.fail(f"{orphan}: shard file not listed in the manifest")
     orphan_check.ok(len(on_disk & set(listed)))
 
-    by_shard: dict[str, list[dict[str, Any]]] = {}
-    for record in records:
-        by_shard.setdefault(f"{SHARDS_DIR}/{record.get('shard')}", []).append(record)
-    for file in sorted(set(by_shard) - set(listed)):
-        for record in by_shard[file]:
-            tensor_check.fail(f"clip {record.get('id')}: its shard {file} is not in the manifest")
-
-    mine = sorted(listed.items())[rank::world]
-    with ThreadPoolExecutor(max_workers=threads or min(8, len(os.sched_getaffinity(0)))) as pool:
-        results = []
-        for result in pool.map(lambda item: _check_shard(out, item[0], item[1], by_shard.get(item[0], []), quick),
-                               mine):
-            results.append(result)
-            if on_progress is not None:
-                on_progress(1, len(mine))
+    mine = dict(sorted(listed.items())[rank::world])
+    workers = threads or min(8, len(os.sched_getaffinity(0)))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        shards = _ShardChecks(out, mine, pool, 2 * workers, quick, on_progress)
+        seen = _scan_records(cache, clips_check, tensor_check, listed, shards.add)
+        results = shards.finish()
     if world > 1:
         results = [result for part in ctx.all_gather_object(results) for result in part]
-    for result in results:
+    for result in sorted(results, key=lambda r: r["file"]):
         for check, problems, passed in ((shard_check, result["shard"], 1),
                                         (tensor_check, result["tensors"], result["tensors_ok"]),
                                         (value_check, result["values"], result["values_ok"])):
@@ -166,17 +159,17 @@ def verify_cache(out: Path, quick: bool = False, threads: int | None = None, ctx
 
     failures = _read_failures(cache, failures_check)
     clip_count = manifest.get("clips", {}).get("count")
-    if clip_count is not None and clip_count != len(records):
-        clips_check.fail(f"manifest says {clip_count} clips, {manifest['clips']['file']} holds {len(records)}")
-    if not records:
+    if clip_count is not None and clip_count != seen.clips:
+        clips_check.fail(f"manifest says {clip_count} clips, {cache.clips_path.name} holds {seen.clips}")
+    if not seen.clips:
         clips_check.fail(f"{cache.clips_path.name}: the cache holds no clips (an empty cache is not a result)")
     planned = manifest.get("counts", {}).get("planned_clips")
-    if planned and len(records) * 2 < planned:
-        clips_check.note = (f"warning: only {len(records)} of {planned} planned clips were encoded; "
+    if planned and seen.clips * 2 < planned:
+        clips_check.note = (f"warning: only {seen.clips} of {planned} planned clips were encoded; "
                             f"see {cache.failures_path.name}")
     summary = {
-        "clips": len(records),
-        "views": sum(len(r.get("cameras", [])) for r in records),
+        "clips": seen.clips,
+        "views": seen.views,
         "shards": len(listed),
         "bytes": sum(int(s.get("bytes", 0)) for s in listed.values()),
         "failures": len(failures),
@@ -188,13 +181,134 @@ def verify_cache(out: Path, quick: bool = False, threads: int | None = None, ctx
     }
     checks = [manifest_check, clips_check, shard_check, orphan_check, tensor_check, value_check, failures_check]
     if options.dataset is not None:
-        checks.append(check_coverage(manifest, records, failures, options.dataset, threads))
+        checks.extend(check_dataset(manifest, cache, failures, options.dataset, threads))
     if options.reencode:
-        checks.append(check_reencode(out, manifest, records, options, ctx))
+        checks.append(check_reencode(out, manifest, cache, seen.clips, options, ctx))
     return VerifyReport(str(out), complete=True, checks=checks, summary=summary)
 
 
-def check_coverage(manifest: dict[str, Any], records: list[dict[str, Any]], failures: list[dict[str, Any]],
+@dataclass
+class _Seen:
+    """What the streaming pass over the clip records counted."""
+
+    clips: int = 0
+    views: int = 0
+
+
+def _scan_records(cache: CacheReader, check: Check, tensor_check: Check, listed: dict[str, dict[str, Any]],
+                  to_shard: Callable[[str, dict[str, Any]], None]) -> _Seen:
+    """One streaming pass over the clip records: the table's sha256, order (by id, so a repeated id is the
+    previous one), each record against the manifest; each record is handed to its shard's checks."""
+    seen = _Seen()
+    info = cache.manifest.get("clips") or {}
+    path = cache.clips_path
+    if not path.is_file():
+        check.fail(f"{path.name}: missing")
+        return seen
+    if info.get("sha256") and sha256_file(path) != info["sha256"]:
+        check.fail(f"{path.name}: sha256 differs from the manifest (records were edited or truncated)")
+    previous: Any = None
+    out_of_order = False
+    try:
+        for record in (_iter_v1_records(path, check) if cache.version == 1 else cache.clip_records()):
+            clip_id = record.get("id")
+            if previous is not None and clip_id == previous:
+                check.fail(f"clip {clip_id}: recorded twice")
+                continue
+            if not out_of_order and isinstance(clip_id, str) and isinstance(previous, str) and clip_id < previous:
+                out_of_order = True
+                check.fail(f"{path.name}: clip {clip_id} comes after {previous} (records must be sorted by id)")
+            previous = clip_id
+            seen.clips += 1
+            seen.views += len(record.get("cameras") or [])
+            problem = _record_problem(record, cache.manifest)
+            if problem:
+                check.fail(f"clip {clip_id}: {problem}")
+            else:
+                check.ok()
+            file = f"{SHARDS_DIR}/{record.get('shard')}"
+            if file not in listed:
+                tensor_check.fail(f"clip {clip_id}: its shard {file} is not in the manifest")
+            else:
+                to_shard(file, record)
+    except ClipTableError as exc:
+        message = str(exc)
+        check.fail(f"{path.name}: {message[len(str(path)) + 2:] if message.startswith(str(path)) else message}")
+    return seen
+
+
+def _iter_v1_records(path: Path, check: Check) -> Iterator[dict[str, Any]]:
+    """Format version 1: records of clips.jsonl; a line that does not parse is a failure, the rest go on."""
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                check.fail(f"{path.name}:{lineno}: does not parse")
+
+
+class _ShardChecks:
+    """Per-shard checks fed by the record stream: a shard's records are gathered until the manifest's clip
+    count for it is reached (the records of one shard are neighbours in id order: a writer commits a run of
+    its block), then the shard is checked in the pool and its records dropped. At most 2x pool-size checks
+    wait at once, so memory holds the records of the shards being gathered or checked, not of the cache."""
+
+    def __init__(self, out: Path, mine: dict[str, dict[str, Any]], pool: ThreadPoolExecutor, limit: int, quick: bool,
+                 on_progress: Callable[[int, int], None] | None) -> None:
+        self.out, self.mine, self.pool, self.limit = out, mine, pool, limit
+        self.quick, self.on_progress = quick, on_progress
+        self.pending: dict[str, list[dict[str, Any]]] = {}
+        self.submitted: set[str] = set()
+        self.late: dict[str, list[str]] = {}
+        self.in_flight: deque[Future] = deque()
+        self.results: list[dict[str, Any]] = []
+
+    def add(self, file: str, record: dict[str, Any]) -> None:
+        if file not in self.mine:
+            return
+        if file in self.submitted:  # more records claim it than the manifest says it holds
+            self.late.setdefault(file, []).append(
+                f"clip {record.get('id')}: claims {file}, whose {self.mine[file].get('clips')} clip(s) are all "
+                "recorded already")
+            return
+        records = self.pending.setdefault(file, [])
+        records.append(record)
+        if len(records) == self.mine[file].get("clips"):
+            self._submit(file)
+
+    def _submit(self, file: str) -> None:
+        self.submitted.add(file)
+        records = self.pending.pop(file, [])
+        while len(self.in_flight) >= self.limit:
+            self._collect()
+        self.in_flight.append(self.pool.submit(_check_shard, self.out, file, self.mine[file], records, self.quick))
+
+    def _collect(self) -> None:
+        self.results.append(self.in_flight.popleft().result())
+        if self.on_progress is not None:
+            self.on_progress(1, len(self.mine))
+
+    def finish(self) -> list[dict[str, Any]]:
+        """Check the shards not checked yet (fewer records than the manifest says, or none) and wait."""
+        for file in sorted(self.mine):
+            if file not in self.submitted:
+                self._submit(file)
+        while self.in_flight:
+            self._collect()
+        for result in self.results:
+            result["tensors"].extend(self.late.get(result["file"], []))
+        return self.results
+
+
+def check_dataset(manifest: dict[str, Any], cache: CacheReader, failures: list[dict[str, Any]], dataset: Path,
+                  threads: int | None = None) -> list[Check]:
+    """--dataset: coverage of the re-planned source, then sources changed since their clips were encoded."""
+    return [check_coverage(manifest, cache, failures, dataset, threads), check_sources(cache)]
+
+
+def check_coverage(manifest: dict[str, Any], cache: CacheReader, failures: list[dict[str, Any]],
                    dataset: Path, threads: int | None = None) -> Check:
     """Re-plan clips from the source with the recorded settings: clips missing from the cache, and
     cached clips with no source any more. Clips recorded as failures count as accounted for."""
@@ -209,19 +323,61 @@ def check_coverage(manifest: dict[str, Any], records: list[dict[str, Any]], fail
     job = plan_job(scenes, probes, clip_settings.sampling)
     planned, skipped = job.clips, job.skipped
     expected = {clip.clip_id for clip in planned}
-    cached = {record.get("id") for record in records}
+    missing = set(expected)
     failed_clips = {f.get("clip") for f in failures if f.get("clip")}
-    for clip_id in sorted(expected - cached - failed_clips):
+    for clip_id in cache.clip_ids():
+        if clip_id in expected:
+            missing.discard(clip_id)
+            check.ok()
+        else:
+            check.fail(f"clip {clip_id}: in the cache, no longer in the source")
+    for clip_id in sorted(missing - failed_clips):
         check.fail(f"clip {clip_id}: in the source, missing from the cache")
-    for clip_id in sorted(cached - expected):
-        check.fail(f"clip {clip_id}: in the cache, no longer in the source")
-    check.ok(len(expected & cached))
     check.note = (f"{len(expected)} clips planned from {len(scenes)} scenes; {len(expected & failed_clips)} recorded "
                   f"as failed; {len(skipped)} scenes skipped")
     return check
 
 
-def check_reencode(out: Path, manifest: dict[str, Any], records: list[dict[str, Any]], options: VerifyOptions,
+def check_sources(cache: CacheReader) -> Check:
+    """Stale latents: each clip record's sources (size, mtime_ns, sha256 where recorded) against the files now.
+    One failure per changed file, naming its scene, what changed and how many clips were encoded from it."""
+    check = Check("sources unchanged since encoded")
+    memos = {False: IdentityMemo(False), True: IdentityMemo(True)}
+    changed: dict[str, list[Any]] = {}
+    unchanged: set[str] = set()
+    stale_clips = unrecorded = 0
+    for record in cache.clip_records():
+        identity = record.get("source_identity")
+        if not isinstance(identity, list):
+            unrecorded += 1
+            continue
+        stale = False
+        for path, recorded in zip(record.get("sources") or [], identity):
+            if path in changed:
+                changed[path][2] += 1
+                stale = True
+                continue
+            if path in unchanged:
+                continue
+            change = identity_change(recorded, memos[bool(recorded.get("sha256"))].get(path))
+            if change is None:
+                unchanged.add(path)
+            else:
+                changed[path] = [record.get("scene"), record.get("id"), 1, change]
+                stale = True
+        stale_clips += stale
+    check.ok(len(unchanged))
+    for path, (scene, first, clips, change) in sorted(changed.items()):
+        check.fail(f"scene {scene}: {path}: {change} since it was encoded; {clips} clip(s) stale (first {first})")
+    check.note = (f"{len(changed)} of {len(changed) + len(unchanged)} source file(s) changed since encoding, "
+                  f"{stale_clips} clip(s) with stale latents")
+    if unrecorded:
+        check.note += (f"; {unrecorded} clip record(s) carry no source identity (encoded before vaecache recorded "
+                       "it), not checked")
+    return check
+
+
+def check_reencode(out: Path, manifest: dict[str, Any], cache: CacheReader, count: int, options: VerifyOptions,
                    ctx: Any = None) -> Check:
     """Decode and re-encode K clips chosen by a seed with the recorded VAE; compare with what is stored."""
     import random
@@ -236,10 +392,14 @@ def check_reencode(out: Path, manifest: dict[str, Any], records: list[dict[str, 
     clip_settings = ClipSettings.from_record(settings)
     spec = options.vae or settings.get("vae_spec")
     check = Check(f"re-encode {options.reencode} clip(s) with {spec}")
-    if not records:
+    if not count:
         check.note = "no clips to re-encode"
         return check
-    chosen = random.Random(options.seed).sample(sorted(records, key=lambda r: r["id"]), min(options.reencode, len(records)))
+    # The positions random.sample would pick from the id-sorted records, which the table holds in that order.
+    positions = random.Random(options.seed).sample(range(count), min(options.reencode, count))
+    wanted = set(positions)
+    by_position = {i: record for i, record in enumerate(cache.clip_records()) if i in wanted}
+    chosen = [by_position[i] for i in positions if i in by_position]
     rank, world = (ctx.info.rank, ctx.info.world_size) if ctx is not None else (0, 1)
     mine = chosen[rank::world]
     device = ctx.device if ctx is not None else resolve_device(options.device)
@@ -255,7 +415,6 @@ def check_reencode(out: Path, manifest: dict[str, Any], records: list[dict[str, 
         raise UsageError(f"--vae {spec} does not match the VAE recorded in {out}/manifest.json "
                          f"({'; '.join(diffs[:3])})")
     decoder = ViewDecoder(clip_settings.height, clip_settings.width)
-    cache = CacheReader(out)
     results = []
     for record in mine:
         clip = Clip(record["id"], record["scene"], tuple(record["cameras"]), tuple(record["sources"]),
@@ -296,39 +455,6 @@ def check_reencode(out: Path, manifest: dict[str, Any], records: list[dict[str, 
     return check
 
 
-def _read_records(cache: CacheReader, check: Check) -> list[dict[str, Any]]:
-    info = cache.manifest.get("clips") or {}
-    path = cache.clips_path
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        check.fail(f"{path.name}: missing")
-        return []
-    if info.get("sha256") and hashlib.sha256(data).hexdigest() != info["sha256"]:
-        check.fail(f"{path.name}: sha256 differs from the manifest (records were edited or truncated)")
-    records, seen = [], set()
-    for lineno, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            check.fail(f"{path.name}:{lineno}: does not parse")
-            continue
-        clip_id = record.get("id")
-        if clip_id in seen:
-            check.fail(f"clip {clip_id}: recorded twice")
-            continue
-        seen.add(clip_id)
-        problem = _record_problem(record, cache.manifest)
-        if problem:
-            check.fail(f"clip {clip_id}: {problem}")
-        else:
-            check.ok()
-        records.append(record)
-    return records
-
-
 def _record_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str | None:
     """Why a clip record disagrees with the manifest: its stored keys, their shapes, their tensor names."""
     latent = manifest.get("latent") or {}
@@ -355,9 +481,13 @@ def _read_failures(cache: CacheReader, check: Check) -> list[dict[str, Any]]:
     if not path.exists():
         check.fail(f"{path.name}: missing")
         return []
-    if info.get("sha256") and hashlib.sha256(path.read_bytes()).hexdigest() != info["sha256"]:
+    if info.get("sha256") and sha256_file(path) != info["sha256"]:
         check.fail(f"{path.name}: sha256 differs from the manifest")
-    failures = list(iter_jsonl(path))
+    try:
+        failures = cache.failure_records()
+    except (ClipTableError, json.JSONDecodeError) as exc:
+        check.fail(f"{path.name}: does not read ({str(exc).split(': ', 1)[-1]})")
+        return []
     check.ok()
     check.note = f"{len(failures)} skipped input(s)" + (
         ": " + ", ".join(f"{n}x {r}" for r, n in reason_counts(failures).items()) if failures else "")
@@ -365,7 +495,7 @@ def _read_failures(cache: CacheReader, check: Check) -> list[dict[str, Any]]:
 
 
 def _check_shard(out: Path, file: str, shard: dict[str, Any], records: list[dict[str, Any]], quick: bool) -> dict[str, Any]:
-    result: dict[str, Any] = {"shard": [], "tensors": [], "values": [], "tensors_ok": 0, "values_ok": 0}
+    result: dict[str, Any] = {"file": file, "shard": [], "tensors": [], "values": [], "tensors_ok": 0, "values_ok": 0}
     path = out / file
     try:
         size = path.stat().st_size

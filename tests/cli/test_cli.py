@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import vaecache
+from vaecache.format.reader import CacheReader
 from vaecache.decode import open_video
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.errors import DatasetError
@@ -176,10 +177,10 @@ def test_encode_from_an_index_with_frame_ranges_reports_short_scenes(run_cli: Ca
     assert record["id"] == "late/000004-000012" and record["frames"] == list(range(4, 13))
     assert record["cameras"] == ["back", "front"]
     assert record["sources"] == [str((tmp_path / "videos" / f"cam_{i}.mp4").resolve()) for i in (1, 0)]
-    (failure,) = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
+    (failure,) = CacheReader(out).failure_records()
     assert failure["scene"] == "short" and failure["reason"].startswith("too short: 5 usable frames")
     assert "skipped inputs" in result.output
-    assert f"{out}/failures.jsonl" in re.sub(r"[\s│]", "", result.output)  # the summary points at it (cells fold)
+    assert f"{out}/failures.parquet" in re.sub(r"[\s│]", "", result.output)  # the summary points at it (cells fold)
     assert run_cli(["verify", out]).exit_code == 0
 
 
@@ -191,7 +192,7 @@ def test_broken_video_is_skipped_and_named(run_cli: Callable, tmp_path: Path, ca
     result = run_cli(_encode_args(data, out, num_frames="5", size="32x32"))
     assert result.exit_code == 3, result.output
     assert [r["id"] for r in cache_io.clips(out)] == ["scene_000/000000-000004"]
-    (failure,) = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
+    (failure,) = CacheReader(out).failure_records()
     assert failure["path"].endswith("scene_001/cam_0.mp4") and "not a readable video" in failure["reason"]
 
 

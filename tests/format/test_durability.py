@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from vaecache.format.reader import CacheReader
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 
 ENCODE_ARGS = ["--vae", "builtin:tiny", "--num-frames", "9", "--size", "64x64", "--workers", "0", "--no-progress"]
@@ -178,7 +179,7 @@ def test_bad_inputs_are_recorded_and_the_run_goes_on(tmp_path):
     out = tmp_path / "out"
     result = encode(data, out)
     assert result.returncode == 3, result.stderr
-    failures = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
+    failures = CacheReader(out).failure_records()
     by_scene = {f["scene"]: f for f in failures}
     assert set(by_scene) == set(expected)
     for failure in failures:  # the documented record, no internal fields
@@ -187,7 +188,7 @@ def test_bad_inputs_are_recorded_and_the_run_goes_on(tmp_path):
             assert failure["camera"] == Path(failure["path"]).stem, failure
     for scene, fragment in expected.items():
         assert fragment in (by_scene[scene]["reason"] + " " + str(by_scene[scene]["path"])), by_scene[scene]
-    clips = [json.loads(line) for line in (out / "clips.jsonl").read_text().splitlines()]
+    clips = list(CacheReader(out).clip_records())
     assert sorted({c["scene"] for c in clips}) == ["scene_000", "scene_001"]
     verified = run_vaecache("verify", str(out))
     assert verified.returncode == 0, verified.stderr
@@ -213,7 +214,7 @@ def test_cameras_at_different_frame_rates_are_a_bad_input(tmp_path):
     out = tmp_path / "out"
     result = encode(data, out)
     assert result.returncode == 3, result.stderr
-    failures = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
+    failures = CacheReader(out).failure_records()
     assert [(f["scene"], f["path"].endswith("cam_1.mp4")) for f in failures] == [("scene_001", True)]
     assert "camera 'cam_1' runs at 25 fps, camera 'cam_0' at 10 fps" in failures[0]["reason"]
 

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 from safetensors import safe_open
@@ -58,10 +59,11 @@ def encoded(demo_data: Path, tmp_path_factory: pytest.TempPathFactory, encode_cl
 
 
 def test_encode_writes_the_documented_layout(good_cache: Path) -> None:
-    for name in ("manifest.json", "clips.jsonl", "failures.jsonl", "logs/rank-00000.log"):
+    for name in ("manifest.json", "clips.parquet", "failures.parquet", "logs/rank-00000.log"):
         assert (good_cache / name).is_file(), name
     assert len(list((good_cache / "shards").glob("*.safetensors"))) == 1
-    assert (good_cache / "failures.jsonl").read_text() == ""
+    assert pq.read_table(good_cache / "failures.parquet").num_rows == 0
+    assert pq.read_table(good_cache / "clips.parquet").num_rows == 3
     log = (good_cache / "logs" / "rank-00000.log").read_text()
     assert "rank 0/1" in log and "done: 3 clips, 6 views" in log
     assert not list(good_cache.rglob("*.tmp")) and not (good_cache / ".lock").exists()
@@ -69,7 +71,7 @@ def test_encode_writes_the_documented_layout(good_cache: Path) -> None:
 
 def test_manifest_records_version_vae_and_settings(good_cache: Path, cache_io: Any) -> None:
     manifest = cache_io.manifest(good_cache)
-    assert manifest["format"] == "vaecache" and manifest["format_version"] == 1
+    assert manifest["format"] == "vaecache" and manifest["format_version"] == 2
     vae = manifest["vae"]
     assert vae["family"] == "AutoencoderKLWan"
     assert vae["config"]["z_dim"] == 16 and vae["config"]["base_dim"] == 8
@@ -79,7 +81,7 @@ def test_manifest_records_version_vae_and_settings(good_cache: Path, cache_io: A
                 "store": "mean-logvar", "vae_spec": "builtin:tiny"}
     assert {key: settings[key] for key in expected} == expected
     assert manifest["clips"]["count"] == 3
-    assert manifest["clips"]["sha256"] == _sha256(good_cache / "clips.jsonl")
+    assert manifest["clips"] == {"file": "clips.parquet", "count": 3, "sha256": _sha256(good_cache / "clips.parquet")}
     assert manifest["failures"]["count"] == 0
     assert manifest["latent"]["shape"] == {"mean": LATENT, "logvar": LATENT}
 
@@ -87,9 +89,9 @@ def test_manifest_records_version_vae_and_settings(good_cache: Path, cache_io: A
 def test_read_manifest_refuses_what_it_does_not_know(cache_copy: Path) -> None:
     path = cache_copy / "manifest.json"
     manifest = json.loads(path.read_text())
-    assert read_manifest(cache_copy)["format_version"] == 1
-    path.write_text(json.dumps({**manifest, "format_version": 2}))
-    with pytest.raises(ManifestError, match="format version 2 is not supported"):
+    assert read_manifest(cache_copy)["format_version"] == 2
+    path.write_text(json.dumps({**manifest, "format_version": 3}))
+    with pytest.raises(ManifestError, match="format version 3 is not supported"):
         read_manifest(cache_copy)
     path.write_text(json.dumps({**manifest, "format": "webdataset"}))
     with pytest.raises(ManifestError, match="not a vaecache manifest"):
@@ -249,8 +251,8 @@ def test_write_manifest_sorts_records_and_writes_manifest_last(tmp_path: Path) -
     clips = [{"id": "b/1", "shard": "x"}, {"id": "a/1", "shard": "x"}]
     manifest = write_manifest(tmp_path, {"settings": {}}, [{"file": "shards/x", "bytes": 1}], clips,
                               [{"scene": "s", "clip": None, "camera": None, "path": None, "reason": "too short"}])
-    assert [json.loads(line)["id"] for line in (tmp_path / "clips.jsonl").read_text().splitlines()] == ["a/1", "b/1"]
+    assert pq.read_table(tmp_path / "clips.parquet", columns=["id"]).column("id").to_pylist() == ["a/1", "b/1"]
     assert manifest == read_manifest(tmp_path)
     assert manifest["clips"]["count"] == 2 and manifest["failures"]["count"] == 1
-    assert manifest["clips"]["sha256"] == _sha256(tmp_path / "clips.jsonl")
+    assert manifest["clips"]["sha256"] == _sha256(tmp_path / "clips.parquet")
     assert read_progress(tmp_path) == ([], [])

@@ -3,7 +3,6 @@ non-finite latents failed at encode time."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import pytest
 import torch
 from tiny_vaes import TILES
 
+from vaecache.format.reader import CacheReader
 from vaecache.errors import UsageError
 from vaecache.faults import FAULT_ENV, OomFault, OomInjector
 from vaecache.vae import VaeRunner, load_vae
@@ -115,7 +115,7 @@ def test_non_finite_clip_is_a_failed_clip_end_to_end(plugin: str, demo_data: Pat
     result = run_cli(["encode", demo_data, "--out", out, "--vae", spec, "--num-frames", "9", "--size", "64x64",
                       "--workers", "0", "--no-progress"])
     assert result.exit_code == 3, result.output
-    failures = [line for line in (out / "failures.jsonl").read_text().splitlines() if line.strip()]
+    failures = CacheReader(out).failure_records()
     assert len(failures) == 1
     assert "camera cam_1: non-finite latent (1 NaN, 2 inf) from " + spec in failures[0]
     clips = cache_io.clips(out)
@@ -135,7 +135,7 @@ def test_a_latent_of_the_wrong_shape_is_a_failed_clip_not_stored(plugin: str, fa
     result = run_cli(["encode", demo_data, "--out", out, "--vae", spec, "--num-frames", "9", "--size", "64x64",
                       "--workers", "0", "--no-progress", "--cameras", cameras])
     assert result.exit_code == 3, result.output
-    (failure,) = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines() if line.strip()]
+    (failure,) = CacheReader(out).failure_records()
     second_camera = cameras.split(",")[1 % len(cameras.split(","))]
     assert failure["camera"] == second_camera and failure["clip"] is not None
     assert f"{spec} returned a latent of shape" in failure["reason"] and "expected (4, 9, 32, 32)" in failure["reason"]
@@ -152,7 +152,7 @@ def test_an_error_on_one_input_is_a_failed_clip_and_the_run_goes_on(plugin: str,
     result = run_cli(["encode", demo_data, "--out", out, "--vae", spec, "--num-frames", "9", "--size", "64x64",
                       "--workers", "0", "--no-progress"])
     assert result.exit_code == 3, result.output
-    (failure,) = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines() if line.strip()]
+    (failure,) = CacheReader(out).failure_records()
     assert failure["clip"] == "scene_001/000000-000008" and failure["camera"] == "cam_0"
     assert f"{spec} raised RuntimeError: plugin exploded on call 3" in failure["reason"]
     assert [clip["id"] for clip in cache_io.clips(out)] == ["scene_000/000000-000008", "scene_002/000000-000008"]

@@ -58,6 +58,6 @@ def demo(
     report = verify_cache(out)
     console.print("3/3 verify")
     console.print(report_table(report))
-    console.print(f"data: {data}\ncache: {out} (manifest.json, clips.jsonl, shards/)\nlogs: {out / 'logs'}\n"
+    console.print(f"data: {data}\ncache: {out} (manifest.json, clips.parquet, shards/)\nlogs: {out / 'logs'}\n"
                   f"next: vaecache verify {out}", markup=False)
     raise typer.Exit(EXIT_OK if report.ok else 1)

@@ -145,7 +145,7 @@ def encode(
 def summary_table(summary: EncodeSummary) -> Table:
     table = Table(title=f"vaecache encode -> {escape(str(summary.out))}", show_header=False)
     table.add_column("what")
-    table.add_column("value", justify="right", overflow="fold")  # never cut the failures.jsonl path
+    table.add_column("value", justify="right", overflow="fold")  # never cut the failures.parquet path
     shapes = ", ".join(f"{k} {tuple(v)}" for k, v in summary.latent_shape.items()) or "-"
     rows = [
         ("clips encoded now", f"{summary.clips}"),
@@ -155,12 +155,13 @@ def summary_table(summary: EncodeSummary) -> Table:
         ("frames", f"{summary.frames}"),
         ("latent shape per clip", shapes),
         ("shards / bytes written", f"{summary.shards} / {human_bytes(summary.bytes_written)}"),
-        ("skipped inputs", f"{len(summary.skipped)}" + (f" (see {escape(str(summary.out))}/failures.jsonl)" if summary.skipped else "")),
+        ("skipped inputs", f"{len(summary.skipped)}" + (f" (see {escape(str(summary.out))}/failures.parquet)" if summary.skipped else "")),
         ("OOM backoffs", f"{len(summary.backoffs)}"),
         ("cameras left out (not encoded)", ", ".join(f"{escape(name)} ({count} scenes)"
                                                      for name, count in sorted(summary.left_out_cameras.items())) or "-"),
         ("ranks", f"{summary.world_size} (SP {summary.sp_size})"),
-        ("wall time", f"{summary.wall_s:.1f} s"),
+        ("wall time", f"{summary.wall_s:.1f} s (start-up {summary.startup_s:.1f}, encode {summary.encode_s:.1f}, "
+                      f"finalize {summary.finalize_s:.1f})"),
         ("views/s", f"{summary.views_per_s:.2f}"),
     ]
     for row in rows:

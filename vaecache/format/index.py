@@ -1,20 +1,31 @@
 """The cache's index: the per-rank progress logs (one parser, used by resume-repair and by finalize),
-failure records, and manifest.json (built, written last, read back with a version check)."""
+failure records, the clip and failure tables (a streaming merge of the logs) and manifest.json (built,
+written last, read back with a version check)."""
 
 from __future__ import annotations
 
+import bisect
 import datetime as _dt
 import hashlib
+import heapq
 import json
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+import multiprocessing as mp
+import os
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
+
+import pyarrow as pa
 
 from vaecache.errors import EmptyCacheError, ManifestError
 from vaecache.format.io import atomic_write_bytes, atomic_write_json, iter_jsonl, jsonl_bytes, sha256_file
 from vaecache.format.layout import (
     CLIPS, FAILURES, FORMAT_NAME, FORMAT_VERSION, MANIFEST, PROGRESS_DIR, SHARDS_DIR, SUPPORTED_VERSIONS,
+)
+from vaecache.format import table as _table
+from vaecache.format.table import (
+    CLIP_TABLE, FAILURE_TABLE, WrittenTable, clip_row, schema_of, write_table, write_tables,
 )
 
 
@@ -159,46 +170,262 @@ def manifest_header(*, producer: dict[str, str], vae: dict[str, Any], fingerprin
     }
 
 
-def finalize(out: Path, header: dict[str, Any]) -> dict[str, Any]:
-    """Merge every rank's progress log into clips.jsonl/failures.jsonl and write manifest.json last.
-
-    Refuses (EmptyCacheError, no manifest written) when no clip at all was committed."""
-    shards, clips = read_progress(out)
-    failures = read_failures(out)
-    if not clips:
-        raise EmptyCacheError(f"{out}: no clips encoded: {describe_failures(failures)} (no manifest written)")
-    header = dict(header)
-    planned, backoffs = header.pop("planned_clips"), header.pop("oom_backoffs")
-    header["latent"] = {**header["latent"],
-                        "shape": {key: entry["shape"] for key, entry in clips[0]["tensors"].items()}}
-    header["counts"] = {
-        "clips": len(clips), "views": sum(len(c["cameras"]) for c in clips),
-        "frames": sum(len(c["cameras"]) * len(c["frames"]) for c in clips),
-        "shards": len(shards), "bytes": sum(s["bytes"] for s in shards), "failures": len(failures),
-        "oom_backoffs": backoffs, "planned_clips": planned,
-    }
-    return write_manifest(out, header, shards, clips, failures)
+RUN_CHUNK_ROWS = 16384
+"""Clip records converted to table rows, sorted if need be and appended to a run, at a time."""
+RUN_BATCH_ROWS = 1024
+"""Rows per record batch in a run file: the merge holds one batch of every run at once."""
+MAX_OPEN_RUNS = 64
+"""Runs merged at once (open files); more are merged in rounds first."""
+PARALLEL_SCAN_BYTES = 32 * 2**20
+"""Progress logs smaller than this in all are scanned in this process (starting workers costs seconds)."""
 
 
-def write_manifest(out: Path, header: dict[str, Any], shards: list[dict[str, Any]], clips: list[dict[str, Any]],
-                   failures: list[dict[str, Any]]) -> dict[str, Any]:
-    """Write clips.jsonl and failures.jsonl, then manifest.json last (its presence means complete)."""
+@dataclass
+class _Totals:
+    """What finalize sums while it scans the progress logs (bounded by shard count, not clip count)."""
+
+    shards: list[dict[str, Any]] = field(default_factory=list)
+    clips: int = 0
+    views: int = 0
+    frames: int = 0
+    shape: dict[str, Any] | None = None
+
+    def add(self, clip: dict[str, Any]) -> None:
+        self.clips += 1
+        cameras = len(clip.get("cameras") or ())
+        self.views += cameras
+        self.frames += cameras * len(clip.get("frames") or ())
+        if self.shape is None:
+            self.shape = {key: entry["shape"] for key, entry in clip["tensors"].items()}
+
+
+def _log_entries(log: Path) -> Iterator[tuple[int, ProgressEntry]]:
+    """(byte offset, entry) of every complete line of a progress log; a torn last line is ignored."""
+    offset = 0
+    with open(log, "rb") as handle:
+        for line in handle:
+            if not line.endswith(b"\n"):
+                return
+            if line.strip():
+                try:
+                    entry = json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                    raise ManifestError(f"{log}: line at byte {offset} does not parse ({exc})") from None
+                if not isinstance(entry, dict):
+                    raise ManifestError(f"{log}: line at byte {offset} is not a progress entry")
+                yield offset, ProgressEntry(log, entry.get("shard"), entry.get("clips"))
+            offset += len(line)
+
+
+def _clip_id(log: Path, clip: Any) -> str:
+    if not isinstance(clip, dict) or not isinstance(clip.get("id"), str):
+        raise ManifestError(f"{log}: a committed clip record has no id")
+    return clip["id"]
+
+
+class _Runs:
+    """Sorted runs of table rows in Arrow IPC files beside the progress logs (finalize deletes them).
+
+    Chunks of rows are appended to the open run while their ids keep ascending; a chunk that is out of
+    order is sorted, and one that starts below the run's last id opens a new run. A rank appends clips
+    in plan order, which is id order within one attempt for folder datasets (scenes sorted by id,
+    windows in frame order), so the runs are about one per rank and attempt; a resumed attempt appends
+    another block, and an index file or a scene id holding a character below '/' breaks the order."""
+
+    def __init__(self, folder: Path, prefix: str) -> None:
+        self.folder, self.prefix, self.schema = folder, prefix, schema_of(CLIP_TABLE)
+        self.paths: list[Path] = []
+        self._writer: Any = None
+        self._last: str | None = None
+
+    def _new_file(self) -> Any:
+        self.paths.append(self.folder / f"{self.prefix}{len(self.paths):06d}.tmp")
+        return pa.ipc.new_file(str(self.paths[-1]), self.schema)
+
+    def add(self, chunk: list[tuple[str, dict[str, Any]]]) -> None:
+        if not chunk:
+            return
+        if any(chunk[i][0] > chunk[i + 1][0] for i in range(len(chunk) - 1)):
+            chunk.sort(key=lambda item: item[0])
+        if self._writer is None or chunk[0][0] < self._last:
+            self.close()
+            self._writer = self._new_file()
+        self._writer.write_table(pa.Table.from_pylist([row for _, row in chunk], schema=self.schema),
+                                 max_chunksize=RUN_BATCH_ROWS)
+        self._last = chunk[-1][0]
+
+    def add_tables(self, tables: Iterable[pa.Table]) -> Path:
+        """A run made of tables already in id order (a merge round); returns its file."""
+        self.close()
+        self._writer = self._new_file()
+        for table in tables:
+            self._writer.write_table(table, max_chunksize=RUN_BATCH_ROWS)
+        self.close()
+        return self.paths[-1]
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+
+def _scan_log(log: Path, prefix: str, chunk_rows: int) -> tuple[_Totals, list[Path]]:
+    """One pass over one progress log: its counts, and its clip records as table rows in sorted runs."""
+    totals, runs = _Totals(), _Runs(log.parent, prefix)
+    chunk: list[tuple[str, dict[str, Any]]] = []
+    for _, entry in _log_entries(log):
+        totals.shards.append(entry.shard)
+        for clip in entry.clips:
+            clip_id = _clip_id(log, clip)
+            totals.add(clip)
+            chunk.append((clip_id, clip_row(clip)))
+            if len(chunk) >= chunk_rows:
+                runs.add(chunk)
+                chunk = []
+    runs.add(chunk)
+    runs.close()
+    return totals, runs.paths
+
+
+def _scan_logs(out: Path, prefix: str, workers: int) -> tuple[_Totals, list[Path]]:
+    """Every rank's progress log scanned (in `workers` processes: the JSON parsing is the cost), totals
+    summed in log order."""
+    folder = Path(out) / PROGRESS_DIR
+    logs = sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []
+    jobs = [(log, f"{prefix}{number:05d}-", RUN_CHUNK_ROWS) for number, log in enumerate(logs)]
+    if workers > 1 and len(logs) > 1 and sum(log.stat().st_size for log in logs) >= PARALLEL_SCAN_BYTES:
+        # spawn: rank 0 may hold CUDA and torch threads, which a forked child must not inherit
+        with ProcessPoolExecutor(max_workers=min(workers, len(logs)), mp_context=mp.get_context("spawn")) as pool:
+            parts = list(pool.map(_scan_log, *zip(*jobs)))
+    else:
+        parts = [_scan_log(*job) for job in jobs]
+    totals, paths = _Totals(), []
+    for part, part_paths in parts:
+        totals.shards.extend(part.shards)
+        totals.clips, totals.views, totals.frames = (totals.clips + part.clips, totals.views + part.views,
+                                                     totals.frames + part.frames)
+        totals.shape = totals.shape or part.shape
+        paths.extend(part_paths)
+    return totals, paths
+
+
+def default_workers() -> int:
+    """Processes that scan progress logs in finalize: the cores this process may use, at most 4 (memory)."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
+def _merge(paths: list[Path], rows: int) -> Iterator[pa.Table]:
+    """K-way merge by id of sorted Arrow files, as tables of `rows` rows. Whole stretches of one run that
+    come before every other run's head are taken at once (bisect), so disjoint runs cost a few slices."""
+    readers = [pa.ipc.open_file(pa.OSFile(str(path))) for path in paths]  # read per batch (no mapped pages kept)
+    batches: list[Any] = [None] * len(paths)
+    ids: list[list[str]] = [[] for _ in paths]
+    where = [0] * len(paths)
+    next_batch = [0] * len(paths)
+
+    def load(run: int) -> bool:
+        while next_batch[run] < readers[run].num_record_batches:
+            batch = readers[run].get_batch(next_batch[run])
+            next_batch[run] += 1
+            if batch.num_rows:
+                batches[run], ids[run], where[run] = batch, batch.column("id").to_pylist(), 0
+                return True
+        return False
+
+    heap = [(ids[run][0], run) for run in range(len(paths)) if load(run)]
+    heapq.heapify(heap)
+    pending: list[Any] = []
+    count = 0
+    while heap:
+        _, run = heapq.heappop(heap)
+        start = where[run]
+        limit = len(ids[run]) if not heap else bisect.bisect_right(ids[run], heap[0][0], start)
+        stop = min(max(limit, start + 1), start + rows - count)
+        pending.append(batches[run].slice(start, stop - start))
+        count += stop - start
+        where[run] = stop
+        if stop < len(ids[run]) or load(run):
+            heapq.heappush(heap, (ids[run][where[run]], run))
+        if count >= rows:
+            yield pa.Table.from_batches(pending)
+            pending, count = [], 0
+    if pending:
+        yield pa.Table.from_batches(pending)
+
+
+def _merged_tables(paths: list[Path], rounds: _Runs, rows: int) -> Iterator[pa.Table]:
+    """Every run merged into one id-sorted stream, in rounds (written by `rounds`) of at most MAX_OPEN_RUNS
+    open files."""
+    while len(paths) > MAX_OPEN_RUNS:
+        paths = [rounds.add_tables(_merge(paths[i:i + MAX_OPEN_RUNS], rows)) for i in range(0, len(paths), MAX_OPEN_RUNS)]
+    yield from _merge(paths, rows)
+
+
+def finalize(out: Path, header: dict[str, Any], workers: int | None = None) -> dict[str, Any]:
+    """Merge every rank's progress log into clips.parquet and failures.parquet, then write manifest.json last.
+
+    Streaming: one pass over the logs (`workers` processes, default_workers()) sums the counts and turns
+    the records into table rows kept in sorted runs (Arrow files beside the logs); a k-way merge of the
+    runs writes the clip table row group by row group. Memory holds the shard list, the failures and a few
+    row groups per process, never all clip records. Refuses (EmptyCacheError, no table and no manifest
+    written) when no clip at all was committed."""
     out = Path(out)
-    clips = sorted(clips, key=lambda c: c["id"])
-    clip_bytes = jsonl_bytes(clips)
-    atomic_write_bytes(out / CLIPS, clip_bytes)
-    failure_bytes = jsonl_bytes(failures)
-    atomic_write_bytes(out / FAILURES, failure_bytes)
+    folder = out / PROGRESS_DIR
+    prefix = f".merge-{os.getpid()}-"
+    try:
+        totals, paths = _scan_logs(out, prefix, default_workers() if workers is None else workers)
+        failures = read_failures(out)
+        if not totals.clips:
+            raise EmptyCacheError(f"{out}: no clips encoded: {describe_failures(failures)} (no manifest written)")
+        header = dict(header)
+        planned, backoffs = header.pop("planned_clips"), header.pop("oom_backoffs")
+        header["latent"] = {**header["latent"], "shape": totals.shape}
+        header["counts"] = {
+            "clips": totals.clips, "views": totals.views, "frames": totals.frames,
+            "shards": len(totals.shards), "bytes": sum(s["bytes"] for s in totals.shards), "failures": len(failures),
+            "oom_backoffs": backoffs, "planned_clips": planned,
+        }
+        rounds = _Runs(folder, f"{prefix}m-")
+        clips = write_tables(out / CLIPS, CLIP_TABLE, _merged_tables(paths, rounds, _table.ROW_GROUP_ROWS))
+    finally:
+        for path in folder.glob(f"{prefix}*.tmp") if folder.is_dir() else []:
+            path.unlink(missing_ok=True)
+    return _write_manifest_last(out, header, totals.shards, clips, write_table(out / FAILURES, FAILURE_TABLE, failures))
+
+
+def write_manifest(out: Path, header: dict[str, Any], shards: list[dict[str, Any]], clips: Iterable[dict[str, Any]],
+                   failures: list[dict[str, Any]]) -> dict[str, Any]:
+    """Write the clip table (sorted by id here, in memory: small caches, tests) and the failure table, then
+    manifest.json last. `finalize` is the streaming path an encode takes."""
+    out = Path(out)
+    written = write_table(out / CLIPS, CLIP_TABLE, sorted(clips, key=lambda clip: clip["id"]))
+    return _write_manifest_last(out, header, shards, written, write_table(out / FAILURES, FAILURE_TABLE, failures))
+
+
+def _write_manifest_last(out: Path, header: dict[str, Any], shards: list[dict[str, Any]], clips: WrittenTable,
+                         failures: WrittenTable) -> dict[str, Any]:
     manifest = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         **header,
         "shards": sorted(shards, key=lambda s: s["file"]),
-        "clips": {"file": CLIPS, "count": len(clips), "sha256": hashlib.sha256(clip_bytes).hexdigest()},
-        "failures": {"file": FAILURES, "count": len(failures), "sha256": hashlib.sha256(failure_bytes).hexdigest()},
+        "clips": {"file": CLIPS, "count": clips.count, "sha256": clips.sha256},
+        "failures": {"file": FAILURES, "count": failures.count, "sha256": failures.sha256},
     }
     atomic_write_json(out / MANIFEST, manifest)
     return manifest
+
+
+def progress_counts(out: Path) -> tuple[int, int]:
+    """(committed clips, committed shards) in every rank's progress log, counted as they stream."""
+    folder = Path(out) / PROGRESS_DIR
+    clips = shards = 0
+    for log in sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []:
+        for _, entry in _log_entries(log):
+            shards += 1
+            clips += len(entry.clips)
+    return clips, shards
 
 
 def read_manifest(out: Path) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 OUT/
   manifest.json        written last, once; its presence means "complete"
-  clips.jsonl          one record per clip, sorted by clip id (sha256 recorded in manifest.json)
-  failures.jsonl       inputs that produced no clip, with the reason
+  clips.parquet        the clip table: one row per clip, sorted by clip id (sha256 recorded in manifest.json)
+  failures.parquet     inputs that produced no clip, with the reason
+  (format version 1 wrote clips.jsonl and failures.jsonl instead; those caches are still read)
   run.json             settings + VAE fingerprint of the run that owns OUT (checked on resume)
   shards/*.safetensors latent shards
   progress/rank-*.jsonl  per-rank commit log: one line per committed shard (merged into the manifest)
@@ -16,12 +17,15 @@ from __future__ import annotations
 from pathlib import Path
 
 FORMAT_NAME = "vaecache"
-FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+FORMAT_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
+"""1: clip and failure records as JSON Lines; 2: as Parquet tables (vaecache.format.table)."""
 
 MANIFEST = "manifest.json"
-CLIPS = "clips.jsonl"
-FAILURES = "failures.jsonl"
+CLIPS = "clips.parquet"
+FAILURES = "failures.parquet"
+CLIPS_V1 = "clips.jsonl"
+FAILURES_V1 = "failures.jsonl"
 RUN = "run.json"
 LOCK = ".lock"
 SHARDS_DIR = "shards"
@@ -29,7 +33,7 @@ PROGRESS_DIR = "progress"
 LOGS_DIR = "logs"
 PROBES_DIR = "probes"
 SHARD_SUFFIX = ".safetensors"
-OWNED_ENTRIES = (MANIFEST, CLIPS, FAILURES, RUN, SHARDS_DIR, PROGRESS_DIR, LOGS_DIR, LOCK, PROBES_DIR)
+OWNED_ENTRIES = (MANIFEST, CLIPS, FAILURES, CLIPS_V1, FAILURES_V1, RUN, SHARDS_DIR, PROGRESS_DIR, LOGS_DIR, LOCK, PROBES_DIR)
 """Everything vaecache may create in OUT (anything else there means OUT is not a cache)."""
 
 

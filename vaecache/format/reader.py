@@ -1,6 +1,8 @@
 """Read a finished latent cache: manifest (version checked), clip records, shard headers and tensors.
 
-`verify` and the tests read caches through this module; shard headers are read by safetensors itself."""
+`verify` and the tests read caches through this module; shard headers are read by safetensors itself.
+Format version 2 keeps records in Parquet tables (clips.parquet, failures.parquet), version 1 in JSON
+Lines (clips.jsonl, failures.jsonl); both read the same records here."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from safetensors import SafetensorError, safe_open
 from vaecache.errors import ManifestError
 from vaecache.format.index import read_manifest
 from vaecache.format.io import iter_jsonl
-from vaecache.format.layout import CLIPS, FAILURES, SHARD_SUFFIX, SHARDS_DIR
+from vaecache.format.layout import CLIPS, CLIPS_V1, FAILURES, FAILURES_V1, SHARD_SUFFIX, SHARDS_DIR
+from vaecache.format.table import CLIP_TABLE, FAILURE_TABLE, iter_column, iter_table
 
 
 @dataclass(frozen=True)
@@ -48,12 +51,18 @@ class CacheReader:
         self.manifest: dict[str, Any] = read_manifest(self.out)
 
     @property
+    def version(self) -> int:
+        return int(self.manifest["format_version"])
+
+    @property
     def clips_path(self) -> Path:
-        return self.out / str((self.manifest.get("clips") or {}).get("file", CLIPS))
+        default = CLIPS_V1 if self.version == 1 else CLIPS
+        return self.out / str((self.manifest.get("clips") or {}).get("file", default))
 
     @property
     def failures_path(self) -> Path:
-        return self.out / str((self.manifest.get("failures") or {}).get("file", FAILURES))
+        default = FAILURES_V1 if self.version == 1 else FAILURES
+        return self.out / str((self.manifest.get("failures") or {}).get("file", default))
 
     def shard_files(self) -> dict[str, dict[str, Any]]:
         """Shard records listed in the manifest, by file (relative to OUT)."""
@@ -64,11 +73,23 @@ class CacheReader:
         return {f"{SHARDS_DIR}/{p.name}" for p in folder.glob(f"*{SHARD_SUFFIX}")} if folder.is_dir() else set()
 
     def clip_records(self) -> Iterator[dict[str, Any]]:
-        """Clip records one JSON line at a time (millions of clips stream)."""
-        yield from iter_jsonl(self.clips_path)
+        """Clip records in id order, one record batch (or JSON line, version 1) at a time: millions stream."""
+        if self.version == 1:
+            yield from iter_jsonl(self.clips_path)
+        else:
+            yield from iter_table(self.clips_path, CLIP_TABLE)
+
+    def clip_ids(self) -> Iterator[str]:
+        """Clip ids in table order; version 2 reads the id column alone."""
+        if self.version == 1:
+            yield from (record.get("id") for record in iter_jsonl(self.clips_path))
+        else:
+            yield from iter_column(self.clips_path, CLIP_TABLE, "id")
 
     def failure_records(self) -> list[dict[str, Any]]:
-        return list(iter_jsonl(self.failures_path))
+        if self.version == 1:
+            return list(iter_jsonl(self.failures_path))
+        return list(iter_table(self.failures_path, FAILURE_TABLE))
 
     def shard_path(self, record: dict[str, Any]) -> Path:
         return self.out / SHARDS_DIR / record["shard"]

@@ -23,6 +23,7 @@ from vaecache.dtypes import recorded_name
 from vaecache.errors import OutputError
 from vaecache.format.io import AppendLog, atomic_write_bytes
 from vaecache.format.layout import FORMAT_NAME, FORMAT_VERSION, SHARDS_DIR, shard_name
+from vaecache.format.provenance import IdentityMemo
 
 
 
@@ -53,7 +54,7 @@ def encode_record(cameras: Sequence[str], view_settings: Sequence[dict[str, Any]
 
 def failure_record(scene: str, reason: str, *, clip: str | None = None, camera: str | None = None,
                    path: str | None = None) -> dict[str, Any]:
-    """A failures.jsonl record: an input that produced no clip. `path` is None for a missing camera."""
+    """A failure record (failures.parquet): an input that produced no clip. `path` is None for a missing camera."""
     return {"scene": scene, "clip": clip, "camera": camera, "path": path, "reason": reason}
 
 
@@ -91,8 +92,9 @@ class ShardWriter:
     """
 
     def __init__(self, out: Path, rank: int, attempt: int, shard_size: int, progress: AppendLog,
-                 max_pending: int = 2) -> None:
+                 max_pending: int = 2, hash_sources: bool = False) -> None:
         self.folder = Path(out) / SHARDS_DIR
+        self._identities = IdentityMemo(hash_sources)
         self.rank, self.attempt, self.shard_size = rank, attempt, shard_size
         self.progress = progress
         self._seq = 0
@@ -120,13 +122,17 @@ class ShardWriter:
         """Buffer one clip: `tensors` by stored key (mean, logvar, sample), `view_settings` one per camera,
         `times` the seconds of each frame from the video's first frame (as decoded).
 
-        The record is completed here and on the writer thread (`shard`, per-tensor `stats`) and nowhere else."""
+        The record is completed here and on the writer thread (`shard`, per-tensor `stats`) and nowhere else.
+        `source_identity` is each source's size and mtime_ns (and sha256 with hash_sources) when its clip is
+        committed, aligned with `sources`: `verify --dataset` tells from it which latents are stale."""
         self._raise_pending()
+        identity = self._identities.of_clip(clip.paths)
         record = {
             "id": clip.clip_id,
             "scene": clip.scene_id,
             "cameras": list(clip.cameras),
             "sources": list(clip.paths),
+            **({"source_identity": identity} if identity is not None else {}),
             "frames": list(clip.frames),
             "fps": clip.fps,
             **({"times": [round(float(t), 6) for t in times]} if times is not None else {}),
