@@ -143,7 +143,7 @@ def verify_cache(out: Path, quick: bool = False, threads: int | None = None, ctx
     with ThreadPoolExecutor(max_workers=workers) as pool:
         shards = _ShardChecks(out, mine, pool, 2 * workers, quick, on_progress)
         seen = _scan_records(cache, clips_check, tensor_check, listed, shards.add)
-        results = shards.finish()
+        results = shards.finish(all_records_read=seen.readable)
     if world > 1:
         results = [result for part in ctx.all_gather_object(results) for result in part]
     for result in sorted(results, key=lambda r: r["file"]):
@@ -193,6 +193,8 @@ class _Seen:
 
     clips: int = 0
     views: int = 0
+    readable: bool = True
+    """False when the clip table stopped reading part-way (then no shard's records are known complete)."""
 
 
 def _scan_records(cache: CacheReader, check: Check, tensor_check: Check, listed: dict[str, dict[str, Any]],
@@ -204,6 +206,7 @@ def _scan_records(cache: CacheReader, check: Check, tensor_check: Check, listed:
     path = cache.clips_path
     if not path.is_file():
         check.fail(f"{path.name}: missing")
+        seen.readable = False
         return seen
     if info.get("sha256") and sha256_file(path) != info["sha256"]:
         check.fail(f"{path.name}: sha256 differs from the manifest (records were edited or truncated)")
@@ -234,6 +237,7 @@ def _scan_records(cache: CacheReader, check: Check, tensor_check: Check, listed:
     except ClipTableError as exc:
         message = str(exc)
         check.fail(f"{path.name}: {message[len(str(path)) + 2:] if message.startswith(str(path)) else message}")
+        seen.readable = False
     return seen
 
 
@@ -278,23 +282,26 @@ class _ShardChecks:
         if len(records) == self.mine[file].get("clips"):
             self._submit(file)
 
-    def _submit(self, file: str) -> None:
+    def _submit(self, file: str, claims_known: bool = True) -> None:
         self.submitted.add(file)
         records = self.pending.pop(file, [])
         while len(self.in_flight) >= self.limit:
             self._collect()
-        self.in_flight.append(self.pool.submit(_check_shard, self.out, file, self.mine[file], records, self.quick))
+        self.in_flight.append(self.pool.submit(_check_shard, self.out, file, self.mine[file], records, self.quick,
+                                               claims_known))
 
     def _collect(self) -> None:
         self.results.append(self.in_flight.popleft().result())
         if self.on_progress is not None:
             self.on_progress(1, len(self.mine))
 
-    def finish(self) -> list[dict[str, Any]]:
-        """Check the shards not checked yet (fewer records than the manifest says, or none) and wait."""
+    def finish(self, all_records_read: bool = True) -> list[dict[str, Any]]:
+        """Check the shards not checked yet (fewer records than the manifest says, or none) and wait. When the
+        clip table could not be read to its end, their unclaimed tensors are not reported: the clip records
+        check already names the table, and every tensor would look unclaimed."""
         for file in sorted(self.mine):
             if file not in self.submitted:
-                self._submit(file)
+                self._submit(file, claims_known=all_records_read)
         while self.in_flight:
             self._collect()
         for result in self.results:
@@ -494,7 +501,8 @@ def _read_failures(cache: CacheReader, check: Check) -> list[dict[str, Any]]:
     return failures
 
 
-def _check_shard(out: Path, file: str, shard: dict[str, Any], records: list[dict[str, Any]], quick: bool) -> dict[str, Any]:
+def _check_shard(out: Path, file: str, shard: dict[str, Any], records: list[dict[str, Any]], quick: bool,
+                 claims_known: bool = True) -> dict[str, Any]:
     result: dict[str, Any] = {"file": file, "shard": [], "tensors": [], "values": [], "tensors_ok": 0, "values_ok": 0}
     path = out / file
     try:
@@ -530,7 +538,7 @@ def _check_shard(out: Path, file: str, shard: dict[str, Any], records: list[dict
                     f"record says {entry.get('dtype')} {entry.get('shape')}")
             else:
                 result["tensors_ok"] += 1
-    for name in sorted(set(header) - claimed):
+    for name in sorted(set(header) - claimed) if claims_known else ():
         result["tensors"].append(f"{file}: tensor {name} is claimed by no clip record")
     if quick or result["shard"]:
         return result

@@ -117,7 +117,7 @@ def test_non_finite_clip_is_a_failed_clip_end_to_end(plugin: str, demo_data: Pat
     assert result.exit_code == 3, result.output
     failures = CacheReader(out).failure_records()
     assert len(failures) == 1
-    assert "camera cam_1: non-finite latent (1 NaN, 2 inf) from " + spec in failures[0]
+    assert "camera cam_1: non-finite latent (1 NaN, 2 inf) from " + spec in failures[0]["reason"]
     clips = cache_io.clips(out)
     assert [clip["id"] for clip in clips] == ["scene_001/000000-000008", "scene_002/000000-000008"]
     assert all(torch.isfinite(t.float()).all() for t in cache_io.tensors(out).values())
