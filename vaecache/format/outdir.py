@@ -14,6 +14,7 @@ from typing import Any
 
 from vaecache.errors import ManifestError, OutputError, UsageError
 from vaecache.format.index import damaged_shards, read_manifest, read_progress, repair_progress
+from vaecache.format.provenance import identity_change
 from vaecache.format.io import atomic_write_json
 from vaecache.format.layout import LOCK, LOGS_DIR, MANIFEST, OWNED_ENTRIES, PROGRESS_DIR, RUN, SHARDS_DIR
 
@@ -170,18 +171,13 @@ def begin_changes(out: Path, attempt: int, fingerprint: dict[str, Any] | None = 
 
 
 def changed_sources(recorded: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]]) -> list[str]:
-    """Sources both runs saw whose identity differs: size, then the content hash where both have one, else
-    the modification time. Sources that are new (a grown dataset) or gone are not changes here."""
+    """Sources both runs saw whose identity differs (the rule of provenance.identity_change). Sources that are
+    new (a grown dataset) or gone are not changes here."""
     changed = []
     for path in sorted(set(recorded) & set(current)):
-        old, new = recorded[path], current[path]
-        if old.get("size") != new.get("size"):
-            changed.append(f"{path}: size {old.get('size')} -> {new.get('size')}")
-        elif old.get("sha256") and new.get("sha256"):
-            if old["sha256"] != new["sha256"]:
-                changed.append(f"{path}: content differs (sha256)")
-        elif old.get("mtime_ns") != new.get("mtime_ns"):
-            changed.append(f"{path}: modified since the cache was started")
+        change = identity_change(recorded[path], current[path])
+        if change is not None:
+            changed.append(f"{path}: {change}")
     return changed
 
 
