@@ -425,6 +425,10 @@ class ViewDecoder:
             self._readers.popitem(last=False)[1].close()
         return reader
 
+    def close(self) -> None:
+        while self._readers:
+            self._readers.popitem()[1].close()
+
     def timestamps(self, path: str, frames: Sequence[int]) -> list[float]:
         """Presentation time (seconds from the first frame) of each frame of `path`."""
         return self._reader(path).timestamps(frames)
@@ -471,6 +475,12 @@ class ViewBatchDataset(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return len(self.batches)
+
+    def close(self) -> None:
+        """Close the videos this process keeps open (decoding with workers 0 opens them here)."""
+        if self._decoder is not None:
+            self._decoder.close()
+            self._decoder = None
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         if self._decoder is None:

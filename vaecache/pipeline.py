@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hashlib
 import json
 import logging
@@ -394,8 +395,13 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
     else:
         view_indices, sp_plans = work.view_indices, work.sp_plans
     counters = RankCounters()
+    dataset = ViewBatchDataset(work.batches, view_indices, cfg.clip.height, cfg.clip.width)
+    if cfg.workers:
+        # Workers are forked. A decoder left as cyclic garbage here (FFmpeg frame threads and all) would be
+        # freed by the child's collector, which then waits forever to join threads that do not exist there.
+        gc.collect()
     loader = torch.utils.data.DataLoader(
-        ViewBatchDataset(work.batches, view_indices, cfg.clip.height, cfg.clip.width),
+        dataset,
         batch_size=None, shuffle=False, num_workers=cfg.workers, pin_memory=ctx.device.type == "cuda",
         prefetch_factor=4 if cfg.workers else None, worker_init_fn=ignore_stop_signals,
     )
@@ -428,6 +434,7 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
             writer.abort()
         raise
     finally:
+        dataset.close()
         failures.close()
         if progress_log is not None:
             progress_log.close()

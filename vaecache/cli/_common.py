@@ -9,6 +9,7 @@ import functools
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any, Callable, Mapping, Optional, TypeVar
 
@@ -23,6 +24,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 EXIT_INTERRUPTED = 130
 """Ctrl-C outside the encode loop's graceful stop (128 + SIGINT)."""
+QUIET_RANK_EXIT_DELAY_S = 2.0
+"""How long a rank that leaves a usage error for rank 0 to print waits before it exits."""
 REQUIRED_PANEL = "Required (flag or --config)"
 """The --help panel for options that must come from a flag or the TOML file."""
 
@@ -91,6 +94,8 @@ def report_errors(fn: F) -> F:
                 raise
             if not (isinstance(exc, UsageError) and not is_launcher_rank0()):
                 console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+            else:  # the launcher tears the job down at the first exit: let rank 0's message out first
+                time.sleep(QUIET_RANK_EXIT_DELAY_S)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             if debug_enabled():
