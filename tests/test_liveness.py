@@ -150,3 +150,25 @@ def test_liveness_timeout_is_validated_and_off_for_one_process():
         liveness.check_timeout(-1)
     assert liveness.start_liveness(0, 1, 60) is None
     assert liveness.start_liveness(0, 4, 0) is None
+
+
+def test_a_rank_that_failed_alone_ends_the_job_after_the_grace_naming_its_error(store):
+    """A rank leaving with an exception (a full disk on one rank) must not leave the others waiting in a
+    collective for --timeout: its watcher ends the job once the failure grace has passed."""
+    clock = Clock()
+    r0, r1, r2 = _ranks(store, 3, clock, timeout_s=60)
+    r1.stop("OutputError: /out/shards/a000-r00001-000003.safetensors: no space left on device")
+    clock.now = 5.0
+    assert r0.tick() is None  # within the grace: when every rank fails alike they are all gone by now
+    clock.now = 16.0
+    message, announce = r0.tick()
+    assert message.startswith(f"rank 1 on {socket.gethostname()} (pid ")
+    assert "failed (OutputError: /out/shards/a000-r00001-000003.safetensors: no space left on device)" in message
+    assert announce and r2.tick() == (message, False)
+
+
+def test_distributed_publishes_the_exception_that_ended_the_rank(monkeypatch):
+    published = []
+    monkeypatch.setattr(liveness, "_active", type("Live", (), {"stop": lambda self, text: published.append(text)})())
+    liveness.stop_liveness(OSError(28, "No space left on device"))
+    assert published == ["OSError: [Errno 28] No space left on device"] and liveness.active() is None

@@ -20,7 +20,7 @@ import torch
 import vaecache
 from vaecache.config import STORED_KEYS, EncodeConfig
 from vaecache.decode import DECODER, ViewBatchDataset
-from vaecache.sources import (ProbeCache, Scene, SceneProbe, discover, judge_scene, open_scene, probe_from_cache,
+from vaecache.sources import (Scene, SceneProbe, discover, judge_scene, open_scene, probe_from_cache,
                               probe_records, read_probe_cache)
 from vaecache.dist import DistContext
 from vaecache.dist.liveness import set_doing
@@ -192,21 +192,29 @@ def _phase(progress: ProgressFactory | None, label: str, unit: str) -> Iterator[
 
 
 def _probe_all(ctx: DistContext, scenes: list[Scene], advance: Advance,
-               cache: ProbeCache) -> tuple[dict[str, SceneProbe], list[dict[str, Any]]]:
+               probe_dir: Path) -> tuple[dict[str, SceneProbe], list[dict[str, Any]]]:
     """The probes of scenes the index gives none for: from OUT's probe cache where it holds them (no video is
     opened), else every rank opens its share of the rest and the results are exchanged so all ranks plan
-    alike. Returns the probes and this rank's new probe-cache records."""
-    probes: dict[str, SceneProbe] = {}
-    unknown = []
-    for scene in scenes:
-        if scene.probed is not None:
-            continue  # planned from its index line (plan_job judges it): no SceneProbe kept per scene
-        known = probe_from_cache(scene, cache)
-        if known is None:
-            unknown.append(scene)
-        else:
-            probes[scene.scene_id] = known
-    share = assign(unknown, ctx.info.rank, ctx.info.world_size)
+    alike. Returns the probes and this rank's new probe-cache records.
+
+    Rank 0 alone reads the cache and stats the files: ranks that judged them apart (a cache file one node
+    cannot read, an mtime another node sees late) would plan differently, or wait in different collectives."""
+    def from_cache() -> tuple[dict[str, SceneProbe], list[int]]:
+        cache = read_probe_cache(sorted(probe_dir.glob("rank-*.jsonl")))
+        cached: dict[str, SceneProbe] = {}
+        unknown = []
+        for position, scene in enumerate(scenes):
+            if scene.probed is not None:
+                continue  # planned from its index line (plan_job judges it): no SceneProbe kept per scene
+            known = probe_from_cache(scene, cache)
+            if known is None:
+                unknown.append(position)
+            else:
+                cached[scene.scene_id] = known
+        return cached, unknown
+
+    probes, unknown = ctx.on_rank0(from_cache)
+    share = assign([scenes[position] for position in unknown], ctx.info.rank, ctx.info.world_size)
     set_doing(f"probing {len(share)} scenes")
     mine, records = [], []
     for scene in share:
@@ -214,7 +222,7 @@ def _probe_all(ctx: DistContext, scenes: list[Scene], advance: Advance,
         mine.append(judge_scene(scene, found))
         records.extend(probe_records(scene, found))
         advance(1, len(share))
-    if unknown:  # every rank sees the same index and cache, so every rank takes part or none does
+    if unknown:  # rank 0's decision, so every rank takes part or none does
         for part in ctx.all_gather_object(mine):
             probes.update((probe.scene_id, probe) for probe in part)
         log.info("probed %d of %d scenes (%d from the index or OUT/%s)", len(unknown), len(scenes),
@@ -279,10 +287,8 @@ def _start_up(cfg: EncodeConfig, ctx: DistContext, progress: ProgressFactory | N
     found = discover(cfg.data, cfg.clip.cameras)
     scenes = found.scenes
     _check_out_usable(cfg.out)
-    cache = read_probe_cache(sorted((cfg.out / PROBES_DIR).glob("rank-*.jsonl")))
     with _phase(progress, "probe", "scenes") as advance:
-        probes, records = _probe_all(ctx, scenes, advance, cache)
-    del cache
+        probes, records = _probe_all(ctx, scenes, advance, cfg.out / PROBES_DIR)
     job = plan_job(scenes, probes, cfg.clip.sampling, ctx.info.world_size, ctx.mesh.sp_size,
                    cfg.batch_size)
     del probes

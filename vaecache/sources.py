@@ -422,7 +422,11 @@ def probe_file(path: str) -> CameraProbe:
         if stat is None:
             stat = os.stat(path)
         width, height = reader.frame_size
-        return CameraProbe(len(reader), reader.fps(), width, height, reader.codec, stat.st_size, stat.st_mtime_ns,
+        fps = reader.fps()
+        if width < 1 or height < 1 or not fps > 0 or stat.st_size < 1:
+            raise VideoDecodeError(path, f"the stream reports a {width}x{height} frame size at {fps:g} fps "
+                                         "(damaged or truncated?)")
+        return CameraProbe(len(reader), fps, width, height, reader.codec, stat.st_size, stat.st_mtime_ns,
                            reader.rotation)
 
 

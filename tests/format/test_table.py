@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -154,3 +155,18 @@ def test_the_table_holds_exactly_what_the_writer_committed(good_cache: Path) -> 
                  for clip in json.loads(line)["clips"]]
     assert list(CacheReader(good_cache).clip_records()) == sorted(committed, key=lambda c: c["id"])
     assert all(len(c["source_identity"]) == len(c["sources"]) == 2 for c in committed)
+
+
+def test_a_malformed_row_is_a_named_failure_not_a_crash(cache_copy: Path, run_cli: Any) -> None:
+    """A table that reads as Parquet but holds a row no writer of ours made (here an `extra` cell that is not
+    JSON): verify reports the file and the row, exit 1, no traceback."""
+    path = cache_copy / "clips.parquet"
+    table = pq.read_table(path)
+    extra = table.column("extra").to_pylist()
+    extra[0] = "{not json"
+    pq.write_table(table.set_column(table.schema.get_field_index("extra"), "extra",
+                                    pa.array(extra, type=table.schema.field("extra").type)), path)
+    with pytest.raises(ClipTableError, match=r"clips.parquet: row 0 is malformed \(JSONDecodeError"):
+        list(iter_table(path, CLIP_TABLE))
+    result = run_cli(["verify", cache_copy])
+    assert result.exit_code == 1 and "row 0 is malformed" in result.output and "unexpected" not in result.output

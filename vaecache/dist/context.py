@@ -318,6 +318,7 @@ def distributed(
     timeout = timedelta(seconds=timeout_s)
 
     owns_world = False
+    failure: BaseException | None = None
     sp_group = None
     backend: str | None = None
     env_added: list[str] = []
@@ -360,9 +361,13 @@ def distributed(
                 # An outer mixed backend ("cpu:gloo,cuda:nccl") is kept for the groups as well.
                 sp_group = _new_sp_groups(mesh, timeout, None)
             liveness.start_liveness(info.rank, info.world_size, liveness_timeout_s)
-        yield DistContext(info, mesh, dev, backend, sp_group, float(timeout_s))
+        try:
+            yield DistContext(info, mesh, dev, backend, sp_group, float(timeout_s))
+        except Exception as exc:
+            failure = exc
+            raise
     finally:
-        liveness.stop_liveness()
+        liveness.stop_liveness(failure)
         try:
             if owns_world:
                 tdist.destroy_process_group()

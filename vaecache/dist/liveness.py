@@ -35,7 +35,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LIVENESS_TIMEOUT_S = 60.0
 MAX_INTERVAL_S = 5.0
-RUNNING, EXITED = "running", "exited"
+RUNNING, EXITED, FAILED = "running", "exited", "failed"
+FAILED_GRACE_S = 10.0
+"""How long a rank that failed is given before its watcher ends the job: when every rank fails alike (an error
+rank 0 handed to all), they are all gone by then; when one failed alone, the others would wait for it."""
 
 
 def interval_for(timeout_s: float) -> float:
@@ -55,16 +58,20 @@ class Beat:
     doing: str = ""
     wall: float = 0.0
     """The publisher's wall clock (only for "last heard N s ago" in messages, never for verdicts)."""
+    space: str = ""
+    """Boot id and pid namespace: a pid means the same process only where these match (containers may share
+    a host name)."""
 
     def to_bytes(self) -> bytes:
         return json.dumps({"rank": self.rank, "host": self.host, "pid": self.pid, "count": self.count,
-                           "state": self.state, "doing": self.doing, "wall": self.wall}).encode()
+                           "state": self.state, "doing": self.doing, "wall": self.wall,
+                           "space": self.space}).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Beat:
         raw = json.loads(data)
         return cls(int(raw["rank"]), str(raw["host"]), int(raw["pid"]), int(raw["count"]), str(raw["state"]),
-                   str(raw.get("doing", "")), float(raw.get("wall", 0.0)))
+                   str(raw.get("doing", "")), float(raw.get("wall", 0.0)), str(raw.get("space", "")))
 
     def where(self) -> str:
         return f"rank {self.rank} on {self.host} (pid {self.pid})"
@@ -97,13 +104,18 @@ class RingWatch:
 
     def see(self, beat: Beat | None, now: float) -> float | None:
         """Take the watched rank's current beat (None: none published yet). Returns the seconds it has been
-        silent when that exceeds the timeout, else None."""
+        silent (or failed) when that exceeds the timeout (the failure grace), else None."""
         if self.target is None:
             return None
         if beat is not None and beat.state == EXITED:
             self.exited.add(self.target)
             self._move(now)
             return None
+        if beat is not None and beat.state == FAILED:
+            if self._last_count != beat.count:
+                self._last_count, self._since = beat.count, now
+            failed_for = now - self._since
+            return failed_for if failed_for > min(self.timeout_s, FAILED_GRACE_S) else None
         if beat is not None and beat.count != self._last_count:
             self._last_count, self._since = beat.count, now
             return None
@@ -112,6 +124,9 @@ class RingWatch:
 
 
 def stopped_message(beat: Beat | None, rank: int, silent_s: float, timeout_s: float) -> str:
+    if beat is not None and beat.state == FAILED:
+        return (f"{beat.where()} failed ({beat.doing}) and the others cannot finish without it. Committed shards "
+                "are kept: rerun the same command to resume")
     who = beat.where() if beat is not None else f"rank {rank} (it never published a heartbeat)"
     doing = f"; last seen {beat.doing}" if beat is not None and beat.doing else ""
     return (f"{who} stopped responding: no heartbeat for {silent_s:.0f} s (--liveness-timeout {timeout_s:g} s)"
@@ -127,7 +142,7 @@ class Liveness:
         self.store, self.rank, self.world, self.timeout_s = store, rank, world, timeout_s
         self.interval_s = interval_for(timeout_s)
         self.prefix, self.store_where = prefix, store_where
-        self.host, self.pid = socket.gethostname(), os.getpid()
+        self.host, self.pid, self.space = socket.gethostname(), os.getpid(), _process_space()
         self.doing = "starting up"
         self._count = 0
         self._clock = clock
@@ -149,7 +164,7 @@ class Liveness:
     def beat(self, state: str = RUNNING) -> None:
         self._count += 1
         self.store.set(self._key(self.rank), Beat(self.rank, self.host, self.pid, self._count, state,
-                                                  self.doing[:200], time.time()).to_bytes())
+                                                  self.doing[:200], time.time(), self.space).to_bytes())
 
     def read_beat(self, rank: int) -> Beat | None:
         key = self._key(rank)
@@ -189,7 +204,7 @@ class Liveness:
         if silent is None:
             return None
         message = stopped_message(beat, target, silent, self.timeout_s)
-        if beat is not None and beat.host == self.host and beat.pid != self.pid:
+        if beat is not None and beat.space and beat.space == self.space and beat.pid != self.pid:
             _kill_quietly(beat.pid)  # a stopped process ignores everything but SIGKILL, and would hold its GPU
         try:  # the first verdict wins, so every rank reports the same one
             posted = bytes(self.store.compare_set(self._verdict_key, b"", message.encode()))
@@ -211,13 +226,16 @@ class Liveness:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
-        """Stop watching and tell the watcher of this rank that it exited cleanly (best effort)."""
+    def stop(self, failure: str | None = None) -> None:
+        """Stop watching and tell the watcher of this rank that it exited cleanly, or failed with `failure`
+        (best effort)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2 * self.interval_s + 5)
         try:
-            self.beat(EXITED)
+            if failure is not None:
+                self.doing = failure
+            self.beat(EXITED if failure is None else FAILED)
         except Exception as exc:  # the store may already be gone with rank 0's process; nothing to tell then
             log.debug("rank %d: could not publish the exit heartbeat: %s", self.rank, exc)
 
@@ -253,9 +271,20 @@ class Liveness:
                 found.append(f"rank {rank} (no heartbeat)")
             elif beat.state == EXITED:
                 found.append(f"{beat.where()}, exited")
+            elif beat.state == FAILED:
+                found.append(f"{beat.where()}, failed: {beat.doing}")
             elif now - beat.wall > older:
                 found.append(f"{beat.where()}, last heard {now - beat.wall:.0f} s ago")
         return found
+
+
+def _process_space() -> str:
+    """"<boot id>:<pid namespace>", or "" where /proc does not tell (then no process is ever killed)."""
+    try:
+        boot = open("/proc/sys/kernel/random/boot_id", encoding="ascii").read().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
 
 
 def _kill_quietly(pid: int) -> None:
@@ -319,8 +348,13 @@ def start_liveness(rank: int, world: int, timeout_s: float, environ: dict[str, s
     return _active
 
 
-def stop_liveness() -> None:
+def stop_liveness(failure: BaseException | None = None) -> None:
+    """Stop this process's heartbeats; a `failure` (an exception ending the rank) is published so the job ends
+    at once, naming it, instead of the others waiting in a collective for this rank."""
     global _active
     if _active is not None:
-        _active.stop()
+        text = None
+        if failure is not None:
+            text = f"{type(failure).__name__}: {(str(failure).splitlines() or [''])[0]}"
+        _active.stop(text)
         _active = None

@@ -304,10 +304,17 @@ def _first_line(exc: BaseException) -> str:
 def iter_table(path: Path, kind: TableKind, batch_rows: int = READ_BATCH_ROWS) -> Iterator[dict[str, Any]]:
     """The records of a table, one record batch at a time (bounded memory at any row count)."""
     table = _open(Path(path), kind)
+    number = 0
     try:
         for batch in table.iter_batches(batch_size=batch_rows, columns=kind.schema.names):
             for row in batch.to_pylist():
-                yield kind.to_record(row)
+                try:
+                    record = kind.to_record(row)
+                except (ValueError, TypeError, KeyError, AttributeError) as exc:  # a row no writer of ours made
+                    raise ClipTableError(f"{path}: row {number} is malformed ({type(exc).__name__}: "
+                                         f"{_first_line(exc)})") from None
+                number += 1
+                yield record
     except (pa.ArrowException, OSError) as exc:
         raise ClipTableError(f"{path}: does not read ({_first_line(exc)})") from None
 
