@@ -315,3 +315,21 @@ def test_hostile_names_and_links_are_recorded_failures_and_the_run_goes_on(demo_
     assert "DECORD" not in failures["audio_only"]["reason"].upper()
     clips = [c["id"] for c in list(CacheReader(out).clip_records())]
     assert clips == [f"scene_00{i}/000000-000008" for i in range(3)]
+
+
+def test_probe_cache_keeps_file_verdicts_but_not_permission_or_io_errors(tmp_path):
+    """A chmod fixes 'permission denied' without changing size or mtime: such a failure must be looked at
+    again next time, while 'not a readable video' stays cached until the file changes."""
+    from vaecache.errors import VideoDecodeError
+    from vaecache.sources import Scene, probe_records
+
+    paths = []
+    for name in ("a.mp4", "b.mp4", "c.mp4"):
+        (tmp_path / name).write_bytes(b"x")
+        paths.append(str(tmp_path / name))
+    scene = Scene("s", ("a", "b", "c"), tuple(paths))
+    found = [VideoDecodeError(paths[0], "permission denied"), VideoDecodeError(paths[1], "cannot read (I/O error)"),
+             VideoDecodeError(paths[2], "not a readable video (Invalid data)")]
+    records = probe_records(scene, found)
+    assert [record["path"] for record in records] == [paths[2]]
+    assert records[0]["error"] == "not a readable video (Invalid data)"

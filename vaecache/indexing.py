@@ -24,7 +24,7 @@ import json
 
 from vaecache import faults
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, OutputError, UsageError
-from vaecache.format.io import FILE_MODE, fsync_dir
+from vaecache.format.io import FILE_MODE, cut_torn_tail, fsync_dir
 from vaecache.sources import (Discovery, Scene, Skipped, discover, judge_scene, open_scene, probe_from_cache,
                               probe_records, read_probe_cache)
 
@@ -167,12 +167,7 @@ def _probed(share: Sequence[Scene], workers: int) -> Iterator[list[dict[str, Any
 def _open_partial(path: Path) -> IO[str]:
     """Open this rank's partial file for appending, cut back to its last whole line (a crash mid-write)."""
     try:
-        if path.exists():
-            data = path.read_bytes()
-            keep = data.rfind(b"\n") + 1
-            if keep != len(data):
-                with open(path, "r+b") as raw:
-                    raw.truncate(keep)
+        cut_torn_tail(path)
         return open(path, "a", encoding="utf-8")
     except OSError as exc:
         raise OutputError(f"{path}: cannot open the partial index ({exc.strerror or exc})") from None

@@ -27,7 +27,7 @@ from vaecache.dist.liveness import set_doing
 from vaecache.dtypes import recorded_name
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, EXIT_STOPPED, InputError, OutputError, UsageError
 from vaecache.format.index import finalize, manifest_header
-from vaecache.format.io import AppendLog
+from vaecache.format.io import AppendLog, cut_torn_tail
 from vaecache.format.layout import PROBES_DIR, FORMAT_VERSION, failures_path, probes_path, progress_path
 from vaecache.format.outdir import PreparedOut, begin_changes, prepare_out, release_lock
 from vaecache.format.provenance import source_identities
@@ -238,6 +238,7 @@ def _write_probe_cache(out: Path, rank: int, records: list[dict[str, Any]]) -> N
     path = probes_path(out, rank)
     try:
         path.parent.mkdir(exist_ok=True)
+        cut_torn_tail(path)
         with open(path, "a", encoding="utf-8") as handle:
             handle.write("".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in records))
             handle.flush()

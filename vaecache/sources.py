@@ -509,6 +509,10 @@ ProbeCache = dict[str, "CameraProbe | tuple[int, int, str]"]
 """Source path -> its probe, or (size, mtime_ns, reason) for a file that could not be read."""
 
 
+ENVIRONMENT_REASONS = ("permission denied", "cannot read (")
+"""Decode failures that say more about the file system than the file: never cached."""
+
+
 def probe_records(scene: Scene, found: Sequence[CameraProbe | VideoDecodeError]) -> list[dict[str, Any]]:
     """Cache records (one per file opened, see open_scene) for the probe cache: a readable file's probe, or
     the reason an unreadable one failed with its size and mtime. A file that cannot be stat'ed is not cached."""
@@ -517,6 +521,8 @@ def probe_records(scene: Scene, found: Sequence[CameraProbe | VideoDecodeError])
         if isinstance(result, CameraProbe):
             records.append({"path": path, "probe": result.to_json()})
             continue
+        if result.reason.startswith(ENVIRONMENT_REASONS):
+            continue  # a chmod or a remount fixes these without touching size or mtime: look again next time
         try:
             stat = os.stat(result.path)
         except OSError:

@@ -279,3 +279,17 @@ def test_encode_again_repairs_a_cache_that_verify_failed(data, reference, tmp_pa
     assert run_vaecache("verify", str(out)).returncode == 0
     again = encode(data, out, "--shard-size", "1")  # now intact: left alone
     assert again.returncode == 0 and "already complete" in again.stderr
+
+
+@pytest.mark.parametrize("content, kept", [
+    (b"", b""), (b'{"a":1}\n', b'{"a":1}\n'), (b'{"a":1}\n{"b"', b'{"a":1}\n'), (b'{"tor', b""),
+    (b"x" * 70000 + b"\n" + b"y" * 70000, b"x" * 70000 + b"\n"),
+])
+def test_cut_torn_tail_keeps_whole_lines_only(tmp_path, content, kept):
+    from vaecache.format.io import cut_torn_tail
+
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(content)
+    cut_torn_tail(path)
+    assert path.read_bytes() == kept
+    cut_torn_tail(tmp_path / "missing.jsonl")  # nothing to cut

@@ -63,6 +63,28 @@ def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
                 yield json.loads(line)
 
 
+def cut_torn_tail(path: Path, chunk: int = 1 << 16) -> None:
+    """Cut a JSON Lines file back to its last whole line (a crash mid-append), so the next append starts a line."""
+    try:
+        with open(path, "r+b") as handle:
+            end = handle.seek(0, os.SEEK_END)
+            position = end
+            while position > 0:
+                start = max(0, position - chunk)
+                handle.seek(start)
+                block = handle.read(position - start)
+                newline = block.rfind(b"\n")
+                if newline >= 0:
+                    if start + newline + 1 != end:
+                        handle.truncate(start + newline + 1)
+                    return
+                position = start
+            if end:
+                handle.truncate(0)
+    except FileNotFoundError:
+        return
+
+
 class AppendLog:
     """An fsynced append-only JSON Lines file (per-rank progress and failure records)."""
 
