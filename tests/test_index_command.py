@@ -15,6 +15,7 @@ import pytest
 from tests.conftest import ENCODE_ARGS
 from vaecache import sources
 from vaecache.errors import DatasetError
+from vaecache.format.reader import CacheReader
 from vaecache.sources import discover_scenes, probe_scene
 
 PLAN_ARGS = ("--vae", "builtin:tiny", "--num-frames", "9", "--size", "64x64", "--no-measure")
@@ -138,9 +139,9 @@ def test_a_probed_index_is_planned_without_opening_a_video_and_decoding_refuses_
     out = tmp_path / "out"
     result = run_cli(["encode", index, "--out", out, *ENCODE_ARGS])
     assert result.exit_code == 3, result.output  # planned from the index, the mismatch recorded as failures
-    assert [clip["id"] for clip in _lines(out / "clips.jsonl")] == ["scene_000/000000-000008",
+    assert [clip["id"] for clip in CacheReader(out).clip_records()] == ["scene_000/000000-000008",
                                                                     "scene_001/000000-000008"]
-    failures = _lines(out / "failures.jsonl")
+    failures = CacheReader(out).failure_records()
     assert [f["clip"] for f in failures] == [f"scene_002/{a:06d}-{a + 8:06d}" for a in (0, 9, 18)]
     path = json.loads(index.read_text().splitlines()[2])["cameras"]["cam_0"]
     assert failures[0]["path"] == path and failures[0]["reason"] == (
@@ -206,7 +207,7 @@ def test_an_encode_caches_its_probes_in_out_and_a_later_run_opens_none_of_them_a
     second = run_cli(["encode", data, "--out", out, *ENCODE_ARGS, "--size", "32x32"])
     assert second.exit_code == 0, second.output
     assert sorted(opened) == [str(data / "scene_003" / "cam_0.mp4"), str(data / "scene_003" / "cam_1.mp4")]
-    assert len(_lines(out / "clips.jsonl")) == 4
+    assert len(list(CacheReader(out).clip_records())) == 4
 
 
 def test_a_cached_probe_stands_only_while_the_file_keeps_its_size_and_mtime(data: Path, tmp_path: Path) -> None:
