@@ -117,3 +117,34 @@ def test_resume_of_a_complete_bucketed_cache_changes_nothing(bucket_cache: Path,
     other = run_cli(["encode", bucket_videos, "--out", out, "--size", SIZES, "--num-frames", FRAMES, *BASE,
                      "--fit", "contain"])
     assert other.exit_code != 0 and "fit" in other.output
+
+
+def test_plan_shows_the_bucket_histogram_and_empty_buckets(bucket_videos: Path, run_cli: Any) -> None:
+    result = run_cli(["plan", bucket_videos, "--vae", "builtin:tiny", "--size", SIZES, "--num-frames", FRAMES,
+                      "--no-measure", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout[result.stdout.index("{"):])
+    rows = {row["name"]: row for row in report["buckets"]}
+    assert {name: row["clips"] for name, row in rows.items()} == {
+        "32x56x9": 3, "32x56x5": 0, "56x32x9": 1, "56x32x5": 1, "40x40x9": 0, "40x40x5": 1}
+    assert rows["32x56x9"]["views"] == 3 and rows["32x56x9"]["bytes"] == 3 * 2 * 16 * 3 * 4 * 7 * 4  # mean+logvar fp32
+    # cover: 64x36 is resized to 57x32 and keeps 56 of 57 columns; 94x40 (two clips) to 75x32 and keeps 56 of 75
+    assert rows["32x56x9"]["mean_kept"] == pytest.approx((56 / 57 + 2 * 56 / 75) / 3, abs=1e-4)
+    assert rows["32x56x9"]["mean_padded"] == 0.0 and rows["32x56x9"]["max_distortion"] == 1.0
+    assert rows["32x56x5"]["mean_kept"] is None
+    assert "bucket 32x56x5 is empty" in " ".join(report["notes"])
+    assert "empty" in result.stderr  # the histogram table marks it
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks_equal_one_process(bucket_videos: Path, bucket_cache: Path, tmp_path: Path, procs: Any,
+                                              cache_io: Any) -> None:
+    out = tmp_path / "out"
+    result = procs.torchrun(2, "encode", bucket_videos, "--out", out, "--size", SIZES, "--num-frames", FRAMES, *BASE,
+                            "--shard-size", "1MB")
+    assert result.returncode == 0, result.stderr[-3000:]
+    cache_io.same_tensors(cache_io.tensors(out), cache_io.tensors(bucket_cache))
+    assert cache_io.manifest(out)["buckets"] == cache_io.manifest(bucket_cache)["buckets"]
+    strip = ("shard", "source_identity")
+    assert ([{k: v for k, v in c.items() if k not in strip} for c in cache_io.clips(out)]
+            == [{k: v for k, v in c.items() if k not in strip} for c in cache_io.clips(bucket_cache)])

@@ -7,6 +7,7 @@ shard writer share `fit_geometry`, so the recorded crop box is the one the pixel
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -132,7 +133,7 @@ def parse_sizes(value: Any, option: str = "--size") -> tuple[tuple[int, int], ..
         if text.lower() in SIZE_PRESETS:
             sizes.extend(SIZE_PRESETS[text.lower()])
         elif text:
-            if not any(c.isdigit() for c in text):
+            if re.fullmatch(r"[A-Za-z][\w.-]*", text):
                 raise UsageError(f"{option}: unknown preset {text!r} (presets: {', '.join(SIZE_PRESETS)}; or HxW)")
             sizes.append(parse_size(text))
     if not sizes:

@@ -173,9 +173,12 @@ class ClipSettings:
     def to_record(self) -> dict[str, Any]:
         """The recorded form (run fingerprint, manifest settings): compared on resume, read back by verify.
         Bucket keys appear only for a bucketed run, so a one-size cover cache keeps its fingerprint."""
-        buckets = {"sizes": [list(size) for size in self.sizes], "frame_buckets": list(self.sampling.lengths),
-                   "frames_policy": self.sampling.frames_policy, "fit": self.fit} if self.bucketed else {}
-        return {**self._plain_record(), **buckets}
+        if not self.bucketed:
+            return self._plain_record()
+        # window_stride as given: None means each frame bucket's own length (the first one's step would be wrong)
+        return {**self._plain_record(), "window_stride": self.sampling.window_stride,
+                "sizes": [list(size) for size in self.sizes], "frame_buckets": list(self.sampling.lengths),
+                "frames_policy": self.sampling.frames_policy, "fit": self.fit}
 
     def _plain_record(self) -> dict[str, Any]:
         return {
