@@ -122,16 +122,16 @@ def test_contain_pads_with_zero_in_model_range_and_stretch_fills() -> None:
 def test_histogram_reports_crop_padding_distortion_and_empty_buckets() -> None:
     scenes = [_scene("wide", (94, 40, 9, 0)), _scene("square", (40, 40, 9, 0))]
     clips, _ = _plan(scenes, sizes=((40, 40), (40, 80)))
-    cover = {row["name"]: row for row in bucket_histogram(clips, "cover", lambda b: 100)}
+    cover = {row["name"]: row for row in bucket_histogram(clips, "cover", lambda b: [1, 10, 10], 1)}
     assert cover["40x40x9"]["clips"] == 1 and cover["40x40x9"]["mean_kept"] == 1.0
     assert cover["40x80x9"]["mean_kept"] == round(80 / 94, 4)  # scale 1: the centre 80 of 94 columns
     assert cover["40x80x9"]["bytes"] == 100
-    contain = {row["name"]: row for row in bucket_histogram(clips, "contain", lambda b: 100)}
+    contain = {row["name"]: row for row in bucket_histogram(clips, "contain", lambda b: [1, 10, 10], 1)}
     assert contain["40x80x9"]["mean_padded"] == round(1 - 34 * 80 / (40 * 80), 4)  # 94x40 -> 80x34
-    stretch = {row["name"]: row for row in bucket_histogram(clips, "stretch", lambda b: 100)}
+    stretch = {row["name"]: row for row in bucket_histogram(clips, "stretch", lambda b: [1, 10, 10], 1)}
     assert stretch["40x80x9"]["max_distortion"] == round(94 / 40 / 2, 4)
     empty, _ = _plan([_scene("square", (40, 40, 9, 0))], sizes=((40, 40), (40, 80)))
-    assert [(r["name"], r["clips"], r["mean_kept"]) for r in bucket_histogram(empty, "cover", lambda b: 1)] == [
+    assert [(r["name"], r["clips"], r["mean_kept"]) for r in bucket_histogram(empty, "cover", lambda b: [1], 1)] == [
         ("40x40x9", 1, 1.0), ("40x80x9", 0, None)]
 
 

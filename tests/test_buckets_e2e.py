@@ -127,6 +127,7 @@ def test_plan_shows_the_bucket_histogram_and_empty_buckets(bucket_videos: Path, 
     rows = {row["name"]: row for row in report["buckets"]}
     assert {name: row["clips"] for name, row in rows.items()} == {
         "32x56x9": 3, "32x56x5": 0, "56x32x9": 1, "56x32x5": 1, "40x40x9": 0, "40x40x5": 1}
+    assert rows["32x56x9"]["view_shape"] == [16, 3, 4, 7]
     assert rows["32x56x9"]["views"] == 3 and rows["32x56x9"]["bytes"] == 3 * 2 * 16 * 3 * 4 * 7 * 4  # mean+logvar fp32
     # cover: 64x36 is resized to 57x32 and keeps 56 of 57 columns; 94x40 (two clips) to 75x32 and keeps 56 of 75
     assert rows["32x56x9"]["mean_kept"] == pytest.approx((56 / 57 + 2 * 56 / 75) / 3, abs=1e-4)

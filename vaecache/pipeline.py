@@ -460,7 +460,7 @@ def planned_buckets(cfg: EncodeConfig, job: JobPlan) -> list[dict[str, Any]]:
     if not cfg.clip.bucketed or not hasattr(job.clips, "bucket_counts"):
         return []
     return [{**bucket.to_record(), "clips": clips, "views": views}
-            for bucket, clips, views, _ in job.clips.bucket_counts()]
+            for bucket, clips, views in job.clips.bucket_counts()]
 
 
 def _real_views(plan: SPPlan, sp_rank: int, count: int) -> list[int | None]:

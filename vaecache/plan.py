@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -225,8 +225,8 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
     element = torch.empty((), dtype=vae.dtype).element_size() * len(stored)
     bytes_per_view = math.prod(shape) * element
     views = sum(per_scene.get(s.scene_id, 0) * len(s.cameras) for s in scenes)
-    histogram = bucket_histogram(clips, cfg.clip.fit, lambda b: math.prod(
-        vae.latent_shape(b.num_frames, b.height, b.width)) * element) if cfg.clip.bucketed else []
+    histogram = bucket_histogram(clips, cfg.clip.fit, lambda b: list(vae.latent_shape(b.num_frames, b.height, b.width)),
+                                 element) if cfg.clip.bucketed else []
     fingerprint = vae.fingerprint()
     report = PlanReport(
         config=_config_json(cfg, device),
@@ -292,26 +292,31 @@ def fits_views_per_forward(measurement: Measurement, budget: int) -> int | None:
     return int(room // max(1, measurement.peak_per_view_bytes))
 
 
-def bucket_histogram(clips: Any, fit: str, bytes_per_view: Any) -> list[dict[str, Any]]:
-    """Pure: per bucket, the clips, views and bytes planned, and what --fit does to the sources in it: the mean
+def bucket_histogram(clips: Any, fit: str, view_shape: Callable[[Any], list[int]], element_bytes: int,
+                     ) -> list[dict[str, Any]]:
+    """Pure: per bucket, one view's latent shape, the clips, views and bytes planned (`element_bytes` per latent
+    element, all stored keys), and what --fit does to the sources in it: the mean
     share of source pixels kept (cover crops), the mean share of bucket pixels that are padding (contain),
     and the largest aspect distortion as a ratio >= 1 (stretch; 1.0 for the others). Empty buckets included."""
+    sums = {bucket: [0.0, 0.0, 0.0, 1.0] for bucket, _, _ in clips.bucket_counts()}  # kept, padded, weight, distortion
+    for bucket, position, clip_count in clips.bucket_parts():  # one pass, nothing kept per scene
+        _, displayed = clips.scene_geometry(position)
+        entry = sums[bucket]
+        for width, height in displayed:
+            geometry = fit_geometry(width, height, bucket.height, bucket.width, fit)
+            left, top, right, bottom = geometry.pad
+            inner = (bucket.width - left - right) * (bucket.height - top - bottom)
+            entry[0] += clip_count * kept_share(geometry, width, height)
+            entry[1] += clip_count * (1 - inner / (bucket.width * bucket.height))
+            entry[2] += clip_count
+            if fit == "stretch":
+                entry[3] = max(entry[3], math.exp(aspect_distance(width, height, (bucket.height, bucket.width))))
     rows = []
-    for bucket, count, views, scenes in clips.bucket_counts():
-        kept = padded = weight = 0.0
-        distortion = 1.0
-        for position, clip_count in scenes:
-            _, displayed = clips.scene_geometry(position)
-            for width, height in displayed:
-                geometry = fit_geometry(width, height, bucket.height, bucket.width, fit)
-                left, top, right, bottom = geometry.pad
-                inner = (bucket.width - left - right) * (bucket.height - top - bottom)
-                kept += clip_count * kept_share(geometry, width, height)
-                padded += clip_count * (1 - inner / (bucket.width * bucket.height))
-                weight += clip_count
-                if fit == "stretch":
-                    distortion = max(distortion, math.exp(aspect_distance(width, height, (bucket.height, bucket.width))))
-        rows.append({**bucket.to_record(), "clips": count, "views": views, "bytes": views * bytes_per_view(bucket),
+    for bucket, count, views in clips.bucket_counts():
+        kept, padded, weight, distortion = sums[bucket]
+        shape = view_shape(bucket)
+        rows.append({**bucket.to_record(), "view_shape": shape, "clips": count, "views": views,
+                     "bytes": views * math.prod(shape) * element_bytes,
                      "mean_kept": round(kept / weight, 4) if weight else None,
                      "mean_padded": round(padded / weight, 4) if weight else None,
                      "max_distortion": round(distortion, 4) if weight else None})

@@ -140,9 +140,11 @@ class PlannedClips(Sequence[Clip]):
         """Scene position -> (frame bucket, window index) pairs left out (committed clips)."""
         self._window_counts = counts
         self._sizes = sizes
-        self._stops = stops if stops is not None else array("q", (s[1] + c * sampling.step for s, c in zip(scenes, counts)))
+        if (stops is None or size_index is None) and (sizes or len(sampling.lengths) > 1):
+            raise ValueError("PlannedClips with buckets needs each scene's stop and size index")
+        self._stops = stops if stops is not None else array("q")
         """Per scene, the end of its usable frames (the frame buckets it is cut at follow from it)."""
-        self._size_index = size_index if size_index is not None else array("H", bytes(2 * len(counts)))
+        self._size_index = size_index if size_index is not None else array("H")
         """Per scene, its size bucket (index into sizes)."""
         self._buckets = ([[Bucket(h, w, n) for n in sampling.lengths] for h, w in sizes] if sizes else None)
         ends = array("q")
@@ -189,24 +191,30 @@ class PlannedClips(Sequence[Clip]):
         return scene_lengths(self._stops[position] - self._scenes[position][1], self._sampling)
 
     def bucket_of(self, position: int, length_index: int) -> Bucket | None:
+        """The bucket of the scene at `position` cut at frame bucket `length_index` (None: planned without sizes)."""
         return self._buckets[self._size_index[position]][length_index] if self._buckets is not None else None
 
-    def bucket_counts(self) -> list[tuple[Bucket, int, int, list[tuple[int, int]]]]:
-        """Per bucket (sizes x lengths, in that order): (bucket, clips, views, [(scene position, its clips in the
-        bucket)]). Committed clips are left out. One pass over the scenes: no clip is built."""
+    def bucket_parts(self) -> Iterator[tuple[Bucket, int, int]]:
+        """(bucket, scene position, clips of that scene in it) for every scene and bucket with clips, committed
+        clips left out, in plan order. Nothing is kept: a caller sums what it needs (bounded memory)."""
         if self._buckets is None:
-            return []
-        table = {bucket: [0, 0, []] for row in self._buckets for bucket in row}
-        for position, (scene, *_) in enumerate(self._scenes):
+            return
+        for position in range(len(self._scenes)):
             skip = self._skips.get(position, ())
             for length, count in self._parts(position):
                 count -= sum(1 for part in skip if part[0] == length)
                 if count > 0:
-                    entry = table[self.bucket_of(position, length)]  # type: ignore[index]
-                    entry[0] += count
-                    entry[1] += count * len(scene.cameras)
-                    entry[2].append((position, count))
-        return [(bucket, *entry) for bucket, entry in table.items()]  # type: ignore[misc]
+                    yield self.bucket_of(position, length), position, count  # type: ignore[misc]
+
+    def bucket_counts(self) -> list[tuple[Bucket, int, int]]:
+        """Per bucket (sizes x lengths, in that order; empty ones too): (bucket, clips, views)."""
+        if self._buckets is None:
+            return []
+        table = {bucket: [0, 0] for row in self._buckets for bucket in row}
+        for bucket, position, count in self.bucket_parts():
+            table[bucket][0] += count
+            table[bucket][1] += count * len(self._scenes[position][0].cameras)
+        return [(bucket, clips, views) for bucket, (clips, views) in table.items()]
 
     def scene_geometry(self, position: int) -> tuple[Scene, tuple[tuple[int, int], ...]]:
         """The scene at `position` and its cameras' displayed (width, height)."""

@@ -60,6 +60,7 @@ def summary_json(summary: EncodeSummary) -> dict[str, Any]:
     payload["out"] = str(summary.out)
     payload["views_per_s"] = summary.views_per_s
     payload["exit_code"] = summary.exit_code
+    payload["empty_buckets"] = summary.empty_buckets
     return payload
 
 

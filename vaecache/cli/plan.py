@@ -56,10 +56,12 @@ def summary_table(report: PlanReport) -> Table:
         ("cameras per clip", f"{report.cameras}"),
         ("views", f"{report.views}"),
         ("frames", f"{report.frames}"),
-        ("latent shape per view", f"{tuple(report.latent_shape)} (c, t, h, w)"),
-        ("latent shape per clip", f"{(report.cameras, *report.latent_shape)}"),
+        *([("latent shape per view", f"{tuple(report.latent_shape)} (c, t, h, w)"),
+           ("latent shape per clip", f"{(report.cameras, *report.latent_shape)}")] if not report.buckets else
+          [("buckets", f"{len(report.buckets)} ({len(report.empty_buckets)} empty; shapes in the bucket table)")]),
         (f"bytes ({keys}, {report.dtype})", f"{human_bytes(report.total_bytes)} "
-                                             f"({human_bytes(report.bytes_per_view * report.cameras)} per clip)"),
+                                             + ("" if report.buckets else
+                                                f"({human_bytes(report.bytes_per_view * report.cameras)} per clip)")),
         ("ranks", f"{cfg['world_size']} = DP {cfg['dp_size']} x SP {cfg['sp_size']}, batch {cfg['batch_size']} clips"),
         ("padding waste", f"{report.encoded_views - report.views} of {report.encoded_views} encodes "
                           f"({100 * report.padding_waste:.1f}%)"),
@@ -114,13 +116,14 @@ def scenes_table(report: PlanReport) -> Table:
 def buckets_table(report: PlanReport) -> Table:
     """The bucket histogram: clips, views, bytes and what the fit mode does to the sources of each bucket."""
     table = Table(title=f"buckets (--fit {report.config.get('fit', 'cover')})")
-    for name in ("bucket", "clips", "views", "bytes", "source kept", "padding", "max distortion"):
+    for name in ("bucket", "latent (c, t, h, w)", "clips", "views", "bytes", "source kept", "padding", "max distortion"):
         table.add_column(name, justify="left" if name == "bucket" else "right")
     for row in report.buckets:
+        shape = str(tuple(row["view_shape"]))
         if not row["clips"]:
-            table.add_row(row["name"], "0", "0", "-", "", "", "[yellow]empty[/yellow]")
+            table.add_row(row["name"], shape, "0", "0", "-", "", "", "[yellow]empty[/yellow]")
             continue
-        table.add_row(row["name"], str(row["clips"]), str(row["views"]), human_bytes(row["bytes"]),
+        table.add_row(row["name"], shape, str(row["clips"]), str(row["views"]), human_bytes(row["bytes"]),
                       f"{100 * row['mean_kept']:.1f}%", f"{100 * row['mean_padded']:.1f}%",
                       f"{row['max_distortion']:.3f}x")
     return table
