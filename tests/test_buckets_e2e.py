@@ -41,6 +41,7 @@ def bucket_cache(bucket_videos: Path, tmp_path_factory: pytest.TempPathFactory, 
     result = run_cli(["encode", bucket_videos, "--out", out, "--size", SIZES, "--num-frames", FRAMES, *BASE,
                       "--batch-size", "2", "--shard-size", "1MB"])
     assert result.exit_code == 0, result.output
+    assert "32x56x5, 40x40x9" in result.output  # the summary's "empty buckets" row: reported, not an error
     return out
 
 
@@ -95,6 +96,19 @@ def test_every_shard_holds_one_bucket_and_the_manifest_lists_buckets(bucket_cach
     assert manifest["latent"]["shape"] is None  # several shapes: see "buckets"
     assert manifest["settings"]["sizes"] == [[32, 56], [56, 32], [40, 40]]
     assert manifest["settings"]["frame_buckets"] == [9, 5]
+
+
+def test_verify_names_a_clip_whose_shape_is_not_its_buckets(bucket_cache: Path, cache_io: Any) -> None:
+    from vaecache.verify import _record_problem
+
+    manifest = cache_io.manifest(bucket_cache)
+    record = next(c for c in cache_io.clips(bucket_cache) if c["bucket"]["name"] == "56x32x5")
+    assert _record_problem(record, manifest) is None
+    record["bucket"] = {**record["bucket"], "name": "32x56x5"}
+    assert _record_problem(record, manifest) == ("logvar has shape [1, 16, 2, 7, 4], bucket 32x56x5's latent shape is "
+                                                 "[1, 16, 2, 4, 7]")
+    record["bucket"]["name"] = "1x1x1"
+    assert "bucket '1x1x1' is not one of the manifest's buckets" in _record_problem(record, manifest)
 
 
 def test_verify_and_coverage_pass(bucket_cache: Path, bucket_videos: Path, run_cli: Any) -> None:
