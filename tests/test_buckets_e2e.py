@@ -163,3 +163,26 @@ def test_torchrun_two_ranks_equal_one_process(bucket_videos: Path, bucket_cache:
     strip = ("shard", "source_identity")
     assert ([{k: v for k, v in c.items() if k not in strip} for c in cache_io.clips(out)]
             == [{k: v for k, v in c.items() if k not in strip} for c in cache_io.clips(bucket_cache)])
+
+
+@pytest.mark.slow  # two child-process encodes; the resume arithmetic is unit-tested in tests/test_buckets.py
+def test_all_lengths_resume_after_a_crash(bucket_videos: Path, bucket_cache: Path, tmp_path: Path, procs: Any,
+                                          run_cli: Any, cache_io: Any) -> None:
+    out = tmp_path / "all"
+    args = ("encode", bucket_videos, "--out", out, "--size", SIZES, "--num-frames", FRAMES, "--frames-policy", "all",
+            *BASE, "--shard-size", "1")
+    crashed = procs.vaecache(*args, env={"VAECACHE_FAULT": "crash-after-commit:4"})
+    assert crashed.returncode == 137, crashed.stderr[-2000:]
+    rerun = procs.vaecache(*args)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert "attempt 1, 4 clips already committed" in (out / "logs" / "rank-00000.log").read_text()
+    clips = cache_io.clips(out)
+    ids = [c["id"] for c in clips]
+    assert len(ids) == len(set(ids)) == 13  # 9- and 5-frame windows of one scene never share an id
+    assert sorted(c["id"] for c in clips if c["scene"] == "wide16x9") == [
+        "wide16x9/000000-000004", "wide16x9/000000-000008", "wide16x9/000005-000009"]
+    longest = cache_io.tensors(bucket_cache)  # every clip of the longest policy is also cut here, equal
+    found = cache_io.tensors(out)
+    cache_io.same_tensors({name: found[name] for name in longest}, longest)
+    verified = run_cli(["verify", out, "--dataset", bucket_videos])
+    assert verified.exit_code == 0, verified.output
