@@ -276,6 +276,15 @@ _CLIP_KEYS = ("dtype", "store", "seed", "tiling", "max_views_per_forward", "fit"
 """ClipSettings fields given as options of their own (the rest come from size, cameras and the sampling keys)."""
 
 
+def check_option_syntax(merged: dict[str, Any]) -> None:
+    """Refuse a malformed --size or --num-frames list first, as a typed option's parser would (before the
+    checks of missing options)."""
+    if "size" in merged:
+        parse_sizes(merged["size"])
+    if "num_frames" in merged:
+        parse_lengths(merged["num_frames"])
+
+
 def pop_clip_options(merged: dict[str, Any]) -> ClipSettings:
     """Take the clip settings shared by encode and plan out of merged CLI/TOML settings."""
     if "num_frames" not in merged:
@@ -354,5 +363,5 @@ def _toml_types(key: str) -> tuple[type, ...]:
 
 __all__ = [
     "DTYPE_CHOICES", "ON_ERROR_CHOICES", "STORE_CHOICES", "ClipSettings", "EncodeConfig", "SamplingConfig",
-    "load_toml", "parse_bytes", "parse_size", "pop_clip_options",
+    "check_option_syntax", "load_toml", "parse_bytes", "parse_size", "pop_clip_options",
 ]

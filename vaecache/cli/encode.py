@@ -17,7 +17,7 @@ from rich.table import Table
 from vaecache.cli._common import (REQUIRED_PANEL, FitOption, FramesPolicyOption, NumFramesOption, SizeOption, VaeOption,
                                   check_json_target, console,
                                   human_bytes, launcher_rank_world, report_errors, write_json)
-from vaecache.config import EncodeConfig, load_toml, parse_bytes, pop_clip_options
+from vaecache.config import EncodeConfig, check_option_syntax, load_toml, parse_bytes, pop_clip_options
 from vaecache.errors import DatasetError, UsageError
 from vaecache.progress import progress as progress_reporter
 
@@ -28,6 +28,7 @@ def build_config(data: Path, out: Path | None, vae: str | None, options: dict[st
     """CLI flags override the TOML file; both use the long option names."""
     merged: dict[str, Any] = load_toml(config_file) if config_file else {}
     merged.update({key: value for key, value in options.items() if value is not None})
+    check_option_syntax(merged)
     toml_out, toml_vae = merged.pop("out", None), merged.pop("vae", None)  # flags win over the file
     out = out if out is not None else toml_out
     if out is None:

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from vaecache.cli._common import (FitOption, FramesPolicyOption, NumFramesOption, SizeOption, VaeOption,
                                   check_json_target, console, human_bytes, report_errors, write_json)
-from vaecache.config import load_toml, parse_bytes, pop_clip_options
+from vaecache.config import check_option_syntax, load_toml, parse_bytes, pop_clip_options
 from vaecache.errors import DatasetError, UsageError
 
 if TYPE_CHECKING:
@@ -27,6 +27,7 @@ def build_plan_config(data: Path, options: dict[str, Any], config_file: Path | N
     """CLI flags override the TOML file (the same file `vaecache encode --config` reads)."""
     merged: dict[str, Any] = load_toml(config_file) if config_file else {}
     merged.update({key: value for key, value in options.items() if value is not None})
+    check_option_syntax(merged)
     for key in _ENCODE_ONLY + ("data",):
         merged.pop(key, None)
     if not merged.get("vae"):
