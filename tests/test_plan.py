@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from vaecache.config import ClipSettings, SamplingConfig, load_toml
+from vaecache.config import ClipSettings, SamplingConfig, load_toml, pop_clip_options
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.plan import Measurement, PlanConfig, build_plan, dp_shares, fits_views_per_forward
 from vaecache.planning import Clip, JobPlan
@@ -131,6 +131,7 @@ RELEASED = {
     "layout-multicam-rig.toml": ("AutoencoderKLWan", {}),
     "layout-jsonl-index.toml": ("AutoencoderKLHunyuanVideo", {}),
     "layout-video-folder.toml": ("AutoencoderKLCogVideoX", {}),
+    "buckets-wan-480p.toml": ("AutoencoderKLWan", {}),
 }
 
 
@@ -143,8 +144,8 @@ def test_example_config_parses_and_fits_its_vae(name: str) -> None:
     settings = load_toml(REPO / "configs" / name)
     family, config = RELEASED[name]
     assert settings["vae"].startswith("diffusers:")
-    height, width = (int(v) for v in settings["size"].split("x"))
-    FAMILIES[family].rule(config).check(settings["num_frames"], height, width)
+    clip = pop_clip_options(dict(settings))
+    FAMILIES[family].rule(config).check_buckets(clip.sampling.lengths, clip.sizes)
 
 
 def test_plan_with_a_missing_dataset_fails_before_the_vae_loads(run_cli, loud_vae, tmp_path: Path) -> None:

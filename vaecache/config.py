@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
+from vaecache.buckets import FIT_CHOICES, FRAMES_POLICY_CHOICES, Bucket, parse_lengths, parse_sizes
 from vaecache.dtypes import DTYPE_CHOICES
 from vaecache.errors import UsageError
 
@@ -61,11 +62,21 @@ class SamplingConfig:
     window_stride: int | None = None
     """Source frames between the starts of consecutive clips; default num_frames*frame_stride (no overlap)."""
     max_clips_per_scene: int | None = None
-    """Keep at most this many clips per scene (the first ones)."""
+    """Keep at most this many clips per scene (the first ones; per frame bucket with --frames-policy all)."""
+    frame_buckets: tuple[int, ...] = ()
+    """Every --num-frames value in the order given when there are several (num_frames is the first); empty: one."""
+    frames_policy: str = "longest"
+    """With several frame buckets: "longest" cuts a scene at the longest bucket that fits its usable frames,
+    "all" at every bucket that fits."""
 
     def __post_init__(self) -> None:
-        if self.num_frames < 1:
-            raise UsageError(f"--num-frames must be >= 1, got {self.num_frames}")
+        for value in self.frame_buckets or (self.num_frames,):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UsageError(f"--num-frames must be >= 1, got {value}")
+        if self.frame_buckets and (self.frame_buckets[0] != self.num_frames or len(set(self.frame_buckets)) != len(self.frame_buckets)):
+            raise UsageError(f"frame buckets {list(self.frame_buckets)} must be distinct and start with num_frames {self.num_frames}")
+        if self.frames_policy not in FRAMES_POLICY_CHOICES:
+            raise UsageError(f"--frames-policy must be one of {', '.join(FRAMES_POLICY_CHOICES)}, got {self.frames_policy!r}")
         if self.frame_stride < 1:
             raise UsageError(f"--frame-stride must be >= 1, got {self.frame_stride}")
         if self.window_stride is not None and self.window_stride < 1:
@@ -81,6 +92,15 @@ class SamplingConfig:
     @property
     def step(self) -> int:
         return self.window_stride if self.window_stride is not None else self.num_frames * self.frame_stride
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """The frame buckets, in the order given (one: num_frames)."""
+        return self.frame_buckets or (self.num_frames,)
+
+    def for_length(self, num_frames: int) -> SamplingConfig:
+        """The one-length sampling that cuts windows of `num_frames` (the window stride, where given, is shared)."""
+        return SamplingConfig(num_frames, self.frame_stride, self.window_stride, self.max_clips_per_scene)
 
 
 @dataclass(frozen=True)
@@ -105,10 +125,22 @@ class ClipSettings:
     max_views_per_forward: int = 1
     """Views per VAE forward. 1 keeps latents independent of batch, SP and world size (kernels can differ
     by batch size); more is faster where that does not matter, and is recorded. Halved on out-of-memory."""
+    size_buckets: tuple[tuple[int, int], ...] = ()
+    """Every --size (H, W) in the order given when there are several ((height, width) is the first); empty: one."""
+    fit: str = "cover"
+    """How a frame is made the bucket's size: cover (resize to cover, centre-crop), contain (resize to fit,
+    pad with mid grey), stretch (resize, aspect not kept)."""
 
     def __post_init__(self) -> None:
-        if self.height < 1 or self.width < 1:
-            raise UsageError(f"--size must be positive, got {self.height}x{self.width}")
+        for height, width in self.size_buckets or ((self.height, self.width),):
+            if height < 1 or width < 1:
+                raise UsageError(f"--size must be positive, got {height}x{width}")
+        if self.size_buckets and (self.size_buckets[0] != (self.height, self.width)
+                                  or len(set(self.size_buckets)) != len(self.size_buckets)):
+            raise UsageError(f"size buckets {list(self.size_buckets)} must be distinct and start with "
+                             f"{self.height}x{self.width}")
+        if self.fit not in FIT_CHOICES:
+            raise UsageError(f"--fit must be one of {', '.join(FIT_CHOICES)}, got {self.fit!r}")
         if self.dtype not in DTYPE_CHOICES:
             raise UsageError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
         if self.store not in STORE_CHOICES:
@@ -123,8 +155,32 @@ class ClipSettings:
                 or self.max_views_per_forward < 1:
             raise UsageError(f"--max-views-per-forward must be an integer >= 1, got {self.max_views_per_forward!r}")
 
+    @property
+    def sizes(self) -> tuple[tuple[int, int], ...]:
+        """The size buckets (H, W), in the order given (one: height x width)."""
+        return self.size_buckets or ((self.height, self.width),)
+
+    @property
+    def bucketed(self) -> bool:
+        """Whether clips record their bucket and crop: several sizes or frame counts, or a fit other than cover.
+        A one-size cover run writes exactly the records (and fingerprint) it always did."""
+        return len(self.sizes) > 1 or len(self.sampling.lengths) > 1 or self.fit != "cover"
+
+    def buckets(self) -> list[Bucket]:
+        """Every bucket: each size with each frame count, sizes first (the manifest's order)."""
+        return [Bucket(h, w, n) for h, w in self.sizes for n in self.sampling.lengths]
+
     def to_record(self) -> dict[str, Any]:
-        """The recorded form (run fingerprint, manifest settings): compared on resume, read back by verify."""
+        """The recorded form (run fingerprint, manifest settings): compared on resume, read back by verify.
+        Bucket keys appear only for a bucketed run, so a one-size cover cache keeps its fingerprint."""
+        if not self.bucketed:
+            return self._plain_record()
+        # window_stride as given: None means each frame bucket's own length (the first one's step would be wrong)
+        return {**self._plain_record(), "window_stride": self.sampling.window_stride,
+                "sizes": [list(size) for size in self.sizes], "frame_buckets": list(self.sampling.lengths),
+                "frames_policy": self.sampling.frames_policy, "fit": self.fit}
+
+    def _plain_record(self) -> dict[str, Any]:
         return {
             "num_frames": self.sampling.num_frames,
             "frame_stride": self.sampling.frame_stride,
@@ -144,14 +200,19 @@ class ClipSettings:
     def from_record(cls, record: dict[str, Any]) -> ClipSettings:
         """The settings a recorded run used (caches written before tiling was recorded did not tile)."""
         try:
+            lengths = tuple(record.get("frame_buckets") or ())
             sampling = SamplingConfig(num_frames=record["num_frames"], frame_stride=record["frame_stride"],
                                       window_stride=record["window_stride"],
-                                      max_clips_per_scene=record["max_clips_per_scene"])
+                                      max_clips_per_scene=record["max_clips_per_scene"],
+                                      frame_buckets=lengths if len(lengths) > 1 else (),
+                                      frames_policy=record.get("frames_policy", "longest"))
+            sizes = tuple(tuple(size) for size in record.get("sizes") or ())
             cameras = record.get("cameras")
             return cls(sampling=sampling, height=record["height"], width=record["width"], dtype=record["dtype"],
                        store=record["store"], seed=record.get("seed") or 0,
                        cameras=tuple(cameras) if cameras is not None else None,
-                       tiling=record.get("tiling", False), max_views_per_forward=record.get("max_views_per_forward", 1))
+                       tiling=record.get("tiling", False), max_views_per_forward=record.get("max_views_per_forward", 1),
+                       size_buckets=sizes if len(sizes) > 1 else (), fit=record.get("fit", "cover"))  # type: ignore[arg-type]
         except KeyError as exc:
             raise UsageError(f"recorded settings lack {exc.args[0]!r}") from None
 
@@ -211,8 +272,17 @@ class EncodeConfig:
             raise UsageError(f"--liveness-timeout must be >= 0 seconds (0 turns it off), got {self.liveness_timeout_s}")
 
 
-_CLIP_KEYS = ("dtype", "store", "seed", "tiling", "max_views_per_forward")
+_CLIP_KEYS = ("dtype", "store", "seed", "tiling", "max_views_per_forward", "fit")
 """ClipSettings fields given as options of their own (the rest come from size, cameras and the sampling keys)."""
+
+
+def check_option_syntax(merged: dict[str, Any]) -> None:
+    """Refuse a malformed --size or --num-frames list first, as a typed option's parser would (before the
+    checks of missing options)."""
+    if "size" in merged:
+        parse_sizes(merged["size"])
+    if "num_frames" in merged:
+        parse_lengths(merged["num_frames"])
 
 
 def pop_clip_options(merged: dict[str, Any]) -> ClipSettings:
@@ -221,20 +291,25 @@ def pop_clip_options(merged: dict[str, Any]) -> ClipSettings:
         raise UsageError("--num-frames is required (frames per clip, e.g. 17 for Wan-style 1+4k VAEs)")
     if "size" not in merged:
         raise UsageError("--size HxW is required (e.g. 480x832)")
-    height, width = parse_size(str(merged.pop("size")))
+    sizes = parse_sizes(merged.pop("size"))
+    lengths = parse_lengths(merged.pop("num_frames"))
     sampling = SamplingConfig(
-        num_frames=int(merged.pop("num_frames")),
+        num_frames=lengths[0],
         frame_stride=int(merged.pop("frame_stride", 1)),
         window_stride=merged.pop("window_stride", None),
         max_clips_per_scene=merged.pop("max_clips_per_scene", None),
+        frame_buckets=lengths if len(lengths) > 1 else (),
+        frames_policy=merged.pop("frames_policy", "longest"),
     )
+    (height, width) = sizes[0]
     cameras = merged.pop("cameras", None)
     if isinstance(cameras, str):
         cameras = tuple(c.strip() for c in cameras.split(",") if c.strip())
     elif cameras is not None:
         cameras = tuple(cameras)
     options = {key: merged.pop(key) for key in _CLIP_KEYS if key in merged}
-    return ClipSettings(sampling=sampling, height=height, width=width, cameras=cameras, **options)
+    return ClipSettings(sampling=sampling, height=height, width=width, cameras=cameras,
+                        size_buckets=sizes if len(sizes) > 1 else (), **options)
 
 
 def load_toml(path: Path) -> dict[str, Any]:
@@ -249,7 +324,8 @@ def load_toml(path: Path) -> dict[str, Any]:
     section = raw.get("encode", raw)
     # height and width come from "size", the sampling fields from their own keys
     known = ({f.name for f in fields(EncodeConfig)} - {"clip"} | {f.name for f in fields(ClipSettings)}
-             - {"sampling", "height", "width"} | {f.name for f in fields(SamplingConfig)} | {"size"})
+             - {"sampling", "height", "width", "size_buckets"} | {f.name for f in fields(SamplingConfig)}
+             - {"frame_buckets"} | {"size"})
     normalized = {_TOML_ALIASES.get(key.replace("-", "_"), key.replace("-", "_")): value for key, value in section.items()}
     unknown = sorted(set(normalized) - known)
     if unknown:
@@ -258,8 +334,14 @@ def load_toml(path: Path) -> dict[str, Any]:
         allowed = _toml_types(key)
         if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
             raise UsageError(f"{path}: {key} = {value!r} must be {' or '.join(t.__name__ for t in allowed)}")
+        item = _TOML_LIST_ITEMS.get(key)
+        if item is not None and isinstance(value, list) and not all(type(v) is item for v in value):
+            raise UsageError(f"{path}: {key} = {value!r} must be {item.__name__} or a list of {item.__name__}")
     return normalized
 
+
+_TOML_LIST_ITEMS = {"size": str, "num_frames": int, "cameras": str}
+"""Settings that take a TOML list, and the type of its items (size = ["480x832", "wan-480p"], num_frames = [17, 33])."""
 
 _TOML_ALIASES = {"timeout": "timeout_s", "liveness_timeout": "liveness_timeout_s"}
 """Option names whose config field is spelled differently (--timeout sets timeout_s)."""
@@ -267,7 +349,8 @@ _TOML_ALIASES = {"timeout": "timeout_s", "liveness_timeout": "liveness_timeout_s
 
 def _toml_types(key: str) -> tuple[type, ...]:
     """The TOML value types a setting accepts, from the config dataclasses' annotations."""
-    special = {"size": (str,), "data": (str,), "out": (str,), "shard_size": (int, str), "cameras": (str, list)}
+    special = {"size": (str, list), "num_frames": (int, str, list), "data": (str,), "out": (str,),
+               "shard_size": (int, str), "cameras": (str, list)}
     if key in special:
         return special[key]
     hint = {**get_type_hints(SamplingConfig), **get_type_hints(ClipSettings), **get_type_hints(EncodeConfig)}[key]
@@ -280,5 +363,5 @@ def _toml_types(key: str) -> tuple[type, ...]:
 
 __all__ = [
     "DTYPE_CHOICES", "ON_ERROR_CHOICES", "STORE_CHOICES", "ClipSettings", "EncodeConfig", "SamplingConfig",
-    "load_toml", "parse_bytes", "parse_size", "pop_clip_options",
+    "check_option_syntax", "load_toml", "parse_bytes", "parse_size", "pop_clip_options",
 ]

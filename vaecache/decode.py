@@ -25,6 +25,7 @@ from av.video.reformatter import VideoReformatter
 import numpy as np
 import torch
 
+from vaecache.buckets import PAD_PIXEL, fit_geometry
 from vaecache.errors import VideoDecodeError
 
 DECODER = "pyav-pts/1"
@@ -399,6 +400,24 @@ def resize_cover_crop(frames: torch.Tensor, height: int, width: int) -> torch.Te
     return frames
 
 
+def resize_fit(frames: torch.Tensor, height: int, width: int, fit: str = "cover") -> torch.Tensor:
+    """(T, C, h, w) uint8 -> (T, C, height, width) float by --fit: cover (resize_cover_crop), contain (resize
+    to fit inside, centred, padded with PAD_PIXEL: 0.0 in model range), stretch (resize, aspect not kept).
+    The geometry is buckets.fit_geometry's, which the clip record's `crop` reports."""
+    if fit == "cover":
+        return resize_cover_crop(frames, height, width)
+    _, _, src_h, src_w = frames.shape
+    geometry = fit_geometry(src_w, src_h, height, width, fit)
+    frames = frames.float()
+    if geometry.resize != (src_h, src_w):
+        frames = torch.nn.functional.interpolate(frames, size=geometry.resize, mode="bilinear", align_corners=False,
+                                                 antialias=True)
+    left, top, right, bottom = geometry.pad
+    if left or top or right or bottom:
+        frames = torch.nn.functional.pad(frames, (left, right, top, bottom), value=PAD_PIXEL)
+    return frames
+
+
 def to_model_range(frames: torch.Tensor) -> torch.Tensor:
     """[0, 255] -> [-1, 1], clamped (resampling can overshoot)."""
     return (frames / 127.5 - 1.0).clamp_(-1.0, 1.0)
@@ -411,8 +430,8 @@ class ViewDecoder:
     """Decodes one camera of one clip. Keeps a few readers open: a batch often reads one file twice, and
     the next clip of a file continues where the last one stopped."""
 
-    def __init__(self, height: int, width: int, cache_size: int = 8) -> None:
-        self.height, self.width = height, width
+    def __init__(self, height: int, width: int, cache_size: int = 8, fit: str = "cover") -> None:
+        self.height, self.width, self.fit = height, width, fit
         self._readers: OrderedDict[str, VideoReader] = OrderedDict()
         self._cache_size = cache_size
 
@@ -453,11 +472,12 @@ class ViewDecoder:
                 stale.close()
             raise
 
-    def decode(self, path: str, frames: Sequence[int]) -> torch.Tensor:
-        """(C, T, H, W) float in [-1, 1]."""
+    def decode(self, path: str, frames: Sequence[int], size: tuple[int, int] | None = None) -> torch.Tensor:
+        """(C, T, H, W) float in [-1, 1], at `size` (H, W; default the decoder's own)."""
+        height, width = size or (self.height, self.width)
         array = self.frames(path, frames)
         tensor = torch.from_numpy(np.ascontiguousarray(array)).permute(0, 3, 1, 2)
-        tensor = to_model_range(resize_cover_crop(tensor, self.height, self.width))
+        tensor = to_model_range(resize_fit(tensor, height, width, self.fit))
         return tensor.permute(1, 0, 2, 3).contiguous()
 
 
@@ -467,10 +487,11 @@ class ViewBatchDataset(torch.utils.data.Dataset):
     An item is {"index", "views" (V, C, T, H, W), "errors": {clip: (path, reason)}, "times": {clip: seconds of
     each frame in its first decoded camera, from that video's first frame}} (times: for the clip record)."""
 
-    def __init__(self, batches: Sequence[Sequence[Any]], view_indices: Sequence[Sequence[int]], height: int, width: int) -> None:
+    def __init__(self, batches: Sequence[Sequence[Any]], view_indices: Sequence[Sequence[int]], height: int, width: int,
+                 fit: str = "cover") -> None:
         self.batches = [list(b) for b in batches]
         self.view_indices = [list(v) for v in view_indices]
-        self.height, self.width = height, width
+        self.height, self.width, self.fit = height, width, fit
         self._decoder: ViewDecoder | None = None
 
     def __len__(self) -> int:
@@ -484,8 +505,10 @@ class ViewBatchDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         if self._decoder is None:
-            self._decoder = ViewDecoder(self.height, self.width)
+            self._decoder = ViewDecoder(self.height, self.width, fit=self.fit)
         batch = self.batches[index]
+        bucket = getattr(batch[0], "bucket", None)  # a batch never mixes buckets (planning.batched)
+        size = (bucket.height, bucket.width) if bucket is not None else (self.height, self.width)
         # clip-major, camera-minor, as planning.batch_views lays a batch out (not imported: planning -> sources -> here)
         views = [(clip_index, camera) for clip_index, clip in enumerate(batch) for camera in range(len(clip.cameras))]
         decoded: dict[int, torch.Tensor] = {}
@@ -504,7 +527,7 @@ class ViewBatchDataset(torch.utils.data.Dataset):
                     expect = getattr(clip, "expect", ())
                     if expect:
                         self._decoder.check(clip.paths[camera], expect[camera])
-                    tensor = self._decoder.decode(clip.paths[camera], clip.frames)
+                    tensor = self._decoder.decode(clip.paths[camera], clip.frames, size)
                     decoded[view_index] = tensor
                     if clip_index not in times:
                         times[clip_index] = self._decoder.timestamps(clip.paths[camera], clip.frames)
@@ -514,7 +537,7 @@ class ViewBatchDataset(torch.utils.data.Dataset):
             out.append(tensor)
         template = next((t for t in out if t is not None), None)
         if template is None:
-            template = torch.zeros(3, len(batch[0].frames), self.height, self.width)
+            template = torch.zeros(3, len(batch[0].frames), *size)
         stacked = torch.stack([t if t is not None else torch.zeros_like(template) for t in out])
         for clip_index in errors:
             times.pop(clip_index, None)

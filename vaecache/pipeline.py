@@ -75,6 +75,12 @@ class EncodeSummary:
     """Cameras some scenes have that the chosen camera set does not encode -> how many scenes have each."""
     already_complete: bool = False
     """OUT already held every planned clip: nothing was encoded and no file in OUT was rewritten."""
+    buckets: list[dict[str, Any]] = field(default_factory=list)
+    """A bucketed run's buckets as planned: name, height, width, num_frames, clips, views (empty ones too)."""
+
+    @property
+    def empty_buckets(self) -> list[str]:
+        return [bucket["name"] for bucket in self.buckets if not bucket["clips"]]
 
     @property
     def views_per_s(self) -> float:
@@ -291,7 +297,7 @@ def _start_up(cfg: EncodeConfig, ctx: DistContext, progress: ProgressFactory | N
     with _phase(progress, "probe", "scenes") as advance:
         probes, records = _probe_all(ctx, scenes, advance, cfg.out / PROBES_DIR)
     job = plan_job(scenes, probes, cfg.clip.sampling, ctx.info.world_size, ctx.mesh.sp_size,
-                   cfg.batch_size)
+                   cfg.batch_size, sizes=cfg.clip.sizes)
     del probes
     job = dataclasses.replace(job, skipped=(*found.rejected, *job.skipped))
     if job.skipped and cfg.on_error == "fail":
@@ -301,7 +307,7 @@ def _start_up(cfg: EncodeConfig, ctx: DistContext, progress: ProgressFactory | N
     set_doing(f"loading the VAE {cfg.vae}")
     vae = load_vae(cfg.vae, ctx.device, cfg.clip.dtype, tiling=cfg.clip.tiling,
                    max_views_per_forward=cfg.clip.max_views_per_forward, allow_pickle_weights=cfg.allow_pickle_weights)
-    vae.rule.check(cfg.clip.sampling.num_frames, cfg.clip.height, cfg.clip.width)
+    vae.rule.check_buckets(cfg.clip.sampling.lengths, cfg.clip.sizes)
     if cfg.clip.store != "mean" and not vae.has_logvar:
         raise UsageError(f"--store {cfg.clip.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; use --store mean")
     if cfg.sp_mode == "spatial":
@@ -321,7 +327,8 @@ def _check_spatial(cfg: EncodeConfig, vae: LoadedVae) -> None:
         raise UsageError("--sp-mode spatial cannot be combined with --tiling")
     if cfg.clip.max_views_per_forward > 1:
         raise UsageError("--sp-mode spatial encodes one view per forward; drop --max-views-per-forward")
-    plan_bands(cfg.clip.height, vae.rule.spatial_factor, cfg.sp_size)
+    for height, _ in cfg.clip.sizes:
+        plan_bands(height, vae.rule.spatial_factor, cfg.sp_size)
 
 
 def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopRequest,
@@ -350,6 +357,8 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
         summary.wall_s = time.perf_counter() - started
         summary.left_out_cameras = start.left_out_cameras
         summary.repaired = list(prepared.damaged)
+        for name in summary.empty_buckets if rank == 0 else ():
+            log.warning("bucket %s is empty: no scene was assigned to it", name)
         if summary.stopped:
             log.warning("stopped early (%s): committed work is kept; rerun the same command to resume", summary.stopped)
             return summary
@@ -357,7 +366,7 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
             if rank == 0:
                 cache = CacheReader(cfg.out)
                 summary.skipped = cache.failure_records()
-                summary.latent_shape = cache.manifest.get("latent", {}).get("shape", {})
+                summary.latent_shape = cache.manifest.get("latent", {}).get("shape") or {}
             log.info("%s is complete: all %d planned clips are cached; nothing was changed", cfg.out,
                      summary.planned_clips)
             return summary
@@ -402,7 +411,7 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
     else:
         view_indices, sp_plans = work.view_indices, work.sp_plans
     counters = RankCounters()
-    dataset = ViewBatchDataset(work.batches, view_indices, cfg.clip.height, cfg.clip.width)
+    dataset = ViewBatchDataset(work.batches, view_indices, cfg.clip.height, cfg.clip.width, cfg.clip.fit)
     if cfg.workers:
         # Workers are forked. A decoder left as cyclic garbage here (FFmpeg frame threads and all) would be
         # freed by the child's collector, which then waits forever to join threads that do not exist there.
@@ -413,7 +422,8 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
         prefetch_factor=4 if cfg.workers else None, worker_init_fn=ignore_stop_signals,
     )
     progress_log = AppendLog(progress_path(cfg.out, rank)) if mesh.is_writer else None
-    writer = (ShardWriter(cfg.out, rank, prepared.attempt, cfg.shard_size, progress_log, hash_sources=cfg.hash_sources)
+    writer = (ShardWriter(cfg.out, rank, prepared.attempt, cfg.shard_size, progress_log, hash_sources=cfg.hash_sources,
+                          fit=cfg.clip.fit if cfg.clip.bucketed else None)
               if progress_log else None)
     sink = _BatchSink(cfg, ctx, vae, writer, failures, counters)
     loop_started = time.perf_counter()
@@ -450,13 +460,21 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
     summary = EncodeSummary(cfg.out, world_size=ctx.info.world_size, sp_size=mesh.sp_size,
                             untrained_vae=vae.untrained, resumed_clips=len(prepared.done_clip_ids),
                             planned_clips=len(job.clips), scenes=num_scenes,
-                            startup_s=loop_started - started, encode_s=loop_s)
+                            startup_s=loop_started - started, encode_s=loop_s, buckets=planned_buckets(cfg, job))
     set_doing("waiting for the other ranks to finish their shares")
     # Every rank gathers, stopped or not: a DP group that finished waits here for one that stopped, and all
     # of them learn that the job stopped (no finalize, exit 75) instead of waiting in finalize for it.
     for part in ctx.all_gather_object(counters):
         part.add_to(summary)
     return summary
+
+
+def planned_buckets(cfg: EncodeConfig, job: JobPlan) -> list[dict[str, Any]]:
+    """A bucketed run's buckets with the clips and views planned in each (committed ones included)."""
+    if not cfg.clip.bucketed or not hasattr(job.clips, "bucket_counts"):
+        return []
+    return [{**bucket.to_record(), "clips": clips, "views": views}
+            for bucket, clips, views in job.clips.bucket_counts()]
 
 
 def _real_views(plan: SPPlan, sp_rank: int, count: int) -> list[int | None]:
@@ -555,5 +573,9 @@ def _finalize(cfg: EncodeConfig, vae: LoadedVae, summary: EncodeSummary, fingerp
                   "vae_spec": cfg.vae},
         store=list(STORED_KEYS[cfg.clip.store]), dtype=recorded_name(vae.dtype), planned_clips=summary.planned_clips,
         oom_backoffs=len(summary.backoffs))
+    if cfg.clip.bucketed:  # finalize counts the clips of each; the per-view shape comes from the VAE
+        header["buckets"] = [{**bucket.to_record(),
+                              "view_shape": list(vae.latent_shape(bucket.num_frames, bucket.height, bucket.width))}
+                             for bucket in cfg.clip.buckets()]
     manifest = finalize(cfg.out, header)
-    return CacheReader(cfg.out).failure_records(), manifest["latent"]["shape"]
+    return CacheReader(cfg.out).failure_records(), manifest["latent"]["shape"] or {}

@@ -16,10 +16,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from vaecache.buckets import aspect_distance, fit_geometry, kept_share
 from vaecache.config import STORED_KEYS, ClipSettings
 from vaecache.decode import ViewDecoder
 from vaecache.dist import make_mesh, resolve_device
@@ -122,6 +123,12 @@ class PlanReport:
     eta_s: float | None = None
     fits_views_per_forward: int | None = None
     notes: list[str] = field(default_factory=list)
+    buckets: list[dict[str, Any]] = field(default_factory=list)
+    """A bucketed plan's histogram (bucket_histogram), empty buckets included."""
+
+    @property
+    def empty_buckets(self) -> list[str]:
+        return [bucket["name"] for bucket in self.buckets if not bucket["clips"]]
 
     @property
     def encoded_views(self) -> int:
@@ -152,6 +159,7 @@ class PlanReport:
             "eta_s": self.eta_s,
             "memory": {"budget_bytes": self.config.get("memory_budget"),
                        "max_views_per_forward_that_fits": self.fits_views_per_forward},
+            "buckets": self.buckets,
             "notes": self.notes,
         }
 
@@ -197,11 +205,12 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
     # DATA first: a typo there fails before the VAE is loaded.
     scenes = discover_scenes(cfg.data, cfg.clip.cameras)
     probes = probe_all(scenes, cfg.probe_workers)
-    job = plan_job(scenes, probes, cfg.clip.sampling, cfg.world_size, cfg.sp_size, cfg.batch_size)
+    job = plan_job(scenes, probes, cfg.clip.sampling, cfg.world_size, cfg.sp_size, cfg.batch_size,
+                   sizes=cfg.clip.sizes)
     if vae is None:
         vae = load_vae(cfg.vae, device, cfg.clip.dtype, tiling=cfg.clip.tiling, allow_pickle_weights=cfg.allow_pickle_weights,
                        max_views_per_forward=cfg.clip.max_views_per_forward)
-    vae.rule.check(cfg.clip.sampling.num_frames, cfg.clip.height, cfg.clip.width)
+    vae.rule.check_buckets(cfg.clip.sampling.lengths, cfg.clip.sizes)
     if cfg.clip.store != "mean" and not vae.has_logvar:
         raise UsageError(f"--store {cfg.clip.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; "
                          "use --store mean")
@@ -213,8 +222,11 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
 
     shape = list(vae.latent_shape(cfg.clip.sampling.num_frames, cfg.clip.height, cfg.clip.width))
     stored = list(STORED_KEYS[cfg.clip.store])
-    bytes_per_view = math.prod(shape) * torch.empty((), dtype=vae.dtype).element_size() * len(stored)
+    element = torch.empty((), dtype=vae.dtype).element_size() * len(stored)
+    bytes_per_view = math.prod(shape) * element
     views = sum(per_scene.get(s.scene_id, 0) * len(s.cameras) for s in scenes)
+    histogram = bucket_histogram(clips, cfg.clip.fit, lambda b: list(vae.latent_shape(b.num_frames, b.height, b.width)),
+                                 element) if cfg.clip.bucketed else []
     fingerprint = vae.fingerprint()
     report = PlanReport(
         config=_config_json(cfg, device),
@@ -227,8 +239,13 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
         views=views, frames=views * cfg.clip.sampling.num_frames,
         latent_shape=shape, stored=stored, dtype=recorded_name(vae.dtype),
         bytes_per_view=bytes_per_view, total_bytes=bytes_per_view * views,
-        shares=dp_shares(job),
+        shares=dp_shares(job), buckets=histogram,
     )
+    if histogram:
+        report.frames = sum(b["views"] * b["num_frames"] for b in histogram)
+        report.total_bytes = sum(b["bytes"] for b in histogram)
+        for name in report.empty_buckets:
+            report.notes.append(f"bucket {name} is empty: no scene was assigned to it")
     if vae.untrained:
         report.notes.append(f"{cfg.vae} is an untrained VAE with random weights: timings only, latents mean nothing")
     if vae.dtype_note:
@@ -243,7 +260,8 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
     if cfg.measure:
         for clip in clips[:MEASURE_TRIES]:
             try:
-                report.measurement = measure_clip(vae, clip, cfg.clip.height, cfg.clip.width)
+                size = (clip.bucket.height, clip.bucket.width) if clip.bucket is not None else (cfg.clip.height, cfg.clip.width)
+                report.measurement = measure_clip(vae, clip, *size, fit=cfg.clip.fit)
                 break
             except VideoDecodeError as exc:
                 report.notes.append(f"clip {clip.clip_id} does not decode ({exc}); measuring another")
@@ -274,17 +292,48 @@ def fits_views_per_forward(measurement: Measurement, budget: int) -> int | None:
     return int(room // max(1, measurement.peak_per_view_bytes))
 
 
-def decode_clip(clip: Clip, height: int, width: int) -> torch.Tensor:
+def bucket_histogram(clips: Any, fit: str, view_shape: Callable[[Any], list[int]], element_bytes: int,
+                     ) -> list[dict[str, Any]]:
+    """Pure: per bucket, one view's latent shape, the clips, views and bytes planned (`element_bytes` per latent
+    element, all stored keys), and what --fit does to the sources in it: the mean
+    share of source pixels kept (cover crops), the mean share of bucket pixels that are padding (contain),
+    and the largest aspect distortion as a ratio >= 1 (stretch; 1.0 for the others). Empty buckets included."""
+    sums = {bucket: [0.0, 0.0, 0.0, 1.0] for bucket, _, _ in clips.bucket_counts()}  # kept, padded, weight, distortion
+    for bucket, position, clip_count in clips.bucket_parts():  # one pass, nothing kept per scene
+        _, displayed = clips.scene_geometry(position)
+        entry = sums[bucket]
+        for width, height in displayed:
+            geometry = fit_geometry(width, height, bucket.height, bucket.width, fit)
+            left, top, right, bottom = geometry.pad
+            inner = (bucket.width - left - right) * (bucket.height - top - bottom)
+            entry[0] += clip_count * kept_share(geometry, width, height)
+            entry[1] += clip_count * (1 - inner / (bucket.width * bucket.height))
+            entry[2] += clip_count
+            if fit == "stretch":
+                entry[3] = max(entry[3], math.exp(aspect_distance(width, height, (bucket.height, bucket.width))))
+    rows = []
+    for bucket, count, views in clips.bucket_counts():
+        kept, padded, weight, distortion = sums[bucket]
+        shape = view_shape(bucket)
+        rows.append({**bucket.to_record(), "view_shape": shape, "clips": count, "views": views,
+                     "bytes": views * math.prod(shape) * element_bytes,
+                     "mean_kept": round(kept / weight, 4) if weight else None,
+                     "mean_padded": round(padded / weight, 4) if weight else None,
+                     "max_distortion": round(distortion, 4) if weight else None})
+    return rows
+
+
+def decode_clip(clip: Clip, height: int, width: int, fit: str = "cover") -> torch.Tensor:
     """(views, 3, T, H, W) in [-1, 1], exactly as the encode pipeline feeds the VAE."""
-    decoder = ViewDecoder(height, width)
+    decoder = ViewDecoder(height, width, fit=fit)
     return torch.stack([decoder.decode(path, clip.frames) for path in clip.paths])
 
 
-def measure_clip(vae: LoadedVae, clip: Clip, height: int, width: int) -> Measurement:
+def measure_clip(vae: LoadedVae, clip: Clip, height: int, width: int, fit: str = "cover") -> Measurement:
     """Encode one clip (after a one-view warm-up) and read the time and the peak memory it took.
 
     Raises VideoDecodeError when the clip does not decode."""
-    views = decode_clip(clip, height, width)
+    views = decode_clip(clip, height, width, fit)
     device = vae.device
     cuda = device.type == "cuda"
     if cuda:
@@ -345,5 +394,6 @@ def _config_json(cfg: PlanConfig, device: torch.device) -> dict[str, Any]:
     }
 
 
-__all__ = ["DpShare", "Measurement", "PlanConfig", "PlanReport", "build_plan", "dp_shares", "fits_views_per_forward",
+__all__ = ["DpShare", "Measurement", "PlanConfig", "PlanReport", "bucket_histogram", "build_plan", "dp_shares",
+           "fits_views_per_forward",
            "measure_clip"]

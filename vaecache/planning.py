@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, overload
 
+from vaecache.buckets import Bucket, displayed_size, nearest_size
 from vaecache.config import SamplingConfig
 from vaecache.dist.mesh import make_mesh
 from vaecache.errors import UsageError
@@ -37,6 +38,10 @@ class Clip:
     expect: tuple[tuple[int, int, int], ...] = ()
     """Per camera, (frames, width, height) the probe found: decoding refuses a video that differs (it
     changed since it was probed). Empty: nothing to check."""
+    bucket: Bucket | None = None
+    """The size and length this clip is encoded at (None: the run's one --size, planned without sizes)."""
+    displayed: tuple[tuple[int, int], ...] = ()
+    """Per camera, (width, height) of the upright decoded frame (after the display rotation), as probed."""
 
     @property
     def num_views(self) -> int:
@@ -48,10 +53,22 @@ def clip_id_for(scene_id: str, frames: Sequence[int]) -> str:
     return f"{scene_id}/{frames[0]:06d}-{frames[-1]:06d}"
 
 
-def plan_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling: SamplingConfig) -> tuple[list[Clip], list[Skipped]]:
+def plan_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling: SamplingConfig,
+               sizes: Sequence[tuple[int, int]] | None = None) -> tuple[list[Clip], list[Skipped]]:
     """Cut every usable scene into windows of `sampling.num_frames` frames. Pure: no I/O."""
-    clips, skipped = plan_scene_clips(scenes, probes, sampling)
+    clips, skipped = plan_scene_clips(scenes, probes, sampling, sizes)
     return list(clips), skipped
+
+
+def scene_lengths(usable: int, sampling: SamplingConfig) -> tuple[tuple[int, int], ...]:
+    """Pure: which frame buckets a scene of `usable` frames is cut at, as (index into sampling.lengths, window
+    count) in the order given. "longest": only the longest bucket with a window; "all": every one with one."""
+    found = [(index, window_count(0, usable, sampling.for_length(length)))
+             for index, length in enumerate(sampling.lengths)]
+    found = [(index, count) for index, count in found if count]
+    if sampling.frames_policy == "longest" and len(found) > 1:
+        found = [max(found, key=lambda part: sampling.lengths[part[0]])]
+    return tuple(found)
 
 
 def window_count(start: int, stop: int, sampling: SamplingConfig) -> int:
@@ -69,12 +86,15 @@ def window(start: int, index: int, sampling: SamplingConfig) -> tuple[int, ...]:
 
 
 def plan_scene_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling: SamplingConfig,
-                     ) -> tuple[PlannedClips, list[Skipped]]:
+                     sizes: Sequence[tuple[int, int]] | None = None) -> tuple[PlannedClips, list[Skipped]]:
     """The clips of every usable scene as a PlannedClips (a clip count per scene: no Clip is built until
     a block of them is asked for), and the scenes that give none. Pure: no I/O. A scene whose index gives
-    its probe (Scene.probed) needs no entry in `probes`."""
-    usable: list[tuple[Scene, int, float, tuple[tuple[int, int, int], ...]]] = []
-    counts = array("q")
+    its probe (Scene.probed) needs no entry in `probes`.
+
+    With `sizes` ((H, W) buckets) every clip carries its Bucket: the scene's size is the one nearest in log
+    aspect to its cameras' displayed sizes (buckets.nearest_size), its lengths those scene_lengths gives."""
+    usable: list[tuple[Scene, int, float, tuple[tuple[int, int, int], ...], tuple[tuple[int, int], ...]]] = []
+    counts, stops, size_index = array("q"), array("q"), array("H")
     skipped: list[Skipped] = []
     shared: dict[Any, Any] = {}  # equal `expect` tuples stored once
     for scene in scenes:
@@ -87,15 +107,21 @@ def plan_scene_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sam
             skipped.append(Skipped(scene.scene_id, probe.error_path, probe.error, probe.error_camera))
             continue
         start, stop = scene.frame_range if scene.frame_range is not None else (0, probe.num_frames)
-        count = window_count(start, stop, sampling)
+        count = sum(count for _, count in scene_lengths(stop - start, sampling))
         if not count:
+            shortest = min(sampling.for_length(length).span for length in sampling.lengths)
             skipped.append(Skipped(scene.scene_id, None,
-                                   f"too short: {stop - start} usable frames, one clip needs {sampling.span}"))
+                                   f"too short: {stop - start} usable frames, one clip needs {shortest}"))
             continue
         expect = tuple((c.frames, c.width, c.height) for c in probe.cameras)
-        usable.append((scene, start, probe.fps, shared.setdefault(expect, expect)))
+        displayed = tuple(displayed_size(c.width, c.height, c.rotation) for c in probe.cameras)
+        usable.append((scene, start, probe.fps, shared.setdefault(expect, expect),
+                       shared.setdefault(("displayed", displayed), displayed)))
         counts.append(count)
-    return PlannedClips(tuple(usable), counts, sampling), skipped
+        stops.append(stop)
+        size_index.append(nearest_size(displayed, sizes) if sizes and displayed else 0)
+    return PlannedClips(tuple(usable), counts, sampling, sizes=tuple(sizes) if sizes else None, stops=stops,
+                        size_index=size_index), skipped
 
 
 class PlannedClips(Sequence[Clip]):
@@ -105,13 +131,22 @@ class PlannedClips(Sequence[Clip]):
     group's contiguous block of ten million clips costs the memory of its own clips (and a few bytes per
     scene), never the whole list. `without(done)` is the same sequence less the clips already committed."""
 
-    def __init__(self, scenes: tuple[tuple[Scene, int, float, tuple[tuple[int, int, int], ...]], ...], counts: array,
-                 sampling: SamplingConfig, done: frozenset[str] = frozenset(), skips: dict[int, frozenset[int]] | None = None,
-                 ) -> None:
+    def __init__(self, scenes: tuple[tuple[Any, ...], ...], counts: array, sampling: SamplingConfig,
+                 done: frozenset[str] = frozenset(), skips: dict[int, frozenset[tuple[int, int]]] | None = None,
+                 sizes: tuple[tuple[int, int], ...] | None = None, stops: array | None = None,
+                 size_index: array | None = None) -> None:
         self._scenes, self._sampling, self._done = scenes, sampling, done
         self._skips = skips or {}
-        """Scene position -> window indices left out (committed clips)."""
+        """Scene position -> (frame bucket, window index) pairs left out (committed clips)."""
         self._window_counts = counts
+        self._sizes = sizes
+        if (stops is None or size_index is None) and (sizes or len(sampling.lengths) > 1):
+            raise ValueError("PlannedClips with buckets needs each scene's stop and size index")
+        self._stops = stops if stops is not None else array("q")
+        """Per scene, the end of its usable frames (the frame buckets it is cut at follow from it)."""
+        self._size_index = size_index if size_index is not None else array("H")
+        """Per scene, its size bucket (index into sizes)."""
+        self._buckets = ([[Bucket(h, w, n) for n in sampling.lengths] for h, w in sizes] if sizes else None)
         ends = array("q")
         total = 0
         for position, count in enumerate(counts):
@@ -125,21 +160,65 @@ class PlannedClips(Sequence[Clip]):
         if not done:
             return self
         positions = {scene.scene_id: position for position, (scene, *_) in enumerate(self._scenes)}
-        skips: dict[int, set[int]] = {}
+        # the span (last - first + 1) tells the frame bucket: spans of distinct lengths differ
+        by_span = {self._sampling.for_length(n).span: i for i, n in enumerate(self._sampling.lengths)}
+        skips: dict[int, set[tuple[int, int]]] = {}
         for clip_id in done:
             scene_id, _, frames = clip_id.rpartition("/")
             position = positions.get(scene_id)
             first, _, last = frames.partition("-")
             if position is None or not (first.isdigit() and last.isdigit()):
                 continue
-            start = self._scenes[position][1]
-            index, offset = divmod(int(first) - start, self._sampling.step)
-            if offset or not 0 <= index < self._window_counts[position]:
+            length = by_span.get(int(last) - int(first) + 1)
+            parts = dict(self._parts(position))
+            if length is None or length not in parts:
                 continue
-            if clip_id_for(scene_id, window(start, index, self._sampling)) == clip_id:
-                skips.setdefault(position, set()).add(index)
+            start = self._scenes[position][1]
+            sampling = self._sampling.for_length(self._sampling.lengths[length])
+            index, offset = divmod(int(first) - start, sampling.step)
+            if offset or not 0 <= index < parts[length]:
+                continue
+            if clip_id_for(scene_id, window(start, index, sampling)) == clip_id:
+                skips.setdefault(position, set()).add((length, index))
         return PlannedClips(self._scenes, self._window_counts, self._sampling, done,
-                            {position: frozenset(indices) for position, indices in skips.items()})
+                            {position: frozenset(indices) for position, indices in skips.items()},
+                            self._sizes, self._stops, self._size_index)
+
+    def _parts(self, position: int) -> tuple[tuple[int, int], ...]:
+        """(frame bucket index, window count) of the scene at `position` (recomputed: nothing stored per clip)."""
+        if len(self._sampling.lengths) == 1:
+            return ((0, self._window_counts[position]),)
+        return scene_lengths(self._stops[position] - self._scenes[position][1], self._sampling)
+
+    def bucket_of(self, position: int, length_index: int) -> Bucket | None:
+        """The bucket of the scene at `position` cut at frame bucket `length_index` (None: planned without sizes)."""
+        return self._buckets[self._size_index[position]][length_index] if self._buckets is not None else None
+
+    def bucket_parts(self) -> Iterator[tuple[Bucket, int, int]]:
+        """(bucket, scene position, clips of that scene in it) for every scene and bucket with clips, committed
+        clips left out, in plan order. Nothing is kept: a caller sums what it needs (bounded memory)."""
+        if self._buckets is None:
+            return
+        for position in range(len(self._scenes)):
+            skip = self._skips.get(position, ())
+            for length, count in self._parts(position):
+                count -= sum(1 for part in skip if part[0] == length)
+                if count > 0:
+                    yield self.bucket_of(position, length), position, count  # type: ignore[misc]
+
+    def bucket_counts(self) -> list[tuple[Bucket, int, int]]:
+        """Per bucket (sizes x lengths, in that order; empty ones too): (bucket, clips, views)."""
+        if self._buckets is None:
+            return []
+        table = {bucket: [0, 0] for row in self._buckets for bucket in row}
+        for bucket, position, count in self.bucket_parts():
+            table[bucket][0] += count
+            table[bucket][1] += count * len(self._scenes[position][0].cameras)
+        return [(bucket, clips, views) for bucket, (clips, views) in table.items()]
+
+    def scene_geometry(self, position: int) -> tuple[Scene, tuple[tuple[int, int], ...]]:
+        """The scene at `position` and its cameras' displayed (width, height)."""
+        return self._scenes[position][0], self._scenes[position][4]
 
     def __len__(self) -> int:
         return self._ends[-1] if self._ends else 0
@@ -150,15 +229,19 @@ class PlannedClips(Sequence[Clip]):
                 for p, (scene, *_) in enumerate(self._scenes)}
 
     def _scene_clips(self, position: int) -> list[Clip]:
-        scene, start, fps, expect = self._scenes[position]
+        scene, start, fps, expect, displayed = self._scenes[position]
         skip = self._skips.get(position, ())
         clips = []
-        for index in range(self._window_counts[position]):
-            if index in skip:
-                continue
-            frames = window(start, index, self._sampling)
-            clips.append(Clip(clip_id_for(scene.scene_id, frames), scene.scene_id, scene.cameras,
-                              scene.paths, frames, fps, expect))  # type: ignore[arg-type]  # usable: no None path
+        for length, count in self._parts(position):
+            sampling = self._sampling.for_length(self._sampling.lengths[length])
+            bucket = self.bucket_of(position, length)
+            for index in range(count):
+                if (length, index) in skip:
+                    continue
+                frames = window(start, index, sampling)
+                clips.append(Clip(clip_id_for(scene.scene_id, frames), scene.scene_id, scene.cameras,
+                                  scene.paths, frames, fps, expect, bucket,  # type: ignore[arg-type]  # no None path
+                                  displayed if bucket is not None else ()))
         return clips
 
     def block(self, lo: int, hi: int) -> list[Clip]:
@@ -238,7 +321,14 @@ def assign_contiguous(items: Sequence[Any], rank: int, world: int) -> list[Any]:
 
 
 def batched(items: Sequence[Any], size: int) -> list[list[Any]]:
-    return [list(items[i:i + size]) for i in range(0, len(items), size)]
+    """Batches of `size` items in order; a batch never mixes buckets (one is cut short where the bucket changes)."""
+    batches: list[list[Any]] = []
+    for item in items:
+        if batches and len(batches[-1]) < size and getattr(batches[-1][0], "bucket", None) == getattr(item, "bucket", None):
+            batches[-1].append(item)
+        else:
+            batches.append([item])
+    return batches
 
 
 @dataclass(frozen=True)
@@ -326,13 +416,14 @@ class JobPlan:
 
 def plan_job(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling: SamplingConfig, world_size: int = 1,
              sp_size: int = 1, batch_size: int = 1, done_clip_ids: Sequence[str] | frozenset[str] = frozenset(),
-             ) -> JobPlan:
-    """Pure: the job plan for these scenes (probed), sampling and cluster shape. Its clips are a PlannedClips:
-    each rank builds only its own DP group's block."""
-    clips, skipped = plan_scene_clips(scenes, probes, sampling)
+             sizes: Sequence[tuple[int, int]] | None = None) -> JobPlan:
+    """Pure: the job plan for these scenes (probed), sampling, size buckets and cluster shape. Its clips are a
+    PlannedClips: each rank builds only its own DP group's block."""
+    clips, skipped = plan_scene_clips(scenes, probes, sampling, sizes)
     return JobPlan(clips, tuple(skipped), world_size, sp_size, batch_size, frozenset(done_clip_ids))
 
 
 __all__ = ["Clip", "JobPlan", "PlannedClips", "RankWork", "Skipped", "ViewRef", "assign", "assign_contiguous",
            "batch_views", "batched", "clip_id_for", "plan_clips", "plan_job", "plan_scene_clips", "plan_windows",
+           "scene_lengths",
            "window", "window_count"]

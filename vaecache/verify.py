@@ -268,10 +268,18 @@ class _ShardChecks:
         self.late: dict[str, list[str]] = {}
         self.in_flight: deque[Future] = deque()
         self.results: list[dict[str, Any]] = []
+        self.shapes: dict[str, Any] = {}
+        """Shard file -> the tensor shapes of its first record: every shard holds one latent shape."""
 
     def add(self, file: str, record: dict[str, Any]) -> None:
         if file not in self.mine:
             return
+        shapes = sorted((key, (entry.get("shape") or [None])[1:]) for key, entry in (record.get("tensors") or {}).items()
+                        if isinstance(entry, dict))  # per view: a shard may hold scenes of different camera counts
+        first = self.shapes.setdefault(file, shapes)
+        if shapes != first:
+            self.late.setdefault(file, []).append(
+                f"clip {record.get('id')}: {file} mixes latent shapes ({dict(shapes)} after {dict(first)})")
         if file in self.submitted:  # more records claim it than the manifest says it holds
             self.late.setdefault(file, []).append(
                 f"clip {record.get('id')}: claims {file}, whose {self.mine[file].get('clips')} clip(s) are all "
@@ -327,7 +335,7 @@ def check_coverage(manifest: dict[str, Any], cache: CacheReader, failures: list[
     scenes = discover_scenes(Path(dataset), clip_settings.cameras)
     with ThreadPoolExecutor(max_workers=threads or min(8, len(os.sched_getaffinity(0)))) as pool:
         probes = {probe.scene_id: probe for probe in pool.map(probe_scene, scenes)}
-    job = plan_job(scenes, probes, clip_settings.sampling)
+    job = plan_job(scenes, probes, clip_settings.sampling, sizes=clip_settings.sizes)
     planned, skipped = job.clips, job.skipped
     expected = {clip.clip_id for clip in planned}
     missing = set(expected)
@@ -421,13 +429,15 @@ def check_reencode(out: Path, manifest: dict[str, Any], cache: CacheReader, coun
         diffs = describe_differences(recorded, given)
         raise UsageError(f"--vae {spec} does not match the VAE recorded in {out}/manifest.json "
                          f"({'; '.join(diffs[:3])})")
-    decoder = ViewDecoder(clip_settings.height, clip_settings.width)
+    decoder = ViewDecoder(clip_settings.height, clip_settings.width, fit=clip_settings.fit)
     results = []
     for record in mine:
         clip = Clip(record["id"], record["scene"], tuple(record["cameras"]), tuple(record["sources"]),
                     tuple(record["frames"]), record.get("fps", 0.0))
+        bucket = record.get("bucket") if isinstance(record.get("bucket"), dict) else None
+        size = (bucket["height"], bucket["width"]) if bucket else None
         try:
-            views = torch.stack([decoder.decode(path, clip.frames) for path in clip.paths])
+            views = torch.stack([decoder.decode(path, clip.frames, size) for path in clip.paths])
         except VaecacheError as exc:
             results.append((record["id"], None, f"source does not decode any more ({exc})"))
             continue
@@ -472,10 +482,22 @@ def _record_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str | N
     if keys is not None and sorted(tensors) != sorted(keys):
         return f"stores {sorted(tensors)}, the manifest says {sorted(keys)}"
     cameras = len(record.get("cameras") or [])
+    buckets = {bucket.get("name"): bucket for bucket in manifest.get("buckets") or []}
+    bucket = None
+    if buckets:  # a bucketed cache: each clip against its own bucket's latent shape
+        name = (record.get("bucket") or {}).get("name") if isinstance(record.get("bucket"), dict) else None
+        bucket = buckets.get(name)
+        if bucket is None:
+            return f"bucket {name!r} is not one of the manifest's buckets ({', '.join(map(str, buckets))})"
     for key, entry in sorted(tensors.items()):
         name = f"{record.get('id')}/{key}"
         if entry.get("name") != name:
             return f"{key} is stored as tensor {entry.get('name')!r}, expected {name!r}"
+        if bucket is not None:
+            expected = [cameras, *bucket.get("view_shape", [])]
+            if entry.get("shape") != expected:
+                return f"{key} has shape {entry.get('shape')}, bucket {bucket['name']}'s latent shape is {expected}"
+            continue
         expected = (latent.get("shape") or {}).get(key)
         if expected is not None and entry.get("shape") != [cameras, *expected[1:]]:
             return f"{key} has shape {entry.get('shape')}, the manifest's latent shape is {[cameras, *expected[1:]]}"

@@ -33,12 +33,20 @@ REQUIRED_PANEL = "Required (flag or --config)"
 VaeOption = Annotated[Optional[str], typer.Option(
     "--vae", rich_help_panel=REQUIRED_PANEL,
     help="builtin:tiny | diffusers:PATH\\[#subfolder] | python:module:function. \\[required, or in --config]")]
-NumFramesOption = Annotated[Optional[int], typer.Option(
+NumFramesOption = Annotated[Optional[str], typer.Option(
     "--num-frames", rich_help_panel=REQUIRED_PANEL,
-    help="Frames per clip (checked against the VAE's rule). \\[required, or in --config]")]
+    help="Frames per clip, or frame buckets 17,33,49 (see --frames-policy); checked against the VAE's rule. "
+         "\\[required, or in --config]")]
 SizeOption = Annotated[Optional[str], typer.Option(
     "--size", rich_help_panel=REQUIRED_PANEL,
-    help="HxW after resize-to-cover and center crop. \\[required, or in --config]")]
+    help="HxW, or size buckets 480x832,832x480,624x624 or a preset (wan-480p, wan-720p): each scene goes to the "
+         "bucket nearest in aspect (see --fit). \\[required, or in --config]")]
+FramesPolicyOption = Annotated[Optional[str], typer.Option(
+    "--frames-policy", help="With several --num-frames: longest (default: the longest that fits each scene) | all "
+                            "(clips at every length that fits).")]
+FitOption = Annotated[Optional[str], typer.Option(
+    "--fit", help="cover (default: resize to cover, centre-crop) | contain (resize to fit, pad mid grey) | stretch. "
+                  "Recorded per clip with the crop box.")]
 
 
 def debug_enabled() -> bool:
@@ -163,6 +171,6 @@ def stdout_is_tty() -> bool:
     return sys.stdout.isatty()
 
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "REQUIRED_PANEL", "console", "check_json_target", "debug_enabled",
+__all__ = ["FitOption", "FramesPolicyOption", "EXIT_INTERRUPTED", "EXIT_USAGE", "REQUIRED_PANEL", "console", "check_json_target", "debug_enabled",
            "human_bytes", "interrupted_message", "is_launcher_rank0", "launcher_rank_world", "report_errors",
            "write_json"]

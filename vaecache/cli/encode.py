@@ -14,9 +14,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vaecache.cli._common import (REQUIRED_PANEL, NumFramesOption, SizeOption, VaeOption, check_json_target, console,
+from vaecache.cli._common import (REQUIRED_PANEL, FitOption, FramesPolicyOption, NumFramesOption, SizeOption, VaeOption,
+                                  check_json_target, console,
                                   human_bytes, launcher_rank_world, report_errors, write_json)
-from vaecache.config import EncodeConfig, load_toml, parse_bytes, pop_clip_options
+from vaecache.config import EncodeConfig, check_option_syntax, load_toml, parse_bytes, pop_clip_options
 from vaecache.errors import DatasetError, UsageError
 from vaecache.progress import progress as progress_reporter
 
@@ -27,6 +28,7 @@ def build_config(data: Path, out: Path | None, vae: str | None, options: dict[st
     """CLI flags override the TOML file; both use the long option names."""
     merged: dict[str, Any] = load_toml(config_file) if config_file else {}
     merged.update({key: value for key, value in options.items() if value is not None})
+    check_option_syntax(merged)
     toml_out, toml_vae = merged.pop("out", None), merged.pop("vae", None)  # flags win over the file
     out = out if out is not None else toml_out
     if out is None:
@@ -59,6 +61,7 @@ def summary_json(summary: EncodeSummary) -> dict[str, Any]:
     payload["out"] = str(summary.out)
     payload["views_per_s"] = summary.views_per_s
     payload["exit_code"] = summary.exit_code
+    payload["empty_buckets"] = summary.empty_buckets
     return payload
 
 
@@ -72,6 +75,8 @@ def encode(
     num_frames: NumFramesOption = None,
     size: SizeOption = None,
     frame_stride: Optional[int] = typer.Option(None, "--frame-stride", help="Use every S-th source frame (default 1)."),
+    frames_policy: FramesPolicyOption = None,
+    fit: FitOption = None,
     window_stride: Optional[int] = typer.Option(None, "--window-stride", help="Source frames between clip starts (default: no overlap)."),
     max_clips_per_scene: Optional[int] = typer.Option(None, "--max-clips-per-scene", help="Keep the first K clips of each scene."),
     cameras: Optional[str] = typer.Option(None, "--cameras", help="Comma-separated camera order (default: names sorted)."),
@@ -104,7 +109,8 @@ def encode(
 ) -> None:
     """Encode a video dataset into safetensors latent shards plus a manifest."""
     options = {
-        "num_frames": num_frames, "size": size, "frame_stride": frame_stride, "window_stride": window_stride,
+        "num_frames": num_frames, "size": size, "frame_stride": frame_stride, "frames_policy": frames_policy,
+        "fit": fit, "window_stride": window_stride,
         "max_clips_per_scene": max_clips_per_scene, "cameras": cameras, "dtype": dtype, "device": device,
         "batch_size": batch_size, "workers": workers, "shard_size": shard_size, "store": store, "seed": seed,
         "sp_size": sp_size, "sp_mode": sp_mode, "on_error": on_error, "overwrite": overwrite or None, "timeout_s": timeout,
@@ -153,7 +159,9 @@ def summary_table(summary: EncodeSummary) -> Table:
         ("clips planned", f"{summary.planned_clips} from {summary.scenes} scenes"),
         ("views", f"{summary.views}"),
         ("frames", f"{summary.frames}"),
-        ("latent shape per clip", shapes),
+        ("latent shape per clip", shapes if summary.latent_shape or not summary.buckets else "per bucket"),
+        *([("buckets (clips planned)", ", ".join(f"{b['name']}: {b['clips']}" for b in summary.buckets)),
+           ("empty buckets", ", ".join(summary.empty_buckets) or "-")] if summary.buckets else []),
         ("shards / bytes written", f"{summary.shards} / {human_bytes(summary.bytes_written)}"),
         ("skipped inputs", f"{len(summary.skipped)}" + (f" (see {escape(str(summary.out))}/failures.parquet)" if summary.skipped else "")),
         ("OOM backoffs", f"{len(summary.backoffs)}"),

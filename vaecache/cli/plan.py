@@ -9,9 +9,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vaecache.cli._common import (NumFramesOption, SizeOption, VaeOption, check_json_target, console, human_bytes,
-                                  report_errors, write_json)
-from vaecache.config import load_toml, parse_bytes, pop_clip_options
+from vaecache.cli._common import (FitOption, FramesPolicyOption, NumFramesOption, SizeOption, VaeOption,
+                                  check_json_target, console, human_bytes, report_errors, write_json)
+from vaecache.config import check_option_syntax, load_toml, parse_bytes, pop_clip_options
 from vaecache.errors import DatasetError, UsageError
 
 if TYPE_CHECKING:
@@ -27,6 +27,7 @@ def build_plan_config(data: Path, options: dict[str, Any], config_file: Path | N
     """CLI flags override the TOML file (the same file `vaecache encode --config` reads)."""
     merged: dict[str, Any] = load_toml(config_file) if config_file else {}
     merged.update({key: value for key, value in options.items() if value is not None})
+    check_option_syntax(merged)
     for key in _ENCODE_ONLY + ("data",):
         merged.pop(key, None)
     if not merged.get("vae"):
@@ -56,10 +57,12 @@ def summary_table(report: PlanReport) -> Table:
         ("cameras per clip", f"{report.cameras}"),
         ("views", f"{report.views}"),
         ("frames", f"{report.frames}"),
-        ("latent shape per view", f"{tuple(report.latent_shape)} (c, t, h, w)"),
-        ("latent shape per clip", f"{(report.cameras, *report.latent_shape)}"),
+        *([("latent shape per view", f"{tuple(report.latent_shape)} (c, t, h, w)"),
+           ("latent shape per clip", f"{(report.cameras, *report.latent_shape)}")] if not report.buckets else
+          [("buckets", f"{len(report.buckets)} ({len(report.empty_buckets)} empty; shapes in the bucket table)")]),
         (f"bytes ({keys}, {report.dtype})", f"{human_bytes(report.total_bytes)} "
-                                             f"({human_bytes(report.bytes_per_view * report.cameras)} per clip)"),
+                                             + ("" if report.buckets else
+                                                f"({human_bytes(report.bytes_per_view * report.cameras)} per clip)")),
         ("ranks", f"{cfg['world_size']} = DP {cfg['dp_size']} x SP {cfg['sp_size']}, batch {cfg['batch_size']} clips"),
         ("padding waste", f"{report.encoded_views - report.views} of {report.encoded_views} encodes "
                           f"({100 * report.padding_waste:.1f}%)"),
@@ -111,6 +114,22 @@ def scenes_table(report: PlanReport) -> Table:
     return table
 
 
+def buckets_table(report: PlanReport) -> Table:
+    """The bucket histogram: clips, views, bytes and what the fit mode does to the sources of each bucket."""
+    table = Table(title=f"buckets (--fit {report.config.get('fit', 'cover')})")
+    for name in ("bucket", "latent (c, t, h, w)", "clips", "views", "bytes", "source kept", "padding", "max distortion"):
+        table.add_column(name, justify="left" if name == "bucket" else "right")
+    for row in report.buckets:
+        shape = str(tuple(row["view_shape"]))
+        if not row["clips"]:
+            table.add_row(row["name"], shape, "0", "0", "-", "", "", "[yellow]empty[/yellow]")
+            continue
+        table.add_row(row["name"], shape, str(row["clips"]), str(row["views"]), human_bytes(row["bytes"]),
+                      f"{100 * row['mean_kept']:.1f}%", f"{100 * row['mean_padded']:.1f}%",
+                      f"{row['max_distortion']:.3f}x")
+    return table
+
+
 def _duration(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.1f} s"
@@ -126,6 +145,8 @@ def plan(
     num_frames: NumFramesOption = None,
     size: SizeOption = None,
     frame_stride: Optional[int] = typer.Option(None, "--frame-stride", help="Use every S-th source frame (default 1)."),
+    frames_policy: FramesPolicyOption = None,
+    fit: FitOption = None,
     window_stride: Optional[int] = typer.Option(None, "--window-stride", help="Source frames between clip starts."),
     max_clips_per_scene: Optional[int] = typer.Option(None, "--max-clips-per-scene", help="Keep the first K clips of each scene."),
     cameras: Optional[str] = typer.Option(None, "--cameras", help="Comma-separated camera order (default: names sorted)."),
@@ -146,6 +167,7 @@ def plan(
     """Dry run: scenes, clips, latent shapes and bytes, the split over ranks, a measured ETA."""
     options = {
         "vae": vae, "num_frames": num_frames, "size": size, "frame_stride": frame_stride,
+        "frames_policy": frames_policy, "fit": fit,
         "window_stride": window_stride, "max_clips_per_scene": max_clips_per_scene, "cameras": cameras,
         "world_size": world_size, "sp_size": sp_size, "batch_size": batch_size, "dtype": dtype, "device": device,
         "store": store, "tiling": tiling, "max_views_per_forward": max_views_per_forward,
@@ -161,6 +183,8 @@ def plan(
     report = build_plan(cfg)
     console.print(scenes_table(report))
     console.print(ranks_table(report))
+    if report.buckets:
+        console.print(buckets_table(report))
     console.print(summary_table(report))
     for note in report.notes:
         console.print(f"[dim]note:[/dim] {escape(note)}", soft_wrap=True)

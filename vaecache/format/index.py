@@ -189,6 +189,8 @@ class _Totals:
     views: int = 0
     frames: int = 0
     shape: dict[str, Any] | None = None
+    buckets: dict[str, list[Any]] = field(default_factory=dict)
+    """Bucket name -> [clips, views, the first clip's tensor shapes] (a bucketed run's records name theirs)."""
 
     def add(self, clip: dict[str, Any]) -> None:
         self.clips += 1
@@ -197,6 +199,22 @@ class _Totals:
         self.frames += cameras * len(clip.get("frames") or ())
         if self.shape is None:
             self.shape = {key: entry["shape"] for key, entry in clip["tensors"].items()}
+        bucket = clip.get("bucket")
+        if isinstance(bucket, dict):
+            entry = self.buckets.get(bucket.get("name"))
+            if entry is None:
+                entry = self.buckets[bucket.get("name")] = [0, 0, {key: e["shape"] for key, e in clip["tensors"].items()}]
+            entry[0] += 1
+            entry[1] += cameras
+
+    def merge(self, part: _Totals) -> None:
+        self.shards.extend(part.shards)
+        self.clips, self.views, self.frames = self.clips + part.clips, self.views + part.views, self.frames + part.frames
+        self.shape = self.shape or part.shape
+        for name, (clips, views, shape) in part.buckets.items():
+            entry = self.buckets.setdefault(name, [0, 0, shape])
+            entry[0] += clips
+            entry[1] += views
 
 
 def _log_entries(log: Path) -> Iterator[tuple[int, ProgressEntry]]:
@@ -302,10 +320,7 @@ def _scan_logs(out: Path, prefix: str, workers: int) -> tuple[_Totals, list[Path
         parts = [_scan_log(*job) for job in jobs]
     totals, paths = _Totals(), []
     for part, part_paths in parts:
-        totals.shards.extend(part.shards)
-        totals.clips, totals.views, totals.frames = (totals.clips + part.clips, totals.views + part.views,
-                                                     totals.frames + part.frames)
-        totals.shape = totals.shape or part.shape
+        totals.merge(part)
         paths.extend(part_paths)
     return totals, paths
 
@@ -381,6 +396,13 @@ def finalize(out: Path, header: dict[str, Any], workers: int | None = None) -> d
         header = dict(header)
         planned, backoffs = header.pop("planned_clips"), header.pop("oom_backoffs")
         header["latent"] = {**header["latent"], "shape": totals.shape}
+        if "buckets" in header:  # a bucketed run: every planned bucket, with what was committed to it
+            header["buckets"] = [{**bucket, "clips": totals.buckets.get(bucket["name"], [0])[0],
+                                  "views": totals.buckets.get(bucket["name"], [0, 0])[1],
+                                  "shape": totals.buckets.get(bucket["name"], [0, 0, None])[2]}
+                                 for bucket in header["buckets"]]
+            if sum(1 for bucket in header["buckets"] if bucket["clips"]) > 1:
+                header["latent"]["shape"] = None  # several latent shapes: see "buckets"
         header["counts"] = {
             "clips": totals.clips, "views": totals.views, "frames": totals.frames,
             "shards": len(totals.shards), "bytes": sum(s["bytes"] for s in totals.shards), "failures": len(failures),

@@ -1,7 +1,8 @@
 """Shard writer: the only code that completes a clip record. Buffers clips, rolls a safetensors shard at a
 size limit, commits atomically off-thread.
 
-A shard is committed by: serialize -> sha256 -> temp file -> fsync -> rename -> fsync folder -> append
+Every shard holds one bucket (one latent shape): the writer keeps an open shard per bucket, and each rolls
+on its own at the size limit. A shard is committed by: serialize -> sha256 -> temp file -> fsync -> rename -> fsync folder -> append
 one fsynced line (shard record + its clip records) to this rank's progress log. Only a shard named in a
 progress log counts; anything else in shards/ is debris from a crash and is discarded on resume.
 """
@@ -19,6 +20,7 @@ import torch
 from safetensors.torch import save as safetensors_save
 
 from vaecache import faults
+from vaecache.buckets import fit_geometry
 from vaecache.dtypes import recorded_name
 from vaecache.errors import OutputError
 from vaecache.format.io import AppendLog, atomic_write_bytes
@@ -36,6 +38,10 @@ class ClipLike(Protocol):
     paths: Sequence[str]
     frames: Sequence[int]
     fps: float
+    bucket: Any
+    """A buckets.Bucket or None (a one-size run)."""
+    displayed: Sequence[tuple[int, int]]
+    """Per camera, the displayed (width, height) of the source."""
 
 
 def tensor_name(clip_id: str, key: str) -> str:
@@ -50,6 +56,14 @@ def encode_record(cameras: Sequence[str], view_settings: Sequence[dict[str, Any]
     return {"tiled": any(s["tiled"] for s in view_settings),
             "tiled_cameras": [cam for cam, s in zip(cameras, view_settings) if s["tiled"]],
             "units_per_forward": max(s["units_per_forward"] for s in view_settings)}
+
+
+def geometry_record(clip: ClipLike, fit: str) -> dict[str, Any]:
+    """The clip record's `bucket` and `crop` (one entry per camera: source size, the source box kept, the
+    padding added in bucket pixels) for a bucketed run."""
+    bucket = clip.bucket
+    return {"bucket": bucket.to_record(),
+            "crop": [fit_geometry(w, h, bucket.height, bucket.width, fit).to_record((w, h)) for w, h in clip.displayed]}
 
 
 def failure_record(scene: str, reason: str, *, clip: str | None = None, camera: str | None = None,
@@ -92,15 +106,16 @@ class ShardWriter:
     """
 
     def __init__(self, out: Path, rank: int, attempt: int, shard_size: int, progress: AppendLog,
-                 max_pending: int = 2, hash_sources: bool = False) -> None:
+                 max_pending: int = 2, hash_sources: bool = False, fit: str | None = None) -> None:
         self.folder = Path(out) / SHARDS_DIR
         self._identities = IdentityMemo(hash_sources)
         self.rank, self.attempt, self.shard_size = rank, attempt, shard_size
         self.progress = progress
+        self.fit = fit
+        """With a fit mode, each record carries its `bucket` and `crop` (a bucketed run); None: neither."""
         self._seq = 0
-        self._tensors: dict[str, torch.Tensor] = {}
-        self._records: list[dict[str, Any]] = []
-        self._bytes = 0
+        self._open: dict[Any, _OpenShard] = {}
+        """Bucket -> its open shard (one key, None, in a one-size run)."""
         self._slots = threading.Semaphore(max_pending)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"vaecache-writer-r{rank}")
         self._futures: list[Future] = []
@@ -139,24 +154,32 @@ class ShardWriter:
             "tensors": {key: {"name": tensor_name(clip.clip_id, key), "shape": list(t.shape),
                               "dtype": recorded_name(t.dtype)} for key, t in tensors.items()},
             "encode": encode_record(clip.cameras, view_settings),
+            **(geometry_record(clip, self.fit) if self.fit is not None and getattr(clip, "bucket", None) is not None else {}),
         }
-        for key, tensor in tensors.items():
-            name = tensor_name(clip.clip_id, key)
-            if name in self._tensors:
+        # one shard per latent shape: the bucket where there is one, else the shapes themselves
+        key = clip.bucket if getattr(clip, "bucket", None) is not None else None
+        shard = self._open.setdefault(key, _OpenShard())
+        for key_name, tensor in tensors.items():
+            name = tensor_name(clip.clip_id, key_name)
+            if name in shard.tensors or any(name in other.tensors for other in self._open.values()):
                 raise ValueError(f"tensor {name} added twice")
             tensor = tensor.detach().to("cpu").contiguous()
-            self._tensors[name] = tensor
-            self._bytes += tensor.numel() * tensor.element_size()
-        self._records.append(record)
-        if self._bytes >= self.shard_size:
-            self.flush()
+            shard.tensors[name] = tensor
+            shard.bytes += tensor.numel() * tensor.element_size()
+        shard.records.append(record)
+        if shard.bytes >= self.shard_size:
+            self._flush_one(key)
 
     def flush(self) -> None:
-        """Hand the buffered clips to the writer thread as one shard."""
-        if not self._records:
+        """Hand every bucket's buffered clips to the writer thread, one shard each (in the order opened)."""
+        for key in list(self._open):
+            self._flush_one(key)
+
+    def _flush_one(self, key: Any) -> None:
+        shard = self._open.pop(key, None)
+        if shard is None or not shard.records:
             return
-        tensors, records = self._tensors, self._records
-        self._tensors, self._records, self._bytes = {}, [], 0
+        tensors, records = shard.tensors, shard.records
         name = shard_name(self.attempt, self.rank, self._seq)
         self._seq += 1
         self._slots.acquire()
@@ -220,5 +243,14 @@ class ShardWriter:
 
     def abort(self) -> None:
         """Drop buffered clips, let in-flight commits finish (each is atomic), keep what committed."""
-        self._tensors, self._records, self._bytes = {}, [], 0
+        self._open = {}
         self._pool.shutdown(wait=True)
+
+
+class _OpenShard:
+    """The clips buffered for one bucket's next shard."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.records: list[dict[str, Any]] = []
+        self.bytes = 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from vaecache.errors import FrameRuleError
 
@@ -79,6 +79,14 @@ class FrameRule:
     def check(self, num_frames: int, height: int, width: int) -> None:
         """Raise one FrameRuleError naming every wrong value and the nearest valid ones."""
         found = self.problems(num_frames, height, width)
+        if found:
+            raise FrameRuleError("; ".join(found))
+
+    def check_buckets(self, lengths: Sequence[int], sizes: Sequence[tuple[int, int]]) -> None:
+        """Every frame bucket and size bucket at once: one FrameRuleError listing each bad value (before any work)."""
+        sf = self.spatial_factor
+        found = [problem for height, width in sizes for problem in self.problems(self.min_frames, height, width)]
+        found += [problem for length in lengths for problem in self.problems(length, sf, sf)]
         if found:
             raise FrameRuleError("; ".join(found))
 
