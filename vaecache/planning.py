@@ -37,6 +37,8 @@ class Clip:
     expect: tuple[tuple[int, int, int], ...] = ()
     """Per camera, (frames, width, height) the probe found: decoding refuses a video that differs (it
     changed since it was probed). Empty: nothing to check."""
+    metadata: str | None = None
+    """The scene's index metadata as JSON text (Scene.metadata); the writer stores it as the record's `metadata`."""
 
     @property
     def num_views(self) -> int:
@@ -158,7 +160,7 @@ class PlannedClips(Sequence[Clip]):
                 continue
             frames = window(start, index, self._sampling)
             clips.append(Clip(clip_id_for(scene.scene_id, frames), scene.scene_id, scene.cameras,
-                              scene.paths, frames, fps, expect))  # type: ignore[arg-type]  # usable: no None path
+                              scene.paths, frames, fps, expect, scene.metadata))  # type: ignore[arg-type]  # usable: no None path
         return clips
 
     def block(self, lo: int, hi: int) -> list[Clip]:

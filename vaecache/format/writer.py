@@ -9,6 +9,7 @@ progress log counts; anything else in shards/ is debris from a crash and is disc
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -140,6 +141,9 @@ class ShardWriter:
                               "dtype": recorded_name(t.dtype)} for key, t in tensors.items()},
             "encode": encode_record(clip.cameras, view_settings),
         }
+        metadata = getattr(clip, "metadata", None)  # the index line's own keys, passed through uninterpreted
+        if metadata is not None:
+            record["metadata"] = json.loads(metadata)
         for key, tensor in tensors.items():
             name = tensor_name(clip.clip_id, key)
             if name in self._tensors:
