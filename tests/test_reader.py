@@ -3,6 +3,7 @@ passthrough from the index, and the README's training loop (run from the file th
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import runpy
@@ -69,7 +70,11 @@ def test_metadata_round_trips_through_the_clip_table(caption_cache: Path, index_
 def test_dataset_in_two_dataloader_workers_equals_the_shard_bytes(caption_cache: Path) -> None:
     dataset = LatentDataset(caption_cache, verify="sha256")
     sampler = dataset.batch_sampler(batch_size=1, shuffle=False)
-    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=2, collate_fn=collate_latents)
+    # This process ran encodes: a PyAV decoder left as cyclic garbage would hang a forked worker's collector
+    # (see pipeline._encode). A trainer that decodes no video has none; collect here, and fail, never hang.
+    gc.collect()
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=2, collate_fn=collate_latents,
+                                         timeout=120)
     seen = []
     for batch in loader:
         (record,) = batch["record"]
@@ -167,6 +172,7 @@ def test_readme_training_example_is_the_file_and_runs(caption_cache: Path, monke
     readme = (ROOT / "README.md").read_text()
     assert f"```python\n{example.read_text()}```" in readme, "README's training example differs from examples/train_latents.py"
     monkeypatch.setattr(sys, "argv", [str(example), str(caption_cache)])
+    gc.collect()  # the example forks two DataLoader workers (see the test above)
     runpy.run_path(str(example), run_name="__main__")
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == ["epoch 0", "epoch 1"]
