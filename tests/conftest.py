@@ -103,6 +103,36 @@ def sharded_cache(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return out
 
 
+CAPTIONS = {"scene_000": "a red cube ☃", "scene_001": "two cameras, one road", "scene_002": "night\nline two"}
+
+
+def caption_metadata(scene: str) -> dict[str, Any]:
+    """The metadata keys `caption_cache`'s index line of `scene` carries (any JSON passes through)."""
+    return {"caption": CAPTIONS[scene], "tags": ["demo", scene], "score": 0.5, "nested": {"a": [1, None]}}
+
+
+@pytest.fixture(scope="session")
+def index_metadata() -> Callable[[str], dict[str, Any]]:
+    """`index_metadata(scene)`: the metadata keys of that scene's line in `caption_cache`'s index."""
+    return caption_metadata
+
+
+@pytest.fixture(scope="session")
+def caption_cache(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo data encoded (standard settings) from a JSONL index whose lines carry captions, tags and
+    other JSON (caption_metadata). Read-only."""
+    import json
+
+    root = tmp_path_factory.mktemp("captioned")
+    index = root / "index.jsonl"
+    lines = [{"id": scene.name, "cameras": {video.stem: str(video) for video in sorted(scene.glob("*.mp4"))},
+              **caption_metadata(scene.name)} for scene in sorted(demo_data.iterdir())]
+    index.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = root / "cache"
+    encode_ok(index, out)
+    return out
+
+
 @pytest.fixture
 def cache_copy(good_cache: Path, tmp_path: Path) -> Path:
     """A private, writable copy of `good_cache`."""

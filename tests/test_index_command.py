@@ -220,3 +220,15 @@ def test_a_cached_probe_stands_only_while_the_file_keeps_its_size_and_mtime(data
     video = Path(scene.paths[1])
     os.utime(video, ns=(0, video.stat().st_mtime_ns + 1))
     assert sources.probe_from_cache(scene, cache) is None
+
+
+def test_index_keeps_the_metadata_keys_of_its_input_lines(demo_index: Path, tmp_path: Path, run_cli) -> None:
+    """Captions and other extra keys on an input index line stay on the line `vaecache index` writes."""
+    lines = [{**line, "caption": f"scene {n} ☃", "tags": ["a", n]} for n, line in enumerate(_lines(demo_index))]
+    source = tmp_path / "captioned.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = run_cli(["index", source, "-o", tmp_path / "out.jsonl", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    written = _lines(tmp_path / "out.jsonl")
+    assert [(line["caption"], line["tags"]) for line in written] == [(f"scene {n} ☃", ["a", n]) for n in range(3)]
+    assert [line["probe"] for line in written] == [line["probe"] for line in lines]

@@ -192,6 +192,8 @@ def index_line(scene: Scene, form: str, probes: Sequence[Any]) -> dict[str, Any]
         line["frames"] = list(scene.frame_range)
     line["probe"] = probes[0].to_json() if form == "path" else {
         camera: probe.to_json() for camera, probe in zip(scene.cameras, probes)}
+    if scene.metadata is not None:  # a caption or tags on the input index line stay on the written one
+        line.update({key: value for key, value in json.loads(scene.metadata).items() if key not in line})
     return line
 
 

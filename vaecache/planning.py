@@ -42,6 +42,8 @@ class Clip:
     """The size and length this clip is encoded at (None: the run's one --size, planned without sizes)."""
     displayed: tuple[tuple[int, int], ...] = ()
     """Per camera, (width, height) of the upright decoded frame (after the display rotation), as probed."""
+    metadata: str | None = None
+    """The scene's index metadata as JSON text (Scene.metadata); the writer stores it as the record's `metadata`."""
 
     @property
     def num_views(self) -> int:
@@ -241,7 +243,7 @@ class PlannedClips(Sequence[Clip]):
                 frames = window(start, index, sampling)
                 clips.append(Clip(clip_id_for(scene.scene_id, frames), scene.scene_id, scene.cameras,
                                   scene.paths, frames, fps, expect, bucket,  # type: ignore[arg-type]  # no None path
-                                  displayed if bucket is not None else ()))
+                                  displayed if bucket is not None else (), scene.metadata))
         return clips
 
     def block(self, lo: int, hi: int) -> list[Clip]:

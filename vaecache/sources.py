@@ -104,6 +104,9 @@ class Scene:
     probed: tuple[CameraProbe, ...] | None = None
     """Per camera, what an index written by `vaecache index` says: the scene is then planned without opening
     a video (decoding checks the frame count and size of what it opens)."""
+    metadata: str | None = None
+    """The index line's other keys (caption, tags, any JSON) as canonical JSON text, passed through untouched
+    into every clip record's `metadata`; None when the line has none. Text keeps a Scene hashable and small."""
 
     def __post_init__(self) -> None:
         if not self.scene_id or _BAD_ID.search(self.scene_id) or self.scene_id.startswith("."):
@@ -362,7 +365,7 @@ def _scenes_from_index(index: Path, order: Sequence[str] | None) -> tuple[list[S
             if "frames" in record:
                 frame_range = _parse_range(record["frames"], where)
             probed = _parse_probe(record["probe"], kind, names, mapping, where) if "probe" in record else None
-            scenes.append(Scene(str(record["id"]), names, paths, frame_range, probed))
+            scenes.append(Scene(str(record["id"]), names, paths, frame_range, probed, metadata_text(record)))
     if not scenes:
         raise DatasetError(f"{index}: index holds no scenes")
     if order and mapped:
@@ -373,6 +376,16 @@ def _scenes_from_index(index: Path, order: Sequence[str] | None) -> tuple[list[S
             raise DatasetError(f"{index}: scenes list different camera sets {sorted(map(list, camera_sets))[:2]}; pass --cameras to choose")
     # An index is written by hand or by a script: a bad id there is refused naming its line (Scene checks it).
     return scenes, mapped, []
+
+
+INDEX_KEYS = frozenset({"id", "path", "cameras", "frames", "probe"})
+"""The keys of an index line vaecache reads; every other key is metadata, passed through to the clip records."""
+
+
+def metadata_text(record: dict[str, Any]) -> str | None:
+    """An index line's metadata (its keys other than INDEX_KEYS) as canonical JSON text, or None."""
+    extra = {key: value for key, value in record.items() if key not in INDEX_KEYS}
+    return json.dumps(extra, sort_keys=True, ensure_ascii=False, separators=(",", ":")) if extra else None
 
 
 def _parse_probe(raw: Any, kind: str, names: tuple[str, ...], mapping: dict[str, Any],

@@ -49,7 +49,8 @@ STANDARD = ["--out", "OUT", "--vae", "builtin:tiny", "--num-frames", "9", "--siz
 
 
 @pytest.mark.parametrize("args", [["--help"], ["encode", "--help"], ["plan", "--help"], ["verify", "--help"],
-                                  ["demo-data", "--help"], ["index", "--help"]], ids=" ".join)
+                                  ["demo-data", "--help"], ["index", "--help"], ["inspect", "--help"],
+                                  ["export", "--help"]], ids=" ".join)
 def test_help_loads_no_heavy_module(args: list[str]) -> None:
     code, heavy, _ = _probe(args)
     assert code in (0, None)

@@ -13,7 +13,9 @@ from vaecache import __version__
 from vaecache.cli._common import is_launcher_rank0
 from vaecache.cli.demo import demo, demo_data
 from vaecache.cli.encode import encode
+from vaecache.cli.export import export
 from vaecache.cli.index import index
+from vaecache.cli.inspect import inspect
 from vaecache.cli.plan import plan
 from vaecache.cli.verify import verify
 
@@ -28,6 +30,8 @@ app.command("index")(index)
 app.command("encode")(encode)
 app.command("plan")(plan)
 app.command("verify")(verify)
+app.command("inspect")(inspect)
+app.command("export")(export)
 app.command("demo-data")(demo_data)
 app.command("demo")(demo)
 
@@ -41,7 +45,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")) -> None:
-    """vaecache: index, encode, plan, verify, demo-data, demo."""
+    """vaecache: index, encode, plan, verify, inspect, export, demo-data, demo."""
 
 
 def main(args: list[str] | None = None) -> None:

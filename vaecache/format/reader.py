@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
+import torch.utils.data
 from safetensors import SafetensorError, safe_open
 
 from vaecache.errors import ManifestError
@@ -114,3 +115,408 @@ class CacheReader:
                         raise ManifestError(f"{self.out / file}: repeats tensor {name}")
                     found[name] = handle.get_tensor(name)
         return found
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The training-side reader: LatentCache (random access by position or clip id), LatentDataset (a map-style
+# torch Dataset safe in DataLoader workers) and ShapeBatchSampler (one latent shape per batch, DDP split).
+
+VERIFY_MODES = ("size", "sha256", "none")
+"""How a shard is checked the first time this process opens it: its byte count (size), its sha256 against
+the manifest (sha256), or not at all (none)."""
+MAX_OPEN_SHARDS = 64
+"""Shard handles a LatentCache keeps open (memory-mapped); the least recently used closes beyond this."""
+
+
+class ShardChecksumError(ManifestError):
+    """A shard differs from what the manifest records (size or sha256), or is missing or unlisted."""
+
+
+class IncompleteCacheError(ManifestError):
+    """OUT has a manifest but its clip table is missing or disagrees with it (a copy in progress, a crash)."""
+
+
+class NormalizationError(ManifestError):
+    """The cache records no normalization constants for its VAE (or not the ones its formula needs)."""
+
+
+@dataclass(frozen=True)
+class LatentItem:
+    """One clip read back: its stored tensors by key (mean, logvar or sample; shape (cameras, C, F, H, W))
+    and its clip record (as clips.parquet holds it)."""
+
+    id: str
+    tensors: dict[str, torch.Tensor]
+    record: dict[str, Any]
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.tensors[key]
+
+    @property
+    def scene(self) -> str:
+        return self.record["scene"]
+
+    @property
+    def cameras(self) -> list[str]:
+        return list(self.record.get("cameras") or [])
+
+    @property
+    def frames(self) -> list[int]:
+        return list(self.record.get("frames") or [])
+
+    @property
+    def fps(self) -> float | None:
+        return self.record.get("fps")
+
+    @property
+    def sources(self) -> list[str]:
+        return list(self.record.get("sources") or [])
+
+    @property
+    def bucket(self) -> Any:
+        """The clip's size/frame bucket record, where the cache has buckets; None otherwise."""
+        return self.record.get("bucket")
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The extra keys of the clip's index line (caption, tags, ...), untouched; {} when it had none."""
+        return dict(self.record.get("metadata") or {})
+
+    @property
+    def mean(self) -> torch.Tensor | None:
+        return self.tensors.get("mean")
+
+    @property
+    def logvar(self) -> torch.Tensor | None:
+        return self.tensors.get("logvar")
+
+
+def _record_shapes(record: dict[str, Any]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """A clip's latent shape key: (stored key, shape) per tensor, from its record (never a global shape)."""
+    return tuple((key, tuple(entry.get("shape") or ())) for key, entry in sorted((record.get("tensors") or {}).items()))
+
+
+class LatentCache:
+    """A finished cache opened for reading: `len`, `cache[i]` / `cache["clip id"]` -> LatentItem, iteration
+    in clip-id order.
+
+    Opening reads manifest.json (refusing unknown versions, and OUT without one: an incomplete cache) and the
+    clip table's columns (Arrow, columnar: a million clips cost a few hundred MB at most). Shards open lazily,
+    memory-mapped by safetensors (no pickle); the first open of each shard in a process checks it (`verify`)."""
+
+    def __init__(self, out: str | Path, verify: str = "size") -> None:
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
+        self.out = Path(out)
+        self.verify = verify
+        self._reader = CacheReader(self.out)
+        self.manifest = self._reader.manifest
+        self._rows = self._load_rows()
+        self._ids: list[str] | None = None
+        self._handles: dict[str, Any] = {}
+        self._checked: set[str] = set()
+        self._shards = self._reader.shard_files()
+
+    def _load_rows(self) -> Any:
+        import pyarrow as pa
+
+        from vaecache.format.table import ClipTableError, rows_table, schema_of
+
+        path = self._reader.clips_path
+        if not path.is_file():
+            raise IncompleteCacheError(f"{path}: missing (the cache is incomplete)")
+        recorded = self.manifest.get("clips") or {}
+        if self.verify == "sha256" and recorded.get("sha256"):
+            from vaecache.format.io import sha256_file
+
+            if sha256_file(path) != recorded["sha256"]:
+                raise ShardChecksumError(f"{path}: sha256 differs from the one manifest.json records")
+        if self._reader.version == 1:
+            rows = rows_table(CLIP_TABLE, self._reader.clip_records())
+        else:
+            import pyarrow.parquet as pq
+
+            try:
+                rows = pq.read_table(path, columns=CLIP_TABLE.schema.names)
+            except (pa.ArrowException, OSError) as exc:
+                raise ClipTableError(f"{path}: does not read ({str(exc).splitlines()[0] if str(exc) else exc})") from None
+            rows = rows.replace_schema_metadata(schema_of(CLIP_TABLE).metadata)
+        if "count" in recorded and rows.num_rows != recorded["count"]:
+            raise IncompleteCacheError(f"{path}: {rows.num_rows} clips, manifest.json records {recorded['count']}")
+        return rows
+
+    # -- pickling: a DataLoader worker (spawn) reopens the cache; no handle or table crosses processes --
+    def __getstate__(self) -> dict[str, Any]:
+        return {"out": self.out, "verify": self.verify}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["out"], state["verify"])  # type: ignore[misc]
+
+    def __len__(self) -> int:
+        return self._rows.num_rows
+
+    def __iter__(self) -> Iterator[LatentItem]:
+        for position in range(len(self)):
+            yield self[position]
+
+    def ids(self) -> list[str]:
+        """Clip ids in table order (sorted)."""
+        if self._ids is None:
+            self._ids = self._rows.column("id").to_pylist()
+        return self._ids
+
+    def position(self, clip_id: str) -> int:
+        """The position of a clip id (the table is sorted by id: a binary search)."""
+        import bisect
+
+        ids = self.ids()
+        position = bisect.bisect_left(ids, clip_id)
+        if position == len(ids) or ids[position] != clip_id:
+            raise KeyError(f"{self.out}: no clip {clip_id!r}")
+        return position
+
+    def record(self, key: int | str) -> dict[str, Any]:
+        """A clip's record (no tensor is read)."""
+        position = self.position(key) if isinstance(key, str) else self._index(key)
+        return CLIP_TABLE.to_record(self._rows.slice(position, 1).to_pylist()[0])
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        """Every clip record in table order, batch by batch."""
+        for batch in self._rows.to_batches(max_chunksize=4096):
+            for row in batch.to_pylist():
+                yield CLIP_TABLE.to_record(row)
+
+    def _index(self, position: int) -> int:
+        if not isinstance(position, int) or isinstance(position, bool):
+            raise TypeError(f"index a LatentCache by position (int) or clip id (str), not {type(position).__name__}")
+        if position < 0:
+            position += len(self)
+        if not 0 <= position < len(self):
+            raise IndexError(f"clip position {position} out of range ({len(self)} clips)")
+        return position
+
+    def shapes(self) -> list[tuple[tuple[str, tuple[int, ...]], ...]]:
+        """Per clip (table order), its latent shape key: ((stored key, shape), ...), from the records' tensor
+        columns alone. Caches with size buckets hold several shapes; batches must not mix them."""
+        keys = self._rows.column("tensor_keys").to_pylist()
+        shapes = self._rows.column("tensor_shapes").to_pylist()
+        return [tuple(sorted((k, tuple(s or ())) for k, s in zip(key or [], shape or []))) for key, shape in zip(keys, shapes)]
+
+    def __getitem__(self, key: int | str) -> LatentItem:
+        record = self.record(key)
+        return LatentItem(record["id"], self.tensors_of(record), record)
+
+    def tensors_of(self, record: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """A clip's stored tensors, read from its (lazily opened, checked once) shard."""
+        handle = self._open(record["shard"])
+        try:
+            return {key: handle.get_tensor(entry["name"]) for key, entry in record["tensors"].items()}
+        except (SafetensorError, OSError, KeyError) as exc:
+            raise ShardHeaderError(f"{self.out / SHARDS_DIR / record['shard']}: cannot read clip {record['id']} ({exc})") from None
+
+    def _open(self, shard: str) -> Any:
+        handle = self._handles.pop(shard, None)
+        if handle is None:
+            path = self.out / SHARDS_DIR / shard
+            if shard not in self._checked:
+                self._check(shard, path)
+                self._checked.add(shard)
+            try:
+                handle = safe_open(str(path), "pt")
+            except (SafetensorError, OSError) as exc:
+                raise ShardHeaderError(f"{path}: safetensors header does not parse ({exc})") from None
+            while len(self._handles) >= MAX_OPEN_SHARDS:
+                self._handles.pop(next(iter(self._handles)))
+        self._handles[shard] = handle  # most recently used last
+        return handle
+
+    def _check(self, shard: str, path: Path) -> None:
+        entry = self._shards.get(f"{SHARDS_DIR}/{shard}")
+        if entry is None:
+            raise ShardChecksumError(f"{path}: not listed in manifest.json")
+        if self.verify == "none":
+            return
+        try:
+            size = path.stat().st_size
+        except OSError as exc:
+            raise ShardChecksumError(f"{path}: unreadable ({exc.strerror or exc})") from None
+        if size != entry["bytes"]:
+            raise ShardChecksumError(f"{path}: {size} bytes, manifest.json records {entry['bytes']}")
+        if self.verify == "sha256":
+            from vaecache.format.io import sha256_file
+
+            found = sha256_file(path)
+            if found != entry.get("sha256"):
+                raise ShardChecksumError(f"{path}: sha256 {found[:16]}..., manifest.json records "
+                                         f"{str(entry.get('sha256'))[:16]}...")
+
+    def close(self) -> None:
+        self._handles.clear()
+
+    # -- latent space ------------------------------------------------------------------------------------
+    @property
+    def normalization(self) -> dict[str, Any]:
+        """The VAE's latent normalization as recorded at encode time (manifest `vae.normalization`)."""
+        return dict((self.manifest.get("vae") or {}).get("normalization") or {})
+
+    def _constants(self, z: torch.Tensor) -> tuple[Any, Any, float]:
+        """(shift, divisor, scale) such that normalize(z) = (z - shift) * scale / divisor, broadcast over the
+        channel axis (dim -4 of (..., C, F, H, W))."""
+        norm = self.normalization
+        where = self.out / "manifest.json"
+        formula = norm.get("formula")
+        if not formula:
+            raise NormalizationError(f"{where}: records no latent normalization for its VAE (vae.normalization)")
+
+        def channels(name: str) -> torch.Tensor:
+            if name not in norm:
+                raise NormalizationError(f"{where}: normalization {formula!r} needs {name}, which is not recorded")
+            values = torch.tensor(norm[name], dtype=torch.float32)
+            if z.dim() < 4 or values.numel() != z.shape[-4]:
+                raise ValueError(f"{name} has {values.numel()} channels; z {tuple(z.shape)} has "
+                                 f"{z.shape[-4] if z.dim() >= 4 else '?'} at dim -4")
+            return values.view(-1, 1, 1, 1).to(z.device)
+
+        scale = float(norm.get("scaling_factor", 1.0))
+        if "latents_mean" in formula:
+            return channels("latents_mean"), channels("latents_std"), scale
+        if "shift_factor" in formula:
+            return float(norm["shift_factor"]), 1.0, scale
+        if "scaling_factor" in formula:
+            if "scaling_factor" not in norm:
+                raise NormalizationError(f"{where}: normalization {formula!r} needs scaling_factor, which is not recorded")
+            return 0.0, 1.0, scale
+        raise NormalizationError(f"{where}: unknown normalization formula {formula!r}")
+
+    def normalize(self, z: torch.Tensor) -> torch.Tensor:
+        """Latents as the diffusion model sees them, by the recorded formula (e.g. Wan: (z - mean) / std per
+        channel; HunyuanVideo: z * scaling_factor). Computed in float32, returned in z's dtype."""
+        shift, divisor, scale = self._constants(z)
+        return ((z.float() - shift) * scale / divisor).to(z.dtype)
+
+    def denormalize(self, z: torch.Tensor) -> torch.Tensor:
+        """The inverse of normalize: what the VAE's decoder takes."""
+        shift, divisor, scale = self._constants(z)
+        return (z.float() * divisor / scale + shift).to(z.dtype)
+
+    @staticmethod
+    def sample(item: LatentItem | dict[str, torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
+        """A draw from the posterior: mean + exp(0.5 * logvar) * eps (float32 arithmetic, mean's dtype).
+        A cache stored with --store sample returns its stored sample; --store mean returns the mean."""
+        tensors = item.tensors if isinstance(item, LatentItem) else item
+        if "mean" not in tensors:
+            if "sample" in tensors:
+                return tensors["sample"]
+            raise KeyError("the item holds neither mean nor sample")
+        mean = tensors["mean"]
+        if "logvar" not in tensors:
+            return mean
+        eps = torch.randn(mean.shape, generator=generator, dtype=torch.float32, device=mean.device)
+        return (mean.float() + torch.exp(0.5 * tensors["logvar"].float()) * eps).to(mean.dtype)
+
+
+def collate_latents(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """A DataLoader collate_fn for LatentDataset items: tensors stacked (one shape per batch, which
+    ShapeBatchSampler guarantees), everything else (ids, records) kept as lists."""
+    batch: dict[str, Any] = {}
+    for key in items[0]:
+        values = [item[key] for item in items]
+        batch[key] = torch.stack(values) if isinstance(values[0], torch.Tensor) else values
+    return batch
+
+
+class LatentDataset(torch.utils.data.Dataset):
+    """A map-style Dataset over a finished cache: `ds[i]` -> {"id", "record", and each stored tensor by key}.
+
+    Safe in DataLoader workers: it holds only (out, verify, keys) and opens the cache lazily in each process
+    (a forked worker that inherits an open cache reopens it), so nothing unpicklable crosses processes."""
+
+    def __init__(self, out: str | Path, verify: str = "size", keys: Sequence[str] | None = None) -> None:
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
+        self.out, self.verify = Path(out), verify
+        self.keys = tuple(keys) if keys is not None else None
+        self._cache: LatentCache | None = None
+        self._pid = 0
+        self._length = len(self.cache)
+
+    @property
+    def cache(self) -> LatentCache:
+        import os
+
+        if self._cache is None or self._pid != os.getpid():
+            self._cache, self._pid = LatentCache(self.out, self.verify), os.getpid()
+        return self._cache
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"out": self.out, "verify": self.verify, "keys": self.keys, "_cache": None, "_pid": 0,
+                "_length": self._length}
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        item = self.cache[int(index)]
+        tensors = item.tensors if self.keys is None else {key: item.tensors[key] for key in self.keys}
+        return {"id": item.id, **tensors, "record": item.record}
+
+    def batch_sampler(self, batch_size: int, *, seed: int = 0, shuffle: bool = True, drop_last: bool = False,
+                      rank: int | None = None, world_size: int | None = None) -> ShapeBatchSampler:
+        """A ShapeBatchSampler over this dataset's clips (rank/world from torch.distributed when initialized)."""
+        return ShapeBatchSampler(self.cache.shapes(), batch_size, seed=seed, shuffle=shuffle, drop_last=drop_last,
+                                 rank=rank, world_size=world_size)
+
+
+class ShapeBatchSampler(torch.utils.data.Sampler):
+    """Batches of positions that share one latent shape, shuffled by (seed, epoch), split across DDP ranks.
+
+    Per epoch: the positions of each shape are shuffled and cut into batches (a shape's last, short batch is
+    kept unless drop_last); the batches of every shape are shuffled together; the list is padded by repeating
+    its first batches to a multiple of world_size, and rank r takes batches r, r + world, ... So every rank
+    yields the same number of batches (len(sampler)), which DDP needs, and the union over ranks covers every
+    clip. Call set_epoch(e) before each epoch for a new order."""
+
+    def __init__(self, shapes: Sequence[Any], batch_size: int, *, seed: int = 0, shuffle: bool = True,
+                 drop_last: bool = False, rank: int | None = None, world_size: int | None = None) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if rank is None or world_size is None:
+            dist = torch.distributed
+            ready = dist.is_available() and dist.is_initialized()
+            rank = (dist.get_rank() if ready else 0) if rank is None else rank
+            world_size = (dist.get_world_size() if ready else 1) if world_size is None else world_size
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in a world of {world_size}")
+        groups: dict[Any, list[int]] = {}
+        for position, shape in enumerate(shapes):
+            groups.setdefault(shape, []).append(position)
+        self.groups = [groups[key] for key in sorted(groups, key=repr)]
+        self.batch_size, self.seed, self.shuffle, self.drop_last = batch_size, seed, shuffle, drop_last
+        self.rank, self.world_size = rank, world_size
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _all_batches(self) -> list[list[int]]:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        batches: list[list[int]] = []
+        for group in self.groups:
+            order = [group[i] for i in torch.randperm(len(group), generator=generator).tolist()] if self.shuffle else group
+            for start in range(0, len(order), self.batch_size):
+                batch = order[start:start + self.batch_size]
+                if len(batch) == self.batch_size or not self.drop_last:
+                    batches.append(batch)
+        if self.shuffle:
+            batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+        if batches and len(batches) % self.world_size:
+            pad = self.world_size - len(batches) % self.world_size
+            batches += [batches[i % len(batches)] for i in range(pad)]
+        return batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        yield from self._all_batches()[self.rank::self.world_size]
+
+    def __len__(self) -> int:
+        total = sum((len(g) // self.batch_size) if self.drop_last else -(-len(g) // self.batch_size) for g in self.groups)
+        return -(-total // self.world_size)

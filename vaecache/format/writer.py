@@ -10,6 +10,7 @@ progress log counts; anything else in shards/ is debris from a crash and is disc
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -156,6 +157,9 @@ class ShardWriter:
             "encode": encode_record(clip.cameras, view_settings),
             **(geometry_record(clip, self.fit) if self.fit is not None and getattr(clip, "bucket", None) is not None else {}),
         }
+        metadata = getattr(clip, "metadata", None)  # the index line's own keys, passed through uninterpreted
+        if metadata is not None:
+            record["metadata"] = json.loads(metadata)
         # one shard per latent shape: the bucket where there is one, else the shapes themselves
         key = clip.bucket if getattr(clip, "bucket", None) is not None else None
         shard = self._open.setdefault(key, _OpenShard())

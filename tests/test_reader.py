@@ -1,0 +1,179 @@
+"""The training-side reader: LatentCache, LatentDataset in DataLoader workers, ShapeBatchSampler, metadata
+passthrough from the index, and the README's training loop (run from the file the README quotes)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import re
+import runpy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors import safe_open
+
+from vaecache import LatentCache, LatentDataset, ShapeBatchSampler, collate_latents
+from vaecache.errors import ManifestError
+from vaecache.format import reader as reader_module
+from vaecache.format.reader import IncompleteCacheError, NormalizationError, ShardChecksumError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def stored(out: Path, record: dict) -> dict[str, torch.Tensor]:
+    """A clip's tensors read straight from its shard by safetensors."""
+    with safe_open(str(out / "shards" / record["shard"]), "pt") as handle:
+        return {key: handle.get_tensor(entry["name"]) for key, entry in record["tensors"].items()}
+
+
+def test_import_vaecache_stays_light() -> None:
+    code = "import sys, vaecache; assert 'torch' not in sys.modules; vaecache.LatentCache; assert 'torch' in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_cache_len_index_by_position_and_id_and_iterate(caption_cache: Path, index_metadata) -> None:
+    cache = LatentCache(caption_cache)
+    assert len(cache) == 3
+    assert cache.ids() == ["scene_000/000000-000008", "scene_001/000000-000008", "scene_002/000000-000008"]
+    item = cache["scene_001/000000-000008"]
+    assert item.id == cache[1].id == cache[-2].id == "scene_001/000000-000008"
+    assert (item.scene, item.cameras, item.frames, item.fps) == ("scene_001", ["cam_0", "cam_1"], list(range(9)), 10.0)
+    assert [Path(s).name for s in item.sources] == ["cam_0.mp4", "cam_1.mp4"] and item.bucket is None
+    assert item.metadata == index_metadata("scene_001")
+    assert sorted(item.tensors) == ["logvar", "mean"] and item.mean.shape == (2, 16, 3, 8, 8)
+    for key, tensor in stored(caption_cache, item.record).items():
+        assert torch.equal(item[key], tensor)
+    assert [it.id for it in cache] == cache.ids()
+    with pytest.raises(KeyError, match="no clip 'nope'"):
+        cache["nope"]
+    with pytest.raises(IndexError):
+        cache[3]
+
+
+def test_metadata_round_trips_through_the_clip_table(caption_cache: Path, index_metadata) -> None:
+    """Index keys other than id/path/cameras/frames/probe come back from the reader and from clips.parquet's
+    JSON column; the known keys do not leak into metadata."""
+    table = pq.read_table(caption_cache / "clips.parquet", columns=["id", "scene", "extra"]).to_pylist()
+    for row in table:
+        extra = json.loads(row["extra"])
+        assert extra["metadata"] == index_metadata(row["scene"])
+        assert not {"id", "cameras", "path", "frames", "probe"} & set(extra["metadata"])
+    assert [item.metadata["caption"] for item in LatentCache(caption_cache)] == \
+        ["a red cube ☃", "two cameras, one road", "night\nline two"]
+
+
+def test_dataset_in_two_dataloader_workers_equals_the_shard_bytes(caption_cache: Path) -> None:
+    dataset = LatentDataset(caption_cache, verify="sha256")
+    sampler = dataset.batch_sampler(batch_size=1, shuffle=False)
+    # This process ran encodes: a PyAV decoder left as cyclic garbage would hang a forked worker's collector
+    # (see pipeline._encode). A trainer that decodes no video has none; collect here, and fail, never hang.
+    gc.collect()
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=2, collate_fn=collate_latents,
+                                         timeout=120)
+    seen = []
+    for batch in loader:
+        (record,) = batch["record"]
+        seen.append(batch["id"][0])
+        for key, tensor in stored(caption_cache, record).items():
+            assert batch[key].dtype == tensor.dtype and torch.equal(batch[key][0], tensor), (record["id"], key)
+    assert seen == LatentCache(caption_cache).ids()
+
+
+def test_tampered_shard_raises_on_first_open_with_sha256(cache_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shard = next((cache_copy / "shards").iterdir())
+    data = bytearray(shard.read_bytes())
+    data[-5] ^= 0xFF  # same size: only the hash tells
+    shard.write_bytes(bytes(data))
+    assert LatentCache(cache_copy, verify="size")[0].mean is not None  # the size check cannot see it
+    cache = LatentCache(cache_copy, verify="sha256")  # opening reads no shard
+    with pytest.raises(ShardChecksumError, match=rf"{re.escape(shard.name)}: sha256 .* manifest.json records"):
+        cache[0]
+
+
+def test_sha256_is_checked_once_per_shard(good_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import vaecache.format.io as io_module
+
+    calls = []
+    real = io_module.sha256_file
+    monkeypatch.setattr(io_module, "sha256_file", lambda path, *a: calls.append(Path(path).name) or real(path, *a))
+    cache = LatentCache(good_cache, verify="sha256")
+    [cache[i] for i in range(len(cache))] + [cache[0]]
+    assert calls.count("clips.parquet") == 1 and len([c for c in calls if c.endswith(".safetensors")]) == 1
+
+
+def test_refuses_unknown_versions_and_incomplete_caches(cache_copy: Path) -> None:
+    manifest = json.loads((cache_copy / "manifest.json").read_text())
+    (cache_copy / "clips.parquet").rename(cache_copy / "clips.moved")
+    with pytest.raises(IncompleteCacheError, match=r"clips.parquet: missing"):
+        LatentCache(cache_copy)
+    (cache_copy / "clips.moved").rename(cache_copy / "clips.parquet")
+    (cache_copy / "manifest.json").write_text(json.dumps({**manifest, "format_version": 99}))
+    with pytest.raises(ManifestError, match=r"manifest.json: format version 99 is not supported"):
+        LatentCache(cache_copy)
+    (cache_copy / "manifest.json").unlink()
+    with pytest.raises(ManifestError, match=r"manifest.json: no manifest"):
+        LatentCache(cache_copy)
+    with pytest.raises(ValueError, match="verify must be one of"):
+        LatentCache(cache_copy, verify="md5")
+
+
+def test_normalize_follows_the_recorded_constants(cache_copy: Path) -> None:
+    cache = LatentCache(cache_copy)
+    norm = cache.manifest["vae"]["normalization"]
+    assert norm["formula"] == "(z - latents_mean) / latents_std"  # Wan, from the diffusers config
+    z = cache[0].mean
+    mean = torch.tensor(norm["latents_mean"]).view(-1, 1, 1, 1)
+    std = torch.tensor(norm["latents_std"]).view(-1, 1, 1, 1)
+    assert torch.allclose(cache.normalize(z), (z - mean) / std)
+    assert torch.allclose(cache.denormalize(cache.normalize(z)), z, atol=1e-6)
+    batch = torch.stack([z, z])  # (B, cameras, C, F, H, W): the channel axis is -4 whatever leads it
+    assert torch.allclose(cache.normalize(batch)[1], (z - mean) / std)
+    manifest = json.loads((cache_copy / "manifest.json").read_text())
+    del manifest["vae"]["normalization"]["latents_std"]
+    (cache_copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(NormalizationError, match="manifest.json: normalization .* needs latents_std"):
+        LatentCache(cache_copy).normalize(z)
+
+
+def test_sample_draws_from_the_posterior(good_cache: Path) -> None:
+    cache = LatentCache(good_cache)
+    item = cache[0]
+    drawn = cache.sample(item, torch.Generator().manual_seed(7))
+    eps = torch.randn(item.mean.shape, generator=torch.Generator().manual_seed(7))
+    assert torch.allclose(drawn, item.mean + torch.exp(0.5 * item.logvar) * eps)
+    assert not torch.equal(drawn, cache.sample(item, torch.Generator().manual_seed(8)))
+
+
+def test_batch_sampler_keeps_one_shape_per_batch_and_splits_ranks_evenly() -> None:
+    shapes = [("a",)] * 7 + [("b",)] * 4 + [("c",)]
+    def batches(rank: int, world: int, epoch: int = 0, seed: int = 0) -> list[list[int]]:
+        sampler = ShapeBatchSampler(shapes, 3, seed=seed, rank=rank, world_size=world)
+        sampler.set_epoch(epoch)
+        assert len(list(sampler)) == len(sampler)
+        return list(sampler)
+    for batch in batches(0, 1):
+        assert len({shapes[i] for i in batch}) == 1 and len(batch) <= 3
+    assert sorted(i for b in batches(0, 1) for i in b) == list(range(12))
+    per_rank = [batches(rank, 3) for rank in range(3)]
+    assert len({len(b) for b in per_rank}) == 1  # every DDP rank takes the same number of steps
+    assert {i for b in per_rank for batch in b for i in batch} == set(range(12))
+    assert batches(0, 1) == batches(0, 1) and batches(0, 1) != batches(0, 1, epoch=1)
+    assert batches(0, 1, seed=1) != batches(0, 1)
+
+
+def test_readme_training_example_is_the_file_and_runs(caption_cache: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    example = ROOT / "examples" / "train_latents.py"
+    readme = (ROOT / "README.md").read_text()
+    assert f"```python\n{example.read_text()}```" in readme, "README's training example differs from examples/train_latents.py"
+    monkeypatch.setattr(sys, "argv", [str(example), str(caption_cache)])
+    gc.collect()  # the example forks two DataLoader workers (see the test above)
+    runpy.run_path(str(example), run_name="__main__")
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["epoch 0", "epoch 1"]
+    assert "2 batches" in lines[0] and "nan" not in lines[1]

@@ -1,0 +1,49 @@
+"""`vaecache export`: a finished cache into musubi-tuner's latent cache or WebDataset tars (streaming, atomic)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from vaecache.cli._common import console, human_bytes, report_errors
+from vaecache.errors import UsageError
+
+FORMATS = ("musubi", "webdataset")
+VERIFY = ("size", "sha256", "none")
+
+
+@report_errors
+def export(
+    out: Path = typer.Argument(..., help="A folder written by vaecache encode."),
+    format: str = typer.Option(..., "--format", help="musubi (musubi-tuner's latent cache) | webdataset (tar shards)."),
+    dest: Path = typer.Option(..., "--out", help="Folder to create (must not exist); written beside it as "
+                              ".NAME.tmp-PID and renamed when complete."),
+    arch: Optional[str] = typer.Option(None, "--arch", help="musubi: architecture short name (wan, hv, fp, hv15, k5, "
+                                       "qi); default from the VAE family (Wan: wan, HunyuanVideo: hv)."),
+    samples_per_tar: int = typer.Option(1000, "--samples-per-tar", help="webdataset: clips per tar shard."),
+    verify: str = typer.Option("size", "--verify", help="Check each shard when first read: size | sha256 | none."),
+) -> None:
+    """Export a cache to the layout a trainer reads: musubi-tuner or WebDataset (Megatron-Energon)."""
+    if format not in FORMATS:
+        raise UsageError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
+    if verify not in VERIFY:
+        raise UsageError(f"--verify must be one of {', '.join(VERIFY)}, got {verify!r}")
+    if arch is not None and format != "musubi":
+        raise UsageError("--arch applies to --format musubi only")
+    if samples_per_tar < 1:
+        raise UsageError(f"--samples-per-tar must be >= 1, got {samples_per_tar}")
+    if not out.is_dir():
+        raise UsageError(f"{out}: no such folder")
+    from vaecache.export import export_musubi, export_webdataset
+
+    if format == "musubi":
+        summary = export_musubi(out, dest, arch=arch, verify=verify)
+    else:
+        summary = export_webdataset(out, dest, verify=verify, samples_per_tar=samples_per_tar)
+    renamed = f", {summary.renamed} names mapped to safe ones (see index.jsonl)" if summary.renamed else ""
+    console.print(escape(f"exported {summary.clips} clips as {summary.format} to {summary.out}: {summary.files} "
+                         f"{'files' if format == 'musubi' else 'tar shards'}, {human_bytes(summary.bytes)}{renamed}"),
+                  soft_wrap=True)

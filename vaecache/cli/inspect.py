@@ -1,0 +1,67 @@
+"""`vaecache inspect`: what a cache holds (or one clip), without a full verify; --json for programs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.markup import escape
+
+from vaecache.cli._common import check_json_target, console, human_bytes, report_errors, write_json
+from vaecache.errors import UsageError
+
+
+def _summary_lines(info: dict[str, Any]) -> list[str]:
+    vae, counts, failures = info["vae"], info.get("counts") or {}, info["failures"]
+    settings = info.get("settings") or {}
+    lines = [
+        f"cache {info['out']} (format {info['format_version']}, created {info.get('created_at')})",
+        f"VAE {vae.get('spec')} ({vae.get('family')}{', untrained' if vae.get('untrained') else ''}), "
+        f"weights {str(vae.get('weights_sha256'))[:12]}, normalization {(vae.get('normalization') or {}).get('formula')}",
+        f"settings: {settings.get('num_frames')} frames, {settings.get('height')}x{settings.get('width')}, "
+        f"store {settings.get('store')}, dtype {settings.get('dtype')}",
+        f"{counts.get('clips')} clips, {counts.get('views')} views, {counts.get('shards')} shards, "
+        f"{human_bytes(info['bytes']['shards'])} of shards",
+    ]
+    for shape in info["shapes"]:
+        lines.append(f"  {shape['clips']} clips of shape {json.dumps(shape['shape'])}")
+    if info.get("buckets"):
+        lines.append(f"buckets: {json.dumps(info['buckets'])}")
+    lines.append(f"{failures['count']} failures" + "".join(f"\n  {n} {reason}" for reason, n in failures["by_reason"].items()))
+    return lines
+
+
+def _clip_lines(info: dict[str, Any]) -> list[str]:
+    record = info["record"]
+    lines = [f"clip {info['clip']}: scene {record.get('scene')}, cameras {record.get('cameras')}, "
+             f"frames {record.get('frames', [None])[0]}..{record.get('frames', [None])[-1]} @ {record.get('fps')} fps, "
+             f"shard {record.get('shard')}"]
+    if record.get("metadata"):
+        lines.append(f"metadata: {json.dumps(record['metadata'], ensure_ascii=False)}")
+    for key, entry in info["tensors"].items():
+        stats = entry["stats"]
+        lines.append(f"  {key} {entry['shape']} {entry['dtype']}: min {stats['min']:.4g} max {stats['max']:.4g} "
+                     f"mean {stats['mean']:.4g} std {stats['std']:.4g}")
+    return lines
+
+
+@report_errors
+def inspect(
+    out: Path = typer.Argument(..., help="A folder written by vaecache encode."),
+    clip: Optional[str] = typer.Option(None, "--clip", help="Show this clip (id, e.g. scene_000/000000-000008): its "
+                                       "record and min/max/mean/std computed from its tensors (reads one shard)."),
+    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the result as JSON to this file ('-': stdout)."),
+) -> None:
+    """What a cache holds, without a full verify: VAE, settings, latent shapes, counts, bytes, failures."""
+    if not out.is_dir():
+        raise UsageError(f"{out}: no such folder")
+    check_json_target(json_file)
+    from vaecache.inspection import inspect_cache, inspect_clip
+
+    info = inspect_clip(out, clip) if clip is not None else inspect_cache(out)
+    for line in (_clip_lines(info) if clip is not None else _summary_lines(info)):
+        console.print(escape(line), soft_wrap=True)
+    if json_file is not None:
+        write_json(json_file, info)

@@ -1,0 +1,82 @@
+"""`vaecache inspect`: what a cache holds, from manifest.json and a few clip-table columns (no shard is read),
+and for one clip its record and statistics computed from its tensors (one shard read)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vaecache.format.index import reason_counts
+from vaecache.format.reader import CacheReader, LatentCache
+from vaecache.format.table import CLIP_TABLE, _open as _open_table
+from vaecache.format.writer import tensor_stats
+
+
+def latent_shapes(reader: CacheReader) -> list[dict[str, Any]]:
+    """Distinct per-clip latent shapes ({stored key: shape}) with their clip counts, most clips first; read
+    from the clip table's tensor columns alone (a cache with size buckets holds several)."""
+    counts: dict[tuple[tuple[str, tuple[int, ...]], ...], int] = {}
+
+    def add(keys: list[str] | None, shapes: list[list[int]] | None) -> None:
+        key = tuple(sorted((k, tuple(s or ())) for k, s in zip(keys or [], shapes or [])))
+        counts[key] = counts.get(key, 0) + 1
+
+    if reader.version == 1:
+        for record in reader.clip_records():
+            tensors = record.get("tensors") or {}
+            add(list(tensors), [entry.get("shape") for entry in tensors.values()])
+    else:
+        table = _open_table(reader.clips_path, CLIP_TABLE)
+        for batch in table.iter_batches(batch_size=65536, columns=["tensor_keys", "tensor_shapes"]):
+            for keys, shapes in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
+                add(keys, shapes)
+    return [{"shape": {k: list(s) for k, s in key}, "clips": n}
+            for key, n in sorted(counts.items(), key=lambda item: (-item[1], repr(item[0])))]
+
+
+def inspect_cache(out: Path) -> dict[str, Any]:
+    """The cache at a glance: VAE, settings, latent shapes and buckets, counts, bytes, failures by reason."""
+    reader = CacheReader(out)
+    manifest = reader.manifest
+    vae = manifest.get("vae") or {}
+    failures = reader.failure_records()
+    shards = manifest.get("shards") or []
+    tables = {name: path.stat().st_size for name, path in (("clips", reader.clips_path), ("failures", reader.failures_path))
+              if path.is_file()}
+    return {
+        "out": str(out),
+        "format_version": reader.version,
+        "created_at": manifest.get("created_at"),
+        "producer": manifest.get("producer"),
+        "vae": {"family": vae.get("family"), "spec": vae.get("spec"), "weights_sha256": vae.get("weights_sha256"),
+                "untrained": vae.get("untrained"), "precision": vae.get("precision"),
+                "normalization": vae.get("normalization"), "fingerprint_sha256": manifest.get("fingerprint_sha256")},
+        "frame_rule": manifest.get("frame_rule"),
+        "settings": manifest.get("settings"),
+        "latent": manifest.get("latent"),
+        "buckets": manifest.get("buckets"),
+        "shapes": latent_shapes(reader),
+        "counts": manifest.get("counts"),
+        "bytes": {"shards": sum(int(s.get("bytes", 0)) for s in shards), **{f"{k}_table": v for k, v in tables.items()}},
+        "failures": {"count": len(failures), "by_reason": reason_counts(failures)},
+    }
+
+
+def inspect_clip(out: Path, clip_id: str) -> dict[str, Any]:
+    """One clip: its record, and per stored tensor its shape, dtype and min/max/mean/std computed from the
+    tensor (beside the stats recorded at encode time)."""
+    cache = LatentCache(out, verify="size")
+    try:
+        item = cache[clip_id]
+    except KeyError:
+        from vaecache.errors import UsageError
+
+        raise UsageError(f"{out}: no clip {clip_id!r} (clip ids look like {cache.ids()[0]!r})") from None
+    tensors = {key: {"shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch."),
+                     "stats": tensor_stats(tensor),
+                     "recorded_stats": (item.record["tensors"][key] or {}).get("stats")}
+               for key, tensor in item.tensors.items()}
+    return {"out": str(out), "clip": clip_id, "record": item.record, "tensors": tensors}
+
+
+__all__ = ["inspect_cache", "inspect_clip", "latent_shapes"]
