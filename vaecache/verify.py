@@ -256,7 +256,8 @@ def _iter_v1_records(path: Path, check: Check) -> Iterator[dict[str, Any]]:
 class _ShardChecks:
     """Per-shard checks fed by the record stream: a shard's records are gathered until the manifest's clip
     count for it is reached (the records of one shard are neighbours in id order: a writer commits a run of
-    its block), then the shard is checked in the pool and its records dropped. At most 2x pool-size checks
+    its block; in a bucketed cache each bucket's shard takes every clip of that bucket in the block, so several
+    shards gather at once, one per bucket), then the shard is checked in the pool and its records dropped. At most 2x pool-size checks
     wait at once, so memory holds the records of the shards being gathered or checked, not of the cache."""
 
     def __init__(self, out: Path, mine: dict[str, dict[str, Any]], pool: ThreadPoolExecutor, limit: int, quick: bool,
