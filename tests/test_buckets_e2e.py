@@ -4,6 +4,7 @@ frame buckets (issue 15). Each video's latents must equal a one-size run of that
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -186,3 +187,29 @@ def test_all_lengths_resume_after_a_crash(bucket_videos: Path, bucket_cache: Pat
     cache_io.same_tensors({name: found[name] for name in longest}, longest)
     verified = run_cli(["verify", out, "--dataset", bucket_videos])
     assert verified.exit_code == 0, verified.output
+
+
+def test_reader_sampler_inspect_and_export_understand_buckets(bucket_cache: Path, tmp_path: Path) -> None:
+    """What a trainer touches, over a cache of several latent shapes: every item's tensors have its bucket's
+    shape, a batch never mixes shapes, inspect lists each shape, and the musubi export names each file with
+    its bucket's pixel size."""
+    from vaecache import LatentCache
+    from vaecache.export import export_musubi
+    from vaecache.format.reader import ShapeBatchSampler
+    from vaecache.inspection import inspect_cache
+
+    cache = LatentCache(bucket_cache, verify="sha256")
+    manifest = json.loads((bucket_cache / "manifest.json").read_text())
+    shape_of = {b["name"]: b["shape"] for b in manifest["buckets"] if b["clips"]}
+    assert len(shape_of) >= 2
+    for item in cache:
+        assert list(item["mean"].shape) == shape_of[item.bucket["name"]]["mean"]
+    shapes = cache.shapes()
+    batches = list(ShapeBatchSampler(shapes, batch_size=2, seed=0, rank=0, world_size=1))
+    assert sorted(p for batch in batches for p in batch) == list(range(len(cache)))
+    assert all(len({shapes[p] for p in batch}) == 1 for batch in batches)
+    report = inspect_cache(bucket_cache)
+    assert len(report["shapes"]) == len(shape_of) and report["buckets"] == manifest["buckets"]
+    export_musubi(bucket_cache, tmp_path / "musubi")
+    sizes = {re.search(r"_(\d{4})x(\d{4})_", p.name).groups() for p in (tmp_path / "musubi").rglob("*.safetensors")}
+    assert sizes == {(f"{b['width']:04d}", f"{b['height']:04d}") for b in manifest["buckets"] if b["clips"]}
