@@ -11,7 +11,7 @@ of uneven length averaging --rank-clips-per-scene clips (10 x 1M scenes = 10M cl
 extrapolated linearly to 10M clips.
 
 Section `overhead`: a real encode with the near-zero-cost VAE (`_null_vae:factory`) of --overhead-scenes
-one-clip scenes (5 frames of 32x32) on one rank, with --workers 0 and 2, once with every scene naming the
+one-clip scenes (5 frames of 32x32) on one rank, with --workers 0 and 2 (--overhead-workers), once with every scene naming the
 same video and once with a hard link per scene (a file opened per clip): the encode loop's time per clip
 (the summary's `encode_s`, start-up and finalize excluded). Target: <= 5 ms per clip.
 
@@ -68,6 +68,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--plan-json", action="store_true", help="time `vaecache plan --json FILE` (the report "
                    "lists every clip id and scene; indented JSON is written by Python's pure-Python encoder)")
     p.add_argument("--overhead-scenes", type=int, default=2000, help="overhead: one-clip scenes encoded")
+    p.add_argument("--overhead-workers", default="0,2", help="overhead: the --workers values to run, comma-separated")
     p.add_argument("--clips", type=int, default=100_000, help="finalize: committed clips to synthesize")
     p.add_argument("--writers", type=int, default=16, help="finalize: writer ranks (one progress log each)")
     p.add_argument("--cameras", type=int, default=6)
@@ -220,7 +221,7 @@ def bench_overhead(args: argparse.Namespace, root: Path, video: Path) -> dict[st
     env = bl.child_env(threads=1, pythonpath=[bl.SCRIPTS])
     rows = {}
     for layout, index in indexes.items():
-        for workers in (0, 2):
+        for workers in [int(w) for w in args.overhead_workers.split(",")]:
             out = root / f"overhead-out-{len(rows)}"
             bl.progress(f"overhead: {args.overhead_scenes} clips, {layout}, --workers {workers}")
             timed = bl.run_timed([sys.executable, "-m", "vaecache", "encode", str(index), "--out", str(out),

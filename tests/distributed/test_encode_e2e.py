@@ -56,10 +56,9 @@ def reference(data, tmp_path_factory, cache_io, single) -> dict[str, torch.Tenso
 
 @pytest.mark.parametrize("nproc, extra", [
     (2, ["--workers", "1"]),
-    (4, ["--sp-size", "2", "--batch-size", "3", "--workers", "0"]),
-    (4, ["--sp-size", "4", "--batch-size", "2", "--workers", "0"]),
+    (4, ["--sp-size", "2", "--batch-size", "3", "--workers", "0"]),  # 9 views over 2 ranks: padding
     (3, ["--sp-size", "3", "--workers", "1"]),
-], ids=["dp2", "dp2xsp2-b3", "sp4-b2", "sp3"])
+], ids=["dp2", "dp2xsp2-b3", "sp3"])
 def test_torchrun_output_equals_single_process(cache_io, nproc, extra, data, reference, tmp_path, torchrun, verify_ok):
     out = tmp_path / "out"
     result = torchrun(nproc, data, out, *extra)
