@@ -15,19 +15,30 @@ one-clip scenes (5 frames of 32x32) on one rank, with --workers 0 and 2 (--overh
 same video and once with a hard link per scene (a file opened per clip): the encode loop's time per clip
 (the summary's `encode_s`, start-up and finalize excluded). Target: <= 5 ms per clip.
 
-Section `finalize`: synthesizes N committed clip records in per-rank progress logs, as an encode leaves them
-(realistic records: several cameras, mean and logvar with stats, sources with their identity, the encode
-field; tiny or no shards, since finalize reads only the logs), including a resumed attempt that appended a
-second block to every log. Then, each in a fresh child process so that peak RSS is that step's alone:
+Section `finalize`: synthesizes N committed clip records in per-rank progress logs and row logs, as an
+encode leaves them (realistic records: several cameras, mean and logvar with stats, sources with their
+identity, the encode field; tiny or no shards, since finalize reads only the logs), including a resumed
+attempt that appended a second block to every progress log (and wrote its own row log). Then, each in a
+fresh child process so that peak RSS is that step's alone:
 
-* finalize: `vaecache.format.index.finalize` (streaming k-way merge -> clips.parquet, manifest last);
+* finalize: `vaecache.format.index.finalize` (shard records and ids from the progress logs, clip-table rows
+  from the row logs, streaming k-way merge -> clips.parquet, manifest last);
+* finalize_lines: the same with the row logs removed, as for a cache written before row logs (every clip
+  record parsed from its progress line);
 * load: `pyarrow.parquet.read_table(clips.parquet, columns=[id, shard, tensor_names, tensor_shapes])`;
 * verify pass: verify's streaming pass over the clip records (sha256 of the table, order, every record
   against the manifest), with the per-shard checks left out (no shard files exist).
 
     python scripts/bench_scale.py --sections plan,rank_planning --scenes 1000000   # targets: 30 s, 1 GB for 10M
     python scripts/bench_scale.py --sections finalize --clips 1000000   # targets: finalize <= 60 s, <= 1 GB RSS
+    python scripts/bench_scale.py --sections resume --clips 1000000     # target: resume scan <= 10 s
     python scripts/bench_scale.py --sections overhead                   # target: <= 5 ms per clip
+
+Section `resume`: rank 0's start of a resumed encode with --clips committed clips (the same synthetic
+records, --clips-per-scene 17-frame windows per scene of a probed index, a real 1-byte file per shard):
+planning, then the resume scan (repair_progress: torn tails cut, every shard's size and sha256 checked, each
+progress line's shard record and clip ids read without parsing its clip records, the committed clips marked
+in the plan's DoneMask), then --rank's share of the --world ranks from that mask. Target: scan <= 10 s at 1M.
 
 Prints a table on stderr and JSON on stdout; the machine is named from /proc/cpuinfo and `platform`.
 """
@@ -35,6 +46,7 @@ Prints a table on stderr and JSON on stdout; the machine is named from /proc/cpu
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -51,13 +63,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _benchlib as bl  # noqa: E402
 
-SECTIONS = ("plan", "rank_planning", "finalize", "overhead")
+SECTIONS = ("plan", "rank_planning", "finalize", "resume", "overhead")
 FINALIZE_TARGET_S, FINALIZE_TARGET_RSS_MB = 60.0, 1024.0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sections", default="plan,rank_planning,finalize,overhead",
+    p.add_argument("--sections", default="plan,rank_planning,finalize,resume,overhead",
                    help=f"comma-separated, of {', '.join(SECTIONS)}")
     p.add_argument("--scenes", type=int, default=100_000, help="plan sections: scenes in the synthetic index")
     p.add_argument("--plan-clips-per-scene", type=int, default=1)
@@ -242,9 +254,9 @@ def bench_overhead(args: argparse.Namespace, root: Path, video: Path) -> dict[st
 # --------------------------------------------------------------------------- synthetic progress logs
 
 
-def clip_record(index: int, args: argparse.Namespace) -> dict[str, Any]:
-    """A committed clip record shaped as the shard writer completes it."""
-    scene = f"fleet/2024-05-01/drive_{index // args.clips_per_scene:07d}"
+def clip_record(index: int, args: argparse.Namespace, scene: str | None = None) -> dict[str, Any]:
+    """A committed clip record shaped as the shard writer completes it (17-frame windows, back to back)."""
+    scene = scene or f"fleet/2024-05-01/drive_{index // args.clips_per_scene:07d}"
     first = (index % args.clips_per_scene) * 17
     clip_id = f"{scene}/{first:06d}-{first + 16:06d}"
     cameras = [f"cam_{c}" for c in range(args.cameras)]
@@ -266,10 +278,16 @@ def _blocks(count: int, parts: int) -> list[range]:
     return [range(p * count // parts, (p + 1) * count // parts) for p in range(parts)]
 
 
-def write_progress_logs(out: Path, args: argparse.Namespace) -> dict[str, Any]:
+def write_progress_logs(out: Path, args: argparse.Namespace, resume_scenes: bool = False) -> dict[str, Any]:
     """Attempt 0: each rank commits the first part of its contiguous block; attempt 1 splits what is left
-    over the ranks again and appends to the same logs (so every log holds two ascending runs)."""
-    from vaecache.format.layout import progress_path
+    over the ranks again and appends to the same logs (so every log holds two ascending runs). With
+    `resume_scenes`, scenes are named as in the resume section's index and every shard file exists."""
+    from vaecache.format.index import progress_line
+    from vaecache.format.layout import progress_path, rows_name
+    from vaecache.format.table import RowLog
+
+    shard_bytes = b"x"
+    shard_sha = hashlib.sha256(shard_bytes).hexdigest()
 
     (out / "progress").mkdir(parents=True)
     (out / "shards").mkdir()
@@ -283,17 +301,99 @@ def write_progress_logs(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     for rank in range(ranks):
         with open(progress_path(out, rank), "w", encoding="utf-8") as handle:
             for attempt, indices in ((0, list(first_attempt[rank])), (1, second_attempt[rank])):
+                rows = RowLog(out / "progress" / rows_name(rank, attempt))
                 for seq, start in enumerate(range(0, len(indices), args.clips_per_shard)):
                     name = f"a{attempt:03d}-r{rank:05d}-{seq:06d}.safetensors"
-                    clips = [clip_record(i, args) for i in indices[start:start + args.clips_per_shard]]
+                    clips = [clip_record(i, args, resume_scene(i, args) if resume_scenes else None)
+                             for i in indices[start:start + args.clips_per_shard]]
                     for clip in clips:
                         clip["shard"] = name
-                    shard = {"file": f"shards/{name}", "bytes": 1, "sha256": "0" * 64, "clips": len(clips),
+                    shard = {"file": f"shards/{name}", "bytes": 1, "sha256": shard_sha, "clips": len(clips),
                              "tensors": 2 * len(clips)}
-                    handle.write(json.dumps({"shard": shard, "clips": clips}, sort_keys=True,
-                                            separators=(",", ":")) + "\n")
-    logs = sum(p.stat().st_size for p in (out / "progress").iterdir())
-    return {"progress_logs_mb": round(logs / 1e6, 1)}
+                    if resume_scenes:
+                        (out / "shards" / name).write_bytes(shard_bytes)
+                    line = progress_line(shard, clips)
+                    rows.append(json.loads(line)["clips"])  # as the shard writer does
+                    handle.write(line + "\n")
+                rows.close()
+    logs = sum(p.stat().st_size for p in (out / "progress").glob("rank-*.jsonl"))
+    rows = sum(p.stat().st_size for p in (out / "progress").glob("rows-*"))
+    return {"progress_logs_mb": round(logs / 1e6, 1), "row_logs_mb": round(rows / 1e6, 1)}
+
+
+RESUME_FRAMES = 17
+"""The resume section plans 17-frame windows back to back, as clip_record's ids are."""
+
+
+def resume_scene(index: int, args: argparse.Namespace) -> str:
+    return f"scene_{index // args.clips_per_scene:08d}"
+
+
+def write_resume_index(path: Path, video: Path, args: argparse.Namespace) -> int:
+    """An index of the scenes the synthetic progress logs name and a tenth more (work left to do), each giving
+    --clips-per-scene windows."""
+    from vaecache.sources import probe_file
+
+    probe = probe_file(str(video)).to_json()
+    scenes = -(-args.clips * 11 // (10 * args.clips_per_scene))
+    with open(path, "w", encoding="utf-8") as handle:
+        for i in range(scenes):
+            fields = {**probe, "frames": args.clips_per_scene * RESUME_FRAMES, "mtime_ns": probe["mtime_ns"] + i}
+            handle.write(json.dumps({"id": f"scene_{i:08d}", "path": video.name, "probe": fields},
+                                    separators=(",", ":")) + "\n")
+    return scenes * args.clips_per_scene
+
+
+RESUME_SCRIPT = HWM + textwrap.dedent("""
+    import dataclasses, json, sys, time
+    from pathlib import Path
+    from vaecache.config import SamplingConfig
+    from vaecache.format.index import repair_progress
+    from vaecache.planning import DoneMaskBuilder, plan_job
+    from vaecache.sources import discover
+    index, out, world, rank = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    started = time.perf_counter()
+    job = plan_job(discover(index).scenes, {}, SamplingConfig(num_frames=%d), world, 1, 4)
+    planned = time.perf_counter()
+    plan_rss = hwm_mb()
+    marks = DoneMaskBuilder(job.clips)
+    kept, discarded, damaged = repair_progress(out, marks.add)
+    mask = marks.mask()
+    scanned = time.perf_counter()
+    scan_rss = hwm_mb()
+    job = dataclasses.replace(job, done=mask)
+    work = job.rank_work(rank)
+    done = time.perf_counter()
+    print(json.dumps({"plan_s": planned - started, "scan_s": scanned - planned, "rank_work_s": done - scanned,
+                      "committed": kept, "marked": mask.count, "damaged": len(damaged), "discarded": discarded,
+                      "planned": len(job.clips), "rank_clips": len(work.clips), "mask_bytes": len(mask.bits),
+                      "plan_rss_mb": plan_rss, "scan_rss_mb": scan_rss, "peak_rss_mb": hwm_mb()}))
+""" % RESUME_FRAMES)
+
+
+def bench_resume(args: argparse.Namespace, root: Path, video: Path) -> dict[str, Any]:
+    """Rank 0's resume with --clips committed: plan, repair the logs (shard sizes and sha256 checked: the
+    shards are 1-byte files, so hashing costs per file, not per byte) and mark the plan; then rank --rank's
+    share of what is left."""
+    out = root / "resume-out"
+    index = root / "resume.jsonl"
+    planned = write_resume_index(index, video, args)
+    bl.progress(f"resume: writing {args.clips} committed clip records and their shard files")
+    made = write_progress_logs(out, args, resume_scenes=True)
+    env = bl.child_env(threads=1, pythonpath=[bl.SCRIPTS])
+    timed = bl.run_timed([sys.executable, "-c", RESUME_SCRIPT, index, out, str(args.world), str(args.rank)], env=env)
+    bl.check(timed, "resume")
+    measured = json.loads(timed.stdout)
+    if measured["marked"] != args.clips or measured["damaged"] or measured["planned"] != planned:
+        raise SystemExit(f"resume marked {measured['marked']} of {args.clips} committed clips "
+                         f"({measured['damaged']} damaged shards, {measured['planned']} planned)")
+    shards = sum(1 for _ in (out / "shards").iterdir())
+    return {**made, "clips": args.clips, "shards": shards, "planned": planned, "world_size": args.world,
+            "rank": args.rank, "rank_clips": measured["rank_clips"], "mask_bytes": measured["mask_bytes"],
+            "plan_s": round(measured["plan_s"], 2), "scan_s": round(measured["scan_s"], 2),
+            "rank_work_s": round(measured["rank_work_s"], 2), "plan_rss_mb": round(measured["plan_rss_mb"], 0),
+            "peak_rss_mb": round(measured["peak_rss_mb"], 0), "target_scan_s_at_1M": 10.0,
+            "scan_s_per_1M_clips": round(measured["scan_s"] * 1e6 / args.clips, 1)}
 
 
 # --------------------------------------------------------------------------- steps, each in a child process
@@ -350,6 +450,12 @@ def bench_finalize(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     made = write_progress_logs(out, args)
     bl.progress(f"finalize: logs written in {time.perf_counter() - start:.1f} s; timing finalize")
     steps = {step: run_child(step, out, args.workers) for step in ("finalize", "load", "verify_pass")}
+    table = (out / "clips.parquet").read_bytes()
+    for path in (out / "progress").glob("rows-*"):
+        path.unlink()
+    steps["finalize_lines"] = run_child("finalize", out, args.workers)
+    if (out / "clips.parquet").read_bytes() != table:
+        raise SystemExit("finalize from progress lines wrote another clip table than finalize from row logs")
     for step, found in steps.items():
         if found["clips"] != args.clips:
             raise SystemExit(f"{step} saw {found['clips']} clips, {args.clips} were committed")
@@ -360,7 +466,9 @@ def bench_finalize(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "finalize_peak_rss_mb": round(steps["finalize"]["peak_rss_mb"], 0),
         "finalize_rss_after_imports_mb": round(steps["finalize"]["import_rss_mb"], 0),
         "finalize_workers": args.workers,
-        "finalize_largest_worker_rss_mb": round(steps["finalize"]["largest_worker_rss_mb"], 0),
+        "finalize_from_lines_s": round(steps["finalize_lines"]["seconds"], 2),
+        "finalize_from_lines_peak_rss_mb": round(steps["finalize_lines"]["peak_rss_mb"], 0),
+        "finalize_largest_worker_rss_mb": round(steps["finalize_lines"]["largest_worker_rss_mb"], 0),
         "load_columns_s": round(steps["load"]["seconds"], 3),
         "load_peak_rss_mb": round(steps["load"]["peak_rss_mb"], 0),
         "verify_record_pass_s": round(steps["verify_pass"]["seconds"], 2),
@@ -387,11 +495,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "config": {k: getattr(args, k) for k in ("clips", "writers", "cameras", "clips_per_scene", "clips_per_shard",
                                                      "resumed", "workers")},
         }
-        if {"plan", "rank_planning", "overhead"} & set(sections):
+        if {"plan", "rank_planning", "overhead", "resume"} & set(sections):
             video = tmp / "v.mp4"
             write_video(video)
             for name, bench in (("plan", bench_plan), ("rank_planning", bench_rank_planning),
-                                ("overhead", bench_overhead)):
+                                ("resume", bench_resume), ("overhead", bench_overhead)):
                 if name in sections:
                     result[name] = bench(args, tmp, video)
         if "finalize" in sections:
@@ -412,10 +520,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rows.append([f"encode loop, null VAE, {label}: {run['ms_per_clip']} ms/clip", run["encode_s"], "-"])
     if "finalize" in result:
         f = result["finalize"]
-        rows += [["finalize (k-way merge -> clips.parquet)", f["finalize_s"],
-                 f"{f['finalize_peak_rss_mb']:.0f} (+ {f['finalize_largest_worker_rss_mb']:.0f} per scan worker)"],
+        rows += [["finalize (row logs, k-way merge -> clips.parquet)", f["finalize_s"], f["finalize_peak_rss_mb"]],
+                 ["finalize from progress lines (cache written before row logs)", f["finalize_from_lines_s"],
+                  f"{f['finalize_from_lines_peak_rss_mb']:.0f} (+ scan workers)"],
                 ["load id, shard, tensor names, shapes (pyarrow)", f["load_columns_s"], f["load_peak_rss_mb"]],
                 ["verify's streaming record pass", f["verify_record_pass_s"], f["verify_record_pass_peak_rss_mb"]]]
+    if "resume" in result:
+        r = result["resume"]
+        rows += [[f"resume: plan {r['planned']} clips (rank 0)", r["plan_s"], r["plan_rss_mb"]],
+                 [f"resume scan: repair logs, check {r['shards']} shards, mark {r['clips']} committed clips",
+                  r["scan_s"], r["peak_rss_mb"]],
+                 [f"rank {r['rank']}/{r['world_size']}'s share from the {r['mask_bytes']}-byte mask", r["rank_work_s"], "-"]]
     machine = result["machine"]
     human = bl.table(f"bench_scale on {machine['cpu_model']} ({machine['cores_usable']} cores usable, load "
                      f"{machine.get('load_avg_at_start')})", ["step", "seconds", "peak RSS MB"], rows)

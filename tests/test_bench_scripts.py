@@ -80,7 +80,7 @@ def test_bench_sp_prints_documented_keys(tmp_path):
 
 def test_bench_scale_prints_documented_keys(capsys, tmp_path):
     result = load_script("bench_scale").main([
-        "--sections", "plan,rank_planning,finalize,overhead", "--scenes", "40", "--world", "4", "--rank", "1",
+        "--sections", "plan,rank_planning,finalize,resume,overhead", "--scenes", "40", "--world", "4", "--rank", "1",
         "--overhead-scenes", "6", "--overhead-workers", "0", "--clips", "300", "--writers", "2", "--cameras", "2", "--clips-per-shard", "8",
         "--tmp", str(tmp_path)])
     printed = printed_json(capsys)
@@ -94,6 +94,9 @@ def test_bench_scale_prints_documented_keys(capsys, tmp_path):
     finalize = printed["finalize"]
     for key in ("finalize_s", "finalize_peak_rss_mb", "load_columns_s", "verify_record_pass_s", "clips_parquet_mb"):
         assert isinstance(finalize[key], (int, float)), key
+    resume = printed["resume"]
+    assert resume["clips"] == 300 and resume["planned"] == 330 and 0 < resume["rank_clips"] <= 30
+    assert resume["mask_bytes"] == 42 and isinstance(resume["scan_s"], float)
     runs = printed["overhead"]["runs"]
     assert len(runs) == 2 and all(run["clips"] == 6 and run["ms_per_clip"] > 0 for run in runs.values())
     assert printed["config"]["clips"] == 300 and printed["machine"]["cpu_model"]

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from vaecache.config import SamplingConfig
 from vaecache.sources import Scene, SceneProbe
 from vaecache.errors import UsageError
 from vaecache.planning import (
+    DoneMask,
+    DoneMaskBuilder,
     Clip, JobPlan, assign, assign_contiguous, batch_views, batched, clip_id_for, plan_clips, plan_job, plan_windows,
 )
 
@@ -195,3 +199,27 @@ def test_planned_clips_index_and_slice_like_a_list() -> None:
     assert planned[::2] == every[::2]
     with pytest.raises(IndexError):
         planned[len(every)]
+
+
+def test_a_done_mask_plans_every_rank_like_the_committed_ids() -> None:
+    """Resume hands every rank a bit per planned clip (DoneMask), not the ids: same shares either way."""
+    scenes, probes = _uneven_job_inputs()
+    sampling = SamplingConfig(num_frames=3, window_stride=2)
+    every, _ = plan_clips(scenes, probes, sampling)
+    committed = [c.clip_id for c in every[::4]]
+    strangers = ["gone/000000-000002", "s01/000001-000003", "s01/000000-000099", "s01/0-2", "no-window"]
+    job = plan_job(scenes, probes, sampling, 4, 1, 2)
+    builder = DoneMaskBuilder(job.clips)
+    builder.add(committed + strangers)
+    mask = builder.mask()
+    assert builder.committed == len(committed) + len(strangers)
+    assert (mask.size, mask.count, len(mask.bits)) == (len(every), len(committed), (len(every) + 7) // 8)
+    by_ids = plan_job(scenes, probes, sampling, 4, 1, 2, frozenset(committed))
+    by_mask = dataclasses.replace(job, done=mask)
+    assert list(by_mask.todo) == [c for c in every if c.clip_id not in set(committed)]
+    for rank in range(4):
+        assert by_mask.rank_work(rank) == by_ids.rank_work(rank)
+    with pytest.raises(ValueError, match="DoneMask"):
+        DoneMask(b"\0", 9, 0)
+    with pytest.raises(ValueError, match="a DoneMask of 3 clips for a plan of"):
+        job.clips.with_done(DoneMask(b"\x01", 3, 1))

@@ -34,7 +34,7 @@ from vaecache.format.provenance import source_identities
 from vaecache.format.reader import CacheReader
 from vaecache.format.writer import ShardWriter, failure_record
 from vaecache.parallel import SPPlan, gather_views, plan_sp
-from vaecache.planning import Clip, JobPlan, assign, batch_views, plan_job
+from vaecache.planning import Clip, DoneMask, DoneMaskBuilder, JobPlan, assign, batch_views, plan_job
 from vaecache.stop import StopRequest, ignore_stop_signals
 from vaecache.vae import LoadedVae, load_vae
 
@@ -331,21 +331,30 @@ def _check_spatial(cfg: EncodeConfig, vae: LoadedVae) -> None:
         plan_bands(height, vae.rule.spatial_factor, cfg.sp_size)
 
 
+def _marking_done(job: JobPlan, prepare: Callable[[Callable[[list[str]], None]], PreparedOut]
+                  ) -> tuple[PreparedOut, DoneMask]:
+    """Rank 0: prepare OUT, marking the committed clips it keeps in the plan. Every rank gets the mask (a bit per
+    planned clip), never the ids: a resume over ten million committed clips sends ~1.25 MB."""
+    marks = DoneMaskBuilder(job.clips)
+    prepared = prepare(marks.add)
+    return prepared, marks.mask()
+
+
 def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopRequest,
                 on_progress: Advance | None, progress: ProgressFactory | None, started: float) -> EncodeSummary:
     rank, world = ctx.info.rank, ctx.info.world_size
     mesh, vae, threads = ctx.mesh, start.vae, start.threads
     fingerprint = run_fingerprint(cfg, vae)
     sources = source_identities(start.sources, cfg.hash_sources) if rank == 0 else None  # what OUT is made from
-    prepared: PreparedOut = ctx.on_rank0(lambda: prepare_out(cfg.out, fingerprint, cfg.overwrite, ctx.info.job_id,
-                                                             sources))
-    job = dataclasses.replace(start.job, done_clip_ids=frozenset(prepared.done_clip_ids))
+    prepared, done = ctx.on_rank0(lambda: _marking_done(start.job, lambda mark: prepare_out(
+        cfg.out, fingerprint, cfg.overwrite, ctx.info.job_id, sources, mark)))
+    job = dataclasses.replace(start.job, done=done)
     _write_probe_cache(cfg.out, rank, list(start.probe_records))
     handler = setup_logging(cfg.out, rank, world)
     try:
         log.info("vaecache %s: world %d = DP %d x SP %d, device %s (%d torch threads), attempt %d, "
                  "%d clips already committed", vaecache.__version__, world, mesh.dp_size, mesh.sp_size, ctx.device,
-                 threads, prepared.attempt, len(prepared.done_clip_ids))
+                 threads, prepared.attempt, prepared.committed_clips)
         label = "encode" if mesh.dp_size == 1 else f"encode (rank 0's share of {mesh.dp_size} DP groups)"
         with _phase(progress, label, "clips") as advance:
             def report(done: int, total: int) -> None:
@@ -392,12 +401,14 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
     todo = job.todo
     if prepared.complete and not todo:
         return EncodeSummary(cfg.out, world_size=ctx.info.world_size, sp_size=mesh.sp_size,
-                             untrained_vae=vae.untrained, resumed_clips=len(prepared.done_clip_ids),
+                             untrained_vae=vae.untrained, resumed_clips=prepared.committed_clips,
                              planned_clips=len(job.clips), scenes=num_scenes, already_complete=True)
     if prepared.complete:  # the dataset grew: the finished cache is about to change
-        prepared = ctx.on_rank0(lambda: begin_changes(cfg.out, prepared.attempt, sources=sources))
+        attempt = prepared.attempt
+        prepared, done = ctx.on_rank0(lambda: _marking_done(job, lambda mark: begin_changes(
+            cfg.out, attempt, sources=sources, on_committed=mark)))
         # begin_changes repairs the progress logs: a shard it dropped must be encoded again
-        job = dataclasses.replace(job, done_clip_ids=frozenset(prepared.done_clip_ids))
+        job = dataclasses.replace(job, done=done)
     work = job.rank_work(rank)
     failures = AppendLog(failures_path(cfg.out, rank))
     if rank == 0:
@@ -458,7 +469,7 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
     counters.bytes_written = writer.bytes_written if writer else 0
     counters.shards = len(writer.committed) if writer else 0
     summary = EncodeSummary(cfg.out, world_size=ctx.info.world_size, sp_size=mesh.sp_size,
-                            untrained_vae=vae.untrained, resumed_clips=len(prepared.done_clip_ids),
+                            untrained_vae=vae.untrained, resumed_clips=prepared.committed_clips,
                             planned_clips=len(job.clips), scenes=num_scenes,
                             startup_s=loop_started - started, encode_s=loop_s, buckets=planned_buckets(cfg, job))
     set_doing("waiting for the other ranks to finish their shares")

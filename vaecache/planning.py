@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, overload
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, overload
+
+import numpy as np
 
 from vaecache.buckets import Bucket, displayed_size, nearest_size
 from vaecache.config import SamplingConfig
@@ -126,20 +129,59 @@ def plan_scene_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sam
                         size_index=size_index), skipped
 
 
+@dataclass(frozen=True)
+class DoneMask:
+    """Which clips of a plan an earlier attempt committed: one bit per clip of the whole plan (committed ones
+    included), in plan order. Ten million clips cost 1.25 MB, so rank 0 can tell every rank at once."""
+
+    bits: bytes
+    """numpy.packbits(..., bitorder="little") of one flag per planned clip."""
+    size: int
+    """Clips in the plan the mask was made for (its bit count)."""
+    count: int
+    """Flags set: committed clips that are in this plan."""
+
+    def __post_init__(self) -> None:
+        if self.size < 0 or not 0 <= self.count <= self.size or len(self.bits) != (self.size + 7) // 8:
+            raise ValueError(f"DoneMask of {self.size} clips with {len(self.bits)} bytes and {self.count} set")
+
+    def flags(self) -> np.ndarray:
+        """One bool per planned clip."""
+        return np.unpackbits(np.frombuffer(self.bits, np.uint8), count=self.size, bitorder="little").view(bool)
+
+
+class DoneMaskBuilder:
+    """Rank 0 on resume: marks committed clip ids in a plan as they are read from the progress logs."""
+
+    def __init__(self, plan: PlannedClips) -> None:
+        self._locate, self._flags = plan.locator(), np.zeros(plan.planned, bool)
+        self.committed = 0
+        """Every id given, in the plan or not (a clip of a scene that left the dataset stays in the cache)."""
+
+    def add(self, clip_ids: Iterable[str]) -> None:
+        for clip_id in clip_ids:
+            self.committed += 1
+            position = self._locate(clip_id)
+            if position is not None:
+                self._flags[position] = True
+
+    def mask(self) -> DoneMask:
+        return DoneMask(np.packbits(self._flags, bitorder="little").tobytes(), len(self._flags),
+                        int(np.count_nonzero(self._flags)))
+
+
 class PlannedClips(Sequence[Clip]):
     """The clips of a plan, in plan order, held as one clip count per scene.
 
     Indexing and slicing build only the clips asked for, found through prefix sums of the counts: a DP
     group's contiguous block of ten million clips costs the memory of its own clips (and a few bytes per
-    scene), never the whole list. `without(done)` is the same sequence less the clips already committed."""
+    scene), never the whole list. `with_done(mask)` is the same sequence less the clips already committed
+    (one bit per planned clip); `without(ids)` the same from clip ids."""
 
     def __init__(self, scenes: tuple[tuple[Any, ...], ...], counts: array, sampling: SamplingConfig,
-                 done: frozenset[str] = frozenset(), skips: dict[int, frozenset[tuple[int, int]]] | None = None,
                  sizes: tuple[tuple[int, int], ...] | None = None, stops: array | None = None,
-                 size_index: array | None = None) -> None:
-        self._scenes, self._sampling, self._done = scenes, sampling, done
-        self._skips = skips or {}
-        """Scene position -> (frame bucket, window index) pairs left out (committed clips)."""
+                 size_index: array | None = None, done: DoneMask | None = None) -> None:
+        self._scenes, self._sampling = scenes, sampling
         self._window_counts = counts
         self._sizes = sizes
         if (stops is None or size_index is None) and (sizes or len(sampling.lengths) > 1):
@@ -149,48 +191,88 @@ class PlannedClips(Sequence[Clip]):
         self._size_index = size_index if size_index is not None else array("H")
         """Per scene, its size bucket (index into sizes)."""
         self._buckets = ([[Bucket(h, w, n) for n in sampling.lengths] for h, w in sizes] if sizes else None)
-        ends = array("q")
-        total = 0
-        for position, count in enumerate(counts):
-            total += count - len(self._skips.get(position, ()))
-            ends.append(total)
-        self._ends = ends
-        """Running total of clips up to and including each scene."""
+        self._planned_ends = array("q", itertools.accumulate(counts))
+        """Running total of planned clips (committed ones included) up to and including each scene."""
+        self._done = done
+        self._done_flags: np.ndarray | None = None
+        if done is None or not done.count:
+            self._ends = self._planned_ends
+        else:
+            if done.size != self.planned:
+                raise ValueError(f"a DoneMask of {done.size} clips for a plan of {self.planned}")
+            flags = self._done_flags = done.flags()
+            ends = np.frombuffer(self._planned_ends, np.int64)
+            committed = np.concatenate(([0], np.cumsum(flags, dtype=np.int64)))[ends]
+            self._ends = array("q", (ends - committed).tobytes())
+        """Running total of clips still to encode up to and including each scene."""
 
-    def without(self, done: frozenset[str]) -> PlannedClips:
+    @property
+    def planned(self) -> int:
+        """Clips in the plan, committed ones included."""
+        return self._planned_ends[-1] if self._planned_ends else 0
+
+    def with_done(self, done: DoneMask | None) -> PlannedClips:
+        """The plan's clips less those `done` flags (a mask made for this plan, see DoneMaskBuilder)."""
+        return PlannedClips(self._scenes, self._window_counts, self._sampling, self._sizes, self._stops,
+                            self._size_index, done)
+
+    def without(self, done: Iterable[str]) -> PlannedClips:
         """These clips less those whose id is in `done` (ids of clips not in the plan are ignored)."""
-        if not done:
-            return self
+        builder = DoneMaskBuilder(self)
+        builder.add(done)
+        return self.with_done(builder.mask())
+
+    def locator(self) -> Callable[[str], int | None]:
+        """A function giving the position of a clip id in the whole plan (committed clips included), None for
+        a clip not planned. It holds a scene id -> position table: drop it when done."""
         positions = {scene.scene_id: position for position, (scene, *_) in enumerate(self._scenes)}
         # the span (last - first + 1) tells the frame bucket: spans of distinct lengths differ
         by_span = {self._sampling.for_length(n).span: i for i, n in enumerate(self._sampling.lengths)}
-        skips: dict[int, set[tuple[int, int]]] = {}
-        for clip_id in done:
+        steps = [self._sampling.for_length(n).step for n in self._sampling.lengths]
+
+        last: list[Any] = [None, None]  # the scene of the previous id and its parts: ids come scene by scene
+
+        def scene_parts(scene_id: str) -> Any:
+            if last[0] != scene_id:
+                position = positions.get(scene_id)
+                parts = None
+                if position is not None:
+                    at = self._planned_ends[position] - self._window_counts[position]
+                    parts = {}
+                    for part, count in self._parts(position):
+                        parts[part] = (at, count)
+                        at += count
+                last[0], last[1] = scene_id, (self._scenes[position][1], parts) if parts is not None else None
+            return last[1]
+
+        def locate(clip_id: str) -> int | None:
             scene_id, _, frames = clip_id.rpartition("/")
-            position = positions.get(scene_id)
-            first, _, last = frames.partition("-")
-            if position is None or not (first.isdigit() and last.isdigit()):
-                continue
-            length = by_span.get(int(last) - int(first) + 1)
-            parts = dict(self._parts(position))
-            if length is None or length not in parts:
-                continue
-            start = self._scenes[position][1]
-            sampling = self._sampling.for_length(self._sampling.lengths[length])
-            index, offset = divmod(int(first) - start, sampling.step)
-            if offset or not 0 <= index < parts[length]:
-                continue
-            if clip_id_for(scene_id, window(start, index, sampling)) == clip_id:
-                skips.setdefault(position, set()).add((length, index))
-        return PlannedClips(self._scenes, self._window_counts, self._sampling, done,
-                            {position: frozenset(indices) for position, indices in skips.items()},
-                            self._sizes, self._stops, self._size_index)
+            found = scene_parts(scene_id)
+            first_text, _, last_text = frames.partition("-")
+            if found is None or not (first_text.isdigit() and last_text.isdigit()):
+                return None
+            first, final = int(first_text), int(last_text)
+            length = by_span.get(final - first + 1)
+            part = found[1].get(length)
+            if part is None:
+                return None
+            index, offset = divmod(first - found[0], steps[length])
+            if offset or not 0 <= index < part[1] or frames != f"{first:06d}-{final:06d}":
+                return None  # not a window of the plan, or not the id clip_id_for gives it
+            return part[0] + index
+
+        return locate
 
     def _parts(self, position: int) -> tuple[tuple[int, int], ...]:
         """(frame bucket index, window count) of the scene at `position` (recomputed: nothing stored per clip)."""
         if len(self._sampling.lengths) == 1:
             return ((0, self._window_counts[position]),)
         return scene_lengths(self._stops[position] - self._scenes[position][1], self._sampling)
+
+    def _committed(self, first: int, count: int) -> int:
+        """Committed clips among planned positions first..first+count-1."""
+        flags = self._done_flags
+        return 0 if flags is None else int(np.count_nonzero(flags[first:first + count]))
 
     def bucket_of(self, position: int, length_index: int) -> Bucket | None:
         """The bucket of the scene at `position` cut at frame bucket `length_index` (None: planned without sizes)."""
@@ -202,11 +284,12 @@ class PlannedClips(Sequence[Clip]):
         if self._buckets is None:
             return
         for position in range(len(self._scenes)):
-            skip = self._skips.get(position, ())
+            at = self._planned_ends[position] - self._window_counts[position]
             for length, count in self._parts(position):
-                count -= sum(1 for part in skip if part[0] == length)
-                if count > 0:
-                    yield self.bucket_of(position, length), position, count  # type: ignore[misc]
+                left = count - self._committed(at, count)
+                at += count
+                if left > 0:
+                    yield self.bucket_of(position, length), position, left  # type: ignore[misc]
 
     def bucket_counts(self) -> list[tuple[Bucket, int, int]]:
         """Per bucket (sizes x lengths, in that order; empty ones too): (bucket, clips, views)."""
@@ -232,18 +315,20 @@ class PlannedClips(Sequence[Clip]):
 
     def _scene_clips(self, position: int) -> list[Clip]:
         scene, start, fps, expect, displayed = self._scenes[position]
-        skip = self._skips.get(position, ())
+        flags = self._done_flags
+        at = self._planned_ends[position] - self._window_counts[position]
         clips = []
         for length, count in self._parts(position):
             sampling = self._sampling.for_length(self._sampling.lengths[length])
             bucket = self.bucket_of(position, length)
             for index in range(count):
-                if (length, index) in skip:
+                if flags is not None and flags[at + index]:
                     continue
                 frames = window(start, index, sampling)
                 clips.append(Clip(clip_id_for(scene.scene_id, frames), scene.scene_id, scene.cameras,
                                   scene.paths, frames, fps, expect, bucket,  # type: ignore[arg-type]  # no None path
                                   displayed if bucket is not None else (), scene.metadata))
+            at += count
         return clips
 
     def block(self, lo: int, hi: int) -> list[Clip]:
@@ -370,8 +455,9 @@ class JobPlan:
     world_size: int = 1
     sp_size: int = 1
     batch_size: int = 1
-    done_clip_ids: frozenset[str] = frozenset()
-    """Clips already committed by an earlier attempt: left out of every rank's share."""
+    done: DoneMask | frozenset[str] = frozenset()
+    """Clips already committed by an earlier attempt (a mask over the plan, or clip ids): left out of every
+    rank's share."""
 
     def __post_init__(self) -> None:
         make_mesh(0, self.world_size, self.sp_size)  # sp_size must divide world_size
@@ -385,9 +471,14 @@ class JobPlan:
     @functools.cached_property
     def todo(self) -> Sequence[Clip]:
         """The clips still to encode, in plan order (built block by block where the plan is a PlannedClips)."""
+        if isinstance(self.done, DoneMask):
+            if isinstance(self.clips, PlannedClips):
+                return self.clips.with_done(self.done)
+            flags = self.done.flags()
+            return [clip for position, clip in enumerate(self.clips) if not flags[position]]
         if isinstance(self.clips, PlannedClips):
-            return self.clips.without(self.done_clip_ids)
-        return [clip for clip in self.clips if clip.clip_id not in self.done_clip_ids]
+            return self.clips.without(self.done)
+        return [clip for clip in self.clips if clip.clip_id not in self.done]
 
     def dp_clips(self, dp_rank: int) -> list[Clip]:
         """DP group `dp_rank`'s contiguous block of the clips still to encode."""
@@ -417,15 +508,16 @@ class JobPlan:
 
 
 def plan_job(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling: SamplingConfig, world_size: int = 1,
-             sp_size: int = 1, batch_size: int = 1, done_clip_ids: Sequence[str] | frozenset[str] = frozenset(),
+             sp_size: int = 1, batch_size: int = 1, done: DoneMask | Sequence[str] | frozenset[str] = frozenset(),
              sizes: Sequence[tuple[int, int]] | None = None) -> JobPlan:
     """Pure: the job plan for these scenes (probed), sampling, size buckets and cluster shape. Its clips are a
     PlannedClips: each rank builds only its own DP group's block."""
     clips, skipped = plan_scene_clips(scenes, probes, sampling, sizes)
-    return JobPlan(clips, tuple(skipped), world_size, sp_size, batch_size, frozenset(done_clip_ids))
+    return JobPlan(clips, tuple(skipped), world_size, sp_size, batch_size,
+                   done if isinstance(done, DoneMask) else frozenset(done))
 
 
-__all__ = ["Clip", "JobPlan", "PlannedClips", "RankWork", "Skipped", "ViewRef", "assign", "assign_contiguous",
+__all__ = ["Clip", "DoneMask", "DoneMaskBuilder", "JobPlan", "PlannedClips", "RankWork", "Skipped", "ViewRef", "assign", "assign_contiguous",
            "batch_views", "batched", "clip_id_for", "plan_clips", "plan_job", "plan_scene_clips", "plan_windows",
            "scene_lengths",
            "window", "window_count"]

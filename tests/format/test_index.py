@@ -10,7 +10,10 @@ from typing import Any
 import pytest
 
 from vaecache.errors import EmptyCacheError
-from vaecache.format.index import describe_failures, finalize, iter_progress, read_failures, repair_progress
+from vaecache.errors import ManifestError
+from vaecache.format.index import (
+    describe_failures, finalize, iter_progress, progress_line, read_failures, repair_progress, scan_committed,
+)
 from vaecache.format.io import AppendLog
 from vaecache.format.layout import failures_path, progress_path
 from vaecache.format.writer import failure_record
@@ -74,6 +77,111 @@ def test_repair_and_finalize_read_the_same_entries(tmp_path: Path) -> None:
     with open(progress_path(tmp_path, 0), "a") as handle:
         handle.write('{"shard": {"file": "shards/torn')
     assert [e.shard["file"] for e in iter_progress(tmp_path)] == ["shards/good.safetensors", "shards/short.safetensors"]
-    done, discarded, damaged = repair_progress(tmp_path)
-    assert done == {"g"} and discarded == 1 and damaged == {"shards/short.safetensors": "2 bytes, 5 recorded"}
+    seen: list[str] = []
+    kept, discarded, damaged = repair_progress(tmp_path, seen.extend)
+    assert kept == 1 and seen == ["g"] and discarded == 1
+    assert damaged == {"shards/short.safetensors": "2 bytes, 5 recorded"}
     assert [json.loads(line) for line in progress_path(tmp_path, 0).read_text().splitlines()] == [good]
+
+
+def test_a_resume_reads_shard_and_ids_first_and_older_lines_whole(tmp_path: Path) -> None:
+    """Lines lead with the shard record and clip ids (progress_line); lines of caches written before (keys
+    sorted, clip records first) still resume."""
+    shard = {"file": "shards/a.safetensors", "bytes": 3, "sha256": "x" * 64, "clips": 2, "tensors": 2}
+    clips = [{"id": "s/000000-000004", "tensors": {}, "scene": "s"}, {"id": "s/000005-000009", "scene": "s"}]
+    line = progress_line(shard, clips)
+    assert line.startswith('{"shard":') and json.loads(line) == {"shard": shard, "ids": [c["id"] for c in clips],
+                                                               "clips": clips}
+    log = progress_path(tmp_path, 0)
+    log.parent.mkdir(parents=True)
+    older = json.dumps({"shard": {**shard, "file": "shards/b.safetensors"}, "clips": [{"id": "t/000000-000004"}]},
+                       sort_keys=True)
+    log.write_text(line + "\n" + older + "\n")
+    found = list(scan_committed(log))
+    assert [(c.shard["file"], c.clips, ids) for c, ids in found] == [
+        ("shards/a.safetensors", 2, ["s/000000-000004", "s/000005-000009"]),
+        ("shards/b.safetensors", 1, ["t/000000-000004"])]
+    assert found[1][0].offset == len(line) + 1 and found[1][0].length == len(older) + 1
+    log.write_text(line + "\n" + '{"shard":{"file":"x"},"ids":["a"],"clips":[{"id": "a"}  \n')  # the rest is not read
+    assert [ids for _, ids in scan_committed(log)] == [[c["id"] for c in clips], ["a"]]
+    log.write_text('{"clips": 3}\n')
+    with pytest.raises(ManifestError, match="rank-00000.jsonl: progress entry without a shard record"):
+        list(scan_committed(log))
+
+
+def test_repair_leaves_intact_logs_as_they_are_and_cuts_a_torn_tail(tmp_path: Path) -> None:
+    """A resume rewrites a log only when one of its shards is damaged (kept lines byte for byte)."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    lines = []
+    for rank, name in enumerate(("a", "b", "c")):
+        (shards / f"{name}.safetensors").write_bytes(b"123")
+        shard = {"file": f"shards/{name}.safetensors", "bytes": 3}
+        lines.append(progress_line(shard, [{"id": f"{name}/000000-000004"}]))
+    first, second = progress_path(tmp_path, 0), progress_path(tmp_path, 1)
+    first.parent.mkdir()
+    first.write_text(lines[0] + "\n" + lines[1] + "\n")
+    second.write_text(lines[2] + "\n" + '{"shard":{"file":"shards/to')
+    (shards / "b.safetensors").write_bytes(b"12")  # damaged: a's log is rewritten without it
+    inode = second.stat().st_ino
+    seen: list[str] = []
+    kept, discarded, damaged = repair_progress(tmp_path, seen.extend)
+    assert (kept, discarded, list(damaged)) == (2, 1, ["shards/b.safetensors"])
+    assert seen == ["a/000000-000004", "c/000000-000004"]
+    assert first.read_text() == lines[0] + "\n"
+    assert second.read_text() == lines[2] + "\n" and second.stat().st_ino == inode  # cut, not rewritten
+
+
+def _clip(scene: str, first: int, shard: str) -> dict[str, Any]:
+    return {"id": f"{scene}/{first:06d}-{first + 4:06d}", "scene": scene, "shard": shard, "cameras": ["a", "b"],
+            "frames": list(range(first, first + 5)), "fps": 10.0,
+            "tensors": {key: {"name": f"{scene}/{first:06d}-{first + 4:06d}/{key}", "shape": [2, 4, 2, 2, 2],
+                              "dtype": "float32", "stats": {"min": -1.0, "max": 1.0, "mean": 0.0, "std": 0.5}}
+                        for key in ("mean", "logvar")},
+            "metadata": {"caption": f"clip {first}"}}
+
+
+def _commit(out: Path, rank: int, rows: Any, name: str, clips: list[dict[str, Any]], line: bool = True) -> None:
+    """What the shard writer does: rows of the records as the progress line gives them back, then the line."""
+    text = progress_line({"file": f"shards/{name}", "bytes": 1, "sha256": "0" * 64, "clips": len(clips),
+                          "tensors": len(clips)}, clips)
+    rows.append(json.loads(text)["clips"])
+    if line:
+        log = AppendLog(progress_path(out, rank))
+        log.append_line(text)
+        log.close()
+
+
+def test_finalize_merges_row_logs_to_the_table_the_progress_lines_give(tmp_path: Path) -> None:
+    """The clip table from the writers' row logs equals, byte for byte, the one parsed from the progress lines
+    (a cache written before row logs); rows of a shard without a progress line, a torn last batch and a
+    shard committed twice are not counted."""
+    from vaecache.format.table import CLIP_TABLE, RowLog, iter_table
+    from vaecache.format.layout import rows_name
+
+    (tmp_path / "progress").mkdir()
+    for rank in (0, 1):
+        rows = RowLog(tmp_path / "progress" / rows_name(rank, 0))
+        for seq in range(3):
+            scene = f"s{rank}"
+            _commit(tmp_path, rank, rows, f"a000-r{rank:05d}-{seq:06d}.safetensors",
+                    [_clip(scene, 5 * (2 * seq + i), f"a000-r{rank:05d}-{seq:06d}.safetensors") for i in range(2)])
+        _commit(tmp_path, rank, rows, f"a000-r{rank:05d}-000009.safetensors",
+                [_clip("lost", 0, f"a000-r{rank:05d}-000009.safetensors")], line=False)  # crashed before its line
+        rows.close()
+    torn = tmp_path / "progress" / rows_name(1, 0)
+    torn.write_bytes(torn.read_bytes()[:-40])  # no end-of-stream, last batch cut
+    from_rows = finalize(tmp_path, HEADER)
+    table_from_rows = (tmp_path / "clips.parquet").read_bytes()
+    assert from_rows["counts"]["clips"] == 12 and from_rows["counts"]["views"] == 24
+    assert from_rows["counts"]["frames"] == 120 and from_rows["latent"]["shape"] == {"logvar": [2, 4, 2, 2, 2],
+                                                                          "mean": [2, 4, 2, 2, 2]}
+    records = list(iter_table(tmp_path / "clips.parquet", CLIP_TABLE))
+    assert [r["id"] for r in records] == sorted(r["id"] for r in records) and "lost" not in {r["scene"] for r in records}
+    assert records[0]["metadata"] == {"caption": "clip 0"}
+    for path in (tmp_path / "progress").glob("rows-*"):
+        path.unlink()
+    from_lines = finalize(tmp_path, HEADER)
+    assert (tmp_path / "clips.parquet").read_bytes() == table_from_rows
+    assert {k: v for k, v in from_lines.items() if k != "created_at"} == {k: v for k, v in from_rows.items()
+                                                                         if k != "created_at"}

@@ -14,18 +14,19 @@ import os
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from vaecache.errors import EmptyCacheError, ManifestError
-from vaecache.format.io import atomic_write_bytes, atomic_write_json, iter_jsonl, jsonl_bytes, sha256_file
+from vaecache.format.io import atomic_write_bytes, atomic_write_json, cut_torn_tail, iter_jsonl, sha256_file
 from vaecache.format.layout import (
-    CLIPS, FAILURES, FORMAT_NAME, FORMAT_VERSION, MANIFEST, PROGRESS_DIR, SHARDS_DIR, SUPPORTED_VERSIONS,
+    CLIPS, FAILURES, FORMAT_NAME, FORMAT_VERSION, MANIFEST, PROGRESS_DIR, ROWS_SUFFIX, SHARDS_DIR, SUPPORTED_VERSIONS,
 )
 from vaecache.format import table as _table
 from vaecache.format.table import (
-    CLIP_TABLE, FAILURE_TABLE, WrittenTable, clip_row, schema_of, write_table, write_tables,
+    CLIP_TABLE, FAILURE_TABLE, WrittenTable, clip_row, read_row_log, schema_of, write_table, write_tables,
 )
 
 
@@ -55,6 +56,81 @@ def read_progress(out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
     """Committed shards and their clip records from every rank's progress log."""
     entries = iter_progress(out)
     return [e.shard for e in entries], [clip for e in entries for clip in e.clips]
+
+
+def progress_line(shard: dict[str, Any], clips: list[dict[str, Any]]) -> str:
+    """One progress log line: the shard record, then its clip ids, then the clip records. The first two come
+    first so that a resume reads them without parsing the records (scan_committed)."""
+    return ('{"shard":' + json.dumps(shard, sort_keys=True, separators=(",", ":"))
+            + ',"ids":' + json.dumps([clip["id"] for clip in clips], separators=(",", ":"))
+            + ',"clips":' + json.dumps(clips, sort_keys=True, separators=(",", ":")) + "}")
+
+
+@dataclass(frozen=True)
+class CommittedLine:
+    """Where one committed shard's progress line lies in its log, and what a resume needs of it."""
+
+    offset: int
+    length: int
+    shard: dict[str, Any]
+    clips: int
+
+
+_DECODER = json.JSONDecoder()
+_SHARD_HEAD, _IDS_HEAD = '{"shard":', ',"ids":'
+
+
+def _line_head(log: Path, offset: int, line: bytes) -> tuple[dict[str, Any], list[str]]:
+    """The shard record and clip ids of a progress line; a line written before ids led (keys sorted, clips
+    first) is parsed whole."""
+    try:
+        text = line.decode("utf-8")
+        if text.startswith(_SHARD_HEAD):
+            shard, end = _DECODER.raw_decode(text, len(_SHARD_HEAD))
+            if text.startswith(_IDS_HEAD, end):
+                ids, _ = _DECODER.raw_decode(text, end + len(_IDS_HEAD))
+                if isinstance(shard, dict) and "file" in shard and isinstance(ids, list) \
+                        and all(type(clip_id) is str for clip_id in ids):
+                    return shard, ids
+        entry = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{log}: line at byte {offset} does not parse ({exc})") from None
+    if not isinstance(entry, dict):
+        raise ManifestError(f"{log}: line at byte {offset} is not a progress entry")
+    found = ProgressEntry(log, entry.get("shard"), entry.get("clips"))
+    return found.shard, [_clip_id(log, clip) for clip in found.clips]
+
+
+def scan_committed(log: Path) -> Iterator[tuple[CommittedLine, list[str]]]:
+    """Each complete line of a progress log as (where it is, its shard record and clip count) and its clip
+    ids; a torn last line is ignored."""
+    offset = 0
+    with open(log, "rb") as handle:
+        for line in handle:
+            if not line.endswith(b"\n"):
+                return
+            if line.strip():
+                shard, ids = _line_head(log, offset, line)
+                yield CommittedLine(offset, len(line), shard, len(ids)), ids
+            offset += len(line)
+
+
+def committed_shards(out: Path) -> list[dict[str, Any]]:
+    """The shard record of every committed shard in every rank's progress log (clip records not parsed)."""
+    folder = Path(out) / PROGRESS_DIR
+    logs = sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []
+    return [line.shard for log in logs for line, _ in scan_committed(log)]
+
+
+def committed_ids(out: Path, on_committed: Callable[[list[str]], None]) -> int:
+    """Feed the clip ids of every committed shard to `on_committed`; returns how many there were."""
+    folder = Path(out) / PROGRESS_DIR
+    count = 0
+    for log in sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []:
+        for _, ids in scan_committed(log):
+            on_committed(ids)
+            count += len(ids)
+    return count
 
 
 def failure_identity(record: dict[str, Any]) -> tuple[str, str, str, str]:
@@ -94,27 +170,32 @@ def damaged_shards(out: Path, shards: list[dict[str, Any]], threads: int = 8) ->
     return {shard["file"]: problem for shard, problem in zip(shards, problems) if problem is not None}
 
 
-def repair_progress(out: Path) -> tuple[set[str], int, dict[str, str]]:
+def repair_progress(out: Path, on_committed: Callable[[list[str]], None] | None = None) -> tuple[int, int, dict[str, str]]:
     """Keep committed shards whose file is intact (size and sha256); drop torn log lines, damaged shards,
     orphans, temp files and the failure logs (a rerun records failures afresh).
 
-    Returns (committed clip ids, files discarded, damaged shard file -> problem): the clips of a damaged
+    Reads only each progress line's shard record and clip ids (see progress_line), and rewrites a log only
+    when one of its shards is damaged: a resume over millions of committed clips costs seconds plus the
+    hashing. `on_committed` gets the clip ids of every shard kept, log by log.
+
+    Returns (committed clips kept, files discarded, damaged shard file -> problem): the clips of a damaged
     shard are no longer committed, so the run encodes them again."""
     out = Path(out)
     progress = out / PROGRESS_DIR
-    kept: dict[Path, list[ProgressEntry]] = {log: [] for log in sorted(progress.glob("rank-*.jsonl"))}
+    logs = sorted(progress.glob("rank-*.jsonl"))
+    for log in logs:
+        cut_torn_tail(log)
+    lines = {log: [line for line, _ in scan_committed(log)] for log in logs}
+    damaged = damaged_shards(out, [line.shard for found in lines.values() for line in found])
     claimed: set[str] = set()
-    done: set[str] = set()
-    entries = iter_progress(out)
-    damaged = damaged_shards(out, [entry.shard for entry in entries])
-    for entry in entries:
-        if entry.shard["file"] not in damaged:
-            path = out / entry.shard["file"]
-            kept[entry.log].append(entry)
-            claimed.add(path.name)
-            done.update(clip["id"] for clip in entry.clips)
-    for log, entries in kept.items():
-        atomic_write_bytes(log, jsonl_bytes({"shard": e.shard, "clips": e.clips} for e in entries))
+    kept_clips = 0
+    for log, found in lines.items():
+        kept = [line for line in found if line.shard["file"] not in damaged]
+        if len(kept) < len(found):
+            _keep_lines(log, kept)
+        claimed.update(Path(line.shard["file"]).name for line in kept)
+        kept_clips += sum(line.clips for line in kept)
+    del lines
     for log in progress.glob("failures-rank-*.jsonl"):
         log.unlink()
     discarded = 0
@@ -125,7 +206,21 @@ def repair_progress(out: Path) -> tuple[set[str], int, dict[str, str]]:
     for path in [*out.glob(".*.tmp"), *progress.glob(".*.tmp")]:
         path.unlink()
         discarded += 1
-    return done, discarded, damaged
+    if on_committed is not None:
+        for log in logs:
+            for _, ids in scan_committed(log):
+                on_committed(ids)
+    return kept_clips, discarded, damaged
+
+
+def _keep_lines(log: Path, kept: list[CommittedLine]) -> None:
+    """Rewrite `log` (atomically) with only the lines `kept`, byte for byte."""
+    with open(log, "rb") as source:
+        def lines() -> Iterator[bytes]:
+            for line in kept:
+                source.seek(line.offset)
+                yield source.read(line.length)
+        atomic_write_bytes(log, b"".join(lines()))
 
 
 def reason_kind(reason: str) -> str:
@@ -207,6 +302,26 @@ class _Totals:
             entry[0] += 1
             entry[1] += cameras
 
+    def add_batch(self, batch: pa.RecordBatch) -> None:
+        """A committed shard's rows from a row log: counted column-wise; its bucket and shape are its first
+        clip's (a shard holds one bucket)."""
+        first = _table.clip_record(batch.slice(0, 1).to_pylist()[0])
+        cameras = pc.fill_null(pc.list_value_length(batch.column("cameras")), 0)
+        frames = pc.fill_null(pc.list_value_length(batch.column("frames")), 0)
+        views = int(pc.sum(cameras).as_py() or 0)
+        self.clips += batch.num_rows
+        self.views += views
+        self.frames += int(pc.sum(pc.multiply(cameras, frames)).as_py() or 0)
+        if self.shape is None:
+            self.shape = {key: entry["shape"] for key, entry in first["tensors"].items()}
+        bucket = first.get("bucket")
+        if isinstance(bucket, dict):
+            entry = self.buckets.get(bucket.get("name"))
+            if entry is None:
+                entry = self.buckets[bucket.get("name")] = [0, 0, {key: e["shape"] for key, e in first["tensors"].items()}]
+            entry[0] += batch.num_rows
+            entry[1] += views
+
     def merge(self, part: _Totals) -> None:
         self.shards.extend(part.shards)
         self.clips, self.views, self.frames = self.clips + part.clips, self.views + part.views, self.frames + part.frames
@@ -217,13 +332,17 @@ class _Totals:
             entry[1] += views
 
 
-def _log_entries(log: Path) -> Iterator[tuple[int, ProgressEntry]]:
-    """(byte offset, entry) of every complete line of a progress log; a torn last line is ignored."""
+def _log_entries(log: Path, only: frozenset[str] | None = None) -> Iterator[tuple[int, ProgressEntry]]:
+    """(byte offset, entry) of every complete line of a progress log (of the shard files in `only`, if given);
+    a torn last line is ignored."""
     offset = 0
     with open(log, "rb") as handle:
         for line in handle:
             if not line.endswith(b"\n"):
                 return
+            if only is not None and line.strip() and _line_head(log, offset, line)[0]["file"] not in only:
+                offset += len(line)
+                continue
             if line.strip():
                 try:
                     entry = json.loads(line)
@@ -272,6 +391,21 @@ class _Runs:
                                  max_chunksize=RUN_BATCH_ROWS)
         self._last = chunk[-1][0]
 
+    def add_table(self, table: pa.Table) -> None:
+        """Rows already in table form (a row log's batches), sorted by id here if they are not."""
+        if not table.num_rows:
+            return
+        ids = table.column("id")
+        if table.num_rows > 1 and not pc.all(pc.less_equal(ids.slice(0, len(ids) - 1), ids.slice(1))).as_py():
+            table = table.sort_by("id")
+            ids = table.column("id")
+        first = ids[0].as_py()
+        if self._writer is None or first < self._last:
+            self.close()
+            self._writer = self._new_file()
+        self._writer.write_table(table, max_chunksize=RUN_BATCH_ROWS)
+        self._last = ids[-1].as_py()
+
     def add_tables(self, tables: Iterable[pa.Table]) -> Path:
         """A run made of tables already in id order (a merge round); returns its file."""
         self.close()
@@ -288,11 +422,13 @@ class _Runs:
 
 
 
-def _scan_log(log: Path, prefix: str, chunk_rows: int) -> tuple[_Totals, list[Path]]:
-    """One pass over one progress log: its counts, and its clip records as table rows in sorted runs."""
+def _scan_log(log: Path, prefix: str, chunk_rows: int, only: frozenset[str] | None = None
+              ) -> tuple[_Totals, list[Path]]:
+    """One pass over one progress log: its counts, and its clip records as table rows in sorted runs (of the
+    shards named in `only`, if given; a line is parsed whole only for those)."""
     totals, runs = _Totals(), _Runs(log.parent, prefix)
     chunk: list[tuple[str, dict[str, Any]]] = []
-    for _, entry in _log_entries(log):
+    for _, entry in _log_entries(log, only):
         totals.shards.append(entry.shard)
         for clip in entry.clips:
             clip_id = _clip_id(log, clip)
@@ -306,12 +442,12 @@ def _scan_log(log: Path, prefix: str, chunk_rows: int) -> tuple[_Totals, list[Pa
     return totals, runs.paths
 
 
-def _scan_logs(out: Path, prefix: str, workers: int) -> tuple[_Totals, list[Path]]:
+def _scan_logs(out: Path, prefix: str, workers: int, only: frozenset[str] | None = None) -> tuple[_Totals, list[Path]]:
     """Every rank's progress log scanned (in `workers` processes: the JSON parsing is the cost), totals
-    summed in log order."""
+    summed in log order; with `only`, the lines of those shard files alone."""
     folder = Path(out) / PROGRESS_DIR
     logs = sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []
-    jobs = [(log, f"{prefix}{number:05d}-", RUN_CHUNK_ROWS) for number, log in enumerate(logs)]
+    jobs = [(log, f"{prefix}{number:05d}-", RUN_CHUNK_ROWS, only) for number, log in enumerate(logs)]
     if workers > 1 and len(logs) > 1 and sum(log.stat().st_size for log in logs) >= PARALLEL_SCAN_BYTES:
         # spawn: rank 0 may hold CUDA and torch threads, which a forked child must not inherit
         with ProcessPoolExecutor(max_workers=min(workers, len(logs)), mp_context=mp.get_context("spawn")) as pool:
@@ -322,6 +458,43 @@ def _scan_logs(out: Path, prefix: str, workers: int) -> tuple[_Totals, list[Path
     for part, part_paths in parts:
         totals.merge(part)
         paths.extend(part_paths)
+    return totals, paths
+
+
+def _gather_rows(out: Path, prefix: str, workers: int) -> tuple[_Totals, list[Path]]:
+    """The committed shards (progress logs, shard record and ids only) and their clip-table rows in sorted
+    runs: from the row logs the writers left, and, for shards without rows there (a cache written before row
+    logs), from their progress lines' clip records."""
+    folder = Path(out) / PROGRESS_DIR
+    committed: dict[str, dict[str, Any]] = {}
+    for log in sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []:
+        for line, _ in scan_committed(log):
+            committed.setdefault(Path(line.shard["file"]).name, line.shard)
+    totals, runs = _Totals(), _Runs(folder, f"{prefix}r-")
+    taken: set[str] = set()
+    pending: list[pa.RecordBatch] = []
+    count = 0
+    for path in sorted(folder.glob(f"rows-rank-*{ROWS_SUFFIX}")) if folder.is_dir() else []:
+        for batch in read_row_log(path):
+            shard = batch.column("shard")[0].as_py()
+            if shard not in committed or shard in taken:
+                continue  # written by a commit that never reached its progress line, or dropped on resume
+            taken.add(shard)
+            totals.add_batch(batch)
+            pending.append(batch)
+            count += batch.num_rows
+            if count >= RUN_CHUNK_ROWS:
+                runs.add_table(pa.Table.from_batches(pending))
+                pending, count = [], 0
+    runs.add_table(pa.Table.from_batches(pending, schema=schema_of(CLIP_TABLE)))
+    runs.close()
+    paths = list(runs.paths)
+    untaken = frozenset(shard["file"] for name, shard in committed.items() if name not in taken)
+    if untaken:
+        older, older_paths = _scan_logs(out, prefix, workers, untaken)
+        totals.merge(older)
+        paths.extend(older_paths)
+    totals.shards = list(committed.values())
     return totals, paths
 
 
@@ -389,7 +562,7 @@ def finalize(out: Path, header: dict[str, Any], workers: int | None = None) -> d
     folder = out / PROGRESS_DIR
     prefix = f".merge-{os.getpid()}-"
     try:
-        totals, paths = _scan_logs(out, prefix, default_workers() if workers is None else workers)
+        totals, paths = _gather_rows(out, prefix, default_workers() if workers is None else workers)
         failures = read_failures(out)
         if not totals.clips:
             raise EmptyCacheError(f"{out}: no clips encoded: {describe_failures(failures)} (no manifest written)")

@@ -96,8 +96,12 @@ class AppendLog:
             raise OutputError(f"{self.path}: cannot open for append ({exc.strerror or exc})") from None
 
     def append(self, record: dict[str, Any]) -> None:
+        self.append_line(json.dumps(record, sort_keys=True, separators=(",", ":")))
+
+    def append_line(self, line: str) -> None:
+        """Append one line of JSON text (no newline in it), flushed and fsynced."""
         try:
-            self._handle.write(json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n")
+            self._handle.write(line + "\n")
             self._handle.flush()
             os.fsync(self._handle.fileno())
         except OSError as exc:

@@ -30,6 +30,7 @@ RUN = "run.json"
 LOCK = ".lock"
 SHARDS_DIR = "shards"
 PROGRESS_DIR = "progress"
+ROWS_SUFFIX = ".arrows"
 LOGS_DIR = "logs"
 PROBES_DIR = "probes"
 SHARD_SUFFIX = ".safetensors"
@@ -39,6 +40,12 @@ OWNED_ENTRIES = (MANIFEST, CLIPS, FAILURES, CLIPS_V1, FAILURES_V1, RUN, SHARDS_D
 
 def progress_path(out: Path, rank: int) -> Path:
     return Path(out) / PROGRESS_DIR / f"rank-{rank:05d}.jsonl"
+
+
+def rows_name(rank: int, attempt: int) -> str:
+    """The clip-table rows a rank committed in one attempt (an Arrow IPC stream beside its progress log, see
+    table.RowLog)."""
+    return f"rows-rank-{rank:05d}-a{attempt:03d}{ROWS_SUFFIX}"
 
 
 def probes_path(out: Path, rank: int) -> Path:

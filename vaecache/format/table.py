@@ -334,6 +334,57 @@ def table_rows(path: Path, kind: TableKind) -> int:
     return _open(Path(path), kind).metadata.num_rows
 
 
-__all__ = ["CLIP_SCHEMA", "CLIP_TABLE", "FAILURE_SCHEMA", "FAILURE_TABLE", "ClipTableError", "TableKind",
-           "WrittenTable", "clip_record", "clip_row", "iter_column", "iter_table", "rows_table", "schema_of", "table_rows",
+class RowLog:
+    """An append-only Arrow IPC stream of clip-table rows beside a rank's progress log: one record batch per
+    committed shard, written and fsynced before the shard's progress line. Finalize merges these batches
+    instead of parsing millions of JSON records; a batch whose shard has no progress line (a crash between the
+    two) is ignored there, and a torn last batch ends the stream."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._handle: Any = None
+        self._writer: Any = None
+
+    def append(self, records: list[dict[str, Any]]) -> None:
+        table = pa.Table.from_pylist([clip_row(record) for record in records], schema=schema_of(CLIP_TABLE))
+        try:
+            if self._writer is None:
+                self._handle = open(self.path, "wb")
+                self._writer = pa.ipc.new_stream(self._handle, table.schema,
+                                                 options=pa.ipc.IpcWriteOptions(compression="zstd"))
+            self._writer.write_table(table, max_chunksize=len(records) or 1)
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
+        except OSError as exc:
+            raise OutputError(f"{self.path}: cannot append ({exc.strerror or exc})") from None
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._handle.close()
+            self._writer = self._handle = None
+
+
+def read_row_log(path: Path) -> Iterator[pa.RecordBatch]:
+    """The record batches of a RowLog, up to a torn tail; nothing from a stream of another schema (finalize
+    then reads those shards' clip records from the progress log)."""
+    try:
+        reader = pa.ipc.open_stream(pa.OSFile(str(path)))
+    except (pa.ArrowInvalid, OSError):
+        return
+    if not reader.schema.equals(CLIP_SCHEMA):
+        return
+    while True:
+        try:
+            batch = reader.read_next_batch()
+        except StopIteration:
+            return
+        except (pa.ArrowInvalid, OSError):
+            return
+        if batch.num_rows:
+            yield batch
+
+
+__all__ = ["CLIP_SCHEMA", "CLIP_TABLE", "FAILURE_SCHEMA", "FAILURE_TABLE", "ClipTableError", "RowLog", "TableKind",
+           "WrittenTable", "clip_record", "clip_row", "iter_column", "iter_table", "read_row_log", "rows_table", "schema_of", "table_rows",
            "write_table", "write_tables"]

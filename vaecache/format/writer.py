@@ -2,8 +2,9 @@
 size limit, commits atomically off-thread.
 
 Every shard holds one bucket (one latent shape): the writer keeps an open shard per bucket, and each rolls
-on its own at the size limit. A shard is committed by: serialize -> sha256 -> temp file -> fsync -> rename -> fsync folder -> append
-one fsynced line (shard record + its clip records) to this rank's progress log. Only a shard named in a
+on its own at the size limit. A shard is committed by: serialize -> sha256 -> temp file -> fsync -> rename -> fsync folder -> append its
+clip-table rows to this attempt's row log (fsynced; finalize merges them) -> append one fsynced line (shard
+record, clip ids, clip records) to this rank's progress log. Only a shard named in a
 progress log counts; anything else in shards/ is debris from a crash and is discarded on resume.
 """
 
@@ -24,8 +25,10 @@ from vaecache import faults
 from vaecache.buckets import fit_geometry
 from vaecache.dtypes import recorded_name
 from vaecache.errors import OutputError
+from vaecache.format.index import progress_line
 from vaecache.format.io import AppendLog, atomic_write_bytes
-from vaecache.format.layout import FORMAT_NAME, FORMAT_VERSION, SHARDS_DIR, shard_name
+from vaecache.format.layout import FORMAT_NAME, FORMAT_VERSION, SHARDS_DIR, rows_name, shard_name
+from vaecache.format.table import RowLog
 from vaecache.format.provenance import IdentityMemo
 
 
@@ -123,6 +126,8 @@ class ShardWriter:
         self._error: BaseException | None = None
         self.committed: list[dict[str, Any]] = []
         self.bytes_written = 0
+        self._rows: RowLog | None = None
+        """This attempt's clip-table rows, opened at the first commit (the commit thread alone touches it)."""
 
     def __enter__(self) -> "ShardWriter":
         return self
@@ -215,7 +220,13 @@ class ShardWriter:
             atomic_write_bytes(self.folder / name, data)
             if faults.should_fail("crash-before-record", number, self.rank):
                 faults.crash()
-            self.progress.append({"shard": shard, "clips": records})
+            if self._rows is None:
+                self._rows = RowLog(self.progress.path.parent / rows_name(self.rank, self.attempt))
+            line = progress_line(shard, records)
+            # rows of the records as the line gives them back (keys sorted, JSON types): the table is the same
+            # whether finalize reads the row log or, for a cache without one, the progress lines
+            self._rows.append(json.loads(line)["clips"])
+            self.progress.append_line(line)
             if faults.should_fail("crash-after-commit", number, self.rank):
                 faults.crash()
             self.committed.append(shard)
@@ -242,13 +253,20 @@ class ShardWriter:
                 future.exception()
         finally:
             self._pool.shutdown(wait=True)
+            self._close_rows()
         self._raise_pending()
         return self.committed
+
+    def _close_rows(self) -> None:
+        if self._rows is not None:
+            self._rows.close()
+            self._rows = None
 
     def abort(self) -> None:
         """Drop buffered clips, let in-flight commits finish (each is atomic), keep what committed."""
         self._open = {}
         self._pool.shutdown(wait=True)
+        self._close_rows()
 
 
 class _OpenShard:
