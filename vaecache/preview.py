@@ -339,7 +339,7 @@ def _near(ids: list[str], clip_id: str) -> str:
         return "the cache holds no clip"
     position = bisect.bisect_left(ids, clip_id)
     near = ", ".join(repr(i) for i in ids[max(0, position - 1):position + 1])
-    return f"{len(ids)} clips, ids <scene>/<first>-<last> frame; nearest: {near}"
+    return f"{len(ids)} clips, ids are <scene>/<first frame>-<last frame>; nearest: {near}"
 
 
 def _lockstep(streams: list[Iterator[torch.Tensor]]) -> Iterator[list[torch.Tensor]]:
