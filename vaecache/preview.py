@@ -8,7 +8,7 @@ The source frames are read exactly as encode read them (vaecache.decode.ViewDeco
 the same resize/crop/fit to the clip's bucket size), so they line up pixel for pixel with what was encoded.
 
 Metrics are computed on RGB in [0, 1] as floats: the VAE's input (the resized source, before any 8-bit
-rounding) against its output (clamped to [-1, 1] by the decoder), before the mp4 quantizes either.
+rounding) against its output clamped to [-1, 1], before the mp4 quantizes either.
 """
 
 from __future__ import annotations
@@ -172,11 +172,15 @@ class _Mp4Writer:
             self.container = av.open(str(self.tmp), mode="w", format="mp4")
         except OSError as exc:
             raise OutputError(f"{path}: cannot write ({exc.strerror or exc})") from None
-        self.stream = self.container.add_stream("libx264", rate=self.rate, options={"crf": str(crf)})
-        self.stream.width, self.stream.height = width, height
-        self.stream.pix_fmt = "yuv420p"
-        self.time_base = 1 / self.rate
-        self.stream.codec_context.time_base = self.time_base
+        try:
+            self.stream = self.container.add_stream("libx264", rate=self.rate, options={"crf": str(crf)})
+            self.stream.width, self.stream.height = width, height
+            self.stream.pix_fmt = "yuv420p"
+            self.time_base = 1 / self.rate
+            self.stream.codec_context.time_base = self.time_base
+        except BaseException:
+            self.abandon()
+            raise
 
     def write(self, frames: torch.Tensor) -> None:
         """(T, H, W, 3) uint8."""
@@ -299,7 +303,8 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
     try:
         streams = [iter_decoded(model, latents[c:c + 1], settings.chunk_frames) for c in range(len(cameras))]
         for pieces in _lockstep(streams):
-            decoded = [piece[0].permute(1, 0, 2, 3).float().cpu() for piece in pieces]  # (T, 3, H, W)
+            # (T, 3, H, W); Wan clamps its output itself, other families may overshoot [-1, 1]
+            decoded = [piece[0].permute(1, 0, 2, 3).float().cpu().clamp(-1, 1) for piece in pieces]
             count = decoded[0].shape[0]
             if done + count > len(frames):
                 raise UsageError(f"{model.spec} decoded more frames than clip {clip_id!r} has ({len(frames)}): the "
