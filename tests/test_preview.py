@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from vaecache.errors import UsageError
+from vaecache.format.reader import LatentCache
 from vaecache.metrics import PSNR_CAP_DB, psnr_db, ssim_per_frame
 from vaecache.preview import PreviewSettings, decode_preview, default_output, grid_frames, grid_size
 from vaecache.vae import load_vae
@@ -66,19 +67,26 @@ def _read_mp4(path: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def identity_cache(demo_data: Path, tmp_path_factory: pytest.TempPathFactory, encode_cli: Any) -> Iterator[Path]:
-    """The demo data encoded with a python: VAE whose latents are its input frames (resized to cover 32x48 and
-    cropped), --store mean. Decoding it must give back the frames encode read, pixel for pixel."""
+def identity_vae(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A python: VAE spec whose latents are its input frames (importable for this module's tests)."""
     folder = tmp_path_factory.mktemp("identity_vae")
     (folder / "identity_vae.py").write_text(textwrap.dedent(IDENTITY_VAE))
     sys.path.insert(0, str(folder))
     try:
-        out = folder / "cache"
-        encode_cli(demo_data, out, "--vae", "python:identity_vae:make", "--size", "32x48", "--store", "mean")
-        yield out
+        yield "python:identity_vae:make"
     finally:
         sys.path.remove(str(folder))
         sys.modules.pop("identity_vae", None)
+
+
+@pytest.fixture(scope="module")
+def identity_cache(demo_data: Path, tmp_path_factory: pytest.TempPathFactory, encode_cli: Any,
+                   identity_vae: str) -> Path:
+    """The demo data encoded with the identity VAE (resized to cover 32x48 and cropped), --store mean. Decoding
+    it must give back the frames encode read, pixel for pixel."""
+    out = tmp_path_factory.mktemp("identity") / "cache"
+    encode_cli(demo_data, out, "--vae", identity_vae, "--size", "32x48", "--store", "mean")
+    return out
 
 
 # --------------------------------------------------------------------------- chunked decoding
@@ -175,6 +183,16 @@ def test_decode_gives_back_the_frames_encode_read(identity_cache: Path, tmp_path
     assert len(frames) == 9 and frames[0].shape == (64, 96, 3)
     top, bottom = frames[4][:32].astype(int), frames[4][32:].astype(int)
     assert abs(top - bottom).mean() < 8  # the same picture twice, up to h264 (crf 18, 4:2:0 chroma)
+
+
+def test_a_bucketed_contain_clip_is_read_at_its_bucket_size(demo_data: Path, tmp_path: Path, encode_cli: Any,
+                                                            identity_vae: str) -> None:
+    out = tmp_path / "cache"
+    encode_cli(demo_data, out, "--vae", identity_vae, "--size", "32x48,48x32", "--fit", "contain", "--store", "mean")
+    report = decode_preview(out, CLIP, tmp_path / "bucket.mp4")
+    record = LatentCache(out).record(CLIP)
+    assert report.size == (record["bucket"]["height"], record["bucket"]["width"])
+    assert [(c.psnr_db, c.ssim) for c in report.cameras] == [(PSNR_CAP_DB, 1.0)] * 2  # padding included
 
 
 def test_an_existing_output_is_kept_without_overwrite(identity_cache: Path, tmp_path: Path, run_cli: Any) -> None:
