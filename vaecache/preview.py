@@ -20,7 +20,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from vaecache.errors import OutputError, UsageError
+from vaecache.errors import OutputError, UsageError, VaecacheError
 
 if TYPE_CHECKING:
     import torch
@@ -112,15 +112,15 @@ class _Score:
         self.squared_error, self.values, self.ssim_sum, self.frames = 0.0, 0, 0.0, 0
 
     def add(self, source: torch.Tensor, decoded: torch.Tensor) -> None:
-        """(T, 3, H, W) each, in [-1, 1]."""
+        """(T, 3, H, W) each, in [-1, 1]; scored a frame at a time (float64 copies of one frame, not of T)."""
         from vaecache.metrics import ssim_per_frame
 
-        a = (source.double() + 1) / 2
-        b = (decoded.double() + 1) / 2
-        self.squared_error += float(((a - b) ** 2).sum())
-        self.values += a.numel()
-        self.ssim_sum += float(ssim_per_frame(a, b).sum())
-        self.frames += a.shape[0]
+        for src, dec in zip(source.split(1), decoded.split(1)):
+            a, b = (src.double() + 1) / 2, (dec.double() + 1) / 2
+            self.squared_error += float(((a - b) ** 2).sum())
+            self.values += a.numel()
+            self.ssim_sum += float(ssim_per_frame(a, b).sum())
+            self.frames += 1
 
     def result(self, camera: str) -> CameraMetrics:
         from vaecache.metrics import psnr_db
@@ -307,11 +307,11 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
             decoded = [piece[0].permute(1, 0, 2, 3).float().cpu().clamp(-1, 1) for piece in pieces]
             count = decoded[0].shape[0]
             if done + count > len(frames):
-                raise UsageError(f"{model.spec} decoded more frames than clip {clip_id!r} has ({len(frames)}): the "
-                                 "latents do not come from this VAE's frame rule")
+                raise VaecacheError(f"{model.spec} decoded more frames than clip {clip_id!r} has ({len(frames)}): "
+                                    "the latents do not come from this VAE's frame rule")
             if tuple(decoded[0].shape[-2:]) != (height, width):
-                raise UsageError(f"{model.spec} decoded {tuple(decoded[0].shape[-2:])} frames; clip {clip_id!r} is "
-                                 f"{height}x{width}")
+                raise VaecacheError(f"{model.spec} decoded {tuple(decoded[0].shape[-2:])} frames; clip {clip_id!r} "
+                                    f"is {height}x{width}")
             wanted = frames[done:done + count]
             sources = [source.decode(path, wanted, (height, width)).permute(1, 0, 2, 3) for path in paths]
             for score, src, dec in zip(scores, sources, decoded):
@@ -354,7 +354,7 @@ def _lockstep(streams: list[Iterator[torch.Tensor]]) -> Iterator[list[torch.Tens
         if all(piece is None for piece in pieces):
             return
         if any(piece is None for piece in pieces):
-            raise UsageError("the cameras of the clip decoded to different numbers of frames")
+            raise VaecacheError("the cameras of the clip decoded to different numbers of frames")
         yield pieces
 
 
