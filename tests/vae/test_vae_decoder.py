@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -12,6 +13,16 @@ from vaecache.vae import load_vae
 from vaecache.vae.decoder import CHUNKED, PER_FRAME, WHOLE, decode_mode, iter_decoded
 
 MODES = {"wan": CHUNKED, "kl": PER_FRAME, "hunyuan": WHOLE, "cogvideox": WHOLE, "ltx": WHOLE}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """One intra-op thread (an earlier encode leaves torch at its budget; two spinning threads on a shared
+    2-core runner made these small decodes several times slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("family", sorted(MODES))
