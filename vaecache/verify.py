@@ -393,6 +393,29 @@ def check_sources(cache: CacheReader) -> Check:
     return check
 
 
+def load_recorded_vae(out: Path, manifest: dict[str, Any], spec: str, device: Any,
+                      allow_pickle_weights: bool = False) -> Any:
+    """The VAE that encoded OUT, loaded with the recorded settings (dtype, tiling, micro-batch) from `spec`
+    (the recorded spec, or a --vae override); a UsageError unless its fingerprint is the recorded one.
+    `verify --reencode` and `vaecache decode` load through here."""
+    from vaecache.pipeline import run_fingerprint_vae_part
+    from vaecache.vae import load_vae
+
+    clip_settings = ClipSettings.from_record(manifest.get("settings", {}))
+    vae = load_vae(spec, device, clip_settings.dtype, tiling=clip_settings.tiling,
+                   allow_pickle_weights=allow_pickle_weights,
+                   max_views_per_forward=clip_settings.max_views_per_forward)
+    recorded = {k: v for k, v in manifest.get("vae", {}).items() if k != "spec"}
+    given = run_fingerprint_vae_part(vae)
+    if recorded != given:
+        from vaecache.format.outdir import describe_differences
+
+        diffs = describe_differences(recorded, given)
+        raise UsageError(f"--vae {spec} does not match the VAE recorded in {out}/manifest.json "
+                         f"({'; '.join(diffs[:3])})")
+    return vae
+
+
 def check_reencode(out: Path, manifest: dict[str, Any], cache: CacheReader, count: int, options: VerifyOptions,
                    ctx: Any = None) -> Check:
     """Decode and re-encode K clips chosen by a seed with the recorded VAE; compare with what is stored."""
@@ -401,8 +424,7 @@ def check_reencode(out: Path, manifest: dict[str, Any], cache: CacheReader, coun
     from vaecache.decode import ViewDecoder
     from vaecache.dist import resolve_device
     from vaecache.planning import Clip
-    from vaecache.pipeline import clip_tensors, run_fingerprint_vae_part
-    from vaecache.vae import load_vae
+    from vaecache.pipeline import clip_tensors
 
     settings = manifest.get("settings", {})
     clip_settings = ClipSettings.from_record(settings)
@@ -419,17 +441,7 @@ def check_reencode(out: Path, manifest: dict[str, Any], cache: CacheReader, coun
     rank, world = (ctx.info.rank, ctx.info.world_size) if ctx is not None else (0, 1)
     mine = chosen[rank::world]
     device = ctx.device if ctx is not None else resolve_device(options.device)
-    vae = load_vae(spec, device, clip_settings.dtype, tiling=clip_settings.tiling,
-                   allow_pickle_weights=options.allow_pickle_weights,
-                   max_views_per_forward=clip_settings.max_views_per_forward)
-    recorded = {k: v for k, v in manifest.get("vae", {}).items() if k != "spec"}
-    given = run_fingerprint_vae_part(vae)
-    if recorded != given:
-        from vaecache.format.outdir import describe_differences
-
-        diffs = describe_differences(recorded, given)
-        raise UsageError(f"--vae {spec} does not match the VAE recorded in {out}/manifest.json "
-                         f"({'; '.join(diffs[:3])})")
+    vae = load_recorded_vae(out, manifest, spec, device, allow_pickle_weights=options.allow_pickle_weights)
     decoder = ViewDecoder(clip_settings.height, clip_settings.width, fit=clip_settings.fit)
     results = []
     for record in mine:

@@ -50,7 +50,7 @@ STANDARD = ["--out", "OUT", "--vae", "builtin:tiny", "--num-frames", "9", "--siz
 
 @pytest.mark.parametrize("args", [["--help"], ["encode", "--help"], ["plan", "--help"], ["verify", "--help"],
                                   ["demo-data", "--help"], ["index", "--help"], ["inspect", "--help"],
-                                  ["export", "--help"]], ids=" ".join)
+                                  ["export", "--help"], ["decode", "--help"]], ids=" ".join)
 def test_help_loads_no_heavy_module(args: list[str]) -> None:
     code, heavy, _ = _probe(args)
     assert code in (0, None)
@@ -67,6 +67,8 @@ def test_help_loads_no_heavy_module(args: list[str]) -> None:
     ("verify missing OUT", "no such folder"),
     ("index missing DATA", "dataset path does not exist"),
     ("index -o not .jsonl", "the index must be a .jsonl file"),
+    ("decode missing OUT", "no such folder"),
+    ("decode -o not .mp4", "the preview is an mp4"),
 ], ids=str)
 def test_usage_error_exits_2_before_any_heavy_import(case: str, pattern: str, demo_data: Path, tmp_path: Path) -> None:
     out = str(tmp_path / "out")
@@ -81,6 +83,8 @@ def test_usage_error_exits_2_before_any_heavy_import(case: str, pattern: str, de
         "verify missing OUT": ["verify", str(tmp_path / "nope")],
         "index missing DATA": ["index", str(tmp_path / "nope"), "-o", str(tmp_path / "index.jsonl")],
         "index -o not .jsonl": ["index", str(demo_data), "-o", out],
+        "decode missing OUT": ["decode", str(tmp_path / "nope"), "--clip", "a/000000-000008", "-o", out + ".mp4"],
+        "decode -o not .mp4": ["decode", str(demo_data), "--clip", "a/000000-000008", "-o", out],
     }[case]
     code, heavy, stderr = _probe(args)
     assert code == 2, stderr

@@ -11,6 +11,7 @@ import typer
 
 from vaecache import __version__
 from vaecache.cli._common import is_launcher_rank0
+from vaecache.cli.decode import decode
 from vaecache.cli.demo import demo, demo_data
 from vaecache.cli.encode import encode
 from vaecache.cli.export import export
@@ -32,6 +33,7 @@ app.command("plan")(plan)
 app.command("verify")(verify)
 app.command("inspect")(inspect)
 app.command("export")(export)
+app.command("decode")(decode)
 app.command("demo-data")(demo_data)
 app.command("demo")(demo)
 
@@ -45,7 +47,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")) -> None:
-    """vaecache: index, encode, plan, verify, inspect, export, demo-data, demo."""
+    """vaecache: index, encode, plan, verify, inspect, export, decode, demo-data, demo."""
 
 
 def main(args: list[str] | None = None) -> None:

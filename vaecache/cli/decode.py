@@ -1,0 +1,73 @@
+"""`vaecache decode`: one clip's latents back to frames with the recorded VAE; an mp4 grid and PSNR/SSIM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from vaecache.cli._common import check_json_target, console, report_errors, write_json
+from vaecache.errors import UsageError
+
+if TYPE_CHECKING:
+    from vaecache.preview import PreviewReport
+
+
+def report_table(report: PreviewReport) -> Table:
+    table = Table(title=f"vaecache decode {escape(report.clip)} ({escape(report.latent_key)} latents)")
+    table.add_column("camera")
+    table.add_column("frames", justify="right")
+    table.add_column("PSNR dB", justify="right")
+    table.add_column("SSIM", justify="right")
+    for camera in report.cameras:
+        table.add_row(escape(camera.camera), str(camera.frames), f"{camera.psnr_db:.2f}", f"{camera.ssim:.4f}")
+    return table
+
+
+@report_errors
+def decode(
+    out: Path = typer.Argument(..., help="A folder written by vaecache encode."),
+    clip: str = typer.Option(..., "--clip", help="The clip to decode: its id, <scene>/<first>-<last> source frame "
+                             "(e.g. scene_000/000000-000008), as in clips.parquet."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="The mp4 to write (default: the clip id "
+                                          "with / as _, e.g. scene_000_000000-000008.mp4, in the current folder)."),
+    vae: Optional[str] = typer.Option(None, "--vae", help="VAE to decode with (default: the recorded spec); must "
+                                      "match the recorded fingerprint, as for verify --reencode."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N."),
+    chunk_frames: int = typer.Option(4, "--chunk-frames", help="Latent frames decoded at a time per camera (Wan: "
+                                     "1 latent frame = 4 frames): bounds the frames in flight; the result is the same."),
+    tiling: bool = typer.Option(False, "--tiling", help="Decode with the VAE's spatial tiling: bounds one frame's "
+                                "activations, for frames too large to decode whole (tile seams may differ slightly)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output file."),
+    allow_pickle_weights: bool = typer.Option(False, "--allow-pickle-weights", help="Let a diffusers VAE folder "
+                                              "holding only pickled .bin weights load (pickle runs code)."),
+    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file ('-': stdout)."),
+) -> None:
+    """Decode one clip's stored latents and compare with its source: mp4 grid (source above reconstruction,
+    one column per camera), PSNR and SSIM per camera."""
+    from vaecache.preview import PreviewSettings, check_output, default_output
+
+    if not out.is_dir():
+        raise UsageError(f"{out}: no such folder")
+    settings = PreviewSettings(vae=vae, device=device, chunk_frames=chunk_frames, tiling=tiling, overwrite=overwrite,
+                               allow_pickle_weights=allow_pickle_weights)
+    output = output if output is not None else default_output(clip)
+    check_output(output, overwrite)
+    check_json_target(json_file)
+
+    from vaecache.preview import decode_preview
+
+    report = decode_preview(out, clip, output, settings)
+    console.print(report_table(report))
+    for note in report.notes:
+        console.print(f"note: {escape(note)}", soft_wrap=True)
+    height, width = report.grid
+    console.print(escape(f"wrote {report.output}: {width}x{height}, {report.frames} frames at {report.fps:g} fps "
+                         f"(top: source, bottom: decoded; decoded {report.decode_mode}, {report.chunks} chunk(s), "
+                         f"at most {report.max_frames_in_flight} frames per camera in flight"
+                         f"{', tiled' if report.tiling else ''}; {report.seconds:.1f} s)"), soft_wrap=True)
+    if json_file is not None:
+        write_json(json_file, report.to_json())
