@@ -179,3 +179,19 @@ def test_every_bad_bucket_is_named_in_one_message() -> None:
     for part in ("--size 30x40", "--size 44x36", "--num-frames 6", "--num-frames 8"):
         assert part in message
     assert "--size 32x56" not in message and "--num-frames 9" not in message
+
+
+def test_counted_shares_agree_with_the_work_of_a_bucketed_resumed_plan() -> None:
+    """dp_counts (what `vaecache plan` reports, no clip built) equals each group's rank_work, buckets and
+    committed clips included."""
+    scenes = [_scene("a", (64, 36, 20, 0)), _scene("b", (36, 64, 9, 0)), _scene("c", (64, 36, 18, 0)),
+              _scene("d", (64, 36, 9, 0)), _scene("e", (36, 64, 20, 0))]
+    clips, _ = _plan(scenes, (9, 5), "all")
+    done = frozenset(c.clip_id for c in list(clips)[1::3])
+    for world, sp, batch in ((1, 1, 3), (2, 1, 2), (4, 2, 2), (3, 3, 1)):
+        job = JobPlan(clips, (), world_size=world, sp_size=sp, batch_size=batch, done=done)
+        for dp in range(world // sp):
+            work, counts = job.rank_work(dp * sp), job.dp_counts(dp)
+            assert (counts.clips, counts.batches) == (len(work.clips), len(work.batches))
+            assert counts.views == sum(p.num_views for p in work.sp_plans)
+            assert counts.views_per_rank == sum(len(v) for v in work.view_indices)

@@ -186,6 +186,11 @@ def test_block_planning_gives_each_rank_exactly_the_clips_of_the_materialized_pl
             work = job.rank_work(rank)
             assert list(work.clips) == expected
             assert [list(b) for b in work.batches] == batched(expected, 2)
+            if rank % sp == 0:  # the plan report's counts, made without building clips, agree with the work
+                counts = job.dp_counts(rank // sp)
+                assert (counts.clips, counts.batches) == (len(work.clips), len(work.batches))
+                assert counts.views == sum(p.num_views for p in work.sp_plans)
+                assert counts.views_per_rank == sum(len(v) for v in work.view_indices)
 
 
 def test_planned_clips_index_and_slice_like_a_list() -> None:

@@ -100,7 +100,17 @@ class SamplingConfig:
 
     def for_length(self, num_frames: int) -> SamplingConfig:
         """The one-length sampling that cuts windows of `num_frames` (the window stride, where given, is shared)."""
-        return SamplingConfig(num_frames, self.frame_stride, self.window_stride, self.max_clips_per_scene)
+        if not self.frame_buckets and num_frames == self.num_frames:
+            return self  # planning asks this once per scene: a one-length sampling is its own
+        found = _ONE_LENGTH.get((self, num_frames))
+        if found is None:
+            found = _ONE_LENGTH[(self, num_frames)] = SamplingConfig(num_frames, self.frame_stride, self.window_stride,
+                                                                     self.max_clips_per_scene)
+        return found
+
+
+_ONE_LENGTH: dict[tuple[SamplingConfig, int], SamplingConfig] = {}
+"""for_length's answers (a few per run: one per frame bucket)."""
 
 
 @dataclass(frozen=True)

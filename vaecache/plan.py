@@ -52,6 +52,8 @@ class PlanConfig:
     """Encode one real clip to measure time and memory (off: planning only)."""
     probe_workers: int = 8
     allow_pickle_weights: bool = False
+    clip_ids: bool = True
+    """List every DP group's clip ids in the report (--json); off, the groups are only counted (fast at 10M)."""
 
     def __post_init__(self) -> None:
         for name in ("world_size", "sp_size", "batch_size", "probe_workers"):
@@ -185,17 +187,17 @@ def probe_all(scenes: list[Scene], workers: int) -> dict[str, SceneProbe]:
     return probes
 
 
-def dp_shares(job: JobPlan) -> list[DpShare]:
-    """Pure: how the encode pipeline splits the job's clips over DP groups, batches and SP ranks."""
+def dp_shares(job: JobPlan, clip_ids: bool = True) -> list[DpShare]:
+    """Pure: how the encode pipeline splits the job's clips over DP groups, batches and SP ranks (counted
+    without building the clips; with `clip_ids`, each group's clip ids too, which builds them)."""
     mesh = make_mesh(0, job.world_size, job.sp_size)
     shares = []
     for dp in range(mesh.dp_size):
-        writer = job.rank_work(mesh.sp_group_ranks(dp)[0])
-        views = sum(p.num_views for p in writer.sp_plans)
-        per_rank = sum(len(indices) for indices in writer.view_indices)  # every rank of a group encodes as many
-        padded = per_rank * job.sp_size - views
-        shares.append(DpShare(dp, mesh.sp_group_ranks(dp), len(writer.clips), len(writer.batches), views, per_rank,
-                              padded, [clip.clip_id for clip in writer.clips]))
+        counts = job.dp_counts(dp)
+        padded = counts.views_per_rank * job.sp_size - counts.views
+        ids = [clip.clip_id for clip in job.dp_clips(dp)] if clip_ids else []
+        shares.append(DpShare(dp, mesh.sp_group_ranks(dp), counts.clips, counts.batches, counts.views,
+                              counts.views_per_rank, padded, ids))
     return shares
 
 
@@ -239,7 +241,7 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
         views=views, frames=views * cfg.clip.sampling.num_frames,
         latent_shape=shape, stored=stored, dtype=recorded_name(vae.dtype),
         bytes_per_view=bytes_per_view, total_bytes=bytes_per_view * views,
-        shares=dp_shares(job), buckets=histogram,
+        shares=dp_shares(job, cfg.clip_ids), buckets=histogram,
     )
     if histogram:
         report.frames = sum(b["views"] * b["num_frames"] for b in histogram)

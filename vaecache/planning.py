@@ -331,6 +331,32 @@ class PlannedClips(Sequence[Clip]):
             at += count
         return clips
 
+    def block_runs(self, lo: int, hi: int) -> list[tuple[Bucket | None, int, int]]:
+        """Clips lo..hi-1 as runs of (bucket, views per clip, clips), in plan order, without building them: what
+        batching and the SP split depend on (a dry run's counts for every DP group)."""
+        lo, hi = max(0, lo), min(len(self), hi)
+        runs: list[tuple[Bucket | None, int, int]] = []
+        if lo >= hi:
+            return runs
+        position = bisect.bisect_right(self._ends, lo)
+        at_clip = self._ends[position - 1] if position else 0  # todo index of the scene's first clip
+        while at_clip < hi:
+            views = len(self._scenes[position][0].cameras)
+            at = self._planned_ends[position] - self._window_counts[position]
+            for length, count in self._parts(position):
+                left = count - self._committed(at, count)
+                at += count
+                first, last = max(lo, at_clip), min(hi, at_clip + left)
+                if last > first:
+                    bucket = self.bucket_of(position, length)
+                    if runs and runs[-1][0] == bucket and runs[-1][1] == views:
+                        runs[-1] = (bucket, views, runs[-1][2] + last - first)
+                    else:
+                        runs.append((bucket, views, last - first))
+                at_clip += left
+            position += 1
+        return runs
+
     def block(self, lo: int, hi: int) -> list[Clip]:
         """Clips lo..hi-1 (plan order), building only the scenes they come from."""
         lo, hi = max(0, lo), min(len(self), hi)
@@ -445,6 +471,20 @@ class RankWork:
     """Per batch: the batch views (see batch_views) this rank decodes and encodes."""
 
 
+@dataclass
+class ShareCounts:
+    """A DP group's share, counted (JobPlan.dp_counts)."""
+
+    clips: int
+    batches: int = 0
+    views: int = 0
+    views_per_rank: int = 0
+    """Views its first SP rank encodes, padding included (every rank of the group encodes as many)."""
+
+
+_NO_BUCKET = object()
+
+
 @dataclass(frozen=True)
 class JobPlan:
     """Clips planned from a dataset, spread over DP groups (contiguous blocks) and SP ranks (views)."""
@@ -502,6 +542,42 @@ class JobPlan:
         return RankWork(tuple(clips), tuple(tuple(batch) for batch in batches), tuple(c[0] for c in chosen),
                         tuple(c[1] for c in chosen))
 
+    def dp_counts(self, dp_rank: int) -> ShareCounts:
+        """What rank_work gives DP group `dp_rank`, counted: clips, batches, views, and the views its first SP
+        rank encodes (padding included). A PlannedClips is counted from its runs, no clip built."""
+        clips = self.todo
+        lo, hi = dp_rank * len(clips) // self.dp_size, (dp_rank + 1) * len(clips) // self.dp_size
+        if isinstance(clips, PlannedClips):
+            runs = clips.block_runs(lo, hi)
+        else:
+            runs = [(getattr(clip, "bucket", None), clip.num_views, 1) for clip in clips[lo:hi]]
+        counts = ShareCounts(hi - lo)
+        splits: dict[int, int] = {}
+        fill = batch_views = 0
+        bucket: Any = _NO_BUCKET
+
+        def close() -> None:
+            if batch_views not in splits:
+                splits[batch_views] = len(plan_sp(batch_views, self.sp_size).view_indices(0))
+            counts.batches += 1
+            counts.views += batch_views
+            counts.views_per_rank += splits[batch_views]
+
+        for run_bucket, views, count in runs:
+            if run_bucket != bucket and fill:
+                close()
+                fill = batch_views = 0
+            bucket = run_bucket
+            while count:
+                take = min(count, self.batch_size - fill)
+                fill, batch_views, count = fill + take, batch_views + take * views, count - take
+                if fill == self.batch_size:
+                    close()
+                    fill = batch_views = 0
+        if fill:
+            close()
+        return counts
+
     def clip_ids_per_dp_group(self) -> list[list[str]]:
         """For each DP group, in order: the ids of the clips its writer commits."""
         return [[clip.clip_id for clip in self.dp_clips(dp)] for dp in range(self.dp_size)]
@@ -517,7 +593,7 @@ def plan_job(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling: S
                    done if isinstance(done, DoneMask) else frozenset(done))
 
 
-__all__ = ["Clip", "DoneMask", "DoneMaskBuilder", "JobPlan", "PlannedClips", "RankWork", "Skipped", "ViewRef", "assign", "assign_contiguous",
+__all__ = ["Clip", "DoneMask", "DoneMaskBuilder", "JobPlan", "ShareCounts", "PlannedClips", "RankWork", "Skipped", "ViewRef", "assign", "assign_contiguous",
            "batch_views", "batched", "clip_id_for", "plan_clips", "plan_job", "plan_scene_clips", "plan_windows",
            "scene_lengths",
            "window", "window_count"]

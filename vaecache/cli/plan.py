@@ -173,6 +173,7 @@ def plan(
         "store": store, "tiling": tiling, "max_views_per_forward": max_views_per_forward,
         "memory_budget": memory_budget, "measure": None if measure else False,
         "allow_pickle_weights": allow_pickle_weights or None,
+        "clip_ids": json_file is not None,  # only the JSON report lists every group's clip ids
     }
     if not data.exists():
         raise DatasetError(f"{data}: dataset path does not exist")
