@@ -617,9 +617,9 @@ def progress_counts(out: Path) -> tuple[int, int]:
     folder = Path(out) / PROGRESS_DIR
     clips = shards = 0
     for log in sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []:
-        for _, entry in _log_entries(log):
+        for line, _ in scan_committed(log):
             shards += 1
-            clips += len(entry.clips)
+            clips += line.clips
     return clips, shards
 
 

@@ -264,7 +264,10 @@ def write_tables(path: Path, kind: TableKind, tables: Iterable[pa.Table]) -> Wri
             try:
                 for table in tables:
                     if table.num_rows:
-                        writer.write_table(table.replace_schema_metadata(schema.metadata), row_group_size=table.num_rows)
+                        # one chunk per column: the bytes then depend on the rows alone, not on how the
+                        # merge sliced them (page boundaries follow chunk boundaries)
+                        table = table.combine_chunks().replace_schema_metadata(schema.metadata)
+                        writer.write_table(table, row_group_size=table.num_rows)
                         count += table.num_rows
                 if not count:
                     writer.write_table(pa.Table.from_pylist([], schema=schema))
