@@ -202,7 +202,8 @@ class PlannedClips(Sequence[Clip]):
                 raise ValueError(f"a DoneMask of {done.size} clips for a plan of {self.planned}")
             flags = self._done_flags = done.flags()
             ends = np.frombuffer(self._planned_ends, np.int64)
-            committed = np.concatenate(([0], np.cumsum(flags, dtype=np.int64)))[ends]
+            # every scene here has a clip, so ends >= 1; int32 counts keep the transient at 4 bytes a clip
+            committed = np.cumsum(flags, dtype=np.int32 if len(flags) < 2**31 else np.int64)[ends - 1]
             self._ends = array("q", (ends - committed).tobytes())
         """Running total of clips still to encode up to and including each scene."""
 
