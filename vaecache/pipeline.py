@@ -37,6 +37,7 @@ from vaecache.parallel import SPPlan, gather_views, plan_sp
 from vaecache.planning import Clip, DoneMask, DoneMaskBuilder, JobPlan, assign, batch_views, plan_job
 from vaecache.stop import StopRequest, ignore_stop_signals
 from vaecache.vae import LoadedVae, load_vae
+from vaecache.vae.load import exact_cuda_numerics
 
 log = logging.getLogger("vaecache")
 
@@ -576,7 +577,8 @@ def _finalize(cfg: EncodeConfig, vae: LoadedVae, summary: EncodeSummary, fingerp
     """Rank 0, after every rank finished: merge progress logs into the manifest, written last. Returns the
     failure records and the latent shape."""
     header = manifest_header(
-        producer={"vaecache": vaecache.__version__, "torch": torch.__version__, "python": platform.python_version()},
+        producer={"vaecache": vaecache.__version__, "torch": torch.__version__, "python": platform.python_version(),
+                  **({"cuda_numerics": exact_cuda_numerics(vae.device)} if vae.device.type == "cuda" else {})},  # set at load
         vae=vae.fingerprint(), fingerprint=fingerprint, frame_rule=vae.rule.to_json(),
         settings={**cfg.clip.to_record(), "data": str(cfg.data), "batch_size": cfg.batch_size,
                   "sp_size": cfg.sp_size, "sp_mode": cfg.sp_mode, "world_size": summary.world_size,

@@ -138,3 +138,21 @@ def test_the_cli_flag_lets_pickled_weights_load(pickled_wan: tuple[Path, torch.n
     assert refused.exit_code == 2 and "--allow-pickle-weights" in refused.output
     assert run_cli([*args, "--allow-pickle-weights"]).exit_code == 0
     assert run_cli(["verify", tmp_path / "out"]).exit_code == 0
+
+
+def test_cuda_numerics_are_exact_and_recorded_cpu_untouched() -> None:
+    """cuDNN autotuning, nondeterministic algorithms and TF32 would make fp32 latents differ from process to
+    process (or not be fp32): off on CUDA; on CPU nothing is changed."""
+    from vaecache.vae.load import exact_cuda_numerics
+
+    saved = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32,
+             torch.backends.cuda.matmul.allow_tf32)
+    try:
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = True, True
+        assert exact_cuda_numerics("cpu") == {} and torch.backends.cudnn.benchmark
+        assert exact_cuda_numerics("cuda:0") == {"cudnn_benchmark": False, "cudnn_deterministic": True, "tf32": False}
+        assert not torch.backends.cudnn.benchmark and torch.backends.cudnn.deterministic
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+    finally:
+        (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32,
+         torch.backends.cuda.matmul.allow_tf32) = saved

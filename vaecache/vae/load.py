@@ -55,6 +55,7 @@ def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32",
     else:
         raise VaeSpecError(f"unknown VAE spec {spec!r}: use builtin:tiny, diffusers:PATH or python:module:function")
     compute_dtype, dtype_note = _compute_dtype(model, dtype)
+    exact_cuda_numerics(device)
     module = model.module
     module.to(torch.device(device)).eval().requires_grad_(False)
     if compute_dtype != torch.float32:  # weights load as fp32; casting to fp32 again only makes diffusers warn
@@ -64,6 +65,21 @@ def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32",
                     dtype_note=dtype_note, tiling=tiling, tile_params=tile_params,
                     max_views_per_forward=max_views_per_forward)
     return VaeRunner(model, inject_oom)
+
+
+def exact_cuda_numerics(device: torch.device | str) -> dict[str, bool]:
+    """On CUDA, numerics that do not change from process to process and mean what the dtype says: cuDNN picks
+    convolution algorithms by its fixed heuristic (benchmark autotuning may pick another algorithm in another
+    process, hence other bits), deterministic algorithms only, and no TF32 (on by default for cuDNN
+    convolutions on Ampere and newer, where "fp32" would multiply with 10-bit mantissas). Returns the flags
+    (recorded in the manifest's producer); nothing changes on other devices."""
+    if torch.device(device).type != "cuda":
+        return {}
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return {"cudnn_benchmark": False, "cudnn_deterministic": True, "tf32": False}
 
 
 def _compute_dtype(model: VaeModel, dtype: str) -> tuple[torch.dtype, str | None]:
@@ -205,4 +221,4 @@ def _load_python(target: str, spec: str) -> VaeModel:
                     has_logvar=bool(getattr(module, "vaecache_has_logvar", True)), can_tile=_can_tile(module))
 
 
-__all__ = ["BUILTIN_TINY_CONFIG", "BUILTIN_TINY_SEED", "load_vae"]
+__all__ = ["BUILTIN_TINY_CONFIG", "BUILTIN_TINY_SEED", "exact_cuda_numerics", "load_vae"]
