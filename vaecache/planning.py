@@ -193,7 +193,6 @@ class PlannedClips(Sequence[Clip]):
         self._buckets = ([[Bucket(h, w, n) for n in sampling.lengths] for h, w in sizes] if sizes else None)
         self._planned_ends = array("q", itertools.accumulate(counts))
         """Running total of planned clips (committed ones included) up to and including each scene."""
-        self._done = done
         self._done_flags: np.ndarray | None = None
         if done is None or not done.count:
             self._ends = self._planned_ends
