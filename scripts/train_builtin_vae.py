@@ -1,14 +1,16 @@
 """Train the `builtin:small` VAE: a small AutoencoderKLWan fitted to demo-style footage, shipped in the package.
 
 Training clips are rendered in memory with ``vaecache.demodata.render_clip`` from seeds >= 1 (--pool clips,
-clip k is seed 1 + k // 6, scene k % 3, camera (k // 3) % 2); the held-out evaluation set is the
-footage ``vaecache demo`` writes, seed 0 (3 scenes x 2 cameras x 17 frames at 64x64), which no training step
-sees. Each step takes a random window of --frames frames, a random --crop square and random flips; the loss is
-L1 + MSE on [-1, 1] pixels plus --kl-weight times the mean KL of the posterior to N(0, 1), the decoder seeing a sample, after the first
---sample-after of the steps (before that it decodes the mean: an autoencoder warm-up) (the cache stores mean
-and logvar, so logvar is kept sane rather than left to run to its clamp). During the first --aux-until of the
-steps a fading guide term pulls 3 latent channels towards the pooled input (see TrainArgs.aux_until). Adam, linear warm-up, cosine decay,
-gradient clipping at 1; one CPU thread and fixed seeds, so a run is reproducible on one machine.
+clip k is seed 1 + k // 6, scene k % 3, camera (k // 3) % 2); the held-out evaluation set is the footage
+``vaecache demo`` writes, seed 0 (3 scenes x 2 cameras x 17 frames at 64x64), which no training step sees.
+Each step takes a random window of --frames frames, a random --crop square and random flips.
+
+Loss: L1 + MSE on [-1, 1] pixels. For the first --sample-after of the steps the decoder sees the posterior
+mean (a plain autoencoder); after that it sees a sample and --kl-weight times the mean KL to N(0, 1) is
+added, so the logvar the cache stores is trained and kept sane. During the first --aux-until of the steps a
+fading guide term pulls 3 latent channels towards the pooled input (see TrainArgs.aux_until). Adam, linear
+warm-up, cosine decay, gradient clipping at 1; one CPU thread and fixed seeds, so a run is reproducible on
+one machine.
 
 The weights are stored in fp16 (``--out``, safetensors, metadata: config, args, held-out PSNR); the final
 evaluation runs the fp16-rounded weights in fp32, exactly what ``builtin:small`` loads from that file. PSNR is
@@ -223,7 +225,8 @@ def train(args: TrainArgs, out: Path, log_every: int, eval_every: int = 0, heldo
                               "train_psnr": round(float(10 * torch.log10(4.0 / mse)), 2),
                               "elapsed_s": round(time.monotonic() - start, 1)}), flush=True)
         if eval_every and step % eval_every == eval_every - 1:  # monitoring only: nothing is selected by it
-            print(json.dumps({"step": step, "heldout_psnr": round(evaluate(module, heldout_scenes)["psnr_mean"], 2)}), flush=True)
+            psnr = evaluate(module, heldout_scenes)["psnr_mean"]
+            print(json.dumps({"step": step, "heldout_psnr": round(psnr, 2)}), flush=True)
         module.train()
     train_s = time.monotonic() - start
     with torch.no_grad():  # what is stored: fp16-rounded weights, evaluated in fp32 (as builtin:small runs)
