@@ -239,7 +239,7 @@ def test_frame_rule_names_the_nearest_valid_values(tiny: LoadedVae, frames: int,
 @pytest.mark.parametrize(("spec", "match"), [
     ("", "--vae is required"),
     ("tiny", "unknown VAE spec 'tiny'"),
-    ("builtin:huge", "the only builtin is builtin:tiny"),
+    ("builtin:huge", "the builtins are builtin:tiny, builtin:small"),
     ("diffusers:/nonexistent/vae", "diffusers VAE folder not found"),
     ("python:nomodule_xyz:make", "cannot import nomodule_xyz"),
     ("python:justone", "expected python:module.path:function"),

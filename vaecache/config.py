@@ -263,7 +263,8 @@ class EncodeConfig:
 
     def __post_init__(self) -> None:
         if not self.vae:
-            raise UsageError("--vae is required (e.g. builtin:tiny, diffusers:/path/to/vae, python:pkg.mod:factory)")
+            raise UsageError("--vae is required (e.g. builtin:tiny, builtin:small, diffusers:/path/to/vae, "
+                             "python:pkg.mod:factory)")
         if self.on_error not in ON_ERROR_CHOICES:
             raise UsageError(f"--on-error must be one of {', '.join(ON_ERROR_CHOICES)}, got {self.on_error!r}")
         if self.batch_size < 1:

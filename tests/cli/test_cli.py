@@ -54,7 +54,7 @@ BAD_INPUT = {
     "missing DATA path": (dict(), "nope", r"nope: dataset path does not exist"),
     "empty folder": (dict(), "empty", r"empty: no videos .* and no scene folders found"),
     "unknown VAE spec": (dict(vae="wan2.1"), None, r"unknown VAE spec 'wan2.1'"),
-    "unknown builtin": (dict(vae="builtin:huge"), None, r"the only builtin is builtin:tiny"),
+    "unknown builtin": (dict(vae="builtin:huge"), None, r"the builtins are builtin:tiny, builtin:small"),
     "missing --vae": (dict(vae=None), None, r"--vae is required"),
     "size not HxW": (dict(size="64"), None, r"--size must look like HxW .*got '64'"),
     "size not a multiple of 8": (dict(size="60x64"), None, r"height 60 is not a multiple of 8 .*56 and 64"),

@@ -32,7 +32,8 @@ REQUIRED_PANEL = "Required (flag or --config)"
 # Options encode and plan share. Required, yet Optional here: each may come from --config instead.
 VaeOption = Annotated[Optional[str], typer.Option(
     "--vae", rich_help_panel=REQUIRED_PANEL,
-    help="builtin:tiny | diffusers:PATH\\[#subfolder] | python:module:function. \\[required, or in --config]")]
+    help="builtin:tiny | builtin:small | diffusers:PATH\\[#subfolder] | python:module:function. "
+         "\\[required, or in --config]")]
 NumFramesOption = Annotated[Optional[str], typer.Option(
     "--num-frames", rich_help_panel=REQUIRED_PANEL,
     help="Frames per clip, or frame buckets 17,33,49 (see --frames-policy); checked against the VAE's rule. "

@@ -35,7 +35,7 @@ def build_config(data: Path, out: Path | None, vae: str | None, options: dict[st
         raise UsageError("--out is required: the folder the latent cache is written to")
     vae = vae or toml_vae
     if not vae:
-        raise UsageError("--vae is required (builtin:tiny, diffusers:PATH or python:module:function); "
+        raise UsageError("--vae is required (builtin:tiny, builtin:small, diffusers:PATH or python:module:function); "
                          "there is no default, so a forgotten flag cannot produce silent garbage")
     clip = pop_clip_options(merged)
     if "shard_size" in merged:
@@ -128,9 +128,12 @@ def encode(
     with distributed(sp_size=cfg.sp_size, device=cfg.device, timeout_s=cfg.timeout_s,
                      liveness_timeout_s=cfg.liveness_timeout_s) as ctx:
         is_rank0 = ctx.info.rank == 0
-        if is_rank0 and cfg.vae.startswith("builtin:"):
+        if is_rank0 and cfg.vae == "builtin:tiny":
             console.print("[yellow]note:[/yellow] builtin:tiny is an untrained VAE with random weights "
                           "(for demos and tests; its latents mean nothing to a real model)")
+        elif is_rank0 and cfg.vae == "builtin:small":
+            console.print("[yellow]note:[/yellow] builtin:small is a small VAE trained only on synthetic demo "
+                          "footage (for demos and tests, not for real video)")
         summary = run_encode(cfg, ctx, progress=lambda label, unit: progress_reporter(
             label, unit, console, enabled=is_rank0 and cfg.progress))
     if summary.stopped:

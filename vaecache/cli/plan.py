@@ -31,7 +31,8 @@ def build_plan_config(data: Path, options: dict[str, Any], config_file: Path | N
     for key in _ENCODE_ONLY + ("data",):
         merged.pop(key, None)
     if not merged.get("vae"):
-        raise UsageError("--vae is required (builtin:tiny, diffusers:PATH[#subfolder] or python:module:function)")
+        raise UsageError("--vae is required (builtin:tiny, builtin:small, diffusers:PATH[#subfolder] or "
+                         "python:module:function)")
     clip = pop_clip_options(merged)
     budget = merged.pop("memory_budget", None)
     if budget is not None:

@@ -3,6 +3,8 @@
 ``--vae`` takes one of:
 
 * ``builtin:tiny``: an untrained tiny AutoencoderKLWan with fixed random weights, for demos and tests.
+* ``builtin:small``: a small AutoencoderKLWan trained on demo-style synthetic footage
+  (``scripts/train_builtin_vae.py``), its fp16 weights shipped in the package (``vae/weights/``).
 * ``diffusers:PATH[#subfolder]``: a diffusers model folder; ``config.json``'s ``_class_name`` picks the
   family: AutoencoderKLWan, AutoencoderKLHunyuanVideo, AutoencoderKLCogVideoX, AutoencoderKLLTXVideo,
   or AutoencoderKL (a 2D image VAE applied to every frame; its latents are laid out (c, t, h, w) like

@@ -28,19 +28,22 @@ BUILTIN_TINY_CONFIG: dict[str, Any] = {
     "temperal_downsample": [False, True, True],
 }
 BUILTIN_TINY_SEED = 20240601
+BUILTIN_SMALL_WEIGHTS = Path(__file__).resolve().parent / "weights" / "builtin_small.safetensors"
+"""builtin:small: an AutoencoderKLWan trained on demo-style footage (scripts/train_builtin_vae.py); config in metadata."""
+BUILTINS = ("builtin:tiny", "builtin:small")
 
 
 def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32", *, tiling: bool = False,
              max_views_per_forward: int = 1, tile_options: dict[str, Any] | None = None,
              allow_pickle_weights: bool = False) -> VaeRunner:
-    """Resolve a --vae SPEC (builtin:tiny, diffusers:PATH[#subfolder], python:module:function) and get it ready.
+    """Resolve a --vae SPEC (builtin:tiny|small, diffusers:PATH[#subfolder], python:module:function) and get it ready.
 
     `tile_options` go to the module's enable_tiling() (e.g. tile_sample_min_height); they are recorded
     in the fingerprint whether or not tiling ends up used. A diffusers folder is read from safetensors
     only, unless `allow_pickle_weights` lets a folder holding only pickled ``.bin`` weights load.
     """
     if not spec:
-        raise VaeSpecError("--vae is required (builtin:tiny, diffusers:PATH or python:module:function)")
+        raise VaeSpecError("--vae is required (builtin:tiny, builtin:small, diffusers:PATH or python:module:function)")
     check_dtype_name(dtype)
     if isinstance(max_views_per_forward, bool) or not isinstance(max_views_per_forward, int) or max_views_per_forward < 1:
         raise UsageError(f"--max-views-per-forward must be an integer >= 1, got {max_views_per_forward!r}")
@@ -53,7 +56,8 @@ def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32",
     elif kind == "python":
         model = _load_python(rest, spec)
     else:
-        raise VaeSpecError(f"unknown VAE spec {spec!r}: use builtin:tiny, diffusers:PATH or python:module:function")
+        raise VaeSpecError(f"unknown VAE spec {spec!r}: use builtin:tiny, builtin:small, diffusers:PATH or "
+                           "python:module:function")
     compute_dtype, dtype_note = _compute_dtype(model, dtype)
     exact_cuda_numerics(device)
     module = model.module
@@ -146,14 +150,42 @@ def _family_model(module: torch.nn.Module, family: Family, spec: str, untrained:
 
 
 def _load_builtin(name: str, spec: str) -> VaeModel:
-    if name != "tiny":
-        raise VaeSpecError(f"unknown builtin VAE {name!r} in {spec!r}: the only builtin is builtin:tiny")
+    if name == "tiny":
+        return _builtin_tiny(spec)
+    if name == "small":
+        return _builtin_small(spec)
+    raise VaeSpecError(f"unknown builtin VAE {name!r} in {spec!r}: the builtins are {', '.join(BUILTINS)}")
+
+
+def _builtin_tiny(spec: str) -> VaeModel:
     from diffusers import AutoencoderKLWan
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(BUILTIN_TINY_SEED)
         module = AutoencoderKLWan(**BUILTIN_TINY_CONFIG)
     return _family_model(module, FAMILIES["AutoencoderKLWan"], spec, untrained=True)
+
+
+def _builtin_small(spec: str) -> VaeModel:
+    """The trained AutoencoderKLWan shipped in the package (scripts/train_builtin_vae.py): fp16 on disk, fp32 here."""
+    from diffusers import AutoencoderKLWan
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    path = BUILTIN_SMALL_WEIGHTS
+    if not path.is_file():
+        raise VaeSpecError(f"{spec}: the weights file {path} is missing from this installation")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            config = json.loads((handle.metadata() or {})["config"])
+        state = load_file(str(path))
+    except Exception as exc:  # a damaged file: safetensors and json raise several types
+        raise VaeSpecError(f"{spec}: cannot read {path} ({_first_line(exc)[:200]})") from None
+    with torch.random.fork_rng(devices=[]):  # every tensor is overwritten; the seed only keeps RNG use quiet
+        torch.manual_seed(BUILTIN_TINY_SEED)
+        module = AutoencoderKLWan(**config)
+    module.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=True)
+    return _family_model(module, FAMILIES["AutoencoderKLWan"], spec, untrained=False)
 
 
 def _load_diffusers(location: str, spec: str, allow_pickle_weights: bool) -> VaeModel:
@@ -221,4 +253,5 @@ def _load_python(target: str, spec: str) -> VaeModel:
                     has_logvar=bool(getattr(module, "vaecache_has_logvar", True)), can_tile=_can_tile(module))
 
 
-__all__ = ["BUILTIN_TINY_CONFIG", "BUILTIN_TINY_SEED", "exact_cuda_numerics", "load_vae"]
+__all__ = ["BUILTINS", "BUILTIN_SMALL_WEIGHTS", "BUILTIN_TINY_CONFIG", "BUILTIN_TINY_SEED", "exact_cuda_numerics",
+           "load_vae"]
