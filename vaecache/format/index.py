@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -302,25 +303,26 @@ class _Totals:
             entry[0] += 1
             entry[1] += cameras
 
-    def add_batch(self, batch: pa.RecordBatch) -> None:
-        """A committed shard's rows from a row log: counted column-wise; its bucket and shape are its first
-        clip's (a shard holds one bucket)."""
-        first = _table.clip_record(batch.slice(0, 1).to_pylist()[0])
-        cameras = pc.fill_null(pc.list_value_length(batch.column("cameras")), 0)
-        frames = pc.fill_null(pc.list_value_length(batch.column("frames")), 0)
-        views = int(pc.sum(cameras).as_py() or 0)
-        self.clips += batch.num_rows
-        self.views += views
-        self.frames += int(pc.sum(pc.multiply(cameras, frames)).as_py() or 0)
-        if self.shape is None:
-            self.shape = {key: entry["shape"] for key, entry in first["tensors"].items()}
-        bucket = first.get("bucket")
-        if isinstance(bucket, dict):
-            entry = self.buckets.get(bucket.get("name"))
-            if entry is None:
-                entry = self.buckets[bucket.get("name")] = [0, 0, {key: e["shape"] for key, e in first["tensors"].items()}]
-            entry[0] += batch.num_rows
-            entry[1] += views
+    def add_rows(self, table: pa.Table, shards: list[tuple[int, str | None]]) -> None:
+        """Committed shards' rows from the row logs, `shards` giving each shard's (row count, bucket name) in
+        order: counted column-wise; a bucket's shape is that of its first clip (a shard holds one bucket)."""
+        cameras = pc.fill_null(pc.list_value_length(table.column("cameras")), 0).to_numpy()
+        frames = pc.fill_null(pc.list_value_length(table.column("frames")), 0).to_numpy()
+        self.clips += table.num_rows
+        self.views += int(cameras.sum())
+        self.frames += int((cameras * frames).sum())
+        starts = np.cumsum([0] + [rows for rows, _ in shards[:-1]])
+        views = np.add.reduceat(cameras, starts) if len(shards) else []
+        for (rows, bucket), start, shard_views in zip(shards, starts, views):
+            if self.shape is None or (bucket is not None and bucket not in self.buckets):
+                first = _table.clip_record(table.slice(int(start), 1).to_pylist()[0])
+                shape = {key: entry["shape"] for key, entry in first["tensors"].items()}
+                self.shape = self.shape or shape
+                if bucket is not None:
+                    self.buckets[bucket] = [0, 0, shape]
+            if bucket is not None:
+                self.buckets[bucket][0] += rows
+                self.buckets[bucket][1] += int(shard_views)
 
     def merge(self, part: _Totals) -> None:
         self.shards.extend(part.shards)
@@ -461,6 +463,14 @@ def _scan_logs(out: Path, prefix: str, workers: int, only: frozenset[str] | None
     return totals, paths
 
 
+def _bucket_name(extra: str | None) -> str | None:
+    """The bucket a clip-table row names in its `extra` JSON (a bucketed run), or None."""
+    if not extra or '"bucket"' not in extra:
+        return None
+    bucket = json.loads(extra).get("bucket")
+    return bucket.get("name") if isinstance(bucket, dict) else None
+
+
 def _gather_rows(out: Path, prefix: str, workers: int) -> tuple[_Totals, list[Path]]:
     """The committed shards (progress logs, shard record and ids only) and their clip-table rows in sorted
     runs: from the row logs the writers left, and, for shards without rows there (a cache written before row
@@ -473,20 +483,30 @@ def _gather_rows(out: Path, prefix: str, workers: int) -> tuple[_Totals, list[Pa
     totals, runs = _Totals(), _Runs(folder, f"{prefix}r-")
     taken: set[str] = set()
     pending: list[pa.RecordBatch] = []
-    count = 0
+    shards: list[tuple[int, str | None]] = []
+    rows = 0
+
+    def flush() -> None:
+        table = pa.Table.from_batches(pending, schema=schema_of(CLIP_TABLE))
+        if table.num_rows:
+            totals.add_rows(table, shards)
+            runs.add_table(table)
+        pending.clear()
+        shards.clear()
+
     for path in sorted(folder.glob(f"rows-rank-*{ROWS_SUFFIX}")) if folder.is_dir() else []:
         for batch in read_row_log(path):
             shard = batch.column("shard")[0].as_py()
             if shard not in committed or shard in taken:
                 continue  # written by a commit that never reached its progress line, or dropped on resume
             taken.add(shard)
-            totals.add_batch(batch)
             pending.append(batch)
-            count += batch.num_rows
-            if count >= RUN_CHUNK_ROWS:
-                runs.add_table(pa.Table.from_batches(pending))
-                pending, count = [], 0
-    runs.add_table(pa.Table.from_batches(pending, schema=schema_of(CLIP_TABLE)))
+            shards.append((batch.num_rows, _bucket_name(batch.column("extra")[0].as_py())))
+            rows += batch.num_rows
+            if rows >= RUN_CHUNK_ROWS:
+                flush()
+                rows = 0
+    flush()
     runs.close()
     paths = list(runs.paths)
     untaken = frozenset(shard["file"] for name, shard in committed.items() if name not in taken)
