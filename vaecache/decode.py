@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from vaecache.buckets import PAD_PIXEL, fit_geometry
-from vaecache.errors import VideoDecodeError
+from vaecache.config import DECODER_CHOICES
+from vaecache.errors import UsageError, VideoDecodeError
 
 DECODER = "pyav-pts/1"
 """Names this way of decoding in the run fingerprint (vaecache 0.1.0 caches decoded with decord)."""
@@ -210,8 +211,8 @@ class VideoReader:
                 f"{float((times[worst + 1] - times[worst]) * self.time_base):.3f} s between frames {frames[worst]} and "
                 f"{frames[worst + 1]}, {float(step * self._median_step() * self.time_base):.3f} s at the video's frame rate (variable frame rate)")
 
-    def read(self, frames: Sequence[int]) -> np.ndarray:
-        """(T, H, W, 3) uint8 RGB of the given frame numbers (ascending), upright."""
+    def check_request(self, frames: Sequence[int]) -> list[int]:
+        """The frames as a list, refused unless ascending, in range and evenly spaced in time (every backend)."""
         frames = list(frames)
         if not frames:
             raise ValueError("no frames requested")
@@ -220,6 +221,11 @@ class VideoReader:
         if frames[-1] >= len(self):
             raise VideoDecodeError(self.path, f"frame {frames[-1]} requested, video has {len(self)}")
         self.check_even(frames)
+        return frames
+
+    def read(self, frames: Sequence[int]) -> np.ndarray:
+        """(T, H, W, 3) uint8 RGB of the given frame numbers (ascending), upright."""
+        frames = self.check_request(frames)
         try:
             array = self._read_sequential(frames) if self.sequential else self._read_by_pts(frames)
         except av.FFmpegError as exc:
@@ -371,15 +377,249 @@ def _check_file(path: str) -> None:
         raise VideoDecodeError(path, "permission denied") from None
 
 
-def open_video(path: str) -> VideoReader:
-    """A frame-exact reader of `path`; every failure is a VideoDecodeError naming the file."""
-    return VideoReader(path)
+def open_video(path: str, backend: Backend | None = None) -> VideoReader | ForeignReader:
+    """A frame-exact reader of `path` (PyAV unless `backend` says otherwise); every failure is a VideoDecodeError
+    naming the file."""
+    if backend is None or backend.choice == "pyav":
+        return VideoReader(path)
+    if backend.choice == "decord":
+        return DecordReader(path)
+    return TorchcodecReader(path, backend.device)
 
 
-def decode_frames(path: str, frames: Sequence[int]) -> np.ndarray:
+def decode_frames(path: str, frames: Sequence[int], backend: Backend | None = None) -> np.ndarray:
     """(T, H, W, 3) uint8 RGB of `frames` of `path`, with a reader of its own."""
-    with open_video(path) as reader:
+    with open_video(path, backend) as reader:
         return reader.read(frames)
+
+
+# --------------------------------------------------------------------------- decode backends
+
+
+AUTO_ORDER = ("pyav", "decord")
+"""The backends --decoder auto may pick, fastest first (scripts/bench_decode.py on a 2-core EPYC VM: PyAV beats
+decord's forward-only reading on every workload). Only backends whose RGB is byte-identical to PyAV's on the
+test videos are listed: torchcodec was not measured (no FFmpeg shared libraries there), so it is never picked."""
+DECORD_DECODER = "decord-seq/1"
+TORCHCODEC_DECODER = "torchcodec-{device}/1"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A resolved --decoder: which library reads the frames, and the name the run fingerprint records for it.
+
+    Every backend has its own recorded name, so one cache never mixes decoders (a resume with another one is
+    refused); pyav keeps DECODER, the name caches had before there was a choice."""
+
+    choice: str
+    """pyav, decord or torchcodec."""
+    name: str
+    """Recorded in the run fingerprint and the manifest settings ("decoder")."""
+    device: str = "cpu"
+    """Where torchcodec decodes: cpu, or cuda[:N] (NVDEC)."""
+
+
+PYAV = Backend("pyav", DECODER)
+
+
+def backend_unavailable(choice: str) -> str | None:
+    """Why `choice` cannot be used in this environment (None: it can)."""
+    if choice == "pyav":
+        return None
+    module = {"decord": "decord", "torchcodec": "torchcodec.decoders"}[choice]
+    try:
+        __import__(module)
+    except Exception as exc:  # torchcodec raises RuntimeError/OSError when FFmpeg's shared libraries are missing
+        return f"{choice} cannot be imported ({_short(exc)})"
+    return None
+
+
+def resolve_decoder(choice: str, device: Any = "cpu", workers: int = 0) -> Backend:
+    """The backend --decoder `choice` means for a run on `device` with `workers` decode processes."""
+    if choice == "auto":
+        choice = next(name for name in AUTO_ORDER if backend_unavailable(name) is None)
+    if choice not in DECODER_CHOICES:
+        raise UsageError(f"--decoder must be one of {', '.join(DECODER_CHOICES)}, got {choice!r}")
+    if choice == "pyav":
+        return PYAV
+    reason = backend_unavailable(choice)
+    if reason is not None:
+        extra = " (pip install 'vaecache[torchcodec]' and FFmpeg 4-8 shared libraries)" if choice == "torchcodec" else ""
+        raise UsageError(f"--decoder {choice}: {reason}{extra}")
+    if choice == "decord":
+        return Backend("decord", DECORD_DECODER)
+    where = str(torch.device(device)) if torch.device(device).type == "cuda" else "cpu"
+    if where != "cpu" and workers:
+        raise UsageError("--decoder torchcodec on CUDA (NVDEC) decodes in the main process: use --workers 0 "
+                         "(CUDA cannot start in forked DataLoader workers)")
+    return Backend("torchcodec", TORCHCODEC_DECODER.format(device=where.split(":")[0]), where)
+
+
+def backend_for_record(name: str | None) -> Backend:
+    """The backend that wrote a cache, from the decoder name its manifest records (none recorded: pyav)."""
+    if name in (None, DECODER):
+        return PYAV
+    if name == DECORD_DECODER:
+        return resolve_decoder("decord")
+    for where in ("cpu", "cuda"):
+        if name == TORCHCODEC_DECODER.format(device=where):
+            return resolve_decoder("torchcodec", where)
+    raise UsageError(f"the cache was decoded with {name!r}, which this vaecache does not know")
+
+
+class ForeignReader:
+    """A backend other than PyAV: frame numbering, frame count, times, the even-spacing check and the rotation
+    all come from a PyAV VideoReader of the same file (its packet index; no frame is decoded by PyAV but the
+    first), so every backend reads the same frame n and refuses the same clips. Subclasses fetch the pixels."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.index = VideoReader(path)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def rotation(self) -> int:
+        return self.index.rotation
+
+    @property
+    def frame_size(self) -> tuple[int, int]:
+        return self.index.frame_size
+
+    @property
+    def codec(self) -> str:
+        return self.index.codec
+
+    def timestamps(self, frames: Sequence[int]) -> list[float]:
+        return self.index.timestamps(frames)
+
+    def fps(self) -> float:
+        return self.index.fps()
+
+    def check_probe(self, frames: int, width: int, height: int) -> None:
+        self.index.check_probe(frames, width, height)
+
+    def read(self, frames: Sequence[int]) -> np.ndarray:
+        """(T, H, W, 3) uint8 RGB of the given frame numbers (ascending), upright, as VideoReader.read."""
+        frames = self.index.check_request(frames)
+        array = self._pixels(frames)
+        width, height = self.frame_size
+        upright = (width, height) if self.rotation in (90, 270) else (height, width)
+        if array.shape[1:] != (*upright, 3):
+            raise VideoDecodeError(self.path, f"{type(self).__name__} gave {array.shape[2]}x{array.shape[1]} frames, "
+                                              f"the video shows {upright[1]}x{upright[0]}")
+        return array
+
+    def _pixels(self, frames: list[int]) -> np.ndarray:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.index.close()
+
+    def __enter__(self) -> ForeignReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class DecordReader(ForeignReader):
+    """decord, reading forward only: frame n is the n-th frame decord decodes from the start of a fresh reader.
+
+    decord's own seeking (get_batch, seek, even seek(0)) returned neighbouring frames on open-GOP h264, HEVC and
+    MPEG-4 AVI with B-frames (issue 12), so a read behind the current position opens the file again instead.
+    decord applies the display rotation itself, the same way as VideoReader (checked by shape here for 90 and
+    270 degrees, and by the tests for all three)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        import decord
+
+        try:
+            count = len(decord.VideoReader(path, ctx=decord.cpu(0), num_threads=1))
+        except Exception as exc:  # decord raises DECORDError (a RuntimeError) for anything it cannot open
+            self.close()
+            raise VideoDecodeError(path, f"decord cannot read it ({_short(exc)})") from None
+        if count != len(self):
+            self.close()
+            raise VideoDecodeError(path, f"decord counts {count} frames, a straight decode gives {len(self)} "
+                                         "(use --decoder pyav)")
+        self._decord: Any = None
+        self._next = 0
+
+    def _restart(self) -> None:
+        import decord
+
+        self._decord = decord.VideoReader(self.path, ctx=decord.cpu(0), num_threads=1)
+        self._next = 0
+
+    def _pixels(self, frames: list[int]) -> np.ndarray:
+        if self._decord is None or self._next > frames[0]:
+            self._restart()
+        out = []
+        try:
+            for index in frames:
+                for _ in range(index - self._next):  # skip_frames() mis-steps like seeking: decode each one
+                    self._decord.next()
+                out.append(self._decord.next().asnumpy())
+                self._next = index + 1
+        except Exception as exc:  # DECORDError, StopIteration at a short stream
+            self._decord = None
+            raise VideoDecodeError(self.path, f"decord failed at frames {frames[0]}..{frames[-1]} "
+                                              f"({_short(exc) or type(exc).__name__})") from None
+        return np.stack(out)
+
+    def close(self) -> None:
+        self._decord = None
+        super().close()
+
+
+class TorchcodecReader(ForeignReader):
+    """torchcodec's VideoDecoder (exact seek mode) on CPU or CUDA (NVDEC). Every frame it returns is checked
+    by its timestamp against the one PyAV's index gives frame n: a wrong frame is an error, never a neighbour.
+
+    Rotated files are refused: whether and how this torchcodec applies the display matrix was not measured."""
+
+    def __init__(self, path: str, device: str = "cpu") -> None:
+        super().__init__(path)
+        if self.rotation:
+            self.close()
+            raise VideoDecodeError(path, f"display rotation of {self.rotation} degrees: --decoder torchcodec does "
+                                         "not read rotated video (use --decoder pyav)")
+        if self.index.sequential:
+            self.close()
+            raise VideoDecodeError(path, "no usable timestamps: --decoder torchcodec cannot identify frames "
+                                         "(use --decoder pyav)")
+        from torchcodec.decoders import VideoDecoder as TorchcodecDecoder
+
+        try:
+            self._decoder = TorchcodecDecoder(path, device=device, seek_mode="exact", dimension_order="NHWC")
+            first = float(self._decoder.get_frame_at(0).pts_seconds)
+        except Exception as exc:  # torchcodec raises RuntimeError/ValueError for files it cannot read
+            self.close()
+            raise VideoDecodeError(path, f"torchcodec cannot read it ({_short(exc)})") from None
+        self._offset = first - self.index.timestamps([0])[0]
+        pts = self.index._pts
+        assert pts is not None
+        self._tolerance = float(self.index._median_step() * self.index.time_base) / 2 if len(pts) > 1 else 1e-3
+
+    def _pixels(self, frames: list[int]) -> np.ndarray:
+        try:
+            batch = self._decoder.get_frames_at(indices=frames)
+        except Exception as exc:
+            raise VideoDecodeError(self.path, f"torchcodec failed at frames {frames[0]}..{frames[-1]} "
+                                              f"({_short(exc)})") from None
+        expected = self.index.timestamps(frames)
+        for index, want, got in zip(frames, expected, batch.pts_seconds.tolist()):
+            if abs(got - self._offset - want) > self._tolerance:
+                raise VideoDecodeError(self.path, f"torchcodec returned the frame at {got - self._offset:.3f} s "
+                                                  f"for frame {index} (at {want:.3f} s)")
+        return batch.data.cpu().numpy()
+
+    def close(self) -> None:
+        self._decoder = None
+        super().close()
 
 
 # --------------------------------------------------------------------------- resize, crop, range
@@ -430,15 +670,16 @@ class ViewDecoder:
     """Decodes one camera of one clip. Keeps a few readers open: a batch often reads one file twice, and
     the next clip of a file continues where the last one stopped."""
 
-    def __init__(self, height: int, width: int, cache_size: int = 8, fit: str = "cover") -> None:
-        self.height, self.width, self.fit = height, width, fit
-        self._readers: OrderedDict[str, VideoReader] = OrderedDict()
+    def __init__(self, height: int, width: int, cache_size: int = 8, fit: str = "cover",
+                 backend: Backend = PYAV) -> None:
+        self.height, self.width, self.fit, self.backend = height, width, fit, backend
+        self._readers: OrderedDict[str, VideoReader | ForeignReader] = OrderedDict()
         self._cache_size = cache_size
 
-    def _reader(self, path: str) -> VideoReader:
+    def _reader(self, path: str) -> VideoReader | ForeignReader:
         reader = self._readers.pop(path, None)
         if reader is None:
-            reader = open_video(path)
+            reader = open_video(path, self.backend)
         self._readers[path] = reader
         while len(self._readers) > self._cache_size:
             self._readers.popitem(last=False)[1].close()
@@ -488,10 +729,10 @@ class ViewBatchDataset(torch.utils.data.Dataset):
     each frame in its first decoded camera, from that video's first frame}} (times: for the clip record)."""
 
     def __init__(self, batches: Sequence[Sequence[Any]], view_indices: Sequence[Sequence[int]], height: int, width: int,
-                 fit: str = "cover") -> None:
+                 fit: str = "cover", backend: Backend = PYAV) -> None:
         self.batches = [list(b) for b in batches]
         self.view_indices = [list(v) for v in view_indices]
-        self.height, self.width, self.fit = height, width, fit
+        self.height, self.width, self.fit, self.backend = height, width, fit, backend
         self._decoder: ViewDecoder | None = None
 
     def __len__(self) -> int:
@@ -505,7 +746,7 @@ class ViewBatchDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         if self._decoder is None:
-            self._decoder = ViewDecoder(self.height, self.width, fit=self.fit)
+            self._decoder = ViewDecoder(self.height, self.width, fit=self.fit, backend=self.backend)
         batch = self.batches[index]
         bucket = getattr(batch[0], "bucket", None)  # a batch never mixes buckets (planning.batched)
         size = (bucket.height, bucket.width) if bucket is not None else (self.height, self.width)
