@@ -396,6 +396,9 @@ def decode_frames(path: str, frames: Sequence[int], backend: Backend | None = No
 # --------------------------------------------------------------------------- decode backends
 
 
+IDENTICAL_TO_PYAV = frozenset({"pyav", "decord"})
+"""Backends whose RGB frames were byte-identical to VideoReader's on every test video (tests/test_decoders.py):
+decord converts with FFmpeg's swscale at the same settings. torchcodec is not listed: never measured."""
 AUTO_ORDER = ("pyav", "decord")
 """The backends --decoder auto may pick, fastest first (scripts/bench_decode.py on a 2-core EPYC VM: PyAV beats
 decord's forward-only reading on every workload). Only backends whose RGB is byte-identical to PyAV's on the
@@ -437,14 +440,14 @@ def backend_unavailable(choice: str) -> str | None:
 def resolve_decoder(choice: str, device: Any = "cpu", workers: int = 0) -> Backend:
     """The backend --decoder `choice` means for a run on `device` with `workers` decode processes."""
     if choice == "auto":
-        choice = next(name for name in AUTO_ORDER if backend_unavailable(name) is None)
+        choice = next(name for name in AUTO_ORDER if name in IDENTICAL_TO_PYAV and backend_unavailable(name) is None)
     if choice not in DECODER_CHOICES:
         raise UsageError(f"--decoder must be one of {', '.join(DECODER_CHOICES)}, got {choice!r}")
     if choice == "pyav":
         return PYAV
     reason = backend_unavailable(choice)
     if reason is not None:
-        extra = " (pip install 'vaecache[torchcodec]' and FFmpeg 4-8 shared libraries)" if choice == "torchcodec" else ""
+        extra = "; it needs pip install 'vaecache[torchcodec]' and FFmpeg 4-8 shared libraries" if choice == "torchcodec" else ""
         raise UsageError(f"--decoder {choice}: {reason}{extra}")
     if choice == "decord":
         return Backend("decord", DECORD_DECODER)
