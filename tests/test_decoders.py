@@ -188,3 +188,13 @@ def test_encode_with_decord_stores_pyavs_latents_under_its_own_fingerprint(demo_
     assert result.exit_code == 2 and "decoder" in result.output, result.output
     verify = run_cli(["verify", tmp_path / "decord", "--reencode", "2", "--device", "cpu"])
     assert verify.exit_code == 0, verify.output
+
+
+@pytest.mark.parametrize("width", [16, 24, 48, 72])
+def test_widths_decord_pads_are_unpadded_byte_identical(width: int, tmp_path: Path) -> None:
+    """decord returns padded rows at widths that are not a multiple of 32; DecordReader cuts the padding off."""
+    backend = _backend("decord")
+    path = write_video(tmp_path / f"w{width}.mp4", LAYOUTS["h264-open-gop"], frames=8, height=32, width=width)
+    reference = sequential_frames(path)
+    with open_video(str(path), backend) as reader:
+        _check("decord", reader.read([1, 4, 7]), reference, [1, 4, 7])

@@ -510,8 +510,8 @@ class ForeignReader:
         width, height = self.frame_size
         upright = (width, height) if self.rotation in (90, 270) else (height, width)
         if array.shape[1:] != (*upright, 3):
-            raise VideoDecodeError(self.path, f"{type(self).__name__} gave {array.shape[2]}x{array.shape[1]} frames, "
-                                              f"the video shows {upright[1]}x{upright[0]}")
+            raise VideoDecodeError(self.path, f"{type(self).__name__} gave frames of shape {tuple(array.shape[1:])}, "
+                                              f"the video shows {upright[1]}x{upright[0]} RGB (use --decoder pyav)")
         return array
 
     def _pixels(self, frames: list[int]) -> np.ndarray:
@@ -550,6 +550,8 @@ class DecordReader(ForeignReader):
                                          "(use --decoder pyav)")
         self._decord: Any = None
         self._next = 0
+        width, height = self.frame_size
+        self._shown = (width, height) if self.rotation in (90, 270) else (height, width)
 
     def _restart(self) -> None:
         import decord
@@ -565,13 +567,21 @@ class DecordReader(ForeignReader):
             for index in frames:
                 for _ in range(index - self._next):  # skip_frames() mis-steps like seeking: decode each one
                     self._decord.next()
-                out.append(self._decord.next().asnumpy())
+                out.append(self._unpadded(self._decord.next().asnumpy()))
                 self._next = index + 1
         except Exception as exc:  # DECORDError, StopIteration at a short stream
             self._decord = None
             raise VideoDecodeError(self.path, f"decord failed at frames {frames[0]}..{frames[-1]} "
                                               f"({_short(exc) or type(exc).__name__})") from None
         return np.stack(out)
+
+    def _unpadded(self, frame: np.ndarray) -> np.ndarray:
+        """decord hands back rows padded to its line size at widths not a multiple of 32 (a 48-wide frame came
+        as 48x4 bytes a row): keep the first width x 3 bytes of each row (byte-identical to PyAV, tested)."""
+        height, width = self._shown
+        if frame.shape == (height, width, 3) or frame.shape[0] != height or frame.shape[1] * frame.shape[2] < width * 3:
+            return frame  # right already, or something else: read() refuses a wrong shape
+        return np.ascontiguousarray(frame.reshape(height, -1)[:, :width * 3].reshape(height, width, 3))
 
     def close(self) -> None:
         self._decord = None
