@@ -198,3 +198,28 @@ def test_widths_decord_pads_are_unpadded_byte_identical(width: int, tmp_path: Pa
     reference = sequential_frames(path)
     with open_video(str(path), backend) as reader:
         _check("decord", reader.read([1, 4, 7]), reference, [1, 4, 7])
+
+
+def test_decord_refuses_an_edit_list_mp4_it_counts_differently(tmp_path: Path) -> None:
+    """decord shows the frames an edit list hides: its count disagrees with a straight decode, so it is refused."""
+    from test_decode import _cut_with_edit_list
+
+    backend = _backend("decord")
+    source = write_video(tmp_path / "full.mp4", LAYOUTS["h264-open-gop"], frames=36)
+    if not _cut_with_edit_list(source, tmp_path / "cut.mp4", start_frame=5):
+        pytest.skip("this FFmpeg build's mov muxer wrote no edit list for the cut")
+    count = len(sequential_frames(tmp_path / "cut.mp4"))
+    with pytest.raises(VideoDecodeError, match=rf"cut.mp4: decord counts \d+ frames, a straight decode gives {count}"):
+        open_video(str(tmp_path / "cut.mp4"), backend)
+
+
+def test_decoder_comes_from_the_toml_config_and_the_flag_wins(tmp_path: Path) -> None:
+    from vaecache.cli.encode import build_config
+
+    config = tmp_path / "encode.toml"
+    config.write_text('vae = "builtin:tiny"\nnum-frames = 5\nsize = "32x32"\ndecoder = "decord"\n')
+    assert build_config(tmp_path, tmp_path / "out", None, {}, config).clip.decoder == "decord"
+    assert build_config(tmp_path, tmp_path / "out", None, {"decoder": "pyav"}, config).clip.decoder == "pyav"
+    config.write_text('vae = "builtin:tiny"\nnum-frames = 5\nsize = "32x32"\ndecoder = "ffmpeg"\n')
+    with pytest.raises(UsageError, match="--decoder must be one of"):
+        build_config(tmp_path, tmp_path / "out", None, {}, config)

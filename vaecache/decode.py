@@ -7,6 +7,10 @@ and keeps the frames whose pts it asked for. Counting after a seek is what decor
 h264, HEVC or MPEG-4 with B-frames, AVI, or an mp4 with an edit list it returned neighbouring frames
 without an error (issue 12). A file whose timestamps cannot identify frames (missing or repeated pts) is
 read by a straight decode from the start that counts frames.
+
+Other backends (--decoder decord|torchcodec; ForeignReader) take the frame numbering, count, times, even-spacing
+check and rotation from this reader's index and fetch only the pixels; each records its own name in the run
+fingerprint. `auto` picks PyAV: decord is byte-identical but slower (scripts/bench_decode.py), torchcodec unmeasured.
 """
 
 from __future__ import annotations
