@@ -124,19 +124,13 @@ def test_an_unimportable_backend_is_a_usage_error(monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.mark.parametrize("choice", BACKENDS)
-def test_rotation_is_applied_as_pyav_does_or_refused(choice: str, tmp_path: Path) -> None:
+def test_rotation_is_applied_as_pyav_does(choice: str, tmp_path: Path) -> None:
     backend = _backend(choice)
     for degrees in (90, 180, 270):
         path = write_video(tmp_path / f"rot{degrees}.mp4", LAYOUTS["h264-open-gop"], frames=12, rotate=degrees)
-        reference = sequential_frames(path)  # stored orientation
-        if choice == "torchcodec":
-            with pytest.raises(VideoDecodeError, match=rf"rot{degrees}.mp4: display rotation of {degrees} degrees"):
-                open_video(str(path), backend)
-            continue
+        upright = [np.rot90(frame, k=degrees // 90) for frame in sequential_frames(path)]  # as a player shows it
         with open_video(str(path), backend) as reader:
-            got = reader.read([0, 5, 11])
-        for array, index in zip(got, (0, 5, 11)):
-            assert np.array_equal(array, np.rot90(reference[index], k=degrees // 90)), (choice, degrees, index)
+            _check(choice, reader.read([0, 5, 11]), upright, [0, 5, 11])
 
 
 @pytest.mark.parametrize("choice", BACKENDS)
@@ -223,3 +217,88 @@ def test_decoder_comes_from_the_toml_config_and_the_flag_wins(tmp_path: Path) ->
     config.write_text('vae = "builtin:tiny"\nnum-frames = 5\nsize = "32x32"\ndecoder = "ffmpeg"\n')
     with pytest.raises(UsageError, match="--decoder must be one of"):
         build_config(tmp_path, tmp_path / "out", None, {}, config)
+
+
+# --------------------------------------------------------------------------- torchcodec's checks, on a stand-in
+
+
+class _StandInDecoder:
+    """torchcodec.decoders.VideoDecoder's calls vaecache makes, answered from a straight PyAV decode: frames in
+    presentation order, upright as torchcodec documents (unless `rotate` is off), `shift` frames late (a
+    mis-seek), `tint` levels brighter (another colour conversion)."""
+
+    shift = 0
+    rotate = True
+    tint = 0
+
+    def __init__(self, path: str, device: str = "cpu", seek_mode: str = "exact", dimension_order: str = "NCHW") -> None:
+        import av
+        import torch
+
+        assert (seek_mode, dimension_order) == ("exact", "NHWC")
+        self._torch = torch
+        with av.open(path) as container:
+            decoded = [(float(f.pts * f.time_base), int(f.rotation or 0), f.to_ndarray(format="rgb24"))
+                       for f in container.decode(video=0)]
+        self._frames = [(t, (np.rot90(a, k=r // 90 if self.rotate else 0) + np.int16(self.tint)).clip(0, 255)
+                         .astype(np.uint8)) for t, r, a in decoded]
+
+    def get_frame_at(self, index: int):
+        from types import SimpleNamespace
+
+        seconds, array = self._frames[index]
+        return SimpleNamespace(data=self._torch.from_numpy(array), pts_seconds=seconds)
+
+    def get_frames_at(self, indices: list[int]):
+        from types import SimpleNamespace
+
+        picked = [self._frames[min(i + self.shift, len(self._frames) - 1)] for i in indices]
+        return SimpleNamespace(data=self._torch.from_numpy(np.stack([a for _, a in picked])),
+                               pts_seconds=self._torch.tensor([t for t, _ in picked], dtype=self._torch.float64))
+
+
+@pytest.fixture
+def stand_in(monkeypatch: pytest.MonkeyPatch):
+    """Install _StandInDecoder as torchcodec.decoders.VideoDecoder; yields a subclass whose knobs a test sets."""
+    import sys
+    import types
+
+    decoder = type("VideoDecoder", (_StandInDecoder,), {})
+    package, decoders = types.ModuleType("torchcodec"), types.ModuleType("torchcodec.decoders")
+    decoders.VideoDecoder = decoder  # type: ignore[attr-defined]
+    package.decoders = decoders  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torchcodec", package)
+    monkeypatch.setitem(sys.modules, "torchcodec.decoders", decoders)
+    return decoder
+
+
+def test_torchcodec_reader_is_frame_exact_and_catches_a_wrong_frame(stand_in, streams: dict) -> None:
+    backend = resolve_decoder("torchcodec")
+    assert backend.name == "torchcodec-cpu/1" and backend.choice not in IDENTICAL_TO_PYAV
+    assert resolve_decoder("auto") == PYAV  # importable, yet never picked: not known to be byte-identical
+    path, reference = streams["h264-open-gop"]
+    stand_in.tint = 1  # a rounding difference: the right frames, not byte-identical, within tolerance
+    with open_video(str(path), backend) as reader:
+        for frames in ([0, 2, 4, 6], [40, 41, 42], [7, 10, 13, 16]):
+            _check("torchcodec", reader.read(frames), reference, frames)
+    stand_in.shift = 1
+    with open_video(str(path), backend) as reader:
+        with pytest.raises(VideoDecodeError, match=r"torchcodec returned the frame at 0.2\d+ s for frame 5 \(at 0.20"):
+            reader.read([5, 9])
+
+
+def test_torchcodec_reader_refuses_frames_that_are_not_upright(stand_in, tmp_path: Path) -> None:
+    path = write_video(tmp_path / "rot90.mp4", LAYOUTS["h264-open-gop"], frames=6, rotate=90)
+    with open_video(str(path), resolve_decoder("torchcodec")) as reader:  # upright: accepted
+        assert reader.read([1]).shape == (1, 96, 64, 3)
+    stand_in.rotate = False
+    with pytest.raises(VideoDecodeError, match=r"rot90.mp4: torchcodec's frame 0 \(96x64\) is not PyAV's \(64x96, "
+                                               r"display rotation 90\)"):
+        open_video(str(path), resolve_decoder("torchcodec"))
+
+
+def test_torchcodec_on_cuda_needs_workers_0(stand_in) -> None:
+    backend = resolve_decoder("torchcodec", "cuda:1", workers=0)
+    assert (backend.name, backend.device) == ("torchcodec-cuda/1", "cuda:1")
+    with pytest.raises(UsageError, match="--workers 0"):
+        resolve_decoder("torchcodec", "cuda", workers=2)

@@ -400,6 +400,9 @@ def decode_frames(path: str, frames: Sequence[int], backend: Backend | None = No
 # --------------------------------------------------------------------------- decode backends
 
 
+FOREIGN_COLOUR_TOLERANCE = 3.0
+"""Mean |frame - PyAV's frame| in 0..255 levels a backend not byte-identical may show (another yuv->rgb rounding);
+neighbouring frames of real footage differ by more, and a sideways frame by far more."""
 IDENTICAL_TO_PYAV = frozenset({"pyav", "decord"})
 """Backends whose RGB frames were byte-identical to VideoReader's on every test video (tests/test_decoders.py):
 decord converts with FFmpeg's swscale at the same settings. torchcodec is not listed: never measured."""
@@ -596,14 +599,11 @@ class TorchcodecReader(ForeignReader):
     """torchcodec's VideoDecoder (exact seek mode) on CPU or CUDA (NVDEC). Every frame it returns is checked
     by its timestamp against the one PyAV's index gives frame n: a wrong frame is an error, never a neighbour.
 
-    Rotated files are refused: whether and how this torchcodec applies the display matrix was not measured."""
+    torchcodec applies the display rotation itself; on opening, its frame 0 must have PyAV's upright shape and
+    lie within FOREIGN_COLOUR_TOLERANCE of PyAV's frame 0, or the file is refused (sideways, or other colours)."""
 
     def __init__(self, path: str, device: str = "cpu") -> None:
         super().__init__(path)
-        if self.rotation:
-            self.close()
-            raise VideoDecodeError(path, f"display rotation of {self.rotation} degrees: --decoder torchcodec does "
-                                         "not read rotated video (use --decoder pyav)")
         if self.index.sequential:
             self.close()
             raise VideoDecodeError(path, "no usable timestamps: --decoder torchcodec cannot identify frames "
@@ -612,11 +612,20 @@ class TorchcodecReader(ForeignReader):
 
         try:
             self._decoder = TorchcodecDecoder(path, device=device, seek_mode="exact", dimension_order="NHWC")
-            first = float(self._decoder.get_frame_at(0).pts_seconds)
+            first = self._decoder.get_frame_at(0)
+            mine = first.data.cpu().numpy()
         except Exception as exc:  # torchcodec raises RuntimeError/ValueError for files it cannot read
             self.close()
             raise VideoDecodeError(path, f"torchcodec cannot read it ({_short(exc)})") from None
-        self._offset = first - self.index.timestamps([0])[0]
+        reference = self.index.read([0])[0]
+        off = (float(np.abs(mine.astype(np.int16) - reference).mean()) if mine.shape == reference.shape
+               else float("inf"))
+        if off > FOREIGN_COLOUR_TOLERANCE:
+            self.close()
+            raise VideoDecodeError(path, f"torchcodec's frame 0 ({mine.shape[1]}x{mine.shape[0]}) is not PyAV's "
+                                         f"({reference.shape[1]}x{reference.shape[0]}, display rotation "
+                                         f"{self.rotation}): mean difference {off:.1f} levels (use --decoder pyav)")
+        self._offset = float(first.pts_seconds)  # frame 0's time on torchcodec's clock
         pts = self.index._pts
         assert pts is not None
         self._tolerance = float(self.index._median_step() * self.index.time_base) / 2 if len(pts) > 1 else 1e-3
