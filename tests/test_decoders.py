@@ -219,6 +219,16 @@ def test_decoder_comes_from_the_toml_config_and_the_flag_wins(tmp_path: Path) ->
         build_config(tmp_path, tmp_path / "out", None, {}, config)
 
 
+def test_decord_refuses_10_bit_420_whose_colours_differ(tmp_path: Path) -> None:
+    """yuv420p10le (10-bit phone HEVC): decord's frames are the right ones, 0.67 levels off pyav's on average."""
+    from dataclasses import replace
+
+    backend = _backend("decord")
+    path = write_video(tmp_path / "ten.mp4", replace(LAYOUTS["h264-open-gop"], pix_fmt="yuv420p10le"), frames=6)
+    with pytest.raises(VideoDecodeError, match="ten.mp4: pixel format yuv420p10le: decord's RGB is not known"):
+        open_video(str(path), backend)
+
+
 # --------------------------------------------------------------------------- torchcodec's checks, on a stand-in
 
 

@@ -152,6 +152,11 @@ class VideoReader:
     def codec(self) -> str:
         return str(self._stream.codec_context.name)
 
+    @property
+    def pixel_format(self) -> str | None:
+        """The decoded pixel format (yuv420p, yuv420p10le, ...), None where the stream does not say."""
+        return self._stream.codec_context.pix_fmt
+
     def check_probe(self, frames: int, width: int, height: int) -> None:
         """Refuse a video that is not what its probe (an index, the probe cache) says: it changed since."""
         if (len(self), *self.frame_size) != (frames, width, height):
@@ -411,6 +416,9 @@ AUTO_ORDER = ("pyav", "decord")
 decord's forward-only reading on every workload). Only backends whose RGB is byte-identical to PyAV's on the
 test videos are listed: torchcodec was not measured (no FFmpeg shared libraries there), so it is never picked."""
 DECORD_DECODER = "decord-seq/1"
+DECORD_PIXEL_FORMATS = frozenset({"yuv420p", "yuvj420p", "yuv422p", "yuv444p", "yuv444p10le", "gray"})
+"""Pixel formats whose RGB decord gave byte-identical to PyAV's (h264, HEVC, MPEG-4, VP9). Not yuv420p10le
+(10-bit phone HEVC): 0.67 levels off on average; untested formats are refused too."""
 TORCHCODEC_DECODER = "torchcodec-{device}/1"
 
 
@@ -555,6 +563,10 @@ class DecordReader(ForeignReader):
             self.close()
             raise VideoDecodeError(path, f"decord counts {count} frames, a straight decode gives {len(self)} "
                                          "(use --decoder pyav)")
+        if self.index.pixel_format not in DECORD_PIXEL_FORMATS:
+            self.close()
+            raise VideoDecodeError(path, f"pixel format {self.index.pixel_format}: decord's RGB is not known to be "
+                                         "byte-identical to PyAV's for it (use --decoder pyav)")
         self._decord: Any = None
         self._next = 0
         width, height = self.frame_size
