@@ -312,3 +312,18 @@ def test_torchcodec_on_cuda_needs_workers_0(stand_in) -> None:
     assert (backend.name, backend.device) == ("torchcodec-cuda/1", "cuda:1")
     with pytest.raises(UsageError, match="--workers 0"):
         resolve_decoder("torchcodec", "cuda", workers=2)
+
+
+def test_plan_reports_the_resolved_decoder_and_refuses_an_unusable_one(demo_data: Path, run_cli: Callable,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+    import sys
+
+    args = ["plan", demo_data, "--vae", "builtin:tiny", "--num-frames", "9", "--size", "64x64", "--no-measure"]
+    if backend_unavailable("decord") is None:
+        result = run_cli([*args, "--decoder", "decord", "--json", "-"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout[result.stdout.index("{"):])["config"]["decoder"] == DECORD_DECODER
+    monkeypatch.setitem(sys.modules, "torchcodec", None)  # as where it is not installed
+    result = run_cli([*args, "--decoder", "torchcodec"])
+    assert result.exit_code == 2 and "--decoder torchcodec: torchcodec cannot be imported" in result.output
