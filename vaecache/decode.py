@@ -409,8 +409,8 @@ FOREIGN_COLOUR_TOLERANCE = 3.0
 """Mean |frame - PyAV's frame| in 0..255 levels a backend not byte-identical may show (another yuv->rgb rounding);
 neighbouring frames of real footage differ by more, and a sideways frame by far more."""
 IDENTICAL_TO_PYAV = frozenset({"pyav", "decord"})
-"""Backends whose RGB frames were byte-identical to VideoReader's on every test video (tests/test_decoders.py):
-decord converts with FFmpeg's swscale at the same settings. torchcodec is not listed: never measured."""
+"""Backends whose RGB frames were byte-identical to VideoReader's on every test video (tests/test_decoders.py);
+decord only in DECORD_PIXEL_FORMATS, and it refuses the others. torchcodec is not listed: never measured."""
 AUTO_ORDER = ("pyav", "decord")
 """The backends --decoder auto may pick, fastest first (scripts/bench_decode.py on a 2-core EPYC VM: PyAV beats
 decord's forward-only reading on every workload). Only backends whose RGB is byte-identical to PyAV's on the
@@ -418,7 +418,7 @@ test videos are listed: torchcodec was not measured (no FFmpeg shared libraries 
 DECORD_DECODER = "decord-seq/1"
 DECORD_PIXEL_FORMATS = frozenset({"yuv420p", "yuvj420p", "yuv422p", "yuv444p", "yuv444p10le", "gray"})
 """Pixel formats whose RGB decord gave byte-identical to PyAV's (h264, HEVC, MPEG-4, VP9). Not yuv420p10le
-(10-bit phone HEVC): 0.67 levels off on average; untested formats are refused too."""
+(10-bit phone HEVC, h264 High 10): 0.57-0.67 levels off on average; untested formats are refused too."""
 TORCHCODEC_DECODER = "torchcodec-{device}/1"
 
 
