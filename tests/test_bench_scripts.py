@@ -100,3 +100,16 @@ def test_bench_scale_prints_documented_keys(capsys, tmp_path):
     runs = printed["overhead"]["runs"]
     assert len(runs) == 2 and all(run["clips"] == 6 and run["ms_per_clip"] > 0 for run in runs.values())
     assert printed["config"]["clips"] == 300 and printed["machine"]["cpu_model"]
+
+
+def test_bench_decode_prints_frames_per_second_and_identity_per_backend(capsys):
+    result = load_script("bench_decode").main(["--repeats", "1", "--frames", "24", "--size", "32x64",
+                                                "--clip-frames", "5"])
+    printed = printed_json(capsys)
+    assert printed["byte_identical_to_pyav"]["pyav"] is True
+    assert {"cpu_model", "cores_usable", "load_avg_at_start"} <= set(printed["machine"])
+    backends = set(printed["byte_identical_to_pyav"])
+    assert backends | set(printed["unavailable"]) >= {"pyav", "decord", "torchcodec"}
+    for row in printed["results"]:
+        assert all(row[f"{backend} fps"] > 0 for backend in backends)
+    assert {i["backend"] for i in printed["identity"]} == backends and result == printed

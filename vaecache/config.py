@@ -21,6 +21,8 @@ STORED_KEYS: dict[str, tuple[str, ...]] = {"mean-logvar": ("mean", "logvar"), "m
 STORE_CHOICES = tuple(STORED_KEYS)
 ON_ERROR_CHOICES = ("skip", "fail")
 SP_MODE_CHOICES = ("views", "spatial")
+DECODER_CHOICES = ("auto", "pyav", "decord", "torchcodec")
+"""--decoder values (vaecache.decode resolves them; kept here so config loads without torch or av)."""
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -140,6 +142,9 @@ class ClipSettings:
     fit: str = "cover"
     """How a frame is made the bucket's size: cover (resize to cover, centre-crop), contain (resize to fit,
     pad with mid grey), stretch (resize, aspect not kept)."""
+    decoder: str = "auto"
+    """--decoder: auto | pyav | decord | torchcodec. Not in to_record(): the run fingerprint records the resolved
+    backend's own name (vaecache.decode.Backend.name), so caches decoded differently never mix."""
 
     def __post_init__(self) -> None:
         for height, width in self.size_buckets or ((self.height, self.width),):
@@ -151,6 +156,8 @@ class ClipSettings:
                              f"{self.height}x{self.width}")
         if self.fit not in FIT_CHOICES:
             raise UsageError(f"--fit must be one of {', '.join(FIT_CHOICES)}, got {self.fit!r}")
+        if self.decoder not in DECODER_CHOICES:
+            raise UsageError(f"--decoder must be one of {', '.join(DECODER_CHOICES)}, got {self.decoder!r}")
         if self.dtype not in DTYPE_CHOICES:
             raise UsageError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
         if self.store not in STORE_CHOICES:
@@ -283,7 +290,7 @@ class EncodeConfig:
             raise UsageError(f"--liveness-timeout must be >= 0 seconds (0 turns it off), got {self.liveness_timeout_s}")
 
 
-_CLIP_KEYS = ("dtype", "store", "seed", "tiling", "max_views_per_forward", "fit")
+_CLIP_KEYS = ("dtype", "store", "seed", "tiling", "max_views_per_forward", "fit", "decoder")
 """ClipSettings fields given as options of their own (the rest come from size, cameras and the sampling keys)."""
 
 
@@ -373,6 +380,6 @@ def _toml_types(key: str) -> tuple[type, ...]:
 
 
 __all__ = [
-    "DTYPE_CHOICES", "ON_ERROR_CHOICES", "STORE_CHOICES", "ClipSettings", "EncodeConfig", "SamplingConfig",
+    "DECODER_CHOICES", "DTYPE_CHOICES", "ON_ERROR_CHOICES", "STORE_CHOICES", "ClipSettings", "EncodeConfig", "SamplingConfig",
     "check_option_syntax", "load_toml", "parse_bytes", "parse_size", "pop_clip_options",
 ]

@@ -7,6 +7,10 @@ and keeps the frames whose pts it asked for. Counting after a seek is what decor
 h264, HEVC or MPEG-4 with B-frames, AVI, or an mp4 with an edit list it returned neighbouring frames
 without an error (issue 12). A file whose timestamps cannot identify frames (missing or repeated pts) is
 read by a straight decode from the start that counts frames.
+
+Other backends (--decoder decord|torchcodec; ForeignReader) take the frame numbering, count, times, even-spacing
+check and rotation from this reader's index and fetch only the pixels; each records its own name in the run
+fingerprint. `auto` picks PyAV: decord is byte-identical but slower (scripts/bench_decode.py), torchcodec unmeasured.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ import numpy as np
 import torch
 
 from vaecache.buckets import PAD_PIXEL, fit_geometry
-from vaecache.errors import VideoDecodeError
+from vaecache.config import DECODER_CHOICES
+from vaecache.errors import UsageError, VideoDecodeError
 
 DECODER = "pyav-pts/1"
 """Names this way of decoding in the run fingerprint (vaecache 0.1.0 caches decoded with decord)."""
@@ -147,6 +152,11 @@ class VideoReader:
     def codec(self) -> str:
         return str(self._stream.codec_context.name)
 
+    @property
+    def pixel_format(self) -> str | None:
+        """The decoded pixel format (yuv420p, yuv420p10le, ...), None where the stream does not say."""
+        return self._stream.codec_context.pix_fmt
+
     def check_probe(self, frames: int, width: int, height: int) -> None:
         """Refuse a video that is not what its probe (an index, the probe cache) says: it changed since."""
         if (len(self), *self.frame_size) != (frames, width, height):
@@ -210,8 +220,8 @@ class VideoReader:
                 f"{float((times[worst + 1] - times[worst]) * self.time_base):.3f} s between frames {frames[worst]} and "
                 f"{frames[worst + 1]}, {float(step * self._median_step() * self.time_base):.3f} s at the video's frame rate (variable frame rate)")
 
-    def read(self, frames: Sequence[int]) -> np.ndarray:
-        """(T, H, W, 3) uint8 RGB of the given frame numbers (ascending), upright."""
+    def check_request(self, frames: Sequence[int]) -> list[int]:
+        """The frames as a list, refused unless ascending, in range and evenly spaced in time (every backend)."""
         frames = list(frames)
         if not frames:
             raise ValueError("no frames requested")
@@ -220,6 +230,11 @@ class VideoReader:
         if frames[-1] >= len(self):
             raise VideoDecodeError(self.path, f"frame {frames[-1]} requested, video has {len(self)}")
         self.check_even(frames)
+        return frames
+
+    def read(self, frames: Sequence[int]) -> np.ndarray:
+        """(T, H, W, 3) uint8 RGB of the given frame numbers (ascending), upright."""
+        frames = self.check_request(frames)
         try:
             array = self._read_sequential(frames) if self.sequential else self._read_by_pts(frames)
         except av.FFmpegError as exc:
@@ -371,15 +386,278 @@ def _check_file(path: str) -> None:
         raise VideoDecodeError(path, "permission denied") from None
 
 
-def open_video(path: str) -> VideoReader:
-    """A frame-exact reader of `path`; every failure is a VideoDecodeError naming the file."""
-    return VideoReader(path)
+def open_video(path: str, backend: Backend | None = None) -> VideoReader | ForeignReader:
+    """A frame-exact reader of `path` (PyAV unless `backend` says otherwise); every failure is a VideoDecodeError
+    naming the file."""
+    if backend is None or backend.choice == "pyav":
+        return VideoReader(path)
+    if backend.choice == "decord":
+        return DecordReader(path)
+    return TorchcodecReader(path, backend.device)
 
 
-def decode_frames(path: str, frames: Sequence[int]) -> np.ndarray:
+def decode_frames(path: str, frames: Sequence[int], backend: Backend | None = None) -> np.ndarray:
     """(T, H, W, 3) uint8 RGB of `frames` of `path`, with a reader of its own."""
-    with open_video(path) as reader:
+    with open_video(path, backend) as reader:
         return reader.read(frames)
+
+
+# --------------------------------------------------------------------------- decode backends
+
+
+FOREIGN_COLOUR_TOLERANCE = 3.0
+"""Mean |frame - PyAV's frame| in 0..255 levels a backend not byte-identical may show (another yuv->rgb rounding);
+neighbouring frames of real footage differ by more, and a sideways frame by far more."""
+IDENTICAL_TO_PYAV = frozenset({"pyav", "decord"})
+"""Backends whose RGB frames were byte-identical to VideoReader's on every test video (tests/test_decoders.py);
+decord only in DECORD_PIXEL_FORMATS, and it refuses the others. torchcodec is not listed: never measured."""
+AUTO_ORDER = ("pyav", "decord")
+"""The backends --decoder auto may pick, fastest first (scripts/bench_decode.py on a 2-core EPYC VM: PyAV beats
+decord's forward-only reading on every workload). Only backends whose RGB is byte-identical to PyAV's on the
+test videos are listed: torchcodec was not measured (no FFmpeg shared libraries there), so it is never picked."""
+DECORD_DECODER = "decord-seq/1"
+DECORD_PIXEL_FORMATS = frozenset({"yuv420p", "yuvj420p", "yuv422p", "yuv444p", "yuv444p10le", "gray"})
+"""Pixel formats whose RGB decord gave byte-identical to PyAV's (h264, HEVC, MPEG-4, VP9). Not yuv420p10le
+(10-bit phone HEVC, h264 High 10): 0.57-0.67 levels off on average; untested formats are refused too."""
+TORCHCODEC_DECODER = "torchcodec-{device}/1"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A resolved --decoder: which library reads the frames, and the name the run fingerprint records for it.
+
+    Every backend has its own recorded name, so one cache never mixes decoders (a resume with another one is
+    refused); pyav keeps DECODER, the name caches had before there was a choice."""
+
+    choice: str
+    """pyav, decord or torchcodec."""
+    name: str
+    """Recorded in the run fingerprint and the manifest settings ("decoder")."""
+    device: str = "cpu"
+    """Where torchcodec decodes: cpu, or cuda[:N] (NVDEC)."""
+
+
+PYAV = Backend("pyav", DECODER)
+
+
+def backend_unavailable(choice: str) -> str | None:
+    """Why `choice` cannot be used in this environment (None: it can)."""
+    if choice == "pyav":
+        return None
+    module = {"decord": "decord", "torchcodec": "torchcodec.decoders"}[choice]
+    try:
+        __import__(module)
+    except Exception as exc:  # torchcodec raises RuntimeError/OSError when FFmpeg's shared libraries are missing
+        return f"{choice} cannot be imported ({_short(exc)})"
+    return None
+
+
+def resolve_decoder(choice: str, device: Any = "cpu", workers: int = 0) -> Backend:
+    """The backend --decoder `choice` means for a run on `device` with `workers` decode processes."""
+    if choice == "auto":
+        choice = next(name for name in AUTO_ORDER if name in IDENTICAL_TO_PYAV and backend_unavailable(name) is None)
+    if choice not in DECODER_CHOICES:
+        raise UsageError(f"--decoder must be one of {', '.join(DECODER_CHOICES)}, got {choice!r}")
+    if choice == "pyav":
+        return PYAV
+    reason = backend_unavailable(choice)
+    if reason is not None:
+        extra = "; it needs pip install 'vaecache[torchcodec]' and FFmpeg 4-8 shared libraries" if choice == "torchcodec" else ""
+        raise UsageError(f"--decoder {choice}: {reason}{extra}")
+    if choice == "decord":
+        return Backend("decord", DECORD_DECODER)
+    where = str(torch.device(device)) if torch.device(device).type == "cuda" else "cpu"
+    if where != "cpu" and workers:
+        raise UsageError("--decoder torchcodec on CUDA (NVDEC) decodes in the main process: use --workers 0 "
+                         "(CUDA cannot start in forked DataLoader workers)")
+    return Backend("torchcodec", TORCHCODEC_DECODER.format(device=where.split(":")[0]), where)
+
+
+def backend_for_record(name: str | None) -> Backend:
+    """The backend that wrote a cache, from the decoder name its manifest records (none recorded: pyav)."""
+    if name in (None, DECODER):
+        return PYAV
+    if name == DECORD_DECODER:
+        return resolve_decoder("decord")
+    for where in ("cpu", "cuda"):
+        if name == TORCHCODEC_DECODER.format(device=where):
+            return resolve_decoder("torchcodec", where)
+    raise UsageError(f"the cache was decoded with {name!r}, which this vaecache does not know")
+
+
+class ForeignReader:
+    """A backend other than PyAV: frame numbering, frame count, times, the even-spacing check and the rotation
+    all come from a PyAV VideoReader of the same file (its packet index; no frame is decoded by PyAV but the
+    first), so every backend reads the same frame n and refuses the same clips. Subclasses fetch the pixels."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.index = VideoReader(path)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def rotation(self) -> int:
+        return self.index.rotation
+
+    @property
+    def frame_size(self) -> tuple[int, int]:
+        return self.index.frame_size
+
+    @property
+    def codec(self) -> str:
+        return self.index.codec
+
+    def timestamps(self, frames: Sequence[int]) -> list[float]:
+        return self.index.timestamps(frames)
+
+    def fps(self) -> float:
+        return self.index.fps()
+
+    def check_probe(self, frames: int, width: int, height: int) -> None:
+        self.index.check_probe(frames, width, height)
+
+    def read(self, frames: Sequence[int]) -> np.ndarray:
+        """(T, H, W, 3) uint8 RGB of the given frame numbers (ascending), upright, as VideoReader.read."""
+        frames = self.index.check_request(frames)
+        array = self._pixels(frames)
+        width, height = self.frame_size
+        upright = (width, height) if self.rotation in (90, 270) else (height, width)
+        if array.shape[1:] != (*upright, 3):
+            raise VideoDecodeError(self.path, f"{type(self).__name__} gave frames of shape {tuple(array.shape[1:])}, "
+                                              f"the video shows {upright[1]}x{upright[0]} RGB (use --decoder pyav)")
+        return array
+
+    def _pixels(self, frames: list[int]) -> np.ndarray:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.index.close()
+
+    def __enter__(self) -> ForeignReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class DecordReader(ForeignReader):
+    """decord, reading forward only: frame n is the n-th frame decord decodes from the start of a fresh reader.
+
+    decord's own seeking (get_batch, seek, even seek(0)) returned neighbouring frames on open-GOP h264, HEVC and
+    MPEG-4 AVI with B-frames (issue 12), so a read behind the current position opens the file again instead.
+    decord applies the display rotation itself, the same way as VideoReader (checked by shape here for 90 and
+    270 degrees, and by the tests for all three)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        import decord
+
+        try:
+            count = len(decord.VideoReader(path, ctx=decord.cpu(0), num_threads=1))
+        except Exception as exc:  # decord raises DECORDError (a RuntimeError) for anything it cannot open
+            self.close()
+            raise VideoDecodeError(path, f"decord cannot read it ({_short(exc)})") from None
+        if count != len(self):
+            self.close()
+            raise VideoDecodeError(path, f"decord counts {count} frames, a straight decode gives {len(self)} "
+                                         "(use --decoder pyav)")
+        if self.index.pixel_format not in DECORD_PIXEL_FORMATS:
+            self.close()
+            raise VideoDecodeError(path, f"pixel format {self.index.pixel_format}: decord's RGB is not known to be "
+                                         "byte-identical to PyAV's for it (use --decoder pyav)")
+        self._decord: Any = None
+        self._next = 0
+        width, height = self.frame_size
+        self._shown = (width, height) if self.rotation in (90, 270) else (height, width)
+
+    def _restart(self) -> None:
+        import decord
+
+        self._decord = decord.VideoReader(self.path, ctx=decord.cpu(0), num_threads=1)
+        self._next = 0
+
+    def _pixels(self, frames: list[int]) -> np.ndarray:
+        if self._decord is None or self._next > frames[0]:
+            self._restart()
+        out = []
+        try:
+            for index in frames:
+                for _ in range(index - self._next):  # skip_frames() mis-steps like seeking: decode each one
+                    self._decord.next()
+                out.append(self._unpadded(self._decord.next().asnumpy()))
+                self._next = index + 1
+        except Exception as exc:  # DECORDError, StopIteration at a short stream
+            self._decord = None
+            raise VideoDecodeError(self.path, f"decord failed at frames {frames[0]}..{frames[-1]} "
+                                              f"({_short(exc) or type(exc).__name__})") from None
+        return np.stack(out)
+
+    def _unpadded(self, frame: np.ndarray) -> np.ndarray:
+        """decord hands back rows padded to its line size at widths not a multiple of 32 (a 48-wide frame came
+        as 48x4 bytes a row): keep the first width x 3 bytes of each row (byte-identical to PyAV, tested)."""
+        height, width = self._shown
+        if frame.shape == (height, width, 3) or frame.shape[0] != height or frame.shape[1] * frame.shape[2] < width * 3:
+            return frame  # right already, or something else: read() refuses a wrong shape
+        return np.ascontiguousarray(frame.reshape(height, -1)[:, :width * 3].reshape(height, width, 3))
+
+    def close(self) -> None:
+        self._decord = None
+        super().close()
+
+
+class TorchcodecReader(ForeignReader):
+    """torchcodec's VideoDecoder (exact seek mode) on CPU or CUDA (NVDEC). Every frame it returns is checked
+    by its timestamp against the one PyAV's index gives frame n: a wrong frame is an error, never a neighbour.
+
+    torchcodec applies the display rotation itself; on opening, its frame 0 must have PyAV's upright shape and
+    lie within FOREIGN_COLOUR_TOLERANCE of PyAV's frame 0, or the file is refused (sideways, or other colours)."""
+
+    def __init__(self, path: str, device: str = "cpu") -> None:
+        super().__init__(path)
+        if self.index.sequential:
+            self.close()
+            raise VideoDecodeError(path, "no usable timestamps: --decoder torchcodec cannot identify frames "
+                                         "(use --decoder pyav)")
+        from torchcodec.decoders import VideoDecoder as TorchcodecDecoder
+
+        try:
+            self._decoder = TorchcodecDecoder(path, device=device, seek_mode="exact", dimension_order="NHWC")
+            first = self._decoder.get_frame_at(0)
+            mine = first.data.cpu().numpy()
+        except Exception as exc:  # torchcodec raises RuntimeError/ValueError for files it cannot read
+            self.close()
+            raise VideoDecodeError(path, f"torchcodec cannot read it ({_short(exc)})") from None
+        reference = self.index.read([0])[0]
+        off = (float(np.abs(mine.astype(np.int16) - reference).mean()) if mine.shape == reference.shape
+               else float("inf"))
+        if off > FOREIGN_COLOUR_TOLERANCE:
+            self.close()
+            raise VideoDecodeError(path, f"torchcodec's frame 0 ({mine.shape[1]}x{mine.shape[0]}) is not PyAV's "
+                                         f"({reference.shape[1]}x{reference.shape[0]}, display rotation "
+                                         f"{self.rotation}): mean difference {off:.1f} levels (use --decoder pyav)")
+        self._offset = float(first.pts_seconds)  # frame 0's time on torchcodec's clock
+        pts = self.index._pts
+        assert pts is not None
+        self._tolerance = float(self.index._median_step() * self.index.time_base) / 2 if len(pts) > 1 else 1e-3
+
+    def _pixels(self, frames: list[int]) -> np.ndarray:
+        try:
+            batch = self._decoder.get_frames_at(indices=frames)
+        except Exception as exc:
+            raise VideoDecodeError(self.path, f"torchcodec failed at frames {frames[0]}..{frames[-1]} "
+                                              f"({_short(exc)})") from None
+        expected = self.index.timestamps(frames)
+        for index, want, got in zip(frames, expected, batch.pts_seconds.tolist()):
+            if abs(got - self._offset - want) > self._tolerance:
+                raise VideoDecodeError(self.path, f"torchcodec returned the frame at {got - self._offset:.3f} s "
+                                                  f"for frame {index} (at {want:.3f} s)")
+        return batch.data.cpu().numpy()
+
+    def close(self) -> None:
+        self._decoder = None
+        super().close()
 
 
 # --------------------------------------------------------------------------- resize, crop, range
@@ -430,15 +708,16 @@ class ViewDecoder:
     """Decodes one camera of one clip. Keeps a few readers open: a batch often reads one file twice, and
     the next clip of a file continues where the last one stopped."""
 
-    def __init__(self, height: int, width: int, cache_size: int = 8, fit: str = "cover") -> None:
-        self.height, self.width, self.fit = height, width, fit
-        self._readers: OrderedDict[str, VideoReader] = OrderedDict()
+    def __init__(self, height: int, width: int, cache_size: int = 8, fit: str = "cover",
+                 backend: Backend = PYAV) -> None:
+        self.height, self.width, self.fit, self.backend = height, width, fit, backend
+        self._readers: OrderedDict[str, VideoReader | ForeignReader] = OrderedDict()
         self._cache_size = cache_size
 
-    def _reader(self, path: str) -> VideoReader:
+    def _reader(self, path: str) -> VideoReader | ForeignReader:
         reader = self._readers.pop(path, None)
         if reader is None:
-            reader = open_video(path)
+            reader = open_video(path, self.backend)
         self._readers[path] = reader
         while len(self._readers) > self._cache_size:
             self._readers.popitem(last=False)[1].close()
@@ -488,10 +767,10 @@ class ViewBatchDataset(torch.utils.data.Dataset):
     each frame in its first decoded camera, from that video's first frame}} (times: for the clip record)."""
 
     def __init__(self, batches: Sequence[Sequence[Any]], view_indices: Sequence[Sequence[int]], height: int, width: int,
-                 fit: str = "cover") -> None:
+                 fit: str = "cover", backend: Backend = PYAV) -> None:
         self.batches = [list(b) for b in batches]
         self.view_indices = [list(v) for v in view_indices]
-        self.height, self.width, self.fit = height, width, fit
+        self.height, self.width, self.fit, self.backend = height, width, fit, backend
         self._decoder: ViewDecoder | None = None
 
     def __len__(self) -> int:
@@ -505,7 +784,7 @@ class ViewBatchDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         if self._decoder is None:
-            self._decoder = ViewDecoder(self.height, self.width, fit=self.fit)
+            self._decoder = ViewDecoder(self.height, self.width, fit=self.fit, backend=self.backend)
         batch = self.batches[index]
         bucket = getattr(batch[0], "bucket", None)  # a batch never mixes buckets (planning.batched)
         size = (bucket.height, bucket.width) if bucket is not None else (self.height, self.width)

@@ -19,7 +19,7 @@ import torch
 
 import vaecache
 from vaecache.config import STORED_KEYS, EncodeConfig
-from vaecache.decode import DECODER, ViewBatchDataset
+from vaecache.decode import Backend, ViewBatchDataset, resolve_decoder
 from vaecache.sources import (Scene, SceneProbe, discover, judge_scene, open_scene, probe_from_cache,
                               probe_records, read_probe_cache)
 from vaecache.dist import DistContext
@@ -99,11 +99,11 @@ def run_fingerprint_vae_part(vae: LoadedVae) -> dict[str, Any]:
     return json.loads(json.dumps({k: v for k, v in vae.fingerprint().items() if k != "spec"}))
 
 
-def run_fingerprint(cfg: EncodeConfig, vae: LoadedVae) -> dict[str, Any]:
+def run_fingerprint(cfg: EncodeConfig, vae: LoadedVae, decoder: Backend) -> dict[str, Any]:
     """Everything that determines stored bytes; a resume must match it exactly."""
     # The decoder is part of it: a cache started by 0.1.0 (decord, mis-seeking on open-GOP streams) must not
-    # be resumed with frame-exact decoding into one mixed cache.
-    fingerprint = {"vae": run_fingerprint_vae_part(vae), "latents": cfg.clip.to_record(), "decoder": DECODER,
+    # be resumed with frame-exact decoding into one mixed cache; nor pyav with another --decoder.
+    fingerprint = {"vae": run_fingerprint_vae_part(vae), "latents": cfg.clip.to_record(), "decoder": decoder.name,
                    "data": str(cfg.data), "format_version": FORMAT_VERSION}
     if cfg.sp_mode == "spatial":  # band edges depend on the group size, and so do the last bits of the latents
         fingerprint["parallel"] = {"mode": "spatial", "sp_size": cfg.sp_size}
@@ -345,7 +345,8 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
                 on_progress: Advance | None, progress: ProgressFactory | None, started: float) -> EncodeSummary:
     rank, world = ctx.info.rank, ctx.info.world_size
     mesh, vae, threads = ctx.mesh, start.vae, start.threads
-    fingerprint = run_fingerprint(cfg, vae)
+    decoder = resolve_decoder(cfg.clip.decoder, ctx.device, cfg.workers)
+    fingerprint = run_fingerprint(cfg, vae, decoder)
     sources = source_identities(start.sources, cfg.hash_sources) if rank == 0 else None  # what OUT is made from
     prepared, done = ctx.on_rank0(lambda: _marking_done(start.job, lambda mark: prepare_out(
         cfg.out, fingerprint, cfg.overwrite, ctx.info.job_id, sources, mark)))
@@ -423,7 +424,8 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
     else:
         view_indices, sp_plans = work.view_indices, work.sp_plans
     counters = RankCounters()
-    dataset = ViewBatchDataset(work.batches, view_indices, cfg.clip.height, cfg.clip.width, cfg.clip.fit)
+    dataset = ViewBatchDataset(work.batches, view_indices, cfg.clip.height, cfg.clip.width, cfg.clip.fit,
+                               resolve_decoder(cfg.clip.decoder, ctx.device, cfg.workers))
     if cfg.workers:
         # Workers are forked. A decoder left as cyclic garbage here (FFmpeg frame threads and all) would be
         # freed by the child's collector, which then waits forever to join threads that do not exist there.
@@ -580,7 +582,7 @@ def _finalize(cfg: EncodeConfig, vae: LoadedVae, summary: EncodeSummary, fingerp
         producer={"vaecache": vaecache.__version__, "torch": torch.__version__, "python": platform.python_version(),
                   **({"cuda_numerics": exact_cuda_numerics(vae.device)} if vae.device.type == "cuda" else {})},  # set at load
         vae=vae.fingerprint(), fingerprint=fingerprint, frame_rule=vae.rule.to_json(),
-        settings={**cfg.clip.to_record(), "data": str(cfg.data), "batch_size": cfg.batch_size,
+        settings={**cfg.clip.to_record(), "decoder": fingerprint["decoder"], "data": str(cfg.data), "batch_size": cfg.batch_size,
                   "sp_size": cfg.sp_size, "sp_mode": cfg.sp_mode, "world_size": summary.world_size,
                   "shard_size": cfg.shard_size,
                   "vae_spec": cfg.vae},

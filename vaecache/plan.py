@@ -22,7 +22,7 @@ import torch
 
 from vaecache.buckets import aspect_distance, fit_geometry, kept_share
 from vaecache.config import STORED_KEYS, ClipSettings
-from vaecache.decode import ViewDecoder
+from vaecache.decode import PYAV, Backend, ViewDecoder, resolve_decoder
 from vaecache.dist import make_mesh, resolve_device
 from vaecache.sources import Scene, SceneProbe, discover_scenes, probe_scene
 from vaecache.errors import UsageError, VideoDecodeError
@@ -204,6 +204,7 @@ def dp_shares(job: JobPlan, clip_ids: bool = True) -> list[DpShare]:
 def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
     """Plan the job described by `cfg`; with cfg.measure, encode one real clip to time it."""
     device = resolve_device(cfg.device)
+    backend = resolve_decoder(cfg.clip.decoder, device)  # an unusable --decoder fails before anything is read
     # DATA first: a typo there fails before the VAE is loaded.
     scenes = discover_scenes(cfg.data, cfg.clip.cameras)
     probes = probe_all(scenes, cfg.probe_workers)
@@ -231,7 +232,7 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
                                  element) if cfg.clip.bucketed else []
     fingerprint = vae.fingerprint()
     report = PlanReport(
-        config=_config_json(cfg, device),
+        config={**_config_json(cfg, device), "decoder": backend.name},
         vae={"spec": cfg.vae, "family": vae.family, "untrained": vae.untrained, "rule": vae.rule.to_json(),
              "latent_channels": vae.latent_channels, "normalization": vae.normalization,
              **{k: fingerprint[k] for k in ("precision", "tiling", "max_views_per_forward", "per_frame")}},
@@ -263,7 +264,7 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
         for clip in clips[:MEASURE_TRIES]:
             try:
                 size = (clip.bucket.height, clip.bucket.width) if clip.bucket is not None else (cfg.clip.height, cfg.clip.width)
-                report.measurement = measure_clip(vae, clip, *size, fit=cfg.clip.fit)
+                report.measurement = measure_clip(vae, clip, *size, fit=cfg.clip.fit, backend=backend)
                 break
             except VideoDecodeError as exc:
                 report.notes.append(f"clip {clip.clip_id} does not decode ({exc}); measuring another")
@@ -325,17 +326,18 @@ def bucket_histogram(clips: Any, fit: str, view_shape: Callable[[Any], list[int]
     return rows
 
 
-def decode_clip(clip: Clip, height: int, width: int, fit: str = "cover") -> torch.Tensor:
+def decode_clip(clip: Clip, height: int, width: int, fit: str = "cover", backend: Backend = PYAV) -> torch.Tensor:
     """(views, 3, T, H, W) in [-1, 1], exactly as the encode pipeline feeds the VAE."""
-    decoder = ViewDecoder(height, width, fit=fit)
+    decoder = ViewDecoder(height, width, fit=fit, backend=backend)
     return torch.stack([decoder.decode(path, clip.frames) for path in clip.paths])
 
 
-def measure_clip(vae: LoadedVae, clip: Clip, height: int, width: int, fit: str = "cover") -> Measurement:
+def measure_clip(vae: LoadedVae, clip: Clip, height: int, width: int, fit: str = "cover",
+                 backend: Backend = PYAV) -> Measurement:
     """Encode one clip (after a one-view warm-up) and read the time and the peak memory it took.
 
     Raises VideoDecodeError when the clip does not decode."""
-    views = decode_clip(clip, height, width, fit)
+    views = decode_clip(clip, height, width, fit, backend)
     device = vae.device
     cuda = device.type == "cuda"
     if cuda:

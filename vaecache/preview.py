@@ -253,7 +253,7 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
     check_output(output, settings.overwrite)
 
     from vaecache.config import ClipSettings
-    from vaecache.decode import ViewDecoder
+    from vaecache.decode import ViewDecoder, backend_for_record
     from vaecache.dist import resolve_device
     from vaecache.format.reader import LatentCache
     from vaecache.verify import load_recorded_vae
@@ -297,7 +297,8 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
         notes.append(f"the clip records no fps; the preview plays at {DEFAULT_FPS:g}")
     grid_h, grid_w = grid_size(height, width, len(cameras))
     writer = _Mp4Writer(output, grid_h, grid_w, fps, settings.crf)
-    source = ViewDecoder(height, width, fit=clip_settings.fit)
+    source = ViewDecoder(height, width, fit=clip_settings.fit,  # the frames encode read: its recorded backend
+                         backend=backend_for_record((manifest.get("settings") or {}).get("decoder")))
     scores = [_Score() for _ in cameras]
     done = chunks = in_flight = 0
     try:

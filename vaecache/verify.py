@@ -421,7 +421,7 @@ def check_reencode(out: Path, manifest: dict[str, Any], cache: CacheReader, coun
     """Decode and re-encode K clips chosen by a seed with the recorded VAE; compare with what is stored."""
     import random
 
-    from vaecache.decode import ViewDecoder
+    from vaecache.decode import ViewDecoder, backend_for_record
     from vaecache.dist import resolve_device
     from vaecache.planning import Clip
     from vaecache.pipeline import clip_tensors
@@ -442,7 +442,9 @@ def check_reencode(out: Path, manifest: dict[str, Any], cache: CacheReader, coun
     mine = chosen[rank::world]
     device = ctx.device if ctx is not None else resolve_device(options.device)
     vae = load_recorded_vae(out, manifest, spec, device, allow_pickle_weights=options.allow_pickle_weights)
-    decoder = ViewDecoder(clip_settings.height, clip_settings.width, fit=clip_settings.fit)
+    # Frames come from the backend the cache was decoded with (recorded name; none recorded: pyav)
+    decoder = ViewDecoder(clip_settings.height, clip_settings.width, fit=clip_settings.fit,
+                          backend=backend_for_record(settings.get("decoder")))
     results = []
     for record in mine:
         clip = Clip(record["id"], record["scene"], tuple(record["cameras"]), tuple(record["sources"]),

@@ -61,6 +61,7 @@ BAD_INPUT = {
     "num-frames not 1+4k": (dict(num_frames="10"), None, r"--num-frames 10 .*nearest valid\D*9 and 13"),
     "num-frames zero": (dict(num_frames="0"), None, r"--num-frames must be >= 1"),
     "store unknown": (dict(store="latents"), None, r"--store must be one of mean-logvar, mean, sample"),
+    "decoder unknown": (dict(decoder="opencv"), None, r"--decoder must be one of auto, pyav, decord, torchcodec, got 'opencv'"),
     "camera typo": (dict(cameras="cam_0,cam_9"), None, r"camera\(s\) cam_9 from --cameras are in no scene"),
 }
 

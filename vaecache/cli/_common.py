@@ -49,6 +49,11 @@ FitOption = Annotated[Optional[str], typer.Option(
     "--fit", help="cover (default: resize to cover, centre-crop) | contain (resize to fit, pad mid grey) | stretch. "
                   "Recorded per clip with the crop box.")]
 
+DecoderOption = Annotated[Optional[str], typer.Option(
+    "--decoder", help="auto (default: pyav here, the fastest byte-identical backend) | pyav | decord (forward-only, "
+                      "byte-identical to pyav on the tests, slower) | torchcodec (cpu, or NVDEC with a CUDA device; "
+                      "its pixels may differ from pyav's, so its latents do too). Recorded; a cache never mixes them.")]
+
 
 def debug_enabled() -> bool:
     return os.environ.get("VAECACHE_DEBUG", "") not in ("", "0")
@@ -172,6 +177,6 @@ def stdout_is_tty() -> bool:
     return sys.stdout.isatty()
 
 
-__all__ = ["FitOption", "FramesPolicyOption", "EXIT_INTERRUPTED", "EXIT_USAGE", "REQUIRED_PANEL", "console", "check_json_target", "debug_enabled",
+__all__ = ["DecoderOption", "FitOption", "FramesPolicyOption", "EXIT_INTERRUPTED", "EXIT_USAGE", "REQUIRED_PANEL", "console", "check_json_target", "debug_enabled",
            "human_bytes", "interrupted_message", "is_launcher_rank0", "launcher_rank_world", "report_errors",
            "write_json"]

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vaecache.cli._common import (FitOption, FramesPolicyOption, NumFramesOption, SizeOption, VaeOption,
+from vaecache.cli._common import (DecoderOption, FitOption, FramesPolicyOption, NumFramesOption, SizeOption, VaeOption,
                                   check_json_target, console, human_bytes, report_errors, write_json)
 from vaecache.config import check_option_syntax, load_toml, parse_bytes, pop_clip_options
 from vaecache.errors import DatasetError, UsageError
@@ -148,6 +148,7 @@ def plan(
     frame_stride: Optional[int] = typer.Option(None, "--frame-stride", help="Use every S-th source frame (default 1)."),
     frames_policy: FramesPolicyOption = None,
     fit: FitOption = None,
+    decoder: DecoderOption = None,
     window_stride: Optional[int] = typer.Option(None, "--window-stride", help="Source frames between clip starts."),
     max_clips_per_scene: Optional[int] = typer.Option(None, "--max-clips-per-scene", help="Keep the first K clips of each scene."),
     cameras: Optional[str] = typer.Option(None, "--cameras", help="Comma-separated camera order (default: names sorted)."),
@@ -168,7 +169,7 @@ def plan(
     """Dry run: scenes, clips, latent shapes and bytes, the split over ranks, a measured ETA."""
     options = {
         "vae": vae, "num_frames": num_frames, "size": size, "frame_stride": frame_stride,
-        "frames_policy": frames_policy, "fit": fit,
+        "frames_policy": frames_policy, "fit": fit, "decoder": decoder,
         "window_stride": window_stride, "max_clips_per_scene": max_clips_per_scene, "cameras": cameras,
         "world_size": world_size, "sp_size": sp_size, "batch_size": batch_size, "dtype": dtype, "device": device,
         "store": store, "tiling": tiling, "max_views_per_forward": max_views_per_forward,
