@@ -18,7 +18,6 @@ from safetensors.torch import load as safetensors_load
 from vaecache import LatentCache
 from vaecache.export import safe_name
 from vaecache.format.table import CLIP_TABLE, write_table
-from vaecache.format.io import sha256_file
 from vaecache.format.writer import tensor_stats
 
 # musubi-tuner's contract (dataset/image_video_dataset.py, dataset/cache_io.py): latent cache files are

@@ -7,7 +7,6 @@ import gc
 import json
 import re
 import runpy
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,6 @@ from safetensors import safe_open
 
 from vaecache import LatentCache, LatentDataset, ShapeBatchSampler, collate_latents
 from vaecache.errors import ManifestError
-from vaecache.format import reader as reader_module
 from vaecache.format.reader import IncompleteCacheError, NormalizationError, ShardChecksumError
 
 ROOT = Path(__file__).resolve().parents[1]
