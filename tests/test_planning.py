@@ -224,6 +224,9 @@ def test_a_done_mask_plans_every_rank_like_the_committed_ids() -> None:
     assert list(by_mask.todo) == [c for c in every if c.clip_id not in set(committed)]
     for rank in range(4):
         assert by_mask.rank_work(rank) == by_ids.rank_work(rank)
+    builder.discard(committed[:1] + strangers[:1])  # a damaged shard's clips are taken back
+    assert builder.committed == len(committed) + len(strangers) - 2 and builder.mask().count == len(committed) - 1
+    assert list(job.clips.with_done(builder.mask()))[0] == every[0]
     with pytest.raises(ValueError, match="DoneMask"):
         DoneMask(b"\0", 9, 0)
     with pytest.raises(ValueError, match="a DoneMask of 3 clips for a plan of"):

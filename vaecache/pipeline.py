@@ -332,12 +332,11 @@ def _check_spatial(cfg: EncodeConfig, vae: LoadedVae) -> None:
         plan_bands(height, vae.rule.spatial_factor, cfg.sp_size)
 
 
-def _marking_done(job: JobPlan, prepare: Callable[[Callable[[list[str]], None]], PreparedOut]
-                  ) -> tuple[PreparedOut, DoneMask]:
+def _marking_done(job: JobPlan, prepare: Callable[[DoneMaskBuilder], PreparedOut]) -> tuple[PreparedOut, DoneMask]:
     """Rank 0: prepare OUT, marking the committed clips it keeps in the plan. Every rank gets the mask (a bit per
     planned clip), never the ids: a resume over ten million committed clips sends ~1.25 MB."""
     marks = DoneMaskBuilder(job.clips)
-    prepared = prepare(marks.add)
+    prepared = prepare(marks)
     return prepared, marks.mask()
 
 
@@ -408,7 +407,7 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
     if prepared.complete:  # the dataset grew: the finished cache is about to change
         attempt = prepared.attempt
         prepared, done = ctx.on_rank0(lambda: _marking_done(job, lambda mark: begin_changes(
-            cfg.out, attempt, sources=sources, on_committed=mark)))
+            cfg.out, attempt, sources=sources, committed=mark)))
         # begin_changes repairs the progress logs: a shard it dropped must be encoded again
         job = dataclasses.replace(job, done=done)
     work = job.rank_work(rank)

@@ -165,6 +165,14 @@ class DoneMaskBuilder:
             if position is not None:
                 self._flags[position] = True
 
+    def discard(self, clip_ids: Iterable[str]) -> None:
+        """Take back ids given to add (their shard was found damaged)."""
+        for clip_id in clip_ids:
+            self.committed -= 1
+            position = self._locate(clip_id)
+            if position is not None:
+                self._flags[position] = False
+
     def mask(self) -> DoneMask:
         return DoneMask(np.packbits(self._flags, bitorder="little").tobytes(), len(self._flags),
                         int(np.count_nonzero(self._flags)))

@@ -22,6 +22,21 @@ HEADER = {"settings": {}, "latent": {"store": ["mean"], "dtype": "float32", "lay
           "oom_backoffs": 0}
 
 
+class _Tally:
+    """What repair_progress tells a resume: ids as read, then those of damaged shards taken back."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.dropped: list[str] = []
+
+    def add(self, clip_ids: list[str]) -> None:
+        self.ids.extend(clip_ids)
+
+    def discard(self, clip_ids: list[str]) -> None:
+        self.dropped.extend(clip_ids)
+        self.ids = [clip_id for clip_id in self.ids if clip_id not in set(clip_ids)]
+
+
 def _log(path: Path, *records: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     log = AppendLog(path)
@@ -77,9 +92,9 @@ def test_repair_and_finalize_read_the_same_entries(tmp_path: Path) -> None:
     with open(progress_path(tmp_path, 0), "a") as handle:
         handle.write('{"shard": {"file": "shards/torn')
     assert [e.shard["file"] for e in iter_progress(tmp_path)] == ["shards/good.safetensors", "shards/short.safetensors"]
-    seen: list[str] = []
-    kept, discarded, damaged = repair_progress(tmp_path, seen.extend)
-    assert kept == 1 and seen == ["g"] and discarded == 1
+    seen = _Tally()
+    kept, discarded, damaged = repair_progress(tmp_path, seen)
+    assert kept == 1 and seen.ids == ["g"] and seen.dropped == ["s"] and discarded == 1
     assert damaged == {"shards/short.safetensors": "2 bytes, 5 recorded"}
     assert [json.loads(line) for line in progress_path(tmp_path, 0).read_text().splitlines()] == [good]
 
@@ -124,10 +139,10 @@ def test_repair_leaves_intact_logs_as_they_are_and_cuts_a_torn_tail(tmp_path: Pa
     second.write_text(lines[2] + "\n" + '{"shard":{"file":"shards/to')
     (shards / "b.safetensors").write_bytes(b"12")  # damaged: a's log is rewritten without it
     inode = second.stat().st_ino
-    seen: list[str] = []
-    kept, discarded, damaged = repair_progress(tmp_path, seen.extend)
+    seen = _Tally()
+    kept, discarded, damaged = repair_progress(tmp_path, seen)
     assert (kept, discarded, list(damaged)) == (2, 1, ["shards/b.safetensors"])
-    assert seen == ["a/000000-000004", "c/000000-000004"]
+    assert seen.ids == ["a/000000-000004", "c/000000-000004"] and seen.dropped == ["b/000000-000004"]
     assert first.read_text() == lines[0] + "\n"
     assert second.read_text() == lines[2] + "\n" and second.stat().st_ino == inode  # cut, not rewritten
 

@@ -14,7 +14,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -164,35 +164,63 @@ def shard_problem(out: Path, shard: dict[str, Any]) -> str | None:
     return None
 
 
+POOLED_HASH_BYTES = 1 << 20
+"""Shards at least this big are hashed in the thread pool; smaller ones inline (a pooled task costs ~10x a
+small file's hashing in thread switches)."""
+
+
 def damaged_shards(out: Path, shards: list[dict[str, Any]], threads: int = 8) -> dict[str, str]:
-    """Shard file -> problem, for the shards that are not intact (hashed in parallel)."""
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(shards)))) as pool:
-        problems = pool.map(lambda shard: shard_problem(out, shard), shards)
-    return {shard["file"]: problem for shard, problem in zip(shards, problems) if problem is not None}
+    """Shard file -> problem, for the shards that are not intact (large ones hashed in parallel)."""
+    large = [shard for shard in shards if shard.get("bytes", 0) >= POOLED_HASH_BYTES]
+    problems = {shard["file"]: shard_problem(out, shard) for shard in shards if shard.get("bytes", 0) < POOLED_HASH_BYTES}
+    if large:
+        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(large)))) as pool:
+            problems.update(zip((shard["file"] for shard in large), pool.map(lambda shard: shard_problem(out, shard), large)))
+    return {shard["file"]: problems[shard["file"]] for shard in shards if problems[shard["file"]] is not None}
 
 
-def repair_progress(out: Path, on_committed: Callable[[list[str]], None] | None = None) -> tuple[int, int, dict[str, str]]:
+class CommittedIds(Protocol):
+    """What a resume tells about committed clips as it reads them (planning.DoneMaskBuilder)."""
+
+    def add(self, clip_ids: list[str]) -> None: ...
+
+    def discard(self, clip_ids: list[str]) -> None: ...
+
+
+def repair_progress(out: Path, committed: CommittedIds | None = None) -> tuple[int, int, dict[str, str]]:
     """Keep committed shards whose file is intact (size and sha256); drop torn log lines, damaged shards,
     orphans, temp files and the failure logs (a rerun records failures afresh).
 
-    Reads only each progress line's shard record and clip ids (see progress_line), and rewrites a log only
-    when one of its shards is damaged: a resume over millions of committed clips costs seconds plus the
-    hashing. `on_committed` gets the clip ids of every shard kept, log by log.
+    Reads only each progress line's shard record and clip ids (see progress_line), once, and rewrites a log
+    only when one of its shards is damaged: a resume over millions of committed clips costs seconds plus the
+    hashing. `committed` gets the clip ids of every line as it is read, and then those of damaged shards
+    taken back (discard).
 
     Returns (committed clips kept, files discarded, damaged shard file -> problem): the clips of a damaged
     shard are no longer committed, so the run encodes them again."""
     out = Path(out)
     progress = out / PROGRESS_DIR
     logs = sorted(progress.glob("rank-*.jsonl"))
+    lines: dict[Path, list[CommittedLine]] = {}
     for log in logs:
         cut_torn_tail(log)
-    lines = {log: [line for line, _ in scan_committed(log)] for log in logs}
+        lines[log] = []
+        for line, ids in scan_committed(log):
+            lines[log].append(line)
+            if committed is not None:
+                committed.add(ids)
     damaged = damaged_shards(out, [line.shard for found in lines.values() for line in found])
     claimed: set[str] = set()
     kept_clips = 0
     for log, found in lines.items():
         kept = [line for line in found if line.shard["file"] not in damaged]
         if len(kept) < len(found):
+            if committed is not None:
+                with open(log, "rb") as handle:
+                    for line in found:
+                        if line.shard["file"] in damaged:
+                            handle.seek(line.offset)
+                            committed.discard(_line_head(log, line.offset, handle.read(line.length))[1])
             _keep_lines(log, kept)
         claimed.update(Path(line.shard["file"]).name for line in kept)
         kept_clips += sum(line.clips for line in kept)
@@ -207,10 +235,6 @@ def repair_progress(out: Path, on_committed: Callable[[list[str]], None] | None 
     for path in [*out.glob(".*.tmp"), *progress.glob(".*.tmp")]:
         path.unlink()
         discarded += 1
-    if on_committed is not None:
-        for log in logs:
-            for _, ids in scan_committed(log):
-                on_committed(ids)
     return kept_clips, discarded, damaged
 
 

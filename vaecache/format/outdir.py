@@ -10,10 +10,12 @@ import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from vaecache.errors import ManifestError, OutputError, UsageError
-from vaecache.format.index import committed_ids, committed_shards, damaged_shards, read_manifest, repair_progress
+from vaecache.format.index import (
+    CommittedIds, committed_ids, committed_shards, damaged_shards, read_manifest, repair_progress,
+)
 from vaecache.format.provenance import identity_change
 from vaecache.format.io import atomic_write_json
 from vaecache.format.layout import LOCK, LOGS_DIR, MANIFEST, OWNED_ENTRIES, PROGRESS_DIR, RUN, SHARDS_DIR
@@ -27,7 +29,7 @@ class PreparedOut:
 
     attempt: int
     committed_clips: int
-    """Clips committed by earlier attempts and kept (their ids went to prepare_out's `on_committed`)."""
+    """Clips committed by earlier attempts and kept (their ids went to prepare_out's `committed`)."""
     discarded_files: int
     complete: bool = False
     damaged: tuple[str, ...] = ()
@@ -157,21 +159,21 @@ def _is_complete(out: Path) -> bool:
 
 def begin_changes(out: Path, attempt: int, fingerprint: dict[str, Any] | None = None,
                   sources: dict[str, dict[str, Any]] | None = None,
-                  on_committed: Callable[[list[str]], None] | None = None) -> PreparedOut:
+                  committed: CommittedIds | None = None) -> PreparedOut:
     """Rank 0 only, before anything is committed: record the attempt, drop the manifest (OUT is not complete
     until finalize rewrites it) and repair what a crash left behind. Without `fingerprint`, the one in run.json
     is kept (prepare_out has already checked it); `sources` are added to the ones recorded there. The ids of
-the committed clips kept go to `on_committed`."""
+the committed clips go to `committed` (repair_progress)."""
     out = Path(out)
     recorded = json.loads((out / RUN).read_text()) if (out / RUN).exists() else {}
     fingerprint = recorded["fingerprint"] if fingerprint is None else fingerprint
     sources = {**recorded.get("sources", {}), **(sources or {})}
     atomic_write_json(out / RUN, {"fingerprint": fingerprint, "attempt": attempt, "sources": sources})
     (out / MANIFEST).unlink(missing_ok=True)
-    committed, discarded, damaged = repair_progress(out, on_committed)
+    kept, discarded, damaged = repair_progress(out, committed)
     for file, problem in sorted(damaged.items()):
         log.warning("%s: committed shard is damaged (%s); its clips are encoded again", out / file, problem)
-    return PreparedOut(attempt, committed, discarded, damaged=tuple(f"{f}: {p}" for f, p in sorted(damaged.items())))
+    return PreparedOut(attempt, kept, discarded, damaged=tuple(f"{f}: {p}" for f, p in sorted(damaged.items())))
 
 
 def changed_sources(recorded: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]]) -> list[str]:
@@ -187,9 +189,9 @@ def changed_sources(recorded: dict[str, dict[str, Any]], current: dict[str, dict
 
 def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id: str | None,
                 sources: dict[str, dict[str, Any]] | None = None,
-                on_committed: Callable[[list[str]], None] | None = None) -> PreparedOut:
-    """Rank 0 only: take the lock, check or start the run record, repair what a crash left behind, and give
-    the ids of the committed clips kept to `on_committed` (once each).
+                committed: CommittedIds | None = None) -> PreparedOut:
+    """Rank 0 only: take the lock, check or start the run record, repair what a crash left behind, and tell
+    `committed` the ids of the committed clips it keeps (repair_progress).
 
     `sources` maps each source video to its identity (size, mtime_ns, sha256 with --hash-sources); a resume
     whose sources changed under the cache is refused."""
@@ -238,8 +240,9 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
             # A finished cache stays byte for byte as it is unless new work is about to be committed, or one of
             # its shards is damaged (then this run repairs it: the damaged shards' clips are encoded again).
             if not damaged_shards(out, committed_shards(out)):
-                return PreparedOut(attempt, committed_ids(out, on_committed or (lambda ids: None)), 0, complete=True)
-        return begin_changes(out, attempt, fingerprint, sources, on_committed)
+                count = committed_ids(out, committed.add if committed is not None else (lambda ids: None))
+                return PreparedOut(attempt, count, 0, complete=True)
+        return begin_changes(out, attempt, fingerprint, sources, committed)
     except BaseException:
         release_lock(out)
         raise
