@@ -145,9 +145,11 @@ def test_ctrl_c_during_start_up_is_one_line(demo_data: Path, tmp_path: Path) -> 
     os.mkfifo(fifo)
     out = tmp_path / "out"
     environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "VAECACHE_DEBUG")}
+    # A suite started in the background by a non-interactive shell inherits SIGINT ignored, and Python keeps
+    # an ignored SIGINT ignored: give the CLI the default disposition a user's terminal gives it.
     proc = subprocess.Popen([sys.executable, "-m", "vaecache", "encode", str(demo_data), "--out", str(out),
                              "--config", str(fifo)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=environ)
+                            env=environ, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     writer = _wait_for_reader(fifo, proc)
     try:
         proc.send_signal(signal.SIGINT)
