@@ -18,7 +18,7 @@ from vaecache.demodata import DemoDataSpec, render_clip, write_demo_dataset
 from vaecache.errors import VideoDecodeError
 from vaecache.sources import Scene, discover_scenes, probe_scene
 
-from videos import LAYOUTS, remux_to_raw_h264, sequential_frames, write_video
+from videos import LAYOUTS, random_windows, remux_to_raw_h264, sequential_frames, write_video
 
 H264_MEAN_ERROR = 0.075
 """Mean |decoded - source| in [-1, 1] units that the demo videos stay under (4:2:0 chroma and colour conversion only)."""
@@ -180,16 +180,6 @@ def references(layout_videos: dict[str, Path]) -> dict[str, list[np.ndarray]]:
     return {name: sequential_frames(path) for name, path in layout_videos.items()}
 
 
-def _windows(count: int, stride: int, rng: random.Random, how_many: int) -> list[list[int]]:
-    """Random windows of 1..8 frames at `stride`, in random order (so later windows jump backwards)."""
-    windows = []
-    for _ in range(how_many):
-        length = rng.randint(1, 8)
-        start = rng.randint(0, count - 1 - (length - 1) * stride)
-        windows.append(list(range(start, start + (length - 1) * stride + 1, stride)))
-    return windows
-
-
 def _assert_frames(name: str, got: np.ndarray, reference: list[np.ndarray], frames: Sequence[int]) -> None:
     assert got.shape[0] == len(frames)
     for array, index in zip(got, frames):
@@ -214,7 +204,7 @@ def test_random_windows_and_backward_jumps_are_frame_exact(name: str, stride: in
     """One reader, windows in random order: every frame equals the n-th frame of a straight decode."""
     rng = random.Random(f"{name}-{stride}")
     with open_video(str(layout_videos[name])) as reader:
-        for frames in _windows(72, stride, rng, 12):
+        for frames in random_windows(72, stride, rng, 12):
             _assert_frames(name, reader.read(frames), references[name], frames)
 
 
@@ -243,7 +233,7 @@ def test_a_stream_without_timestamps_is_read_by_counting_from_the_start(layout_v
     reference = sequential_frames(path)
     with open_video(str(path)) as reader:
         assert reader.sequential and len(reader) == len(reference) == 72
-        for frames in _windows(72, 3, random.Random(3), 8):
+        for frames in random_windows(72, 3, random.Random(3), 8):
             _assert_frames("raw h264", reader.read(frames), reference, frames)
 
 
@@ -257,7 +247,7 @@ def test_edit_list_mp4_counts_only_shown_frames(tmp_path: Path) -> None:
     with open_video(str(cut)) as reader:
         assert len(reader) == len(reference)
         assert len(reference) < 60
-        for frames in _windows(len(reference), 2, random.Random(5), 10):
+        for frames in random_windows(len(reference), 2, random.Random(5), 10):
             _assert_frames("edit list", reader.read(frames), reference, frames)
 
 
@@ -377,5 +367,5 @@ def test_a_seek_that_lands_after_its_target_still_gives_exact_frames(layout_vide
     name = "mpeg4-avi-bframes"
     with open_video(str(layout_videos[name])) as reader:
         reader._keyframes = [replace(key, seek_ts=key.pts + 4) for key in reader._keyframes]  # aim too late
-        for frames in _windows(72, 2, random.Random(11), 12):
+        for frames in random_windows(72, 2, random.Random(11), 12):
             _assert_frames(name, reader.read(frames), references[name], frames)

@@ -22,7 +22,7 @@ from vaecache.decode import (AUTO_ORDER, DECODER, DECORD_DECODER, IDENTICAL_TO_P
                              backend_for_record, backend_unavailable, decode_frames, open_video, resolve_decoder)
 from vaecache.errors import UsageError, VideoDecodeError
 
-from videos import LAYOUTS, sequential_frames, write_video
+from videos import LAYOUTS, random_windows, sequential_frames, write_video
 
 BACKENDS = ("pyav", "decord", "torchcodec")
 STREAMS = ("h264-open-gop", "hevc-bframes", "mpeg4-avi-bframes")
@@ -62,15 +62,6 @@ def _check(choice: str, got: np.ndarray, reference: list[np.ndarray], frames: li
             assert np.array_equal(array, reference[index]), f"{choice}: frame {index} is not byte-identical"
 
 
-def _windows(rng: random.Random, stride: int, how_many: int) -> list[list[int]]:
-    out = []
-    for _ in range(how_many):
-        length = rng.randint(1, 6)
-        start = rng.randint(0, FRAMES - 1 - (length - 1) * stride)
-        out.append(list(range(start, start + (length - 1) * stride + 1, stride)))
-    return out
-
-
 @pytest.mark.parametrize("choice", BACKENDS)
 @pytest.mark.parametrize("name", STREAMS)
 def test_random_and_strided_windows_are_frame_n_of_a_sequential_decode(choice: str, name: str, streams: dict) -> None:
@@ -81,7 +72,7 @@ def test_random_and_strided_windows_are_frame_n_of_a_sequential_decode(choice: s
     with open_video(str(path), backend) as reader:
         assert len(reader) == FRAMES
         for stride in (1, 2, 3):
-            for frames in _windows(rng, stride, 4):
+            for frames in random_windows(FRAMES, stride, rng, 4, longest=6):
                 _check(choice, reader.read(frames), reference, frames)
     for start in (0, 17, 30):
         frames = list(range(start, start + 16, 2))

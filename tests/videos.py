@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
+import random
 from typing import Sequence
 
 import av
@@ -84,6 +85,17 @@ def write_video(path: Path, layout: VideoLayout, frames: int = 72, height: int =
         for packet in stream.encode():
             container.mux(packet)
     return path
+
+
+def random_windows(count: int, stride: int, rng: random.Random, how_many: int, longest: int = 8) -> list[list[int]]:
+    """Random windows of 1..`longest` frames at `stride` in a video of `count` frames, in random order (so later
+    windows jump backwards)."""
+    windows = []
+    for _ in range(how_many):
+        length = rng.randint(1, longest)
+        start = rng.randint(0, count - 1 - (length - 1) * stride)
+        windows.append(list(range(start, start + (length - 1) * stride + 1, stride)))
+    return windows
 
 
 def sequential_frames(path: Path) -> list[np.ndarray]:

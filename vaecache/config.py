@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -104,15 +105,14 @@ class SamplingConfig:
         """The one-length sampling that cuts windows of `num_frames` (the window stride, where given, is shared)."""
         if not self.frame_buckets and num_frames == self.num_frames:
             return self  # planning asks this once per scene: a one-length sampling is its own
-        found = _ONE_LENGTH.get((self, num_frames))
-        if found is None:
-            found = _ONE_LENGTH[(self, num_frames)] = SamplingConfig(num_frames, self.frame_stride, self.window_stride,
-                                                                     self.max_clips_per_scene)
-        return found
+        return _one_length(num_frames, self.frame_stride, self.window_stride, self.max_clips_per_scene)
 
 
-_ONE_LENGTH: dict[tuple[SamplingConfig, int], SamplingConfig] = {}
-"""for_length's answers (a few per run: one per frame bucket)."""
+@functools.lru_cache(maxsize=64)
+def _one_length(num_frames: int, frame_stride: int, window_stride: int | None,
+                max_clips_per_scene: int | None) -> SamplingConfig:
+    """for_length's answers, built once each (a few per run: one per frame bucket)."""
+    return SamplingConfig(num_frames, frame_stride, window_stride, max_clips_per_scene)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from vaecache.parallel import SPPlan, gather_views, plan_sp
 from vaecache.planning import Clip, DoneMask, DoneMaskBuilder, JobPlan, assign, batch_views, plan_job
 from vaecache.stop import StopRequest, ignore_stop_signals
 from vaecache.vae import LoadedVae, load_vae
-from vaecache.vae.load import exact_cuda_numerics
+from vaecache.vae.load import CUDA_NUMERICS
 
 log = logging.getLogger("vaecache")
 
@@ -579,7 +579,7 @@ def _finalize(cfg: EncodeConfig, vae: LoadedVae, summary: EncodeSummary, fingerp
     failure records and the latent shape."""
     header = manifest_header(
         producer={"vaecache": vaecache.__version__, "torch": torch.__version__, "python": platform.python_version(),
-                  **({"cuda_numerics": exact_cuda_numerics(vae.device)} if vae.device.type == "cuda" else {})},  # set at load
+                  **({"cuda_numerics": CUDA_NUMERICS} if vae.device.type == "cuda" else {})},  # set by load_vae
         vae=vae.fingerprint(), fingerprint=fingerprint, frame_rule=vae.rule.to_json(),
         settings={**cfg.clip.to_record(), "decoder": fingerprint["decoder"], "data": str(cfg.data), "batch_size": cfg.batch_size,
                   "sp_size": cfg.sp_size, "sp_mode": cfg.sp_mode, "world_size": summary.world_size,

@@ -34,7 +34,8 @@ class _Tally:
 
     def discard(self, clip_ids: list[str]) -> None:
         self.dropped.extend(clip_ids)
-        self.ids = [clip_id for clip_id in self.ids if clip_id not in set(clip_ids)]
+        taken_back = set(clip_ids)
+        self.ids = [clip_id for clip_id in self.ids if clip_id not in taken_back]
 
 
 def _log(path: Path, *records: dict[str, Any]) -> None:
@@ -186,10 +187,13 @@ def test_finalize_merges_row_logs_to_the_table_the_progress_lines_give(tmp_path:
         rows.close()
     torn = tmp_path / "progress" / rows_name(1, 0)
     torn.write_bytes(torn.read_bytes()[:-40])  # no end-of-stream, last batch cut
+    older = {"shard": {"file": "shards/older.safetensors", "bytes": 1, "sha256": "0" * 64, "clips": 1, "tensors": 1},
+             "clips": [_clip("s0", 100, "older.safetensors")]}  # a 0.3.0 line (keys sorted), no row log
+    _log(progress_path(tmp_path, 0), older)
     from_rows = finalize(tmp_path, HEADER)
     table_from_rows = (tmp_path / "clips.parquet").read_bytes()
-    assert from_rows["counts"]["clips"] == 12 and from_rows["counts"]["views"] == 24
-    assert from_rows["counts"]["frames"] == 120 and from_rows["latent"]["shape"] == {"logvar": [2, 4, 2, 2, 2],
+    assert from_rows["counts"]["clips"] == 13 and from_rows["counts"]["views"] == 26
+    assert from_rows["counts"]["frames"] == 130 and from_rows["latent"]["shape"] == {"logvar": [2, 4, 2, 2, 2],
                                                                           "mean": [2, 4, 2, 2, 2]}
     records = list(iter_table(tmp_path / "clips.parquet", CLIP_TABLE))
     assert [r["id"] for r in records] == sorted(r["id"] for r in records) and "lost" not in {r["scene"] for r in records}

@@ -14,7 +14,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import Any, Iterable, Iterator, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -123,13 +123,22 @@ def committed_shards(out: Path) -> list[dict[str, Any]]:
     return [line.shard for log in logs for line, _ in scan_committed(log)]
 
 
-def committed_ids(out: Path, on_committed: Callable[[list[str]], None]) -> int:
-    """Feed the clip ids of every committed shard to `on_committed`; returns how many there were."""
+class CommittedIds(Protocol):
+    """What a resume tells about committed clips as it reads them (planning.DoneMaskBuilder)."""
+
+    def add(self, clip_ids: list[str]) -> None: ...
+
+    def discard(self, clip_ids: list[str]) -> None: ...
+
+
+def committed_ids(out: Path, committed: CommittedIds | None) -> int:
+    """Tell `committed` the clip ids of every committed shard; returns how many there were."""
     folder = Path(out) / PROGRESS_DIR
     count = 0
     for log in sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []:
         for _, ids in scan_committed(log):
-            on_committed(ids)
+            if committed is not None:
+                committed.add(ids)
             count += len(ids)
     return count
 
@@ -177,14 +186,6 @@ def damaged_shards(out: Path, shards: list[dict[str, Any]], threads: int = 8) ->
         with ThreadPoolExecutor(max_workers=max(1, min(threads, len(large)))) as pool:
             problems.update(zip((shard["file"] for shard in large), pool.map(lambda shard: shard_problem(out, shard), large)))
     return {shard["file"]: problems[shard["file"]] for shard in shards if problems[shard["file"]] is not None}
-
-
-class CommittedIds(Protocol):
-    """What a resume tells about committed clips as it reads them (planning.DoneMaskBuilder)."""
-
-    def add(self, clip_ids: list[str]) -> None: ...
-
-    def discard(self, clip_ids: list[str]) -> None: ...
 
 
 def repair_progress(out: Path, committed: CommittedIds | None = None) -> tuple[int, int, dict[str, str]]:
@@ -366,7 +367,8 @@ def _log_entries(log: Path, only: frozenset[str] | None = None) -> Iterator[tupl
         for line in handle:
             if not line.endswith(b"\n"):
                 return
-            if only is not None and line.strip() and _line_head(log, offset, line)[0]["file"] not in only:
+            # a line that leads with its shard record is skipped by its head; an older one is parsed once, below
+            if only is not None and line.startswith(b'{"shard":') and _line_head(log, offset, line)[0]["file"] not in only:
                 offset += len(line)
                 continue
             if line.strip():
@@ -376,7 +378,9 @@ def _log_entries(log: Path, only: frozenset[str] | None = None) -> Iterator[tupl
                     raise ManifestError(f"{log}: line at byte {offset} does not parse ({exc})") from None
                 if not isinstance(entry, dict):
                     raise ManifestError(f"{log}: line at byte {offset} is not a progress entry")
-                yield offset, ProgressEntry(log, entry.get("shard"), entry.get("clips"))
+                found = ProgressEntry(log, entry.get("shard"), entry.get("clips"))
+                if only is None or found.shard["file"] in only:
+                    yield offset, found
             offset += len(line)
 
 

@@ -240,8 +240,7 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
             # A finished cache stays byte for byte as it is unless new work is about to be committed, or one of
             # its shards is damaged (then this run repairs it: the damaged shards' clips are encoded again).
             if not damaged_shards(out, committed_shards(out)):
-                count = committed_ids(out, committed.add if committed is not None else (lambda ids: None))
-                return PreparedOut(attempt, count, 0, complete=True)
+                return PreparedOut(attempt, committed_ids(out, committed), 0, complete=True)
         return begin_changes(out, attempt, fingerprint, sources, committed)
     except BaseException:
         release_lock(out)

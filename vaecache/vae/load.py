@@ -71,6 +71,10 @@ def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32",
     return VaeRunner(model, inject_oom)
 
 
+CUDA_NUMERICS = {"cudnn_benchmark": False, "cudnn_deterministic": True, "tf32": False}
+"""What exact_cuda_numerics sets on CUDA (the manifest's producer.cuda_numerics)."""
+
+
 def exact_cuda_numerics(device: torch.device | str) -> dict[str, bool]:
     """On CUDA, numerics that do not change from process to process and mean what the dtype says: cuDNN picks
     convolution algorithms by its fixed heuristic (benchmark autotuning may pick another algorithm in another
@@ -83,7 +87,7 @@ def exact_cuda_numerics(device: torch.device | str) -> dict[str, bool]:
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    return {"cudnn_benchmark": False, "cudnn_deterministic": True, "tf32": False}
+    return dict(CUDA_NUMERICS)
 
 
 def _compute_dtype(model: VaeModel, dtype: str) -> tuple[torch.dtype, str | None]:
@@ -253,5 +257,5 @@ def _load_python(target: str, spec: str) -> VaeModel:
                     has_logvar=bool(getattr(module, "vaecache_has_logvar", True)), can_tile=_can_tile(module))
 
 
-__all__ = ["BUILTINS", "BUILTIN_SMALL_WEIGHTS", "BUILTIN_TINY_CONFIG", "BUILTIN_TINY_SEED", "exact_cuda_numerics",
+__all__ = ["BUILTINS", "BUILTIN_SMALL_WEIGHTS", "BUILTIN_TINY_CONFIG", "BUILTIN_TINY_SEED", "CUDA_NUMERICS", "exact_cuda_numerics",
            "load_vae"]
