@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from vaecache.config import SamplingConfig
-from vaecache.sources import Scene, SceneProbe
+from vaecache.sources import CameraProbe, Scene, SceneProbe, judge_scene
 from vaecache.errors import UsageError
 from vaecache.planning import (
     DoneMask,
@@ -231,3 +231,34 @@ def test_a_done_mask_plans_every_rank_like_the_committed_ids() -> None:
         DoneMask(b"\0", 9, 0)
     with pytest.raises(ValueError, match="a DoneMask of 3 clips for a plan of"):
         job.clips.with_done(DoneMask(b"\x01", 3, 1))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_dp_counts_batch_clips_of_different_camera_counts_like_rank_work(batch: int) -> None:
+    """Scenes of 1, 2 and 3 cameras: the counts cannot take the one-run shortcut of a uniform dataset."""
+    scenes = [_scene(f"s{i:02d}", cameras=1 + i % 3) for i in range(10)]
+    probes = {s.scene_id: SceneProbe(s.scene_id, num_frames=5 + 7 * (i % 4), fps=10.0) for i, s in enumerate(scenes)}
+    for world, sp in ((1, 1), (3, 1), (4, 2), (6, 3)):
+        job = plan_job(scenes, probes, SamplingConfig(num_frames=5), world, sp, batch)
+        assert job.clips.views() == sum(c.num_views for c in job.clips)
+        for dp in range(world // sp):
+            work, counts = job.rank_work(dp * sp), job.dp_counts(dp)
+            assert (counts.clips, counts.batches) == (len(work.clips), len(work.batches))
+            assert counts.views == sum(p.num_views for p in work.sp_plans)
+            assert counts.views_per_rank == sum(len(v) for v in work.view_indices)
+
+
+def test_a_scene_whose_index_gives_its_probe_plans_like_one_probed_by_opening_it() -> None:
+    """The planner's shortcut for one camera and a whole video agrees with judge_scene's full check."""
+    scenes = []
+    for i, (frames, rotation, frame_range) in enumerate([(12, 0, None), (12, 90, None), (3, 0, None), (30, 0, (4, 20)),
+                                                         (17, 270, None)]):
+        probe = CameraProbe(frames, 10.0, 64 + i, 48, "h264", 1000, i, rotation)
+        scenes.append(Scene(f"s{i}", ("video",), (f"/v/{i}.mp4",), frame_range, (probe,)))
+    opened = {s.scene_id: judge_scene(s, s.probed) for s in scenes}
+    for sizes in (None, [(32, 48), (48, 32)]):
+        from_index = plan_job(scenes, {}, SamplingConfig(num_frames=5), sizes=sizes)
+        by_opening = plan_job([dataclasses.replace(s, probed=None) for s in scenes], opened, SamplingConfig(num_frames=5),
+                              sizes=sizes)
+        assert list(from_index.clips) == list(by_opening.clips) and len(from_index.clips) == 10
+        assert from_index.skipped == by_opening.skipped and [s.scene_id for s in from_index.skipped] == ["s2"]

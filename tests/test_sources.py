@@ -156,6 +156,8 @@ def test_jsonl_index_with_single_paths(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("line", "match"), [
     ("{not json", r"index.jsonl:1: not valid JSON"),
+    (json.dumps({"id": "a", "path": "x.mp4"}) + " {}", r"index.jsonl:1: not valid JSON \(Extra data\)"),
+    ("[1, 2]", r"index.jsonl:1: each line needs an \"id\""),
     (json.dumps({"cameras": {"a": "x.mp4"}}), r"needs an \"id\""),
     (json.dumps({"id": "a"}), r"needs \"cameras\" .* or \"path\""),
     (json.dumps({"id": "a", "cameras": {}}), r"\"cameras\" must map camera names to paths"),
@@ -170,6 +172,14 @@ def test_bad_index_lines_are_named(tmp_path: Path, line: str, match: str) -> Non
     index.write_text(line + "\n")
     with pytest.raises(DatasetError, match=match):
         discover_scenes(index)
+
+
+def test_index_lines_may_carry_blank_lines_spaces_and_crlf(tmp_path: Path) -> None:
+    index = tmp_path / "index.jsonl"
+    lines = [json.dumps({"id": "a", "path": "a.mp4"}), "", "  " + json.dumps({"id": "b", "path": "b.mp4"}) + " \t",
+             json.dumps({"id": "c", "path": "c.mp4"}) + "\r", "   "]
+    index.write_bytes("\n".join(lines).encode())  # the last line has no newline
+    assert [s.scene_id for s in discover_scenes(index)] == ["a", "b", "c"]
 
 
 def test_index_problems_across_lines(tmp_path: Path) -> None:

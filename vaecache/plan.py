@@ -13,10 +13,11 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, overload
 
 import torch
 
@@ -26,7 +27,7 @@ from vaecache.decode import PYAV, Backend, ViewDecoder, resolve_decoder
 from vaecache.dist import make_mesh, resolve_device
 from vaecache.sources import Scene, SceneProbe, discover_scenes, probe_scene
 from vaecache.errors import UsageError, VideoDecodeError
-from vaecache.planning import Clip, JobPlan, plan_job
+from vaecache.planning import Clip, JobPlan, PlannedClips, plan_job
 from vaecache.dtypes import recorded_name
 from vaecache.vae import LoadedVae, load_vae
 
@@ -109,7 +110,8 @@ class PlanReport:
 
     config: dict[str, Any]
     vae: dict[str, Any]
-    scenes: list[dict[str, Any]]
+    scenes: Sequence[dict[str, Any]]
+    """Per usable scene: {"scene", "cameras", "source_frames", "clips"} (SceneRows: built as read)."""
     skipped: list[dict[str, Any]]
     clips: int
     cameras: int
@@ -149,7 +151,7 @@ class PlanReport:
             "vae": self.vae,
             "dataset": {"scenes": len(self.scenes) + len(self.skipped), "usable_scenes": len(self.scenes),
                         "skipped": self.skipped, "clips": self.clips, "cameras": self.cameras, "views": self.views,
-                        "frames": self.frames, "per_scene": self.scenes},
+                        "frames": self.frames, "per_scene": list(self.scenes)},
             "latent": {"shape_per_view": self.latent_shape, "shape_per_clip": [self.cameras, *self.latent_shape],
                        "stored": self.stored, "dtype": self.dtype, "bytes_per_view": self.bytes_per_view,
                        "bytes_per_clip": self.bytes_per_view * self.cameras, "total_bytes": self.total_bytes},
@@ -164,6 +166,31 @@ class PlanReport:
             "buckets": self.buckets,
             "notes": self.notes,
         }
+
+
+class SceneRows(Sequence[dict[str, Any]]):
+    """The report's row per usable scene, built when read: a million-scene plan prints a few of them and
+    lists them all only for --json."""
+
+    def __init__(self, clips: PlannedClips, probes: dict[str, SceneProbe]) -> None:
+        self._clips, self._probes = clips, probes
+
+    def __len__(self) -> int:
+        return self._clips.scene_total
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        scene, count = self._clips.scene_at(index % len(self))
+        return {"scene": scene.scene_id, "cameras": len(scene.cameras),
+                "source_frames": _source_frames(scene, self._probes.get(scene.scene_id)), "clips": count}
 
 
 def _source_frames(scene: Scene, probe: SceneProbe | None) -> int:
@@ -218,16 +245,12 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
         raise UsageError(f"--store {cfg.clip.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; "
                          "use --store mean")
     clips, skipped = job.clips, list(job.skipped)
-    per_scene = clips.scene_counts()  # a count per scene: the clips themselves are built per DP group below
-    skipped_ids = {s.scene_id for s in skipped}
-    scene_rows = [{"scene": s.scene_id, "cameras": len(s.cameras), "source_frames": _source_frames(s, probes.get(s.scene_id)),
-                   "clips": per_scene.get(s.scene_id, 0)} for s in scenes if s.scene_id not in skipped_ids]
 
     shape = list(vae.latent_shape(cfg.clip.sampling.num_frames, cfg.clip.height, cfg.clip.width))
     stored = list(STORED_KEYS[cfg.clip.store])
     element = torch.empty((), dtype=vae.dtype).element_size() * len(stored)
     bytes_per_view = math.prod(shape) * element
-    views = sum(per_scene.get(s.scene_id, 0) * len(s.cameras) for s in scenes)
+    views = clips.views()
     histogram = bucket_histogram(clips, cfg.clip.fit, lambda b: list(vae.latent_shape(b.num_frames, b.height, b.width)),
                                  element) if cfg.clip.bucketed else []
     fingerprint = vae.fingerprint()
@@ -236,7 +259,7 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
         vae={"spec": cfg.vae, "family": vae.family, "untrained": vae.untrained, "rule": vae.rule.to_json(),
              "latent_channels": vae.latent_channels, "normalization": vae.normalization,
              **{k: fingerprint[k] for k in ("precision", "tiling", "max_views_per_forward", "per_frame")}},
-        scenes=scene_rows,
+        scenes=SceneRows(clips, probes),
         skipped=[{"scene": s.scene_id, "path": s.path, "reason": s.reason} for s in skipped],
         clips=len(clips), cameras=clips[0].num_views if clips else len(scenes[0].cameras),
         views=views, frames=views * cfg.clip.sampling.num_frames,

@@ -101,30 +101,46 @@ def plan_scene_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sam
     usable: list[tuple[Scene, int, float, tuple[tuple[int, int, int], ...], tuple[tuple[int, int], ...]]] = []
     counts, stops, size_index = array("q"), array("q"), array("H")
     skipped: list[Skipped] = []
-    shared: dict[Any, Any] = {}  # equal `expect` tuples stored once
+    shared: dict[Any, Any] = {}  # per camera geometry: (expect, displayed, size index)
+    clips_of: dict[int, int] = {}  # usable frames -> clips (a million scenes have few distinct lengths)
     for scene in scenes:
         probe = probes.get(scene.scene_id)
         if probe is None and scene.probed is not None:
-            probe = judge_scene(scene, scene.probed)  # pure: the index gave the probe (none kept per scene)
+            if len(scene.probed) == 1 and scene.frame_range is None:
+                cameras = scene.probed  # judge_scene has nothing to compare: skip building its SceneProbe
+                start, stop, fps = 0, cameras[0].frames, cameras[0].fps
+            else:
+                probe = judge_scene(scene, scene.probed)  # pure: the index gave the probe (none kept per scene)
         elif probe is None:
             raise KeyError(f"scene {scene.scene_id} was not probed")
-        if probe.error is not None:
-            skipped.append(Skipped(scene.scene_id, probe.error_path, probe.error, probe.error_camera))
-            continue
-        start, stop = scene.frame_range if scene.frame_range is not None else (0, probe.num_frames)
-        count = sum(count for _, count in scene_lengths(stop - start, sampling))
+        if probe is not None:
+            if probe.error is not None:
+                skipped.append(Skipped(scene.scene_id, probe.error_path, probe.error, probe.error_camera))
+                continue
+            cameras, fps = probe.cameras, probe.fps
+            start, stop = scene.frame_range if scene.frame_range is not None else (0, probe.num_frames)
+        count = clips_of.get(stop - start)
+        if count is None:
+            count = clips_of[stop - start] = sum(count for _, count in scene_lengths(stop - start, sampling))
         if not count:
             shortest = min(sampling.for_length(length).span for length in sampling.lengths)
             skipped.append(Skipped(scene.scene_id, None,
                                    f"too short: {stop - start} usable frames, one clip needs {shortest}"))
             continue
-        expect = tuple((c.frames, c.width, c.height) for c in probe.cameras)
-        displayed = tuple(displayed_size(c.width, c.height, c.rotation) for c in probe.cameras)
-        usable.append((scene, start, probe.fps, shared.setdefault(expect, expect),
-                       shared.setdefault(("displayed", displayed), displayed)))
+        if len(cameras) == 1:
+            only = cameras[0]
+            key: Any = (only.frames, only.width, only.height, only.rotation)
+        else:
+            key = tuple((c.frames, c.width, c.height, c.rotation) for c in cameras)
+        geometry = shared.get(key)  # equal tuples stored once, and the size bucket found once per geometry
+        if geometry is None:
+            expect = tuple((c.frames, c.width, c.height) for c in cameras)
+            displayed = tuple(displayed_size(c.width, c.height, c.rotation) for c in cameras)
+            geometry = shared[key] = (expect, displayed, nearest_size(displayed, sizes) if sizes and displayed else 0)
+        usable.append((scene, start, fps, geometry[0], geometry[1]))
         counts.append(count)
         stops.append(stop)
-        size_index.append(nearest_size(displayed, sizes) if sizes and displayed else 0)
+        size_index.append(geometry[2])
     return PlannedClips(tuple(usable), counts, sampling, sizes=tuple(sizes) if sizes else None, stops=stops,
                         size_index=size_index), skipped
 
@@ -178,6 +194,9 @@ class DoneMaskBuilder:
                         int(np.count_nonzero(self._flags)))
 
 
+_UNKNOWN = object()
+
+
 class PlannedClips(Sequence[Clip]):
     """The clips of a plan, in plan order, held as one clip count per scene.
 
@@ -199,6 +218,7 @@ class PlannedClips(Sequence[Clip]):
         self._size_index = size_index if size_index is not None else array("H")
         """Per scene, its size bucket (index into sizes)."""
         self._buckets = ([[Bucket(h, w, n) for n in sampling.lengths] for h, w in sizes] if sizes else None)
+        self._uniform_views: object = _UNKNOWN
         self._planned_ends = array("q", itertools.accumulate(counts))
         """Running total of planned clips (committed ones included) up to and including each scene."""
         self._done_flags: np.ndarray | None = None
@@ -277,6 +297,13 @@ class PlannedClips(Sequence[Clip]):
             return ((0, self._window_counts[position]),)
         return scene_lengths(self._stops[position] - self._scenes[position][1], self._sampling)
 
+    def _views_if_uniform(self) -> int | None:
+        """The camera count of every scene when they all have the same (a discovered dataset's do), else None."""
+        if self._uniform_views is _UNKNOWN:
+            counts = {len(scene.cameras) for scene, *_ in self._scenes}
+            self._uniform_views = counts.pop() if len(counts) == 1 else None
+        return self._uniform_views  # type: ignore[return-value]
+
     def _committed(self, first: int, count: int) -> int:
         """Committed clips among planned positions first..first+count-1."""
         flags = self._done_flags
@@ -316,10 +343,21 @@ class PlannedClips(Sequence[Clip]):
     def __len__(self) -> int:
         return self._ends[-1] if self._ends else 0
 
-    def scene_counts(self) -> dict[str, int]:
-        """Scene id -> clips it gives here (committed clips left out)."""
-        return {scene.scene_id: self._ends[p] - (self._ends[p - 1] if p else 0)
-                for p, (scene, *_) in enumerate(self._scenes)}
+    @property
+    def scene_total(self) -> int:
+        """Scenes in the plan (each gives at least one planned clip)."""
+        return len(self._scenes)
+
+    def scene_at(self, position: int) -> tuple[Scene, int]:
+        """The scene at `position` in plan order and the clips it gives here (committed clips left out)."""
+        return self._scenes[position][0], self._ends[position] - (self._ends[position - 1] if position else 0)
+
+    def views(self) -> int:
+        """Views of the clips still to encode (a clip has one per camera)."""
+        uniform = self._views_if_uniform()
+        if uniform is not None:
+            return len(self) * uniform
+        return sum(self.scene_at(p)[1] * len(scene.cameras) for p, (scene, *_) in enumerate(self._scenes))
 
     def _scene_clips(self, position: int) -> list[Clip]:
         scene, start, fps, expect, displayed = self._scenes[position]
@@ -346,6 +384,8 @@ class PlannedClips(Sequence[Clip]):
         runs: list[tuple[Bucket | None, int, int]] = []
         if lo >= hi:
             return runs
+        if self._buckets is None and self._views_if_uniform() is not None:
+            return [(None, self._views_if_uniform(), hi - lo)]  # one run: nothing in the block differs
         position = bisect.bisect_right(self._ends, lo)
         at_clip = self._ends[position - 1] if position else 0  # todo index of the scene's first clip
         while at_clip < hi:
@@ -525,7 +565,7 @@ class JobPlan:
             flags = self.done.flags()
             return [clip for position, clip in enumerate(self.clips) if not flags[position]]
         if isinstance(self.clips, PlannedClips):
-            return self.clips.without(self.done)
+            return self.clips.without(self.done) if self.done else self.clips
         return [clip for clip in self.clips if clip.clip_id not in self.done]
 
     def dp_clips(self, dp_rank: int) -> list[Clip]:
@@ -564,12 +604,12 @@ class JobPlan:
         fill = batch_views = 0
         bucket: Any = _NO_BUCKET
 
-        def close() -> None:
+        def close(batches: int = 1) -> None:
             if batch_views not in splits:
                 splits[batch_views] = len(plan_sp(batch_views, self.sp_size).view_indices(0))
-            counts.batches += 1
-            counts.views += batch_views
-            counts.views_per_rank += splits[batch_views]
+            counts.batches += batches
+            counts.views += batches * batch_views
+            counts.views_per_rank += batches * splits[batch_views]
 
         for run_bucket, views, count in runs:
             if run_bucket != bucket and fill:
@@ -581,6 +621,11 @@ class JobPlan:
                 fill, batch_views, count = fill + take, batch_views + take * views, count - take
                 if fill == self.batch_size:
                     close()
+                    full = count // self.batch_size  # the run's next whole batches are all alike
+                    if full:
+                        batch_views = self.batch_size * views
+                        close(full)
+                        count -= full * self.batch_size
                     fill = batch_views = 0
         if fill:
             close()

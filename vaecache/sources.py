@@ -65,7 +65,7 @@ class CameraProbe:
             if (type(frames) is type(width) is type(height) is type(size) is type(mtime_ns) is type(rotation) is int
                     and type(fps) in (float, int) and type(codec) is str and len(raw) <= len(PROBE_FIELDS)
                     and frames > 0 and fps > 0 and width > 0 and height > 0 and size > 0 and not rotation % 90):
-                return cls(frames, float(fps), width, height, sys.intern(codec), size, mtime_ns, rotation)
+                return _new_camera_probe(frames, float(fps), width, height, sys.intern(codec), size, mtime_ns, rotation)
         except KeyError:
             pass
         for name, kind in PROBE_FIELDS.items():
@@ -89,6 +89,18 @@ class CameraProbe:
     def matches(self, stat: os.stat_result) -> bool:
         """Whether a file with this stat is still the file that was probed."""
         return stat.st_size == self.size and stat.st_mtime_ns == self.mtime_ns
+
+
+_PROBE_SLOT_SETTERS = tuple(CameraProbe.__dict__[name].__set__ for name in PROBE_FIELDS)
+
+
+def _new_camera_probe(*values: Any) -> CameraProbe:
+    """CameraProbe(*values) for values from_json has just checked: set through the slots, skipping the frozen
+    dataclass's per-field __setattr__ and the repeated check (a million index lines each build one)."""
+    probe = object.__new__(CameraProbe)
+    for set_slot, value in zip(_PROBE_SLOT_SETTERS, values):
+        set_slot(probe, value)
+    return probe
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,6 +319,22 @@ def _common_camera_set(per_scene: Iterable[dict[str, Path]]) -> tuple[str, ...]:
     return max(sorted(counts), key=lambda key: (counts[key], len(key)))
 
 
+def _check_form(record: dict[str, Any], kind: str | None, form: tuple[str, str] | None, where: str,
+                order: Sequence[str] | None) -> tuple[str, str]:
+    """The index's form ("cameras" or "path", and where first seen) after this line, or the line's error."""
+    if "cameras" in record and "path" in record:
+        raise DatasetError(f"{where}: has both \"cameras\" and \"path\"; give one")
+    if kind is None:
+        raise DatasetError(f"{where}: needs \"cameras\" (camera -> path) or \"path\"")
+    if form is not None and form[0] != kind:
+        raise DatasetError(f"{where}: uses \"{kind}\" but {form[1]} uses \"{form[0]}\"; an index lists "
+                           f"every scene one way (all \"cameras\" or all \"path\")")
+    if kind == "path" and order and len(order) != 1:
+        raise DatasetError(f"{where}: a \"path\" scene has one camera, but {len(order)} cameras were "
+                           f"configured (--cameras)")
+    return form or (kind, where)
+
+
 def _scenes_from_index(index: Path, order: Sequence[str] | None) -> tuple[list[Scene], list[set[str]], list[Skipped]]:
     """One scene per line. Every line uses the same form: all "cameras" (a mapping) or all "path" (one
     camera, named by --cameras or `video`); a mix is refused, because a single video has no camera name
@@ -319,53 +347,58 @@ def _scenes_from_index(index: Path, order: Sequence[str] | None) -> tuple[list[S
     form: tuple[str, str] | None = None  # ("cameras" | "path", where first seen)
     camera_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
     parents: dict[str, str] = {}
+    scan, new_scene, metadata_keys = json.JSONDecoder().scan_once, Scene, INDEX_KEYS
+    single_name = (order[0] if order else "video",)
     with open(index, encoding="utf-8") as handle:
         for lineno, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            where = f"{name_of_index}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"{where}: not valid JSON ({exc.msg})") from None
-            if not isinstance(record, dict) or "id" not in record:
-                raise DatasetError(f"{where}: each line needs an \"id\" and \"cameras\" (camera -> path) or \"path\"")
-            if "cameras" in record and "path" in record:
-                raise DatasetError(f"{where}: has both \"cameras\" and \"path\"; give one")
+            try:  # json.loads without its two Python layers: a line is one value, then only whitespace
+                record, end = scan(line, 0)
+                if not line.endswith("\n", end, end + 1) and line[end:].strip():
+                    raise ValueError
+            except (StopIteration, ValueError):
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    if not line.strip():
+                        continue
+                    raise DatasetError(f"{name_of_index}:{lineno}: not valid JSON ({exc.msg})") from None
+            if type(record) is not dict or "id" not in record:
+                raise DatasetError(f"{name_of_index}:{lineno}: each line needs an \"id\" and \"cameras\" "
+                                   "(camera -> path) or \"path\"")
             kind = "cameras" if "cameras" in record else "path" if "path" in record else None
-            if kind is None:
-                raise DatasetError(f"{where}: needs \"cameras\" (camera -> path) or \"path\"")
-            if form is None:
-                form = (kind, where)
-            elif form[0] != kind:
-                raise DatasetError(f"{where}: uses \"{kind}\" but {form[1]} uses \"{form[0]}\"; an index lists "
-                                   f"every scene one way (all \"cameras\" or all \"path\")")
-            if kind == "cameras":
+            if form is None or form[0] != kind or (kind == "cameras" and "path" in record):
+                form = _check_form(record, kind, form, f"{name_of_index}:{lineno}", order)
+            probed_line = "probe" in record  # written by `vaecache index` with resolved paths: no lstat
+            if kind == "path":
+                raw = record["path"]
+                if type(raw) is not str or not raw:
+                    raise DatasetError(f"{name_of_index}:{lineno}: the path of camera {single_name[0]!r} must be "
+                                       "a non-empty string")
+                names, mapping = single_name, None
+                paths: tuple[str | None, ...] = (_resolved_in(base, raw, parents, probed_line),)
+            else:
                 mapping = record["cameras"]
+                where = f"{name_of_index}:{lineno}"
                 if not isinstance(mapping, dict) or not mapping:
                     raise DatasetError(f"{where}: \"cameras\" must map camera names to paths")
                 camera_names = frozenset(mapping)
                 mapped.append(name_sets.setdefault(camera_names, camera_names))  # type: ignore[arg-type]
-            else:
-                if order and len(order) != 1:
-                    raise DatasetError(f"{where}: a \"path\" scene has one camera, but {len(order)} cameras were "
-                                       f"configured (--cameras)")
-                mapping = {(order[0] if order else "video"): record["path"]}
-            for name, raw in mapping.items():
-                if not isinstance(raw, str) or not raw:
-                    bad = sorted(str(n) for n, r in mapping.items() if not isinstance(r, str) or not r)
-                    raise DatasetError(f"{where}: the path of camera {bad[0]!r} must be a non-empty string")
-            names = tuple(order) if order else tuple(sorted(mapping))
-            names = camera_sets.setdefault(names, names)  # one tuple per camera set, not one per scene
-            # A probed line was written by `vaecache index` with resolved paths: no lstat per file for it.
-            probed_line = "probe" in record
-            paths = tuple((_resolved_in(base, mapping[name], parents, probed_line) if name in mapping else None)
-                          for name in names)
-            frame_range = None
-            if "frames" in record:
-                frame_range = _parse_range(record["frames"], where)
-            probed = _parse_probe(record["probe"], kind, names, mapping, where) if "probe" in record else None
-            scenes.append(Scene(str(record["id"]), names, paths, frame_range, probed, metadata_text(record)))
+                for name, raw in mapping.items():
+                    if not isinstance(raw, str) or not raw:
+                        raise DatasetError(f"{where}: the path of camera {name!r} must be a non-empty string")
+                names = tuple(order) if order else tuple(sorted(mapping))
+                names = camera_sets.setdefault(names, names)  # one tuple per camera set, not one per scene
+                paths = tuple((_resolved_in(base, mapping[name], parents, probed_line) if name in mapping else None)
+                              for name in names)
+            frame_range = _parse_range(record["frames"], f"{name_of_index}:{lineno}") if "frames" in record else None
+            probed = None
+            if probed_line:
+                if mapping is None:
+                    probed = (CameraProbe.from_json(record["probe"], f"{name_of_index}:{lineno}"),)
+                else:
+                    probed = _parse_probe(record["probe"], names, mapping, f"{name_of_index}:{lineno}")
+            metadata = None if metadata_keys.issuperset(record) else metadata_text(record)
+            scenes.append(new_scene(str(record["id"]), names, paths, frame_range, probed, metadata))
     if not scenes:
         raise DatasetError(f"{index}: index holds no scenes")
     if order and mapped:
@@ -388,13 +421,10 @@ def metadata_text(record: dict[str, Any]) -> str | None:
     return json.dumps(extra, sort_keys=True, ensure_ascii=False, separators=(",", ":")) if extra else None
 
 
-def _parse_probe(raw: Any, kind: str, names: tuple[str, ...], mapping: dict[str, Any],
-                 where: str) -> tuple[CameraProbe, ...] | None:
-    """A line's "probe": camera -> fields for a "cameras" line, the fields themselves for a "path" line.
+def _parse_probe(raw: Any, names: tuple[str, ...], mapping: dict[str, Any], where: str) -> tuple[CameraProbe, ...] | None:
+    """A "cameras" line's "probe": camera -> fields (a "path" line's "probe" is the fields themselves).
 
     A camera the scene lacks has no probe (the scene is then skipped as missing that camera): None."""
-    if kind == "path":
-        return (CameraProbe.from_json(raw, where),)
     if not isinstance(raw, dict):
         raise DatasetError(f"{where}: \"probe\" must map camera names to probe fields")
     extra = sorted(set(raw) - set(mapping))
