@@ -67,8 +67,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="torch intra-op threads for this process, all modes alike (default: torch's default)")
     p.add_argument("--store", default="mean-logvar", choices=("mean-logvar", "mean"))
     p.add_argument("--shard-size", default="256MiB")
-    p.add_argument("--max-views-per-forward", type=int, default=None,
-                   help="passed to vaecache and encode_only when EncodeConfig/load_vae know it (default: theirs, 1)")
+    p.add_argument("--views-per-forward", default="all",
+                   help="K | all: views of a clip per forward, for vaecache and encode_only alike (default all: "
+                        "every camera, as the naive loop does)")
     p.add_argument("--tmp", default=None, help="folder for data and outputs (default: a new temp folder, removed)")
     p.add_argument("--profile", action="store_true",
                    help="also profile one vaecache run with torch.profiler and print the top ops to stderr")
@@ -124,10 +125,11 @@ def plan_batches(data: Path, args: argparse.Namespace) -> list[list[Any]]:
 def load(args: argparse.Namespace, device):
     from vaecache.vae import load_vae
 
-    kwargs = {}
-    if args.max_views_per_forward is not None:
-        kwargs["max_views_per_forward"] = args.max_views_per_forward
-    return load_vae(args.vae, device, args.dtype, **kwargs)
+    return load_vae(args.vae, device, args.dtype, views_per_forward=views_per_forward(args))
+
+
+def views_per_forward(args: argparse.Namespace) -> int:
+    return args.cameras if args.views_per_forward == "all" else int(args.views_per_forward)
 
 
 def mean_logvar(out: Any):
@@ -165,10 +167,8 @@ def run_vaecache(args: argparse.Namespace, data: Path, out: Path, height: int, w
     from vaecache.config import ClipSettings, EncodeConfig, SamplingConfig, parse_bytes
     from vaecache.dist import distributed
 
-    clip_options: dict[str, Any] = dict(dtype=args.dtype, store=args.store)
-    if args.max_views_per_forward is not None:
-        clip_options["max_views_per_forward"] = args.max_views_per_forward
-    clip = ClipSettings(SamplingConfig(num_frames=args.num_frames), height, width, **clip_options)
+    clip = ClipSettings(SamplingConfig(num_frames=args.num_frames), height, width, dtype=args.dtype, store=args.store,
+                        views_per_forward=views_per_forward(args))
     cfg = EncodeConfig(data=data, out=out, vae=args.vae, clip=clip, device=args.device, batch_size=args.batch_size,
                        workers=args.workers, shard_size=parse_bytes(args.shard_size), overwrite=True, progress=False)
     marks: list[float] = []
@@ -183,7 +183,7 @@ def run_vaecache(args: argparse.Namespace, data: Path, out: Path, height: int, w
     manifest = json.loads((out / "manifest.json").read_text())
     result = {"views": views, "wall_s": end - start, "steady_views": views, "steady_s": end - start,
               "run_encode_wall_s": summary.wall_s,
-              "max_views_per_forward_used": manifest.get("vae", {}).get("max_views_per_forward")}
+              "views_per_forward_used": manifest.get("vae", {}).get("views_per_forward")}
     if len(marks) >= 2:
         result.update(steady_views=views - first_views, steady_s=end - marks[0])
     result.update(_stages(start, marks, encodes, end))
@@ -470,8 +470,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "batch_size": args.batch_size, "workers": args.workers, "repeats": args.repeats,
                 "device": str(device), "dtype": args.dtype, "torch_threads": torch.get_num_threads(),
                 "store": args.store, "shard_size": args.shard_size,
-                "max_views_per_forward": {"encode_only": getattr(vae, "max_views_per_forward", None),
-                                          "vaecache": runs["vaecache"][0].get("max_views_per_forward_used"),
+                "views_per_forward": {"encode_only": getattr(vae, "views_per_forward", None),
+                                          "vaecache": runs["vaecache"][0].get("views_per_forward_used"),
                                           "naive": "all cameras of a clip"},
             },
             "notes": [
@@ -485,7 +485,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "naive resizes with plain bilinear F.interpolate (no antialias, no crop); vaecache does antialiased "
                 "resize-to-cover + center crop, so vaecache does slightly more pixel work.",
                 "naive encodes all cameras of a clip in one forward; vaecache and encode_only run "
-                "max_views_per_forward views per forward (default 1, for batch-independent latents).",
+                "views_per_forward views of a clip per forward (default all: the same forwards as naive).",
                 "vaecache_stages: run_encode's main thread per batch (medians over batches 2..N and repeats, ms): "
                 "stage_wait_for_data (progress callback of the previous batch to encode_views start: DataLoader "
                 "not ready), stage_encode (encode_views), stage_after_encode (encode_views end to the progress "

@@ -43,7 +43,8 @@ NOTES = [
     "overlapped by workers, encode, gather, handing the clip to the writer).",
     "peak_rss_mb_per_rank: sampled RSS of each rank (and its decode workers) during the encoder-stage loop; max "
     "over ranks. input_mb_per_rank: the decoded views one rank holds for one batch.",
-    "With max_views_per_forward=1 (vaecache's default) a rank never runs more than one view per forward, so SP "
+    "Both stages run --views-per-forward 1 (one camera per forward; the default, all cameras of a clip in one "
+    "forward, leaves SP nothing to split in a one-clip batch). A rank then never runs more than one view per forward, so SP "
     "lowers per-rank memory only by the input views it holds (and the per-batch buffers), not by the VAE's "
     "activations: SP here splits the cameras of a clip over ranks, not the frames or pixels of one view. A view "
     "too big for one device needs --tiling, not SP.",
@@ -151,7 +152,7 @@ def worker(args: argparse.Namespace) -> None:
                     if not args.no_e2e:
                         out_dir = data.parent / f"out-sp{sp}-r{repeat}"
                         clip = ClipSettings(SamplingConfig(num_frames=args.num_frames), height, width,
-                                            dtype=args.dtype, store=args.store)
+                                            dtype=args.dtype, store=args.store, views_per_forward=1)
                         cfg = EncodeConfig(data=data, out=out_dir, vae=args.vae, clip=clip, device=args.device,
                                            batch_size=args.batch_size, workers=args.workers, sp_size=sp,
                                            overwrite=True, progress=False)

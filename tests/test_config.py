@@ -95,7 +95,7 @@ def test_latent_settings_hold_what_changes_the_bytes() -> None:
 @pytest.mark.parametrize("clip", [
     ClipSettings(SamplingConfig(9), 64, 64),
     ClipSettings(SamplingConfig(5, frame_stride=2, window_stride=3, max_clips_per_scene=2), 32, 48, dtype="bf16",
-                 store="sample", seed=7, cameras=("b", "a"), tiling=True, max_views_per_forward=4),
+                 store="sample", seed=7, cameras=("b", "a"), tiling=True, views_per_forward=4),
     ClipSettings(SamplingConfig(5), 32, 32, store="mean", seed=7),  # the seed is not recorded: it changes nothing
 ])
 def test_clip_settings_round_trip_through_their_recorded_form(clip: ClipSettings) -> None:
@@ -110,9 +110,9 @@ def test_clip_settings_round_trip_through_their_recorded_form(clip: ClipSettings
 
 def test_clip_settings_from_a_record_without_tiling_fields_did_not_tile() -> None:
     record = ClipSettings(SamplingConfig(9), 64, 64).to_record()
-    del record["tiling"], record["max_views_per_forward"]
+    del record["tiling"], record["views_per_forward"]
     clip = ClipSettings.from_record(record)
-    assert (clip.tiling, clip.max_views_per_forward) == (False, 1)
+    assert (clip.tiling, clip.views_per_forward) == (False, 1)
     del record["height"]
     with pytest.raises(UsageError, match="recorded settings lack 'height'"):
         ClipSettings.from_record(record)

@@ -54,6 +54,7 @@ def test_plan_cli_reports_clips_shapes_bytes_ranks_and_eta(data: Path, tmp_path:
                      for start in (0, 5, 10)]
     assert [g["clip_ids"] for g in groups] == [per_scene_ids[:4], per_scene_ids[4:]]
     assert report["ranks"]["padding"]["waste_fraction"] == 0.0
+    assert report["config"]["views_per_forward"] == 1 and report["vae"]["views_per_forward"] == 1  # auto on CPU
     measured = report["measurement"]
     assert measured["views"] == 2 and measured["seconds_per_view"] > 0 and measured["device"] == "cpu"
     assert report["eta_s"] == pytest.approx(5 * measured["seconds_per_view"])
@@ -61,6 +62,25 @@ def test_plan_cli_reports_clips_shapes_bytes_ranks_and_eta(data: Path, tmp_path:
     fits = report["memory"]["max_views_per_forward_that_fits"]
     assert fits is None or fits >= 1
     assert report["vae"]["family"] == "AutoencoderKLWan" and report["vae"]["untrained"] is True
+
+
+def test_plan_with_every_camera_per_forward_splits_batches_by_clip(data: Path, run_cli: Any) -> None:
+    """--views-per-forward all: SP moves whole clips, so group 1's last batch (one clip) is encoded whole by
+    both of its ranks (2 padded views), and the report says what that means on CPU."""
+    result = run_cli(["plan", data, *PLAN_ARGS, "--world-size", "4", "--sp-size", "2", "--batch-size", "2",
+                      "--views-per-forward", "all", "--memory-budget", "4GiB", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    groups = report["ranks"]["dp_groups"]
+    assert [(g["clips"], g["batches"], g["views"], g["views_per_rank"], g["padded_views"]) for g in groups] == \
+        [(4, 2, 8, 4, 0), (5, 3, 10, 6, 2)]
+    assert report["ranks"]["padding"]["waste_fraction"] == pytest.approx(2 / 20)
+    assert report["config"]["views_per_forward"] == 2 and report["vae"]["views_per_forward"] == 2
+    assert report["measurement"]["units_per_forward"] == 2
+    assert report["eta_s"] == pytest.approx(6 * report["measurement"]["seconds_per_view"])
+    assert any("2 views per forward on CPU" in note and "OMP_NUM_THREADS" in note for note in report["notes"])
+    bad = run_cli(["plan", data, *PLAN_ARGS, "--views-per-forward", "3", "--no-measure"])
+    assert bad.exit_code == 2 and "--views-per-forward 3 does not divide the 2 cameras of a clip" in bad.output
 
 
 def test_plan_json_to_stdout_parses(data: Path, run_cli: Any) -> None:

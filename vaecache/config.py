@@ -134,9 +134,13 @@ class ClipSettings:
     """Camera order for folder layouts; default: sorted by name."""
     tiling: bool = False
     """Run the VAE with its own spatial/temporal tiling (enable_tiling()): less memory, different latents."""
-    max_views_per_forward: int = 1
-    """Views per VAE forward. 1 keeps latents independent of batch, SP and world size (kernels can differ
-    by batch size); more is faster where that does not matter, and is recorded. Halved on out-of-memory."""
+    views_per_forward: int | str = "auto"
+    """K: the views of one clip one VAE forward encodes together (a unit; SP splits batches in whole units).
+    "all": every camera of a clip; "auto": all on CUDA, 1 on CPU (where oneDNN's batched convolutions give
+    other bits for another thread count). Resolved to a number per dataset and device
+    (planning.resolve_views_per_forward) before it is recorded. Latents depend on K (kernels can differ by
+    batch size) and never on batch, SP or world size. A unit is split only on out-of-memory, which the clip
+    record says."""
     size_buckets: tuple[tuple[int, int], ...] = ()
     """Every --size (H, W) in the order given when there are several ((height, width) is the first); empty: one."""
     fit: str = "cover"
@@ -168,9 +172,7 @@ class ClipSettings:
             raise UsageError(f"camera order lists a camera twice: {list(self.cameras)}")
         if not isinstance(self.tiling, bool):
             raise UsageError(f"--tiling must be true or false, got {self.tiling!r}")
-        if isinstance(self.max_views_per_forward, bool) or not isinstance(self.max_views_per_forward, int) \
-                or self.max_views_per_forward < 1:
-            raise UsageError(f"--max-views-per-forward must be an integer >= 1, got {self.max_views_per_forward!r}")
+        parse_views_per_forward(self.views_per_forward)
 
     @property
     def sizes(self) -> tuple[tuple[int, int], ...]:
@@ -210,7 +212,7 @@ class ClipSettings:
             "seed": self.seed if self.store == "sample" else None,
             "cameras": list(self.cameras) if self.cameras is not None else None,
             "tiling": self.tiling,
-            "max_views_per_forward": self.max_views_per_forward,
+            "views_per_forward": self.views_per_forward,
         }
 
     @classmethod
@@ -228,7 +230,8 @@ class ClipSettings:
             return cls(sampling=sampling, height=record["height"], width=record["width"], dtype=record["dtype"],
                        store=record["store"], seed=record.get("seed") or 0,
                        cameras=tuple(cameras) if cameras is not None else None,
-                       tiling=record.get("tiling", False), max_views_per_forward=record.get("max_views_per_forward", 1),
+                       tiling=record.get("tiling", False),
+                       views_per_forward=record.get("views_per_forward", record.get("max_views_per_forward", 1)),
                        size_buckets=sizes if len(sizes) > 1 else (), fit=record.get("fit", "cover"))  # type: ignore[arg-type]
         except KeyError as exc:
             raise UsageError(f"recorded settings lack {exc.args[0]!r}") from None
@@ -290,7 +293,7 @@ class EncodeConfig:
             raise UsageError(f"--liveness-timeout must be >= 0 seconds (0 turns it off), got {self.liveness_timeout_s}")
 
 
-_CLIP_KEYS = ("dtype", "store", "seed", "tiling", "max_views_per_forward", "fit", "decoder")
+_CLIP_KEYS = ("dtype", "store", "seed", "tiling", "views_per_forward", "fit", "decoder")
 """ClipSettings fields given as options of their own (the rest come from size, cameras and the sampling keys)."""
 
 
@@ -301,6 +304,20 @@ def check_option_syntax(merged: dict[str, Any]) -> None:
         parse_sizes(merged["size"])
     if "num_frames" in merged:
         parse_lengths(merged["num_frames"])
+
+
+VIEWS_PER_FORWARD_WORDS = ("auto", "all")
+
+
+def parse_views_per_forward(value: Any) -> int | str:
+    """--views-per-forward: "auto", "all" or an integer K >= 1 (see ClipSettings.views_per_forward)."""
+    if value in VIEWS_PER_FORWARD_WORDS:
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"--views-per-forward must be an integer >= 1, 'all' or 'auto', got {value!r}")
+    return value
 
 
 def pop_clip_options(merged: dict[str, Any]) -> ClipSettings:
@@ -326,6 +343,8 @@ def pop_clip_options(merged: dict[str, Any]) -> ClipSettings:
     elif cameras is not None:
         cameras = tuple(cameras)
     options = {key: merged.pop(key) for key in _CLIP_KEYS if key in merged}
+    if "views_per_forward" in options:
+        options["views_per_forward"] = parse_views_per_forward(options["views_per_forward"])
     return ClipSettings(sampling=sampling, height=height, width=width, cameras=cameras,
                         size_buckets=sizes if len(sizes) > 1 else (), **options)
 
@@ -368,7 +387,7 @@ _TOML_ALIASES = {"timeout": "timeout_s", "liveness_timeout": "liveness_timeout_s
 def _toml_types(key: str) -> tuple[type, ...]:
     """The TOML value types a setting accepts, from the config dataclasses' annotations."""
     special = {"size": (str, list), "num_frames": (int, str, list), "data": (str,), "out": (str,),
-               "shard_size": (int, str), "cameras": (str, list)}
+               "shard_size": (int, str), "cameras": (str, list), "views_per_forward": (int, str)}
     if key in special:
         return special[key]
     hint = {**get_type_hints(SamplingConfig), **get_type_hints(ClipSettings), **get_type_hints(EncodeConfig)}[key]

@@ -284,6 +284,8 @@ def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None 
     started = time.perf_counter()
     # Start-up writes nothing, so a Ctrl-C in it ends the command at once (the CLI prints one line).
     start = _start_up(cfg, ctx, progress)
+    # What --views-per-forward all came to for this dataset: recorded, and compared on resume.
+    cfg = dataclasses.replace(cfg, clip=dataclasses.replace(cfg.clip, views_per_forward=start.job.views_per_forward))
     # From here on stop signals are caught, so one arriving while OUT is prepared or the manifest is
     # written cannot kill the rank between commits; the encode loop polls the flag.
     with StopRequest() as stop:
@@ -297,17 +299,24 @@ def _start_up(cfg: EncodeConfig, ctx: DistContext, progress: ProgressFactory | N
     _check_out_usable(cfg.out)
     with _phase(progress, "probe", "scenes") as advance:
         probes, records = _probe_all(ctx, scenes, advance, cfg.out / PROBES_DIR)
+    requested = cfg.clip.views_per_forward
+    if cfg.sp_mode == "spatial" and requested == "auto":
+        requested = 1  # the group splits every view's rows: a forward is one view
     job = plan_job(scenes, probes, cfg.clip.sampling, ctx.info.world_size, ctx.mesh.sp_size,
-                   cfg.batch_size, sizes=cfg.clip.sizes)
+                   cfg.batch_size, sizes=cfg.clip.sizes, views_per_forward=requested, device_type=ctx.device.type)
     del probes
     job = dataclasses.replace(job, skipped=(*found.rejected, *job.skipped))
     if job.skipped and cfg.on_error == "fail":
         first = job.skipped[0]
         raise InputError(f"{first.path or first.scene_id}: {first.reason} (scene {first.scene_id}; --on-error fail)")
     threads = _cpu_thread_budget(ctx, cfg.workers)
+    if job.views_per_forward > 1 and ctx.device.type == "cpu" and ctx.info.rank == 0:
+        log.warning("%d views per forward on CPU: oneDNN gives a batched forward other bits for another intra-op "
+                    "thread count (%d per rank here), so every run of this cache must give each rank the same "
+                    "count (OMP_NUM_THREADS) to match bit for bit", job.views_per_forward, threads)
     set_doing(f"loading the VAE {cfg.vae}")
     vae = load_vae(cfg.vae, ctx.device, cfg.clip.dtype, tiling=cfg.clip.tiling,
-                   max_views_per_forward=cfg.clip.max_views_per_forward, allow_pickle_weights=cfg.allow_pickle_weights)
+                   views_per_forward=job.views_per_forward, allow_pickle_weights=cfg.allow_pickle_weights)
     vae.rule.check_buckets(cfg.clip.sampling.lengths, cfg.clip.sizes)
     if cfg.clip.store != "mean" and not vae.has_logvar:
         raise UsageError(f"--store {cfg.clip.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; use --store mean")
@@ -326,8 +335,9 @@ def _check_spatial(cfg: EncodeConfig, vae: LoadedVae) -> None:
                          "(use --sp-mode views)")
     if cfg.clip.tiling:
         raise UsageError("--sp-mode spatial cannot be combined with --tiling")
-    if cfg.clip.max_views_per_forward > 1:
-        raise UsageError("--sp-mode spatial encodes one view per forward; drop --max-views-per-forward")
+    if vae.views_per_forward > 1:
+        raise UsageError("--sp-mode spatial encodes one view per forward; drop --views-per-forward "
+                         f"{vae.views_per_forward}")
     for height, _ in cfg.clip.sizes:
         plan_bands(height, vae.rule.spatial_factor, cfg.sp_size)
 

@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, overload
 
@@ -236,10 +236,11 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
     scenes = discover_scenes(cfg.data, cfg.clip.cameras)
     probes = probe_all(scenes, cfg.probe_workers)
     job = plan_job(scenes, probes, cfg.clip.sampling, cfg.world_size, cfg.sp_size, cfg.batch_size,
-                   sizes=cfg.clip.sizes)
+                   sizes=cfg.clip.sizes, views_per_forward=cfg.clip.views_per_forward, device_type=device.type)
+    cfg = replace(cfg, clip=replace(cfg.clip, views_per_forward=job.views_per_forward))  # "auto" resolved
     if vae is None:
         vae = load_vae(cfg.vae, device, cfg.clip.dtype, tiling=cfg.clip.tiling, allow_pickle_weights=cfg.allow_pickle_weights,
-                       max_views_per_forward=cfg.clip.max_views_per_forward)
+                       views_per_forward=cfg.clip.views_per_forward)
     vae.rule.check_buckets(cfg.clip.sampling.lengths, cfg.clip.sizes)
     if cfg.clip.store != "mean" and not vae.has_logvar:
         raise UsageError(f"--store {cfg.clip.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; "
@@ -258,7 +259,7 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
         config={**_config_json(cfg, device), "decoder": backend.name},
         vae={"spec": cfg.vae, "family": vae.family, "untrained": vae.untrained, "rule": vae.rule.to_json(),
              "latent_channels": vae.latent_channels, "normalization": vae.normalization,
-             **{k: fingerprint[k] for k in ("precision", "tiling", "max_views_per_forward", "per_frame")}},
+             **{k: fingerprint[k] for k in ("precision", "tiling", "views_per_forward", "per_frame")}},
         scenes=SceneRows(clips, probes),
         skipped=[{"scene": s.scene_id, "path": s.path, "reason": s.reason} for s in skipped],
         clips=len(clips), cameras=clips[0].num_views if clips else len(scenes[0].cameras),
@@ -272,6 +273,10 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
         report.total_bytes = sum(b["bytes"] for b in histogram)
         for name in report.empty_buckets:
             report.notes.append(f"bucket {name} is empty: no scene was assigned to it")
+    if job.views_per_forward > 1 and device.type == "cpu":
+        report.notes.append(f"{job.views_per_forward} views per forward on CPU: oneDNN gives a batched forward other "
+                            "bits for another intra-op thread count, so every run of one cache needs the same "
+                            "threads per rank (OMP_NUM_THREADS) to match bit for bit")
     if vae.untrained:
         report.notes.append(f"{cfg.vae} is an untrained VAE with random weights: timings only, latents mean nothing")
     if vae.dtype_note:
@@ -300,9 +305,15 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
                             "decoding (overlapped by --workers) are not included")
         if cfg.memory_budget is not None:
             report.fits_views_per_forward = fits_views_per_forward(report.measurement, cfg.memory_budget)
-            if report.fits_views_per_forward == 0:
+            fits = report.fits_views_per_forward
+            if fits == 0:
                 report.notes.append("not even one view per forward fits --memory-budget: try --tiling, a smaller "
                                     "--size, or --dtype bf16")
+            elif fits is not None and fits < job.views_per_forward:
+                divisor = max(k for k in range(1, fits + 1) if job.views_per_forward % k == 0)
+                report.notes.append(f"a forward of {job.views_per_forward} views does not fit --memory-budget (about "
+                                    f"{fits} do): pass --views-per-forward {divisor}, or out-of-memory errors will "
+                                    "halve the forwards (slower, and recorded)")
     elif cfg.memory_budget is not None:
         report.notes.append("--memory-budget needs a measurement; drop --no-measure")
     return report
@@ -381,8 +392,8 @@ def measure_clip(vae: LoadedVae, clip: Clip, height: int, width: int, fit: str =
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started
     peak = torch.cuda.max_memory_allocated(device) if cuda else _peak_rss()
-    units = len(views) * (views.shape[2] if vae.per_frame else 1)
-    per_forward = min(vae.max_views_per_forward, units)
+    frames_per_view = views.shape[2] if vae.per_frame else 1
+    per_forward = min(vae.views_per_forward * frames_per_view, len(views) * frames_per_view)
     per_view = None
     if peak is not None and baseline is not None and peak > baseline:
         per_view = int(math.ceil((peak - baseline) / per_forward))

@@ -297,7 +297,7 @@ class PlannedClips(Sequence[Clip]):
             return ((0, self._window_counts[position]),)
         return scene_lengths(self._stops[position] - self._scenes[position][1], self._sampling)
 
-    def _views_if_uniform(self) -> int | None:
+    def views_per_clip(self) -> int | None:
         """The camera count of every scene when they all have the same (a discovered dataset's do), else None."""
         if self._uniform_views is _UNKNOWN:
             counts = {len(scene.cameras) for scene, *_ in self._scenes}
@@ -354,7 +354,7 @@ class PlannedClips(Sequence[Clip]):
 
     def views(self) -> int:
         """Views of the clips still to encode (a clip has one per camera)."""
-        uniform = self._views_if_uniform()
+        uniform = self.views_per_clip()
         if uniform is not None:
             return len(self) * uniform
         return sum(self.scene_at(p)[1] * len(scene.cameras) for p, (scene, *_) in enumerate(self._scenes))
@@ -384,8 +384,8 @@ class PlannedClips(Sequence[Clip]):
         runs: list[tuple[Bucket | None, int, int]] = []
         if lo >= hi:
             return runs
-        if self._buckets is None and self._views_if_uniform() is not None:
-            return [(None, self._views_if_uniform(), hi - lo)]  # one run: nothing in the block differs
+        if self._buckets is None and self.views_per_clip() is not None:
+            return [(None, self.views_per_clip(), hi - lo)]  # one run: nothing in the block differs
         position = bisect.bisect_right(self._ends, lo)
         at_clip = self._ends[position - 1] if position else 0  # todo index of the scene's first clip
         while at_clip < hi:
@@ -546,11 +546,15 @@ class JobPlan:
     done: DoneMask | frozenset[str] = frozenset()
     """Clips already committed by an earlier attempt (a mask over the plan, or clip ids): left out of every
     rank's share."""
+    views_per_forward: int = 1
+    """K: the views of one clip that one VAE forward encodes together (a unit). SP splits a batch in whole
+    units, so a clip's latents depend on K only, never on world, SP or batch size. K divides every clip's views."""
 
     def __post_init__(self) -> None:
         make_mesh(0, self.world_size, self.sp_size)  # sp_size must divide world_size
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise UsageError(f"--batch-size must be an integer >= 1, got {self.batch_size!r}")
+        _check_views_per_forward(self.views_per_forward)
 
     @property
     def dp_size(self) -> int:
@@ -581,10 +585,12 @@ class JobPlan:
         clips = self.dp_clips(mesh.dp_rank)
         batches = batched(clips, self.batch_size)
         splits: dict[int, tuple[SPPlan, tuple[int, ...]]] = {}  # views per batch -> its split (few distinct)
+        for clip in clips:
+            self._check_units(clip.num_views, clip.clip_id)
         for batch in batches:
             views = sum(clip.num_views for clip in batch)  # len(batch_views(batch)), without listing them
             if views not in splits:
-                split = plan_sp(views, self.sp_size)
+                split = plan_sp(views, self.sp_size, self.views_per_forward)
                 splits[views] = (split, tuple(split.view_indices(mesh.sp_rank)))
         chosen = [splits[sum(clip.num_views for clip in batch)] for batch in batches]
         return RankWork(tuple(clips), tuple(tuple(batch) for batch in batches), tuple(c[0] for c in chosen),
@@ -606,12 +612,13 @@ class JobPlan:
 
         def close(batches: int = 1) -> None:
             if batch_views not in splits:
-                splits[batch_views] = len(plan_sp(batch_views, self.sp_size).view_indices(0))
+                splits[batch_views] = len(plan_sp(batch_views, self.sp_size, self.views_per_forward).view_indices(0))
             counts.batches += batches
             counts.views += batches * batch_views
             counts.views_per_rank += batches * splits[batch_views]
 
         for run_bucket, views, count in runs:
+            self._check_units(views, f"DP group {dp_rank}")
             if run_bucket != bucket and fill:
                 close()
                 fill = batch_views = 0
@@ -631,22 +638,57 @@ class JobPlan:
             close()
         return counts
 
+    def _check_units(self, views: int, what: str) -> None:
+        if views % self.views_per_forward:
+            raise UsageError(f"{what}: a clip of {views} views is not whole forward units of "
+                             f"--views-per-forward {self.views_per_forward}")
+
     def clip_ids_per_dp_group(self) -> list[list[str]]:
         """For each DP group, in order: the ids of the clips its writer commits."""
         return [[clip.clip_id for clip in self.dp_clips(dp)] for dp in range(self.dp_size)]
 
 
+def _check_views_per_forward(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"--views-per-forward must be an integer >= 1, 'all' or 'auto', got {value!r}")
+
+
+def resolve_views_per_forward(requested: int | str, views_per_clip: int | None, device_type: str = "cpu") -> int:
+    """Pure: K for a plan whose clips all have `views_per_clip` views (None: they differ) on `device_type`.
+
+    "all": every view of a clip (what a per-clip loop does); "auto": "all" on CUDA and 1 elsewhere (oneDNN,
+    PyTorch's CPU convolutions, gives a batched forward other bits for another intra-op thread count, and
+    the thread count follows the ranks per node); a number must divide every clip's views."""
+    if requested == "auto":
+        requested = "all" if device_type == "cuda" and views_per_clip is not None else 1
+    if requested == "all":
+        if views_per_clip is None:
+            raise UsageError("clips have different camera counts, so --views-per-forward all has no single value; "
+                             "pass a K that divides every clip's camera count (1 always does)")
+        return views_per_clip
+    _check_views_per_forward(requested)
+    if views_per_clip is not None and views_per_clip % requested:  # type: ignore[operator]
+        raise UsageError(f"--views-per-forward {requested} does not divide the {views_per_clip} cameras of a clip "
+                         f"(a forward encodes whole units of K views of one clip)")
+    return requested  # type: ignore[return-value]
+
+
 def plan_job(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling: SamplingConfig, world_size: int = 1,
              sp_size: int = 1, batch_size: int = 1, done: DoneMask | Sequence[str] | frozenset[str] = frozenset(),
-             sizes: Sequence[tuple[int, int]] | None = None) -> JobPlan:
-    """Pure: the job plan for these scenes (probed), sampling, size buckets and cluster shape. Its clips are a
-    PlannedClips: each rank builds only its own DP group's block."""
+             sizes: Sequence[tuple[int, int]] | None = None, views_per_forward: int | str = 1,
+             device_type: str = "cpu") -> JobPlan:
+    """Pure: the job plan for these scenes (probed), sampling, size buckets, forward unit (resolved by
+    resolve_views_per_forward for `device_type`) and cluster shape. Its clips are a PlannedClips: each rank
+    builds only its own DP group's block."""
     clips, skipped = plan_scene_clips(scenes, probes, sampling, sizes)
+    views_per_clip = clips.views_per_clip() if clips.scene_total else (len(scenes[0].cameras) if scenes else 1)
     return JobPlan(clips, tuple(skipped), world_size, sp_size, batch_size,
-                   done if isinstance(done, DoneMask) else frozenset(done))
+                   done if isinstance(done, DoneMask) else frozenset(done),
+                   resolve_views_per_forward(views_per_forward, views_per_clip, device_type))
 
 
 __all__ = ["Clip", "DoneMask", "DoneMaskBuilder", "JobPlan", "ShareCounts", "PlannedClips", "RankWork", "Skipped", "ViewRef", "assign", "assign_contiguous",
            "batch_views", "batched", "clip_id_for", "plan_clips", "plan_job", "plan_scene_clips", "plan_windows",
+           "resolve_views_per_forward",
            "scene_lengths",
            "window", "window_count"]

@@ -271,3 +271,18 @@ def test_a_dtype_run_stores_that_dtype(run_cli: Callable, demo_data: Path, tmp_p
     assert {t.dtype for t in cache_io.tensors(out).values()} == {torch.bfloat16}
     assert {r["tensors"]["mean"]["dtype"] for r in cache_io.clips(out)} == {"bfloat16"}
     assert run_cli(["verify", out]).exit_code == 0
+
+
+def test_a_cache_recorded_by_0_3_with_one_view_per_forward_resumes_at_k_1(run_cli: Callable, cache_copy: Path,
+                                                                          demo_data: Path, cache_io: Any) -> None:
+    """0.3 recorded "max_views_per_forward": 1 (one view per forward), which is K = 1 now; "all" is another run."""
+    run_record = json.loads((cache_copy / "run.json").read_text())
+    for part in ("vae", "latents"):
+        assert run_record["fingerprint"][part].pop("views_per_forward") == 1
+        run_record["fingerprint"][part]["max_views_per_forward"] = 1
+    (cache_copy / "run.json").write_text(json.dumps(run_record))
+    before = cache_io.tensors(cache_copy)
+    assert run_cli(_encode_args(demo_data, cache_copy)).exit_code == 0
+    cache_io.same_tensors(cache_io.tensors(cache_copy), before)
+    refused = run_cli(_encode_args(demo_data, cache_copy) + ["--views-per-forward", "all"])
+    assert refused.exit_code == 2 and "views_per_forward: 1 -> 2" in _error_line(refused.output)

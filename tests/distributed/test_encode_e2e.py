@@ -44,26 +44,44 @@ def data(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def reference(data, tmp_path_factory, cache_io, single) -> dict[str, torch.Tensor]:
-    out = tmp_path_factory.mktemp("e2e-ref") / "out"
-    result = single(data, out, "--workers", "0")
+def _single_process_cache(data, out, cache_io, single, *extra) -> dict[str, torch.Tensor]:
+    result = single(data, out, "--workers", "0", *extra)
     assert result.returncode == 0, result.stderr
     found = cache_io.tensors(out)
     assert len(found) == 5 * 2 * 2
     return found
 
 
+@pytest.fixture(scope="module")
+def reference(data, tmp_path_factory, cache_io, single) -> dict[str, torch.Tensor]:
+    """One process, one view per forward (--views-per-forward auto on CPU)."""
+    out = tmp_path_factory.mktemp("e2e-ref") / "out"
+    found = _single_process_cache(data, out, cache_io, single)
+    assert cache_io.manifest(out)["settings"]["views_per_forward"] == 1
+    return found
+
+
+@pytest.fixture(scope="module")
+def reference_all(data, tmp_path_factory, cache_io, single) -> dict[str, torch.Tensor]:
+    """One process, the 3 cameras of a clip in one forward (the children all run one OpenMP thread)."""
+    out = tmp_path_factory.mktemp("e2e-ref-all") / "out"
+    found = _single_process_cache(data, out, cache_io, single, "--views-per-forward", "all")
+    assert cache_io.manifest(out)["settings"]["views_per_forward"] == 3
+    assert {clip["encode"]["units_per_forward"] for clip in cache_io.clips(out)} == {3}
+    return found
+
+
 @pytest.mark.parametrize("nproc, extra", [
     (2, ["--workers", "1"]),
-    (4, ["--sp-size", "2", "--batch-size", "3", "--workers", "0"]),  # 9 views over 2 ranks: padding
-    (3, ["--sp-size", "3", "--workers", "1"]),
-], ids=["dp2", "dp2xsp2-b3", "sp3"])
-def test_torchrun_output_equals_single_process(cache_io, nproc, extra, data, reference, tmp_path, torchrun, verify_ok):
+    (4, ["--sp-size", "2", "--batch-size", "3", "--workers", "0", "--views-per-forward", "all"]),  # 3 clips over 2 ranks
+    (3, ["--sp-size", "3", "--workers", "1"]),  # each rank encodes one camera of a clip
+], ids=["dp2", "dp2xsp2-b3-all", "sp3"])
+def test_torchrun_output_equals_single_process(cache_io, nproc, extra, data, reference, reference_all, tmp_path,
+                                               torchrun, verify_ok):
     out = tmp_path / "out"
     result = torchrun(nproc, data, out, *extra)
     assert result.returncode == 0, result.stderr[-3000:]
-    cache_io.same_tensors(cache_io.tensors(out), reference)
+    cache_io.same_tensors(cache_io.tensors(out), reference_all if "all" in extra else reference)
     verify_ok(out)
     assert len(list((out / "logs").glob("rank-*.log"))) == nproc
 

@@ -66,6 +66,39 @@ def test_pad_views_matches_view_indices(n: int, g: int) -> None:
             assert torch.equal(rows, x[plan.view_indices(r)])
 
 
+UNIT_CASES = [(units, unit, g) for units in range(1, 7) for unit in (1, 2, 3) for g in range(1, 6)]
+
+
+@pytest.mark.parametrize(("units", "unit", "g"), UNIT_CASES)
+def test_a_split_in_units_moves_whole_units_and_pads_with_real_ones(units: int, unit: int, g: int) -> None:
+    """SP splits K-view units, never a unit: each rank's rows are whole units, real units first, in order."""
+    n = units * unit
+    plan = plan_sp(n, g, unit)
+    per_rank = [plan.view_indices(r) for r in range(g)]
+    if units == 1 or g == 1:
+        assert plan.is_local and all(idx == list(range(n)) for idx in per_rank)
+        return
+    assert plan.padded == -(-units // g) * g * unit and all(len(idx) == plan.per_rank for idx in per_rank)
+    flat = [i for idx in per_rank for i in idx]
+    assert flat[:n] == list(range(n))
+    assert flat[n:] == [i % n for i in range(n, plan.padded)]  # padding repeats whole real units
+    for idx in per_rank:
+        assert all(idx[k] % unit == 0 and idx[k:k + unit] == list(range(idx[k], idx[k] + unit))
+                   for k in range(0, len(idx), unit))
+    x = torch.arange(n, dtype=torch.float32)
+    padded = pad_views(x, plan)
+    for r in range(g):
+        assert torch.equal(padded[r * plan.per_rank:(r + 1) * plan.per_rank], x[plan.view_indices(r)])
+
+
+def test_unit_examples() -> None:
+    assert plan_sp(6, 2, 3).view_indices(1) == [3, 4, 5]
+    assert plan_sp(9, 2, 3).view_indices(1) == [6, 7, 8, 0, 1, 2]  # 3 units over 2 ranks: one repeated
+    assert plan_sp(3, 4, 3).is_local  # one unit: nothing to split
+    with pytest.raises(UsageError, match="5 views are not whole units of 3"):
+        plan_sp(5, 2, 3)
+
+
 def test_plan_examples() -> None:
     assert (plan_sp(5, 2).padded, plan_sp(5, 2).per_rank) == (6, 3)
     assert plan_sp(5, 2).view_indices(1) == [3, 4, 0]

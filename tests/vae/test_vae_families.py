@@ -25,14 +25,20 @@ def _load(models: dict[str, Path], key: str, **kwargs: Any) -> VaeRunner:
 
 
 def _reference(vae: VaeRunner, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The family's own encode, one view (or one frame) per call."""
+    """The family's own encode, one view per call (a 2D VAE: the view's frames as one batch)."""
+    means, logvars = zip(*(_reference_together(vae, view[None]) for view in x))
+    return torch.cat(means), torch.cat(logvars)
+
+
+def _reference_together(vae: VaeRunner, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The family's own encode of all views of `x` in one call (a 2D VAE: all their frames in one batch)."""
     with torch.no_grad():
         if vae.per_frame:
-            dists = [[vae.module.encode(view[:, t][None]).latent_dist for t in range(view.shape[1])] for view in x]
-            return (torch.stack([torch.stack([d.mean[0] for d in row], 1) for row in dists]),
-                    torch.stack([torch.stack([d.logvar[0] for d in row], 1) for row in dists]))
-        dists = [vae.module.encode(view[None]).latent_dist for view in x]
-        return torch.cat([d.mean for d in dists]), torch.cat([d.logvar for d in dists])
+            views, _, frames = x.shape[:3]
+            dist = vae.module.encode(x.transpose(1, 2).flatten(0, 1)).latent_dist  # (views * frames, c, h, w)
+            return tuple(t.unflatten(0, (views, frames)).transpose(1, 2) for t in (dist.mean, dist.logvar))
+        dist = vae.module.encode(x).latent_dist
+        return dist.mean, dist.logvar
 
 
 @pytest.mark.parametrize("key", list(FAMILY_CONFIGS))
@@ -56,17 +62,20 @@ def test_family_loads_with_rule_from_config_and_encodes_like_diffusers(
     assert tuple(result.mean.shape) == (2, *vae.latent_shape(frames, SIZE, SIZE))
     assert torch.equal(result.mean, mean)
     assert result.logvar is not None and torch.equal(result.logvar, logvar)
-    assert result.failed == {} and result.tiled == set() and result.backoffs == [] and result.forward_sizes == [1, 1]
+    units = frames if vae.per_frame else 1  # a forward: one view (a 2D VAE: all its frames)
+    assert result.failed == {} and result.tiled == set() and result.backoffs == [] and result.forward_sizes == [units] * 2
 
 
 @pytest.mark.parametrize("key", list(FAMILY_CONFIGS))
 def test_encode_cli_stores_the_family_latents(models: dict[str, Path], data_root: Path, views: torch.Tensor,
                                               tmp_path: Path, run_cli: Any, cache_io: Any, key: str) -> None:
-    """Through the CLI on real mp4 clips that need no resize: equal to the family's own encode, fp32, exact."""
+    """Through the CLI on real mp4 clips that need no resize: equal to the family's own encode of the clip's
+    cameras in one forward (--views-per-forward all), fp32, exact."""
     frames = RULES[key][4]
     out = tmp_path / "cache"
     result = run_cli(["encode", data_root, "--out", out, "--vae", f"diffusers:{models[key]}", "--num-frames", frames,
-                      "--size", f"{SIZE}x{SIZE}", "--max-clips-per-scene", "1", "--workers", "0", "--no-progress"])
+                      "--size", f"{SIZE}x{SIZE}", "--max-clips-per-scene", "1", "--workers", "0", "--no-progress",
+                      "--views-per-forward", "all"])
     assert result.exit_code == 0, result.output
     manifest = cache_io.manifest(out)
     assert manifest["vae"]["family"] == FAMILY_CONFIGS[key][0]
@@ -74,7 +83,7 @@ def test_encode_cli_stores_the_family_latents(models: dict[str, Path], data_root
         assert manifest["vae"]["normalization"] == {"scaling_factor": 0.5, "formula": "z * scaling_factor"}
     (clip,) = cache_io.clips(out)
     tensors = cache_io.tensors(out)
-    mean, logvar = _reference(_load(models, key), views[:, :, :frames])
+    mean, logvar = _reference_together(_load(models, key), views[:, :, :frames])
     assert torch.equal(tensors[clip["tensors"]["mean"]["name"]], mean)
     assert torch.equal(tensors[clip["tensors"]["logvar"]["name"]], logvar)
 

@@ -109,13 +109,13 @@ def test_tiling_refused_for_a_module_without_it(plugin: str) -> None:
 
 
 def test_builtin_tiny_fingerprint_records_run_settings() -> None:
-    vae = load_vae("builtin:tiny", max_views_per_forward=2)
+    vae = load_vae("builtin:tiny", views_per_forward=2)
     fingerprint = vae.fingerprint()
     assert fingerprint["family"] == "AutoencoderKLWan" and fingerprint["untrained"] is True
-    assert fingerprint["max_views_per_forward"] == 2 and fingerprint["tiling"]["available"] is True
+    assert fingerprint["views_per_forward"] == 2 and fingerprint["tiling"]["available"] is True
     assert fingerprint["precision"] == {"compute": "float32", "stored": "float32", "note": None}
-    with pytest.raises(UsageError, match="--max-views-per-forward must be an integer >= 1"):
-        load_vae("builtin:tiny", max_views_per_forward=0)
+    with pytest.raises(UsageError, match="--views-per-forward must be an integer >= 1"):
+        load_vae("builtin:tiny", views_per_forward=0)
 
 
 def test_the_description_is_frozen_and_the_fingerprint_a_function_of_it() -> None:
@@ -123,10 +123,10 @@ def test_the_description_is_frozen_and_the_fingerprint_a_function_of_it() -> Non
     assert isinstance(vae.model, VaeModel) and vae.fingerprint() == fingerprint(vae.model)
     with pytest.raises(dataclasses.FrozenInstanceError):
         vae.model.dtype = torch.float16  # type: ignore[misc]
-    other = dataclasses.replace(vae.model, max_views_per_forward=3)
-    assert fingerprint(other) == {**fingerprint(vae.model), "max_views_per_forward": 3}
-    with pytest.raises(ValueError, match="max_views_per_forward must be >= 1"):
-        dataclasses.replace(vae.model, max_views_per_forward=0)
+    other = dataclasses.replace(vae.model, views_per_forward=3)
+    assert fingerprint(other) == {**fingerprint(vae.model), "views_per_forward": 3}
+    with pytest.raises(ValueError, match="views_per_forward must be >= 1"):
+        dataclasses.replace(vae.model, views_per_forward=0)
 
 
 def test_the_cli_flag_lets_pickled_weights_load(pickled_wan: tuple[Path, torch.nn.Module], demo_data: Path,

@@ -22,10 +22,10 @@ def _load(models: dict[str, Path], key: str, **kwargs: Any) -> VaeRunner:
 
 def test_halving_keeps_latents_when_views_are_per_view_exact(plugin: str, views: torch.Tensor) -> None:
     x = torch.cat([views, views.flip(-1)])[:, :, :9]  # 4 distinct views
-    reference = load_vae(f"{plugin}:rowwise", max_views_per_forward=4).encode_views(x)
+    reference = load_vae(f"{plugin}:rowwise", views_per_forward=4).encode_views(x)
     assert reference.forward_sizes == [4, 4, 4, 4]
 
-    vae = load_vae(f"{plugin}:rowwise", max_views_per_forward=4)
+    vae = load_vae(f"{plugin}:rowwise", views_per_forward=4)
     assert vae.latent_channels and vae.module.calls == [1]  # the plugin declares no channels: one probe forward
     vae.module.calls.clear()
     vae.inject_oom = OomInjector(OomFault(2, more_than=1))  # the first two forwards of 2+ views run out of memory
@@ -36,7 +36,7 @@ def test_halving_keeps_latents_when_views_are_per_view_exact(plugin: str, views:
     assert result.failed == {} and result.tiled == set()
     assert torch.equal(result.mean, reference.mean) and torch.equal(result.logvar, reference.logvar)
 
-    vae = load_vae(f"{plugin}:rowwise", max_views_per_forward=4)
+    vae = load_vae(f"{plugin}:rowwise", views_per_forward=4)
     vae.latent_channels  # the probe forward, before the counted ones
     vae.module.calls.clear()
     vae.inject_oom = OomInjector(OomFault(1, more_than=2))
@@ -44,6 +44,24 @@ def test_halving_keeps_latents_when_views_are_per_view_exact(plugin: str, views:
     assert result.forward_sizes == [2, 2, 2, 2] and torch.equal(result.mean, reference.mean)
     vae.encode_views(x)  # the smaller micro-batch sticks for the rest of the run
     assert vae.module.calls == [2, 2, 2, 2]
+
+
+def test_a_forward_never_crosses_a_group_of_k_views(plugin: str, views: torch.Tensor) -> None:
+    """K consecutive views per forward, the last group shorter; halving on out-of-memory stays inside a group."""
+    x = torch.cat([views, views.flip(-1), views.flip(-2)])[:, :, :9]  # 6 distinct views
+    vae = load_vae(f"{plugin}:rowwise", views_per_forward=3)
+    vae.latent_channels
+    vae.module.calls.clear()
+    assert vae.encode_views(x).forward_sizes == [3] * 6 and vae.module.calls == [3, 3]
+    vae.module.calls.clear()
+    vae.encode_views(x[:5])
+    assert vae.module.calls == [3, 2]
+    vae = load_vae(f"{plugin}:rowwise", views_per_forward=3)
+    vae.latent_channels
+    vae.module.calls.clear()
+    vae.inject_oom = OomInjector(OomFault(1, more_than=2))
+    result = vae.encode_views(x)
+    assert vae.module.calls == [1, 1, 1, 1, 1, 1] and result.forward_sizes == [1] * 6  # 3 -> 1, never 1 + 2 across
 
 
 def test_oom_at_one_view_falls_back_to_tiling(models: dict[str, Path], views: torch.Tensor) -> None:
@@ -96,7 +114,7 @@ def test_non_finite_latent_fails_its_view_only(plugin: str, views: torch.Tensor,
                                                caplog: pytest.LogCaptureFixture) -> None:
     x = torch.cat([views, views.flip(-1)])[:3, :, :2]
     clean = load_vae(f"{plugin}:mean_only").encode_views(x)
-    vae = load_vae(f"{plugin}:overflowing", max_views_per_forward=3)
+    vae = load_vae(f"{plugin}:overflowing", views_per_forward=3)
     with caplog.at_level("ERROR", logger="vaecache"):
         result = vae.encode_views(x)
     assert result.failed == {1: f"non-finite latent (1 NaN, 2 inf) from {plugin}:overflowing"}
@@ -133,7 +151,7 @@ def test_a_latent_of_the_wrong_shape_is_a_failed_clip_not_stored(plugin: str, fa
     out = tmp_path / "cache"
     spec = f"{plugin}:{factory}"
     result = run_cli(["encode", demo_data, "--out", out, "--vae", spec, "--num-frames", "9", "--size", "64x64",
-                      "--workers", "0", "--no-progress", "--cameras", cameras])
+                      "--workers", "0", "--no-progress", "--cameras", cameras, "--views-per-forward", "1"])
     assert result.exit_code == 3, result.output
     (failure,) = CacheReader(out).failure_records()
     second_camera = cameras.split(",")[1 % len(cameras.split(","))]
@@ -150,7 +168,7 @@ def test_an_error_on_one_input_is_a_failed_clip_and_the_run_goes_on(plugin: str,
     out = tmp_path / "cache"
     spec = f"{plugin}:exploding"
     result = run_cli(["encode", demo_data, "--out", out, "--vae", spec, "--num-frames", "9", "--size", "64x64",
-                      "--workers", "0", "--no-progress"])
+                      "--workers", "0", "--no-progress", "--views-per-forward", "1"])
     assert result.exit_code == 3, result.output
     (failure,) = CacheReader(out).failure_records()
     assert failure["clip"] == "scene_001/000000-000008" and failure["camera"] == "cam_0"

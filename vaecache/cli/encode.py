@@ -93,7 +93,11 @@ def encode(
                                           "SP group | spatial: split every view's rows into bands (Wan VAEs; recorded)."),
     on_error: Optional[str] = typer.Option(None, "--on-error", help="skip (default: record bad inputs, go on) | fail"),
     tiling: Optional[bool] = typer.Option(None, "--tiling/--no-tiling", help="Use the VAE's own tiling: less memory, different latents (recorded)."),
-    max_views_per_forward: Optional[int] = typer.Option(None, "--max-views-per-forward", help="Views per VAE forward (default 1: latents independent of batch/SP/world size; halved on OOM)."),
+    views_per_forward: Optional[str] = typer.Option(None, "--views-per-forward", help="auto | all | K: views of one clip "
+                                                    "per VAE forward (default auto: all on CUDA, 1 on CPU; K must "
+                                                    "divide the cameras). "
+                                                    "Latents depend on K only, never on batch, SP or world size "
+                                                    "(recorded); SP splits batches in units of K views."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Discard what OUT holds and start over."),
     hash_sources: bool = typer.Option(False, "--hash-sources", help="Record each source video's sha256 (besides size "
                                       "and mtime): a resume then tells changed content from a touched file."),
@@ -116,7 +120,7 @@ def encode(
         "batch_size": batch_size, "workers": workers, "shard_size": shard_size, "store": store, "seed": seed,
         "sp_size": sp_size, "sp_mode": sp_mode, "on_error": on_error, "overwrite": overwrite or None, "timeout_s": timeout,
         "liveness_timeout_s": liveness_timeout,
-        "progress": None if progress else False, "tiling": tiling, "max_views_per_forward": max_views_per_forward,
+        "progress": None if progress else False, "tiling": tiling, "views_per_forward": views_per_forward,
         "allow_pickle_weights": allow_pickle_weights or None, "hash_sources": hash_sources or None,
     }
     cfg = build_config(data, out, vae, options, config)

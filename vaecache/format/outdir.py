@@ -187,6 +187,18 @@ def changed_sources(recorded: dict[str, dict[str, Any]], current: dict[str, dict
     return changed
 
 
+def upgraded_fingerprint(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """A run fingerprint written by 0.3 in today's terms: its "max_views_per_forward" 1 (one view per
+    forward) is "views_per_forward" 1. A larger value batched views across clips, which no setting does now."""
+    parts = {}
+    for name, part in fingerprint.items():
+        if isinstance(part, dict) and part.get("max_views_per_forward") == 1 and "views_per_forward" not in part:
+            part = {("views_per_forward" if key == "max_views_per_forward" else key): value
+                    for key, value in part.items()}
+        parts[name] = part
+    return parts
+
+
 def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id: str | None,
                 sources: dict[str, dict[str, Any]] | None = None,
                 committed: CommittedIds | None = None) -> PreparedOut:
@@ -225,7 +237,7 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
                 recorded = json.loads(run_file.read_text())
             except json.JSONDecodeError:
                 raise OutputError(f"{run_file}: unreadable run record; rerun with --overwrite to start over") from None
-            diffs = describe_differences(recorded.get("fingerprint", {}), fingerprint)
+            diffs = describe_differences(upgraded_fingerprint(recorded.get("fingerprint", {})), fingerprint)
             if diffs:
                 raise UsageError(f"{out} was made with other settings ({'; '.join(diffs[:4])}); "
                                  "use the same settings to resume, or --overwrite to start over")

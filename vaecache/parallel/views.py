@@ -85,49 +85,60 @@ _META_DIMS = 8  # shape dims sent verbatim in the consistency check (a crc cover
 
 @dataclass(frozen=True)
 class SPPlan:
-    """How ``num_views`` views are split over an SP group of ``group_size`` ranks."""
+    """How ``num_views`` views are split over an SP group of ``group_size`` ranks, in whole units of ``unit``
+    consecutive views (the views one VAE forward encodes together: a unit is never split, so its latents do
+    not depend on the group size)."""
 
     num_views: int
     group_size: int
+    unit: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("num_views", "group_size"):
+        for name in ("num_views", "group_size", "unit"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(f"SPPlan.{name} must be an integer >= 1, got {value!r}")
+        if self.num_views % self.unit:
+            raise UsageError(f"SPPlan: {self.num_views} views are not whole units of {self.unit}")
+
+    @property
+    def num_units(self) -> int:
+        return self.num_views // self.unit
 
     @property
     def padded(self) -> int:
-        """Smallest multiple of group_size that is >= num_views."""
-        return -(-self.num_views // self.group_size) * self.group_size
+        """Views after padding: the smallest multiple of group_size units that is >= num_units, in views."""
+        return -(-self.num_units // self.group_size) * self.group_size * self.unit
 
     @property
     def per_rank(self) -> int:
-        """Views each rank encodes when the work is split."""
+        """Views each rank encodes when the work is split (whole units)."""
         return self.padded // self.group_size
 
     @property
     def is_local(self) -> bool:
-        """True when splitting saves nothing (N == 1 or G == 1): every rank encodes all N."""
+        """True when splitting saves nothing (one unit, or G == 1): every rank encodes all N."""
         return self.per_rank >= self.num_views
 
     def view_indices(self, sp_rank: int) -> list[int]:
-        """Indices into the real views (0..N-1) that ``sp_rank`` encodes, in order; all N when local."""
+        """Indices into the real views (0..N-1) that ``sp_rank`` encodes, in order; all N when local. Padding
+        repeats real units (unit i of the padded batch is real unit i % units)."""
         if not 0 <= sp_rank < self.group_size:
             raise UsageError(f"sp rank {sp_rank} is outside an SP group of {self.group_size}")
         if self.is_local:
             return list(range(self.num_views))
-        start = sp_rank * self.per_rank
-        return [i % self.num_views for i in range(start, start + self.per_rank)]
+        units = self.per_rank // self.unit
+        first = sp_rank * units
+        return [(u % self.num_units) * self.unit + v for u in range(first, first + units) for v in range(self.unit)]
 
 
-def plan_sp(num_views: int, group_size: int) -> SPPlan:
-    """Pure: the split of ``num_views`` views over ``group_size`` ranks."""
-    return SPPlan(num_views=num_views, group_size=group_size)
+def plan_sp(num_views: int, group_size: int, unit: int = 1) -> SPPlan:
+    """Pure: the split of ``num_views`` views over ``group_size`` ranks, in units of ``unit`` views."""
+    return SPPlan(num_views=num_views, group_size=group_size, unit=unit)
 
 
 def pad_views(x: Tensor, plan: SPPlan) -> Tensor:
-    """Repeat the real views along dim 0 up to ``plan.padded`` rows (row i is view i % N)."""
+    """Repeat the real views along dim 0 up to ``plan.padded`` rows (row i is view i % N: whole units repeat)."""
     _check_batch(x, plan.num_views, "pad_views input")
     if plan.padded == plan.num_views:
         return x
@@ -173,6 +184,7 @@ def _meta(local: Tensor, plan: SPPlan) -> list[int]:
     return [
         plan.num_views,
         plan.group_size,
+        plan.unit,
         local.dim(),
         _dtype_code(local.dtype),
         zlib.crc32(repr(shape).encode()),
@@ -181,11 +193,11 @@ def _meta(local: Tensor, plan: SPPlan) -> list[int]:
 
 
 def _describe_meta(row: list[int]) -> str:
-    ndim = row[2]
-    dims = row[5 : 5 + min(ndim, _META_DIMS)]
+    ndim = row[3]
+    dims = row[6 : 6 + min(ndim, _META_DIMS)]
     shape = "(" + ", ".join(str(d) for d in dims) + (", ..." if ndim > _META_DIMS else "") + ")"
     names = {_dtype_code(d): str(d).removeprefix("torch.") for d in vars(torch).values() if isinstance(d, torch.dtype)}
-    return f"{shape} {names.get(row[3], 'dtype?')} for N={row[0]}, G={row[1]}"
+    return f"{shape} {names.get(row[4], 'dtype?')} for N={row[0]}, G={row[1]}, unit={row[2]}"
 
 
 def _group_ranks(group: ProcessGroup | None) -> list[int]:
@@ -213,7 +225,7 @@ def _check_consistent(local: Tensor, plan: SPPlan, group: ProcessGroup, sp_rank:
     with collective_errors("all_gather(shape check)", group):
         _all_gather_flat(gathered, torch.tensor(mine, dtype=torch.int64, device=local.device), group)
     rows = gathered.view(plan.group_size, width).tolist()
-    bad_rows = [r for r, row in enumerate(rows) if row[5] != plan.per_rank or row[2] < 1]
+    bad_rows = [r for r, row in enumerate(rows) if row[6] != plan.per_rank or row[3] < 1]
     if all(row == mine for row in rows) and not bad_rows:
         return
     ranks = _group_ranks(group)

@@ -16,7 +16,7 @@ Python plugin protocol
 ``factory()`` is called with no arguments and returns a ``torch.nn.Module`` with ``encode(x)``:
 
 * ``x`` is ``(B, 3, T, H, W)`` RGB in ``[-1, 1]``, on the module's device and dtype. B is 1 by default
-  and at most ``--max-views-per-forward``; each row must be encoded independently of the others.
+  and at most ``--views-per-forward`` (K, by default every camera of a clip).
 * It returns a diffusers output (``.latent_dist`` with ``.mean`` and ``.logvar``), an object with
   ``.mean`` (and optionally ``.logvar``) tensors, a plain tensor (taken as the mean), or a 1-tuple of
   one of these; every tensor is ``(B, c, t, h, w)``.
@@ -34,14 +34,15 @@ Optional attributes on the module:
 Encoding and memory
 -------------------
 ``load_vae`` returns a ``VaeRunner`` (runner.py) around a ``VaeModel`` (model.py: the module and what
-identifies its latents; ``fingerprint()``). ``VaeRunner.encode_views`` runs at most
-``max_views_per_forward`` views per forward (default 1; for the per-frame 2D family the unit is one
-frame). Convolution kernels may pick other algorithms for other batch sizes, so one unit per forward is
-what makes stored latents independent of batch size, SP size and world size; K > 1 is allowed and
-recorded. On out-of-memory it halves the micro-batch and retries, then retries one view with the model's
-own tiling, then records the view as failed (its rows zero-filled so shapes stay uniform for
+identifies its latents; ``fingerprint()``). ``VaeRunner.encode_views`` runs K = ``views_per_forward``
+consecutive views per forward (for the per-frame 2D family: all frames of K views), and a forward never
+crosses a multiple of K, so the rows encoded together are fixed by K alone. Convolution kernels may pick
+other algorithms for other batch sizes, so this is what makes stored latents independent of batch size,
+SP size and world size for a given K (recorded; the pipeline's SP split moves whole groups of K). On
+out-of-memory it halves the forward and retries, then retries one view with the model's own tiling, then
+records the view as failed (its rows zero-filled so shapes stay uniform for
 all_gather). Every step is logged on the "vaecache" logger and counted in ``VaeRunner.backoff_counts``;
-``EncodeResult`` says which views were tiled, which failed, and the micro-batch that produced each.
+``EncodeResult`` says which views were tiled, which failed, and the forward size that produced each.
 A view whose latent holds a NaN or an inf (fp16/bf16 overflow) is failed too, with the counts and the
 VAE named in its reason, and zero-filled: it is never stored.
 

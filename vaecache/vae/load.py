@@ -34,7 +34,7 @@ BUILTINS = ("builtin:tiny", "builtin:small")
 
 
 def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32", *, tiling: bool = False,
-             max_views_per_forward: int = 1, tile_options: dict[str, Any] | None = None,
+             views_per_forward: int = 1, tile_options: dict[str, Any] | None = None,
              allow_pickle_weights: bool = False) -> VaeRunner:
     """Resolve a --vae SPEC (builtin:tiny|small, diffusers:PATH[#subfolder], python:module:function) and get it ready.
 
@@ -45,8 +45,8 @@ def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32",
     if not spec:
         raise VaeSpecError("--vae is required (builtin:tiny, builtin:small, diffusers:PATH or python:module:function)")
     check_dtype_name(dtype)
-    if isinstance(max_views_per_forward, bool) or not isinstance(max_views_per_forward, int) or max_views_per_forward < 1:
-        raise UsageError(f"--max-views-per-forward must be an integer >= 1, got {max_views_per_forward!r}")
+    if isinstance(views_per_forward, bool) or not isinstance(views_per_forward, int) or views_per_forward < 1:
+        raise UsageError(f"--views-per-forward must be an integer >= 1, got {views_per_forward!r}")
     inject_oom = oom_hook_from_env()  # a malformed VAECACHE_FAULT is refused before any weight loads
     kind, _, rest = spec.partition(":")
     if kind == "builtin":
@@ -67,7 +67,7 @@ def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32",
     tile_params = _setup_tiling(model, tiling, tile_options or {})
     model = replace(model, device=torch.device(device), dtype=torch_dtype(dtype), compute_dtype=compute_dtype,
                     dtype_note=dtype_note, tiling=tiling, tile_params=tile_params,
-                    max_views_per_forward=max_views_per_forward)
+                    views_per_forward=views_per_forward)
     return VaeRunner(model, inject_oom)
 
 

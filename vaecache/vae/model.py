@@ -43,11 +43,12 @@ class VaeModel:
     can_tile: bool = False
     """The module has enable_tiling()/disable_tiling() (used by --tiling and the out-of-memory fallback)."""
     tile_params: dict[str, Any] = field(default_factory=dict)
-    max_views_per_forward: int = 1
+    views_per_forward: int = 1
+    """K: consecutive views one forward encodes together (all their frames for a per-frame VAE)."""
 
     def __post_init__(self) -> None:
-        if self.max_views_per_forward < 1 or self.latent_channels < 0:
-            raise ValueError(f"max_views_per_forward must be >= 1 and latent_channels >= 0 ({self.spec})")
+        if self.views_per_forward < 1 or self.latent_channels < 0:
+            raise ValueError(f"views_per_forward must be >= 1 and latent_channels >= 0 ({self.spec})")
         if self.tiling and not self.can_tile:
             raise ValueError(f"{self.spec}: tiling asked for a module without enable_tiling()")
 
@@ -57,7 +58,7 @@ class VaeModel:
 
 def fingerprint(model: VaeModel) -> dict[str, Any]:
     """What identifies these latents' producer: class, config, a hash of every parameter and buffer,
-    and the run settings that change latents (compute dtype, tiling and its tile sizes, micro-batch)."""
+    and the run settings that change latents (compute dtype, tiling and its tile sizes, views per forward)."""
     return {
         "family": model.family,
         "config": model.config,
@@ -69,7 +70,7 @@ def fingerprint(model: VaeModel) -> dict[str, Any]:
         "precision": {"compute": recorded_name(model.compute_dtype), "stored": recorded_name(model.dtype),
                       "note": model.dtype_note},
         "tiling": {"enabled": model.tiling, "available": model.can_tile, "params": model.tile_params},
-        "max_views_per_forward": model.max_views_per_forward,
+        "views_per_forward": model.views_per_forward,
     }
 
 

@@ -45,8 +45,9 @@ class EncodeResult:
 
 
 class VaeRunner:
-    """Encodes views with a VaeModel: at most ``max_views_per_forward`` units per forward, halving the
-    micro-batch on out-of-memory, then one unit with the model's tiling, then a failed view.
+    """Encodes views with a VaeModel: ``views_per_forward`` (K) consecutive views per forward (all their
+    frames for a per-frame VAE), halving the forward on out-of-memory, then one view (frame) with the
+    model's tiling, then a failed view.
 
     The reduced micro-batch and ``backoff_counts`` last for the runner's life (one run). The model's
     description fields (rule, dtype, family, ...) and ``fingerprint()`` read through the runner, so a
@@ -115,7 +116,10 @@ class VaeRunner:
             units = [(v, t) for v in range(num_views) for t in range(num_frames)]
         else:
             units = [(v, -1) for v in range(num_views)]
-        outputs, failed_units, tiled_units, sizes, events = self._run_units(views, units)
+        # A forward never crosses a boundary between K-view groups (rows 0..K-1, K..2K-1, ...): the rows one
+        # forward encodes together are fixed by K, whatever else is in the batch.
+        group = model.views_per_forward * (num_frames if model.per_frame else 1)
+        outputs, failed_units, tiled_units, sizes, events = self._run_units(views, units, group)
         expected = self.latent_shape(num_frames, height, width)
         if model.per_frame:
             expected = (expected[0], *expected[2:])
@@ -195,8 +199,9 @@ class VaeRunner:
             reasons[v] = f"non-finite latent ({nans} NaN, {infs} inf) from {self.model.spec}"
         return reasons
 
-    def _run_units(self, views: torch.Tensor, units: list[tuple[int, int]]):
-        """Encode every unit, backing off on out-of-memory. Returns per-unit outputs and what happened."""
+    def _run_units(self, views: torch.Tensor, units: list[tuple[int, int]], group: int):
+        """Encode every unit in forwards of at most `group` units that never cross a multiple of `group`,
+        backing off on out-of-memory. Returns per-unit outputs and what happened."""
         model = self.model
         outputs: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
         failed: dict[int, str] = {}
@@ -206,8 +211,9 @@ class VaeRunner:
         what = "frames" if model.per_frame else "views"
         position = 0
         while position < len(units):
-            size = min(model.max_views_per_forward, self._units_per_forward or model.max_views_per_forward)
-            chunk = list(range(position, min(position + size, len(units))))
+            size = min(group, self._units_per_forward or group)
+            group_end = (position // group + 1) * group
+            chunk = list(range(position, min(position + size, group_end, len(units))))
             try:
                 error = self._try_forward(views, units, chunk, model.tiling, outputs, sizes)
             except _ForwardError as exc:
