@@ -10,6 +10,10 @@ gives every rank all N latents. The plan is a pure function of (N, G):
   view ``i % N``, never zeros), sp rank r encodes padded views ``[r * per_rank, (r + 1) * per_rank)``,
   and the gathered result is trimmed back to N.
 
+``plan_sp(N, G, unit=K)`` does the same in whole units of K consecutive views (the views one VAE forward
+encodes together; the encode pipeline's ``--views-per-forward``): N and the padding are whole units, so a
+unit is never split across ranks and its latents do not depend on G. ``sp_encode`` splits single views.
+
 Collectives run only on the group passed in, never on the world group, and the encode never
 touches the caller's random number generators.
 
