@@ -36,6 +36,7 @@ from vaecache.format.writer import ShardWriter, failure_record
 from vaecache.parallel import SPPlan, gather_views, plan_sp
 from vaecache.planning import Clip, DoneMask, DoneMaskBuilder, JobPlan, assign, batch_views, plan_job
 from vaecache.stop import StopRequest, ignore_stop_signals
+from vaecache.transfer import views_on_device_ahead
 from vaecache.vae import LoadedVae, load_vae
 from vaecache.vae.load import CUDA_NUMERICS
 
@@ -451,7 +452,7 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
     sink = _BatchSink(cfg, ctx, vae, writer, failures, counters)
     loop_started = time.perf_counter()
     try:
-        for item in loader:
+        for item in views_on_device_ahead(loader, ctx.device):
             batch, sp_plan = work.batches[item["index"]], sp_plans[item["index"]]
             # Ranks of one SP group must stop at the same batch, or the all_gather below would hang.
             if ctx.sp_any(stop.requested):
