@@ -134,6 +134,9 @@ class ClipSettings:
     """Camera order for folder layouts; default: sorted by name."""
     tiling: bool = False
     """Run the VAE with its own spatial/temporal tiling (enable_tiling()): less memory, different latents."""
+    compiled: bool = False
+    """--compile: run the encoder through torch.compile (its generated kernels may round differently from
+    eager PyTorch, so it is recorded; a resume must use the same)."""
     views_per_forward: int | str = "auto"
     """K: the views of one clip one VAE forward encodes together (a unit; SP splits batches in whole units).
     "all": every camera of a clip; "auto": all on CUDA, 1 on CPU (where oneDNN's batched convolutions give
@@ -172,6 +175,8 @@ class ClipSettings:
             raise UsageError(f"camera order lists a camera twice: {list(self.cameras)}")
         if not isinstance(self.tiling, bool):
             raise UsageError(f"--tiling must be true or false, got {self.tiling!r}")
+        if not isinstance(self.compiled, bool):
+            raise UsageError(f"--compile must be true or false, got {self.compiled!r}")
         parse_views_per_forward(self.views_per_forward)
 
     @property
@@ -212,6 +217,7 @@ class ClipSettings:
             "seed": self.seed if self.store == "sample" else None,
             "cameras": list(self.cameras) if self.cameras is not None else None,
             "tiling": self.tiling,
+            **({"compile": True} if self.compiled else {}),  # absent when off: older caches keep their fingerprint
             "views_per_forward": self.views_per_forward,
         }
 
@@ -230,7 +236,7 @@ class ClipSettings:
             return cls(sampling=sampling, height=record["height"], width=record["width"], dtype=record["dtype"],
                        store=record["store"], seed=record.get("seed") or 0,
                        cameras=tuple(cameras) if cameras is not None else None,
-                       tiling=record.get("tiling", False),
+                       tiling=record.get("tiling", False), compiled=record.get("compile", False),
                        views_per_forward=record.get("views_per_forward", record.get("max_views_per_forward", 1)),
                        size_buckets=sizes if len(sizes) > 1 else (), fit=record.get("fit", "cover"))  # type: ignore[arg-type]
         except KeyError as exc:
@@ -293,7 +299,7 @@ class EncodeConfig:
             raise UsageError(f"--liveness-timeout must be >= 0 seconds (0 turns it off), got {self.liveness_timeout_s}")
 
 
-_CLIP_KEYS = ("dtype", "store", "seed", "tiling", "views_per_forward", "fit", "decoder")
+_CLIP_KEYS = ("dtype", "store", "seed", "tiling", "compiled", "views_per_forward", "fit", "decoder")
 """ClipSettings fields given as options of their own (the rest come from size, cameras and the sampling keys)."""
 
 
@@ -380,7 +386,7 @@ def load_toml(path: Path) -> dict[str, Any]:
 _TOML_LIST_ITEMS = {"size": str, "num_frames": int, "cameras": str}
 """Settings that take a TOML list, and the type of its items (size = ["480x832", "wan-480p"], num_frames = [17, 33])."""
 
-_TOML_ALIASES = {"timeout": "timeout_s", "liveness_timeout": "liveness_timeout_s"}
+_TOML_ALIASES = {"timeout": "timeout_s", "liveness_timeout": "liveness_timeout_s", "compile": "compiled"}
 """Option names whose config field is spelled differently (--timeout sets timeout_s)."""
 
 

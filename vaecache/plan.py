@@ -240,7 +240,7 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
     cfg = replace(cfg, clip=replace(cfg.clip, views_per_forward=job.views_per_forward))  # "auto" resolved
     if vae is None:
         vae = load_vae(cfg.vae, device, cfg.clip.dtype, tiling=cfg.clip.tiling, allow_pickle_weights=cfg.allow_pickle_weights,
-                       views_per_forward=cfg.clip.views_per_forward)
+                       views_per_forward=cfg.clip.views_per_forward, compiled=cfg.clip.compiled)
     vae.rule.check_buckets(cfg.clip.sampling.lengths, cfg.clip.sizes)
     if cfg.clip.store != "mean" and not vae.has_logvar:
         raise UsageError(f"--store {cfg.clip.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; "
@@ -368,7 +368,7 @@ def decode_clip(clip: Clip, height: int, width: int, fit: str = "cover", backend
 
 def measure_clip(vae: LoadedVae, clip: Clip, height: int, width: int, fit: str = "cover",
                  backend: Backend = PYAV) -> Measurement:
-    """Encode one clip (after a one-view warm-up) and read the time and the peak memory it took.
+    """Encode one clip (after a warm-up forward) and read the time and the peak memory it took.
 
     Raises VideoDecodeError when the clip does not decode."""
     views = decode_clip(clip, height, width, fit, backend)
@@ -383,7 +383,8 @@ def measure_clip(vae: LoadedVae, clip: Clip, height: int, width: int, fit: str =
         baseline = _current_rss()
         method = ("peak RSS (getrusage)" if _reset_peak_rss()
                   else "peak RSS (getrusage; not resettable here, may include model loading)")
-    vae.encode_views(views[:1])  # warm-up: lazy init, kernel selection, allocator growth
+    vae.encode_views(views[:vae.views_per_forward])  # warm-up, one forward of the measured shape: lazy init,
+    # kernel selection, allocator growth (and with --compile, the compile)
     if cuda:
         torch.cuda.synchronize(device)
     started = time.perf_counter()

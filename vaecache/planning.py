@@ -241,8 +241,10 @@ class PlannedClips(Sequence[Clip]):
 
     def with_done(self, done: DoneMask | None) -> PlannedClips:
         """The plan's clips less those `done` flags (a mask made for this plan, see DoneMaskBuilder)."""
-        return PlannedClips(self._scenes, self._window_counts, self._sampling, self._sizes, self._stops,
+        less = PlannedClips(self._scenes, self._window_counts, self._sampling, self._sizes, self._stops,
                             self._size_index, done)
+        less._uniform_views = self._uniform_views  # the same scenes: no second pass over them
+        return less
 
     def without(self, done: Iterable[str]) -> PlannedClips:
         """These clips less those whose id is in `done` (ids of clips not in the plan are ignored)."""

@@ -186,3 +186,23 @@ def test_a_vae_that_fails_on_every_input_stops_the_run(plugin: str, demo_data: P
     assert result.exit_code == 1, result.output
     assert "failed on 8 inputs in a row" in result.output and "plugin exploded" in result.output
     assert not (tmp_path / "cache" / "manifest.json").exists()
+
+
+def test_compile_runs_the_encoder_through_torch_compile_and_is_recorded(plugin: str, views: torch.Tensor,
+                                                                        demo_data: Path, tmp_path: Path,
+                                                                        run_cli: Any, cache_io: Any) -> None:
+    x = torch.cat([views, views.flip(-1)])[:, :, :9]
+    eager = load_vae(f"{plugin}:rowwise", views_per_forward=2)
+    compiled = load_vae(f"{plugin}:rowwise", views_per_forward=2, compiled=True)
+    assert compiled.fingerprint() == {**eager.fingerprint(), "compile": True}
+    # torch.compile generates its own kernels for everything but the convolution: equal up to rounding
+    assert torch.allclose(compiled.encode_views(x).mean, eager.encode_views(x).mean, rtol=0, atol=1e-6)
+
+    out = tmp_path / "cache"
+    args = ["encode", demo_data, "--out", out, "--vae", f"{plugin}:rowwise", "--num-frames", "9", "--size", "64x64",
+            "--workers", "0", "--no-progress", "--max-clips-per-scene", "1"]
+    assert run_cli([*args, "--compile"]).exit_code == 0
+    manifest = cache_io.manifest(out)
+    assert manifest["settings"]["compile"] is True and manifest["vae"]["compile"] is True
+    refused = run_cli(args)
+    assert refused.exit_code == 2 and "compile" in refused.output and "made with other settings" in refused.output

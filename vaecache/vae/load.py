@@ -35,12 +35,13 @@ BUILTINS = ("builtin:tiny", "builtin:small")
 
 def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32", *, tiling: bool = False,
              views_per_forward: int = 1, tile_options: dict[str, Any] | None = None,
-             allow_pickle_weights: bool = False) -> VaeRunner:
+             allow_pickle_weights: bool = False, compiled: bool = False) -> VaeRunner:
     """Resolve a --vae SPEC (builtin:tiny|small, diffusers:PATH[#subfolder], python:module:function) and get it ready.
 
     `tile_options` go to the module's enable_tiling() (e.g. tile_sample_min_height); they are recorded
     in the fingerprint whether or not tiling ends up used. A diffusers folder is read from safetensors
-    only, unless `allow_pickle_weights` lets a folder holding only pickled ``.bin`` weights load.
+    only, unless `allow_pickle_weights` lets a folder holding only pickled ``.bin`` weights load. `compiled`:
+    the runner calls encode through torch.compile (recorded in the fingerprint).
     """
     if not spec:
         raise VaeSpecError("--vae is required (builtin:tiny, builtin:small, diffusers:PATH or python:module:function)")
@@ -67,7 +68,7 @@ def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32",
     tile_params = _setup_tiling(model, tiling, tile_options or {})
     model = replace(model, device=torch.device(device), dtype=torch_dtype(dtype), compute_dtype=compute_dtype,
                     dtype_note=dtype_note, tiling=tiling, tile_params=tile_params,
-                    views_per_forward=views_per_forward)
+                    views_per_forward=views_per_forward, compiled=compiled)
     return VaeRunner(model, inject_oom)
 
 

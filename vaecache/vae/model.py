@@ -44,6 +44,8 @@ class VaeModel:
     """The module has enable_tiling()/disable_tiling() (used by --tiling and the out-of-memory fallback)."""
     tile_params: dict[str, Any] = field(default_factory=dict)
     views_per_forward: int = 1
+    compiled: bool = False
+    """The encoder runs through torch.compile (VaeRunner compiles it)."""
     """K: consecutive views one forward encodes together (all their frames for a per-frame VAE)."""
 
     def __post_init__(self) -> None:
@@ -71,6 +73,7 @@ def fingerprint(model: VaeModel) -> dict[str, Any]:
                       "note": model.dtype_note},
         "tiling": {"enabled": model.tiling, "available": model.can_tile, "params": model.tile_params},
         "views_per_forward": model.views_per_forward,
+        **({"compile": True} if model.compiled else {}),
     }
 
 

@@ -62,6 +62,8 @@ class VaeRunner:
         self._units_per_forward = 0
         self._latent_channels = model.latent_channels
         self._errors_in_a_row = 0
+        # Compiled on first use, once per input shape (and again when tiling is switched for a retry).
+        self._encode = torch.compile(model.module.encode) if model.compiled else model.module.encode
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names the runner lacks: the description's fields and fingerprint().
@@ -309,7 +311,7 @@ class VaeRunner:
         if switch:
             model.module.enable_tiling()
         try:
-            mean, logvar = _posterior(model.module.encode(batch))
+            mean, logvar = _posterior(self._encode(batch))
         finally:
             if switch:
                 model.module.disable_tiling()
