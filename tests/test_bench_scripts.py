@@ -51,6 +51,16 @@ def test_bench_prints_documented_keys(capsys, tmp_path):
     assert {"wall_ms_per_clip", "cpu_ms_per_clip", "rank_ms_per_clip", "fixed_cpu_s"} <= set(one_rank)
 
 
+def test_bench_formats_prints_documented_keys(capsys):
+    result = load_script("bench_formats").main(["--views", "2", "--frames", "5", "--size", "32x32", "--repeats", "1"])
+    printed = printed_json(capsys)
+    assert printed == json.loads(json.dumps(result))
+    assert set(printed["modes"]) == {"fp32 contiguous", "fp32 channels_last_3d", "bf16 contiguous", "bf16 channels_last_3d"}
+    assert printed["modes"]["fp32 contiguous"]["max_abs_diff_rel"] == 0.0
+    assert all(row["s_per_forward"] > 0 and 0 <= row["max_abs_diff_rel"] < 0.1 for row in printed["modes"].values())
+    assert printed["compile_s"] is None and {"cpu_model", "cores", "torch"} <= set(printed["machine"])
+
+
 def test_bench_verify_prints_documented_keys(capsys, tmp_path):
     result = load_script("bench_verify").main(["--target-mb", "2", "--size", "64x64", "--cameras", "2",
                                                "--shard-size", "1MiB", "--repeats", "1", "--tmp", str(tmp_path)])
