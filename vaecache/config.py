@@ -137,6 +137,9 @@ class ClipSettings:
     compiled: bool = False
     """--compile: run the encoder through torch.compile (its generated kernels may round differently from
     eager PyTorch, so it is recorded; a resume must use the same)."""
+    channels_last: bool = False
+    """--channels-last: convolution weights and inputs in channels-last memory format (other kernels, other
+    rounding: recorded)."""
     views_per_forward: int | str = "auto"
     """K: the views of one clip one VAE forward encodes together (a unit; SP splits batches in whole units).
     "all": every camera of a clip; "auto": all on CUDA, 1 on CPU (where oneDNN's batched convolutions give
@@ -177,6 +180,8 @@ class ClipSettings:
             raise UsageError(f"--tiling must be true or false, got {self.tiling!r}")
         if not isinstance(self.compiled, bool):
             raise UsageError(f"--compile must be true or false, got {self.compiled!r}")
+        if not isinstance(self.channels_last, bool):
+            raise UsageError(f"--channels-last must be true or false, got {self.channels_last!r}")
         parse_views_per_forward(self.views_per_forward)
 
     @property
@@ -218,6 +223,7 @@ class ClipSettings:
             "cameras": list(self.cameras) if self.cameras is not None else None,
             "tiling": self.tiling,
             **({"compile": True} if self.compiled else {}),  # absent when off: older caches keep their fingerprint
+            **({"channels_last": True} if self.channels_last else {}),
             "views_per_forward": self.views_per_forward,
         }
 
@@ -237,6 +243,7 @@ class ClipSettings:
                        store=record["store"], seed=record.get("seed") or 0,
                        cameras=tuple(cameras) if cameras is not None else None,
                        tiling=record.get("tiling", False), compiled=record.get("compile", False),
+                       channels_last=record.get("channels_last", False),
                        views_per_forward=record.get("views_per_forward", record.get("max_views_per_forward", 1)),
                        size_buckets=sizes if len(sizes) > 1 else (), fit=record.get("fit", "cover"))  # type: ignore[arg-type]
         except KeyError as exc:
@@ -299,7 +306,7 @@ class EncodeConfig:
             raise UsageError(f"--liveness-timeout must be >= 0 seconds (0 turns it off), got {self.liveness_timeout_s}")
 
 
-_CLIP_KEYS = ("dtype", "store", "seed", "tiling", "compiled", "views_per_forward", "fit", "decoder")
+_CLIP_KEYS = ("dtype", "store", "seed", "tiling", "compiled", "channels_last", "views_per_forward", "fit", "decoder")
 """ClipSettings fields given as options of their own (the rest come from size, cameras and the sampling keys)."""
 
 

@@ -318,7 +318,7 @@ def _start_up(cfg: EncodeConfig, ctx: DistContext, progress: ProgressFactory | N
     set_doing(f"loading the VAE {cfg.vae}")
     vae = load_vae(cfg.vae, ctx.device, cfg.clip.dtype, tiling=cfg.clip.tiling,
                    views_per_forward=job.views_per_forward, allow_pickle_weights=cfg.allow_pickle_weights,
-                   compiled=cfg.clip.compiled)
+                   compiled=cfg.clip.compiled, channels_last=cfg.clip.channels_last)
     vae.rule.check_buckets(cfg.clip.sampling.lengths, cfg.clip.sizes)
     if cfg.clip.store != "mean" and not vae.has_logvar:
         raise UsageError(f"--store {cfg.clip.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; use --store mean")
@@ -337,8 +337,9 @@ def _check_spatial(cfg: EncodeConfig, vae: LoadedVae) -> None:
                          "(use --sp-mode views)")
     if cfg.clip.tiling:
         raise UsageError("--sp-mode spatial cannot be combined with --tiling")
-    if cfg.clip.compiled:
-        raise UsageError("--sp-mode spatial cannot be combined with --compile (it runs the encoder band by band)")
+    if cfg.clip.compiled or cfg.clip.channels_last:
+        raise UsageError(f"--sp-mode spatial cannot be combined with --{'compile' if cfg.clip.compiled else 'channels-last'} "
+                         "(it runs the encoder band by band, in the input's own memory format)")
     if vae.views_per_forward > 1:
         raise UsageError("--sp-mode spatial encodes one view per forward; drop --views-per-forward "
                          f"{vae.views_per_forward}")

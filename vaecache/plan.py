@@ -240,7 +240,8 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
     cfg = replace(cfg, clip=replace(cfg.clip, views_per_forward=job.views_per_forward))  # "auto" resolved
     if vae is None:
         vae = load_vae(cfg.vae, device, cfg.clip.dtype, tiling=cfg.clip.tiling, allow_pickle_weights=cfg.allow_pickle_weights,
-                       views_per_forward=cfg.clip.views_per_forward, compiled=cfg.clip.compiled)
+                       views_per_forward=cfg.clip.views_per_forward, compiled=cfg.clip.compiled,
+                       channels_last=cfg.clip.channels_last)
     vae.rule.check_buckets(cfg.clip.sampling.lengths, cfg.clip.sizes)
     if cfg.clip.store != "mean" and not vae.has_logvar:
         raise UsageError(f"--store {cfg.clip.store} needs the posterior log-variance, and {cfg.vae} gives only a mean; "

@@ -406,7 +406,7 @@ def load_recorded_vae(out: Path, manifest: dict[str, Any], spec: str, device: An
     vae = load_vae(spec, device, clip_settings.dtype, tiling=clip_settings.tiling,
                    allow_pickle_weights=allow_pickle_weights,
                    views_per_forward=clip_settings.views_per_forward if isinstance(clip_settings.views_per_forward, int) else 1,
-                   compiled=clip_settings.compiled)
+                   compiled=clip_settings.compiled, channels_last=clip_settings.channels_last)
     recorded = upgraded_fingerprint({"vae": {k: v for k, v in manifest.get("vae", {}).items() if k != "spec"}})["vae"]
     given = run_fingerprint_vae_part(vae)
     if recorded != given:

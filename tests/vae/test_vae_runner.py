@@ -206,3 +206,26 @@ def test_compile_runs_the_encoder_through_torch_compile_and_is_recorded(plugin: 
     assert manifest["settings"]["compile"] is True and manifest["vae"]["compile"] is True
     refused = run_cli(args)
     assert refused.exit_code == 2 and "compile" in refused.output and "made with other settings" in refused.output
+
+
+def test_channels_last_converts_weights_and_inputs_and_is_recorded(views: torch.Tensor, demo_data: Path,
+                                                                   tmp_path: Path, run_cli: Any, cache_io: Any) -> None:
+    x = views[:, :, :9]
+    plain, last = load_vae("builtin:tiny", views_per_forward=2), load_vae("builtin:tiny", views_per_forward=2,
+                                                                        channels_last=True)
+    assert last.fingerprint() == {**plain.fingerprint(), "channels_last": True}
+    conv_weights = [p for p in last.module.parameters() if p.dim() == 5]
+    assert conv_weights and all(p.is_contiguous(memory_format=torch.channels_last_3d) for p in conv_weights)
+    # other convolution kernels: equal up to float32 rounding (measured ~1e-6 of the latent's scale)
+    reference = plain.encode_views(x).mean
+    assert torch.allclose(last.encode_views(x).mean, reference, rtol=0, atol=1e-5 * float(reference.abs().max()))
+
+    out = tmp_path / "cache"
+    args = ["encode", demo_data, "--out", out, "--vae", "builtin:tiny", "--num-frames", "9", "--size", "64x64",
+            "--workers", "0", "--no-progress", "--max-clips-per-scene", "1"]
+    assert run_cli([*args, "--channels-last"]).exit_code == 0
+    manifest = cache_io.manifest(out)
+    assert manifest["settings"]["channels_last"] is True and manifest["vae"]["channels_last"] is True
+    assert run_cli(["verify", out]).exit_code == 0
+    refused = run_cli(args)
+    assert refused.exit_code == 2 and "channels_last" in refused.output

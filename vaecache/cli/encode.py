@@ -95,6 +95,9 @@ def encode(
     tiling: Optional[bool] = typer.Option(None, "--tiling/--no-tiling", help="Use the VAE's own tiling: less memory, different latents (recorded)."),
     compiled: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="Run the encoder through torch.compile "
                                             "(compiled once per input shape; its kernels may round differently: recorded)."),
+    channels_last: Optional[bool] = typer.Option(None, "--channels-last/--no-channels-last", help="Convolution weights "
+                                                 "and inputs in channels-last memory format (other kernels, other "
+                                                 "rounding: recorded)."),
     views_per_forward: Optional[str] = typer.Option(None, "--views-per-forward", help="auto | all | K: views of one clip "
                                                     "per VAE forward (default auto: all on CUDA, 1 on CPU; K must "
                                                     "divide the cameras). "
@@ -122,7 +125,8 @@ def encode(
         "batch_size": batch_size, "workers": workers, "shard_size": shard_size, "store": store, "seed": seed,
         "sp_size": sp_size, "sp_mode": sp_mode, "on_error": on_error, "overwrite": overwrite or None, "timeout_s": timeout,
         "liveness_timeout_s": liveness_timeout,
-        "progress": None if progress else False, "tiling": tiling, "compiled": compiled, "views_per_forward": views_per_forward,
+        "progress": None if progress else False, "tiling": tiling, "compiled": compiled, "channels_last": channels_last,
+        "views_per_forward": views_per_forward,
         "allow_pickle_weights": allow_pickle_weights or None, "hash_sources": hash_sources or None,
     }
     cfg = build_config(data, out, vae, options, config)

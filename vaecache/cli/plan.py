@@ -161,6 +161,8 @@ def plan(
     tiling: Optional[bool] = typer.Option(None, "--tiling/--no-tiling", help="Measure with the VAE's own tiling."),
     compiled: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="Measure with the encoder compiled "
                                             "(torch.compile; the warm-up forward pays the compile)."),
+    channels_last: Optional[bool] = typer.Option(None, "--channels-last/--no-channels-last", help="Measure with "
+                                                 "convolution weights and inputs in channels-last memory format."),
     views_per_forward: Optional[str] = typer.Option(None, "--views-per-forward", help="auto | all | K: views of one clip "
                                                     "per VAE forward (default auto: all on CUDA, 1 on CPU; K must "
                                                     "divide the cameras)."),
@@ -176,7 +178,8 @@ def plan(
         "frames_policy": frames_policy, "fit": fit, "decoder": decoder,
         "window_stride": window_stride, "max_clips_per_scene": max_clips_per_scene, "cameras": cameras,
         "world_size": world_size, "sp_size": sp_size, "batch_size": batch_size, "dtype": dtype, "device": device,
-        "store": store, "tiling": tiling, "compiled": compiled, "views_per_forward": views_per_forward,
+        "store": store, "tiling": tiling, "compiled": compiled, "channels_last": channels_last,
+        "views_per_forward": views_per_forward,
         "memory_budget": memory_budget, "measure": None if measure else False,
         "allow_pickle_weights": allow_pickle_weights or None,
         "clip_ids": json_file is not None,  # only the JSON report lists every group's clip ids

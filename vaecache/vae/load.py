@@ -14,7 +14,7 @@ import torch
 from vaecache.dtypes import check_dtype_name, torch_dtype
 from vaecache.errors import UsageError, VaeSpecError
 from vaecache.vae.families import FAMILIES, SUPPORTED, Family
-from vaecache.vae.model import VaeModel, weights_sha256
+from vaecache.vae.model import CHANNELS_LAST, VaeModel, weights_sha256
 from vaecache.vae.rules import FrameRule
 from vaecache.vae.runner import VaeRunner, _first_line, oom_hook_from_env
 
@@ -35,13 +35,14 @@ BUILTINS = ("builtin:tiny", "builtin:small")
 
 def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32", *, tiling: bool = False,
              views_per_forward: int = 1, tile_options: dict[str, Any] | None = None,
-             allow_pickle_weights: bool = False, compiled: bool = False) -> VaeRunner:
+             allow_pickle_weights: bool = False, compiled: bool = False, channels_last: bool = False) -> VaeRunner:
     """Resolve a --vae SPEC (builtin:tiny|small, diffusers:PATH[#subfolder], python:module:function) and get it ready.
 
     `tile_options` go to the module's enable_tiling() (e.g. tile_sample_min_height); they are recorded
     in the fingerprint whether or not tiling ends up used. A diffusers folder is read from safetensors
     only, unless `allow_pickle_weights` lets a folder holding only pickled ``.bin`` weights load. `compiled`:
-    the runner calls encode through torch.compile (recorded in the fingerprint).
+    the runner calls encode through torch.compile; `channels_last`: 3-d and 2-d convolution weights and every
+    forward's input in channels-last memory format (both recorded in the fingerprint).
     """
     if not spec:
         raise VaeSpecError("--vae is required (builtin:tiny, builtin:small, diffusers:PATH or python:module:function)")
@@ -66,9 +67,14 @@ def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32",
     if compute_dtype != torch.float32:  # weights load as fp32; casting to fp32 again only makes diffusers warn
         module.to(compute_dtype)
     tile_params = _setup_tiling(model, tiling, tile_options or {})
+    if channels_last:
+        for param in module.parameters():
+            if param.dim() in CHANNELS_LAST:
+                param.data = param.data.contiguous(memory_format=CHANNELS_LAST[param.dim()])
     model = replace(model, device=torch.device(device), dtype=torch_dtype(dtype), compute_dtype=compute_dtype,
                     dtype_note=dtype_note, tiling=tiling, tile_params=tile_params,
-                    views_per_forward=views_per_forward, compiled=compiled)
+                    views_per_forward=views_per_forward, compiled=compiled,
+                    channels_last=channels_last)
     return VaeRunner(model, inject_oom)
 
 

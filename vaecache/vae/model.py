@@ -11,6 +11,9 @@ import torch
 from vaecache.dtypes import recorded_name
 from vaecache.vae.rules import FrameRule
 
+CHANNELS_LAST = {5: torch.channels_last_3d, 4: torch.channels_last}
+"""The channels-last memory format of a tensor of this many dimensions (Conv3d and Conv2d weights, inputs)."""
+
 
 @dataclass(frozen=True)
 class VaeModel:
@@ -46,6 +49,8 @@ class VaeModel:
     views_per_forward: int = 1
     compiled: bool = False
     """The encoder runs through torch.compile (VaeRunner compiles it)."""
+    channels_last: bool = False
+    """Convolution weights (load_vae) and every forward's input (VaeRunner) are in channels-last format."""
     """K: consecutive views one forward encodes together (all their frames for a per-frame VAE)."""
 
     def __post_init__(self) -> None:
@@ -74,6 +79,7 @@ def fingerprint(model: VaeModel) -> dict[str, Any]:
         "tiling": {"enabled": model.tiling, "available": model.can_tile, "params": model.tile_params},
         "views_per_forward": model.views_per_forward,
         **({"compile": True} if model.compiled else {}),
+        **({"channels_last": True} if model.channels_last else {}),
     }
 
 

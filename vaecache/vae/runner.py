@@ -13,7 +13,7 @@ import torch
 
 from vaecache import faults
 from vaecache.errors import UsageError, VaecacheError, VaeSpecError
-from vaecache.vae.model import VaeModel
+from vaecache.vae.model import CHANNELS_LAST, VaeModel
 
 log = logging.getLogger("vaecache")
 
@@ -281,8 +281,11 @@ class VaeRunner:
         else:
             first = units[chunk[0]][0]
             batch = views[first:first + len(chunk)]
+        batch = batch.to(self.model.device, self.model.compute_dtype, non_blocking=True)
+        if self.model.channels_last:
+            batch = batch.contiguous(memory_format=CHANNELS_LAST[batch.dim()])
         try:
-            mean, logvar = self._forward(batch.to(self.model.device, self.model.compute_dtype, non_blocking=True), tiled)
+            mean, logvar = self._forward(batch, tiled)
         except OOM_ERRORS as exc:
             message = _first_line(exc)
         except VaecacheError:
