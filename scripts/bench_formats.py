@@ -43,6 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
+    p.add_argument("--dtypes", default="fp32,bf16", help="comma-separated, of fp32 and bf16")
     p.add_argument("--compile", action="store_true", help="also time fp32 contiguous through torch.compile")
     return p.parse_args(argv)
 
@@ -75,13 +76,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.manual_seed(1)
     clip = torch.rand(args.views, 3, args.frames, height, width, device=device) * 2 - 1
     modes: dict[str, tuple[Any, Any]] = {}
-    for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    for dtype_name in ["fp32", *(name for name in args.dtypes.split(",") if name.strip() != "fp32")]:
+        dtype = dtypes[dtype_name.strip()]
         for layout_name, layout in (("contiguous", torch.contiguous_format), ("channels_last_3d", torch.channels_last_3d)):
             module = copy.deepcopy(base).to(dtype=dtype)
             for param in module.parameters():  # only the 5-d (Conv3d) weights have a 3-d channels-last form
                 if param.dim() == 5:
                     param.data = param.data.contiguous(memory_format=layout)
-            modes[f"{dtype_name} {layout_name}"] = (module.encode, clip.to(dtype).contiguous(memory_format=layout))
+            modes[f"{dtype_name.strip()} {layout_name}"] = (module.encode, clip.to(dtype).contiguous(memory_format=layout))
     compile_s = None
     if args.compile:
         compiled = torch.compile(copy.deepcopy(base).encode)
