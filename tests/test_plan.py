@@ -79,6 +79,10 @@ def test_plan_with_every_camera_per_forward_splits_batches_by_clip(data: Path, r
     assert report["measurement"]["units_per_forward"] == 2
     assert report["eta_s"] == pytest.approx(6 * report["measurement"]["seconds_per_view"])
     assert any("2 views per forward on CPU" in note and "OMP_NUM_THREADS" in note for note in report["notes"])
+    one_clip_batches = run_cli(["plan", data, *PLAN_ARGS, "--world-size", "2", "--sp-size", "2", "--views-per-forward",
+                                "all", "--no-measure", "--json", "-"])
+    assert any(note.endswith("pass --views-per-forward 1 or --batch-size 2")
+               for note in json.loads(one_clip_batches.stdout)["notes"])
     bad = run_cli(["plan", data, *PLAN_ARGS, "--views-per-forward", "3", "--no-measure"])
     assert bad.exit_code == 2 and "--views-per-forward 3 does not divide the 2 cameras of a clip" in bad.output
 

@@ -13,6 +13,7 @@ from vaecache.planning import (
     DoneMask,
     DoneMaskBuilder,
     Clip, JobPlan, assign, assign_contiguous, batch_views, batched, clip_id_for, plan_clips, plan_job, plan_windows,
+    sp_repeats_advice,
 )
 
 
@@ -262,3 +263,14 @@ def test_a_scene_whose_index_gives_its_probe_plans_like_one_probed_by_opening_it
                               sizes=sizes)
         assert list(from_index.clips) == list(by_opening.clips) and len(from_index.clips) == 10
         assert from_index.skipped == by_opening.skipped and [s.scene_id for s in from_index.skipped] == ["s2"]
+
+
+@pytest.mark.parametrize(("batch", "views", "k", "sp", "advice"), [
+    (1, 6, 6, 2, "pass --views-per-forward 3 or --batch-size 2"),
+    (1, 6, 6, 4, "pass --views-per-forward 1 or --batch-size 4"),
+    (1, 1, 1, 4, "pass --batch-size 4"),
+    (1, 6, 1, 2, None), (2, 6, 6, 2, None), (1, 6, 6, 1, None), (1, None, 2, 2, None),
+])
+def test_sp_repeats_advice_names_what_gives_every_rank_units_of_its_own(batch, views, k, sp, advice) -> None:
+    said = sp_repeats_advice(batch, views, k, sp)
+    assert said == advice if advice is None else said.endswith(advice) and f"fewer than the {sp} ranks" in said

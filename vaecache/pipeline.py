@@ -34,7 +34,8 @@ from vaecache.format.provenance import source_identities
 from vaecache.format.reader import CacheReader
 from vaecache.format.writer import ShardWriter, failure_record
 from vaecache.parallel import SPPlan, gather_views, plan_sp
-from vaecache.planning import Clip, DoneMask, DoneMaskBuilder, JobPlan, assign, batch_views, plan_job
+from vaecache.planning import (Clip, DoneMask, DoneMaskBuilder, JobPlan, assign, batch_views, plan_job,
+                               sp_repeats_advice)
 from vaecache.stop import StopRequest, ignore_stop_signals
 from vaecache.transfer import views_on_device_ahead
 from vaecache.vae import LoadedVae, load_vae
@@ -311,6 +312,10 @@ def _start_up(cfg: EncodeConfig, ctx: DistContext, progress: ProgressFactory | N
         first = job.skipped[0]
         raise InputError(f"{first.path or first.scene_id}: {first.reason} (scene {first.scene_id}; --on-error fail)")
     threads = _cpu_thread_budget(ctx, cfg.workers)
+    advice = sp_repeats_advice(cfg.batch_size, job.clips.views_per_clip(), job.views_per_forward,
+                               ctx.mesh.sp_size) if cfg.sp_mode == "views" else None
+    if advice and ctx.info.rank == 0:
+        log.warning("%s", advice)
     if job.views_per_forward > 1 and ctx.device.type == "cpu" and ctx.info.rank == 0:
         log.warning("%d views per forward on CPU: oneDNN gives a batched forward other bits for another intra-op "
                     "thread count (%d per rank here), so every run of this cache must give each rank the same "

@@ -27,7 +27,7 @@ from vaecache.decode import PYAV, Backend, ViewDecoder, resolve_decoder
 from vaecache.dist import make_mesh, resolve_device
 from vaecache.sources import Scene, SceneProbe, discover_scenes, probe_scene
 from vaecache.errors import UsageError, VideoDecodeError
-from vaecache.planning import Clip, JobPlan, PlannedClips, plan_job
+from vaecache.planning import Clip, JobPlan, PlannedClips, plan_job, sp_repeats_advice
 from vaecache.dtypes import recorded_name
 from vaecache.vae import LoadedVae, load_vae
 
@@ -282,6 +282,9 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
         report.notes.append(f"{cfg.vae} is an untrained VAE with random weights: timings only, latents mean nothing")
     if vae.dtype_note:
         report.notes.append(vae.dtype_note)
+    advice = sp_repeats_advice(cfg.batch_size, clips.views_per_clip(), job.views_per_forward, cfg.sp_size)
+    if advice:
+        report.notes.append(advice)
     idle = sum(1 for s in report.shares if s.clips == 0)
     if idle:
         report.notes.append(f"{idle} of {len(report.shares)} DP groups get no clips: fewer ranks would do")

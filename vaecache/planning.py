@@ -675,6 +675,24 @@ def resolve_views_per_forward(requested: int | str, views_per_clip: int | None, 
     return requested  # type: ignore[return-value]
 
 
+def sp_repeats_advice(batch_size: int, views_per_clip: int | None, views_per_forward: int, sp_size: int) -> str | None:
+    """Pure: when a batch holds fewer forward units than an SP group has ranks (so ranks encode repeats of the
+    same units), what to pass instead; None when every rank gets units of its own."""
+    if sp_size <= 1 or views_per_clip is None:
+        return None
+    per_clip = views_per_clip // views_per_forward
+    if batch_size * per_clip >= sp_size:
+        return None
+    smaller = [k for k in range(1, views_per_forward) if views_per_clip % k == 0 and
+               batch_size * (views_per_clip // k) >= sp_size]
+    instead = [f"--batch-size {-(-sp_size // per_clip)}"]
+    if smaller:
+        instead.insert(0, f"--views-per-forward {max(smaller)}")
+    return (f"a batch of {batch_size} clip(s) holds {batch_size * per_clip} forward unit(s) of {views_per_forward} "
+            f"views, fewer than the {sp_size} ranks of an SP group, so its ranks encode repeats of the same units; "
+            f"pass {' or '.join(instead)}")
+
+
 def plan_job(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling: SamplingConfig, world_size: int = 1,
              sp_size: int = 1, batch_size: int = 1, done: DoneMask | Sequence[str] | frozenset[str] = frozenset(),
              sizes: Sequence[tuple[int, int]] | None = None, views_per_forward: int | str = 1,
@@ -691,6 +709,6 @@ def plan_job(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling: S
 
 __all__ = ["Clip", "DoneMask", "DoneMaskBuilder", "JobPlan", "ShareCounts", "PlannedClips", "RankWork", "Skipped", "ViewRef", "assign", "assign_contiguous",
            "batch_views", "batched", "clip_id_for", "plan_clips", "plan_job", "plan_scene_clips", "plan_windows",
-           "resolve_views_per_forward",
+           "resolve_views_per_forward", "sp_repeats_advice",
            "scene_lengths",
            "window", "window_count"]
