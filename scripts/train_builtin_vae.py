@@ -54,7 +54,7 @@ MAX_BYTES = 2 * 1024 * 1024
 class TrainArgs:
     """Everything that decides the weights (recorded in the file's metadata)."""
 
-    steps: int = 9000
+    steps: int = 12000
     pool: int = 480
     """Training clips rendered up front (rendering one costs ~60 ms, more than a step's share)."""
     batch: int = 4

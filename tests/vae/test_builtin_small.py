@@ -21,10 +21,10 @@ from vaecache.vae.load import BUILTIN_SMALL_WEIGHTS, BUILTIN_TINY_CONFIG
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_builtin_vae.py"
 HELDOUT = DemoDataSpec(scenes=3, cameras=2, frames=17, height=64, width=64, fps=10, seed=0)
 """The footage `vaecache demo` writes; the training script never trains on seed 0."""
-MIN_PSNR_DB = 15.6
-"""Held-out PSNR the shipped weights must keep on scene 0 camera 0, frames 0-8: 16.60 dB measured, minus 1 dB.
-The issue's target is 25 dB; the shipped weights do not reach it (README, "VAEs": 16.34 dB mean)."""
-WEIGHTS_SHA256 = "5d68948e734eb6cdc155cd4acce919a8957ac546869b57a16a8a46e478440b96"
+MIN_PSNR_DB = 15.7
+"""Held-out PSNR the shipped weights must keep on scene 0 camera 0, frames 0-8: 16.76 dB measured, minus 1 dB.
+The issue's target is 25 dB; the shipped weights do not reach it (README, "VAEs": 16.90 dB mean)."""
+WEIGHTS_SHA256 = "8c47a03a57dd22dabcf4cd6a2b0c57a86af1f65258339243a4151cd7e6621801"
 """weights_sha256 of the shipped file loaded to fp32; changes only when the weights are retrained."""
 
 
