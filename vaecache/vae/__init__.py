@@ -15,8 +15,9 @@ Python plugin protocol
 ----------------------
 ``factory()`` is called with no arguments and returns a ``torch.nn.Module`` with ``encode(x)``:
 
-* ``x`` is ``(B, 3, T, H, W)`` RGB in ``[-1, 1]``, on the module's device and dtype. B is 1 by default
-  and at most ``--views-per-forward`` (K, by default every camera of a clip).
+* ``x`` is ``(B, 3, T, H, W)`` RGB in ``[-1, 1]``, on the module's device and dtype. B is at most
+  ``--views-per-forward`` K (``auto``: every camera of a clip on CUDA, 1 on CPU); each row must be encoded
+  independently of the others.
 * It returns a diffusers output (``.latent_dist`` with ``.mean`` and ``.logvar``), an object with
   ``.mean`` (and optionally ``.logvar``) tensors, a plain tensor (taken as the mean), or a 1-tuple of
   one of these; every tensor is ``(B, c, t, h, w)``.
