@@ -13,7 +13,7 @@ import torch
 
 from vaecache.config import SamplingConfig
 from vaecache.planning import Clip, plan_clips
-from vaecache.decode import ViewBatchDataset, ViewDecoder, decode_frames, open_video, resize_cover_crop, to_model_range
+from vaecache.decode import DECODER, Backend, ViewBatchDataset, ViewDecoder, decode_frames, open_video, resize_cover_crop, to_model_range
 from vaecache.demodata import DemoDataSpec, render_clip, write_demo_dataset
 from vaecache.errors import VideoDecodeError
 from vaecache.sources import Scene, discover_scenes, probe_scene
@@ -225,6 +225,19 @@ def test_consecutive_clips_continue_without_reopening(layout_videos: dict, refer
         for start in range(0, 72 - 8, 9):
             frames = list(range(start, start + 9, 1))[:8]
             _assert_frames(name, reader.read(frames), references[name], frames)
+
+
+def test_a_reader_bounded_to_one_ffmpeg_thread_gives_the_same_frames(layout_videos: dict, references: dict) -> None:
+    """Decode workers open videos with few FFmpeg threads (vaecache.pipeline.decode_thread_budget): same pixels."""
+    name = "h264-open-gop"
+    with open_video(str(layout_videos[name]), Backend("pyav", DECODER, threads=1)) as reader:
+        assert reader._stream.codec_context.thread_count == 1
+        for frames in random_windows(72, 4, random.Random(7), 8):
+            _assert_frames(name, reader.read(frames), references[name], frames)
+        reader._restart()
+        assert reader._stream.codec_context.thread_count == 1
+    with pytest.raises(ValueError, match="decode threads must be >= 0"):
+        Backend("pyav", DECODER, threads=-1)
 
 
 def test_a_stream_without_timestamps_is_read_by_counting_from_the_start(layout_videos: dict, tmp_path: Path) -> None:

@@ -31,3 +31,13 @@ def test_the_vae_loads_once_data_and_out_are_fine(run_cli, loud_vae, demo_data: 
     assert result.exit_code != 0
     assert (tmp_path / "vae-was-loaded").exists()
 
+
+
+def test_decode_workers_share_the_cores_the_encode_leaves() -> None:
+    from vaecache.pipeline import decode_thread_budget
+
+    assert decode_thread_budget(cores=2, workers=1, main_threads=1) == 1  # the 2-core CPU case: one each
+    assert decode_thread_budget(cores=16, workers=4, main_threads=1) == 3  # a CUDA rank: main thread + 4 workers
+    assert decode_thread_budget(cores=8, workers=2, main_threads=8) == 1  # OMP_NUM_THREADS took every core
+    assert decode_thread_budget(cores=6, workers=0, main_threads=6) == 6  # decoding between forwards
+    assert decode_thread_budget(cores=0, workers=0, main_threads=1) == 1

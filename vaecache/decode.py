@@ -56,8 +56,9 @@ class _Keyframe:
 class VideoReader:
     """One video file, read frame-exactly with PyAV; consecutive reads continue forward without seeking."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, threads: int = 0) -> None:
         self.path = path
+        self._threads = threads
         _check_file(path)
         try:
             self._container = av.open(path)
@@ -69,7 +70,7 @@ class VideoReader:
             self.close()
             raise VideoDecodeError(path, "not a readable video (no video stream)")
         self._stream = self._container.streams.video[0]
-        self._stream.thread_type = "AUTO"
+        self._set_threads()
         # One converter per reader: frame.to_ndarray(format=...) builds a new swscale context for every frame,
         # which cost 1.7-5 ms per 32x32 frame (PyAV 18), more than everything else vaecache does per clip.
         self._to_rgb = VideoReformatter()
@@ -184,12 +185,17 @@ class VideoReader:
 
     # ------------------------------------------------------------------ decoding
 
+    def _set_threads(self) -> None:
+        # FFmpeg's decoders give the same pixels for any thread count; the count only decides whose cores they take.
+        self._stream.thread_type = "AUTO"
+        self._stream.thread_count = self._threads
+
     def _restart(self) -> None:
         """Decode from the very start again (a fresh container: no seek involved)."""
         self._container.close()
         self._container = av.open(self.path)
         self._stream = self._container.streams.video[0]
-        self._stream.thread_type = "AUTO"
+        self._set_threads()
         self._frames = None
         self._last_pts = None
         self._next_index = 0
@@ -390,7 +396,7 @@ def open_video(path: str, backend: Backend | None = None) -> VideoReader | Forei
     """A frame-exact reader of `path` (PyAV unless `backend` says otherwise); every failure is a VideoDecodeError
     naming the file."""
     if backend is None or backend.choice == "pyav":
-        return VideoReader(path)
+        return VideoReader(path, backend.threads if backend is not None else 0)
     if backend.choice == "decord":
         return DecordReader(path)
     return TorchcodecReader(path, backend.device)
@@ -435,6 +441,14 @@ class Backend:
     """Recorded in the run fingerprint and the manifest settings ("decoder")."""
     device: str = "cpu"
     """Where torchcodec decodes: cpu, or cuda[:N] (NVDEC)."""
+    threads: int = 0
+    """FFmpeg threads per open video with pyav (0: FFmpeg's choice, about one per core of the machine, which
+    oversubscribes it when several processes decode beside an encode). decord and torchcodec decode with one.
+    Not recorded: every thread count gives the same frames."""
+
+    def __post_init__(self) -> None:
+        if self.threads < 0:
+            raise ValueError(f"decode threads must be >= 0, got {self.threads}")
 
 
 PYAV = Backend("pyav", DECODER)

@@ -125,6 +125,23 @@ def _cpu_thread_budget(ctx: DistContext, workers: int) -> int:
     return threads
 
 
+def decode_thread_budget(cores: int, workers: int, main_threads: int) -> int:
+    """FFmpeg threads per video a decode worker opens: the `cores` of a rank its main process leaves, shared by
+    its `workers` (with none, the main process decodes between forwards and may use every core).
+
+    FFmpeg's own default (a thread per core of the machine, in every worker) had decoding preempt the encode:
+    on 2 cores with one worker the same forward ran 4-7% slower inside vaecache than alone (scripts/bench.py)."""
+    if not workers:
+        return max(1, cores)
+    return max(1, (cores - main_threads) // workers)
+
+
+def _decode_thread_budget(ctx: DistContext, workers: int, encode_threads: int) -> int:
+    cores = len(os.sched_getaffinity(0)) // max(1, ctx.info.local_world_size)
+    # On CUDA the main thread only launches kernels and copies: one core.
+    return decode_thread_budget(cores, workers, encode_threads if ctx.device.type == "cpu" else 1)
+
+
 def setup_logging(out: Path, rank: int, world: int) -> logging.Handler:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(out / "logs" / f"rank-{rank:05d}.log")
@@ -264,7 +281,7 @@ def _check_out_usable(out: Path) -> None:
 
 @dataclass(frozen=True)
 class StartUp:
-    """What start-up found before OUT is touched: the job plan, the loaded VAE, the torch thread budget."""
+    """What start-up found before OUT is touched: the job plan, the loaded VAE, the thread budgets."""
 
     job: JobPlan
     scenes: int
@@ -275,6 +292,9 @@ class StartUp:
     left_out_cameras: dict[str, int]
     vae: LoadedVae
     threads: int
+    """torch intra-op threads of this rank."""
+    decode_threads: int
+    """FFmpeg threads per video a decode worker opens (pyav)."""
 
 
 def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None = None,
@@ -312,6 +332,7 @@ def _start_up(cfg: EncodeConfig, ctx: DistContext, progress: ProgressFactory | N
         first = job.skipped[0]
         raise InputError(f"{first.path or first.scene_id}: {first.reason} (scene {first.scene_id}; --on-error fail)")
     threads = _cpu_thread_budget(ctx, cfg.workers)
+    decode_threads = _decode_thread_budget(ctx, cfg.workers, threads)
     advice = sp_repeats_advice(cfg.batch_size, job.clips.views_per_clip(), job.views_per_forward,
                                ctx.mesh.sp_size) if cfg.sp_mode == "views" else None
     if advice and ctx.info.rank == 0:
@@ -330,7 +351,8 @@ def _start_up(cfg: EncodeConfig, ctx: DistContext, progress: ProgressFactory | N
     if cfg.sp_mode == "spatial":
         _check_spatial(cfg, vae)
     sources = tuple(sorted({path for scene in scenes for path in scene.paths if path is not None}))
-    return StartUp(job, len(scenes), tuple(records), sources, dict(found.left_out_cameras), vae, threads)
+    return StartUp(job, len(scenes), tuple(records), sources, dict(found.left_out_cameras), vae, threads,
+                   decode_threads)
 
 
 def _check_spatial(cfg: EncodeConfig, vae: LoadedVae) -> None:
@@ -364,7 +386,8 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
                 on_progress: Advance | None, progress: ProgressFactory | None, started: float) -> EncodeSummary:
     rank, world = ctx.info.rank, ctx.info.world_size
     mesh, vae, threads = ctx.mesh, start.vae, start.threads
-    decoder = resolve_decoder(cfg.clip.decoder, ctx.device, cfg.workers)
+    decoder = dataclasses.replace(resolve_decoder(cfg.clip.decoder, ctx.device, cfg.workers),
+                                  threads=start.decode_threads)
     fingerprint = run_fingerprint(cfg, vae, decoder)
     sources = source_identities(start.sources, cfg.hash_sources) if rank == 0 else None  # what OUT is made from
     prepared, done = ctx.on_rank0(lambda: _marking_done(start.job, lambda mark: prepare_out(
@@ -373,9 +396,10 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
     _write_probe_cache(cfg.out, rank, list(start.probe_records))
     handler = setup_logging(cfg.out, rank, world)
     try:
-        log.info("vaecache %s: world %d = DP %d x SP %d, device %s (%d torch threads), attempt %d, "
-                 "%d clips already committed", vaecache.__version__, world, mesh.dp_size, mesh.sp_size, ctx.device,
-                 threads, prepared.attempt, prepared.committed_clips)
+        log.info("vaecache %s: world %d = DP %d x SP %d, device %s (%d torch threads), %d decode workers "
+                 "(%s, %d FFmpeg threads per video), attempt %d, %d clips already committed", vaecache.__version__,
+                 world, mesh.dp_size, mesh.sp_size, ctx.device, threads, cfg.workers, decoder.choice,
+                 decoder.threads, prepared.attempt, prepared.committed_clips)
         label = "encode" if mesh.dp_size == 1 else f"encode (rank 0's share of {mesh.dp_size} DP groups)"
         with _phase(progress, label, "clips") as advance:
             def report(done: int, total: int) -> None:
@@ -383,7 +407,7 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
                 if on_progress is not None:
                     on_progress(done, total)
 
-            summary = _encode(cfg, ctx, vae, job, start.scenes, prepared, sources, stop, report, started)
+            summary = _encode(cfg, ctx, vae, decoder, job, start.scenes, prepared, sources, stop, report, started)
         summary.wall_s = time.perf_counter() - started
         summary.left_out_cameras = start.left_out_cameras
         summary.repaired = list(prepared.damaged)
@@ -415,7 +439,7 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
         handler.close()
 
 
-def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, num_scenes: int,
+def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, decoder: Backend, job: JobPlan, num_scenes: int,
             prepared: PreparedOut, sources: dict[str, dict[str, Any]] | None, stop: StopRequest,
             on_progress: Callable[[int, int], None] | None, started: float) -> EncodeSummary:
     rank, mesh = ctx.info.rank, ctx.mesh
@@ -443,8 +467,7 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, job: JobPlan, n
     else:
         view_indices, sp_plans = work.view_indices, work.sp_plans
     counters = RankCounters()
-    dataset = ViewBatchDataset(work.batches, view_indices, cfg.clip.height, cfg.clip.width, cfg.clip.fit,
-                               resolve_decoder(cfg.clip.decoder, ctx.device, cfg.workers))
+    dataset = ViewBatchDataset(work.batches, view_indices, cfg.clip.height, cfg.clip.width, cfg.clip.fit, decoder)
     if cfg.workers:
         # Workers are forked. A decoder left as cyclic garbage here (FFmpeg frame threads and all) would be
         # freed by the child's collector, which then waits forever to join threads that do not exist there.
