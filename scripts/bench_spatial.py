@@ -88,7 +88,9 @@ def worker(args: argparse.Namespace) -> None:
     rank = tdist.get_rank() if world > 1 else 0
     result = {"rank": rank, "added_bytes": peak - before, "seconds": seconds, "device": str(device)}
     if rank == 0:
-        torch.save(out.cpu(), Path(args.out) / f"latent-g{world}.pt")
+        from safetensors.torch import save_file
+
+        save_file({"latent": out.cpu().contiguous()}, str(Path(args.out) / f"latent-g{world}.safetensors"))
     (Path(args.out) / f"g{world}-rank{rank}.json").write_text(json.dumps(result))
     if world > 1:
         tdist.destroy_process_group()
@@ -110,6 +112,7 @@ def main() -> None:
         worker(args)
         return
     import torch
+    from safetensors.torch import load_file
 
     folder = Path(tempfile.mkdtemp(prefix="bench-spatial-"))
     rows = []
@@ -123,7 +126,7 @@ def main() -> None:
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "MALLOC_MMAP_THRESHOLD_": "65536"}
         subprocess.run(cmd, check=True, env=env, capture_output=True, text=True)
         ranks = [json.loads((folder / f"g{group}-rank{r}.json").read_text()) for r in range(group)]
-        latent = torch.load(folder / f"latent-g{group}.pt")
+        latent = load_file(str(folder / f"latent-g{group}.safetensors"))["latent"]
         if reference is None:
             reference = latent
         rows.append({"group": group, "peak_added_bytes_max_rank": max(r["added_bytes"] for r in ranks),

@@ -123,3 +123,18 @@ def test_bench_decode_prints_frames_per_second_and_identity_per_backend(capsys):
     for row in printed["results"]:
         assert all(row[f"{backend} fps"] > 0 for backend in backends)
     assert {i["backend"] for i in printed["identity"]} == backends and result == printed
+
+
+@pytest.mark.slow
+def test_bench_spatial_prints_documented_keys():
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_spatial.py"), "--model", "tiny", "--size", "32x32", "--frames", "5",
+         "--groups", "1,2"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = json.loads(proc.stdout.splitlines()[-1])
+    assert [row["group"] for row in printed["rows"]] == [1, 2]
+    for row in printed["rows"]:
+        for key in ("peak_added_bytes_max_rank", "seconds_per_view", "max_abs_vs_g1", "latent_scale", "bitwise_vs_g1",
+                    "memory_vs_g1", "latency_vs_g1"):
+            assert key in row, key
+    assert printed["rows"][0]["bitwise_vs_g1"]

@@ -13,7 +13,8 @@ from the neighbouring ranks:
   grid of each band is the unsplit grid;
 * the mid-block attention (one head over every position of a frame): each rank gathers the keys and
   values of the whole frame and computes only its own queries;
-* RMS norms, 1x1 convs, the residual average-pool shortcut of Wan 2.2 and the temporal convs are local.
+* RMS norms, 1x1 convs, the residual average-pool shortcut of Wan 2.2 and the temporal convs are local
+  (their kernel is still the whole frame's, as for every convolution).
 
 The causal temporal cache stays per band (each layer caches its own band's last frames; a halo is always
 exchanged after the cache frames are joined, so neighbours exchange the same frames).
@@ -22,8 +23,12 @@ Following seed 002, receive buffers are allocated in the input's memory format (
 channels_last or contiguous) and reused across calls; a rank with no neighbour on a side makes no send
 copy for it; a send slice is made contiguous in the receiving buffer's memory format.
 
-Bitwise equality with the unsplit encode is not promised: a convolution over a band may pick another
-blocking than over the whole frame. Measured differences are in README (Spatial-parallel encode).
+Every convolution of the encoder runs, on CPU, with the kernel PyTorch picks for the whole frame rather
+than the one it would pick for the shorter band (:class:`UnsplitKernels`): with that, the published Wan 2.1
+config gives bitwise the unsplit latents at G = 2, 3, 4, divisible or not. What can still differ is the
+mid-block attention on CPU, whose kernel blocks the queries by their count: with tiny models, the last bit
+of a few values (measured up to 5.3e-7 of the latent's scale). On CUDA, cuDNN picks its algorithms by shape
+for band and frame alike; unmeasured. Figures in README (Spatial-parallel encode).
 
 Library use, beside :func:`vaecache.parallel.sp_encode`::
 
@@ -182,6 +187,82 @@ class HaloExchanger:
         return torch.cat([part[..., :count, :] for part, count in zip(parts, rows)], dim=-2)
 
 
+# --------------------------------------------------------------------------- the unsplit frame's kernels
+
+
+class UnsplitKernels:
+    """Runs a band's convolutions with the kernel PyTorch would pick for the whole frame.
+
+    On CPU, PyTorch chooses a convolution's implementation by the input's size: a 3x3x3 conv over a batch of
+    one runs in oneDNN when batch x channels x frames x height exceeds 20480 and in its native im2col + GEMM
+    otherwise (and a 1x1 conv depends on the thread count too). A band is shorter than the frame, so without
+    this a band of a Wan 2.1 frame at 128x128 ran native where the whole frame ran oneDNN: 3.4e-6 of the
+    latent's scale apart. With the same kernel a band's rows are bitwise the whole frame's (oneDNN's direct
+    convolution and the native GEMM sum each output in an order that does not depend on the height; only
+    bands of one or two rows of a tiny model have shown a last-bit difference in the native GEMM).
+
+    A conv's output rows scale with the level it runs at exactly as the band does: a band of `b` latent rows
+    out of `h` has `o * h / b` output rows in the whole frame where it has `o`. On CUDA the choice is
+    cuDNN's for both and is left alone."""
+
+    def __init__(self, band_latent_rows: int, latent_height: int) -> None:
+        self.band_latent_rows, self.latent_height = band_latent_rows, latent_height
+        self._chosen: dict[tuple, object] = {}
+        self.redirected = 0
+        """Convolutions run with another kernel than the band's own size would have picked (for tests)."""
+
+    def whole_input_shape(self, x: Tensor, out_rows: int, stride: int) -> list[int]:
+        whole_out, rest = divmod(out_rows * self.latent_height, self.band_latent_rows)
+        if rest:
+            raise DistributedError(f"a band convolution gave {out_rows} rows, not a multiple of the band's "
+                                   f"{self.band_latent_rows} latent rows")
+        return [*x.shape[:-2], x.shape[-2] + (whole_out - out_rows) * stride, x.shape[-1]]
+
+    def _backend(self, x: Tensor, conv: nn.Module, weight: Tensor, bias: Tensor | None) -> object:
+        args = (list(conv.stride), list(conv.padding), list(conv.dilation), False, [0] * len(conv.stride), conv.groups)
+        return torch._C._select_conv_backend(x, weight, bias, *args, None)
+
+    def conv(self, conv: nn.Module, x: Tensor, weight: Tensor, bias: Tensor | None, default) -> Tensor:
+        if x.device.type != "cpu" or conv.padding_mode != "zeros" or isinstance(conv.padding, str):
+            return default(x, weight, bias)
+        kernel = weight.shape[2:]
+        out_rows = (x.shape[-2] + 2 * conv.padding[-2] - conv.dilation[-2] * (kernel[-2] - 1) - 1) // conv.stride[-2] + 1
+        shape = self.whole_input_shape(x, out_rows, conv.stride[-2])
+        memory_format = halo_memory_format(x)
+        key = (tuple(shape), x.dtype, memory_format, tuple(weight.shape), conv.stride, conv.padding, conv.dilation,
+               conv.groups, bias is not None, torch.get_num_threads())
+        whole = self._chosen.get(key)
+        if whole is None:
+            # Never written: a large empty tensor is address space, not memory.
+            like = torch.empty(shape, dtype=x.dtype, memory_format=memory_format)
+            whole = self._chosen[key] = self._backend(like, conv, weight, bias)
+        if whole == self._backend(x, conv, weight, bias):
+            return default(x, weight, bias)
+        backends = torch._C._ConvBackend
+        if whole == backends.Mkldnn:
+            self.redirected += 1
+            return torch.mkldnn_convolution(x.contiguous(memory_format=memory_format), weight, bias,
+                                            list(conv.padding), list(conv.stride), list(conv.dilation), conv.groups)
+        if whole == backends.Slow3d:
+            self.redirected += 1
+            return torch._C._nn.slow_conv3d(x.contiguous(), weight, list(kernel), bias, list(conv.stride),
+                                            list(conv.padding))
+        if whole == backends.Slow2d:
+            self.redirected += 1
+            return torch._C._nn.thnn_conv2d(x.contiguous(), weight, list(kernel), bias, list(conv.stride),
+                                            list(conv.padding))
+        return default(x, weight, bias)
+
+
+def _unsplit_conv_forward(kernels: UnsplitKernels, conv: nn.Module):
+    default = type(conv)._conv_forward.__get__(conv)
+
+    def _conv_forward(self: nn.Module, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        return kernels.conv(self, x, weight, bias, default)
+
+    return _conv_forward
+
+
 # --------------------------------------------------------------------------- layer replacements
 
 
@@ -241,8 +322,9 @@ def _encoder_levels(module: nn.Module) -> int:
 
 
 @contextmanager
-def banded(module: nn.Module, exchanger: HaloExchanger, plan: BandPlan) -> Iterator[None]:
-    """Swap the encoder's boundary-crossing layers for halo-exchanging ones while the block runs."""
+def banded(module: nn.Module, exchanger: HaloExchanger, plan: BandPlan) -> Iterator[UnsplitKernels]:
+    """Swap the encoder's boundary-crossing layers for halo-exchanging ones, and run every convolution with the
+    whole frame's kernel (UnsplitKernels), while the block runs."""
     if type(module).__name__ not in SUPPORTED_FAMILIES:
         raise UsageError(f"--sp-mode spatial supports {', '.join(SUPPORTED_FAMILIES)}; "
                          f"{type(module).__name__} is not supported (use --sp-mode views)")
@@ -257,7 +339,14 @@ def banded(module: nn.Module, exchanger: HaloExchanger, plan: BandPlan) -> Itera
     if 2 ** levels != encoder_factor:
         raise UsageError(f"{type(module).__name__}: {levels} spatial downsamples do not give the spatial factor "
                          f"{plan.spatial_factor}; this configuration is not supported in spatial mode")
+    start, stop = plan.latent_rows(exchanger.rank)
+    kernels = UnsplitKernels(stop - start, plan.latent_height)
+    convs: list[nn.Module] = []
     try:
+        for layer in module.encoder.modules():
+            if isinstance(layer, (nn.Conv2d, nn.Conv3d)):
+                layer._conv_forward = types.MethodType(_unsplit_conv_forward(kernels, layer), layer)
+                convs.append(layer)
         for name, layer in module.encoder.named_modules():
             kind = type(layer).__name__
             if kind == "WanCausalConv3d" and layer._padding[2] > 0:
@@ -271,10 +360,12 @@ def banded(module: nn.Module, exchanger: HaloExchanger, plan: BandPlan) -> Itera
             else:
                 continue
             patched.append(layer)
-        yield
+        yield kernels
     finally:
         for layer in patched:
             layer.__dict__.pop("forward", None)
+        for layer in convs:
+            layer.__dict__.pop("_conv_forward", None)
 
 
 def spatial_encode(module: nn.Module, x: Tensor, group: ProcessGroup | None) -> Tensor:
@@ -304,5 +395,5 @@ def spatial_encode(module: nn.Module, x: Tensor, group: ProcessGroup | None) -> 
     return exchanger.gather_rows(local, rows, "latent bands")
 
 
-__all__ = ["BandPlan", "HaloExchanger", "SUPPORTED_FAMILIES", "banded", "halo_memory_format", "plan_bands",
-           "spatial_encode"]
+__all__ = ["BandPlan", "HaloExchanger", "SUPPORTED_FAMILIES", "UnsplitKernels", "banded", "halo_memory_format",
+           "plan_bands", "spatial_encode"]

@@ -16,10 +16,11 @@ from vaecache.spatial import halo_memory_format, plan_bands
 
 WORKER = Path(__file__).with_name("_spatial_worker.py")
 REPO = Path(__file__).resolve().parents[2]
-RELATIVE_TOLERANCE = 2e-6
-"""Max |split - unsplit| as a fraction of max |unsplit|. Not 0: on CPU oneDNN picks the kernel of the
-stride-2 Conv2d in WanResample by input height, so a band and the whole frame are summed in another order
-(a few float32 ulps; measured up to ~8e-7 of the scale, see README)."""
+RELATIVE_TOLERANCE = 1e-6
+"""Max |split - unsplit| as a fraction of max |unsplit| (issue 17's target). Not 0 for these tiny models: the
+CPU attention kernel blocks queries by their count, so a band's queries at the mid-block can differ from the
+whole frame's in the last bit (measured up to 5.3e-7 of the scale); every convolution runs the whole frame's
+kernel (UnsplitKernels). The first case is bitwise and is asserted so."""
 
 
 @pytest.mark.parametrize(("latent_height", "group"), [(8, 2), (5, 2), (7, 3), (9, 4), (4, 4)])
@@ -60,6 +61,26 @@ def test_spatial_mode_refuses_other_families() -> None:
             pass
 
 
+def test_a_band_convolution_runs_the_kernel_the_whole_frame_gets() -> None:
+    """A 3x3x3 conv over a 66-row band goes native where the 130-row frame goes to oneDNN (PyTorch picks by
+    batch x channels x frames x height): run with the frame's kernel, the band's rows are the frame's, bitwise."""
+    from vaecache.spatial import UnsplitKernels
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv3d(96, 96, 3)
+    frame = torch.randn(1, 96, 3, 130, 34)
+    with torch.no_grad():
+        whole = conv(frame)
+        band_input = frame[..., 64:, :].contiguous()  # rows 64..127 of the output, with their halo rows
+        plain = conv(band_input)
+        kernels = UnsplitKernels(band_latent_rows=8, latent_height=16)  # the lower half of the frame
+        banded = kernels.conv(conv, band_input, conv.weight, conv.bias, conv._conv_forward)
+    if torch.backends.mkldnn.is_available():
+        assert kernels.redirected == 1
+        assert not torch.equal(plain, whole[..., 64:, :])  # why this exists: the band's own kernel differs
+    assert torch.equal(banded, whole[..., 64:, :])
+
+
 CASES = [
     {"model": "wan2.1", "seed": 1, "frames": 5, "height": 64, "width": 48},   # 8 latent rows
     {"model": "wan2.1", "seed": 2, "frames": 9, "height": 56, "width": 40},   # 7 latent rows: uneven bands
@@ -80,6 +101,7 @@ def test_spatial_encode_matches_diffusers_encode(tmp_path: Path, group: int) -> 
         for result in json.loads((tmp_path / f"rank-{rank}.json").read_text()):
             assert result["shape"] == result["expected_shape"], result
             assert result["max_abs"] <= RELATIVE_TOLERANCE * result["scale"], result
+        assert json.loads((tmp_path / f"rank-{rank}.json").read_text())[0]["bitwise"]
 
 
 ENCODE = ["--vae", "builtin:tiny", "--num-frames", "9", "--size", "64x64", "--no-progress", "--workers", "0"]
