@@ -126,6 +126,22 @@ def test_encode_in_spatial_mode_matches_a_one_process_encode(procs, demo_data: P
     assert resumed_as_views.returncode != 0 and "made with other settings (parallel" in resumed_as_views.stderr
 
 
+@pytest.mark.slow
+def test_three_ranks_at_an_odd_size_match_one_process(procs, demo_data: Path, tmp_path: Path, cache_io) -> None:
+    """56x40: 7 latent rows over 3 ranks (bands of 3, 2, 2 rows), the demo's 64x64 footage resized and cropped."""
+    odd = [*ENCODE[:4], "--size", "56x40", *ENCODE[6:]]
+    one = procs.vaecache("encode", demo_data, "--out", tmp_path / "one", *odd)
+    assert one.returncode == 0, one.stderr
+    split = procs.torchrun(3, "encode", demo_data, "--out", tmp_path / "split", *odd, "--sp-size", "3",
+                           "--sp-mode", "spatial")
+    assert split.returncode == 0, split.stderr
+    reference, banded = cache_io.tensors(tmp_path / "one"), cache_io.tensors(tmp_path / "split")
+    assert sorted(reference) == sorted(banded)
+    for name, tensor in reference.items():
+        assert tensor.shape[-2:] == (7, 5)
+        assert float((banded[name] - tensor).abs().max()) <= RELATIVE_TOLERANCE * float(tensor.abs().max()), name
+
+
 def test_spatial_mode_in_one_process_is_the_plain_encode(demo_data: Path, tmp_path: Path, encode_cli, cache_io) -> None:
     encode_cli(demo_data, tmp_path / "views")
     encode_cli(demo_data, tmp_path / "spatial", "--sp-mode", "spatial")
