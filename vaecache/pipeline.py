@@ -29,7 +29,8 @@ from vaecache.errors import EXIT_OK, EXIT_PARTIAL, EXIT_STOPPED, InputError, Out
 from vaecache.format.index import finalize, manifest_header
 from vaecache.format.io import AppendLog, cut_torn_tail
 from vaecache.format.layout import PROBES_DIR, FORMAT_VERSION, failures_path, probes_path, progress_path
-from vaecache.format.outdir import PreparedOut, begin_changes, prepare_out, release_lock
+from vaecache.format.outdir import (PreparedOut, begin_changes, describe_differences, prepare_out, recorded_cpu_threads,
+                                    release_lock)
 from vaecache.format.provenance import source_identities
 from vaecache.format.reader import CacheReader
 from vaecache.format.writer import ShardWriter, failure_record
@@ -101,26 +102,46 @@ def run_fingerprint_vae_part(vae: LoadedVae) -> dict[str, Any]:
     return json.loads(json.dumps({k: v for k, v in vae.fingerprint().items() if k != "spec"}))
 
 
-def run_fingerprint(cfg: EncodeConfig, vae: LoadedVae, decoder: Backend) -> dict[str, Any]:
+def run_numerics(device: torch.device, threads: int) -> dict[str, Any]:
+    """What decides the last bits of the latents besides the settings: torch, the device kind and, on CPU, the
+    kernels' instruction set and the intra-op thread count (oneDNN splits a convolution's work by it).
+
+    Part of the run fingerprint: a resume on another kind of GPU, another torch or (CPU) another thread count
+    would otherwise add latents that differ from the committed ones in the last bits, unnoticed."""
+    numerics: dict[str, Any] = {"torch": torch.__version__, "device": device.type}
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        numerics.update(gpu=torch.cuda.get_device_name(device), capability=f"{major}.{minor}",
+                        cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version())
+    elif device.type == "cpu":
+        numerics.update(cpu_capability=torch.backends.cpu.get_cpu_capability(), threads=threads)
+    return numerics
+
+
+def run_fingerprint(cfg: EncodeConfig, vae: LoadedVae, decoder: Backend, numerics: dict[str, Any]) -> dict[str, Any]:
     """Everything that determines stored bytes; a resume must match it exactly."""
     # The decoder is part of it: a cache started by 0.1.0 (decord, mis-seeking on open-GOP streams) must not
     # be resumed with frame-exact decoding into one mixed cache; nor pyav with another --decoder.
     fingerprint = {"vae": run_fingerprint_vae_part(vae), "latents": cfg.clip.to_record(), "decoder": decoder.name,
-                   "data": str(cfg.data), "format_version": FORMAT_VERSION}
+                   "data": str(cfg.data), "format_version": FORMAT_VERSION, "numerics": numerics}
     if cfg.sp_mode == "spatial":  # band edges depend on the group size, and so do the last bits of the latents
         fingerprint["parallel"] = {"mode": "spatial", "sp_size": cfg.sp_size}
     return fingerprint
 
 
-def _cpu_thread_budget(ctx: DistContext, workers: int) -> int:
-    """On CPU, give the VAE the cores this rank can use minus its decode workers (OMP_NUM_THREADS wins).
+def _cpu_thread_budget(ctx: DistContext, workers: int, recorded: int | None = None) -> int:
+    """On CPU, give the VAE the cores this rank can use minus its decode workers; OMP_NUM_THREADS wins, then
+    the count `recorded` by the cache being resumed (another count would change the latents' last bits).
 
     torch's default (every core) plus decode workers oversubscribes the machine, and busy-waiting
     OpenMP threads then slow the encode several-fold as soon as anything else runs."""
     if ctx.device.type != "cpu" or os.environ.get("OMP_NUM_THREADS"):
         return torch.get_num_threads()
     cores = len(os.sched_getaffinity(0)) // max(1, ctx.info.local_world_size)
-    threads = max(1, cores - workers)
+    threads = recorded if recorded else max(1, cores - workers)
+    if recorded and recorded != max(1, cores - workers) and ctx.info.rank == 0:
+        log.warning("resuming with %d torch threads per rank, as the cache records (this machine would give %d): "
+                    "another count changes the latents' last bits", recorded, max(1, cores - workers))
     torch.set_num_threads(threads)
     return threads
 
@@ -331,7 +352,7 @@ def _start_up(cfg: EncodeConfig, ctx: DistContext, progress: ProgressFactory | N
     if job.skipped and cfg.on_error == "fail":
         first = job.skipped[0]
         raise InputError(f"{first.path or first.scene_id}: {first.reason} (scene {first.scene_id}; --on-error fail)")
-    threads = _cpu_thread_budget(ctx, cfg.workers)
+    threads = _cpu_thread_budget(ctx, cfg.workers, None if cfg.overwrite else recorded_cpu_threads(cfg.out))
     decode_threads = _decode_thread_budget(ctx, cfg.workers, threads)
     advice = sp_repeats_advice(cfg.batch_size, job.clips.views_per_clip(), job.views_per_forward,
                                ctx.mesh.sp_size) if cfg.sp_mode == "views" else None
@@ -388,7 +409,14 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
     mesh, vae, threads = ctx.mesh, start.vae, start.threads
     decoder = dataclasses.replace(resolve_decoder(cfg.clip.decoder, ctx.device, cfg.workers),
                                   threads=start.decode_threads)
-    fingerprint = run_fingerprint(cfg, vae, decoder)
+    numerics = run_numerics(ctx.device, threads)
+    for peer, theirs in enumerate(ctx.all_gather_object(numerics)):
+        if theirs != numerics:
+            differ = "; ".join(describe_differences(numerics, theirs))
+            raise UsageError(f"rank {peer} computes with other numerics than rank {rank} ({differ}): its latents "
+                             "would differ in the last bits; run every rank on the same kind of device and torch "
+                             "(on CPU the same OMP_NUM_THREADS)")
+    fingerprint = run_fingerprint(cfg, vae, decoder, numerics)
     sources = source_identities(start.sources, cfg.hash_sources) if rank == 0 else None  # what OUT is made from
     prepared, done = ctx.on_rank0(lambda: _marking_done(start.job, lambda mark: prepare_out(
         cfg.out, fingerprint, cfg.overwrite, ctx.info.job_id, sources, mark)))
@@ -622,6 +650,7 @@ def _finalize(cfg: EncodeConfig, vae: LoadedVae, summary: EncodeSummary, fingerp
     failure records and the latent shape."""
     header = manifest_header(
         producer={"vaecache": vaecache.__version__, "torch": torch.__version__, "python": platform.python_version(),
+                  "numerics": fingerprint.get("numerics"),
                   **({"cuda_numerics": CUDA_NUMERICS} if vae.device.type == "cuda" else {})},  # set by load_vae
         vae=vae.fingerprint(), fingerprint=fingerprint, frame_rule=vae.rule.to_json(),
         settings={**cfg.clip.to_record(), "decoder": fingerprint["decoder"], "data": str(cfg.data), "batch_size": cfg.batch_size,

@@ -286,3 +286,45 @@ def test_a_cache_recorded_by_0_3_with_one_view_per_forward_resumes_at_k_1(run_cl
     cache_io.same_tensors(cache_io.tensors(cache_copy), before)
     refused = run_cli(_encode_args(demo_data, cache_copy) + ["--views-per-forward", "all"])
     assert refused.exit_code == 2 and "views_per_forward: 1 -> 2" in _error_line(refused.output)
+
+
+def test_a_resume_with_other_numerics_is_refused_and_changes_nothing(run_cli: Callable, cache_copy: Path,
+                                                                    demo_data: Path, cache_io: Any) -> None:
+    """Another torch (or GPU kind, or CPU thread count) gives other last bits: adding them would mix the cache."""
+    run_record = json.loads((cache_copy / "run.json").read_text())
+    numerics = run_record["fingerprint"]["numerics"]
+    assert numerics["device"] == "cpu" and numerics["torch"] == torch.__version__ and numerics["threads"] >= 1
+    assert cache_io.manifest(cache_copy)["producer"]["numerics"] == numerics
+    numerics["torch"] = "2.0.0+cpu"
+    (cache_copy / "run.json").write_text(json.dumps(run_record))
+    before = cache_io.tensors(cache_copy)
+    refused = run_cli(_encode_args(demo_data, cache_copy))
+    assert refused.exit_code == 2
+    assert (f'encoded with other numerics (numerics.torch: "2.0.0+cpu" -> "{torch.__version__}")'
+            in _error_line(refused.output))
+    cache_io.same_tensors(cache_io.tensors(cache_copy), before)
+    assert json.loads((cache_copy / "run.json").read_text()) == run_record
+
+
+def test_a_cpu_resume_computes_with_the_recorded_thread_count(run_cli: Callable, cache_copy: Path, demo_data: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    run_record = json.loads((cache_copy / "run.json").read_text())
+    recorded = 3 if run_record["fingerprint"]["numerics"]["threads"] != 3 else 1
+    run_record["fingerprint"]["numerics"]["threads"] = recorded
+    (cache_copy / "run.json").write_text(json.dumps(run_record))
+    threads = torch.get_num_threads()
+    try:
+        resumed = run_cli(_encode_args(demo_data, cache_copy))
+        assert resumed.exit_code == 0, resumed.output
+        assert torch.get_num_threads() == recorded
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_record_written_before_numerics_were_recorded_resumes(run_cli: Callable, cache_copy: Path,
+                                                                demo_data: Path) -> None:
+    run_record = json.loads((cache_copy / "run.json").read_text())
+    del run_record["fingerprint"]["numerics"]
+    (cache_copy / "run.json").write_text(json.dumps(run_record))
+    assert run_cli(_encode_args(demo_data, cache_copy)).exit_code == 0

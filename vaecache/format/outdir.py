@@ -199,6 +199,17 @@ def upgraded_fingerprint(fingerprint: dict[str, Any]) -> dict[str, Any]:
     return parts
 
 
+def recorded_cpu_threads(out: Path) -> int | None:
+    """The torch threads per rank a CPU encode into `out` recorded (None: no such record). Read by every rank at
+    start-up, before rank 0 checks the whole record, so that a resume computes with the same count."""
+    try:
+        numerics = json.loads((Path(out) / RUN).read_text()).get("fingerprint", {}).get("numerics", {})
+    except (OSError, ValueError, AttributeError):
+        return None
+    threads = numerics.get("threads") if isinstance(numerics, dict) and numerics.get("device") == "cpu" else None
+    return threads if isinstance(threads, int) and threads > 0 else None
+
+
 def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id: str | None,
                 sources: dict[str, dict[str, Any]] | None = None,
                 committed: CommittedIds | None = None) -> PreparedOut:
@@ -237,7 +248,14 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
                 recorded = json.loads(run_file.read_text())
             except json.JSONDecodeError:
                 raise OutputError(f"{run_file}: unreadable run record; rerun with --overwrite to start over") from None
-            diffs = describe_differences(upgraded_fingerprint(recorded.get("fingerprint", {})), fingerprint)
+            before = upgraded_fingerprint(recorded.get("fingerprint", {}))
+            if "numerics" not in before:  # written before 0.5: what it computed with is not known
+                before["numerics"] = fingerprint.get("numerics")
+            diffs = describe_differences(before, fingerprint)
+            if diffs and all(diff.startswith("numerics.") for diff in diffs):
+                raise UsageError(f"{out} was encoded with other numerics ({'; '.join(diffs[:4])}): latents added now "
+                                 "would differ from the committed ones in the last bits; resume on the same kind of "
+                                 "device and torch (on CPU, OMP_NUM_THREADS as recorded), or --overwrite to start over")
             if diffs:
                 raise UsageError(f"{out} was made with other settings ({'; '.join(diffs[:4])}); "
                                  "use the same settings to resume, or --overwrite to start over")
@@ -259,4 +277,5 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
         raise
 
 
-__all__ = ["PreparedOut", "acquire_lock", "begin_changes", "prepare_out", "release_lock"]
+__all__ = ["PreparedOut", "acquire_lock", "begin_changes", "describe_differences", "prepare_out", "recorded_cpu_threads",
+           "release_lock"]
