@@ -158,16 +158,25 @@ def read_failures(out: Path) -> list[dict[str, Any]]:
     return [failures[key] for key in sorted(failures)]
 
 
-def shard_problem(out: Path, shard: dict[str, Any]) -> str | None:
-    """Why a committed shard cannot be kept (missing, another size, another sha256), or None when intact."""
+def shard_problem(out: Path, shard: dict[str, Any], hashed: dict[str, list[Any]] | None = None) -> str | None:
+    """Why a committed shard cannot be kept (missing, another size, another sha256), or None when intact.
+
+    `hashed` (file -> [bytes, mtime_ns, sha256]) lists shards whose bytes an earlier check hashed: one whose
+    size, mtime and recorded sha256 are still those is not hashed again; on return it holds this shard too."""
     path = Path(out) / shard["file"]
     try:
         if not path.is_file():
             return "missing"
-        if path.stat().st_size != shard["bytes"]:
-            return f"{path.stat().st_size} bytes, {shard['bytes']} recorded"
+        stat = path.stat()
+        if stat.st_size != shard["bytes"]:
+            return f"{stat.st_size} bytes, {shard['bytes']} recorded"
+        seen = [stat.st_size, stat.st_mtime_ns, shard.get("sha256")]
+        if hashed is not None and hashed.get(shard["file"]) == seen:
+            return None
         if shard.get("sha256") and sha256_file(path) != shard["sha256"]:
             return "sha256 differs from the one recorded when it was committed"
+        if hashed is not None:
+            hashed[shard["file"]] = seen
     except OSError as exc:
         return f"unreadable ({exc.strerror or exc})"
     return None
@@ -178,14 +187,37 @@ POOLED_HASH_BYTES = 1 << 20
 small file's hashing in thread switches)."""
 
 
-def damaged_shards(out: Path, shards: list[dict[str, Any]], threads: int = 8) -> dict[str, str]:
-    """Shard file -> problem, for the shards that are not intact (large ones hashed in parallel)."""
+def damaged_shards(out: Path, shards: list[dict[str, Any]], threads: int = 8,
+                   hashed: dict[str, list[Any]] | None = None) -> dict[str, str]:
+    """Shard file -> problem, for the shards that are not intact (large ones hashed in parallel); `hashed` as
+    for shard_problem."""
     large = [shard for shard in shards if shard.get("bytes", 0) >= POOLED_HASH_BYTES]
-    problems = {shard["file"]: shard_problem(out, shard) for shard in shards if shard.get("bytes", 0) < POOLED_HASH_BYTES}
+    problems = {shard["file"]: shard_problem(out, shard, hashed) for shard in shards
+                if shard.get("bytes", 0) < POOLED_HASH_BYTES}
     if large:
         with ThreadPoolExecutor(max_workers=max(1, min(threads, len(large)))) as pool:
-            problems.update(zip((shard["file"] for shard in large), pool.map(lambda shard: shard_problem(out, shard), large)))
+            problems.update(zip((shard["file"] for shard in large),
+                                pool.map(lambda shard: shard_problem(out, shard, hashed), large)))
     return {shard["file"]: problems[shard["file"]] for shard in shards if problems[shard["file"]] is not None}
+
+
+HASHED_SHARDS = "hashed-shards.json"
+"""In OUT/progress: the committed shards a resume hashed and found intact, with their size and mtime then."""
+
+
+def forget_hashed_shards(out: Path) -> None:
+    """Drop the record of hashed shards: the next repair hashes every committed shard (a shard can rot in place,
+    keeping its size and mtime)."""
+    (Path(out) / PROGRESS_DIR / HASHED_SHARDS).unlink(missing_ok=True)
+
+
+def _read_hashed(progress: Path) -> dict[str, list[Any]]:
+    try:
+        record = json.loads((progress / HASHED_SHARDS).read_text())
+    except (OSError, ValueError):
+        return {}
+    shards = record.get("shards") if isinstance(record, dict) and record.get("format") == 1 else None
+    return {k: v for k, v in shards.items() if isinstance(v, list)} if isinstance(shards, dict) else {}
 
 
 def repair_progress(out: Path, committed: CommittedIds | None = None) -> tuple[int, int, dict[str, str]]:
@@ -210,7 +242,14 @@ def repair_progress(out: Path, committed: CommittedIds | None = None) -> tuple[i
             lines[log].append(line)
             if committed is not None:
                 committed.add(ids)
-    damaged = damaged_shards(out, [line.shard for found in lines.values() for line in found])
+    # A requeued job resumes again and again: each resume hashes only the shards committed since the last one
+    # (or changed since: another size or mtime). Damage that keeps both is verify's to find, and a rerun on
+    # the complete cache then hashes every shard again (prepare_out).
+    hashed = _read_hashed(progress)
+    damaged = damaged_shards(out, [line.shard for found in lines.values() for line in found], hashed=hashed)
+    kept_files = {line.shard["file"] for found in lines.values() for line in found} - set(damaged)
+    atomic_write_json(progress / HASHED_SHARDS, {"format": 1, "shards": {f: v for f, v in sorted(hashed.items())
+                                                                         if f in kept_files}})
     claimed: set[str] = set()
     kept_clips = 0
     for log, found in lines.items():

@@ -14,7 +14,7 @@ from typing import Any
 
 from vaecache.errors import ManifestError, OutputError, UsageError
 from vaecache.format.index import (
-    CommittedIds, committed_ids, committed_shards, damaged_shards, read_manifest, repair_progress,
+    CommittedIds, committed_ids, committed_shards, damaged_shards, forget_hashed_shards, read_manifest, repair_progress,
 )
 from vaecache.format.provenance import identity_change
 from vaecache.format.io import atomic_write_json
@@ -271,6 +271,7 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
             # its shards is damaged (then this run repairs it: the damaged shards' clips are encoded again).
             if not damaged_shards(out, committed_shards(out)):
                 return PreparedOut(attempt, committed_ids(out, committed), 0, complete=True)
+            forget_hashed_shards(out)  # it may vouch for the damaged shard (same size and mtime)
         return begin_changes(out, attempt, fingerprint, sources, committed)
     except BaseException:
         release_lock(out)
