@@ -223,7 +223,8 @@ class UnsplitKernels:
         return torch._C._select_conv_backend(x, weight, bias, *args, None)
 
     def conv(self, conv: nn.Module, x: Tensor, weight: Tensor, bias: Tensor | None, default) -> Tensor:
-        if x.device.type != "cpu" or conv.padding_mode != "zeros" or isinstance(conv.padding, str):
+        if (x.device.type != "cpu" or conv.padding_mode != "zeros" or isinstance(conv.padding, str)
+                or not hasattr(torch._C, "_select_conv_backend")):  # private: a later torch may not have it
             return default(x, weight, bias)
         kernel = weight.shape[2:]
         out_rows = (x.shape[-2] + 2 * conv.padding[-2] - conv.dilation[-2] * (kernel[-2] - 1) - 1) // conv.stride[-2] + 1
