@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -213,3 +214,13 @@ def test_reader_sampler_inspect_and_export_understand_buckets(bucket_cache: Path
     export_musubi(bucket_cache, tmp_path / "musubi")
     sizes = {re.search(r"_(\d{4})x(\d{4})_", p.name).groups() for p in (tmp_path / "musubi").rglob("*.safetensors")}
     assert sizes == {(f"{b['width']:04d}", f"{b['height']:04d}") for b in manifest["buckets"] if b["clips"]}
+    # musubi-tuner's training buckets each cached file by BucketSelector.get_bucket_resolution of its size:
+    # with bucket_no_upscale, floored to multiples of 16 when its area is at most resolution's.
+    config = tomllib.loads((tmp_path / "musubi" / "dataset.toml").read_text())["general"]
+    assert config["enable_bucket"] is True and config["bucket_no_upscale"] is True
+    area = config["resolution"][0] * config["resolution"][1]
+    buckets = {}
+    for width, height in ((int(w), int(h)) for w, h in sizes):
+        assert width * height <= area
+        buckets[(width // 16 * 16, height // 16 * 16)] = (width, height)
+    assert len(buckets) == len(sizes)  # one musubi bucket per size: a batch never stacks two shapes

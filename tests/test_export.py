@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -60,7 +61,20 @@ def test_musubi_export_follows_musubi_tuners_naming_and_keys(caption_cache: Path
         assert torch.equal(latent, cache[f"{scene}/000000-000008"].mean[view])  # the posterior mean, (C, F, H, W)
     manifest = json.loads((target / "export.json").read_text())
     assert (manifest["kind"], manifest["files"], manifest["renamed"]) == ("musubi", 6, 0)
-    assert f'cache_directory = "{target / "cache"}"' in (target / "dataset.toml").read_text()
+    config = tomllib.loads((target / "dataset.toml").read_text())
+    assert config["datasets"][0]["cache_directory"] == str(target / "cache")
+    assert (config["general"]["resolution"], config["general"]["enable_bucket"]) == ([64, 64], False)
+    assert config["datasets"][0]["target_frames"] == [9]
+
+
+def test_musubi_refuses_two_sizes_its_buckets_would_stack_together(tmp_path: Path) -> None:
+    from vaecache.export import ExportError, musubi_buckets
+
+    assert musubi_buckets({(832, 480), (480, 832), (624, 624)}, tmp_path) == {
+        (832, 480): (832, 480), (480, 832): (480, 832), (624, 624): (624, 624)}
+    with pytest.raises(ExportError, match="sizes 48x32 and 56x40 fall into one musubi-tuner bucket"):
+        musubi_buckets({(56, 40), (48, 32)}, tmp_path)
+    assert musubi_buckets({(56, 40)}, tmp_path) == {(56, 40): (48, 32)}  # one size: one bucket whatever it is
 
 
 def test_exports_are_deterministic_and_atomic(good_cache: Path, tmp_path: Path, run_cli,

@@ -202,7 +202,10 @@ def export_musubi(cache_dir: Path, target: Path, arch: str | None = None, verify
     if spatial < 1:
         raise ExportError(f"{cache_dir}: manifest.json records no frame_rule.spatial_factor (pixel size unknown)")
     files = size = 0
-    first_size: tuple[int, int, int] | None = None
+    sizes: set[tuple[int, int]] = set()
+    counts: set[int] = set()
+    buckets = [b for b in cache.manifest.get("buckets") or [] if b.get("clips")]
+    musubi_buckets({(int(b["width"]), int(b["height"])) for b in buckets}, cache_dir)  # refuse before writing
     with _staging(target) as staging:
         (staging / "cache").mkdir()
         (staging / "videos").mkdir()
@@ -220,7 +223,8 @@ def export_musubi(cache_dir: Path, target: Path, arch: str | None = None, verify
                 latent = mean[view].contiguous()  # (C, F, H, W)
                 _, frames_l, height_l, width_l = latent.shape
                 width, height, count = width_l * spatial, height_l * spatial, len(record["frames"])
-                first_size = first_size or (width, height, count)
+                sizes.add((width, height))
+                counts.add(count)
                 item = musubi_item(record["scene"], camera)
                 name = f"{item}_{record['frames'][0]:05d}-{count:03d}_{width:04d}x{height:04d}_{short}.safetensors"
                 dtype = str(latent.dtype).removeprefix("torch.")
@@ -246,8 +250,7 @@ def export_musubi(cache_dir: Path, target: Path, arch: str | None = None, verify
         videos.flush()
         os.fsync(videos.fileno())
         videos.close()
-        width, height, count = first_size or (0, 0, 0)
-        (staging / "dataset.toml").write_text(musubi_dataset_toml(Path(target).absolute(), width, height, count))
+        (staging / "dataset.toml").write_text(musubi_dataset_toml(Path(target).absolute(), sizes, counts, cache_dir))
         _finish(staging, index, {"format": "vaecache-export", "kind": "musubi", "architecture": short,
                                  "architecture_full": full, "source": _source(cache), "clips": len(cache),
                                  "files": files, "bytes": size, "renamed": index.renamed,
@@ -260,13 +263,44 @@ def safe_suffix(path: str) -> str:
     return suffix if re.fullmatch(r"\.[A-Za-z0-9]{1,8}", suffix) else ".mp4"
 
 
-def musubi_dataset_toml(target: Path, width: int, height: int, frames: int) -> str:
-    """A musubi-tuner dataset config over the export: captions from videos.jsonl, latents in cache/."""
+MUSUBI_RESOLUTION_STEP = 16
+"""musubi-tuner's BucketSelector steps (every architecture): with bucket_no_upscale a size is floored to it."""
+
+
+def musubi_buckets(sizes: set[tuple[int, int]], cache_dir: Path) -> dict[tuple[int, int], tuple[int, int]]:
+    """Pure: size (W, H) -> the bucket musubi-tuner's training puts its latents in, for a cache of several sizes
+    (one size: its own). With `enable_bucket` and `bucket_no_upscale`, musubi floors a cached file's size to
+    multiples of 16 when its area is at most `resolution`'s; two sizes flooring alike would be stacked into one
+    batch, so they are refused, naming both."""
+    step = MUSUBI_RESOLUTION_STEP
+    seen: dict[tuple[int, int], tuple[int, int]] = {}
+    for width, height in sorted(sizes):
+        bucket = (width // step * step, height // step * step)
+        if bucket in seen.values() and len(sizes) > 1:
+            other = next(s for s, b in seen.items() if b == bucket)
+            raise ExportError(f"{cache_dir}: sizes {other[0]}x{other[1]} and {width}x{height} fall into one "
+                              f"musubi-tuner bucket ({bucket[0]}x{bucket[1]}: it floors sizes to multiples of {step}) "
+                              "and would be stacked into one batch; export a cache whose sizes differ after that")
+        seen[(width, height)] = bucket
+    return seen
+
+
+def musubi_dataset_toml(target: Path, sizes: set[tuple[int, int]], frames: set[int], cache_dir: Path) -> str:
+    """A musubi-tuner dataset config over the export: captions from videos.jsonl, latents in cache/.
+
+    musubi's training groups cached latents by the bucket its BucketSelector gives their file's size: one
+    size is one bucket (enable_bucket off, resolution that size); several sizes need enable_bucket with
+    bucket_no_upscale and the largest area as resolution, so that each size is its own bucket."""
+    musubi_buckets(sizes, cache_dir)
+    width, height = max(sorted(sizes), key=lambda s: s[0] * s[1]) if sizes else (0, 0)
+    several = len(sizes) > 1
     return (f"# Written by vaecache export: musubi-tuner's text-encoder caching and training read this.\n"
-            f"[general]\nresolution = [{width}, {height}]\nbatch_size = 1\nenable_bucket = false\n\n"
-            f"[[datasets]]\nvideo_jsonl_file = {json.dumps(str(target / 'videos.jsonl'))}\n"
+            f"[general]\nresolution = [{width}, {height}]\nbatch_size = 1\n"
+            f"enable_bucket = {'true' if several else 'false'}\n"
+            + ("bucket_no_upscale = true\n" if several else "")
+            + f"\n[[datasets]]\nvideo_jsonl_file = {json.dumps(str(target / 'videos.jsonl'))}\n"
             f"cache_directory = {json.dumps(str(target / 'cache'))}\n"
-            f"target_frames = [{frames}]\nframe_extraction = \"head\"\n")
+            f"target_frames = [{', '.join(str(f) for f in sorted(frames))}]\nframe_extraction = \"head\"\n")
 
 
 def webdataset_key(record: dict[str, Any]) -> str:
