@@ -344,7 +344,8 @@ def banded(module: nn.Module, exchanger: HaloExchanger, plan: BandPlan) -> Itera
     kernels = UnsplitKernels(stop - start, plan.latent_height)
     convs: list[nn.Module] = []
     try:
-        for layer in module.encoder.modules():
+        quant = getattr(module, "quant_conv", None)  # runs on the band's latent rows after the encoder
+        for layer in [*module.encoder.modules(), *(quant.modules() if isinstance(quant, nn.Module) else ())]:
             if isinstance(layer, (nn.Conv2d, nn.Conv3d)):
                 layer._conv_forward = types.MethodType(_unsplit_conv_forward(kernels, layer), layer)
                 convs.append(layer)

@@ -81,6 +81,21 @@ def test_a_band_convolution_runs_the_kernel_the_whole_frame_gets() -> None:
     assert torch.equal(banded, whole[..., 64:, :])
 
 
+def test_every_convolution_of_the_encode_runs_the_frames_kernel_while_banded() -> None:
+    """Encoder convs and quant_conv (a 1x1x1 conv on the band's latent rows: with 2 threads PyTorch runs it in
+    oneDNN for 45 rows and natively for 22) are all redirected inside the context, and none after it."""
+    from diffusers import AutoencoderKLWan
+
+    from vaecache.spatial import HaloExchanger, banded
+
+    module = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+                              temperal_downsample=[False, True, True]).eval()
+    convs = [m for m in [*module.encoder.modules(), module.quant_conv] if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d))]
+    with banded(module, HaloExchanger(None), plan_bands(64, 8, 1)):
+        assert all("_conv_forward" in conv.__dict__ for conv in convs)
+    assert not any("_conv_forward" in conv.__dict__ for conv in convs)
+
+
 CASES = [
     {"model": "wan2.1", "seed": 1, "frames": 5, "height": 64, "width": 48},   # 8 latent rows
     {"model": "wan2.1", "seed": 2, "frames": 9, "height": 56, "width": 40},   # 7 latent rows: uneven bands
