@@ -250,7 +250,7 @@ def export_musubi(cache_dir: Path, target: Path, arch: str | None = None, verify
         videos.flush()
         os.fsync(videos.fileno())
         videos.close()
-        (staging / "dataset.toml").write_text(musubi_dataset_toml(Path(target).absolute(), sizes, counts, cache_dir))
+        (staging / "dataset.toml").write_text(musubi_dataset_toml(Path(target).absolute(), sizes, counts))
         _finish(staging, index, {"format": "vaecache-export", "kind": "musubi", "architecture": short,
                                  "architecture_full": full, "source": _source(cache), "clips": len(cache),
                                  "files": files, "bytes": size, "renamed": index.renamed,
@@ -285,13 +285,13 @@ def musubi_buckets(sizes: set[tuple[int, int]], cache_dir: Path) -> dict[tuple[i
     return seen
 
 
-def musubi_dataset_toml(target: Path, sizes: set[tuple[int, int]], frames: set[int], cache_dir: Path) -> str:
+def musubi_dataset_toml(target: Path, sizes: set[tuple[int, int]], frames: set[int]) -> str:
     """A musubi-tuner dataset config over the export: captions from videos.jsonl, latents in cache/.
 
     musubi's training groups cached latents by the bucket its BucketSelector gives their file's size: one
     size is one bucket (enable_bucket off, resolution that size); several sizes need enable_bucket with
-    bucket_no_upscale and the largest area as resolution, so that each size is its own bucket."""
-    musubi_buckets(sizes, cache_dir)
+    bucket_no_upscale and the largest area as resolution, so that each size is its own bucket (musubi_buckets,
+    checked before the export writes anything)."""
     width, height = max(sorted(sizes), key=lambda s: s[0] * s[1]) if sizes else (0, 0)
     several = len(sizes) > 1
     return (f"# Written by vaecache export: musubi-tuner's text-encoder caching and training read this.\n"

@@ -137,13 +137,17 @@ def _cpu_thread_budget(ctx: DistContext, workers: int, recorded: int | None = No
     OpenMP threads then slow the encode several-fold as soon as anything else runs."""
     if ctx.device.type != "cpu" or os.environ.get("OMP_NUM_THREADS"):
         return torch.get_num_threads()
-    cores = len(os.sched_getaffinity(0)) // max(1, ctx.info.local_world_size)
-    threads = recorded if recorded else max(1, cores - workers)
-    if recorded and recorded != max(1, cores - workers) and ctx.info.rank == 0:
+    fitting = max(1, _cores_per_rank(ctx) - workers)
+    if recorded and recorded != fitting and ctx.info.rank == 0:
         log.warning("resuming with %d torch threads per rank, as the cache records (this machine would give %d): "
-                    "another count changes the latents' last bits", recorded, max(1, cores - workers))
+                    "another count changes the latents' last bits", recorded, fitting)
+    threads = recorded or fitting
     torch.set_num_threads(threads)
     return threads
+
+
+def _cores_per_rank(ctx: DistContext) -> int:
+    return len(os.sched_getaffinity(0)) // max(1, ctx.info.local_world_size)
 
 
 def decode_thread_budget(cores: int, workers: int, main_threads: int) -> int:
@@ -158,9 +162,8 @@ def decode_thread_budget(cores: int, workers: int, main_threads: int) -> int:
 
 
 def _decode_thread_budget(ctx: DistContext, workers: int, encode_threads: int) -> int:
-    cores = len(os.sched_getaffinity(0)) // max(1, ctx.info.local_world_size)
     # On CUDA the main thread only launches kernels and copies: one core.
-    return decode_thread_budget(cores, workers, encode_threads if ctx.device.type == "cpu" else 1)
+    return decode_thread_budget(_cores_per_rank(ctx), workers, encode_threads if ctx.device.type == "cpu" else 1)
 
 
 def setup_logging(out: Path, rank: int, world: int) -> logging.Handler:

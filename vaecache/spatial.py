@@ -207,9 +207,8 @@ class UnsplitKernels:
 
     def __init__(self, band_latent_rows: int, latent_height: int) -> None:
         self.band_latent_rows, self.latent_height = band_latent_rows, latent_height
-        self._chosen: dict[tuple, object] = {}
-        self.redirected = 0
-        """Convolutions run with another kernel than the band's own size would have picked (for tests)."""
+        self._forced: dict[tuple, object] = {}
+        """Band input key -> the whole frame's backend where it differs from the band's own, else None."""
 
     def whole_input_shape(self, x: Tensor, out_rows: int, stride: int) -> list[int]:
         whole_out, rest = divmod(out_rows * self.latent_height, self.band_latent_rows)
@@ -218,41 +217,38 @@ class UnsplitKernels:
                                    f"{self.band_latent_rows} latent rows")
         return [*x.shape[:-2], x.shape[-2] + (whole_out - out_rows) * stride, x.shape[-1]]
 
-    def _backend(self, x: Tensor, conv: nn.Module, weight: Tensor, bias: Tensor | None) -> object:
-        args = (list(conv.stride), list(conv.padding), list(conv.dilation), False, [0] * len(conv.stride), conv.groups)
-        return torch._C._select_conv_backend(x, weight, bias, *args, None)
+    def _forced_backend(self, conv: nn.Module, x: Tensor, weight: Tensor, bias: Tensor | None) -> object:
+        memory_format = halo_memory_format(x)
+        key = (tuple(x.shape), x.dtype, memory_format, tuple(weight.shape), conv.stride, conv.padding, conv.dilation,
+               conv.groups, bias is not None, torch.get_num_threads())
+        if key not in self._forced:
+            kernel_rows = weight.shape[-2]
+            out_rows = (x.shape[-2] + 2 * conv.padding[-2] - conv.dilation[-2] * (kernel_rows - 1) - 1) \
+                // conv.stride[-2] + 1
+            args = (list(conv.stride), list(conv.padding), list(conv.dilation), False, [0] * len(conv.stride),
+                    conv.groups, None)
+            # Never written: a large empty tensor is address space, not memory.
+            like = torch.empty(self.whole_input_shape(x, out_rows, conv.stride[-2]), dtype=x.dtype,
+                               memory_format=memory_format)
+            whole = torch._C._select_conv_backend(like, weight, bias, *args)
+            self._forced[key] = None if whole == torch._C._select_conv_backend(x, weight, bias, *args) else whole
+        return self._forced[key]
 
     def conv(self, conv: nn.Module, x: Tensor, weight: Tensor, bias: Tensor | None, default) -> Tensor:
         if (x.device.type != "cpu" or conv.padding_mode != "zeros" or isinstance(conv.padding, str)
                 or not hasattr(torch._C, "_select_conv_backend")):  # private: a later torch may not have it
             return default(x, weight, bias)
-        kernel = weight.shape[2:]
-        out_rows = (x.shape[-2] + 2 * conv.padding[-2] - conv.dilation[-2] * (kernel[-2] - 1) - 1) // conv.stride[-2] + 1
-        shape = self.whole_input_shape(x, out_rows, conv.stride[-2])
-        memory_format = halo_memory_format(x)
-        key = (tuple(shape), x.dtype, memory_format, tuple(weight.shape), conv.stride, conv.padding, conv.dilation,
-               conv.groups, bias is not None, torch.get_num_threads())
-        whole = self._chosen.get(key)
-        if whole is None:
-            # Never written: a large empty tensor is address space, not memory.
-            like = torch.empty(shape, dtype=x.dtype, memory_format=memory_format)
-            whole = self._chosen[key] = self._backend(like, conv, weight, bias)
-        if whole == self._backend(x, conv, weight, bias):
-            return default(x, weight, bias)
+        whole = self._forced_backend(conv, x, weight, bias)
         backends = torch._C._ConvBackend
+        kernel = list(weight.shape[2:])
         if whole == backends.Mkldnn:
-            self.redirected += 1
-            return torch.mkldnn_convolution(x.contiguous(memory_format=memory_format), weight, bias,
+            return torch.mkldnn_convolution(x.contiguous(memory_format=halo_memory_format(x)), weight, bias,
                                             list(conv.padding), list(conv.stride), list(conv.dilation), conv.groups)
         if whole == backends.Slow3d:
-            self.redirected += 1
-            return torch._C._nn.slow_conv3d(x.contiguous(), weight, list(kernel), bias, list(conv.stride),
-                                            list(conv.padding))
+            return torch._C._nn.slow_conv3d(x.contiguous(), weight, kernel, bias, list(conv.stride), list(conv.padding))
         if whole == backends.Slow2d:
-            self.redirected += 1
-            return torch._C._nn.thnn_conv2d(x.contiguous(), weight, list(kernel), bias, list(conv.stride),
-                                            list(conv.padding))
-        return default(x, weight, bias)
+            return torch._C._nn.thnn_conv2d(x.contiguous(), weight, kernel, bias, list(conv.stride), list(conv.padding))
+        return default(x, weight, bias)  # the band's own kernel is the frame's (or one this cannot call directly)
 
 
 def _unsplit_conv_forward(kernels: UnsplitKernels, conv: nn.Module):
