@@ -283,6 +283,9 @@ class EncodeConfig:
     hash_sources: bool = False
     """Record each source's sha256 (besides size and mtime) so a resume can tell changed content apart from
     a file that was only touched or copied."""
+    allow_other_numerics: bool = False
+    """Resume OUT (or run ranks) on other numerics than recorded (another GPU model, torch, CPU thread count):
+    latents added then may differ from the committed ones in the last bits; the manifest lists every numerics."""
 
     def __post_init__(self) -> None:
         if not self.vae:

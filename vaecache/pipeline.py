@@ -30,7 +30,7 @@ from vaecache.format.index import finalize, manifest_header
 from vaecache.format.io import AppendLog, cut_torn_tail
 from vaecache.format.layout import PROBES_DIR, FORMAT_VERSION, failures_path, probes_path, progress_path
 from vaecache.format.outdir import (PreparedOut, begin_changes, describe_differences, prepare_out, recorded_cpu_threads,
-                                    release_lock)
+                                    recorded_numerics_history, release_lock)
 from vaecache.format.provenance import source_identities
 from vaecache.format.reader import CacheReader
 from vaecache.format.writer import ShardWriter, failure_record
@@ -413,16 +413,23 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
     decoder = dataclasses.replace(resolve_decoder(cfg.clip.decoder, ctx.device, cfg.workers),
                                   threads=start.decode_threads)
     numerics = run_numerics(ctx.device, threads)
+    other_numerics: list[dict[str, Any]] = []  # other ranks', where --allow-other-numerics lets them differ
     for peer, theirs in enumerate(ctx.all_gather_object(numerics)):
-        if theirs != numerics:
+        if theirs != numerics and cfg.allow_other_numerics:
+            other_numerics += [theirs] if theirs not in other_numerics else []
+        elif theirs != numerics:
             differ = "; ".join(describe_differences(numerics, theirs))
             raise UsageError(f"rank {peer} computes with other numerics than rank {rank} ({differ}): its latents "
                              "would differ in the last bits; run every rank on the same kind of device and torch "
-                             "(on CPU the same OMP_NUM_THREADS)")
+                             "(on CPU the same OMP_NUM_THREADS), or --allow-other-numerics to accept that (recorded)")
     fingerprint = run_fingerprint(cfg, vae, decoder, numerics)
     sources = source_identities(start.sources, cfg.hash_sources) if rank == 0 else None  # what OUT is made from
     prepared, done = ctx.on_rank0(lambda: _marking_done(start.job, lambda mark: prepare_out(
-        cfg.out, fingerprint, cfg.overwrite, ctx.info.job_id, sources, mark)))
+        cfg.out, fingerprint, cfg.overwrite, ctx.info.job_id, sources, mark, cfg.allow_other_numerics,
+        other_numerics)))
+
+    def begin_again(attempt: int, mark: DoneMaskBuilder) -> PreparedOut:
+        return begin_changes(cfg.out, attempt, fingerprint, sources, mark, other_numerics)
     job = dataclasses.replace(start.job, done=done)
     _write_probe_cache(cfg.out, rank, list(start.probe_records))
     handler = setup_logging(cfg.out, rank, world)
@@ -438,7 +445,7 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
                 if on_progress is not None:
                     on_progress(done, total)
 
-            summary = _encode(cfg, ctx, vae, decoder, job, start.scenes, prepared, sources, stop, report, started)
+            summary = _encode(cfg, ctx, vae, decoder, job, start.scenes, prepared, begin_again, stop, report, started)
         summary.wall_s = time.perf_counter() - started
         summary.left_out_cameras = start.left_out_cameras
         summary.repaired = list(prepared.damaged)
@@ -471,7 +478,7 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
 
 
 def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, decoder: Backend, job: JobPlan, num_scenes: int,
-            prepared: PreparedOut, sources: dict[str, dict[str, Any]] | None, stop: StopRequest,
+            prepared: PreparedOut, begin_again: Callable[[int, DoneMaskBuilder], PreparedOut], stop: StopRequest,
             on_progress: Callable[[int, int], None] | None, started: float) -> EncodeSummary:
     rank, mesh = ctx.info.rank, ctx.mesh
     todo = job.todo
@@ -481,8 +488,7 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, decoder: Backen
                              planned_clips=len(job.clips), scenes=num_scenes, already_complete=True)
     if prepared.complete:  # the dataset grew: the finished cache is about to change
         attempt = prepared.attempt
-        prepared, done = ctx.on_rank0(lambda: _marking_done(job, lambda mark: begin_changes(
-            cfg.out, attempt, sources=sources, committed=mark)))
+        prepared, done = ctx.on_rank0(lambda: _marking_done(job, lambda mark: begin_again(attempt, mark)))
         # begin_changes repairs the progress logs: a shard it dropped must be encoded again
         job = dataclasses.replace(job, done=done)
     work = job.rank_work(rank)
@@ -654,6 +660,7 @@ def _finalize(cfg: EncodeConfig, vae: LoadedVae, summary: EncodeSummary, fingerp
     header = manifest_header(
         producer={"vaecache": vaecache.__version__, "torch": torch.__version__, "python": platform.python_version(),
                   "numerics": fingerprint.get("numerics"),
+                  **({"numerics_history": history} if (history := recorded_numerics_history(cfg.out)) else {}),
                   **({"cuda_numerics": CUDA_NUMERICS} if vae.device.type == "cuda" else {})},  # set by load_vae
         vae=vae.fingerprint(), fingerprint=fingerprint, frame_rule=vae.rule.to_json(),
         settings={**cfg.clip.to_record(), "decoder": fingerprint["decoder"], "data": str(cfg.data), "batch_size": cfg.batch_size,

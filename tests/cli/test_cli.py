@@ -306,6 +306,39 @@ def test_a_resume_with_other_numerics_is_refused_and_changes_nothing(run_cli: Ca
     assert json.loads((cache_copy / "run.json").read_text()) == run_record
 
 
+def test_allow_other_numerics_repairs_a_shard_and_the_manifest_lists_both(run_cli: Callable, cache_copy: Path,
+                                                                           demo_data: Path, cache_io: Any,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """A requeued job lands on other hardware and the cache needs work (here: a damaged shard to re-encode): with
+    --allow-other-numerics it goes on, and the manifest says which numerics computed its latents."""
+    run_record = json.loads((cache_copy / "run.json").read_text())
+    current = dict(run_record["fingerprint"]["numerics"])
+    run_record["fingerprint"]["numerics"]["torch"] = "2.0.0+cpu"
+    (cache_copy / "run.json").write_text(json.dumps(run_record))
+    before = {name: tensor.clone() for name, tensor in cache_io.tensors(cache_copy).items()}  # not mapped views
+    shard = sorted((cache_copy / "shards").glob("*.safetensors"))[0]
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    stat = shard.stat()
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # coarse clocks: make the change visible
+
+    resumed = run_cli(_encode_args(demo_data, cache_copy) + ["--allow-other-numerics"])
+    assert resumed.exit_code == 0, resumed.output
+    assert "resuming as --allow-other-numerics asks" in caplog.text
+    producer = cache_io.manifest(cache_copy)["producer"]
+    assert producer["numerics"] == current
+    assert producer["numerics_history"] == [{**current, "torch": "2.0.0+cpu"}, current]
+    cache_io.same_tensors(cache_io.tensors(cache_copy), before)  # (the same torch really computed both here)
+    assert run_cli(["verify", cache_copy]).exit_code == 0
+    inspected = run_cli(["inspect", cache_copy])
+    assert inspected.exit_code == 0 and "latents computed with 2 numerics" in inspected.output
+    assert "torch 2.0.0+cpu" in inspected.output
+    # run.json now records what this run computed with: a plain resume on it needs no flag
+    assert json.loads((cache_copy / "run.json").read_text())["fingerprint"]["numerics"] == current
+    assert run_cli(_encode_args(demo_data, cache_copy)).exit_code == 0
+
+
 def test_a_cpu_resume_computes_with_the_recorded_thread_count(run_cli: Callable, cache_copy: Path, demo_data: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

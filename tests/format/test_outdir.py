@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from vaecache.errors import OutputError
-from vaecache.format.outdir import _is_stale, acquire_lock, describe_differences, release_lock
+from vaecache.format.outdir import _is_stale, acquire_lock, describe_differences, numerics_history, release_lock
 from vaecache.verify import verify_cache
 
 HOST = socket.gethostname()
@@ -61,6 +61,17 @@ def _file_digests(out: Path) -> dict[str, str]:
     """sha256 of every file in OUT except logs/ (each run appends its own lines to the rank logs)."""
     return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(out.rglob("*")) if p.is_file() and p.relative_to(out).parts[0] != "logs"}
+
+
+def test_numerics_history_lists_each_numerics_once_oldest_first():
+    a100 = {"device": "cuda", "gpu": "NVIDIA A100-SXM4-80GB", "torch": "2.13.0"}
+    h100 = {**a100, "gpu": "NVIDIA H100 80GB HBM3"}
+    cpu = {"device": "cpu", "threads": 2, "torch": "2.13.0"}
+    assert numerics_history({"fingerprint": {"numerics": a100}}, {"numerics": a100}) == [a100]  # one: not recorded
+    first = numerics_history({"fingerprint": {"numerics": a100}}, {"numerics": h100}, [a100, cpu])
+    assert first == [a100, h100, cpu]
+    assert numerics_history({"fingerprint": {"numerics": h100}, "numerics_history": first}, {"numerics": a100}) == first
+    assert numerics_history({"fingerprint": {}}, {"numerics": cpu}) == [cpu]  # written before numerics were recorded
 
 
 def test_rerun_of_a_complete_cache_changes_no_byte_and_says_complete(cache_copy: Path, demo_data: Path,

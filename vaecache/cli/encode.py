@@ -106,6 +106,10 @@ def encode(
     overwrite: bool = typer.Option(False, "--overwrite", help="Discard what OUT holds and start over."),
     hash_sources: bool = typer.Option(False, "--hash-sources", help="Record each source video's sha256 (besides size "
                                       "and mtime): a resume then tells changed content from a touched file."),
+    allow_other_numerics: bool = typer.Option(False, "--allow-other-numerics", help="Resume OUT on other numerics than "
+                                              "it records (another GPU model, torch or CPU thread count; ranks too "
+                                              "may differ): latents added may differ in the last bits; the manifest "
+                                              "lists every numerics used."),
     allow_pickle_weights: bool = typer.Option(False, "--allow-pickle-weights", help="Let a diffusers VAE folder holding only pickled .bin weights load (pickle runs code: trust the folder)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds before a stuck collective fails the job (default 1800)."),
     liveness_timeout: Optional[float] = typer.Option(None, "--liveness-timeout", help="Seconds without a heartbeat "
@@ -128,6 +132,7 @@ def encode(
         "progress": None if progress else False, "tiling": tiling, "compiled": compiled, "channels_last": channels_last,
         "views_per_forward": views_per_forward,
         "allow_pickle_weights": allow_pickle_weights or None, "hash_sources": hash_sources or None,
+        "allow_other_numerics": allow_other_numerics or None,
     }
     cfg = build_config(data, out, vae, options, config)
     check_usage_before_start(cfg)

@@ -25,12 +25,27 @@ def _summary_lines(info: dict[str, Any]) -> list[str]:
         f"{counts.get('clips')} clips, {counts.get('views')} views, {counts.get('shards')} shards, "
         f"{human_bytes(info['bytes']['shards'])} of shards",
     ]
+    producer = info.get("producer") or {}
+    history = producer.get("numerics_history") or []
+    if len(history) > 1:
+        lines.append(f"latents computed with {len(history)} numerics (resumed with --allow-other-numerics): "
+                     + "; ".join(_numerics_text(n) for n in history))
+    elif producer.get("numerics"):
+        lines.append(f"latents computed with {_numerics_text(producer['numerics'])}")
     for shape in info["shapes"]:
         lines.append(f"  {shape['clips']} clips of shape {json.dumps(shape['shape'])}")
     if info.get("buckets"):
         lines.append(f"buckets: {json.dumps(info['buckets'])}")
     lines.append(f"{failures['count']} failures" + "".join(f"\n  {n} {reason}" for reason, n in failures["by_reason"].items()))
     return lines
+
+
+def _numerics_text(numerics: dict[str, Any]) -> str:
+    if numerics.get("device") == "cuda":
+        where = f"{numerics.get('gpu')} (sm {numerics.get('capability')}, CUDA {numerics.get('cuda')})"
+    else:
+        where = f"{numerics.get('device')} {numerics.get('cpu_capability') or ''} {numerics.get('threads')} threads"
+    return f"{' '.join(where.split())}, torch {numerics.get('torch')}"
 
 
 def _clip_lines(info: dict[str, Any]) -> list[str]:

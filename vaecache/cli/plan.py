@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 MAX_ROWS = 16
 # Encode options a shared TOML may hold that do not change the plan.
 _ENCODE_ONLY = ("out", "workers", "shard_size", "seed", "on_error", "overwrite", "timeout_s", "progress", "sp_mode",
-                "hash_sources")
+                "hash_sources", "allow_other_numerics")
 
 
 def build_plan_config(data: Path, options: dict[str, Any], config_file: Path | None) -> PlanConfig:

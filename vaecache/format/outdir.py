@@ -10,7 +10,7 @@ import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from vaecache.errors import ManifestError, OutputError, UsageError
 from vaecache.format.index import (
@@ -159,16 +159,19 @@ def _is_complete(out: Path) -> bool:
 
 def begin_changes(out: Path, attempt: int, fingerprint: dict[str, Any] | None = None,
                   sources: dict[str, dict[str, Any]] | None = None,
-                  committed: CommittedIds | None = None) -> PreparedOut:
+                  committed: CommittedIds | None = None, extra_numerics: Sequence[dict[str, Any]] = ()) -> PreparedOut:
     """Rank 0 only, before anything is committed: record the attempt, drop the manifest (OUT is not complete
     until finalize rewrites it) and repair what a crash left behind. Without `fingerprint`, the one in run.json
     is kept (prepare_out has already checked it); `sources` are added to the ones recorded there. The ids of
-the committed clips go to `committed` (repair_progress)."""
+the committed clips go to `committed` (repair_progress). `extra_numerics` (other ranks' numerics, allowed by
+--allow-other-numerics) join the numerics history run.json keeps once more than one computed latents."""
     out = Path(out)
     recorded = json.loads((out / RUN).read_text()) if (out / RUN).exists() else {}
     fingerprint = recorded["fingerprint"] if fingerprint is None else fingerprint
     sources = {**recorded.get("sources", {}), **(sources or {})}
-    atomic_write_json(out / RUN, {"fingerprint": fingerprint, "attempt": attempt, "sources": sources})
+    history = numerics_history(recorded, fingerprint, extra_numerics)
+    atomic_write_json(out / RUN, {"fingerprint": fingerprint, "attempt": attempt, "sources": sources,
+                                  **({"numerics_history": history} if len(history) > 1 else {})})
     (out / MANIFEST).unlink(missing_ok=True)
     kept, discarded, damaged = repair_progress(out, committed)
     for file, problem in sorted(damaged.items()):
@@ -185,6 +188,27 @@ def changed_sources(recorded: dict[str, dict[str, Any]], current: dict[str, dict
         if change is not None:
             changed.append(f"{path}: {change}")
     return changed
+
+
+def numerics_history(recorded: dict[str, Any], fingerprint: dict[str, Any],
+                     extra: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Every distinct numerics that computed latents in OUT, oldest first: the recorded history (or the
+    recorded fingerprint's numerics), then this run's, then `extra` (other ranks of this run)."""
+    history = list(recorded.get("numerics_history") or [])
+    if not history and (recorded.get("fingerprint") or {}).get("numerics"):
+        history.append(recorded["fingerprint"]["numerics"])
+    for numerics in (fingerprint.get("numerics"), *extra):
+        if numerics and numerics not in history:
+            history.append(numerics)
+    return history
+
+
+def recorded_numerics_history(out: Path) -> list[dict[str, Any]]:
+    """run.json's numerics history (empty when one numerics computed every latent, or OUT has no run.json)."""
+    try:
+        return list(json.loads((Path(out) / RUN).read_text()).get("numerics_history") or [])
+    except (OSError, json.JSONDecodeError):
+        return []
 
 
 def upgraded_fingerprint(fingerprint: dict[str, Any]) -> dict[str, Any]:
@@ -212,12 +236,14 @@ def recorded_cpu_threads(out: Path) -> int | None:
 
 def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id: str | None,
                 sources: dict[str, dict[str, Any]] | None = None,
-                committed: CommittedIds | None = None) -> PreparedOut:
+                committed: CommittedIds | None = None, allow_other_numerics: bool = False,
+                extra_numerics: Sequence[dict[str, Any]] = ()) -> PreparedOut:
     """Rank 0 only: take the lock, check or start the run record, repair what a crash left behind, and tell
     `committed` the ids of the committed clips it keeps (repair_progress).
 
     `sources` maps each source video to its identity (size, mtime_ns, sha256 with --hash-sources); a resume
-    whose sources changed under the cache is refused."""
+    whose sources changed under the cache is refused. A resume that differs in numerics alone (device kind,
+    torch, CPU threads) is refused unless `allow_other_numerics`; then run.json keeps every numerics used."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out}: --out exists and is not a folder")
@@ -252,6 +278,11 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
             if "numerics" not in before:  # written before 0.5: what it computed with is not known
                 before["numerics"] = fingerprint.get("numerics")
             diffs = describe_differences(before, fingerprint)
+            if diffs and allow_other_numerics and all(diff.startswith("numerics.") for diff in diffs):
+                log.warning("%s was encoded with other numerics (%s); resuming as --allow-other-numerics asks: "
+                            "latents added now may differ from the committed ones in the last bits (recorded)",
+                            out, "; ".join(diffs[:4]))
+                diffs = []
             if diffs and all(diff.startswith("numerics.") for diff in diffs):
                 raise UsageError(f"{out} was encoded with other numerics ({'; '.join(diffs[:4])}): latents added now "
                                  "would differ from the committed ones in the last bits; resume on the same kind of "
@@ -272,11 +303,11 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
             if not damaged_shards(out, committed_shards(out)):
                 return PreparedOut(attempt, committed_ids(out, committed), 0, complete=True)
             forget_hashed_shards(out)  # it may vouch for the damaged shard (same size and mtime)
-        return begin_changes(out, attempt, fingerprint, sources, committed)
+        return begin_changes(out, attempt, fingerprint, sources, committed, extra_numerics)
     except BaseException:
         release_lock(out)
         raise
 
 
-__all__ = ["PreparedOut", "acquire_lock", "begin_changes", "describe_differences", "prepare_out", "recorded_cpu_threads",
-           "release_lock"]
+__all__ = ["PreparedOut", "acquire_lock", "begin_changes", "describe_differences", "numerics_history", "prepare_out",
+           "recorded_cpu_threads", "recorded_numerics_history", "release_lock"]
