@@ -15,7 +15,8 @@ one machine.
 The weights are stored in fp16 (``--out``, safetensors, metadata: config, args, held-out PSNR); the final
 evaluation runs the fp16-rounded weights in fp32, exactly what ``builtin:small`` loads from that file. PSNR is
 measured on uint8 frames (decoder output rounded to 0..255) over the 9-frame windows starting at frames 0 and 8
-of every held-out video, encoding to the posterior mean, as the cache does. Prints a table and one JSON line.
+of every held-out video, encoding to the posterior mean, as the cache does; also per frame of the window (frame 0
+is encoded alone, frames 1-4 and 5-8 share a latent frame each). Prints a table and one JSON line.
 
     python scripts/train_builtin_vae.py            # the shipped weights (see README, "VAEs")
     python scripts/train_builtin_vae.py --steps 2 --out /tmp/x.safetensors   # a smoke run
@@ -138,7 +139,7 @@ def lr_at(args: TrainArgs, step: int) -> float:
 def evaluate(module: torch.nn.Module, scenes: int = EVAL_SPEC.scenes) -> dict[str, Any]:
     """PSNR (dB, uint8) per held-out scene/camera and the mean over all windows; logvar stats of the posterior."""
     module.eval()
-    rows, logvars = [], []
+    rows, logvars, frame_mse = [], [], torch.zeros(EVAL_FRAMES, dtype=torch.float64)
     for scene in range(scenes):
         for camera in range(EVAL_SPEC.cameras):
             clip = render_clip(EVAL_SPEC, scene, camera)
@@ -146,7 +147,9 @@ def evaluate(module: torch.nn.Module, scenes: int = EVAL_SPEC.scenes) -> dict[st
             x = to_model(windows)
             dist = module.encode(x).latent_dist
             out = module.decode(dist.mean).sample
-            mse = (to_uint8(out) - torch.from_numpy(windows).permute(0, 4, 1, 2, 3).float()).pow(2).mean()
+            squared = (to_uint8(out) - torch.from_numpy(windows).permute(0, 4, 1, 2, 3).float()).pow(2)
+            mse = squared.mean()
+            frame_mse += squared.mean((0, 1, 3, 4)).double() / (scenes * EVAL_SPEC.cameras)
             rows.append({"scene": scene, "camera": camera, "mse": float(mse),
                          "psnr": float(10 * torch.log10(255.0 ** 2 / mse))})
             logvars.append(dist.logvar.flatten())
@@ -154,6 +157,7 @@ def evaluate(module: torch.nn.Module, scenes: int = EVAL_SPEC.scenes) -> dict[st
     mean_mse = sum(r["mse"] for r in rows) / len(rows)
     return {"per_view": rows, "psnr_mean": float(10 * math.log10(255.0 ** 2 / mean_mse)),
             "psnr_mean_of_views": sum(r["psnr"] for r in rows) / len(rows),
+            "psnr_by_frame": [round(float(10 * torch.log10(255.0 ** 2 / m)), 2) for m in frame_mse],
             "logvar": {"min": float(lv.min()), "mean": float(lv.mean()), "max": float(lv.max())}}
 
 
