@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -66,6 +67,8 @@ class TrainArgs:
     kl_weight: float = 1e-4
     mse_weight: float = 1.0
     base_dim: int = 8
+    dim_mult: str = "1,2,2,2"
+    """Channel multipliers of the four encoder stages (base_dim x each), comma-separated."""
     z_dim: int = 16
     logvar_init: float = -6.0
     aux_weight: float = 1.0
@@ -80,8 +83,9 @@ class TrainArgs:
 
 
 def model_config(args: TrainArgs) -> dict[str, Any]:
-    """The AutoencoderKLWan config: the builtin:tiny layout, with --base-dim and --z-dim."""
-    return {"base_dim": args.base_dim, "z_dim": args.z_dim, "dim_mult": [1, 2, 2, 2], "num_res_blocks": 1,
+    """The AutoencoderKLWan config: the builtin:tiny layout, with --base-dim, --dim-mult and --z-dim."""
+    return {"base_dim": args.base_dim, "z_dim": args.z_dim, "dim_mult": [int(m) for m in args.dim_mult.split(",")],
+            "num_res_blocks": 1,
             "temperal_downsample": [False, True, True]}
 
 
@@ -259,9 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     args = TrainArgs(**{k: getattr(ns, k) for k in asdict(defaults)})
     if (args.steps < 1 or args.batch < 1 or args.pool < 1 or not 1 <= args.frames <= TRAIN_CLIP_FRAMES
-            or (args.frames - 1) % 4 or not 8 <= args.crop <= 64 or args.crop % 8):
+            or (args.frames - 1) % 4 or not 8 <= args.crop <= 64 or args.crop % 8
+            or not re.fullmatch(r"[1-9]\d*(,[1-9]\d*){3}", args.dim_mult)):
         parser.error("need --steps >= 1, --batch >= 1, --pool >= 1, --frames 1 + 4k <= 17, --crop a multiple of 8 "
-                     "in 8..64")
+                     "in 8..64, --dim-mult four positive integers (1,2,2,2)")
     result = train(args, ns.out, ns.log_every, ns.eval_every, ns.heldout_scenes)
     print(f"{'scene':>5} {'camera':>6} {'PSNR dB':>8}")
     for row in result["heldout"]["per_view"]:
