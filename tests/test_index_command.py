@@ -56,6 +56,22 @@ def test_index_records_what_probing_finds_per_camera_sorted_by_scene(demo_data: 
     assert sorted(p.name for p in demo_index.parent.iterdir()) == ["index.jsonl", "index.rejected.jsonl"]
 
 
+@pytest.mark.parametrize("cameras", [None, "front"])
+def test_a_folder_of_single_videos_indexed_keeps_its_camera_name(demo_data: Path, tmp_path: Path, run_cli,
+                                                                 cameras: str | None) -> None:
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for scene in ("scene_000", "scene_001"):
+        os.symlink(demo_data / scene / "cam_0.mp4", flat / f"{scene}.mp4")
+    index = tmp_path / "index.jsonl"
+    result = run_cli(["index", flat, "-o", index, "--no-progress", *(["--cameras", cameras] if cameras else [])])
+    assert result.exit_code == 0, result.output
+    lines = _lines(index)
+    assert [("path" in line, sorted(line.get("cameras", {}))) for line in lines] == (
+        [(True, [])] * 2 if cameras is None else [(False, [cameras])] * 2)
+    assert {scene.cameras for scene in discover_scenes(index)} == {(cameras or "video",)}  # read back without --cameras
+
+
 def test_an_indexed_dataset_plans_like_the_folder_it_indexes(demo_data: Path, demo_index: Path, run_cli) -> None:
     from_folder = run_cli(["plan", demo_data, *PLAN_ARGS, "--world-size", "2", "--json", "-"])
     from_index = run_cli(["plan", demo_index, *PLAN_ARGS, "--world-size", "2", "--json", "-"])

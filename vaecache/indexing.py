@@ -25,8 +25,8 @@ import json
 from vaecache import faults
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, OutputError, UsageError
 from vaecache.format.io import FILE_MODE, cut_torn_tail, fsync_dir
-from vaecache.sources import (Discovery, Scene, Skipped, discover, judge_scene, open_scene, probe_from_cache,
-                              probe_records, read_probe_cache)
+from vaecache.sources import (SINGLE_CAMERA, Discovery, Scene, Skipped, discover, judge_scene, open_scene,
+                              probe_from_cache, probe_records, read_probe_cache)
 
 log = logging.getLogger("vaecache")
 
@@ -184,13 +184,13 @@ def _sync(handle: IO[str], path: Path) -> None:
 def index_line(scene: Scene, form: str, probes: Sequence[Any]) -> dict[str, Any]:
     """One line of the index: the scene as discovery read it, and per camera what was probed."""
     line: dict[str, Any] = {"id": scene.scene_id}
-    if form == "path":
+    if form == "path" and scene.cameras == (SINGLE_CAMERA,):
         line["path"] = scene.paths[0]
-    else:
+    else:  # a single video named by --cameras keeps its name: a "path" line reads back as `video`
         line["cameras"] = dict(zip(scene.cameras, scene.paths))
     if scene.frame_range is not None:
         line["frames"] = list(scene.frame_range)
-    line["probe"] = probes[0].to_json() if form == "path" else {
+    line["probe"] = probes[0].to_json() if "path" in line else {
         camera: probe.to_json() for camera, probe in zip(scene.cameras, probes)}
     if scene.metadata is not None:  # a caption or tags on the input index line stay on the written one
         line.update({key: value for key, value in json.loads(scene.metadata).items() if key not in line})

@@ -25,6 +25,9 @@ PROBE_FIELDS: dict[str, type | tuple[type, ...]] = {
     "rotation": int}
 """What `vaecache index` records per camera, and the JSON type of each (see CameraProbe)."""
 
+SINGLE_CAMERA = "video"
+"""The camera name of a scene that is one video (a folder of videos, a "path" index line) unless --cameras names it."""
+
 
 @dataclass(frozen=True, slots=True)
 class CameraProbe:
@@ -277,7 +280,7 @@ def _scenes_from_folder(root: Path, order: Sequence[str] | None) -> tuple[list[S
     if videos:
         if order and len(order) != 1:
             raise DatasetError(f"{root}: single-camera folder, but {len(order)} cameras were configured")
-        camera = order[0] if order else "video"
+        camera = order[0] if order else SINGLE_CAMERA
         return [Scene(p.stem, (camera,), (_resolved(p),)) for p in videos], [], rejected
     if not folders and rejected:
         return [], [], rejected
@@ -348,7 +351,7 @@ def _scenes_from_index(index: Path, order: Sequence[str] | None) -> tuple[list[S
     camera_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
     parents: dict[str, str] = {}
     scan, new_scene, metadata_keys = json.JSONDecoder().scan_once, Scene, INDEX_KEYS
-    single_name = (order[0] if order else "video",)
+    single_name = (order[0] if order else SINGLE_CAMERA,)
     with open(index, encoding="utf-8") as handle:
         for lineno, line in enumerate(handle, 1):
             try:  # json.loads without its two Python layers: a line is one value, then only whitespace
