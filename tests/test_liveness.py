@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 from datetime import timedelta
 
 import pytest
@@ -130,19 +131,25 @@ def test_a_store_that_stops_answering_is_blamed_on_its_host():
     assert message.startswith("rank 0 on head01 (it hosts the rendezvous store) stopped answering for 4 s") and announce
 
 
-def test_a_failed_collective_names_the_silent_ranks(store, monkeypatch):
+def test_a_failed_collective_names_the_silent_ranks_by_their_counts_not_their_clocks(store, monkeypatch):
     clock = Clock()
-    r0, r1, r2 = _ranks(store, 3, clock)
-    store.set(r0._key(2), Beat(2, "node9", 77, 5, wall=1.0).to_bytes())  # last beat long ago
+    r0, r1, r2, r3 = _ranks(store, 4, clock)
+    store.set(r0._key(2), Beat(2, "node9", 77, 5, wall=1.0).to_bytes())  # stopped: its count stays at 5
+    store.set(r0._key(3), Beat(3, "node8", 88, 5, wall=1.0).to_bytes())  # alive, its wall clock far behind
+    beating = threading.Timer(0.1, lambda: store.set(r0._key(3), Beat(3, "node8", 88, 6, wall=2.0).to_bytes()))
+    beating.start()
     r1.stop()
     monkeypatch.setattr(liveness, "_active", r0)
+    monkeypatch.setattr(r0, "interval_s", 0.25)  # watches for two intervals
     with pytest.raises(DistributedError) as info:
         with collective_errors("all_gather_object", timeout_s=30):
             raise RuntimeError("Connection closed by peer")
+    beating.join()
     text = str(info.value)
     assert "a peer rank died or is stuck; timeout 30 s; silent:" in text
     assert f"rank 1 on {socket.gethostname()} (pid " in text and "exited" in text
-    assert "rank 2 on node9 (pid 77), last heard" in text
+    assert "rank 2 on node9 (pid 77), no heartbeat in 0.5 s (last stamped 00:00:01 UTC by its clock)" in text
+    assert "node8" not in text
 
 
 def test_liveness_timeout_is_validated_and_off_for_one_process():

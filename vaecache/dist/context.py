@@ -123,7 +123,7 @@ def collective_errors(
 
 
 def _silent_note() -> str:
-    """"; silent: rank 3 on node7 (pid 812), last heard 75 s ago" from the heartbeats, where there are any."""
+    """"; silent: rank 3 on node7 (pid 812), no heartbeat in 10 s (...)" from the heartbeats, where there are any."""
     live = liveness.active()
     names = live.silent_ranks() if live is not None else []
     if not names:

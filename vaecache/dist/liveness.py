@@ -57,7 +57,7 @@ class Beat:
     state: str = RUNNING
     doing: str = ""
     wall: float = 0.0
-    """The publisher's wall clock (only for "last heard N s ago" in messages, never for verdicts)."""
+    """The publisher's wall clock: in messages, and to pick suspects silent_ranks then watches; never a verdict."""
     space: str = ""
     """Boot id and pid namespace: a pid means the same process only where these match (containers may share
     a host name)."""
@@ -254,11 +254,16 @@ class Liveness:
             time.sleep(2 * self.interval_s)
         os._exit(EXIT_FAILED)
 
-    def silent_ranks(self, older_than_s: float | None = None) -> list[str]:
-        """"rank N on HOST (pid P), last heard S s ago" for every rank whose beat is stale or that exited:
-        what a failed collective's message names. Reads every rank's key once; best effort."""
+    def silent_ranks(self, older_than_s: float | None = None, watch_s: float | None = None) -> list[str]:
+        """"rank N on HOST (pid P), no heartbeat in S s (last stamped 08:01:12 UTC by its clock)" for every rank
+        that stopped beating, and every rank that exited or failed: what a failed collective's message names.
+
+        A beat stamped more than `older_than_s` ago by this host's clock only makes its rank a suspect: other
+        hosts' clocks may be skewed, so a suspect is named only if its beat count then does not advance while
+        this rank watches for `watch_s` (default: two beat intervals). No suspect, no wait. Best effort."""
         older = 3 * self.interval_s if older_than_s is None else older_than_s
-        found = []
+        watch = 2 * self.interval_s if watch_s is None else watch_s
+        found, suspects = [], {}
         now = time.time()
         for rank in range(self.world):
             if rank == self.rank:
@@ -274,7 +279,17 @@ class Liveness:
             elif beat.state == FAILED:
                 found.append(f"{beat.where()}, failed: {beat.doing}")
             elif now - beat.wall > older:
-                found.append(f"{beat.where()}, last heard {now - beat.wall:.0f} s ago")
+                suspects[rank] = beat
+        if suspects:
+            time.sleep(watch)
+        for rank, beat in suspects.items():
+            try:
+                later = self.read_beat(rank)
+            except Exception:
+                break
+            if later is not None and later.count == beat.count:
+                stamp = time.strftime("%H:%M:%S UTC", time.gmtime(beat.wall))
+                found.append(f"{beat.where()}, no heartbeat in {watch:.3g} s (last stamped {stamp} by its clock)")
         return found
 
 
