@@ -430,6 +430,7 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
 
     def begin_again(attempt: int, mark: DoneMaskBuilder) -> PreparedOut:
         return begin_changes(cfg.out, attempt, fingerprint, sources, mark, other_numerics)
+
     job = dataclasses.replace(start.job, done=done)
     _write_probe_cache(cfg.out, rank, list(start.probe_records))
     handler = setup_logging(cfg.out, rank, world)
