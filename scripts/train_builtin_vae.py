@@ -56,8 +56,8 @@ MAX_BYTES = 2 * 1024 * 1024
 class TrainArgs:
     """Everything that decides the weights (recorded in the file's metadata)."""
 
-    steps: int = 10000
-    pool: int = 480
+    steps: int = 13000
+    pool: int = 960
     """Training clips rendered up front (rendering one costs ~60 ms, more than a step's share)."""
     batch: int = 4
     lr: float = 1e-3
