@@ -91,8 +91,7 @@ def model_config(args: TrainArgs) -> dict[str, Any]:
     """The AutoencoderKLWan config: builtin:tiny's layout (one residual block per stage, temporal downsampling in
     the last two), with --base-dim, --dim-mult and --z-dim."""
     return {"base_dim": args.base_dim, "z_dim": args.z_dim, "dim_mult": [int(m) for m in args.dim_mult.split(",")],
-            "num_res_blocks": 1,
-            "temperal_downsample": [False, True, True]}
+            "num_res_blocks": 1, "temperal_downsample": [False, True, True]}
 
 
 def to_model(frames: np.ndarray) -> torch.Tensor:
@@ -272,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             or (args.frames - 1) % 4 or not 8 <= args.crop <= 64 or args.crop % 8
             or not re.fullmatch(r"[1-9]\d*(,[1-9]\d*){3}", args.dim_mult)):
         parser.error("need --steps >= 1, --batch >= 1, --pool >= 1, --frames 1 + 4k <= 17, --crop a multiple of 8 "
-                     "in 8..64, --dim-mult four positive integers (1,2,2,2)")
+                     "in 8..64, --dim-mult four positive integers (1,2,4,4)")
     result = train(args, ns.out, ns.log_every, ns.eval_every, ns.heldout_scenes)
     print(f"{'scene':>5} {'camera':>6} {'PSNR dB':>8}")
     for row in result["heldout"]["per_view"]:

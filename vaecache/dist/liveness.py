@@ -254,15 +254,15 @@ class Liveness:
             time.sleep(2 * self.interval_s)
         os._exit(EXIT_FAILED)
 
-    def silent_ranks(self, older_than_s: float | None = None, watch_s: float | None = None) -> list[str]:
+    def silent_ranks(self, older_than_s: float | None = None) -> list[str]:
         """"rank N on HOST (pid P), no heartbeat in S s (last stamped 08:01:12 UTC by its clock)" for every rank
         that stopped beating, and every rank that exited or failed: what a failed collective's message names.
 
         A beat stamped more than `older_than_s` ago by this host's clock only makes its rank a suspect: other
         hosts' clocks may be skewed, so a suspect is named only if its beat count then does not advance while
-        this rank watches for `watch_s` (default: two beat intervals). No suspect, no wait. Best effort."""
+        this rank watches for two beat intervals. No suspect, no wait. Best effort."""
         older = 3 * self.interval_s if older_than_s is None else older_than_s
-        watch = 2 * self.interval_s if watch_s is None else watch_s
+        watch = 2 * self.interval_s
         found, suspects = [], {}
         now = time.time()
         for rank in range(self.world):
