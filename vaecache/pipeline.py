@@ -415,13 +415,14 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
     numerics = run_numerics(ctx.device, threads)
     other_numerics: list[dict[str, Any]] = []  # other ranks', where --allow-other-numerics lets them differ
     for peer, theirs in enumerate(ctx.all_gather_object(numerics)):
-        if theirs != numerics and cfg.allow_other_numerics:
-            other_numerics += [theirs] if theirs not in other_numerics else []
-        elif theirs != numerics:
+        if theirs == numerics or theirs in other_numerics:
+            continue
+        if not cfg.allow_other_numerics:
             differ = "; ".join(describe_differences(numerics, theirs))
             raise UsageError(f"rank {peer} computes with other numerics than rank {rank} ({differ}): its latents "
                              "would differ in the last bits; run every rank on the same kind of device and torch "
                              "(on CPU the same OMP_NUM_THREADS), or --allow-other-numerics to accept that (recorded)")
+        other_numerics.append(theirs)
     fingerprint = run_fingerprint(cfg, vae, decoder, numerics)
     sources = source_identities(start.sources, cfg.hash_sources) if rank == 0 else None  # what OUT is made from
     prepared, done = ctx.on_rank0(lambda: _marking_done(start.job, lambda mark: prepare_out(

@@ -323,6 +323,9 @@ def test_allow_other_numerics_repairs_a_shard_and_the_manifest_lists_both(run_cl
     stat = shard.stat()
     os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # coarse clocks: make the change visible
 
+    other_settings = run_cli(_encode_args(demo_data, cache_copy) + ["--allow-other-numerics", "--views-per-forward",
+                                                                     "all"])
+    assert other_settings.exit_code == 2 and "made with other settings" in _error_line(other_settings.output)
     resumed = run_cli(_encode_args(demo_data, cache_copy) + ["--allow-other-numerics"])
     assert resumed.exit_code == 0, resumed.output
     assert "resuming as --allow-other-numerics asks" in caplog.text

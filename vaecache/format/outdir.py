@@ -269,6 +269,7 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
                 raise UsageError(f"{out}: not empty and not a vaecache output (holds {', '.join(foreign[:3])}); "
                                  "choose another --out")
         attempt = 0
+        numerics_changed: list[str] = []
         if run_file.exists():
             try:
                 recorded = json.loads(run_file.read_text())
@@ -279,10 +280,7 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
                 before["numerics"] = fingerprint.get("numerics")
             diffs = describe_differences(before, fingerprint)
             if diffs and allow_other_numerics and all(diff.startswith("numerics.") for diff in diffs):
-                log.warning("%s was encoded with other numerics (%s); resuming as --allow-other-numerics asks: "
-                            "latents added now may differ from the committed ones in the last bits (recorded)",
-                            out, "; ".join(diffs[:4]))
-                diffs = []
+                numerics_changed, diffs = diffs, []
             if diffs and all(diff.startswith("numerics.") for diff in diffs):
                 raise UsageError(f"{out} was encoded with other numerics ({'; '.join(diffs[:4])}): latents added now "
                                  "would differ from the committed ones in the last bits; resume on the same kind of "
@@ -303,6 +301,10 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
             if not damaged_shards(out, committed_shards(out)):
                 return PreparedOut(attempt, committed_ids(out, committed), 0, complete=True)
             forget_hashed_shards(out)  # it may vouch for the damaged shard (same size and mtime)
+        if numerics_changed:  # said only where latents are about to be added
+            log.warning("%s was encoded with other numerics (%s); resuming as --allow-other-numerics asks: "
+                        "latents added now may differ from the committed ones in the last bits (recorded)",
+                        out, "; ".join(numerics_changed[:4]))
         return begin_changes(out, attempt, fingerprint, sources, committed, extra_numerics)
     except BaseException:
         release_lock(out)
