@@ -120,6 +120,72 @@ def test_refuses_unknown_versions_and_incomplete_caches(cache_copy: Path) -> Non
         LatentCache(cache_copy, verify="md5")
 
 
+def _point_shard_at(cache: Path, shard: str, manifest_file: str | None = None) -> None:
+    """Every record names `shard`; the manifest's one shard entry names `manifest_file` (hashes recomputed)."""
+    import hashlib
+
+    from vaecache.format.reader import CacheReader
+    from vaecache.format.table import CLIP_TABLE, write_table
+
+    records = list(CacheReader(cache).clip_records())
+    for record in records:
+        record["shard"] = shard
+    written = write_table(cache / "clips.parquet", CLIP_TABLE, records)
+    manifest = json.loads((cache / "manifest.json").read_text())
+    manifest["clips"]["sha256"] = written.sha256
+    if manifest_file is not None:
+        manifest["shards"][0]["file"] = manifest_file
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    assert hashlib.sha256((cache / "clips.parquet").read_bytes()).hexdigest() == written.sha256
+
+
+def test_reader_never_reads_outside_the_cache(cache_copy: Path, tmp_path: Path) -> None:
+    """A shard named outside OUT (`..`, an absolute path) or reached through a symlink out, and ids encode refuses,
+    are refused by name; the file outside is never read (it is not even a safetensors file here)."""
+    from vaecache.errors import UnsafePathError
+
+    name = next((cache_copy / "shards").iterdir()).name
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / name).write_bytes(b"not yours")
+    _point_shard_at(cache_copy, f"../../elsewhere/{name}", f"shards/../../elsewhere/{name}")
+    for verify in ("size", "none"):
+        with pytest.raises(UnsafePathError, match=r"clips.parquet: shard '../../elsewhere/.*' is not a plain"):
+            LatentCache(cache_copy, verify=verify)[0]
+    _point_shard_at(cache_copy, name, f"shards/{name}")
+    (cache_copy / "shards" / name).rename(elsewhere / "real.safetensors")
+    (cache_copy / "shards" / name).symlink_to(elsewhere / "real.safetensors")
+    with pytest.raises(UnsafePathError, match="leads out of .* through a symlink"):
+        LatentCache(cache_copy, verify="none")[0]
+    (cache_copy / "shards" / name).unlink()
+    (elsewhere / "real.safetensors").rename(cache_copy / "shards" / name)
+    assert LatentCache(cache_copy)[0].mean is not None  # back inside: reads again
+    manifest = json.loads((cache_copy / "manifest.json").read_text())
+    manifest["clips"]["file"] = "/etc/passwd"
+    (cache_copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UnsafePathError, match="manifest.json: clips.file: '/etc/passwd' is not a path inside"):
+        LatentCache(cache_copy)
+
+
+def test_reader_refuses_ids_encode_refuses(cache_copy: Path) -> None:
+    from vaecache.errors import UnsafePathError
+    from vaecache.format.reader import CacheReader
+    from vaecache.format.table import CLIP_TABLE, write_table
+
+    records = list(CacheReader(cache_copy).clip_records())
+    records[0].update(id="../../x/000000-000008", scene="../../x")
+    records[1].update(id="scene_001/000000-000008", scene="scene_000")
+    write_table(cache_copy / "clips.parquet", CLIP_TABLE, sorted(records, key=lambda r: r["id"]))
+    cache = LatentCache(cache_copy)
+    with pytest.raises(UnsafePathError, match=r"clip id '../../x/000000-000008': its scene id is a name with '/'"):
+        cache[0]
+    with pytest.raises(UnsafePathError, match="does not belong to its record's scene 'scene_000'"):
+        cache["scene_001/000000-000008"]
+    with pytest.raises(UnsafePathError):
+        list(cache.records())
+    assert cache[2].id == "scene_002/000000-000008"  # the clips that are what encode writes still read
+
+
 def test_normalize_follows_the_recorded_constants(cache_copy: Path) -> None:
     cache = LatentCache(cache_copy)
     norm = cache.manifest["vae"]["normalization"]

@@ -178,12 +178,13 @@ def drop_record(cache: Path) -> tuple[set[str], str]:
     records = _records(cache)
     _write_records(cache, records[:1] + records[2:])
     _rehash_clips(cache)
-    return {"clip records", "tensors match records"}, f"tensor {CLIP}/logvar is claimed by no clip record"
+    return ({"clip records", "tensors match records", "manifest declarations"},
+            f"tensor {CLIP}/logvar is claimed by no clip record")
 
 
 def edit_failures(cache: Path) -> tuple[set[str], str]:
     write_table(cache / "failures.parquet", FAILURE_TABLE, [{"key": "x", "reason": "made up", "scene": "x"}])
-    return {"failures file"}, "failures.parquet: sha256 differs from the manifest"
+    return {"failures file", "manifest declarations"}, "failures.parquet: sha256 differs from the manifest"
 
 
 def flip_clip_table_byte(cache: Path) -> tuple[set[str], str]:
@@ -202,7 +203,87 @@ def unsorted_records_rehashed(cache: Path) -> tuple[set[str], str]:
     return {"clip records"}, f"clips.parquet: clip {records[0]['id']} comes after {CLIP} (records must be sorted by id)"
 
 
-CORRUPTIONS = [truncate_shard, flip_byte, delete_shard, orphan_shard, edit_shape, edit_shape_rehashed,
+def _move_shard_out(cache: Path) -> tuple[str, Path]:
+    """Move the cache's one shard out of OUT, beside it; returns its old file and new path."""
+    file = _shard_of(cache)
+    elsewhere = cache.parent / "elsewhere"
+    elsewhere.mkdir(exist_ok=True)
+    moved = elsewhere / Path(file).name
+    shutil.move(cache / file, moved)
+    return file, moved
+
+
+def shard_outside_out_rehashed(cache: Path) -> tuple[set[str], str]:
+    """The manifest and every record name the shard as shards/../../elsewhere/X (hashes recomputed): the file is
+    intact, but outside OUT; never opened, named twice (the manifest entry, each record)."""
+    file, moved = _move_shard_out(cache)
+    outside = f"../{moved.parent.name}/{moved.name}"
+    manifest = _manifest(cache)
+    manifest["shards"][0]["file"] = f"shards/../{outside}"
+    _write_manifest(cache, manifest)
+    records = _records(cache)
+    for record in records:
+        record["shard"] = f"../{outside}"
+    _write_records(cache, records)
+    _rehash_clips(cache)
+    return {"shard files", "clip records"}, f"shards[].file: 'shards/../{outside}' is not a shard file in"
+
+
+def absolute_shard_in_manifest(cache: Path) -> tuple[set[str], str]:
+    """An absolute path in the manifest's shard list (once, /etc/passwd was opened and hashed)."""
+    manifest = _manifest(cache)
+    manifest["shards"].append({"file": "/etc/passwd", "bytes": 1, "sha256": "0" * 64, "clips": 0, "tensors": 0})
+    _write_manifest(cache, manifest)
+    return {"shard files", "manifest declarations"}, "shards[].file: '/etc/passwd' is not a shard file in"
+
+
+def shard_symlinked_out(cache: Path) -> tuple[set[str], str]:
+    """shards/X is a symlink to an identical file outside OUT: same bytes, same hash, still refused."""
+    file, moved = _move_shard_out(cache)
+    (cache / file).symlink_to(moved)
+    return {"shard files"}, f"{file}: '{file}' leads out of {cache} through a symlink"
+
+
+def clip_table_outside_out(cache: Path) -> tuple[set[str], str]:
+    outside = cache.parent / "clips-elsewhere.parquet"
+    shutil.copy(cache / "clips.parquet", outside)
+    manifest = _manifest(cache)
+    manifest["clips"]["file"] = str(outside)
+    _write_manifest(cache, manifest)
+    return {"manifest"}, f"clips.file: '{outside}' is not a path inside {cache}"
+
+
+def id_encode_refuses_rehashed(cache: Path) -> tuple[set[str], str]:
+    _edit_clip_record(cache, lambda r: r.update(id="../../escape/000000-000008", scene="../../escape"))
+    _rehash_clips(cache)
+    return ({"clip records", "tensors match records"},
+            "clip ../../escape/000000-000008: clip id '../../escape/000000-000008': its scene id is a name with '/'")
+
+
+def declared_shape_differs(cache: Path) -> tuple[set[str], str]:
+    manifest = _manifest(cache)
+    manifest["latent"]["shape"]["mean"] = [2, 16, 3, 8, 9]
+    _write_manifest(cache, manifest)
+    return {"clip records"}, "mean has shape [2, 16, 3, 8, 8], the manifest's latent.shape declares [2, 16, 3, 8, 9]"
+
+
+def declared_dtype_differs(cache: Path) -> tuple[set[str], str]:
+    manifest = _manifest(cache)
+    manifest["latent"]["dtype"] = "bfloat16"
+    _write_manifest(cache, manifest)
+    return {"clip records"}, "logvar is stored as float32, the manifest's latent.dtype is bfloat16"
+
+
+def declared_counts_differ(cache: Path) -> tuple[set[str], str]:
+    manifest = _manifest(cache)
+    manifest["counts"]["views"] = 99
+    _write_manifest(cache, manifest)
+    return {"manifest declarations"}, "counts.views is 99, the cache holds 6"
+
+
+CORRUPTIONS = [shard_outside_out_rehashed, absolute_shard_in_manifest, shard_symlinked_out, clip_table_outside_out,
+               id_encode_refuses_rehashed, declared_shape_differs, declared_dtype_differs, declared_counts_differ,
+               truncate_shard, flip_byte, delete_shard, orphan_shard, edit_shape, edit_shape_rehashed,
                swap_tensor_entries_rehashed, write_nan,
                alter_value, duplicate_record, delete_manifest, future_version, record_points_elsewhere, drop_record,
                edit_failures, flip_clip_table_byte, unsorted_records_rehashed]

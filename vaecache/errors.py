@@ -55,6 +55,11 @@ class ManifestError(VaecacheError):
     """A manifest is missing, unparsable or of an unsupported format version."""
 
 
+class UnsafePathError(ManifestError):
+    """A manifest, clip table or export index names a file outside its own folder (an absolute path, '..', a
+    symlink out) or an id that encode would refuse: nothing outside the cache is ever read."""
+
+
 class EmptyCacheError(VaecacheError):
     """An encode committed no clip at all; an empty cache is refused, no manifest is written."""
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import stat
 import sys
 from dataclasses import dataclass, field
@@ -13,11 +12,11 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from vaecache.errors import DatasetError, VideoDecodeError
+from vaecache.format.layout import id_problem
 
 log = logging.getLogger("vaecache")
 
 VIDEO_EXTENSIONS = (".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v")
-_BAD_ID = re.compile(r"[/\\\x00-\x1f]")
 
 
 PROBE_FIELDS: dict[str, type | tuple[type, ...]] = {
@@ -124,7 +123,7 @@ class Scene:
     into every clip record's `metadata`; None when the line has none. Text keeps a Scene hashable and small."""
 
     def __post_init__(self) -> None:
-        if not self.scene_id or _BAD_ID.search(self.scene_id) or self.scene_id.startswith("."):
+        if id_problem(self.scene_id):
             raise DatasetError(f"scene id {self.scene_id!r} is not usable (empty, starts with '.', or has '/' or control characters)")
         if len(self.cameras) != len(self.paths) or not self.cameras:
             raise DatasetError(f"scene {self.scene_id}: needs one path per camera")
@@ -214,14 +213,8 @@ def discover_scenes(data: Path, cameras: Sequence[str] | None = None) -> list[Sc
 
 
 def unusable_id(name: str) -> str | None:
-    """Why `name` cannot be a scene id (ids name files and tensors: no '/', no control characters, no leading '.')."""
-    if not name:
-        return "an empty name"
-    if _BAD_ID.search(name):
-        return "a name with '/', '\\' or control characters"
-    if name.startswith("."):
-        return "a name starting with '.'"
-    return None
+    """Why `name` cannot be a scene id (the cache's rule, format.layout.id_problem); None when it can."""
+    return id_problem(name)
 
 
 def _resolved(path: Path) -> str:

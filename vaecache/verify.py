@@ -17,12 +17,12 @@ from safetensors.torch import load as safetensors_load
 
 from vaecache.config import ClipSettings
 from vaecache.dtypes import RECORDED_NAMES, SAFETENSORS_NAMES
-from vaecache.errors import ManifestError, UsageError, VaecacheError
+from vaecache.errors import ManifestError, UnsafePathError, UsageError, VaecacheError
 from vaecache.format.index import progress_counts, reason_counts
 from vaecache.format.io import sha256_file
-from vaecache.format.layout import MANIFEST, SHARDS_DIR
+from vaecache.format.layout import MANIFEST, SHARDS_DIR, inside
 from vaecache.format.provenance import IdentityMemo, identity_change
-from vaecache.format.reader import CacheReader, ShardHeaderError, shard_header
+from vaecache.format.reader import CacheReader, ShardHeaderError, record_problem, shard_header
 from vaecache.format.table import ClipTableError
 from vaecache.format.writer import tensor_stats
 
@@ -133,6 +133,13 @@ def verify_cache(out: Path, quick: bool = False, threads: int | None = None, ctx
     failures_check = Check("failures file")
 
     listed = cache.shard_files()
+    listed_bytes = sum(int(s.get("bytes") or 0) for s in listed.values())
+    listed_count = len(listed)
+    for file in sorted(listed, key=str):  # never opened: a named failure, its clips claim no known shard
+        problem = cache.shard_entry_problem(file)
+        if problem:
+            shard_check.fail(problem)
+            del listed[file]
     on_disk = cache.shard_files_on_disk()
     for orphan in sorted(on_disk - set(listed)):
         orphan_check.fail(f"{orphan}: shard file not listed in the manifest")
@@ -179,7 +186,9 @@ def verify_cache(out: Path, quick: bool = False, threads: int | None = None, ctx
         "untrained_vae": manifest.get("vae", {}).get("untrained", False),
         "latent_shape": manifest.get("latent", {}).get("shape"),
     }
-    checks = [manifest_check, clips_check, shard_check, orphan_check, tensor_check, value_check, failures_check]
+    declared_check = check_declarations(manifest, seen, listed_count, listed_bytes, len(failures))
+    checks = [manifest_check, clips_check, shard_check, orphan_check, tensor_check, value_check, failures_check,
+              declared_check]
     if options.dataset is not None:
         checks.extend(check_dataset(manifest, cache, failures, options.dataset, threads))
     if options.reencode:
@@ -193,6 +202,9 @@ class _Seen:
 
     clips: int = 0
     views: int = 0
+    frames: int = 0
+    buckets: dict[str, list[int]] = field(default_factory=dict)
+    """Bucket name -> [clips, views] of the records that name it."""
     readable: bool = True
     """False when the clip table stopped reading part-way (then no shard's records are known complete)."""
 
@@ -223,13 +235,22 @@ def _scan_records(cache: CacheReader, check: Check, tensor_check: Check, listed:
                 check.fail(f"{path.name}: clip {clip_id} comes after {previous} (records must be sorted by id)")
             previous = clip_id
             seen.clips += 1
-            seen.views += len(record.get("cameras") or [])
+            cameras = len(record.get("cameras") or [])
+            seen.views += cameras
+            seen.frames += cameras * len(record.get("frames") or [])
+            bucket = record.get("bucket")
+            if isinstance(bucket, dict):
+                counted = seen.buckets.setdefault(str(bucket.get("name")), [0, 0])
+                counted[0] += 1
+                counted[1] += cameras
             problem = _record_problem(record, cache.manifest)
             if problem:
                 check.fail(f"clip {clip_id}: {problem}")
             else:
                 check.ok()
             file = f"{SHARDS_DIR}/{record.get('shard')}"
+            if problem and record_problem(record):
+                continue  # an id or shard name that could name another file: never followed
             if file not in listed:
                 tensor_check.fail(f"clip {clip_id}: its shard {file} is not in the manifest")
             else:
@@ -487,8 +508,54 @@ def check_reencode(out: Path, manifest: dict[str, Any], cache: CacheReader, coun
     return check
 
 
+def check_declarations(manifest: dict[str, Any], seen: _Seen, shards: int, shard_bytes: int, failures: int) -> Check:
+    """What the manifest declares beyond its clip count (the clip records check) against what the records and
+    files hold: the counts, a
+    bucketed cache's per-bucket counts, and that latent.shape is declared exactly when there is one shape (each
+    record's shapes and dtype are checked against the declared ones record by record)."""
+    check = Check("manifest declarations")
+    counts = manifest.get("counts") or {}
+    from_records = (("views", seen.views), ("frames", seen.frames)) if seen.readable else ()
+    for key, found in (*from_records, ("shards", shards), ("bytes", shard_bytes), ("failures", failures)):
+        if key in counts and counts[key] != found:
+            check.fail(f"counts.{key} is {counts[key]!r}, the cache holds {found}")
+        elif key in counts:
+            check.ok()
+    if (manifest.get("failures") or {}).get("count", failures) != failures:
+        check.fail(f"failures.count is {manifest['failures']['count']!r}, the failure table holds {failures}")
+    if not seen.readable:
+        check.note = "the clip table does not read: counts and shapes from its records not compared"
+        return check
+    latent = manifest.get("latent") or {}
+    buckets = manifest.get("buckets")
+    if isinstance(buckets, list):
+        for bucket in buckets:
+            name = str(bucket.get("name"))
+            clips, views = seen.buckets.pop(name, [0, 0])
+            if (bucket.get("clips"), bucket.get("views")) != (clips, views):
+                check.fail(f"bucket {name} declares {bucket.get('clips')} clips and {bucket.get('views')} views, "
+                           f"its records are {clips} clips and {views} views")
+            elif clips and not isinstance(bucket.get("shape"), dict):
+                check.fail(f"bucket {name} holds {clips} clips but declares no latent shape")
+            else:
+                check.ok()
+        for name in sorted(seen.buckets):
+            check.fail(f"bucket {name}: {seen.buckets[name][0]} clip record(s) name it, the manifest does not list it")
+        several = sum(1 for bucket in buckets if bucket.get("clips")) > 1
+    else:
+        several = False
+    if "shape" in latent and (latent["shape"] is None) != several:
+        check.fail(f"latent.shape is {latent['shape']!r}, but the cache holds "
+                   f"{'several latent shapes (see buckets)' if several else 'one latent shape'}")
+    return check
+
+
 def _record_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str | None:
-    """Why a clip record disagrees with the manifest: its stored keys, their shapes, their tensor names."""
+    """Why a clip record disagrees with the manifest: its id, scene or shard (ids encode would refuse), its stored
+    keys, their shapes, their tensor names."""
+    unsafe = record_problem(record)
+    if unsafe:
+        return unsafe
     latent = manifest.get("latent") or {}
     tensors = record.get("tensors")
     if not isinstance(tensors, dict):
@@ -508,14 +575,22 @@ def _record_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str | N
         name = f"{record.get('id')}/{key}"
         if entry.get("name") != name:
             return f"{key} is stored as tensor {entry.get('name')!r}, expected {name!r}"
+        if "dtype" in latent and entry.get("dtype") != latent["dtype"]:
+            return f"{key} is stored as {entry.get('dtype')}, the manifest's latent.dtype is {latent['dtype']}"
         if bucket is not None:
             expected = [cameras, *bucket.get("view_shape", [])]
             if entry.get("shape") != expected:
                 return f"{key} has shape {entry.get('shape')}, bucket {bucket['name']}'s latent shape is {expected}"
+            declared = (bucket.get("shape") or {}).get(key) if isinstance(bucket.get("shape"), dict) else None
+            if declared is not None and declared != expected:
+                return f"{key} has shape {expected}, bucket {bucket['name']} declares shape {declared}"
             continue
-        expected = (latent.get("shape") or {}).get(key)
-        if expected is not None and entry.get("shape") != [cameras, *expected[1:]]:
-            return f"{key} has shape {entry.get('shape')}, the manifest's latent shape is {[cameras, *expected[1:]]}"
+        shape = latent.get("shape")
+        expected = shape.get(key) if isinstance(shape, dict) else None
+        if isinstance(shape, dict) and expected is None:
+            return f"stores {key}, the manifest's latent.shape declares {sorted(shape)}"
+        if expected is not None and entry.get("shape") != expected:
+            return f"{key} has shape {entry.get('shape')}, the manifest's latent.shape declares {expected}"
     return None
 
 
@@ -541,7 +616,11 @@ def _read_failures(cache: CacheReader, check: Check) -> list[dict[str, Any]]:
 def _check_shard(out: Path, file: str, shard: dict[str, Any], records: list[dict[str, Any]], quick: bool,
                  claims_known: bool = True) -> dict[str, Any]:
     result: dict[str, Any] = {"file": file, "shard": [], "tensors": [], "values": [], "tensors_ok": 0, "values_ok": 0}
-    path = out / file
+    try:
+        path = inside(out, file, file)
+    except UnsafePathError as exc:  # a symlink out of OUT: named, never opened or hashed
+        result["shard"].append(str(exc))
+        return result
     try:
         size = path.stat().st_size
     except FileNotFoundError:

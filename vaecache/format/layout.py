@@ -14,7 +14,11 @@ OUT/
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
+
+from vaecache.errors import UnsafePathError
 
 FORMAT_NAME = "vaecache"
 FORMAT_VERSION = 2
@@ -58,3 +62,62 @@ def failures_path(out: Path, rank: int) -> Path:
 
 def shard_name(attempt: int, rank: int, seq: int) -> str:
     return f"a{attempt:03d}-r{rank:05d}-{seq:06d}{SHARD_SUFFIX}"
+
+
+_BAD_ID = re.compile(r"[/\\\x00-\x1f]")
+_CLIP_WINDOW = re.compile(r"[0-9]{6,}-[0-9]{6,}")
+
+
+def id_problem(name: object) -> str | None:
+    """Why `name` cannot be a scene id (ids name files and tensors: no '/', '\\' or control characters, not
+    empty, no leading '.', so never '..' or an absolute path); None when it can. Encode refuses such ids, and
+    verify and the readers refuse a table that holds one."""
+    if not isinstance(name, str) or not name:
+        return "an empty name" if name == "" else f"not text ({type(name).__name__})"
+    if _BAD_ID.search(name):
+        return "a name with '/', '\\' or control characters"
+    if name.startswith("."):
+        return "a name starting with '.'"
+    return None
+
+
+def clip_id_problem(clip_id: object, scene: object) -> str | None:
+    """Why a clip record's id (and scene) is not one encode writes: `<scene>/<first>-<last>` (frame numbers of at
+    least six digits) with a usable scene id equal to the record's scene."""
+    if not isinstance(clip_id, str):
+        return f"clip id {clip_id!r} is not text"
+    head, slash, window = clip_id.rpartition("/")
+    if not slash or not _CLIP_WINDOW.fullmatch(window):
+        return f"clip id {clip_id!r} is not <scene>/<first>-<last>"
+    why = id_problem(head)
+    if why:
+        return f"clip id {clip_id!r}: its scene id is {why}"
+    if head != scene:
+        return f"clip id {clip_id!r} does not belong to its record's scene {scene!r}"
+    return None
+
+
+def shard_name_problem(name: object) -> str | None:
+    """Why `name` is not a shard file name as encode writes them: a plain `*.safetensors` name in shards/."""
+    if not isinstance(name, str) or not name.endswith(SHARD_SUFFIX) or id_problem(name):
+        return f"shard {name!r} is not a plain {SHARD_SUFFIX} file name"
+    return None
+
+
+def inside(folder: Path, relative: object, what: str) -> Path:
+    """`folder/relative`, where `relative` (as a manifest, clip table or export index names a file) stays in
+    `folder`: not absolute, no '..', and not leaving it through a symlink (resolved). An UnsafePathError naming
+    `what` otherwise: nothing outside a cache or an export is read."""
+    if not isinstance(relative, str) or not relative or relative.startswith(("/", "\\")) or "\x00" in relative:
+        raise UnsafePathError(f"{what}: {relative!r} is not a path inside {folder}")
+    parts = relative.replace("\\", "/").split("/")
+    if ".." in parts or re.match(r"[A-Za-z]:", relative):
+        raise UnsafePathError(f"{what}: {relative!r} leaves {folder}")
+    path = Path(folder) / relative
+    try:
+        resolved, root = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
+    except (OSError, ValueError) as exc:
+        raise UnsafePathError(f"{what}: {relative!r} cannot be resolved ({exc})") from None
+    if not resolved.is_relative_to(root):
+        raise UnsafePathError(f"{what}: {relative!r} leads out of {folder} through a symlink (to {resolved})")
+    return path

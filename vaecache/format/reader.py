@@ -14,10 +14,21 @@ import torch
 import torch.utils.data
 from safetensors import SafetensorError, safe_open
 
-from vaecache.errors import ManifestError
+from vaecache.errors import ManifestError, UnsafePathError
 from vaecache.format.index import read_manifest
 from vaecache.format.io import iter_jsonl
-from vaecache.format.layout import CLIPS, CLIPS_V1, FAILURES, FAILURES_V1, SHARD_SUFFIX, SHARDS_DIR
+from vaecache.format.layout import (
+    CLIPS,
+    CLIPS_V1,
+    FAILURES,
+    FAILURES_V1,
+    MANIFEST,
+    SHARD_SUFFIX,
+    SHARDS_DIR,
+    clip_id_problem,
+    inside,
+    shard_name_problem,
+)
 from vaecache.format.table import CLIP_TABLE, FAILURE_TABLE, iter_column, iter_table
 
 
@@ -44,30 +55,46 @@ def shard_header(path: Path) -> dict[str, TensorInfo]:
         raise ShardHeaderError(f"{path}: safetensors header does not parse ({exc})") from None
 
 
+def record_problem(record: dict[str, Any]) -> str | None:
+    """Why a clip record cannot be trusted to name files: an id, scene or shard encode would never write."""
+    return clip_id_problem(record.get("id"), record.get("scene")) or shard_name_problem(record.get("shard"))
+
+
 class CacheReader:
-    """A finished cache in OUT. Opening it reads manifest.json and refuses unknown formats and versions."""
+    """A finished cache in OUT. Opening it reads manifest.json and refuses unknown formats and versions, and a
+    clip or failure table named outside OUT (UnsafePathError)."""
 
     def __init__(self, out: Path) -> None:
         self.out = Path(out)
         self.manifest: dict[str, Any] = read_manifest(self.out)
+        where = self.out / MANIFEST
+        clips_default, failures_default = (CLIPS_V1, FAILURES_V1) if self.version == 1 else (CLIPS, FAILURES)
+        self.clips_path = inside(self.out, (self.manifest.get("clips") or {}).get("file", clips_default),
+                                 f"{where}: clips.file")
+        self.failures_path = inside(self.out, (self.manifest.get("failures") or {}).get("file", failures_default),
+                                    f"{where}: failures.file")
 
     @property
     def version(self) -> int:
         return int(self.manifest["format_version"])
 
-    @property
-    def clips_path(self) -> Path:
-        default = CLIPS_V1 if self.version == 1 else CLIPS
-        return self.out / str((self.manifest.get("clips") or {}).get("file", default))
-
-    @property
-    def failures_path(self) -> Path:
-        default = FAILURES_V1 if self.version == 1 else FAILURES
-        return self.out / str((self.manifest.get("failures") or {}).get("file", default))
-
     def shard_files(self) -> dict[str, dict[str, Any]]:
-        """Shard records listed in the manifest, by file (relative to OUT)."""
+        """Shard records listed in the manifest, by file (relative to OUT; not checked: see `shard_file_path`)."""
         return {shard["file"]: shard for shard in self.manifest.get("shards", [])}
+
+    def shard_entry_problem(self, file: object) -> str | None:
+        """Why a manifest's shard entry is not `shards/<plain name>` (so could name a file outside OUT)."""
+        if not isinstance(file, str) or not file.startswith(f"{SHARDS_DIR}/") or shard_name_problem(file[len(SHARDS_DIR) + 1:]):
+            return f"{self.out / MANIFEST}: shards[].file: {file!r} is not a shard file in {self.out / SHARDS_DIR}"
+        return None
+
+    def shard_file_path(self, file: object) -> Path:
+        """OUT/file for a manifest's shard entry, refused (UnsafePathError) unless it is shards/<plain name> and
+        stays in OUT (no symlink out)."""
+        problem = self.shard_entry_problem(file)
+        if problem:
+            raise UnsafePathError(problem)
+        return inside(self.out, str(file), f"{self.out / MANIFEST}: shards[].file")
 
     def shard_files_on_disk(self) -> set[str]:
         folder = self.out / SHARDS_DIR
@@ -93,7 +120,11 @@ class CacheReader:
         return list(iter_table(self.failures_path, FAILURE_TABLE))
 
     def shard_path(self, record: dict[str, Any]) -> Path:
-        return self.out / SHARDS_DIR / record["shard"]
+        """The shard a clip record names, refused (UnsafePathError) when the record could name a file elsewhere."""
+        problem = record_problem(record)
+        if problem:
+            raise UnsafePathError(f"{self.clips_path}: {problem}")
+        return self.shard_file_path(f"{SHARDS_DIR}/{record['shard']}")
 
     def clip_tensors(self, record: dict[str, Any]) -> dict[str, torch.Tensor]:
         """One clip's stored tensors by key (mean, logvar, sample), read from its shard."""
@@ -109,7 +140,7 @@ class CacheReader:
                                 f"listed {sorted(listed - on_disk)} are missing")
         found: dict[str, torch.Tensor] = {}
         for file in sorted(listed):
-            with safe_open(str(self.out / file), "pt") as handle:
+            with safe_open(str(self.shard_file_path(file)), "pt") as handle:
                 for name in handle.keys():
                     if name in found:
                         raise ManifestError(f"{self.out / file}: repeats tensor {name}")
@@ -278,13 +309,19 @@ class LatentCache:
     def record(self, key: int | str) -> dict[str, Any]:
         """A clip's record (no tensor is read)."""
         position = self.position(key) if isinstance(key, str) else self._index(key)
-        return CLIP_TABLE.to_record(self._rows.slice(position, 1).to_pylist()[0])
+        return self._trusted(CLIP_TABLE.to_record(self._rows.slice(position, 1).to_pylist()[0]))
 
     def records(self) -> Iterator[dict[str, Any]]:
         """Every clip record in table order, batch by batch."""
         for batch in self._rows.to_batches(max_chunksize=4096):
             for row in batch.to_pylist():
-                yield CLIP_TABLE.to_record(row)
+                yield self._trusted(CLIP_TABLE.to_record(row))
+
+    def _trusted(self, record: dict[str, Any]) -> dict[str, Any]:
+        problem = record_problem(record)
+        if problem:
+            raise UnsafePathError(f"{self._reader.clips_path}: {problem} (not a record encode writes)")
+        return record
 
     def _index(self, position: int) -> int:
         if not isinstance(position, int) or isinstance(position, bool):
@@ -308,7 +345,7 @@ class LatentCache:
 
     def tensors_of(self, record: dict[str, Any]) -> dict[str, torch.Tensor]:
         """A clip's stored tensors, read from its (lazily opened, checked once) shard."""
-        handle = self._open(record["shard"])
+        handle = self._open(self._trusted(record)["shard"])
         try:
             return {key: handle.get_tensor(entry["name"]) for key, entry in record["tensors"].items()}
         except (SafetensorError, OSError, KeyError) as exc:
@@ -317,7 +354,7 @@ class LatentCache:
     def _open(self, shard: str) -> Any:
         handle = self._handles.pop(shard, None)
         if handle is None:
-            path = self.out / SHARDS_DIR / shard
+            path = self._reader.shard_file_path(f"{SHARDS_DIR}/{shard}")
             if shard not in self._checked:
                 self._check(shard, path)
                 self._checked.add(shard)
