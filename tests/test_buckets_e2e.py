@@ -13,38 +13,7 @@ from typing import Any
 import pytest
 from safetensors import safe_open
 
-from tests.videos import VideoLayout, write_video
-
-H264 = VideoLayout("h264", "libx264", ".mp4", {"preset": "ultrafast", "threads": "1"})
-SIZES = "32x56,56x32,40x40"
-"""Landscape (1.75), portrait (0.57), square; multiples of builtin:tiny's spatial factor 8."""
-FRAMES = "9,5"
-VIDEOS = {  # name: (width, height, frames) -> the bucket it must land in (longest frame bucket that fits)
-    "wide16x9": ((64, 36, 12), "32x56x9"),
-    "tall9x16": ((36, 64, 7), "56x32x5"),
-    "cinema235": ((94, 40, 18), "32x56x9"),
-    "portrait043": ((28, 64, 10), "56x32x9"),
-    "squarish": ((60, 56, 6), "40x40x5"),
-}
-BASE = ("--vae", "builtin:tiny", "--workers", "0", "--no-progress")
-
-
-@pytest.fixture(scope="module")
-def bucket_videos(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("bucket-videos") / "data"
-    for name, ((width, height, frames), _) in VIDEOS.items():
-        write_video(root / f"{name}.mp4", H264, frames=frames, height=height, width=width, fps=10)
-    return root
-
-
-@pytest.fixture(scope="module")
-def bucket_cache(bucket_videos: Path, tmp_path_factory: pytest.TempPathFactory, run_cli: Any) -> Path:
-    out = tmp_path_factory.mktemp("bucket-cache") / "cache"
-    result = run_cli(["encode", bucket_videos, "--out", out, "--size", SIZES, "--num-frames", FRAMES, *BASE,
-                      "--batch-size", "2", "--shard-size", "1MB"])
-    assert result.exit_code == 0, result.output
-    assert "32x56x5, 40x40x9" in result.output  # the summary's "empty buckets" row: reported, not an error
-    return out
+from tests.conftest import BASE, FRAMES, SIZES, VIDEOS
 
 
 def test_each_video_lands_in_its_nearest_bucket(bucket_cache: Path, cache_io: Any) -> None:

@@ -13,17 +13,22 @@ from vaecache.errors import UsageError
 
 FORMATS = ("musubi", "webdataset")
 VERIFY = ("size", "sha256", "none")
+ENERGON = ("auto", "on", "off")
 
 
 @report_errors
 def export(
     out: Path = typer.Argument(..., help="A folder written by vaecache encode."),
     format: str = typer.Option(..., "--format", help="musubi (musubi-tuner's latent cache) | webdataset (tar shards)."),
-    dest: Path = typer.Option(..., "--out", help="Folder to create (must not exist); written beside it as "
+    dest: Path = typer.Option(..., "--out", "-o", help="Folder to create (must not exist); written beside it as "
                               ".NAME.tmp-PID and renamed when complete."),
-    arch: Optional[str] = typer.Option(None, "--arch", help="musubi: architecture short name (wan, hv, fp, hv15, k5, "
-                                       "qi); default from the VAE family (Wan: wan, HunyuanVideo: hv)."),
-    samples_per_tar: int = typer.Option(1000, "--samples-per-tar", help="webdataset: clips per tar shard."),
+    arch: Optional[str] = typer.Option(None, "--arch", help="musubi: architecture short name (wan, hv, k5; fp, hv15 "
+                                       "and qi are refused with the reason); default from the VAE family (Wan: wan, "
+                                       "HunyuanVideo: hv)."),
+    samples_per_tar: int = typer.Option(1000, "--samples-per-tar", help="webdataset: clips per tar shard (each tar "
+                                        "holds one latent shape)."),
+    energon: str = typer.Option("auto", "--energon", help="webdataset: prepare DIR for Megatron-Energon with its own "
+                                "`energon prepare`: auto (when installed) | on | off."),
     verify: str = typer.Option("size", "--verify", help="Check each shard when first read: size | sha256 | none."),
 ) -> None:
     """Export a cache to the layout a trainer reads: musubi-tuner or WebDataset (Megatron-Energon)."""
@@ -33,6 +38,10 @@ def export(
         raise UsageError(f"--verify must be one of {', '.join(VERIFY)}, got {verify!r}")
     if arch is not None and format != "musubi":
         raise UsageError("--arch applies to --format musubi only")
+    if energon not in ENERGON:
+        raise UsageError(f"--energon must be one of {', '.join(ENERGON)}, got {energon!r}")
+    if energon != "auto" and format != "webdataset":
+        raise UsageError("--energon applies to --format webdataset only")
     if samples_per_tar < 1:
         raise UsageError(f"--samples-per-tar must be >= 1, got {samples_per_tar}")
     if not out.is_dir():
@@ -42,8 +51,10 @@ def export(
     if format == "musubi":
         summary = export_musubi(out, dest, arch=arch, verify=verify)
     else:
-        summary = export_webdataset(out, dest, verify=verify, samples_per_tar=samples_per_tar)
+        summary = export_webdataset(out, dest, verify=verify, samples_per_tar=samples_per_tar, energon=energon)
     renamed = f", {summary.renamed} names mapped to safe ones (see index.jsonl)" if summary.renamed else ""
     console.print(escape(f"exported {summary.clips} clips as {summary.format} to {summary.out}: {summary.files} "
                          f"{'files' if format == 'musubi' else 'tar shards'}, {human_bytes(summary.bytes)}{renamed}"),
                   soft_wrap=True)
+    for note in summary.notes:
+        console.print(escape(f"  {note}"), soft_wrap=True)

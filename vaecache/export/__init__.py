@@ -1,0 +1,15 @@
+"""Exports of a finished cache to the layouts trainers read, one module per trainer format, each in that
+trainer's own convention: musubi-tuner's latent cache (`musubi`) and WebDataset tars for webdataset and
+Megatron-Energon (`webdataset`)."""
+
+from __future__ import annotations
+
+from vaecache.export.common import ExportError, ExportSummary, safe_name, safetensors_bytes
+from vaecache.export.musubi import MUSUBI_ARCHITECTURES, export_musubi, musubi_arch, musubi_tensors
+from vaecache.export.webdataset import ENERGON_MODES, batched_by_shape, decode_sample, export_webdataset, webdataset_key
+
+EXPORT_FORMATS = ("musubi", "webdataset")
+
+__all__ = ["ENERGON_MODES", "EXPORT_FORMATS", "ExportError", "ExportSummary", "MUSUBI_ARCHITECTURES",
+           "batched_by_shape", "decode_sample", "export_musubi", "export_webdataset", "musubi_arch", "musubi_tensors",
+           "safe_name", "safetensors_bytes", "webdataset_key"]

@@ -1,0 +1,310 @@
+"""musubi-tuner's latent cache, each architecture in the exact convention of its own caching script.
+
+musubi-tuner (github.com/kohya-ss/musubi-tuner, read at commit 30c658c) trains on latent files written by
+its `*_cache_latents.py` scripts, and what those files hold differs per architecture: some store the VAE's
+latent normalized or scaled, and the trainer then uses them as they are. An export that loads but holds
+another scale trains silently wrong, so each architecture here computes the latent as musubi's own caching
+would have stored it for vaecache's posterior mean, with musubi's arithmetic (order of operations,
+reciprocal, dtype), and refuses a cache of another VAE family, channel count or normalization.
+
+File and key naming follow `dataset/cache_io.py` and `dataset/image_video_dataset.py` (see README,
+"Export to musubi-tuner").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from vaecache.export.common import (
+    ExportError,
+    ExportIndex,
+    ExportSummary,
+    finish,
+    safe_name,
+    safetensors_bytes,
+    source_of,
+    staging,
+    write_new_file,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+MUSUBI_FORMAT_VERSION = "1.0.1"
+"""musubi-tuner's latent cache `format_version` metadata (dataset/cache_io.py, save_latent_cache_common)."""
+
+WAN_LATENTS_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+                    0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)
+WAN_LATENTS_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+                   3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160)
+"""The Wan 2.1 VAE's per-channel statistics musubi-tuner hard-codes (wan/modules/vae.py:663-698, WanVAE.__init__);
+its Wan caching normalizes with these whatever the weights, so a cache recording others is refused."""
+HUNYUAN_SCALING_FACTOR = 0.476986
+"""HunyuanVideo's scaling factor, musubi-tuner's hunyuan_model/vae.py:21 (SCALING_FACTOR) and the default of
+kandinsky5/models/vae.py's AutoencoderKLHunyuanVideo config."""
+MUSUBI_RESOLUTION_STEP = 16
+"""musubi-tuner's BucketSelector steps (every architecture): with bucket_no_upscale a size is floored to it."""
+
+
+def _wan_latents(mean: torch.Tensor, normalization: dict[str, Any]) -> dict[str, torch.Tensor]:
+    # wan/modules/vae.py:663-701: self.mean = torch.tensor(mean, dtype=dtype), self.std likewise,
+    # self.scale = [self.mean, 1.0 / self.std]: the reciprocal is taken in the VAE's dtype.
+    # wan/modules/vae.py:563-564 (WanVAE_.encode): mu = (mu - scale[0].view(1, z_dim, 1, 1, 1)) * scale[1].view(...)
+    # wan/modules/vae.py:756 (WanVAE.encode): .float(); wan_cache_latents.py:45-46: stacked, .to(vae.dtype).
+    import torch
+
+    dtype = mean.dtype
+    channels = mean.shape[0]
+    shift = torch.tensor(normalization["latents_mean"], dtype=dtype)
+    reciprocal = 1.0 / torch.tensor(normalization["latents_std"], dtype=dtype)
+    mu = mean.unsqueeze(0)
+    latent = (mu - shift.view(1, channels, 1, 1, 1)) * reciprocal.view(1, channels, 1, 1, 1)
+    return {"latents": latent.float().squeeze(0).to(dtype)}
+
+
+def _raw_latents(mean: torch.Tensor, normalization: dict[str, Any]) -> dict[str, torch.Tensor]:
+    # cache_latents.py:265 (encode_and_save_batch): latent = vae.encode(contents).latent_dist.sample(), unscaled;
+    # hv_train_network.py:399-401 (scale_shift_latents) multiplies by SCALING_FACTOR at training time.
+    return {"latents": mean}
+
+
+def _kandinsky5_latents(mean: torch.Tensor, normalization: dict[str, Any]) -> dict[str, torch.Tensor]:
+    # kandinsky5_cache_latents.py:60: scaling_factor = getattr(vae.config, "scaling_factor", 1.0) (a Python float);
+    # :70: latents = latents * scaling_factor, in the VAE's dtype; kandinsky5_train_network.py:717-719
+    # (scale_shift_latents) returns them unchanged. :76-80: the first and last latent frames are cached as the
+    # image latent (cache_io.py:197-229, save_latent_cache_kandinsky5: "latents_image_{F}x{H}x{W}").
+    import torch
+
+    latent = mean * float(normalization["scaling_factor"])
+    first = latent[:, :1, :, :]
+    last = latent[:, -1:, :, :] if latent.shape[1] > 1 else first
+    return {"latents": latent, "latents_image": torch.cat([first, last], dim=1).clone()}
+
+
+@dataclass(frozen=True)
+class MusubiArch:
+    """One musubi-tuner architecture: what its caching stores, from which VAE, or why vaecache cannot export it."""
+
+    short: str
+    """Its short name (file names, `--arch`; dataset/architectures.py)."""
+    full: str
+    """Its full name (the `architecture` metadata of each file)."""
+    family: str | None = None
+    """The vaecache VAE family whose latents it trains on."""
+    channels: int | None = None
+    convention: str = ""
+    """What the exported latent is, in words (export.json `convention`)."""
+    latents: Callable[[torch.Tensor, dict[str, Any]], dict[str, torch.Tensor]] | None = None
+    """(posterior mean (C, F, H, W), recorded normalization) -> tensors by key stem, as musubi would cache them."""
+    samples: bool = False
+    """musubi's caching stores a posterior sample; the export stores the mean (recorded in export.json)."""
+    refused: str = ""
+    """Why this architecture cannot be exported completely (then nothing is written)."""
+
+
+MUSUBI_ARCHITECTURES: dict[str, MusubiArch] = {arch.short: arch for arch in (
+    MusubiArch("wan", "wan", "AutoencoderKLWan", 16, latents=_wan_latents,
+               convention="(mean - latents_mean) * (1 / latents_std) per channel in the stored dtype, as musubi-tuner's "
+                          "WanVAE caches it (wan/modules/vae.py); its Wan trainer does not rescale"),
+    MusubiArch("hv", "hunyuan_video", "AutoencoderKLHunyuanVideo", 16, latents=_raw_latents, samples=True,
+               convention="the raw posterior mean: musubi-tuner's HunyuanVideo caching stores the unscaled latent "
+                          "(cache_latents.py) and its trainer multiplies by the scaling factor (hv_train_network.py)"),
+    MusubiArch("k5", "kandinsky5", "AutoencoderKLHunyuanVideo", 16, latents=_kandinsky5_latents, samples=True,
+               convention="mean * scaling_factor, plus the first and last latent frames as latents_image, as "
+                          "kandinsky5_cache_latents.py caches them; its trainer does not rescale"),
+    MusubiArch("fp", "framepack", refused="FramePack's training batches also need image_embeddings from a SigLIP image "
+               "encoder and FramePack's section layout (latent_indices, latents_clean, clean_latent_indices: "
+               "fpack_cache_latents.py), which a VAE cache does not hold; cache FramePack latents with musubi-tuner's "
+               "fpack_cache_latents.py"),
+    MusubiArch("hv15", "hunyuan_video_1_5", refused="HunyuanVideo 1.5 trains on its own VAE (32 channels, 16x spatial "
+               "compression: hunyuan_video_1_5/hunyuan_video_1_5_vae.py), a family vaecache does not load"),
+    MusubiArch("qi", "qwen_image", refused="Qwen-Image is an image architecture: musubi-tuner reads its latents as an "
+               "image dataset (one frame per item), not a video dataset"),
+)}
+"""musubi-tuner's architectures by short name (dataset/architectures.py); the exportable ones name their VAE."""
+MUSUBI_ARCH_OF_FAMILY = {"AutoencoderKLWan": "wan", "AutoencoderKLHunyuanVideo": "hv"}
+"""The default --arch per VAE family. Kandinsky 5 also trains on HunyuanVideo latents: pass --arch k5."""
+
+
+def musubi_arch(vae: dict[str, Any], channels: int, arch: str | None, where: Path) -> MusubiArch:
+    """The musubi architecture to export a cache with this manifest `vae` record and latent channel count as, or
+    an ExportError saying why it cannot be: an unknown or refused architecture, another VAE family, channel count
+    or normalization."""
+    family = str(vae.get("family"))
+    short = arch or MUSUBI_ARCH_OF_FAMILY.get(family)
+    if short is None:
+        raise ExportError(f"{where}: a {family} cache has no musubi-tuner architecture (musubi trains on "
+                          f"{', '.join(sorted(MUSUBI_ARCH_OF_FAMILY))} latents)")
+    spec = MUSUBI_ARCHITECTURES.get(short)
+    if spec is None:
+        raise ExportError(f"--arch {short!r} is not a musubi-tuner architecture this export knows "
+                          f"({', '.join(MUSUBI_ARCHITECTURES)})")
+    if spec.refused:
+        raise ExportError(f"--arch {short} ({spec.full}) cannot be exported: {spec.refused}")
+    if family != spec.family:
+        raise ExportError(f"{where}: --arch {short} trains on {spec.family} latents, this cache holds {family} latents")
+    if channels != spec.channels:
+        raise ExportError(f"{where}: --arch {short} needs {spec.channels}-channel latents, this {family} cache has "
+                          f"{channels}")
+    normalization = vae.get("normalization") or {}
+    if short == "wan" and (tuple(normalization.get("latents_mean") or ()) != WAN_LATENTS_MEAN
+                           or tuple(normalization.get("latents_std") or ()) != WAN_LATENTS_STD):
+        raise ExportError(f"{where}: the VAE records latents_mean/latents_std other than the Wan 2.1 statistics "
+                          "musubi-tuner normalizes Wan latents with (wan/modules/vae.py); it is not the VAE musubi's "
+                          "Wan models were trained on")
+    if family == "AutoencoderKLHunyuanVideo" and normalization.get("scaling_factor") != HUNYUAN_SCALING_FACTOR:
+        raise ExportError(f"{where}: the VAE records scaling_factor {normalization.get('scaling_factor')}, not "
+                          f"HunyuanVideo's {HUNYUAN_SCALING_FACTOR} that musubi-tuner's {spec.full} training assumes")
+    return spec
+
+
+def musubi_tensors(spec: MusubiArch, latent: torch.Tensor, normalization: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """One camera's latent file content: musubi's key (`latents_{F}x{H}x{W}_{dtype}` for latents, dtype as torch
+    names it: cache_io.py save_latent_cache_*) -> tensor, from the posterior mean (C, F, H, W)."""
+    assert spec.latents is not None
+    tensors = {}
+    for stem, tensor in spec.latents(latent, normalization).items():
+        _, frames, height, width = tensor.shape
+        tensors[f"{stem}_{frames}x{height}x{width}_{str(tensor.dtype).removeprefix('torch.')}"] = tensor.contiguous()
+    return tensors
+
+
+def musubi_item(scene: str, camera: str) -> str:
+    """The musubi item name of one camera of a scene: musubi-tuner names latent and text-encoder caches after
+    the basename of the video (item_key), so DIR/videos/<item>.<ext> links to that camera's source."""
+    return safe_name(f"{scene}-{camera}")
+
+
+def export_musubi(cache_dir: Path, target: Path, arch: str | None = None, verify: str = "size",
+                  on_clip: Callable[[int, int], None] | None = None) -> ExportSummary:
+    """Write musubi-tuner's latent cache for every clip and camera (see README, "Export to musubi-tuner").
+    Everything is checked before the first file is written: the architecture against the cache's VAE, the
+    stored tensor, the sizes musubi's buckets would stack together."""
+    from vaecache.format.reader import LatentCache
+
+    cache = LatentCache(cache_dir, verify=verify)
+    vae = cache.manifest.get("vae") or {}
+    stored = (cache.manifest.get("latent") or {}).get("store") or []
+    first = cache.record(0) if len(cache) else {}
+    channels = next(iter((first.get("tensors") or {}).values()), {}).get("shape", [None, None])[1]
+    spec = musubi_arch(vae, channels, arch, Path(cache_dir))
+    key = "mean" if "mean" in stored else "sample" if spec.samples and "sample" in stored else None
+    if key is None:
+        raise ExportError(f"{cache_dir}: stores no posterior mean ({'/'.join(stored) or 'nothing'}); musubi-tuner's "
+                          f"{spec.full} caching stores the mean")
+    spatial = int((cache.manifest.get("frame_rule") or {}).get("spatial_factor") or 0)
+    if spatial < 1:
+        raise ExportError(f"{cache_dir}: manifest.json records no frame_rule.spatial_factor (pixel size unknown)")
+    normalization = vae.get("normalization") or {}
+    buckets = [b for b in cache.manifest.get("buckets") or [] if b.get("clips")]
+    musubi_buckets({(int(b["width"]), int(b["height"])) for b in buckets}, cache_dir)
+    captions = sum(1 for record in cache.records() if _caption(record))
+    files = size = 0
+    sizes: set[tuple[int, int]] = set()
+    counts: set[int] = set()
+    with staging(target) as folder:
+        (folder / "cache").mkdir()
+        (folder / "videos").mkdir()
+        index = ExportIndex(folder / "index.jsonl")
+        videos = open(folder / "videos.jsonl", "x", encoding="utf-8")
+        linked: set[str] = set()  # items of the current scene (clips of a scene are contiguous: sorted ids)
+        scene_now = None
+        for number, record in enumerate(cache.records(), 1):
+            latents = cache.tensors_of(record)[key]
+            if record["scene"] != scene_now:
+                scene_now, linked = record["scene"], set()
+            for view, camera in enumerate(record["cameras"]):
+                latent = latents[view]  # (C, F, H, W)
+                _, _, height_l, width_l = latent.shape
+                width, height, count = width_l * spatial, height_l * spatial, len(record["frames"])
+                sizes.add((width, height))
+                counts.add(count)
+                item = musubi_item(record["scene"], camera)
+                name = f"{item}_{record['frames'][0]:05d}-{count:03d}_{width:04d}x{height:04d}_{spec.short}.safetensors"
+                data = safetensors_bytes(musubi_tensors(spec, latent, normalization),
+                                         {"architecture": spec.full, "width": str(width), "height": str(height),
+                                          "frame_count": str(count), "format_version": MUSUBI_FORMAT_VERSION})
+                write_new_file(folder / "cache" / name, data)
+                files, size = files + 1, size + len(data)
+                index.add(clip=record["id"], scene=record["scene"], camera=camera, file=f"cache/{name}", item=item,
+                          renamed=item != f"{record['scene']}-{camera}")
+                if item not in linked:
+                    linked.add(item)
+                    # The one path of an export that leaves DIR, on purpose: musubi's text-encoder caching reads
+                    # captions through videos.jsonl, whose entries name videos; these link to the sources.
+                    source = record["sources"][view]
+                    video = folder / "videos" / f"{item}{safe_suffix(source)}"
+                    os.symlink(source, video)
+                    final = Path(target).absolute() / "videos" / video.name
+                    videos.write(json.dumps({"video_path": str(final), "caption": _caption(record)},
+                                            ensure_ascii=False) + "\n")
+            if on_clip is not None:
+                on_clip(number, len(cache))
+        videos.flush()
+        os.fsync(videos.fileno())
+        videos.close()
+        (folder / "dataset.toml").write_text(musubi_dataset_toml(Path(target).absolute(), sizes, counts))
+        finish(folder, index, {
+            "format": "vaecache-export", "kind": "musubi", "architecture": spec.short, "architecture_full": spec.full,
+            "vae_family": spec.family, "convention": spec.convention, "tensor": f"posterior {key}, (C, F, H, W)",
+            **({"note": f"musubi-tuner's {spec.full} caching stores a posterior sample; this export stores the "
+                        f"{key}"} if spec.samples else {}),
+            "normalization": {k: v for k, v in normalization.items() if k != "formula"},
+            "source": source_of(cache), "clips": len(cache), "files": files, "bytes": size,
+            "renamed": index.renamed, "captioned_clips": captions})
+    notes = [f"latents as musubi-tuner's {spec.full} caching stores them: {spec.convention}"]
+    if not captions:
+        notes.append("no clip has a caption (metadata key 'caption'): musubi-tuner's text-encoder caching would "
+                     "encode empty prompts; add captions to the index and encode again")
+    return ExportSummary(str(target), "musubi", len(cache), files, size, index.renamed, tuple(notes))
+
+
+def _caption(record: dict[str, Any]) -> str:
+    caption = (record.get("metadata") or {}).get("caption")
+    return caption if isinstance(caption, str) else ""
+
+
+def safe_suffix(path: str) -> str:
+    suffix = Path(path).suffix.lower()
+    return suffix if re.fullmatch(r"\.[a-z0-9]{1,8}", suffix) else ".mp4"
+
+
+def musubi_buckets(sizes: set[tuple[int, int]], cache_dir: Path) -> dict[tuple[int, int], tuple[int, int]]:
+    """Pure: size (W, H) -> the bucket musubi-tuner's training puts its latents in, for a cache of several sizes
+    (one size: its own). With `enable_bucket` and `bucket_no_upscale`, musubi floors a cached file's size to
+    multiples of 16 when its area is at most `resolution`'s; two sizes flooring alike would be stacked into one
+    batch, so they are refused, naming both."""
+    step = MUSUBI_RESOLUTION_STEP
+    seen: dict[tuple[int, int], tuple[int, int]] = {}
+    for width, height in sorted(sizes):
+        bucket = (width // step * step, height // step * step)
+        if bucket in seen.values() and len(sizes) > 1:
+            other = next(s for s, b in seen.items() if b == bucket)
+            raise ExportError(f"{cache_dir}: sizes {other[0]}x{other[1]} and {width}x{height} fall into one "
+                              f"musubi-tuner bucket ({bucket[0]}x{bucket[1]}: it floors sizes to multiples of {step}) "
+                              "and would be stacked into one batch; export a cache whose sizes differ after that")
+        seen[(width, height)] = bucket
+    return seen
+
+
+def musubi_dataset_toml(target: Path, sizes: set[tuple[int, int]], frames: set[int]) -> str:
+    """A musubi-tuner dataset config over the export: captions from videos.jsonl, latents in cache/.
+
+    musubi's training groups cached latents by the bucket its BucketSelector gives their file's size: one
+    size is one bucket (enable_bucket off, resolution that size); several sizes need enable_bucket with
+    bucket_no_upscale and the largest area as resolution, so that each size is its own bucket (musubi_buckets,
+    checked before the export writes anything)."""
+    width, height = max(sorted(sizes), key=lambda s: s[0] * s[1]) if sizes else (0, 0)
+    several = len(sizes) > 1
+    return (f"# Written by vaecache export: musubi-tuner's text-encoder caching and training read this.\n"
+            f"[general]\nresolution = [{width}, {height}]\nbatch_size = 1\n"
+            f"enable_bucket = {'true' if several else 'false'}\n"
+            + ("bucket_no_upscale = true\n" if several else "")
+            + f"\n[[datasets]]\nvideo_jsonl_file = {json.dumps(str(target / 'videos.jsonl'))}\n"
+            f"cache_directory = {json.dumps(str(target / 'cache'))}\n"
+            f"target_frames = [{', '.join(str(f) for f in sorted(frames))}]\nframe_extraction = \"head\"\n")

@@ -1,0 +1,200 @@
+"""WebDataset tars of a finished cache, one latent shape per tar, prepared for Megatron-Energon where it is
+installed; and the loader stage that keeps batches single-shape under shuffling.
+
+A cache with size or length buckets holds several latent shapes. A tar that mixed them would break
+`webdataset`'s `.batched()` (it stacks tensors) and Megatron-Energon would silently zero-pad them into one
+batch, so every tar holds one shape (its name says which, and each sample's JSON too). A shuffle buffer still
+mixes samples of neighbouring tars, so training groups by the recorded shape: `batched_by_shape` here for
+`webdataset` pipelines, Energon's `batch_group_criterion` for Energon (README, "Export to WebDataset").
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+from vaecache.export.common import (
+    ExportError,
+    ExportIndex,
+    ExportSummary,
+    finish,
+    fsync_file,
+    safe_name,
+    safetensors_bytes,
+    source_of,
+    staging,
+)
+
+TAR_MTIME = 0.0
+"""mtime of every tar member: tars do not change with the time of the export."""
+SAMPLES_PER_TAR = 1000
+BYTES_PER_TAR = 1 << 30
+ENERGON_MODES = ("auto", "on", "off")
+"""--energon: prepare the export for Megatron-Energon when it is installed (auto), always (on: refused before
+writing when it is not installed), or never (off)."""
+ENERGON_PREPARE_ARGS = ("--non-interactive", "--split-ratio", "1,0,0", "--sample-type", "CrudeWebdataset",
+                        "--no-progress", "--num-workers", "1")
+"""Energon's own `energon prepare` with every answer given: all tars in the train split, samples as plain dicts
+(CrudeWebdataset) for a TaskEncoder's Cooker. Run on DIR it writes DIR/.nv-meta/ (its index and dataset.yaml)."""
+
+
+def webdataset_key(record: dict[str, Any]) -> str:
+    """A sample's __key__: `<scene>_<first>-<last>` (a clip id's '/' cannot be in a key), through safe_name
+    without dots (webdataset splits a member name at its first '.')."""
+    scene, _, window = str(record["id"]).rpartition("/")
+    if scene == record.get("scene") and window.replace("-", "").isdigit() and window.count("-") == 1:
+        return f"{safe_name(scene)}_{window}"
+    return safe_name(str(record["id"]))
+
+
+def latent_shape(record: dict[str, Any]) -> dict[str, list[int]]:
+    """A clip's stored tensors' shapes by key, from its record: what a batch must not mix."""
+    return {key: list(entry.get("shape") or []) for key, entry in sorted((record.get("tensors") or {}).items())}
+
+
+def shape_tag(shape: dict[str, list[int]]) -> str:
+    """The part of a tar's name that says its latent shape: `2x16x3x8x8` (cameras, C, F, H, W) when every
+    stored tensor has that shape, else each key's shape joined by '-'."""
+    shapes = {tuple(dims) for dims in shape.values()}
+    if len(shapes) == 1:
+        return "x".join(map(str, next(iter(shapes))))
+    return "-".join(f"{key}{'x'.join(map(str, dims))}" for key, dims in shape.items())
+
+
+def energon_available() -> bool:
+    try:
+        import megatron.energon.tools.prepare  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def prepare_for_energon(folder: Path) -> None:
+    """Run Energon's own preparation (its `energon prepare` command, in this process) on a folder of tars."""
+    import contextlib
+
+    from megatron.energon.tools.prepare import command
+
+    chatter = io.StringIO()  # Energon prints the first samples and its steps; the export reports in one line
+    try:
+        with contextlib.redirect_stdout(chatter):
+            command.main([str(folder), *ENERGON_PREPARE_ARGS], standalone_mode=False)
+    except Exception as exc:  # click and Energon raise their own types
+        raise ExportError(f"{folder}: Megatron-Energon's prepare failed ({exc}); export with --energon off and run "
+                          f"`energon prepare DIR {' '.join(ENERGON_PREPARE_ARGS)}` to see why") from None
+
+
+def export_webdataset(cache_dir: Path, target: Path, verify: str = "size", samples_per_tar: int = SAMPLES_PER_TAR,
+                      energon: str = "auto", on_clip: Callable[[int, int], None] | None = None) -> ExportSummary:
+    """Write WebDataset tars, one latent shape per tar (`shard-<shape>-000000.tar`, ...): one sample per clip,
+    `latents.safetensors` (the clip's stored tensors: mean, logvar or sample, (cameras, C, F, H, W)) and `json`
+    (its clip record plus `latent_shape`); then Energon's preparation (`energon`: auto, on, off)."""
+    import webdataset
+
+    from vaecache.format.reader import LatentCache
+
+    if energon not in ENERGON_MODES:
+        raise ExportError(f"--energon must be one of {', '.join(ENERGON_MODES)}, got {energon!r}")
+    prepare = energon == "on" or (energon == "auto" and energon_available())
+    if energon == "on" and not energon_available():
+        raise ExportError("--energon on: Megatron-Energon is not installed (pip install 'vaecache[energon]')")
+    cache = LatentCache(cache_dir, verify=verify)
+    size = 0
+    with staging(target) as folder:
+        index = ExportIndex(folder / "index.jsonl")
+        written: dict[str, dict[str, list[int]]] = {}
+        writers: dict[str, Any] = {}
+        clips_of: dict[str, int] = {}
+        shape_of: dict[str, dict[str, list[int]]] = {}
+
+        def closed(name: str, shape: dict[str, list[int]]) -> None:
+            fsync_file(Path(name))
+            written[Path(name).name] = shape
+
+        try:
+            for number, record in enumerate(cache.records(), 1):
+                shape = latent_shape(record)
+                tag = shape_tag(shape)
+                writer = writers.get(tag)
+                if writer is None:
+                    writer = writers[tag] = webdataset.ShardWriter(
+                        str(folder / f"shard-{tag}-%06d.tar"), maxcount=samples_per_tar, maxsize=BYTES_PER_TAR,
+                        verbose=0, mtime=TAR_MTIME, post=lambda name, shape=shape: closed(name, shape))
+                key = webdataset_key(record)
+                data = safetensors_bytes(cache.tensors_of(record), {"clip": record["id"]})
+                body = json.dumps({**record, "latent_shape": shape}, sort_keys=True, ensure_ascii=False).encode()
+                writer.write({"__key__": key, "latents.safetensors": data, "json": body})
+                index.add(clip=record["id"], key=key, tar=Path(writer.fname).name,
+                          renamed=not key.startswith(f"{record['scene']}_"))
+                clips_of[tag] = clips_of.get(tag, 0) + 1
+                shape_of[tag] = shape
+                size += len(data) + len(body)
+                if on_clip is not None:
+                    on_clip(number, len(cache))
+        finally:
+            for writer in writers.values():
+                writer.close()
+        tars = sorted(written)
+        if prepare:
+            prepare_for_energon(folder)
+        finish(folder, index, {
+            "format": "vaecache-export", "kind": "webdataset", "source": source_of(cache), "clips": len(cache),
+            "shards": tars, "shard_shapes": {name: written[name] for name in tars},
+            "shapes": [{"tag": tag, "latent_shape": shape_of[tag], "clips": clips_of[tag]} for tag in sorted(clips_of)],
+            "bytes": size, "renamed": index.renamed, "energon": bool(prepare),
+            "sample": {"latents.safetensors": "the clip's stored tensors by key (mean, logvar, sample), "
+                                              "(cameras, C, F, H, W)",
+                       "json": "the clip record, plus latent_shape: each stored tensor's shape by key"}})
+    notes = [f"{len(written)} tar(s), one latent shape each ({len(clips_of)} shape(s)); group batches by "
+             "latent_shape when a shuffle buffer mixes tars"]
+    notes.append("prepared for Megatron-Energon (DIR/.nv-meta, CrudeWebdataset)" if prepare else
+                 f"not prepared for Megatron-Energon ({'--energon off' if energon == 'off' else 'not installed'}): "
+                 f"energon prepare DIR {' '.join(ENERGON_PREPARE_ARGS)}")
+    return ExportSummary(str(target), "webdataset", len(cache), len(tars), size, index.renamed, tuple(notes))
+
+
+def decode_sample(sample: dict[str, Any]) -> dict[str, Any]:
+    """A raw WebDataset (or Energon CrudeWebdataset) sample of this export as {"__key__", each stored tensor by key,
+    "record", "latent_shape"}: tensors read by safetensors (no pickle). `json` may be bytes (webdataset) or already
+    parsed (Energon's default decoder)."""
+    from safetensors.torch import load
+
+    record = dict(sample["json"]) if isinstance(sample["json"], dict) else json.loads(sample["json"])
+    shape = record.pop("latent_shape", None)
+    return {"__key__": sample["__key__"], **load(sample["latents.safetensors"]), "record": record,
+            "latent_shape": tuple((key, tuple(dims)) for key, dims in sorted((shape or {}).items()))}
+
+
+def collate_samples(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Decoded samples of one latent shape as a batch: tensors stacked, everything else kept as lists."""
+    import torch
+
+    batch: dict[str, Any] = {}
+    for key in samples[0]:
+        values = [sample[key] for sample in samples]
+        batch[key] = torch.stack(values) if isinstance(values[0], torch.Tensor) else values
+    return batch
+
+
+def batched_by_shape(batch_size: int, partial: bool = True) -> Callable[[Iterable[dict[str, Any]]], Iterator[dict[str, Any]]]:
+    """A webdataset pipeline stage (`.compose(batched_by_shape(8))`) over decoded samples: it keeps one open
+    batch per latent shape and yields a batch as soon as one is full, so batches never mix shapes whatever the
+    shuffling before it; at the end the short batches follow (dropped when not `partial`)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+
+    def stage(samples: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        open_batches: dict[Any, list[dict[str, Any]]] = {}
+        for sample in samples:
+            batch = open_batches.setdefault(sample["latent_shape"], [])
+            batch.append(sample)
+            if len(batch) == batch_size:
+                del open_batches[sample["latent_shape"]]
+                yield collate_samples(batch)
+        if partial:
+            for batch in open_batches.values():
+                yield collate_samples(batch)
+
+    return stage
