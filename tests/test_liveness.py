@@ -95,6 +95,25 @@ def test_a_rank_that_stops_beating_is_named_with_host_pid_and_what_it_was_doing(
     assert r1.tick() == (message, False)
 
 
+def test_a_new_phase_is_published_at_once_not_at_the_next_beat(store):
+    """A rank that moves on and is stopped before its next beat (5 s apart) is reported doing what it was doing
+    then (it was once "last seen starting up" with two shards committed)."""
+    import time
+
+    live = Liveness(store, 1, 2, 60.0, on_failure=lambda *_: None).start()
+    try:
+        assert live.interval_s == 5.0 and live.read_beat(1).doing == "starting up"
+        for phase in ("loading the VAE builtin:tiny", "encoding clip s/000000-000008 (batch 3 of 9)"):
+            live.set_doing(phase)
+            deadline = time.monotonic() + 2
+            while live.read_beat(1).doing != phase and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert live.read_beat(1).doing == phase
+    finally:
+        live.stop()
+    assert live.read_beat(1).state == "exited"
+
+
 def test_the_finder_prints_when_rank_0_is_the_one_that_stopped(store):
     clock = Clock()
     r0, r1 = _ranks(store, 2, clock, timeout_s=3)

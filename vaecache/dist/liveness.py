@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 DEFAULT_LIVENESS_TIMEOUT_S = 60.0
 MAX_INTERVAL_S = 5.0
 RUNNING, EXITED, FAILED = "running", "exited", "failed"
+MIN_BEAT_SPACING_S = 0.05
+"""A change of what a rank is doing is published at once, but no more often than this (a loop of tiny batches)."""
 FAILED_GRACE_S = 10.0
 """How long a rank that failed is given before its watcher ends the job: when every rank fails alike (an error
 rank 0 handed to all), they are all gone by then; when one failed alone, the others would wait for it."""
@@ -147,6 +149,8 @@ class Liveness:
         self._count = 0
         self._clock = clock
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        """Set by stop() and by set_doing(): the thread publishes a new phase at once, not at its next beat."""
         self._thread: threading.Thread | None = None
         self.hosts_store = hosts_store
         self._on_failure = on_failure or self._exit_job
@@ -214,11 +218,29 @@ class Liveness:
         return posted.decode(errors="replace"), self.rank == 0 or target == 0
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        deadline = self._clock() + self.interval_s
+        while True:
+            self._wake.wait(max(0.0, deadline - self._clock()))
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            if self._clock() < deadline:  # the phase changed: publish it now, so a rank stopped right after it
+                try:                      # is reported doing what it was doing (the watching waits for the tick)
+                    self.beat()
+                except Exception:
+                    pass  # the tick names a store that stopped answering
+                self._stop.wait(MIN_BEAT_SPACING_S)
+                continue
+            deadline = self._clock() + self.interval_s
             verdict = self.tick()
             if verdict is not None and not self._stop.is_set():
                 self._on_failure(*verdict)
                 return
+
+    def set_doing(self, text: str) -> None:
+        if text != self.doing:
+            self.doing = text
+            self._wake.set()
 
     def start(self) -> Liveness:
         self.beat()
@@ -230,6 +252,7 @@ class Liveness:
         """Stop watching and tell the watcher of this rank that it exited cleanly, or failed with `failure`
         (best effort)."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=2 * self.interval_s + 5)
         try:
@@ -322,7 +345,7 @@ def active() -> Liveness | None:
 def set_doing(text: str) -> None:
     """Say what this rank is doing (shown when it stops responding). A no-op without liveness."""
     if _active is not None:
-        _active.doing = text
+        _active.set_doing(text)
 
 
 def check_timeout(timeout_s: float) -> None:
