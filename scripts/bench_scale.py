@@ -256,7 +256,7 @@ def bench_overhead(args: argparse.Namespace, root: Path, video: Path) -> dict[st
 
 def clip_record(index: int, args: argparse.Namespace, scene: str | None = None) -> dict[str, Any]:
     """A committed clip record shaped as the shard writer completes it (17-frame windows, back to back)."""
-    scene = scene or f"fleet/2024-05-01/drive_{index // args.clips_per_scene:07d}"
+    scene = scene or f"fleet-2024-05-01-drive_{index // args.clips_per_scene:07d}"
     first = (index % args.clips_per_scene) * 17
     clip_id = f"{scene}/{first:06d}-{first + 16:06d}"
     cameras = [f"cam_{c}" for c in range(args.cameras)]

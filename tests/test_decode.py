@@ -136,11 +136,50 @@ def test_view_batch_dataset_reports_a_broken_view_without_raising(demo_data: Pat
              Clip("b/000000-000002", "b", ("c0", "c1"), (good, good), (0, 1, 2), 12.0)]
     item = ViewBatchDataset([clips], [[0, 1, 2, 3]], 32, 32)[0]
     assert set(item["errors"]) == {0}
-    path, reason = item["errors"][0]
-    assert path == str(broken) and "not a readable video" in reason
+    path, reason, whole_file = item["errors"][0]
+    assert path == str(broken) and "not a readable video" in reason and whole_file
     assert item["views"].shape == (4, 3, 3, 32, 32)
     assert torch.count_nonzero(item["views"][1]) == 0  # the failed view is a zero placeholder
     assert torch.equal(item["views"][2], item["views"][0])
+
+
+def test_a_frame_budget_refuses_a_video_before_decoding_it(wide_video: Path) -> None:
+    """48x96 = 4608 pixels: under a budget of 4607 the reader refuses at open, before any frame is decoded;
+    the refusal condemns the file, so the next clip of it fails at once without opening it again."""
+    from vaecache.decode import VideoReader
+
+    with pytest.raises(VideoDecodeError, match=r"frames of 96x48 \(4,608 pixels\) exceed the decode budget of "
+                                               r"4,607 pixels \(--max-frame-pixels"):
+        VideoReader(str(wide_video), max_pixels=4607)
+    assert len(VideoReader(str(wide_video), max_pixels=4608)) == 9
+    assert len(open_video(str(wide_video))) == 9  # probing reads packets, never pixels: no budget applies
+    clips = [Clip(f"w/00000{i}-00000{i + 2}", "w", ("c",), (str(wide_video),), (i, i + 1, i + 2), 10.0) for i in (0, 3)]
+    dataset = ViewBatchDataset([[clip] for clip in clips], [[0], [0]], 32, 32, max_pixels=4607)
+    first = dataset[0]["errors"][0]
+    opened: list[str] = []
+    real = dataset._decoder._reader
+    dataset._decoder._reader = lambda path: opened.append(path) or real(path)
+    second = dataset[1]["errors"][0]
+    assert first == second and first[2] and "exceed the decode budget" in first[1]
+    assert opened == []  # the second clip did not open the file again
+
+
+def test_a_file_changed_since_its_index_probed_it_is_refused_naming_both(wide_video: Path, tmp_path: Path) -> None:
+    import os
+    import shutil
+
+    video = Path(shutil.copy(wide_video, tmp_path / "v.mp4"))
+    stat = video.stat()
+    clip = Clip("v/000000-000002", "v", ("c",), (str(video),), (0, 1, 2), 10.0, expect=((9, 96, 48),),
+                identity=((stat.st_size, stat.st_mtime_ns),))
+    assert ViewBatchDataset([[clip]], [[0]], 32, 32)[0]["errors"] == {}
+    os.utime(video, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched: same bytes, other mtime
+    path, reason, whole_file = ViewBatchDataset([[clip]], [[0]], 32, 32)[0]["errors"][0]
+    assert whole_file and reason.startswith("changed since it was probed (modified ") and "run `vaecache index` again" in reason
+    with open(video, "ab") as handle:
+        handle.write(b"\0" * 7)
+    _, reason, _ = ViewBatchDataset([[clip]], [[0]], 32, 32)[0]["errors"][0]
+    assert f"size {stat.st_size} -> {stat.st_size + 7} bytes" in reason
 
 
 def test_widths_decord_misreads_fall_back_to_pyav(tmp_path):

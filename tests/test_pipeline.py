@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 
 def _args(vae: str) -> list[str]:
     return ["--vae", vae, "--num-frames", "9", "--size", "64x64", "--workers", "0", "--no-progress"]
@@ -41,3 +43,131 @@ def test_decode_workers_share_the_cores_the_encode_leaves() -> None:
     assert decode_thread_budget(cores=8, workers=2, main_threads=8) == 1  # OMP_NUM_THREADS took every core
     assert decode_thread_budget(cores=6, workers=0, main_threads=6) == 6  # decoding between forwards
     assert decode_thread_budget(cores=0, workers=0, main_threads=1) == 1
+
+
+# --- what the third adversarial round found (each a recorded failure, never a crash or silent wrong latents) ----
+
+SMALL = ("--vae", "builtin:tiny", "--num-frames", "5", "--size", "32x32", "--workers", "0", "--no-progress")
+
+
+def _index(run_cli, data: Path, index: Path) -> list[dict]:
+    import json
+
+    result = run_cli(["index", data, "-o", index])
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in index.read_text().splitlines()]
+
+
+def _write_index(index: Path, lines: list[dict]) -> None:
+    import json
+
+    index.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def test_frames_over_the_pixel_budget_are_a_recorded_failure_decided_from_the_probe(run_cli, cache_io,
+                                                                                    tmp_path: Path) -> None:
+    """A huge-frame video (a 424 KB 12000x12000 h264 file took 12.3 GB to decode) is refused from its probe,
+    before a frame is decoded; a lying index that hides its size is caught when the file is opened, once."""
+    from tests.conftest import H264
+    from tests.videos import write_video
+
+    data = tmp_path / "data"
+    write_video(data / "small.mp4", H264, frames=9, height=32, width=32, fps=10)
+    write_video(data / "big.mp4", H264, frames=9, height=64, width=64, fps=10)
+    result = run_cli(["encode", data, "--out", tmp_path / "out", *SMALL, "--max-frame-pixels", "2000"])
+    assert result.exit_code == 3, result.output
+    (failure,) = cache_io.failures(tmp_path / "out")
+    assert failure["path"].endswith("big.mp4") and failure.get("clip") is None
+    assert failure["reason"].startswith("frames of 64x64 (4,096 pixels) exceed the decode budget of 2,000 pixels")
+    assert [clip["scene"] for clip in cache_io.clips(tmp_path / "out")] == ["small"]
+    assert cache_io.manifest(tmp_path / "out")["settings"]["max_frame_pixels"] == 2000
+    lines = _index(run_cli, data, tmp_path / "index.jsonl")
+    for line in lines:
+        line["probe"].update(width=32, height=32)  # the index hides big.mp4's size: planning cannot tell
+    _write_index(tmp_path / "index.jsonl", lines)
+    result = run_cli(["encode", tmp_path / "index.jsonl", "--out", tmp_path / "out2", *SMALL, "--max-frame-pixels", "2000"])
+    assert result.exit_code == 3, result.output
+    (failure,) = cache_io.failures(tmp_path / "out2")
+    assert failure["scene"] == "big" and failure.get("clip") is None and "exceed the decode budget" in failure["reason"]
+
+
+def test_a_probe_claiming_far_more_frames_fails_its_scene_once(run_cli, cache_io, demo_data: Path,
+                                                               tmp_path: Path) -> None:
+    """An index claiming 20000 frames for a 17-frame video plans 4000 clips: the scene fails once (one failure
+    record naming the file), its other clips are not decoded or encoded, and verify --dataset accounts for them."""
+    import time
+
+    lines = _index(run_cli, demo_data, tmp_path / "index.jsonl")
+    for camera in lines[1]["probe"].values():
+        camera["frames"] = 20000
+    _write_index(tmp_path / "index.jsonl", lines)
+    started = time.perf_counter()
+    result = run_cli(["encode", tmp_path / "index.jsonl", "--out", tmp_path / "out", *SMALL])
+    assert result.exit_code == 3, result.output
+    assert time.perf_counter() - started < 120  # was ~18 min for 200000 frames: one failure per made-up clip
+    (failure,) = cache_io.failures(tmp_path / "out")
+    assert failure["scene"] == "scene_001" and failure.get("clip") is None
+    assert failure["reason"].startswith("the index says 20000 frames of 64x64, the video has 17 frames")
+    assert {clip["scene"] for clip in cache_io.clips(tmp_path / "out")} == {"scene_000", "scene_002"}
+    verified = run_cli(["verify", tmp_path / "out", "--dataset", tmp_path / "index.jsonl"])
+    assert verified.exit_code == 0, verified.output
+
+
+def test_a_video_rewritten_since_it_was_indexed_is_a_failure_naming_both(run_cli, cache_io, demo_data: Path,
+                                                                          tmp_path: Path) -> None:
+    """Same frame count and size, other content: the index's size and mtime no longer match the file."""
+    import shutil
+
+    from vaecache.demodata import DemoDataSpec, write_demo_dataset
+
+    data = Path(shutil.copytree(demo_data, tmp_path / "data"))
+    _index(run_cli, data, tmp_path / "index.jsonl")
+    other = write_demo_dataset(tmp_path / "other", DemoDataSpec(scenes=1, cameras=2, frames=17, height=64, width=64,
+                                                                fps=10, seed=7))
+    shutil.copy(other[0], data / "scene_002" / "cam_0.mp4")  # same 17 frames of 64x64, other pictures
+    result = run_cli(["encode", tmp_path / "index.jsonl", "--out", tmp_path / "out", *SMALL])
+    assert result.exit_code == 3, result.output
+    (failure,) = cache_io.failures(tmp_path / "out")
+    assert failure["scene"] == "scene_002" and failure["path"].endswith("scene_002/cam_0.mp4")
+    assert failure["reason"].startswith("changed since it was probed (") and "modified " in failure["reason"]
+    assert {clip["scene"] for clip in cache_io.clips(tmp_path / "out")} == {"scene_000", "scene_001"}
+
+
+def test_torn_utf8_tails_and_unreadable_run_records_never_block_a_rerun(run_cli, demo_data: Path,
+                                                                      tmp_path: Path) -> None:
+    """A crash while writing a non-ASCII path can tear a probe-cache line inside a UTF-8 character: the rerun cuts
+    it; an invalid-UTF-8 run.json is named in the error."""
+    import shutil
+
+    data = Path(shutil.copytree(demo_data, tmp_path / "données"))
+    out = tmp_path / "out"
+    assert run_cli(["encode", data, "--out", out, *SMALL]).exit_code == 0
+    probes = out / "probes" / "rank-00000.jsonl"
+    probes.write_bytes(probes.read_bytes() + '{"path":"/x/donn\u00e9es'.encode()[:-1])
+    result = run_cli(["encode", data, "--out", out, *SMALL])
+    assert result.exit_code == 0 and "is already complete" in result.output, result.output
+    (out / "run.json").write_bytes(b'{"attempt": 0, "fingerprint": "\xff\xfe"}')
+    result = run_cli(["encode", data, "--out", out, *SMALL])
+    assert result.exit_code == 1, result.output
+    assert f"{out / 'run.json'}: the run record is not UTF-8 text" in result.output and "Traceback" not in result.output
+
+
+def test_a_complete_cache_on_a_read_only_mount_is_confirmed_complete(run_cli, demo_data: Path, tmp_path: Path) -> None:
+    """Rerunning encode on a finished cache mounted read-only (a shared dataset volume) says it is complete."""
+    import subprocess
+
+    out, mounted = tmp_path / "out", tmp_path / "ro"
+    assert run_cli(["encode", demo_data, "--out", out, *SMALL]).exit_code == 0
+    mounted.mkdir()
+    bind = subprocess.run(["mount", "--bind", str(out), str(mounted)], capture_output=True, text=True)
+    if bind.returncode != 0:
+        pytest.skip(f"cannot bind-mount here (needs root): {bind.stderr.strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(mounted)], check=True, capture_output=True)
+        result = run_cli(["encode", demo_data, "--out", mounted, *SMALL])
+        assert result.exit_code == 0, result.output
+        assert "is already complete: nothing to encode" in result.output
+        result = run_cli(["encode", demo_data, "--out", mounted, *SMALL, "--overwrite"])
+        assert result.exit_code == 1 and "on a read-only filesystem" in result.output
+    finally:
+        subprocess.run(["umount", str(mounted)], capture_output=True)

@@ -166,11 +166,24 @@ def test_jsonl_index_with_single_paths(tmp_path: Path) -> None:
     (json.dumps({"id": "a/b", "path": "x.mp4"}), r"scene id 'a/b' is not usable"),
     (json.dumps({"id": "a", "cameras": {"x": 5}}), r"index.jsonl:1: the path of camera 'x' must be a non-empty string"),
     (json.dumps({"id": "a", "path": None}), r"the path of camera 'video' must be a non-empty string"),
+    # JSON has no NaN or Infinity (Python writes and reads them): a probe's fps of NaN was once stored and verified
+    ('{"id": "a", "path": "x.mp4", "probe": {"frames": 9, "fps": NaN, "width": 8, "height": 8, "codec": "h264", '
+     '"size": 1, "mtime_ns": 1}}', r"index.jsonl:1: NaN is not a JSON number"),
+    ('{"id": "a", "path": "x.mp4", "score": -Infinity}', r"index.jsonl:1: -Infinity is not a JSON number"),
+    ('{"id": "a", "path": "x.mp4", "probe": {"frames": 9, "fps": 1e999, "width": 8, "height": 8, "codec": "h264", '
+     '"size": 1, "mtime_ns": 1}}', r"probe values out of range .* fps finite"),  # a valid number, parsed as inf
 ])
 def test_bad_index_lines_are_named(tmp_path: Path, line: str, match: str) -> None:
     index = tmp_path / "index.jsonl"
     index.write_text(line + "\n")
     with pytest.raises(DatasetError, match=match):
+        discover_scenes(index)
+
+
+def test_an_index_line_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    index = tmp_path / "index.jsonl"
+    index.write_bytes(json.dumps({"id": "a", "path": "x.mp4"}).encode() + b"\n" + b'{"id": "b\xff"}\n')
+    with pytest.raises(DatasetError, match=r"index.jsonl:2: not UTF-8 text"):
         discover_scenes(index)
 
 

@@ -281,7 +281,20 @@ def declared_counts_differ(cache: Path) -> tuple[set[str], str]:
     return {"manifest declarations"}, "counts.views is 99, the cache holds 6"
 
 
-CORRUPTIONS = [shard_outside_out_rehashed, absolute_shard_in_manifest, shard_symlinked_out, clip_table_outside_out,
+def manifest_with_nan(cache: Path) -> tuple[set[str], str]:
+    """NaN in manifest.json (Python's json writes and reads it; JSON has no such number)."""
+    text = (cache / "manifest.json").read_text()
+    (cache / "manifest.json").write_text(text.replace('"oom_backoffs": 0', '"oom_backoffs": NaN'))
+    return {"manifest"}, "manifest.json: the manifest does not parse (NaN is not a JSON number"
+
+
+def record_fps_nan_rehashed(cache: Path) -> tuple[set[str], str]:
+    _edit_clip_record(cache, lambda r: r.update(fps=math.nan))
+    _rehash_clips(cache)
+    return {"clip records"}, f"clip {CLIP}: fps or frame times hold a non-finite number (fps nan)"
+
+
+CORRUPTIONS = [manifest_with_nan, record_fps_nan_rehashed, shard_outside_out_rehashed, absolute_shard_in_manifest, shard_symlinked_out, clip_table_outside_out,
                id_encode_refuses_rehashed, declared_shape_differs, declared_dtype_differs, declared_counts_differ,
                truncate_shard, flip_byte, delete_shard, orphan_shard, edit_shape, edit_shape_rehashed,
                swap_tensor_entries_rehashed, write_nan,

@@ -24,6 +24,17 @@ ON_ERROR_CHOICES = ("skip", "fail")
 SP_MODE_CHOICES = ("views", "spatial")
 DECODER_CHOICES = ("auto", "pyav", "decord", "torchcodec")
 """--decoder values (vaecache.decode resolves them; kept here so config loads without torch or av)."""
+DEFAULT_MAX_FRAME_PIXELS = 8192 * 8192
+"""--max-frame-pixels default: 67 MP, twice 8K UHD (7680x4320 = 33 MP); decoding one frame costs a few bytes per
+pixel per decoder thread and buffer, so a larger frame can take GBs."""
+
+
+def frame_budget_problem(width: int, height: int, max_pixels: int) -> str | None:
+    """The reason a video of `width`x`height` frames is not decoded under a budget of `max_pixels` (None: it is)."""
+    if width * height <= max_pixels:
+        return None
+    return (f"frames of {width}x{height} ({width * height:,} pixels) exceed the decode budget of {max_pixels:,} "
+            "pixels (--max-frame-pixels; decoding frames this large can take GBs of memory)")
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -71,6 +82,10 @@ class SamplingConfig:
     frames_policy: str = "longest"
     """With several frame buckets: "longest" cuts a scene at the longest bucket that fits its usable frames,
     "all" at every bucket that fits."""
+    max_frame_pixels: int = DEFAULT_MAX_FRAME_PIXELS
+    """A scene whose probe reports a camera with more pixels per frame than this yields no clip: a recorded
+    failure, decided before anything is decoded (a 12000x12000 h264 frame takes GBs to decode). Not part of the
+    run fingerprint (it changes no latent); the manifest's settings record it for verify --dataset."""
 
     def __post_init__(self) -> None:
         for value in self.frame_buckets or (self.num_frames,):
@@ -86,6 +101,8 @@ class SamplingConfig:
             raise UsageError(f"--window-stride must be >= 1, got {self.window_stride}")
         if self.max_clips_per_scene is not None and self.max_clips_per_scene < 1:
             raise UsageError(f"--max-clips-per-scene must be >= 1, got {self.max_clips_per_scene}")
+        if isinstance(self.max_frame_pixels, bool) or not isinstance(self.max_frame_pixels, int) or self.max_frame_pixels < 1:
+            raise UsageError(f"--max-frame-pixels must be a pixel count >= 1, got {self.max_frame_pixels!r}")
 
     @property
     def span(self) -> int:
@@ -236,7 +253,8 @@ class ClipSettings:
                                       window_stride=record["window_stride"],
                                       max_clips_per_scene=record["max_clips_per_scene"],
                                       frame_buckets=lengths if len(lengths) > 1 else (),
-                                      frames_policy=record.get("frames_policy", "longest"))
+                                      frames_policy=record.get("frames_policy", "longest"),
+                                      max_frame_pixels=record.get("max_frame_pixels", DEFAULT_MAX_FRAME_PIXELS))
             sizes = tuple(tuple(size) for size in record.get("sizes") or ())
             cameras = record.get("cameras")
             return cls(sampling=sampling, height=record["height"], width=record["width"], dtype=record["dtype"],
@@ -351,6 +369,7 @@ def pop_clip_options(merged: dict[str, Any]) -> ClipSettings:
         max_clips_per_scene=merged.pop("max_clips_per_scene", None),
         frame_buckets=lengths if len(lengths) > 1 else (),
         frames_policy=merged.pop("frames_policy", "longest"),
+        max_frame_pixels=merged.pop("max_frame_pixels", DEFAULT_MAX_FRAME_PIXELS),
     )
     (height, width) = sizes[0]
     cameras = merged.pop("cameras", None)
@@ -415,6 +434,6 @@ def _toml_types(key: str) -> tuple[type, ...]:
 
 
 __all__ = [
-    "DECODER_CHOICES", "DTYPE_CHOICES", "ON_ERROR_CHOICES", "STORE_CHOICES", "ClipSettings", "EncodeConfig", "SamplingConfig",
-    "check_option_syntax", "load_toml", "parse_bytes", "parse_size", "pop_clip_options",
+    "DECODER_CHOICES", "DEFAULT_MAX_FRAME_PIXELS", "DTYPE_CHOICES", "ON_ERROR_CHOICES", "STORE_CHOICES", "ClipSettings", "EncodeConfig", "SamplingConfig",
+    "check_option_syntax", "frame_budget_problem", "load_toml", "parse_bytes", "parse_size", "pop_clip_options",
 ]

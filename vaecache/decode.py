@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import errno
 import itertools
+import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from fractions import Fraction
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 
 from vaecache.buckets import PAD_PIXEL, fit_geometry
-from vaecache.config import DECODER_CHOICES
+from vaecache.config import DECODER_CHOICES, DEFAULT_MAX_FRAME_PIXELS, frame_budget_problem
 from vaecache.errors import UsageError, VideoDecodeError
 
 DECODER = "pyav-pts/1"
@@ -56,9 +57,13 @@ class _Keyframe:
 class VideoReader:
     """One video file, read frame-exactly with PyAV; consecutive reads continue forward without seeking."""
 
-    def __init__(self, path: str, threads: int = 0) -> None:
+    def __init__(self, path: str, threads: int = 0, max_pixels: int | None = None) -> None:
+        """`max_pixels`: refuse (VideoDecodeError) a stream of larger frames before decoding anything; None checks
+        only where opening must decode (a file without timestamps is counted frame by frame) against the
+        default budget: probing a file reads its packets, never its pixels."""
         self.path = path
         self._threads = threads
+        self._max_pixels = max_pixels
         _check_file(path)
         try:
             self._container = av.open(path)
@@ -70,6 +75,8 @@ class VideoReader:
             self.close()
             raise VideoDecodeError(path, "not a readable video (no video stream)")
         self._stream = self._container.streams.video[0]
+        if max_pixels is not None:
+            self._check_budget(max_pixels)
         self._set_threads()
         # One converter per reader: frame.to_ndarray(format=...) builds a new swscale context for every frame,
         # which cost 1.7-5 ms per 32x32 frame (PyAV 18), more than everything else vaecache does per clip.
@@ -115,7 +122,14 @@ class VideoReader:
                            key=lambda k: k.position)
         return ordered, keyframes
 
+    def _check_budget(self, max_pixels: int) -> None:
+        problem = frame_budget_problem(*self.frame_size, max_pixels)
+        if problem:
+            self.close()
+            raise VideoDecodeError(self.path, problem)
+
     def _count_sequentially(self) -> None:
+        self._check_budget(self._max_pixels or DEFAULT_MAX_FRAME_PIXELS)
         self._restart()
         self._count = sum(1 for _ in self._decoded())
         self._restart()
@@ -392,14 +406,14 @@ def _check_file(path: str) -> None:
         raise VideoDecodeError(path, "permission denied") from None
 
 
-def open_video(path: str, backend: Backend | None = None) -> VideoReader | ForeignReader:
+def open_video(path: str, backend: Backend | None = None, max_pixels: int | None = None) -> VideoReader | ForeignReader:
     """A frame-exact reader of `path` (PyAV unless `backend` says otherwise); every failure is a VideoDecodeError
-    naming the file."""
+    naming the file. With `max_pixels`, frames larger than that are refused before any is decoded."""
     if backend is None or backend.choice == "pyav":
-        return VideoReader(path, backend.threads if backend is not None else 0)
+        return VideoReader(path, backend.threads if backend is not None else 0, max_pixels)
     if backend.choice == "decord":
-        return DecordReader(path)
-    return TorchcodecReader(path, backend.device)
+        return DecordReader(path, max_pixels)
+    return TorchcodecReader(path, backend.device, max_pixels)
 
 
 def decode_frames(path: str, frames: Sequence[int], backend: Backend | None = None) -> np.ndarray:
@@ -504,9 +518,9 @@ class ForeignReader:
     all come from a PyAV VideoReader of the same file (its packet index; no frame is decoded by PyAV but the
     first), so every backend reads the same frame n and refuses the same clips. Subclasses fetch the pixels."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, max_pixels: int | None = None) -> None:
         self.path = path
-        self.index = VideoReader(path)
+        self.index = VideoReader(path, max_pixels=max_pixels)
 
     def __len__(self) -> int:
         return len(self.index)
@@ -564,8 +578,8 @@ class DecordReader(ForeignReader):
     decord applies the display rotation itself, the same way as VideoReader (checked by shape here for 90 and
     270 degrees, and by the tests for all three)."""
 
-    def __init__(self, path: str) -> None:
-        super().__init__(path)
+    def __init__(self, path: str, max_pixels: int | None = None) -> None:
+        super().__init__(path, max_pixels)
         import decord
 
         try:
@@ -628,8 +642,8 @@ class TorchcodecReader(ForeignReader):
     torchcodec applies the display rotation itself; on opening, its frame 0 must have PyAV's upright shape and
     lie within FOREIGN_COLOUR_TOLERANCE of PyAV's frame 0, or the file is refused (sideways, or other colours)."""
 
-    def __init__(self, path: str, device: str = "cpu") -> None:
-        super().__init__(path)
+    def __init__(self, path: str, device: str = "cpu", max_pixels: int | None = None) -> None:
+        super().__init__(path, max_pixels)
         if self.index.sequential:
             self.close()
             raise VideoDecodeError(path, "no usable timestamps: --decoder torchcodec cannot identify frames "
@@ -723,15 +737,15 @@ class ViewDecoder:
     the next clip of a file continues where the last one stopped."""
 
     def __init__(self, height: int, width: int, cache_size: int = 8, fit: str = "cover",
-                 backend: Backend = PYAV) -> None:
-        self.height, self.width, self.fit, self.backend = height, width, fit, backend
+                 backend: Backend = PYAV, max_pixels: int = DEFAULT_MAX_FRAME_PIXELS) -> None:
+        self.height, self.width, self.fit, self.backend, self.max_pixels = height, width, fit, backend, max_pixels
         self._readers: OrderedDict[str, VideoReader | ForeignReader] = OrderedDict()
         self._cache_size = cache_size
 
     def _reader(self, path: str) -> VideoReader | ForeignReader:
         reader = self._readers.pop(path, None)
         if reader is None:
-            reader = open_video(path, self.backend)
+            reader = open_video(path, self.backend, self.max_pixels)
         self._readers[path] = reader
         while len(self._readers) > self._cache_size:
             self._readers.popitem(last=False)[1].close()
@@ -755,10 +769,18 @@ class ViewDecoder:
                 stale.close()
             raise
 
-    def check(self, path: str, expect: tuple[int, int, int]) -> None:
-        """VideoDecodeError unless `path` has `expect` = (frames, width, height), as planned."""
+    def check(self, path: str, expect: tuple[int, int, int] | None = None,
+              identity: tuple[int, int] | None = None) -> None:
+        """Open `path` (VideoDecodeError when it cannot be, or its frames exceed the budget), and refuse it unless
+        it has `expect` = (frames, width, height) as planned and, where an index recorded it, `identity` =
+        (size, mtime_ns): a file rewritten since it was probed is refused before it is opened, even with the same
+        frame count and size."""
+        if identity is not None and path not in self._readers:
+            check_identity(path, *identity)
         try:
-            self._reader(path).check_probe(*expect)
+            reader = self._reader(path)
+            if expect is not None:
+                reader.check_probe(*expect)
         except VideoDecodeError:
             stale = self._readers.pop(path, None)
             if stale is not None:
@@ -774,18 +796,43 @@ class ViewDecoder:
         return tensor.permute(1, 0, 2, 3).contiguous()
 
 
+def check_identity(path: str, size: int, mtime_ns: int) -> None:
+    """VideoDecodeError naming both values unless `path` still has the size and mtime its probe recorded."""
+    import datetime as _dt
+
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return  # opening it names the problem
+    if (stat.st_size, stat.st_mtime_ns) == (size, mtime_ns):
+        return
+    when = lambda ns: _dt.datetime.fromtimestamp(ns / 1e9, _dt.timezone.utc).isoformat(timespec="microseconds")
+    changes = []
+    if stat.st_size != size:
+        changes.append(f"size {size} -> {stat.st_size} bytes")
+    if stat.st_mtime_ns != mtime_ns:
+        changes.append(f"modified {when(mtime_ns)} -> {when(stat.st_mtime_ns)}")
+    raise VideoDecodeError(path, f"changed since it was probed ({', '.join(changes)}): its frames may not be the "
+                                 "ones indexed; run `vaecache index` again")
+
+
 class ViewBatchDataset(torch.utils.data.Dataset):
     """Item i decodes the views this rank encodes for batch i; failures are reported, not raised.
 
-    An item is {"index", "views" (V, C, T, H, W), "errors": {clip: (path, reason)}, "times": {clip: seconds of
-    each frame in its first decoded camera, from that video's first frame}} (times: for the clip record)."""
+    An item is {"index", "views" (V, C, T, H, W), "errors": {clip: (path, reason, whole_file)}, "times": {clip:
+    seconds of each frame in its first decoded camera, from that video's first frame}} (times: for the clip
+    record). `whole_file`: the file itself failed (it does not open, its frames exceed the budget, it is not what
+    its probe says: ViewDecoder.check), whatever frames a clip asks for; every later clip of it then fails at once,
+    without opening it again, and the caller records its scene once."""
 
     def __init__(self, batches: Sequence[Sequence[Any]], view_indices: Sequence[Sequence[int]], height: int, width: int,
-                 fit: str = "cover", backend: Backend = PYAV) -> None:
+                 fit: str = "cover", backend: Backend = PYAV, max_pixels: int = DEFAULT_MAX_FRAME_PIXELS) -> None:
         self.batches = [list(b) for b in batches]
         self.view_indices = [list(v) for v in view_indices]
-        self.height, self.width, self.fit, self.backend = height, width, fit, backend
+        self.height, self.width, self.fit, self.backend, self.max_pixels = height, width, fit, backend, max_pixels
         self._decoder: ViewDecoder | None = None
+        self._condemned: dict[str, str] = {}
+        """Path -> why the whole file failed (in this process)."""
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -798,35 +845,45 @@ class ViewBatchDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         if self._decoder is None:
-            self._decoder = ViewDecoder(self.height, self.width, fit=self.fit, backend=self.backend)
+            self._decoder = ViewDecoder(self.height, self.width, fit=self.fit, backend=self.backend,
+                                        max_pixels=self.max_pixels)
         batch = self.batches[index]
         bucket = getattr(batch[0], "bucket", None)  # a batch never mixes buckets (planning.batched)
         size = (bucket.height, bucket.width) if bucket is not None else (self.height, self.width)
         # clip-major, camera-minor, as planning.batch_views lays a batch out (not imported: planning -> sources -> here)
         views = [(clip_index, camera) for clip_index, clip in enumerate(batch) for camera in range(len(clip.cameras))]
         decoded: dict[int, torch.Tensor] = {}
-        errors: dict[int, tuple[str, str]] = {}
+        errors: dict[int, tuple[str, str, bool]] = {}
         times: dict[int, list[float]] = {}
         out = []
         for view_index in self.view_indices[index]:
             clip_index, camera = views[view_index]
             clip = batch[clip_index]
+            path = clip.paths[camera]
             if clip_index in errors:
                 tensor = None
             elif view_index in decoded:
                 tensor = decoded[view_index]
+            elif path in self._condemned:
+                errors[clip_index] = (path, self._condemned[path], True)
+                tensor = None
             else:
+                expect, identity = getattr(clip, "expect", ()), getattr(clip, "identity", ())
+                tensor = None
                 try:
-                    expect = getattr(clip, "expect", ())
-                    if expect:
-                        self._decoder.check(clip.paths[camera], expect[camera])
-                    tensor = self._decoder.decode(clip.paths[camera], clip.frames, size)
-                    decoded[view_index] = tensor
-                    if clip_index not in times:
-                        times[clip_index] = self._decoder.timestamps(clip.paths[camera], clip.frames)
+                    self._decoder.check(path, expect[camera] if expect else None, identity[camera] if identity else None)
                 except VideoDecodeError as exc:
-                    errors[clip_index] = (exc.path, exc.reason)
-                    tensor = None
+                    self._condemned[path] = exc.reason
+                    errors[clip_index] = (exc.path, exc.reason, True)
+                else:
+                    try:
+                        tensor = self._decoder.decode(path, clip.frames, size)
+                        decoded[view_index] = tensor
+                        if clip_index not in times:
+                            times[clip_index] = self._decoder.timestamps(path, clip.frames)
+                    except VideoDecodeError as exc:
+                        errors[clip_index] = (exc.path, exc.reason, False)
+                        tensor = None
             out.append(tensor)
         template = next((t for t in out if t is not None), None)
         if template is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import gc
 import hashlib
 import json
@@ -167,8 +168,15 @@ def _decode_thread_budget(ctx: DistContext, workers: int, encode_threads: int) -
 
 
 def setup_logging(out: Path, rank: int, world: int) -> logging.Handler:
-    (out / "logs").mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(out / "logs" / f"rank-{rank:05d}.log")
+    """This rank's log file in OUT/logs; none (a handler that drops records) where OUT is read-only: a complete
+    cache on a read-only mount is still confirmed complete."""
+    try:
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+        handler: logging.Handler = logging.FileHandler(out / "logs" / f"rank-{rank:05d}.log")
+    except OSError as exc:
+        if exc.errno != errno.EROFS:
+            raise OutputError(f"{out / 'logs'}: cannot write the rank log ({exc.strerror or exc})") from None
+        handler = logging.NullHandler()
     handler.setFormatter(logging.Formatter(f"%(asctime)s rank {rank}/{world} %(levelname)s %(message)s"))
     log.addHandler(handler)
     log.setLevel(logging.INFO)
@@ -506,7 +514,8 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, decoder: Backen
     else:
         view_indices, sp_plans = work.view_indices, work.sp_plans
     counters = RankCounters()
-    dataset = ViewBatchDataset(work.batches, view_indices, cfg.clip.height, cfg.clip.width, cfg.clip.fit, decoder)
+    dataset = ViewBatchDataset(work.batches, view_indices, cfg.clip.height, cfg.clip.width, cfg.clip.fit, decoder,
+                               cfg.clip.sampling.max_frame_pixels)
     if cfg.workers:
         # Workers are forked. A decoder left as cyclic garbage here (FFmpeg frame threads and all) would be
         # freed by the child's collector, which then waits forever to join threads that do not exist there.
@@ -529,6 +538,11 @@ def _encode(cfg: EncodeConfig, ctx: DistContext, vae: LoadedVae, decoder: Backen
             if ctx.sp_any(stop.requested):
                 counters.stopped = stop.signal_name or "a peer's signal"
                 break
+            if mesh.sp_size == 1 and len(item["errors"]) == len(batch):  # nothing decoded: no forward to run
+                sink.commit(batch, None, 0, BatchOutcome(dict(item["errors"]), {}, {}))
+                if on_progress is not None:
+                    on_progress(len(batch), len(work.clips))
+                continue
             set_doing(f"encoding clip {batch[0].clip_id} (batch {item['index'] + 1} of {len(work.batches)})")
             result = vae.encode_spatial(item["views"], ctx.sp_group) if spatial else vae.encode_views(item["views"])
             moments = result.mean if result.logvar is None else torch.cat([result.mean, result.logvar], dim=1)
@@ -584,15 +598,17 @@ def _real_views(plan: SPPlan, sp_rank: int, count: int) -> list[int | None]:
 class BatchOutcome:
     """What the SP group learnt about one batch, the same on every rank of the group."""
 
-    errors: dict[int, tuple[str, str]]
-    """Clip index -> (path, reason) for clips some rank could not decode or encode."""
+    errors: dict[int, tuple[str, str, bool]]
+    """Clip index -> (path, reason, whole_file) for clips some rank could not decode or encode; whole_file: the
+    source itself failed (ViewBatchDataset), not these frames."""
     settings: dict[int, dict[str, Any]]
     """Batch view -> what produced it (tiling, units per forward)."""
     times: dict[int, list[float]]
     """Clip index -> seconds of each of its frames from the video's first frame."""
 
 
-def _batch_outcome(ctx: DistContext, plan: SPPlan, batch: tuple[Clip, ...], decode_errors: dict[int, tuple[str, str]],
+def _batch_outcome(ctx: DistContext, plan: SPPlan, batch: tuple[Clip, ...],
+                   decode_errors: dict[int, tuple[str, str, bool]],
                    times: dict[int, list[float]], result: Any) -> BatchOutcome:
     """Merge this rank's decode and encode results for `batch` with its SP peers'."""
     views = batch_views(batch)
@@ -607,7 +623,7 @@ def _batch_outcome(ctx: DistContext, plan: SPPlan, batch: tuple[Clip, ...], deco
             ref = views[view]
             clip = batch[ref.clip_index]
             errors.setdefault(ref.clip_index, (clip.paths[ref.camera_index],
-                                               f"camera {clip.cameras[ref.camera_index]}: {result.failed[row]}"))
+                                               f"camera {clip.cameras[ref.camera_index]}: {result.failed[row]}", False))
     if ctx.mesh.sp_size > 1 and not plan.is_local:
         for part_errors, part_settings, part_times in ctx.sp_all_gather_object((errors, settings, times)):
             for clip_index, error in part_errors.items():
@@ -628,25 +644,35 @@ class _BatchSink:
     writer: ShardWriter | None
     failures: AppendLog
     counters: RankCounters
+    condemned: set[tuple[str, str]] = dataclasses.field(default_factory=set)
+    """(scene, path) whose source failed as a whole: recorded once, as the scene's failure, not per clip."""
 
-    def commit(self, batch: tuple[Clip, ...], moments: torch.Tensor, channels: int, outcome: BatchOutcome) -> None:
+    def commit(self, batch: tuple[Clip, ...], moments: torch.Tensor | None, channels: int, outcome: BatchOutcome) -> None:
         errors, settings = outcome.errors, outcome.settings
         cfg, writer, counters = self.cfg, self.writer, self.counters
         view_start = 0
         for clip_index, clip in enumerate(batch):
-            clip_moments = moments[view_start:view_start + clip.num_views]
             view_start += clip.num_views
             if clip_index in errors:
-                path, reason = errors[clip_index]
+                path, reason, whole_file = errors[clip_index]
                 if self.ctx.mesh.is_writer:
-                    self.failures.append(failure_record(clip.scene_id, reason, clip=clip.clip_id, path=path,
-                                                        camera=_camera_of(clip.cameras, clip.paths, path)))
-                    log.warning("clip %s failed: %s: %s", clip.clip_id, path, reason)
+                    camera = _camera_of(clip.cameras, clip.paths, path)
+                    if not whole_file:
+                        self.failures.append(failure_record(clip.scene_id, reason, clip=clip.clip_id, path=path,
+                                                            camera=camera))
+                        log.warning("clip %s failed: %s: %s", clip.clip_id, path, reason)
+                    elif (clip.scene_id, path) not in self.condemned:
+                        self.condemned.add((clip.scene_id, path))
+                        self.failures.append(failure_record(clip.scene_id, reason, path=path, camera=camera))
+                        log.warning("scene %s failed: %s: %s (none of its clips is encoded)", clip.scene_id, path,
+                                    reason)
                     counters.failed += 1
                 if cfg.on_error == "fail":
                     raise InputError(f"{path}: {reason}")
                 continue
             if writer is not None:
+                assert moments is not None  # a batch with a clip to store was encoded
+                clip_moments = moments[view_start - clip.num_views:view_start]
                 tensors = clip_tensors(clip, clip_moments, channels, cfg.clip.store, cfg.clip.seed, self.vae.dtype)
                 used = [settings[view_start - clip.num_views + c] for c in range(clip.num_views)]
                 writer.add(clip, tensors, used, outcome.times.get(clip_index))
@@ -667,7 +693,7 @@ def _finalize(cfg: EncodeConfig, vae: LoadedVae, summary: EncodeSummary, fingerp
         vae=vae.fingerprint(), fingerprint=fingerprint, frame_rule=vae.rule.to_json(),
         settings={**cfg.clip.to_record(), "decoder": fingerprint["decoder"], "data": str(cfg.data), "batch_size": cfg.batch_size,
                   "sp_size": cfg.sp_size, "sp_mode": cfg.sp_mode, "world_size": summary.world_size,
-                  "shard_size": cfg.shard_size,
+                  "shard_size": cfg.shard_size, "max_frame_pixels": cfg.clip.sampling.max_frame_pixels,
                   "vae_spec": cfg.vae},
         store=list(STORED_KEYS[cfg.clip.store]), dtype=recorded_name(vae.dtype), planned_clips=summary.planned_clips,
         oom_backoffs=len(summary.backoffs))

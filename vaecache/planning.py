@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, overload
 import numpy as np
 
 from vaecache.buckets import Bucket, displayed_size, nearest_size
-from vaecache.config import SamplingConfig
+from vaecache.config import SamplingConfig, frame_budget_problem
 from vaecache.dist.mesh import make_mesh
 from vaecache.errors import UsageError
 from vaecache.parallel import SPPlan, plan_sp
@@ -47,6 +47,9 @@ class Clip:
     """Per camera, (width, height) of the upright decoded frame (after the display rotation), as probed."""
     metadata: str | None = None
     """The scene's index metadata as JSON text (Scene.metadata); the writer stores it as the record's `metadata`."""
+    identity: tuple[tuple[int, int], ...] = ()
+    """Per camera, (size, mtime_ns) an index recorded when it probed the file: decoding refuses a file whose size
+    or mtime differ (other content with the same frame count and size). Empty: nothing to check."""
 
     @property
     def num_views(self) -> int:
@@ -136,7 +139,15 @@ def plan_scene_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sam
         if geometry is None:
             expect = tuple((c.frames, c.width, c.height) for c in cameras)
             displayed = tuple(displayed_size(c.width, c.height, c.rotation) for c in cameras)
-            geometry = shared[key] = (expect, displayed, nearest_size(displayed, sizes) if sizes and displayed else 0)
+            oversized = next((i for i, c in enumerate(cameras) if c.width * c.height > sampling.max_frame_pixels), None)
+            geometry = shared[key] = (expect, displayed, nearest_size(displayed, sizes) if sizes and displayed else 0,
+                                      oversized)
+        if geometry[3] is not None:  # checked from the probe: nothing of this scene is ever decoded
+            camera = cameras[geometry[3]]
+            skipped.append(Skipped(scene.scene_id, scene.paths[geometry[3]],
+                                   frame_budget_problem(camera.width, camera.height, sampling.max_frame_pixels),
+                                   scene.cameras[geometry[3]]))
+            continue
         usable.append((scene, start, fps, geometry[0], geometry[1]))
         counts.append(count)
         stops.append(stop)
@@ -363,6 +374,7 @@ class PlannedClips(Sequence[Clip]):
 
     def _scene_clips(self, position: int) -> list[Clip]:
         scene, start, fps, expect, displayed = self._scenes[position]
+        identity = tuple((probe.size, probe.mtime_ns) for probe in scene.probed) if scene.probed else ()
         flags = self._done_flags
         at = self._planned_ends[position] - self._window_counts[position]
         clips = []
@@ -375,7 +387,7 @@ class PlannedClips(Sequence[Clip]):
                 frames = window(start, index, sampling)
                 clips.append(Clip(clip_id_for(scene.scene_id, frames), scene.scene_id, scene.cameras,
                                   scene.paths, frames, fps, expect, bucket,  # type: ignore[arg-type]  # no None path
-                                  displayed if bucket is not None else (), scene.metadata))
+                                  displayed if bucket is not None else (), scene.metadata, identity))
             at += count
         return clips
 

@@ -298,7 +298,8 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
     grid_h, grid_w = grid_size(height, width, len(cameras))
     writer = _Mp4Writer(output, grid_h, grid_w, fps, settings.crf)
     source = ViewDecoder(height, width, fit=clip_settings.fit,  # the frames encode read: its recorded backend
-                         backend=backend_for_record((manifest.get("settings") or {}).get("decoder")))
+                         backend=backend_for_record((manifest.get("settings") or {}).get("decoder")),
+                         max_pixels=clip_settings.sampling.max_frame_pixels)
     scores = [_Score() for _ in cameras]
     done = chunks = in_flight = 0
     try:

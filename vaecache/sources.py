@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import stat
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from vaecache.errors import DatasetError, VideoDecodeError
+from vaecache.format.io import STRICT_JSON, NonFiniteNumber, iter_lines, loads
 from vaecache.format.layout import id_problem
 
 log = logging.getLogger("vaecache")
@@ -46,9 +48,10 @@ class CameraProbe:
     """Counter-clockwise display rotation in degrees (a multiple of 90) that decoding applies."""
 
     def __post_init__(self) -> None:
-        if self.frames < 1 or self.fps <= 0 or self.width < 1 or self.height < 1 or self.size < 1 or self.rotation % 90:
-            raise DatasetError(f"probe {self}: frames, fps, width, height and size must be positive and rotation "
-                               "a multiple of 90")
+        if (self.frames < 1 or not 0 < self.fps < math.inf or self.width < 1 or self.height < 1 or self.size < 1
+                or self.rotation % 90):
+            raise DatasetError(f"probe {self}: frames, fps, width, height and size must be positive (fps finite) and "
+                               "rotation a multiple of 90")
 
     def to_json(self) -> dict[str, Any]:
         return {"frames": self.frames, "fps": self.fps, "width": self.width, "height": self.height, "codec": self.codec,
@@ -66,7 +69,8 @@ class CameraProbe:
             rotation = raw.get("rotation", 0)
             if (type(frames) is type(width) is type(height) is type(size) is type(mtime_ns) is type(rotation) is int
                     and type(fps) in (float, int) and type(codec) is str and len(raw) <= len(PROBE_FIELDS)
-                    and frames > 0 and fps > 0 and width > 0 and height > 0 and size > 0 and not rotation % 90):
+                    and frames > 0 and 0 < fps < math.inf and width > 0 and height > 0 and size > 0
+                    and not rotation % 90):
                 return _new_camera_probe(frames, float(fps), width, height, sys.intern(codec), size, mtime_ns, rotation)
         except KeyError:
             pass
@@ -86,7 +90,7 @@ class CameraProbe:
                        raw["mtime_ns"], raw.get("rotation", 0))
         except DatasetError:
             raise DatasetError(f"{where}: probe values out of range (frames, fps, width, height and size must be "
-                               f"positive, rotation a multiple of 90): {raw!r:.200}") from None
+                               f"positive, fps finite, rotation a multiple of 90): {raw!r:.200}") from None
 
     def matches(self, stat: os.stat_result) -> bool:
         """Whether a file with this stat is still the file that was probed."""
@@ -343,17 +347,23 @@ def _scenes_from_index(index: Path, order: Sequence[str] | None) -> tuple[list[S
     form: tuple[str, str] | None = None  # ("cameras" | "path", where first seen)
     camera_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
     parents: dict[str, str] = {}
-    scan, new_scene, metadata_keys = json.JSONDecoder().scan_once, Scene, INDEX_KEYS
+    scan, new_scene, metadata_keys = STRICT_JSON.scan_once, Scene, INDEX_KEYS
     single_name = (order[0] if order else SINGLE_CAMERA,)
-    with open(index, encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
+    with open(index, "rb") as handle:
+        for lineno, raw in enumerate(handle, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DatasetError(f"{name_of_index}:{lineno}: not UTF-8 text (byte {exc.start} of the line)") from None
             try:  # json.loads without its two Python layers: a line is one value, then only whitespace
                 record, end = scan(line, 0)
                 if not line.endswith("\n", end, end + 1) and line[end:].strip():
                     raise ValueError
+            except NonFiniteNumber as exc:
+                raise DatasetError(f"{name_of_index}:{lineno}: {exc.msg}") from None
             except (StopIteration, ValueError):
                 try:
-                    record = json.loads(line)
+                    record = loads(line)
                 except json.JSONDecodeError as exc:
                     if not line.strip():
                         continue
@@ -576,12 +586,12 @@ def read_probe_cache(paths: Iterable[Path]) -> ProbeCache:
     cache: ProbeCache = {}
     for file in paths:
         try:
-            lines = open(file, encoding="utf-8").read().splitlines()
+            lines = [line for _, line in iter_lines(file)]  # bytes: a tail torn inside a UTF-8 character is cut
         except OSError:
             continue
         for line in lines:
             try:
-                record = json.loads(line)
+                record = loads(line)
                 if "probe" in record:
                     cache[record["path"]] = CameraProbe.from_json(record["probe"], str(file))
                 else:

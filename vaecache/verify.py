@@ -19,7 +19,7 @@ from vaecache.config import ClipSettings
 from vaecache.dtypes import RECORDED_NAMES, SAFETENSORS_NAMES
 from vaecache.errors import ManifestError, UnsafePathError, UsageError, VaecacheError
 from vaecache.format.index import progress_counts, reason_counts
-from vaecache.format.io import sha256_file
+from vaecache.format.io import loads, sha256_file
 from vaecache.format.layout import MANIFEST, SHARDS_DIR, inside
 from vaecache.format.provenance import IdentityMemo, identity_change
 from vaecache.format.reader import CacheReader, ShardHeaderError, record_problem, shard_header
@@ -269,7 +269,7 @@ def _iter_v1_records(path: Path, check: Check) -> Iterator[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                yield json.loads(line)
+                yield loads(line)
             except json.JSONDecodeError:
                 check.fail(f"{path.name}:{lineno}: does not parse")
 
@@ -359,9 +359,11 @@ def check_coverage(manifest: dict[str, Any], cache: CacheReader, failures: list[
         probes = {probe.scene_id: probe for probe in pool.map(probe_scene, scenes)}
     job = plan_job(scenes, probes, clip_settings.sampling, sizes=clip_settings.sizes)
     planned, skipped = job.clips, job.skipped
+    failed_scenes = {f.get("scene") for f in failures if not f.get("clip")}  # a source that failed as a whole
     expected = {clip.clip_id for clip in planned}
     missing = set(expected)
     failed_clips = {f.get("clip") for f in failures if f.get("clip")}
+    failed_clips |= {clip.clip_id for clip in planned if clip.scene_id in failed_scenes}
     for clip_id in cache.clip_ids():
         if clip_id in expected:
             missing.discard(clip_id)
@@ -465,7 +467,8 @@ def check_reencode(out: Path, manifest: dict[str, Any], cache: CacheReader, coun
     vae = load_recorded_vae(out, manifest, spec, device, allow_pickle_weights=options.allow_pickle_weights)
     # Frames come from the backend the cache was decoded with (recorded name; none recorded: pyav)
     decoder = ViewDecoder(clip_settings.height, clip_settings.width, fit=clip_settings.fit,
-                          backend=backend_for_record(settings.get("decoder")))
+                          backend=backend_for_record(settings.get("decoder")),
+                          max_pixels=clip_settings.sampling.max_frame_pixels)
     results = []
     for record in mine:
         clip = Clip(record["id"], record["scene"], tuple(record["cameras"]), tuple(record["sources"]),
@@ -556,6 +559,9 @@ def _record_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str | N
     unsafe = record_problem(record)
     if unsafe:
         return unsafe
+    numbers = [record.get("fps"), *(record.get("times") or [])]
+    if any(isinstance(n, float) and not math.isfinite(n) for n in numbers):
+        return f"fps or frame times hold a non-finite number (fps {record.get('fps')!r})"
     latent = manifest.get("latent") or {}
     tensors = record.get("tensors")
     if not isinstance(tensors, dict):

@@ -38,6 +38,9 @@ NumFramesOption = Annotated[Optional[str], typer.Option(
     "--num-frames", rich_help_panel=REQUIRED_PANEL,
     help="Frames per clip, or frame buckets 17,33,49 (see --frames-policy); checked against the VAE's rule. "
          "\\[required, or in --config]")]
+MaxFramePixelsOption = Annotated[Optional[int], typer.Option(
+    "--max-frame-pixels", help="Refuse (a recorded failure, decided from the probe before decoding) videos whose "
+                               "frames have more pixels than this (default 67108864 = 8192x8192).")]
 SizeOption = Annotated[Optional[str], typer.Option(
     "--size", rich_help_panel=REQUIRED_PANEL,
     help="HxW, or size buckets 480x832,832x480,624x624 or a preset (wan-480p, wan-720p): each scene goes to the "
@@ -177,6 +180,6 @@ def stdout_is_tty() -> bool:
     return sys.stdout.isatty()
 
 
-__all__ = ["DecoderOption", "FitOption", "FramesPolicyOption", "EXIT_INTERRUPTED", "EXIT_USAGE", "REQUIRED_PANEL", "console", "check_json_target", "debug_enabled",
+__all__ = ["DecoderOption", "MaxFramePixelsOption", "FitOption", "FramesPolicyOption", "EXIT_INTERRUPTED", "EXIT_USAGE", "REQUIRED_PANEL", "console", "check_json_target", "debug_enabled",
            "human_bytes", "interrupted_message", "is_launcher_rank0", "launcher_rank_world", "report_errors",
            "write_json"]

@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vaecache.cli._common import (REQUIRED_PANEL, DecoderOption, FitOption, FramesPolicyOption, NumFramesOption, SizeOption, VaeOption,
+from vaecache.cli._common import (MaxFramePixelsOption, REQUIRED_PANEL, DecoderOption, FitOption, FramesPolicyOption, NumFramesOption, SizeOption, VaeOption,
                                   check_json_target, console,
                                   human_bytes, launcher_rank_world, report_errors, write_json)
 from vaecache.config import EncodeConfig, check_option_syntax, load_toml, parse_bytes, pop_clip_options
@@ -80,6 +80,7 @@ def encode(
     decoder: DecoderOption = None,
     window_stride: Optional[int] = typer.Option(None, "--window-stride", help="Source frames between clip starts (default: no overlap)."),
     max_clips_per_scene: Optional[int] = typer.Option(None, "--max-clips-per-scene", help="Keep the first K clips of each scene."),
+    max_frame_pixels: MaxFramePixelsOption = None,
     cameras: Optional[str] = typer.Option(None, "--cameras", help="Comma-separated camera order (default: names sorted)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32 | bf16 | fp16: VAE compute and stored dtype (default fp32)."),
     device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda (auto: cuda:LOCAL_RANK when available)."),
@@ -125,7 +126,7 @@ def encode(
     options = {
         "num_frames": num_frames, "size": size, "frame_stride": frame_stride, "frames_policy": frames_policy,
         "fit": fit, "decoder": decoder, "window_stride": window_stride,
-        "max_clips_per_scene": max_clips_per_scene, "cameras": cameras, "dtype": dtype, "device": device,
+        "max_clips_per_scene": max_clips_per_scene, "max_frame_pixels": max_frame_pixels, "cameras": cameras, "dtype": dtype, "device": device,
         "batch_size": batch_size, "workers": workers, "shard_size": shard_size, "store": store, "seed": seed,
         "sp_size": sp_size, "sp_mode": sp_mode, "on_error": on_error, "overwrite": overwrite or None, "timeout_s": timeout,
         "liveness_timeout_s": liveness_timeout,

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vaecache.cli._common import (DecoderOption, FitOption, FramesPolicyOption, NumFramesOption, SizeOption, VaeOption,
+from vaecache.cli._common import (MaxFramePixelsOption, DecoderOption, FitOption, FramesPolicyOption, NumFramesOption, SizeOption, VaeOption,
                                   check_json_target, console, human_bytes, report_errors, write_json)
 from vaecache.config import check_option_syntax, load_toml, parse_bytes, pop_clip_options
 from vaecache.errors import DatasetError, UsageError
@@ -151,6 +151,7 @@ def plan(
     decoder: DecoderOption = None,
     window_stride: Optional[int] = typer.Option(None, "--window-stride", help="Source frames between clip starts."),
     max_clips_per_scene: Optional[int] = typer.Option(None, "--max-clips-per-scene", help="Keep the first K clips of each scene."),
+    max_frame_pixels: MaxFramePixelsOption = None,
     cameras: Optional[str] = typer.Option(None, "--cameras", help="Comma-separated camera order (default: names sorted)."),
     world_size: Optional[int] = typer.Option(None, "--world-size", help="Ranks to plan for (default 1)."),
     sp_size: Optional[int] = typer.Option(None, "--sp-size", help="Ranks per sequence-parallel group (default 1)."),
@@ -176,7 +177,7 @@ def plan(
     options = {
         "vae": vae, "num_frames": num_frames, "size": size, "frame_stride": frame_stride,
         "frames_policy": frames_policy, "fit": fit, "decoder": decoder,
-        "window_stride": window_stride, "max_clips_per_scene": max_clips_per_scene, "cameras": cameras,
+        "window_stride": window_stride, "max_clips_per_scene": max_clips_per_scene, "max_frame_pixels": max_frame_pixels, "cameras": cameras,
         "world_size": world_size, "sp_size": sp_size, "batch_size": batch_size, "dtype": dtype, "device": device,
         "store": store, "tiling": tiling, "compiled": compiled, "channels_last": channels_last,
         "views_per_forward": views_per_forward,

@@ -21,7 +21,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vaecache.errors import EmptyCacheError, ManifestError
-from vaecache.format.io import atomic_write_bytes, atomic_write_json, cut_torn_tail, iter_jsonl, sha256_file
+from vaecache.format.io import (
+    STRICT_JSON, atomic_write_bytes, atomic_write_json, cut_torn_tail, iter_jsonl, loads, read_json, sha256_file,
+)
 from vaecache.format.layout import (
     CLIPS, FAILURES, FORMAT_NAME, FORMAT_VERSION, MANIFEST, PROGRESS_DIR, ROWS_SUFFIX, SHARDS_DIR, SUPPORTED_VERSIONS,
 )
@@ -77,7 +79,7 @@ class CommittedLine:
     clips: int
 
 
-_DECODER = json.JSONDecoder()
+_DECODER = STRICT_JSON
 _SHARD_HEAD, _IDS_HEAD = '{"shard":', ',"ids":'
 
 
@@ -93,7 +95,7 @@ def _line_head(log: Path, offset: int, line: bytes) -> tuple[dict[str, Any], lis
                 if isinstance(shard, dict) and "file" in shard and isinstance(ids, list) \
                         and all(type(clip_id) is str for clip_id in ids):
                     return shard, ids
-        entry = json.loads(text)
+        entry = loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ManifestError(f"{log}: line at byte {offset} does not parse ({exc})") from None
     if not isinstance(entry, dict):
@@ -213,7 +215,7 @@ def forget_hashed_shards(out: Path) -> None:
 
 def _read_hashed(progress: Path) -> dict[str, list[Any]]:
     try:
-        record = json.loads((progress / HASHED_SHARDS).read_text())
+        record = loads((progress / HASHED_SHARDS).read_bytes())
     except (OSError, ValueError):
         return {}
     shards = record.get("shards") if isinstance(record, dict) and record.get("format") == 1 else None
@@ -412,7 +414,7 @@ def _log_entries(log: Path, only: frozenset[str] | None = None) -> Iterator[tupl
                 continue
             if line.strip():
                 try:
-                    entry = json.loads(line)
+                    entry = loads(line)
                 except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                     raise ManifestError(f"{log}: line at byte {offset} does not parse ({exc})") from None
                 if not isinstance(entry, dict):
@@ -534,7 +536,7 @@ def _bucket_name(extra: str | None) -> str | None:
     """The bucket a clip-table row names in its `extra` JSON (a bucketed run), or None."""
     if not extra or '"bucket"' not in extra:
         return None
-    bucket = json.loads(extra).get("bucket")
+    bucket = loads(extra).get("bucket")
     return bucket.get("name") if isinstance(bucket, dict) else None
 
 
@@ -713,12 +715,9 @@ def progress_counts(out: Path) -> tuple[int, int]:
 def read_manifest(out: Path) -> dict[str, Any]:
     """Parse manifest.json and refuse unknown formats and versions."""
     path = Path(out) / MANIFEST
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ManifestError(f"{path}: no manifest (the run is incomplete or OUT is not a vaecache output)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"{path}: manifest does not parse ({exc})") from None
+    if not path.exists():
+        raise ManifestError(f"{path}: no manifest (the run is incomplete or OUT is not a vaecache output)")
+    manifest = read_json(path, "manifest")
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise ManifestError(f"{path}: not a vaecache manifest")
     version = manifest.get("format_version")

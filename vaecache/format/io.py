@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from vaecache.errors import OutputError
+from vaecache.errors import ManifestError, OutputError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -49,18 +49,62 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 
 
+class NonFiniteNumber(json.JSONDecodeError):
+    """JSON text holding NaN or Infinity: Python writes and reads them, JSON has no such numbers, and a frame rate
+    or a statistic that is not finite is never a value vaecache can use."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise NonFiniteNumber(f"{name} is not a JSON number (non-finite values are refused)", name, 0)
+
+
+STRICT_JSON = json.JSONDecoder(parse_constant=_refuse_constant)
+"""json.loads without NaN, Infinity and -Infinity: every JSON file vaecache reads goes through it."""
+
+
+def loads(text: str | bytes) -> Any:
+    """json.loads, refusing NaN and Infinity (NonFiniteNumber, a json.JSONDecodeError)."""
+    if isinstance(text, (bytes, bytearray)):
+        text = text.decode("utf-8")
+    return STRICT_JSON.decode(text)
+
+
+def read_json(path: Path, what: str = "file") -> Any:
+    """A JSON file's value; a file that cannot be read, is not UTF-8 or not JSON (NaN and Infinity included) is a
+    ManifestError naming it."""
+    try:
+        return loads(Path(path).read_bytes())
+    except OSError as exc:
+        raise ManifestError(f"{path}: cannot read the {what} ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{path}: the {what} is not UTF-8 text (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{path}: the {what} does not parse ({exc.msg})") from None
+
+
 def jsonl_bytes(records: Iterable[dict[str, Any]]) -> bytes:
-    return b"".join(json.dumps(r, sort_keys=True, separators=(",", ":")).encode() + b"\n" for r in records)
+    return b"".join(json.dumps(r, sort_keys=True, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+                    for r in records)
+
+
+def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each whole line of a JSON Lines file, read as bytes: a torn last line (a crash
+    mid-append, which may end inside a UTF-8 character) is ignored; a whole line that is not UTF-8 is skipped."""
+    with open(path, "rb") as handle:
+        for lineno, raw in enumerate(handle, 1):
+            if not raw.endswith(b"\n"):
+                return
+            try:
+                yield lineno, raw.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
 
 
 def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """Records of a JSON Lines file. A torn last line (a crash mid-append) is ignored."""
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            if not line.endswith("\n"):
-                return
-            if line.strip():
-                yield json.loads(line)
+    """Records of a JSON Lines file (NaN and Infinity refused). A torn last line (a crash mid-append) is ignored."""
+    for _, line in iter_lines(path):
+        if line.strip():
+            yield loads(line)
 
 
 def cut_torn_tail(path: Path, chunk: int = 1 << 16) -> None:

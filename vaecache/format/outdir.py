@@ -17,7 +17,7 @@ from vaecache.format.index import (
     CommittedIds, committed_ids, committed_shards, damaged_shards, forget_hashed_shards, read_manifest, repair_progress,
 )
 from vaecache.format.provenance import identity_change
-from vaecache.format.io import atomic_write_json
+from vaecache.format.io import atomic_write_json, read_json
 from vaecache.format.layout import LOCK, LOGS_DIR, MANIFEST, OWNED_ENTRIES, PROGRESS_DIR, RUN, SHARDS_DIR
 
 log = logging.getLogger("vaecache")
@@ -166,7 +166,7 @@ def begin_changes(out: Path, attempt: int, fingerprint: dict[str, Any] | None = 
 the committed clips go to `committed` (repair_progress). `extra_numerics` (other ranks' numerics, allowed by
 --allow-other-numerics) join the numerics history run.json keeps once more than one computed latents."""
     out = Path(out)
-    recorded = json.loads((out / RUN).read_text()) if (out / RUN).exists() else {}
+    recorded = read_json(out / RUN, "run record") if (out / RUN).exists() else {}
     fingerprint = recorded["fingerprint"] if fingerprint is None else fingerprint
     sources = {**recorded.get("sources", {}), **(sources or {})}
     history = numerics_history(recorded, fingerprint, extra_numerics)
@@ -206,8 +206,8 @@ def numerics_history(recorded: dict[str, Any], fingerprint: dict[str, Any],
 def recorded_numerics_history(out: Path) -> list[dict[str, Any]]:
     """run.json's numerics history (empty when one numerics computed every latent, or OUT has no run.json)."""
     try:
-        return list(json.loads((Path(out) / RUN).read_text()).get("numerics_history") or [])
-    except (OSError, json.JSONDecodeError):
+        return list(read_json(Path(out) / RUN, "run record").get("numerics_history") or [])
+    except (ManifestError, AttributeError):
         return []
 
 
@@ -227,8 +227,8 @@ def recorded_cpu_threads(out: Path) -> int | None:
     """The torch threads per rank a CPU encode into `out` recorded (None: no such record). Read by every rank at
     start-up, before rank 0 checks the whole record, so that a resume computes with the same count."""
     try:
-        numerics = json.loads((Path(out) / RUN).read_text()).get("fingerprint", {}).get("numerics", {})
-    except (OSError, ValueError, AttributeError):
+        numerics = read_json(Path(out) / RUN, "run record").get("fingerprint", {}).get("numerics", {})
+    except (ManifestError, AttributeError):
         return None
     threads = numerics.get("threads") if isinstance(numerics, dict) and numerics.get("device") == "cpu" else None
     return threads if isinstance(threads, int) and threads > 0 else None
@@ -251,9 +251,14 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputError(f"{out}: cannot create output folder ({exc.strerror or exc})") from None
-    acquire_lock(out, job_id)
+    run_file = out / RUN
+    read_only = _read_only(out)
+    if read_only and (overwrite or not run_file.exists() or not _is_complete(out)):
+        raise OutputError(f"{out}: on a read-only filesystem; encode can only confirm a complete cache there, and "
+                          f"{'--overwrite asks to rewrite it' if overwrite else 'it is not complete'}")
+    if not read_only:  # nothing can change a read-only OUT through this mount: no lock to take
+        acquire_lock(out, job_id)
     try:
-        run_file = out / RUN
         if overwrite:
             for name in OWNED_ENTRIES:
                 if name == LOCK:
@@ -272,9 +277,11 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
         numerics_changed: list[str] = []
         if run_file.exists():
             try:
-                recorded = json.loads(run_file.read_text())
-            except json.JSONDecodeError:
-                raise OutputError(f"{run_file}: unreadable run record; rerun with --overwrite to start over") from None
+                recorded = read_json(run_file, "run record")
+                if not isinstance(recorded, dict):
+                    raise ManifestError(f"{run_file}: the run record is not a JSON object")
+            except ManifestError as exc:
+                raise OutputError(f"{exc}; rerun with --overwrite to start over") from None
             before = upgraded_fingerprint(recorded.get("fingerprint", {}))
             if "numerics" not in before:  # written before 0.5: what it computed with is not known
                 before["numerics"] = fingerprint.get("numerics")
@@ -293,13 +300,19 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
                 raise UsageError(f"{out} was made from other data: {len(changed)} source(s) changed since "
                                  f"({'; '.join(changed[:3])}); resume on the same data, or --overwrite to start over")
             attempt = int(recorded.get("attempt", 0)) + 1
-        for folder in (SHARDS_DIR, PROGRESS_DIR, LOGS_DIR):
-            (out / folder).mkdir(exist_ok=True)
+        if not read_only:
+            for folder in (SHARDS_DIR, PROGRESS_DIR, LOGS_DIR):
+                (out / folder).mkdir(exist_ok=True)
         if attempt > 0 and _is_complete(out):
             # A finished cache stays byte for byte as it is unless new work is about to be committed, or one of
             # its shards is damaged (then this run repairs it: the damaged shards' clips are encoded again).
-            if not damaged_shards(out, committed_shards(out)):
+            damaged = damaged_shards(out, committed_shards(out))
+            if not damaged:
                 return PreparedOut(attempt, committed_ids(out, committed), 0, complete=True)
+            if read_only:
+                raise OutputError(f"{out}: {len(damaged)} committed shard(s) are damaged "
+                                  f"({'; '.join(f'{f}: {p}' for f, p in sorted(damaged.items())[:2])}) and the "
+                                  "filesystem is read-only: repair needs a writable OUT")
             forget_hashed_shards(out)  # it may vouch for the damaged shard (same size and mtime)
         if numerics_changed:  # said only where latents are about to be added
             log.warning("%s was encoded with other numerics (%s); resuming as --allow-other-numerics asks: "
@@ -309,6 +322,14 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
     except BaseException:
         release_lock(out)
         raise
+
+
+def _read_only(out: Path) -> bool:
+    """Whether OUT lies on a filesystem mounted read-only (writes there fail with EROFS, for root too)."""
+    try:
+        return bool(os.statvfs(out).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 __all__ = ["PreparedOut", "acquire_lock", "begin_changes", "describe_differences", "numerics_history", "prepare_out",

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vaecache.errors import ManifestError, OutputError
-from vaecache.format.io import FILE_MODE, fsync_dir, sha256_file
+from vaecache.format.io import FILE_MODE, fsync_dir, loads, sha256_file
 
 ROW_GROUP_ROWS = 16384
 """Rows per row group: what the writer holds in memory at once, and the unit a reader skips by."""
@@ -188,7 +188,7 @@ def clip_record(row: dict[str, Any]) -> dict[str, Any]:
             tensors[key] = entry
         record["tensors"] = tensors
     if row.get("extra"):
-        record.update(json.loads(row["extra"]))
+        record.update(loads(row["extra"]))
     return record
 
 
@@ -203,7 +203,7 @@ def failure_row(record: dict[str, Any]) -> dict[str, Any]:
 def failure_from_row(row: dict[str, Any]) -> dict[str, Any]:
     record = {column.key: row[column.key] for column in FAILURE_COLUMNS if row.get(column.key) is not None}
     if row.get("extra"):
-        record.update(json.loads(row["extra"]))
+        record.update(loads(row["extra"]))
     return record
 
 
