@@ -261,7 +261,10 @@ def test_a_scene_whose_index_gives_its_probe_plans_like_one_probed_by_opening_it
         from_index = plan_job(scenes, {}, SamplingConfig(num_frames=5), sizes=sizes)
         by_opening = plan_job([dataclasses.replace(s, probed=None) for s in scenes], opened, SamplingConfig(num_frames=5),
                               sizes=sizes)
-        assert list(from_index.clips) == list(by_opening.clips) and len(from_index.clips) == 10
+        # the same clips; those planned from an index also carry the (size, mtime) decoding checks the file against
+        assert [dataclasses.replace(c, identity=()) for c in from_index.clips] == list(by_opening.clips)
+        assert len(from_index.clips) == 10
+        assert all(c.identity == ((1000, int(c.scene_id[1:])),) for c in from_index.clips)
         assert from_index.skipped == by_opening.skipped and [s.scene_id for s in from_index.skipped] == ["s2"]
 
 

@@ -1,0 +1,273 @@
+"""Check a `vaecache export --format musubi` with musubi-tuner's own code, from a checkout you point at.
+
+    python scripts/check_musubi_export.py --musubi-src path/to/musubi-tuner EXPORT [--json FILE]
+
+musubi-tuner is not on the package index and none of its code is copied into vaecache, so this script imports
+its modules from CHECKOUT/src (an environment where musubi-tuner's own requirements are installed) and:
+
+1. for every exported latent file, runs musubi's own caching function for the export's architecture
+   (`wan_cache_latents.encode_and_save_batch`, `cache_latents.encode_and_save_batch` for hv,
+   `kandinsky5_cache_latents.encode_and_save_batch`) with a stand-in VAE that returns vaecache's posterior mean
+   of that clip and camera (for Wan: musubi's real `WanVAE`, whose encoder is replaced, so its normalization,
+   reciprocal and dtypes run as written), and compares the file musubi writes with the exported one: every
+   tensor bitwise (`torch.equal`), every metadata field;
+2. writes text-encoder caches with musubi's own `save_text_encoder_output_cache_*` for the items its own
+   text-encoder caching enumerates from the export's `videos.jsonl` (random embeddings: only the pairing is
+   under test), in a scratch copy of the export's cache folder (the export is not modified);
+3. runs musubi's training data path over it: `BlueprintGenerator` -> `VideoDataset.prepare_for_training` ->
+   `BucketBatchManager`, and checks every row of every batch against what step 1's musubi caching stored.
+
+It prints a table and JSON (`--json FILE`) and exits 1 if anything differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from vaecache import LatentCache  # noqa: E402
+from vaecache.format.layout import inside  # noqa: E402
+
+ARCH_SCRIPTS = {"wan": "musubi_tuner.wan_cache_latents", "hv": "musubi_tuner.cache_latents",
+                "k5": "musubi_tuner.kandinsky5_cache_latents"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("export", type=Path, help="A folder written by vaecache export --format musubi.")
+    parser.add_argument("--musubi-src", type=Path, required=True, help="A musubi-tuner checkout (its src/ is imported).")
+    parser.add_argument("--cache", type=Path, help="The vaecache cache exported (default: export.json's source).")
+    parser.add_argument("--json", type=Path, help="Also write the result as JSON here ('-': stdout).")
+    parser.add_argument("--batch-size", type=int, default=2, help="musubi's training batch size for step 3.")
+    return parser.parse_args(argv)
+
+
+def musubi_commit(checkout: Path) -> str | None:
+    try:
+        return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+class _Moments(torch.nn.Module):
+    """Stands in for musubi's Wan encoder: returns the posterior moments of one view on its first call (the first
+    frame chunk), nothing on the next ones, so WanVAE_.encode's chunk loop concatenates exactly these."""
+
+    def __init__(self, moments: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("moments", moments)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor, feat_cache: Any = None, feat_idx: Any = None) -> torch.Tensor:
+        self.calls += 1
+        return self.moments if self.calls == 1 else self.moments[:, :, :0]
+
+
+def _wan_vae(vae_module: Any, mean: torch.Tensor) -> Any:
+    """musubi's own WanVAE (its __init__: constants, reciprocal, dtype) around a WanVAE_ whose encoder returns
+    `mean` (and a zero log-variance) and whose conv1 is the identity: WanVAE_.encode then normalizes it as written."""
+    dtype = mean.dtype
+    model = vae_module.WanVAE_(dim=4, z_dim=mean.shape[0], dim_mult=[1, 1, 1, 1], num_res_blocks=1, attn_scales=[],
+                               temperal_downsample=[False, True, True], dropout=0.0)
+    model.encoder = _Moments(torch.cat([mean, torch.zeros_like(mean)]).unsqueeze(0))
+    model.conv1 = torch.nn.Identity()
+    real = vae_module._video_vae
+    vae_module._video_vae = lambda **kwargs: model
+    try:
+        return vae_module.WanVAE(z_dim=mean.shape[0], vae_path="<vaecache mean>", dtype=dtype, device=torch.device("cpu"))
+    finally:
+        vae_module._video_vae = real
+
+
+def _sampling_vae(mean: torch.Tensor, scaling_factor: float | None) -> Any:
+    """A stand-in for the diffusers-style VAE musubi's HunyuanVideo and Kandinsky 5 caching call: encode() gives a
+    posterior whose sample() is vaecache's mean (the export stores the mean where musubi would draw a sample)."""
+    posterior = types.SimpleNamespace(sample=lambda: mean.unsqueeze(0))
+    vae = types.SimpleNamespace(device=torch.device("cpu"), dtype=mean.dtype,
+                                config=types.SimpleNamespace(scaling_factor=scaling_factor),
+                                encode=lambda contents: types.SimpleNamespace(latent_dist=posterior))
+    return vae
+
+
+def musubi_cached(arch: str, modules: dict[str, Any], mean: torch.Tensor, item: Any, normalization: dict[str, Any]) -> None:
+    """Run musubi's own caching of `item` for `arch` with vaecache's mean as what its VAE returned."""
+    script = modules[arch]
+    if arch == "wan":
+        vae = _wan_vae(modules["wan_vae"], mean)
+        script.encode_and_save_batch(vae, None, False, [item])
+    elif arch == "hv":
+        script.encode_and_save_batch(_sampling_vae(mean, None), [item])
+    elif arch == "k5":
+        script.encode_and_save_batch(_sampling_vae(mean, float(normalization["scaling_factor"])), [item])
+    else:
+        raise SystemExit(f"architecture {arch!r} is not one vaecache exports")
+
+
+def load_file(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as handle:
+        return {key: handle.get_tensor(key) for key in handle.keys()}, dict(handle.metadata() or {})
+
+
+def write_text_encoder_caches(arch: str, dataset: Any, cache_io: Any) -> int:
+    """musubi's own text-encoder cache writers for the items its own TE caching enumerates (captions only)."""
+    generator = torch.Generator().manual_seed(0)
+    written = 0
+    for batch in dataset.retrieve_text_encoder_output_cache_batches(1):
+        for item in batch:
+            if arch == "wan":
+                cache_io.save_text_encoder_output_cache_wan(item, torch.randn(7, 16, generator=generator).bfloat16())
+            elif arch == "hv":
+                cache_io.save_text_encoder_output_cache(item, torch.randn(8, 16, generator=generator).half(),
+                                                        torch.ones(8, dtype=torch.bool), True)
+                cache_io.save_text_encoder_output_cache(item, torch.randn(16, generator=generator).half(), None, False)
+            else:
+                cache_io.save_text_encoder_output_cache_kandinsky5(
+                    item, torch.randn(8, 16, generator=generator).bfloat16(),
+                    torch.randn(16, generator=generator).bfloat16(), torch.ones(8, dtype=torch.bool))
+            written += 1
+    return written
+
+
+def check(args: argparse.Namespace) -> dict[str, Any]:
+    export = args.export.resolve()
+    sys.path.insert(0, str(args.musubi_src.resolve() / "src"))
+    from musubi_tuner.dataset import cache_io, config_utils
+    from musubi_tuner.dataset.config_utils import BlueprintGenerator, ConfigSanitizer
+    from musubi_tuner.dataset.image_video_dataset import ItemInfo
+
+    info = json.loads((export / "export.json").read_text())
+    if info.get("kind") != "musubi":
+        raise SystemExit(f"{export}: not a musubi export (export.json kind {info.get('kind')!r})")
+    arch = info["architecture"]
+    import importlib
+
+    if not torch.cuda.is_available():
+        # musubi's wan/modules/t5.py evaluates torch.cuda.current_device() in a default argument at import time;
+        # on a machine without a GPU that raises. Nothing here runs on CUDA: answer device 0 for the import.
+        torch.cuda.current_device = lambda: 0
+    modules = {arch: importlib.import_module(ARCH_SCRIPTS[arch])}
+    if arch == "wan":
+        modules["wan_vae"] = importlib.import_module("musubi_tuner.wan.modules.vae")
+    cache = LatentCache(args.cache or info["source"]["cache"])
+    normalization = (cache.manifest.get("vae") or {}).get("normalization") or {}
+    result: dict[str, Any] = {"export": str(export), "architecture": arch, "musubi_commit": musubi_commit(args.musubi_src),
+                              "files": 0, "files_equal": 0, "batches": 0, "rows": 0, "rows_equal": 0, "problems": []}
+    problems = result["problems"]
+
+    with tempfile.TemporaryDirectory(prefix="vaecache-musubi-check-") as scratch_name:
+        scratch = Path(scratch_name)
+        expected_dir, cache_dir = scratch / "musubi-cached", scratch / "cache"
+        expected_dir.mkdir()
+        cache_dir.mkdir()
+        expected: dict[str, dict[str, torch.Tensor]] = {}
+        # 1. musubi's own caching of each exported file's latent, compared with the export
+        for line in (export / "index.jsonl").read_text().splitlines():
+            entry = json.loads(line)
+            exported_path = inside(export, entry["file"], f"{export}/index.jsonl")
+            name = exported_path.name
+            item_clip = cache[entry["clip"]]
+            mean = item_clip.mean[item_clip.cameras.index(entry["camera"])]
+            tensors, metadata = load_file(exported_path)
+            width, height = int(metadata["width"]), int(metadata["height"])
+            frames = int(metadata["frame_count"])
+            item = ItemInfo(entry["item"], "", (width, height), (width, height, frames), frame_count=frames,
+                            content=np.zeros((frames, height, width, 3), dtype=np.uint8),
+                            latent_cache_path=str(expected_dir / name))
+            musubi_cached(arch, modules, mean, item, normalization)
+            theirs, their_metadata = load_file(expected_dir / name)
+            expected[name] = theirs
+            result["files"] += 1
+            same = sorted(theirs) == sorted(tensors) and all(
+                theirs[k].dtype == tensors[k].dtype and torch.equal(theirs[k], tensors[k]) for k in theirs)
+            if not same:
+                worst = {k: float((theirs[k].float() - tensors[k].float()).abs().max()) for k in theirs if k in tensors}
+                problems.append(f"{name}: tensors differ from musubi's own caching (keys {sorted(theirs)} vs "
+                                f"{sorted(tensors)}; max abs difference {worst})")
+            elif their_metadata != metadata:
+                problems.append(f"{name}: metadata {metadata} differs from musubi's {their_metadata}")
+            else:
+                result["files_equal"] += 1
+            os.symlink(exported_path, cache_dir / name)
+
+        # 2. text-encoder caches by musubi's own writers, for the items its TE caching reads from videos.jsonl
+        user_config = config_utils.load_user_config(str(export / "dataset.toml"))
+        for dataset_config in user_config.get("datasets", []):  # this export's files, wherever it was written
+            dataset_config.update(video_jsonl_file=str(export / "videos.jsonl"), cache_directory=str(cache_dir))
+        namespace = argparse.Namespace(debug_dataset=False)
+        blueprint = BlueprintGenerator(ConfigSanitizer()).generate(user_config, namespace, architecture=arch)
+        caching = config_utils.generate_dataset_group_by_blueprint(blueprint.dataset_group)
+        result["text_encoder_caches"] = sum(write_text_encoder_caches(arch, dataset, cache_io)
+                                            for dataset in caching.datasets)
+
+        # 3. musubi's training data path over the export: every batch row against musubi's own cached latent
+        training = config_utils.generate_dataset_group_by_blueprint(blueprint.dataset_group, training=True)
+        for dataset in training.datasets:
+            dataset.batch_size = args.batch_size
+            dataset.prepare_for_training()
+            manager = dataset.batch_manager
+            for index in range(len(manager)):
+                batch = manager[index]
+                reso, batch_index = manager.bucket_batch_indices[index]
+                start = batch_index * manager.batch_size
+                items = manager.buckets[reso][start:start + manager.batch_size]
+                result["batches"] += 1
+                for row, item in enumerate(items):
+                    result["rows"] += 1
+                    theirs = expected[Path(item.latent_cache_path).name]
+                    wanted = {key.rsplit("_", 2)[0]: value for key, value in theirs.items()}
+                    mismatched = [key for key, value in wanted.items()
+                                  if key not in batch or not torch.equal(batch[key][row], value)]
+                    if mismatched:
+                        problems.append(f"batch {index} row {row} ({Path(item.latent_cache_path).name}): "
+                                        f"{', '.join(mismatched)} differ from musubi's own caching")
+                    else:
+                        result["rows_equal"] += 1
+        if result["rows"] != result["files"]:
+            problems.append(f"musubi's training saw {result['rows']} latent files, the export holds {result['files']} "
+                            "(an item without its text-encoder cache is skipped by musubi)")
+    result["ok"] = not problems
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = check(args)
+    rows = [("musubi-tuner commit", result["musubi_commit"] or "unknown"), ("architecture", result["architecture"]),
+            ("latent files equal to musubi's own caching", f"{result['files_equal']} / {result['files']}"),
+            ("text-encoder caches written by musubi", str(result.get("text_encoder_caches", 0))),
+            ("training batches / rows equal", f"{result['batches']} / {result['rows_equal']} of {result['rows']}"),
+            ("verdict", "OK" if result["ok"] else "DIFFERS")]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}", file=sys.stderr)
+    for problem in result["problems"][:20]:
+        print(f"  {problem}", file=sys.stderr)
+    text = json.dumps(result, indent=2)
+    if args.json is not None:
+        if str(args.json) == "-":
+            print(text)
+        else:
+            args.json.write_text(text + "\n")
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
