@@ -4,7 +4,7 @@
 Three ways to encode the same clips, interleaved in every repeat (the order rotates between repeats):
 
 * encode_only: ``load_vae(spec).encode_views`` on batches decoded into memory beforehand: the ceiling;
-* vaecache: ``vaecache.pipeline.run_encode`` in ``vaecache.dist.distributed()`` (one process) into a
+* vaecache: ``vaecache.pipeline.run_encode`` in ``vaecache.distributed.distributed()`` (one process) into a
   fresh OUT, decoding in ``--workers`` DataLoader processes, shards written by the writer thread;
 * naive: what a user writes first: decord VideoReader per camera, ``F.interpolate``, one
   ``vae.module.encode(x).latent_dist`` per clip with all its cameras as one batch, ``torch.save``
@@ -99,7 +99,7 @@ def sync(device) -> None:
 
 
 def make_data(root: Path, args: argparse.Namespace, scenes: int) -> Path:
-    from vaecache.config import parse_size
+    from vaecache.settings.buckets import parse_size
     from vaecache.demodata import DemoDataSpec, write_demo_dataset
 
     src_h, src_w = parse_size(args.source_size)
@@ -110,7 +110,7 @@ def make_data(root: Path, args: argparse.Namespace, scenes: int) -> Path:
 
 def plan_batches(data: Path, args: argparse.Namespace) -> list[list[Any]]:
     """vaecache's own plan of the clips (so all modes encode exactly the same windows)."""
-    from vaecache.config import SamplingConfig
+    from vaecache.settings.clip import SamplingConfig
     from vaecache.planning import batched, plan_clips
     from vaecache.sources import discover_scenes, probe_scene
 
@@ -164,8 +164,10 @@ def run_encode_only(vae, decoded: list[Any], device) -> dict[str, float]:
 def run_vaecache(args: argparse.Namespace, data: Path, out: Path, height: int, width: int,
                  first_views: int) -> dict[str, Any]:
     import vaecache.pipeline as pipeline
-    from vaecache.config import ClipSettings, EncodeConfig, SamplingConfig, parse_bytes
-    from vaecache.dist import distributed
+    from vaecache.settings.clip import ClipSettings, SamplingConfig
+    from vaecache.settings.commands import EncodeConfig
+    from vaecache.settings.loader import parse_bytes
+    from vaecache.distributed import distributed
 
     clip = ClipSettings(SamplingConfig(num_frames=args.num_frames), height, width, dtype=args.dtype, store=args.store,
                         views_per_forward=views_per_forward(args))
@@ -349,7 +351,7 @@ def run_overhead(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 
 def _decode_ms_per_clip(data: Path, args: argparse.Namespace) -> float:
-    from vaecache.config import parse_size
+    from vaecache.settings.buckets import parse_size
     from vaecache.decode import ViewDecoder
 
     height, width = parse_size(args.size)
@@ -382,7 +384,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     import torch
 
-    from vaecache.config import parse_size
+    from vaecache.settings.buckets import parse_size
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)

@@ -21,7 +21,7 @@ identity, the encode field; tiny or no shards, since finalize reads only the log
 attempt that appended a second block to every progress log (and wrote its own row log). Then, each in a
 fresh child process so that peak RSS is that step's alone:
 
-* finalize: `vaecache.format.index.finalize` (shard records and ids from the progress logs, clip-table rows
+* finalize: `vaecache.cache.progress.finalize` (shard records and ids from the progress logs, clip-table rows
   from the row logs, streaming k-way merge -> clips.parquet, manifest last);
 * finalize_lines: the same with the row logs removed, as for a cache written before row logs (every clip
   record parsed from its progress line);
@@ -109,7 +109,7 @@ RANK_SCRIPT = HWM + textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
     started = time.perf_counter()
-    from vaecache.config import SamplingConfig
+    from vaecache.settings.clip import SamplingConfig
     from vaecache.planning import plan_job
     from vaecache.sources import discover, probe_scene
     index, world, rank = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
@@ -282,9 +282,9 @@ def write_progress_logs(out: Path, args: argparse.Namespace, resume_scenes: bool
     """Attempt 0: each rank commits the first part of its contiguous block; attempt 1 splits what is left
     over the ranks again and appends to the same logs (so every log holds two ascending runs). With
     `resume_scenes`, scenes are named as in the resume section's index and every shard file exists."""
-    from vaecache.format.index import progress_line
-    from vaecache.format.layout import progress_path, rows_name
-    from vaecache.format.table import RowLog
+    from vaecache.cache.progress import progress_line
+    from vaecache.cache.layout import progress_path, rows_name
+    from vaecache.cache.table import RowLog
 
     shard_bytes = b"x"
     shard_sha = hashlib.sha256(shard_bytes).hexdigest()
@@ -347,8 +347,8 @@ def write_resume_index(path: Path, video: Path, args: argparse.Namespace) -> int
 RESUME_SCRIPT = HWM + textwrap.dedent("""
     import dataclasses, json, sys, time
     from pathlib import Path
-    from vaecache.config import SamplingConfig
-    from vaecache.format.index import repair_progress
+    from vaecache.settings.clip import SamplingConfig
+    from vaecache.cache.repair import repair_progress
     from vaecache.planning import DoneMaskBuilder, plan_job
     from vaecache.sources import discover
     index, out, world, rank = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -407,11 +407,11 @@ def child(step: str, out: Path, workers: int | None) -> dict[str, Any]:
     """One step, timed, in this fresh process; its peak RSS includes its scan workers' (RUSAGE_CHILDREN)."""
     import pyarrow.parquet as pq
 
-    from vaecache.format.index import finalize
+    from vaecache.cache.finalize import finalize
 
     if step == "verify_pass":
-        from vaecache.format.reader import CacheReader
-        from vaecache.verify import Check, _scan_records
+        from vaecache.cache.reader import CacheReader
+        from vaecache.cache.verify import Check, _scan_records
     imported = _rss_mb()
     start = time.perf_counter()
     if step == "finalize":

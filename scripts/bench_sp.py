@@ -86,11 +86,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def worker(args: argparse.Namespace) -> None:
     import torch
 
-    from vaecache.config import ClipSettings, EncodeConfig, SamplingConfig, parse_size
+    from vaecache.settings.clip import ClipSettings, SamplingConfig
+    from vaecache.settings.commands import EncodeConfig
+    from vaecache.settings.buckets import parse_size
     from vaecache.decode import ViewBatchDataset
     from vaecache.planning import assign, batch_views, batched, plan_clips
     from vaecache.sources import discover_scenes, probe_scene
-    from vaecache.dist import distributed, make_mesh
+    from vaecache.distributed import distributed, make_mesh
     from vaecache.parallel import gather_views, plan_sp
     from vaecache.pipeline import run_encode
     from vaecache.vae import load_vae
@@ -213,7 +215,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args._worker:
         worker(args)
         return {}
-    from vaecache.config import parse_size
+    from vaecache.settings.buckets import parse_size
     from vaecache.demodata import DemoDataSpec, write_demo_dataset
 
     sp_sizes = [int(x) for x in args.sp_sizes.split(",") if x.strip()]

@@ -53,7 +53,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as tdist
     from diffusers import AutoencoderKLWan
 
-    from vaecache.spatial import spatial_encode
+    from vaecache.parallel.spatial import spatial_encode
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     cuda = torch.cuda.is_available()

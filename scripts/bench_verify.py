@@ -5,10 +5,10 @@ Builds a cache of about --target-mb through the real encode path (``run_encode``
 pass-through plugin VAE that stores pixels as latents, so hundreds of MB take seconds instead of the
 20+ minutes builtin:tiny would need on 2 cores), then times, repeats interleaved:
 
-* verify_full: ``vaecache.verify.verify_cache(OUT)``: sha256 of every shard + headers + value checks;
+* verify_full: ``vaecache.cache.verify.verify_cache(OUT)``: sha256 of every shard + headers + value checks;
 * verify_quick: ``verify_cache(OUT, quick=True)``: sizes and headers only;
 * sha256sum: ``sha256sum SHARDS...`` (one process, one file after another);
-* python_sha256: ``hashlib.sha256`` streamed in 8 MiB blocks, one thread (vaecache.format.io.sha256_file);
+* python_sha256: ``hashlib.sha256`` streamed in 8 MiB blocks, one thread (vaecache.cache.io.sha256_file);
 
 and splits verify's per-shard work into read / hash / safetensors load / value checks (one thread,
 one shard at a time) to show where its time goes. Every figure is MB/s of shard bytes (10^6 B/s).
@@ -60,16 +60,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def view_bytes(args: argparse.Namespace) -> int:
     """Stored bytes per view for the identity VAE (fp32 pixels); a guess for other VAEs is not needed."""
-    from vaecache.config import parse_size
+    from vaecache.settings.buckets import parse_size
 
     height, width = parse_size(args.size)
     return 3 * args.num_frames * height * width * 4
 
 
 def build_cache(args: argparse.Namespace, tmp: Path) -> Path:
-    from vaecache.config import ClipSettings, EncodeConfig, SamplingConfig, parse_bytes, parse_size
+    from vaecache.settings.clip import ClipSettings, SamplingConfig
+    from vaecache.settings.commands import EncodeConfig
+    from vaecache.settings.loader import parse_bytes
+    from vaecache.settings.buckets import parse_size
     from vaecache.demodata import DemoDataSpec, write_demo_dataset
-    from vaecache.dist import distributed
+    from vaecache.distributed import distributed
     from vaecache.pipeline import run_encode
 
     height, width = parse_size(args.size)
@@ -102,7 +105,7 @@ def shard_files(out: Path) -> tuple[list[Path], dict[str, str], int]:
 
 
 def run_verify(out: Path, quick: bool, threads: int | None) -> Callable[[], None]:
-    from vaecache.verify import verify_cache
+    from vaecache.cache.verify import verify_cache
 
     def go() -> None:
         report = verify_cache(out, quick=quick, threads=threads)
@@ -133,7 +136,7 @@ def run_openssl(files: list[Path], digests: dict[str, str]) -> Callable[[], None
 
 
 def run_python_sha256(files: list[Path], digests: dict[str, str]) -> Callable[[], None]:
-    from vaecache.format.io import sha256_file
+    from vaecache.cache.io import sha256_file
 
     def go() -> None:
         for path in files:
@@ -147,8 +150,8 @@ def split_verify(out: Path, files: list[Path]) -> dict[str, float]:
     seconds summed over shards. Value checks compare with the stats recorded in the clip table, as verify does."""
     from safetensors.torch import load as safetensors_load
 
-    from vaecache import verify as V
-    from vaecache.format.reader import CacheReader
+    from vaecache.cache import verify as V
+    from vaecache.cache.reader import CacheReader
 
     recorded = {entry["name"]: entry.get("stats") for record in CacheReader(out).clip_records()
                 for entry in record["tensors"].values()}

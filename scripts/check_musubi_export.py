@@ -40,7 +40,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from vaecache import LatentCache  # noqa: E402
-from vaecache.format.layout import inside  # noqa: E402
+from vaecache.cache.layout import inside
 
 ARCH_SCRIPTS = {"wan": "musubi_tuner.wan_cache_latents", "hv": "musubi_tuner.cache_latents",
                 "k5": "musubi_tuner.kandinsky5_cache_latents"}

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from vaecache.buckets import Bucket, fit_geometry, nearest_size, parse_lengths, parse_sizes
-from vaecache.config import ClipSettings, SamplingConfig, load_toml, pop_clip_options
+from vaecache.settings.buckets import Bucket, fit_geometry, nearest_size, parse_lengths, parse_sizes
+from vaecache.settings.clip import ClipSettings, SamplingConfig
+from vaecache.settings.loader import load_toml, pop_clip_options
 from vaecache.decode import resize_fit, to_model_range
 from vaecache.errors import FrameRuleError, UsageError
-from vaecache.format.writer import geometry_record
+from vaecache.cache.writer import geometry_record
 from vaecache.plan import bucket_histogram
 from vaecache.planning import JobPlan, batched, plan_scene_clips
 from vaecache.sources import CameraProbe, Scene

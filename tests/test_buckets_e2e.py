@@ -70,7 +70,7 @@ def test_every_shard_holds_one_bucket_and_the_manifest_lists_buckets(bucket_cach
 
 
 def test_verify_names_a_clip_whose_shape_is_not_its_buckets(bucket_cache: Path, cache_io: Any) -> None:
-    from vaecache.verify import _record_problem
+    from vaecache.cache.verify import _record_problem
 
     manifest = cache_io.manifest(bucket_cache)
     record = next(c for c in cache_io.clips(bucket_cache) if c["bucket"]["name"] == "56x32x5")
@@ -165,8 +165,8 @@ def test_reader_sampler_inspect_and_export_understand_buckets(bucket_cache: Path
     its bucket's pixel size."""
     from vaecache import LatentCache
     from vaecache.export import export_musubi
-    from vaecache.format.reader import ShapeBatchSampler
-    from vaecache.inspection import inspect_cache
+    from vaecache.training import ShapeBatchSampler
+    from vaecache.cache.inspect import inspect_cache
 
     cache = LatentCache(bucket_cache, verify="sha256")
     manifest = json.loads((bucket_cache / "manifest.json").read_text())

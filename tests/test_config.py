@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 
 from vaecache.cli.encode import build_config
-from vaecache.config import ClipSettings, EncodeConfig, SamplingConfig, load_toml, parse_bytes, parse_size
+from vaecache.settings.clip import ClipSettings, SamplingConfig
+from vaecache.settings.commands import EncodeConfig
+from vaecache.settings.loader import load_toml, parse_bytes
+from vaecache.settings.buckets import parse_size
 from vaecache.errors import FrameRuleError, UsageError, VaeSpecError
 from vaecache.vae import LoadedVae, load_vae
 

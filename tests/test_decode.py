@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from vaecache.config import SamplingConfig
+from vaecache.settings.clip import SamplingConfig
 from vaecache.planning import Clip, plan_clips
 from vaecache.decode import DECODER, Backend, ViewBatchDataset, ViewDecoder, decode_frames, open_video, resize_cover_crop, to_model_range
 from vaecache.demodata import DemoDataSpec, render_clip, write_demo_dataset
@@ -381,7 +381,7 @@ def test_everything_runs_without_decord(wide_video: Path, tmp_path: Path) -> Non
         "sys.modules['decord'] = None  # any 'import decord' now raises ImportError\n"
         "from vaecache.sources import Scene, probe_scene\n"
         "from vaecache.decode import ViewDecoder\n"
-        "import vaecache.pipeline, vaecache.plan, vaecache.verify\n"
+        "import vaecache.pipeline, vaecache.plan, vaecache.cache.verify\n"
         f"path = {str(wide_video)!r}\n"
         "probe = probe_scene(Scene('w', ('video',), (path,)))\n"
         "views = ViewDecoder(48, 48).decode(path, (1, 3, 6))\n"

@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from vaecache.config import ClipSettings, SamplingConfig
+from vaecache.settings.clip import ClipSettings, SamplingConfig
 from vaecache.decode import (AUTO_ORDER, DECODER, DECORD_DECODER, IDENTICAL_TO_PYAV, PYAV, ViewDecoder,
                              backend_for_record, backend_unavailable, decode_frames, open_video, resolve_decoder)
 from vaecache.errors import UsageError, VideoDecodeError

@@ -9,16 +9,7 @@ import pytest
 import torch
 import torch.distributed as tdist
 
-from vaecache.dist import (
-    Mesh,
-    RankInfo,
-    collective_errors,
-    distributed,
-    expand_hostlist,
-    first_host,
-    make_mesh,
-    slurm_master_port,
-)
+from vaecache.distributed import Mesh, RankInfo, collective_errors, distributed, expand_hostlist, first_host, make_mesh, slurm_master_port
 from vaecache.errors import DistributedError, UsageError
 
 # ---------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from vaecache.dtypes import DTYPE_CHOICES, RECORDED_NAMES, check_dtype_name, recorded_name, torch_dtype
+from vaecache.settings.dtypes import DTYPE_CHOICES, RECORDED_NAMES, check_dtype_name, recorded_name, torch_dtype
 from vaecache.errors import UsageError
 
 
@@ -29,6 +29,6 @@ def test_unknown_names_are_usage_errors() -> None:
 
 
 def test_reading_the_table_does_not_import_torch() -> None:
-    code = "import sys, vaecache.dtypes as d; d.check_dtype_name('bf16'); print('torch' in sys.modules)"
+    code = "import sys, vaecache.settings.dtypes as d; d.check_dtype_name('bf16'); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

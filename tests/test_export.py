@@ -18,8 +18,8 @@ from safetensors.torch import load as safetensors_load
 
 from vaecache import LatentCache
 from vaecache.export import safe_name
-from vaecache.format.table import CLIP_TABLE, write_table
-from vaecache.format.writer import tensor_stats
+from vaecache.cache.table import CLIP_TABLE, write_table
+from vaecache.cache.writer import tensor_stats
 
 # musubi-tuner's contract (dataset/image_video_dataset.py, dataset/cache_io.py): latent cache files are
 # "{item}_{frame_pos:05d}-{frames:03d}_{W:04d}x{H:04d}_{arch}.safetensors"; training splits the name on "_",
@@ -86,7 +86,8 @@ def test_musubi_export_follows_musubi_tuners_naming_and_keys(caption_cache: Path
 
 
 def test_musubi_refuses_two_sizes_its_buckets_would_stack_together(tmp_path: Path) -> None:
-    from vaecache.export.musubi import ExportError, musubi_buckets
+    from vaecache.errors import ExportError
+    from vaecache.export.musubi import musubi_buckets
 
     assert musubi_buckets({(832, 480), (480, 832), (624, 624)}, tmp_path) == {
         (832, 480): (832, 480), (480, 832): (480, 832), (624, 624): (624, 624)}
@@ -308,7 +309,8 @@ def test_musubi_refuses_what_it_cannot_export_before_writing(good_cache: Path, h
     (edited / "manifest.json").write_text(json.dumps(manifest))
     result = run_cli(["export", edited, "--format", "musubi", "-o", tmp_path / "out"])
     assert result.exit_code == 2 and "latents_mean/latents_std other than the Wan 2.1 statistics" in result.output
-    from vaecache.export import ExportError, musubi_arch
+    from vaecache.errors import ExportError
+    from vaecache.export import musubi_arch
 
     with pytest.raises(ExportError, match="--arch wan needs 16-channel latents, this AutoencoderKLWan cache has 48"):
         musubi_arch(json.loads((good_cache / "manifest.json").read_text())["vae"], 48, None, good_cache)

@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import ENCODE_ARGS
 from vaecache import sources
 from vaecache.errors import DatasetError
-from vaecache.format.reader import CacheReader
+from vaecache.cache.reader import CacheReader
 from vaecache.sources import discover_scenes, probe_scene
 
 PLAN_ARGS = ("--vae", "builtin:tiny", "--num-frames", "9", "--size", "64x64", "--no-measure")

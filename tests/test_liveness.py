@@ -9,9 +9,9 @@ from datetime import timedelta
 import pytest
 import torch.distributed as tdist
 
-from vaecache.dist import liveness
-from vaecache.dist.context import collective_errors
-from vaecache.dist.liveness import EXITED, Beat, Liveness, RingWatch, interval_for
+from vaecache.distributed import liveness
+from vaecache.distributed.context import collective_errors
+from vaecache.distributed.liveness import EXITED, Beat, Liveness, RingWatch, interval_for
 from vaecache.errors import DistributedError
 
 

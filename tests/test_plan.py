@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from vaecache.config import ClipSettings, SamplingConfig, load_toml, pop_clip_options
+from vaecache.settings.clip import ClipSettings, SamplingConfig
+from vaecache.settings.loader import load_toml, pop_clip_options
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.plan import Measurement, PlanConfig, build_plan, dp_shares, fits_views_per_forward
 from vaecache.planning import Clip, JobPlan

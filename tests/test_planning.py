@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from vaecache.config import SamplingConfig
+from vaecache.settings.clip import SamplingConfig
 from vaecache.sources import CameraProbe, Scene, SceneProbe, judge_scene
 from vaecache.errors import UsageError
 from vaecache.planning import (

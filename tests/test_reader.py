@@ -18,7 +18,7 @@ from safetensors import safe_open
 
 from vaecache import LatentCache, LatentDataset, ShapeBatchSampler, collate_latents
 from vaecache.errors import ManifestError
-from vaecache.format.reader import IncompleteCacheError, NormalizationError, ShardChecksumError
+from vaecache.errors import IncompleteCacheError, NormalizationError, ShardChecksumError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,7 +94,7 @@ def test_tampered_shard_raises_on_first_open_with_sha256(cache_copy: Path, monke
 
 
 def test_sha256_is_checked_once_per_shard(good_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import vaecache.format.io as io_module
+    import vaecache.cache.io as io_module
 
     calls = []
     real = io_module.sha256_file
@@ -124,8 +124,8 @@ def _point_shard_at(cache: Path, shard: str, manifest_file: str | None = None) -
     """Every record names `shard`; the manifest's one shard entry names `manifest_file` (hashes recomputed)."""
     import hashlib
 
-    from vaecache.format.reader import CacheReader
-    from vaecache.format.table import CLIP_TABLE, write_table
+    from vaecache.cache.reader import CacheReader
+    from vaecache.cache.table import CLIP_TABLE, write_table
 
     records = list(CacheReader(cache).clip_records())
     for record in records:
@@ -169,8 +169,8 @@ def test_reader_never_reads_outside_the_cache(cache_copy: Path, tmp_path: Path) 
 
 def test_reader_refuses_ids_encode_refuses(cache_copy: Path) -> None:
     from vaecache.errors import UnsafePathError
-    from vaecache.format.reader import CacheReader
-    from vaecache.format.table import CLIP_TABLE, write_table
+    from vaecache.cache.reader import CacheReader
+    from vaecache.cache.table import CLIP_TABLE, write_table
 
     records = list(CacheReader(cache_copy).clip_records())
     records[0].update(id="../../x/000000-000008", scene="../../x")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from vaecache.format.reader import CacheReader
-from vaecache.config import SamplingConfig
+from vaecache.cache.reader import CacheReader
+from vaecache.settings.clip import SamplingConfig
 from vaecache.planning import plan_clips
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.errors import DatasetError, UsageError

@@ -12,10 +12,10 @@ from typing import Any, Callable
 
 import pytest
 
-from vaecache.format.index import write_manifest
-from vaecache.format.reader import CacheReader
-from vaecache.format.table import CLIP_TABLE, FAILURE_TABLE, write_table
-from vaecache.verify import verify_cache
+from vaecache.cache.finalize import write_manifest
+from vaecache.cache.reader import CacheReader
+from vaecache.cache.table import CLIP_TABLE, FAILURE_TABLE, write_table
+from vaecache.cache.verify import verify_cache
 
 CLIP = "scene_001/000000-000008"
 """The clip the corruptions target (the middle one of three)."""

@@ -12,9 +12,9 @@ import textwrap
 from safetensors.torch import load_file, save_file
 
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
-from vaecache.format.reader import CacheReader
-from vaecache.format.table import CLIP_TABLE, write_table
-from vaecache.format.writer import tensor_stats
+from vaecache.cache.reader import CacheReader
+from vaecache.cache.table import CLIP_TABLE, write_table
+from vaecache.cache.writer import tensor_stats
 
 
 def test_coverage_names_missing_and_vanished_clips(good_cache, demo_data, tmp_path, run_cli):
@@ -114,7 +114,7 @@ def test_reencode_fails_a_vae_that_is_not_reproducible(demo_data, tmp_path, run_
 
 
 def test_identity_change_names_what_changed() -> None:
-    from vaecache.format.provenance import identity_change
+    from vaecache.cache.provenance import identity_change
 
     old = {"size": 10, "mtime_ns": 1_700_000_000_000_000_000}
     assert identity_change(old, dict(old)) is None

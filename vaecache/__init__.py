@@ -1,7 +1,11 @@
 """vaecache: precompute video VAE latents at cluster scale, into verified safetensors shards.
 
-Public API (imported lazily: `import vaecache` stays light, torch loads on first use):
-`LatentCache`, `LatentDataset`, `LatentItem`, `ShapeBatchSampler`, `collate_latents` (vaecache.format.reader).
+The public API, imported lazily (`import vaecache` stays light; torch loads on first use):
+
+- reading a cache in training (vaecache.training): `LatentCache`, `LatentDataset`, `LatentItem`,
+  `ShapeBatchSampler`, `collate_latents`;
+- encoding in your own training code (vaecache.parallel): `sp_encode` (views split over a sequence-parallel
+  group, seed 000) and `spatial_encode` (one view's rows split into bands with halo exchange, seed 002).
 """
 
 from __future__ import annotations
@@ -10,11 +14,17 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.5.0"
 
-_LAZY = {name: "vaecache.format.reader"
-         for name in ("LatentCache", "LatentDataset", "LatentItem", "ShapeBatchSampler", "collate_latents")}
+_LAZY = {
+    **{name: "vaecache.training"
+       for name in ("LatentCache", "LatentDataset", "LatentItem", "ShapeBatchSampler", "collate_latents")},
+    "sp_encode": "vaecache.parallel.views",
+    "spatial_encode": "vaecache.parallel.spatial",
+}
 
 if TYPE_CHECKING:
-    from vaecache.format.reader import LatentCache, LatentDataset, LatentItem, ShapeBatchSampler, collate_latents
+    from vaecache.parallel.spatial import spatial_encode
+    from vaecache.parallel.views import sp_encode
+    from vaecache.training import LatentCache, LatentDataset, LatentItem, ShapeBatchSampler, collate_latents
 
 
 def __getattr__(name: str) -> Any:
@@ -32,4 +42,5 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_LAZY])
 
 
-__all__ = ["LatentCache", "LatentDataset", "LatentItem", "ShapeBatchSampler", "__version__", "collate_latents"]
+__all__ = ["LatentCache", "LatentDataset", "LatentItem", "ShapeBatchSampler", "__version__", "collate_latents",
+           "sp_encode", "spatial_encode"]

@@ -30,8 +30,8 @@ from av.video.reformatter import VideoReformatter
 import numpy as np
 import torch
 
-from vaecache.buckets import PAD_PIXEL, fit_geometry
-from vaecache.config import DECODER_CHOICES, DEFAULT_MAX_FRAME_PIXELS, frame_budget_problem
+from vaecache.settings.buckets import PAD_PIXEL, fit_geometry
+from vaecache.settings.clip import DECODER_CHOICES, DEFAULT_MAX_FRAME_PIXELS, frame_budget_problem
 from vaecache.errors import UsageError, VideoDecodeError
 
 DECODER = "pyav-pts/1"

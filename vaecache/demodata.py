@@ -24,7 +24,7 @@ import av
 import numpy as np
 
 from vaecache.errors import OutputError, UsageError
-from vaecache.format.io import fsync_dir
+from vaecache.cache.io import fsync_dir
 
 __all__ = ["DemoDataSpec", "render_clip", "write_demo_dataset"]
 

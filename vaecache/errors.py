@@ -66,3 +66,27 @@ class EmptyCacheError(VaecacheError):
 
 class DistributedError(VaecacheError):
     """Distributed state could not be set up, or a collective failed or timed out."""
+
+
+class ShardHeaderError(ManifestError):
+    """A shard's safetensors header cannot be read (truncated, overwritten, not a safetensors file)."""
+
+
+class ShardChecksumError(ManifestError):
+    """A shard differs from what the manifest records (size or sha256), or is missing or unlisted."""
+
+
+class IncompleteCacheError(ManifestError):
+    """OUT has a manifest but its clip table is missing or disagrees with it (a copy in progress, a crash)."""
+
+
+class NormalizationError(ManifestError):
+    """The cache records no normalization constants for its VAE (or not the ones its formula needs)."""
+
+
+class ClipTableError(ManifestError):
+    """A clip or failure table cannot be read (truncated, overwritten, not Parquet, missing columns)."""
+
+
+class ExportError(UsageError):
+    """The cache cannot be exported as asked (DIR exists, a trainer convention the cache cannot meet)."""

@@ -24,7 +24,7 @@ import json
 
 from vaecache import faults
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, OutputError, UsageError
-from vaecache.format.io import FILE_MODE, cut_torn_tail, fsync_dir
+from vaecache.cache.io import FILE_MODE, cut_torn_tail, fsync_dir
 from vaecache.sources import (SINGLE_CAMERA, Discovery, Scene, Skipped, discover, judge_scene, open_scene,
                               probe_from_cache, probe_records, read_probe_cache)
 

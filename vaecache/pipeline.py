@@ -19,22 +19,23 @@ from typing import Any, Callable, ContextManager, Iterator
 import torch
 
 import vaecache
-from vaecache.config import STORED_KEYS, EncodeConfig
+from vaecache.settings.clip import STORED_KEYS
+from vaecache.settings.commands import EncodeConfig
 from vaecache.decode import Backend, ViewBatchDataset, resolve_decoder
 from vaecache.sources import (Scene, SceneProbe, discover, judge_scene, open_scene, probe_from_cache,
                               probe_records, read_probe_cache)
-from vaecache.dist import DistContext
-from vaecache.dist.liveness import set_doing
-from vaecache.dtypes import recorded_name
+from vaecache.distributed import DistContext
+from vaecache.distributed.liveness import set_doing
+from vaecache.settings.dtypes import recorded_name
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, EXIT_STOPPED, InputError, OutputError, UsageError
-from vaecache.format.index import finalize, manifest_header
-from vaecache.format.io import AppendLog, cut_torn_tail
-from vaecache.format.layout import PROBES_DIR, FORMAT_VERSION, failures_path, probes_path, progress_path
-from vaecache.format.outdir import (PreparedOut, begin_changes, describe_differences, prepare_out, recorded_cpu_threads,
-                                    recorded_numerics_history, release_lock)
-from vaecache.format.provenance import source_identities
-from vaecache.format.reader import CacheReader
-from vaecache.format.writer import ShardWriter, failure_record
+from vaecache.cache.finalize import finalize
+from vaecache.cache.manifest import manifest_header
+from vaecache.cache.io import AppendLog, cut_torn_tail
+from vaecache.cache.layout import PROBES_DIR, FORMAT_VERSION, failures_path, probes_path, progress_path
+from vaecache.cache.outdir import PreparedOut, begin_changes, describe_differences, prepare_out, recorded_cpu_threads, recorded_numerics_history, release_lock
+from vaecache.cache.provenance import source_identities
+from vaecache.cache.reader import CacheReader
+from vaecache.cache.writer import ShardWriter, failure_record
 from vaecache.parallel import SPPlan, gather_views, plan_sp
 from vaecache.planning import (Clip, DoneMask, DoneMaskBuilder, JobPlan, assign, batch_views, plan_job,
                                sp_repeats_advice)
@@ -389,7 +390,7 @@ def _start_up(cfg: EncodeConfig, ctx: DistContext, progress: ProgressFactory | N
 
 def _check_spatial(cfg: EncodeConfig, vae: LoadedVae) -> None:
     """--sp-mode spatial needs a Wan VAE without tiling and at least one latent row per rank."""
-    from vaecache.spatial import SUPPORTED_FAMILIES, plan_bands
+    from vaecache.parallel.spatial import SUPPORTED_FAMILIES, plan_bands
 
     if vae.family not in SUPPORTED_FAMILIES:
         raise UsageError(f"--sp-mode spatial supports {', '.join(SUPPORTED_FAMILIES)}; {cfg.vae} is {vae.family} "

@@ -21,14 +21,14 @@ from typing import Any, Callable, overload
 
 import torch
 
-from vaecache.buckets import aspect_distance, fit_geometry, kept_share
-from vaecache.config import STORED_KEYS, ClipSettings
+from vaecache.settings.buckets import aspect_distance, fit_geometry, kept_share
+from vaecache.settings.clip import STORED_KEYS, ClipSettings
 from vaecache.decode import PYAV, Backend, ViewDecoder, resolve_decoder
-from vaecache.dist import make_mesh, resolve_device
+from vaecache.distributed import make_mesh, resolve_device
 from vaecache.sources import Scene, SceneProbe, discover_scenes, probe_scene
 from vaecache.errors import UsageError, VideoDecodeError
 from vaecache.planning import Clip, JobPlan, PlannedClips, plan_job, sp_repeats_advice
-from vaecache.dtypes import recorded_name
+from vaecache.settings.dtypes import recorded_name
 from vaecache.vae import LoadedVae, load_vae
 
 PLAN_FORMAT = "vaecache-plan/1"

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, overload
 
 import numpy as np
 
-from vaecache.buckets import Bucket, displayed_size, nearest_size
-from vaecache.config import SamplingConfig, frame_budget_problem
-from vaecache.dist.mesh import make_mesh
+from vaecache.settings.buckets import Bucket, displayed_size, nearest_size
+from vaecache.settings.clip import SamplingConfig, frame_budget_problem
+from vaecache.distributed.mesh import make_mesh
 from vaecache.errors import UsageError
 from vaecache.parallel import SPPlan, plan_sp
 from vaecache.sources import Skipped, judge_scene

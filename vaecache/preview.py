@@ -193,7 +193,7 @@ class _Mp4Writer:
             self.index += 1
 
     def commit(self) -> None:
-        from vaecache.format.io import FILE_MODE, fsync_dir
+        from vaecache.cache.io import FILE_MODE, fsync_dir
 
         self.container.mux(self.stream.encode(None))
         self.container.close()
@@ -252,11 +252,11 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
     output = Path(output) if output is not None else default_output(clip_id)
     check_output(output, settings.overwrite)
 
-    from vaecache.config import ClipSettings
+    from vaecache.settings.clip import ClipSettings
     from vaecache.decode import ViewDecoder, backend_for_record
-    from vaecache.dist import resolve_device
-    from vaecache.format.reader import LatentCache
-    from vaecache.verify import load_recorded_vae
+    from vaecache.distributed import resolve_device
+    from vaecache.training import LatentCache
+    from vaecache.encode.fingerprint import load_recorded_vae
     from vaecache.vae.decoder import decode_mode, iter_decoded
 
     if not out.is_dir():

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from vaecache.errors import DatasetError, VideoDecodeError
-from vaecache.format.io import STRICT_JSON, NonFiniteNumber, iter_lines, loads
-from vaecache.format.layout import id_problem
+from vaecache.cache.io import STRICT_JSON, NonFiniteNumber, iter_lines, loads
+from vaecache.cache.layout import id_problem
 
 log = logging.getLogger("vaecache")
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import vaecache
-from vaecache.format.reader import CacheReader
+from vaecache.cache.reader import CacheReader
 from vaecache.decode import open_video
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.errors import DatasetError

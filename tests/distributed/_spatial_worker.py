@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as tdist
 
-from vaecache.spatial import spatial_encode
+from vaecache.parallel.spatial import spatial_encode
 
 WAN21 = {"base_dim": 8, "z_dim": 4, "dim_mult": [1, 2, 2, 2], "num_res_blocks": 1,
          "temperal_downsample": [False, True, True]}

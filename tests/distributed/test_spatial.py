@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from vaecache.errors import UsageError
-from vaecache.spatial import halo_memory_format, plan_bands
+from vaecache.parallel.spatial import halo_memory_format, plan_bands
 
 WORKER = Path(__file__).with_name("_spatial_worker.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def test_buffers_follow_the_input_memory_format() -> None:
 def test_spatial_mode_refuses_other_families() -> None:
     from diffusers import AutoencoderKLCogVideoX
 
-    from vaecache.spatial import HaloExchanger, banded
+    from vaecache.parallel.spatial import HaloExchanger, banded
 
     module = AutoencoderKLCogVideoX(block_out_channels=(8,), down_block_types=("CogVideoXDownBlock3D",),
                                     up_block_types=("CogVideoXUpBlock3D",), latent_channels=4, layers_per_block=1,
@@ -64,7 +64,7 @@ def test_spatial_mode_refuses_other_families() -> None:
 def test_a_band_convolution_runs_the_kernel_the_whole_frame_gets() -> None:
     """A 3x3x3 conv over a 66-row band goes native where the 130-row frame goes to oneDNN (PyTorch picks by
     batch x channels x frames x height): run with the frame's kernel, the band's rows are the frame's, bitwise."""
-    from vaecache.spatial import UnsplitKernels
+    from vaecache.parallel.spatial import UnsplitKernels
 
     torch.manual_seed(0)
     conv = torch.nn.Conv3d(96, 96, 3)
@@ -85,7 +85,7 @@ def test_every_convolution_of_the_encode_runs_the_frames_kernel_while_banded() -
     oneDNN for 45 rows and natively for 22) are all redirected inside the context, and none after it."""
     from diffusers import AutoencoderKLWan
 
-    from vaecache.spatial import HaloExchanger, banded
+    from vaecache.parallel.spatial import HaloExchanger, banded
 
     module = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
                               temperal_downsample=[False, True, True]).eval()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vaecache.format.reader import CacheReader
+from vaecache.cache.reader import CacheReader
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 
 ENCODE_ARGS = ["--vae", "builtin:tiny", "--num-frames", "9", "--size", "64x64", "--workers", "0", "--no-progress"]
@@ -270,7 +270,7 @@ def test_a_damaged_shard_is_repaired_by_the_resume(data, reference, tmp_path: Pa
 def test_each_resume_hashes_only_the_shards_it_has_not_hashed(data, tmp_path: Path, monkeypatch) -> None:
     """A requeued job resumes many times: shards hashed intact by one resume are not hashed by the next unless
     their size or mtime changed."""
-    from vaecache.format import index
+    from vaecache.cache import repair as index
 
     out = tmp_path / "out"
     assert encode(data, out, "--shard-size", "1", env={"VAECACHE_FAULT": "crash-after-commit:3"}).returncode == 137
@@ -311,7 +311,7 @@ def test_encode_again_repairs_a_cache_that_verify_failed(data, reference, tmp_pa
     (b"x" * 70000 + b"\n" + b"y" * 70000, b"x" * 70000 + b"\n"),
 ])
 def test_cut_torn_tail_keeps_whole_lines_only(tmp_path, content, kept):
-    from vaecache.format.io import cut_torn_tail
+    from vaecache.cache.io import cut_torn_tail
 
     path = tmp_path / "log.jsonl"
     path.write_bytes(content)

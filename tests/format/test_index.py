@@ -11,12 +11,13 @@ import pytest
 
 from vaecache.errors import EmptyCacheError
 from vaecache.errors import ManifestError
-from vaecache.format.index import (
-    describe_failures, finalize, iter_progress, progress_line, read_failures, repair_progress, scan_committed,
-)
-from vaecache.format.io import AppendLog
-from vaecache.format.layout import failures_path, progress_path
-from vaecache.format.writer import failure_record
+from vaecache.cache.failures import describe_failures, read_failures
+from vaecache.cache.finalize import finalize
+from vaecache.cache.progress import iter_progress, progress_line, scan_committed
+from vaecache.cache.repair import repair_progress
+from vaecache.cache.io import AppendLog
+from vaecache.cache.layout import failures_path, progress_path
+from vaecache.cache.writer import failure_record
 
 HEADER = {"settings": {}, "latent": {"store": ["mean"], "dtype": "float32", "layout": "x"}, "planned_clips": 4,
           "oom_backoffs": 0}
@@ -172,8 +173,8 @@ def test_finalize_merges_row_logs_to_the_table_the_progress_lines_give(tmp_path:
     """The clip table from the writers' row logs equals, byte for byte, the one parsed from the progress lines
     (a cache written before row logs); rows of a shard without a progress line, a torn last batch and a
     shard committed twice are not counted."""
-    from vaecache.format.table import CLIP_TABLE, RowLog, iter_table
-    from vaecache.format.layout import rows_name
+    from vaecache.cache.table import CLIP_TABLE, RowLog, iter_table
+    from vaecache.cache.layout import rows_name
 
     (tmp_path / "progress").mkdir()
     for rank in (0, 1):

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from vaecache.errors import OutputError
-from vaecache.format.outdir import _is_stale, acquire_lock, describe_differences, numerics_history, release_lock
-from vaecache.verify import verify_cache
+from vaecache.cache.outdir import _is_stale, acquire_lock, describe_differences, numerics_history, release_lock
+from vaecache.cache.verify import verify_cache
 
 HOST = socket.gethostname()
 

@@ -16,13 +16,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from vaecache.format import index as index_module
-from vaecache.format.index import finalize
-from vaecache.format.io import AppendLog, jsonl_bytes
-from vaecache.format.layout import progress_path
-from vaecache.format.reader import CacheReader
-from vaecache.format.table import CLIP_TABLE, ClipTableError, iter_table, write_table
-from vaecache.verify import verify_cache
+from vaecache.cache import finalize as index_module
+from vaecache.cache.finalize import finalize
+from vaecache.cache.io import AppendLog, jsonl_bytes
+from vaecache.cache.layout import progress_path
+from vaecache.cache.reader import CacheReader
+from vaecache.cache.table import CLIP_TABLE, iter_table, write_table
+from vaecache.errors import ClipTableError
+from vaecache.cache.verify import verify_cache
 
 HEADER = {"settings": {}, "latent": {"store": ["mean"], "dtype": "float32", "layout": "x"}, "planned_clips": 0,
           "oom_backoffs": 0}
@@ -105,7 +106,7 @@ def test_finalize_merges_every_ranks_runs_in_id_order(tmp_path: Path, monkeypatc
         monkeypatch.setattr(index_module, "RUN_CHUNK_ROWS", 3)
         monkeypatch.setattr(index_module, "MAX_OPEN_RUNS", 2)
         monkeypatch.setattr(index_module, "PARALLEL_SCAN_BYTES", 0)
-    monkeypatch.setattr("vaecache.format.table.ROW_GROUP_ROWS", 5)
+    monkeypatch.setattr("vaecache.cache.table.ROW_GROUP_ROWS", 5)
     manifest = finalize(tmp_path, HEADER, workers=2 if fallback else 1)  # two processes scan the two logs
     expected = sorted([*ids, "s013/000000-000008", "s005-b/000000-000008"])
     records = list(CacheReader(tmp_path).clip_records())
@@ -175,7 +176,7 @@ def test_a_malformed_row_is_a_named_failure_not_a_crash(cache_copy: Path, run_cl
 
 def test_table_bytes_depend_on_the_rows_not_on_how_they_were_chunked(tmp_path: Path) -> None:
     """A resumed run's merge slices rows differently from an uninterrupted run's: same rows, same bytes."""
-    from vaecache.format.table import CLIP_TABLE, clip_row, schema_of, write_tables
+    from vaecache.cache.table import CLIP_TABLE, clip_row, schema_of, write_tables
 
     # long unique tensor names fill the column's 1 MB dictionary page: where the writer falls back to plain
     # encoding followed the chunk boundaries

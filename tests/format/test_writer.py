@@ -16,9 +16,11 @@ from safetensors import safe_open
 
 from vaecache.planning import Clip
 from vaecache.errors import ManifestError
-from vaecache.format.index import read_manifest, read_progress, write_manifest
-from vaecache.format.io import AppendLog
-from vaecache.format.writer import ShardWriter
+from vaecache.cache.manifest import read_manifest
+from vaecache.cache.progress import read_progress
+from vaecache.cache.finalize import write_manifest
+from vaecache.cache.io import AppendLog
+from vaecache.cache.writer import ShardWriter
 
 SCENES = ["scene_000", "scene_001", "scene_002"]
 LATENT = [2, 16, 3, 8, 8]

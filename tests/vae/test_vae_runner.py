@@ -10,7 +10,7 @@ import pytest
 import torch
 from tiny_vaes import TILES
 
-from vaecache.format.reader import CacheReader
+from vaecache.cache.reader import CacheReader
 from vaecache.errors import UsageError
 from vaecache.faults import FAULT_ENV, OomFault, OomInjector
 from vaecache.vae import VaeRunner, load_vae

@@ -65,7 +65,7 @@ def debug_enabled() -> bool:
 def launcher_rank_world(environ: Mapping[str, str] | None = None) -> tuple[int, int]:
     """(rank, world size) the launcher gave this process, read from torchrun or SLURM-step env vars.
 
-    A torch-free reading of the rule vaecache.dist's RankInfo.from_env applies, so usage errors can be
+    A torch-free reading of the rule vaecache.distributed's RankInfo.from_env applies, so usage errors can be
     reported (once, on rank 0) before torch is imported. Unparsable values count as rank 0 of 1; the
     distributed set-up reports them properly later.
     """
@@ -152,7 +152,7 @@ def write_json(target: Path, payload: Any) -> None:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
         return
-    from vaecache.format.io import atomic_write_bytes
+    from vaecache.cache.io import atomic_write_bytes
 
     atomic_write_bytes(target, data)
 

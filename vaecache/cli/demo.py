@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from vaecache.cli._common import console, report_errors
-from vaecache.config import parse_size
+from vaecache.settings.buckets import parse_size
 from vaecache.errors import EXIT_OK
 
 
@@ -37,13 +37,14 @@ def demo(
 ) -> None:
     """Generate demo data, encode it with builtin:small, verify it, and decode one clip to a preview mp4 with
     its PSNR against the source."""
-    from vaecache.config import ClipSettings, EncodeConfig, SamplingConfig
+    from vaecache.settings.clip import ClipSettings, SamplingConfig
+    from vaecache.settings.commands import EncodeConfig
     from vaecache.demodata import DemoDataSpec, write_demo_dataset
-    from vaecache.dist import distributed
-    from vaecache.format.reader import LatentCache
+    from vaecache.distributed import distributed
+    from vaecache.training import LatentCache
     from vaecache.pipeline import run_encode
     from vaecache.preview import decode_preview
-    from vaecache.verify import verify_cache
+    from vaecache.cache.verify import verify_cache
     from vaecache.cli.decode import report_table as preview_table
     from vaecache.cli.encode import summary_table
     from vaecache.cli.verify import report_table

@@ -17,7 +17,8 @@ from rich.table import Table
 from vaecache.cli._common import (MaxFramePixelsOption, REQUIRED_PANEL, DecoderOption, FitOption, FramesPolicyOption, NumFramesOption, SizeOption, VaeOption,
                                   check_json_target, console,
                                   human_bytes, launcher_rank_world, report_errors, write_json)
-from vaecache.config import EncodeConfig, check_option_syntax, load_toml, parse_bytes, pop_clip_options
+from vaecache.settings.commands import EncodeConfig
+from vaecache.settings.loader import check_option_syntax, load_toml, parse_bytes, pop_clip_options
 from vaecache.errors import DatasetError, UsageError
 from vaecache.progress import progress as progress_reporter
 
@@ -139,7 +140,7 @@ def encode(
     check_usage_before_start(cfg)
     check_json_target(json_file)
 
-    from vaecache.dist import distributed
+    from vaecache.distributed import distributed
     from vaecache.pipeline import run_encode
 
     with distributed(sp_size=cfg.sp_size, device=cfg.device, timeout_s=cfg.timeout_s,

@@ -73,7 +73,7 @@ def inspect(
     if not out.is_dir():
         raise UsageError(f"{out}: no such folder")
     check_json_target(json_file)
-    from vaecache.inspection import inspect_cache, inspect_clip
+    from vaecache.cache.inspect import inspect_cache, inspect_clip
 
     info = inspect_clip(out, clip) if clip is not None else inspect_cache(out)
     for line in (_clip_lines(info) if clip is not None else _summary_lines(info)):

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from vaecache.cli._common import (MaxFramePixelsOption, DecoderOption, FitOption, FramesPolicyOption, NumFramesOption, SizeOption, VaeOption,
                                   check_json_target, console, human_bytes, report_errors, write_json)
-from vaecache.config import check_option_syntax, load_toml, parse_bytes, pop_clip_options
+from vaecache.settings.loader import check_option_syntax, load_toml, parse_bytes, pop_clip_options
 from vaecache.errors import DatasetError, UsageError
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from vaecache.errors import EXIT_FAILED, EXIT_OK, UsageError
 from vaecache.progress import progress as progress_reporter
 
 if TYPE_CHECKING:
-    from vaecache.verify import VerifyReport
+    from vaecache.cache.verify import VerifyReport
 
 
 def report_table(report: VerifyReport) -> Table:
@@ -79,8 +79,9 @@ def verify(
         raise UsageError(f"--reencode must be >= 0, got {reencode}")
     check_json_target(json_file)
 
-    from vaecache.dist import distributed
-    from vaecache.verify import VerifyOptions, verify_cache
+    from vaecache.distributed import distributed
+    from vaecache.settings.commands import VerifyOptions
+    from vaecache.encode.recheck import verify as verify_cache
 
     options = VerifyOptions(quick=quick, threads=threads, dataset=dataset, reencode=reencode, vae=vae, seed=seed,
                             device=device, allow_pickle_weights=allow_pickle_weights,
@@ -88,7 +89,7 @@ def verify(
     with distributed(device=device if reencode else "cpu") as ctx:
         label = "verify" if ctx.info.world_size == 1 else f"verify (rank 0's share of {ctx.info.world_size} ranks)"
         with progress_reporter(label, "shards", console, enabled=progress and ctx.info.rank == 0) as on_progress:
-            report = verify_cache(out, ctx=ctx, options=options, on_progress=on_progress)
+            report = verify_cache(out, options, ctx=ctx, on_progress=on_progress)
         if ctx.info.rank != 0:
             raise typer.Exit(EXIT_OK if report.ok else EXIT_FAILED)
     console.print(report_table(report))

@@ -4,7 +4,8 @@ Megatron-Energon (`webdataset`)."""
 
 from __future__ import annotations
 
-from vaecache.export.common import ExportError, ExportSummary, safe_name, safetensors_bytes
+from vaecache.errors import ExportError
+from vaecache.export.common import ExportSummary, safe_name, safetensors_bytes
 from vaecache.export.musubi import MUSUBI_ARCHITECTURES, export_musubi, musubi_arch, musubi_tensors
 from vaecache.export.webdataset import ENERGON_MODES, batched_by_shape, decode_sample, export_webdataset, webdataset_key
 

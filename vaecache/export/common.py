@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from vaecache.errors import OutputError, UsageError
-from vaecache.format.io import fsync_dir
+from vaecache.errors import OutputError
+from vaecache.cache.io import fsync_dir
+from vaecache.errors import ExportError
 
 EXPORT_MANIFEST = "export.json"
 EXPORT_INDEX = "index.jsonl"
@@ -37,10 +38,6 @@ _SAFE = re.compile(r"[a-z0-9][a-z0-9_-]{0,99}")
 _SAFE_DOTS = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")
 _WINDOWS_DEVICES = re.compile(r"(con|prn|aux|nul|com[0-9]|lpt[0-9])([._-].*)?")
 """Names Windows reserves for devices, with or without an extension (`nul.mp4` too)."""
-
-
-class ExportError(UsageError):
-    """The cache cannot be exported as asked (DIR exists, a trainer convention the cache cannot meet)."""
 
 
 def safe_name(text: str, dots: bool = False) -> str:

@@ -20,17 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from vaecache.export.common import (
-    ExportError,
-    ExportIndex,
-    ExportSummary,
-    finish,
-    safe_name,
-    safetensors_bytes,
-    source_of,
-    staging,
-    write_new_file,
-)
+from vaecache.errors import ExportError
+from vaecache.export.common import ExportIndex, ExportSummary, finish, safe_name, safetensors_bytes, source_of, staging, write_new_file
 
 if TYPE_CHECKING:
     import torch
@@ -185,7 +176,7 @@ def export_musubi(cache_dir: Path, target: Path, arch: str | None = None, verify
     """Write musubi-tuner's latent cache for every clip and camera (see README, "Export to musubi-tuner").
     Everything is checked before the first file is written: the architecture against the cache's VAE, the
     stored tensor, the sizes musubi's buckets would stack together."""
-    from vaecache.format.reader import LatentCache
+    from vaecache.training import LatentCache
 
     cache = LatentCache(cache_dir, verify=verify)
     vae = cache.manifest.get("vae") or {}

@@ -15,17 +15,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from vaecache.export.common import (
-    ExportError,
-    ExportIndex,
-    ExportSummary,
-    finish,
-    fsync_file,
-    safe_name,
-    safetensors_bytes,
-    source_of,
-    staging,
-)
+from vaecache.errors import ExportError
+from vaecache.export.common import ExportIndex, ExportSummary, finish, fsync_file, safe_name, safetensors_bytes, source_of, staging
 
 TAR_MTIME = 0.0
 """mtime of every tar member: tars do not change with the time of the export."""
@@ -93,7 +84,7 @@ def export_webdataset(cache_dir: Path, target: Path, verify: str = "size", sampl
     (its clip record plus `latent_shape`); then Energon's preparation (`energon`: auto, on, off)."""
     import webdataset
 
-    from vaecache.format.reader import LatentCache
+    from vaecache.training import LatentCache
 
     if energon not in ENERGON_MODES:
         raise ExportError(f"--energon must be one of {', '.join(ENERGON_MODES)}, got {energon!r}")

@@ -73,7 +73,7 @@ import torch.distributed as tdist
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
-from vaecache.dist.context import collective_errors
+from vaecache.distributed.context import collective_errors
 from vaecache.errors import DistributedError, UsageError
 
 __all__ = ["SPPlan", "gather_views", "pad_views", "plan_sp", "sp_encode"]

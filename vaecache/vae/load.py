@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from vaecache.dtypes import check_dtype_name, torch_dtype
+from vaecache.settings.dtypes import check_dtype_name, torch_dtype
 from vaecache.errors import UsageError, VaeSpecError
 from vaecache.vae.families import FAMILIES, SUPPORTED, Family
 from vaecache.vae.model import CHANNELS_LAST, VaeModel, weights_sha256

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from vaecache.dtypes import recorded_name
+from vaecache.settings.dtypes import recorded_name
 from vaecache.vae.rules import FrameRule
 
 CHANNELS_LAST = {5: torch.channels_last_3d, 4: torch.channels_last}

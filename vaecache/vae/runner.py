@@ -167,9 +167,9 @@ class VaeRunner:
     @torch.inference_mode()
     def encode_spatial(self, views: torch.Tensor, group: Any) -> EncodeResult:
         """Every view encoded by the ranks of `group` together, each rank on a band of rows of every frame
-        (vaecache.spatial); all views come back on every rank. One view per forward; no out-of-memory
+        (vaecache.parallel.spatial); all views come back on every rank. One view per forward; no out-of-memory
         backoff (a band that does not fit needs a larger group, not a smaller batch)."""
-        from vaecache.spatial import spatial_encode
+        from vaecache.parallel.spatial import spatial_encode
 
         model = self.model
         if views.dim() != 5:

@@ -21,17 +21,14 @@ from typing import Any, Callable, Iterable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vaecache.errors import ManifestError, OutputError
-from vaecache.format.io import FILE_MODE, fsync_dir, loads, sha256_file
+from vaecache.errors import OutputError
+from vaecache.cache.io import FILE_MODE, fsync_dir, loads, sha256_file
+from vaecache.errors import ClipTableError
 
 ROW_GROUP_ROWS = 16384
 """Rows per row group: what the writer holds in memory at once, and the unit a reader skips by."""
 READ_BATCH_ROWS = 8192
 TABLE_METADATA_KEY = b"vaecache"
-
-
-class ClipTableError(ManifestError):
-    """A clip or failure table cannot be read (truncated, overwritten, not Parquet, missing columns)."""
 
 
 def _is_int(value: Any) -> bool:

@@ -18,18 +18,17 @@ import os
 import re
 from pathlib import Path
 
+from vaecache.cache.v1 import CLIPS_V1, FAILURES_V1
 from vaecache.errors import UnsafePathError
 
 FORMAT_NAME = "vaecache"
 FORMAT_VERSION = 2
 SUPPORTED_VERSIONS = (1, 2)
-"""1: clip and failure records as JSON Lines; 2: as Parquet tables (vaecache.format.table)."""
+"""1: clip and failure records as JSON Lines; 2: as Parquet tables (vaecache.cache.table)."""
 
 MANIFEST = "manifest.json"
 CLIPS = "clips.parquet"
 FAILURES = "failures.parquet"
-CLIPS_V1 = "clips.jsonl"
-FAILURES_V1 = "failures.jsonl"
 RUN = "run.json"
 LOCK = ".lock"
 SHARDS_DIR = "shards"

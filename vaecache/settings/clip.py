@@ -3,25 +3,17 @@
 from __future__ import annotations
 
 import functools
-import re
-from dataclasses import dataclass, fields
-from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from dataclasses import dataclass
+from typing import Any
 
-from vaecache.buckets import FIT_CHOICES, FRAMES_POLICY_CHOICES, Bucket, parse_lengths, parse_sizes
-from vaecache.dtypes import DTYPE_CHOICES
+from vaecache.settings.buckets import FIT_CHOICES, FRAMES_POLICY_CHOICES, Bucket
+from vaecache.settings.dtypes import DTYPE_CHOICES
 from vaecache.errors import UsageError
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 
 STORED_KEYS: dict[str, tuple[str, ...]] = {"mean-logvar": ("mean", "logvar"), "mean": ("mean",), "sample": ("sample",)}
 """--store -> the tensors stored per clip."""
 STORE_CHOICES = tuple(STORED_KEYS)
-ON_ERROR_CHOICES = ("skip", "fail")
-SP_MODE_CHOICES = ("views", "spatial")
 DECODER_CHOICES = ("auto", "pyav", "decord", "torchcodec")
 """--decoder values (vaecache.decode resolves them; kept here so config loads without torch or av)."""
 DEFAULT_MAX_FRAME_PIXELS = 8192 * 8192
@@ -35,34 +27,6 @@ def frame_budget_problem(width: int, height: int, max_pixels: int) -> str | None
         return None
     return (f"frames of {width}x{height} ({width * height:,} pixels) exceed the decode budget of {max_pixels:,} "
             "pixels (--max-frame-pixels; decoding frames this large can take GBs of memory)")
-
-
-def parse_size(text: str) -> tuple[int, int]:
-    """'64x96' -> (64, 96) as (height, width)."""
-    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
-    if not match:
-        raise UsageError(f"--size must look like HxW (e.g. 480x832), got {text!r}")
-    height, width = int(match.group(1)), int(match.group(2))
-    if height < 1 or width < 1:
-        raise UsageError(f"--size must be positive, got {text!r}")
-    return height, width
-
-
-def parse_bytes(text: str | int) -> int:
-    """'256MiB', '1GB', '5000' -> bytes."""
-    if isinstance(text, int):
-        value = text
-    else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(?:([KMGT]i?)B?|B)?\s*", text, flags=re.IGNORECASE)
-        if not match:
-            raise UsageError(f"--shard-size must be a byte count like 256MiB or 1GB, got {text!r}")
-        unit = (match.group(2) or "").upper()
-        scale = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-                 "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}[unit]
-        value = int(float(match.group(1)) * scale)
-    if value < 1:
-        raise UsageError(f"--shard-size must be at least 1 byte, got {text!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -268,78 +232,6 @@ class ClipSettings:
             raise UsageError(f"recorded settings lack {exc.args[0]!r}") from None
 
 
-@dataclass(frozen=True)
-class EncodeConfig:
-    """Everything `vaecache encode` needs: where from and to, the VAE, the clip settings, and run options
-    (which do not change a stored byte)."""
-
-    data: Path
-    out: Path
-    vae: str
-    clip: ClipSettings
-    device: str = "auto"
-    batch_size: int = 1
-    """Clips per batch; a batch is folded into batch_size * cameras views."""
-    workers: int = 2
-    """DataLoader worker processes decoding video per rank (0 decodes in the main process)."""
-    shard_size: int = 256 * 2**20
-    """Roll a new safetensors shard once this many tensor bytes are buffered."""
-    sp_size: int = 1
-    sp_mode: str = "views"
-    """How an SP group splits the work: "views" (each rank encodes whole views of the batch) or "spatial"
-    (every view's rows are cut into bands across the group, halos exchanged; Wan VAEs)."""
-    on_error: str = "skip"
-    overwrite: bool = False
-    timeout_s: float = 1800.0
-    """Collective timeout: a dead or stuck rank ends the job after this long instead of hanging."""
-    liveness_timeout_s: float = 60.0
-    """A rank whose heartbeat stops for this long (SIGSTOP, a frozen node) fails the job naming its rank and
-    host; a slow rank that still beats is waited for. 0 turns the heartbeats off."""
-    progress: bool = True
-    allow_pickle_weights: bool = False
-    """Let a diffusers folder with only pickled .bin weights load (unpickling can run code)."""
-    hash_sources: bool = False
-    """Record each source's sha256 (besides size and mtime) so a resume can tell changed content apart from
-    a file that was only touched or copied."""
-    allow_other_numerics: bool = False
-    """Resume OUT (or run ranks) on other numerics than recorded (another GPU model, torch, CPU thread count):
-    latents added then may differ from the committed ones in the last bits; the manifest lists every numerics."""
-
-    def __post_init__(self) -> None:
-        if not self.vae:
-            raise UsageError("--vae is required (e.g. builtin:tiny, builtin:small, diffusers:/path/to/vae, "
-                             "python:pkg.mod:factory)")
-        if self.on_error not in ON_ERROR_CHOICES:
-            raise UsageError(f"--on-error must be one of {', '.join(ON_ERROR_CHOICES)}, got {self.on_error!r}")
-        if self.batch_size < 1:
-            raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
-        if self.workers < 0:
-            raise UsageError(f"--workers must be >= 0, got {self.workers}")
-        if self.sp_size < 1:
-            raise UsageError(f"--sp-size must be >= 1, got {self.sp_size}")
-        if self.sp_mode not in SP_MODE_CHOICES:
-            raise UsageError(f"--sp-mode must be one of {', '.join(SP_MODE_CHOICES)}, got {self.sp_mode!r}")
-        if self.shard_size < 1:
-            raise UsageError(f"--shard-size must be >= 1 byte, got {self.shard_size}")
-        if self.timeout_s <= 0:
-            raise UsageError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
-        if self.liveness_timeout_s < 0:
-            raise UsageError(f"--liveness-timeout must be >= 0 seconds (0 turns it off), got {self.liveness_timeout_s}")
-
-
-_CLIP_KEYS = ("dtype", "store", "seed", "tiling", "compiled", "channels_last", "views_per_forward", "fit", "decoder")
-"""ClipSettings fields given as options of their own (the rest come from size, cameras and the sampling keys)."""
-
-
-def check_option_syntax(merged: dict[str, Any]) -> None:
-    """Refuse a malformed --size or --num-frames list first, as a typed option's parser would (before the
-    checks of missing options)."""
-    if "size" in merged:
-        parse_sizes(merged["size"])
-    if "num_frames" in merged:
-        parse_lengths(merged["num_frames"])
-
-
 VIEWS_PER_FORWARD_WORDS = ("auto", "all")
 
 
@@ -352,85 +244,6 @@ def parse_views_per_forward(value: Any) -> int | str:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UsageError(f"--views-per-forward must be an integer >= 1, 'all' or 'auto', got {value!r}")
     return value
-
-
-def pop_clip_options(merged: dict[str, Any]) -> ClipSettings:
-    """Take the clip settings shared by encode and plan out of merged CLI/TOML settings."""
-    if "num_frames" not in merged:
-        raise UsageError("--num-frames is required (frames per clip, e.g. 17 for Wan-style 1+4k VAEs)")
-    if "size" not in merged:
-        raise UsageError("--size HxW is required (e.g. 480x832)")
-    sizes = parse_sizes(merged.pop("size"))
-    lengths = parse_lengths(merged.pop("num_frames"))
-    sampling = SamplingConfig(
-        num_frames=lengths[0],
-        frame_stride=int(merged.pop("frame_stride", 1)),
-        window_stride=merged.pop("window_stride", None),
-        max_clips_per_scene=merged.pop("max_clips_per_scene", None),
-        frame_buckets=lengths if len(lengths) > 1 else (),
-        frames_policy=merged.pop("frames_policy", "longest"),
-        max_frame_pixels=merged.pop("max_frame_pixels", DEFAULT_MAX_FRAME_PIXELS),
-    )
-    (height, width) = sizes[0]
-    cameras = merged.pop("cameras", None)
-    if isinstance(cameras, str):
-        cameras = tuple(c.strip() for c in cameras.split(",") if c.strip())
-    elif cameras is not None:
-        cameras = tuple(cameras)
-    options = {key: merged.pop(key) for key in _CLIP_KEYS if key in merged}
-    if "views_per_forward" in options:
-        options["views_per_forward"] = parse_views_per_forward(options["views_per_forward"])
-    return ClipSettings(sampling=sampling, height=height, width=width, cameras=cameras,
-                        size_buckets=sizes if len(sizes) > 1 else (), **options)
-
-
-def load_toml(path: Path) -> dict[str, Any]:
-    """Read a config file whose keys are the long CLI option names (dashes or underscores)."""
-    try:
-        with open(path, "rb") as handle:
-            raw = tomllib.load(handle)
-    except FileNotFoundError:
-        raise UsageError(f"{path}: config file not found") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: not valid TOML: {exc}") from None
-    section = raw.get("encode", raw)
-    # height and width come from "size", the sampling fields from their own keys
-    known = ({f.name for f in fields(EncodeConfig)} - {"clip"} | {f.name for f in fields(ClipSettings)}
-             - {"sampling", "height", "width", "size_buckets"} | {f.name for f in fields(SamplingConfig)}
-             - {"frame_buckets"} | {"size"})
-    normalized = {_TOML_ALIASES.get(key.replace("-", "_"), key.replace("-", "_")): value for key, value in section.items()}
-    unknown = sorted(set(normalized) - known)
-    if unknown:
-        raise UsageError(f"{path}: unknown setting(s) {', '.join(unknown)}")
-    for key, value in normalized.items():
-        allowed = _toml_types(key)
-        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-            raise UsageError(f"{path}: {key} = {value!r} must be {' or '.join(t.__name__ for t in allowed)}")
-        item = _TOML_LIST_ITEMS.get(key)
-        if item is not None and isinstance(value, list) and not all(type(v) is item for v in value):
-            raise UsageError(f"{path}: {key} = {value!r} must be {item.__name__} or a list of {item.__name__}")
-    return normalized
-
-
-_TOML_LIST_ITEMS = {"size": str, "num_frames": int, "cameras": str}
-"""Settings that take a TOML list, and the type of its items (size = ["480x832", "wan-480p"], num_frames = [17, 33])."""
-
-_TOML_ALIASES = {"timeout": "timeout_s", "liveness_timeout": "liveness_timeout_s", "compile": "compiled"}
-"""Option names whose config field is spelled differently (--timeout sets timeout_s)."""
-
-
-def _toml_types(key: str) -> tuple[type, ...]:
-    """The TOML value types a setting accepts, from the config dataclasses' annotations."""
-    special = {"size": (str, list), "num_frames": (int, str, list), "data": (str,), "out": (str,),
-               "shard_size": (int, str), "cameras": (str, list), "views_per_forward": (int, str)}
-    if key in special:
-        return special[key]
-    hint = {**get_type_hints(SamplingConfig), **get_type_hints(ClipSettings), **get_type_hints(EncodeConfig)}[key]
-    allowed: list[type] = []
-    for arg in get_args(hint) or (hint,):
-        arg = get_origin(arg) or arg
-        allowed += {float: [int, float], Path: [str], tuple: [list], type(None): []}.get(arg, [arg])
-    return tuple(allowed)
 
 
 __all__ = [

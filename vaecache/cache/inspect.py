@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vaecache.format.index import reason_counts
-from vaecache.format.reader import CacheReader, LatentCache
-from vaecache.format.table import CLIP_TABLE, _open as _open_table
-from vaecache.format.writer import tensor_stats
+from vaecache.cache.failures import reason_counts
+from vaecache.cache.reader import CacheReader
+from vaecache.training import LatentCache
+from vaecache.cache.table import CLIP_TABLE, _open as _open_table
+from vaecache.cache.writer import tensor_stats
 
 
 def latent_shapes(reader: CacheReader) -> list[dict[str, Any]]:

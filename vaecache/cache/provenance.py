@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
-from vaecache.format.io import sha256_file
+from vaecache.cache.io import sha256_file
 
 
 def source_identity(path: str, with_hash: bool) -> dict[str, Any] | None:

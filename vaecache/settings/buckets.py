@@ -124,7 +124,7 @@ def kept_share(geometry: FitGeometry, src_w: int, src_h: int) -> float:
 
 def parse_sizes(value: Any, option: str = "--size") -> tuple[tuple[int, int], ...]:
     """'480x832', '480x832,832x480', a preset name, or a list of them (TOML) -> ((H, W), ...) in order."""
-    from vaecache.config import parse_size
+    from vaecache.settings.buckets import parse_size
 
     items = value if isinstance(value, (list, tuple)) else str(value).split(",")
     sizes: list[tuple[int, int]] = []
@@ -164,3 +164,14 @@ def parse_lengths(value: Any, option: str = "--num-frames") -> tuple[int, ...]:
 __all__ = ["Bucket", "FIT_CHOICES", "FRAMES_POLICY_CHOICES", "FitGeometry", "PAD_PIXEL", "SIZE_PRESETS",
            "aspect_distance", "displayed_size", "fit_geometry", "kept_share", "nearest_size", "parse_lengths",
            "parse_sizes"]
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """'64x96' -> (64, 96) as (height, width)."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if not match:
+        raise UsageError(f"--size must look like HxW (e.g. 480x832), got {text!r}")
+    height, width = int(match.group(1)), int(match.group(2))
+    if height < 1 or width < 1:
+        raise UsageError(f"--size must be positive, got {text!r}")
+    return height, width

@@ -22,14 +22,14 @@ import torch
 from safetensors.torch import save as safetensors_save
 
 from vaecache import faults
-from vaecache.buckets import fit_geometry
-from vaecache.dtypes import recorded_name
+from vaecache.settings.buckets import fit_geometry
+from vaecache.settings.dtypes import recorded_name
 from vaecache.errors import OutputError
-from vaecache.format.index import progress_line
-from vaecache.format.io import AppendLog, atomic_write_bytes
-from vaecache.format.layout import FORMAT_NAME, FORMAT_VERSION, SHARDS_DIR, rows_name, shard_name
-from vaecache.format.table import RowLog
-from vaecache.format.provenance import IdentityMemo
+from vaecache.cache.progress import progress_line
+from vaecache.cache.io import AppendLog, atomic_write_bytes
+from vaecache.cache.layout import FORMAT_NAME, FORMAT_VERSION, SHARDS_DIR, rows_name, shard_name
+from vaecache.cache.table import RowLog
+from vaecache.cache.provenance import IdentityMemo
 
 
 

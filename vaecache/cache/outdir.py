@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vaecache.errors import ManifestError, OutputError, UsageError
-from vaecache.format.index import (
-    CommittedIds, committed_ids, committed_shards, damaged_shards, forget_hashed_shards, read_manifest, repair_progress,
-)
-from vaecache.format.provenance import identity_change
-from vaecache.format.io import atomic_write_json, read_json
-from vaecache.format.layout import LOCK, LOGS_DIR, MANIFEST, OWNED_ENTRIES, PROGRESS_DIR, RUN, SHARDS_DIR
+from vaecache.cache.progress import CommittedIds, committed_ids, committed_shards
+from vaecache.cache.repair import damaged_shards, forget_hashed_shards, repair_progress
+from vaecache.cache.manifest import read_manifest
+from vaecache.cache.provenance import identity_change
+from vaecache.cache.io import atomic_write_json, read_json
+from vaecache.cache.layout import LOCK, LOGS_DIR, MANIFEST, OWNED_ENTRIES, PROGRESS_DIR, RUN, SHARDS_DIR
 
 log = logging.getLogger("vaecache")
 

@@ -10,21 +10,23 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from safetensors.torch import load as safetensors_load
 
-from vaecache.config import ClipSettings
-from vaecache.dtypes import RECORDED_NAMES, SAFETENSORS_NAMES
-from vaecache.errors import ManifestError, UnsafePathError, UsageError, VaecacheError
-from vaecache.format.index import progress_counts, reason_counts
-from vaecache.format.io import loads, sha256_file
-from vaecache.format.layout import MANIFEST, SHARDS_DIR, inside
-from vaecache.format.provenance import IdentityMemo, identity_change
-from vaecache.format.reader import CacheReader, ShardHeaderError, record_problem, shard_header
-from vaecache.format.table import ClipTableError
-from vaecache.format.writer import tensor_stats
+from vaecache.settings.dtypes import SAFETENSORS_NAMES
+from vaecache.errors import ManifestError, UnsafePathError
+from vaecache.cache.progress import progress_counts
+from vaecache.cache.failures import reason_counts
+from vaecache.cache.io import sha256_file
+from vaecache.cache.layout import MANIFEST, SHARDS_DIR, inside
+from vaecache.cache.provenance import IdentityMemo, identity_change
+from vaecache.cache.reader import CacheReader, record_problem, shard_header
+from vaecache.errors import ShardHeaderError
+from vaecache.errors import ClipTableError
+from vaecache.cache.writer import tensor_stats
+from vaecache.cache.v1 import iter_v1_clip_records
 
 MAX_EXAMPLES = 5
 STATS_RTOL = 1e-6
@@ -67,49 +69,12 @@ class VerifyReport:
                 "checks": [asdict(check) for check in self.checks]}
 
 
-REENCODE_TOLERANCE = {"float32": 1e-6, "float16": 1e-3, "bfloat16": 8e-3}
-"""Default --reencode tolerance: max abs difference over max abs stored value, per stored dtype. On the
-machine and device that encoded, a deterministic VAE re-encodes to exactly 0 (a thread count other than the
-encode's may move fp32 by a few ulps, hence not 0); a VAE that adds noise fails. Another GPU model, driver
-or CPU may pick other kernels: pass a looser --tolerance there (~1e-5 for fp32, ~2e-2 for bf16)."""
-
-
-@dataclass(frozen=True)
-class VerifyOptions:
-    """What `vaecache verify` checks beyond integrity."""
-
-    quick: bool = False
-    """Sizes and headers only: no hashing, no value checks."""
-    threads: int | None = None
-    dataset: Path | None = None
-    """Re-plan clips from this source with the recorded settings and compare coverage."""
-    reencode: int = 0
-    """Re-encode this many clips (chosen by `seed`) and compare with what is stored."""
-    vae: str | None = None
-    """VAE for --reencode; default: the spec recorded in the manifest. Must match the fingerprint."""
-    seed: int = 0
-    device: str = "auto"
-    allow_pickle_weights: bool = False
-    tolerance: float | None = None
-    """--reencode: max abs difference over max abs stored value; None: REENCODE_TOLERANCE of the stored dtype."""
-
-    def __post_init__(self) -> None:
-        if self.reencode < 0:
-            raise UsageError(f"--reencode must be >= 0, got {self.reencode}")
-        if self.threads is not None and self.threads < 1:
-            raise UsageError(f"--threads must be >= 1, got {self.threads}")
-        if self.tolerance is not None and not 0 <= self.tolerance < float("inf"):
-            raise UsageError(f"--tolerance must be a fraction >= 0, got {self.tolerance}")
-
-
 def verify_cache(out: Path, quick: bool = False, threads: int | None = None, ctx: Any = None,
-                 options: VerifyOptions | None = None,
                  on_progress: Callable[[int, int], None] | None = None) -> VerifyReport:
-    """Run every check on OUT. Under torchrun (`ctx` from vaecache.dist.distributed) shards and
-    re-encodes are split across ranks and every rank returns the whole report.
-    `on_progress(1, shards_of_this_rank)` is called as each of this rank's shards is checked."""
-    options = options or VerifyOptions(quick=quick, threads=threads)
-    quick, threads = options.quick, options.threads
+    """Every integrity check of OUT (the cache alone; `vaecache.encode.recheck.verify` adds the checks against
+    its source). Under torchrun (`ctx` from vaecache.distributed.distributed) the shards are split across ranks
+    and every rank returns the whole report. `on_progress(1, shards_of_this_rank)` is called as each of this
+    rank's shards is checked."""
     rank, world = (ctx.info.rank, ctx.info.world_size) if ctx is not None else (0, 1)
     out = Path(out)
     manifest_check = Check("manifest")
@@ -189,10 +154,6 @@ def verify_cache(out: Path, quick: bool = False, threads: int | None = None, ctx
     declared_check = check_declarations(manifest, seen, listed_count, listed_bytes, len(failures))
     checks = [manifest_check, clips_check, shard_check, orphan_check, tensor_check, value_check, failures_check,
               declared_check]
-    if options.dataset is not None:
-        checks.extend(check_dataset(manifest, cache, failures, options.dataset, threads))
-    if options.reencode:
-        checks.append(check_reencode(out, manifest, cache, seen.clips, options, ctx))
     return VerifyReport(str(out), complete=True, checks=checks, summary=summary)
 
 
@@ -225,7 +186,8 @@ def _scan_records(cache: CacheReader, check: Check, tensor_check: Check, listed:
     previous: Any = None
     out_of_order = False
     try:
-        for record in (_iter_v1_records(path, check) if cache.version == 1 else cache.clip_records()):
+        bad_line = lambda lineno: check.fail(f"{path.name}:{lineno}: does not parse")  # noqa: E731
+        for record in (iter_v1_clip_records(path, bad_line) if cache.version == 1 else cache.clip_records()):
             clip_id = record.get("id")
             if previous is not None and clip_id == previous:
                 check.fail(f"clip {clip_id}: recorded twice")
@@ -260,18 +222,6 @@ def _scan_records(cache: CacheReader, check: Check, tensor_check: Check, listed:
         check.fail(f"{path.name}: {message[len(str(path)) + 2:] if message.startswith(str(path)) else message}")
         seen.readable = False
     return seen
-
-
-def _iter_v1_records(path: Path, check: Check) -> Iterator[dict[str, Any]]:
-    """Format version 1: records of clips.jsonl; a line that does not parse is a failure, the rest go on."""
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for lineno, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                yield loads(line)
-            except json.JSONDecodeError:
-                check.fail(f"{path.name}:{lineno}: does not parse")
 
 
 class _ShardChecks:
@@ -339,44 +289,6 @@ class _ShardChecks:
         return self.results
 
 
-def check_dataset(manifest: dict[str, Any], cache: CacheReader, failures: list[dict[str, Any]], dataset: Path,
-                  threads: int | None = None) -> list[Check]:
-    """--dataset: coverage of the re-planned source, then sources changed since their clips were encoded."""
-    return [check_coverage(manifest, cache, failures, dataset, threads), check_sources(cache)]
-
-
-def check_coverage(manifest: dict[str, Any], cache: CacheReader, failures: list[dict[str, Any]],
-                   dataset: Path, threads: int | None = None) -> Check:
-    """Re-plan clips from the source with the recorded settings: clips missing from the cache, and
-    cached clips with no source any more. Clips recorded as failures count as accounted for."""
-    from vaecache.planning import plan_job
-    from vaecache.sources import discover_scenes, probe_scene
-
-    check = Check("coverage of " + str(dataset))
-    clip_settings = ClipSettings.from_record(manifest.get("settings", {}))
-    scenes = discover_scenes(Path(dataset), clip_settings.cameras)
-    with ThreadPoolExecutor(max_workers=threads or min(8, len(os.sched_getaffinity(0)))) as pool:
-        probes = {probe.scene_id: probe for probe in pool.map(probe_scene, scenes)}
-    job = plan_job(scenes, probes, clip_settings.sampling, sizes=clip_settings.sizes)
-    planned, skipped = job.clips, job.skipped
-    failed_scenes = {f.get("scene") for f in failures if not f.get("clip")}  # a source that failed as a whole
-    expected = {clip.clip_id for clip in planned}
-    missing = set(expected)
-    failed_clips = {f.get("clip") for f in failures if f.get("clip")}
-    failed_clips |= {clip.clip_id for clip in planned if clip.scene_id in failed_scenes}
-    for clip_id in cache.clip_ids():
-        if clip_id in expected:
-            missing.discard(clip_id)
-            check.ok()
-        else:
-            check.fail(f"clip {clip_id}: in the cache, no longer in the source")
-    for clip_id in sorted(missing - failed_clips):
-        check.fail(f"clip {clip_id}: in the source, missing from the cache")
-    check.note = (f"{len(expected)} clips planned from {len(scenes)} scenes; {len(expected & failed_clips)} recorded "
-                  f"as failed; {len(skipped)} scenes skipped")
-    return check
-
-
 def check_sources(cache: CacheReader) -> Check:
     """Stale latents: each clip record's sources (size, mtime_ns, sha256 where recorded) against the files now.
     One failure per changed file, naming its scene, what changed and how many clips were encoded from it."""
@@ -413,101 +325,6 @@ def check_sources(cache: CacheReader) -> Check:
     if unrecorded:
         check.note += (f"; {unrecorded} clip record(s) carry no source identity (encoded before vaecache recorded "
                        "it), not checked")
-    return check
-
-
-def load_recorded_vae(out: Path, manifest: dict[str, Any], spec: str, device: Any,
-                      allow_pickle_weights: bool = False) -> Any:
-    """The VAE that encoded OUT, loaded with the recorded settings (dtype, tiling, views per forward) from `spec`
-    (the recorded spec, or a --vae override); a UsageError unless its fingerprint is the recorded one.
-    `verify --reencode` and `vaecache decode` load through here."""
-    from vaecache.format.outdir import describe_differences, upgraded_fingerprint
-    from vaecache.pipeline import run_fingerprint_vae_part
-    from vaecache.vae import load_vae
-
-    clip_settings = ClipSettings.from_record(manifest.get("settings", {}))
-    vae = load_vae(spec, device, clip_settings.dtype, tiling=clip_settings.tiling,
-                   allow_pickle_weights=allow_pickle_weights,
-                   views_per_forward=clip_settings.views_per_forward if isinstance(clip_settings.views_per_forward, int) else 1,
-                   compiled=clip_settings.compiled, channels_last=clip_settings.channels_last)
-    recorded = upgraded_fingerprint({"vae": {k: v for k, v in manifest.get("vae", {}).items() if k != "spec"}})["vae"]
-    given = run_fingerprint_vae_part(vae)
-    if recorded != given:
-        diffs = describe_differences(recorded, given)
-        raise UsageError(f"--vae {spec} does not match the VAE recorded in {out}/manifest.json "
-                         f"({'; '.join(diffs[:3])})")
-    return vae
-
-
-def check_reencode(out: Path, manifest: dict[str, Any], cache: CacheReader, count: int, options: VerifyOptions,
-                   ctx: Any = None) -> Check:
-    """Decode and re-encode K clips chosen by a seed with the recorded VAE; compare with what is stored."""
-    import random
-
-    from vaecache.decode import ViewDecoder, backend_for_record
-    from vaecache.dist import resolve_device
-    from vaecache.planning import Clip
-    from vaecache.pipeline import clip_tensors
-
-    settings = manifest.get("settings", {})
-    clip_settings = ClipSettings.from_record(settings)
-    spec = options.vae or settings.get("vae_spec")
-    check = Check(f"re-encode {options.reencode} clip(s) with {spec}")
-    if not count:
-        check.note = "no clips to re-encode"
-        return check
-    # The positions random.sample would pick from the id-sorted records, which the table holds in that order.
-    positions = random.Random(options.seed).sample(range(count), min(options.reencode, count))
-    wanted = set(positions)
-    by_position = {i: record for i, record in enumerate(cache.clip_records()) if i in wanted}
-    chosen = [by_position[i] for i in positions if i in by_position]
-    rank, world = (ctx.info.rank, ctx.info.world_size) if ctx is not None else (0, 1)
-    mine = chosen[rank::world]
-    device = ctx.device if ctx is not None else resolve_device(options.device)
-    vae = load_recorded_vae(out, manifest, spec, device, allow_pickle_weights=options.allow_pickle_weights)
-    # Frames come from the backend the cache was decoded with (recorded name; none recorded: pyav)
-    decoder = ViewDecoder(clip_settings.height, clip_settings.width, fit=clip_settings.fit,
-                          backend=backend_for_record(settings.get("decoder")),
-                          max_pixels=clip_settings.sampling.max_frame_pixels)
-    results = []
-    for record in mine:
-        clip = Clip(record["id"], record["scene"], tuple(record["cameras"]), tuple(record["sources"]),
-                    tuple(record["frames"]), record.get("fps", 0.0))
-        bucket = record.get("bucket") if isinstance(record.get("bucket"), dict) else None
-        size = (bucket["height"], bucket["width"]) if bucket else None
-        try:
-            views = torch.stack([decoder.decode(path, clip.frames, size) for path in clip.paths])
-        except VaecacheError as exc:
-            results.append((record["id"], None, f"source does not decode any more ({exc})"))
-            continue
-        result = vae.encode_views(views)
-        moments = result.mean if result.logvar is None else torch.cat([result.mean, result.logvar], dim=1)
-        fresh = clip_tensors(clip, moments.cpu(), result.mean.shape[1], clip_settings.store, clip_settings.seed,
-                             vae.dtype)
-        worst = scale = 0.0
-        for key, stored in cache.clip_tensors(record).items():
-            worst = max(worst, float((stored.float() - fresh[key].float()).abs().max()))
-            scale = max(scale, float(stored.float().abs().max()))
-        results.append((record["id"], (worst, scale), None))
-    if world > 1:
-        results = [item for part in ctx.all_gather_object(results) for item in part]
-    dtype_name = RECORDED_NAMES[clip_settings.dtype]
-    tolerance = options.tolerance if options.tolerance is not None else REENCODE_TOLERANCE[dtype_name]
-    worst_all = worst_relative = 0.0
-    for clip_id, diff, problem in results:
-        if problem:
-            check.fail(f"clip {clip_id}: {problem}")
-            continue
-        absolute, scale = diff
-        relative = absolute / scale if scale > 0 else (0.0 if absolute == 0 else float("inf"))
-        worst_all, worst_relative = max(worst_all, absolute), max(worst_relative, relative)
-        if relative > tolerance:
-            check.fail(f"clip {clip_id}: re-encoded latents differ by {absolute:.3g} ({relative:.3g} of the stored "
-                       f"max; tolerance {tolerance:g})")
-        else:
-            check.ok()
-    check.note = (f"max abs difference {worst_all:.3g}, {worst_relative:.3g} of the stored max (tolerance "
-                  f"{tolerance:g}{'' if options.tolerance is not None else ' for ' + dtype_name})")
     return check
 
 

@@ -11,11 +11,9 @@ Parsing the environment (:meth:`RankInfo.from_env`, :func:`first_host`) and buil
 (:func:`make_mesh`) are pure and tested without processes.
 """
 
-from vaecache.dist.context import (
-    DistContext, collective_errors, describe_group, distributed, group_timeout_s, resolve_device,
-)
-from vaecache.dist.launch import DEFAULT_MASTER_PORT, RankInfo, expand_hostlist, first_host, slurm_master_port
-from vaecache.dist.mesh import Mesh, make_mesh
+from vaecache.distributed.context import DistContext, collective_errors, describe_group, distributed, group_timeout_s, resolve_device
+from vaecache.distributed.launch import DEFAULT_MASTER_PORT, RankInfo, expand_hostlist, first_host, slurm_master_port
+from vaecache.distributed.mesh import Mesh, make_mesh
 
 __all__ = [
     "DEFAULT_MASTER_PORT", "DistContext", "Mesh", "RankInfo", "collective_errors", "describe_group", "distributed",

@@ -33,7 +33,7 @@ for band and frame alike; unmeasured. Figures in README (Spatial-parallel encode
 Library use, beside :func:`vaecache.parallel.sp_encode`::
 
     import torch, torch.distributed as dist
-    from vaecache.spatial import spatial_encode
+    from vaecache.parallel.spatial import spatial_encode
 
     # every rank of `group` holds the same (B, 3, T, H, W) clip and the same Wan VAE
     with torch.no_grad():
@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
-from vaecache.dist import collective_errors
+from vaecache.distributed import collective_errors
 from vaecache.errors import DistributedError, UsageError
 
 SUPPORTED_FAMILIES = ("AutoencoderKLWan",)

@@ -22,9 +22,9 @@ import torch
 import torch.distributed as tdist
 from torch.distributed import ProcessGroup
 
-from vaecache.dist import liveness
-from vaecache.dist.launch import RankInfo, _export_master
-from vaecache.dist.mesh import Mesh, make_mesh
+from vaecache.distributed import liveness
+from vaecache.distributed.launch import RankInfo, _export_master
+from vaecache.distributed.mesh import Mesh, make_mesh
 from vaecache.errors import DistributedError, UsageError, VaecacheError
 
 log = logging.getLogger(__name__)
@@ -303,7 +303,7 @@ def distributed(
 
     Reads :meth:`RankInfo.from_env`, checks ``sp_size`` against the world size before any
     network traffic, picks the device, initialises NCCL (CUDA) or gloo (CPU) with ``env://`` and
-    ``timeout_s``, creates the SP groups and starts the heartbeats (:mod:`vaecache.dist.liveness`; a rank
+    ``timeout_s``, creates the SP groups and starts the heartbeats (:mod:`vaecache.distributed.liveness`; a rank
     silent for ``liveness_timeout_s`` fails the job naming it; 0 turns that off). When torch.distributed was already initialised by the
     caller it is reused and left initialised (only the SP groups made here are destroyed).
     """

@@ -1,0 +1,59 @@
+"""The manifest: what only the encoding run knows (header), written once and last; read with its version checked."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+from vaecache.errors import ManifestError
+from vaecache.cache.io import atomic_write_json, read_json
+from vaecache.cache.layout import CLIPS, FAILURES, FORMAT_NAME, FORMAT_VERSION, MANIFEST, SUPPORTED_VERSIONS
+from vaecache.cache.table import WrittenTable
+
+
+def manifest_header(*, producer: dict[str, str], vae: dict[str, Any], fingerprint: dict[str, Any],
+                    frame_rule: dict[str, Any], settings: dict[str, Any], store: list[str], dtype: str,
+                    planned_clips: int, oom_backoffs: int) -> dict[str, Any]:
+    """The manifest fields only the encoding run knows; `finalize` adds counts, shards, clips and failures."""
+    return {
+        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "producer": producer,
+        "vae": vae,
+        "fingerprint_sha256": hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest(),
+        "frame_rule": frame_rule,
+        "settings": settings,
+        "latent": {"store": store, "dtype": dtype,
+                   "layout": "(cameras, channels, latent_frames, height/spatial_factor, width/spatial_factor)"},
+        "planned_clips": planned_clips,
+        "oom_backoffs": oom_backoffs,
+    }
+
+
+def write_manifest_last(out: Path, header: dict[str, Any], shards: list[dict[str, Any]], clips: WrittenTable,
+                         failures: WrittenTable) -> dict[str, Any]:
+    manifest = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        **header,
+        "shards": sorted(shards, key=lambda s: s["file"]),
+        "clips": {"file": CLIPS, "count": clips.count, "sha256": clips.sha256},
+        "failures": {"file": FAILURES, "count": failures.count, "sha256": failures.sha256},
+    }
+    atomic_write_json(out / MANIFEST, manifest)
+    return manifest
+
+
+def read_manifest(out: Path) -> dict[str, Any]:
+    """Parse manifest.json and refuse unknown formats and versions."""
+    path = Path(out) / MANIFEST
+    if not path.exists():
+        raise ManifestError(f"{path}: no manifest (the run is incomplete or OUT is not a vaecache output)")
+    manifest = read_json(path, "manifest")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+        raise ManifestError(f"{path}: not a vaecache manifest")
+    version = manifest.get("format_version")
+    if version not in SUPPORTED_VERSIONS:
+        raise ManifestError(f"{path}: format version {version!r} is not supported (this vaecache reads {list(SUPPORTED_VERSIONS)})")
+    return manifest

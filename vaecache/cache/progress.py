@@ -1,0 +1,171 @@
+"""The cache's index: the per-rank progress logs (one parser, used by resume-repair and by finalize),
+failure records, the clip and failure tables (a streaming merge of the logs) and manifest.json (built,
+written last, read back with a version check)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Protocol
+
+
+from vaecache.errors import ManifestError
+from vaecache.cache.io import STRICT_JSON, iter_jsonl, loads
+from vaecache.cache.layout import PROGRESS_DIR
+
+
+@dataclass(frozen=True)
+class ProgressEntry:
+    """One committed shard, as its rank's progress log recorded it: the shard record and its clip records."""
+
+    log: Path
+    shard: dict[str, Any]
+    clips: list[dict[str, Any]]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.shard, dict) or "file" not in self.shard or not isinstance(self.clips, list):
+            raise ManifestError(f"{self.log}: progress entry without a shard record or clip list")
+
+
+def iter_progress(out: Path) -> list[ProgressEntry]:
+    """Every committed shard in every rank's progress log, whatever the world size (torn last lines ignored)."""
+    folder = Path(out) / PROGRESS_DIR
+    if not folder.is_dir():
+        return []
+    return [ProgressEntry(log, entry.get("shard"), entry.get("clips"))
+            for log in sorted(folder.glob("rank-*.jsonl")) for entry in iter_jsonl(log)]
+
+
+def read_progress(out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Committed shards and their clip records from every rank's progress log."""
+    entries = iter_progress(out)
+    return [e.shard for e in entries], [clip for e in entries for clip in e.clips]
+
+
+def progress_line(shard: dict[str, Any], clips: list[dict[str, Any]]) -> str:
+    """One progress log line: the shard record, then its clip ids, then the clip records. The first two come
+    first so that a resume reads them without parsing the records (scan_committed)."""
+    return ('{"shard":' + json.dumps(shard, sort_keys=True, separators=(",", ":"))
+            + ',"ids":' + json.dumps([clip["id"] for clip in clips], separators=(",", ":"))
+            + ',"clips":' + json.dumps(clips, sort_keys=True, separators=(",", ":")) + "}")
+
+
+@dataclass(frozen=True)
+class CommittedLine:
+    """Where one committed shard's progress line lies in its log, and what a resume needs of it."""
+
+    offset: int
+    length: int
+    shard: dict[str, Any]
+    clips: int
+
+
+_DECODER = STRICT_JSON
+_SHARD_HEAD, _IDS_HEAD = '{"shard":', ',"ids":'
+
+
+def progress_line_head(log: Path, offset: int, line: bytes) -> tuple[dict[str, Any], list[str]]:
+    """The shard record and clip ids of a progress line; a line written before ids led (keys sorted, clips
+    first) is parsed whole."""
+    try:
+        text = line.decode("utf-8")
+        if text.startswith(_SHARD_HEAD):
+            shard, end = _DECODER.raw_decode(text, len(_SHARD_HEAD))
+            if text.startswith(_IDS_HEAD, end):
+                ids, _ = _DECODER.raw_decode(text, end + len(_IDS_HEAD))
+                if isinstance(shard, dict) and "file" in shard and isinstance(ids, list) \
+                        and all(type(clip_id) is str for clip_id in ids):
+                    return shard, ids
+        entry = loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{log}: line at byte {offset} does not parse ({exc})") from None
+    if not isinstance(entry, dict):
+        raise ManifestError(f"{log}: line at byte {offset} is not a progress entry")
+    found = ProgressEntry(log, entry.get("shard"), entry.get("clips"))
+    return found.shard, [committed_clip_id(log, clip) for clip in found.clips]
+
+
+def scan_committed(log: Path) -> Iterator[tuple[CommittedLine, list[str]]]:
+    """Each complete line of a progress log as (where it is, its shard record and clip count) and its clip
+    ids; a torn last line is ignored."""
+    offset = 0
+    with open(log, "rb") as handle:
+        for line in handle:
+            if not line.endswith(b"\n"):
+                return
+            if line.strip():
+                shard, ids = progress_line_head(log, offset, line)
+                yield CommittedLine(offset, len(line), shard, len(ids)), ids
+            offset += len(line)
+
+
+def committed_shards(out: Path) -> list[dict[str, Any]]:
+    """The shard record of every committed shard in every rank's progress log (clip records not parsed)."""
+    folder = Path(out) / PROGRESS_DIR
+    logs = sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []
+    return [line.shard for log in logs for line, _ in scan_committed(log)]
+
+
+class CommittedIds(Protocol):
+    """What a resume tells about committed clips as it reads them (planning.DoneMaskBuilder)."""
+
+    def add(self, clip_ids: list[str]) -> None: ...
+
+    def discard(self, clip_ids: list[str]) -> None: ...
+
+
+def committed_ids(out: Path, committed: CommittedIds | None) -> int:
+    """Tell `committed` the clip ids of every committed shard; returns how many there were."""
+    folder = Path(out) / PROGRESS_DIR
+    count = 0
+    for log in sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []:
+        for _, ids in scan_committed(log):
+            if committed is not None:
+                committed.add(ids)
+            count += len(ids)
+    return count
+
+
+def progress_entries(log: Path, only: frozenset[str] | None = None) -> Iterator[tuple[int, ProgressEntry]]:
+    """(byte offset, entry) of every complete line of a progress log (of the shard files in `only`, if given);
+    a torn last line is ignored."""
+    offset = 0
+    with open(log, "rb") as handle:
+        for line in handle:
+            if not line.endswith(b"\n"):
+                return
+            # a line that leads with its shard record is skipped by its head; an older one is parsed once, below
+            if only is not None and line.startswith(b'{"shard":') and progress_line_head(log, offset, line)[0]["file"] not in only:
+                offset += len(line)
+                continue
+            if line.strip():
+                try:
+                    entry = loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                    raise ManifestError(f"{log}: line at byte {offset} does not parse ({exc})") from None
+                if not isinstance(entry, dict):
+                    raise ManifestError(f"{log}: line at byte {offset} is not a progress entry")
+                found = ProgressEntry(log, entry.get("shard"), entry.get("clips"))
+                if only is None or found.shard["file"] in only:
+                    yield offset, found
+            offset += len(line)
+
+
+def committed_clip_id(log: Path, clip: Any) -> str:
+    if not isinstance(clip, dict) or not isinstance(clip.get("id"), str):
+        raise ManifestError(f"{log}: a committed clip record has no id")
+    return clip["id"]
+
+
+def progress_counts(out: Path) -> tuple[int, int]:
+    """(committed clips, committed shards) in every rank's progress log, counted as they stream."""
+    folder = Path(out) / PROGRESS_DIR
+    clips = shards = 0
+    for log in sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []:
+        for line, _ in scan_committed(log):
+            shards += 1
+            clips += line.clips
+    return clips, shards
+
+

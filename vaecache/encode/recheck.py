@@ -1,0 +1,155 @@
+"""verify --dataset and --reencode: a cache against its source, re-planned and re-encoded with the recorded
+settings."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+import torch
+from vaecache.settings.clip import ClipSettings
+from vaecache.settings.dtypes import RECORDED_NAMES
+from vaecache.errors import VaecacheError
+from vaecache.cache.reader import CacheReader
+from vaecache.cache.verify import Check, VerifyReport, check_sources, verify_cache
+from vaecache.errors import ClipTableError
+from vaecache.encode.fingerprint import load_recorded_vae
+from vaecache.settings.commands import VerifyOptions
+
+
+REENCODE_TOLERANCE = {"float32": 1e-6, "float16": 1e-3, "bfloat16": 8e-3}
+"""Default --reencode tolerance: max abs difference over max abs stored value, per stored dtype. On the
+machine and device that encoded, a deterministic VAE re-encodes to exactly 0 (a thread count other than the
+encode's may move fp32 by a few ulps, hence not 0); a VAE that adds noise fails. Another GPU model, driver
+or CPU may pick other kernels: pass a looser --tolerance there (~1e-5 for fp32, ~2e-2 for bf16)."""
+
+
+def verify(out: Path, options: VerifyOptions, ctx: Any = None,
+           on_progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+    """`vaecache verify`: the integrity checks of OUT, then, where asked and OUT is complete, its coverage of the
+    re-planned source and changed sources (--dataset) and K clips re-encoded (--reencode)."""
+    report = verify_cache(out, options.quick, options.threads, ctx, on_progress)
+    if not report.complete or not (options.dataset is not None or options.reencode):
+        return report
+    cache = CacheReader(Path(out))
+    if options.dataset is not None:
+        try:
+            failures = cache.failure_records()
+        except ClipTableError:
+            failures = []  # the integrity checks name the table that does not read
+        report.checks.extend(check_dataset(cache.manifest, cache, failures, options.dataset, options.threads))
+    if options.reencode:
+        report.checks.append(check_reencode(Path(out), cache.manifest, cache, int(report.summary["clips"]), options,
+                                            ctx))
+    return report
+
+
+def check_dataset(manifest: dict[str, Any], cache: CacheReader, failures: list[dict[str, Any]], dataset: Path,
+                  threads: int | None = None) -> list[Check]:
+    """--dataset: coverage of the re-planned source, then sources changed since their clips were encoded."""
+    return [check_coverage(manifest, cache, failures, dataset, threads), check_sources(cache)]
+
+
+def check_coverage(manifest: dict[str, Any], cache: CacheReader, failures: list[dict[str, Any]],
+                   dataset: Path, threads: int | None = None) -> Check:
+    """Re-plan clips from the source with the recorded settings: clips missing from the cache, and
+    cached clips with no source any more. Clips recorded as failures count as accounted for."""
+    from vaecache.planning import plan_job
+    from vaecache.sources import discover_scenes, probe_scene
+
+    check = Check("coverage of " + str(dataset))
+    clip_settings = ClipSettings.from_record(manifest.get("settings", {}))
+    scenes = discover_scenes(Path(dataset), clip_settings.cameras)
+    with ThreadPoolExecutor(max_workers=threads or min(8, len(os.sched_getaffinity(0)))) as pool:
+        probes = {probe.scene_id: probe for probe in pool.map(probe_scene, scenes)}
+    job = plan_job(scenes, probes, clip_settings.sampling, sizes=clip_settings.sizes)
+    planned, skipped = job.clips, job.skipped
+    failed_scenes = {f.get("scene") for f in failures if not f.get("clip")}  # a source that failed as a whole
+    expected = {clip.clip_id for clip in planned}
+    missing = set(expected)
+    failed_clips = {f.get("clip") for f in failures if f.get("clip")}
+    failed_clips |= {clip.clip_id for clip in planned if clip.scene_id in failed_scenes}
+    for clip_id in cache.clip_ids():
+        if clip_id in expected:
+            missing.discard(clip_id)
+            check.ok()
+        else:
+            check.fail(f"clip {clip_id}: in the cache, no longer in the source")
+    for clip_id in sorted(missing - failed_clips):
+        check.fail(f"clip {clip_id}: in the source, missing from the cache")
+    check.note = (f"{len(expected)} clips planned from {len(scenes)} scenes; {len(expected & failed_clips)} recorded "
+                  f"as failed; {len(skipped)} scenes skipped")
+    return check
+
+
+def check_reencode(out: Path, manifest: dict[str, Any], cache: CacheReader, count: int, options: VerifyOptions,
+                   ctx: Any = None) -> Check:
+    """Decode and re-encode K clips chosen by a seed with the recorded VAE; compare with what is stored."""
+    import random
+
+    from vaecache.decode import ViewDecoder, backend_for_record
+    from vaecache.distributed import resolve_device
+    from vaecache.planning import Clip
+    from vaecache.pipeline import clip_tensors
+
+    settings = manifest.get("settings", {})
+    clip_settings = ClipSettings.from_record(settings)
+    spec = options.vae or settings.get("vae_spec")
+    check = Check(f"re-encode {options.reencode} clip(s) with {spec}")
+    if not count:
+        check.note = "no clips to re-encode"
+        return check
+    # The positions random.sample would pick from the id-sorted records, which the table holds in that order.
+    positions = random.Random(options.seed).sample(range(count), min(options.reencode, count))
+    wanted = set(positions)
+    by_position = {i: record for i, record in enumerate(cache.clip_records()) if i in wanted}
+    chosen = [by_position[i] for i in positions if i in by_position]
+    rank, world = (ctx.info.rank, ctx.info.world_size) if ctx is not None else (0, 1)
+    mine = chosen[rank::world]
+    device = ctx.device if ctx is not None else resolve_device(options.device)
+    vae = load_recorded_vae(out, manifest, spec, device, allow_pickle_weights=options.allow_pickle_weights)
+    # Frames come from the backend the cache was decoded with (recorded name; none recorded: pyav)
+    decoder = ViewDecoder(clip_settings.height, clip_settings.width, fit=clip_settings.fit,
+                          backend=backend_for_record(settings.get("decoder")),
+                          max_pixels=clip_settings.sampling.max_frame_pixels)
+    results = []
+    for record in mine:
+        clip = Clip(record["id"], record["scene"], tuple(record["cameras"]), tuple(record["sources"]),
+                    tuple(record["frames"]), record.get("fps", 0.0))
+        bucket = record.get("bucket") if isinstance(record.get("bucket"), dict) else None
+        size = (bucket["height"], bucket["width"]) if bucket else None
+        try:
+            views = torch.stack([decoder.decode(path, clip.frames, size) for path in clip.paths])
+        except VaecacheError as exc:
+            results.append((record["id"], None, f"source does not decode any more ({exc})"))
+            continue
+        result = vae.encode_views(views)
+        moments = result.mean if result.logvar is None else torch.cat([result.mean, result.logvar], dim=1)
+        fresh = clip_tensors(clip, moments.cpu(), result.mean.shape[1], clip_settings.store, clip_settings.seed,
+                             vae.dtype)
+        worst = scale = 0.0
+        for key, stored in cache.clip_tensors(record).items():
+            worst = max(worst, float((stored.float() - fresh[key].float()).abs().max()))
+            scale = max(scale, float(stored.float().abs().max()))
+        results.append((record["id"], (worst, scale), None))
+    if world > 1:
+        results = [item for part in ctx.all_gather_object(results) for item in part]
+    dtype_name = RECORDED_NAMES[clip_settings.dtype]
+    tolerance = options.tolerance if options.tolerance is not None else REENCODE_TOLERANCE[dtype_name]
+    worst_all = worst_relative = 0.0
+    for clip_id, diff, problem in results:
+        if problem:
+            check.fail(f"clip {clip_id}: {problem}")
+            continue
+        absolute, scale = diff
+        relative = absolute / scale if scale > 0 else (0.0 if absolute == 0 else float("inf"))
+        worst_all, worst_relative = max(worst_all, absolute), max(worst_relative, relative)
+        if relative > tolerance:
+            check.fail(f"clip {clip_id}: re-encoded latents differ by {absolute:.3g} ({relative:.3g} of the stored "
+                       f"max; tolerance {tolerance:g})")
+        else:
+            check.ok()
+    check.note = (f"max abs difference {worst_all:.3g}, {worst_relative:.3g} of the stored max (tolerance "
+                  f"{tolerance:g}{'' if options.tolerance is not None else ' for ' + dtype_name})")
+    return check

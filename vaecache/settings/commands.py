@@ -1,0 +1,101 @@
+"""The settings of each command, frozen and validated: encode, plan, index, verify."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from vaecache.errors import UsageError
+from vaecache.settings.clip import ClipSettings
+
+
+ON_ERROR_CHOICES = ("skip", "fail")
+
+
+SP_MODE_CHOICES = ("views", "spatial")
+
+
+@dataclass(frozen=True)
+class EncodeConfig:
+    """Everything `vaecache encode` needs: where from and to, the VAE, the clip settings, and run options
+    (which do not change a stored byte)."""
+
+    data: Path
+    out: Path
+    vae: str
+    clip: ClipSettings
+    device: str = "auto"
+    batch_size: int = 1
+    """Clips per batch; a batch is folded into batch_size * cameras views."""
+    workers: int = 2
+    """DataLoader worker processes decoding video per rank (0 decodes in the main process)."""
+    shard_size: int = 256 * 2**20
+    """Roll a new safetensors shard once this many tensor bytes are buffered."""
+    sp_size: int = 1
+    sp_mode: str = "views"
+    """How an SP group splits the work: "views" (each rank encodes whole views of the batch) or "spatial"
+    (every view's rows are cut into bands across the group, halos exchanged; Wan VAEs)."""
+    on_error: str = "skip"
+    overwrite: bool = False
+    timeout_s: float = 1800.0
+    """Collective timeout: a dead or stuck rank ends the job after this long instead of hanging."""
+    liveness_timeout_s: float = 60.0
+    """A rank whose heartbeat stops for this long (SIGSTOP, a frozen node) fails the job naming its rank and
+    host; a slow rank that still beats is waited for. 0 turns the heartbeats off."""
+    progress: bool = True
+    allow_pickle_weights: bool = False
+    """Let a diffusers folder with only pickled .bin weights load (unpickling can run code)."""
+    hash_sources: bool = False
+    """Record each source's sha256 (besides size and mtime) so a resume can tell changed content apart from
+    a file that was only touched or copied."""
+    allow_other_numerics: bool = False
+    """Resume OUT (or run ranks) on other numerics than recorded (another GPU model, torch, CPU thread count):
+    latents added then may differ from the committed ones in the last bits; the manifest lists every numerics."""
+
+    def __post_init__(self) -> None:
+        if not self.vae:
+            raise UsageError("--vae is required (e.g. builtin:tiny, builtin:small, diffusers:/path/to/vae, "
+                             "python:pkg.mod:factory)")
+        if self.on_error not in ON_ERROR_CHOICES:
+            raise UsageError(f"--on-error must be one of {', '.join(ON_ERROR_CHOICES)}, got {self.on_error!r}")
+        if self.batch_size < 1:
+            raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.workers < 0:
+            raise UsageError(f"--workers must be >= 0, got {self.workers}")
+        if self.sp_size < 1:
+            raise UsageError(f"--sp-size must be >= 1, got {self.sp_size}")
+        if self.sp_mode not in SP_MODE_CHOICES:
+            raise UsageError(f"--sp-mode must be one of {', '.join(SP_MODE_CHOICES)}, got {self.sp_mode!r}")
+        if self.shard_size < 1:
+            raise UsageError(f"--shard-size must be >= 1 byte, got {self.shard_size}")
+        if self.timeout_s <= 0:
+            raise UsageError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
+        if self.liveness_timeout_s < 0:
+            raise UsageError(f"--liveness-timeout must be >= 0 seconds (0 turns it off), got {self.liveness_timeout_s}")
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """What `vaecache verify` checks beyond integrity."""
+
+    quick: bool = False
+    """Sizes and headers only: no hashing, no value checks."""
+    threads: int | None = None
+    dataset: Path | None = None
+    """Re-plan clips from this source with the recorded settings and compare coverage."""
+    reencode: int = 0
+    """Re-encode this many clips (chosen by `seed`) and compare with what is stored."""
+    vae: str | None = None
+    """VAE for --reencode; default: the spec recorded in the manifest. Must match the fingerprint."""
+    seed: int = 0
+    device: str = "auto"
+    allow_pickle_weights: bool = False
+    tolerance: float | None = None
+    """--reencode: max abs difference over max abs stored value; None: REENCODE_TOLERANCE of the stored dtype."""
+
+    def __post_init__(self) -> None:
+        if self.reencode < 0:
+            raise UsageError(f"--reencode must be >= 0, got {self.reencode}")
+        if self.threads is not None and self.threads < 1:
+            raise UsageError(f"--threads must be >= 1, got {self.threads}")
+        if self.tolerance is not None and not 0 <= self.tolerance < float("inf"):
+            raise UsageError(f"--tolerance must be a fraction >= 0, got {self.tolerance}")
