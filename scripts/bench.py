@@ -112,7 +112,8 @@ def plan_batches(data: Path, args: argparse.Namespace) -> list[list[Any]]:
     """vaecache's own plan of the clips (so all modes encode exactly the same windows)."""
     from vaecache.settings.clip import SamplingConfig
     from vaecache.planning import batched, plan_clips
-    from vaecache.sources import discover_scenes, probe_scene
+    from vaecache.sources.discover import discover_scenes
+    from vaecache.sources.probing import probe_scene
 
     scenes = discover_scenes(data)
     probes = {scene.scene_id: probe_scene(scene) for scene in scenes}
@@ -352,7 +353,7 @@ def run_overhead(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 def _decode_ms_per_clip(data: Path, args: argparse.Namespace) -> float:
     from vaecache.settings.buckets import parse_size
-    from vaecache.decode import ViewDecoder
+    from vaecache.video.dataset import ViewDecoder
 
     height, width = parse_size(args.size)
     clips = [clip for batch in plan_batches(data, args) for clip in batch]
@@ -402,7 +403,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         data = make_data(tmp / "data", args, args.scenes)
         batches = plan_batches(data, args)
 
-        from vaecache.decode import ViewBatchDataset
+        from vaecache.video.dataset import ViewBatchDataset
         from vaecache.planning import batch_views
 
         predecode = ViewBatchDataset(batches, [list(range(len(batch_views(b)))) for b in batches], height, width)

@@ -61,7 +61,7 @@ def clips_of(length: int, clip_frames: int, stride: int) -> list[list[int]]:
 
 def vaecache_reader(choice: str) -> Callable[[Path], Any]:
     """A read function for one of vaecache's backends: open(path) -> reader with .read(frames)."""
-    from vaecache.decode import open_video, resolve_decoder
+    from vaecache.video.backends import open_video, resolve_decoder
 
     backend = resolve_decoder(choice)
     return lambda path: open_video(str(path), backend)
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--size", default="480x832", help="HxW of the written h264 files.")
     args = parser.parse_args(argv)
     height, width = (int(v) for v in args.size.lower().split("x"))
-    from vaecache.decode import backend_unavailable, open_video
+    from vaecache.video.backends import backend_unavailable, open_video
     from vaecache.demodata import DemoDataSpec, write_demo_dataset
 
     backends: dict[str, Callable[[Path], Any]] = {}

@@ -111,7 +111,8 @@ RANK_SCRIPT = HWM + textwrap.dedent("""
     started = time.perf_counter()
     from vaecache.settings.clip import SamplingConfig
     from vaecache.planning import plan_job
-    from vaecache.sources import discover, probe_scene
+    from vaecache.sources.discover import discover
+    from vaecache.sources.probing import probe_scene
     index, world, rank = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     imported = time.perf_counter()
     base_rss = hwm_mb()
@@ -145,7 +146,7 @@ def write_video(path: Path, frames: int = 8) -> None:
 def write_index(path: Path, video: Path, scenes: int, clips_per_scene: float) -> int:
     """`scenes` lines referencing `video`; frame counts cycle so scenes give 0..2x clips_per_scene clips
     (mean clips_per_scene). Returns the clip count a plan of NUM_FRAMES-frame clips gives."""
-    from vaecache.sources import probe_file
+    from vaecache.sources.probing import probe_file
 
     probe = probe_file(str(video)).to_json()
     spread = max(1, round(2 * clips_per_scene))
@@ -212,7 +213,7 @@ def bench_rank_planning(args: argparse.Namespace, root: Path, video: Path) -> di
 
 def bench_overhead(args: argparse.Namespace, root: Path, video: Path) -> dict[str, Any]:
     """encode_s per clip of a real encode with the null VAE: one shared video, or a hard link per scene."""
-    from vaecache.sources import probe_file
+    from vaecache.sources.probing import probe_file
 
     probe = probe_file(str(video)).to_json()
     links = root / "links"
@@ -332,7 +333,7 @@ def resume_scene(index: int, args: argparse.Namespace) -> str:
 def write_resume_index(path: Path, video: Path, args: argparse.Namespace) -> int:
     """An index of the scenes the synthetic progress logs name and a tenth more (work left to do), each giving
     --clips-per-scene windows."""
-    from vaecache.sources import probe_file
+    from vaecache.sources.probing import probe_file
 
     probe = probe_file(str(video)).to_json()
     scenes = -(-args.clips * 11 // (10 * args.clips_per_scene))
@@ -350,7 +351,7 @@ RESUME_SCRIPT = HWM + textwrap.dedent("""
     from vaecache.settings.clip import SamplingConfig
     from vaecache.cache.repair import repair_progress
     from vaecache.planning import DoneMaskBuilder, plan_job
-    from vaecache.sources import discover
+    from vaecache.sources.discover import discover
     index, out, world, rank = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     started = time.perf_counter()
     job = plan_job(discover(index).scenes, {}, SamplingConfig(num_frames=%d), world, 1, 4)

@@ -89,9 +89,10 @@ def worker(args: argparse.Namespace) -> None:
     from vaecache.settings.clip import ClipSettings, SamplingConfig
     from vaecache.settings.commands import EncodeConfig
     from vaecache.settings.buckets import parse_size
-    from vaecache.decode import ViewBatchDataset
+    from vaecache.video.dataset import ViewBatchDataset
     from vaecache.planning import assign, batch_views, batched, plan_clips
-    from vaecache.sources import discover_scenes, probe_scene
+    from vaecache.sources.discover import discover_scenes
+    from vaecache.sources.probing import probe_scene
     from vaecache.distributed import distributed, make_mesh
     from vaecache.parallel import gather_views, plan_sp
     from vaecache.pipeline import run_encode

@@ -11,12 +11,12 @@ import torch
 from vaecache.settings.buckets import Bucket, fit_geometry, nearest_size, parse_lengths, parse_sizes
 from vaecache.settings.clip import ClipSettings, SamplingConfig
 from vaecache.settings.loader import load_toml, pop_clip_options
-from vaecache.decode import resize_fit, to_model_range
+from vaecache.video.resize import resize_fit, to_model_range
 from vaecache.errors import FrameRuleError, UsageError
 from vaecache.cache.writer import geometry_record
 from vaecache.plan import bucket_histogram
 from vaecache.planning import JobPlan, batched, plan_scene_clips
-from vaecache.sources import CameraProbe, Scene
+from vaecache.sources.scene import CameraProbe, Scene
 from vaecache.vae.rules import FrameRule
 
 SIZES = ((32, 56), (56, 32), (40, 40))

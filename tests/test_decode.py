@@ -13,10 +13,15 @@ import torch
 
 from vaecache.settings.clip import SamplingConfig
 from vaecache.planning import Clip, plan_clips
-from vaecache.decode import DECODER, Backend, ViewBatchDataset, ViewDecoder, decode_frames, open_video, resize_cover_crop, to_model_range
+from vaecache.video.reader import DECODER
+from vaecache.video.backends import Backend, decode_frames, open_video
+from vaecache.video.dataset import ViewBatchDataset, ViewDecoder
+from vaecache.video.resize import resize_cover_crop, to_model_range
 from vaecache.demodata import DemoDataSpec, render_clip, write_demo_dataset
 from vaecache.errors import VideoDecodeError
-from vaecache.sources import Scene, discover_scenes, probe_scene
+from vaecache.sources.scene import Scene
+from vaecache.sources.discover import discover_scenes
+from vaecache.sources.probing import probe_scene
 
 from videos import LAYOUTS, random_windows, remux_to_raw_h264, sequential_frames, write_video
 
@@ -146,7 +151,7 @@ def test_view_batch_dataset_reports_a_broken_view_without_raising(demo_data: Pat
 def test_a_frame_budget_refuses_a_video_before_decoding_it(wide_video: Path) -> None:
     """48x96 = 4608 pixels: under a budget of 4607 the reader refuses at open, before any frame is decoded;
     the refusal condemns the file, so the next clip of it fails at once without opening it again."""
-    from vaecache.decode import VideoReader
+    from vaecache.video.reader import VideoReader
 
     with pytest.raises(VideoDecodeError, match=r"frames of 96x48 \(4,608 pixels\) exceed the decode budget of "
                                                r"4,607 pixels \(--max-frame-pixels"):
@@ -186,7 +191,7 @@ def test_widths_decord_misreads_fall_back_to_pyav(tmp_path):
     import av
     import numpy as np
 
-    from vaecache.decode import ViewDecoder
+    from vaecache.video.dataset import ViewDecoder
 
     path = tmp_path / "w48.mp4"
     with av.open(str(path), "w") as container:
@@ -379,8 +384,8 @@ def test_everything_runs_without_decord(wide_video: Path, tmp_path: Path) -> Non
     script = (
         "import sys, json, numpy as np\n"
         "sys.modules['decord'] = None  # any 'import decord' now raises ImportError\n"
-        "from vaecache.sources import Scene, probe_scene\n"
-        "from vaecache.decode import ViewDecoder\n"
+        "from vaecache.sources.scene import Scene\nfrom vaecache.sources.probing import probe_scene\n"
+        "from vaecache.video.dataset import ViewDecoder\n"
         "import vaecache.pipeline, vaecache.plan, vaecache.cache.verify\n"
         f"path = {str(wide_video)!r}\n"
         "probe = probe_scene(Scene('w', ('video',), (path,)))\n"

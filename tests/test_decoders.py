@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from vaecache.settings.clip import ClipSettings, SamplingConfig
-from vaecache.decode import (AUTO_ORDER, DECODER, DECORD_DECODER, IDENTICAL_TO_PYAV, PYAV, ViewDecoder,
-                             backend_for_record, backend_unavailable, decode_frames, open_video, resolve_decoder)
+from vaecache.video.backends import AUTO_ORDER, DECORD_DECODER, IDENTICAL_TO_PYAV, PYAV, backend_for_record, backend_unavailable, decode_frames, open_video, resolve_decoder
+from vaecache.video.reader import DECODER
+from vaecache.video.dataset import ViewDecoder
 from vaecache.errors import UsageError, VideoDecodeError
 
 from videos import LAYOUTS, random_windows, sequential_frames, write_video

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from vaecache.decode import open_video
+from vaecache.video.backends import open_video
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.errors import UsageError
 
@@ -136,7 +136,7 @@ def test_root_that_is_a_file_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("width", [16, 24, 48, 72])
 def test_widths_decord_misreads_still_decode_through_vaecache(tmp_path: Path, width: int) -> None:
-    from vaecache.decode import ViewDecoder
+    from vaecache.video.dataset import ViewDecoder
 
     spec = DemoDataSpec(scenes=1, cameras=1, frames=3, height=32, width=width)
     (path,) = write_demo_dataset(tmp_path, spec)

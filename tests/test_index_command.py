@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import ENCODE_ARGS
-from vaecache import sources
+from vaecache.sources import probing as sources
 from vaecache.errors import DatasetError
 from vaecache.cache.reader import CacheReader
-from vaecache.sources import discover_scenes, probe_scene
+from vaecache.sources.discover import discover_scenes
+from vaecache.sources.probing import probe_scene
 
 PLAN_ARGS = ("--vae", "builtin:tiny", "--num-frames", "9", "--size", "64x64", "--no-measure")
 

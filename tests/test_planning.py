@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from vaecache.settings.clip import SamplingConfig
-from vaecache.sources import CameraProbe, Scene, SceneProbe, judge_scene
+from vaecache.sources.scene import CameraProbe, Scene, SceneProbe
+from vaecache.sources.probing import judge_scene
 from vaecache.errors import UsageError
 from vaecache.planning import (
     DoneMask,

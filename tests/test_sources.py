@@ -13,7 +13,9 @@ from vaecache.settings.clip import SamplingConfig
 from vaecache.planning import plan_clips
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.errors import DatasetError, UsageError
-from vaecache.sources import Scene, discover, discover_scenes, probe_scene
+from vaecache.sources.scene import Scene
+from vaecache.sources.discover import discover, discover_scenes
+from vaecache.sources.probing import probe_scene
 
 
 def _touch(path: Path) -> Path:
@@ -344,7 +346,8 @@ def test_probe_cache_keeps_file_verdicts_but_not_permission_or_io_errors(tmp_pat
     """A chmod fixes 'permission denied' without changing size or mtime: such a failure must be looked at
     again next time, while 'not a readable video' stays cached until the file changes."""
     from vaecache.errors import VideoDecodeError
-    from vaecache.sources import Scene, probe_records
+    from vaecache.sources.scene import Scene
+    from vaecache.sources.probing import probe_records
 
     paths = []
     for name in ("a.mp4", "b.mp4", "c.mp4"):

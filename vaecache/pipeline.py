@@ -21,23 +21,24 @@ import torch
 import vaecache
 from vaecache.settings.clip import STORED_KEYS
 from vaecache.settings.commands import EncodeConfig
-from vaecache.decode import Backend, ViewBatchDataset, resolve_decoder
-from vaecache.sources import (Scene, SceneProbe, discover, judge_scene, open_scene, probe_from_cache,
-                              probe_records, read_probe_cache)
+from vaecache.video.backends import Backend, resolve_decoder
+from vaecache.video.dataset import ViewBatchDataset
+from vaecache.sources.discover import discover
+from vaecache.sources.probing import probe_dataset, write_probe_records
 from vaecache.distributed import DistContext
 from vaecache.distributed.liveness import set_doing
 from vaecache.settings.dtypes import recorded_name
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, EXIT_STOPPED, InputError, OutputError, UsageError
 from vaecache.cache.finalize import finalize
 from vaecache.cache.manifest import manifest_header
-from vaecache.cache.io import AppendLog, cut_torn_tail
+from vaecache.cache.io import AppendLog
 from vaecache.cache.layout import PROBES_DIR, FORMAT_VERSION, failures_path, probes_path, progress_path
 from vaecache.cache.outdir import PreparedOut, begin_changes, describe_differences, prepare_out, recorded_cpu_threads, recorded_numerics_history, release_lock
 from vaecache.cache.provenance import source_identities
 from vaecache.cache.reader import CacheReader
 from vaecache.cache.writer import ShardWriter, failure_record
 from vaecache.parallel import SPPlan, gather_views, plan_sp
-from vaecache.planning import (Clip, DoneMask, DoneMaskBuilder, JobPlan, assign, batch_views, plan_job,
+from vaecache.planning import (Clip, DoneMask, DoneMaskBuilder, JobPlan, batch_views, plan_job,
                                sp_repeats_advice)
 from vaecache.stop import StopRequest, ignore_stop_signals
 from vaecache.transfer import views_on_device_ahead
@@ -250,62 +251,6 @@ def _phase(progress: ProgressFactory | None, label: str, unit: str) -> Iterator[
         yield advance
 
 
-def _probe_all(ctx: DistContext, scenes: list[Scene], advance: Advance,
-               probe_dir: Path) -> tuple[dict[str, SceneProbe], list[dict[str, Any]]]:
-    """The probes of scenes the index gives none for: from OUT's probe cache where it holds them (no video is
-    opened), else every rank opens its share of the rest and the results are exchanged so all ranks plan
-    alike. Returns the probes and this rank's new probe-cache records.
-
-    Rank 0 alone reads the cache and stats the files: ranks that judged them apart (a cache file one node
-    cannot read, an mtime another node sees late) would plan differently, or wait in different collectives."""
-    def from_cache() -> tuple[dict[str, SceneProbe], list[int]]:
-        cache = read_probe_cache(sorted(probe_dir.glob("rank-*.jsonl")))
-        cached: dict[str, SceneProbe] = {}
-        unknown = []
-        for position, scene in enumerate(scenes):
-            if scene.probed is not None:
-                continue  # planned from its index line (plan_job judges it): no SceneProbe kept per scene
-            known = probe_from_cache(scene, cache)
-            if known is None:
-                unknown.append(position)
-            else:
-                cached[scene.scene_id] = known
-        return cached, unknown
-
-    probes, unknown = ctx.on_rank0(from_cache)
-    share = assign([scenes[position] for position in unknown], ctx.info.rank, ctx.info.world_size)
-    set_doing(f"probing {len(share)} scenes")
-    mine, records = [], []
-    for scene in share:
-        found = open_scene(scene)
-        mine.append(judge_scene(scene, found))
-        records.extend(probe_records(scene, found))
-        advance(1, len(share))
-    if unknown:  # rank 0's decision, so every rank takes part or none does
-        for part in ctx.all_gather_object(mine):
-            probes.update((probe.scene_id, probe) for probe in part)
-        log.info("probed %d of %d scenes (%d from the index or OUT/%s)", len(unknown), len(scenes),
-                 len(scenes) - len(unknown), PROBES_DIR)
-    return probes, records
-
-
-def _write_probe_cache(out: Path, rank: int, records: list[dict[str, Any]]) -> None:
-    """Append this rank's new probe records to OUT/probes/rank-N.jsonl (one fsync): a restart opens none of
-    these videos again."""
-    if not records:
-        return
-    path = probes_path(out, rank)
-    try:
-        path.parent.mkdir(exist_ok=True)
-        cut_torn_tail(path)
-        with open(path, "a", encoding="utf-8") as handle:
-            handle.write("".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in records))
-            handle.flush()
-            os.fsync(handle.fileno())
-    except OSError as exc:
-        raise OutputError(f"{path}: cannot write the probe cache ({exc.strerror or exc})") from None
-
-
 def _check_out_usable(out: Path) -> None:
     """What can be told about OUT without the run fingerprint (prepare_out checks the rest)."""
     if out.exists() and not out.is_dir():
@@ -353,7 +298,9 @@ def _start_up(cfg: EncodeConfig, ctx: DistContext, progress: ProgressFactory | N
     scenes = found.scenes
     _check_out_usable(cfg.out)
     with _phase(progress, "probe", "scenes") as advance:
-        probes, records = _probe_all(ctx, scenes, advance, cfg.out / PROBES_DIR)
+        probed = probe_dataset(scenes, ctx, cache_paths=lambda: (cfg.out / PROBES_DIR).glob("rank-*.jsonl"),
+                               advance=advance)
+    probes, records = probed.probes, probed.records
     requested = cfg.clip.views_per_forward
     if cfg.sp_mode == "spatial" and requested == "auto":
         requested = 1  # the group splits every view's rows: a forward is one view
@@ -442,7 +389,7 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
         return begin_changes(cfg.out, attempt, fingerprint, sources, mark, other_numerics)
 
     job = dataclasses.replace(start.job, done=done)
-    _write_probe_cache(cfg.out, rank, list(start.probe_records))
+    write_probe_records(probes_path(cfg.out, rank), start.probe_records)
     handler = setup_logging(cfg.out, rank, world)
     try:
         log.info("vaecache %s: world %d = DP %d x SP %d, device %s (%d torch threads), %d decode workers "

@@ -14,7 +14,6 @@ import resource
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, overload
@@ -23,9 +22,12 @@ import torch
 
 from vaecache.settings.buckets import aspect_distance, fit_geometry, kept_share
 from vaecache.settings.clip import STORED_KEYS, ClipSettings
-from vaecache.decode import PYAV, Backend, ViewDecoder, resolve_decoder
+from vaecache.video.backends import PYAV, Backend, resolve_decoder
+from vaecache.video.dataset import ViewDecoder
 from vaecache.distributed import make_mesh, resolve_device
-from vaecache.sources import Scene, SceneProbe, discover_scenes, probe_scene
+from vaecache.sources.scene import Scene, SceneProbe
+from vaecache.sources.discover import discover_scenes
+from vaecache.sources.probing import probe_dataset
 from vaecache.errors import UsageError, VideoDecodeError
 from vaecache.planning import Clip, JobPlan, PlannedClips, plan_job, sp_repeats_advice
 from vaecache.settings.dtypes import recorded_name
@@ -201,19 +203,6 @@ def _source_frames(scene: Scene, probe: SceneProbe | None) -> int:
     return probe.num_frames if probe is not None else scene.probed[0].frames  # type: ignore[index]
 
 
-def probe_all(scenes: list[Scene], workers: int) -> dict[str, SceneProbe]:
-    """The probe of every scene the index gives none for (`vaecache index` does: no video is opened), by
-    opening its videos (threads: PyAV releases the GIL in FFmpeg's demuxer and decoder)."""
-    probes: dict[str, SceneProbe] = {}  # a scene whose index gives its probe needs none (plan_job judges it)
-    rest = [scene for scene in scenes if scene.probed is None]
-    if workers <= 1 or len(rest) <= 1:
-        probes.update((scene.scene_id, probe_scene(scene)) for scene in rest)
-    else:
-        with ThreadPoolExecutor(max_workers=min(workers, len(rest))) as pool:
-            probes.update((probe.scene_id, probe) for probe in pool.map(probe_scene, rest))
-    return probes
-
-
 def dp_shares(job: JobPlan, clip_ids: bool = True) -> list[DpShare]:
     """Pure: how the encode pipeline splits the job's clips over DP groups, batches and SP ranks (counted
     without building the clips; with `clip_ids`, each group's clip ids too, which builds them)."""
@@ -234,7 +223,7 @@ def build_plan(cfg: PlanConfig, vae: LoadedVae | None = None) -> PlanReport:
     backend = resolve_decoder(cfg.clip.decoder, device)  # an unusable --decoder fails before anything is read
     # DATA first: a typo there fails before the VAE is loaded.
     scenes = discover_scenes(cfg.data, cfg.clip.cameras)
-    probes = probe_all(scenes, cfg.probe_workers)
+    probes = probe_dataset(scenes, workers=cfg.probe_workers).probes
     job = plan_job(scenes, probes, cfg.clip.sampling, cfg.world_size, cfg.sp_size, cfg.batch_size,
                    sizes=cfg.clip.sizes, views_per_forward=cfg.clip.views_per_forward, device_type=device.type)
     cfg = replace(cfg, clip=replace(cfg.clip, views_per_forward=job.views_per_forward))  # "auto" resolved

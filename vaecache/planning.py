@@ -22,10 +22,11 @@ from vaecache.settings.clip import SamplingConfig, frame_budget_problem
 from vaecache.distributed.mesh import make_mesh
 from vaecache.errors import UsageError
 from vaecache.parallel import SPPlan, plan_sp
-from vaecache.sources import Skipped, judge_scene
+from vaecache.sources.scene import Skipped
+from vaecache.sources.probing import judge_scene
 
 if TYPE_CHECKING:
-    from vaecache.sources import Scene, SceneProbe
+    from vaecache.sources.scene import Scene, SceneProbe
 
 
 @dataclass(frozen=True)

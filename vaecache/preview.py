@@ -253,7 +253,8 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
     check_output(output, settings.overwrite)
 
     from vaecache.settings.clip import ClipSettings
-    from vaecache.decode import ViewDecoder, backend_for_record
+    from vaecache.video.dataset import ViewDecoder
+    from vaecache.video.backends import backend_for_record
     from vaecache.distributed import resolve_device
     from vaecache.training import LatentCache
     from vaecache.encode.fingerprint import load_recorded_vae

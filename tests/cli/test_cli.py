@@ -16,7 +16,7 @@ import torch
 
 import vaecache
 from vaecache.cache.reader import CacheReader
-from vaecache.decode import open_video
+from vaecache.video.backends import open_video
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.errors import DatasetError
 

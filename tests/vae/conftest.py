@@ -11,7 +11,7 @@ import pytest
 import torch
 from tiny_vaes import FAMILY_CONFIGS, LTX_MEAN, LTX_STD, PLUGIN_SOURCE, SIZE
 
-from vaecache.decode import ViewDecoder
+from vaecache.video.dataset import ViewDecoder
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 
 SPEC = DemoDataSpec(scenes=1, cameras=2, frames=17, height=SIZE, width=SIZE, fps=10, seed=5)

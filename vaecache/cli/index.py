@@ -29,13 +29,13 @@ def index(
     """Probe every video once (frame count, fps, size, codec) into a JSONL index for encode and plan."""
     if not data.exists():
         raise DatasetError(f"{data}: dataset path does not exist")
-    from vaecache.indexing import IndexConfig
+    from vaecache.sources.indexing import IndexConfig
 
     names = tuple(name.strip() for name in cameras.split(",") if name.strip()) if cameras else None
     cfg = IndexConfig(data=data, output=output, cameras=names or None, workers=workers)
 
     from vaecache.distributed import distributed
-    from vaecache.indexing import run_index
+    from vaecache.sources.indexing import run_index
 
     with distributed(sp_size=1, device="cpu", timeout_s=timeout) as ctx:
         is_rank0 = ctx.info.rank == 0

@@ -56,7 +56,8 @@ def check_coverage(manifest: dict[str, Any], cache: CacheReader, failures: list[
     """Re-plan clips from the source with the recorded settings: clips missing from the cache, and
     cached clips with no source any more. Clips recorded as failures count as accounted for."""
     from vaecache.planning import plan_job
-    from vaecache.sources import discover_scenes, probe_scene
+    from vaecache.sources.discover import discover_scenes
+    from vaecache.sources.probing import probe_scene
 
     check = Check("coverage of " + str(dataset))
     clip_settings = ClipSettings.from_record(manifest.get("settings", {}))
@@ -88,7 +89,8 @@ def check_reencode(out: Path, manifest: dict[str, Any], cache: CacheReader, coun
     """Decode and re-encode K clips chosen by a seed with the recorded VAE; compare with what is stored."""
     import random
 
-    from vaecache.decode import ViewDecoder, backend_for_record
+    from vaecache.video.dataset import ViewDecoder
+    from vaecache.video.backends import backend_for_record
     from vaecache.distributed import resolve_device
     from vaecache.planning import Clip
     from vaecache.pipeline import clip_tensors

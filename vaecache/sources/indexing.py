@@ -14,19 +14,18 @@ import logging
 import os
 import shutil
 import time
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import json
 
 from vaecache import faults
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, OutputError, UsageError
-from vaecache.cache.io import FILE_MODE, cut_torn_tail, fsync_dir
-from vaecache.sources import (SINGLE_CAMERA, Discovery, Scene, Skipped, discover, judge_scene, open_scene,
-                              probe_from_cache, probe_records, read_probe_cache)
+from vaecache.cache.io import FILE_MODE, fsync_dir
+from vaecache.sources.scene import SINGLE_CAMERA, Discovery, Scene, Skipped
+from vaecache.sources.discover import discover
+from vaecache.sources.probing import ProbeLog, judge_scene, open_scene, probe_dataset, probe_from_cache, read_probe_cache
 
 log = logging.getLogger("vaecache")
 
@@ -94,91 +93,39 @@ def partial_dir(output: Path) -> Path:
 def run_index(cfg: IndexConfig, ctx: Any, advance: Advance | None = None) -> IndexSummary:
     """Probe this rank's share of DATA's scenes (resuming from the partial files), then rank 0 writes the index."""
     started = time.perf_counter()
-    rank, world = ctx.info.rank, ctx.info.world_size
+    rank = ctx.info.rank
     found = discover(cfg.data, cfg.cameras)
     work = partial_dir(cfg.output)
-    # Every rank reads every partial file before any rank appends (the barrier): a rank that died mid-line
-    # is cut back to its last whole line by its successor only once nobody reads it any more.
-    cache = read_probe_cache(sorted(work.glob("rank-*.jsonl")))
-    todo = [scene for scene in found.scenes if probe_from_cache(scene, cache) is None]
-    del cache
-    reused = len(found.scenes) - len(todo)
-    if rank == 0 and reused:
-        log.info("resuming %s: %d of %d scenes already probed", cfg.output, reused, len(found.scenes))
-    ctx.barrier()
-    share = todo[rank::world]
+    partial: ProbeLog | None = None
+    done = 0
+
+    def append(scene: Scene, records: list[dict[str, Any]]) -> None:
+        nonlocal partial, done
+        if partial is None:  # opened (and its torn tail cut) after rank 0 read every partial file
+            partial = ProbeLog(work / f"rank-{rank:05d}.jsonl", FSYNC_EVERY_SCENES, FSYNC_EVERY_S)
+        partial.add(records)
+        done += 1
+        if faults.should_fail(CRASH_POINT, done, rank):
+            partial.sync()
+            faults.crash()
+
     try:
         work.mkdir(exist_ok=True)
     except OSError as exc:
         raise OutputError(f"{work}: cannot create the partial folder ({exc.strerror or exc})") from None
-    probed = _probe_share(share, work / f"rank-{rank:05d}.jsonl", cfg.workers, rank, advance)
-    probed = ctx.all_reduce_sum(probed)
+    try:
+        probed = probe_dataset(found.scenes, ctx, workers=cfg.workers, cache_paths=lambda: work.glob("rank-*.jsonl"),
+                               gather=False, trust_index_probes=False, on_scene=append, advance=advance)
+    finally:
+        if partial is not None:
+            partial.close()
+    if rank == 0 and probed.cached:
+        log.info("resuming %s: %d of %d scenes already probed", cfg.output, probed.cached, len(found.scenes))
+    opened = ctx.all_reduce_sum(probed.opened)
     ctx.barrier()
     result = ctx.on_rank0(lambda: _write_index(cfg, found, work))
     return IndexSummary(cfg.output, rejected_path(cfg.output), len(found.scenes) + len(found.rejected),
-                        result[0], result[1], probed, reused, time.perf_counter() - started)
-
-
-def _probe_share(share: Sequence[Scene], partial: Path, workers: int, rank: int, advance: Advance | None) -> int:
-    """Probe `share` with `workers` threads, appending each scene's file records to `partial` in order."""
-    handle = _open_partial(partial)
-    unsynced, last_sync = 0, time.monotonic()
-    try:
-        for number, records in enumerate(_probed(share, workers), 1):
-            handle.write("".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in records))
-            unsynced += 1
-            crash = faults.should_fail(CRASH_POINT, number, rank)
-            if crash or unsynced >= FSYNC_EVERY_SCENES or time.monotonic() - last_sync >= FSYNC_EVERY_S:
-                _sync(handle, partial)
-                unsynced, last_sync = 0, time.monotonic()
-            if crash:
-                faults.crash()
-            if advance is not None:
-                advance(1, len(share))
-        _sync(handle, partial)
-    finally:
-        handle.close()
-    return len(share)
-
-
-def _probed(share: Sequence[Scene], workers: int) -> Iterator[list[dict[str, Any]]]:
-    """Each scene's probe records, in share order; at most 4 x workers scenes in flight."""
-    def probe(scene: Scene) -> list[dict[str, Any]]:
-        return probe_records(scene, open_scene(scene))
-
-    if workers == 1:
-        yield from map(probe, share)
-        return
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vaecache-probe") as pool:
-        pending: deque[Future[list[dict[str, Any]]]] = deque()
-        scenes = iter(share)
-        for scene in scenes:
-            pending.append(pool.submit(probe, scene))
-            if len(pending) >= 4 * workers:
-                break
-        while pending:
-            records = pending.popleft().result()
-            scene = next(scenes, None)
-            if scene is not None:
-                pending.append(pool.submit(probe, scene))
-            yield records
-
-
-def _open_partial(path: Path) -> IO[str]:
-    """Open this rank's partial file for appending, cut back to its last whole line (a crash mid-write)."""
-    try:
-        cut_torn_tail(path)
-        return open(path, "a", encoding="utf-8")
-    except OSError as exc:
-        raise OutputError(f"{path}: cannot open the partial index ({exc.strerror or exc})") from None
-
-
-def _sync(handle: IO[str], path: Path) -> None:
-    try:
-        handle.flush()
-        os.fsync(handle.fileno())
-    except OSError as exc:
-        raise OutputError(f"{path}: cannot write the partial index ({exc.strerror or exc})") from None
+                        result[0], result[1], opened, probed.cached, time.perf_counter() - started)
 
 
 def index_line(scene: Scene, form: str, probes: Sequence[Any]) -> dict[str, Any]:

@@ -1,0 +1,52 @@
+"""Finding the scenes of DATA: the layout that reads it, then the checks every layout shares (ids unique,
+cameras left out of the chosen set reported)."""
+
+from __future__ import annotations
+
+import logging
+
+from pathlib import Path
+from typing import Sequence
+
+from vaecache.errors import DatasetError
+from vaecache.sources.folders import FOLDERS
+from vaecache.sources.jsonl import JSONL_INDEX
+from vaecache.sources.scene import Discovery, Layout, Scene
+
+LAYOUTS: tuple[Layout, ...] = (JSONL_INDEX, FOLDERS)
+"""Every input layout, asked in this order which one DATA is."""
+
+log = logging.getLogger("vaecache")
+
+
+def discover(data: Path, cameras: Sequence[str] | None = None) -> Discovery:
+    """Find scenes in a multi-camera folder, a single-camera folder, or a JSONL index. Sorted by id."""
+    data = Path(data)
+    if not data.exists():
+        raise DatasetError(f"{data}: dataset path does not exist")
+    layout = next((layout for layout in LAYOUTS if layout.matches(data)), None)
+    if layout is None:
+        raise DatasetError(f"{data}: expected a folder or a .jsonl index, got a {data.suffix or 'suffix-less'} file")
+    scenes, seen, rejected = layout.scenes(data, cameras)
+    form = "cameras" if seen else "path"  # single-camera layouts (a folder of videos, "path" lines) name no sets
+    for skip in rejected:
+        log.warning("skipped %s: %s", skip.path or skip.scene_id, skip.reason)
+    seen_ids: set[str] = set()
+    duplicates = sorted({scene.scene_id for scene in scenes
+                         if scene.scene_id in seen_ids or seen_ids.add(scene.scene_id)})  # type: ignore[func-returns-value]
+    if duplicates:
+        raise DatasetError(f"{data}: scene id(s) appear twice: {', '.join(duplicates[:5])}")
+    chosen = set(scenes[0].cameras) if scenes else set()
+    left_out: dict[str, int] = {}
+    for names in seen:
+        for name in sorted(names - chosen):
+            left_out[name] = left_out.get(name, 0) + 1
+    for name, count in sorted(left_out.items()):
+        log.warning("camera %s (in %d scene%s) is not in the chosen camera set (%s) and is not encoded",
+                    name, count, "" if count == 1 else "s", ", ".join(scenes[0].cameras))
+    return Discovery(sorted(scenes, key=lambda scene: scene.scene_id), left_out, rejected, form)
+
+
+def discover_scenes(data: Path, cameras: Sequence[str] | None = None) -> list[Scene]:
+    """The scenes of `discover` (cameras left out are logged there)."""
+    return discover(data, cameras).scenes

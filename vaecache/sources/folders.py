@@ -1,0 +1,104 @@
+"""The folder layouts: DATA/<scene>/<camera>.mp4 (a scene per folder, a camera per video), or a folder of
+videos (a single-camera scene per video, camera `video`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Sequence
+from vaecache.errors import DatasetError
+from vaecache.sources.scene import SINGLE_CAMERA, Scene, Skipped, unusable_id
+from vaecache.sources.scene import LayoutScenes
+
+
+VIDEO_EXTENSIONS = (".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v")
+
+
+def resolved_path(path: Path) -> str:
+    """The absolute path with symlinks resolved; as given (absolute) when they cannot be (a loop): the probe
+    then records why the file cannot be read."""
+    try:
+        return str(path.resolve())
+    except (OSError, RuntimeError):
+        return str(path.absolute())
+
+
+def _has_video_name(path: Path) -> bool:
+    return path.suffix.lower() in VIDEO_EXTENSIONS and not path.name.startswith(".")
+
+
+def _is_video(path: Path) -> bool:
+    return path.is_file() and _has_video_name(path)
+
+
+def scenes_from_folder(root: Path, order: Sequence[str] | None) -> LayoutScenes:
+    # Hidden entries (".name") are not scenes; "..name" is not hidden by convention, so it is reported.
+    entries = sorted(p for p in root.iterdir() if not p.name.startswith(".") or p.name.startswith(".."))
+    rejected: list[Skipped] = []
+    for entry in list(entries):
+        name = entry.stem if _is_video(entry) else entry.name
+        why = unusable_id(name) if (entry.is_dir() or _is_video(entry)) else None
+        if why is not None:
+            rejected.append(Skipped(name, str(entry.absolute()), f"{why} cannot be a scene id; rename it"))
+            entries.remove(entry)
+    videos = [p for p in entries if _is_video(p)]
+    folders = [p for p in entries if p.is_dir()]
+    if videos and folders:
+        raise DatasetError(f"{root}: mixes video files and scene folders; use one layout (DATA/<scene>/<camera>.mp4 or DATA/<video>.mp4)")
+    if videos:
+        if order and len(order) != 1:
+            raise DatasetError(f"{root}: single-camera folder, but {len(order)} cameras were configured")
+        camera = order[0] if order else SINGLE_CAMERA
+        return LayoutScenes([Scene(p.stem, (camera,), (resolved_path(p),)) for p in videos], [], rejected)
+    if not folders and rejected:
+        return LayoutScenes([], [], rejected)
+    if not folders:
+        raise DatasetError(f"{root}: no videos ({', '.join(VIDEO_EXTENSIONS)}) and no scene folders found")
+    # Inside a scene folder anything named like a video is that camera's file: a directory or a socket
+    # called cam_0.mp4 is then reported by the probe as "not a regular file" instead of as a missing camera.
+    found = {folder: {p.stem: p for p in sorted(folder.iterdir()) if _has_video_name(p)} for folder in folders}
+    if not any(found.values()):
+        raise DatasetError(f"{root}: scene folders hold no video files ({', '.join(VIDEO_EXTENSIONS)})")
+    if order:
+        check_cameras_exist(root, order, [set(videos) for videos in found.values()])
+    names = tuple(order) if order else _common_camera_set(found.values())
+    scenes = []
+    for folder, videos_by_camera in found.items():
+        # A scene missing a camera stays in the list with no path for it, so the probe records it as a
+        # skipped input instead of failing the whole dataset.
+        paths = tuple(resolved_path(videos_by_camera[name]) if name in videos_by_camera else None for name in names)
+        scenes.append(Scene(folder.name, names, paths))
+    return LayoutScenes(scenes, [set(videos) for videos in found.values()], rejected)
+
+
+def check_cameras_exist(where: Path, order: Sequence[str], per_scene: Sequence[set[str]]) -> None:
+    """A --cameras name that no scene has is a typo, not a dataset where every scene lacks a camera."""
+    seen = set().union(*per_scene)
+    unknown = [name for name in order if name not in seen]
+    if unknown:
+        raise DatasetError(f"{where}: camera(s) {', '.join(unknown)} from --cameras are in no scene "
+                           f"(cameras found: {', '.join(sorted(seen)[:10])})")
+
+
+def _common_camera_set(per_scene: Iterable[dict[str, Path]]) -> tuple[str, ...]:
+    """The camera set most scenes have (ties: more cameras first), in name order."""
+    counts: dict[tuple[str, ...], int] = {}
+    for cameras in per_scene:
+        if cameras:
+            key = tuple(sorted(cameras))
+            counts[key] = counts.get(key, 0) + 1
+    return max(sorted(counts), key=lambda key: (counts[key], len(key)))
+
+
+class SceneFolders:
+    """DATA/<scene>/<camera>.mp4, or a folder of videos (one single-camera scene each)."""
+
+    name = "folders"
+
+    def matches(self, data: Path) -> bool:
+        return data.is_dir()
+
+    def scenes(self, data: Path, order: Sequence[str] | None) -> LayoutScenes:
+        return scenes_from_folder(data, order)
+
+
+FOLDERS = SceneFolders()

@@ -1,0 +1,186 @@
+"""The JSONL index layout: one scene per line, `{"id", "cameras": {camera: path}}` or `{"id", "path"}`, with
+an optional `frames` range, `probe` (as `vaecache index` writes it) and any other keys as metadata."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any, Sequence
+from vaecache.errors import DatasetError
+from vaecache.cache.io import STRICT_JSON, NonFiniteNumber, loads
+from vaecache.sources.folders import check_cameras_exist, resolved_path
+from vaecache.sources.scene import CameraProbe, SINGLE_CAMERA, Scene
+from vaecache.sources.scene import LayoutScenes
+
+
+def _resolved_in(base: str, relative: str, parents: dict[str, str], trusted: bool = False) -> str:
+    """`resolved_path(base / relative)`, with `parents` caching resolved folders: a file that is not itself a
+    symlink costs one lstat, so an index of a million scenes in a few folders is not resolved component by
+    component a million times. `trusted`: the file name is taken as resolved (no lstat)."""
+    head, _, name = relative.rpartition("/")
+    folder = head if relative.startswith("/") else f"{base}/{head}" if head else base
+    if not name or name in (".", ".."):
+        return resolved_path(Path(base, relative))
+    parent = parents.get(folder)
+    if parent is None:
+        parent = parents[folder] = resolved_path(Path(folder or "/"))
+    path = f"{parent}/{name}" if parent != "/" else f"/{name}"
+    if trusted:
+        return path
+    try:
+        if not stat.S_ISLNK(os.lstat(path).st_mode):
+            return path
+    except OSError:
+        return path  # missing (or unreadable): the probe says so, naming this path
+    return resolved_path(Path(path))
+
+
+def _check_form(record: dict[str, Any], kind: str | None, form: tuple[str, str] | None, where: str,
+                order: Sequence[str] | None) -> tuple[str, str]:
+    """The index's form ("cameras" or "path", and where first seen) after this line, or the line's error."""
+    if "cameras" in record and "path" in record:
+        raise DatasetError(f"{where}: has both \"cameras\" and \"path\"; give one")
+    if kind is None:
+        raise DatasetError(f"{where}: needs \"cameras\" (camera -> path) or \"path\"")
+    if form is not None and form[0] != kind:
+        raise DatasetError(f"{where}: uses \"{kind}\" but {form[1]} uses \"{form[0]}\"; an index lists "
+                           f"every scene one way (all \"cameras\" or all \"path\")")
+    if kind == "path" and order and len(order) != 1:
+        raise DatasetError(f"{where}: a \"path\" scene has one camera, but {len(order)} cameras were "
+                           f"configured (--cameras)")
+    return form or (kind, where)
+
+
+def scenes_from_index(index: Path, order: Sequence[str] | None) -> LayoutScenes:
+    """One scene per line. Every line uses the same form: all "cameras" (a mapping) or all "path" (one
+    camera, named by --cameras or `video`); a mix is refused, because a single video has no camera name
+    to file it under among the others."""
+    base = str(index.resolve().parent)
+    name_of_index = str(index)
+    scenes = []
+    mapped: list[set[str]] = []  # camera names of the records that name their cameras
+    name_sets: dict[frozenset[str], frozenset[str]] = {}  # equal sets stored once (a million lines, few sets)
+    form: tuple[str, str] | None = None  # ("cameras" | "path", where first seen)
+    camera_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
+    parents: dict[str, str] = {}
+    scan, new_scene, metadata_keys = STRICT_JSON.scan_once, Scene, INDEX_KEYS
+    single_name = (order[0] if order else SINGLE_CAMERA,)
+    with open(index, "rb") as handle:
+        for lineno, raw in enumerate(handle, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DatasetError(f"{name_of_index}:{lineno}: not UTF-8 text (byte {exc.start} of the line)") from None
+            try:  # json.loads without its two Python layers: a line is one value, then only whitespace
+                record, end = scan(line, 0)
+                if not line.endswith("\n", end, end + 1) and line[end:].strip():
+                    raise ValueError
+            except NonFiniteNumber as exc:
+                raise DatasetError(f"{name_of_index}:{lineno}: {exc.msg}") from None
+            except (StopIteration, ValueError):
+                try:
+                    record = loads(line)
+                except json.JSONDecodeError as exc:
+                    if not line.strip():
+                        continue
+                    raise DatasetError(f"{name_of_index}:{lineno}: not valid JSON ({exc.msg})") from None
+            if type(record) is not dict or "id" not in record:
+                raise DatasetError(f"{name_of_index}:{lineno}: each line needs an \"id\" and \"cameras\" "
+                                   "(camera -> path) or \"path\"")
+            kind = "cameras" if "cameras" in record else "path" if "path" in record else None
+            if form is None or form[0] != kind or (kind == "cameras" and "path" in record):
+                form = _check_form(record, kind, form, f"{name_of_index}:{lineno}", order)
+            probed_line = "probe" in record  # written by `vaecache index` with resolved paths: no lstat
+            if kind == "path":
+                raw = record["path"]
+                if type(raw) is not str or not raw:
+                    raise DatasetError(f"{name_of_index}:{lineno}: the path of camera {single_name[0]!r} must be "
+                                       "a non-empty string")
+                names, mapping = single_name, None
+                paths: tuple[str | None, ...] = (_resolved_in(base, raw, parents, probed_line),)
+            else:
+                mapping = record["cameras"]
+                where = f"{name_of_index}:{lineno}"
+                if not isinstance(mapping, dict) or not mapping:
+                    raise DatasetError(f"{where}: \"cameras\" must map camera names to paths")
+                camera_names = frozenset(mapping)
+                mapped.append(name_sets.setdefault(camera_names, camera_names))  # type: ignore[arg-type]
+                for name, raw in mapping.items():
+                    if not isinstance(raw, str) or not raw:
+                        raise DatasetError(f"{where}: the path of camera {name!r} must be a non-empty string")
+                names = tuple(order) if order else tuple(sorted(mapping))
+                names = camera_sets.setdefault(names, names)  # one tuple per camera set, not one per scene
+                paths = tuple((_resolved_in(base, mapping[name], parents, probed_line) if name in mapping else None)
+                              for name in names)
+            frame_range = _parse_range(record["frames"], f"{name_of_index}:{lineno}") if "frames" in record else None
+            probed = None
+            if probed_line:
+                if mapping is None:
+                    probed = (CameraProbe.from_json(record["probe"], f"{name_of_index}:{lineno}"),)
+                else:
+                    probed = _parse_probe(record["probe"], names, mapping, f"{name_of_index}:{lineno}")
+            metadata = None if metadata_keys.issuperset(record) else metadata_text(record)
+            scenes.append(new_scene(str(record["id"]), names, paths, frame_range, probed, metadata))
+    if not scenes:
+        raise DatasetError(f"{index}: index holds no scenes")
+    if order and mapped:
+        check_cameras_exist(index, order, mapped)
+    if not order:
+        camera_sets = {scene.cameras for scene in scenes}
+        if len(camera_sets) > 1:
+            raise DatasetError(f"{index}: scenes list different camera sets {sorted(map(list, camera_sets))[:2]}; pass --cameras to choose")
+    # An index is written by hand or by a script: a bad id there is refused naming its line (Scene checks it).
+    return LayoutScenes(scenes, mapped, [])
+
+
+INDEX_KEYS = frozenset({"id", "path", "cameras", "frames", "probe"})
+"""The keys of an index line vaecache reads; every other key is metadata, passed through to the clip records."""
+
+
+def metadata_text(record: dict[str, Any]) -> str | None:
+    """An index line's metadata (its keys other than INDEX_KEYS) as canonical JSON text, or None."""
+    extra = {key: value for key, value in record.items() if key not in INDEX_KEYS}
+    return json.dumps(extra, sort_keys=True, ensure_ascii=False, separators=(",", ":")) if extra else None
+
+
+def _parse_probe(raw: Any, names: tuple[str, ...], mapping: dict[str, Any], where: str) -> tuple[CameraProbe, ...] | None:
+    """A "cameras" line's "probe": camera -> fields (a "path" line's "probe" is the fields themselves).
+
+    A camera the scene lacks has no probe (the scene is then skipped as missing that camera): None."""
+    if not isinstance(raw, dict):
+        raise DatasetError(f"{where}: \"probe\" must map camera names to probe fields")
+    extra = sorted(set(raw) - set(mapping))
+    if extra:
+        raise DatasetError(f"{where}: \"probe\" names camera(s) {', '.join(map(repr, extra))} that \"cameras\" lacks")
+    probes = []
+    for name in names:
+        if name not in mapping:
+            return None
+        if name not in raw:
+            raise DatasetError(f"{where}: \"probe\" lacks camera {name!r}")
+        probes.append(CameraProbe.from_json(raw[name], f"{where}: camera {name!r}"))
+    return tuple(probes)
+
+
+def _parse_range(value: Any, where: str) -> tuple[int, int]:
+    if (isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value)
+            and 0 <= value[0] < value[1]):
+        return value[0], value[1]
+    raise DatasetError(f"{where}: \"frames\" must be [start, stop) with 0 <= start < stop, got {value!r}")
+
+
+class JsonlIndex:
+    """A .jsonl (or .json) file of scene lines."""
+
+    name = "jsonl"
+
+    def matches(self, data: Path) -> bool:
+        return data.is_file() and data.suffix.lower() in (".jsonl", ".json")
+
+    def scenes(self, data: Path, order: Sequence[str] | None) -> LayoutScenes:
+        return scenes_from_index(data, order)
+
+
+JSONL_INDEX = JsonlIndex()

@@ -1,0 +1,211 @@
+"""What every input layout gives: scenes (id, cameras, a path per camera, metadata), what probing a camera
+tells (CameraProbe) and judging a scene (SceneProbe), the scenes it refuses (Skipped); and the interface a layout
+implements (Layout)."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol, Sequence
+
+from vaecache.cache.layout import id_problem
+from vaecache.errors import DatasetError
+
+
+PROBE_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "frames": int, "fps": (int, float), "width": int, "height": int, "codec": str, "size": int, "mtime_ns": int,
+    "rotation": int}
+"""What `vaecache index` records per camera, and the JSON type of each (see CameraProbe)."""
+
+SINGLE_CAMERA = "video"
+"""The camera name of a scene that is one video (a folder of videos, a "path" index line) unless --cameras names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class CameraProbe:
+    """What opening one video told us (or what an index says it would): the planner needs nothing else."""
+
+    frames: int
+    """Frames of a straight decode from the start (vaecache.decode.VideoReader's count)."""
+    fps: float
+    width: int
+    """Stored frame width in pixels, before the display rotation is applied."""
+    height: int
+    codec: str
+    size: int
+    """File size in bytes when probed; with mtime_ns it tells whether the file changed since."""
+    mtime_ns: int
+    rotation: int = 0
+    """Counter-clockwise display rotation in degrees (a multiple of 90) that decoding applies."""
+
+    def __post_init__(self) -> None:
+        if (self.frames < 1 or not 0 < self.fps < math.inf or self.width < 1 or self.height < 1 or self.size < 1
+                or self.rotation % 90):
+            raise DatasetError(f"probe {self}: frames, fps, width, height and size must be positive (fps finite) and "
+                               "rotation a multiple of 90")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"frames": self.frames, "fps": self.fps, "width": self.width, "height": self.height, "codec": self.codec,
+                "size": self.size, "mtime_ns": self.mtime_ns, "rotation": self.rotation}
+
+    @classmethod
+    def from_json(cls, raw: Any, where: str) -> CameraProbe:
+        """Validate one index/cache record; a wrong or missing field is a DatasetError naming `where`."""
+        if not isinstance(raw, dict):
+            raise DatasetError(f"{where}: a probe must be an object with {', '.join(PROBE_FIELDS)}, got {raw!r:.80}")
+        try:  # the common case, checked fast: every field present with its type, nothing else
+            frames, fps, width, height, codec, size, mtime_ns = (raw["frames"], raw["fps"], raw["width"],
+                                                                 raw["height"], raw["codec"], raw["size"],
+                                                                 raw["mtime_ns"])
+            rotation = raw.get("rotation", 0)
+            if (type(frames) is type(width) is type(height) is type(size) is type(mtime_ns) is type(rotation) is int
+                    and type(fps) in (float, int) and type(codec) is str and len(raw) <= len(PROBE_FIELDS)
+                    and frames > 0 and 0 < fps < math.inf and width > 0 and height > 0 and size > 0
+                    and not rotation % 90):
+                return _new_camera_probe(frames, float(fps), width, height, sys.intern(codec), size, mtime_ns, rotation)
+        except KeyError:
+            pass
+        for name, kind in PROBE_FIELDS.items():
+            value = raw.get(name, 0 if name == "rotation" else None)
+            if value is None:
+                raise DatasetError(f"{where}: probe lacks \"{name}\" (needs {', '.join(PROBE_FIELDS)})")
+            if isinstance(value, bool) or not isinstance(value, kind):
+                expected = "a number" if kind == (int, float) else "a string" if kind is str else "an integer"
+                raise DatasetError(f"{where}: probe field \"{name}\" must be {expected}, got {value!r:.80}")
+        unknown = sorted(set(raw) - set(PROBE_FIELDS))
+        if unknown:
+            raise DatasetError(f"{where}: unknown probe field(s) {', '.join(map(repr, unknown))} "
+                               f"(known: {', '.join(PROBE_FIELDS)})")
+        try:
+            return cls(raw["frames"], float(raw["fps"]), raw["width"], raw["height"], raw["codec"], raw["size"],
+                       raw["mtime_ns"], raw.get("rotation", 0))
+        except DatasetError:
+            raise DatasetError(f"{where}: probe values out of range (frames, fps, width, height and size must be "
+                               f"positive, fps finite, rotation a multiple of 90): {raw!r:.200}") from None
+
+    def matches(self, stat: os.stat_result) -> bool:
+        """Whether a file with this stat is still the file that was probed."""
+        return stat.st_size == self.size and stat.st_mtime_ns == self.mtime_ns
+
+
+_PROBE_SLOT_SETTERS = tuple(CameraProbe.__dict__[name].__set__ for name in PROBE_FIELDS)
+
+
+def _new_camera_probe(*values: Any) -> CameraProbe:
+    """CameraProbe(*values) for values from_json has just checked: set through the slots, skipping the frozen
+    dataclass's per-field __setattr__ and the repeated check (a million index lines each build one)."""
+    probe = object.__new__(CameraProbe)
+    for set_slot, value in zip(_PROBE_SLOT_SETTERS, values):
+        set_slot(probe, value)
+    return probe
+
+
+@dataclass(frozen=True, slots=True)
+class Scene:
+    """One recording: the same moment seen by every camera. Paths are absolute, in camera order; a camera
+    the scene lacks has no path (None), and the probe records the scene as skipped."""
+
+    scene_id: str
+    cameras: tuple[str, ...]
+    paths: tuple[str | None, ...]
+    frame_range: tuple[int, int] | None = None
+    """[start, stop) of source frames to use; None means the whole video."""
+    probed: tuple[CameraProbe, ...] | None = None
+    """Per camera, what an index written by `vaecache index` says: the scene is then planned without opening
+    a video (decoding checks the frame count and size of what it opens)."""
+    metadata: str | None = None
+    """The index line's other keys (caption, tags, any JSON) as canonical JSON text, passed through untouched
+    into every clip record's `metadata`; None when the line has none. Text keeps a Scene hashable and small."""
+
+    def __post_init__(self) -> None:
+        if id_problem(self.scene_id):
+            raise DatasetError(f"scene id {self.scene_id!r} is not usable (empty, starts with '.', or has '/' or control characters)")
+        if len(self.cameras) != len(self.paths) or not self.cameras:
+            raise DatasetError(f"scene {self.scene_id}: needs one path per camera")
+        if self.probed is not None and len(self.probed) != len(self.cameras):
+            raise DatasetError(f"scene {self.scene_id}: needs one probe per camera")
+
+
+@dataclass(frozen=True, slots=True)
+class SceneProbe:
+    """What opening a scene's videos told us: usable frames, fps and rotation, or why it is unusable."""
+
+    scene_id: str
+    num_frames: int = 0
+    fps: float = 0.0
+    error: str | None = None
+    error_path: str | None = None
+    error_camera: str | None = None
+    """The camera the error is about (a missing camera has a camera but no path)."""
+    rotations: tuple[int, ...] = ()
+    """Per camera, the counter-clockwise display rotation (degrees) that decoding applies."""
+    cameras: tuple[CameraProbe, ...] = ()
+    """Per camera, what was probed (empty for an unusable scene): decoding checks frames and size against it."""
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A scene (or one of its files) that produced no clip, and why."""
+
+    scene_id: str
+    path: str | None
+    reason: str
+    camera: str | None = None
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """The scenes found, and the cameras some scenes have that the chosen camera set leaves out."""
+
+    scenes: list[Scene]
+    left_out_cameras: dict[str, int] = field(default_factory=dict)
+    """Camera name -> number of scenes that have it although it is not encoded."""
+    rejected: list[Skipped] = field(default_factory=list)
+    """Scenes whose name cannot be a scene id (control characters, '/', a leading '..'): recorded as
+    failures, the rest of the dataset goes on."""
+    form: str = "cameras"
+    """"path" for a single-camera folder or an index of "path" lines, else "cameras" (how `vaecache index`
+    writes the scenes back)."""
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+def unusable_id(name: str) -> str | None:
+    """Why `name` cannot be a scene id (the cache's rule, format.layout.id_problem); None when it can."""
+    return id_problem(name)
+
+
+# --------------------------------------------------------------------------- probing
+
+
+# --------------------------------------------------------------------------- probe cache
+
+
+class LayoutScenes(NamedTuple):
+    """What a layout finds in DATA."""
+
+    scenes: list[Scene]
+    camera_sets: list[set[str]]
+    """Per scene that names its cameras (a multi-camera folder, a "cameras" index line), the names it has:
+    `discover` reports cameras left out of the chosen set. Empty for single-camera layouts."""
+    rejected: list[Skipped]
+    """Scenes whose name cannot be an id: recorded failures, the rest of DATA goes on."""
+
+
+class Layout(Protocol):
+    """One way a dataset ships (a folder of scene folders or of videos, a JSONL index, ...): a module of
+    vaecache.sources, listed in vaecache.sources.discover.LAYOUTS. Every camera of its scenes is a video file
+    today, probed and read by vaecache.video; a layout whose cameras are something else (frame folders, a span of
+    a longer file) brings its own timelines and reader with it."""
+
+    name: str
+
+    def matches(self, data: Path) -> bool:
+        """Whether DATA (a path that exists) is in this layout."""
+
+    def scenes(self, data: Path, order: Sequence[str] | None) -> LayoutScenes:
+        """DATA's scenes, cameras in `order` where given (--cameras), else as the layout orders them."""

@@ -1,0 +1,413 @@
+"""Frame-exact video decoding (PyAV), resize/crop, and the DataLoader dataset of views.
+
+Frame n of a video is the n-th frame a straight decode from the start returns. The reader finds it by
+timestamp, never by counting after a seek: it lists the video stream's presentation timestamps by
+demuxing packets (no decoding), seeks to a keyframe at or before the first wanted frame, decodes forward
+and keeps the frames whose pts it asked for. Counting after a seek is what decord does, and on open-GOP
+h264, HEVC or MPEG-4 with B-frames, AVI, or an mp4 with an edit list it returned neighbouring frames
+without an error (issue 12). A file whose timestamps cannot identify frames (missing or repeated pts) is
+read by a straight decode from the start that counts frames.
+
+Other backends (--decoder decord|torchcodec; ForeignReader) take the frame numbering, count, times, even-spacing
+check and rotation from this reader's index and fetch only the pixels; each records its own name in the run
+fingerprint. `auto` picks PyAV: decord is byte-identical but slower (scripts/bench_decode.py), torchcodec unmeasured.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import itertools
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import av
+from av.video.reformatter import VideoReformatter
+import numpy as np
+
+from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS, frame_budget_problem
+from vaecache.errors import VideoDecodeError
+
+DECODER = "pyav-pts/1"
+"""Names this way of decoding in the run fingerprint (vaecache 0.1.0 caches decoded with decord)."""
+EVEN_SPACING_TOLERANCE = 0.5
+"""A clip's frame intervals may differ from their mean by at most this fraction of the video's frame duration."""
+
+
+def short_error(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:200]
+
+
+@dataclass(frozen=True)
+class _Keyframe:
+    position: int
+    """Index of the keyframe in presentation order (its frame number)."""
+    seek_ts: int
+    """Timestamp to seek to (dts where known: the demuxers index by it)."""
+    pts: int
+
+
+class VideoReader:
+    """One video file, read frame-exactly with PyAV; consecutive reads continue forward without seeking."""
+
+    def __init__(self, path: str, threads: int = 0, max_pixels: int | None = None) -> None:
+        """`max_pixels`: refuse (VideoDecodeError) a stream of larger frames before decoding anything; None checks
+        only where opening must decode (a file without timestamps is counted frame by frame) against the
+        default budget: probing a file reads its packets, never its pixels."""
+        self.path = path
+        self._threads = threads
+        self._max_pixels = max_pixels
+        _check_file(path)
+        try:
+            self._container = av.open(path)
+        except PermissionError:
+            raise VideoDecodeError(path, "permission denied") from None
+        except (av.FFmpegError, UnicodeDecodeError, ValueError) as exc:
+            raise VideoDecodeError(path, f"not a readable video ({short_error(exc)})") from None
+        if not self._container.streams.video:
+            self.close()
+            raise VideoDecodeError(path, "not a readable video (no video stream)")
+        self._stream = self._container.streams.video[0]
+        if max_pixels is not None:
+            self._check_budget(max_pixels)
+        self._set_threads()
+        # One converter per reader: frame.to_ndarray(format=...) builds a new swscale context for every frame,
+        # which cost 1.7-5 ms per 32x32 frame (PyAV 18), more than everything else vaecache does per clip.
+        self._to_rgb = VideoReformatter()
+        self.time_base: Fraction = self._stream.time_base or Fraction(1, 1)
+        self._frames: Iterator[Any] | None = None
+        self._last_pts: int | None = None
+        self._next_index = 0
+        self._from_start = True
+        self._count = 0
+        try:
+            self._pts, self._keyframes = self._index()
+            self.sequential = self._pts is None
+            if self.sequential:
+                self._count_sequentially()
+            if len(self) == 0:
+                raise VideoDecodeError(path, "video has no frames")
+            self.rotation = self._read_rotation()
+        except av.FFmpegError as exc:
+            self.close()
+            raise VideoDecodeError(path, f"not a readable video ({short_error(exc)})") from None
+        except VideoDecodeError:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ index
+
+    def _index(self) -> tuple[list[int] | None, list[_Keyframe]]:
+        """Presentation-ordered pts of every shown frame and the keyframes, from packets alone.
+
+        Packets flagged discard (before an edit list's start) are never shown, so they are not frames."""
+        entries = []
+        for packet in self._container.demux(self._stream):
+            if packet.size == 0 or packet.is_discard:
+                continue
+            entries.append((packet.pts, packet.dts, packet.is_keyframe))
+        pts = [entry[0] for entry in entries]
+        if any(p is None for p in pts) or len(set(pts)) != len(pts):
+            return None, []
+        ordered = sorted(pts)
+        position = {p: i for i, p in enumerate(ordered)}
+        keyframes = sorted((_Keyframe(position[p], d if d is not None else p, p) for p, d, key in entries if key),
+                           key=lambda k: k.position)
+        return ordered, keyframes
+
+    def _check_budget(self, max_pixels: int) -> None:
+        problem = frame_budget_problem(*self.frame_size, max_pixels)
+        if problem:
+            self.close()
+            raise VideoDecodeError(self.path, problem)
+
+    def _count_sequentially(self) -> None:
+        self._check_budget(self._max_pixels or DEFAULT_MAX_FRAME_PIXELS)
+        self._restart()
+        self._count = sum(1 for _ in self._decoded())
+        self._restart()
+
+    def __len__(self) -> int:
+        return len(self._pts) if self._pts is not None else self._count
+
+    def timestamps(self, frames: Sequence[int]) -> list[float]:
+        """Presentation time in seconds of each frame (evenly spaced 0, 1/fps, ... when read sequentially)."""
+        if self._pts is None:
+            return [float(index / self._nominal_rate()) for index in frames]
+        first = self._pts[0]
+        return [float((self._pts[index] - first) * self.time_base) for index in frames]
+
+    def fps(self) -> float:
+        """Frames per second of the even stretches: 1 / the mean frame duration, leaving out steps more than half
+        a frame from the median (the gaps of a variable-frame-rate file; millisecond rounding stays in)."""
+        if self._pts is None or len(self._pts) < 2:
+            return float(self._nominal_rate())
+        median = self._median_step()
+        steps = [b - a for a, b in zip(self._pts, self._pts[1:]) if abs(b - a - median) <= median / 2]
+        return float(len(steps) / (sum(steps) * self.time_base))
+
+    def _median_step(self) -> int:
+        assert self._pts is not None
+        steps = sorted(b - a for a, b in zip(self._pts, self._pts[1:]))
+        return steps[len(steps) // 2]
+
+    @property
+    def frame_size(self) -> tuple[int, int]:
+        """(width, height) of the stored frames, before the display rotation."""
+        return int(self._stream.codec_context.width), int(self._stream.codec_context.height)
+
+    @property
+    def codec(self) -> str:
+        return str(self._stream.codec_context.name)
+
+    @property
+    def pixel_format(self) -> str | None:
+        """The decoded pixel format (yuv420p, yuv420p10le, ...), None where the stream does not say."""
+        return self._stream.codec_context.pix_fmt
+
+    def check_probe(self, frames: int, width: int, height: int) -> None:
+        """Refuse a video that is not what its probe (an index, the probe cache) says: it changed since."""
+        if (len(self), *self.frame_size) != (frames, width, height):
+            found_w, found_h = self.frame_size
+            raise VideoDecodeError(self.path, f"the index says {frames} frames of {width}x{height}, the video has "
+                                              f"{len(self)} frames of {found_w}x{found_h} (it changed since it was "
+                                              "probed; run `vaecache index` again)")
+
+    def _nominal_rate(self) -> Fraction:
+        rate = self._stream.average_rate or self._stream.guessed_rate or self._stream.base_rate
+        return Fraction(rate) if rate else Fraction(1)
+
+    def _read_rotation(self) -> int:
+        """Counter-clockwise degrees from the display matrix (a multiple of 90), read from the first frame.
+
+        The decoder is left at the start with that frame pending, so a first read from frame 0 needs no seek."""
+        self._restart()
+        frames = self._decoded()
+        frame = next(frames, None)
+        self._frames = itertools.chain([frame], frames) if frame is not None else None
+        degrees = int(round(getattr(frame, "rotation", 0) or 0)) % 360
+        if degrees % 90:
+            raise VideoDecodeError(self.path, f"display rotation of {degrees} degrees is not a multiple of 90")
+        return degrees
+
+    # ------------------------------------------------------------------ decoding
+
+    def _set_threads(self) -> None:
+        # FFmpeg's decoders give the same pixels for any thread count; the count only decides whose cores they take.
+        self._stream.thread_type = "AUTO"
+        self._stream.thread_count = self._threads
+
+    def _restart(self) -> None:
+        """Decode from the very start again (a fresh container: no seek involved)."""
+        self._container.close()
+        self._container = av.open(self.path)
+        self._stream = self._container.streams.video[0]
+        self._set_threads()
+        self._frames = None
+        self._last_pts = None
+        self._next_index = 0
+        self._from_start = True
+
+    def _rgb(self, frame: Any) -> np.ndarray:
+        return self._to_rgb.reformat(frame, format="rgb24").to_ndarray()
+
+    def _decoded(self) -> Iterator[Any]:
+        for packet in self._container.demux(self._stream):
+            yield from packet.decode()
+
+    def check_even(self, frames: Sequence[int]) -> None:
+        """Refuse frames whose times do not follow their frame numbers evenly (a variable-frame-rate stretch):
+        each step may differ from (frame-number step x the mean time per frame) by half a frame duration."""
+        if self._pts is None or len(frames) < 3:
+            return
+        times = [self._pts[i] for i in frames]
+        per_frame = (times[-1] - times[0]) / (frames[-1] - frames[0])
+        errors = [abs((t1 - t0) - (i1 - i0) * per_frame)
+                  for t0, t1, i0, i1 in zip(times, times[1:], frames, frames[1:])]
+        worst = max(range(len(errors)), key=errors.__getitem__)
+        if errors[worst] > EVEN_SPACING_TOLERANCE * self._median_step():
+            step = frames[worst + 1] - frames[worst]
+            raise VideoDecodeError(
+                self.path,
+                f"frames {frames[0]}..{frames[-1]} are not evenly spaced in time: "
+                f"{float((times[worst + 1] - times[worst]) * self.time_base):.3f} s between frames {frames[worst]} and "
+                f"{frames[worst + 1]}, {float(step * self._median_step() * self.time_base):.3f} s at the video's frame rate (variable frame rate)")
+
+    def check_request(self, frames: Sequence[int]) -> list[int]:
+        """The frames as a list, refused unless ascending, in range and evenly spaced in time (every backend)."""
+        frames = list(frames)
+        if not frames:
+            raise ValueError("no frames requested")
+        if frames != sorted(frames) or frames[0] < 0:
+            raise ValueError(f"frame numbers must be ascending and >= 0, got {frames[:5]}...")
+        if frames[-1] >= len(self):
+            raise VideoDecodeError(self.path, f"frame {frames[-1]} requested, video has {len(self)}")
+        self.check_even(frames)
+        return frames
+
+    def read(self, frames: Sequence[int]) -> np.ndarray:
+        """(T, H, W, 3) uint8 RGB of the given frame numbers (ascending), upright."""
+        frames = self.check_request(frames)
+        try:
+            array = self._read_sequential(frames) if self.sequential else self._read_by_pts(frames)
+        except av.FFmpegError as exc:
+            self._frames = None
+            raise VideoDecodeError(self.path, f"decoding frames {frames[0]}..{frames[-1]} failed ({short_error(exc)})") from None
+        if self.rotation:
+            array = np.ascontiguousarray(np.rot90(array, k=self.rotation // 90, axes=(1, 2)))
+        return array
+
+    def _read_by_pts(self, frames: list[int]) -> np.ndarray:
+        assert self._pts is not None
+        first = self._pts[frames[0]]
+        # _last_pts None with a live decoder: it is at a keyframe (or the start) and no frame was taken yet.
+        behind = self._last_pts is not None and self._last_pts >= first
+        if self._frames is None or behind or self._far_behind(frames[0]):
+            self._seek_before(frames[0])
+        out = self._take_by_pts(frames)
+        if out is None and not self._from_start:
+            # A decoder that holds back frames after a seek (no recovery point): decode from the start instead.
+            self._restart()
+            self._frames = self._decoded()
+            out = self._take_by_pts(frames)
+        if out is None:
+            return self._switch_to_sequential(frames)
+        return out
+
+    def _take_by_pts(self, frames: list[int]) -> np.ndarray | None:
+        """Decode forward, keeping the frames whose pts are wanted; None if a frame carries no pts."""
+        assert self._pts is not None and self._frames is not None
+        wanted = {self._pts[index]: position for position, index in enumerate(frames)}
+        last = self._pts[frames[-1]]
+        out: list[np.ndarray | None] = [None] * len(frames)
+        for frame in self._frames:
+            if frame.pts is None:
+                return None
+            self._last_pts = frame.pts
+            if frame.pts in wanted:
+                out[wanted[frame.pts]] = self._rgb(frame)
+            if frame.pts >= last:
+                break
+        else:
+            self._frames = None
+        missing = [frames[i] for i, array in enumerate(out) if array is None]
+        if missing:
+            self._frames = None
+            if self._from_start:
+                raise VideoDecodeError(self.path, f"the decoder never produced frame {missing[0]} "
+                                                  f"(of {frames[0]}..{frames[-1]})")
+            return None
+        return np.stack(out)  # type: ignore[arg-type]
+
+    def _far_behind(self, index: int) -> bool:
+        """Whether a keyframe lies between the decoder's position and frame `index` (seeking is then cheaper)."""
+        assert self._pts is not None
+        current = 0 if self._last_pts is None else bisect.bisect_right(self._pts, self._last_pts)
+        return any(current < key.position <= index for key in self._keyframes)
+
+    def _seek_before(self, index: int) -> None:
+        """Position the decoder on a keyframe at or before frame `index`, checked on the first packet it reads.
+
+        Demuxers seek by their own index (dts, cues, or a faulty AVI index) and may land after the target;
+        then an earlier keyframe is tried, and in the end a fresh decode from the start."""
+        candidates = [key for key in self._keyframes if key.position <= index]
+        for key in reversed(candidates[-3:]):
+            try:
+                self._container.seek(key.seek_ts, stream=self._stream, backward=True)
+            except av.FFmpegError:
+                break
+            self._stream.codec_context.flush_buffers()
+            packets = self._container.demux(self._stream)
+            first = next((p for p in packets if p.size and not p.is_discard), None)
+            if first is None or first.pts is None or not first.is_keyframe:
+                continue
+            landed = bisect.bisect_left(self._pts, first.pts)  # type: ignore[arg-type]
+            if landed < len(self._pts) and self._pts[landed] == first.pts and landed <= key.position:  # type: ignore[index]
+                self._frames = self._decode_packets(first, packets)
+                self._last_pts = None
+                self._from_start = False
+                return
+        self._restart()
+        self._frames = self._decoded()
+
+    def _decode_packets(self, first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+        yield from first.decode()
+        for packet in rest:
+            yield from packet.decode()
+
+    def _switch_to_sequential(self, frames: list[int]) -> np.ndarray:
+        """A decoder that returns frames without pts cannot be read by timestamp: count from the start instead."""
+        self.sequential = True
+        self._pts, self._keyframes = None, []
+        self._count_sequentially()
+        if frames[-1] >= len(self):
+            raise VideoDecodeError(self.path, f"frame {frames[-1]} requested, a straight decode gives {len(self)}")
+        return self._read_sequential(frames)
+
+    def _read_sequential(self, frames: list[int]) -> np.ndarray:
+        if self._frames is None or self._next_index > frames[0]:
+            self._restart()
+            self._frames = self._decoded()
+        wanted = {index: position for position, index in enumerate(frames)}
+        out: list[np.ndarray | None] = [None] * len(frames)
+        for frame in self._frames:
+            index = self._next_index
+            self._next_index += 1
+            if index in wanted:
+                out[wanted[index]] = self._rgb(frame)
+            if index >= frames[-1]:
+                break
+        else:
+            self._frames = None
+        if any(array is None for array in out):
+            self._frames = None
+            raise VideoDecodeError(self.path, f"video ended before frame {frames[-1]}")
+        return np.stack(out)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self._frames = None
+        container = getattr(self, "_container", None)
+        if container is not None:
+            container.close()
+
+    def __enter__(self) -> VideoReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_file(path: str) -> None:
+    file = Path(path)
+    try:
+        size = file.stat().st_size
+    except FileNotFoundError:
+        raise VideoDecodeError(path, "broken symlink" if file.is_symlink() else "file not found") from None
+    except PermissionError:
+        raise VideoDecodeError(path, "permission denied") from None
+    except OSError as exc:
+        reason = "symlink loop" if exc.errno == errno.ELOOP else f"cannot read ({exc.strerror or exc})"
+        raise VideoDecodeError(path, reason) from None
+    if not file.is_file():
+        raise VideoDecodeError(path, "not a regular file")
+    if size == 0:
+        raise VideoDecodeError(path, "empty file (0 bytes)")
+    try:
+        with open(file, "rb"):
+            pass
+    except PermissionError:
+        raise VideoDecodeError(path, "permission denied") from None
+
+
+# --------------------------------------------------------------------------- decode backends
+
+
+# --------------------------------------------------------------------------- resize, crop, range
+
+
+# --------------------------------------------------------------------------- views
+
+
