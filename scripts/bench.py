@@ -111,7 +111,8 @@ def make_data(root: Path, args: argparse.Namespace, scenes: int) -> Path:
 def plan_batches(data: Path, args: argparse.Namespace) -> list[list[Any]]:
     """vaecache's own plan of the clips (so all modes encode exactly the same windows)."""
     from vaecache.settings.clip import SamplingConfig
-    from vaecache.planning import batched, plan_clips
+    from vaecache.planning.jobs import batched
+    from vaecache.planning.clips import plan_clips
     from vaecache.sources.discover import discover_scenes
     from vaecache.sources.probing import probe_scene
 
@@ -164,11 +165,12 @@ def run_encode_only(vae, decoded: list[Any], device) -> dict[str, float]:
 
 def run_vaecache(args: argparse.Namespace, data: Path, out: Path, height: int, width: int,
                  first_views: int) -> dict[str, Any]:
-    import vaecache.pipeline as pipeline
+    import vaecache.encode.run as pipeline
+    import vaecache.encode.startup as startup
     from vaecache.settings.clip import ClipSettings, SamplingConfig
     from vaecache.settings.commands import EncodeConfig
     from vaecache.settings.loader import parse_bytes
-    from vaecache.distributed import distributed
+    from vaecache.distributed.context import distributed
 
     clip = ClipSettings(SamplingConfig(num_frames=args.num_frames), height, width, dtype=args.dtype, store=args.store,
                         views_per_forward=views_per_forward(args))
@@ -177,7 +179,7 @@ def run_vaecache(args: argparse.Namespace, data: Path, out: Path, height: int, w
     marks: list[float] = []
     encodes: list[tuple[float, float]] = []
     start = time.perf_counter()
-    with _timed_encoder(pipeline, encodes), distributed(sp_size=1, device=args.device, environ={}) as ctx:
+    with _timed_encoder(startup, encodes), distributed(sp_size=1, device=args.device, environ={}) as ctx:
         summary = pipeline.run_encode(cfg, ctx, lambda done, total: marks.append(time.perf_counter()))
     end = time.perf_counter()
     if summary.exit_code != 0:
@@ -194,13 +196,13 @@ def run_vaecache(args: argparse.Namespace, data: Path, out: Path, height: int, w
 
 
 @contextlib.contextmanager
-def _timed_encoder(pipeline: Any, encodes: list[tuple[float, float]]) -> Iterator[None]:
+def _timed_encoder(startup: Any, encodes: list[tuple[float, float]]) -> Iterator[None]:
     """Instrumentation only: record (start, end) of every encode_views call that run_encode makes.
 
     run_encode loads its own VAE, so the loader it calls is wrapped for the duration of one run; the
     wrapper calls the real encode_views and changes nothing else.
     """
-    original = pipeline.load_vae
+    original = startup.load_vae
 
     def load_and_time(*args: Any, **kwargs: Any) -> Any:
         vae = original(*args, **kwargs)
@@ -216,11 +218,11 @@ def _timed_encoder(pipeline: Any, encodes: list[tuple[float, float]]) -> Iterato
         vae.encode_views = timed
         return vae
 
-    pipeline.load_vae = load_and_time
+    startup.load_vae = load_and_time
     try:
         yield
     finally:
-        pipeline.load_vae = original
+        startup.load_vae = original
 
 
 def _stages(start: float, marks: list[float], encodes: list[tuple[float, float]], end: float) -> dict[str, float]:
@@ -404,7 +406,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         batches = plan_batches(data, args)
 
         from vaecache.video.dataset import ViewBatchDataset
-        from vaecache.planning import batch_views
+        from vaecache.planning.jobs import batch_views
 
         predecode = ViewBatchDataset(batches, [list(range(len(batch_views(b)))) for b in batches], height, width)
         decode_start = time.perf_counter()

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     import torch
 
-    from vaecache.distributed import resolve_device
+    from vaecache.distributed.context import resolve_device
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -110,7 +110,7 @@ RANK_SCRIPT = HWM + textwrap.dedent("""
     from pathlib import Path
     started = time.perf_counter()
     from vaecache.settings.clip import SamplingConfig
-    from vaecache.planning import plan_job
+    from vaecache.planning.jobs import plan_job
     from vaecache.sources.discover import discover
     from vaecache.sources.probing import probe_scene
     index, world, rank = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
@@ -350,7 +350,8 @@ RESUME_SCRIPT = HWM + textwrap.dedent("""
     from pathlib import Path
     from vaecache.settings.clip import SamplingConfig
     from vaecache.cache.repair import repair_progress
-    from vaecache.planning import DoneMaskBuilder, plan_job
+    from vaecache.planning.clips import DoneMaskBuilder
+    from vaecache.planning.jobs import plan_job
     from vaecache.sources.discover import discover
     index, out, world, rank = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     started = time.perf_counter()

@@ -90,12 +90,14 @@ def worker(args: argparse.Namespace) -> None:
     from vaecache.settings.commands import EncodeConfig
     from vaecache.settings.buckets import parse_size
     from vaecache.video.dataset import ViewBatchDataset
-    from vaecache.planning import assign, batch_views, batched, plan_clips
+    from vaecache.planning.jobs import assign, batch_views, batched
+    from vaecache.planning.clips import plan_clips
     from vaecache.sources.discover import discover_scenes
     from vaecache.sources.probing import probe_scene
-    from vaecache.distributed import distributed, make_mesh
+    from vaecache.distributed.context import distributed
+    from vaecache.distributed.mesh import make_mesh
     from vaecache.parallel import gather_views, plan_sp
-    from vaecache.pipeline import run_encode
+    from vaecache.encode.run import run_encode
     from vaecache.vae import load_vae
 
     if not args.vae.startswith("python:"):

@@ -72,8 +72,8 @@ def build_cache(args: argparse.Namespace, tmp: Path) -> Path:
     from vaecache.settings.loader import parse_bytes
     from vaecache.settings.buckets import parse_size
     from vaecache.demodata import DemoDataSpec, write_demo_dataset
-    from vaecache.distributed import distributed
-    from vaecache.pipeline import run_encode
+    from vaecache.distributed.context import distributed
+    from vaecache.encode.run import run_encode
 
     height, width = parse_size(args.size)
     scenes = max(1, math.ceil(args.target_mb * 1e6 / (view_bytes(args) * args.cameras)))

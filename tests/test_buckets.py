@@ -14,8 +14,9 @@ from vaecache.settings.loader import load_toml, pop_clip_options
 from vaecache.video.resize import resize_fit, to_model_range
 from vaecache.errors import FrameRuleError, UsageError
 from vaecache.cache.writer import geometry_record
-from vaecache.plan import bucket_histogram
-from vaecache.planning import JobPlan, batched, plan_scene_clips
+from vaecache.planning.report import bucket_histogram
+from vaecache.planning.jobs import JobPlan, batched
+from vaecache.planning.clips import plan_scene_clips
 from vaecache.sources.scene import CameraProbe, Scene
 from vaecache.vae.rules import FrameRule
 

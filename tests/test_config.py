@@ -13,11 +13,11 @@ from vaecache.settings.commands import EncodeConfig
 from vaecache.settings.loader import load_toml, parse_bytes
 from vaecache.settings.buckets import parse_size
 from vaecache.errors import FrameRuleError, UsageError, VaeSpecError
-from vaecache.vae import LoadedVae, load_vae
+from vaecache.vae import VaeRunner, load_vae
 
 
 @pytest.fixture(scope="module")
-def tiny() -> LoadedVae:
+def tiny() -> VaeRunner:
     return load_vae("builtin:tiny")
 
 
@@ -215,7 +215,7 @@ def test_camera_flag_is_a_comma_separated_order() -> None:
 # --------------------------------------------------------------------------- the VAE's frame rule
 
 
-def test_builtin_tiny_is_wan_style(tiny: LoadedVae) -> None:
+def test_builtin_tiny_is_wan_style(tiny: VaeRunner) -> None:
     rule = tiny.rule
     assert (rule.temporal_factor, rule.spatial_factor, rule.causal) == (4, 8, True)
     assert [rule.latent_frames(n) for n in (1, 5, 9, 17)] == [1, 2, 3, 5]
@@ -232,7 +232,7 @@ def test_builtin_tiny_is_wan_style(tiny: LoadedVae) -> None:
     (9, (64, 70), r"width 70 .*nearest valid width: 64 and 72"),
     (9, (4, 64), r"height 4 .*nearest valid height: 8"),
 ])
-def test_frame_rule_names_the_nearest_valid_values(tiny: LoadedVae, frames: int, size: tuple[int, int],
+def test_frame_rule_names_the_nearest_valid_values(tiny: VaeRunner, frames: int, size: tuple[int, int],
                                                    match: str) -> None:
     with pytest.raises(FrameRuleError, match=match):
         tiny.rule.check(frames, *size)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from vaecache.settings.clip import SamplingConfig
-from vaecache.planning import Clip, plan_clips
+from vaecache.planning.clips import Clip, plan_clips
 from vaecache.video.reader import DECODER
 from vaecache.video.backends import Backend, decode_frames, open_video
 from vaecache.video.dataset import ViewBatchDataset, ViewDecoder
@@ -386,7 +386,7 @@ def test_everything_runs_without_decord(wide_video: Path, tmp_path: Path) -> Non
         "sys.modules['decord'] = None  # any 'import decord' now raises ImportError\n"
         "from vaecache.sources.scene import Scene\nfrom vaecache.sources.probing import probe_scene\n"
         "from vaecache.video.dataset import ViewDecoder\n"
-        "import vaecache.pipeline, vaecache.plan, vaecache.cache.verify\n"
+        "import vaecache.encode.run, vaecache.encode.dry_run, vaecache.cache.verify\n"
         f"path = {str(wide_video)!r}\n"
         "probe = probe_scene(Scene('w', ('video',), (path,)))\n"
         "views = ViewDecoder(48, 48).decode(path, (1, 3, 6))\n"

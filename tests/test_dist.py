@@ -9,7 +9,9 @@ import pytest
 import torch
 import torch.distributed as tdist
 
-from vaecache.distributed import Mesh, RankInfo, collective_errors, distributed, expand_hostlist, first_host, make_mesh, slurm_master_port
+from vaecache.distributed.mesh import Mesh, make_mesh
+from vaecache.distributed.launch import RankInfo, expand_hostlist, first_host, slurm_master_port
+from vaecache.distributed.context import collective_errors, distributed
 from vaecache.errors import DistributedError, UsageError
 
 # ---------------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ def test_the_vae_loads_once_data_and_out_are_fine(run_cli, loud_vae, demo_data: 
 
 
 def test_decode_workers_share_the_cores_the_encode_leaves() -> None:
-    from vaecache.pipeline import decode_thread_budget
+    from vaecache.encode.numerics import decode_thread_budget
 
     assert decode_thread_budget(cores=2, workers=1, main_threads=1) == 1  # the 2-core CPU case: one each
     assert decode_thread_budget(cores=16, workers=4, main_threads=1) == 3  # a CUDA rank: main thread + 4 workers

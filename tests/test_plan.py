@@ -14,8 +14,11 @@ import pytest
 from vaecache.settings.clip import ClipSettings, SamplingConfig
 from vaecache.settings.loader import load_toml, pop_clip_options
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
-from vaecache.plan import Measurement, PlanConfig, build_plan, dp_shares, fits_views_per_forward
-from vaecache.planning import Clip, JobPlan
+from vaecache.planning.report import Measurement, dp_shares, fits_views_per_forward
+from vaecache.settings.commands import PlanConfig
+from vaecache.encode.dry_run import build_plan
+from vaecache.planning.clips import Clip
+from vaecache.planning.jobs import JobPlan
 from vaecache.vae import FAMILIES
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Pure planning: clip windows, clip ids, DP/SP assignment and the job plan (vaecache/planning.py)."""
+"""Pure planning: clip windows, clip ids, DP/SP assignment and the job plan (vaecache/planning/clips.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,8 @@ from vaecache.settings.clip import SamplingConfig
 from vaecache.sources.scene import CameraProbe, Scene, SceneProbe
 from vaecache.sources.probing import judge_scene
 from vaecache.errors import UsageError
-from vaecache.planning import (
-    DoneMask,
-    DoneMaskBuilder,
-    Clip, JobPlan, assign, assign_contiguous, batch_views, batched, clip_id_for, plan_clips, plan_job, plan_windows,
-    sp_repeats_advice,
-)
+from vaecache.planning.clips import DoneMask, DoneMaskBuilder, Clip, clip_id_for, plan_clips, plan_windows
+from vaecache.planning.jobs import JobPlan, assign, assign_contiguous, batch_views, batched, plan_job, sp_repeats_advice
 
 
 def test_windows_do_not_overlap_by_default() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from vaecache.cache.reader import CacheReader
 from vaecache.settings.clip import SamplingConfig
-from vaecache.planning import plan_clips
+from vaecache.planning.clips import plan_clips
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.errors import DatasetError, UsageError
 from vaecache.sources.scene import Scene

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vaecache.transfer import views_on_device_ahead
+from vaecache.encode.transfer import views_on_device_ahead
 
 
 def _batches(count: int) -> list[dict]:

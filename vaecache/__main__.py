@@ -6,7 +6,9 @@ except KeyboardInterrupt:  # Ctrl-C while the CLI itself imports: one line, not 
     import sys
 
     sys.stderr.write("interrupted during start-up; nothing was written\n")
-    sys.exit(130)
+    from vaecache.errors import EXIT_INTERRUPTED
+
+    sys.exit(EXIT_INTERRUPTED)
 
 if __name__ == "__main__":
     main()

@@ -1,4 +1,16 @@
-"""User-facing failure kinds. The CLI maps each to a one-line message and an exit code."""
+"""Every error vaecache reports and every exit code it returns, in one place (README, "Exit codes").
+
+| code | meaning |
+|---|---|
+| 0 (EXIT_OK) | done: everything asked for holds |
+| 1 (EXIT_FAILED) | failed: a VaecacheError that is not a usage error (bad output, a damaged cache, a broken VAE) |
+| 2 (EXIT_USAGE) | the command line, a config file or an input path is wrong (UsageError and its kinds) |
+| 3 (EXIT_PARTIAL) | done, but some inputs were skipped (recorded in failures.parquet, or the index's rejected file) |
+| 75 (EXIT_STOPPED) | stopped by SIGTERM, SIGUSR1 or a first Ctrl-C after committing its work: rerun to resume |
+| 130 (EXIT_INTERRUPTED) | Ctrl-C outside the encode loop's graceful stop (128 + SIGINT) |
+
+The CLI maps each error to a one-line message naming the file and the problem, and its class's exit_code.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +20,8 @@ EXIT_USAGE = 2
 EXIT_PARTIAL = 3
 EXIT_STOPPED = 75
 """Stopped by SIGTERM/SIGUSR1/Ctrl-C after committing its work (EX_TEMPFAIL): rerun to resume."""
+EXIT_INTERRUPTED = 130
+"""Ctrl-C outside the encode loop's graceful stop (128 + SIGINT)."""
 
 
 class VaecacheError(Exception):

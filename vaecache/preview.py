@@ -255,7 +255,7 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
     from vaecache.settings.clip import ClipSettings
     from vaecache.video.dataset import ViewDecoder
     from vaecache.video.backends import backend_for_record
-    from vaecache.distributed import resolve_device
+    from vaecache.distributed.context import resolve_device
     from vaecache.training import LatentCache
     from vaecache.encode.fingerprint import load_recorded_vae
     from vaecache.vae.decoder import decode_mode, iter_decoded

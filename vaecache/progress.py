@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable, ContextManager, Iterator
 
 from rich.console import Console
 
@@ -98,3 +98,18 @@ def progress(label: str, unit: str, console: Console, enabled: bool = True,
         yield lines.advance
     finally:
         lines.close()
+
+
+
+
+ProgressFactory = Callable[[str, str], ContextManager[Advance]]
+"""progress(label, unit) -> a context that yields an Advance (vaecache.progress.progress, bound to a console)."""
+
+
+@contextmanager
+def progress_phase(progress: ProgressFactory | None, label: str, unit: str) -> Iterator[Advance]:
+    if progress is None:
+        yield lambda steps, total: None
+        return
+    with progress(label, unit) as advance:
+        yield advance

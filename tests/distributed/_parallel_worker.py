@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
-from vaecache.distributed import distributed
+from vaecache.distributed.context import distributed
 from vaecache.errors import DistributedError
 from vaecache.parallel import gather_views, plan_sp, sp_encode
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from vaecache.planning import Clip
+from vaecache.planning.clips import Clip
 from vaecache.errors import ManifestError
 from vaecache.cache.manifest import read_manifest
 from vaecache.cache.progress import read_progress

@@ -11,19 +11,18 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, Callable, Mapping, Optional, TypeVar
+from typing import Annotated, Any, Callable, Optional, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from vaecache import stop
-from vaecache.errors import EXIT_FAILED, EXIT_USAGE, UsageError, VaecacheError
+from vaecache.distributed.launch import launcher_rank_world
+from vaecache.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError, VaecacheError
 
 F = TypeVar("F", bound=Callable[..., Any])
 console = Console(stderr=True, highlight=False, soft_wrap=True)
-EXIT_INTERRUPTED = 130
-"""Ctrl-C outside the encode loop's graceful stop (128 + SIGINT)."""
 QUIET_RANK_EXIT_DELAY_S = 2.0
 """How long a rank that leaves a usage error for rank 0 to print waits before it exits."""
 REQUIRED_PANEL = "Required (flag or --config)"
@@ -60,32 +59,6 @@ DecoderOption = Annotated[Optional[str], typer.Option(
 
 def debug_enabled() -> bool:
     return os.environ.get("VAECACHE_DEBUG", "") not in ("", "0")
-
-
-def launcher_rank_world(environ: Mapping[str, str] | None = None) -> tuple[int, int]:
-    """(rank, world size) the launcher gave this process, read from torchrun or SLURM-step env vars.
-
-    A torch-free reading of the rule vaecache.distributed's RankInfo.from_env applies, so usage errors can be
-    reported (once, on rank 0) before torch is imported. Unparsable values count as rank 0 of 1; the
-    distributed set-up reports them properly later.
-    """
-    env = os.environ if environ is None else environ
-
-    def number(*names: str, default: int) -> int:
-        for name in names:
-            try:
-                return int(env[name])
-            except (KeyError, ValueError):
-                continue
-        return default
-
-    if "RANK" in env or "WORLD_SIZE" in env:
-        return number("RANK", default=0), number("WORLD_SIZE", default=1)
-    in_step = "SLURM_STEP_ID" in env or "SLURM_STEPID" in env
-    ntasks = number("SLURM_NTASKS", "SLURM_NPROCS", default=1)
-    if in_step and (ntasks > 1 or "SLURM_PROCID" in env):
-        return number("SLURM_PROCID", default=0), ntasks
-    return 0, 1
 
 
 def is_launcher_rank0() -> bool:

@@ -11,6 +11,7 @@ import typer
 
 from vaecache import __version__
 from vaecache.cli._common import is_launcher_rank0
+from vaecache.errors import EXIT_INTERRUPTED
 from vaecache.cli.decode import decode
 from vaecache.cli.demo import demo, demo_data
 from vaecache.cli.encode import encode
@@ -59,7 +60,7 @@ def main(args: list[str] | None = None) -> None:
     try:
         code = command.main(args=args, prog_name="vaecache", standalone_mode=False)
     except typer.Abort:
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except typer.TyperException as exc:  # typer's own usage errors: the same typo on every rank, rank 0 says it
         sys.exit(getattr(exc, "exit_code", 2))
     sys.exit(code if isinstance(code, int) else 0)

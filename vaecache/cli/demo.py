@@ -40,9 +40,9 @@ def demo(
     from vaecache.settings.clip import ClipSettings, SamplingConfig
     from vaecache.settings.commands import EncodeConfig
     from vaecache.demodata import DemoDataSpec, write_demo_dataset
-    from vaecache.distributed import distributed
+    from vaecache.distributed.context import distributed
     from vaecache.training import LatentCache
-    from vaecache.pipeline import run_encode
+    from vaecache.encode.run import run_encode
     from vaecache.preview import decode_preview
     from vaecache.cache.verify import verify_cache
     from vaecache.cli.decode import report_table as preview_table

@@ -23,7 +23,7 @@ from vaecache.errors import DatasetError, UsageError
 from vaecache.progress import progress as progress_reporter
 
 if TYPE_CHECKING:
-    from vaecache.pipeline import EncodeSummary
+    from vaecache.encode.summary import EncodeSummary
 
 def build_config(data: Path, out: Path | None, vae: str | None, options: dict[str, Any], config_file: Path | None) -> EncodeConfig:
     """CLI flags override the TOML file; both use the long option names."""
@@ -140,8 +140,8 @@ def encode(
     check_usage_before_start(cfg)
     check_json_target(json_file)
 
-    from vaecache.distributed import distributed
-    from vaecache.pipeline import run_encode
+    from vaecache.distributed.context import distributed
+    from vaecache.encode.run import run_encode
 
     with distributed(sp_size=cfg.sp_size, device=cfg.device, timeout_s=cfg.timeout_s,
                      liveness_timeout_s=cfg.liveness_timeout_s) as ctx:

@@ -34,7 +34,7 @@ def index(
     names = tuple(name.strip() for name in cameras.split(",") if name.strip()) if cameras else None
     cfg = IndexConfig(data=data, output=output, cameras=names or None, workers=workers)
 
-    from vaecache.distributed import distributed
+    from vaecache.distributed.context import distributed
     from vaecache.sources.indexing import run_index
 
     with distributed(sp_size=1, device="cpu", timeout_s=timeout) as ctx:

@@ -15,11 +15,12 @@ from vaecache.settings.loader import check_option_syntax, load_toml, parse_bytes
 from vaecache.errors import DatasetError, UsageError
 
 if TYPE_CHECKING:
-    from vaecache.plan import PlanConfig, PlanReport
+    from vaecache.settings.commands import PlanConfig
+    from vaecache.planning.report import PlanReport
 
 MAX_ROWS = 16
 # Encode options a shared TOML may hold that do not change the plan.
-_ENCODE_ONLY = ("out", "workers", "shard_size", "seed", "on_error", "overwrite", "timeout_s", "progress", "sp_mode",
+_ENCODE_ONLY = ("out", "shard_size", "seed", "on_error", "overwrite", "timeout_s", "progress",
                 "hash_sources", "allow_other_numerics")
 
 
@@ -40,7 +41,7 @@ def build_plan_config(data: Path, options: dict[str, Any], config_file: Path | N
             budget = parse_bytes(budget)
         except UsageError:
             raise UsageError(f"--memory-budget must be a byte count like 8GiB or 500MB, got {budget!r}") from None
-    from vaecache.plan import PlanConfig  # torch-heavy: imported once the options parsed, not for --help or a typo
+    from vaecache.settings.commands import PlanConfig
 
     return PlanConfig(data=Path(data), clip=clip, memory_budget=budget, **merged)
 
@@ -189,7 +190,7 @@ def plan(
         raise DatasetError(f"{data}: dataset path does not exist")
     check_json_target(json_file)
     cfg = build_plan_config(data, options, config)
-    from vaecache.plan import build_plan
+    from vaecache.encode.dry_run import build_plan
 
     report = build_plan(cfg)
     console.print(scenes_table(report))

@@ -79,7 +79,7 @@ def verify(
         raise UsageError(f"--reencode must be >= 0, got {reencode}")
     check_json_target(json_file)
 
-    from vaecache.distributed import distributed
+    from vaecache.distributed.context import distributed
     from vaecache.settings.commands import VerifyOptions
     from vaecache.encode.recheck import verify as verify_cache
 

@@ -142,6 +142,41 @@ def _slurm_in_step(env: Mapping[str, str]) -> bool:
     return "SLURM_STEP_ID" in env or "SLURM_STEPID" in env
 
 
+def _tolerant_int(env: Mapping[str, str], *names: str, default: int) -> int:
+    for name in names:
+        try:
+            return int(env[name])
+        except (KeyError, ValueError):
+            continue
+    return default
+
+
+def launcher_of(env: Mapping[str, str]) -> str:
+    """The one rule for who launched this process: "torchrun" (RANK or WORLD_SIZE set), "slurm" (inside an srun
+    step with more than one task or a SLURM_PROCID: the sbatch batch shell itself is a single process), or
+    "single"."""
+    if "RANK" in env or "WORLD_SIZE" in env:
+        return "torchrun"
+    ntasks = _tolerant_int(env, "SLURM_NTASKS", "SLURM_NPROCS", default=1)
+    if _slurm_in_step(env) and (ntasks > 1 or "SLURM_PROCID" in env):
+        return "slurm"
+    return "single"
+
+
+def launcher_rank_world(environ: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """(rank, world size) the launcher gave this process, by launcher_of's rule, reading nothing but the
+    environment (the CLI asks before torch is imported, to print a usage error once, on rank 0). Unparsable values
+    count as rank 0 of 1; RankInfo.from_env reports them properly when the run sets up."""
+    env = os.environ if environ is None else environ
+    source = launcher_of(env)
+    if source == "torchrun":
+        return _tolerant_int(env, "RANK", default=0), _tolerant_int(env, "WORLD_SIZE", default=1)
+    if source == "slurm":
+        return (_tolerant_int(env, "SLURM_PROCID", default=0),
+                _tolerant_int(env, "SLURM_NTASKS", "SLURM_NPROCS", default=1))
+    return 0, 1
+
+
 @dataclass(frozen=True)
 class RankInfo:
     """Where this process sits in the job, read from the launcher's environment variables."""
@@ -193,11 +228,11 @@ class RankInfo:
         """
         env = os.environ if environ is None else environ
         job_id = env.get("SLURM_JOB_ID") or None
-        if "RANK" in env or "WORLD_SIZE" in env:
+        source = launcher_of(env)
+        if source == "torchrun":
             return cls._from_torchrun(env, job_id)
-        ntasks = _env_int(env, "SLURM_NTASKS", _env_int(env, "SLURM_NPROCS", 1))
-        if _slurm_in_step(env) and (ntasks > 1 or "SLURM_PROCID" in env):
-            return cls._from_slurm(env, ntasks, job_id)
+        if source == "slurm":
+            return cls._from_slurm(env, _env_int(env, "SLURM_NTASKS", _env_int(env, "SLURM_NPROCS", 1)), job_id)
         return cls(0, 1, 0, 1, 0, None, None, "single", job_id)
 
     @classmethod

@@ -3,10 +3,16 @@ records."""
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 from typing import Any
 from vaecache.settings.clip import ClipSettings
 from vaecache.errors import UsageError
+from vaecache.cache.layout import FORMAT_VERSION
+from vaecache.settings.commands import EncodeConfig
+from vaecache.video.backends import Backend
+from vaecache.vae.runner import VaeRunner
 
 
 def load_recorded_vae(out: Path, manifest: dict[str, Any], spec: str, device: Any,
@@ -15,7 +21,7 @@ def load_recorded_vae(out: Path, manifest: dict[str, Any], spec: str, device: An
     (the recorded spec, or a --vae override); a UsageError unless its fingerprint is the recorded one.
     `verify --reencode` and `vaecache decode` load through here."""
     from vaecache.cache.outdir import describe_differences, upgraded_fingerprint
-    from vaecache.pipeline import run_fingerprint_vae_part
+    from vaecache.encode.fingerprint import run_fingerprint_vae_part
     from vaecache.vae import load_vae
 
     clip_settings = ClipSettings.from_record(manifest.get("settings", {}))
@@ -30,3 +36,19 @@ def load_recorded_vae(out: Path, manifest: dict[str, Any], spec: str, device: An
         raise UsageError(f"--vae {spec} does not match the VAE recorded in {out}/manifest.json "
                          f"({'; '.join(diffs[:3])})")
     return vae
+
+
+def run_fingerprint_vae_part(vae: VaeRunner) -> dict[str, Any]:
+    """The VAE's identity as recorded (JSON round-tripped, so it compares equal to a stored copy)."""
+    return json.loads(json.dumps({k: v for k, v in vae.fingerprint().items() if k != "spec"}))
+
+
+def run_fingerprint(cfg: EncodeConfig, vae: VaeRunner, decoder: Backend, numerics: dict[str, Any]) -> dict[str, Any]:
+    """Everything that determines stored bytes; a resume must match it exactly."""
+    # The decoder is part of it: a cache started by 0.1.0 (decord, mis-seeking on open-GOP streams) must not
+    # be resumed with frame-exact decoding into one mixed cache; nor pyav with another --decoder.
+    fingerprint = {"vae": run_fingerprint_vae_part(vae), "latents": cfg.clip.to_record(), "decoder": decoder.name,
+                   "data": str(cfg.data), "format_version": FORMAT_VERSION, "numerics": numerics}
+    if cfg.sp_mode == "spatial":  # band edges depend on the group size, and so do the last bits of the latents
+        fingerprint["parallel"] = {"mode": "spatial", "sp_size": cfg.sp_size}
+    return fingerprint

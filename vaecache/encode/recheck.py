@@ -55,7 +55,7 @@ def check_coverage(manifest: dict[str, Any], cache: CacheReader, failures: list[
                    dataset: Path, threads: int | None = None) -> Check:
     """Re-plan clips from the source with the recorded settings: clips missing from the cache, and
     cached clips with no source any more. Clips recorded as failures count as accounted for."""
-    from vaecache.planning import plan_job
+    from vaecache.planning.jobs import plan_job
     from vaecache.sources.discover import discover_scenes
     from vaecache.sources.probing import probe_scene
 
@@ -91,9 +91,9 @@ def check_reencode(out: Path, manifest: dict[str, Any], cache: CacheReader, coun
 
     from vaecache.video.dataset import ViewDecoder
     from vaecache.video.backends import backend_for_record
-    from vaecache.distributed import resolve_device
-    from vaecache.planning import Clip
-    from vaecache.pipeline import clip_tensors
+    from vaecache.distributed.context import resolve_device
+    from vaecache.planning.clips import Clip
+    from vaecache.encode.loop import clip_tensors
 
     settings = manifest.get("settings", {})
     clip_settings = ClipSettings.from_record(settings)

@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
-from vaecache.distributed import collective_errors
+from vaecache.distributed.context import collective_errors
 from vaecache.errors import DistributedError, UsageError
 
 SUPPORTED_FAMILIES = ("AutoencoderKLWan",)

@@ -6,12 +6,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from vaecache.errors import UsageError
 from vaecache.settings.clip import ClipSettings
+from vaecache.distributed.mesh import make_mesh
 
 
 ON_ERROR_CHOICES = ("skip", "fail")
 
 
 SP_MODE_CHOICES = ("views", "spatial")
+DEFAULT_PROBE_WORKERS = 8
+"""Threads probing videos in each rank (PyAV releases the GIL while FFmpeg demuxes)."""
 
 
 @dataclass(frozen=True)
@@ -50,8 +53,12 @@ class EncodeConfig:
     allow_other_numerics: bool = False
     """Resume OUT (or run ranks) on other numerics than recorded (another GPU model, torch, CPU thread count):
     latents added then may differ from the committed ones in the last bits; the manifest lists every numerics."""
+    probe_workers: int = DEFAULT_PROBE_WORKERS
+    """Threads probing videos in each rank."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.probe_workers, bool) or not isinstance(self.probe_workers, int) or self.probe_workers < 1:
+            raise UsageError(f"--probe-workers must be an integer >= 1, got {self.probe_workers!r}")
         if not self.vae:
             raise UsageError("--vae is required (e.g. builtin:tiny, builtin:small, diffusers:/path/to/vae, "
                              "python:pkg.mod:factory)")
@@ -99,3 +106,42 @@ class VerifyOptions:
             raise UsageError(f"--threads must be >= 1, got {self.threads}")
         if self.tolerance is not None and not 0 <= self.tolerance < float("inf"):
             raise UsageError(f"--tolerance must be a fraction >= 0, got {self.tolerance}")
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """What `vaecache plan` is asked: the dataset, the VAE and clip settings an encode would use, and the
+    cluster shape to plan for."""
+
+    data: Path
+    vae: str
+    clip: ClipSettings
+    world_size: int = 1
+    sp_size: int = 1
+    batch_size: int = 1
+    sp_mode: str = "views"
+    """As for encode: "spatial" plans one view per forward and checks the VAE can be split into bands."""
+    workers: int = 2
+    """Decode workers per rank the encode would run (the decoder backend is resolved for them)."""
+    device: str = "auto"
+    memory_budget: int | None = None
+    """Bytes of device memory one rank may use; the report then gives the largest micro-batch that fits."""
+    measure: bool = True
+    """Encode one real clip to measure time and memory (off: planning only)."""
+    probe_workers: int = DEFAULT_PROBE_WORKERS
+    allow_pickle_weights: bool = False
+    clip_ids: bool = True
+    """List every DP group's clip ids in the report (--json); off, the groups are only counted (fast at 10M)."""
+
+    def __post_init__(self) -> None:
+        for name in ("world_size", "sp_size", "batch_size", "probe_workers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UsageError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
+        if self.memory_budget is not None and self.memory_budget < 1:
+            raise UsageError(f"--memory-budget must be positive, got {self.memory_budget}")
+        if self.sp_mode not in SP_MODE_CHOICES:
+            raise UsageError(f"--sp-mode must be one of {', '.join(SP_MODE_CHOICES)}, got {self.sp_mode!r}")
+        if self.workers < 0:
+            raise UsageError(f"--workers must be >= 0, got {self.workers}")
+        make_mesh(0, self.world_size, self.sp_size)  # sp_size must divide world_size

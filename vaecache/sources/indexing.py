@@ -16,7 +16,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import json
 
@@ -26,6 +26,7 @@ from vaecache.cache.io import FILE_MODE, fsync_dir
 from vaecache.sources.scene import SINGLE_CAMERA, Discovery, Scene, Skipped
 from vaecache.sources.discover import discover
 from vaecache.sources.probing import ProbeLog, judge_scene, open_scene, probe_dataset, probe_from_cache, read_probe_cache
+from vaecache.progress import Advance
 
 log = logging.getLogger("vaecache")
 
@@ -36,7 +37,6 @@ FSYNC_EVERY_S = 5.0
 CRASH_POINT = "crash-after-probe"
 """VAECACHE_FAULT point: a rank exits (137) right after its k-th newly probed scene is durable."""
 
-Advance = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,9 @@ from typing import IO, Any, Callable, Iterable, Iterator, Sequence
 
 from vaecache.cache.io import cut_torn_tail, iter_lines, loads
 from vaecache.errors import DatasetError, OutputError, VideoDecodeError
+from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
 from vaecache.sources.scene import CameraProbe, Scene, SceneProbe
+from vaecache.progress import Advance
 
 log = logging.getLogger("vaecache")
 
@@ -192,10 +194,6 @@ def probe_from_cache(scene: Scene, cache: ProbeCache) -> SceneProbe | None:
 
 # --------------------------------------------------------------------------- the probing driver
 
-Advance = Callable[[int, int], None]
-"""advance(steps_done_now, total)."""
-DEFAULT_PROBE_WORKERS = 8
-"""Threads probing videos in each rank (PyAV releases the GIL while FFmpeg demuxes)."""
 
 
 def probe_in_pool(scenes: Sequence[Scene], workers: int) -> Iterator[tuple[Scene, list[CameraProbe | VideoDecodeError]]]:

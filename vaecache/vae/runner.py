@@ -63,7 +63,7 @@ class VaeRunner:
         self._latent_channels = model.latent_channels
         self._errors_in_a_row = 0
         # Compiled on first use, once per input shape (and again when tiling is switched for a retry).
-        self._encode = torch.compile(model.module.encode) if model.compiled else model.module.encode
+        self.encode_share = torch.compile(model.module.encode) if model.compiled else model.module.encode
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names the runner lacks: the description's fields and fingerprint().
@@ -150,7 +150,7 @@ class VaeRunner:
         for index, reason in failed_units.items():
             v, t = units[index]
             failed.setdefault(v, reason if t < 0 else f"frame {t}: {reason}")
-        for v, reason in self._non_finite_views(mean, logvar).items():
+        for v, reason in self.non_finite_views(mean, logvar).items():
             if v not in failed:
                 failed[v] = reason
                 log.error("view %d failed: %s", v, reason)
@@ -165,30 +165,7 @@ class VaeRunner:
         return EncodeResult(mean, logvar, failed, {units[i][0] for i in tiled_units}, events, forward_sizes)
 
     @torch.inference_mode()
-    def encode_spatial(self, views: torch.Tensor, group: Any) -> EncodeResult:
-        """Every view encoded by the ranks of `group` together, each rank on a band of rows of every frame
-        (vaecache.parallel.spatial); all views come back on every rank. One view per forward; no out-of-memory
-        backoff (a band that does not fit needs a larger group, not a smaller batch)."""
-        from vaecache.parallel.spatial import spatial_encode
-
-        model = self.model
-        if views.dim() != 5:
-            raise UsageError(f"encode_spatial needs (views, channels, frames, height, width), got {tuple(views.shape)}")
-        means, logvars = [], []
-        for view in views.split(1):
-            moments = spatial_encode(model.module, view.to(model.device, model.compute_dtype), group)
-            channels = moments.shape[1] // 2
-            means.append(moments[:, :channels].to(model.dtype))
-            logvars.append(moments[:, channels:].to(model.dtype))
-        mean, logvar = torch.cat(means), torch.cat(logvars)
-        failed = self._non_finite_views(mean, logvar)
-        for v, reason in failed.items():
-            log.error("view %d failed: %s", v, reason)
-            mean[v].zero_()
-            logvar[v].zero_()
-        return EncodeResult(mean, logvar, failed, set(), [], [1] * views.shape[0])
-
-    def _non_finite_views(self, mean: torch.Tensor, logvar: torch.Tensor | None) -> dict[int, str]:
+    def non_finite_views(self, mean: torch.Tensor, logvar: torch.Tensor | None) -> dict[int, str]:
         """View index -> reason, for views whose stored latent holds a NaN or an inf (fp16/bf16 overflow)."""
         stored = [mean] if logvar is None else [mean, logvar]
         finite = torch.stack([torch.isfinite(t).flatten(1).all(1) for t in stored]).all(0)
@@ -314,7 +291,7 @@ class VaeRunner:
         if switch:
             model.module.enable_tiling()
         try:
-            mean, logvar = _posterior(self._encode(batch))
+            mean, logvar = _posterior(self.encode_share(batch))
         finally:
             if switch:
                 model.module.disable_tiling()

@@ -1,0 +1,259 @@
+"""The batch loop of one rank: decoded views (DataLoader workers) -> the VAE on its SP group -> gathered
+latents -> the shard writer, failures to the failure log."""
+
+from __future__ import annotations
+
+import logging
+
+import dataclasses
+import gc
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+import torch
+from vaecache.settings.commands import EncodeConfig
+from vaecache.video.backends import Backend
+from vaecache.video.dataset import ViewBatchDataset
+from vaecache.distributed.context import DistContext
+from vaecache.distributed.liveness import set_doing
+from vaecache.errors import InputError
+from vaecache.cache.io import AppendLog
+from vaecache.cache.layout import failures_path, progress_path
+from vaecache.cache.outdir import PreparedOut
+from vaecache.cache.writer import ShardWriter, failure_record
+from vaecache.parallel.encoders import encoder_for
+from vaecache.parallel.views import SPPlan, gather_views
+from vaecache.planning.clips import Clip, DoneMaskBuilder
+from vaecache.planning.jobs import JobPlan, batch_views
+from vaecache.stop import StopRequest, ignore_stop_signals
+from vaecache.encode.transfer import views_on_device_ahead
+from vaecache.vae import VaeRunner
+from vaecache.encode.summary import EncodeSummary, RankCounters
+from vaecache.planning.clips import DoneMask
+
+log = logging.getLogger("vaecache")
+
+
+def sample_noise(seed: int, clip_id: str, camera: str, shape: torch.Size) -> torch.Tensor:
+    """Posterior noise for --store sample, from (seed, clip id, camera) only: independent of rank and batch."""
+    key = hashlib.sha256(f"{seed}|{clip_id}|{camera}".encode()).digest()
+    generator = torch.Generator().manual_seed(int.from_bytes(key[:8], "little") & (2**63 - 1))
+    return torch.randn(shape, generator=generator, dtype=torch.float32)
+
+
+def clip_tensors(clip: Clip, moments: torch.Tensor, channels: int, store: str, seed: int,
+                 dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Split the (NC, 2c|c, t, h, w) moments of one clip into what --store asks for."""
+    mean = moments[:, :channels]
+    logvar = moments[:, channels:] if moments.shape[1] > channels else None
+    if store == "mean":
+        return {"mean": mean}
+    if store == "mean-logvar":
+        return {"mean": mean, "logvar": logvar}
+    std = torch.exp(0.5 * logvar.float())
+    noise = torch.stack([sample_noise(seed, clip.clip_id, cam, mean.shape[1:]) for cam in clip.cameras])
+    return {"sample": (mean.float() + std * noise.to(std.device)).to(dtype)}
+
+
+def _camera_of(cameras: Any, paths: Any, path: str | None) -> str | None:
+    """The camera whose video is `path` (a decode or encode error names the file)."""
+    return cameras[list(paths).index(path)] if path in paths else None
+
+
+def encode_share(cfg: EncodeConfig, ctx: DistContext, vae: VaeRunner, decoder: Backend, job: JobPlan, num_scenes: int,
+            prepared: PreparedOut, begin_again: Callable[[int, DoneMaskBuilder], PreparedOut], stop: StopRequest,
+            on_progress: Callable[[int, int], None] | None, started: float) -> EncodeSummary:
+    rank, mesh = ctx.info.rank, ctx.mesh
+    todo = job.todo
+    if prepared.complete and not todo:
+        return EncodeSummary(cfg.out, world_size=ctx.info.world_size, sp_size=mesh.sp_size,
+                             untrained_vae=vae.untrained, resumed_clips=prepared.committed_clips,
+                             planned_clips=len(job.clips), scenes=num_scenes, already_complete=True)
+    if prepared.complete:  # the dataset grew: the finished cache is about to change
+        attempt = prepared.attempt
+        prepared, done = ctx.on_rank0(lambda: marking_done(job, lambda mark: begin_again(attempt, mark)))
+        # begin_changes repairs the progress logs: a shard it dropped must be encoded again
+        job = dataclasses.replace(job, done=done)
+    work = job.rank_work(rank)
+    failures = AppendLog(failures_path(cfg.out, rank))
+    if rank == 0:
+        for skip in job.skipped:
+            failures.append(failure_record(skip.scene_id, skip.reason, path=skip.path, camera=skip.camera))
+            log.warning("skipped scene %s: %s%s", skip.scene_id, skip.reason, f" ({skip.path})" if skip.path else "")
+    encoder = encoder_for(cfg.sp_mode)
+    view_indices, sp_plans = encoder.layout(work, [len(batch_views(batch)) for batch in work.batches])
+    counters = RankCounters()
+    dataset = ViewBatchDataset(work.batches, view_indices, cfg.clip.height, cfg.clip.width, cfg.clip.fit, decoder,
+                               cfg.clip.sampling.max_frame_pixels)
+    if cfg.workers:
+        # Workers are forked. A decoder left as cyclic garbage here (FFmpeg frame threads and all) would be
+        # freed by the child's collector, which then waits forever to join threads that do not exist there.
+        gc.collect()
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=None, shuffle=False, num_workers=cfg.workers, pin_memory=ctx.device.type == "cuda",
+        prefetch_factor=4 if cfg.workers else None, worker_init_fn=ignore_stop_signals,
+    )
+    progress_log = AppendLog(progress_path(cfg.out, rank)) if mesh.is_writer else None
+    writer = (ShardWriter(cfg.out, rank, prepared.attempt, cfg.shard_size, progress_log, hash_sources=cfg.hash_sources,
+                          fit=cfg.clip.fit if cfg.clip.bucketed else None)
+              if progress_log else None)
+    sink = _BatchSink(cfg, ctx, vae, writer, failures, counters)
+    loop_started = time.perf_counter()
+    try:
+        for item in views_on_device_ahead(loader, ctx.device):
+            batch, sp_plan = work.batches[item["index"]], sp_plans[item["index"]]
+            # Ranks of one SP group must stop at the same batch, or the all_gather below would hang.
+            if ctx.sp_any(stop.requested):
+                counters.stopped = stop.signal_name or "a peer's signal"
+                break
+            if mesh.sp_size == 1 and len(item["errors"]) == len(batch):  # nothing decoded: no forward to run
+                sink.commit(batch, None, 0, BatchOutcome(dict(item["errors"]), {}, {}))
+                if on_progress is not None:
+                    on_progress(len(batch), len(work.clips))
+                continue
+            set_doing(f"encoding clip {batch[0].clip_id} (batch {item['index'] + 1} of {len(work.batches)})")
+            result = encoder.encode(vae, item["views"], ctx.sp_group)
+            moments = result.mean if result.logvar is None else torch.cat([result.mean, result.logvar], dim=1)
+            moments = gather_views(moments, sp_plan, ctx.sp_group)
+            outcome = _batch_outcome(ctx, sp_plan, batch, item["errors"], item["times"], result)
+            counters.backoffs.extend(result.backoffs)
+            sink.commit(batch, moments, result.mean.shape[1], outcome)
+            if on_progress is not None:
+                on_progress(len(batch), len(work.clips))
+        if writer is not None:
+            writer.close()
+        loop_s = time.perf_counter() - loop_started
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    finally:
+        dataset.close()
+        failures.close()
+        if progress_log is not None:
+            progress_log.close()
+    counters.bytes_written = writer.bytes_written if writer else 0
+    counters.shards = len(writer.committed) if writer else 0
+    summary = EncodeSummary(cfg.out, world_size=ctx.info.world_size, sp_size=mesh.sp_size,
+                            untrained_vae=vae.untrained, resumed_clips=prepared.committed_clips,
+                            planned_clips=len(job.clips), scenes=num_scenes,
+                            startup_s=loop_started - started, encode_s=loop_s, buckets=planned_buckets(cfg, job))
+    set_doing("waiting for the other ranks to finish their shares")
+    # Every rank gathers, stopped or not: a DP group that finished waits here for one that stopped, and all
+    # of them learn that the job stopped (no finalize, exit 75) instead of waiting in finalize for it.
+    for part in ctx.all_gather_object(counters):
+        part.add_to(summary)
+    return summary
+
+
+def planned_buckets(cfg: EncodeConfig, job: JobPlan) -> list[dict[str, Any]]:
+    """A bucketed run's buckets with the clips and views planned in each (committed ones included)."""
+    if not cfg.clip.bucketed or not hasattr(job.clips, "bucket_counts"):
+        return []
+    return [{**bucket.to_record(), "clips": clips, "views": views}
+            for bucket, clips, views in job.clips.bucket_counts()]
+
+
+def _real_views(plan: SPPlan, sp_rank: int, count: int) -> list[int | None]:
+    """For each row this rank encoded: the batch view it is, or None for a padding copy."""
+    if plan.is_local:
+        return list(range(count))
+    start = sp_rank * plan.per_rank
+    return [p if p < plan.num_views else None for p in range(start, start + count)]
+
+
+@dataclass
+class BatchOutcome:
+    """What the SP group learnt about one batch, the same on every rank of the group."""
+
+    errors: dict[int, tuple[str, str, bool]]
+    """Clip index -> (path, reason, whole_file) for clips some rank could not decode or encode; whole_file: the
+    source itself failed (ViewBatchDataset), not these frames."""
+    settings: dict[int, dict[str, Any]]
+    """Batch view -> what produced it (tiling, units per forward)."""
+    times: dict[int, list[float]]
+    """Clip index -> seconds of each of its frames from the video's first frame."""
+
+
+def _batch_outcome(ctx: DistContext, plan: SPPlan, batch: tuple[Clip, ...],
+                   decode_errors: dict[int, tuple[str, str, bool]],
+                   times: dict[int, list[float]], result: Any) -> BatchOutcome:
+    """Merge this rank's decode and encode results for `batch` with its SP peers'."""
+    views = batch_views(batch)
+    errors = dict(decode_errors)
+    times = dict(times)
+    settings: dict[int, dict[str, Any]] = {}
+    for row, view in enumerate(_real_views(plan, ctx.mesh.sp_rank, result.mean.shape[0])):
+        if view is None:
+            continue
+        settings[view] = result.view_settings(row)
+        if row in result.failed:
+            ref = views[view]
+            clip = batch[ref.clip_index]
+            errors.setdefault(ref.clip_index, (clip.paths[ref.camera_index],
+                                               f"camera {clip.cameras[ref.camera_index]}: {result.failed[row]}", False))
+    if ctx.mesh.sp_size > 1 and not plan.is_local:
+        for part_errors, part_settings, part_times in ctx.sp_all_gather_object((errors, settings, times)):
+            for clip_index, error in part_errors.items():
+                errors.setdefault(clip_index, error)
+            settings.update(part_settings)
+            for clip_index, stamps in part_times.items():
+                times.setdefault(clip_index, stamps)
+    return BatchOutcome(errors, settings, times)
+
+
+@dataclass
+class _BatchSink:
+    """Where a gathered batch goes: its clips to the shard writer (writer ranks), its failures to the failure log."""
+
+    cfg: EncodeConfig
+    ctx: DistContext
+    vae: VaeRunner
+    writer: ShardWriter | None
+    failures: AppendLog
+    counters: RankCounters
+    condemned: set[tuple[str, str]] = dataclasses.field(default_factory=set)
+    """(scene, path) whose source failed as a whole: recorded once, as the scene's failure, not per clip."""
+
+    def commit(self, batch: tuple[Clip, ...], moments: torch.Tensor | None, channels: int, outcome: BatchOutcome) -> None:
+        errors, settings = outcome.errors, outcome.settings
+        cfg, writer, counters = self.cfg, self.writer, self.counters
+        view_start = 0
+        for clip_index, clip in enumerate(batch):
+            view_start += clip.num_views
+            if clip_index in errors:
+                path, reason, whole_file = errors[clip_index]
+                if self.ctx.mesh.is_writer:
+                    camera = _camera_of(clip.cameras, clip.paths, path)
+                    if not whole_file:
+                        self.failures.append(failure_record(clip.scene_id, reason, clip=clip.clip_id, path=path,
+                                                            camera=camera))
+                        log.warning("clip %s failed: %s: %s", clip.clip_id, path, reason)
+                    elif (clip.scene_id, path) not in self.condemned:
+                        self.condemned.add((clip.scene_id, path))
+                        self.failures.append(failure_record(clip.scene_id, reason, path=path, camera=camera))
+                        log.warning("scene %s failed: %s: %s (none of its clips is encoded)", clip.scene_id, path,
+                                    reason)
+                    counters.failed += 1
+                if cfg.on_error == "fail":
+                    raise InputError(f"{path}: {reason}")
+                continue
+            if writer is not None:
+                assert moments is not None  # a batch with a clip to store was encoded
+                clip_moments = moments[view_start - clip.num_views:view_start]
+                tensors = clip_tensors(clip, clip_moments, channels, cfg.clip.store, cfg.clip.seed, self.vae.dtype)
+                used = [settings[view_start - clip.num_views + c] for c in range(clip.num_views)]
+                writer.add(clip, tensors, used, outcome.times.get(clip_index))
+                counters.clips += 1
+                counters.views += clip.num_views
+                counters.frames += clip.num_views * len(clip.frames)
+
+
+def marking_done(job: JobPlan, prepare: Callable[[DoneMaskBuilder], PreparedOut]) -> tuple[PreparedOut, DoneMask]:
+    """Rank 0: prepare OUT, marking the committed clips it keeps in the plan. Every rank gets the mask (a bit per
+    planned clip), never the ids: a resume over ten million committed clips sends ~1.25 MB."""
+    marks = DoneMaskBuilder(job.clips)
+    prepared = prepare(marks)
+    return prepared, marks.mask()

@@ -1,0 +1,67 @@
+"""What decides the last bits of the latents besides the settings: torch, the device kind and, on CPU, the
+instruction set and the intra-op thread count; and how a rank's cores are shared between the encode and its
+decode workers."""
+
+from __future__ import annotations
+
+import logging
+
+import os
+from typing import Any
+import torch
+from vaecache.distributed.context import DistContext
+
+log = logging.getLogger("vaecache")
+
+
+def run_numerics(device: torch.device, threads: int) -> dict[str, Any]:
+    """What decides the last bits of the latents besides the settings: torch, the device kind and, on CPU, the
+    kernels' instruction set and the intra-op thread count (oneDNN splits a convolution's work by it).
+
+    Part of the run fingerprint: a resume on another kind of GPU, another torch or (CPU) another thread count
+    would otherwise add latents that differ from the committed ones in the last bits, unnoticed."""
+    numerics: dict[str, Any] = {"torch": torch.__version__, "device": device.type}
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        numerics.update(gpu=torch.cuda.get_device_name(device), capability=f"{major}.{minor}",
+                        cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version())
+    elif device.type == "cpu":
+        numerics.update(cpu_capability=torch.backends.cpu.get_cpu_capability(), threads=threads)
+    return numerics
+
+
+def cpu_thread_budget(ctx: DistContext, workers: int, recorded: int | None = None) -> int:
+    """On CPU, give the VAE the cores this rank can use minus its decode workers; OMP_NUM_THREADS wins, then
+    the count `recorded` by the cache being resumed (another count would change the latents' last bits).
+
+    torch's default (every core) plus decode workers oversubscribes the machine, and busy-waiting
+    OpenMP threads then slow the encode several-fold as soon as anything else runs."""
+    if ctx.device.type != "cpu" or os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    fitting = max(1, _cores_per_rank(ctx) - workers)
+    if recorded and recorded != fitting and ctx.info.rank == 0:
+        log.warning("resuming with %d torch threads per rank, as the cache records (this machine would give %d): "
+                    "another count changes the latents' last bits", recorded, fitting)
+    threads = recorded or fitting
+    torch.set_num_threads(threads)
+    return threads
+
+
+def _cores_per_rank(ctx: DistContext) -> int:
+    return len(os.sched_getaffinity(0)) // max(1, ctx.info.local_world_size)
+
+
+def decode_thread_budget(cores: int, workers: int, main_threads: int) -> int:
+    """FFmpeg threads per video a decode worker opens: the `cores` of a rank its main process leaves, shared by
+    its `workers` (with none, the main process decodes between forwards and may use every core).
+
+    FFmpeg's own default (a thread per core of the machine, in every worker) had decoding preempt the encode:
+    on 2 cores with one worker the same forward ran 4-7% slower inside vaecache than alone (scripts/bench.py)."""
+    if not workers:
+        return max(1, cores)
+    return max(1, (cores - main_threads) // workers)
+
+
+def rank_decode_threads(ctx: DistContext, workers: int, encode_threads: int) -> int:
+    # On CUDA the main thread only launches kernels and copies: one core.
+    return decode_thread_budget(_cores_per_rank(ctx), workers, encode_threads if ctx.device.type == "cpu" else 1)

@@ -1,0 +1,181 @@
+"""The encode loop: plan -> decode (DataLoader workers) -> encode (SP group) -> gather -> write."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import logging
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import vaecache
+from vaecache.settings.clip import STORED_KEYS
+from vaecache.settings.commands import EncodeConfig
+from vaecache.sources.probing import write_probe_records
+from vaecache.distributed.context import DistContext
+from vaecache.distributed.liveness import set_doing
+from vaecache.settings.dtypes import recorded_name
+from vaecache.errors import OutputError, UsageError
+from vaecache.cache.finalize import finalize
+from vaecache.cache.manifest import manifest_header
+from vaecache.cache.layout import probes_path
+from vaecache.cache.outdir import PreparedOut, begin_changes, describe_differences, prepare_out, recorded_numerics_history, release_lock
+from vaecache.cache.provenance import source_identities
+from vaecache.cache.reader import CacheReader
+from vaecache.planning.clips import DoneMaskBuilder
+from vaecache.stop import StopRequest
+from vaecache.vae import VaeRunner
+from vaecache.vae.load import CUDA_NUMERICS
+from vaecache.encode.fingerprint import run_fingerprint
+from vaecache.encode.loop import encode_share
+from vaecache.encode.numerics import run_numerics
+from vaecache.encode.startup import StartUp, start_up
+from vaecache.encode.loop import marking_done
+from vaecache.encode.summary import EncodeSummary
+from vaecache.progress import ProgressFactory, progress_phase
+from vaecache.progress import Advance
+from vaecache.cache.layout import PROBES_DIR
+from vaecache.cache.outdir import recorded_cpu_threads
+from vaecache.encode.numerics import cpu_thread_budget, rank_decode_threads
+from vaecache.encode.startup import StartRequest, check_out_usable, start_notes
+
+log = logging.getLogger("vaecache")
+
+
+def setup_logging(out: Path, rank: int, world: int) -> logging.Handler:
+    """This rank's log file in OUT/logs; none (a handler that drops records) where OUT is read-only: a complete
+    cache on a read-only mount is still confirmed complete."""
+    try:
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+        handler: logging.Handler = logging.FileHandler(out / "logs" / f"rank-{rank:05d}.log")
+    except OSError as exc:
+        if exc.errno != errno.EROFS:
+            raise OutputError(f"{out / 'logs'}: cannot write the rank log ({exc.strerror or exc})") from None
+        handler = logging.NullHandler()
+    handler.setFormatter(logging.Formatter(f"%(asctime)s rank {rank}/{world} %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    return handler
+
+
+def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None = None,
+               progress: ProgressFactory | None = None) -> EncodeSummary:
+    """Encode the dataset into OUT on this rank; returns the job-wide summary.
+
+    `on_progress(clips_done_now, clips_of_this_rank)` is called after each batch; `progress`, where given,
+    shows the probing of this rank's scenes and then its clips."""
+    started = time.perf_counter()
+    # Start-up writes nothing, so a Ctrl-C in it ends the command at once (the CLI prints one line).
+    check_out_usable(cfg.out)
+    start = start_up(StartRequest(cfg.data, cfg.vae, cfg.clip, ctx.device, ctx.info.world_size, ctx.mesh.sp_size,
+                                  cfg.batch_size, cfg.sp_mode, cfg.workers, cfg.allow_pickle_weights, cfg.on_error,
+                                  cfg.out / PROBES_DIR, cfg.probe_workers), ctx, progress)
+    # What --views-per-forward all came to for this dataset: recorded, and compared on resume.
+    cfg = dataclasses.replace(cfg, clip=dataclasses.replace(cfg.clip, views_per_forward=start.job.views_per_forward))
+    # From here on stop signals are caught, so one arriving while OUT is prepared or the manifest is
+    # written cannot kill the rank between commits; the encode loop polls the flag.
+    with StopRequest() as stop:
+        return _run_encode(cfg, ctx, start, stop, on_progress, progress, started)
+
+
+def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopRequest,
+                on_progress: Advance | None, progress: ProgressFactory | None, started: float) -> EncodeSummary:
+    rank, world = ctx.info.rank, ctx.info.world_size
+    mesh, vae = ctx.mesh, start.vae
+    threads = cpu_thread_budget(ctx, cfg.workers, None if cfg.overwrite else recorded_cpu_threads(cfg.out))
+    decoder = dataclasses.replace(start.backend, threads=rank_decode_threads(ctx, cfg.workers, threads))
+    for note in start_notes(start.job, cfg.batch_size, mesh.sp_size, cfg.sp_mode, ctx.device, threads) if rank == 0 else ():
+        log.warning("%s", note)
+    numerics = run_numerics(ctx.device, threads)
+    other_numerics: list[dict[str, Any]] = []  # other ranks', where --allow-other-numerics lets them differ
+    for peer, theirs in enumerate(ctx.all_gather_object(numerics)):
+        if theirs == numerics or theirs in other_numerics:
+            continue
+        if not cfg.allow_other_numerics:
+            differ = "; ".join(describe_differences(numerics, theirs))
+            raise UsageError(f"rank {peer} computes with other numerics than rank {rank} ({differ}): its latents "
+                             "would differ in the last bits; run every rank on the same kind of device and torch "
+                             "(on CPU the same OMP_NUM_THREADS), or --allow-other-numerics to accept that (recorded)")
+        other_numerics.append(theirs)
+    fingerprint = run_fingerprint(cfg, vae, decoder, numerics)
+    sources = source_identities(start.sources, cfg.hash_sources) if rank == 0 else None  # what OUT is made from
+    prepared, done = ctx.on_rank0(lambda: marking_done(start.job, lambda mark: prepare_out(
+        cfg.out, fingerprint, cfg.overwrite, ctx.info.job_id, sources, mark, cfg.allow_other_numerics,
+        other_numerics)))
+
+    def begin_again(attempt: int, mark: DoneMaskBuilder) -> PreparedOut:
+        return begin_changes(cfg.out, attempt, fingerprint, sources, mark, other_numerics)
+
+    job = dataclasses.replace(start.job, done=done)
+    write_probe_records(probes_path(cfg.out, rank), start.probe_records)
+    handler = setup_logging(cfg.out, rank, world)
+    try:
+        log.info("vaecache %s: world %d = DP %d x SP %d, device %s (%d torch threads), %d decode workers "
+                 "(%s, %d FFmpeg threads per video), attempt %d, %d clips already committed", vaecache.__version__,
+                 world, mesh.dp_size, mesh.sp_size, ctx.device, threads, cfg.workers, decoder.choice,
+                 decoder.threads, prepared.attempt, prepared.committed_clips)
+        label = "encode" if mesh.dp_size == 1 else f"encode (rank 0's share of {mesh.dp_size} DP groups)"
+        with progress_phase(progress, label, "clips") as advance:
+            def report(done: int, total: int) -> None:
+                advance(done, total)
+                if on_progress is not None:
+                    on_progress(done, total)
+
+            summary = encode_share(cfg, ctx, vae, decoder, job, start.scenes, prepared, begin_again, stop, report, started)
+        summary.wall_s = time.perf_counter() - started
+        summary.left_out_cameras = start.left_out_cameras
+        summary.repaired = list(prepared.damaged)
+        for name in summary.empty_buckets if rank == 0 else ():
+            log.warning("bucket %s is empty: no scene was assigned to it", name)
+        if summary.stopped:
+            log.warning("stopped early (%s): committed work is kept; rerun the same command to resume", summary.stopped)
+            return summary
+        if summary.already_complete:
+            if rank == 0:
+                cache = CacheReader(cfg.out)
+                summary.skipped = cache.failure_records()
+                summary.latent_shape = cache.manifest.get("latent", {}).get("shape") or {}
+            log.info("%s is complete: all %d planned clips are cached; nothing was changed", cfg.out,
+                     summary.planned_clips)
+            return summary
+        set_doing("writing the manifest" if rank == 0 else "waiting for rank 0 to write the manifest")
+        finalize_started = time.perf_counter()
+        # every rank learns what finalize found, so every rank exits with the same code
+        summary.skipped, summary.latent_shape = ctx.on_rank0(lambda: _finalize(cfg, vae, summary, fingerprint))
+        summary.finalize_s = time.perf_counter() - finalize_started
+        summary.wall_s = time.perf_counter() - started
+        log.info("done: %d clips, %d views in %.1f s", summary.clips, summary.views, summary.wall_s)
+        return summary
+    finally:
+        if rank == 0:
+            release_lock(cfg.out)
+        log.removeHandler(handler)
+        handler.close()
+
+
+def _finalize(cfg: EncodeConfig, vae: VaeRunner, summary: EncodeSummary, fingerprint: dict[str, Any],
+              ) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
+    """Rank 0, after every rank finished: merge progress logs into the manifest, written last. Returns the
+    failure records and the latent shape."""
+    header = manifest_header(
+        producer={"vaecache": vaecache.__version__, "torch": torch.__version__, "python": platform.python_version(),
+                  "numerics": fingerprint.get("numerics"),
+                  **({"numerics_history": history} if (history := recorded_numerics_history(cfg.out)) else {}),
+                  **({"cuda_numerics": CUDA_NUMERICS} if vae.device.type == "cuda" else {})},  # set by load_vae
+        vae=vae.fingerprint(), fingerprint=fingerprint, frame_rule=vae.rule.to_json(),
+        settings={**cfg.clip.to_record(), "decoder": fingerprint["decoder"], "data": str(cfg.data), "batch_size": cfg.batch_size,
+                  "sp_size": cfg.sp_size, "sp_mode": cfg.sp_mode, "world_size": summary.world_size,
+                  "shard_size": cfg.shard_size, "max_frame_pixels": cfg.clip.sampling.max_frame_pixels,
+                  "vae_spec": cfg.vae},
+        store=list(STORED_KEYS[cfg.clip.store]), dtype=recorded_name(vae.dtype), planned_clips=summary.planned_clips,
+        oom_backoffs=len(summary.backoffs))
+    if cfg.clip.bucketed:  # finalize counts the clips of each; the per-view shape comes from the VAE
+        header["buckets"] = [{**bucket.to_record(),
+                              "view_shape": list(vae.latent_shape(bucket.num_frames, bucket.height, bucket.width))}
+                             for bucket in cfg.clip.buckets()]
+    manifest = finalize(cfg.out, header)
+    return CacheReader(cfg.out).failure_records(), manifest["latent"]["shape"] or {}

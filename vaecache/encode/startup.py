@@ -1,0 +1,129 @@
+"""Start-up, shared by encode and plan: the decoder, DATA's scenes, their probes, the job plan and the VAE,
+checked in that order so that a typo fails before anything slow runs. It writes nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vaecache.distributed.liveness import set_doing
+from vaecache.errors import InputError, UsageError
+from vaecache.parallel.encoders import encoder_for
+from vaecache.planning.jobs import JobPlan, plan_job, sp_repeats_advice
+from vaecache.progress import ProgressFactory, progress_phase
+from vaecache.settings.clip import ClipSettings
+from vaecache.sources.discover import discover
+from vaecache.sources.probing import probe_dataset
+from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
+from vaecache.sources.scene import SceneProbe
+from vaecache.vae import VaeRunner, load_vae
+from vaecache.video.backends import Backend, resolve_decoder
+
+log = logging.getLogger("vaecache")
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    """What encode and plan both start from: the data, the VAE and clip settings, and the shape of the job."""
+
+    data: Path
+    vae: str
+    clip: ClipSettings
+    device: torch.device
+    world_size: int = 1
+    sp_size: int = 1
+    batch_size: int = 1
+    sp_mode: str = "views"
+    workers: int = 0
+    """Decode workers per rank (the decoder backend is resolved for them)."""
+    allow_pickle_weights: bool = False
+    on_error: str = "skip"
+    """"fail": the first scene that cannot be used stops the start (InputError)."""
+    probe_cache: Path | None = None
+    """A folder of per-rank probe-cache files (OUT/probes) that spares opening videos probed before."""
+    probe_workers: int = DEFAULT_PROBE_WORKERS
+    keep_probes: bool = False
+    """Keep every scene's probe in StartUp.probes (plan lists scenes; encode plans from them and lets them go)."""
+
+
+@dataclass(frozen=True)
+class StartUp:
+    """What start-up found before OUT is touched."""
+
+    job: JobPlan
+    """The job plan, the scenes that cannot be used (job.skipped) included."""
+    scenes: int
+    vae: VaeRunner
+    backend: Backend
+    """The resolved --decoder (its threads set later, by the rank's thread budget)."""
+    probe_records: tuple[dict[str, Any], ...]
+    """This rank's new probe-cache records, written to OUT/probes once OUT is prepared."""
+    sources: tuple[str, ...]
+    """Every source video the discovered scenes name (skipped scenes too)."""
+    left_out_cameras: dict[str, int]
+    cameras: tuple[str, ...] = ()
+    """The chosen camera set (the first scene's cameras)."""
+    probes: dict[str, SceneProbe] = field(default_factory=dict)
+    """With StartRequest.keep_probes: every scene's probe."""
+
+
+def start_up(request: StartRequest, ctx: Any = None, progress: ProgressFactory | None = None) -> StartUp:
+    """Everything that can be checked without the VAE first (the decoder, DATA, the probes, the plan), then the
+    VAE and what the settings need of it. Under several ranks (`ctx`) every rank plans alike (probing.probe_dataset
+    shares the probes)."""
+    backend = resolve_decoder(request.clip.decoder, request.device, request.workers)
+    found = discover(request.data, request.clip.cameras)
+    cache = request.probe_cache
+    with progress_phase(progress, "probe", "scenes") as advance:
+        probed = probe_dataset(found.scenes, ctx, workers=request.probe_workers, advance=advance,
+                               cache_paths=(lambda: cache.glob("rank-*.jsonl")) if cache is not None else tuple)
+    encoder = encoder_for(request.sp_mode)
+    job = plan_job(found.scenes, probed.probes, request.clip.sampling, request.world_size, request.sp_size,
+                   request.batch_size, sizes=request.clip.sizes,
+                   views_per_forward=encoder.views_per_forward(request.clip.views_per_forward),
+                   device_type=request.device.type)
+    job = dataclasses.replace(job, skipped=(*found.rejected, *job.skipped))
+    if job.skipped and request.on_error == "fail":
+        first = job.skipped[0]
+        raise InputError(f"{first.path or first.scene_id}: {first.reason} (scene {first.scene_id}; --on-error fail)")
+    set_doing(f"loading the VAE {request.vae}")
+    clip = request.clip
+    vae = load_vae(request.vae, request.device, clip.dtype, tiling=clip.tiling, views_per_forward=job.views_per_forward,
+                   allow_pickle_weights=request.allow_pickle_weights, compiled=clip.compiled,
+                   channels_last=clip.channels_last)
+    vae.rule.check_buckets(clip.sampling.lengths, clip.sizes)
+    if clip.store != "mean" and not vae.has_logvar:
+        raise UsageError(f"--store {clip.store} needs the posterior log-variance, and {request.vae} gives only a mean; "
+                         "use --store mean")
+    encoder.check(clip, vae, request.sp_size, request.vae)
+    sources = tuple(sorted({path for scene in found.scenes for path in scene.paths if path is not None}))
+    return StartUp(job, len(found.scenes), vae, backend, tuple(probed.records), sources, dict(found.left_out_cameras),
+                   found.scenes[0].cameras if found.scenes else (), probed.probes if request.keep_probes else {})
+
+
+def start_notes(job: JobPlan, batch_size: int, sp_size: int, sp_mode: str, device: torch.device,
+                threads: int | None = None) -> list[str]:
+    """What a user should know about this plan before it runs: an SP group that would encode repeats, and views
+    batched on CPU (whose bits depend on the thread count). Encode logs them, plan lists them."""
+    notes = []
+    advice = sp_repeats_advice(batch_size, job.clips.views_per_clip(), job.views_per_forward,
+                               sp_size) if sp_mode == "views" else None
+    if advice:
+        notes.append(advice)
+    if job.views_per_forward > 1 and device.type == "cpu":
+        per_rank = f" ({threads} per rank here)" if threads is not None else ""
+        notes.append(f"{job.views_per_forward} views per forward on CPU: oneDNN gives a batched forward other bits "
+                     f"for another intra-op thread count{per_rank}, so every run of one cache needs the same threads "
+                     "per rank (OMP_NUM_THREADS) to match bit for bit")
+    return notes
+
+
+def check_out_usable(out: Path) -> None:
+    """What can be told about OUT without the run fingerprint (prepare_out checks the rest)."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out}: --out exists and is not a folder")
