@@ -169,7 +169,7 @@ def run_vaecache(args: argparse.Namespace, data: Path, out: Path, height: int, w
     import vaecache.encode.startup as startup
     from vaecache.settings.clip import ClipSettings, SamplingConfig
     from vaecache.settings.commands import EncodeConfig
-    from vaecache.settings.loader import parse_bytes
+    from vaecache.settings.options import parse_bytes
     from vaecache.distributed.context import distributed
 
     clip = ClipSettings(SamplingConfig(num_frames=args.num_frames), height, width, dtype=args.dtype, store=args.store,

@@ -10,7 +10,7 @@ import torch
 
 from vaecache.settings.buckets import Bucket, fit_geometry, nearest_size, parse_lengths, parse_sizes
 from vaecache.settings.clip import ClipSettings, SamplingConfig
-from vaecache.settings.loader import load_toml, pop_clip_options
+from vaecache.settings.loader import clip_settings as pop_clip_options, load_toml
 from vaecache.video.resize import resize_fit, to_model_range
 from vaecache.errors import FrameRuleError, UsageError
 from vaecache.cache.writer import geometry_record

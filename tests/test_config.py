@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -10,7 +12,8 @@ import pytest
 from vaecache.cli.encode import build_config
 from vaecache.settings.clip import ClipSettings, SamplingConfig
 from vaecache.settings.commands import EncodeConfig
-from vaecache.settings.loader import load_toml, parse_bytes
+from vaecache.settings.loader import load_toml
+from vaecache.settings.options import parse_bytes
 from vaecache.settings.buckets import parse_size
 from vaecache.errors import FrameRuleError, UsageError, VaeSpecError
 from vaecache.vae import VaeRunner, load_vae
@@ -169,7 +172,7 @@ EXAMPLE_CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob(
 
 @pytest.mark.parametrize("path", EXAMPLE_CONFIGS, ids=[p.name for p in EXAMPLE_CONFIGS])
 def test_example_configs_build(path: Path) -> None:
-    cfg = build_config(Path("data"), Path("out"), None, {}, path)
+    cfg = build_config(Path("data"), {"out": Path("out")}, path)
     assert cfg.vae and cfg.clip.sampling.num_frames >= 1 and cfg.clip.height >= 1
 
 
@@ -177,21 +180,21 @@ def test_flags_win_over_the_config_file(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text('vae = "diffusers:/models/wan"\nnum_frames = 17\nsize = "64x64"\nbatch_size = 4\n'
                     'cameras = ["b", "a"]\nshard_size = "1MiB"\n')
-    cfg = build_config(Path("d"), Path("o"), "builtin:tiny", {"num_frames": 9, "batch_size": None}, path)
+    cfg = build_config(Path("d"), {"out": Path("o"), "vae": "builtin:tiny", "num_frames": 9, "batch_size": None}, path)
     assert cfg.vae == "builtin:tiny"
     assert cfg.clip.sampling.num_frames == 9
     assert cfg.batch_size == 4  # unset flag: the file's value
     assert cfg.clip.cameras == ("b", "a") and cfg.shard_size == 2**20
     assert (cfg.clip.height, cfg.clip.width) == (64, 64)
-    from_file = build_config(Path("d"), Path("o"), None, {}, path)
+    from_file = build_config(Path("d"), {"out": Path("o")}, path)
     assert from_file.vae == "diffusers:/models/wan"
 
 
 def test_config_file_can_name_the_output_folder(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text('out = "cache"\nvae = "builtin:tiny"\nnum_frames = 9\nsize = "64x64"\n')
-    assert build_config(Path("d"), None, None, {}, path).out == Path("cache")
-    assert build_config(Path("d"), Path("flag"), None, {}, path).out == Path("flag")
+    assert build_config(Path("d"), {}, path).out == Path("cache")
+    assert build_config(Path("d"), {"out": Path("flag")}, path).out == Path("flag")
 
 
 @pytest.mark.parametrize(("out", "vae", "options", "match"), [
@@ -203,12 +206,12 @@ def test_config_file_can_name_the_output_folder(tmp_path: Path) -> None:
 ])
 def test_required_flags(out: Path | None, vae: str | None, options: dict, match: str) -> None:
     with pytest.raises(UsageError, match=match):
-        build_config(Path("d"), out, vae, options, None)
+        build_config(Path("d"), {"out": out, "vae": vae, **options}, None)
 
 
 def test_camera_flag_is_a_comma_separated_order() -> None:
     options = {"num_frames": 9, "size": "64x64", "cameras": " c, a ,b "}
-    cfg = build_config(Path("d"), Path("o"), "builtin:tiny", options, None)
+    cfg = build_config(Path("d"), {"out": Path("o"), "vae": "builtin:tiny", **options}, None)
     assert cfg.clip.cameras == ("c", "a", "b")
 
 
@@ -250,3 +253,51 @@ def test_frame_rule_names_the_nearest_valid_values(tiny: VaeRunner, frames: int,
 def test_bad_vae_specs(spec: str, match: str) -> None:
     with pytest.raises(VaeSpecError, match=match):
         load_vae(spec)
+
+
+# --------------------------------------------------------------------------- one option table for encode and plan
+
+def _every_encode_key(tmp_path: Path, data: Path) -> Path:
+    """A TOML file giving every setting encode takes (valid values), as one shared by encode and plan would."""
+    values = {"out": str(tmp_path / "out"), "vae": "builtin:tiny", "num_frames": 9, "size": "64x64", "frame_stride": 1,
+              "frames_policy": "longest", "fit": "cover", "decoder": "pyav", "window_stride": 9,
+              "max_clips_per_scene": 4, "max_frame_pixels": 1 << 20, "cameras": ["cam_0", "cam_1"], "dtype": "fp32",
+              "device": "cpu", "store": "mean-logvar", "seed": 3, "tiling": False, "compile": False,
+              "channels_last": False, "views_per_forward": 1, "batch_size": 1, "workers": 0, "probe_workers": 2,
+              "sp_size": 1, "sp_mode": "views", "shard_size": "1MiB", "on_error": "skip", "overwrite": False,
+              "hash_sources": False, "allow_other_numerics": False, "allow_pickle_weights": False, "timeout": 600,
+              "liveness-timeout": 30, "progress": False}
+    from vaecache.settings.options import ENCODE, options_of
+
+    assert {key.replace("-", "_") for key in values} == {o.name for o in options_of(ENCODE)}  # every one, no other
+    path = tmp_path / "shared.toml"
+    path.write_text("".join(f"{key} = {json.dumps(value)}\n" for key, value in values.items()))
+    return path
+
+
+def test_plan_reads_a_config_with_every_key_encode_accepts(demo_data: Path, tmp_path: Path, run_cli) -> None:
+    """`liveness-timeout = 30` in a shared file once ended plan in `unexpected TypeError`."""
+    config = _every_encode_key(tmp_path, demo_data)
+    result = run_cli(["plan", demo_data, "--config", config, "--no-measure"])
+    assert result.exit_code == 0, result.output
+    assert "unexpected" not in result.output
+    cfg = build_config(demo_data, {}, config)
+    assert (cfg.liveness_timeout_s, cfg.timeout_s, cfg.shard_size, cfg.probe_workers) == (30.0, 600, 2**20, 2)
+
+
+def test_every_flag_of_encode_and_plan_comes_from_the_option_table(run_cli) -> None:
+    from vaecache.settings.options import OPTIONS
+
+    helps = {command: run_cli([command, "--help"], env={"COLUMNS": "250"}).output for command in ("encode", "plan")}
+    for option in OPTIONS:
+        for command, text in helps.items():
+            flag = option.flag.split("/")[0]
+            assert (re.search(rf"{re.escape(flag)}\b", text) is not None) == (command in option.commands), (command, flag)
+
+
+def test_an_unknown_key_is_named_with_the_nearest_known_one(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("batchsize = 2\nliveness_timout = 3\n")
+    with pytest.raises(UsageError, match=r"unknown setting\(s\) batchsize, liveness_timout \(did you mean batch_size "
+                                         r"or liveness_timeout\?\)"):
+        load_toml(path)

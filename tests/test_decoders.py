@@ -204,11 +204,11 @@ def test_decoder_comes_from_the_toml_config_and_the_flag_wins(tmp_path: Path) ->
 
     config = tmp_path / "encode.toml"
     config.write_text('vae = "builtin:tiny"\nnum-frames = 5\nsize = "32x32"\ndecoder = "decord"\n')
-    assert build_config(tmp_path, tmp_path / "out", None, {}, config).clip.decoder == "decord"
-    assert build_config(tmp_path, tmp_path / "out", None, {"decoder": "pyav"}, config).clip.decoder == "pyav"
+    assert build_config(tmp_path, {"out": tmp_path / "out"}, config).clip.decoder == "decord"
+    assert build_config(tmp_path, {"out": tmp_path / "out", "decoder": "pyav"}, config).clip.decoder == "pyav"
     config.write_text('vae = "builtin:tiny"\nnum-frames = 5\nsize = "32x32"\ndecoder = "ffmpeg"\n')
     with pytest.raises(UsageError, match="--decoder must be one of"):
-        build_config(tmp_path, tmp_path / "out", None, {}, config)
+        build_config(tmp_path, {"out": tmp_path / "out"}, config)
 
 
 def test_decord_refuses_10_bit_420_whose_colours_differ(tmp_path: Path) -> None:

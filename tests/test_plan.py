@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from vaecache.settings.clip import ClipSettings, SamplingConfig
-from vaecache.settings.loader import load_toml, pop_clip_options
+from vaecache.settings.loader import clip_settings as pop_clip_options, load_toml
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.planning.report import Measurement, dp_shares, fits_views_per_forward
 from vaecache.settings.commands import PlanConfig

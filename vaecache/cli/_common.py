@@ -11,7 +11,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional, TypeVar
+from typing import Any, Callable, TypeVar
 
 import typer
 from rich.console import Console
@@ -19,44 +19,12 @@ from rich.markup import escape
 
 from vaecache import stop
 from vaecache.distributed.launch import launcher_rank_world
-from vaecache.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError, VaecacheError
+from vaecache.errors import EXIT_FAILED, EXIT_INTERRUPTED, UsageError, VaecacheError
 
 F = TypeVar("F", bound=Callable[..., Any])
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 QUIET_RANK_EXIT_DELAY_S = 2.0
 """How long a rank that leaves a usage error for rank 0 to print waits before it exits."""
-REQUIRED_PANEL = "Required (flag or --config)"
-"""The --help panel for options that must come from a flag or the TOML file."""
-
-# Options encode and plan share. Required, yet Optional here: each may come from --config instead.
-VaeOption = Annotated[Optional[str], typer.Option(
-    "--vae", rich_help_panel=REQUIRED_PANEL,
-    help="builtin:tiny | builtin:small | diffusers:PATH\\[#subfolder] | python:module:function. "
-         "\\[required, or in --config]")]
-NumFramesOption = Annotated[Optional[str], typer.Option(
-    "--num-frames", rich_help_panel=REQUIRED_PANEL,
-    help="Frames per clip, or frame buckets 17,33,49 (see --frames-policy); checked against the VAE's rule. "
-         "\\[required, or in --config]")]
-MaxFramePixelsOption = Annotated[Optional[int], typer.Option(
-    "--max-frame-pixels", help="Refuse (a recorded failure, decided from the probe before decoding) videos whose "
-                               "frames have more pixels than this (default 67108864 = 8192x8192).")]
-SizeOption = Annotated[Optional[str], typer.Option(
-    "--size", rich_help_panel=REQUIRED_PANEL,
-    help="HxW, or size buckets 480x832,832x480,624x624 or a preset (wan-480p, wan-720p): each scene goes to the "
-         "bucket nearest in aspect (see --fit). \\[required, or in --config]")]
-FramesPolicyOption = Annotated[Optional[str], typer.Option(
-    "--frames-policy", help="With several --num-frames: longest (default: the longest that fits each scene) | all "
-                            "(clips at every length that fits).")]
-FitOption = Annotated[Optional[str], typer.Option(
-    "--fit", help="cover (default: resize to cover, centre-crop) | contain (resize to fit, pad mid grey) | stretch. "
-                  "Recorded per clip with the crop box.")]
-
-DecoderOption = Annotated[Optional[str], typer.Option(
-    "--decoder", help="auto (default: pyav here, the fastest byte-identical backend) | pyav | decord (forward-only, "
-                      "byte-identical to pyav on the tests, slower) | torchcodec (cpu, or NVDEC with a CUDA device; "
-                      "its pixels may differ from pyav's, so its latents do too). Recorded; a cache never mixes them.")]
-
-
 def debug_enabled() -> bool:
     return os.environ.get("VAECACHE_DEBUG", "") not in ("", "0")
 
@@ -153,6 +121,3 @@ def stdout_is_tty() -> bool:
     return sys.stdout.isatty()
 
 
-__all__ = ["DecoderOption", "MaxFramePixelsOption", "FitOption", "FramesPolicyOption", "EXIT_INTERRUPTED", "EXIT_USAGE", "REQUIRED_PANEL", "console", "check_json_target", "debug_enabled",
-           "human_bytes", "interrupted_message", "is_launcher_rank0", "launcher_rank_world", "report_errors",
-           "write_json"]

@@ -14,35 +14,20 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vaecache.cli._common import (MaxFramePixelsOption, REQUIRED_PANEL, DecoderOption, FitOption, FramesPolicyOption, NumFramesOption, SizeOption, VaeOption,
-                                  check_json_target, console,
-                                  human_bytes, launcher_rank_world, report_errors, write_json)
+from vaecache.cli._common import check_json_target, console, human_bytes, launcher_rank_world, report_errors, write_json
+from vaecache.cli.options import ConfigOption, DataArgument, with_setting_flags
 from vaecache.settings.commands import EncodeConfig
-from vaecache.settings.loader import check_option_syntax, load_toml, parse_bytes, pop_clip_options
+from vaecache.settings.loader import load_settings
+from vaecache.settings.options import ENCODE
 from vaecache.errors import DatasetError, UsageError
 from vaecache.progress import progress as progress_reporter
 
 if TYPE_CHECKING:
     from vaecache.encode.summary import EncodeSummary
 
-def build_config(data: Path, out: Path | None, vae: str | None, options: dict[str, Any], config_file: Path | None) -> EncodeConfig:
-    """CLI flags override the TOML file; both use the long option names."""
-    merged: dict[str, Any] = load_toml(config_file) if config_file else {}
-    merged.update({key: value for key, value in options.items() if value is not None})
-    check_option_syntax(merged)
-    toml_out, toml_vae = merged.pop("out", None), merged.pop("vae", None)  # flags win over the file
-    out = out if out is not None else toml_out
-    if out is None:
-        raise UsageError("--out is required: the folder the latent cache is written to")
-    vae = vae or toml_vae
-    if not vae:
-        raise UsageError("--vae is required (builtin:tiny, builtin:small, diffusers:PATH or python:module:function); "
-                         "there is no default, so a forgotten flag cannot produce silent garbage")
-    clip = pop_clip_options(merged)
-    if "shard_size" in merged:
-        merged["shard_size"] = parse_bytes(merged["shard_size"])
-    merged.pop("data", None)
-    return EncodeConfig(data=Path(data), out=Path(out), vae=vae, clip=clip, **merged)
+def build_config(data: Path, flags: dict[str, Any], config_file: Path | None) -> EncodeConfig:
+    """The encode settings: flags (option name -> value, None: not given) over the TOML file."""
+    return load_settings(ENCODE, data, flags, config_file)  # type: ignore[return-value]
 
 
 def check_usage_before_start(cfg: EncodeConfig, environ: dict[str, str] | None = None) -> None:
@@ -67,76 +52,17 @@ def summary_json(summary: EncodeSummary) -> dict[str, Any]:
 
 
 @report_errors
+@with_setting_flags(ENCODE)
 def encode(
-    data: Path = typer.Argument(..., help="Dataset: DATA/<scene>/<camera>.mp4, a folder of videos, or a .jsonl index."),
-    # Required, yet Optional here: each may come from --config instead (checked in build_config).
-    out: Optional[Path] = typer.Option(None, "--out", "-o", rich_help_panel=REQUIRED_PANEL,
-                                       help="Output folder for shards and manifest. \\[required, or in --config]"),
-    vae: VaeOption = None,
-    num_frames: NumFramesOption = None,
-    size: SizeOption = None,
-    frame_stride: Optional[int] = typer.Option(None, "--frame-stride", help="Use every S-th source frame (default 1)."),
-    frames_policy: FramesPolicyOption = None,
-    fit: FitOption = None,
-    decoder: DecoderOption = None,
-    window_stride: Optional[int] = typer.Option(None, "--window-stride", help="Source frames between clip starts (default: no overlap)."),
-    max_clips_per_scene: Optional[int] = typer.Option(None, "--max-clips-per-scene", help="Keep the first K clips of each scene."),
-    max_frame_pixels: MaxFramePixelsOption = None,
-    cameras: Optional[str] = typer.Option(None, "--cameras", help="Comma-separated camera order (default: names sorted)."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32 | bf16 | fp16: VAE compute and stored dtype (default fp32)."),
-    device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda (auto: cuda:LOCAL_RANK when available)."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Clips per batch (B*cameras views)."),
-    workers: Optional[int] = typer.Option(None, "--workers", help="Decode worker processes per rank (default 2)."),
-    shard_size: Optional[str] = typer.Option(None, "--shard-size", help="Roll shards at this many bytes (default 256MiB)."),
-    store: Optional[str] = typer.Option(None, "--store", help="mean-logvar (default) | mean | sample"),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for --store sample noise (per clip and camera)."),
-    sp_size: Optional[int] = typer.Option(None, "--sp-size", help="Ranks per sequence-parallel group (world = DP x SP)."),
-    sp_mode: Optional[str] = typer.Option(None, "--sp-mode", help="views (default): split the views of a batch over the "
-                                          "SP group | spatial: split every view's rows into bands (Wan VAEs; recorded)."),
-    on_error: Optional[str] = typer.Option(None, "--on-error", help="skip (default: record bad inputs, go on) | fail"),
-    tiling: Optional[bool] = typer.Option(None, "--tiling/--no-tiling", help="Use the VAE's own tiling: less memory, different latents (recorded)."),
-    compiled: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="Run the encoder through torch.compile "
-                                            "(compiled once per input shape; its kernels may round differently: recorded)."),
-    channels_last: Optional[bool] = typer.Option(None, "--channels-last/--no-channels-last", help="Convolution weights "
-                                                 "and inputs in channels-last memory format (other kernels, other "
-                                                 "rounding: recorded)."),
-    views_per_forward: Optional[str] = typer.Option(None, "--views-per-forward", help="auto | all | K: views of one clip "
-                                                    "per VAE forward (default auto: all on CUDA, 1 on CPU; K must "
-                                                    "divide the cameras). "
-                                                    "Latents depend on K only, never on batch, SP or world size "
-                                                    "(recorded); SP splits batches in units of K views."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Discard what OUT holds and start over."),
-    hash_sources: bool = typer.Option(False, "--hash-sources", help="Record each source video's sha256 (besides size "
-                                      "and mtime): a resume then tells changed content from a touched file."),
-    allow_other_numerics: bool = typer.Option(False, "--allow-other-numerics", help="Resume OUT on other numerics than "
-                                              "it records (another GPU model, torch or CPU thread count; ranks too "
-                                              "may differ): latents added may differ in the last bits; the manifest "
-                                              "lists every numerics used."),
-    allow_pickle_weights: bool = typer.Option(False, "--allow-pickle-weights", help="Let a diffusers VAE folder holding only pickled .bin weights load (pickle runs code: trust the folder)."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds before a stuck collective fails the job (default 1800)."),
-    liveness_timeout: Optional[float] = typer.Option(None, "--liveness-timeout", help="Seconds without a heartbeat "
-                                                     "before a stopped rank fails the job, named with its host "
-                                                     "(default 60; 0: off)."),
-    config: Optional[Path] = typer.Option(None, "--config", help="TOML file with these options (flags win)."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress on rank 0: a bar in a terminal, "
-                                  "a line every 30 s (VAECACHE_PROGRESS_INTERVAL) in a log."),
+    data: DataArgument,
+    config: ConfigOption = None,
     json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the summary as JSON to this file "
                                              "('-': stdout), from rank 0."),
+    *,
+    flags: dict[str, Any],
 ) -> None:
     """Encode a video dataset into safetensors latent shards plus a manifest."""
-    options = {
-        "num_frames": num_frames, "size": size, "frame_stride": frame_stride, "frames_policy": frames_policy,
-        "fit": fit, "decoder": decoder, "window_stride": window_stride,
-        "max_clips_per_scene": max_clips_per_scene, "max_frame_pixels": max_frame_pixels, "cameras": cameras, "dtype": dtype, "device": device,
-        "batch_size": batch_size, "workers": workers, "shard_size": shard_size, "store": store, "seed": seed,
-        "sp_size": sp_size, "sp_mode": sp_mode, "on_error": on_error, "overwrite": overwrite or None, "timeout_s": timeout,
-        "liveness_timeout_s": liveness_timeout,
-        "progress": None if progress else False, "tiling": tiling, "compiled": compiled, "channels_last": channels_last,
-        "views_per_forward": views_per_forward,
-        "allow_pickle_weights": allow_pickle_weights or None, "hash_sources": hash_sources or None,
-        "allow_other_numerics": allow_other_numerics or None,
-    }
-    cfg = build_config(data, out, vae, options, config)
+    cfg = build_config(data, flags, config)
     check_usage_before_start(cfg)
     check_json_target(json_file)
 

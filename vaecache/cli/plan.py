@@ -9,41 +9,23 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vaecache.cli._common import (MaxFramePixelsOption, DecoderOption, FitOption, FramesPolicyOption, NumFramesOption, SizeOption, VaeOption,
-                                  check_json_target, console, human_bytes, report_errors, write_json)
-from vaecache.settings.loader import check_option_syntax, load_toml, parse_bytes, pop_clip_options
-from vaecache.errors import DatasetError, UsageError
+from vaecache.cli._common import check_json_target, console, human_bytes, report_errors, write_json
+from vaecache.cli.options import ConfigOption, DataArgument, with_setting_flags
+from vaecache.settings.loader import load_settings
+from vaecache.settings.options import PLAN
+from vaecache.errors import DatasetError
 
 if TYPE_CHECKING:
     from vaecache.settings.commands import PlanConfig
     from vaecache.planning.report import PlanReport
 
 MAX_ROWS = 16
-# Encode options a shared TOML may hold that do not change the plan.
-_ENCODE_ONLY = ("out", "shard_size", "seed", "on_error", "overwrite", "timeout_s", "progress",
-                "hash_sources", "allow_other_numerics")
 
 
-def build_plan_config(data: Path, options: dict[str, Any], config_file: Path | None) -> PlanConfig:
-    """CLI flags override the TOML file (the same file `vaecache encode --config` reads)."""
-    merged: dict[str, Any] = load_toml(config_file) if config_file else {}
-    merged.update({key: value for key, value in options.items() if value is not None})
-    check_option_syntax(merged)
-    for key in _ENCODE_ONLY + ("data",):
-        merged.pop(key, None)
-    if not merged.get("vae"):
-        raise UsageError("--vae is required (builtin:tiny, builtin:small, diffusers:PATH[#subfolder] or "
-                         "python:module:function)")
-    clip = pop_clip_options(merged)
-    budget = merged.pop("memory_budget", None)
-    if budget is not None:
-        try:
-            budget = parse_bytes(budget)
-        except UsageError:
-            raise UsageError(f"--memory-budget must be a byte count like 8GiB or 500MB, got {budget!r}") from None
-    from vaecache.settings.commands import PlanConfig
-
-    return PlanConfig(data=Path(data), clip=clip, memory_budget=budget, **merged)
+def build_plan_config(data: Path, flags: dict[str, Any], config_file: Path | None,
+                      clip_ids: bool = True) -> PlanConfig:
+    """The plan settings: flags over the TOML file (the same file `vaecache encode --config` reads)."""
+    return load_settings(PLAN, data, flags, config_file, extra={"clip_ids": clip_ids})  # type: ignore[return-value]
 
 
 def summary_table(report: PlanReport) -> Table:
@@ -141,55 +123,19 @@ def _duration(seconds: float) -> str:
 
 
 @report_errors
+@with_setting_flags(PLAN)
 def plan(
-    data: Path = typer.Argument(..., help="Dataset: DATA/<scene>/<camera>.mp4, a folder of videos, or a .jsonl index."),
-    vae: VaeOption = None,
-    num_frames: NumFramesOption = None,
-    size: SizeOption = None,
-    frame_stride: Optional[int] = typer.Option(None, "--frame-stride", help="Use every S-th source frame (default 1)."),
-    frames_policy: FramesPolicyOption = None,
-    fit: FitOption = None,
-    decoder: DecoderOption = None,
-    window_stride: Optional[int] = typer.Option(None, "--window-stride", help="Source frames between clip starts."),
-    max_clips_per_scene: Optional[int] = typer.Option(None, "--max-clips-per-scene", help="Keep the first K clips of each scene."),
-    max_frame_pixels: MaxFramePixelsOption = None,
-    cameras: Optional[str] = typer.Option(None, "--cameras", help="Comma-separated camera order (default: names sorted)."),
-    world_size: Optional[int] = typer.Option(None, "--world-size", help="Ranks to plan for (default 1)."),
-    sp_size: Optional[int] = typer.Option(None, "--sp-size", help="Ranks per sequence-parallel group (default 1)."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Clips per batch (default 1)."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32 | bf16 | fp16 (default fp32)."),
-    device: Optional[str] = typer.Option(None, "--device", help="Where to measure: auto | cpu | cuda[:N] (default auto)."),
-    store: Optional[str] = typer.Option(None, "--store", help="mean-logvar (default) | mean | sample: what is counted in bytes."),
-    tiling: Optional[bool] = typer.Option(None, "--tiling/--no-tiling", help="Measure with the VAE's own tiling."),
-    compiled: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="Measure with the encoder compiled "
-                                            "(torch.compile; the warm-up forward pays the compile)."),
-    channels_last: Optional[bool] = typer.Option(None, "--channels-last/--no-channels-last", help="Measure with "
-                                                 "convolution weights and inputs in channels-last memory format."),
-    views_per_forward: Optional[str] = typer.Option(None, "--views-per-forward", help="auto | all | K: views of one clip "
-                                                    "per VAE forward (default auto: all on CUDA, 1 on CPU; K must "
-                                                    "divide the cameras)."),
-    memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Device memory per rank, e.g. 8GiB: report the largest micro-batch that fits."),
-    measure: bool = typer.Option(True, "--measure/--no-measure", help="Encode one real clip to measure time and memory."),
-    allow_pickle_weights: bool = typer.Option(False, "--allow-pickle-weights", help="Let a diffusers VAE folder holding only pickled .bin weights load (pickle runs code: trust the folder)."),
+    data: DataArgument,
     json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file ('-': stdout)."),
-    config: Optional[Path] = typer.Option(None, "--config", help="TOML file with encode options (flags win)."),
+    config: ConfigOption = None,
+    *,
+    flags: dict[str, Any],
 ) -> None:
     """Dry run: scenes, clips, latent shapes and bytes, the split over ranks, a measured ETA."""
-    options = {
-        "vae": vae, "num_frames": num_frames, "size": size, "frame_stride": frame_stride,
-        "frames_policy": frames_policy, "fit": fit, "decoder": decoder,
-        "window_stride": window_stride, "max_clips_per_scene": max_clips_per_scene, "max_frame_pixels": max_frame_pixels, "cameras": cameras,
-        "world_size": world_size, "sp_size": sp_size, "batch_size": batch_size, "dtype": dtype, "device": device,
-        "store": store, "tiling": tiling, "compiled": compiled, "channels_last": channels_last,
-        "views_per_forward": views_per_forward,
-        "memory_budget": memory_budget, "measure": None if measure else False,
-        "allow_pickle_weights": allow_pickle_weights or None,
-        "clip_ids": json_file is not None,  # only the JSON report lists every group's clip ids
-    }
     if not data.exists():
         raise DatasetError(f"{data}: dataset path does not exist")
     check_json_target(json_file)
-    cfg = build_plan_config(data, options, config)
+    cfg = build_plan_config(data, flags, config, clip_ids=json_file is not None)  # only the JSON lists clip ids
     from vaecache.encode.dry_run import build_plan
 
     report = build_plan(cfg)

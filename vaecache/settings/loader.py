@@ -1,83 +1,37 @@
-"""Settings from flags over a TOML file."""
+"""The one loader of encode's and plan's settings: a TOML file (optional) under the flags, read through the
+option table (vaecache.settings.options), into the command's frozen settings (vaecache.settings.commands).
+
+Flags win over the file. A file's keys are the long flag names (dashes or underscores; `[encode]` or `[plan]`
+may hold them); a key of the other command is accepted (one file may serve both) and does not apply; an unknown key
+or a value of the wrong type is refused naming the file and the key.
+"""
 
 from __future__ import annotations
 
-import re
-from dataclasses import fields
+import dataclasses
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
-from vaecache.settings.buckets import parse_lengths, parse_sizes
+from typing import Any
+
 from vaecache.errors import UsageError
-from vaecache.settings.clip import ClipSettings, DEFAULT_MAX_FRAME_PIXELS, SamplingConfig, parse_views_per_forward
-from vaecache.settings.commands import EncodeConfig
+from vaecache.settings.buckets import parse_lengths, parse_sizes
+from vaecache.settings.clip import ClipSettings, SamplingConfig, parse_views_per_forward
+from vaecache.settings.commands import EncodeConfig, PlanConfig
+from vaecache.settings.options import BY_SETTING, ENCODE, PLAN, check_toml_value, option_named, unknown_keys_message
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-
-def parse_bytes(text: str | int) -> int:
-    """'256MiB', '1GB', '5000' -> bytes."""
-    if isinstance(text, int):
-        value = text
-    else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(?:([KMGT]i?)B?|B)?\s*", text, flags=re.IGNORECASE)
-        if not match:
-            raise UsageError(f"--shard-size must be a byte count like 256MiB or 1GB, got {text!r}")
-        unit = (match.group(2) or "").upper()
-        scale = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-                 "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}[unit]
-        value = int(float(match.group(1)) * scale)
-    if value < 1:
-        raise UsageError(f"--shard-size must be at least 1 byte, got {text!r}")
-    return value
+COMMANDS = {ENCODE: EncodeConfig, PLAN: PlanConfig}
+SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingConfig)) - {"num_frames", "frame_buckets"}
+CLIP_FIELDS = frozenset(f.name for f in dataclasses.fields(ClipSettings)) - {
+    "sampling", "height", "width", "size_buckets", "cameras"}
 
 
-_CLIP_KEYS = ("dtype", "store", "seed", "tiling", "compiled", "channels_last", "views_per_forward", "fit", "decoder")
-"""ClipSettings fields given as options of their own (the rest come from size, cameras and the sampling keys)."""
-
-
-def check_option_syntax(merged: dict[str, Any]) -> None:
-    """Refuse a malformed --size or --num-frames list first, as a typed option's parser would (before the
-    checks of missing options)."""
-    if "size" in merged:
-        parse_sizes(merged["size"])
-    if "num_frames" in merged:
-        parse_lengths(merged["num_frames"])
-
-
-def pop_clip_options(merged: dict[str, Any]) -> ClipSettings:
-    """Take the clip settings shared by encode and plan out of merged CLI/TOML settings."""
-    if "num_frames" not in merged:
-        raise UsageError("--num-frames is required (frames per clip, e.g. 17 for Wan-style 1+4k VAEs)")
-    if "size" not in merged:
-        raise UsageError("--size HxW is required (e.g. 480x832)")
-    sizes = parse_sizes(merged.pop("size"))
-    lengths = parse_lengths(merged.pop("num_frames"))
-    sampling = SamplingConfig(
-        num_frames=lengths[0],
-        frame_stride=int(merged.pop("frame_stride", 1)),
-        window_stride=merged.pop("window_stride", None),
-        max_clips_per_scene=merged.pop("max_clips_per_scene", None),
-        frame_buckets=lengths if len(lengths) > 1 else (),
-        frames_policy=merged.pop("frames_policy", "longest"),
-        max_frame_pixels=merged.pop("max_frame_pixels", DEFAULT_MAX_FRAME_PIXELS),
-    )
-    (height, width) = sizes[0]
-    cameras = merged.pop("cameras", None)
-    if isinstance(cameras, str):
-        cameras = tuple(c.strip() for c in cameras.split(",") if c.strip())
-    elif cameras is not None:
-        cameras = tuple(cameras)
-    options = {key: merged.pop(key) for key in _CLIP_KEYS if key in merged}
-    if "views_per_forward" in options:
-        options["views_per_forward"] = parse_views_per_forward(options["views_per_forward"])
-    return ClipSettings(sampling=sampling, height=height, width=width, cameras=cameras,
-                        size_buckets=sizes if len(sizes) > 1 else (), **options)
-
-
-def load_toml(path: Path) -> dict[str, Any]:
-    """Read a config file whose keys are the long CLI option names (dashes or underscores)."""
+def load_toml(path: Path, command: str = ENCODE) -> dict[str, Any]:
+    """A config file's settings by field name (`[command]` if the file has it, else `[encode]`, else the top
+    level), each checked against the option table."""
     try:
         with open(path, "rb") as handle:
             raw = tomllib.load(handle)
@@ -85,42 +39,57 @@ def load_toml(path: Path) -> dict[str, Any]:
         raise UsageError(f"{path}: config file not found") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML: {exc}") from None
-    section = raw.get("encode", raw)
-    # height and width come from "size", the sampling fields from their own keys
-    known = ({f.name for f in fields(EncodeConfig)} - {"clip"} | {f.name for f in fields(ClipSettings)}
-             - {"sampling", "height", "width", "size_buckets"} | {f.name for f in fields(SamplingConfig)}
-             - {"frame_buckets"} | {"size"})
-    normalized = {_TOML_ALIASES.get(key.replace("-", "_"), key.replace("-", "_")): value for key, value in section.items()}
-    unknown = sorted(set(normalized) - known)
+    section = raw.get(command, raw.get(ENCODE, raw))
+    unknown = sorted(key for key in section if option_named(key) is None)
     if unknown:
-        raise UsageError(f"{path}: unknown setting(s) {', '.join(unknown)}")
-    for key, value in normalized.items():
-        allowed = _toml_types(key)
-        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-            raise UsageError(f"{path}: {key} = {value!r} must be {' or '.join(t.__name__ for t in allowed)}")
-        item = _TOML_LIST_ITEMS.get(key)
-        if item is not None and isinstance(value, list) and not all(type(v) is item for v in value):
-            raise UsageError(f"{path}: {key} = {value!r} must be {item.__name__} or a list of {item.__name__}")
-    return normalized
+        raise UsageError(unknown_keys_message(unknown, str(path)))
+    values: dict[str, Any] = {}
+    for key, value in section.items():
+        option = option_named(key)
+        assert option is not None
+        check_toml_value(option, value, str(path))
+        values[option.setting] = value
+    return values
 
 
-_TOML_LIST_ITEMS = {"size": str, "num_frames": int, "cameras": str}
-"""Settings that take a TOML list, and the type of its items (size = ["480x832", "wan-480p"], num_frames = [17, 33])."""
+def load_settings(command: str, data: Path, flags: dict[str, Any], config_file: Path | None = None,
+                  extra: dict[str, Any] | None = None) -> EncodeConfig | PlanConfig:
+    """`command`'s settings from the flags (option name -> value; None: not given) over the TOML file, plus
+    `extra` fields the CLI decides itself (plan's clip_ids)."""
+    values: dict[str, Any] = load_toml(config_file, command) if config_file else {}
+    values.update({option_named(name).setting: value for name, value in flags.items()  # type: ignore[union-attr]
+                   if value is not None})
+    for setting in ("size", "num_frames"):  # a malformed list is refused before a missing option is named
+        if setting in values:
+            (parse_sizes if setting == "size" else parse_lengths)(values[setting])
+    values = {setting: value for setting, value in values.items() if command in BY_SETTING[setting].commands}
+    if command == ENCODE and values.get("out") is None:
+        raise UsageError("--out is required: the folder the latent cache is written to")
+    if not values.get("vae"):
+        raise UsageError("--vae is required (builtin:tiny, builtin:small, diffusers:PATH[#subfolder] or "
+                         "python:module:function); there is no default, so a forgotten flag cannot produce silent "
+                         "garbage")
+    clip = clip_settings(values)
+    rest = {setting: BY_SETTING[setting].parse(value) if BY_SETTING[setting].parse else value
+            for setting, value in values.items()}
+    return COMMANDS[command](data=Path(data), clip=clip, **rest, **(extra or {}))
 
 
-_TOML_ALIASES = {"timeout": "timeout_s", "liveness_timeout": "liveness_timeout_s", "compile": "compiled"}
-"""Option names whose config field is spelled differently (--timeout sets timeout_s)."""
-
-
-def _toml_types(key: str) -> tuple[type, ...]:
-    """The TOML value types a setting accepts, from the config dataclasses' annotations."""
-    special = {"size": (str, list), "num_frames": (int, str, list), "data": (str,), "out": (str,),
-               "shard_size": (int, str), "cameras": (str, list), "views_per_forward": (int, str)}
-    if key in special:
-        return special[key]
-    hint = {**get_type_hints(SamplingConfig), **get_type_hints(ClipSettings), **get_type_hints(EncodeConfig)}[key]
-    allowed: list[type] = []
-    for arg in get_args(hint) or (hint,):
-        arg = get_origin(arg) or arg
-        allowed += {float: [int, float], Path: [str], tuple: [list], type(None): []}.get(arg, [arg])
-    return tuple(allowed)
+def clip_settings(values: dict[str, Any]) -> ClipSettings:
+    """Take the clip settings (what changes the stored latents) out of `values`, by field name."""
+    if "num_frames" not in values:
+        raise UsageError("--num-frames is required (frames per clip, e.g. 17 for Wan-style 1+4k VAEs)")
+    if "size" not in values:
+        raise UsageError("--size HxW is required (e.g. 480x832)")
+    sizes = parse_sizes(values.pop("size"))
+    lengths = parse_lengths(values.pop("num_frames"))
+    sampling = SamplingConfig(num_frames=lengths[0], frame_buckets=lengths if len(lengths) > 1 else (),
+                              **{name: values.pop(name) for name in SAMPLING_FIELDS if name in values})
+    clip = {name: values.pop(name) for name in CLIP_FIELDS if name in values}
+    if "views_per_forward" in clip:
+        clip["views_per_forward"] = parse_views_per_forward(clip["views_per_forward"])
+    cameras = values.pop("cameras", None)
+    height, width = sizes[0]
+    return ClipSettings(sampling=sampling, height=height, width=width,
+                        cameras=BY_SETTING["cameras"].parse(cameras) if cameras is not None else None,  # type: ignore[misc]
+                        size_buckets=sizes if len(sizes) > 1 else (), **clip)

@@ -1,0 +1,58 @@
+"""The flags of `vaecache encode` and `vaecache plan`, made from the option table (vaecache.settings.options): a
+flag is declared there once, and each command's function receives the ones it takes as one `flags` dict.
+
+Typer reads a command's parameters from its signature; `with_setting_flags(command)` gives the function a
+signature holding its own parameters (DATA, --config, --json, ...) and one Optional parameter per option of
+`command` (None when the flag is not given, so a TOML file or the default decides).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional, TypeVar
+
+import typer
+
+from vaecache.settings.options import REQUIRED_PANEL, Option, options_of
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def typer_parameter(option: Option, command: str) -> inspect.Parameter:
+    names = [option.flag] + ([option.short] if option.short else [])
+    info = typer.Option(*names, help=option.help_for(command),
+                        rich_help_panel=REQUIRED_PANEL if option.required else None)
+    return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                             annotation=Annotated[Optional[option.kind], info])  # type: ignore[valid-type]
+
+
+def with_setting_flags(command: str) -> Callable[[F], F]:
+    """Give `fn(..., flags: dict[str, Any])` a parameter per option of `command`; the flags given reach it in
+    `flags` (option name -> value, None where not given)."""
+
+    def decorate(fn: F) -> F:
+        signature = inspect.signature(fn, eval_str=True)
+        own = [p for name, p in signature.parameters.items() if name != "flags"]
+        options = options_of(command)
+
+        @functools.wraps(fn)
+        def command_function(*args: Any, **kwargs: Any) -> Any:
+            flags = {option.name: kwargs.pop(option.name, None) for option in options}
+            return fn(*args, flags=flags, **kwargs)
+
+        parameters = [*own[:1], *(typer_parameter(option, command) for option in options), *own[1:]]
+        parameters = sorted(parameters, key=lambda p: p.kind)  # positional (DATA) first, keyword-only after
+        command_function.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+        command_function.__annotations__ = {p.name: p.annotation for p in parameters}
+        del command_function.__wrapped__  # type: ignore[attr-defined]  # Typer reads __signature__, not fn's own
+        return command_function  # type: ignore[return-value]
+
+    return decorate
+
+
+DataArgument = Annotated[Path, typer.Argument(help="Dataset: DATA/<scene>/<camera>.mp4, a folder of videos, or a "
+                                                   ".jsonl index.")]
+ConfigOption = Annotated[Optional[Path], typer.Option("--config", help="TOML file with these options (long flag "
+                                                                     "names as keys; flags win).")]

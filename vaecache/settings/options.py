@@ -1,0 +1,192 @@
+"""Every setting of `vaecache encode` and `vaecache plan`, declared once: its flag, the TOML key that may give it
+instead, the value types TOML may hold, the settings field it sets, and which commands take it.
+
+The CLI builds both commands' flags from this table (vaecache.cli.options) and the loader (vaecache.settings.loader)
+reads a TOML file and the flags through it, so a flag cannot exist on one side only or drift between encode and plan.
+A key of one command in a TOML file the other reads (a shared file) is accepted and does not apply there.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from vaecache.errors import UsageError
+
+ENCODE, PLAN = "encode", "plan"
+BOTH = frozenset({ENCODE, PLAN})
+REQUIRED_PANEL = "Required (flag or --config)"
+"""The --help panel of options that a flag or the TOML file must give."""
+
+
+def parse_bytes(text: str | int, option: str = "--shard-size") -> int:
+    """'256MiB', '1GB', '5000' -> bytes."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(?:([KMGT]i?)B?|B)?\s*", str(text), flags=re.IGNORECASE)
+        if not match:
+            raise UsageError(f"{option} must be a byte count like 256MiB or 1GB, got {text!r}")
+        unit = (match.group(2) or "").upper()
+        scale = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+                 "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}[unit]
+        value = int(float(match.group(1)) * scale)
+    if value < 1:
+        raise UsageError(f"{option} must be at least 1 byte, got {text!r}")
+    return value
+
+
+def parse_cameras(value: str | list[str]) -> tuple[str, ...]:
+    """'c, a ,b' or ["c", "a", "b"] -> ("c", "a", "b")."""
+    if isinstance(value, str):
+        return tuple(name.strip() for name in value.split(",") if name.strip())
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting of encode and/or plan."""
+
+    name: str
+    """Its name: the flag without dashes, underscores for dashes; the TOML key (either spelling)."""
+    flag: str
+    """The flag as Typer declares it ("--tiling/--no-tiling" for a boolean with both forms)."""
+    kind: type
+    """The flag's value type (str for values parsed later: sizes, lists, byte counts)."""
+    help: str
+    commands: frozenset[str] = BOTH
+    field: str | None = None
+    """The settings field it sets (default: `name`), e.g. --timeout sets timeout_s."""
+    toml: tuple[type, ...] = ()
+    """The TOML value types it takes (default: from `kind`)."""
+    toml_items: type | None = None
+    """The item type where a TOML list is allowed (size = ["480x832", "wan-480p"])."""
+    short: str | None = None
+    required: bool = False
+    parse: Callable[[Any], Any] | None = None
+    """Flag or TOML value -> the field's value."""
+    help_by_command: tuple[tuple[str, str], ...] = ()
+    """Another help text for one command ((command, text), ...), where the setting means something else there."""
+
+    @property
+    def setting(self) -> str:
+        return self.field or self.name
+
+    @property
+    def toml_types(self) -> tuple[type, ...]:
+        if self.toml:
+            return self.toml
+        return {int: (int,), float: (int, float), str: (str,), bool: (bool,), Path: (str,)}[self.kind]
+
+    def help_for(self, command: str) -> str:
+        return dict(self.help_by_command).get(command, self.help)
+
+
+REQUIRED_NOTE = " \\[required, or in --config]"
+
+OPTIONS: tuple[Option, ...] = (
+    Option("out", "--out", Path, "Output folder for shards and manifest." + REQUIRED_NOTE, frozenset({ENCODE}),
+           short="-o", required=True, parse=Path),
+    Option("vae", "--vae", str, "builtin:tiny | builtin:small | diffusers:PATH\\[#subfolder] | python:module:function."
+           + REQUIRED_NOTE, required=True),
+    Option("num_frames", "--num-frames", str, "Frames per clip, or frame buckets 17,33,49 (see --frames-policy); "
+           "checked against the VAE's rule." + REQUIRED_NOTE, toml=(int, str, list), toml_items=int, required=True),
+    Option("size", "--size", str, "HxW, or size buckets 480x832,832x480,624x624 or a preset (wan-480p, wan-720p): "
+           "each scene goes to the bucket nearest in aspect (see --fit)." + REQUIRED_NOTE, toml=(str, list),
+           toml_items=str, required=True),
+    Option("frame_stride", "--frame-stride", int, "Use every S-th source frame (default 1)."),
+    Option("frames_policy", "--frames-policy", str, "With several --num-frames: longest (default: the longest that "
+           "fits each scene) | all (clips at every length that fits)."),
+    Option("fit", "--fit", str, "cover (default: resize to cover, centre-crop) | contain (resize to fit, pad mid "
+           "grey) | stretch. Recorded per clip with the crop box."),
+    Option("decoder", "--decoder", str, "auto (default: pyav here, the fastest byte-identical backend) | pyav | decord "
+           "(forward-only, byte-identical to pyav on the tests, slower) | torchcodec (cpu, or NVDEC with a CUDA "
+           "device; its pixels may differ from pyav's, so its latents do too). Recorded; a cache never mixes them."),
+    Option("window_stride", "--window-stride", int, "Source frames between clip starts (default: no overlap)."),
+    Option("max_clips_per_scene", "--max-clips-per-scene", int, "Keep the first K clips of each scene."),
+    Option("max_frame_pixels", "--max-frame-pixels", int, "Refuse (a recorded failure, decided from the probe before "
+           "decoding) videos whose frames have more pixels than this (default 67108864 = 8192x8192)."),
+    Option("cameras", "--cameras", str, "Comma-separated camera order (default: names sorted).", toml=(str, list),
+           toml_items=str, parse=parse_cameras),
+    Option("dtype", "--dtype", str, "fp32 | bf16 | fp16: VAE compute and stored dtype (default fp32)."),
+    Option("device", "--device", str, "auto | cpu | cuda (auto: cuda:LOCAL_RANK when available).",
+           help_by_command=((PLAN, "Where to measure: auto | cpu | cuda[:N] (default auto)."),)),
+    Option("store", "--store", str, "mean-logvar (default) | mean | sample",
+           help_by_command=((PLAN, "mean-logvar (default) | mean | sample: what is counted in bytes."),)),
+    Option("seed", "--seed", int, "Seed for --store sample noise (per clip and camera).", frozenset({ENCODE})),
+    Option("tiling", "--tiling/--no-tiling", bool, "Use the VAE's own tiling: less memory, different latents "
+           "(recorded)."),
+    Option("compile", "--compile/--no-compile", bool, "Run the encoder through torch.compile (compiled once per "
+           "input shape; its kernels may round differently: recorded).", field="compiled",
+           help_by_command=((PLAN, "Measure with the encoder compiled (torch.compile; the warm-up forward pays the "
+                                   "compile)."),)),
+    Option("channels_last", "--channels-last/--no-channels-last", bool, "Convolution weights and inputs in "
+           "channels-last memory format (other kernels, other rounding: recorded)."),
+    Option("views_per_forward", "--views-per-forward", str, "auto | all | K: views of one clip per VAE forward "
+           "(default auto: all on CUDA, 1 on CPU; K must divide the cameras). Latents depend on K only, never on "
+           "batch, SP or world size (recorded); SP splits batches in units of K views.", toml=(int, str)),
+    Option("batch_size", "--batch-size", int, "Clips per batch (B*cameras views; default 1)."),
+    Option("workers", "--workers", int, "Decode worker processes per rank (default 2)."),
+    Option("probe_workers", "--probe-workers", int, "Threads probing videos in each rank (default 8)."),
+    Option("world_size", "--world-size", int, "Ranks to plan for (default 1).", frozenset({PLAN})),
+    Option("sp_size", "--sp-size", int, "Ranks per sequence-parallel group (world = DP x SP; default 1)."),
+    Option("sp_mode", "--sp-mode", str, "views (default): split the views of a batch over the SP group | spatial: "
+           "split every view's rows into bands (Wan VAEs; recorded)."),
+    Option("shard_size", "--shard-size", str, "Roll shards at this many bytes (default 256MiB).", frozenset({ENCODE}),
+           toml=(int, str), parse=parse_bytes),
+    Option("on_error", "--on-error", str, "skip (default: record bad inputs, go on) | fail", frozenset({ENCODE})),
+    Option("overwrite", "--overwrite", bool, "Discard what OUT holds and start over.", frozenset({ENCODE})),
+    Option("hash_sources", "--hash-sources", bool, "Record each source video's sha256 (besides size and mtime): a "
+           "resume then tells changed content from a touched file.", frozenset({ENCODE})),
+    Option("allow_other_numerics", "--allow-other-numerics", bool, "Resume OUT on other numerics than it records "
+           "(another GPU model, torch or CPU thread count; ranks too may differ): latents added may differ in the "
+           "last bits; the manifest lists every numerics used.", frozenset({ENCODE})),
+    Option("allow_pickle_weights", "--allow-pickle-weights", bool, "Let a diffusers VAE folder holding only pickled "
+           ".bin weights load (pickle runs code: trust the folder)."),
+    Option("timeout", "--timeout", float, "Seconds before a stuck collective fails the job (default 1800).",
+           frozenset({ENCODE}), field="timeout_s"),
+    Option("liveness_timeout", "--liveness-timeout", float, "Seconds without a heartbeat before a stopped rank fails "
+           "the job, named with its host (default 60; 0: off).", frozenset({ENCODE}), field="liveness_timeout_s"),
+    Option("memory_budget", "--memory-budget", str, "Device memory per rank, e.g. 8GiB: report the largest "
+           "micro-batch that fits.", frozenset({PLAN}), toml=(int, str),
+           parse=lambda value: parse_bytes(value, "--memory-budget")),
+    Option("measure", "--measure/--no-measure", bool, "Encode one real clip to measure time and memory (default on).",
+           frozenset({PLAN})),
+    Option("progress", "--progress/--no-progress", bool, "Progress on rank 0: a bar in a terminal, a line every 30 s "
+           "(VAECACHE_PROGRESS_INTERVAL) in a log (default on).", frozenset({ENCODE})),
+)
+"""In --help order."""
+
+BY_NAME = {option.name: option for option in OPTIONS}
+BY_SETTING = {option.setting: option for option in OPTIONS}
+
+
+def options_of(command: str) -> tuple[Option, ...]:
+    return tuple(option for option in OPTIONS if command in option.commands)
+
+
+def option_named(key: str) -> Option | None:
+    """The option a TOML key or flag name names (dashes or underscores; its field name too, e.g. timeout_s)."""
+    name = key.replace("-", "_")
+    return BY_NAME.get(name) or BY_SETTING.get(name)
+
+
+def unknown_keys_message(keys: list[str], where: str) -> str:
+    """`where: unknown setting(s) a, b (did you mean ...?)`, with the nearest known names."""
+    close = sorted({match for key in keys
+                    for match in difflib.get_close_matches(key.replace("-", "_"), sorted(BY_NAME), n=1, cutoff=0.6)})
+    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+    return f"{where}: unknown setting(s) {', '.join(keys)}{hint}"
+
+
+def check_toml_value(option: Option, value: Any, where: str) -> None:
+    """A TOML value of the type the option takes (a bool is never a number, a list holds its item type)."""
+    allowed = option.toml_types
+    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+        raise UsageError(f"{where}: {option.setting} = {value!r} must be {' or '.join(t.__name__ for t in allowed)}")
+    if isinstance(value, list) and option.toml_items is not None and not all(type(v) is option.toml_items for v in value):
+        item = option.toml_items.__name__
+        raise UsageError(f"{where}: {option.setting} = {value!r} must be {item} or a list of {item}")
