@@ -57,7 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--frames", type=int, default=34, help="frames per source video (clips do not overlap)")
     p.add_argument("--num-frames", type=int, default=17, help="frames per clip")
     p.add_argument("--size", default="64x64", help="HxW the clips are resized and cropped to")
-    p.add_argument("--source-size", default="96x128", help="HxW of the generated videos (bigger: resizing is real work)")
+    p.add_argument("--source-size", default="96x128",
+                   help="HxW of the generated videos (bigger: resizing is real work)")
     p.add_argument("--batch-size", type=int, default=1, help="clips per batch (vaecache and encode_only)")
     p.add_argument("--workers", type=int, default=1, help="vaecache DataLoader decode workers")
     p.add_argument("--repeats", type=int, default=3)
@@ -99,8 +100,8 @@ def sync(device) -> None:
 
 
 def make_data(root: Path, args: argparse.Namespace, scenes: int) -> Path:
-    from vaecache.settings.buckets import parse_size
     from vaecache.demodata import DemoDataSpec, write_demo_dataset
+    from vaecache.settings.buckets import parse_size
 
     src_h, src_w = parse_size(args.source_size)
     write_demo_dataset(root, DemoDataSpec(scenes=scenes, cameras=args.cameras, frames=args.frames,
@@ -110,9 +111,9 @@ def make_data(root: Path, args: argparse.Namespace, scenes: int) -> Path:
 
 def plan_batches(data: Path, args: argparse.Namespace) -> list[list[Any]]:
     """vaecache's own plan of the clips (so all modes encode exactly the same windows)."""
-    from vaecache.settings.clip import SamplingConfig
-    from vaecache.planning.jobs import batched
     from vaecache.planning.clips import plan_clips
+    from vaecache.planning.jobs import batched
+    from vaecache.settings.clip import SamplingConfig
     from vaecache.sources.discover import discover_scenes
     from vaecache.sources.probing import probe_scene
 
@@ -167,10 +168,10 @@ def run_vaecache(args: argparse.Namespace, data: Path, out: Path, height: int, w
                  first_views: int) -> dict[str, Any]:
     import vaecache.encode.run as pipeline
     import vaecache.encode.startup as startup
+    from vaecache.distributed.context import distributed
     from vaecache.settings.clip import ClipSettings, SamplingConfig
     from vaecache.settings.commands import EncodeConfig
     from vaecache.settings.options import parse_bytes
-    from vaecache.distributed.context import distributed
 
     clip = ClipSettings(SamplingConfig(num_frames=args.num_frames), height, width, dtype=args.dtype, store=args.store,
                         views_per_forward=views_per_forward(args))
@@ -401,12 +402,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="vaecache-bench-")) if own_tmp else Path(args.tmp)
     tmp.mkdir(parents=True, exist_ok=True)
     try:
-        bl.progress(f"writing {args.scenes} scenes x {args.cameras} cameras of {args.frames} frames at {args.source_size}")
+        bl.progress(f"writing {args.scenes} scenes x {args.cameras} cameras of {args.frames} frames "
+                    f"at {args.source_size}")
         data = make_data(tmp / "data", args, args.scenes)
         batches = plan_batches(data, args)
 
-        from vaecache.video.dataset import ViewBatchDataset
         from vaecache.planning.jobs import batch_views
+        from vaecache.video.dataset import ViewBatchDataset
 
         predecode = ViewBatchDataset(batches, [list(range(len(batch_views(b)))) for b in batches], height, width)
         decode_start = time.perf_counter()
@@ -455,7 +457,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "cpu_ms_per_view": {mode: bl.rnd(1000 * med[mode]["cpu_s"] / med[mode]["views"], 4) for mode in MODES},
             "cpu_efficiency": bl.rnd(med["encode_only"]["cpu_s"] / med["vaecache"]["cpu_s"], 3),
             "vaecache_stages": {**stages, "encode_only_batch_ms": bl.rnd(
-                1000 * med["encode_only"]["steady_s"] * len(batches[0]) * args.cameras / med["encode_only"]["steady_views"], 4),
+                1000 * med["encode_only"]["steady_s"] * len(batches[0]) * args.cameras
+                / med["encode_only"]["steady_views"], 4),
                 "decode_batch_ms_1proc": bl.rnd(decode_ms, 4)},
             "encode_slowdown_in_vaecache": bl.rnd(stages.get("stage_encode_ms", float("nan")) / (
                 1000 * med["encode_only"]["steady_s"] * len(batches[0]) * args.cameras

@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--size", default="480x832", help="HxW of the written h264 files.")
     args = parser.parse_args(argv)
     height, width = (int(v) for v in args.size.lower().split("x"))
-    from vaecache.video.backends import backend_unavailable, open_video
     from vaecache.demodata import DemoDataSpec, write_demo_dataset
+    from vaecache.video.backends import backend_unavailable, open_video
 
     backends: dict[str, Callable[[Path], Any]] = {}
     unavailable = {}

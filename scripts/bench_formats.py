@@ -79,12 +79,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     for dtype_name in ["fp32", *(name for name in args.dtypes.split(",") if name.strip() != "fp32")]:
         dtype = dtypes[dtype_name.strip()]
-        for layout_name, layout in (("contiguous", torch.contiguous_format), ("channels_last_3d", torch.channels_last_3d)):
+        for layout_name, layout in (("contiguous", torch.contiguous_format),
+                                    ("channels_last_3d", torch.channels_last_3d)):
             module = copy.deepcopy(base).to(dtype=dtype)
             for param in module.parameters():  # only the 5-d (Conv3d) weights have a 3-d channels-last form
                 if param.dim() == 5:
                     param.data = param.data.contiguous(memory_format=layout)
-            modes[f"{dtype_name.strip()} {layout_name}"] = (module.encode, clip.to(dtype).contiguous(memory_format=layout))
+            modes[f"{dtype_name.strip()} {layout_name}"] = (module.encode,
+                                                            clip.to(dtype).contiguous(memory_format=layout))
     compile_s = None
     if args.compile:
         compiled = torch.compile(copy.deepcopy(base).encode)

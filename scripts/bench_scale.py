@@ -11,9 +11,9 @@ of uneven length averaging --rank-clips-per-scene clips (10 x 1M scenes = 10M cl
 extrapolated linearly to 10M clips.
 
 Section `overhead`: a real encode with the near-zero-cost VAE (`_null_vae:factory`) of --overhead-scenes
-one-clip scenes (5 frames of 32x32) on one rank, with --workers 0 and 2 (--overhead-workers), once with every scene naming the
-same video and once with a hard link per scene (a file opened per clip): the encode loop's time per clip
-(the summary's `encode_s`, start-up and finalize excluded). Target: <= 5 ms per clip.
+one-clip scenes (5 frames of 32x32) on one rank, with --workers 0 and 2 (--overhead-workers), once with every scene
+naming the same video and once with a hard link per scene (a file opened per clip): the encode loop's time per
+clip (the summary's `encode_s`, start-up and finalize excluded). Target: <= 5 ms per clip.
 
 Section `finalize`: synthesizes N committed clip records in per-rank progress logs and row logs, as an
 encode leaves them (realistic records: several cameras, mean and logvar with stats, sources with their
@@ -123,8 +123,8 @@ RANK_SCRIPT = HWM + textwrap.dedent("""
     work = job.rank_work(rank)
     done = time.perf_counter()
     print(json.dumps({"seconds": done - imported, "import_s": imported - started, "rank_clips": len(work.clips),
-                      "rank_batches": len(work.batches), "import_rss_mb": base_rss, "clips": len(job.clips), "skipped": len(job.skipped),
-                      "peak_rss_mb": hwm_mb()}))
+                      "rank_batches": len(work.batches), "import_rss_mb": base_rss, "clips": len(job.clips),
+                      "skipped": len(job.skipped), "peak_rss_mb": hwm_mb()}))
 """ % NUM_FRAMES)
 
 
@@ -266,7 +266,8 @@ def clip_record(index: int, args: argparse.Namespace, scene: str | None = None) 
     return {
         "id": clip_id, "scene": scene, "cameras": cameras,
         "sources": [f"/datasets/{scene}/{cam}.mp4" for cam in cameras],
-        "source_identity": [{"size": 48_000_000 + c, "mtime_ns": 1_714_521_600_000_000_000 + index} for c in range(args.cameras)],
+        "source_identity": [{"size": 48_000_000 + c, "mtime_ns": 1_714_521_600_000_000_000 + index}
+                            for c in range(args.cameras)],
         "frames": list(range(first, first + 17)), "fps": 10.0,
         "times": [round((first + f) / 10, 6) for f in range(17)],
         "tensors": {key: {"name": f"{clip_id}/{key}", "shape": shape, "dtype": "bfloat16", "stats": stats}
@@ -283,8 +284,8 @@ def write_progress_logs(out: Path, args: argparse.Namespace, resume_scenes: bool
     """Attempt 0: each rank commits the first part of its contiguous block; attempt 1 splits what is left
     over the ranks again and appends to the same logs (so every log holds two ascending runs). With
     `resume_scenes`, scenes are named as in the resume section's index and every shard file exists."""
-    from vaecache.cache.progress import progress_line
     from vaecache.cache.layout import progress_path, rows_name
+    from vaecache.cache.progress import progress_line
     from vaecache.cache.table import RowLog
 
     shard_bytes = b"x"
@@ -413,7 +414,7 @@ def child(step: str, out: Path, workers: int | None) -> dict[str, Any]:
 
     if step == "verify_pass":
         from vaecache.cache.reader import CacheReader
-        from vaecache.cache.verify import Check, _scan_records
+        from vaecache.cache.verify import Check, scan_records
     imported = _rss_mb()
     start = time.perf_counter()
     if step == "finalize":
@@ -427,7 +428,7 @@ def child(step: str, out: Path, workers: int | None) -> dict[str, Any]:
     elif step == "verify_pass":
         cache = CacheReader(out)
         records, tensors = Check("clip records"), Check("tensors")
-        seen = _scan_records(cache, records, tensors, cache.shard_files(), lambda file, record: None)
+        seen = scan_records(cache, records, tensors, cache.shard_files(), lambda file, record: None)
         if records.failed or tensors.failed:
             raise SystemExit(f"verify pass found problems: {records.problems + tensors.problems}")
         result = {"clips": seen.clips}
@@ -494,8 +495,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         result: dict[str, Any] = {
             "machine": bl.machine_info(),
-            "config": {k: getattr(args, k) for k in ("clips", "writers", "cameras", "clips_per_scene", "clips_per_shard",
-                                                     "resumed", "workers")},
+            "config": {k: getattr(args, k) for k in ("clips", "writers", "cameras", "clips_per_scene",
+                                                     "clips_per_shard", "resumed", "workers")},
         }
         if {"plan", "rank_planning", "overhead", "resume"} & set(sections):
             video = tmp / "v.mp4"
@@ -532,7 +533,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows += [[f"resume: plan {r['planned']} clips (rank 0)", r["plan_s"], r["plan_rss_mb"]],
                  [f"resume scan: repair logs, check {r['shards']} shards, mark {r['clips']} committed clips",
                   r["scan_s"], r["peak_rss_mb"]],
-                 [f"rank {r['rank']}/{r['world_size']}'s share from the {r['mask_bytes']}-byte mask", r["rank_work_s"], "-"]]
+                 [f"rank {r['rank']}/{r['world_size']}'s share from the {r['mask_bytes']}-byte mask",
+                  r["rank_work_s"], "-"]]
     machine = result["machine"]
     human = bl.table(f"bench_scale on {machine['cpu_model']} ({machine['cores_usable']} cores usable, load "
                      f"{machine.get('load_avg_at_start')})", ["step", "seconds", "peak RSS MB"], rows)

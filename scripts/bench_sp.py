@@ -44,7 +44,8 @@ NOTES = [
     "peak_rss_mb_per_rank: sampled RSS of each rank (and its decode workers) during the encoder-stage loop; max "
     "over ranks. input_mb_per_rank: the decoded views one rank holds for one batch.",
     "Both stages run --views-per-forward 1 (one camera per forward; the default, all cameras of a clip in one "
-    "forward, leaves SP nothing to split in a one-clip batch). A rank then never runs more than one view per forward, so SP "
+    "forward, leaves SP nothing to split in a one-clip batch). "
+    "A rank then never runs more than one view per forward, so SP "
     "lowers per-rank memory only by the input views it holds (and the per-batch buffers), not by the VAE's "
     "activations: SP here splits the cameras of a clip over ranks, not the frames or pixels of one view. A view "
     "too big for one device needs --tiling, not SP.",
@@ -86,19 +87,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def worker(args: argparse.Namespace) -> None:
     import torch
 
-    from vaecache.settings.clip import ClipSettings, SamplingConfig
-    from vaecache.settings.commands import EncodeConfig
-    from vaecache.settings.buckets import parse_size
-    from vaecache.video.dataset import ViewBatchDataset
-    from vaecache.planning.jobs import assign, batch_views, batched
-    from vaecache.planning.clips import plan_clips
-    from vaecache.sources.discover import discover_scenes
-    from vaecache.sources.probing import probe_scene
     from vaecache.distributed.context import distributed
     from vaecache.distributed.mesh import make_mesh
-    from vaecache.parallel import gather_views, plan_sp
     from vaecache.encode.run import run_encode
+    from vaecache.parallel import gather_views, plan_sp
+    from vaecache.planning.clips import plan_clips
+    from vaecache.planning.jobs import assign, batch_views, batched
+    from vaecache.settings.buckets import parse_size
+    from vaecache.settings.clip import ClipSettings, SamplingConfig
+    from vaecache.settings.commands import EncodeConfig
+    from vaecache.sources.discover import discover_scenes
+    from vaecache.sources.probing import probe_scene
     from vaecache.vae import load_vae
+    from vaecache.video.dataset import ViewBatchDataset
 
     if not args.vae.startswith("python:"):
         from diffusers.utils import logging as diffusers_logging
@@ -164,7 +165,7 @@ def worker(args: argparse.Namespace) -> None:
                         marks: list[float] = []
                         world.barrier()
                         start = time.perf_counter()
-                        summary = run_encode(cfg, ctx, lambda done, total: marks.append(time.perf_counter()))
+                        summary = run_encode(cfg, ctx, lambda done, total: marks.append(time.perf_counter()))  # noqa: B023
                         world.barrier()
                         record["e2e_s"] = time.perf_counter() - start
                         record["e2e_views"] = summary.views
@@ -218,8 +219,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args._worker:
         worker(args)
         return {}
-    from vaecache.settings.buckets import parse_size
     from vaecache.demodata import DemoDataSpec, write_demo_dataset
+    from vaecache.settings.buckets import parse_size
 
     sp_sizes = [int(x) for x in args.sp_sizes.split(",") if x.strip()]
     bad = [sp for sp in sp_sizes if args.nproc % sp]
@@ -273,7 +274,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                            "ranks share cores, so per-rank compute is slower than on a device of its own."]
                           if args.nproc * args.threads > (machine["cores_usable"] or 1) else []),
     }
-    cols = ("config", "lat ms (med)", "lat vs DP", "enc views/s", "e2e views/s", "e2e vs DP", "pad waste", "RSS MB/rank")
+    cols = ("config", "lat ms (med)", "lat vs DP", "enc views/s", "e2e views/s", "e2e vs DP", "pad waste",
+            "RSS MB/rank")
     rows = [(label, r["latency_ms"]["median"], r.get("latency_vs_dp", "-"), r["encoder_views_per_s"],
              r.get("e2e_views_per_s", "-"), r.get("e2e_throughput_vs_dp", "-"), r["padding_waste"],
              r["peak_rss_mb_per_rank"]) for label, r in configs.items()]

@@ -6,8 +6,9 @@ Each G is one torchrun launch (gloo on CPU, NCCL on CUDA). Every rank encodes th
 spatial_encode on the same random-weight VAE (the published Wan 2.1 VAE config for --model wan2.1: real
 compute and memory). Memory is what the encode adds on top of the loaded model: on CUDA
 torch.cuda.max_memory_allocated minus memory before; on CPU the peak resident set (VmHWM, reset after a warm-up
-encode) minus the resident set before, with glibc's mmap threshold fixed so that freed tensors are returned at once. G=1 is the unsplit diffusers encode; later G are
-compared with it (max abs difference). Prints a table and one JSON object.
+encode) minus the resident set before, with glibc's mmap threshold fixed so that freed tensors are returned at once.
+G=1 is the unsplit diffusers encode; later G are compared with it (max abs difference). Prints a table and one JSON
+object.
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ def main() -> None:
                "--frames", str(args.frames)] + (["--no-mkldnn"] if args.no_mkldnn else [])
         # A fixed mmap threshold stops glibc from raising it after frees, so freed tensors leave the resident
         # set and the peak resident set tracks the peak of live tensors.
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "MALLOC_MMAP_THRESHOLD_": "65536"}
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+               "MALLOC_MMAP_THRESHOLD_": "65536"}
         subprocess.run(cmd, check=True, env=env, capture_output=True, text=True)
         ranks = [json.loads((folder / f"g{group}-rank{r}.json").read_text()) for r in range(group)]
         latent = load_file(str(folder / f"latent-g{group}.safetensors"))["latent"]
@@ -132,13 +134,15 @@ def main() -> None:
         rows.append({"group": group, "peak_added_bytes_max_rank": max(r["added_bytes"] for r in ranks),
                      "seconds_per_view": max(r["seconds"] for r in ranks), "device": ranks[0]["device"],
                      "max_abs_vs_g1": float((latent - reference).abs().max()),
-                     "latent_scale": float(reference.abs().max()), "bitwise_vs_g1": bool(torch.equal(latent, reference))})
+                     "latent_scale": float(reference.abs().max()),
+                     "bitwise_vs_g1": bool(torch.equal(latent, reference))})
     base = rows[0]
     for row in rows:
         row["memory_vs_g1"] = row["peak_added_bytes_max_rank"] / base["peak_added_bytes_max_rank"]
         row["latency_vs_g1"] = row["seconds_per_view"] / base["seconds_per_view"]
-    report = {"model": args.model, "size": args.size, "frames": args.frames, "mkldnn": not args.no_mkldnn, "machine": platform.processor() or
-              platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__, "rows": rows}
+    report = {"model": args.model, "size": args.size, "frames": args.frames, "mkldnn": not args.no_mkldnn,
+              "machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+              "torch": torch.__version__, "rows": rows}
     print(f"{'G':>3} {'peak added MiB':>15} {'x G=1':>7} {'s/view':>8} {'x G=1':>7} {'max|diff|/scale':>16}")
     for row in rows:
         print(f"{row['group']:>3} {row['peak_added_bytes_max_rank'] / 2**20:>15.1f} {row['memory_vs_g1']:>7.2f} "

@@ -67,13 +67,13 @@ def view_bytes(args: argparse.Namespace) -> int:
 
 
 def build_cache(args: argparse.Namespace, tmp: Path) -> Path:
-    from vaecache.settings.clip import ClipSettings, SamplingConfig
-    from vaecache.settings.commands import EncodeConfig
-    from vaecache.settings.options import parse_bytes
-    from vaecache.settings.buckets import parse_size
     from vaecache.demodata import DemoDataSpec, write_demo_dataset
     from vaecache.distributed.context import distributed
     from vaecache.encode.run import run_encode
+    from vaecache.settings.buckets import parse_size
+    from vaecache.settings.clip import ClipSettings, SamplingConfig
+    from vaecache.settings.commands import EncodeConfig
+    from vaecache.settings.options import parse_bytes
 
     height, width = parse_size(args.size)
     scenes = max(1, math.ceil(args.target_mb * 1e6 / (view_bytes(args) * args.cameras)))

@@ -40,7 +40,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from vaecache import LatentCache  # noqa: E402
-from vaecache.cache.layout import inside
+from vaecache.cache.layout import inside  # noqa: E402
 
 ARCH_SCRIPTS = {"wan": "musubi_tuner.wan_cache_latents", "hv": "musubi_tuner.cache_latents",
                 "k5": "musubi_tuner.kandinsky5_cache_latents"}
@@ -50,7 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("export", type=Path, help="A folder written by vaecache export --format musubi.")
-    parser.add_argument("--musubi-src", type=Path, required=True, help="A musubi-tuner checkout (its src/ is imported).")
+    parser.add_argument("--musubi-src", type=Path, required=True,
+                        help="A musubi-tuner checkout (its src/ is imported).")
     parser.add_argument("--cache", type=Path, help="The vaecache cache exported (default: export.json's source).")
     parser.add_argument("--json", type=Path, help="Also write the result as JSON here ('-': stdout).")
     parser.add_argument("--batch-size", type=int, default=2, help="musubi's training batch size for step 3.")
@@ -90,7 +91,8 @@ def _wan_vae(vae_module: Any, mean: torch.Tensor) -> Any:
     real = vae_module._video_vae
     vae_module._video_vae = lambda **kwargs: model
     try:
-        return vae_module.WanVAE(z_dim=mean.shape[0], vae_path="<vaecache mean>", dtype=dtype, device=torch.device("cpu"))
+        return vae_module.WanVAE(z_dim=mean.shape[0], vae_path="<vaecache mean>", dtype=dtype,
+                                 device=torch.device("cpu"))
     finally:
         vae_module._video_vae = real
 
@@ -105,7 +107,8 @@ def _sampling_vae(mean: torch.Tensor, scaling_factor: float | None) -> Any:
     return vae
 
 
-def musubi_cached(arch: str, modules: dict[str, Any], mean: torch.Tensor, item: Any, normalization: dict[str, Any]) -> None:
+def musubi_cached(arch: str, modules: dict[str, Any], mean: torch.Tensor, item: Any,
+                  normalization: dict[str, Any]) -> None:
     """Run musubi's own caching of `item` for `arch` with vaecache's mean as what its VAE returned."""
     script = modules[arch]
     if arch == "wan":
@@ -168,7 +171,8 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
         modules["wan_vae"] = importlib.import_module("musubi_tuner.wan.modules.vae")
     cache = LatentCache(args.cache or info["source"]["cache"])
     normalization = (cache.manifest.get("vae") or {}).get("normalization") or {}
-    result: dict[str, Any] = {"export": str(export), "architecture": arch, "musubi_commit": musubi_commit(args.musubi_src),
+    result: dict[str, Any] = {"export": str(export), "architecture": arch,
+                              "musubi_commit": musubi_commit(args.musubi_src),
                               "files": 0, "files_equal": 0, "batches": 0, "rows": 0, "rows_equal": 0, "problems": []}
     problems = result["problems"]
 

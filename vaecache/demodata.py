@@ -23,8 +23,8 @@ from pathlib import Path
 import av
 import numpy as np
 
-from vaecache.errors import OutputError, UsageError
 from vaecache.cache.io import fsync_dir
+from vaecache.errors import OutputError, UsageError
 
 __all__ = ["DemoDataSpec", "render_clip", "write_demo_dataset"]
 
@@ -128,7 +128,8 @@ def _encode_mp4(path: Path, frames: np.ndarray, fps: int) -> None:
     try:
         with av.open(str(tmp), mode="w", format="mp4") as container:
             stream = container.add_stream(
-                "libx264", rate=fps, options={"qp": "0", "preset": _PRESET, "x264-params": "threads=1:lookahead-threads=1"}
+                "libx264", rate=fps,
+                options={"qp": "0", "preset": _PRESET, "x264-params": "threads=1:lookahead-threads=1"}
             )
             stream.width = frames.shape[2]
             stream.height = frames.shape[1]

@@ -252,13 +252,13 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
     output = Path(output) if output is not None else default_output(clip_id)
     check_output(output, settings.overwrite)
 
-    from vaecache.settings.clip import ClipSettings
-    from vaecache.video.dataset import ViewDecoder
-    from vaecache.video.backends import backend_for_record
     from vaecache.distributed.context import resolve_device
-    from vaecache.training import LatentCache
     from vaecache.encode.fingerprint import load_recorded_vae
+    from vaecache.settings.clip import ClipSettings
+    from vaecache.training import LatentCache
     from vaecache.vae.decoder import decode_mode, iter_decoded
+    from vaecache.video.backends import backend_for_record
+    from vaecache.video.dataset import ViewDecoder
 
     if not out.is_dir():
         raise UsageError(f"{out}: no such folder")

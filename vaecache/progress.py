@@ -76,8 +76,14 @@ def progress(label: str, unit: str, console: Console, enabled: bool = True,
         yield lambda steps, total: None
         return
     if console.is_terminal:
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                   TimeRemainingColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
                        TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)

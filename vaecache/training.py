@@ -1,21 +1,30 @@
 """Reading a finished cache in training: LatentCache (random access by position or clip id), LatentDataset (a
 map-style torch Dataset safe in DataLoader workers), ShapeBatchSampler (one latent shape per batch, split across DDP
-ranks) and collate_latents."""
+ranks) and collate_latents.
+
+The public reader, in one module (past 400 lines) so that a trainer reads one file to know what it gets.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
+
 import torch
 import torch.utils.data
 from safetensors import SafetensorError, safe_open
-from vaecache.errors import UnsafePathError
-from vaecache.cache.layout import SHARDS_DIR
-from vaecache.cache.table import CLIP_TABLE
-from vaecache.cache.reader import CacheReader, record_problem
-from vaecache.errors import IncompleteCacheError, NormalizationError, ShardChecksumError, ShardHeaderError
 
+from vaecache.cache.layout import SHARDS_DIR
+from vaecache.cache.reader import CacheReader, record_problem
+from vaecache.cache.table import CLIP_TABLE
+from vaecache.errors import (
+    IncompleteCacheError,
+    NormalizationError,
+    ShardChecksumError,
+    ShardHeaderError,
+    UnsafePathError,
+)
 
 VERIFY_MODES = ("size", "sha256", "none")
 """How a shard is checked the first time this process opens it: its byte count (size), its sha256 against
@@ -106,8 +115,8 @@ class LatentCache:
     def _load_rows(self) -> Any:
         import pyarrow as pa
 
-        from vaecache.errors import ClipTableError
         from vaecache.cache.table import rows_table, schema_of
+        from vaecache.errors import ClipTableError
 
         path = self._reader.clips_path
         if not path.is_file():
@@ -126,7 +135,8 @@ class LatentCache:
             try:
                 rows = pq.read_table(path, columns=CLIP_TABLE.schema.names)
             except (pa.ArrowException, OSError) as exc:
-                raise ClipTableError(f"{path}: does not read ({str(exc).splitlines()[0] if str(exc) else exc})") from None
+                raise ClipTableError(f"{path}: does not read "
+                                     f"({str(exc).splitlines()[0] if str(exc) else exc})") from None
             rows = rows.replace_schema_metadata(schema_of(CLIP_TABLE).metadata)
         if "count" in recorded and rows.num_rows != recorded["count"]:
             raise IncompleteCacheError(f"{path}: {rows.num_rows} clips, manifest.json records {recorded['count']}")
@@ -193,7 +203,8 @@ class LatentCache:
         columns alone. Caches with size buckets hold several shapes; batches must not mix them."""
         keys = self._rows.column("tensor_keys").to_pylist()
         shapes = self._rows.column("tensor_shapes").to_pylist()
-        return [tuple(sorted((k, tuple(s or ())) for k, s in zip(key or [], shape or []))) for key, shape in zip(keys, shapes)]
+        return [tuple(sorted((k, tuple(s or ())) for k, s in zip(key or [], shape or [])))
+                for key, shape in zip(keys, shapes)]
 
     def __getitem__(self, key: int | str) -> LatentItem:
         record = self.record(key)
@@ -205,7 +216,8 @@ class LatentCache:
         try:
             return {key: handle.get_tensor(entry["name"]) for key, entry in record["tensors"].items()}
         except (SafetensorError, OSError, KeyError) as exc:
-            raise ShardHeaderError(f"{self.out / SHARDS_DIR / record['shard']}: cannot read clip {record['id']} ({exc})") from None
+            raise ShardHeaderError(f"{self.out / SHARDS_DIR / record['shard']}: cannot read clip {record['id']} "
+                                   f"({exc})") from None
 
     def _open(self, shard: str) -> Any:
         handle = self._handles.pop(shard, None)
@@ -277,7 +289,8 @@ class LatentCache:
             return float(norm["shift_factor"]), 1.0, scale
         if "scaling_factor" in formula:
             if "scaling_factor" not in norm:
-                raise NormalizationError(f"{where}: normalization {formula!r} needs scaling_factor, which is not recorded")
+                raise NormalizationError(f"{where}: normalization {formula!r} needs scaling_factor, "
+                                         "which is not recorded")
             return 0.0, 1.0, scale
         raise NormalizationError(f"{where}: unknown normalization formula {formula!r}")
 
@@ -395,7 +408,8 @@ class ShapeBatchSampler(torch.utils.data.Sampler):
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         batches: list[list[int]] = []
         for group in self.groups:
-            order = [group[i] for i in torch.randperm(len(group), generator=generator).tolist()] if self.shuffle else group
+            order = ([group[i] for i in torch.randperm(len(group), generator=generator).tolist()] if self.shuffle
+                     else group)
             for start in range(0, len(order), self.batch_size):
                 batch = order[start:start + self.batch_size]
                 if len(batch) == self.batch_size or not self.drop_last:
@@ -411,5 +425,6 @@ class ShapeBatchSampler(torch.utils.data.Sampler):
         yield from self._all_batches()[self.rank::self.world_size]
 
     def __len__(self) -> int:
-        total = sum((len(g) // self.batch_size) if self.drop_last else -(-len(g) // self.batch_size) for g in self.groups)
+        total = sum((len(g) // self.batch_size) if self.drop_last else -(-len(g) // self.batch_size)
+                    for g in self.groups)
         return -(-total // self.world_size)

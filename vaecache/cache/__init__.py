@@ -2,5 +2,5 @@
 (io), the Parquet clip and failure tables (table), the shard writer that completes clip records (writer), the
 per-rank progress logs and their one parser (progress), repair after a crash (repair), failure records
 (failures), the streaming merge into the clip table (finalize), the manifest (manifest), ownership of OUT
-(outdir), the sources' identity (provenance), the internal reader (reader), integrity checks (verify), what a
-cache holds (inspect), and format version 1 (v1). The training-side reader is vaecache.training."""
+(outdir), the sources' identity (provenance), the internal reader (reader), integrity checks (verify)
+and format version 1 (v1). The training-side reader is vaecache.training."""

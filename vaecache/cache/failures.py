@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
 from vaecache.cache.io import iter_jsonl
 from vaecache.cache.layout import PROGRESS_DIR
 

@@ -10,18 +10,28 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from vaecache.errors import EmptyCacheError
+
+from vaecache.cache.failures import describe_failures, read_failures
 from vaecache.cache.io import loads
 from vaecache.cache.layout import CLIPS, FAILURES, PROGRESS_DIR, ROWS_SUFFIX
-from vaecache.cache import table as _table
-from vaecache.cache.table import CLIP_TABLE, FAILURE_TABLE, clip_row, read_row_log, schema_of, write_table, write_tables
-from vaecache.cache.failures import describe_failures, read_failures
 from vaecache.cache.manifest import write_manifest_last
-from vaecache.cache.progress import committed_clip_id, progress_entries, scan_committed
-
+from vaecache.cache.progress import committed_clip_id, progress_entries, progress_logs, scan_committed
+from vaecache.cache.table import (
+    CLIP_TABLE,
+    FAILURE_TABLE,
+    ROW_GROUP_ROWS,
+    clip_record,
+    clip_row,
+    read_row_log,
+    schema_of,
+    write_table,
+    write_tables,
+)
+from vaecache.errors import EmptyCacheError
 
 RUN_CHUNK_ROWS = 16384
 """Clip records converted to table rows, sorted if need be and appended to a run, at a time."""
@@ -62,7 +72,8 @@ class _Totals:
         if isinstance(bucket, dict):
             entry = self.buckets.get(bucket.get("name"))
             if entry is None:
-                entry = self.buckets[bucket.get("name")] = [0, 0, {key: e["shape"] for key, e in clip["tensors"].items()}]
+                entry = self.buckets[bucket.get("name")] = [0, 0, {key: e["shape"]
+                                                                   for key, e in clip["tensors"].items()}]
             entry[0] += 1
             entry[1] += cameras
 
@@ -78,7 +89,7 @@ class _Totals:
         views = np.add.reduceat(cameras, starts) if len(shards) else []
         for (rows, bucket), start, shard_views in zip(shards, starts, views):
             if self.shape is None or (bucket is not None and bucket not in self.buckets):
-                first = _table.clip_record(table.slice(int(start), 1).to_pylist()[0])
+                first = clip_record(table.slice(int(start), 1).to_pylist()[0])
                 shape = {key: entry["shape"] for key, entry in first["tensors"].items()}
                 self.shape = self.shape or shape
                 if bucket is not None:
@@ -89,7 +100,8 @@ class _Totals:
 
     def merge(self, part: _Totals) -> None:
         self.shards.extend(part.shards)
-        self.clips, self.views, self.frames = self.clips + part.clips, self.views + part.views, self.frames + part.frames
+        self.clips, self.views, self.frames = (self.clips + part.clips, self.views + part.views,
+                                               self.frames + part.frames)
         self.shape = self.shape or part.shape
         for name, (clips, views, shape) in part.buckets.items():
             entry = self.buckets.setdefault(name, [0, 0, shape])
@@ -181,8 +193,7 @@ def _scan_log(log: Path, prefix: str, chunk_rows: int, only: frozenset[str] | No
 def _scan_logs(out: Path, prefix: str, workers: int, only: frozenset[str] | None = None) -> tuple[_Totals, list[Path]]:
     """Every rank's progress log scanned (in `workers` processes: the JSON parsing is the cost), totals
     summed in log order; with `only`, the lines of those shard files alone."""
-    folder = Path(out) / PROGRESS_DIR
-    logs = sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []
+    logs = progress_logs(out)
     jobs = [(log, f"{prefix}{number:05d}-", RUN_CHUNK_ROWS, only) for number, log in enumerate(logs)]
     if workers > 1 and len(logs) > 1 and sum(log.stat().st_size for log in logs) >= PARALLEL_SCAN_BYTES:
         # spawn: rank 0 may hold CUDA and torch threads, which a forked child must not inherit
@@ -211,7 +222,7 @@ def _gather_rows(out: Path, prefix: str, workers: int) -> tuple[_Totals, list[Pa
     logs), from their progress lines' clip records."""
     folder = Path(out) / PROGRESS_DIR
     committed: dict[str, dict[str, Any]] = {}
-    for log in sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []:
+    for log in progress_logs(out):
         for line, _ in scan_committed(log):
             committed.setdefault(Path(line.shard["file"]).name, line.shard)
     totals, runs = _Totals(), _Runs(folder, f"{prefix}r-")
@@ -300,7 +311,8 @@ def _merged_tables(paths: list[Path], rounds: _Runs, rows: int) -> Iterator[pa.T
     """Every run merged into one id-sorted stream, in rounds (written by `rounds`) of at most MAX_OPEN_RUNS
     open files."""
     while len(paths) > MAX_OPEN_RUNS:
-        paths = [rounds.add_tables(_merge(paths[i:i + MAX_OPEN_RUNS], rows)) for i in range(0, len(paths), MAX_OPEN_RUNS)]
+        paths = [rounds.add_tables(_merge(paths[i:i + MAX_OPEN_RUNS], rows))
+                 for i in range(0, len(paths), MAX_OPEN_RUNS)]
     yield from _merge(paths, rows)
 
 
@@ -336,7 +348,7 @@ def finalize(out: Path, header: dict[str, Any], workers: int | None = None) -> d
             "oom_backoffs": backoffs, "planned_clips": planned,
         }
         rounds = _Runs(folder, f"{prefix}m-")
-        clips = write_tables(out / CLIPS, CLIP_TABLE, _merged_tables(paths, rounds, _table.ROW_GROUP_ROWS))
+        clips = write_tables(out / CLIPS, CLIP_TABLE, _merged_tables(paths, rounds, ROW_GROUP_ROWS))
     finally:
         for path in folder.glob(f"{prefix}*.tmp") if folder.is_dir() else []:
             path.unlink(missing_ok=True)

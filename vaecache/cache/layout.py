@@ -37,7 +37,8 @@ ROWS_SUFFIX = ".arrows"
 LOGS_DIR = "logs"
 PROBES_DIR = "probes"
 SHARD_SUFFIX = ".safetensors"
-OWNED_ENTRIES = (MANIFEST, CLIPS, FAILURES, CLIPS_V1, FAILURES_V1, RUN, SHARDS_DIR, PROGRESS_DIR, LOGS_DIR, LOCK, PROBES_DIR)
+OWNED_ENTRIES = (MANIFEST, CLIPS, FAILURES, CLIPS_V1, FAILURES_V1, RUN, SHARDS_DIR, PROGRESS_DIR, LOGS_DIR, LOCK,
+                 PROBES_DIR)
 """Everything vaecache may create in OUT (anything else there means OUT is not a cache)."""
 
 

@@ -7,10 +7,11 @@ import hashlib
 import json
 from pathlib import Path
 from typing import Any
-from vaecache.errors import ManifestError
+
 from vaecache.cache.io import atomic_write_json, read_json
 from vaecache.cache.layout import CLIPS, FAILURES, FORMAT_NAME, FORMAT_VERSION, MANIFEST, SUPPORTED_VERSIONS
 from vaecache.cache.table import WrittenTable
+from vaecache.errors import ManifestError
 
 
 def manifest_header(*, producer: dict[str, str], vae: dict[str, Any], fingerprint: dict[str, Any],
@@ -55,5 +56,6 @@ def read_manifest(out: Path) -> dict[str, Any]:
         raise ManifestError(f"{path}: not a vaecache manifest")
     version = manifest.get("format_version")
     if version not in SUPPORTED_VERSIONS:
-        raise ManifestError(f"{path}: format version {version!r} is not supported (this vaecache reads {list(SUPPORTED_VERSIONS)})")
+        raise ManifestError(f"{path}: format version {version!r} is not supported "
+                            f"(this vaecache reads {list(SUPPORTED_VERSIONS)})")
     return manifest

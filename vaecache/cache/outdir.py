@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from vaecache.errors import ManifestError, OutputError, UsageError
-from vaecache.cache.progress import CommittedIds, committed_ids, committed_shards
-from vaecache.cache.repair import damaged_shards, forget_hashed_shards, repair_progress
-from vaecache.cache.manifest import read_manifest
-from vaecache.cache.provenance import identity_change
 from vaecache.cache.io import atomic_write_json, read_json
 from vaecache.cache.layout import LOCK, LOGS_DIR, MANIFEST, OWNED_ENTRIES, PROGRESS_DIR, RUN, SHARDS_DIR
+from vaecache.cache.manifest import read_manifest
+from vaecache.cache.progress import CommittedIds, committed_ids, committed_shards
+from vaecache.cache.provenance import identity_change
+from vaecache.cache.repair import damaged_shards, forget_hashed_shards, repair_progress
+from vaecache.errors import ManifestError, OutputError, UsageError
 
 log = logging.getLogger("vaecache")
 
@@ -91,7 +91,7 @@ def acquire_lock(out: Path, job_id: str | None) -> None:
             os.close(fd)
             continue
         holder = _read_holder(fd)
-        if holder and holder.get("pid") != me["pid"] and not _is_stale(holder, me):
+        if holder and holder.get("pid") != me["pid"] and not lock_is_stale(holder, me):
             os.close(fd)
             raise _locked(out, path, holder)
         os.ftruncate(fd, 0)
@@ -115,7 +115,7 @@ def _locked(out: Path, path: Path, holder: dict[str, Any]) -> OutputError:
                        f"job {holder.get('job_id')}); if that job is gone, delete {path} and rerun")
 
 
-def _is_stale(holder: dict[str, Any], me: dict[str, Any]) -> bool:
+def lock_is_stale(holder: dict[str, Any], me: dict[str, Any]) -> bool:
     """A lock is stale when its process is gone on this host, or when it is an earlier attempt of
     this same SLURM job (a requeued job restarts only after every task of the previous attempt ended)."""
     if holder.get("host") == me["host"] and not _pid_alive(holder.get("pid")):

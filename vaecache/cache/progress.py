@@ -1,6 +1,7 @@
-"""The cache's index: the per-rank progress logs (one parser, used by resume-repair and by finalize),
-failure records, the clip and failure tables (a streaming merge of the logs) and manifest.json (built,
-written last, read back with a version check)."""
+"""The per-rank progress logs: one line per committed shard, appended and fsynced by the shard writer; and their
+one parser. A line is `{"shard": record, "ids": [clip ids], "clips": [clip records]}`, the shard record and the ids
+first, so that a resume reads them without parsing the records (progress_line_head); finalize reads whole lines
+(progress_entries). Lines written before ids led (keys sorted, clips first) are parsed whole by both."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
-
-from vaecache.errors import ManifestError
-from vaecache.cache.io import STRICT_JSON, iter_jsonl, loads
+from vaecache.cache.io import STRICT_JSON, loads
 from vaecache.cache.layout import PROGRESS_DIR
+from vaecache.errors import ManifestError
 
 
 @dataclass(frozen=True)
@@ -28,13 +28,15 @@ class ProgressEntry:
             raise ManifestError(f"{self.log}: progress entry without a shard record or clip list")
 
 
+def progress_logs(out: Path) -> list[Path]:
+    """Every rank's progress log in OUT, in rank order."""
+    folder = Path(out) / PROGRESS_DIR
+    return sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []
+
+
 def iter_progress(out: Path) -> list[ProgressEntry]:
     """Every committed shard in every rank's progress log, whatever the world size (torn last lines ignored)."""
-    folder = Path(out) / PROGRESS_DIR
-    if not folder.is_dir():
-        return []
-    return [ProgressEntry(log, entry.get("shard"), entry.get("clips"))
-            for log in sorted(folder.glob("rank-*.jsonl")) for entry in iter_jsonl(log)]
+    return [entry for log in progress_logs(out) for _, entry in progress_entries(log)]
 
 
 def read_progress(out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -65,9 +67,32 @@ _DECODER = STRICT_JSON
 _SHARD_HEAD, _IDS_HEAD = '{"shard":', ',"ids":'
 
 
+def whole_lines(log: Path) -> Iterator[tuple[int, bytes]]:
+    """(byte offset, line) of every complete, non-blank line of a progress log; a torn last line (a crash
+    mid-append, whatever bytes it ends in) is not one."""
+    offset = 0
+    with open(log, "rb") as handle:
+        for line in handle:
+            if not line.endswith(b"\n"):
+                return
+            if line.strip():
+                yield offset, line
+            offset += len(line)
+
+
+def parse_progress_line(log: Path, offset: int, line: bytes) -> ProgressEntry:
+    """A whole progress line (a ManifestError naming the log and the byte offset when it does not parse)."""
+    try:
+        entry = loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{log}: line at byte {offset} does not parse ({exc})") from None
+    if not isinstance(entry, dict):
+        raise ManifestError(f"{log}: line at byte {offset} is not a progress entry")
+    return ProgressEntry(log, entry.get("shard"), entry.get("clips"))
+
+
 def progress_line_head(log: Path, offset: int, line: bytes) -> tuple[dict[str, Any], list[str]]:
-    """The shard record and clip ids of a progress line; a line written before ids led (keys sorted, clips
-    first) is parsed whole."""
+    """The shard record and clip ids of a progress line, read from its head; an older line is parsed whole."""
     try:
         text = line.decode("utf-8")
         if text.startswith(_SHARD_HEAD):
@@ -77,34 +102,23 @@ def progress_line_head(log: Path, offset: int, line: bytes) -> tuple[dict[str, A
                 if isinstance(shard, dict) and "file" in shard and isinstance(ids, list) \
                         and all(type(clip_id) is str for clip_id in ids):
                     return shard, ids
-        entry = loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"{log}: line at byte {offset} does not parse ({exc})") from None
-    if not isinstance(entry, dict):
-        raise ManifestError(f"{log}: line at byte {offset} is not a progress entry")
-    found = ProgressEntry(log, entry.get("shard"), entry.get("clips"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        pass  # parse_progress_line names the problem
+    found = parse_progress_line(log, offset, line)
     return found.shard, [committed_clip_id(log, clip) for clip in found.clips]
 
 
 def scan_committed(log: Path) -> Iterator[tuple[CommittedLine, list[str]]]:
     """Each complete line of a progress log as (where it is, its shard record and clip count) and its clip
     ids; a torn last line is ignored."""
-    offset = 0
-    with open(log, "rb") as handle:
-        for line in handle:
-            if not line.endswith(b"\n"):
-                return
-            if line.strip():
-                shard, ids = progress_line_head(log, offset, line)
-                yield CommittedLine(offset, len(line), shard, len(ids)), ids
-            offset += len(line)
+    for offset, line in whole_lines(log):
+        shard, ids = progress_line_head(log, offset, line)
+        yield CommittedLine(offset, len(line), shard, len(ids)), ids
 
 
 def committed_shards(out: Path) -> list[dict[str, Any]]:
     """The shard record of every committed shard in every rank's progress log (clip records not parsed)."""
-    folder = Path(out) / PROGRESS_DIR
-    logs = sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []
-    return [line.shard for log in logs for line, _ in scan_committed(log)]
+    return [line.shard for log in progress_logs(out) for line, _ in scan_committed(log)]
 
 
 class CommittedIds(Protocol):
@@ -117,9 +131,8 @@ class CommittedIds(Protocol):
 
 def committed_ids(out: Path, committed: CommittedIds | None) -> int:
     """Tell `committed` the clip ids of every committed shard; returns how many there were."""
-    folder = Path(out) / PROGRESS_DIR
     count = 0
-    for log in sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []:
+    for log in progress_logs(out):
         for _, ids in scan_committed(log):
             if committed is not None:
                 committed.add(ids)
@@ -128,28 +141,12 @@ def committed_ids(out: Path, committed: CommittedIds | None) -> int:
 
 
 def progress_entries(log: Path, only: frozenset[str] | None = None) -> Iterator[tuple[int, ProgressEntry]]:
-    """(byte offset, entry) of every complete line of a progress log (of the shard files in `only`, if given);
-    a torn last line is ignored."""
-    offset = 0
-    with open(log, "rb") as handle:
-        for line in handle:
-            if not line.endswith(b"\n"):
-                return
-            # a line that leads with its shard record is skipped by its head; an older one is parsed once, below
-            if only is not None and line.startswith(b'{"shard":') and progress_line_head(log, offset, line)[0]["file"] not in only:
-                offset += len(line)
-                continue
-            if line.strip():
-                try:
-                    entry = loads(line)
-                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                    raise ManifestError(f"{log}: line at byte {offset} does not parse ({exc})") from None
-                if not isinstance(entry, dict):
-                    raise ManifestError(f"{log}: line at byte {offset} is not a progress entry")
-                found = ProgressEntry(log, entry.get("shard"), entry.get("clips"))
-                if only is None or found.shard["file"] in only:
-                    yield offset, found
-            offset += len(line)
+    """(byte offset, entry) of every complete line of a progress log (of the shard files in `only`, if given: a line
+    of another shard is skipped by its head, not parsed); a torn last line is ignored."""
+    for offset, line in whole_lines(log):
+        if only is not None and progress_line_head(log, offset, line)[0]["file"] not in only:
+            continue
+        yield offset, parse_progress_line(log, offset, line)
 
 
 def committed_clip_id(log: Path, clip: Any) -> str:
@@ -160,9 +157,8 @@ def committed_clip_id(log: Path, clip: Any) -> str:
 
 def progress_counts(out: Path) -> tuple[int, int]:
     """(committed clips, committed shards) in every rank's progress log, counted as they stream."""
-    folder = Path(out) / PROGRESS_DIR
     clips = shards = 0
-    for log in sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []:
+    for log in progress_logs(out):
         for line, _ in scan_committed(log):
             shards += 1
             clips += line.clips

@@ -14,12 +14,20 @@ import torch
 import torch.utils.data
 from safetensors import SafetensorError, safe_open
 
-from vaecache.errors import ManifestError, UnsafePathError
+from vaecache.cache.layout import (
+    CLIPS,
+    FAILURES,
+    MANIFEST,
+    SHARD_SUFFIX,
+    SHARDS_DIR,
+    clip_id_problem,
+    inside,
+    shard_name_problem,
+)
 from vaecache.cache.manifest import read_manifest
-from vaecache.cache.v1 import CLIPS_V1, FAILURES_V1, v1_records
-from vaecache.cache.layout import CLIPS, FAILURES, MANIFEST, SHARD_SUFFIX, SHARDS_DIR, clip_id_problem, inside, shard_name_problem
 from vaecache.cache.table import CLIP_TABLE, FAILURE_TABLE, iter_column, iter_table
-from vaecache.errors import ShardHeaderError
+from vaecache.cache.v1 import CLIPS_V1, FAILURES_V1, v1_records
+from vaecache.errors import ManifestError, ShardHeaderError, UnsafePathError
 
 
 @dataclass(frozen=True)
@@ -70,7 +78,8 @@ class CacheReader:
 
     def shard_entry_problem(self, file: object) -> str | None:
         """Why a manifest's shard entry is not `shards/<plain name>` (so could name a file outside OUT)."""
-        if not isinstance(file, str) or not file.startswith(f"{SHARDS_DIR}/") or shard_name_problem(file[len(SHARDS_DIR) + 1:]):
+        if (not isinstance(file, str) or not file.startswith(f"{SHARDS_DIR}/")
+                or shard_name_problem(file[len(SHARDS_DIR) + 1:])):
             return f"{self.out / MANIFEST}: shards[].file: {file!r} is not a shard file in {self.out / SHARDS_DIR}"
         return None
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
+
 from vaecache.cache.io import atomic_write_bytes, atomic_write_json, cut_torn_tail, loads, sha256_file
 from vaecache.cache.layout import PROGRESS_DIR, SHARDS_DIR
-from vaecache.cache.progress import CommittedIds, CommittedLine, progress_line_head, scan_committed
+from vaecache.cache.progress import CommittedIds, CommittedLine, progress_line_head, progress_logs, scan_committed
 
 
 def shard_problem(out: Path, shard: dict[str, Any], hashed: dict[str, list[Any]] | None = None) -> str | None:
@@ -85,7 +86,7 @@ def repair_progress(out: Path, committed: CommittedIds | None = None) -> tuple[i
     shard are no longer committed, so the run encodes them again."""
     out = Path(out)
     progress = out / PROGRESS_DIR
-    logs = sorted(progress.glob("rank-*.jsonl"))
+    logs = progress_logs(out)
     lines: dict[Path, list[CommittedLine]] = {}
     for log in logs:
         cut_torn_tail(log)

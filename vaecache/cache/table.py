@@ -21,9 +21,8 @@ from typing import Any, Callable, Iterable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vaecache.errors import OutputError
 from vaecache.cache.io import FILE_MODE, fsync_dir, loads, sha256_file
-from vaecache.errors import ClipTableError
+from vaecache.errors import ClipTableError, OutputError, first_line
 
 ROW_GROUP_ROWS = 16384
 """Rows per row group: what the writer holds in memory at once, and the unit a reader skips by."""
@@ -108,7 +107,8 @@ def _tensors_fit(tensors: Any) -> bool:
     for key, entry in tensors.items():
         if type(key) is not str or type(entry) is not dict or not entry.keys() <= _TENSOR_FIELD_SET:
             return False
-        if ("name" in entry and type(entry["name"]) is not str) or ("dtype" in entry and type(entry["dtype"]) is not str):
+        if (("name" in entry and type(entry["name"]) is not str)
+                or ("dtype" in entry and type(entry["dtype"]) is not str)):
             return False
         if "shape" in entry and not _is_int_list(entry["shape"]):
             return False
@@ -284,26 +284,24 @@ def write_tables(path: Path, kind: TableKind, tables: Iterable[pa.Table]) -> Wri
     return WrittenTable(count, digest)
 
 
-def _open(path: Path, kind: TableKind) -> pq.ParquetFile:
+def open_table(path: Path, kind: TableKind) -> pq.ParquetFile:
     try:
         table = pq.ParquetFile(path, page_checksum_verification=True)
     except FileNotFoundError:
         raise ClipTableError(f"{path}: missing") from None
     except (pa.ArrowException, OSError) as exc:
-        raise ClipTableError(f"{path}: not a readable Parquet file ({_first_line(exc)})") from None
+        raise ClipTableError(f"{path}: not a readable Parquet file ({first_line(exc)})") from None
     missing = [name for name in kind.schema.names if name not in table.schema_arrow.names]
     if missing:
         raise ClipTableError(f"{path}: not a vaecache {kind.name} table (no column {', '.join(missing)})")
     return table
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def iter_table(path: Path, kind: TableKind, batch_rows: int = READ_BATCH_ROWS) -> Iterator[dict[str, Any]]:
     """The records of a table, one record batch at a time (bounded memory at any row count)."""
-    table = _open(Path(path), kind)
+    table = open_table(Path(path), kind)
     number = 0
     try:
         for batch in table.iter_batches(batch_size=batch_rows, columns=kind.schema.names):
@@ -312,26 +310,26 @@ def iter_table(path: Path, kind: TableKind, batch_rows: int = READ_BATCH_ROWS) -
                     record = kind.to_record(row)
                 except (ValueError, TypeError, KeyError, AttributeError) as exc:  # a row no writer of ours made
                     raise ClipTableError(f"{path}: row {number} is malformed ({type(exc).__name__}: "
-                                         f"{_first_line(exc)})") from None
+                                         f"{first_line(exc)})") from None
                 number += 1
                 yield record
     except (pa.ArrowException, OSError) as exc:
-        raise ClipTableError(f"{path}: does not read ({_first_line(exc)})") from None
+        raise ClipTableError(f"{path}: does not read ({first_line(exc)})") from None
 
 
 def iter_column(path: Path, kind: TableKind, column: str, batch_rows: int = 65536) -> Iterator[Any]:
     """One column's values, batch by batch (no other column is read)."""
-    table = _open(Path(path), kind)
+    table = open_table(Path(path), kind)
     try:
         for batch in table.iter_batches(batch_size=batch_rows, columns=[column]):
             yield from batch.column(0).to_pylist()
     except (pa.ArrowException, OSError) as exc:
-        raise ClipTableError(f"{path}: does not read ({_first_line(exc)})") from None
+        raise ClipTableError(f"{path}: does not read ({first_line(exc)})") from None
 
 
 def table_rows(path: Path, kind: TableKind) -> int:
     """Row count from the Parquet footer (no data read)."""
-    return _open(Path(path), kind).metadata.num_rows
+    return open_table(Path(path), kind).metadata.num_rows
 
 
 class RowLog:
@@ -387,5 +385,5 @@ def read_row_log(path: Path) -> Iterator[pa.RecordBatch]:
 
 
 __all__ = ["CLIP_SCHEMA", "CLIP_TABLE", "FAILURE_SCHEMA", "FAILURE_TABLE", "ClipTableError", "RowLog", "TableKind",
-           "WrittenTable", "clip_record", "clip_row", "iter_column", "iter_table", "read_row_log", "rows_table", "schema_of", "table_rows",
-           "write_table", "write_tables"]
+           "WrittenTable", "clip_record", "clip_row", "iter_column", "iter_table", "read_row_log", "rows_table",
+           "schema_of", "table_rows", "write_table", "write_tables"]

@@ -2,9 +2,9 @@
 size limit, commits atomically off-thread.
 
 Every shard holds one bucket (one latent shape): the writer keeps an open shard per bucket, and each rolls
-on its own at the size limit. A shard is committed by: serialize -> sha256 -> temp file -> fsync -> rename -> fsync folder -> append its
-clip-table rows to this attempt's row log (fsynced; finalize merges them) -> append one fsynced line (shard
-record, clip ids, clip records) to this rank's progress log. Only a shard named in a
+on its own at the size limit. A shard is committed by: serialize -> sha256 -> temp file -> fsync -> rename -> fsync
+folder -> append its clip-table rows to this attempt's row log (fsynced; finalize merges them) -> append one fsynced
+line (shard record, clip ids, clip records) to this rank's progress log. Only a shard named in a
 progress log counts; anything else in shards/ is debris from a crash and is discarded on resume.
 """
 
@@ -22,15 +22,14 @@ import torch
 from safetensors.torch import save as safetensors_save
 
 from vaecache import faults
-from vaecache.settings.buckets import fit_geometry
-from vaecache.settings.dtypes import recorded_name
-from vaecache.errors import OutputError
-from vaecache.cache.progress import progress_line
 from vaecache.cache.io import AppendLog, atomic_write_bytes
 from vaecache.cache.layout import FORMAT_NAME, FORMAT_VERSION, SHARDS_DIR, rows_name, shard_name
-from vaecache.cache.table import RowLog
+from vaecache.cache.progress import progress_line
 from vaecache.cache.provenance import IdentityMemo
-
+from vaecache.cache.table import RowLog
+from vaecache.errors import OutputError
+from vaecache.settings.buckets import fit_geometry
+from vaecache.settings.dtypes import recorded_name
 
 
 class ClipLike(Protocol):
@@ -160,7 +159,8 @@ class ShardWriter:
             "tensors": {key: {"name": tensor_name(clip.clip_id, key), "shape": list(t.shape),
                               "dtype": recorded_name(t.dtype)} for key, t in tensors.items()},
             "encode": encode_record(clip.cameras, view_settings),
-            **(geometry_record(clip, self.fit) if self.fit is not None and getattr(clip, "bucket", None) is not None else {}),
+            **(geometry_record(clip, self.fit) if self.fit is not None and getattr(clip, "bucket", None) is not None
+               else {}),
         }
         metadata = getattr(clip, "metadata", None)  # the index line's own keys, passed through uninterpreted
         if metadata is not None:

@@ -10,8 +10,7 @@ import sys
 import typer
 
 from vaecache import __version__
-from vaecache.cli._common import is_launcher_rank0
-from vaecache.errors import EXIT_INTERRUPTED
+from vaecache.cli.common import is_launcher_rank0
 from vaecache.cli.decode import decode
 from vaecache.cli.demo import demo, demo_data
 from vaecache.cli.encode import encode
@@ -20,6 +19,7 @@ from vaecache.cli.index import index
 from vaecache.cli.inspect import inspect
 from vaecache.cli.plan import plan
 from vaecache.cli.verify import verify
+from vaecache.errors import EXIT_INTERRUPTED
 
 app = typer.Typer(
     name="vaecache",

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vaecache.cli._common import check_json_target, console, report_errors, write_json
+from vaecache.cli.common import check_json_target, console, report_errors, write_json
 from vaecache.errors import UsageError
 
 if TYPE_CHECKING:
@@ -38,13 +38,15 @@ def decode(
                                       "match the recorded fingerprint, as for verify --reencode."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N."),
     chunk_frames: int = typer.Option(4, "--chunk-frames", help="Latent frames decoded at a time per camera (Wan: "
-                                     "1 latent frame = 4 frames): bounds the frames in flight; the result is the same."),
+                                     "1 latent frame = 4 frames): bounds the frames in flight; "
+                                     "the result is the same."),
     tiling: bool = typer.Option(False, "--tiling", help="Decode with the VAE's spatial tiling: bounds one frame's "
                                 "activations, for frames too large to decode whole (tile seams may differ slightly)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output file."),
     allow_pickle_weights: bool = typer.Option(False, "--allow-pickle-weights", help="Let a diffusers VAE folder "
                                               "holding only pickled .bin weights load (pickle runs code)."),
-    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file ('-': stdout)."),
+    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file "
+                                             "('-': stdout)."),
 ) -> None:
     """Decode one clip's stored latents and compare with its source: mp4 grid (source above reconstruction,
     one column per camera), PSNR and SSIM per camera."""

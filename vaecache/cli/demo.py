@@ -6,9 +6,9 @@ from pathlib import Path
 
 import typer
 
-from vaecache.cli._common import console, report_errors
-from vaecache.settings.buckets import parse_size
+from vaecache.cli.common import console, report_errors
 from vaecache.errors import EXIT_OK
+from vaecache.settings.buckets import parse_size
 
 
 @report_errors
@@ -37,17 +37,17 @@ def demo(
 ) -> None:
     """Generate demo data, encode it with builtin:small, verify it, and decode one clip to a preview mp4 with
     its PSNR against the source."""
-    from vaecache.settings.clip import ClipSettings, SamplingConfig
-    from vaecache.settings.commands import EncodeConfig
-    from vaecache.demodata import DemoDataSpec, write_demo_dataset
-    from vaecache.distributed.context import distributed
-    from vaecache.training import LatentCache
-    from vaecache.encode.run import run_encode
-    from vaecache.preview import decode_preview
     from vaecache.cache.verify import verify_cache
     from vaecache.cli.decode import report_table as preview_table
     from vaecache.cli.encode import summary_table
     from vaecache.cli.verify import report_table
+    from vaecache.demodata import DemoDataSpec, write_demo_dataset
+    from vaecache.distributed.context import distributed
+    from vaecache.encode.run import run_encode
+    from vaecache.preview import decode_preview
+    from vaecache.settings.clip import ClipSettings, SamplingConfig
+    from vaecache.settings.commands import EncodeConfig
+    from vaecache.training import LatentCache
 
     data, out, preview = root / "data", root / "cache", root / "preview.mp4"
     spec = DemoDataSpec(scenes=3, cameras=2, frames=17, height=64, width=64, fps=10, seed=0)

@@ -14,13 +14,13 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vaecache.cli._common import check_json_target, console, human_bytes, launcher_rank_world, report_errors, write_json
+from vaecache.cli.common import check_json_target, console, human_bytes, launcher_rank_world, report_errors, write_json
 from vaecache.cli.options import ConfigOption, DataArgument, with_setting_flags
+from vaecache.errors import DatasetError, UsageError
+from vaecache.progress import progress as progress_reporter
 from vaecache.settings.commands import EncodeConfig
 from vaecache.settings.loader import load_settings
 from vaecache.settings.options import ENCODE
-from vaecache.errors import DatasetError, UsageError
-from vaecache.progress import progress as progress_reporter
 
 if TYPE_CHECKING:
     from vaecache.encode.summary import EncodeSummary
@@ -87,8 +87,8 @@ def encode(
         if summary.already_complete:
             console.print(f"{escape(str(summary.out))} is already complete: nothing to encode, nothing changed")
         if summary.repaired:
-            console.print(f"[yellow]repaired:[/yellow] {len(summary.repaired)} damaged shard(s) dropped and their clips "
-                          f"encoded again ({escape('; '.join(summary.repaired[:3]))})", soft_wrap=True)
+            console.print(f"[yellow]repaired:[/yellow] {len(summary.repaired)} damaged shard(s) dropped and their "
+                          f"clips encoded again ({escape('; '.join(summary.repaired[:3]))})", soft_wrap=True)
         console.print(summary_table(summary))
     if is_rank0 and json_file is not None:
         write_json(json_file, summary_json(summary))
@@ -110,10 +110,12 @@ def summary_table(summary: EncodeSummary) -> Table:
         *([("buckets (clips planned)", ", ".join(f"{b['name']}: {b['clips']}" for b in summary.buckets)),
            ("empty buckets", ", ".join(summary.empty_buckets) or "-")] if summary.buckets else []),
         ("shards / bytes written", f"{summary.shards} / {human_bytes(summary.bytes_written)}"),
-        ("skipped inputs", f"{len(summary.skipped)}" + (f" (see {escape(str(summary.out))}/failures.parquet)" if summary.skipped else "")),
+        ("skipped inputs", f"{len(summary.skipped)}" + (f" (see {escape(str(summary.out))}/failures.parquet)"
+                                                        if summary.skipped else "")),
         ("OOM backoffs", f"{len(summary.backoffs)}"),
         ("cameras left out (not encoded)", ", ".join(f"{escape(name)} ({count} scenes)"
-                                                     for name, count in sorted(summary.left_out_cameras.items())) or "-"),
+                                                     for name, count in sorted(summary.left_out_cameras.items()))
+                                           or "-"),
         ("ranks", f"{summary.world_size} (SP {summary.sp_size})"),
         ("wall time", f"{summary.wall_s:.1f} s (start-up {summary.startup_s:.1f}, encode {summary.encode_s:.1f}, "
                       f"finalize {summary.finalize_s:.1f})"),

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from vaecache.cli._common import console, human_bytes, report_errors
+from vaecache.cli.common import console, human_bytes, report_errors
 from vaecache.errors import UsageError
 
 FORMATS = ("musubi", "webdataset")

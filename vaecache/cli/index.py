@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vaecache.cli._common import console, report_errors
+from vaecache.cli.common import console, report_errors
 from vaecache.errors import DatasetError
 from vaecache.progress import progress as progress_reporter
 
@@ -20,7 +20,8 @@ def index(
     data: Path = typer.Argument(..., help="Dataset: DATA/<scene>/<camera>.mp4, a folder of videos, or a .jsonl index."),
     output: Path = typer.Option(..., "--output", "-o", help="The index to write (INDEX.jsonl); unusable scenes go to "
                                 "INDEX.rejected.jsonl beside it."),
-    cameras: Optional[str] = typer.Option(None, "--cameras", help="Comma-separated camera order (default: names sorted)."),
+    cameras: Optional[str] = typer.Option(None, "--cameras", help="Comma-separated camera order "
+                                          "(default: names sorted)."),
     workers: int = typer.Option(8, "--workers", help="Threads probing videos in each rank."),
     timeout: float = typer.Option(1800.0, "--timeout", help="Seconds a rank waits for the others at the end."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress on rank 0: a bar in a terminal, "

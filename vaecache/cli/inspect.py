@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from vaecache.cli._common import check_json_target, console, human_bytes, report_errors, write_json
+from vaecache.cli.common import check_json_target, console, human_bytes, report_errors, write_json
 from vaecache.errors import UsageError
 
 
@@ -19,7 +19,8 @@ def _summary_lines(info: dict[str, Any]) -> list[str]:
     lines = [
         f"cache {info['out']} (format {info['format_version']}, created {info.get('created_at')})",
         f"VAE {vae.get('spec')} ({vae.get('family')}{', untrained' if vae.get('untrained') else ''}), "
-        f"weights {str(vae.get('weights_sha256'))[:12]}, normalization {(vae.get('normalization') or {}).get('formula')}",
+        f"weights {str(vae.get('weights_sha256'))[:12]}, "
+        f"normalization {(vae.get('normalization') or {}).get('formula')}",
         f"settings: {settings.get('num_frames')} frames, {settings.get('height')}x{settings.get('width')}, "
         f"store {settings.get('store')}, dtype {settings.get('dtype')}",
         f"{counts.get('clips')} clips, {counts.get('views')} views, {counts.get('shards')} shards, "
@@ -36,7 +37,8 @@ def _summary_lines(info: dict[str, Any]) -> list[str]:
         lines.append(f"  {shape['clips']} clips of shape {json.dumps(shape['shape'])}")
     if info.get("buckets"):
         lines.append(f"buckets: {json.dumps(info['buckets'])}")
-    lines.append(f"{failures['count']} failures" + "".join(f"\n  {n} {reason}" for reason, n in failures["by_reason"].items()))
+    lines.append(f"{failures['count']} failures"
+                 + "".join(f"\n  {n} {reason}" for reason, n in failures["by_reason"].items()))
     return lines
 
 
@@ -67,13 +69,14 @@ def inspect(
     out: Path = typer.Argument(..., help="A folder written by vaecache encode."),
     clip: Optional[str] = typer.Option(None, "--clip", help="Show this clip (id, e.g. scene_000/000000-000008): its "
                                        "record and min/max/mean/std computed from its tensors (reads one shard)."),
-    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the result as JSON to this file ('-': stdout)."),
+    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the result as JSON to this file "
+                                             "('-': stdout)."),
 ) -> None:
     """What a cache holds, without a full verify: VAE, settings, latent shapes, counts, bytes, failures."""
     if not out.is_dir():
         raise UsageError(f"{out}: no such folder")
     check_json_target(json_file)
-    from vaecache.cache.inspect import inspect_cache, inspect_clip
+    from vaecache.inspect import inspect_cache, inspect_clip
 
     info = inspect_clip(out, clip) if clip is not None else inspect_cache(out)
     for line in (_clip_lines(info) if clip is not None else _summary_lines(info)):

@@ -9,15 +9,15 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vaecache.cli._common import check_json_target, console, human_bytes, report_errors, write_json
+from vaecache.cli.common import check_json_target, console, human_bytes, report_errors, write_json
 from vaecache.cli.options import ConfigOption, DataArgument, with_setting_flags
+from vaecache.errors import DatasetError
 from vaecache.settings.loader import load_settings
 from vaecache.settings.options import PLAN
-from vaecache.errors import DatasetError
 
 if TYPE_CHECKING:
-    from vaecache.settings.commands import PlanConfig
     from vaecache.planning.report import PlanReport
+    from vaecache.settings.commands import PlanConfig
 
 MAX_ROWS = 16
 
@@ -53,7 +53,8 @@ def summary_table(report: PlanReport) -> Table:
     ]
     m = report.measurement
     if m is not None:
-        rows.append(("measured", f"{m.seconds_per_view:.3f} s/view on {m.device} ({m.views} views of {escape(m.clip_id)})"))
+        rows.append(("measured", f"{m.seconds_per_view:.3f} s/view on {m.device} "
+                                 f"({m.views} views of {escape(m.clip_id)})"))
         if m.peak_bytes is not None:
             per_view = human_bytes(m.peak_per_view_bytes) if m.peak_per_view_bytes is not None else "unknown"
             rows.append(("peak memory", f"{human_bytes(m.peak_bytes)} ({per_view} per view; {m.method})"))
@@ -63,7 +64,8 @@ def summary_table(report: PlanReport) -> Table:
         rows.append(("ETA", _duration(report.eta_s) + f" on {cfg['world_size']} ranks"))
     if cfg.get("memory_budget") is not None:
         fits = report.fits_views_per_forward
-        rows.append((f"views per forward in {human_bytes(cfg['memory_budget'])}", "unknown" if fits is None else f"{fits}"))
+        rows.append((f"views per forward in {human_bytes(cfg['memory_budget'])}",
+                     "unknown" if fits is None else f"{fits}"))
     for row in rows:
         table.add_row(*row)
     return table
@@ -101,7 +103,8 @@ def scenes_table(report: PlanReport) -> Table:
 def buckets_table(report: PlanReport) -> Table:
     """The bucket histogram: clips, views, bytes and what the fit mode does to the sources of each bucket."""
     table = Table(title=f"buckets (--fit {report.config.get('fit', 'cover')})")
-    for name in ("bucket", "latent (c, t, h, w)", "clips", "views", "bytes", "source kept", "padding", "max distortion"):
+    for name in ("bucket", "latent (c, t, h, w)", "clips", "views", "bytes", "source kept", "padding",
+                 "max distortion"):
         table.add_column(name, justify="left" if name == "bucket" else "right")
     for row in report.buckets:
         shape = str(tuple(row["view_shape"]))
@@ -126,7 +129,8 @@ def _duration(seconds: float) -> str:
 @with_setting_flags(PLAN)
 def plan(
     data: DataArgument,
-    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file ('-': stdout)."),
+    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file "
+                                             "('-': stdout)."),
     config: ConfigOption = None,
     *,
     flags: dict[str, Any],

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vaecache.cli._common import check_json_target, console, human_bytes, report_errors, write_json
+from vaecache.cli.common import check_json_target, console, human_bytes, report_errors, write_json
 from vaecache.errors import EXIT_FAILED, EXIT_OK, UsageError
 from vaecache.progress import progress as progress_reporter
 
@@ -50,10 +50,13 @@ def problem_lines(report: VerifyReport) -> list[str]:
 def verify(
     out: Path = typer.Argument(..., help="A folder written by vaecache encode."),
     quick: bool = typer.Option(False, "--quick", help="Skip hashing and value checks: sizes and headers only."),
-    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file ('-': stdout)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="Shards checked in parallel (default: cores, up to 8)."),
+    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file "
+                                             "('-': stdout)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Shards checked in parallel "
+                                          "(default: cores, up to 8)."),
     dataset: Optional[Path] = typer.Option(None, "--dataset", help="Re-plan clips from this source with the recorded "
-                                           "settings: list clips missing from the cache and cached clips with no source."),
+                                           "settings: list clips missing from the cache and "
+                                           "cached clips with no source."),
     reencode: int = typer.Option(0, "--reencode", help="Decode and re-encode K clips (chosen by --seed) and compare."),
     vae: Optional[str] = typer.Option(None, "--vae", help="VAE for --reencode (default: the recorded spec); must match "
                                       "the recorded fingerprint."),
@@ -62,7 +65,9 @@ def verify(
     tolerance: Optional[float] = typer.Option(None, "--tolerance", help="--reencode: allowed max abs difference as a "
                                               "fraction of the stored max (default: 1e-6 fp32, 1e-3 fp16, 8e-3 bf16; "
                                               "loosen it on another machine than the encode's)."),
-    allow_pickle_weights: bool = typer.Option(False, "--allow-pickle-weights", help="Let a diffusers VAE folder holding only pickled .bin weights load (pickle runs code: trust the folder)."),
+    allow_pickle_weights: bool = typer.Option(False, "--allow-pickle-weights", help="Let a diffusers VAE folder "
+                                              "holding only pickled .bin weights load (pickle runs code: "
+                                              "trust the folder)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Hashing progress on rank 0: a bar in a "
                                   "terminal, a line every 30 s (VAECACHE_PROGRESS_INTERVAL) in a log."),
 ) -> None:
@@ -80,8 +85,8 @@ def verify(
     check_json_target(json_file)
 
     from vaecache.distributed.context import distributed
-    from vaecache.settings.commands import VerifyOptions
     from vaecache.encode.recheck import verify as verify_cache
+    from vaecache.settings.commands import VerifyOptions
 
     options = VerifyOptions(quick=quick, threads=threads, dataset=dataset, reencode=reencode, vae=vae, seed=seed,
                             device=device, allow_pickle_weights=allow_pickle_weights,

@@ -23,7 +23,7 @@ import torch.distributed as tdist
 from torch.distributed import ProcessGroup
 
 from vaecache.distributed import liveness
-from vaecache.distributed.launch import RankInfo, _export_master
+from vaecache.distributed.launch import RankInfo, export_master
 from vaecache.distributed.mesh import Mesh, make_mesh
 from vaecache.errors import DistributedError, UsageError, VaecacheError
 
@@ -304,8 +304,8 @@ def distributed(
     Reads :meth:`RankInfo.from_env`, checks ``sp_size`` against the world size before any
     network traffic, picks the device, initialises NCCL (CUDA) or gloo (CPU) with ``env://`` and
     ``timeout_s``, creates the SP groups and starts the heartbeats (:mod:`vaecache.distributed.liveness`; a rank
-    silent for ``liveness_timeout_s`` fails the job naming it; 0 turns that off). When torch.distributed was already initialised by the
-    caller it is reused and left initialised (only the SP groups made here are destroyed).
+    silent for ``liveness_timeout_s`` fails the job naming it; 0 turns that off). When torch.distributed was already
+    initialised by the caller it is reused and left initialised (only the SP groups made here are destroyed).
     """
     if timeout_s <= 0:
         raise UsageError(f"distributed timeout must be > 0 s, got {timeout_s}")
@@ -336,7 +336,7 @@ def distributed(
                 log.debug("rank %d: reusing the existing %s process group", info.rank, backend)
             else:
                 backend = "nccl" if dev.type == "cuda" else "gloo"
-                env_added = _export_master(info)
+                env_added = export_master(info)
                 kwargs: dict[str, Any] = {}
                 if backend == "nccl" and "device_id" in inspect.signature(tdist.init_process_group).parameters:
                     kwargs["device_id"] = dev

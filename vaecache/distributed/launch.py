@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 from vaecache.errors import DistributedError
 
-
 DEFAULT_MASTER_PORT = 29500
 """Base of the MASTER_PORT derived from a SLURM job id (see :func:`slurm_master_port`)."""
 
@@ -271,7 +270,8 @@ class RankInfo:
         elif ntasks == 1:
             local_world = 1
         else:
-            raise DistributedError("none of SLURM_STEP_TASKS_PER_NODE, SLURM_TASKS_PER_NODE, SLURM_NTASKS_PER_NODE is set")
+            raise DistributedError("none of SLURM_STEP_TASKS_PER_NODE, SLURM_TASKS_PER_NODE, SLURM_NTASKS_PER_NODE "
+                                   "is set")
         local_rank = _env_int(env, "SLURM_LOCALID", 0 if local_world == 1 else None)
         addr = env.get("MASTER_ADDR") or None
         if addr is None:
@@ -286,7 +286,7 @@ class RankInfo:
                 else slurm_master_port(job_id, env.get("SLURM_STEP_ID")))
         return cls(rank, ntasks, local_rank, local_world, node_rank, addr, port, "slurm", job_id)
 
-def _export_master(info: RankInfo) -> list[str]:
+def export_master(info: RankInfo) -> list[str]:
     """Put MASTER_ADDR/PORT from ``info`` into os.environ for env:// when missing; return what was added."""
     wanted = {}
     for key, value in (("MASTER_ADDR", info.master_addr), ("MASTER_PORT", info.master_port)):

@@ -140,7 +140,8 @@ class Liveness:
 
     def __init__(self, store: Any, rank: int, world: int, timeout_s: float, *, prefix: str = "vaecache/liveness/",
                  store_where: str = "the rendezvous store", hosts_store: bool = False,
-                 on_failure: Callable[[str, bool], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 on_failure: Callable[[str, bool], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.store, self.rank, self.world, self.timeout_s = store, rank, world, timeout_s
         self.interval_s = interval_for(timeout_s)
         self.prefix, self.store_where = prefix, store_where

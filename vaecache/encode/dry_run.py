@@ -18,17 +18,24 @@ from typing import Any
 
 import torch
 
-from vaecache.settings.clip import STORED_KEYS
-from vaecache.video.backends import PYAV, Backend
-from vaecache.video.dataset import ViewDecoder
 from vaecache.distributed.context import resolve_device
+from vaecache.encode.startup import StartRequest, start_notes, start_up
 from vaecache.errors import UsageError, VideoDecodeError
 from vaecache.planning.clips import Clip
+from vaecache.planning.report import (
+    Measurement,
+    PlanReport,
+    SceneRows,
+    bucket_histogram,
+    dp_shares,
+    fits_views_per_forward,
+)
+from vaecache.settings.clip import STORED_KEYS
+from vaecache.settings.commands import PlanConfig
 from vaecache.settings.dtypes import recorded_name
 from vaecache.vae import VaeRunner
-from vaecache.planning.report import Measurement, PlanReport, SceneRows, bucket_histogram, dp_shares, fits_views_per_forward
-from vaecache.settings.commands import PlanConfig
-from vaecache.encode.startup import StartRequest, start_notes, start_up
+from vaecache.video.backends import PYAV, Backend
+from vaecache.video.dataset import ViewDecoder
 
 MEASURE_TRIES = 5
 
@@ -85,7 +92,8 @@ def build_plan(cfg: PlanConfig) -> PlanReport:
     if cfg.measure:
         for clip in clips[:MEASURE_TRIES]:
             try:
-                size = (clip.bucket.height, clip.bucket.width) if clip.bucket is not None else (cfg.clip.height, cfg.clip.width)
+                size = ((clip.bucket.height, clip.bucket.width) if clip.bucket is not None
+                        else (cfg.clip.height, cfg.clip.width))
                 report.measurement = measure_clip(vae, clip, *size, fit=cfg.clip.fit, backend=backend)
                 break
             except VideoDecodeError as exc:
@@ -184,8 +192,3 @@ def _config_json(cfg: PlanConfig, device: torch.device) -> dict[str, Any]:
         "sp_size": cfg.sp_size, "dp_size": cfg.world_size // cfg.sp_size, "batch_size": cfg.batch_size,
         "device": str(device), "memory_budget": cfg.memory_budget,
     }
-
-
-__all__ = ["DpShare", "Measurement", "PlanConfig", "PlanReport", "bucket_histogram", "build_plan", "dp_shares",
-           "fits_views_per_forward",
-           "measure_clip"]

@@ -4,15 +4,15 @@ records."""
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 from typing import Any
-from vaecache.settings.clip import ClipSettings
-from vaecache.errors import UsageError
+
 from vaecache.cache.layout import FORMAT_VERSION
+from vaecache.errors import UsageError
+from vaecache.settings.clip import ClipSettings
 from vaecache.settings.commands import EncodeConfig
-from vaecache.video.backends import Backend
 from vaecache.vae.runner import VaeRunner
+from vaecache.video.backends import Backend
 
 
 def load_recorded_vae(out: Path, manifest: dict[str, Any], spec: str, device: Any,
@@ -27,7 +27,8 @@ def load_recorded_vae(out: Path, manifest: dict[str, Any], spec: str, device: An
     clip_settings = ClipSettings.from_record(manifest.get("settings", {}))
     vae = load_vae(spec, device, clip_settings.dtype, tiling=clip_settings.tiling,
                    allow_pickle_weights=allow_pickle_weights,
-                   views_per_forward=clip_settings.views_per_forward if isinstance(clip_settings.views_per_forward, int) else 1,
+                   views_per_forward=(clip_settings.views_per_forward
+                                      if isinstance(clip_settings.views_per_forward, int) else 1),
                    compiled=clip_settings.compiled, channels_last=clip_settings.channels_last)
     recorded = upgraded_fingerprint({"vae": {k: v for k, v in manifest.get("vae", {}).items() if k != "spec"}})["vae"]
     given = run_fingerprint_vae_part(vae)

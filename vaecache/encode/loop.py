@@ -3,34 +3,34 @@ latents -> the shard writer, failures to the failure log."""
 
 from __future__ import annotations
 
-import logging
-
 import dataclasses
 import gc
 import hashlib
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
+
 import torch
-from vaecache.settings.commands import EncodeConfig
-from vaecache.video.backends import Backend
-from vaecache.video.dataset import ViewBatchDataset
-from vaecache.distributed.context import DistContext
-from vaecache.distributed.liveness import set_doing
-from vaecache.errors import InputError
+
 from vaecache.cache.io import AppendLog
 from vaecache.cache.layout import failures_path, progress_path
 from vaecache.cache.outdir import PreparedOut
 from vaecache.cache.writer import ShardWriter, failure_record
+from vaecache.distributed.context import DistContext
+from vaecache.distributed.liveness import set_doing
+from vaecache.encode.summary import EncodeSummary, RankCounters
+from vaecache.encode.transfer import views_on_device_ahead
+from vaecache.errors import InputError
 from vaecache.parallel.encoders import encoder_for
 from vaecache.parallel.views import SPPlan, gather_views
-from vaecache.planning.clips import Clip, DoneMaskBuilder
+from vaecache.planning.clips import Clip, DoneMask, DoneMaskBuilder
 from vaecache.planning.jobs import JobPlan, batch_views
+from vaecache.settings.commands import EncodeConfig
 from vaecache.stop import StopRequest, ignore_stop_signals
-from vaecache.encode.transfer import views_on_device_ahead
 from vaecache.vae import VaeRunner
-from vaecache.encode.summary import EncodeSummary, RankCounters
-from vaecache.planning.clips import DoneMask
+from vaecache.video.backends import Backend
+from vaecache.video.dataset import ViewBatchDataset
 
 log = logging.getLogger("vaecache")
 
@@ -217,7 +217,8 @@ class _BatchSink:
     condemned: set[tuple[str, str]] = dataclasses.field(default_factory=set)
     """(scene, path) whose source failed as a whole: recorded once, as the scene's failure, not per clip."""
 
-    def commit(self, batch: tuple[Clip, ...], moments: torch.Tensor | None, channels: int, outcome: BatchOutcome) -> None:
+    def commit(self, batch: tuple[Clip, ...], moments: torch.Tensor | None, channels: int,
+               outcome: BatchOutcome) -> None:
         errors, settings = outcome.errors, outcome.settings
         cfg, writer, counters = self.cfg, self.writer, self.counters
         view_start = 0

@@ -5,10 +5,11 @@ decode workers."""
 from __future__ import annotations
 
 import logging
-
 import os
 from typing import Any
+
 import torch
+
 from vaecache.distributed.context import DistContext
 
 log = logging.getLogger("vaecache")

@@ -7,16 +7,16 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
+
 import torch
-from vaecache.settings.clip import ClipSettings
-from vaecache.settings.dtypes import RECORDED_NAMES
-from vaecache.errors import VaecacheError
+
 from vaecache.cache.reader import CacheReader
 from vaecache.cache.verify import Check, VerifyReport, check_sources, verify_cache
-from vaecache.errors import ClipTableError
 from vaecache.encode.fingerprint import load_recorded_vae
+from vaecache.errors import ClipTableError, VaecacheError
+from vaecache.settings.clip import ClipSettings
 from vaecache.settings.commands import VerifyOptions
-
+from vaecache.settings.dtypes import RECORDED_NAMES
 
 REENCODE_TOLERANCE = {"float32": 1e-6, "float16": 1e-3, "bfloat16": 8e-3}
 """Default --reencode tolerance: max abs difference over max abs stored value, per stored dtype. On the
@@ -89,11 +89,11 @@ def check_reencode(out: Path, manifest: dict[str, Any], cache: CacheReader, coun
     """Decode and re-encode K clips chosen by a seed with the recorded VAE; compare with what is stored."""
     import random
 
-    from vaecache.video.dataset import ViewDecoder
-    from vaecache.video.backends import backend_for_record
     from vaecache.distributed.context import resolve_device
-    from vaecache.planning.clips import Clip
     from vaecache.encode.loop import clip_tensors
+    from vaecache.planning.clips import Clip
+    from vaecache.video.backends import backend_for_record
+    from vaecache.video.dataset import ViewDecoder
 
     settings = manifest.get("settings", {})
     clip_settings = ClipSettings.from_record(settings)

@@ -13,35 +13,37 @@ from typing import Any
 import torch
 
 import vaecache
-from vaecache.settings.clip import STORED_KEYS
-from vaecache.settings.commands import EncodeConfig
-from vaecache.sources.probing import write_probe_records
-from vaecache.distributed.context import DistContext
-from vaecache.distributed.liveness import set_doing
-from vaecache.settings.dtypes import recorded_name
-from vaecache.errors import OutputError, UsageError
 from vaecache.cache.finalize import finalize
+from vaecache.cache.layout import PROBES_DIR, probes_path
 from vaecache.cache.manifest import manifest_header
-from vaecache.cache.layout import probes_path
-from vaecache.cache.outdir import PreparedOut, begin_changes, describe_differences, prepare_out, recorded_numerics_history, release_lock
+from vaecache.cache.outdir import (
+    PreparedOut,
+    begin_changes,
+    describe_differences,
+    prepare_out,
+    recorded_cpu_threads,
+    recorded_numerics_history,
+    release_lock,
+)
 from vaecache.cache.provenance import source_identities
 from vaecache.cache.reader import CacheReader
+from vaecache.distributed.context import DistContext
+from vaecache.distributed.liveness import set_doing
+from vaecache.encode.fingerprint import run_fingerprint
+from vaecache.encode.loop import encode_share, marking_done
+from vaecache.encode.numerics import cpu_thread_budget, rank_decode_threads, run_numerics
+from vaecache.encode.startup import StartRequest, StartUp, check_out_usable, start_notes, start_up
+from vaecache.encode.summary import EncodeSummary
+from vaecache.errors import OutputError, UsageError
 from vaecache.planning.clips import DoneMaskBuilder
+from vaecache.progress import Advance, ProgressFactory, progress_phase
+from vaecache.settings.clip import STORED_KEYS
+from vaecache.settings.commands import EncodeConfig
+from vaecache.settings.dtypes import recorded_name
+from vaecache.sources.probing import write_probe_records
 from vaecache.stop import StopRequest
 from vaecache.vae import VaeRunner
 from vaecache.vae.load import CUDA_NUMERICS
-from vaecache.encode.fingerprint import run_fingerprint
-from vaecache.encode.loop import encode_share
-from vaecache.encode.numerics import run_numerics
-from vaecache.encode.startup import StartUp, start_up
-from vaecache.encode.loop import marking_done
-from vaecache.encode.summary import EncodeSummary
-from vaecache.progress import ProgressFactory, progress_phase
-from vaecache.progress import Advance
-from vaecache.cache.layout import PROBES_DIR
-from vaecache.cache.outdir import recorded_cpu_threads
-from vaecache.encode.numerics import cpu_thread_budget, rank_decode_threads
-from vaecache.encode.startup import StartRequest, check_out_usable, start_notes
 
 log = logging.getLogger("vaecache")
 
@@ -88,7 +90,8 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
     mesh, vae = ctx.mesh, start.vae
     threads = cpu_thread_budget(ctx, cfg.workers, None if cfg.overwrite else recorded_cpu_threads(cfg.out))
     decoder = dataclasses.replace(start.backend, threads=rank_decode_threads(ctx, cfg.workers, threads))
-    for note in start_notes(start.job, cfg.batch_size, mesh.sp_size, cfg.sp_mode, ctx.device, threads) if rank == 0 else ():
+    for note in (start_notes(start.job, cfg.batch_size, mesh.sp_size, cfg.sp_mode, ctx.device, threads)
+                 if rank == 0 else ()):
         log.warning("%s", note)
     numerics = run_numerics(ctx.device, threads)
     other_numerics: list[dict[str, Any]] = []  # other ranks', where --allow-other-numerics lets them differ
@@ -125,7 +128,8 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
                 if on_progress is not None:
                     on_progress(done, total)
 
-            summary = encode_share(cfg, ctx, vae, decoder, job, start.scenes, prepared, begin_again, stop, report, started)
+            summary = encode_share(cfg, ctx, vae, decoder, job, start.scenes, prepared, begin_again, stop, report,
+                                   started)
         summary.wall_s = time.perf_counter() - started
         summary.left_out_cameras = start.left_out_cameras
         summary.repaired = list(prepared.damaged)
@@ -167,7 +171,8 @@ def _finalize(cfg: EncodeConfig, vae: VaeRunner, summary: EncodeSummary, fingerp
                   **({"numerics_history": history} if (history := recorded_numerics_history(cfg.out)) else {}),
                   **({"cuda_numerics": CUDA_NUMERICS} if vae.device.type == "cuda" else {})},  # set by load_vae
         vae=vae.fingerprint(), fingerprint=fingerprint, frame_rule=vae.rule.to_json(),
-        settings={**cfg.clip.to_record(), "decoder": fingerprint["decoder"], "data": str(cfg.data), "batch_size": cfg.batch_size,
+        settings={**cfg.clip.to_record(), "decoder": fingerprint["decoder"], "data": str(cfg.data),
+                  "batch_size": cfg.batch_size,
                   "sp_size": cfg.sp_size, "sp_mode": cfg.sp_mode, "world_size": summary.world_size,
                   "shard_size": cfg.shard_size, "max_frame_pixels": cfg.clip.sampling.max_frame_pixels,
                   "vae_spec": cfg.vae},

@@ -17,9 +17,9 @@ from vaecache.parallel.encoders import encoder_for
 from vaecache.planning.jobs import JobPlan, plan_job, sp_repeats_advice
 from vaecache.progress import ProgressFactory, progress_phase
 from vaecache.settings.clip import ClipSettings
+from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
 from vaecache.sources.discover import discover
 from vaecache.sources.probing import probe_dataset
-from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
 from vaecache.sources.scene import SceneProbe
 from vaecache.vae import VaeRunner, load_vae
 from vaecache.video.backends import Backend, resolve_decoder

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, EXIT_STOPPED
 
 

@@ -27,9 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from vaecache.errors import OutputError
 from vaecache.cache.io import fsync_dir
-from vaecache.errors import ExportError
+from vaecache.errors import ExportError, OutputError
 
 EXPORT_MANIFEST = "export.json"
 EXPORT_INDEX = "index.jsonl"
@@ -71,7 +70,8 @@ def safetensors_bytes(tensors: dict[str, Any], metadata: dict[str, str] | None =
         if dtype not in _ST_DTYPES:
             raise ValueError(f"tensor {name}: dtype {dtype} is not exported")
         data = tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
-        header[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(tensor.shape), "data_offsets": [offset, offset + len(data)]}
+        header[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + len(data)]}
         blobs.append(data)
         offset += len(data)
     text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
@@ -160,7 +160,8 @@ def source_of(cache: Any) -> dict[str, Any]:
     """export.json's record of the cache an export was made from."""
     manifest = cache.manifest
     return {"cache": str(Path(cache.out).absolute()), "fingerprint_sha256": manifest.get("fingerprint_sha256"),
-            "clips_sha256": (manifest.get("clips") or {}).get("sha256"), "format_version": manifest.get("format_version")}
+            "clips_sha256": (manifest.get("clips") or {}).get("sha256"),
+            "format_version": manifest.get("format_version")}
 
 
 def finish(folder: Path, index: ExportIndex, payload: dict[str, Any]) -> None:

@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from vaecache.errors import ExportError
-from vaecache.export.common import ExportIndex, ExportSummary, finish, safe_name, safetensors_bytes, source_of, staging, write_new_file
+from vaecache.export.common import (
+    ExportIndex,
+    ExportSummary,
+    finish,
+    safe_name,
+    safetensors_bytes,
+    source_of,
+    staging,
+    write_new_file,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -100,8 +109,8 @@ class MusubiArch:
 
 MUSUBI_ARCHITECTURES: dict[str, MusubiArch] = {arch.short: arch for arch in (
     MusubiArch("wan", "wan", "AutoencoderKLWan", 16, latents=_wan_latents,
-               convention="(mean - latents_mean) * (1 / latents_std) per channel in the stored dtype, as musubi-tuner's "
-                          "WanVAE caches it (wan/modules/vae.py); its Wan trainer does not rescale"),
+               convention="(mean - latents_mean) * (1 / latents_std) per channel in the stored dtype, as "
+                          "musubi-tuner's WanVAE caches it (wan/modules/vae.py); its Wan trainer does not rescale"),
     MusubiArch("hv", "hunyuan_video", "AutoencoderKLHunyuanVideo", 16, latents=_raw_latents, samples=True,
                convention="the raw posterior mean: musubi-tuner's HunyuanVideo caching stores the unscaled latent "
                           "(cache_latents.py) and its trainer multiplies by the scaling factor (hv_train_network.py)"),

@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from vaecache.errors import ExportError
-from vaecache.export.common import ExportIndex, ExportSummary, finish, fsync_file, safe_name, safetensors_bytes, source_of, staging
+from vaecache.export.common import (
+    ExportIndex,
+    ExportSummary,
+    finish,
+    fsync_file,
+    safe_name,
+    safetensors_bytes,
+    source_of,
+    staging,
+)
 
 TAR_MTIME = 0.0
 """mtime of every tar member: tars do not change with the time of the export."""
@@ -169,7 +178,8 @@ def collate_samples(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return batch
 
 
-def batched_by_shape(batch_size: int, partial: bool = True) -> Callable[[Iterable[dict[str, Any]]], Iterator[dict[str, Any]]]:
+def batched_by_shape(batch_size: int,
+                     partial: bool = True) -> Callable[[Iterable[dict[str, Any]]], Iterator[dict[str, Any]]]:
     """A webdataset pipeline stage (`.compose(batched_by_shape(8))`) over decoded samples: it keeps one open
     batch per latent shape and yields a batch as soon as one is full, so batches never mix shapes whatever the
     shuffling before it; at the end the short batches follow (dropped when not `partial`)."""

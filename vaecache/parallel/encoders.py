@@ -18,8 +18,8 @@ from typing import Any, Protocol
 import torch
 
 from vaecache.errors import UsageError
-from vaecache.settings.commands import SP_MODE_CHOICES
 from vaecache.parallel.views import SPPlan, plan_sp
+from vaecache.settings.commands import SP_MODE_CHOICES
 
 log = logging.getLogger("vaecache")
 
@@ -80,7 +80,8 @@ class SpatialEncoder:
         if clip.tiling:
             raise UsageError("--sp-mode spatial cannot be combined with --tiling")
         if clip.compiled or clip.channels_last:
-            raise UsageError(f"--sp-mode spatial cannot be combined with --{'compile' if clip.compiled else 'channels-last'} "
+            raise UsageError(f"--sp-mode spatial cannot be combined with "
+                             f"--{'compile' if clip.compiled else 'channels-last'} "
                              "(it runs the encoder band by band, in the input's own memory format)")
         if vae.views_per_forward > 1:
             raise UsageError("--sp-mode spatial encodes one view per forward; drop --views-per-forward "

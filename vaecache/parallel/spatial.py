@@ -367,8 +367,8 @@ def banded(module: nn.Module, exchanger: HaloExchanger, plan: BandPlan) -> Itera
 
 
 def spatial_encode(module: nn.Module, x: Tensor, group: ProcessGroup | None) -> Tensor:
-    """``cat([mean, logvar], 1)`` of ``module.encode(x).latent_dist``, shape ``(B, 2*z, t, H/f, W/f)``, computed by the ranks of
-    ``group`` together, each encoding a horizontal band of every frame; the full result on every rank.
+    """``cat([mean, logvar], 1)`` of ``module.encode(x).latent_dist``, shape ``(B, 2*z, t, H/f, W/f)``, computed by
+    the ranks of ``group`` together, each encoding a horizontal band of every frame; the full result on every rank.
 
     ``module`` is a diffusers AutoencoderKLWan (2.1 or 2.2 layout) in eval mode, the same on every
     rank, and ``x`` the same on every rank. ``group`` None or of size 1 runs ``module`` unsplit."""

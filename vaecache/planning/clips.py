@@ -1,8 +1,10 @@
-"""The job plan: which clips a dataset yields, and which of them each rank encodes, in what batches.
+"""The clips a dataset yields: windows of each scene's usable frames, their ids, and PlannedClips, the whole
+plan held as one count per scene (ten million clips never become ten million objects), with the resume mask
+(DoneMask) it is filtered by.
 
-Everything here is pure (no I/O, no processes): the same inputs give the same plan on every rank,
-in `vaecache encode`, `vaecache plan` and `vaecache verify --dataset`. :class:`JobPlan` is the only
-caller of the assignment functions, so a dry run cannot drift from what an encode does.
+Everything here is pure (no I/O, no processes): the same inputs give the same clips on every rank, in
+`vaecache encode`, `vaecache plan` and `vaecache verify --dataset`. Which rank encodes which clip is
+planning/jobs.py. Past 400 lines because PlannedClips' lazy indexing, slicing and filtering belong together.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import numpy as np
 
 from vaecache.settings.buckets import Bucket, displayed_size, nearest_size
 from vaecache.settings.clip import SamplingConfig, frame_budget_problem
-from vaecache.sources.scene import Skipped
 from vaecache.sources.probing import judge_scene
+from vaecache.sources.scene import Skipped
 
 if TYPE_CHECKING:
     from vaecache.sources.scene import Scene, SceneProbe
@@ -472,10 +474,3 @@ def plan_windows(start: int, stop: int, sampling: SamplingConfig) -> list[tuple[
             break
         first += sampling.step
     return windows
-
-
-__all__ = ["Clip", "DoneMask", "DoneMaskBuilder", "JobPlan", "ShareCounts", "PlannedClips", "RankWork", "Skipped", "ViewRef", "assign", "assign_contiguous",
-           "batch_views", "batched", "clip_id_for", "plan_clips", "plan_job", "plan_scene_clips", "plan_windows",
-           "resolve_views_per_forward", "sp_repeats_advice",
-           "scene_lengths",
-           "window", "window_count"]

@@ -7,12 +7,14 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from vaecache.settings.clip import SamplingConfig
+
 from vaecache.distributed.mesh import make_mesh
 from vaecache.errors import UsageError
 from vaecache.parallel import SPPlan, plan_sp
-from vaecache.sources.scene import Skipped
 from vaecache.planning.clips import Clip, DoneMask, PlannedClips, plan_scene_clips
+from vaecache.settings.clip import SamplingConfig
+from vaecache.sources.scene import Skipped
+
 if TYPE_CHECKING:
     from vaecache.sources.scene import Scene, SceneProbe
 
@@ -39,7 +41,8 @@ def batched(items: Sequence[Any], size: int) -> list[list[Any]]:
     """Batches of `size` items in order; a batch never mixes buckets (one is cut short where the bucket changes)."""
     batches: list[list[Any]] = []
     for item in items:
-        if batches and len(batches[-1]) < size and getattr(batches[-1][0], "bucket", None) == getattr(item, "bucket", None):
+        if (batches and len(batches[-1]) < size
+                and getattr(batches[-1][0], "bucket", None) == getattr(item, "bucket", None)):
             batches[-1].append(item)
         else:
             batches.append([item])

@@ -7,12 +7,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, overload
-from vaecache.settings.buckets import aspect_distance, fit_geometry, kept_share
+
 from vaecache.distributed.mesh import make_mesh
-from vaecache.sources.scene import Scene, SceneProbe
 from vaecache.planning.clips import PlannedClips
 from vaecache.planning.jobs import JobPlan
-
+from vaecache.settings.buckets import aspect_distance, fit_geometry, kept_share
+from vaecache.sources.scene import Scene, SceneProbe
 
 PLAN_FORMAT = "vaecache-plan/1"
 

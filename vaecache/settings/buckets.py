@@ -101,7 +101,8 @@ def fit_geometry(src_w: int, src_h: int, height: int, width: int, fit: str) -> F
         scale = min(height / src_h, width / src_w)
         new_h, new_w = min(height, max(1, round(src_h * scale))), min(width, max(1, round(src_w * scale)))
         top, left = (height - new_h) // 2, (width - new_w) // 2
-        return FitGeometry((new_h, new_w), (0, 0, new_h, new_w), (left, top, width - new_w - left, height - new_h - top),
+        return FitGeometry((new_h, new_w), (0, 0, new_h, new_w),
+                           (left, top, width - new_w - left, height - new_h - top),
                            (0.0, 0.0, float(src_w), float(src_h)))
     if fit != "cover":
         raise UsageError(f"--fit must be one of {', '.join(FIT_CHOICES)}, got {fit!r}")
@@ -122,10 +123,19 @@ def kept_share(geometry: FitGeometry, src_w: int, src_h: int) -> float:
     return (x1 - x0) * (y1 - y0) / (src_w * src_h)
 
 
+def parse_size(text: str, option: str = "--size") -> tuple[int, int]:
+    """'64x96' -> (64, 96) as (height, width)."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if not match:
+        raise UsageError(f"{option} must look like HxW (e.g. 480x832), got {text!r}")
+    height, width = int(match.group(1)), int(match.group(2))
+    if height < 1 or width < 1:
+        raise UsageError(f"{option} must be positive, got {text!r}")
+    return height, width
+
+
 def parse_sizes(value: Any, option: str = "--size") -> tuple[tuple[int, int], ...]:
     """'480x832', '480x832,832x480', a preset name, or a list of them (TOML) -> ((H, W), ...) in order."""
-    from vaecache.settings.buckets import parse_size
-
     items = value if isinstance(value, (list, tuple)) else str(value).split(",")
     sizes: list[tuple[int, int]] = []
     for item in items:
@@ -135,7 +145,7 @@ def parse_sizes(value: Any, option: str = "--size") -> tuple[tuple[int, int], ..
         elif text:
             if re.fullmatch(r"[A-Za-z][\w.-]*", text):
                 raise UsageError(f"{option}: unknown preset {text!r} (presets: {', '.join(SIZE_PRESETS)}; or HxW)")
-            sizes.append(parse_size(text))
+            sizes.append(parse_size(text, option))
     if not sizes:
         raise UsageError(f"{option} must name at least one HxW size or preset, got {value!r}")
     repeated = sorted({f"{h}x{w}" for h, w in sizes if sizes.count((h, w)) > 1})
@@ -159,19 +169,3 @@ def parse_lengths(value: Any, option: str = "--num-frames") -> tuple[int, ...]:
     if repeated:
         raise UsageError(f"{option} lists {', '.join(map(str, repeated))} more than once")
     return tuple(lengths)
-
-
-__all__ = ["Bucket", "FIT_CHOICES", "FRAMES_POLICY_CHOICES", "FitGeometry", "PAD_PIXEL", "SIZE_PRESETS",
-           "aspect_distance", "displayed_size", "fit_geometry", "kept_share", "nearest_size", "parse_lengths",
-           "parse_sizes"]
-
-
-def parse_size(text: str) -> tuple[int, int]:
-    """'64x96' -> (64, 96) as (height, width)."""
-    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
-    if not match:
-        raise UsageError(f"--size must look like HxW (e.g. 480x832), got {text!r}")
-    height, width = int(match.group(1)), int(match.group(2))
-    if height < 1 or width < 1:
-        raise UsageError(f"--size must be positive, got {text!r}")
-    return height, width

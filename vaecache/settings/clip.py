@@ -1,4 +1,6 @@
-"""Frozen, validated settings for every command. Loaded from CLI flags, optionally on top of a TOML file."""
+"""What decides the stored latents of a clip, frozen and validated: frame sampling (SamplingConfig) and the clip
+settings (ClipSettings: sizes, fit, dtype, what is stored). Every field here is in the run fingerprint except
+those documented as not."""
 
 from __future__ import annotations
 
@@ -6,10 +8,9 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from vaecache.errors import UsageError
 from vaecache.settings.buckets import FIT_CHOICES, FRAMES_POLICY_CHOICES, Bucket
 from vaecache.settings.dtypes import DTYPE_CHOICES
-from vaecache.errors import UsageError
-
 
 STORED_KEYS: dict[str, tuple[str, ...]] = {"mean-logvar": ("mean", "logvar"), "mean": ("mean",), "sample": ("sample",)}
 """--store -> the tensors stored per clip."""
@@ -55,17 +56,21 @@ class SamplingConfig:
         for value in self.frame_buckets or (self.num_frames,):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(f"--num-frames must be >= 1, got {value}")
-        if self.frame_buckets and (self.frame_buckets[0] != self.num_frames or len(set(self.frame_buckets)) != len(self.frame_buckets)):
-            raise UsageError(f"frame buckets {list(self.frame_buckets)} must be distinct and start with num_frames {self.num_frames}")
+        if self.frame_buckets and (self.frame_buckets[0] != self.num_frames
+                                   or len(set(self.frame_buckets)) != len(self.frame_buckets)):
+            raise UsageError(f"frame buckets {list(self.frame_buckets)} must be distinct and start with "
+                             f"num_frames {self.num_frames}")
         if self.frames_policy not in FRAMES_POLICY_CHOICES:
-            raise UsageError(f"--frames-policy must be one of {', '.join(FRAMES_POLICY_CHOICES)}, got {self.frames_policy!r}")
+            raise UsageError(f"--frames-policy must be one of {', '.join(FRAMES_POLICY_CHOICES)}, "
+                             f"got {self.frames_policy!r}")
         if self.frame_stride < 1:
             raise UsageError(f"--frame-stride must be >= 1, got {self.frame_stride}")
         if self.window_stride is not None and self.window_stride < 1:
             raise UsageError(f"--window-stride must be >= 1, got {self.window_stride}")
         if self.max_clips_per_scene is not None and self.max_clips_per_scene < 1:
             raise UsageError(f"--max-clips-per-scene must be >= 1, got {self.max_clips_per_scene}")
-        if isinstance(self.max_frame_pixels, bool) or not isinstance(self.max_frame_pixels, int) or self.max_frame_pixels < 1:
+        if (isinstance(self.max_frame_pixels, bool) or not isinstance(self.max_frame_pixels, int)
+                or self.max_frame_pixels < 1):
             raise UsageError(f"--max-frame-pixels must be a pixel count >= 1, got {self.max_frame_pixels!r}")
 
     @property
@@ -244,9 +249,3 @@ def parse_views_per_forward(value: Any) -> int | str:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UsageError(f"--views-per-forward must be an integer >= 1, 'all' or 'auto', got {value!r}")
     return value
-
-
-__all__ = [
-    "DECODER_CHOICES", "DEFAULT_MAX_FRAME_PIXELS", "DTYPE_CHOICES", "ON_ERROR_CHOICES", "STORE_CHOICES", "ClipSettings", "EncodeConfig", "SamplingConfig",
-    "check_option_syntax", "frame_budget_problem", "load_toml", "parse_bytes", "parse_size", "pop_clip_options",
-]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+from vaecache.distributed.mesh import make_mesh
 from vaecache.errors import UsageError
 from vaecache.settings.clip import ClipSettings
-from vaecache.distributed.mesh import make_mesh
-
 
 ON_ERROR_CHOICES = ("skip", "fail")
 

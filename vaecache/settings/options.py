@@ -187,6 +187,7 @@ def check_toml_value(option: Option, value: Any, where: str) -> None:
     allowed = option.toml_types
     if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
         raise UsageError(f"{where}: {option.setting} = {value!r} must be {' or '.join(t.__name__ for t in allowed)}")
-    if isinstance(value, list) and option.toml_items is not None and not all(type(v) is option.toml_items for v in value):
+    if (isinstance(value, list) and option.toml_items is not None
+            and not all(type(v) is option.toml_items for v in value)):
         item = option.toml_items.__name__
         raise UsageError(f"{where}: {option.setting} = {value!r} must be {item} or a list of {item}")

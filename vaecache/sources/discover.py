@@ -4,7 +4,6 @@ cameras left out of the chosen set reported)."""
 from __future__ import annotations
 
 import logging
-
 from pathlib import Path
 from typing import Sequence
 

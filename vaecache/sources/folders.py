@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Iterable, Sequence
-from vaecache.errors import DatasetError
-from vaecache.sources.scene import SINGLE_CAMERA, Scene, Skipped, unusable_id
-from vaecache.sources.scene import LayoutScenes
 
+from vaecache.errors import DatasetError
+from vaecache.sources.scene import SINGLE_CAMERA, LayoutScenes, Scene, Skipped, unusable_id
 
 VIDEO_EXTENSIONS = (".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v")
 
@@ -43,7 +42,8 @@ def scenes_from_folder(root: Path, order: Sequence[str] | None) -> LayoutScenes:
     videos = [p for p in entries if _is_video(p)]
     folders = [p for p in entries if p.is_dir()]
     if videos and folders:
-        raise DatasetError(f"{root}: mixes video files and scene folders; use one layout (DATA/<scene>/<camera>.mp4 or DATA/<video>.mp4)")
+        raise DatasetError(f"{root}: mixes video files and scene folders; use one layout "
+                           "(DATA/<scene>/<camera>.mp4 or DATA/<video>.mp4)")
     if videos:
         if order and len(order) != 1:
             raise DatasetError(f"{root}: single-camera folder, but {len(order)} cameras were configured")

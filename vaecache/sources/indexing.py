@@ -10,6 +10,7 @@ INDEX.rejected.jsonl (unusable scenes and why), each atomically, then removes th
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -18,15 +19,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-import json
-
 from vaecache import faults
-from vaecache.errors import EXIT_OK, EXIT_PARTIAL, OutputError, UsageError
 from vaecache.cache.io import FILE_MODE, fsync_dir
-from vaecache.sources.scene import SINGLE_CAMERA, Discovery, Scene, Skipped
-from vaecache.sources.discover import discover
-from vaecache.sources.probing import ProbeLog, judge_scene, open_scene, probe_dataset, probe_from_cache, read_probe_cache
+from vaecache.errors import EXIT_OK, EXIT_PARTIAL, OutputError, UsageError
 from vaecache.progress import Advance
+from vaecache.sources.discover import discover
+from vaecache.sources.probing import (
+    ProbeLog,
+    judge_scene,
+    open_scene,
+    probe_dataset,
+    probe_from_cache,
+    read_probe_cache,
+)
+from vaecache.sources.scene import SINGLE_CAMERA, Discovery, Scene, Skipped
 
 log = logging.getLogger("vaecache")
 

@@ -8,11 +8,11 @@ import os
 import stat
 from pathlib import Path
 from typing import Any, Sequence
-from vaecache.errors import DatasetError
+
 from vaecache.cache.io import STRICT_JSON, NonFiniteNumber, loads
+from vaecache.errors import DatasetError
 from vaecache.sources.folders import check_cameras_exist, resolved_path
-from vaecache.sources.scene import CameraProbe, SINGLE_CAMERA, Scene
-from vaecache.sources.scene import LayoutScenes
+from vaecache.sources.scene import SINGLE_CAMERA, CameraProbe, LayoutScenes, Scene
 
 
 def _resolved_in(base: str, relative: str, parents: dict[str, str], trusted: bool = False) -> str:
@@ -130,7 +130,8 @@ def scenes_from_index(index: Path, order: Sequence[str] | None) -> LayoutScenes:
     if not order:
         camera_sets = {scene.cameras for scene in scenes}
         if len(camera_sets) > 1:
-            raise DatasetError(f"{index}: scenes list different camera sets {sorted(map(list, camera_sets))[:2]}; pass --cameras to choose")
+            raise DatasetError(f"{index}: scenes list different camera sets {sorted(map(list, camera_sets))[:2]}; "
+                               "pass --cameras to choose")
     # An index is written by hand or by a script: a bad id there is refused naming its line (Scene checks it).
     return LayoutScenes(scenes, mapped, [])
 
@@ -145,7 +146,8 @@ def metadata_text(record: dict[str, Any]) -> str | None:
     return json.dumps(extra, sort_keys=True, ensure_ascii=False, separators=(",", ":")) if extra else None
 
 
-def _parse_probe(raw: Any, names: tuple[str, ...], mapping: dict[str, Any], where: str) -> tuple[CameraProbe, ...] | None:
+def _parse_probe(raw: Any, names: tuple[str, ...], mapping: dict[str, Any],
+                 where: str) -> tuple[CameraProbe, ...] | None:
     """A "cameras" line's "probe": camera -> fields (a "path" line's "probe" is the fields themselves).
 
     A camera the scene lacks has no probe (the scene is then skipped as missing that camera): None."""

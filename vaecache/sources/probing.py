@@ -16,9 +16,9 @@ from typing import IO, Any, Callable, Iterable, Iterator, Sequence
 
 from vaecache.cache.io import cut_torn_tail, iter_lines, loads
 from vaecache.errors import DatasetError, OutputError, VideoDecodeError
+from vaecache.progress import Advance
 from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
 from vaecache.sources.scene import CameraProbe, Scene, SceneProbe
-from vaecache.progress import Advance
 
 log = logging.getLogger("vaecache")
 
@@ -196,7 +196,8 @@ def probe_from_cache(scene: Scene, cache: ProbeCache) -> SceneProbe | None:
 
 
 
-def probe_in_pool(scenes: Sequence[Scene], workers: int) -> Iterator[tuple[Scene, list[CameraProbe | VideoDecodeError]]]:
+def probe_in_pool(scenes: Sequence[Scene],
+                  workers: int) -> Iterator[tuple[Scene, list[CameraProbe | VideoDecodeError]]]:
     """Each scene with what opening its cameras found (open_scene), in the order given; `workers` threads, at
     most 4 x workers scenes in flight."""
     if workers <= 1:

@@ -14,7 +14,6 @@ from typing import Any, NamedTuple, Protocol, Sequence
 from vaecache.cache.layout import id_problem
 from vaecache.errors import DatasetError
 
-
 PROBE_FIELDS: dict[str, type | tuple[type, ...]] = {
     "frames": int, "fps": (int, float), "width": int, "height": int, "codec": str, "size": int, "mtime_ns": int,
     "rotation": int}
@@ -122,7 +121,8 @@ class Scene:
 
     def __post_init__(self) -> None:
         if id_problem(self.scene_id):
-            raise DatasetError(f"scene id {self.scene_id!r} is not usable (empty, starts with '.', or has '/' or control characters)")
+            raise DatasetError(f"scene id {self.scene_id!r} is not usable (empty, starts with '.', or has '/' or "
+                               "control characters)")
         if len(self.cameras) != len(self.paths) or not self.cameras:
             raise DatasetError(f"scene {self.scene_id}: needs one path per camera")
         if self.probed is not None and len(self.probed) != len(self.cameras):

@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
+from vaecache.errors import UsageError, VaeSpecError, first_line
 from vaecache.settings.dtypes import check_dtype_name, torch_dtype
-from vaecache.errors import UsageError, VaeSpecError
 from vaecache.vae.families import FAMILIES, SUPPORTED, Family
 from vaecache.vae.model import CHANNELS_LAST, VaeModel, weights_sha256
 from vaecache.vae.rules import FrameRule
-from vaecache.vae.runner import VaeRunner, _first_line, oom_hook_from_env
+from vaecache.vae.runner import VaeRunner, oom_hook_from_env
 
 log = logging.getLogger("vaecache")
 
@@ -29,7 +29,8 @@ BUILTIN_TINY_CONFIG: dict[str, Any] = {
 }
 BUILTIN_TINY_SEED = 20240601
 BUILTIN_SMALL_WEIGHTS = Path(__file__).resolve().parent / "weights" / "builtin_small.safetensors"
-"""builtin:small: an AutoencoderKLWan trained on demo-style footage (scripts/train_builtin_vae.py); config in metadata."""
+"""builtin:small: an AutoencoderKLWan trained on demo-style footage (scripts/train_builtin_vae.py); config in
+metadata."""
 BUILTINS = ("builtin:tiny", "builtin:small")
 
 
@@ -191,7 +192,7 @@ def _builtin_small(spec: str) -> VaeModel:
             config = json.loads((handle.metadata() or {})["config"])
         state = load_file(str(path))
     except Exception as exc:  # a damaged file: safetensors and json raise several types
-        raise VaeSpecError(f"{spec}: cannot read {path} ({_first_line(exc)[:200]})") from None
+        raise VaeSpecError(f"{spec}: cannot read {path} ({first_line(exc)[:200]})") from None
     with torch.random.fork_rng(devices=[]):  # every tensor is overwritten; the seed only keeps RNG use quiet
         torch.manual_seed(BUILTIN_TINY_SEED)
         module = AutoencoderKLWan(**config)
@@ -233,7 +234,7 @@ def _load_diffusers(location: str, spec: str, allow_pickle_weights: bool) -> Vae
             str(path), torch_dtype=torch.float32, low_cpu_mem_usage=False,
             use_safetensors=has_safetensors or not allow_pickle_weights)
     except Exception as exc:  # diffusers raises many types for broken folders
-        raise VaeSpecError(f"{path}: could not load {family_name} ({_first_line(exc)[:200]})") from None
+        raise VaeSpecError(f"{path}: could not load {family_name} ({first_line(exc)[:200]})") from None
     return _family_model(module, FAMILIES[family_name], spec)
 
 
@@ -249,7 +250,8 @@ def _load_python(target: str, spec: str) -> VaeModel:
         raise VaeSpecError(f"{spec!r}: {module_name} has no attribute {function_name}") from None
     module = factory()
     if not isinstance(module, torch.nn.Module) or not callable(getattr(module, "encode", None)):
-        raise VaeSpecError(f"{spec!r}: factory must return a torch.nn.Module with an encode(x) method, got {type(module).__name__}")
+        raise VaeSpecError(f"{spec!r}: factory must return a torch.nn.Module with an encode(x) method, "
+                           f"got {type(module).__name__}")
     temporal = int(getattr(module, "vaecache_temporal_factor", 1))
     spatial = int(getattr(module, "vaecache_spatial_factor", 1))
     if temporal < 1 or spatial < 1:
@@ -264,5 +266,5 @@ def _load_python(target: str, spec: str) -> VaeModel:
                     has_logvar=bool(getattr(module, "vaecache_has_logvar", True)), can_tile=_can_tile(module))
 
 
-__all__ = ["BUILTINS", "BUILTIN_SMALL_WEIGHTS", "BUILTIN_TINY_CONFIG", "BUILTIN_TINY_SEED", "CUDA_NUMERICS", "exact_cuda_numerics",
-           "load_vae"]
+__all__ = ["BUILTINS", "BUILTIN_SMALL_WEIGHTS", "BUILTIN_TINY_CONFIG", "BUILTIN_TINY_SEED", "CUDA_NUMERICS",
+           "exact_cuda_numerics", "load_vae"]

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 
 from vaecache import faults
-from vaecache.errors import UsageError, VaecacheError, VaeSpecError
+from vaecache.errors import UsageError, VaecacheError, VaeSpecError, first_line
 from vaecache.vae.model import CHANNELS_LAST, VaeModel
 
 log = logging.getLogger("vaecache")
@@ -96,7 +96,7 @@ class VaeRunner:
             raise
         except Exception as exc:
             raise VaeSpecError(f"{model.spec}: encoding a (1, 3, {frames}, {side}, {side}) dummy input to find the "
-                               f"latent channels failed ({_first_line(exc)}); set vaecache_latent_channels on the "
+                               f"latent channels failed ({first_line(exc)}); set vaecache_latent_channels on the "
                                "module") from None
         expected = model.rule.latent_shape(mean.shape[1], frames, side, side)[1:]
         if mean.dim() != 5 or tuple(mean.shape[2:]) != expected:
@@ -136,7 +136,8 @@ class VaeRunner:
         shape = self.latent_shape(num_frames, height, width)
         with_logvar = any(lv is not None for _, lv in outputs.values()) or (not outputs and model.has_logvar)
         if model.has_logvar and outputs and not with_logvar:
-            raise VaeSpecError(f"{model.spec}: declares a log-variance (vaecache_has_logvar) but encode returned a mean only")
+            raise VaeSpecError(f"{model.spec}: declares a log-variance (vaecache_has_logvar) but encode returned "
+                               "a mean only")
         mean = torch.zeros((num_views, *shape), dtype=model.dtype, device=model.device)
         logvar = torch.zeros_like(mean) if with_logvar else None
         for index, (m, lv) in outputs.items():
@@ -264,11 +265,11 @@ class VaeRunner:
         try:
             mean, logvar = self._forward(batch, tiled)
         except OOM_ERRORS as exc:
-            message = _first_line(exc)
+            message = first_line(exc)
         except VaecacheError:
             raise
         except Exception as exc:  # a plugin or model error on this input
-            raise _ForwardError(f"{self.model.spec} raised {type(exc).__name__}: {_first_line(exc)}") from None
+            raise _ForwardError(f"{self.model.spec} raised {type(exc).__name__}: {first_line(exc)}") from None
         else:
             for row, index in enumerate(chunk):
                 outputs[index] = (mean[row], None if logvar is None else logvar[row])
@@ -327,9 +328,6 @@ def _release_cached_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return (lines[0] if lines else type(exc).__name__)[:300]
 
 
 def _posterior(output: Any) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Sequence
+
 import numpy as np
 import torch
-from vaecache.settings.clip import DECODER_CHOICES
+
 from vaecache.errors import UsageError, VideoDecodeError
+from vaecache.settings.clip import DECODER_CHOICES
 from vaecache.video.reader import DECODER, VideoReader, short_error
 
 
@@ -34,7 +36,7 @@ neighbouring frames of real footage differ by more, and a sideways frame by far 
 
 
 IDENTICAL_TO_PYAV = frozenset({"pyav", "decord"})
-"""Backends whose RGB frames were byte-identical to VideoReader's on every test video (tests/test_decoders.py);
+"""Backends whose RGB frames were byte-identical to VideoReader's on every test video (tests/video/test_backends.py);
 decord only in DECORD_PIXEL_FORMATS, and it refuses the others. torchcodec is not listed: never measured."""
 
 
@@ -103,7 +105,8 @@ def resolve_decoder(choice: str, device: Any = "cpu", workers: int = 0) -> Backe
         return PYAV
     reason = backend_unavailable(choice)
     if reason is not None:
-        extra = "; it needs pip install 'vaecache[torchcodec]' and FFmpeg 4-8 shared libraries" if choice == "torchcodec" else ""
+        extra = ("; it needs pip install 'vaecache[torchcodec]' and FFmpeg 4-8 shared libraries"
+                 if choice == "torchcodec" else "")
         raise UsageError(f"--decoder {choice}: {reason}{extra}")
     if choice == "decord":
         return Backend("decord", DECORD_DECODER)

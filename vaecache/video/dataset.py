@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from typing import Any, Sequence
+
 import numpy as np
 import torch
-from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS
+
 from vaecache.errors import VideoDecodeError
-from vaecache.video.backends import Backend, ForeignReader, PYAV, open_video
+from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS
+from vaecache.video.backends import PYAV, Backend, ForeignReader, open_video
 from vaecache.video.reader import VideoReader
 from vaecache.video.resize import resize_fit, to_model_range
 
@@ -89,7 +91,10 @@ def check_identity(path: str, size: int, mtime_ns: int) -> None:
         return  # opening it names the problem
     if (stat.st_size, stat.st_mtime_ns) == (size, mtime_ns):
         return
-    when = lambda ns: _dt.datetime.fromtimestamp(ns / 1e9, _dt.timezone.utc).isoformat(timespec="microseconds")
+
+    def when(ns: int) -> str:
+        return _dt.datetime.fromtimestamp(ns / 1e9, _dt.timezone.utc).isoformat(timespec="microseconds")
+
     changes = []
     if stat.st_size != size:
         changes.append(f"size {size} -> {stat.st_size} bytes")
@@ -154,7 +159,8 @@ class ViewBatchDataset(torch.utils.data.Dataset):
                 expect, identity = getattr(clip, "expect", ()), getattr(clip, "identity", ())
                 tensor = None
                 try:
-                    self._decoder.check(path, expect[camera] if expect else None, identity[camera] if identity else None)
+                    self._decoder.check(path, expect[camera] if expect else None,
+                                        identity[camera] if identity else None)
                 except VideoDecodeError as exc:
                     self._condemned[path] = exc.reason
                     errors[clip_index] = (exc.path, exc.reason, True)

@@ -1,4 +1,4 @@
-"""Frame-exact video decoding (PyAV), resize/crop, and the DataLoader dataset of views.
+"""Frame-exact video decoding with PyAV: VideoReader, the reference every other backend is checked against.
 
 Frame n of a video is the n-th frame a straight decode from the start returns. The reader finds it by
 timestamp, never by counting after a seek: it lists the video stream's presentation timestamps by
@@ -11,6 +11,9 @@ read by a straight decode from the start that counts frames.
 Other backends (--decoder decord|torchcodec; ForeignReader) take the frame numbering, count, times, even-spacing
 check and rotation from this reader's index and fetch only the pixels; each records its own name in the run
 fingerprint. `auto` picks PyAV: decord is byte-identical but slower (scripts/bench_decode.py), torchcodec unmeasured.
+
+The module is one class past 400 lines on purpose: the timestamp index, the seek plan and the fallback
+straight decode share the reader's state, and splitting them would hand that state between modules.
 """
 
 from __future__ import annotations
@@ -24,11 +27,11 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import av
-from av.video.reformatter import VideoReformatter
 import numpy as np
+from av.video.reformatter import VideoReformatter
 
-from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS, frame_budget_problem
 from vaecache.errors import VideoDecodeError
+from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS, frame_budget_problem
 
 DECODER = "pyav-pts/1"
 """Names this way of decoding in the run fingerprint (vaecache 0.1.0 caches decoded with decord)."""
@@ -234,7 +237,8 @@ class VideoReader:
                 self.path,
                 f"frames {frames[0]}..{frames[-1]} are not evenly spaced in time: "
                 f"{float((times[worst + 1] - times[worst]) * self.time_base):.3f} s between frames {frames[worst]} and "
-                f"{frames[worst + 1]}, {float(step * self._median_step() * self.time_base):.3f} s at the video's frame rate (variable frame rate)")
+                f"{frames[worst + 1]}, {float(step * self._median_step() * self.time_base):.3f} s at the video's "
+                "frame rate (variable frame rate)")
 
     def check_request(self, frames: Sequence[int]) -> list[int]:
         """The frames as a list, refused unless ascending, in range and evenly spaced in time (every backend)."""
@@ -255,7 +259,8 @@ class VideoReader:
             array = self._read_sequential(frames) if self.sequential else self._read_by_pts(frames)
         except av.FFmpegError as exc:
             self._frames = None
-            raise VideoDecodeError(self.path, f"decoding frames {frames[0]}..{frames[-1]} failed ({short_error(exc)})") from None
+            raise VideoDecodeError(self.path, f"decoding frames {frames[0]}..{frames[-1]} failed "
+                                              f"({short_error(exc)})") from None
         if self.rotation:
             array = np.ascontiguousarray(np.rot90(array, k=self.rotation // 90, axes=(1, 2)))
         return array

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from vaecache.settings.buckets import PAD_PIXEL, fit_geometry
 
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from vaecache.cache.failures import reason_counts
 from vaecache.cache.reader import CacheReader
-from vaecache.training import LatentCache
-from vaecache.cache.table import CLIP_TABLE, _open as _open_table
+from vaecache.cache.table import CLIP_TABLE, open_table
 from vaecache.cache.writer import tensor_stats
+from vaecache.training import LatentCache
 
 
 def latent_shapes(reader: CacheReader) -> list[dict[str, Any]]:
@@ -27,7 +27,7 @@ def latent_shapes(reader: CacheReader) -> list[dict[str, Any]]:
             tensors = record.get("tensors") or {}
             add(list(tensors), [entry.get("shape") for entry in tensors.values()])
     else:
-        table = _open_table(reader.clips_path, CLIP_TABLE)
+        table = open_table(reader.clips_path, CLIP_TABLE)
         for batch in table.iter_batches(batch_size=65536, columns=["tensor_keys", "tensor_shapes"]):
             for keys, shapes in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
                 add(keys, shapes)
@@ -42,7 +42,8 @@ def inspect_cache(out: Path) -> dict[str, Any]:
     vae = manifest.get("vae") or {}
     failures = reader.failure_records()
     shards = manifest.get("shards") or []
-    tables = {name: path.stat().st_size for name, path in (("clips", reader.clips_path), ("failures", reader.failures_path))
+    tables = {name: path.stat().st_size
+              for name, path in (("clips", reader.clips_path), ("failures", reader.failures_path))
               if path.is_file()}
     return {
         "out": str(out),
@@ -58,7 +59,8 @@ def inspect_cache(out: Path) -> dict[str, Any]:
         "buckets": manifest.get("buckets"),
         "shapes": latent_shapes(reader),
         "counts": manifest.get("counts"),
-        "bytes": {"shards": sum(int(s.get("bytes", 0)) for s in shards), **{f"{k}_table": v for k, v in tables.items()}},
+        "bytes": {"shards": sum(int(s.get("bytes", 0)) for s in shards),
+                  **{f"{k}_table": v for k, v in tables.items()}},
         "failures": {"count": len(failures), "by_reason": reason_counts(failures)},
     }
 
