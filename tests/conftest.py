@@ -19,10 +19,10 @@ import pytest
 import torch
 from typer.testing import CliRunner, Result
 
-from vaecache.cli.app import app
-from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from tests.videos import VideoLayout, write_video
 from vaecache.cache.reader import CacheReader
+from vaecache.cli.app import app
+from vaecache.demodata import DemoDataSpec, write_demo_dataset
 
 DEMO_SPEC = DemoDataSpec(scenes=3, cameras=2, frames=17, height=64, width=64, fps=10, seed=0)
 ENCODE_ARGS = ("--vae", "builtin:tiny", "--num-frames", "9", "--size", "64x64", "--workers", "0", "--no-progress")

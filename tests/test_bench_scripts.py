@@ -55,7 +55,8 @@ def test_bench_formats_prints_documented_keys(capsys):
     result = load_script("bench_formats").main(["--views", "2", "--frames", "5", "--size", "32x32", "--repeats", "1"])
     printed = printed_json(capsys)
     assert printed == json.loads(json.dumps(result))
-    assert set(printed["modes"]) == {"fp32 contiguous", "fp32 channels_last_3d", "bf16 contiguous", "bf16 channels_last_3d"}
+    assert set(printed["modes"]) == {"fp32 contiguous", "fp32 channels_last_3d", "bf16 contiguous",
+                                     "bf16 channels_last_3d"}
     assert printed["modes"]["fp32 contiguous"]["max_abs_diff_rel"] == 0.0
     assert all(row["s_per_forward"] > 0 and 0 <= row["max_abs_diff_rel"] < 0.1 for row in printed["modes"].values())
     assert printed["compile_s"] is None and {"cpu_model", "cores", "torch"} <= set(printed["machine"])
@@ -91,7 +92,8 @@ def test_bench_sp_prints_documented_keys(tmp_path):
 def test_bench_scale_prints_documented_keys(capsys, tmp_path):
     result = load_script("bench_scale").main([
         "--sections", "plan,rank_planning,finalize,resume,overhead", "--scenes", "40", "--world", "4", "--rank", "1",
-        "--overhead-scenes", "6", "--overhead-workers", "0", "--clips", "300", "--writers", "2", "--cameras", "2", "--clips-per-shard", "8",
+        "--overhead-scenes", "6", "--overhead-workers", "0", "--clips", "300", "--writers", "2", "--cameras", "2",
+        "--clips-per-shard", "8",
         "--tmp", str(tmp_path)])
     printed = printed_json(capsys)
     assert printed == json.loads(json.dumps(result))

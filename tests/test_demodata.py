@@ -1,4 +1,5 @@
-"""The synthetic demo dataset: layout, readability (vaecache's reader; decord where installed), motion, variety, determinism."""
+"""The synthetic demo dataset: layout, readability (vaecache's reader; decord where installed), motion, variety,
+determinism."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from vaecache.video.backends import open_video
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.errors import UsageError
+from vaecache.video.backends import open_video
 
 SPEC = DemoDataSpec(scenes=2, cameras=2, frames=9, height=48, width=64, fps=12, seed=3)
 
@@ -53,7 +54,8 @@ def test_reader_gets_frames_size_fps(dataset: tuple[Path, list[Path]]) -> None:
             assert reader.fps() == pytest.approx(SPEC.fps)
 
 
-def test_decord_where_installed_reads_the_same_frames(decoded: dict[str, np.ndarray], dataset: tuple[Path, list[Path]]) -> None:
+def test_decord_where_installed_reads_the_same_frames(decoded: dict[str, np.ndarray],
+                                                      dataset: tuple[Path, list[Path]]) -> None:
     """decord is optional (no aarch64 or macOS arm wheels); vaecache never needs it, but where it is installed a
     straight read of the demo data gives exactly the frames vaecache decodes."""
     decord = pytest.importorskip("decord")
@@ -61,7 +63,8 @@ def test_decord_where_installed_reads_the_same_frames(decoded: dict[str, np.ndar
     for path in paths:
         reader = decord.VideoReader(str(path), num_threads=1)
         assert len(reader) == SPEC.frames and reader.get_avg_fps() == pytest.approx(SPEC.fps)
-        assert np.array_equal(reader.get_batch(list(range(len(reader)))).asnumpy(), decoded[path.relative_to(root).as_posix()])
+        assert np.array_equal(reader.get_batch(list(range(len(reader)))).asnumpy(),
+                              decoded[path.relative_to(root).as_posix()])
 
 
 def test_content_moves_and_varies(decoded: dict[str, np.ndarray]) -> None:

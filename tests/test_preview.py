@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from vaecache.errors import UsageError
-from vaecache.training import LatentCache
 from vaecache.metrics import PSNR_CAP_DB, psnr_db, ssim_per_frame
 from vaecache.preview import PreviewSettings, decode_preview, default_output, grid_frames, grid_size
+from vaecache.training import LatentCache
 from vaecache.vae import load_vae
 from vaecache.vae.decoder import CHUNKED, iter_decoded
 

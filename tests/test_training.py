@@ -17,8 +17,7 @@ import torch
 from safetensors import safe_open
 
 from vaecache import LatentCache, LatentDataset, ShapeBatchSampler, collate_latents
-from vaecache.errors import ManifestError
-from vaecache.errors import IncompleteCacheError, NormalizationError, ShardChecksumError
+from vaecache.errors import IncompleteCacheError, ManifestError, NormalizationError, ShardChecksumError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +29,8 @@ def stored(out: Path, record: dict) -> dict[str, torch.Tensor]:
 
 
 def test_import_vaecache_stays_light() -> None:
-    code = "import sys, vaecache; assert 'torch' not in sys.modules; vaecache.LatentCache; assert 'torch' in sys.modules"
+    code = ("import sys, vaecache; assert 'torch' not in sys.modules; vaecache.LatentCache; "
+            "assert 'torch' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
@@ -168,9 +168,9 @@ def test_reader_never_reads_outside_the_cache(cache_copy: Path, tmp_path: Path) 
 
 
 def test_reader_refuses_ids_encode_refuses(cache_copy: Path) -> None:
-    from vaecache.errors import UnsafePathError
     from vaecache.cache.reader import CacheReader
     from vaecache.cache.table import CLIP_TABLE, write_table
+    from vaecache.errors import UnsafePathError
 
     records = list(CacheReader(cache_copy).clip_records())
     records[0].update(id="../../x/000000-000008", scene="../../x")
@@ -234,7 +234,8 @@ def test_readme_training_example_is_the_file_and_runs(caption_cache: Path, monke
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     example = ROOT / "examples" / "train_latents.py"
     readme = (ROOT / "README.md").read_text()
-    assert f"```python\n{example.read_text()}```" in readme, "README's training example differs from examples/train_latents.py"
+    assert f"```python\n{example.read_text()}```" in readme, ("README's training example differs from "
+                                                              "examples/train_latents.py")
     monkeypatch.setattr(sys, "argv", [str(example), str(caption_cache)])
     gc.collect()  # the example forks two DataLoader workers (see the test above)
     runpy.run_path(str(example), run_name="__main__")

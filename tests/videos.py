@@ -6,10 +6,10 @@ decode that returns a neighbour instead of the frame asked for differs by far mo
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-import random
 from typing import Sequence
 
 import av
@@ -31,16 +31,19 @@ class VideoLayout:
 
 LAYOUTS = {
     "h264-open-gop": VideoLayout("h264-open-gop", "libx264", ".mp4",
-                                 {"x264-params": "open-gop=1:bframes=3:b-pyramid=normal:keyint=12:min-keyint=12:scenecut=0",
+                                 {"x264-params": "open-gop=1:bframes=3:b-pyramid=normal:keyint=12:min-keyint=12:"
+                                                 "scenecut=0",
                                   "preset": "veryfast", "threads": "1"}),
     "hevc-bframes": VideoLayout("hevc-bframes", "libx265", ".mp4",
-                                {"x265-params": "bframes=4:keyint=15:min-keyint=15:open-gop=1:scenecut=0:log-level=error:pools=1:frame-threads=1",
+                                {"x265-params": "bframes=4:keyint=15:min-keyint=15:open-gop=1:scenecut=0:"
+                                                "log-level=error:pools=1:frame-threads=1",
                                  "preset": "ultrafast"}),
     "mpeg4-avi-bframes": VideoLayout("mpeg4-avi-bframes", "mpeg4", ".avi", {}, gop=12, max_b_frames=2),
     "h264-mkv": VideoLayout("h264-mkv", "libx264", ".mkv",
                             {"x264-params": "bframes=2:keyint=12:min-keyint=12:scenecut=0", "preset": "veryfast",
                              "threads": "1"}),
-    "vp9-webm": VideoLayout("vp9-webm", "libvpx-vp9", ".webm", {"deadline": "realtime", "cpu-used": "8", "threads": "1"},
+    "vp9-webm": VideoLayout("vp9-webm", "libvpx-vp9", ".webm",
+                            {"deadline": "realtime", "cpu-used": "8", "threads": "1"},
                             gop=15),
 }
 

@@ -15,26 +15,28 @@ from typing import Callable
 import pytest
 import torch
 
-from vaecache.errors import OutputError
-from vaecache.cache.outdir import _is_stale, acquire_lock, describe_differences, numerics_history, release_lock
+from vaecache.cache.outdir import acquire_lock, describe_differences, lock_is_stale, numerics_history, release_lock
 from vaecache.cache.verify import verify_cache
+from vaecache.errors import OutputError
 
 HOST = socket.gethostname()
 
 
 def test_lock_of_dead_process_on_this_host_is_stale():
-    assert _is_stale({"host": HOST, "pid": 2**22 + 12345, "job_id": None}, {"host": HOST, "job_id": None, "restart": 0})
+    assert lock_is_stale({"host": HOST, "pid": 2**22 + 12345, "job_id": None},
+                         {"host": HOST, "job_id": None, "restart": 0})
 
 
 def test_lock_of_live_process_is_not_stale():
-    assert not _is_stale({"host": HOST, "pid": os.getpid(), "job_id": None}, {"host": HOST, "job_id": None, "restart": 0})
+    assert not lock_is_stale({"host": HOST, "pid": os.getpid(), "job_id": None},
+                             {"host": HOST, "job_id": None, "restart": 0})
 
 
 def test_lock_from_other_host_is_kept_unless_it_is_an_earlier_attempt_of_this_job():
     holder = {"host": "node-a", "pid": 1, "job_id": "77", "restart": 0}
-    assert not _is_stale(holder, {"host": "node-b", "job_id": "78", "restart": 1})
-    assert not _is_stale(holder, {"host": "node-b", "job_id": "77", "restart": 0})
-    assert _is_stale(holder, {"host": "node-b", "job_id": "77", "restart": 1})
+    assert not lock_is_stale(holder, {"host": "node-b", "job_id": "78", "restart": 1})
+    assert not lock_is_stale(holder, {"host": "node-b", "job_id": "77", "restart": 0})
+    assert lock_is_stale(holder, {"host": "node-b", "job_id": "77", "restart": 1})
 
 
 def test_acquire_refuses_a_held_lock_and_names_the_holder(tmp_path):
@@ -85,7 +87,8 @@ def test_rerun_of_a_complete_cache_changes_no_byte_and_says_complete(cache_copy:
 def test_an_encode_that_yields_no_clip_fails_and_leaves_no_manifest(demo_data: Path, run_cli: Callable,
                                                                    tmp_path: Path) -> None:
     out = tmp_path / "out"
-    result = run_cli(["encode", demo_data, "--out", out, "--vae", "builtin:tiny", "--num-frames", "21",  # scenes have 17
+    result = run_cli(["encode", demo_data, "--out", out, "--vae", "builtin:tiny",
+                      "--num-frames", "21",  # scenes have 17
                       "--size", "64x64", "--workers", "0", "--no-progress"])
     assert result.exit_code == 1, result.output
     assert "no clips encoded: 3 scenes too short" in result.output

@@ -9,15 +9,14 @@ from typing import Any
 
 import pytest
 
-from vaecache.errors import EmptyCacheError
-from vaecache.errors import ManifestError
 from vaecache.cache.failures import describe_failures, read_failures
 from vaecache.cache.finalize import finalize
-from vaecache.cache.progress import iter_progress, progress_line, scan_committed
-from vaecache.cache.repair import repair_progress
 from vaecache.cache.io import AppendLog
 from vaecache.cache.layout import failures_path, progress_path
+from vaecache.cache.progress import iter_progress, progress_line, scan_committed
+from vaecache.cache.repair import repair_progress
 from vaecache.cache.writer import failure_record
+from vaecache.errors import EmptyCacheError, ManifestError
 
 HEADER = {"settings": {}, "latent": {"store": ["mean"], "dtype": "float32", "layout": "x"}, "planned_clips": 4,
           "oom_backoffs": 0}
@@ -173,8 +172,8 @@ def test_finalize_merges_row_logs_to_the_table_the_progress_lines_give(tmp_path:
     """The clip table from the writers' row logs equals, byte for byte, the one parsed from the progress lines
     (a cache written before row logs); rows of a shard without a progress line, a torn last batch and a
     shard committed twice are not counted."""
-    from vaecache.cache.table import CLIP_TABLE, RowLog, iter_table
     from vaecache.cache.layout import rows_name
+    from vaecache.cache.table import CLIP_TABLE, RowLog, iter_table
 
     (tmp_path / "progress").mkdir()
     for rank in (0, 1):
@@ -197,7 +196,8 @@ def test_finalize_merges_row_logs_to_the_table_the_progress_lines_give(tmp_path:
     assert from_rows["counts"]["frames"] == 130 and from_rows["latent"]["shape"] == {"logvar": [2, 4, 2, 2, 2],
                                                                           "mean": [2, 4, 2, 2, 2]}
     records = list(iter_table(tmp_path / "clips.parquet", CLIP_TABLE))
-    assert [r["id"] for r in records] == sorted(r["id"] for r in records) and "lost" not in {r["scene"] for r in records}
+    assert ([r["id"] for r in records] == sorted(r["id"] for r in records)
+            and "lost" not in {r["scene"] for r in records})
     assert records[0]["metadata"] == {"caption": "clip 0"}
     for path in (tmp_path / "progress").glob("rows-*"):
         path.unlink()

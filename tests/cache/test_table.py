@@ -22,8 +22,8 @@ from vaecache.cache.io import AppendLog, jsonl_bytes
 from vaecache.cache.layout import progress_path
 from vaecache.cache.reader import CacheReader
 from vaecache.cache.table import CLIP_TABLE, iter_table, write_table
-from vaecache.errors import ClipTableError
 from vaecache.cache.verify import verify_cache
+from vaecache.errors import ClipTableError
 
 HEADER = {"settings": {}, "latent": {"store": ["mean"], "dtype": "float32", "layout": "x"}, "planned_clips": 0,
           "oom_backoffs": 0}
@@ -52,7 +52,8 @@ def test_a_record_read_back_equals_the_record_written(tmp_path: Path) -> None:
            "source_identity": [{"size": -1}], "cameras": None}  # values that fit no column: kept in `extra`
     records = [plain, with_metadata, nan_stats, odd]
     written = write_table(tmp_path / "clips.parquet", CLIP_TABLE, records)
-    assert written.count == 4 and written.sha256 == hashlib.sha256((tmp_path / "clips.parquet").read_bytes()).hexdigest()
+    assert (written.count == 4
+            and written.sha256 == hashlib.sha256((tmp_path / "clips.parquet").read_bytes()).hexdigest())
     back = list(iter_table(tmp_path / "clips.parquet", CLIP_TABLE))
     assert back[0] == plain and back[1] == with_metadata and back[3] == odd
     assert json.dumps(back[2], sort_keys=True) == json.dumps(nan_stats, sort_keys=True)  # NaN != NaN, text is equal
@@ -106,7 +107,8 @@ def test_finalize_merges_every_ranks_runs_in_id_order(tmp_path: Path, monkeypatc
         monkeypatch.setattr(index_module, "RUN_CHUNK_ROWS", 3)
         monkeypatch.setattr(index_module, "MAX_OPEN_RUNS", 2)
         monkeypatch.setattr(index_module, "PARALLEL_SCAN_BYTES", 0)
-    monkeypatch.setattr("vaecache.cache.table.ROW_GROUP_ROWS", 5)
+    monkeypatch.setattr("vaecache.cache.table.ROW_GROUP_ROWS", 5)  # the writer's row groups
+    monkeypatch.setattr("vaecache.cache.finalize.ROW_GROUP_ROWS", 5)  # the merge's batches
     manifest = finalize(tmp_path, HEADER, workers=2 if fallback else 1)  # two processes scan the two logs
     expected = sorted([*ids, "s013/000000-000008", "s005-b/000000-000008"])
     records = list(CacheReader(tmp_path).clip_records())
@@ -129,7 +131,8 @@ def downgrade_to_v1(cache: Path) -> None:
     (cache / "clips.parquet").unlink()
     (cache / "failures.parquet").unlink()
     manifest = {**reader.manifest, "format_version": 1,
-                "clips": {"file": "clips.jsonl", "count": len(records), "sha256": hashlib.sha256(clip_bytes).hexdigest()},
+                "clips": {"file": "clips.jsonl", "count": len(records),
+                          "sha256": hashlib.sha256(clip_bytes).hexdigest()},
                 "failures": {"file": "failures.jsonl", "count": 0, "sha256": hashlib.sha256(failure_bytes).hexdigest()}}
     (cache / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
 

@@ -134,7 +134,8 @@ def swap_tensor_entries_rehashed(cache: Path) -> tuple[set[str], str]:
     records[first]["tensors"], records[other]["tensors"] = records[other]["tensors"], records[first]["tensors"]
     _write_records(cache, records)
     _rehash_clips(cache)
-    return {"clip records"}, f"clip {CLIP}: logvar is stored as tensor '{records[other]['id']}/logvar', expected '{CLIP}/logvar'"
+    return {"clip records"}, (f"clip {CLIP}: logvar is stored as tensor '{records[other]['id']}/logvar', "
+                              f"expected '{CLIP}/logvar'")
 
 
 def write_nan(cache: Path) -> tuple[set[str], str]:
@@ -294,7 +295,8 @@ def record_fps_nan_rehashed(cache: Path) -> tuple[set[str], str]:
     return {"clip records"}, f"clip {CLIP}: fps or frame times hold a non-finite number (fps nan)"
 
 
-CORRUPTIONS = [manifest_with_nan, record_fps_nan_rehashed, shard_outside_out_rehashed, absolute_shard_in_manifest, shard_symlinked_out, clip_table_outside_out,
+CORRUPTIONS = [manifest_with_nan, record_fps_nan_rehashed, shard_outside_out_rehashed, absolute_shard_in_manifest,
+               shard_symlinked_out, clip_table_outside_out,
                id_encode_refuses_rehashed, declared_shape_differs, declared_dtype_differs, declared_counts_differ,
                truncate_shard, flip_byte, delete_shard, orphan_shard, edit_shape, edit_shape_rehashed,
                swap_tensor_entries_rehashed, write_nan,

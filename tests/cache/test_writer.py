@@ -14,13 +14,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from vaecache.planning.clips import Clip
-from vaecache.errors import ManifestError
-from vaecache.cache.manifest import read_manifest
-from vaecache.cache.progress import read_progress
 from vaecache.cache.finalize import write_manifest
 from vaecache.cache.io import AppendLog
+from vaecache.cache.manifest import read_manifest
+from vaecache.cache.progress import read_progress
 from vaecache.cache.writer import ShardWriter
+from vaecache.errors import ManifestError
+from vaecache.planning.clips import Clip
 
 SCENES = ["scene_000", "scene_001", "scene_002"]
 LATENT = [2, 16, 3, 8, 8]

@@ -16,9 +16,9 @@ import torch
 
 import vaecache
 from vaecache.cache.reader import CacheReader
-from vaecache.video.backends import open_video
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.errors import DatasetError
+from vaecache.video.backends import open_video
 
 STANDARD = {"--vae": "builtin:tiny", "--num-frames": "9", "--size": "64x64"}
 
@@ -61,7 +61,8 @@ BAD_INPUT = {
     "num-frames not 1+4k": (dict(num_frames="10"), None, r"--num-frames 10 .*nearest valid\D*9 and 13"),
     "num-frames zero": (dict(num_frames="0"), None, r"--num-frames must be >= 1"),
     "store unknown": (dict(store="latents"), None, r"--store must be one of mean-logvar, mean, sample"),
-    "decoder unknown": (dict(decoder="opencv"), None, r"--decoder must be one of auto, pyav, decord, torchcodec, got 'opencv'"),
+    "decoder unknown": (dict(decoder="opencv"), None,
+                        r"--decoder must be one of auto, pyav, decord, torchcodec, got 'opencv'"),
     "camera typo": (dict(cameras="cam_0,cam_9"), None, r"camera\(s\) cam_9 from --cameras are in no scene"),
 }
 
@@ -145,7 +146,8 @@ def test_demo_data_writes_the_requested_layout(run_cli: Callable, tmp_path: Path
 
 def test_a_width_decord_misreads_still_encodes(run_cli: Callable, tmp_path: Path) -> None:
     data = tmp_path / "d"
-    assert run_cli(["demo-data", data, "--scenes", "1", "--cameras", "1", "--frames", "9", "--size", "64x48"]).exit_code == 0
+    assert run_cli(["demo-data", data, "--scenes", "1", "--cameras", "1", "--frames", "9",
+                    "--size", "64x48"]).exit_code == 0
     result = run_cli(["encode", data, "--out", tmp_path / "o", "--vae", "builtin:tiny", "--num-frames", "9",
                       "--size", "64x48", "--workers", "0", "--no-progress"])
     assert result.exit_code == 0, result.output

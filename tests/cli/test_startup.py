@@ -16,7 +16,7 @@ import pytest
 import typer
 
 from vaecache import stop
-from vaecache.cli._common import interrupted_message, launcher_rank_world, report_errors
+from vaecache.cli.common import interrupted_message, launcher_rank_world, report_errors
 from vaecache.progress import ProgressLines
 
 HEAVY = ("torch", "diffusers", "decord", "av")
@@ -135,7 +135,8 @@ def _wait_for_reader(fifo: Path, proc: subprocess.Popen, timeout_s: float = 60) 
             if exc.errno != errno.ENXIO:
                 raise
             time.sleep(0.05)
-    raise AssertionError(f"the CLI never opened {fifo} (exit {proc.poll()}): {proc.stderr.read() if proc.stderr else ''}")
+    raise AssertionError(f"the CLI never opened {fifo} (exit {proc.poll()}): "
+                         f"{proc.stderr.read() if proc.stderr else ''}")
 
 
 def test_ctrl_c_during_start_up_is_one_line(demo_data: Path, tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """RankInfo / hostlists / mesh are pure; distributed() is exercised here as a single process only
-(the multi-process paths run in tests/distributed/test_parallel.py)."""
+(the multi-process paths run in tests/parallel/test_views.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.distributed as tdist
 
-from vaecache.distributed.mesh import Mesh, make_mesh
-from vaecache.distributed.launch import RankInfo, expand_hostlist, first_host, slurm_master_port
 from vaecache.distributed.context import collective_errors, distributed
+from vaecache.distributed.launch import RankInfo, expand_hostlist, first_host, slurm_master_port
+from vaecache.distributed.mesh import Mesh, make_mesh
 from vaecache.errors import DistributedError, UsageError
 
 # ---------------------------------------------------------------------------------------------

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 from safetensors import safe_open
 
 from tests.conftest import BASE, FRAMES, SIZES, VIDEOS
@@ -70,16 +70,16 @@ def test_every_shard_holds_one_bucket_and_the_manifest_lists_buckets(bucket_cach
 
 
 def test_verify_names_a_clip_whose_shape_is_not_its_buckets(bucket_cache: Path, cache_io: Any) -> None:
-    from vaecache.cache.verify import _record_problem
+    from vaecache.cache.verify import manifest_record_problem
 
     manifest = cache_io.manifest(bucket_cache)
     record = next(c for c in cache_io.clips(bucket_cache) if c["bucket"]["name"] == "56x32x5")
-    assert _record_problem(record, manifest) is None
+    assert manifest_record_problem(record, manifest) is None
     record["bucket"] = {**record["bucket"], "name": "32x56x5"}
-    assert _record_problem(record, manifest) == ("logvar has shape [1, 16, 2, 7, 4], bucket 32x56x5's latent shape is "
-                                                 "[1, 16, 2, 4, 7]")
+    assert manifest_record_problem(record, manifest) == ("logvar has shape [1, 16, 2, 7, 4], bucket 32x56x5's "
+                                                         "latent shape is [1, 16, 2, 4, 7]")
     record["bucket"]["name"] = "1x1x1"
-    assert "bucket '1x1x1' is not one of the manifest's buckets" in _record_problem(record, manifest)
+    assert "bucket '1x1x1' is not one of the manifest's buckets" in manifest_record_problem(record, manifest)
 
 
 def test_verify_and_coverage_pass(bucket_cache: Path, bucket_videos: Path, run_cli: Any) -> None:
@@ -136,7 +136,7 @@ def test_torchrun_two_ranks_equal_one_process(bucket_videos: Path, bucket_cache:
             == [{k: v for k, v in c.items() if k not in strip} for c in cache_io.clips(bucket_cache)])
 
 
-@pytest.mark.slow  # two child-process encodes; the resume arithmetic is unit-tested in tests/test_buckets.py
+@pytest.mark.slow  # two child-process encodes; the resume arithmetic is unit-tested in tests/settings/test_buckets.py
 def test_all_lengths_resume_after_a_crash(bucket_videos: Path, bucket_cache: Path, tmp_path: Path, procs: Any,
                                           run_cli: Any, cache_io: Any) -> None:
     out = tmp_path / "all"
@@ -165,8 +165,8 @@ def test_reader_sampler_inspect_and_export_understand_buckets(bucket_cache: Path
     its bucket's pixel size."""
     from vaecache import LatentCache
     from vaecache.export import export_musubi
+    from vaecache.inspect import inspect_cache
     from vaecache.training import ShapeBatchSampler
-    from vaecache.cache.inspect import inspect_cache
 
     cache = LatentCache(bucket_cache, verify="sha256")
     manifest = json.loads((bucket_cache / "manifest.json").read_text())

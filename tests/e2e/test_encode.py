@@ -73,7 +73,8 @@ def reference_all(data, tmp_path_factory, cache_io, single) -> dict[str, torch.T
 
 @pytest.mark.parametrize("nproc, extra", [
     (2, ["--workers", "1"]),
-    (4, ["--sp-size", "2", "--batch-size", "3", "--workers", "0", "--views-per-forward", "all"]),  # 3 clips over 2 ranks
+    (4, ["--sp-size", "2", "--batch-size", "3", "--workers", "0",
+         "--views-per-forward", "all"]),  # 3 clips over 2 ranks
     (3, ["--sp-size", "3", "--workers", "1"]),  # each rank encodes one camera of a clip
 ], ids=["dp2", "dp2xsp2-b3-all", "sp3"])
 def test_torchrun_output_equals_single_process(cache_io, nproc, extra, data, reference, reference_all, tmp_path,
@@ -95,8 +96,10 @@ def test_sp_size_must_divide_world(data, tmp_path, torchrun):
 def test_kill_9_of_two_rank_job_then_rerun_with_other_world_size(cache_io, data, reference, tmp_path, procs, torchrun,
                                                                  verify_ok):
     out = tmp_path / "out"
-    proc = subprocess.Popen(procs.torchrun_cmd(2, "encode", data, "--out", out, *ARGS, "--shard-size", "1", "--workers", "0"),
-                            env=procs.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(procs.torchrun_cmd(2, "encode", data, "--out", out, *ARGS, "--shard-size", "1",
+                                               "--workers", "0"),
+                            env=procs.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     deadline = time.monotonic() + 120
     shards = out / "shards"
     while time.monotonic() < deadline and proc.poll() is None:

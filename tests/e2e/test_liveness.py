@@ -82,6 +82,7 @@ def test_a_stopped_rank_fails_the_job_named_and_a_rerun_completes(tmp_path: Path
                 proc.kill()
                 proc.wait()
     assert not (out / "manifest.json").exists()
-    rerun = procs.vaecache(*args, env={"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])})
+    rerun = procs.vaecache(*args,
+                           env={"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])})
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert procs.vaecache("verify", out).returncode == 0

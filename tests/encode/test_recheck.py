@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import json
+import os
 import shutil
 import sys
 import textwrap
 
 from safetensors.torch import load_file, save_file
 
-from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.cache.reader import CacheReader
 from vaecache.cache.table import CLIP_TABLE, write_table
 from vaecache.cache.writer import tensor_stats
+from vaecache.demodata import DemoDataSpec, write_demo_dataset
 
 
 def test_coverage_names_missing_and_vanished_clips(good_cache, demo_data, tmp_path, run_cli):
@@ -108,7 +108,8 @@ def test_reencode_fails_a_vae_that_is_not_reproducible(demo_data, tmp_path, run_
                        "--size", "64x64", "--workers", "0", "--no-progress"])
     assert encoded.exit_code == 0, encoded.output
     strict = run_cli(["verify", out, "--reencode", "2"])
-    assert strict.exit_code == 1 and "re-encoded latents differ by" in strict.output and "tolerance 1e-06" in strict.output
+    assert (strict.exit_code == 1 and "re-encoded latents differ by" in strict.output
+            and "tolerance 1e-06" in strict.output)
     assert run_cli(["verify", out, "--reencode", "2", "--tolerance", "0.1"]).exit_code == 0
     assert run_cli(["verify", out, "--reencode", "1", "--tolerance", "-1"]).exit_code == 2
 

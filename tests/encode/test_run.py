@@ -85,7 +85,8 @@ def test_frames_over_the_pixel_budget_are_a_recorded_failure_decided_from_the_pr
     for line in lines:
         line["probe"].update(width=32, height=32)  # the index hides big.mp4's size: planning cannot tell
     _write_index(tmp_path / "index.jsonl", lines)
-    result = run_cli(["encode", tmp_path / "index.jsonl", "--out", tmp_path / "out2", *SMALL, "--max-frame-pixels", "2000"])
+    result = run_cli(["encode", tmp_path / "index.jsonl", "--out", tmp_path / "out2", *SMALL,
+                      "--max-frame-pixels", "2000"])
     assert result.exit_code == 3, result.output
     (failure,) = cache_io.failures(tmp_path / "out2")
     assert failure["scene"] == "big" and failure.get("clip") is None and "exceed the decode budget" in failure["reason"]

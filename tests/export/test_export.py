@@ -7,25 +7,26 @@ import json
 import os
 import re
 import shutil
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 import webdataset
 from safetensors import safe_open
 from safetensors.torch import load as safetensors_load
 
 from vaecache import LatentCache
-from vaecache.export import safe_name
 from vaecache.cache.table import CLIP_TABLE, write_table
 from vaecache.cache.writer import tensor_stats
+from vaecache.export import safe_name
 
 # musubi-tuner's contract (dataset/image_video_dataset.py, dataset/cache_io.py): latent cache files are
 # "{item}_{frame_pos:05d}-{frames:03d}_{W:04d}x{H:04d}_{arch}.safetensors"; training splits the name on "_",
 # the item is "_".join(tokens[:-3]) and its text-encoder cache "{item}_{arch}_te.safetensors"; the latent is
 # stored under "latents_{F}x{H}x{W}_{dtype}" as (C, F, H, W), dtype as torch names it without "torch.".
-MUSUBI_FILE = re.compile(r"^(?P<item>.+)_(?P<pos>\d{5})-(?P<count>\d{3})_(?P<w>\d{4})x(?P<h>\d{4})_(?P<arch>[a-z0-9]+)\.safetensors$")
+MUSUBI_FILE = re.compile(r"^(?P<item>.+)_(?P<pos>\d{5})-(?P<count>\d{3})_(?P<w>\d{4})x(?P<h>\d{4})"
+                         r"_(?P<arch>[a-z0-9]+)\.safetensors$")
 MUSUBI_KEY = re.compile(r"^latents_(?P<f>\d+)x(?P<h>\d+)x(?P<w>\d+)_(?P<dtype>float32|bfloat16|float16)$")
 
 
@@ -38,7 +39,8 @@ def musubi_wan_normalized(mean: torch.Tensor, normalization: dict) -> torch.Tens
     scale = [torch.tensor(normalization["latents_mean"], dtype=dtype),
              1.0 / torch.tensor(normalization["latents_std"], dtype=dtype)]
     mu = mean.unsqueeze(0)
-    return ((mu - scale[0].view(1, channels, 1, 1, 1)) * scale[1].view(1, channels, 1, 1, 1)).float().squeeze(0).to(dtype)
+    return ((mu - scale[0].view(1, channels, 1, 1, 1))
+            * scale[1].view(1, channels, 1, 1, 1)).float().squeeze(0).to(dtype)
 
 
 def test_musubi_export_follows_musubi_tuners_naming_and_keys(caption_cache: Path, tmp_path: Path, run_cli) -> None:
@@ -68,7 +70,8 @@ def test_musubi_export_follows_musubi_tuners_naming_and_keys(caption_cache: Path
         found = MUSUBI_KEY.match(key)
         assert found and latent.shape[1:] == (int(found["f"]), int(found["h"]), int(found["w"])) == (3, 8, 8)
         assert found["dtype"] == str(latent.dtype).removeprefix("torch.") == "float32"
-        assert meta == {"architecture": "wan", "width": "64", "height": "64", "frame_count": "9", "format_version": "1.0.1"}
+        assert meta == {"architecture": "wan", "width": "64", "height": "64", "frame_count": "9",
+                        "format_version": "1.0.1"}
         view = ["cam_0", "cam_1"].index(camera)
         mean = cache[f"{scene}/000000-000008"].mean[view]  # the posterior mean, (C, F, H, W)
         # musubi-tuner's Wan caching stores the normalized mean and its trainer does not rescale: bitwise its
@@ -175,7 +178,8 @@ def test_webdataset_export_reads_back_with_webdataset(caption_cache: Path, tmp_p
     urls = [str(target / name) for name in manifest["shards"]]
     cache = LatentCache(caption_cache)
     samples = list(webdataset.WebDataset(urls, shardshuffle=False).decode())
-    assert [s["__key__"] for s in samples] == ["scene_000_000000-000008", "scene_001_000000-000008", "scene_002_000000-000008"]
+    assert [s["__key__"] for s in samples] == ["scene_000_000000-000008", "scene_001_000000-000008",
+                                               "scene_002_000000-000008"]
     for sample, item in zip(samples, cache):
         assert sample["json"] == {**json.loads(json.dumps(item.record)), "latent_shape": {"logvar": [2, 16, 3, 8, 8],
                                                                                      "mean": [2, 16, 3, 8, 8]}}
@@ -295,7 +299,8 @@ def test_musubi_refuses_what_it_cannot_export_before_writing(good_cache: Path, h
         (good_cache, "hv15", "HunyuanVideo 1.5 trains on its own VAE"),
         (good_cache, "hv", "--arch hv trains on AutoencoderKLHunyuanVideo latents, this cache holds AutoencoderKLWan"),
         (good_cache, "k5", "--arch k5 trains on AutoencoderKLHunyuanVideo latents"),
-        (hunyuan_cache, "wan", "--arch wan trains on AutoencoderKLWan latents, this cache holds AutoencoderKLHunyuanVideo"),
+        (hunyuan_cache, "wan",
+         "--arch wan trains on AutoencoderKLWan latents, this cache holds AutoencoderKLHunyuanVideo"),
         (good_cache, "xx", "--arch 'xx' is not a musubi-tuner architecture"),
     ]
     for cache, arch, reason in cases:
@@ -335,7 +340,8 @@ def test_case_twin_ids_export_to_names_distinct_after_case_folding(demo_data: Pa
     assert len(items) == len(te_caches) == 4 and len(latents) == 12  # 2 scenes x 2 cameras; 3 clips each
     assert "scene-front" in items  # an already folded name is kept as it is
     assert all(re.fullmatch(r"[Ss]cene-[Ff]ront~[0-9a-f]{12}", item) for item in items - {"scene-front"})
-    keys = {entry["key"].casefold() for entry in map(json.loads, (tmp_path / "webdataset" / "index.jsonl").read_text().splitlines())}
+    keys = {entry["key"].casefold()
+            for entry in map(json.loads, (tmp_path / "webdataset" / "index.jsonl").read_text().splitlines())}
     assert len(keys) == 6
     assert safe_name("Scene") == safe_name("Scene") != safe_name("scene") == "scene"  # a function of the id alone
     assert safe_name("nul") != "nul" and safe_name("con.mp4", dots=True) != "con.mp4"  # Windows device names
@@ -348,7 +354,15 @@ def test_webdataset_export_of_a_bucketed_cache_batches_single_shapes_under_shuff
     """Six clips of four latent shapes: each tar holds one shape; a shuffled webdataset pipeline grouped by
     latent_shape, and Megatron-Energon's own loader over the export prepared by Energon's own code, both give
     single-shape batches that together hold every clip once."""
-    from megatron.energon import Cooker, DefaultTaskEncoder, WorkerConfig, basic_sample_keys, get_loader, get_train_dataset, stateless
+    from megatron.energon import (
+        Cooker,
+        DefaultTaskEncoder,
+        WorkerConfig,
+        basic_sample_keys,
+        get_loader,
+        get_train_dataset,
+        stateless,
+    )
 
     from vaecache.export import batched_by_shape, decode_sample
     from vaecache.export.webdataset import collate_samples
@@ -362,7 +376,8 @@ def test_webdataset_export_of_a_bucketed_cache_batches_single_shapes_under_shuff
     clips = set(cache.ids())
     assert manifest["energon"] is True and len(manifest["shards"]) == len(clips) == 6 and len(manifest["shapes"]) == 4
     for name in manifest["shards"]:  # one shape per tar, named in the tar's name and in each sample's JSON
-        shapes = {json.dumps(s["json"]["latent_shape"]) for s in webdataset.WebDataset(str(target / name), shardshuffle=False).decode()}
+        shapes = {json.dumps(s["json"]["latent_shape"])
+                  for s in webdataset.WebDataset(str(target / name), shardshuffle=False).decode()}
         assert shapes == {json.dumps(manifest["shard_shapes"][name])}
         assert name.startswith("shard-" + "x".join(map(str, manifest["shard_shapes"][name]["mean"])))
 

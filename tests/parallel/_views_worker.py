@@ -1,6 +1,6 @@
 """One rank of the multi-process tests in test_parallel.py (run as a script, torchrun-style env).
 
-    RANK=.. WORLD_SIZE=.. LOCAL_RANK=.. MASTER_ADDR=.. MASTER_PORT=.. python _parallel_worker.py SCENARIO OUTDIR
+    RANK=.. WORLD_SIZE=.. LOCAL_RANK=.. MASTER_ADDR=.. MASTER_PORT=.. python _views_worker.py SCENARIO OUTDIR
 
 Each rank writes OUTDIR/rank-<r>.json; the test process reads and judges them. Every check that
 can be done locally (torch.equal against the single-process reference, RNG state) is done here;

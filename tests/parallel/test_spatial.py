@@ -44,7 +44,8 @@ def test_more_ranks_than_latent_rows_is_refused() -> None:
 def test_buffers_follow_the_input_memory_format() -> None:
     x = torch.empty(1, 4, 2, 6, 5).contiguous(memory_format=torch.channels_last_3d)
     assert halo_memory_format(x) == torch.channels_last_3d
-    assert halo_memory_format(torch.empty(2, 4, 6, 5).contiguous(memory_format=torch.channels_last)) == torch.channels_last
+    assert (halo_memory_format(torch.empty(2, 4, 6, 5).contiguous(memory_format=torch.channels_last))
+            == torch.channels_last)
     assert halo_memory_format(torch.empty(1, 4, 2, 6, 5)) == torch.contiguous_format
 
 
@@ -89,7 +90,8 @@ def test_every_convolution_of_the_encode_runs_the_frames_kernel_while_banded() -
 
     module = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
                               temperal_downsample=[False, True, True]).eval()
-    convs = [m for m in [*module.encoder.modules(), module.quant_conv] if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d))]
+    convs = [m for m in [*module.encoder.modules(), module.quant_conv]
+             if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d))]
     with banded(module, HaloExchanger(None), plan_bands(64, 8, 1)):
         assert all("_conv_forward" in conv.__dict__ for conv in convs)
     assert not any("_conv_forward" in conv.__dict__ for conv in convs)

@@ -1,7 +1,7 @@
 """Sequence-parallel encode: the pure plan, and real gloo process groups against a 1-process reference.
 
 Four launches in all (world 4, world 3, two failure scenarios); every (G, N, dtype) case runs
-inside them, see _parallel_worker.py.
+inside them, see _views_worker.py.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from vaecache.errors import DistributedError, UsageError
 from vaecache.parallel import SPPlan, gather_views, pad_views, plan_sp, sp_encode
 
 REPO = Path(__file__).resolve().parents[2]
-WORKER = Path(__file__).with_name("_parallel_worker.py")
+WORKER = Path(__file__).with_name("_views_worker.py")
 LAUNCH_TIMEOUT_S = 90
 
 # ---------------------------------------------------------------------------------------------

@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
-from vaecache.settings.clip import SamplingConfig
-from vaecache.sources.scene import CameraProbe, Scene, SceneProbe
-from vaecache.sources.probing import judge_scene
 from vaecache.errors import UsageError
-from vaecache.planning.clips import DoneMask, DoneMaskBuilder, Clip, clip_id_for, plan_clips, plan_windows
+from vaecache.planning.clips import Clip, DoneMask, DoneMaskBuilder, clip_id_for, plan_clips, plan_windows
 from vaecache.planning.jobs import JobPlan, assign, assign_contiguous, batch_views, batched, plan_job, sp_repeats_advice
+from vaecache.settings.clip import SamplingConfig
+from vaecache.sources.probing import judge_scene
+from vaecache.sources.scene import CameraProbe, Scene, SceneProbe
 
 
 def test_windows_do_not_overlap_by_default() -> None:
@@ -256,8 +256,8 @@ def test_a_scene_whose_index_gives_its_probe_plans_like_one_probed_by_opening_it
     opened = {s.scene_id: judge_scene(s, s.probed) for s in scenes}
     for sizes in (None, [(32, 48), (48, 32)]):
         from_index = plan_job(scenes, {}, SamplingConfig(num_frames=5), sizes=sizes)
-        by_opening = plan_job([dataclasses.replace(s, probed=None) for s in scenes], opened, SamplingConfig(num_frames=5),
-                              sizes=sizes)
+        by_opening = plan_job([dataclasses.replace(s, probed=None) for s in scenes], opened,
+                              SamplingConfig(num_frames=5), sizes=sizes)
         # the same clips; those planned from an index also carry the (size, mtime) decoding checks the file against
         assert [dataclasses.replace(c, identity=()) for c in from_index.clips] == list(by_opening.clips)
         assert len(from_index.clips) == 10

@@ -11,17 +11,18 @@ from typing import Any
 
 import pytest
 
-from vaecache.settings.clip import ClipSettings, SamplingConfig
-from vaecache.settings.loader import clip_settings as pop_clip_options, load_toml
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
-from vaecache.planning.report import Measurement, dp_shares, fits_views_per_forward
-from vaecache.settings.commands import PlanConfig
 from vaecache.encode.dry_run import build_plan
 from vaecache.planning.clips import Clip
 from vaecache.planning.jobs import JobPlan
+from vaecache.planning.report import Measurement, dp_shares, fits_views_per_forward
+from vaecache.settings.clip import ClipSettings, SamplingConfig
+from vaecache.settings.commands import PlanConfig
+from vaecache.settings.loader import clip_settings as pop_clip_options
+from vaecache.settings.loader import load_toml
 from vaecache.vae import FAMILIES
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SPEC = DemoDataSpec(scenes=3, cameras=2, frames=17, height=32, width=32, fps=10, seed=1)
 # 17 frames cut into 5-frame clips without overlap: starts 0, 5, 10 -> 3 clips per scene, 9 in all.
 PLAN_ARGS = ("--vae", "builtin:tiny", "--num-frames", "5", "--size", "32x32")
@@ -44,7 +45,8 @@ def test_plan_cli_reports_clips_shapes_bytes_ranks_and_eta(data: Path, tmp_path:
     report = json.loads(out.read_text())
     assert report["format"] == "vaecache-plan/1"
     dataset = report["dataset"]
-    assert (dataset["scenes"], dataset["clips"], dataset["cameras"], dataset["views"], dataset["frames"]) == (3, 9, 2, 18, 90)
+    assert (dataset["scenes"], dataset["clips"], dataset["cameras"], dataset["views"],
+            dataset["frames"]) == (3, 9, 2, 18, 90)
     assert [s["clips"] for s in dataset["per_scene"]] == [3, 3, 3] and dataset["skipped"] == []
     latent = report["latent"]
     assert latent["shape_per_view"] == TINY_SHAPE and latent["shape_per_clip"] == [2, *TINY_SHAPE]

@@ -8,17 +8,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from vaecache.cache.writer import geometry_record
+from vaecache.errors import FrameRuleError, UsageError
+from vaecache.planning.clips import plan_scene_clips
+from vaecache.planning.jobs import JobPlan, batched
+from vaecache.planning.report import bucket_histogram
 from vaecache.settings.buckets import Bucket, fit_geometry, nearest_size, parse_lengths, parse_sizes
 from vaecache.settings.clip import ClipSettings, SamplingConfig
-from vaecache.settings.loader import clip_settings as pop_clip_options, load_toml
-from vaecache.video.resize import resize_fit, to_model_range
-from vaecache.errors import FrameRuleError, UsageError
-from vaecache.cache.writer import geometry_record
-from vaecache.planning.report import bucket_histogram
-from vaecache.planning.jobs import JobPlan, batched
-from vaecache.planning.clips import plan_scene_clips
+from vaecache.settings.loader import clip_settings as pop_clip_options
+from vaecache.settings.loader import load_toml
 from vaecache.sources.scene import CameraProbe, Scene
 from vaecache.vae.rules import FrameRule
+from vaecache.video.resize import resize_fit, to_model_range
 
 SIZES = ((32, 56), (56, 32), (40, 40))
 

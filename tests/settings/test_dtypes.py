@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-from vaecache.settings.dtypes import DTYPE_CHOICES, RECORDED_NAMES, check_dtype_name, recorded_name, torch_dtype
 from vaecache.errors import UsageError
+from vaecache.settings.dtypes import DTYPE_CHOICES, RECORDED_NAMES, check_dtype_name, recorded_name, torch_dtype
 
 
 def test_names_map_both_ways() -> None:

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from vaecache.cli.encode import build_config
+from vaecache.errors import FrameRuleError, UsageError, VaeSpecError
+from vaecache.settings.buckets import parse_size
 from vaecache.settings.clip import ClipSettings, SamplingConfig
 from vaecache.settings.commands import EncodeConfig
 from vaecache.settings.loader import load_toml
 from vaecache.settings.options import parse_bytes
-from vaecache.settings.buckets import parse_size
-from vaecache.errors import FrameRuleError, UsageError, VaeSpecError
 from vaecache.vae import VaeRunner, load_vae
 
 
@@ -167,7 +167,7 @@ def test_load_toml_names_a_value_of_the_wrong_type(tmp_path: Path, text: str, ma
         load_toml(path)
 
 
-EXAMPLE_CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.toml"))
+EXAMPLE_CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.toml"))
 
 
 @pytest.mark.parametrize("path", EXAMPLE_CONFIGS, ids=[p.name for p in EXAMPLE_CONFIGS])
@@ -292,7 +292,8 @@ def test_every_flag_of_encode_and_plan_comes_from_the_option_table(run_cli) -> N
     for option in OPTIONS:
         for command, text in helps.items():
             flag = option.flag.split("/")[0]
-            assert (re.search(rf"{re.escape(flag)}\b", text) is not None) == (command in option.commands), (command, flag)
+            assert ((re.search(rf"{re.escape(flag)}\b", text) is not None)
+                    == (command in option.commands)), (command, flag)
 
 
 def test_an_unknown_key_is_named_with_the_nearest_known_one(tmp_path: Path) -> None:

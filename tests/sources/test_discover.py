@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from vaecache.cache.reader import CacheReader
-from vaecache.settings.clip import SamplingConfig
-from vaecache.planning.clips import plan_clips
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.errors import DatasetError, UsageError
-from vaecache.sources.scene import Scene
+from vaecache.planning.clips import plan_clips
+from vaecache.settings.clip import SamplingConfig
 from vaecache.sources.discover import discover, discover_scenes
 from vaecache.sources.probing import probe_scene
+from vaecache.sources.scene import Scene
 
 
 def _touch(path: Path) -> Path:
@@ -268,7 +268,8 @@ def test_path_lines_take_one_camera_name_from_cameras(tmp_path: Path) -> None:
     index.write_text(json.dumps({"id": "robot", "path": "r.mp4"}) + "\n")
     (scene,) = discover_scenes(index, cameras=["wrist"])
     assert scene.cameras == ("wrist",)
-    with pytest.raises(DatasetError, match=r"index.jsonl:1: a \"path\" scene has one camera, but 2 cameras were configured"):
+    with pytest.raises(DatasetError,
+                       match=r"index.jsonl:1: a \"path\" scene has one camera, but 2 cameras were configured"):
         discover_scenes(index, cameras=["wrist", "head"])
 
 
@@ -336,7 +337,8 @@ def test_hostile_names_and_links_are_recorded_failures_and_the_run_goes_on(demo_
     assert failures["looped"]["reason"] == "symlink loop" and failures["looped"]["camera"] == "cam_0"
     assert "cannot be a scene id" in failures["bad\nname"]["reason"]
     assert "starting with '.'" in failures["..sneaky"]["reason"]
-    assert failures["audio_only"]["reason"].startswith("not a readable video") or "no video stream" in failures["audio_only"]["reason"]
+    assert (failures["audio_only"]["reason"].startswith("not a readable video")
+            or "no video stream" in failures["audio_only"]["reason"])
     assert "DECORD" not in failures["audio_only"]["reason"].upper()
     clips = [c["id"] for c in list(CacheReader(out).clip_records())]
     assert clips == [f"scene_00{i}/000000-000008" for i in range(3)]
@@ -346,8 +348,8 @@ def test_probe_cache_keeps_file_verdicts_but_not_permission_or_io_errors(tmp_pat
     """A chmod fixes 'permission denied' without changing size or mtime: such a failure must be looked at
     again next time, while 'not a readable video' stays cached until the file changes."""
     from vaecache.errors import VideoDecodeError
-    from vaecache.sources.scene import Scene
     from vaecache.sources.probing import probe_records
+    from vaecache.sources.scene import Scene
 
     paths = []
     for name in ("a.mp4", "b.mp4", "c.mp4"):

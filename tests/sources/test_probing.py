@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import ENCODE_ARGS
-from vaecache.sources import probing as sources
-from vaecache.errors import DatasetError
 from vaecache.cache.reader import CacheReader
+from vaecache.errors import DatasetError
+from vaecache.sources import probing as sources
 from vaecache.sources.discover import discover_scenes
 from vaecache.sources.probing import probe_scene
 

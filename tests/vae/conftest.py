@@ -9,10 +9,10 @@ from pathlib import Path
 import diffusers
 import pytest
 import torch
-from tiny_vaes import FAMILY_CONFIGS, LTX_MEAN, LTX_STD, PLUGIN_SOURCE, SIZE
 
-from vaecache.video.dataset import ViewDecoder
+from tests.vae.tiny_vaes import FAMILY_CONFIGS, LTX_MEAN, LTX_STD, PLUGIN_SOURCE, SIZE
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
+from vaecache.video.dataset import ViewDecoder
 
 SPEC = DemoDataSpec(scenes=1, cameras=2, frames=17, height=SIZE, width=SIZE, fps=10, seed=5)
 

@@ -7,8 +7,8 @@ from typing import Iterator
 
 import pytest
 import torch
-from tiny_vaes import RULES
 
+from tests.vae.tiny_vaes import RULES
 from vaecache.vae import load_vae
 from vaecache.vae.decoder import CHUNKED, PER_FRAME, WHOLE, decode_mode, iter_decoded
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_vaes import FAMILY_CONFIGS, LTX_MEAN, LTX_STD, RULES, SIZE
 
+from tests.vae.tiny_vaes import FAMILY_CONFIGS, LTX_MEAN, LTX_STD, RULES, SIZE
 from vaecache.errors import FrameRuleError, VaeSpecError
 from vaecache.vae import FAMILIES, VaeRunner, load_vae
 
@@ -63,7 +63,8 @@ def test_family_loads_with_rule_from_config_and_encodes_like_diffusers(
     assert torch.equal(result.mean, mean)
     assert result.logvar is not None and torch.equal(result.logvar, logvar)
     units = frames if vae.per_frame else 1  # a forward: one view (a 2D VAE: all its frames)
-    assert result.failed == {} and result.tiled == set() and result.backoffs == [] and result.forward_sizes == [units] * 2
+    assert (result.failed == {} and result.tiled == set() and result.backoffs == []
+            and result.forward_sizes == [units] * 2)
 
 
 @pytest.mark.parametrize("key", list(FAMILY_CONFIGS))
@@ -98,7 +99,8 @@ def test_normalization_constants_per_family(models: dict[str, Path]) -> None:
     wan = _load(models, "wan").normalization
     assert wan["formula"] == "(z - latents_mean) / latents_std" and len(wan["latents_mean"]) == 16  # config defaults
     ltx = _load(models, "ltx").normalization
-    assert ltx["latents_mean"] == pytest.approx(LTX_MEAN.tolist()) and ltx["latents_std"] == pytest.approx(LTX_STD.tolist())
+    assert (ltx["latents_mean"] == pytest.approx(LTX_MEAN.tolist())
+            and ltx["latents_std"] == pytest.approx(LTX_STD.tolist()))
     assert ltx["scaling_factor"] == 1.0 and ltx["formula"] == "(z - latents_mean) * scaling_factor / latents_std"
     assert _load(models, "cogvideox").normalization == {"scaling_factor": 0.7, "formula": "z * scaling_factor"}
     assert _load(models, "hunyuan").normalization == {"scaling_factor": 0.5, "formula": "z * scaling_factor"}

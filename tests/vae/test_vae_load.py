@@ -10,8 +10,8 @@ from typing import Any
 import diffusers
 import pytest
 import torch
-from tiny_vaes import FAMILY_CONFIGS, SIZE, TILES
 
+from tests.vae.tiny_vaes import FAMILY_CONFIGS, SIZE, TILES
 from vaecache.errors import UsageError, VaeSpecError
 from vaecache.vae import FrameRule, VaeModel, VaeRunner, fingerprint, load_vae
 

@@ -25,7 +25,8 @@ def test_height_and_width_both_wrong_are_named_in_one_message() -> None:
     with pytest.raises(FrameRuleError) as raised:
         rule.check(9, 60, 70)
     assert str(raised.value) == ("--size 60x70: height 60 and width 70 are not multiples of 8 (the spatial factor "
-                                 "of AutoencoderKLWan); nearest valid height: 56 and 64; nearest valid width: 64 and 72")
+                                 "of AutoencoderKLWan); nearest valid height: 56 and 64; nearest valid width: "
+                                 "64 and 72")
 
 
 def test_frames_and_size_both_wrong_are_named_in_one_message() -> None:

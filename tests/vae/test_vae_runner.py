@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_vaes import TILES
 
+from tests.vae.tiny_vaes import TILES
 from vaecache.cache.reader import CacheReader
 from vaecache.errors import UsageError
 from vaecache.faults import FAULT_ENV, OomFault, OomInjector

@@ -1,6 +1,6 @@
 """Tiny random VAE configs, one per supported diffusers family, and a python-plugin module's source.
 
-Shared by tests/vae (imported as a plain module: pytest puts this folder on sys.path).
+Shared by tests/vae.
 """
 
 from __future__ import annotations

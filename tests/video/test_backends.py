@@ -17,13 +17,22 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from vaecache.settings.clip import ClipSettings, SamplingConfig
-from vaecache.video.backends import AUTO_ORDER, DECORD_DECODER, IDENTICAL_TO_PYAV, PYAV, backend_for_record, backend_unavailable, decode_frames, open_video, resolve_decoder
-from vaecache.video.reader import DECODER
-from vaecache.video.dataset import ViewDecoder
+from tests.videos import LAYOUTS, random_windows, sequential_frames, write_video
 from vaecache.errors import UsageError, VideoDecodeError
-
-from videos import LAYOUTS, random_windows, sequential_frames, write_video
+from vaecache.settings.clip import ClipSettings, SamplingConfig
+from vaecache.video.backends import (
+    AUTO_ORDER,
+    DECORD_DECODER,
+    IDENTICAL_TO_PYAV,
+    PYAV,
+    backend_for_record,
+    backend_unavailable,
+    decode_frames,
+    open_video,
+    resolve_decoder,
+)
+from vaecache.video.dataset import ViewDecoder
+from vaecache.video.reader import DECODER
 
 BACKENDS = ("pyav", "decord", "torchcodec")
 STREAMS = ("h264-open-gop", "hevc-bframes", "mpeg4-avi-bframes")

@@ -11,22 +11,22 @@ import numpy as np
 import pytest
 import torch
 
-from vaecache.settings.clip import SamplingConfig
-from vaecache.planning.clips import Clip, plan_clips
-from vaecache.video.reader import DECODER
-from vaecache.video.backends import Backend, decode_frames, open_video
-from vaecache.video.dataset import ViewBatchDataset, ViewDecoder
-from vaecache.video.resize import resize_cover_crop, to_model_range
+from tests.videos import LAYOUTS, random_windows, remux_to_raw_h264, sequential_frames, write_video
 from vaecache.demodata import DemoDataSpec, render_clip, write_demo_dataset
 from vaecache.errors import VideoDecodeError
-from vaecache.sources.scene import Scene
+from vaecache.planning.clips import Clip, plan_clips
+from vaecache.settings.clip import SamplingConfig
 from vaecache.sources.discover import discover_scenes
 from vaecache.sources.probing import probe_scene
-
-from videos import LAYOUTS, random_windows, remux_to_raw_h264, sequential_frames, write_video
+from vaecache.sources.scene import Scene
+from vaecache.video.backends import Backend, decode_frames, open_video
+from vaecache.video.dataset import ViewBatchDataset, ViewDecoder
+from vaecache.video.reader import DECODER
+from vaecache.video.resize import resize_cover_crop, to_model_range
 
 H264_MEAN_ERROR = 0.075
-"""Mean |decoded - source| in [-1, 1] units that the demo videos stay under (4:2:0 chroma and colour conversion only)."""
+"""Mean |decoded - source| in [-1, 1] units that the demo videos stay under (4:2:0 chroma and colour conversion
+only)."""
 
 
 def _to_model(frames: np.ndarray) -> torch.Tensor:
@@ -180,7 +180,8 @@ def test_a_file_changed_since_its_index_probed_it_is_refused_naming_both(wide_vi
     assert ViewBatchDataset([[clip]], [[0]], 32, 32)[0]["errors"] == {}
     os.utime(video, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched: same bytes, other mtime
     path, reason, whole_file = ViewBatchDataset([[clip]], [[0]], 32, 32)[0]["errors"][0]
-    assert whole_file and reason.startswith("changed since it was probed (modified ") and "run `vaecache index` again" in reason
+    assert (whole_file and reason.startswith("changed since it was probed (modified ")
+            and "run `vaecache index` again" in reason)
     with open(video, "ab") as handle:
         handle.write(b"\0" * 7)
     _, reason, _ = ViewBatchDataset([[clip]], [[0]], 32, 32)[0]["errors"][0]
@@ -360,7 +361,8 @@ def test_variable_frame_rate_clip_is_refused(tmp_path: Path) -> None:
         times = reader.timestamps([29, 30, 31, 32])
         assert times[1] - times[0] == pytest.approx(1 / 24, abs=2e-3)
         assert times[2] - times[1] == pytest.approx(2 + 1 / 24, abs=2e-3)
-        with pytest.raises(VideoDecodeError, match=r"vfr.mkv: frames 26..34 are not evenly spaced in time: 2.083 s between frames 30 and 32, 0.08\d s at the video's frame rate"):
+        with pytest.raises(VideoDecodeError, match=r"vfr.mkv: frames 26..34 are not evenly spaced in time: 2.083 s "
+                                                   r"between frames 30 and 32, 0.08\d s at the video's frame rate"):
             reader.read(list(range(26, 35, 2)))
         _assert_frames("vfr", reader.read(list(range(0, 30, 2))), reference, list(range(0, 30, 2)))
         _assert_frames("vfr", reader.read(list(range(31, 60, 3))), reference, list(range(31, 60, 3)))

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SCRIPTS = REPO / "scripts" / "slurm"
 START = REPO / ".ci" / "slurm" / "start_local_slurm.sh"
 STOP = REPO / ".ci" / "slurm" / "stop_local_slurm.sh"
@@ -151,7 +151,8 @@ class References:
                 proc, out = self.runs[key]
                 output, _ = proc.communicate(timeout=600)
                 ok = proc.returncode == 0
-                self.done[key] = out if ok else f"1-process reference encode {key} failed (exit {proc.returncode}):\n{output}"
+                self.done[key] = out if ok else (f"1-process reference encode {key} failed "
+                                                 f"(exit {proc.returncode}):\n{output}")
             result = self.done[key]
         assert isinstance(result, Path), result
         return result
@@ -226,7 +227,7 @@ def sbatch_wait(script: str, args: list[str], submit_dir: Path, sbatch_opts: lis
 
 
 class SlurmHelpers:
-    """What the tests need from here, as a fixture (tests/slurm has no package to import from)."""
+    """What the tests need from here, as a fixture."""
 
     encode_args = ENCODE_ARGS
     common_args = COMMON_ARGS

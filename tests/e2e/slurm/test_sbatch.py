@@ -1,6 +1,6 @@
 """scripts/slurm/*.sbatch on a real SLURM cluster, checked against a 1-process encode.
 
-Run: ``python -m pytest tests/slurm -v -p no:cacheprovider`` (starts a local single-node cluster
+Run: ``python -m pytest tests/e2e/slurm -v -p no:cacheprovider`` (starts a local single-node cluster
 when none answers ``sinfo`` and this is root; see conftest.py). The local cluster's node has as
 many CPUs as the machine (2 in CI), so 2-task jobs ask for ``--cpus-per-task=1 --overcommit``.
 
@@ -122,7 +122,8 @@ class Jobs:
             self.encode_share("sp2", ["--sp-size", "2"])
         if "usage" in wanted:  # no --vae: vaecache exits 2 before it touches anything
             self._submit("usage", lambda: self._sbatch("usage", "encode.sbatch", [
-                str(data), str(root / "usage" / "out"), "--num-frames", "9", "--size", "64x64"], ["--ntasks=1", *ONE_CPU]))
+                str(data), str(root / "usage" / "out"), "--num-frames", "9", "--size", "64x64"],
+                ["--ntasks=1", *ONE_CPU]))
         references.start("main", data, slurm.encode_args)
         if "verify" in wanted:
             self._submit("verify-good", lambda: self._sbatch("verify-good", "verify.sbatch",
