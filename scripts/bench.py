@@ -7,7 +7,7 @@ Three ways to encode the same clips, interleaved in every repeat (the order rota
 * vaecache: ``vaecache.pipeline.run_encode`` in ``vaecache.distributed.distributed()`` (one process) into a
   fresh OUT, decoding in ``--workers`` DataLoader processes, shards written by the writer thread;
 * naive: what a user writes first: decord VideoReader per camera, ``F.interpolate``, one
-  ``vae.module.encode(x).latent_dist`` per clip with all its cameras as one batch, ``torch.save``
+  ``vae.model.module.encode(x).latent_dist`` per clip with all its cameras as one batch, ``torch.save``
   per clip, one process.
 
 Each figure is the median over --repeats; ratios come from medians measured in this same run.
@@ -212,7 +212,7 @@ def _timed_encoder(startup: Any, encodes: list[tuple[float, float]]) -> Iterator
         def timed(views: Any) -> Any:
             begin = time.perf_counter()
             out = encode(views)
-            sync(vae.device)
+            sync(vae.model.device)
             encodes.append((begin, time.perf_counter()))
             return out
 
@@ -255,7 +255,7 @@ def run_naive(args: argparse.Namespace, data: Path, out: Path, height: int, widt
 
     start = time.perf_counter()
     vae = load(args, device)  # the same module vaecache loads; its load time counts here as it does there
-    model, dtype = vae.module, (vae.compute_dtype or vae.dtype)
+    model, dtype = vae.model.module, (vae.model.compute_dtype or vae.model.dtype)
     out.mkdir(parents=True, exist_ok=True)
     marks = []
     for scene_dir in sorted(p for p in data.iterdir() if p.is_dir()):

@@ -55,7 +55,7 @@ def build(model: str, device: Any):
     if MODELS[model] is None:
         from vaecache.vae import load_vae
 
-        return load_vae("builtin:tiny", device).module
+        return load_vae("builtin:tiny", device).model.module
     torch.manual_seed(0)
     return AutoencoderKLWan(**MODELS[model]).to(device).eval().requires_grad_(False)
 

@@ -118,3 +118,23 @@ def remux_to_raw_h264(source: Path, out: Path) -> Path:
             packet.stream = stream_out
             dst.mux(packet)
     return out
+
+
+def cut_with_edit_list(source: Path, out: Path, start_frame: int) -> bool:
+    """Remux (no re-encode) from the keyframe before `start_frame`, with an edit list starting at it."""
+    import av
+
+    with av.open(str(source)) as src, av.open(str(out), "w") as dst:
+        stream_in = src.streams.video[0]
+        stream_out = dst.add_stream_from_template(stream_in)
+        frame_ticks = int(1 / (stream_in.average_rate * stream_in.time_base))
+        offset = start_frame * frame_ticks
+        for packet in src.demux(stream_in):
+            if packet.dts is None:
+                continue
+            packet.stream = stream_out
+            packet.pts -= offset
+            packet.dts -= offset
+            dst.mux(packet)
+    with av.open(str(out)) as check:
+        return any(p.is_discard for p in check.demux(video=0) if p.size)

@@ -33,7 +33,6 @@ _N_RECTS = 2
 _PRESET = "veryfast"
 
 
-
 @dataclass(frozen=True)
 class DemoDataSpec:
     """What ``write_demo_dataset`` writes; validated on construction."""

@@ -106,8 +106,6 @@ def progress(label: str, unit: str, console: Console, enabled: bool = True,
         lines.close()
 
 
-
-
 ProgressFactory = Callable[[str, str], ContextManager[Advance]]
 """progress(label, unit) -> a context that yields an Advance (vaecache.progress.progress, bound to a console)."""
 

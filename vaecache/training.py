@@ -86,11 +86,6 @@ class LatentItem:
         return self.tensors.get("logvar")
 
 
-def _record_shapes(record: dict[str, Any]) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """A clip's latent shape key: (stored key, shape) per tensor, from its record (never a global shape)."""
-    return tuple((key, tuple(entry.get("shape") or ())) for key, entry in sorted((record.get("tensors") or {}).items()))
-
-
 class LatentCache:
     """A finished cache opened for reading: `len`, `cache[i]` / `cache["clip id"]` -> LatentItem, iteration
     in clip-id order.

@@ -10,15 +10,15 @@ import math
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from vaecache.cache import finalize as index_module
+from vaecache.cache import finalize as finalize_module
 from vaecache.cache.finalize import finalize
-from vaecache.cache.io import AppendLog, jsonl_bytes
+from vaecache.cache.io import AppendLog
 from vaecache.cache.layout import progress_path
 from vaecache.cache.reader import CacheReader
 from vaecache.cache.table import CLIP_TABLE, iter_table, write_table
@@ -104,9 +104,9 @@ def test_finalize_merges_every_ranks_runs_in_id_order(tmp_path: Path, monkeypatc
          _entry("a001-r00001-000000.safetensors", ids[5:8] + ["s005-b/000000-000008"]),
          _entry("a001-r00001-000001.safetensors", ids[12:14] + ids[18:]))
     if fallback:  # records sorted in chunks of 3 into many runs, merged in rounds of 2 files
-        monkeypatch.setattr(index_module, "RUN_CHUNK_ROWS", 3)
-        monkeypatch.setattr(index_module, "MAX_OPEN_RUNS", 2)
-        monkeypatch.setattr(index_module, "PARALLEL_SCAN_BYTES", 0)
+        monkeypatch.setattr(finalize_module, "RUN_CHUNK_ROWS", 3)
+        monkeypatch.setattr(finalize_module, "MAX_OPEN_RUNS", 2)
+        monkeypatch.setattr(finalize_module, "PARALLEL_SCAN_BYTES", 0)
     monkeypatch.setattr("vaecache.cache.table.ROW_GROUP_ROWS", 5)  # the writer's row groups
     monkeypatch.setattr("vaecache.cache.finalize.ROW_GROUP_ROWS", 5)  # the merge's batches
     manifest = finalize(tmp_path, HEADER, workers=2 if fallback else 1)  # two processes scan the two logs
@@ -119,6 +119,12 @@ def test_finalize_merges_every_ranks_runs_in_id_order(tmp_path: Path, monkeypatc
     assert manifest["latent"]["shape"] == {"mean": [2, 16, 3, 8, 8], "logvar": [2, 16, 3, 8, 8]}
     assert pq.ParquetFile(tmp_path / "clips.parquet").metadata.num_row_groups == math.ceil(len(expected) / 5)
     assert not [p.name for p in (tmp_path / "progress").iterdir() if p.name.endswith(".tmp")]
+
+
+def jsonl_bytes(records: Iterable[dict[str, Any]]) -> bytes:
+    """JSON Lines as format version 1 wrote them (sorted keys, compact)."""
+    return b"".join(json.dumps(r, sort_keys=True, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+                    for r in records)
 
 
 def downgrade_to_v1(cache: Path) -> None:

@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 import pytest
 
-from vaecache.cache.finalize import write_manifest
+from vaecache.cache.layout import CLIPS, FAILURES
+from vaecache.cache.manifest import write_manifest_last
 from vaecache.cache.reader import CacheReader
 from vaecache.cache.table import CLIP_TABLE, FAILURE_TABLE, write_table
 from vaecache.cache.verify import verify_cache
@@ -380,7 +381,8 @@ def test_incomplete_cache_after_a_crash_reports_committed_clips(cache_copy: Path
 
 
 def test_a_cache_with_no_clips_fails(tmp_path: Path) -> None:
-    write_manifest(tmp_path, {"counts": {"planned_clips": 0}}, [], [], [])
+    write_manifest_last(tmp_path, {"counts": {"planned_clips": 0}}, [], write_table(tmp_path / CLIPS, CLIP_TABLE, []),
+                        write_table(tmp_path / FAILURES, FAILURE_TABLE, []))
     report = verify_cache(tmp_path)
     assert report.complete and not report.ok
     (records,) = [c for c in report.checks if c.name == "clip records"]

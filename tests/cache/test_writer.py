@@ -14,10 +14,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from vaecache.cache.finalize import write_manifest
 from vaecache.cache.io import AppendLog
-from vaecache.cache.manifest import read_manifest
-from vaecache.cache.progress import read_progress
+from vaecache.cache.layout import CLIPS, FAILURES
+from vaecache.cache.manifest import read_manifest, write_manifest_last
+from vaecache.cache.progress import iter_progress
+from vaecache.cache.table import CLIP_TABLE, FAILURE_TABLE, write_table
 from vaecache.cache.writer import ShardWriter
 from vaecache.errors import ManifestError
 from vaecache.planning.clips import Clip
@@ -226,7 +227,6 @@ def _clip(i: int) -> Clip:
     return Clip(f"s/{i:06d}-{i:06d}", "s", ("cam",), ("/d/s/cam.mp4",), (i,), 10.0)
 
 
-
 def test_shard_writer_rolls_commits_and_logs(tmp_path: Path) -> None:
     (tmp_path / "shards").mkdir()
     progress = AppendLog(tmp_path / "progress.jsonl")
@@ -249,12 +249,13 @@ def test_shard_writer_rolls_commits_and_logs(tmp_path: Path) -> None:
             assert clip["encode"] == {"tiled": False, "tiled_cameras": [], "units_per_forward": 1}
 
 
-def test_write_manifest_sorts_records_and_writes_manifest_last(tmp_path: Path) -> None:
-    clips = [{"id": "b/1", "shard": "x"}, {"id": "a/1", "shard": "x"}]
-    manifest = write_manifest(tmp_path, {"settings": {}}, [{"file": "shards/x", "bytes": 1}], clips,
-                              [{"scene": "s", "clip": None, "camera": None, "path": None, "reason": "too short"}])
+def test_manifest_records_both_tables_and_is_written_last(tmp_path: Path) -> None:
+    clips = write_table(tmp_path / CLIPS, CLIP_TABLE, [{"id": "a/1", "shard": "x"}, {"id": "b/1", "shard": "x"}])
+    failures = write_table(tmp_path / FAILURES, FAILURE_TABLE,
+                           [{"scene": "s", "clip": None, "camera": None, "path": None, "reason": "too short"}])
+    manifest = write_manifest_last(tmp_path, {"settings": {}}, [{"file": "shards/x", "bytes": 1}], clips, failures)
     assert pq.read_table(tmp_path / "clips.parquet", columns=["id"]).column("id").to_pylist() == ["a/1", "b/1"]
     assert manifest == read_manifest(tmp_path)
     assert manifest["clips"]["count"] == 2 and manifest["failures"]["count"] == 1
     assert manifest["clips"]["sha256"] == _sha256(tmp_path / "clips.parquet")
-    assert read_progress(tmp_path) == ([], [])
+    assert iter_progress(tmp_path) == []

@@ -233,7 +233,7 @@ def test_single_process_context() -> None:
         assert ctx.all_gather_object({"a": 1}) == [{"a": 1}]
         assert ctx.broadcast_object("x") == "x"
         assert ctx.sp_all_gather_object(7) == [7]
-        assert (ctx.all_reduce_max(3), ctx.all_reduce_min(3), ctx.all_reduce_sum(3)) == (3, 3, 3)
+        assert ctx.all_reduce_sum(3) == 3
         assert not tdist.is_initialized()
 
 

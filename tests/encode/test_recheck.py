@@ -67,7 +67,7 @@ def test_reencode_with_another_vae_is_refused(good_cache, run_cli, tmp_path, mon
         from vaecache.vae import load_vae
 
         def make():
-            vae = load_vae("builtin:tiny").module
+            vae = load_vae("builtin:tiny").model.module
             with torch.no_grad():
                 next(vae.parameters()).add_(1.0)
             return vae

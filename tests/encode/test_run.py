@@ -34,7 +34,6 @@ def test_the_vae_loads_once_data_and_out_are_fine(run_cli, loud_vae, demo_data: 
     assert (tmp_path / "vae-was-loaded").exists()
 
 
-
 def test_decode_workers_share_the_cores_the_encode_leaves() -> None:
     from vaecache.encode.numerics import decode_thread_budget
 

@@ -7,11 +7,16 @@ import dataclasses
 import pytest
 
 from vaecache.errors import UsageError
-from vaecache.planning.clips import Clip, DoneMask, DoneMaskBuilder, clip_id_for, plan_clips, plan_windows
+from vaecache.planning.clips import Clip, DoneMask, DoneMaskBuilder, clip_id_for, plan_clips, window, window_count
 from vaecache.planning.jobs import JobPlan, assign, assign_contiguous, batch_views, batched, plan_job, sp_repeats_advice
 from vaecache.settings.clip import SamplingConfig
 from vaecache.sources.probing import judge_scene
 from vaecache.sources.scene import CameraProbe, Scene, SceneProbe
+
+
+def plan_windows(start: int, stop: int, sampling: SamplingConfig) -> list[tuple[int, ...]]:
+    """Every window of [start, stop), listed."""
+    return [window(start, index, sampling) for index in range(window_count(start, stop, sampling))]
 
 
 def test_windows_do_not_overlap_by_default() -> None:
@@ -112,6 +117,10 @@ def test_assign_contiguous_partitions_in_order_and_balances(count, world):
     assert max(map(len, parts)) - min(map(len, parts)) <= 1
 
 
+def _ids_per_dp_group(job: JobPlan) -> list[list[str]]:
+    return [[clip.clip_id for clip in job.dp_clips(dp)] for dp in range(job.dp_size)]
+
+
 def _job(world_size: int, sp_size: int, batch_size: int, done: frozenset[str] = frozenset()) -> JobPlan:
     scenes = [_scene(f"s{i}", cameras=3) for i in range(4)]
     probes = {s.scene_id: SceneProbe(s.scene_id, num_frames=20, fps=10.0) for s in scenes}
@@ -121,7 +130,7 @@ def _job(world_size: int, sp_size: int, batch_size: int, done: frozenset[str] = 
 @pytest.mark.parametrize(("world", "sp"), [(1, 1), (2, 1), (4, 2), (6, 3), (8, 4)])
 def test_job_plan_gives_each_dp_group_a_contiguous_block_and_its_sp_ranks_the_same_batches(world, sp) -> None:
     job = _job(world, sp, batch_size=2)
-    per_group = job.clip_ids_per_dp_group()
+    per_group = _ids_per_dp_group(job)
     assert [i for ids in per_group for i in ids] == [c.clip_id for c in job.clips]  # contiguous, in order, complete
     sizes = [len(ids) for ids in per_group]  # 16 clips over world // sp groups, balanced
     assert sum(sizes) == 16 and max(sizes) - min(sizes) <= 1
@@ -147,7 +156,7 @@ def test_job_plan_leaves_committed_clips_out_of_every_share() -> None:
     done = frozenset(c.clip_id for c in full.clips[:5])
     resumed = _job(2, 1, 1, done)
     assert resumed.clips == full.clips  # the plan is the same; only the work left shrinks
-    assert [i for ids in resumed.clip_ids_per_dp_group() for i in ids] == [c.clip_id for c in full.clips[5:]]
+    assert [i for ids in _ids_per_dp_group(resumed) for i in ids] == [c.clip_id for c in full.clips[5:]]
 
 
 def test_job_plan_rejects_a_cluster_shape_that_cannot_be() -> None:

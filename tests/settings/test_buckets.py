@@ -10,7 +10,7 @@ import torch
 
 from vaecache.cache.writer import geometry_record
 from vaecache.errors import FrameRuleError, UsageError
-from vaecache.planning.clips import plan_scene_clips
+from vaecache.planning.clips import plan_clips
 from vaecache.planning.jobs import JobPlan, batched
 from vaecache.planning.report import bucket_histogram
 from vaecache.settings.buckets import Bucket, fit_geometry, nearest_size, parse_lengths, parse_sizes
@@ -34,7 +34,7 @@ def _scene(scene_id: str, *cameras: tuple[int, int, int, int]) -> Scene:
 def _plan(scenes: list[Scene], lengths: tuple[int, ...] = (9,), policy: str = "longest",
           sizes: tuple[tuple[int, int], ...] = SIZES):
     sampling = SamplingConfig(lengths[0], frame_buckets=lengths if len(lengths) > 1 else (), frames_policy=policy)
-    return plan_scene_clips(scenes, {}, sampling, sizes)
+    return plan_clips(scenes, {}, sampling, sizes)
 
 
 def test_nearest_aspect_and_its_tie_break() -> None:

@@ -219,7 +219,7 @@ def test_camera_flag_is_a_comma_separated_order() -> None:
 
 
 def test_builtin_tiny_is_wan_style(tiny: VaeRunner) -> None:
-    rule = tiny.rule
+    rule = tiny.model.rule
     assert (rule.temporal_factor, rule.spatial_factor, rule.causal) == (4, 8, True)
     assert [rule.latent_frames(n) for n in (1, 5, 9, 17)] == [1, 2, 3, 5]
     assert rule.latent_shape(16, 9, 64, 96) == (16, 3, 8, 12)
@@ -238,7 +238,7 @@ def test_builtin_tiny_is_wan_style(tiny: VaeRunner) -> None:
 def test_frame_rule_names_the_nearest_valid_values(tiny: VaeRunner, frames: int, size: tuple[int, int],
                                                    match: str) -> None:
     with pytest.raises(FrameRuleError, match=match):
-        tiny.rule.check(frames, *size)
+        tiny.model.rule.check(frames, *size)
     assert issubclass(FrameRuleError, UsageError)
 
 

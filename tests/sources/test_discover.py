@@ -237,7 +237,6 @@ def test_missing_path_empty_folder_and_wrong_file_are_dataset_errors(tmp_path: P
     assert issubclass(DatasetError, UsageError)  # the CLI maps it to exit code 2
 
 
-
 def test_missing_camera_in_an_index_has_no_path(demo_data: Path, tmp_path: Path) -> None:
     index = tmp_path / "index.jsonl"
     index.write_text(json.dumps({"id": "a", "cameras": {"left": str(demo_data / "scene_000/cam_0.mp4")}}) + "\n"

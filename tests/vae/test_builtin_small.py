@@ -43,20 +43,20 @@ def small():
 
 def test_builtin_small_loads_trained_from_the_package_file(small) -> None:
     assert BUILTIN_SMALL_WEIGHTS.is_file() and BUILTIN_SMALL_WEIGHTS.stat().st_size <= 2 * 1024 * 1024
-    fingerprint = small.fingerprint()
+    fingerprint = small.model.fingerprint()
     assert fingerprint["family"] == "AutoencoderKLWan" and fingerprint["untrained"] is False
-    assert fingerprint["spec"] == "builtin:small" and small.rule.temporal_factor == 4
+    assert fingerprint["spec"] == "builtin:small" and small.model.rule.temporal_factor == 4
     with safe_open(str(BUILTIN_SMALL_WEIGHTS), framework="pt") as handle:
         meta = handle.metadata()
     config = json.loads(meta["config"])
     assert {k: fingerprint["config"][k] for k in config} == config and json.loads(meta["train_args"])
-    assert all(p.dtype == torch.float32 for p in small.module.parameters())
+    assert all(p.dtype == torch.float32 for p in small.model.module.parameters())
     # Stable: a second load hashes the same, and builtin:tiny is a different (untrained) model.
     assert fingerprint["weights_sha256"] == WEIGHTS_SHA256
-    assert load_vae("builtin:small").fingerprint()["weights_sha256"] == WEIGHTS_SHA256
+    assert load_vae("builtin:small").model.fingerprint()["weights_sha256"] == WEIGHTS_SHA256
     tiny = load_vae("builtin:tiny")
-    assert tiny.fingerprint()["untrained"] is True and tiny.weights_sha256 != small.weights_sha256
-    assert {k: tiny.config[k] for k in BUILTIN_TINY_CONFIG} == BUILTIN_TINY_CONFIG
+    assert tiny.model.fingerprint()["untrained"] is True and tiny.model.weights_sha256 != small.model.weights_sha256
+    assert {k: tiny.model.config[k] for k in BUILTIN_TINY_CONFIG} == BUILTIN_TINY_CONFIG
 
 
 def test_unknown_builtin_names_both() -> None:
@@ -71,7 +71,7 @@ def test_a_heldout_demo_clip_round_trips(small) -> None:
     assert result.mean.shape == (1, 16, 3, 8, 8) and result.logvar is not None
     assert torch.isfinite(result.logvar).all() and -30 < float(result.logvar.mean()) < 2
     with torch.no_grad():
-        out = small.module.decode(result.mean.float()).sample
+        out = small.model.module.decode(result.mean.float()).sample
     pixels = ((out.clamp(-1, 1) + 1) * 127.5).round()[0].permute(1, 2, 3, 0).numpy()
     mse = float(np.mean((pixels - clip.astype(np.float64)) ** 2))
     assert 10 * np.log10(255.0 ** 2 / mse) >= MIN_PSNR_DB

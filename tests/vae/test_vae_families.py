@@ -33,11 +33,11 @@ def _reference(vae: VaeRunner, x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 def _reference_together(vae: VaeRunner, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The family's own encode of all views of `x` in one call (a 2D VAE: all their frames in one batch)."""
     with torch.no_grad():
-        if vae.per_frame:
+        if vae.model.per_frame:
             views, _, frames = x.shape[:3]
-            dist = vae.module.encode(x.transpose(1, 2).flatten(0, 1)).latent_dist  # (views * frames, c, h, w)
+            dist = vae.model.module.encode(x.transpose(1, 2).flatten(0, 1)).latent_dist  # (views * frames, c, h, w)
             return tuple(t.unflatten(0, (views, frames)).transpose(1, 2) for t in (dist.mean, dist.logvar))
-        dist = vae.module.encode(x).latent_dist
+        dist = vae.model.module.encode(x).latent_dist
         return dist.mean, dist.logvar
 
 
@@ -46,15 +46,15 @@ def test_family_loads_with_rule_from_config_and_encodes_like_diffusers(
         models: dict[str, Path], views: torch.Tensor, key: str) -> None:
     vae = _load(models, key)
     temporal, spatial, step, causal, frames, bad, nearest = RULES[key]
-    assert vae.family == FAMILY_CONFIGS[key][0]
-    assert (vae.rule.temporal_factor, vae.rule.spatial_factor, vae.rule.step, vae.rule.causal) == \
-        (temporal, spatial, step, causal)
-    vae.rule.check(frames, SIZE, SIZE)
+    assert vae.model.family == FAMILY_CONFIGS[key][0]
+    rule = vae.model.rule
+    assert (rule.temporal_factor, rule.spatial_factor, rule.step, rule.causal) == (temporal, spatial, step, causal)
+    vae.model.rule.check(frames, SIZE, SIZE)
     if bad is not None:
-        with pytest.raises(FrameRuleError, match=f"--num-frames {bad} .*{vae.family}.*nearest valid: {nearest}$"):
-            vae.rule.check(bad, SIZE, SIZE)
+        with pytest.raises(FrameRuleError, match=f"--num-frames {bad} .*{vae.model.family}.*nearest valid: {nearest}$"):
+            vae.model.rule.check(bad, SIZE, SIZE)
     with pytest.raises(FrameRuleError, match=f"height {SIZE + 1} is not a multiple of {spatial}"):
-        vae.rule.check(frames, SIZE + 1, SIZE)
+        vae.model.rule.check(frames, SIZE + 1, SIZE)
 
     x = views[:, :, :frames]
     result = vae.encode_views(x)
@@ -62,7 +62,7 @@ def test_family_loads_with_rule_from_config_and_encodes_like_diffusers(
     assert tuple(result.mean.shape) == (2, *vae.latent_shape(frames, SIZE, SIZE))
     assert torch.equal(result.mean, mean)
     assert result.logvar is not None and torch.equal(result.logvar, logvar)
-    units = frames if vae.per_frame else 1  # a forward: one view (a 2D VAE: all its frames)
+    units = frames if vae.model.per_frame else 1  # a forward: one view (a 2D VAE: all its frames)
     assert (result.failed == {} and result.tiled == set() and result.backoffs == []
             and result.forward_sizes == [units] * 2)
 
@@ -91,20 +91,20 @@ def test_encode_cli_stores_the_family_latents(models: dict[str, Path], data_root
 
 def test_per_frame_image_vae_takes_any_frame_count(models: dict[str, Path]) -> None:
     vae = _load(models, "kl")
-    assert vae.per_frame and vae.latent_shape(5, SIZE, SIZE) == (4, 5, 16, 16)
-    vae.rule.check(5, SIZE, SIZE)
+    assert vae.model.per_frame and vae.latent_shape(5, SIZE, SIZE) == (4, 5, 16, 16)
+    vae.model.rule.check(5, SIZE, SIZE)
 
 
 def test_normalization_constants_per_family(models: dict[str, Path]) -> None:
-    wan = _load(models, "wan").normalization
+    wan = _load(models, "wan").model.normalization
     assert wan["formula"] == "(z - latents_mean) / latents_std" and len(wan["latents_mean"]) == 16  # config defaults
-    ltx = _load(models, "ltx").normalization
+    ltx = _load(models, "ltx").model.normalization
     assert (ltx["latents_mean"] == pytest.approx(LTX_MEAN.tolist())
             and ltx["latents_std"] == pytest.approx(LTX_STD.tolist()))
     assert ltx["scaling_factor"] == 1.0 and ltx["formula"] == "(z - latents_mean) * scaling_factor / latents_std"
-    assert _load(models, "cogvideox").normalization == {"scaling_factor": 0.7, "formula": "z * scaling_factor"}
-    assert _load(models, "hunyuan").normalization == {"scaling_factor": 0.5, "formula": "z * scaling_factor"}
-    assert _load(models, "kl").normalization == {"scaling_factor": 0.3, "shift_factor": 0.1,
+    assert _load(models, "cogvideox").model.normalization == {"scaling_factor": 0.7, "formula": "z * scaling_factor"}
+    assert _load(models, "hunyuan").model.normalization == {"scaling_factor": 0.5, "formula": "z * scaling_factor"}
+    assert _load(models, "kl").model.normalization == {"scaling_factor": 0.3, "shift_factor": 0.1,
                                                  "formula": "(z - shift_factor) * scaling_factor"}
 
 

@@ -22,7 +22,7 @@ def _load(models: dict[str, Path], key: str, **kwargs: Any) -> VaeRunner:
 
 def test_subfolder_and_pipeline_folder_hint(models: dict[str, Path]) -> None:
     root = models["hunyuan"].parent
-    assert load_vae(f"diffusers:{root}#hunyuan").family == "AutoencoderKLHunyuanVideo"
+    assert load_vae(f"diffusers:{root}#hunyuan").model.family == "AutoencoderKLHunyuanVideo"
     with pytest.raises(VaeSpecError, match="no config.json"):
         load_vae(f"diffusers:{root}")
 
@@ -45,22 +45,22 @@ def test_pickled_weights_are_refused_unless_allowed(pickled_wan: tuple[Path, tor
                                            r".*--allow-pickle-weights"):
         load_vae(f"diffusers:{folder}")
     vae = load_vae(f"diffusers:{folder}", allow_pickle_weights=True)
-    assert torch.equal(vae.module.encoder.conv_in.weight, module.encoder.conv_in.weight)
+    assert torch.equal(vae.model.module.encoder.conv_in.weight, module.encoder.conv_in.weight)
 
 
 def test_safetensors_folder_loads_without_the_pickle_flag(models: dict[str, Path]) -> None:
     vae = _load(models, "wan")
-    assert vae.family == "AutoencoderKLWan" and list(models["wan"].glob("*.safetensors"))
+    assert vae.model.family == "AutoencoderKLWan" and list(models["wan"].glob("*.safetensors"))
 
 
 def test_plugin_protocol(plugin: str, views: torch.Tensor) -> None:
     vae = load_vae(f"{plugin}:rowwise")
-    assert vae.rule == FrameRule(2, 4, causal=True, label="RowwiseVae") and vae.has_logvar
+    assert vae.model.rule == FrameRule(2, 4, causal=True, label="RowwiseVae") and vae.model.has_logvar
     assert vae.latent_shape(9, SIZE, SIZE) == (3, 5, 8, 8)  # channels found by one dummy encode
     result = vae.encode_views(views[:, :, :9])
     assert tuple(result.mean.shape) == (2, 3, 5, 8, 8) and result.logvar is not None
     mean_only = load_vae(f"{plugin}:mean_only")
-    assert not mean_only.has_logvar and mean_only.encode_views(views[:1, :, :2]).logvar is None
+    assert not mean_only.model.has_logvar and mean_only.encode_views(views[:1, :, :2]).logvar is None
     assert mean_only.latent_shape(2, SIZE, SIZE) == (3, 2, 16, 16)
 
 
@@ -76,8 +76,8 @@ def test_unknown_dtype_is_refused(models: dict[str, Path]) -> None:
 
 def test_fp16_upcast_for_force_upcast_families(models: dict[str, Path], views: torch.Tensor) -> None:
     vae = _load(models, "kl", dtype="fp16")
-    assert vae.compute_dtype == torch.float32 and vae.dtype == torch.float16
-    assert "runs in fp32" in vae.dtype_note and vae.fingerprint()["precision"]["compute"] == "float32"
+    assert vae.model.compute_dtype == torch.float32 and vae.model.dtype == torch.float16
+    assert "runs in fp32" in vae.model.dtype_note and vae.model.fingerprint()["precision"]["compute"] == "float32"
     x = views[:1, :, :2]
     result = vae.encode_views(x)
     assert result.mean.dtype == torch.float16
@@ -88,15 +88,15 @@ def test_bf16_runs_and_stores_bf16(models: dict[str, Path], views: torch.Tensor)
     vae = _load(models, "hunyuan", dtype="bf16")
     result = vae.encode_views(views[:1, :, :5])
     assert result.mean.dtype == torch.bfloat16 and torch.isfinite(result.mean.float()).all()
-    assert vae.fingerprint()["precision"] == {"compute": "bfloat16", "stored": "bfloat16", "note": None}
+    assert vae.model.fingerprint()["precision"] == {"compute": "bfloat16", "stored": "bfloat16", "note": None}
 
 
 def test_tiling_is_recorded_and_changes_latents(models: dict[str, Path], views: torch.Tensor) -> None:
     plain = _load(models, "hunyuan", tile_options=TILES)
     tiled = _load(models, "hunyuan", tiling=True, tile_options=TILES)
-    assert plain.fingerprint()["tiling"]["enabled"] is False and tiled.fingerprint()["tiling"]["enabled"] is True
-    assert tiled.fingerprint()["tiling"]["params"]["tile_sample_min_height"] == 16
-    assert tiled.fingerprint()["tiling"]["params"]["use_framewise_encoding"] is True
+    tiling = tiled.model.fingerprint()["tiling"]
+    assert plain.model.fingerprint()["tiling"]["enabled"] is False and tiling["enabled"] is True
+    assert tiling["params"]["tile_sample_min_height"] == 16 and tiling["params"]["use_framewise_encoding"] is True
     x = views[:, :, :5]
     a, b = plain.encode_views(x), tiled.encode_views(x)
     assert b.tiled == {0, 1} and a.tiled == set()
@@ -110,7 +110,7 @@ def test_tiling_refused_for_a_module_without_it(plugin: str) -> None:
 
 def test_builtin_tiny_fingerprint_records_run_settings() -> None:
     vae = load_vae("builtin:tiny", views_per_forward=2)
-    fingerprint = vae.fingerprint()
+    fingerprint = vae.model.fingerprint()
     assert fingerprint["family"] == "AutoencoderKLWan" and fingerprint["untrained"] is True
     assert fingerprint["views_per_forward"] == 2 and fingerprint["tiling"]["available"] is True
     assert fingerprint["precision"] == {"compute": "float32", "stored": "float32", "note": None}
@@ -120,7 +120,7 @@ def test_builtin_tiny_fingerprint_records_run_settings() -> None:
 
 def test_the_description_is_frozen_and_the_fingerprint_a_function_of_it() -> None:
     vae = load_vae("builtin:tiny")
-    assert isinstance(vae.model, VaeModel) and vae.fingerprint() == fingerprint(vae.model)
+    assert isinstance(vae.model, VaeModel) and vae.model.fingerprint() == fingerprint(vae.model)
     with pytest.raises(dataclasses.FrozenInstanceError):
         vae.model.dtype = torch.float16  # type: ignore[misc]
     other = dataclasses.replace(vae.model, views_per_forward=3)

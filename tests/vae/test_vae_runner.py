@@ -26,11 +26,11 @@ def test_halving_keeps_latents_when_views_are_per_view_exact(plugin: str, views:
     assert reference.forward_sizes == [4, 4, 4, 4]
 
     vae = load_vae(f"{plugin}:rowwise", views_per_forward=4)
-    assert vae.latent_channels and vae.module.calls == [1]  # the plugin declares no channels: one probe forward
-    vae.module.calls.clear()
+    assert vae.latent_channels and vae.model.module.calls == [1]  # the plugin declares no channels: one probe forward
+    vae.model.module.calls.clear()
     vae.inject_oom = OomInjector(OomFault(2, more_than=1))  # the first two forwards of 2+ views run out of memory
     result = vae.encode_views(x)
-    assert vae.module.calls == [1, 1, 1, 1]  # 4 -> 2 -> 1 (injected forwards never reach the module)
+    assert vae.model.module.calls == [1, 1, 1, 1]  # 4 -> 2 -> 1 (injected forwards never reach the module)
     assert result.forward_sizes == [1, 1, 1, 1] and vae.backoff_counts == {"halved": 2}
     assert len(result.backoffs) == 2 and "micro-batch 4 -> 2" in result.backoffs[0]
     assert result.failed == {} and result.tiled == set()
@@ -38,12 +38,12 @@ def test_halving_keeps_latents_when_views_are_per_view_exact(plugin: str, views:
 
     vae = load_vae(f"{plugin}:rowwise", views_per_forward=4)
     vae.latent_channels  # the probe forward, before the counted ones
-    vae.module.calls.clear()
+    vae.model.module.calls.clear()
     vae.inject_oom = OomInjector(OomFault(1, more_than=2))
     result = vae.encode_views(x)
     assert result.forward_sizes == [2, 2, 2, 2] and torch.equal(result.mean, reference.mean)
     vae.encode_views(x)  # the smaller micro-batch sticks for the rest of the run
-    assert vae.module.calls == [2, 2, 2, 2]
+    assert vae.model.module.calls == [2, 2, 2, 2]
 
 
 def test_a_forward_never_crosses_a_group_of_k_views(plugin: str, views: torch.Tensor) -> None:
@@ -51,17 +51,18 @@ def test_a_forward_never_crosses_a_group_of_k_views(plugin: str, views: torch.Te
     x = torch.cat([views, views.flip(-1), views.flip(-2)])[:, :, :9]  # 6 distinct views
     vae = load_vae(f"{plugin}:rowwise", views_per_forward=3)
     vae.latent_channels
-    vae.module.calls.clear()
-    assert vae.encode_views(x).forward_sizes == [3] * 6 and vae.module.calls == [3, 3]
-    vae.module.calls.clear()
+    vae.model.module.calls.clear()
+    assert vae.encode_views(x).forward_sizes == [3] * 6 and vae.model.module.calls == [3, 3]
+    vae.model.module.calls.clear()
     vae.encode_views(x[:5])
-    assert vae.module.calls == [3, 2]
+    assert vae.model.module.calls == [3, 2]
     vae = load_vae(f"{plugin}:rowwise", views_per_forward=3)
     vae.latent_channels
-    vae.module.calls.clear()
+    vae.model.module.calls.clear()
     vae.inject_oom = OomInjector(OomFault(1, more_than=2))
     result = vae.encode_views(x)
-    assert vae.module.calls == [1, 1, 1, 1, 1, 1] and result.forward_sizes == [1] * 6  # 3 -> 1, never 1 + 2 across
+    # 3 -> 1, never 1 + 2 across
+    assert vae.model.module.calls == [1, 1, 1, 1, 1, 1] and result.forward_sizes == [1] * 6
 
 
 def test_oom_at_one_view_falls_back_to_tiling(models: dict[str, Path], views: torch.Tensor) -> None:
@@ -71,7 +72,7 @@ def test_oom_at_one_view_falls_back_to_tiling(models: dict[str, Path], views: to
     result = vae.encode_views(x)
     assert result.tiled == {0, 1} and result.failed == {} and vae.backoff_counts == {"tiling": 2}
     assert all("retrying it with the model's tiling" in event for event in result.backoffs)
-    assert vae.module.use_tiling is False  # switched on for the retry only
+    assert vae.model.module.use_tiling is False  # switched on for the retry only
     assert torch.equal(result.mean, _load(models, "hunyuan", tiling=True, tile_options=TILES).encode_views(x).mean)
 
 
@@ -194,7 +195,7 @@ def test_compile_runs_the_encoder_through_torch_compile_and_is_recorded(plugin: 
     x = torch.cat([views, views.flip(-1)])[:, :, :9]
     eager = load_vae(f"{plugin}:rowwise", views_per_forward=2)
     compiled = load_vae(f"{plugin}:rowwise", views_per_forward=2, compiled=True)
-    assert compiled.fingerprint() == {**eager.fingerprint(), "compile": True}
+    assert compiled.model.fingerprint() == {**eager.model.fingerprint(), "compile": True}
     # torch.compile generates its own kernels for everything but the convolution: equal up to rounding
     assert torch.allclose(compiled.encode_views(x).mean, eager.encode_views(x).mean, rtol=0, atol=1e-6)
 
@@ -213,8 +214,8 @@ def test_channels_last_converts_weights_and_inputs_and_is_recorded(views: torch.
     x = views[:, :, :9]
     plain, last = load_vae("builtin:tiny", views_per_forward=2), load_vae("builtin:tiny", views_per_forward=2,
                                                                         channels_last=True)
-    assert last.fingerprint() == {**plain.fingerprint(), "channels_last": True}
-    conv_weights = [p for p in last.module.parameters() if p.dim() == 5]
+    assert last.model.fingerprint() == {**plain.model.fingerprint(), "channels_last": True}
+    conv_weights = [p for p in last.model.module.parameters() if p.dim() == 5]
     assert conv_weights and all(p.is_contiguous(memory_format=torch.channels_last_3d) for p in conv_weights)
     # other convolution kernels: equal up to float32 rounding (measured ~1e-6 of the latent's scale)
     reference = plain.encode_views(x).mean

@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from tests.videos import LAYOUTS, random_windows, sequential_frames, write_video
+from tests.videos import LAYOUTS, cut_with_edit_list, random_windows, sequential_frames, write_video
 from vaecache.errors import UsageError, VideoDecodeError
 from vaecache.settings.clip import ClipSettings, SamplingConfig
 from vaecache.video.backends import (
@@ -27,7 +27,6 @@ from vaecache.video.backends import (
     PYAV,
     backend_for_record,
     backend_unavailable,
-    decode_frames,
     open_video,
     resolve_decoder,
 )
@@ -86,7 +85,8 @@ def test_random_and_strided_windows_are_frame_n_of_a_sequential_decode(choice: s
                 _check(choice, reader.read(frames), reference, frames)
     for start in (0, 17, 30):
         frames = list(range(start, start + 16, 2))
-        _check(choice, decode_frames(str(path), frames, backend), reference, frames)
+        with open_video(str(path), backend) as fresh:  # a new reader for each clip, as a DataLoader worker opens
+            _check(choice, fresh.read(frames), reference, frames)
 
 
 def test_decords_own_seeking_returns_neighbouring_frames(streams: dict) -> None:
@@ -197,11 +197,9 @@ def test_widths_decord_pads_are_unpadded_byte_identical(width: int, tmp_path: Pa
 
 def test_decord_refuses_an_edit_list_mp4_it_counts_differently(tmp_path: Path) -> None:
     """decord shows the frames an edit list hides: its count disagrees with a straight decode, so it is refused."""
-    from test_decode import _cut_with_edit_list
-
     backend = _backend("decord")
     source = write_video(tmp_path / "full.mp4", LAYOUTS["h264-open-gop"], frames=36)
-    if not _cut_with_edit_list(source, tmp_path / "cut.mp4", start_frame=5):
+    if not cut_with_edit_list(source, tmp_path / "cut.mp4", start_frame=5):
         pytest.skip("this FFmpeg build's mov muxer wrote no edit list for the cut")
     count = len(sequential_frames(tmp_path / "cut.mp4"))
     with pytest.raises(VideoDecodeError, match=rf"cut.mp4: decord counts \d+ frames, a straight decode gives {count}"):

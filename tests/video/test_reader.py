@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.videos import LAYOUTS, random_windows, remux_to_raw_h264, sequential_frames, write_video
+from tests.videos import LAYOUTS, cut_with_edit_list, random_windows, remux_to_raw_h264, sequential_frames, write_video
 from vaecache.demodata import DemoDataSpec, render_clip, write_demo_dataset
 from vaecache.errors import VideoDecodeError
 from vaecache.planning.clips import Clip, plan_clips
@@ -19,7 +19,7 @@ from vaecache.settings.clip import SamplingConfig
 from vaecache.sources.discover import discover_scenes
 from vaecache.sources.probing import probe_scene
 from vaecache.sources.scene import Scene
-from vaecache.video.backends import Backend, decode_frames, open_video
+from vaecache.video.backends import Backend, open_video
 from vaecache.video.dataset import ViewBatchDataset, ViewDecoder
 from vaecache.video.reader import DECODER
 from vaecache.video.resize import resize_cover_crop, to_model_range
@@ -261,7 +261,8 @@ def test_fresh_reader_per_clip_equals_one_reader_in_order(name: str, layout_vide
     with open_video(path) as reader:
         in_order = [reader.read(frames) for frames in clips]
     for frames, expected in zip(clips, in_order):
-        assert np.array_equal(decode_frames(path, frames), expected)
+        with open_video(path) as fresh:
+            assert np.array_equal(fresh.read(frames), expected)
 
 
 def test_consecutive_clips_continue_without_reopening(layout_videos: dict, references: dict) -> None:
@@ -299,7 +300,7 @@ def test_edit_list_mp4_counts_only_shown_frames(tmp_path: Path) -> None:
     """An mp4 cut with `-c copy` at a non-keyframe: the edit list hides the leading frames (flagged discard)."""
     source = write_video(tmp_path / "full.mp4", LAYOUTS["h264-open-gop"], frames=60)
     cut = tmp_path / "cut.mp4"
-    if not _cut_with_edit_list(source, cut, start_frame=5):
+    if not cut_with_edit_list(source, cut, start_frame=5):
         pytest.skip("this FFmpeg build's mov muxer wrote no edit list for the cut")
     reference = sequential_frames(cut)
     with open_video(str(cut)) as reader:
@@ -307,26 +308,6 @@ def test_edit_list_mp4_counts_only_shown_frames(tmp_path: Path) -> None:
         assert len(reference) < 60
         for frames in random_windows(len(reference), 2, random.Random(5), 10):
             _assert_frames("edit list", reader.read(frames), reference, frames)
-
-
-def _cut_with_edit_list(source: Path, out: Path, start_frame: int) -> bool:
-    """Remux (no re-encode) from the keyframe before `start_frame`, with an edit list starting at it."""
-    import av
-
-    with av.open(str(source)) as src, av.open(str(out), "w") as dst:
-        stream_in = src.streams.video[0]
-        stream_out = dst.add_stream_from_template(stream_in)
-        frame_ticks = int(1 / (stream_in.average_rate * stream_in.time_base))
-        offset = start_frame * frame_ticks
-        for packet in src.demux(stream_in):
-            if packet.dts is None:
-                continue
-            packet.stream = stream_out
-            packet.pts -= offset
-            packet.dts -= offset
-            dst.mux(packet)
-    with av.open(str(out)) as check:
-        return any(p.is_discard for p in check.demux(video=0) if p.size)
 
 
 def test_rotation_metadata_is_applied(tmp_path: Path) -> None:

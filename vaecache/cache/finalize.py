@@ -353,12 +353,3 @@ def finalize(out: Path, header: dict[str, Any], workers: int | None = None) -> d
         for path in folder.glob(f"{prefix}*.tmp") if folder.is_dir() else []:
             path.unlink(missing_ok=True)
     return write_manifest_last(out, header, totals.shards, clips, write_table(out / FAILURES, FAILURE_TABLE, failures))
-
-
-def write_manifest(out: Path, header: dict[str, Any], shards: list[dict[str, Any]], clips: Iterable[dict[str, Any]],
-                   failures: list[dict[str, Any]]) -> dict[str, Any]:
-    """Write the clip table (sorted by id here, in memory: small caches, tests) and the failure table, then
-    manifest.json last. `finalize` is the streaming path an encode takes."""
-    out = Path(out)
-    written = write_table(out / CLIPS, CLIP_TABLE, sorted(clips, key=lambda clip: clip["id"]))
-    return write_manifest_last(out, header, shards, written, write_table(out / FAILURES, FAILURE_TABLE, failures))

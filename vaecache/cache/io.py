@@ -7,7 +7,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 from vaecache.errors import ManifestError, OutputError
 
@@ -80,11 +80,6 @@ def read_json(path: Path, what: str = "file") -> Any:
         raise ManifestError(f"{path}: the {what} is not UTF-8 text (byte {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise ManifestError(f"{path}: the {what} does not parse ({exc.msg})") from None
-
-
-def jsonl_bytes(records: Iterable[dict[str, Any]]) -> bytes:
-    return b"".join(json.dumps(r, sort_keys=True, separators=(",", ":"), allow_nan=False).encode() + b"\n"
-                    for r in records)
 
 
 def iter_lines(path: Path) -> Iterator[tuple[int, str]]:

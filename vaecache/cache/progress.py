@@ -39,12 +39,6 @@ def iter_progress(out: Path) -> list[ProgressEntry]:
     return [entry for log in progress_logs(out) for _, entry in progress_entries(log)]
 
 
-def read_progress(out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Committed shards and their clip records from every rank's progress log."""
-    entries = iter_progress(out)
-    return [e.shard for e in entries], [clip for e in entries for clip in e.clips]
-
-
 def progress_line(shard: dict[str, Any], clips: list[dict[str, Any]]) -> str:
     """One progress log line: the shard record, then its clip ids, then the clip records. The first two come
     first so that a resume reads them without parsing the records (scan_committed)."""

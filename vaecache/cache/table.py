@@ -297,8 +297,6 @@ def open_table(path: Path, kind: TableKind) -> pq.ParquetFile:
     return table
 
 
-
-
 def iter_table(path: Path, kind: TableKind, batch_rows: int = READ_BATCH_ROWS) -> Iterator[dict[str, Any]]:
     """The records of a table, one record batch at a time (bounded memory at any row count)."""
     table = open_table(Path(path), kind)

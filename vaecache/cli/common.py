@@ -25,6 +25,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 QUIET_RANK_EXIT_DELAY_S = 2.0
 """How long a rank that leaves a usage error for rank 0 to print waits before it exits."""
+
+
 def debug_enabled() -> bool:
     return os.environ.get("VAECACHE_DEBUG", "") not in ("", "0")
 
@@ -115,9 +117,3 @@ def human_bytes(count: float) -> str:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1024
     return f"{count} B"
-
-
-def stdout_is_tty() -> bool:
-    return sys.stdout.isatty()
-
-

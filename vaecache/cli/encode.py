@@ -25,6 +25,7 @@ from vaecache.settings.options import ENCODE
 if TYPE_CHECKING:
     from vaecache.encode.summary import EncodeSummary
 
+
 def build_config(data: Path, flags: dict[str, Any], config_file: Path | None) -> EncodeConfig:
     """The encode settings: flags (option name -> value, None: not given) over the TOML file."""
     return load_settings(ENCODE, data, flags, config_file)  # type: ignore[return-value]

@@ -206,14 +206,6 @@ class DistContext:
             tdist.all_reduce(t, op=op)
         return int(t.item())
 
-    def all_reduce_max(self, value: int) -> int:
-        """Largest ``value`` over all ranks (``value`` itself for a single process)."""
-        return self._all_reduce_int(value, tdist.ReduceOp.MAX, "all_reduce(max)")
-
-    def all_reduce_min(self, value: int) -> int:
-        """Smallest ``value`` over all ranks (``value`` itself for a single process)."""
-        return self._all_reduce_int(value, tdist.ReduceOp.MIN, "all_reduce(min)")
-
     def all_reduce_sum(self, value: int) -> int:
         """Sum of ``value`` over all ranks (``value`` itself for a single process)."""
         return self._all_reduce_int(value, tdist.ReduceOp.SUM, "all_reduce(sum)")

@@ -286,6 +286,7 @@ class RankInfo:
                 else slurm_master_port(job_id, env.get("SLURM_STEP_ID")))
         return cls(rank, ntasks, local_rank, local_world, node_rank, addr, port, "slurm", job_id)
 
+
 def export_master(info: RankInfo) -> list[str]:
     """Put MASTER_ADDR/PORT from ``info`` into os.environ for env:// when missing; return what was added."""
     wanted = {}

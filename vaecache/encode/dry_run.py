@@ -48,27 +48,28 @@ def build_plan(cfg: PlanConfig) -> PlanReport:
                                   cfg.sp_mode, cfg.workers, cfg.allow_pickle_weights, probe_workers=cfg.probe_workers,
                                   keep_probes=True))
     job, vae, backend, probes = start.job, start.vae, start.backend, start.probes
+    model = vae.model
     cfg = replace(cfg, clip=replace(cfg.clip, views_per_forward=job.views_per_forward))  # "auto" resolved
     clips, skipped = job.clips, list(job.skipped)
 
     shape = list(vae.latent_shape(cfg.clip.sampling.num_frames, cfg.clip.height, cfg.clip.width))
     stored = list(STORED_KEYS[cfg.clip.store])
-    element = torch.empty((), dtype=vae.dtype).element_size() * len(stored)
+    element = torch.empty((), dtype=model.dtype).element_size() * len(stored)
     bytes_per_view = math.prod(shape) * element
     views = clips.views()
     histogram = bucket_histogram(clips, cfg.clip.fit, lambda b: list(vae.latent_shape(b.num_frames, b.height, b.width)),
                                  element) if cfg.clip.bucketed else []
-    fingerprint = vae.fingerprint()
+    fingerprint = model.fingerprint()
     report = PlanReport(
         config={**_config_json(cfg, device), "decoder": backend.name},
-        vae={"spec": cfg.vae, "family": vae.family, "untrained": vae.untrained, "rule": vae.rule.to_json(),
-             "latent_channels": vae.latent_channels, "normalization": vae.normalization,
+        vae={"spec": cfg.vae, "family": model.family, "untrained": model.untrained, "rule": model.rule.to_json(),
+             "latent_channels": vae.latent_channels, "normalization": model.normalization,
              **{k: fingerprint[k] for k in ("precision", "tiling", "views_per_forward", "per_frame")}},
         scenes=SceneRows(clips, probes),
         skipped=[{"scene": s.scene_id, "path": s.path, "reason": s.reason} for s in skipped],
         clips=len(clips), cameras=clips[0].num_views if clips else len(start.cameras),
         views=views, frames=views * cfg.clip.sampling.num_frames,
-        latent_shape=shape, stored=stored, dtype=recorded_name(vae.dtype),
+        latent_shape=shape, stored=stored, dtype=recorded_name(model.dtype),
         bytes_per_view=bytes_per_view, total_bytes=bytes_per_view * views,
         shares=dp_shares(job, cfg.clip_ids), buckets=histogram,
     )
@@ -78,10 +79,10 @@ def build_plan(cfg: PlanConfig) -> PlanReport:
         for name in report.empty_buckets:
             report.notes.append(f"bucket {name} is empty: no scene was assigned to it")
     report.notes.extend(start_notes(job, cfg.batch_size, cfg.sp_size, cfg.sp_mode, device))
-    if vae.untrained:
+    if model.untrained:
         report.notes.append(f"{cfg.vae} is an untrained VAE with random weights: timings only, latents mean nothing")
-    if vae.dtype_note:
-        report.notes.append(vae.dtype_note)
+    if model.dtype_note:
+        report.notes.append(model.dtype_note)
     idle = sum(1 for s in report.shares if s.clips == 0)
     if idle:
         report.notes.append(f"{idle} of {len(report.shares)} DP groups get no clips: fewer ranks would do")
@@ -133,7 +134,8 @@ def measure_clip(vae: VaeRunner, clip: Clip, height: int, width: int, fit: str =
 
     Raises VideoDecodeError when the clip does not decode."""
     views = decode_clip(clip, height, width, fit, backend)
-    device = vae.device
+    model = vae.model
+    device = model.device
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.synchronize(device)
@@ -144,7 +146,7 @@ def measure_clip(vae: VaeRunner, clip: Clip, height: int, width: int, fit: str =
         baseline = _current_rss()
         method = ("peak RSS (getrusage)" if _reset_peak_rss()
                   else "peak RSS (getrusage; not resettable here, may include model loading)")
-    vae.encode_views(views[:vae.views_per_forward])  # warm-up, one forward of the measured shape: lazy init,
+    vae.encode_views(views[:model.views_per_forward])  # warm-up, one forward of the measured shape: lazy init,
     # kernel selection, allocator growth (and with --compile, the compile)
     if cuda:
         torch.cuda.synchronize(device)
@@ -154,8 +156,8 @@ def measure_clip(vae: VaeRunner, clip: Clip, height: int, width: int, fit: str =
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started
     peak = torch.cuda.max_memory_allocated(device) if cuda else _peak_rss()
-    frames_per_view = views.shape[2] if vae.per_frame else 1
-    per_forward = min(vae.views_per_forward * frames_per_view, len(views) * frames_per_view)
+    frames_per_view = views.shape[2] if model.per_frame else 1
+    per_forward = min(model.views_per_forward * frames_per_view, len(views) * frames_per_view)
     per_view = None
     if peak is not None and baseline is not None and peak > baseline:
         per_view = int(math.ceil((peak - baseline) / per_forward))

@@ -41,7 +41,7 @@ def load_recorded_vae(out: Path, manifest: dict[str, Any], spec: str, device: An
 
 def run_fingerprint_vae_part(vae: VaeRunner) -> dict[str, Any]:
     """The VAE's identity as recorded (JSON round-tripped, so it compares equal to a stored copy)."""
-    return json.loads(json.dumps({k: v for k, v in vae.fingerprint().items() if k != "spec"}))
+    return json.loads(json.dumps({k: v for k, v in vae.model.fingerprint().items() if k != "spec"}))
 
 
 def run_fingerprint(cfg: EncodeConfig, vae: VaeRunner, decoder: Backend, numerics: dict[str, Any]) -> dict[str, Any]:

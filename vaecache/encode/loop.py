@@ -68,7 +68,7 @@ def encode_share(cfg: EncodeConfig, ctx: DistContext, vae: VaeRunner, decoder: B
     todo = job.todo
     if prepared.complete and not todo:
         return EncodeSummary(cfg.out, world_size=ctx.info.world_size, sp_size=mesh.sp_size,
-                             untrained_vae=vae.untrained, resumed_clips=prepared.committed_clips,
+                             untrained_vae=vae.model.untrained, resumed_clips=prepared.committed_clips,
                              planned_clips=len(job.clips), scenes=num_scenes, already_complete=True)
     if prepared.complete:  # the dataset grew: the finished cache is about to change
         attempt = prepared.attempt
@@ -137,7 +137,7 @@ def encode_share(cfg: EncodeConfig, ctx: DistContext, vae: VaeRunner, decoder: B
     counters.bytes_written = writer.bytes_written if writer else 0
     counters.shards = len(writer.committed) if writer else 0
     summary = EncodeSummary(cfg.out, world_size=ctx.info.world_size, sp_size=mesh.sp_size,
-                            untrained_vae=vae.untrained, resumed_clips=prepared.committed_clips,
+                            untrained_vae=vae.model.untrained, resumed_clips=prepared.committed_clips,
                             planned_clips=len(job.clips), scenes=num_scenes,
                             startup_s=loop_started - started, encode_s=loop_s, buckets=planned_buckets(cfg, job))
     set_doing("waiting for the other ranks to finish their shares")
@@ -244,7 +244,8 @@ class _BatchSink:
             if writer is not None:
                 assert moments is not None  # a batch with a clip to store was encoded
                 clip_moments = moments[view_start - clip.num_views:view_start]
-                tensors = clip_tensors(clip, clip_moments, channels, cfg.clip.store, cfg.clip.seed, self.vae.dtype)
+                tensors = clip_tensors(clip, clip_moments, channels, cfg.clip.store, cfg.clip.seed,
+                                       self.vae.model.dtype)
                 used = [settings[view_start - clip.num_views + c] for c in range(clip.num_views)]
                 writer.add(clip, tensors, used, outcome.times.get(clip_index))
                 counters.clips += 1

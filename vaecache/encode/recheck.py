@@ -129,7 +129,7 @@ def check_reencode(out: Path, manifest: dict[str, Any], cache: CacheReader, coun
         result = vae.encode_views(views)
         moments = result.mean if result.logvar is None else torch.cat([result.mean, result.logvar], dim=1)
         fresh = clip_tensors(clip, moments.cpu(), result.mean.shape[1], clip_settings.store, clip_settings.seed,
-                             vae.dtype)
+                             vae.model.dtype)
         worst = scale = 0.0
         for key, stored in cache.clip_tensors(record).items():
             worst = max(worst, float((stored.float() - fresh[key].float()).abs().max()))

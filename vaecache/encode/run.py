@@ -169,14 +169,15 @@ def _finalize(cfg: EncodeConfig, vae: VaeRunner, summary: EncodeSummary, fingerp
         producer={"vaecache": vaecache.__version__, "torch": torch.__version__, "python": platform.python_version(),
                   "numerics": fingerprint.get("numerics"),
                   **({"numerics_history": history} if (history := recorded_numerics_history(cfg.out)) else {}),
-                  **({"cuda_numerics": CUDA_NUMERICS} if vae.device.type == "cuda" else {})},  # set by load_vae
-        vae=vae.fingerprint(), fingerprint=fingerprint, frame_rule=vae.rule.to_json(),
+                  **({"cuda_numerics": CUDA_NUMERICS} if vae.model.device.type == "cuda" else {})},  # set by load_vae
+        vae=vae.model.fingerprint(), fingerprint=fingerprint, frame_rule=vae.model.rule.to_json(),
         settings={**cfg.clip.to_record(), "decoder": fingerprint["decoder"], "data": str(cfg.data),
                   "batch_size": cfg.batch_size,
                   "sp_size": cfg.sp_size, "sp_mode": cfg.sp_mode, "world_size": summary.world_size,
                   "shard_size": cfg.shard_size, "max_frame_pixels": cfg.clip.sampling.max_frame_pixels,
                   "vae_spec": cfg.vae},
-        store=list(STORED_KEYS[cfg.clip.store]), dtype=recorded_name(vae.dtype), planned_clips=summary.planned_clips,
+        store=list(STORED_KEYS[cfg.clip.store]), dtype=recorded_name(vae.model.dtype),
+        planned_clips=summary.planned_clips,
         oom_backoffs=len(summary.backoffs))
     if cfg.clip.bucketed:  # finalize counts the clips of each; the per-view shape comes from the VAE
         header["buckets"] = [{**bucket.to_record(),

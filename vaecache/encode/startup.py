@@ -96,11 +96,11 @@ def start_up(request: StartRequest, ctx: Any = None, progress: ProgressFactory |
     vae = load_vae(request.vae, request.device, clip.dtype, tiling=clip.tiling, views_per_forward=job.views_per_forward,
                    allow_pickle_weights=request.allow_pickle_weights, compiled=clip.compiled,
                    channels_last=clip.channels_last)
-    vae.rule.check_buckets(clip.sampling.lengths, clip.sizes)
-    if clip.store != "mean" and not vae.has_logvar:
+    vae.model.rule.check_buckets(clip.sampling.lengths, clip.sizes)
+    if clip.store != "mean" and not vae.model.has_logvar:
         raise UsageError(f"--store {clip.store} needs the posterior log-variance, and {request.vae} gives only a mean; "
                          "use --store mean")
-    encoder.check(clip, vae, request.sp_size, request.vae)
+    encoder.check(clip, vae.model, request.sp_size, request.vae)
     sources = tuple(sorted({path for scene in found.scenes for path in scene.paths if path is not None}))
     return StartUp(job, len(found.scenes), vae, backend, tuple(probed.records), sources, dict(found.left_out_cameras),
                    found.scenes[0].cameras if found.scenes else (), probed.probes if request.keep_probes else {})

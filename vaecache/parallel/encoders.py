@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -21,8 +21,10 @@ from vaecache.errors import UsageError
 from vaecache.parallel.views import SPPlan, plan_sp
 from vaecache.settings.commands import SP_MODE_CHOICES
 
-log = logging.getLogger("vaecache")
+if TYPE_CHECKING:
+    from vaecache.vae.model import VaeModel
 
+log = logging.getLogger("vaecache")
 
 
 class SPEncoder(Protocol):
@@ -31,7 +33,7 @@ class SPEncoder(Protocol):
     def views_per_forward(self, requested: int | str) -> int | str:
         """The --views-per-forward this mode runs for a request (spatial: one view per forward)."""
 
-    def check(self, clip: Any, vae: Any, sp_size: int, spec: str) -> None:
+    def check(self, clip: Any, vae: VaeModel, sp_size: int, spec: str) -> None:
         """Refuse (UsageError) settings this mode cannot encode, before anything runs."""
 
     def layout(self, work: Any, view_counts: list[int]) -> tuple[tuple[tuple[int, ...], ...], tuple[SPPlan, ...]]:
@@ -51,7 +53,7 @@ class ViewsEncoder:
     def views_per_forward(self, requested: int | str) -> int | str:
         return requested
 
-    def check(self, clip: Any, vae: Any, sp_size: int, spec: str) -> None:
+    def check(self, clip: Any, vae: VaeModel, sp_size: int, spec: str) -> None:
         return None
 
     def layout(self, work: Any, view_counts: list[int]) -> tuple[tuple[tuple[int, ...], ...], tuple[SPPlan, ...]]:
@@ -70,7 +72,7 @@ class SpatialEncoder:
     def views_per_forward(self, requested: int | str) -> int | str:
         return 1 if requested == "auto" else requested  # the group splits every view's rows: a forward is one view
 
-    def check(self, clip: Any, vae: Any, sp_size: int, spec: str) -> None:
+    def check(self, clip: Any, vae: VaeModel, sp_size: int, spec: str) -> None:
         """--sp-mode spatial needs a Wan VAE without tiling and at least one latent row per rank."""
         from vaecache.parallel.spatial import SUPPORTED_FAMILIES, plan_bands
 

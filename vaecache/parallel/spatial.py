@@ -89,10 +89,6 @@ class BandPlan:
         start, stop = self.latent_rows(rank)
         return start * self.spatial_factor, stop * self.spatial_factor
 
-    @property
-    def max_latent_rows(self) -> int:
-        return -(-self.latent_height // self.group_size)
-
 
 def plan_bands(height: int, spatial_factor: int, group_size: int) -> BandPlan:
     """Pure: the bands of a view `height` pixels tall; `height` must be a multiple of the spatial factor."""

@@ -60,13 +60,6 @@ def clip_id_for(scene_id: str, frames: Sequence[int]) -> str:
     return f"{scene_id}/{frames[0]:06d}-{frames[-1]:06d}"
 
 
-def plan_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling: SamplingConfig,
-               sizes: Sequence[tuple[int, int]] | None = None) -> tuple[list[Clip], list[Skipped]]:
-    """Cut every usable scene into windows of `sampling.num_frames` frames. Pure: no I/O."""
-    clips, skipped = plan_scene_clips(scenes, probes, sampling, sizes)
-    return list(clips), skipped
-
-
 def scene_lengths(usable: int, sampling: SamplingConfig) -> tuple[tuple[int, int], ...]:
     """Pure: which frame buckets a scene of `usable` frames is cut at, as (index into sampling.lengths, window
     count) in the order given. "longest": only the longest bucket with a window; "all": every one with one."""
@@ -79,7 +72,7 @@ def scene_lengths(usable: int, sampling: SamplingConfig) -> tuple[tuple[int, int
 
 
 def window_count(start: int, stop: int, sampling: SamplingConfig) -> int:
-    """How many windows plan_windows(start, stop, sampling) gives, without listing them."""
+    """How many windows of `sampling` fit in source frames [start, stop), without listing them."""
     if stop - start < sampling.span:
         return 0
     count = (stop - start - sampling.span) // sampling.step + 1
@@ -92,8 +85,8 @@ def window(start: int, index: int, sampling: SamplingConfig) -> tuple[int, ...]:
     return tuple(range(first, first + sampling.span, sampling.frame_stride))
 
 
-def plan_scene_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling: SamplingConfig,
-                     sizes: Sequence[tuple[int, int]] | None = None) -> tuple[PlannedClips, list[Skipped]]:
+def plan_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling: SamplingConfig,
+               sizes: Sequence[tuple[int, int]] | None = None) -> tuple[PlannedClips, list[Skipped]]:
     """The clips of every usable scene as a PlannedClips (a clip count per scene: no Clip is built until
     a block of them is asked for), and the scenes that give none. Pure: no I/O. A scene whose index gives
     its probe (Scene.probed) needs no entry in `probes`.
@@ -462,15 +455,3 @@ class PlannedClips(Sequence[Clip]):
 
     def __repr__(self) -> str:
         return f"PlannedClips({len(self)} clips of {len(self._scenes)} scenes)"
-
-
-def plan_windows(start: int, stop: int, sampling: SamplingConfig) -> list[tuple[int, ...]]:
-    """Frame indices of each clip in [start, stop)."""
-    windows = []
-    first = start
-    while first + sampling.span <= stop:
-        windows.append(tuple(range(first, first + sampling.span, sampling.frame_stride)))
-        if sampling.max_clips_per_scene is not None and len(windows) >= sampling.max_clips_per_scene:
-            break
-        first += sampling.step
-    return windows

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from vaecache.distributed.mesh import make_mesh
 from vaecache.errors import UsageError
 from vaecache.parallel import SPPlan, plan_sp
-from vaecache.planning.clips import Clip, DoneMask, PlannedClips, plan_scene_clips
+from vaecache.planning.clips import Clip, DoneMask, PlannedClips, plan_clips
 from vaecache.settings.clip import SamplingConfig
 from vaecache.sources.scene import Skipped
 
@@ -131,9 +131,6 @@ class JobPlan:
         """DP group `dp_rank`'s contiguous block of the clips still to encode."""
         return assign_contiguous(self.todo, dp_rank, self.dp_size)
 
-    def dp_batches(self, dp_rank: int) -> list[list[Clip]]:
-        return batched(self.dp_clips(dp_rank), self.batch_size)
-
     def rank_work(self, rank: int) -> RankWork:
         """The share of global rank `rank` (SP groups are contiguous blocks of sp_size ranks)."""
         mesh = make_mesh(rank, self.world_size, self.sp_size)
@@ -198,10 +195,6 @@ class JobPlan:
             raise UsageError(f"{what}: a clip of {views} views is not whole forward units of "
                              f"--views-per-forward {self.views_per_forward}")
 
-    def clip_ids_per_dp_group(self) -> list[list[str]]:
-        """For each DP group, in order: the ids of the clips its writer commits."""
-        return [[clip.clip_id for clip in self.dp_clips(dp)] for dp in range(self.dp_size)]
-
 
 def _check_views_per_forward(value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -253,7 +246,7 @@ def plan_job(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling: S
     """Pure: the job plan for these scenes (probed), sampling, size buckets, forward unit (resolved by
     resolve_views_per_forward for `device_type`) and cluster shape. Its clips are a PlannedClips: each rank
     builds only its own DP group's block."""
-    clips, skipped = plan_scene_clips(scenes, probes, sampling, sizes)
+    clips, skipped = plan_clips(scenes, probes, sampling, sizes)
     views_per_clip = clips.views_per_clip() if clips.scene_total else (len(scenes[0].cameras) if scenes else 1)
     return JobPlan(clips, tuple(skipped), world_size, sp_size, batch_size,
                    done if isinstance(done, DoneMask) else frozenset(done),

@@ -44,7 +44,6 @@ CRASH_POINT = "crash-after-probe"
 """VAECACHE_FAULT point: a rank exits (137) right after its k-th newly probed scene is durable."""
 
 
-
 @dataclass(frozen=True)
 class IndexConfig:
     """What `vaecache index` is asked: the dataset, where the index goes, the camera set, the pool size."""

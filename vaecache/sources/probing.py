@@ -195,7 +195,6 @@ def probe_from_cache(scene: Scene, cache: ProbeCache) -> SceneProbe | None:
 # --------------------------------------------------------------------------- the probing driver
 
 
-
 def probe_in_pool(scenes: Sequence[Scene],
                   workers: int) -> Iterator[tuple[Scene, list[CameraProbe | VideoDecodeError]]]:
     """Each scene with what opening its cameras found (open_scene), in the order given; `workers` threads, at

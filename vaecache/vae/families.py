@@ -16,6 +16,7 @@ from vaecache.vae.rules import FrameRule
 if TYPE_CHECKING:
     import torch
 
+
 def _log2(value: Any, what: str) -> int:
     number = int(value)
     if number < 1 or number & (number - 1):

@@ -65,12 +65,6 @@ class VaeRunner:
         # Compiled on first use, once per input shape (and again when tiling is switched for a retry).
         self.encode_share = torch.compile(model.module.encode) if model.compiled else model.module.encode
 
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for names the runner lacks: the description's fields and fingerprint().
-        if name.startswith("_") or name == "model":
-            raise AttributeError(name)
-        return getattr(self.model, name)
-
     # ----------------------------------------------------------------- shapes
 
     @property
@@ -279,11 +273,6 @@ class VaeRunner:
         _release_cached_memory(self.model.device)
         return message
 
-    def reset_backoff(self) -> None:
-        """Forget the micro-batch reduced by earlier out-of-memory errors, and the counts."""
-        self._units_per_forward = 0
-        self.backoff_counts.clear()
-
     def _forward(self, batch: torch.Tensor, tiled: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         model = self.model
         if self.inject_oom is not None and self.inject_oom(batch.shape[0], tiled):
@@ -326,8 +315,6 @@ def oom_hook_from_env() -> OomHook | None:
 def _release_cached_memory(device: torch.device) -> None:
     if device.type == "cuda" and torch.cuda.is_available():
         torch.cuda.empty_cache()
-
-
 
 
 def _posterior(output: Any) -> tuple[torch.Tensor, torch.Tensor | None]:

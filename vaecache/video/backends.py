@@ -24,12 +24,6 @@ def open_video(path: str, backend: Backend | None = None, max_pixels: int | None
     return TorchcodecReader(path, backend.device, max_pixels)
 
 
-def decode_frames(path: str, frames: Sequence[int], backend: Backend | None = None) -> np.ndarray:
-    """(T, H, W, 3) uint8 RGB of `frames` of `path`, with a reader of its own."""
-    with open_video(path, backend) as reader:
-        return reader.read(frames)
-
-
 FOREIGN_COLOUR_TOLERANCE = 3.0
 """Mean |frame - PyAV's frame| in 0..255 levels a backend not byte-identical may show (another yuv->rgb rounding);
 neighbouring frames of real footage differ by more, and a sideways frame by far more."""
