@@ -17,7 +17,7 @@ import typer
 
 from vaecache import stop
 from vaecache.cli.common import interrupted_message, launcher_rank_world, report_errors
-from vaecache.progress import ProgressLines
+from vaecache.meter import ProgressLines
 
 HEAVY = ("torch", "diffusers", "decord", "av")
 

@@ -17,7 +17,7 @@ from rich.table import Table
 from vaecache.cli.common import check_json_target, console, human_bytes, launcher_rank_world, report_errors, write_json
 from vaecache.cli.options import ConfigOption, DataArgument, with_setting_flags
 from vaecache.errors import DatasetError, UsageError
-from vaecache.progress import progress as progress_reporter
+from vaecache.meter import progress as progress_reporter
 from vaecache.settings.commands import EncodeConfig
 from vaecache.settings.loader import load_settings
 from vaecache.settings.options import ENCODE

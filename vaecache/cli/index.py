@@ -12,7 +12,7 @@ from rich.table import Table
 
 from vaecache.cli.common import console, report_errors
 from vaecache.errors import DatasetError
-from vaecache.progress import progress as progress_reporter
+from vaecache.meter import progress as progress_reporter
 
 
 @report_errors

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from vaecache.cli.common import check_json_target, console, human_bytes, report_errors, write_json
 from vaecache.errors import EXIT_FAILED, EXIT_OK, UsageError
-from vaecache.progress import progress as progress_reporter
+from vaecache.meter import progress as progress_reporter
 
 if TYPE_CHECKING:
     from vaecache.cache.verify import VerifyReport

@@ -35,8 +35,8 @@ from vaecache.encode.numerics import cpu_thread_budget, rank_decode_threads, run
 from vaecache.encode.startup import StartRequest, StartUp, check_out_usable, start_notes, start_up
 from vaecache.encode.summary import EncodeSummary
 from vaecache.errors import OutputError, UsageError
+from vaecache.meter import Advance, ProgressFactory, progress_phase
 from vaecache.planning.clips import DoneMaskBuilder
-from vaecache.progress import Advance, ProgressFactory, progress_phase
 from vaecache.settings.clip import STORED_KEYS
 from vaecache.settings.commands import EncodeConfig
 from vaecache.settings.dtypes import recorded_name

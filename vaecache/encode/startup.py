@@ -13,9 +13,9 @@ import torch
 
 from vaecache.distributed.liveness import set_doing
 from vaecache.errors import InputError, UsageError
+from vaecache.meter import ProgressFactory, progress_phase
 from vaecache.parallel.encoders import encoder_for
 from vaecache.planning.jobs import JobPlan, plan_job, sp_repeats_advice
-from vaecache.progress import ProgressFactory, progress_phase
 from vaecache.settings.clip import ClipSettings
 from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
 from vaecache.sources.discover import discover

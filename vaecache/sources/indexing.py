@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from vaecache import faults
 from vaecache.cache.io import FILE_MODE, fsync_dir
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, OutputError, UsageError
-from vaecache.progress import Advance
+from vaecache.meter import Advance
 from vaecache.sources.discover import discover
 from vaecache.sources.probing import (
     ProbeLog,

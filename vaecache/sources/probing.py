@@ -16,7 +16,7 @@ from typing import IO, Any, Callable, Iterable, Iterator, Sequence
 
 from vaecache.cache.io import cut_torn_tail, iter_lines, loads
 from vaecache.errors import DatasetError, OutputError, VideoDecodeError
-from vaecache.progress import Advance
+from vaecache.meter import Advance
 from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
 from vaecache.sources.scene import CameraProbe, Scene, SceneProbe
 

@@ -1,4 +1,5 @@
-"""Progress on stderr: a live rich bar in a terminal, periodic plain lines anywhere else.
+"""The progress meter on stderr: a live rich bar in a terminal, periodic plain lines anywhere else (the per-rank
+progress logs of committed shards are vaecache.cache.progress).
 
 A SLURM log or a redirected stderr cannot show a redrawn bar (it fills with carriage returns), so there
 a line like `encode: 120/480 clips (25%), 3.10 clips/s, ETA 01:56, 00:38 elapsed` is printed at the first
@@ -107,7 +108,7 @@ def progress(label: str, unit: str, console: Console, enabled: bool = True,
 
 
 ProgressFactory = Callable[[str, str], ContextManager[Advance]]
-"""progress(label, unit) -> a context that yields an Advance (vaecache.progress.progress, bound to a console)."""
+"""progress(label, unit) -> a context that yields an Advance (vaecache.meter.progress, bound to a console)."""
 
 
 @contextmanager
