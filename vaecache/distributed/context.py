@@ -44,16 +44,13 @@ _PEER_FAILURE = re.compile(
 _BACKEND_FAILURE = re.compile(r"\bgloo\b|\bnccl\b|ProcessGroup|c10d|TCPStore", re.IGNORECASE)
 
 
-_DIST_ERROR: type[Exception] = getattr(tdist, "DistError", RuntimeError)  # torch < 2.1 lacks it
-
-
 def _classify(exc: BaseException) -> str | None:
     """"peer" (timeout / dead peer), "backend" (other communication failure) or None (not ours)."""
     if not isinstance(exc, RuntimeError):  # torch.distributed.DistError is a RuntimeError
         return None
     if _PEER_FAILURE.search(str(exc)):
         return "peer"
-    if isinstance(exc, _DIST_ERROR) or _BACKEND_FAILURE.search(str(exc)):
+    if isinstance(exc, tdist.DistError) or _BACKEND_FAILURE.search(str(exc)):
         return "backend"
     return None
 
