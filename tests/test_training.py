@@ -69,7 +69,8 @@ def test_dataset_in_two_dataloader_workers_equals_the_shard_bytes(caption_cache:
     dataset = LatentDataset(caption_cache, verify="sha256")
     sampler = dataset.batch_sampler(batch_size=1, shuffle=False)
     # This process ran encodes: a PyAV decoder left as cyclic garbage would hang a forked worker's collector
-    # (see pipeline.encode_share). A trainer that decodes no video has none; collect here, and fail, never hang.
+    # (see vaecache/encode/loop.py:encode_share). A trainer that decodes no video has none; collect here, and fail,
+    # never hang.
     gc.collect()
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=2, collate_fn=collate_latents,
                                          timeout=120)

@@ -106,7 +106,8 @@ class ExportError(UsageError):
     """The cache cannot be exported as asked (DIR exists, a trainer convention the cache cannot meet)."""
 
 
-def first_line(exc: BaseException) -> str:
-    """An exception's message cut to its first line (library errors can run to pages), or its type's name."""
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception's message cut to its first line and `limit` characters (library errors can run to pages), or
+    its type's name."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return (text.splitlines()[0] if text else type(exc).__name__)[:limit]

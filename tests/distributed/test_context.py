@@ -10,7 +10,7 @@ import torch
 import torch.distributed as tdist
 
 from vaecache.distributed.context import collective_errors, distributed
-from vaecache.distributed.launch import RankInfo, expand_hostlist, first_host, slurm_master_port
+from vaecache.distributed.launch import RankInfo, expand_hostlist, first_host, launcher_rank_world, slurm_master_port
 from vaecache.distributed.mesh import Mesh, make_mesh
 from vaecache.errors import DistributedError, UsageError
 
@@ -133,6 +133,7 @@ def test_uses_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
         ({k: v for k, v in SLURM_STEP.items() if k != "SLURM_PROCID"}, r"SLURM_PROCID is not set"),
         ({k: v for k, v in SLURM_STEP.items() if k != "SLURM_LOCALID"}, r"SLURM_LOCALID is not set"),
         ({**SLURM_STEP, "SLURM_JOB_NODELIST": "gpu[07-"}, r"cannot parse hostlist"),
+        ({"SLURM_STEP_ID": "0", "SLURM_NTASKS": "x"}, r"SLURM_NTASKS='x' is not an integer"),
     ],
 )
 def test_bad_environment(env: dict[str, str], match: str) -> None:
@@ -291,3 +292,14 @@ def test_collective_errors_translate_peer_failures_only() -> None:
     with pytest.raises(ValueError, match="not a collective problem"):
         with collective_errors("all_gather", rank=0):
             raise ValueError("not a collective problem")
+
+
+@pytest.mark.parametrize("env", [
+    {}, TORCHRUN, SLURM_STEP, {"SLURM_PROCID": "0", "SLURM_NTASKS": "4"}, {"SLURM_STEP_ID": "0", "SLURM_NTASKS": "1"},
+    {**SLURM_STEP, "SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_TASKS_PER_NODE": "1", "SLURM_LOCALID": "0",
+     "SLURM_NODEID": "0"},
+])
+def test_the_cli_and_the_run_read_one_rank_rule(env: dict[str, str]) -> None:
+    """The CLI's torch-free answer (launcher_rank_world) is the rank and world RankInfo sets up with."""
+    info = RankInfo.from_env(env)
+    assert launcher_rank_world(env) == (info.rank, info.world_size)

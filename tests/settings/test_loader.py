@@ -133,6 +133,26 @@ def test_load_toml_accepts_dashes_and_an_encode_section(tmp_path: Path) -> None:
     assert load_toml(path) == {"num_frames": 17, "size": "64x96", "batch_size": 2}
 
 
+def test_load_toml_layers_the_top_level_then_encode_then_plan(tmp_path: Path) -> None:
+    """One file serves both commands: shared keys at the top, [encode] over them, [plan] over both for plan."""
+    path = tmp_path / "c.toml"
+    path.write_text('vae = "builtin:tiny"\nnum-frames = 9\nbatch-size = 1\n'
+                    '[encode]\nbatch-size = 2\nout = "cache"\n'
+                    '[plan]\nworld-size = 8\nbatch-size = 4\n')
+    assert load_toml(path) == {"vae": "builtin:tiny", "num_frames": 9, "batch_size": 2, "out": "cache"}
+    assert load_toml(path, "plan") == {"vae": "builtin:tiny", "num_frames": 9, "batch_size": 4, "out": "cache",
+                                       "world_size": 8}
+    path.write_text('vae = "builtin:tiny"\n[plan]\nworld-size = 2\n')  # encode ignores [plan], knows the rest
+    assert load_toml(path) == {"vae": "builtin:tiny"}
+    path.write_text('[plan]\nworld-size = 2\nnmu-frames = 3\n')  # every table is checked, by both commands
+    for command in ("encode", "plan"):
+        with pytest.raises(UsageError, match=r"unknown setting\(s\) nmu-frames"):
+            load_toml(path, command)
+    path.write_text('encode = 3\n')
+    with pytest.raises(UsageError, match=r"encode must be a table"):
+        load_toml(path)
+
+
 @pytest.mark.parametrize(("text", "match"), [
     ("nmu_frames = 3\n", r"unknown setting\(s\) nmu_frames"),
     ("num_frames = \n", "not valid TOML"),

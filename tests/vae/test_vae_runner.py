@@ -142,6 +142,24 @@ def test_non_finite_clip_is_a_failed_clip_end_to_end(plugin: str, demo_data: Pat
     assert all(torch.isfinite(t.float()).all() for t in cache_io.tensors(out).values())
 
 
+def test_a_sample_that_overflows_is_a_failed_clip_and_the_cache_stays_readable(
+        plugin: str, demo_data: Path, tmp_path: Path, run_cli: Any, cache_io: Any) -> None:
+    """--store sample of a posterior whose std is not finite (logvar 1000 on clip 0's second camera): that clip is
+    a recorded failure naming the camera, the others are stored, finalize and verify read every record back."""
+    out = tmp_path / "cache"
+    spec = f"{plugin}:wide_posterior"
+    result = run_cli(["encode", demo_data, "--out", out, "--vae", spec, "--num-frames", "9", "--size", "64x64",
+                      "--workers", "0", "--no-progress", "--store", "sample"])
+    assert result.exit_code == 3, result.output
+    (failure,) = CacheReader(out).failure_records()
+    assert failure["clip"] == "scene_000/000000-000008" and failure["camera"] == "cam_1"
+    assert failure["reason"] == ("camera cam_1: the sampled latent is not finite in float32 "
+                                 "(mean + exp(logvar / 2) * noise overflows)")
+    assert [clip["id"] for clip in cache_io.clips(out)] == ["scene_001/000000-000008", "scene_002/000000-000008"]
+    assert all(torch.isfinite(t).all() for t in cache_io.tensors(out).values())
+    assert run_cli(["verify", out]).exit_code == 0
+
+
 @pytest.mark.parametrize("factory", ["short_row", "one_frame", "three_channels"])
 @pytest.mark.parametrize("cameras", ["cam_0", "cam_0,cam_1"])
 def test_a_latent_of_the_wrong_shape_is_a_failed_clip_not_stored(plugin: str, factory: str, cameras: str,

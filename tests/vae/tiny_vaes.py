@@ -107,6 +107,28 @@ class Overflowing(torch.nn.Module):
         return types.SimpleNamespace(mean=mean, logvar=torch.zeros_like(mean))
 
 
+class WidePosterior(torch.nn.Module):
+    """Finite mean and logvar, but the second row it ever encodes has a logvar of 1000: exp(logvar / 2) is not
+    finite even in fp32, so a stored sample of it is not either."""
+
+    vaecache_spatial_factor = 2
+    vaecache_latent_channels = 3
+
+    def __init__(self):
+        super().__init__()
+        self.pool = torch.nn.AvgPool3d((1, 2, 2))
+        self.rows_seen = 0
+
+    def encode(self, x):
+        mean = self.pool(x).clone()
+        logvar = torch.zeros_like(mean)
+        for row in range(x.shape[0]):
+            if self.rows_seen == 1:
+                logvar[row, 0, 0, 0, 0] = 1000.0
+            self.rows_seen += 1
+        return types.SimpleNamespace(mean=mean, logvar=logvar)
+
+
 class Misshapen(torch.nn.Module):
     """Returns a latent of the wrong shape on its second call: one row short, one frame, or 3 channels."""
 
@@ -177,4 +199,8 @@ def mean_only():
 
 def overflowing():
     return Overflowing()
+
+
+def wide_posterior():
+    return WidePosterior()
 '''

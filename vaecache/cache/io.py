@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from vaecache.errors import ManifestError, OutputError
+from vaecache.errors import ClipTableError, ManifestError, OutputError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -82,24 +82,27 @@ def read_json(path: Path, what: str = "file") -> Any:
         raise ManifestError(f"{path}: the {what} does not parse ({exc.msg})") from None
 
 
-def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, text) of each whole line of a JSON Lines file, read as bytes: a torn last line (a crash
-    mid-append, which may end inside a UTF-8 character) is ignored; a whole line that is not UTF-8 is skipped."""
+def whole_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(byte offset, line) of every complete, non-blank line of a JSON Lines file, read as bytes: a torn last line
+    (a crash mid-append, whatever bytes it ends in, a UTF-8 character cut in two included) is not one."""
+    offset = 0
     with open(path, "rb") as handle:
-        for lineno, raw in enumerate(handle, 1):
-            if not raw.endswith(b"\n"):
+        for line in handle:
+            if not line.endswith(b"\n"):
                 return
-            try:
-                yield lineno, raw.decode("utf-8")
-            except UnicodeDecodeError:
-                continue
+            if line.strip():
+                yield offset, line
+            offset += len(line)
 
 
 def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """Records of a JSON Lines file (NaN and Infinity refused). A torn last line (a crash mid-append) is ignored."""
-    for _, line in iter_lines(path):
-        if line.strip():
+    """Records of a JSON Lines file, strictly: a whole line that is not UTF-8 or not JSON (NaN and Infinity
+    included) is a ClipTableError naming the file and the line's byte offset. A torn last line is ignored."""
+    for offset, line in whole_lines(path):
+        try:
             yield loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ClipTableError(f"{path}: line at byte {offset} does not parse ({exc})") from None
 
 
 def cut_torn_tail(path: Path, chunk: int = 1 << 16) -> None:

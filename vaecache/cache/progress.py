@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
-from vaecache.cache.io import STRICT_JSON, loads
+from vaecache.cache.io import STRICT_JSON, loads, whole_lines
 from vaecache.cache.layout import PROGRESS_DIR
 from vaecache.errors import ManifestError
 
@@ -57,21 +57,8 @@ class CommittedLine:
     clips: int
 
 
-_DECODER = STRICT_JSON
 _SHARD_HEAD, _IDS_HEAD = '{"shard":', ',"ids":'
-
-
-def whole_lines(log: Path) -> Iterator[tuple[int, bytes]]:
-    """(byte offset, line) of every complete, non-blank line of a progress log; a torn last line (a crash
-    mid-append, whatever bytes it ends in) is not one."""
-    offset = 0
-    with open(log, "rb") as handle:
-        for line in handle:
-            if not line.endswith(b"\n"):
-                return
-            if line.strip():
-                yield offset, line
-            offset += len(line)
+_LINE_HEAD = _SHARD_HEAD.encode()
 
 
 def parse_progress_line(log: Path, offset: int, line: bytes) -> ProgressEntry:
@@ -90,9 +77,9 @@ def progress_line_head(log: Path, offset: int, line: bytes) -> tuple[dict[str, A
     try:
         text = line.decode("utf-8")
         if text.startswith(_SHARD_HEAD):
-            shard, end = _DECODER.raw_decode(text, len(_SHARD_HEAD))
+            shard, end = STRICT_JSON.raw_decode(text, len(_SHARD_HEAD))
             if text.startswith(_IDS_HEAD, end):
-                ids, _ = _DECODER.raw_decode(text, end + len(_IDS_HEAD))
+                ids, _ = STRICT_JSON.raw_decode(text, end + len(_IDS_HEAD))
                 if isinstance(shard, dict) and "file" in shard and isinstance(ids, list) \
                         and all(type(clip_id) is str for clip_id in ids):
                     return shard, ids
@@ -136,11 +123,15 @@ def committed_ids(out: Path, committed: CommittedIds | None) -> int:
 
 def progress_entries(log: Path, only: frozenset[str] | None = None) -> Iterator[tuple[int, ProgressEntry]]:
     """(byte offset, entry) of every complete line of a progress log (of the shard files in `only`, if given: a line
-    of another shard is skipped by its head, not parsed); a torn last line is ignored."""
+    of another shard that leads with its shard record is skipped by its head, an older line is parsed once); a torn
+    last line is ignored."""
     for offset, line in whole_lines(log):
-        if only is not None and progress_line_head(log, offset, line)[0]["file"] not in only:
-            continue
-        yield offset, parse_progress_line(log, offset, line)
+        if only is not None and line.startswith(_LINE_HEAD):
+            if progress_line_head(log, offset, line)[0]["file"] not in only:
+                continue
+        entry = parse_progress_line(log, offset, line)
+        if only is None or entry.shard["file"] in only:
+            yield offset, entry
 
 
 def committed_clip_id(log: Path, clip: Any) -> str:

@@ -150,16 +150,21 @@ def _tolerant_int(env: Mapping[str, str], *names: str, default: int) -> int:
     return default
 
 
-def launcher_of(env: Mapping[str, str]) -> str:
+def launcher_of(env: Mapping[str, str], strict: bool = False) -> str:
     """The one rule for who launched this process: "torchrun" (RANK or WORLD_SIZE set), "slurm" (inside an srun
     step with more than one task or a SLURM_PROCID: the sbatch batch shell itself is a single process), or
-    "single"."""
+    "single". `strict`: an unparsable task count is a DistributedError (else it counts as one task)."""
     if "RANK" in env or "WORLD_SIZE" in env:
         return "torchrun"
-    ntasks = _tolerant_int(env, "SLURM_NTASKS", "SLURM_NPROCS", default=1)
-    if _slurm_in_step(env) and (ntasks > 1 or "SLURM_PROCID" in env):
+    if _slurm_in_step(env) and (_slurm_tasks(env, strict) > 1 or "SLURM_PROCID" in env):
         return "slurm"
     return "single"
+
+
+def _slurm_tasks(env: Mapping[str, str], strict: bool) -> int:
+    if strict:
+        return _env_int(env, "SLURM_NTASKS", _env_int(env, "SLURM_NPROCS", 1))
+    return _tolerant_int(env, "SLURM_NTASKS", "SLURM_NPROCS", default=1)
 
 
 def launcher_rank_world(environ: Mapping[str, str] | None = None) -> tuple[int, int]:
@@ -171,8 +176,7 @@ def launcher_rank_world(environ: Mapping[str, str] | None = None) -> tuple[int, 
     if source == "torchrun":
         return _tolerant_int(env, "RANK", default=0), _tolerant_int(env, "WORLD_SIZE", default=1)
     if source == "slurm":
-        return (_tolerant_int(env, "SLURM_PROCID", default=0),
-                _tolerant_int(env, "SLURM_NTASKS", "SLURM_NPROCS", default=1))
+        return _tolerant_int(env, "SLURM_PROCID", default=0), _slurm_tasks(env, strict=False)
     return 0, 1
 
 
@@ -227,11 +231,11 @@ class RankInfo:
         """
         env = os.environ if environ is None else environ
         job_id = env.get("SLURM_JOB_ID") or None
-        source = launcher_of(env)
+        source = launcher_of(env, strict=True)
         if source == "torchrun":
             return cls._from_torchrun(env, job_id)
         if source == "slurm":
-            return cls._from_slurm(env, _env_int(env, "SLURM_NTASKS", _env_int(env, "SLURM_NPROCS", 1)), job_id)
+            return cls._from_slurm(env, _slurm_tasks(env, strict=True), job_id)
         return cls(0, 1, 0, 1, 0, None, None, "single", job_id)
 
     @classmethod

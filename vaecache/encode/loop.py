@@ -27,6 +27,7 @@ from vaecache.parallel.views import SPPlan, gather_views
 from vaecache.planning.clips import Clip, DoneMask, DoneMaskBuilder
 from vaecache.planning.jobs import JobPlan, batch_views
 from vaecache.settings.commands import EncodeConfig
+from vaecache.settings.dtypes import recorded_name
 from vaecache.stop import StopRequest, ignore_stop_signals
 from vaecache.vae import VaeRunner
 from vaecache.video.backends import Backend
@@ -54,6 +55,15 @@ def clip_tensors(clip: Clip, moments: torch.Tensor, channels: int, store: str, s
     std = torch.exp(0.5 * logvar.float())
     noise = torch.stack([sample_noise(seed, clip.clip_id, cam, mean.shape[1:]) for cam in clip.cameras])
     return {"sample": (mean.float() + std * noise.to(std.device)).to(dtype)}
+
+
+def overflowing_cameras(clip: Clip, tensors: dict[str, torch.Tensor]) -> list[str]:
+    """The cameras whose stored sample is not finite: a huge logvar makes mean + std * noise overflow its dtype
+    even where mean and logvar are finite (those two are checked where they are encoded)."""
+    sample = tensors.get("sample")
+    if sample is None:
+        return []
+    return [camera for camera, view in zip(clip.cameras, sample) if not torch.isfinite(view).all()]
 
 
 def _camera_of(cameras: Any, paths: Any, path: str | None) -> str | None:
@@ -237,7 +247,6 @@ class _BatchSink:
                         self.failures.append(failure_record(clip.scene_id, reason, path=path, camera=camera))
                         log.warning("scene %s failed: %s: %s (none of its clips is encoded)", clip.scene_id, path,
                                     reason)
-                    counters.failed += 1
                 if cfg.on_error == "fail":
                     raise InputError(f"{path}: {reason}")
                 continue
@@ -246,6 +255,16 @@ class _BatchSink:
                 clip_moments = moments[view_start - clip.num_views:view_start]
                 tensors = clip_tensors(clip, clip_moments, channels, cfg.clip.store, cfg.clip.seed,
                                        self.vae.model.dtype)
+                overflowing = overflowing_cameras(clip, tensors)
+                if overflowing:
+                    reason = (f"camera {', '.join(overflowing)}: the sampled latent is not finite in "
+                              f"{recorded_name(tensors['sample'].dtype)} (mean + exp(logvar / 2) * noise overflows)")
+                    self.failures.append(failure_record(clip.scene_id, reason, clip=clip.clip_id,
+                                                        camera=overflowing[0]))
+                    log.warning("clip %s failed: %s", clip.clip_id, reason)
+                    if cfg.on_error == "fail":
+                        raise InputError(f"clip {clip.clip_id}: {reason}")
+                    continue
                 used = [settings[view_start - clip.num_views + c] for c in range(clip.num_views)]
                 writer.add(clip, tensors, used, outcome.times.get(clip_index))
                 counters.clips += 1

@@ -68,7 +68,6 @@ class RankCounters:
     clips: int = 0
     views: int = 0
     frames: int = 0
-    failed: int = 0
     bytes_written: int = 0
     shards: int = 0
     backoffs: list[str] = field(default_factory=list)

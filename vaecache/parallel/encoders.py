@@ -95,6 +95,7 @@ class SpatialEncoder:
         return (tuple(tuple(range(count)) for count in view_counts),
                 tuple(plan_sp(count, 1) for count in view_counts))
 
+    @torch.inference_mode()
     def encode(self, vae: Any, views: torch.Tensor, group: Any) -> Any:
         """Every view encoded by the ranks of `group` together, each rank on a band of rows of every frame; all
         views come back on every rank. One view per forward; no out-of-memory backoff (a band that does not fit

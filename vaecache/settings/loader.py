@@ -1,9 +1,10 @@
 """The one loader of encode's and plan's settings: a TOML file (optional) under the flags, read through the
 option table (vaecache.settings.options), into the command's frozen settings (vaecache.settings.commands).
 
-Flags win over the file. A file's keys are the long flag names (dashes or underscores; `[encode]` or `[plan]`
-may hold them); a key of the other command is accepted (one file may serve both) and does not apply; an unknown key
-or a value of the wrong type is refused naming the file and the key.
+Flags win over the file. A file's keys are the long flag names (dashes or underscores), at the top level or in
+`[encode]` / `[plan]` tables, layered: top level, then `[encode]`, then `[plan]` for plan. A key of the other command
+is accepted (one file may serve both) and does not apply; an unknown key or a value of the wrong type is refused
+naming the file and the key.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ CLIP_FIELDS = frozenset(f.name for f in dataclasses.fields(ClipSettings)) - {
 
 
 def load_toml(path: Path, command: str = ENCODE) -> dict[str, Any]:
-    """A config file's settings by field name (`[command]` if the file has it, else `[encode]`, else the top
-    level), each checked against the option table."""
+    """A config file's settings by field name, in layers: the top level, then `[encode]`, then `[plan]` when the
+    command is plan (a later layer wins), each key checked against the option table."""
     try:
         with open(path, "rb") as handle:
             raw = tomllib.load(handle)
@@ -39,16 +40,22 @@ def load_toml(path: Path, command: str = ENCODE) -> dict[str, Any]:
         raise UsageError(f"{path}: config file not found") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML: {exc}") from None
-    section = raw.get(command, raw.get(ENCODE, raw))
-    unknown = sorted(key for key in section if option_named(key) is None)
-    if unknown:
-        raise UsageError(unknown_keys_message(unknown, str(path)))
+    for name in COMMANDS:
+        if name in raw and not isinstance(raw[name], dict):
+            raise UsageError(f"{path}: {name} must be a table ([{name}]) of settings, got {raw[name]!r}")
+    layers = {None: {key: value for key, value in raw.items() if key not in COMMANDS}}
+    layers.update((name, raw[name]) for name in COMMANDS if name in raw)
     values: dict[str, Any] = {}
-    for key, value in section.items():
-        option = option_named(key)
-        assert option is not None
-        check_toml_value(option, value, str(path))
-        values[option.setting] = value
+    for name, layer in layers.items():  # every table is checked, one file serving both commands
+        unknown = sorted(key for key in layer if option_named(key) is None)
+        if unknown:
+            raise UsageError(unknown_keys_message(unknown, str(path)))
+        for key, value in layer.items():
+            option = option_named(key)
+            assert option is not None
+            check_toml_value(option, value, str(path))
+            if name in (None, ENCODE, command):
+                values[option.setting] = value
     return values
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator, Sequence
 
-from vaecache.cache.io import cut_torn_tail, iter_lines, loads
+from vaecache.cache.io import cut_torn_tail, loads, whole_lines
 from vaecache.errors import DatasetError, OutputError, VideoDecodeError
 from vaecache.meter import Advance
 from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
@@ -151,7 +151,7 @@ def read_probe_cache(paths: Iterable[Path]) -> ProbeCache:
     cache: ProbeCache = {}
     for file in paths:
         try:
-            lines = [line for _, line in iter_lines(file)]  # bytes: a tail torn inside a UTF-8 character is cut
+            lines = [line for _, line in whole_lines(file)]  # a tail torn inside a UTF-8 character is cut
         except OSError:
             continue
         for line in lines:
@@ -161,7 +161,7 @@ def read_probe_cache(paths: Iterable[Path]) -> ProbeCache:
                     cache[record["path"]] = CameraProbe.from_json(record["probe"], str(file))
                 else:
                     cache[record["path"]] = (int(record["size"]), int(record["mtime_ns"]), str(record["error"]))
-            except (ValueError, KeyError, TypeError, DatasetError):
+            except (ValueError, KeyError, TypeError, DatasetError):  # UnicodeDecodeError is a ValueError
                 continue
     return cache
 

@@ -58,10 +58,7 @@ from vaecache.vae.model import VaeModel, fingerprint, weights_sha256
 from vaecache.vae.rules import FrameRule
 from vaecache.vae.runner import EncodeResult, VaeRunner
 
-VaeRunner = VaeRunner
-"""What load_vae returns (the name callers used before the split)."""
-
 __all__ = [
-    "FAMILIES", "SUPPORTED", "EncodeResult", "Family", "FrameRule", "VaeRunner", "VaeModel", "VaeRunner",
+    "FAMILIES", "SUPPORTED", "EncodeResult", "Family", "FrameRule", "VaeModel", "VaeRunner",
     "fingerprint", "load_vae", "weights_sha256",
 ]

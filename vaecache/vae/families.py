@@ -26,7 +26,7 @@ def _log2(value: Any, what: str) -> int:
 
 def _wan_rule(config: dict[str, Any]) -> FrameRule:
     # WanEncoder3d downsamples once per dim_mult step; temperal_downsample says which steps also halve
-    # time. encode_share feeds the first frame alone, then chunks of 4 frames: 1 + 4k frames.
+    # time. _encode feeds the first frame alone, then chunks of 4 frames: 1 + 4k frames.
     levels = len(config.get("dim_mult", [1, 2, 4, 4])) - 1
     temporal = 2 ** sum(bool(x) for x in config.get("temperal_downsample", [False, True, True])[:levels])
     if temporal > 4:
@@ -38,7 +38,7 @@ def _wan_rule(config: dict[str, Any]) -> FrameRule:
 
 def _cogvideox_rule(config: dict[str, Any]) -> FrameRule:
     # CogVideoXEncoder3D: block i < log2(temporal_compression_ratio) also halves time, and only
-    # blocks that downsample at all (every block but the last) can. encode_share runs frames in batches of
+    # blocks that downsample at all (every block but the last) can. _encode runs frames in batches of
     # 8 with the odd first frame kept alone: 1 + 8k frames (CogVideoX trains on 49 = 1 + 8*6).
     blocks = len(config.get("block_out_channels", (128, 256, 256, 512)))
     levels = min(_log2(config.get("temporal_compression_ratio", 4), "temporal_compression_ratio"), blocks - 1)

@@ -63,7 +63,7 @@ class VaeRunner:
         self._latent_channels = model.latent_channels
         self._errors_in_a_row = 0
         # Compiled on first use, once per input shape (and again when tiling is switched for a retry).
-        self.encode_share = torch.compile(model.module.encode) if model.compiled else model.module.encode
+        self._encode = torch.compile(model.module.encode) if model.compiled else model.module.encode
 
     # ----------------------------------------------------------------- shapes
 
@@ -159,7 +159,6 @@ class VaeRunner:
             forward_sizes[v] = max(forward_sizes[v], size)
         return EncodeResult(mean, logvar, failed, {units[i][0] for i in tiled_units}, events, forward_sizes)
 
-    @torch.inference_mode()
     def non_finite_views(self, mean: torch.Tensor, logvar: torch.Tensor | None) -> dict[int, str]:
         """View index -> reason, for views whose stored latent holds a NaN or an inf (fp16/bf16 overflow)."""
         stored = [mean] if logvar is None else [mean, logvar]
@@ -281,7 +280,7 @@ class VaeRunner:
         if switch:
             model.module.enable_tiling()
         try:
-            mean, logvar = _posterior(self.encode_share(batch))
+            mean, logvar = _posterior(self._encode(batch))
         finally:
             if switch:
                 model.module.disable_tiling()

@@ -9,9 +9,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from vaecache.errors import UsageError, VideoDecodeError
+from vaecache.errors import UsageError, VideoDecodeError, first_line
 from vaecache.settings.clip import DECODER_CHOICES
-from vaecache.video.reader import DECODER, VideoReader, short_error
+from vaecache.video.reader import DECODER, VideoReader
 
 
 def open_video(path: str, backend: Backend | None = None, max_pixels: int | None = None) -> VideoReader | ForeignReader:
@@ -85,7 +85,7 @@ def backend_unavailable(choice: str) -> str | None:
     try:
         __import__(module)
     except Exception as exc:  # torchcodec raises RuntimeError/OSError when FFmpeg's shared libraries are missing
-        return f"{choice} cannot be imported ({short_error(exc)})"
+        return f"{choice} cannot be imported ({first_line(exc, 200)})"
     return None
 
 
@@ -196,7 +196,7 @@ class DecordReader(ForeignReader):
             count = len(decord.VideoReader(path, ctx=decord.cpu(0), num_threads=1))
         except Exception as exc:  # decord raises DECORDError (a RuntimeError) for anything it cannot open
             self.close()
-            raise VideoDecodeError(path, f"decord cannot read it ({short_error(exc)})") from None
+            raise VideoDecodeError(path, f"decord cannot read it ({first_line(exc, 200)})") from None
         if count != len(self):
             self.close()
             raise VideoDecodeError(path, f"decord counts {count} frames, a straight decode gives {len(self)} "
@@ -229,7 +229,7 @@ class DecordReader(ForeignReader):
         except Exception as exc:  # DECORDError, StopIteration at a short stream
             self._decord = None
             raise VideoDecodeError(self.path, f"decord failed at frames {frames[0]}..{frames[-1]} "
-                                              f"({short_error(exc) or type(exc).__name__})") from None
+                                              f"({first_line(exc, 200)})") from None
         return np.stack(out)
 
     def _unpadded(self, frame: np.ndarray) -> np.ndarray:
@@ -266,7 +266,7 @@ class TorchcodecReader(ForeignReader):
             mine = first.data.cpu().numpy()
         except Exception as exc:  # torchcodec raises RuntimeError/ValueError for files it cannot read
             self.close()
-            raise VideoDecodeError(path, f"torchcodec cannot read it ({short_error(exc)})") from None
+            raise VideoDecodeError(path, f"torchcodec cannot read it ({first_line(exc, 200)})") from None
         reference = self.index.read([0])[0]
         off = (float(np.abs(mine.astype(np.int16) - reference).mean()) if mine.shape == reference.shape
                else float("inf"))
@@ -285,7 +285,7 @@ class TorchcodecReader(ForeignReader):
             batch = self._decoder.get_frames_at(indices=frames)
         except Exception as exc:
             raise VideoDecodeError(self.path, f"torchcodec failed at frames {frames[0]}..{frames[-1]} "
-                                              f"({short_error(exc)})") from None
+                                              f"({first_line(exc, 200)})") from None
         expected = self.index.timestamps(frames)
         for index, want, got in zip(frames, expected, batch.pts_seconds.tolist()):
             if abs(got - self._offset - want) > self._tolerance:

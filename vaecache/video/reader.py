@@ -30,18 +30,13 @@ import av
 import numpy as np
 from av.video.reformatter import VideoReformatter
 
-from vaecache.errors import VideoDecodeError
+from vaecache.errors import VideoDecodeError, first_line
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS, frame_budget_problem
 
 DECODER = "pyav-pts/1"
 """Names this way of decoding in the run fingerprint (vaecache 0.1.0 caches decoded with decord)."""
 EVEN_SPACING_TOLERANCE = 0.5
 """A clip's frame intervals may differ from their mean by at most this fraction of the video's frame duration."""
-
-
-def short_error(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:200]
 
 
 @dataclass(frozen=True)
@@ -69,7 +64,7 @@ class VideoReader:
         except PermissionError:
             raise VideoDecodeError(path, "permission denied") from None
         except (av.FFmpegError, UnicodeDecodeError, ValueError) as exc:
-            raise VideoDecodeError(path, f"not a readable video ({short_error(exc)})") from None
+            raise VideoDecodeError(path, f"not a readable video ({first_line(exc, 200)})") from None
         if not self._container.streams.video:
             self.close()
             raise VideoDecodeError(path, "not a readable video (no video stream)")
@@ -96,7 +91,7 @@ class VideoReader:
             self.rotation = self._read_rotation()
         except av.FFmpegError as exc:
             self.close()
-            raise VideoDecodeError(path, f"not a readable video ({short_error(exc)})") from None
+            raise VideoDecodeError(path, f"not a readable video ({first_line(exc, 200)})") from None
         except VideoDecodeError:
             self.close()
             raise
@@ -260,7 +255,7 @@ class VideoReader:
         except av.FFmpegError as exc:
             self._frames = None
             raise VideoDecodeError(self.path, f"decoding frames {frames[0]}..{frames[-1]} failed "
-                                              f"({short_error(exc)})") from None
+                                              f"({first_line(exc, 200)})") from None
         if self.rotation:
             array = np.ascontiguousarray(np.rot90(array, k=self.rotation // 90, axes=(1, 2)))
         return array

@@ -117,9 +117,9 @@ class Jobs:
                 "torchrun", "encode-torchrun.sbatch", ["--nodes=1", "--oversubscribe", *ONE_CPU],
                 slurm.clean_env(VAECACHE_NPROC_PER_NODE="2")))
         if "dp2" in wanted:
-            self.encode_share("dp2", ["--sp-size", "1"])
+            self._submit_encode("dp2", ["--sp-size", "1"])
         if "sp2" in wanted:
-            self.encode_share("sp2", ["--sp-size", "2"])
+            self._submit_encode("sp2", ["--sp-size", "2"])
         if "usage" in wanted:  # no --vae: vaecache exits 2 before it touches anything
             self._submit("usage", lambda: self._sbatch("usage", "encode.sbatch", [
                 str(data), str(root / "usage" / "out"), "--num-frames", "9", "--size", "64x64"],
@@ -136,8 +136,8 @@ class Jobs:
     def _sbatch(self, key: str, script: str, args: list[str], opts: list[str], env=None, on_submit=None):
         return self.slurm.sbatch_wait(script, args, self.root / key / "submit", opts, env=env, on_submit=on_submit)
 
-    def encode_share(self, key: str, extra: list[str], script: str = "encode.sbatch", opts: list[str] = TWO_TASKS,
-                env=None) -> None:
+    def _submit_encode(self, key: str, extra: list[str], script: str = "encode.sbatch", opts: list[str] = TWO_TASKS,
+                       env=None) -> None:
         out = self.root / key / "out"
         args = [str(self.data), str(out), *self.slurm.encode_args, *extra]
         self._submit(key, lambda: (self._sbatch(key, script, args, opts, env), out))
