@@ -4,7 +4,7 @@
 Three ways to encode the same clips, interleaved in every repeat (the order rotates between repeats):
 
 * encode_only: ``load_vae(spec).encode_views`` on batches decoded into memory beforehand: the ceiling;
-* vaecache: ``vaecache.pipeline.run_encode`` in ``vaecache.distributed.distributed()`` (one process) into a
+* vaecache: ``vaecache.encode.run.run_encode`` in ``vaecache.distributed.distributed()`` (one process) into a
   fresh OUT, decoding in ``--workers`` DataLoader processes, shards written by the writer thread;
 * naive: what a user writes first: decord VideoReader per camera, ``F.interpolate``, one
   ``vae.model.module.encode(x).latent_dist`` per clip with all its cameras as one batch, ``torch.save``
@@ -166,9 +166,9 @@ def run_encode_only(vae, decoded: list[Any], device) -> dict[str, float]:
 
 def run_vaecache(args: argparse.Namespace, data: Path, out: Path, height: int, width: int,
                  first_views: int) -> dict[str, Any]:
-    import vaecache.encode.run as pipeline
     import vaecache.encode.startup as startup
     from vaecache.distributed.context import distributed
+    from vaecache.encode.run import run_encode
     from vaecache.settings.clip import ClipSettings, SamplingConfig
     from vaecache.settings.commands import EncodeConfig
     from vaecache.settings.options import parse_bytes
@@ -181,7 +181,7 @@ def run_vaecache(args: argparse.Namespace, data: Path, out: Path, height: int, w
     encodes: list[tuple[float, float]] = []
     start = time.perf_counter()
     with _timed_encoder(startup, encodes), distributed(sp_size=1, device=args.device, environ={}) as ctx:
-        summary = pipeline.run_encode(cfg, ctx, lambda done, total: marks.append(time.perf_counter()))
+        summary = run_encode(cfg, ctx, lambda done, total: marks.append(time.perf_counter()))
     end = time.perf_counter()
     if summary.exit_code != 0:
         raise SystemExit(f"vaecache run failed: exit {summary.exit_code}, skipped {summary.skipped}")

@@ -183,19 +183,22 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
         cache_dir.mkdir()
         expected: dict[str, dict[str, torch.Tensor]] = {}
         # 1. musubi's own caching of each exported file's latent, compared with the export
+        stored_key = info["tensor"].split()[1].rstrip(",")  # "posterior mean, (C, F, H, W)" (or sample: hv, k5)
+        item_clip = None
         for line in (export / "index.jsonl").read_text().splitlines():
             entry = json.loads(line)
             exported_path = inside(export, entry["file"], f"{export}/index.jsonl")
             name = exported_path.name
-            item_clip = cache[entry["clip"]]
-            mean = item_clip.mean[item_clip.cameras.index(entry["camera"])]
+            if item_clip is None or item_clip.id != entry["clip"]:  # a clip's cameras are consecutive lines
+                item_clip = cache[entry["clip"]]
+            latent = item_clip.tensors[stored_key][item_clip.cameras.index(entry["camera"])]
             tensors, metadata = load_file(exported_path)
             width, height = int(metadata["width"]), int(metadata["height"])
             frames = int(metadata["frame_count"])
             item = ItemInfo(entry["item"], "", (width, height), (width, height, frames), frame_count=frames,
                             content=np.zeros((frames, height, width, 3), dtype=np.uint8),
                             latent_cache_path=str(expected_dir / name))
-            musubi_cached(arch, modules, mean, item, normalization)
+            musubi_cached(arch, modules, latent, item, normalization)
             theirs, their_metadata = load_file(expected_dir / name)
             expected[name] = theirs
             result["files"] += 1

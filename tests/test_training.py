@@ -83,7 +83,7 @@ def test_dataset_in_two_dataloader_workers_equals_the_shard_bytes(caption_cache:
     assert seen == LatentCache(caption_cache).ids()
 
 
-def test_tampered_shard_raises_on_first_open_with_sha256(cache_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tampered_shard_raises_on_first_open_with_sha256(cache_copy: Path) -> None:
     shard = next((cache_copy / "shards").iterdir())
     data = bytearray(shard.read_bytes())
     data[-5] ^= 0xFF  # same size: only the hash tells
@@ -94,15 +94,17 @@ def test_tampered_shard_raises_on_first_open_with_sha256(cache_copy: Path, monke
         cache[0]
 
 
-def test_sha256_is_checked_once_per_shard(good_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sha256_is_checked_once_per_shard(sharded_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import vaecache.cache.io as io_module
 
     calls = []
     real = io_module.sha256_file
     monkeypatch.setattr(io_module, "sha256_file", lambda path, *a: calls.append(Path(path).name) or real(path, *a))
-    cache = LatentCache(good_cache, verify="sha256")
+    cache = LatentCache(sharded_cache, verify="sha256")
     [cache[i] for i in range(len(cache))] + [cache[0]]
-    assert calls.count("clips.parquet") == 1 and len([c for c in calls if c.endswith(".safetensors")]) == 1
+    shards = sorted(p.name for p in (sharded_cache / "shards").iterdir())
+    assert len(shards) == 2 and calls.count("clips.parquet") == 1
+    assert sorted(c for c in calls if c.endswith(".safetensors")) == shards  # each once, however often read
 
 
 def test_refuses_unknown_versions_and_incomplete_caches(cache_copy: Path) -> None:

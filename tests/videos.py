@@ -122,8 +122,6 @@ def remux_to_raw_h264(source: Path, out: Path) -> Path:
 
 def cut_with_edit_list(source: Path, out: Path, start_frame: int) -> bool:
     """Remux (no re-encode) from the keyframe before `start_frame`, with an edit list starting at it."""
-    import av
-
     with av.open(str(source)) as src, av.open(str(out), "w") as dst:
         stream_in = src.streams.video[0]
         stream_out = dst.add_stream_from_template(stream_in)

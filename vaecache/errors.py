@@ -49,6 +49,11 @@ class VideoDecodeError(VaecacheError):
         self.reason = reason
 
 
+class FrameBudgetError(VideoDecodeError):
+    """A video's frames are larger than the run's --max-frame-pixels: a fact about this run's budget, not about
+    the file, so it is never cached (another run may allow them)."""
+
+
 class InputError(VaecacheError):
     """An input could not be turned into latents (bad video, out of memory) and --on-error fail is set."""
 

@@ -4,7 +4,7 @@ column per camera.
 
 Memory is bounded by `chunk_frames` latent frames per camera (vae/decoder.py: chunks are exact), never by
 the clip's length: each chunk's source frames are read, its frames scored and written to the mp4, and let go.
-The source frames are read exactly as encode read them (vaecache.decode.ViewDecoder: the same frame indices,
+The source frames are read exactly as encode read them (vaecache.video.dataset.ViewDecoder: the same frame indices,
 the same resize/crop/fit to the clip's bucket size), so they line up pixel for pixel with what was encoded.
 
 Metrics are computed on RGB in [0, 1] as floats: the VAE's input (the resized source, before any 8-bit

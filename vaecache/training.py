@@ -15,7 +15,7 @@ import torch
 import torch.utils.data
 from safetensors import SafetensorError, safe_open
 
-from vaecache.cache.layout import SHARDS_DIR
+from vaecache.cache.layout import SHARDS_DIR, VERIFY_MODES
 from vaecache.cache.reader import CacheReader, record_problem
 from vaecache.cache.table import CLIP_TABLE
 from vaecache.errors import (
@@ -25,11 +25,6 @@ from vaecache.errors import (
     ShardHeaderError,
     UnsafePathError,
 )
-
-VERIFY_MODES = ("size", "sha256", "none")
-"""How a shard is checked the first time this process opens it: its byte count (size), its sha256 against
-the manifest (sha256), or not at all (none)."""
-
 
 MAX_OPEN_SHARDS = 64
 """Shard handles a LatentCache keeps open (memory-mapped); the least recently used closes beyond this."""

@@ -270,21 +270,21 @@ def test_a_damaged_shard_is_repaired_by_the_resume(data, reference, tmp_path: Pa
 def test_each_resume_hashes_only_the_shards_it_has_not_hashed(data, tmp_path: Path, monkeypatch) -> None:
     """A requeued job resumes many times: shards hashed intact by one resume are not hashed by the next unless
     their size or mtime changed."""
-    from vaecache.cache import repair as index
+    from vaecache.cache import repair
 
     out = tmp_path / "out"
     assert encode(data, out, "--shard-size", "1", env={"VAECACHE_FAULT": "crash-after-commit:3"}).returncode == 137
     hashed: list[str] = []
-    real = index.sha256_file
-    monkeypatch.setattr(index, "sha256_file", lambda path: hashed.append(Path(path).name) or real(path))
+    real = repair.sha256_file
+    monkeypatch.setattr(repair, "sha256_file", lambda path: hashed.append(Path(path).name) or real(path))
     shards = sorted((out / "shards").glob("*.safetensors"))
-    assert index.repair_progress(out)[2] == {} and sorted(hashed) == [p.name for p in shards] and len(shards) == 3
+    assert repair.repair_progress(out)[2] == {} and sorted(hashed) == [p.name for p in shards] and len(shards) == 3
     hashed.clear()
-    assert index.repair_progress(out)[2] == {} and hashed == []
+    assert repair.repair_progress(out)[2] == {} and hashed == []
     _flip_a_byte(shards[1])
     stat = shards[1].stat()
     os.utime(shards[1], ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # coarse clocks: make the change visible
-    damaged = index.repair_progress(out)[2]
+    damaged = repair.repair_progress(out)[2]
     assert hashed == [shards[1].name] and list(damaged) == [f"shards/{shards[1].name}"]
 
 

@@ -13,7 +13,7 @@ from vaecache.cache.failures import describe_failures, read_failures
 from vaecache.cache.finalize import finalize
 from vaecache.cache.io import AppendLog
 from vaecache.cache.layout import failures_path, progress_path
-from vaecache.cache.progress import iter_progress, progress_line, scan_committed
+from vaecache.cache.progress import progress_entries, progress_line, progress_logs, scan_committed
 from vaecache.cache.repair import repair_progress
 from vaecache.cache.writer import failure_record
 from vaecache.errors import EmptyCacheError, ManifestError
@@ -92,7 +92,8 @@ def test_repair_and_finalize_read_the_same_entries(tmp_path: Path) -> None:
     _log(progress_path(tmp_path, 0), good, short)
     with open(progress_path(tmp_path, 0), "a") as handle:
         handle.write('{"shard": {"file": "shards/torn')
-    assert [e.shard["file"] for e in iter_progress(tmp_path)] == ["shards/good.safetensors", "shards/short.safetensors"]
+    entries = [entry for log in progress_logs(tmp_path) for _, entry in progress_entries(log)]
+    assert [e.shard["file"] for e in entries] == ["shards/good.safetensors", "shards/short.safetensors"]
     seen = _Tally()
     kept, discarded, damaged = repair_progress(tmp_path, seen)
     assert kept == 1 and seen.ids == ["g"] and seen.dropped == ["s"] and discarded == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -438,3 +439,25 @@ def test_paths_with_brackets_are_printed_verbatim(run_cli: Callable, good_cache:
     assert "[bold]cache" in result.output.replace("\n", "")
     missing = run_cli(["verify", tmp_path / "[/x]" / "nope"])
     assert missing.exit_code == 2 and f"error: {tmp_path / '[/x]' / 'nope'}: no such folder" in missing.output
+
+
+@pytest.mark.parametrize(("edit", "problem"), [
+    (lambda m: m["buckets"][0].update(clips=m["buckets"][0]["clips"] + 1),
+     r"bucket \S+ declares \d+ clips and \d+ views, its records are \d+ clips"),
+    (lambda m: m["buckets"].pop(0), r"bucket \S+: \d+ clip record\(s\) name it, the manifest does not list it"),
+    (lambda m: next(b for b in m["buckets"] if b["clips"]).pop("shape"),
+     r"holds \d+ clips but declares no latent shape"),
+    (lambda m: m["latent"].update(shape={"mean": [1, 2, 3]}),
+     r"latent.shape is .*, but the cache holds several latent shapes \(see buckets\)"),
+])
+def test_a_bucketed_manifest_must_declare_what_its_records_hold(bucket_cache: Path, tmp_path: Path, edit: Callable,
+                                                                problem: str) -> None:
+    cache = tmp_path / "cache"
+    shutil.copytree(bucket_cache, cache)
+    assert verify_cache(cache, quick=True).ok
+    manifest = _manifest(cache)
+    edit(manifest)
+    _write_manifest(cache, manifest)
+    report = verify_cache(cache, quick=True).to_json()
+    assert "manifest declarations" in _failing(report)
+    assert re.search(problem, _problems(report)), _problems(report)

@@ -17,7 +17,6 @@ from safetensors import safe_open
 from vaecache.cache.io import AppendLog
 from vaecache.cache.layout import CLIPS, FAILURES
 from vaecache.cache.manifest import read_manifest, write_manifest_last
-from vaecache.cache.progress import iter_progress
 from vaecache.cache.table import CLIP_TABLE, FAILURE_TABLE, write_table
 from vaecache.cache.writer import ShardWriter
 from vaecache.errors import ManifestError
@@ -249,7 +248,7 @@ def test_shard_writer_rolls_commits_and_logs(tmp_path: Path) -> None:
             assert clip["encode"] == {"tiled": False, "tiled_cameras": [], "units_per_forward": 1}
 
 
-def test_manifest_records_both_tables_and_is_written_last(tmp_path: Path) -> None:
+def test_manifest_records_both_tables_counts_and_hashes(tmp_path: Path) -> None:
     clips = write_table(tmp_path / CLIPS, CLIP_TABLE, [{"id": "a/1", "shard": "x"}, {"id": "b/1", "shard": "x"}])
     failures = write_table(tmp_path / FAILURES, FAILURE_TABLE,
                            [{"scene": "s", "clip": None, "camera": None, "path": None, "reason": "too short"}])
@@ -258,4 +257,4 @@ def test_manifest_records_both_tables_and_is_written_last(tmp_path: Path) -> Non
     assert manifest == read_manifest(tmp_path)
     assert manifest["clips"]["count"] == 2 and manifest["failures"]["count"] == 1
     assert manifest["clips"]["sha256"] == _sha256(tmp_path / "clips.parquet")
-    assert iter_progress(tmp_path) == []
+    assert manifest["failures"]["sha256"] == _sha256(tmp_path / "failures.parquet")

@@ -80,6 +80,7 @@ def test_frames_over_the_pixel_budget_are_a_recorded_failure_decided_from_the_pr
     assert failure["reason"].startswith("frames of 64x64 (4,096 pixels) exceed the decode budget of 2,000 pixels")
     assert [clip["scene"] for clip in cache_io.clips(tmp_path / "out")] == ["small"]
     assert cache_io.manifest(tmp_path / "out")["settings"]["max_frame_pixels"] == 2000
+    assert cache_io.manifest(tmp_path / "out")["counts"]["planned_clips"] == 1  # big.mp4 never planned: not opened
     lines = _index(run_cli, data, tmp_path / "index.jsonl")
     for line in lines:
         line["probe"].update(width=32, height=32)  # the index hides big.mp4's size: planning cannot tell
@@ -89,6 +90,7 @@ def test_frames_over_the_pixel_budget_are_a_recorded_failure_decided_from_the_pr
     assert result.exit_code == 3, result.output
     (failure,) = cache_io.failures(tmp_path / "out2")
     assert failure["scene"] == "big" and failure.get("clip") is None and "exceed the decode budget" in failure["reason"]
+    assert cache_io.manifest(tmp_path / "out2")["counts"]["planned_clips"] == 2  # planned, refused at open
 
 
 def test_a_probe_claiming_far_more_frames_fails_its_scene_once(run_cli, cache_io, demo_data: Path,

@@ -15,6 +15,7 @@ import torch
 import webdataset
 from safetensors import safe_open
 from safetensors.torch import load as safetensors_load
+from safetensors.torch import load_file
 
 from vaecache import LatentCache
 from vaecache.cache.table import CLIP_TABLE, write_table
@@ -165,6 +166,7 @@ def test_unusual_ids_get_safe_names_that_stay_in_dir(caption_cache: Path, tmp_pa
         assert {entry["clip"] for entry in entries} == set(LatentCache(unusual).ids())
         names = [entry.get("file", entry.get("key")) for entry in entries]
         assert all(re.fullmatch(r"[A-Za-z0-9_.~/-]+", name) and ".." not in name for name in names)
+        assert all("/" not in name.removeprefix("cache/") for name in names)  # no folder of its own
     assert safe_name("scene_000") == "scene_000" and safe_name("a-b") == "a-b"
     assert re.fullmatch(r"a-b~[0-9a-f]{12}", safe_name("a/b")) and safe_name("..") != safe_name("x..y") != "x..y"
 
@@ -273,7 +275,7 @@ def test_musubi_hunyuan_and_kandinsky5_exports(hunyuan_cache: Path, tmp_path: Pa
     assert run_cli(["export", hunyuan_cache, "--format", "musubi", "-o", tmp_path / "hv"]).exit_code == 0
     result = run_cli(["export", hunyuan_cache, "--format", "musubi", "-o", tmp_path / "k5", "--arch", "k5"])
     assert result.exit_code == 0, result.output
-    assert "kandinsky5 caching stores them: mean * scaling_factor" in result.output
+    assert "kandinsky5 caching stores them: latent * scaling_factor (the mean" in result.output
     hv, k5 = _musubi_files(tmp_path / "hv"), _musubi_files(tmp_path / "k5")
     entries = [json.loads(line) for line in (tmp_path / "hv" / "index.jsonl").read_text().splitlines()]
     assert len(hv) == len(k5) == len(entries) == 18  # 9 clips of 5 frames x 2 cameras
@@ -364,8 +366,8 @@ def test_webdataset_export_of_a_bucketed_cache_batches_single_shapes_under_shuff
         stateless,
     )
 
+    from vaecache import collate_latents
     from vaecache.export import batched_by_shape, decode_sample
-    from vaecache.export.webdataset import collate_samples
 
     target = tmp_path / "wds"
     result = run_cli(["export", bucket_cache, "--format", "webdataset", "-o", target, "--samples-per-tar", "1"])
@@ -390,7 +392,7 @@ def test_webdataset_export_of_a_bucketed_cache_batches_single_shapes_under_shuff
         assert sorted(seen) == sorted(clips)
         for batch in batches:  # stacked: one shape, that of every record in the batch
             assert len(set(batch["latent_shape"])) == 1
-            assert [list(batch["mean"].shape[1:])] == [r["tensors"]["mean"]["shape"] for r in batch["record"]][:1]
+            assert all(r["tensors"]["mean"]["shape"] == list(batch["mean"].shape[1:]) for r in batch["record"])
 
     @stateless
     def cook(raw: dict) -> dict:
@@ -403,7 +405,7 @@ def test_webdataset_export_of_a_bucketed_cache_batches_single_shapes_under_shuff
             return sample["latent_shape"], 2
 
         def batch(self, samples: list) -> dict:
-            return collate_samples(samples)
+            return collate_latents(samples)
 
     dataset = get_train_dataset(target, batch_size=None, shuffle_buffer_size=10, max_samples_per_sequence=None,
                                 worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
@@ -415,3 +417,42 @@ def test_webdataset_export_of_a_bucketed_cache_batches_single_shapes_under_shuff
         assert len({json.dumps(shape) for shape in batch["latent_shape"]}) == 1  # the loader turns tuples into lists
         assert batch["mean"].shape[0] == len(batch["__key__"])
         assert all(list(batch["mean"].shape[1:]) == r["tensors"]["mean"]["shape"] for r in batch["record"])
+
+
+def test_a_sample_only_cache_exports_its_sample_where_musubi_caches_a_sample(demo_data: Path, hunyuan_cache: Path,
+                                                                             tmp_path: Path, run_cli) -> None:
+    """hv and k5 caching draws a posterior sample: a --store sample cache exports its sample, and says so; Wan
+    caches the mean, so the same cache cannot serve --arch wan (refused before writing, exit 2)."""
+    manifest = json.loads((hunyuan_cache / "manifest.json").read_text())
+    sample_cache = tmp_path / "sample"
+    result = run_cli(["encode", demo_data, "--out", sample_cache, "--vae", manifest["settings"]["vae_spec"],
+                      "--num-frames", "5", "--size", "32x32", "--workers", "0", "--no-progress", "--store", "sample"])
+    assert result.exit_code == 0, result.output
+    result = run_cli(["export", sample_cache, "--format", "musubi", "-o", tmp_path / "hv"])
+    assert result.exit_code == 0, result.output
+    info = json.loads((tmp_path / "hv" / "export.json").read_text())
+    assert info["tensor"] == "posterior sample, (C, F, H, W)" and "stores the sample" in info["note"]
+    cache = LatentCache(sample_cache)
+    for entry in (json.loads(line) for line in (tmp_path / "hv" / "index.jsonl").read_text().splitlines()):
+        (tensor,) = load_file(tmp_path / "hv" / entry["file"]).values()
+        item = cache[entry["clip"]]
+        assert torch.equal(tensor, item["sample"][item.cameras.index(entry["camera"])])  # hv: the raw latent
+    wan = tmp_path / "wan-sample"
+    assert run_cli(["encode", demo_data, "--out", wan, "--vae", "builtin:tiny", "--num-frames", "9", "--size", "64x64",
+                    "--workers", "0", "--no-progress", "--store", "sample"]).exit_code == 0
+    result = run_cli(["export", wan, "--format", "musubi", "-o", tmp_path / "wan"])
+    assert result.exit_code == 2 and "stores no posterior mean (sample)" in result.output, result.output
+    assert not (tmp_path / "wan").exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--format", "musubi", "--energon", "on"], "--energon applies to --format webdataset only"),
+    (["--format", "webdataset", "--energon", "maybe"], "--energon must be one of auto, on, off"),
+    (["--format", "webdataset", "--arch", "wan"], "--arch applies to --format musubi only"),
+    (["--format", "tar"], "--format must be one of musubi, webdataset"),
+])
+def test_export_option_combinations_are_refused_before_reading(good_cache: Path, tmp_path: Path, run_cli,
+                                                                args: list[str], message: str) -> None:
+    result = run_cli(["export", good_cache, "-o", tmp_path / "x", *args])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not (tmp_path / "x").exists()

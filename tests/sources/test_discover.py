@@ -360,3 +360,19 @@ def test_probe_cache_keeps_file_verdicts_but_not_permission_or_io_errors(tmp_pat
     records = probe_records(scene, found)
     assert [record["path"] for record in records] == [paths[2]]
     assert records[0]["error"] == "not a readable video (Invalid data)"
+
+
+def test_a_frame_budget_refusal_is_not_cached(tmp_path, monkeypatch):
+    """A video without timestamps is counted by decoding it, under the default frame budget: a refusal by the
+    budget is this run's, not the file's (a run with a larger --max-frame-pixels must look again)."""
+    from tests.videos import LAYOUTS, remux_to_raw_h264, write_video
+    from vaecache.errors import FrameBudgetError
+    from vaecache.sources.probing import probe_file, probe_records
+    from vaecache.sources.scene import Scene
+
+    raw = remux_to_raw_h264(write_video(tmp_path / "v.mp4", LAYOUTS["h264-open-gop"], frames=12),
+                            tmp_path / "v.h264")
+    monkeypatch.setattr("vaecache.video.reader.DEFAULT_MAX_FRAME_PIXELS", 64 * 96 - 1)
+    with pytest.raises(FrameBudgetError, match="exceed the decode budget") as refused:
+        probe_file(str(raw))
+    assert probe_records(Scene("s", ("video",), (str(raw),)), [refused.value]) == []

@@ -274,7 +274,8 @@ def test_consecutive_clips_continue_without_reopening(layout_videos: dict, refer
 
 
 def test_a_reader_bounded_to_one_ffmpeg_thread_gives_the_same_frames(layout_videos: dict, references: dict) -> None:
-    """Decode workers open videos with few FFmpeg threads (vaecache.pipeline.decode_thread_budget): same pixels."""
+    """Decode workers open videos with few FFmpeg threads (vaecache.encode.numerics.decode_thread_budget): same
+    pixels."""
     name = "h264-open-gop"
     with open_video(str(layout_videos[name]), Backend("pyav", DECODER, threads=1)) as reader:
         assert reader._stream.codec_context.thread_count == 1

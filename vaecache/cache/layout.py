@@ -21,6 +21,10 @@ from pathlib import Path
 from vaecache.cache.v1 import CLIPS_V1, FAILURES_V1
 from vaecache.errors import UnsafePathError
 
+VERIFY_MODES = ("size", "sha256", "none")
+"""How a reader checks a shard the first time it opens it: its byte count (size), its sha256 against the manifest
+(sha256), or not at all (none)."""
+
 FORMAT_NAME = "vaecache"
 FORMAT_VERSION = 2
 SUPPORTED_VERSIONS = (1, 2)

@@ -34,11 +34,6 @@ def progress_logs(out: Path) -> list[Path]:
     return sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []
 
 
-def iter_progress(out: Path) -> list[ProgressEntry]:
-    """Every committed shard in every rank's progress log, whatever the world size (torn last lines ignored)."""
-    return [entry for log in progress_logs(out) for _, entry in progress_entries(log)]
-
-
 def progress_line(shard: dict[str, Any], clips: list[dict[str, Any]]) -> str:
     """One progress log line: the shard record, then its clip ids, then the clip records. The first two come
     first so that a resume reads them without parsing the records (scan_committed)."""
@@ -148,5 +143,3 @@ def progress_counts(out: Path) -> tuple[int, int]:
             shards += 1
             clips += line.clips
     return clips, shards
-
-

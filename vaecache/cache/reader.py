@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-import torch.utils.data
 from safetensors import SafetensorError, safe_open
 
 from vaecache.cache.layout import (
@@ -141,10 +140,3 @@ class CacheReader:
                         raise ManifestError(f"{self.out / file}: repeats tensor {name}")
                     found[name] = handle.get_tensor(name)
         return found
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The training-side reader: LatentCache (random access by position or clip id), LatentDataset (a map-style
-# torch Dataset safe in DataLoader workers) and ShapeBatchSampler (one latent shape per batch, DDP split).
-
-

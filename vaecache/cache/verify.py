@@ -334,9 +334,8 @@ def check_sources(cache: CacheReader) -> Check:
 
 def check_declarations(manifest: dict[str, Any], seen: _Seen, shards: int, shard_bytes: int, failures: int) -> Check:
     """What the manifest declares beyond its clip count (the clip records check) against what the records and
-    files hold: the counts, a
-    bucketed cache's per-bucket counts, and that latent.shape is declared exactly when there is one shape (each
-    record's shapes and dtype are checked against the declared ones record by record)."""
+    files hold: the counts, a bucketed cache's per-bucket counts, and that latent.shape is declared exactly when
+    there is one shape (each record's shapes and dtype are checked against the declared ones record by record)."""
     check = Check("manifest declarations")
     counts = manifest.get("counts") or {}
     from_records = (("views", seen.views), ("frames", seen.frames)) if seen.readable else ()

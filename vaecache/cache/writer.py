@@ -33,7 +33,7 @@ from vaecache.settings.dtypes import recorded_name
 
 
 class ClipLike(Protocol):
-    """What the writer needs to know of a clip (vaecache.planning.Clip)."""
+    """What the writer needs to know of a clip (vaecache.planning.clips.Clip)."""
 
     clip_id: str
     scene_id: str

@@ -8,12 +8,10 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
+from vaecache.cache.layout import VERIFY_MODES
 from vaecache.cli.common import console, human_bytes, report_errors
 from vaecache.errors import UsageError
-
-FORMATS = ("musubi", "webdataset")
-VERIFY = ("size", "sha256", "none")
-ENERGON = ("auto", "on", "off")
+from vaecache.export import ENERGON_MODES, EXPORT_FORMATS
 
 
 @report_errors
@@ -32,14 +30,14 @@ def export(
     verify: str = typer.Option("size", "--verify", help="Check each shard when first read: size | sha256 | none."),
 ) -> None:
     """Export a cache to the layout a trainer reads: musubi-tuner or WebDataset (Megatron-Energon)."""
-    if format not in FORMATS:
-        raise UsageError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
-    if verify not in VERIFY:
-        raise UsageError(f"--verify must be one of {', '.join(VERIFY)}, got {verify!r}")
+    if format not in EXPORT_FORMATS:
+        raise UsageError(f"--format must be one of {', '.join(EXPORT_FORMATS)}, got {format!r}")
+    if verify not in VERIFY_MODES:
+        raise UsageError(f"--verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
     if arch is not None and format != "musubi":
         raise UsageError("--arch applies to --format musubi only")
-    if energon not in ENERGON:
-        raise UsageError(f"--energon must be one of {', '.join(ENERGON)}, got {energon!r}")
+    if energon not in ENERGON_MODES:
+        raise UsageError(f"--energon must be one of {', '.join(ENERGON_MODES)}, got {energon!r}")
     if energon != "auto" and format != "webdataset":
         raise UsageError("--energon applies to --format webdataset only")
     if samples_per_tar < 1:

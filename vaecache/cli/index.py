@@ -13,6 +13,8 @@ from rich.table import Table
 from vaecache.cli.common import console, report_errors
 from vaecache.errors import DatasetError
 from vaecache.meter import progress as progress_reporter
+from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
+from vaecache.settings.options import parse_cameras
 
 
 @report_errors
@@ -22,7 +24,7 @@ def index(
                                 "INDEX.rejected.jsonl beside it."),
     cameras: Optional[str] = typer.Option(None, "--cameras", help="Comma-separated camera order "
                                           "(default: names sorted)."),
-    workers: int = typer.Option(8, "--workers", help="Threads probing videos in each rank."),
+    workers: int = typer.Option(DEFAULT_PROBE_WORKERS, "--workers", help="Threads probing videos in each rank."),
     timeout: float = typer.Option(1800.0, "--timeout", help="Seconds a rank waits for the others at the end."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress on rank 0: a bar in a terminal, "
                                   "a line every 30 s (VAECACHE_PROGRESS_INTERVAL) in a log."),
@@ -32,8 +34,8 @@ def index(
         raise DatasetError(f"{data}: dataset path does not exist")
     from vaecache.sources.indexing import IndexConfig
 
-    names = tuple(name.strip() for name in cameras.split(",") if name.strip()) if cameras else None
-    cfg = IndexConfig(data=data, output=output, cameras=names or None, workers=workers)
+    cfg = IndexConfig(data=data, output=output, cameras=parse_cameras(cameras) or None if cameras else None,
+                      workers=workers)
 
     from vaecache.distributed.context import distributed
     from vaecache.sources.indexing import run_index

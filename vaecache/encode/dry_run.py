@@ -1,8 +1,8 @@
 """`vaecache plan`: a dry run. What a job would encode, how it splits over ranks, and how long it would take.
 
-Planning is pure and shared with the encode pipeline (discover_scenes, probe_scene, then
-planning.plan_job: the same clips per DP group as an encode); the only model work is one real clip encoded to measure
-seconds per view and peak memory, from which the ETA and the largest micro-batch that fits a memory
+Start-up and planning are an encode's own (encode/startup.py: discovery, the probing driver, then
+planning.jobs.plan_job: the same clips per DP group as an encode); the only model work is one real clip encoded
+to measure seconds per view and peak memory, from which the ETA and the largest micro-batch that fits a memory
 budget are estimated. The CLI renders the report (cli/plan.py); `--json` writes `PlanReport.to_json()`.
 """
 
@@ -30,7 +30,7 @@ from vaecache.planning.report import (
     dp_shares,
     fits_views_per_forward,
 )
-from vaecache.settings.clip import STORED_KEYS
+from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS, STORED_KEYS
 from vaecache.settings.commands import PlanConfig
 from vaecache.settings.dtypes import recorded_name
 from vaecache.vae import VaeRunner
@@ -95,7 +95,8 @@ def build_plan(cfg: PlanConfig) -> PlanReport:
             try:
                 size = ((clip.bucket.height, clip.bucket.width) if clip.bucket is not None
                         else (cfg.clip.height, cfg.clip.width))
-                report.measurement = measure_clip(vae, clip, *size, fit=cfg.clip.fit, backend=backend)
+                report.measurement = measure_clip(vae, clip, *size, fit=cfg.clip.fit, backend=backend,
+                                                  max_pixels=cfg.clip.sampling.max_frame_pixels)
                 break
             except VideoDecodeError as exc:
                 report.notes.append(f"clip {clip.clip_id} does not decode ({exc}); measuring another")
@@ -122,18 +123,22 @@ def build_plan(cfg: PlanConfig) -> PlanReport:
     return report
 
 
-def decode_clip(clip: Clip, height: int, width: int, fit: str = "cover", backend: Backend = PYAV) -> torch.Tensor:
-    """(views, 3, T, H, W) in [-1, 1], exactly as the encode pipeline feeds the VAE."""
-    decoder = ViewDecoder(height, width, fit=fit, backend=backend)
-    return torch.stack([decoder.decode(path, clip.frames) for path in clip.paths])
+def decode_clip(clip: Clip, height: int, width: int, fit: str = "cover", backend: Backend = PYAV,
+                max_pixels: int = DEFAULT_MAX_FRAME_PIXELS) -> torch.Tensor:
+    """(views, 3, T, H, W) in [-1, 1], exactly as the encode pipeline feeds the VAE (the run's frame budget too)."""
+    decoder = ViewDecoder(height, width, fit=fit, backend=backend, max_pixels=max_pixels)
+    try:
+        return torch.stack([decoder.decode(path, clip.frames) for path in clip.paths])
+    finally:
+        decoder.close()
 
 
 def measure_clip(vae: VaeRunner, clip: Clip, height: int, width: int, fit: str = "cover",
-                 backend: Backend = PYAV) -> Measurement:
+                 backend: Backend = PYAV, max_pixels: int = DEFAULT_MAX_FRAME_PIXELS) -> Measurement:
     """Encode one clip (after a warm-up forward) and read the time and the peak memory it took.
 
     Raises VideoDecodeError when the clip does not decode."""
-    views = decode_clip(clip, height, width, fit, backend)
+    views = decode_clip(clip, height, width, fit, backend, max_pixels)
     model = vae.model
     device = model.device
     cuda = device.type == "cuda"

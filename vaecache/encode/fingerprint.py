@@ -8,21 +8,20 @@ from pathlib import Path
 from typing import Any
 
 from vaecache.cache.layout import FORMAT_VERSION
+from vaecache.cache.outdir import describe_differences, upgraded_fingerprint
 from vaecache.errors import UsageError
 from vaecache.settings.clip import ClipSettings
 from vaecache.settings.commands import EncodeConfig
+from vaecache.vae.load import load_vae
 from vaecache.vae.runner import VaeRunner
 from vaecache.video.backends import Backend
 
 
 def load_recorded_vae(out: Path, manifest: dict[str, Any], spec: str, device: Any,
-                      allow_pickle_weights: bool = False) -> Any:
+                      allow_pickle_weights: bool = False) -> VaeRunner:
     """The VAE that encoded OUT, loaded with the recorded settings (dtype, tiling, views per forward) from `spec`
     (the recorded spec, or a --vae override); a UsageError unless its fingerprint is the recorded one.
     `verify --reencode` and `vaecache decode` load through here."""
-    from vaecache.cache.outdir import describe_differences, upgraded_fingerprint
-    from vaecache.encode.fingerprint import run_fingerprint_vae_part
-    from vaecache.vae import load_vae
 
     clip_settings = ClipSettings.from_record(manifest.get("settings", {}))
     vae = load_vae(spec, device, clip_settings.dtype, tiling=clip_settings.tiling,

@@ -3,13 +3,12 @@ settings."""
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from vaecache.cache.layout import PROBES_DIR
 from vaecache.cache.reader import CacheReader
 from vaecache.cache.verify import Check, VerifyReport, check_sources, verify_cache
 from vaecache.encode.fingerprint import load_recorded_vae
@@ -57,13 +56,14 @@ def check_coverage(manifest: dict[str, Any], cache: CacheReader, failures: list[
     cached clips with no source any more. Clips recorded as failures count as accounted for."""
     from vaecache.planning.jobs import plan_job
     from vaecache.sources.discover import discover_scenes
-    from vaecache.sources.probing import probe_scene
+    from vaecache.sources.probing import DEFAULT_PROBE_WORKERS, probe_dataset
 
     check = Check("coverage of " + str(dataset))
     clip_settings = ClipSettings.from_record(manifest.get("settings", {}))
     scenes = discover_scenes(Path(dataset), clip_settings.cameras)
-    with ThreadPoolExecutor(max_workers=threads or min(8, len(os.sched_getaffinity(0)))) as pool:
-        probes = {probe.scene_id: probe for probe in pool.map(probe_scene, scenes)}
+    # the encode's own probing: its probe cache in OUT answers for every file that kept its size and mtime
+    probes = probe_dataset(scenes, workers=threads or DEFAULT_PROBE_WORKERS,
+                           cache_paths=lambda: (cache.out / PROBES_DIR).glob("rank-*.jsonl")).probes
     job = plan_job(scenes, probes, clip_settings.sampling, sizes=clip_settings.sizes)
     planned, skipped = job.clips, job.skipped
     failed_scenes = {f.get("scene") for f in failures if not f.get("clip")}  # a source that failed as a whole

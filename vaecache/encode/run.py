@@ -105,7 +105,7 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
                              "(on CPU the same OMP_NUM_THREADS), or --allow-other-numerics to accept that (recorded)")
         other_numerics.append(theirs)
     fingerprint = run_fingerprint(cfg, vae, decoder, numerics)
-    sources = source_identities(start.sources, cfg.hash_sources) if rank == 0 else None  # what OUT is made from
+    sources = source_identities(start.sources(), cfg.hash_sources) if rank == 0 else None  # what OUT is made from
     prepared, done = ctx.on_rank0(lambda: marking_done(start.job, lambda mark: prepare_out(
         cfg.out, fingerprint, cfg.overwrite, ctx.info.job_id, sources, mark, cfg.allow_other_numerics,
         other_numerics)))

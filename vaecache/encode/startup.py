@@ -7,7 +7,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -20,7 +20,7 @@ from vaecache.settings.clip import ClipSettings
 from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
 from vaecache.sources.discover import discover
 from vaecache.sources.probing import probe_dataset
-from vaecache.sources.scene import SceneProbe
+from vaecache.sources.scene import Scene, SceneProbe
 from vaecache.vae import VaeRunner, load_vae
 from vaecache.video.backends import Backend, resolve_decoder
 
@@ -63,13 +63,17 @@ class StartUp:
     """The resolved --decoder (its threads set later, by the rank's thread budget)."""
     probe_records: tuple[dict[str, Any], ...]
     """This rank's new probe-cache records, written to OUT/probes once OUT is prepared."""
-    sources: tuple[str, ...]
-    """Every source video the discovered scenes name (skipped scenes too)."""
+    discovered: Sequence[Scene]
+    """Every scene DATA holds (skipped ones too)."""
     left_out_cameras: dict[str, int]
     cameras: tuple[str, ...] = ()
     """The chosen camera set (the first scene's cameras)."""
     probes: dict[str, SceneProbe] = field(default_factory=dict)
     """With StartRequest.keep_probes: every scene's probe."""
+
+    def sources(self) -> tuple[str, ...]:
+        """Every source video the discovered scenes name, sorted (the one rank that records them asks)."""
+        return tuple(sorted({path for scene in self.discovered for path in scene.paths if path is not None}))
 
 
 def start_up(request: StartRequest, ctx: Any = None, progress: ProgressFactory | None = None) -> StartUp:
@@ -101,9 +105,9 @@ def start_up(request: StartRequest, ctx: Any = None, progress: ProgressFactory |
         raise UsageError(f"--store {clip.store} needs the posterior log-variance, and {request.vae} gives only a mean; "
                          "use --store mean")
     encoder.check(clip, vae.model, request.sp_size, request.vae)
-    sources = tuple(sorted({path for scene in found.scenes for path in scene.paths if path is not None}))
-    return StartUp(job, len(found.scenes), vae, backend, tuple(probed.records), sources, dict(found.left_out_cameras),
-                   found.scenes[0].cameras if found.scenes else (), probed.probes if request.keep_probes else {})
+    return StartUp(job, len(found.scenes), vae, backend, tuple(probed.records), found.scenes,
+                   dict(found.left_out_cameras), found.scenes[0].cameras if found.scenes else (),
+                   probed.probes if request.keep_probes else {})
 
 
 def start_notes(job: JobPlan, batch_size: int, sp_size: int, sp_mode: str, device: torch.device,

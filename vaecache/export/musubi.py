@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from vaecache.errors import ExportError
 from vaecache.export.common import (
+    EXPORT_INDEX,
     ExportIndex,
     ExportSummary,
     finish,
@@ -112,11 +113,13 @@ MUSUBI_ARCHITECTURES: dict[str, MusubiArch] = {arch.short: arch for arch in (
                convention="(mean - latents_mean) * (1 / latents_std) per channel in the stored dtype, as "
                           "musubi-tuner's WanVAE caches it (wan/modules/vae.py); its Wan trainer does not rescale"),
     MusubiArch("hv", "hunyuan_video", "AutoencoderKLHunyuanVideo", 16, latents=_raw_latents, samples=True,
-               convention="the raw posterior mean: musubi-tuner's HunyuanVideo caching stores the unscaled latent "
-                          "(cache_latents.py) and its trainer multiplies by the scaling factor (hv_train_network.py)"),
+               convention="the raw latent (export.json `tensor` says mean or sample): musubi-tuner's HunyuanVideo "
+                          "caching stores the unscaled latent (cache_latents.py) and its trainer multiplies by the "
+                          "scaling factor (hv_train_network.py)"),
     MusubiArch("k5", "kandinsky5", "AutoencoderKLHunyuanVideo", 16, latents=_kandinsky5_latents, samples=True,
-               convention="mean * scaling_factor, plus the first and last latent frames as latents_image, as "
-                          "kandinsky5_cache_latents.py caches them; its trainer does not rescale"),
+               convention="latent * scaling_factor (the mean, or the sample export.json `tensor` names), plus the "
+                          "first and last latent frames as latents_image, as kandinsky5_cache_latents.py caches them; "
+                          "its trainer does not rescale"),
     MusubiArch("fp", "framepack", refused="FramePack's training batches also need image_embeddings from a SigLIP image "
                "encoder and FramePack's section layout (latent_indices, latents_clean, clean_latent_indices: "
                "fpack_cache_latents.py), which a VAE cache does not hold; cache FramePack latents with musubi-tuner's "
@@ -203,19 +206,19 @@ def export_musubi(cache_dir: Path, target: Path, arch: str | None = None, verify
     normalization = vae.get("normalization") or {}
     buckets = [b for b in cache.manifest.get("buckets") or [] if b.get("clips")]
     musubi_buckets({(int(b["width"]), int(b["height"])) for b in buckets}, cache_dir)
-    captions = sum(1 for record in cache.records() if _caption(record))
-    files = size = 0
+    files = size = captions = 0
     sizes: set[tuple[int, int]] = set()
     counts: set[int] = set()
     with staging(target) as folder:
         (folder / "cache").mkdir()
         (folder / "videos").mkdir()
-        index = ExportIndex(folder / "index.jsonl")
+        index = ExportIndex(folder / EXPORT_INDEX)
         videos = open(folder / "videos.jsonl", "x", encoding="utf-8")
         linked: set[str] = set()  # items of the current scene (clips of a scene are contiguous: sorted ids)
         scene_now = None
         for number, record in enumerate(cache.records(), 1):
             latents = cache.tensors_of(record)[key]
+            captions += bool(_caption(record))
             if record["scene"] != scene_now:
                 scene_now, linked = record["scene"], set()
             for view, camera in enumerate(record["cameras"]):

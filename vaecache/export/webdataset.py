@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from vaecache.errors import ExportError
 from vaecache.export.common import (
+    EXPORT_INDEX,
     ExportIndex,
     ExportSummary,
     finish,
@@ -44,7 +46,7 @@ def webdataset_key(record: dict[str, Any]) -> str:
     """A sample's __key__: `<scene>_<first>-<last>` (a clip id's '/' cannot be in a key), through safe_name
     without dots (webdataset splits a member name at its first '.')."""
     scene, _, window = str(record["id"]).rpartition("/")
-    if scene == record.get("scene") and window.replace("-", "").isdigit() and window.count("-") == 1:
+    if scene == record.get("scene") and re.fullmatch(r"[0-9]+-[0-9]+", window):  # ASCII digits (\d takes '²' too)
         return f"{safe_name(scene)}_{window}"
     return safe_name(str(record["id"]))
 
@@ -103,7 +105,7 @@ def export_webdataset(cache_dir: Path, target: Path, verify: str = "size", sampl
     cache = LatentCache(cache_dir, verify=verify)
     size = 0
     with staging(target) as folder:
-        index = ExportIndex(folder / "index.jsonl")
+        index = ExportIndex(folder / EXPORT_INDEX)
         written: dict[str, dict[str, list[int]]] = {}
         writers: dict[str, Any] = {}
         clips_of: dict[str, int] = {}
@@ -167,17 +169,6 @@ def decode_sample(sample: dict[str, Any]) -> dict[str, Any]:
             "latent_shape": tuple((key, tuple(dims)) for key, dims in sorted((shape or {}).items()))}
 
 
-def collate_samples(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Decoded samples of one latent shape as a batch: tensors stacked, everything else kept as lists."""
-    import torch
-
-    batch: dict[str, Any] = {}
-    for key in samples[0]:
-        values = [sample[key] for sample in samples]
-        batch[key] = torch.stack(values) if isinstance(values[0], torch.Tensor) else values
-    return batch
-
-
 def batched_by_shape(batch_size: int,
                      partial: bool = True) -> Callable[[Iterable[dict[str, Any]]], Iterator[dict[str, Any]]]:
     """A webdataset pipeline stage (`.compose(batched_by_shape(8))`) over decoded samples: it keeps one open
@@ -187,15 +178,17 @@ def batched_by_shape(batch_size: int,
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
 
     def stage(samples: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        from vaecache.training import collate_latents  # tensors stacked, the rest kept as lists
+
         open_batches: dict[Any, list[dict[str, Any]]] = {}
         for sample in samples:
             batch = open_batches.setdefault(sample["latent_shape"], [])
             batch.append(sample)
             if len(batch) == batch_size:
                 del open_batches[sample["latent_shape"]]
-                yield collate_samples(batch)
+                yield collate_latents(batch)
         if partial:
             for batch in open_batches.values():
-                yield collate_samples(batch)
+                yield collate_latents(batch)
 
     return stage

@@ -16,7 +16,7 @@ STORED_KEYS: dict[str, tuple[str, ...]] = {"mean-logvar": ("mean", "logvar"), "m
 """--store -> the tensors stored per clip."""
 STORE_CHOICES = tuple(STORED_KEYS)
 DECODER_CHOICES = ("auto", "pyav", "decord", "torchcodec")
-"""--decoder values (vaecache.decode resolves them; kept here so config loads without torch or av)."""
+"""--decoder values (vaecache.video.backends resolves them; kept here so config loads without torch or av)."""
 DEFAULT_MAX_FRAME_PIXELS = 8192 * 8192
 """--max-frame-pixels default: 67 MP, twice 8K UHD (7680x4320 = 33 MP); decoding one frame costs a few bytes per
 pixel per decoder thread and buffer, so a larger frame can take GBs."""
@@ -140,7 +140,7 @@ class ClipSettings:
     pad with mid grey), stretch (resize, aspect not kept)."""
     decoder: str = "auto"
     """--decoder: auto | pyav | decord | torchcodec. Not in to_record(): the run fingerprint records the resolved
-    backend's own name (vaecache.decode.Backend.name), so caches decoded differently never mix."""
+    backend's own name (vaecache.video.backends.Backend.name), so caches decoded differently never mix."""
 
     def __post_init__(self) -> None:
         for height, width in self.size_buckets or ((self.height, self.width),):

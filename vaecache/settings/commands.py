@@ -1,4 +1,4 @@
-"""The settings of each command, frozen and validated: encode, plan, index, verify."""
+"""The settings of encode, plan and verify, frozen and validated (index's are sources/indexing.py:IndexConfig)."""
 
 from __future__ import annotations
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from vaecache.cache.layout import id_problem
 from vaecache.errors import DatasetError
-from vaecache.sources.scene import SINGLE_CAMERA, LayoutScenes, Scene, Skipped, unusable_id
+from vaecache.sources.scene import SINGLE_CAMERA, LayoutScenes, Scene, Skipped
 
 VIDEO_EXTENSIONS = (".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v")
 
@@ -35,7 +36,7 @@ def scenes_from_folder(root: Path, order: Sequence[str] | None) -> LayoutScenes:
     rejected: list[Skipped] = []
     for entry in list(entries):
         name = entry.stem if _is_video(entry) else entry.name
-        why = unusable_id(name) if (entry.is_dir() or _is_video(entry)) else None
+        why = id_problem(name) if (entry.is_dir() or _is_video(entry)) else None
         if why is not None:
             rejected.append(Skipped(name, str(entry.absolute()), f"{why} cannot be a scene id; rename it"))
             entries.remove(entry)

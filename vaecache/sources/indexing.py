@@ -23,6 +23,7 @@ from vaecache import faults
 from vaecache.cache.io import FILE_MODE, fsync_dir
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, OutputError, UsageError
 from vaecache.meter import Advance
+from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
 from vaecache.sources.discover import discover
 from vaecache.sources.probing import (
     ProbeLog,
@@ -51,7 +52,7 @@ class IndexConfig:
     data: Path
     output: Path
     cameras: tuple[str, ...] | None = None
-    workers: int = 8
+    workers: int = DEFAULT_PROBE_WORKERS
     """Threads probing in each rank (PyAV releases the GIL while FFmpeg demuxes and decodes)."""
 
     def __post_init__(self) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator, Sequence
 
 from vaecache.cache.io import cut_torn_tail, loads, whole_lines
-from vaecache.errors import DatasetError, OutputError, VideoDecodeError
+from vaecache.errors import DatasetError, FrameBudgetError, OutputError, VideoDecodeError
 from vaecache.meter import Advance
 from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
 from vaecache.sources.scene import CameraProbe, Scene, SceneProbe
@@ -26,7 +26,7 @@ log = logging.getLogger("vaecache")
 def probe_file(path: str) -> CameraProbe:
     """Open one video and read what planning needs. Raises VideoDecodeError (naming the file) when it cannot.
 
-    The frame count is that of a straight decode from the start (see vaecache.decode.VideoReader); size and
+    The frame count is that of a straight decode from the start (see vaecache.video.reader.VideoReader); size and
     mtime are read before the file is opened, so a file changed while it is probed looks changed later."""
     from vaecache.video.backends import open_video
 
@@ -135,8 +135,8 @@ def probe_records(scene: Scene, found: Sequence[CameraProbe | VideoDecodeError])
         if isinstance(result, CameraProbe):
             records.append({"path": path, "probe": result.to_json()})
             continue
-        if result.reason.startswith(ENVIRONMENT_REASONS):
-            continue  # a chmod or a remount fixes these without touching size or mtime: look again next time
+        if result.reason.startswith(ENVIRONMENT_REASONS) or isinstance(result, FrameBudgetError):
+            continue  # a chmod, a remount or another --max-frame-pixels changes these, not size or mtime: look again
         try:
             stat = os.stat(result.path)
         except OSError:
@@ -225,7 +225,7 @@ class Probed:
     """Scene id -> its judged probe: from the probe cache, or opened (by this rank, or by every rank when gathered).
     Scenes whose index line carries its probe have none here: planning judges them from the line."""
     records: list[dict[str, Any]] = field(default_factory=list)
-    """This rank's new probe-cache records (probe_records), for a ProbeLog."""
+    """This rank's new probe-cache records (probe_records), for a ProbeLog; empty when `on_scene` took them."""
     opened: int = 0
     """Scenes this rank opened."""
     cached: int = 0
@@ -271,9 +271,10 @@ def probe_dataset(scenes: Sequence[Scene], ctx: Any = None, *, workers: int = DE
         probe = judge_scene(scene, found)
         mine.append(probe)
         records = probe_records(scene, found)
-        result.records.extend(records)
         if on_scene is not None:
-            on_scene(scene, records)
+            on_scene(scene, records)  # it keeps them (an index run's partial file): not held here too
+        else:
+            result.records.extend(records)
         if advance is not None:
             advance(1, len(share))
     result.opened = len(share)

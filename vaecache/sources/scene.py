@@ -28,7 +28,7 @@ class CameraProbe:
     """What opening one video told us (or what an index says it would): the planner needs nothing else."""
 
     frames: int
-    """Frames of a straight decode from the start (vaecache.decode.VideoReader's count)."""
+    """Frames of a straight decode from the start (vaecache.video.reader.VideoReader's count)."""
     fps: float
     width: int
     """Stored frame width in pixels, before the display rotation is applied."""
@@ -169,20 +169,6 @@ class Discovery:
     form: str = "cameras"
     """"path" for a single-camera folder or an index of "path" lines, else "cameras" (how `vaecache index`
     writes the scenes back)."""
-
-
-# --------------------------------------------------------------------------- discovery
-
-
-def unusable_id(name: str) -> str | None:
-    """Why `name` cannot be a scene id (the cache's rule, format.layout.id_problem); None when it can."""
-    return id_problem(name)
-
-
-# --------------------------------------------------------------------------- probing
-
-
-# --------------------------------------------------------------------------- probe cache
 
 
 class LayoutScenes(NamedTuple):

@@ -136,9 +136,10 @@ class ViewBatchDataset(torch.utils.data.Dataset):
             self._decoder = ViewDecoder(self.height, self.width, fit=self.fit, backend=self.backend,
                                         max_pixels=self.max_pixels)
         batch = self.batches[index]
-        bucket = getattr(batch[0], "bucket", None)  # a batch never mixes buckets (planning.batched)
+        bucket = getattr(batch[0], "bucket", None)  # a batch never mixes buckets (planning.jobs.batched)
         size = (bucket.height, bucket.width) if bucket is not None else (self.height, self.width)
-        # clip-major, camera-minor, as planning.batch_views lays a batch out (not imported: planning -> sources -> here)
+        # clip-major, camera-minor, as planning.jobs.batch_views lays a batch out (not imported: planning imports
+        # sources, which imports this module)
         views = [(clip_index, camera) for clip_index, clip in enumerate(batch) for camera in range(len(clip.cameras))]
         decoded: dict[int, torch.Tensor] = {}
         errors: dict[int, tuple[str, str, bool]] = {}

@@ -30,7 +30,7 @@ import av
 import numpy as np
 from av.video.reformatter import VideoReformatter
 
-from vaecache.errors import VideoDecodeError, first_line
+from vaecache.errors import FrameBudgetError, VideoDecodeError, first_line
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS, frame_budget_problem
 
 DECODER = "pyav-pts/1"
@@ -120,7 +120,7 @@ class VideoReader:
         problem = frame_budget_problem(*self.frame_size, max_pixels)
         if problem:
             self.close()
-            raise VideoDecodeError(self.path, problem)
+            raise FrameBudgetError(self.path, problem)
 
     def _count_sequentially(self) -> None:
         self._check_budget(self._max_pixels or DEFAULT_MAX_FRAME_PIXELS)
@@ -400,14 +400,3 @@ def _check_file(path: str) -> None:
             pass
     except PermissionError:
         raise VideoDecodeError(path, "permission denied") from None
-
-
-# --------------------------------------------------------------------------- decode backends
-
-
-# --------------------------------------------------------------------------- resize, crop, range
-
-
-# --------------------------------------------------------------------------- views
-
-
