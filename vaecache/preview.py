@@ -258,7 +258,7 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
     from vaecache.training import LatentCache
     from vaecache.vae.decoder import decode_mode, iter_decoded
     from vaecache.video.backends import backend_for_record
-    from vaecache.video.dataset import ViewDecoder
+    from vaecache.video.dataset import ViewDecoder, recorded_views
 
     if not out.is_dir():
         raise UsageError(f"{out}: no such folder")
@@ -272,7 +272,8 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
     if latent_key is None:
         raise UsageError(f"{out}: clip {clip_id!r} stores neither mean nor sample ({sorted(tensors)})")
     latents = tensors[latent_key]  # (cameras, c, t, h, w), raw: what the decoder takes
-    cameras, paths, frames = list(record["cameras"]), list(record["sources"]), list(record["frames"])
+    cameras, frames = list(record["cameras"]), list(record["frames"])
+    views = recorded_views(record)  # per camera: its source and its own frames (image files, synced frames)
     manifest = cache.manifest
     clip_settings = ClipSettings.from_record(manifest.get("settings", {}))
     bucket = record.get("bucket") if isinstance(record.get("bucket"), dict) else None
@@ -315,8 +316,8 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
             if tuple(decoded[0].shape[-2:]) != (height, width):
                 raise VaecacheError(f"{model.spec} decoded {tuple(decoded[0].shape[-2:])} frames; clip {clip_id!r} "
                                     f"is {height}x{width}")
-            wanted = frames[done:done + count]
-            sources = [source.decode(path, wanted, (height, width)).permute(1, 0, 2, 3) for path in paths]
+            sources = [source.decode(path, list(wanted[done:done + count]), (height, width)).permute(1, 0, 2, 3)
+                       for path, wanted in views]
             for score, src, dec in zip(scores, sources, decoded):
                 score.add(src, dec)
             writer.write(grid_frames(sources, decoded))

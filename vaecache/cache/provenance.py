@@ -13,8 +13,17 @@ from typing import Any, Sequence
 from vaecache.cache.io import sha256_file
 
 
-def source_identity(path: str, with_hash: bool) -> dict[str, Any] | None:
-    """{size, mtime_ns[, sha256]} of a source video, or None when it cannot be read."""
+def source_identity(path: Any, with_hash: bool) -> dict[str, Any] | None:
+    """{size, mtime_ns[, sha256]} of a source video, or of an image sequence's frames together (a FrameList, a frame
+    folder or glob), or None when it cannot be read."""
+    from vaecache.errors import VideoDecodeError
+    from vaecache.video.frames import frame_files, is_image_source
+
+    if is_image_source(path):
+        try:
+            return frames_identity(frame_files(path), with_hash)
+        except VideoDecodeError:
+            return None
     try:
         stat = os.stat(path)
         found: dict[str, Any] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
@@ -25,11 +34,13 @@ def source_identity(path: str, with_hash: bool) -> dict[str, Any] | None:
     return found
 
 
-def source_identities(paths: Sequence[str], with_hash: bool) -> dict[str, dict[str, Any]]:
-    """Path -> {size, mtime_ns[, sha256]} of each source that exists (a missing one is a recorded failure)."""
+def source_identities(paths: Sequence[Any], with_hash: bool) -> dict[str, dict[str, Any]]:
+    """Path (a FrameList's key) -> {size, mtime_ns[, sha256]} of each source that exists (a missing one is a
+    recorded failure)."""
     workers = min(8, max(1, len(paths))) if with_hash else 1
+    names = [getattr(path, "key", path) for path in paths]
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        found = dict(zip(paths, pool.map(lambda path: source_identity(path, with_hash), paths)))
+        found = dict(zip(names, pool.map(lambda path: source_identity(path, with_hash), paths)))
     return {path: value for path, value in found.items() if value is not None}
 
 
@@ -50,10 +61,52 @@ class IdentityMemo:
             self._known.popitem(last=False)
         return found
 
-    def of_clip(self, paths: Sequence[str]) -> list[dict[str, Any]] | None:
-        """One identity per camera, aligned with the clip's sources; None when one cannot be read."""
-        found = [self.get(path) for path in paths]
-        return None if any(item is None for item in found) else [dict(item) for item in found]  # type: ignore[arg-type]
+    def of_clip(self, paths: Sequence[str], read: dict[int, dict[str, Any]] | None = None,
+                frame_files: dict[str, list[str]] | None = None,
+                cameras: Sequence[str] = ()) -> list[dict[str, Any]] | None:
+        """One identity per camera, aligned with the clip's sources; None when one cannot be read. `read`: the
+        identity of image-sequence cameras (by camera index) over the clip's frame files, as they were decoded;
+        with hash_sources their sha256 is that of the files' bytes in order (`frame_files`, by camera name)."""
+        found = []
+        for camera, path in enumerate(paths):
+            if read and camera in read:
+                item = dict(read[camera])
+                if self.with_hash and frame_files and camera < len(cameras):
+                    try:
+                        item["sha256"] = frames_sha256(frame_files[cameras[camera]])
+                    except OSError:
+                        return None
+                found.append(item)
+            else:
+                known = self.get(path)
+                if known is None:
+                    return None
+                found.append(dict(known))
+        return found
+
+
+def frames_sha256(files: Sequence[str]) -> str:
+    """sha256 over an image sequence's frame files' bytes, in order."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for file in files:
+        with open(file, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):  # noqa: B023 (used at once)
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def frames_identity(files: Sequence[str], with_hash: bool) -> dict[str, Any] | None:
+    """{size, mtime_ns[, sha256]} over an image-sequence clip's frame files (see of_clip), None when one is gone."""
+    size = newest = 0
+    try:
+        for file in files:
+            stat = os.stat(file)
+            size, newest = size + stat.st_size, max(newest, stat.st_mtime_ns)
+        return {"size": size, "mtime_ns": newest, **({"sha256": frames_sha256(files)} if with_hash else {})}
+    except OSError:
+        return None
 
 
 def _when(mtime_ns: Any) -> str:
@@ -77,4 +130,5 @@ def identity_change(recorded: dict[str, Any], current: dict[str, Any] | None) ->
     return None
 
 
-__all__ = ["IdentityMemo", "identity_change", "source_identities", "source_identity"]
+__all__ = ["IdentityMemo", "frames_identity", "frames_sha256", "identity_change", "source_identities",
+           "source_identity"]

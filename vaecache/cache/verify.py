@@ -23,7 +23,7 @@ from vaecache.cache.failures import reason_counts
 from vaecache.cache.io import sha256_file
 from vaecache.cache.layout import MANIFEST, SHARDS_DIR, inside
 from vaecache.cache.progress import progress_counts
-from vaecache.cache.provenance import IdentityMemo, identity_change
+from vaecache.cache.provenance import IdentityMemo, frames_identity, identity_change
 from vaecache.cache.reader import CacheReader, record_problem, shard_header
 from vaecache.cache.v1 import iter_v1_clip_records
 from vaecache.cache.writer import tensor_stats
@@ -307,7 +307,17 @@ def check_sources(cache: CacheReader) -> Check:
             unrecorded += 1
             continue
         stale = False
-        for path, recorded in zip(record.get("sources") or [], identity):
+        files = record.get("frame_files") if isinstance(record.get("frame_files"), dict) else {}
+        for camera, path, recorded in zip(record.get("cameras") or [], record.get("sources") or [], identity):
+            if files.get(camera):  # an image-sequence camera: its identity is that of the clip's own frame files
+                change = identity_change(recorded, frames_identity(files[camera], bool(recorded.get("sha256"))))
+                if change is not None:
+                    changed.setdefault(f"{path} ({camera} of {record.get('id')})",
+                                       [record.get("scene"), record.get("id"), 1, change])
+                    stale = True
+                else:
+                    unchanged.add(f"{path} ({camera} of {record.get('id')})")
+                continue
             if path in changed:
                 changed[path][2] += 1
                 stale = True

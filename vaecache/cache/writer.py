@@ -138,15 +138,20 @@ class ShardWriter:
             self.abort()
 
     def add(self, clip: ClipLike, tensors: dict[str, torch.Tensor], view_settings: Sequence[dict[str, Any]],
-            times: Sequence[float] | None = None) -> None:
+            reading: dict[str, Any] | None = None) -> None:
         """Buffer one clip: `tensors` by stored key (mean, logvar, sample), `view_settings` one per camera,
-        `times` the seconds of each frame from the video's first frame (as decoded).
+        `reading` how its cameras were read (vaecache.video.dataset.clip_reading, plus "times": the seconds of each
+        frame from the camera's first frame, as decoded).
 
         The record is completed here and on the writer thread (`shard`, per-tensor `stats`) and nowhere else.
         `source_identity` is each source's size and mtime_ns (and sha256 with hash_sources) when its clip is
-        committed, aligned with `sources`: `verify --dataset` tells from it which latents are stale."""
+        committed, aligned with `sources` (an image-sequence camera's over the clip's frame files): `verify
+        --dataset` tells from it which latents are stale."""
         self._raise_pending()
-        identity = self._identities.of_clip(clip.paths)
+        reading = reading or {}
+        identity = self._identities.of_clip(clip.paths, reading.get("identity"), reading.get("frame_files"),
+                                            clip.cameras)
+        times = reading.get("times")
         record = {
             "id": clip.clip_id,
             "scene": clip.scene_id,
@@ -154,8 +159,9 @@ class ShardWriter:
             "sources": list(clip.paths),
             **({"source_identity": identity} if identity is not None else {}),
             "frames": list(clip.frames),
-            "fps": clip.fps,
+            "fps": clip.fps if clip.fps else None,  # an image sequence of unknown rate
             **({"times": [round(float(t), 6) for t in times]} if times is not None else {}),
+            **{key: reading[key] for key in ("camera_frames", "camera_times", "frame_files") if key in reading},
             "tensors": {key: {"name": tensor_name(clip.clip_id, key), "shape": list(t.shape),
                               "dtype": recorded_name(t.dtype)} for key, t in tensors.items()},
             "encode": encode_record(clip.cameras, view_settings),
@@ -165,6 +171,12 @@ class ShardWriter:
         metadata = getattr(clip, "metadata", None)  # the index line's own keys, passed through uninterpreted
         if metadata is not None:
             record["metadata"] = json.loads(metadata)
+        per_frame = getattr(clip, "frame_metadata", None)
+        if per_frame is not None:  # each camera frame's own entry (nuScenes: its ego pose), for the frames taken
+            chosen = reading.get("camera_frames") or {}
+            record.setdefault("metadata", {})["frames"] = {
+                camera: per_frame.entries(index, chosen.get(camera, clip.frames))
+                for index, camera in enumerate(clip.cameras)}
         # one shard per latent shape: the bucket where there is one, else the shapes themselves
         key = clip.bucket if getattr(clip, "bucket", None) is not None else None
         shard = self._open.setdefault(key, _OpenShard())

@@ -19,23 +19,29 @@ from vaecache.settings.options import parse_cameras
 
 @report_errors
 def index(
-    data: Path = typer.Argument(..., help="Dataset: DATA/<scene>/<camera>.mp4, a folder of videos, or a .jsonl index."),
+    data: Path = typer.Argument(..., help="Dataset: DATA/<scene>/<camera>.mp4 or DATA/<scene>/<camera>/<frames>, a "
+                                "folder of videos or of frame folders, a .jsonl index, or a nuScenes root."),
     output: Path = typer.Option(..., "--output", "-o", help="The index to write (INDEX.jsonl); unusable scenes go to "
                                 "INDEX.rejected.jsonl beside it."),
     cameras: Optional[str] = typer.Option(None, "--cameras", help="Comma-separated camera order "
                                           "(default: names sorted)."),
     workers: int = typer.Option(DEFAULT_PROBE_WORKERS, "--workers", help="Threads probing videos in each rank."),
+    fps: Optional[float] = typer.Option(None, "--fps", help="Frame rate of image-sequence cameras whose frames carry "
+                                        "no times (written into each line)."),
+    nuscenes_version: Optional[str] = typer.Option(None, "--nuscenes-version", help="Which tables of a nuScenes "
+                                                   "root (v1.0-mini, v1.0-trainval, ...)."),
     timeout: float = typer.Option(1800.0, "--timeout", help="Seconds a rank waits for the others at the end."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress on rank 0: a bar in a terminal, "
                                   "a line every 30 s (VAECACHE_PROGRESS_INTERVAL) in a log."),
 ) -> None:
-    """Probe every video once (frame count, fps, size, codec) into a JSONL index for encode and plan."""
+    """Probe every camera once (frame count, fps, size, codec, first and last frame time) into a JSONL index for
+    encode and plan; a nuScenes root's tables are read once here, into one line per scene."""
     if not data.exists():
         raise DatasetError(f"{data}: dataset path does not exist")
     from vaecache.sources.indexing import IndexConfig
 
     cfg = IndexConfig(data=data, output=output, cameras=parse_cameras(cameras) or None if cameras else None,
-                      workers=workers)
+                      workers=workers, frame_rate=fps, nuscenes_version=nuscenes_version)
 
     from vaecache.distributed.context import distributed
     from vaecache.sources.indexing import run_index

@@ -35,7 +35,7 @@ from vaecache.settings.commands import PlanConfig
 from vaecache.settings.dtypes import recorded_name
 from vaecache.vae import VaeRunner
 from vaecache.video.backends import PYAV, Backend
-from vaecache.video.dataset import ViewDecoder
+from vaecache.video.dataset import ViewBatchDataset
 
 MEASURE_TRIES = 5
 
@@ -46,7 +46,7 @@ def build_plan(cfg: PlanConfig) -> PlanReport:
     device = resolve_device(cfg.device)
     start = start_up(StartRequest(cfg.data, cfg.vae, cfg.clip, device, cfg.world_size, cfg.sp_size, cfg.batch_size,
                                   cfg.sp_mode, cfg.workers, cfg.allow_pickle_weights, probe_workers=cfg.probe_workers,
-                                  keep_probes=True))
+                                  keep_probes=True, nuscenes_version=cfg.nuscenes_version))
     job, vae, backend, probes = start.job, start.vae, start.backend, start.probes
     model = vae.model
     cfg = replace(cfg, clip=replace(cfg.clip, views_per_forward=job.views_per_forward))  # "auto" resolved
@@ -126,11 +126,14 @@ def build_plan(cfg: PlanConfig) -> PlanReport:
 def decode_clip(clip: Clip, height: int, width: int, fit: str = "cover", backend: Backend = PYAV,
                 max_pixels: int = DEFAULT_MAX_FRAME_PIXELS) -> torch.Tensor:
     """(views, 3, T, H, W) in [-1, 1], exactly as the encode pipeline feeds the VAE (the run's frame budget too)."""
-    decoder = ViewDecoder(height, width, fit=fit, backend=backend, max_pixels=max_pixels)
+    dataset = ViewBatchDataset([[clip]], [list(range(clip.num_views))], height, width, fit, backend, max_pixels)
     try:
-        return torch.stack([decoder.decode(path, clip.frames) for path in clip.paths])
+        item = dataset[0]
     finally:
-        decoder.close()
+        dataset.close()
+    for path, reason, _ in item["errors"].values():
+        raise VideoDecodeError(path, reason)
+    return item["views"]
 
 
 def measure_clip(vae: VaeRunner, clip: Clip, height: int, width: int, fit: str = "cover",

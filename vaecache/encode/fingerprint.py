@@ -43,12 +43,18 @@ def run_fingerprint_vae_part(vae: VaeRunner) -> dict[str, Any]:
     return json.loads(json.dumps({k: v for k, v in vae.model.fingerprint().items() if k != "spec"}))
 
 
-def run_fingerprint(cfg: EncodeConfig, vae: VaeRunner, decoder: Backend, numerics: dict[str, Any]) -> dict[str, Any]:
-    """Everything that determines stored bytes; a resume must match it exactly."""
+def run_fingerprint(cfg: EncodeConfig, vae: VaeRunner, decoder: Backend, numerics: dict[str, Any],
+                    images: bool = False) -> dict[str, Any]:
+    """Everything that determines stored bytes; a resume must match it exactly. `images`: some camera is an image
+    sequence, so the image decoder (Pillow and its libjpeg-turbo) is part of it too."""
     # The decoder is part of it: a cache started by 0.1.0 (decord, mis-seeking on open-GOP streams) must not
     # be resumed with frame-exact decoding into one mixed cache; nor pyav with another --decoder.
     fingerprint = {"vae": run_fingerprint_vae_part(vae), "latents": cfg.clip.to_record(), "decoder": decoder.name,
                    "data": str(cfg.data), "format_version": FORMAT_VERSION, "numerics": numerics}
+    if images:
+        from vaecache.video.frames import image_decoder_name
+
+        fingerprint["image_decoder"] = image_decoder_name()
     if cfg.sp_mode == "spatial":  # band edges depend on the group size, and so do the last bits of the latents
         fingerprint["parallel"] = {"mode": "spatial", "sp_size": cfg.sp_size}
     return fingerprint

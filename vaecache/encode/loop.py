@@ -127,7 +127,7 @@ def encode_share(cfg: EncodeConfig, ctx: DistContext, vae: VaeRunner, decoder: B
             result = encoder.encode(vae, item["views"], ctx.sp_group)
             moments = result.mean if result.logvar is None else torch.cat([result.mean, result.logvar], dim=1)
             moments = gather_views(moments, sp_plan, ctx.sp_group)
-            outcome = _batch_outcome(ctx, sp_plan, batch, item["errors"], item["times"], result)
+            outcome = _batch_outcome(ctx, sp_plan, batch, item["errors"], item["readings"], result)
             counters.backoffs.extend(result.backoffs)
             sink.commit(batch, moments, result.mean.shape[1], outcome)
             if on_progress is not None:
@@ -183,17 +183,18 @@ class BatchOutcome:
     source itself failed (ViewBatchDataset), not these frames."""
     settings: dict[int, dict[str, Any]]
     """Batch view -> what produced it (tiling, units per forward)."""
-    times: dict[int, list[float]]
-    """Clip index -> seconds of each of its frames from the video's first frame."""
+    readings: dict[int, dict[str, Any]]
+    """Clip index -> how its cameras were read (vaecache.video.dataset.clip_reading, and "times": seconds of each of
+    its frames from the camera's first frame)."""
 
 
 def _batch_outcome(ctx: DistContext, plan: SPPlan, batch: tuple[Clip, ...],
                    decode_errors: dict[int, tuple[str, str, bool]],
-                   times: dict[int, list[float]], result: Any) -> BatchOutcome:
+                   readings: dict[int, dict[str, Any]], result: Any) -> BatchOutcome:
     """Merge this rank's decode and encode results for `batch` with its SP peers'."""
     views = batch_views(batch)
     errors = dict(decode_errors)
-    times = dict(times)
+    readings = dict(readings)
     settings: dict[int, dict[str, Any]] = {}
     for row, view in enumerate(_real_views(plan, ctx.mesh.sp_rank, result.mean.shape[0])):
         if view is None:
@@ -205,13 +206,13 @@ def _batch_outcome(ctx: DistContext, plan: SPPlan, batch: tuple[Clip, ...],
             errors.setdefault(ref.clip_index, (clip.paths[ref.camera_index],
                                                f"camera {clip.cameras[ref.camera_index]}: {result.failed[row]}", False))
     if ctx.mesh.sp_size > 1 and not plan.is_local:
-        for part_errors, part_settings, part_times in ctx.sp_all_gather_object((errors, settings, times)):
+        for part_errors, part_settings, part_readings in ctx.sp_all_gather_object((errors, settings, readings)):
             for clip_index, error in part_errors.items():
                 errors.setdefault(clip_index, error)
             settings.update(part_settings)
-            for clip_index, stamps in part_times.items():
-                times.setdefault(clip_index, stamps)
-    return BatchOutcome(errors, settings, times)
+            for clip_index, reading in part_readings.items():
+                readings.setdefault(clip_index, reading)
+    return BatchOutcome(errors, settings, readings)
 
 
 @dataclass
@@ -266,7 +267,7 @@ class _BatchSink:
                         raise InputError(f"clip {clip.clip_id}: {reason}")
                     continue
                 used = [settings[view_start - clip.num_views + c] for c in range(clip.num_views)]
-                writer.add(clip, tensors, used, outcome.times.get(clip_index))
+                writer.add(clip, tensors, used, outcome.readings.get(clip_index))
                 counters.clips += 1
                 counters.views += clip.num_views
                 counters.frames += clip.num_views * len(clip.frames)

@@ -54,17 +54,24 @@ def check_coverage(manifest: dict[str, Any], cache: CacheReader, failures: list[
                    dataset: Path, threads: int | None = None) -> Check:
     """Re-plan clips from the source with the recorded settings: clips missing from the cache, and
     cached clips with no source any more. Clips recorded as failures count as accounted for."""
+    import dataclasses
+
+    from vaecache.encode.startup import resolved_sync
     from vaecache.planning.jobs import plan_job
-    from vaecache.sources.discover import discover_scenes
+    from vaecache.sources.discover import discover
     from vaecache.sources.probing import DEFAULT_PROBE_WORKERS, probe_dataset
+    from vaecache.sources.scene import SourceOptions
 
     check = Check("coverage of " + str(dataset))
     clip_settings = ClipSettings.from_record(manifest.get("settings", {}))
-    scenes = discover_scenes(Path(dataset), clip_settings.cameras)
+    sampling = clip_settings.sampling
+    found = discover(Path(dataset), options=SourceOptions(clip_settings.cameras, sampling.frame_rate))
+    scenes = found.scenes
+    sync = resolved_sync(sampling.sync, found)
     # the encode's own probing: its probe cache in OUT answers for every file that kept its size and mtime
-    probes = probe_dataset(scenes, workers=threads or DEFAULT_PROBE_WORKERS,
+    probes = probe_dataset(scenes, workers=threads or DEFAULT_PROBE_WORKERS, sync=sync,
                            cache_paths=lambda: (cache.out / PROBES_DIR).glob("rank-*.jsonl")).probes
-    job = plan_job(scenes, probes, clip_settings.sampling, sizes=clip_settings.sizes)
+    job = plan_job(scenes, probes, dataclasses.replace(sampling, sync=sync), sizes=clip_settings.sizes)
     planned, skipped = job.clips, job.skipped
     failed_scenes = {f.get("scene") for f in failures if not f.get("clip")}  # a source that failed as a whole
     expected = {clip.clip_id for clip in planned}
@@ -93,7 +100,7 @@ def check_reencode(out: Path, manifest: dict[str, Any], cache: CacheReader, coun
     from vaecache.encode.loop import clip_tensors
     from vaecache.planning.clips import Clip
     from vaecache.video.backends import backend_for_record
-    from vaecache.video.dataset import ViewDecoder
+    from vaecache.video.dataset import ViewDecoder, recorded_views
 
     settings = manifest.get("settings", {})
     clip_settings = ClipSettings.from_record(settings)
@@ -118,11 +125,11 @@ def check_reencode(out: Path, manifest: dict[str, Any], cache: CacheReader, coun
     results = []
     for record in mine:
         clip = Clip(record["id"], record["scene"], tuple(record["cameras"]), tuple(record["sources"]),
-                    tuple(record["frames"]), record.get("fps", 0.0))
+                    tuple(record["frames"]), record.get("fps") or 0.0)
         bucket = record.get("bucket") if isinstance(record.get("bucket"), dict) else None
         size = (bucket["height"], bucket["width"]) if bucket else None
         try:
-            views = torch.stack([decoder.decode(path, clip.frames, size) for path in clip.paths])
+            views = torch.stack([decoder.decode(source, frames, size) for source, frames in recorded_views(record)])
         except VaecacheError as exc:
             results.append((record["id"], None, f"source does not decode any more ({exc})"))
             continue

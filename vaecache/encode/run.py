@@ -75,7 +75,8 @@ def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None 
     check_out_usable(cfg.out)
     start = start_up(StartRequest(cfg.data, cfg.vae, cfg.clip, ctx.device, ctx.info.world_size, ctx.mesh.sp_size,
                                   cfg.batch_size, cfg.sp_mode, cfg.workers, cfg.allow_pickle_weights, cfg.on_error,
-                                  cfg.out / PROBES_DIR, cfg.probe_workers), ctx, progress)
+                                  cfg.out / PROBES_DIR, cfg.probe_workers,
+                                  nuscenes_version=cfg.nuscenes_version), ctx, progress)
     # What --views-per-forward all came to for this dataset: recorded, and compared on resume.
     cfg = dataclasses.replace(cfg, clip=dataclasses.replace(cfg.clip, views_per_forward=start.job.views_per_forward))
     # From here on stop signals are caught, so one arriving while OUT is prepared or the manifest is
@@ -104,7 +105,7 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
                              "would differ in the last bits; run every rank on the same kind of device and torch "
                              "(on CPU the same OMP_NUM_THREADS), or --allow-other-numerics to accept that (recorded)")
         other_numerics.append(theirs)
-    fingerprint = run_fingerprint(cfg, vae, decoder, numerics)
+    fingerprint = run_fingerprint(cfg, vae, decoder, numerics, start.images)
     sources = source_identities(start.sources(), cfg.hash_sources) if rank == 0 else None  # what OUT is made from
     prepared, done = ctx.on_rank0(lambda: marking_done(start.job, lambda mark: prepare_out(
         cfg.out, fingerprint, cfg.overwrite, ctx.info.job_id, sources, mark, cfg.allow_other_numerics,

@@ -16,11 +16,11 @@ from vaecache.errors import InputError, UsageError
 from vaecache.meter import ProgressFactory, progress_phase
 from vaecache.parallel.encoders import encoder_for
 from vaecache.planning.jobs import JobPlan, plan_job, sp_repeats_advice
-from vaecache.settings.clip import ClipSettings
+from vaecache.settings.clip import ClipSettings, SyncConfig
 from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
 from vaecache.sources.discover import discover
 from vaecache.sources.probing import probe_dataset
-from vaecache.sources.scene import Scene, SceneProbe
+from vaecache.sources.scene import Discovery, Scene, SceneProbe, SourceOptions
 from vaecache.vae import VaeRunner, load_vae
 from vaecache.video.backends import Backend, resolve_decoder
 
@@ -49,6 +49,7 @@ class StartRequest:
     probe_workers: int = DEFAULT_PROBE_WORKERS
     keep_probes: bool = False
     """Keep every scene's probe in StartUp.probes (plan lists scenes; encode plans from them and lets them go)."""
+    nuscenes_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,15 @@ class StartUp:
     """The chosen camera set (the first scene's cameras)."""
     probes: dict[str, SceneProbe] = field(default_factory=dict)
     """With StartRequest.keep_probes: every scene's probe."""
+    images: bool = False
+    """Some camera is an image sequence (the image decoder then joins the run fingerprint)."""
 
-    def sources(self) -> tuple[str, ...]:
-        """Every source video the discovered scenes name, sorted (the one rank that records them asks)."""
-        return tuple(sorted({path for scene in self.discovered for path in scene.paths if path is not None}))
+    def sources(self) -> tuple[Any, ...]:
+        """Every camera source the discovered scenes name (a path, or a FrameList), sorted by name (the one rank
+        that records them asks)."""
+        found = {getattr(source, "key", source): source for scene in self.discovered
+                 for source in map(scene.source, range(len(scene.cameras))) if source is not None}
+        return tuple(found[name] for name in sorted(found))
 
 
 def start_up(request: StartRequest, ctx: Any = None, progress: ProgressFactory | None = None) -> StartUp:
@@ -81,13 +87,17 @@ def start_up(request: StartRequest, ctx: Any = None, progress: ProgressFactory |
     VAE and what the settings need of it. Under several ranks (`ctx`) every rank plans alike (probing.probe_dataset
     shares the probes)."""
     backend = resolve_decoder(request.clip.decoder, request.device, request.workers)
-    found = discover(request.data, request.clip.cameras)
+    sampling = request.clip.sampling
+    found = discover(request.data, options=SourceOptions(request.clip.cameras, sampling.frame_rate,
+                                                         request.nuscenes_version))
+    sync = resolved_sync(sampling.sync, found)
     cache = request.probe_cache
     with progress_phase(progress, "probe", "scenes") as advance:
-        probed = probe_dataset(found.scenes, ctx, workers=request.probe_workers, advance=advance,
+        probed = probe_dataset(found.scenes, ctx, workers=request.probe_workers, advance=advance, sync=sync,
                                cache_paths=(lambda: cache.glob("rank-*.jsonl")) if cache is not None else tuple)
     encoder = encoder_for(request.sp_mode)
-    job = plan_job(found.scenes, probed.probes, request.clip.sampling, request.world_size, request.sp_size,
+    job = plan_job(found.scenes, probed.probes, dataclasses.replace(sampling, sync=sync), request.world_size,
+                   request.sp_size,
                    request.batch_size, sizes=request.clip.sizes,
                    views_per_forward=encoder.views_per_forward(request.clip.views_per_forward),
                    device_type=request.device.type)
@@ -107,7 +117,36 @@ def start_up(request: StartRequest, ctx: Any = None, progress: ProgressFactory |
     encoder.check(clip, vae.model, request.sp_size, request.vae)
     return StartUp(job, len(found.scenes), vae, backend, tuple(probed.records), found.scenes,
                    dict(found.left_out_cameras), found.scenes[0].cameras if found.scenes else (),
-                   probed.probes if request.keep_probes else {})
+                   probed.probes if request.keep_probes else {}, has_image_cameras(found.scenes))
+
+
+def resolved_sync(sync: SyncConfig, found: Discovery) -> SyncConfig:
+    """--sync timestamps with its reference camera named: --sync-reference, else the layout's, else the first of
+    the chosen cameras. A --sync-reference that is not one of them is a UsageError."""
+    if sync.mode != "timestamps":
+        if found.reference_camera is not None and found.scenes:
+            raise UsageError(f"the cameras of this dataset are paired by time (reference {found.reference_camera}); "
+                             "pass --sync timestamps")
+        return sync
+    cameras = found.scenes[0].cameras if found.scenes else ()
+    if sync.reference is not None:
+        if cameras and sync.reference not in cameras:
+            raise UsageError(f"--sync-reference {sync.reference} is not one of the cameras encoded "
+                             f"({', '.join(cameras)})")
+        return sync
+    reference = found.reference_camera if found.reference_camera in cameras else (cameras[0] if cameras else None)
+    return dataclasses.replace(sync, reference=reference)
+
+
+def has_image_cameras(scenes: Sequence[Scene]) -> bool:
+    """Whether any camera of `scenes` is an image sequence (a path named like a video is not looked at)."""
+    from vaecache.sources.folders import VIDEO_EXTENSIONS
+    from vaecache.video.frames import is_image_source
+
+    return any(scene.frame_lists is not None
+               or any(path is not None and not path.lower().endswith(VIDEO_EXTENSIONS) and is_image_source(path)
+                      for path in scene.paths)
+               for scene in scenes)
 
 
 def start_notes(job: JobPlan, batch_size: int, sp_size: int, sp_mode: str, device: torch.device,

@@ -24,7 +24,9 @@ from vaecache.sources.probing import judge_scene
 from vaecache.sources.scene import Skipped
 
 if TYPE_CHECKING:
-    from vaecache.sources.scene import Scene, SceneProbe
+    from vaecache.settings.clip import SyncConfig
+    from vaecache.sources.scene import FrameMetadata, Scene, SceneProbe
+    from vaecache.video.frames import FrameList
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,27 @@ class Clip:
     identity: tuple[tuple[int, int], ...] = ()
     """Per camera, (size, mtime_ns) an index recorded when it probed the file: decoding refuses a file whose size
     or mtime differ (other content with the same frame count and size). Empty: nothing to check."""
+    frame_lists: tuple[FrameList | None, ...] | None = None
+    """Per camera, its frames file by file (Scene.frame_lists); None: every camera's path is its source."""
+    frame_rate: float | None = None
+    """The rate of image-sequence cameras without frame times (Scene.frame_rate)."""
+    sync: SyncConfig | None = None
+    """With --sync timestamps (reference resolved): `frames` are the reference camera's, and every other camera
+    takes its frames nearest their times (vaecache.video.sync). None: every camera uses `frames`."""
+    frame_metadata: FrameMetadata | None = None
+    """Per camera and frame, the layout's metadata (Scene.frame_metadata): the record keeps the clip's frames'."""
+
+    def source(self, camera: int) -> str | FrameList:
+        """What camera `camera` is read from (its FrameList, else its path)."""
+        listed = self.frame_lists[camera] if self.frame_lists is not None else None
+        return listed if listed is not None else self.paths[camera]
+
+    @property
+    def reference(self) -> int:
+        """The camera whose frames `frames` are (the first, unless --sync timestamps names another)."""
+        if self.sync is None or self.sync.reference not in self.cameras:
+            return 0
+        return self.cameras.index(self.sync.reference)
 
     @property
     def num_views(self) -> int:
@@ -98,14 +121,15 @@ def plan_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling:
     skipped: list[Skipped] = []
     shared: dict[Any, Any] = {}  # per camera geometry: (expect, displayed, size index)
     clips_of: dict[int, int] = {}  # usable frames -> clips (a million scenes have few distinct lengths)
+    by_time = sampling.sync.mode == "timestamps"
     for scene in scenes:
         probe = probes.get(scene.scene_id)
         if probe is None and scene.probed is not None:
-            if len(scene.probed) == 1 and scene.frame_range is None:
+            if len(scene.probed) == 1 and scene.frame_range is None and not by_time:
                 cameras = scene.probed  # judge_scene has nothing to compare: skip building its SceneProbe
                 start, stop, fps = 0, cameras[0].frames, cameras[0].fps
             else:
-                probe = judge_scene(scene, scene.probed)  # pure: the index gave the probe (none kept per scene)
+                probe = judge_scene(scene, scene.probed, sampling.sync)  # pure: the index gave the probe
         elif probe is None:
             raise KeyError(f"scene {scene.scene_id} was not probed")
         if probe is not None:
@@ -113,7 +137,10 @@ def plan_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling:
                 skipped.append(Skipped(scene.scene_id, probe.error_path, probe.error, probe.error_camera))
                 continue
             cameras, fps = probe.cameras, probe.fps
-            start, stop = scene.frame_range if scene.frame_range is not None else (0, probe.num_frames)
+            if by_time:  # the reference camera's frames where every camera has begun (judge_scene)
+                start, stop = probe.first, probe.num_frames
+            else:
+                start, stop = scene.frame_range if scene.frame_range is not None else (0, probe.num_frames)
         count = clips_of.get(stop - start)
         if count is None:
             count = clips_of[stop - start] = sum(count for _, count in scene_lengths(stop - start, sampling))
@@ -370,6 +397,7 @@ class PlannedClips(Sequence[Clip]):
         flags = self._done_flags
         at = self._planned_ends[position] - self._window_counts[position]
         clips = []
+        sync = self._sampling.sync if self._sampling.sync.mode == "timestamps" else None
         for length, count in self._parts(position):
             sampling = self._sampling.for_length(self._sampling.lengths[length])
             bucket = self.bucket_of(position, length)
@@ -379,7 +407,8 @@ class PlannedClips(Sequence[Clip]):
                 frames = window(start, index, sampling)
                 clips.append(Clip(clip_id_for(scene.scene_id, frames), scene.scene_id, scene.cameras,
                                   scene.paths, frames, fps, expect, bucket,  # type: ignore[arg-type]  # no None path
-                                  displayed if bucket is not None else (), scene.metadata, identity))
+                                  displayed if bucket is not None else (), scene.metadata, identity,
+                                  scene.frame_lists, scene.frame_rate, sync, scene.frame_metadata))
             at += count
         return clips
 

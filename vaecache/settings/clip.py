@@ -5,6 +5,7 @@ those documented as not."""
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,36 @@ def frame_budget_problem(width: int, height: int, max_pixels: int) -> str | None
             "pixels (--max-frame-pixels; decoding frames this large can take GBs of memory)")
 
 
+SYNC_CHOICES = ("frames", "timestamps")
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    """How the cameras of a clip are paired: by frame index (`frames`: equal lengths and rates required) or by
+    time (`timestamps`: each camera's frame nearest each reference frame's time, within a tolerance)."""
+
+    mode: str = "frames"
+    reference: str | None = None
+    """--sync-reference: the camera whose frames give a clip's times (None: the layout's, else the first camera)."""
+    tolerance: float | None = None
+    """--sync-tolerance in seconds: how far a camera's frame may be from the reference time (None: half of that
+    camera's own frame period, so a frame it dropped is noticed)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in SYNC_CHOICES:
+            raise UsageError(f"--sync must be one of {', '.join(SYNC_CHOICES)}, got {self.mode!r}")
+        if self.tolerance is not None and (isinstance(self.tolerance, bool) or not 0 < self.tolerance < math.inf):
+            raise UsageError(f"--sync-tolerance must be a positive number of seconds, got {self.tolerance!r}")
+        if self.mode == "frames" and (self.reference is not None or self.tolerance is not None):
+            raise UsageError("--sync-reference and --sync-tolerance need --sync timestamps")
+
+    def to_record(self) -> dict[str, Any]:
+        return {"mode": self.mode, "reference": self.reference, "tolerance": self.tolerance}
+
+
+FRAME_SYNC = SyncConfig()
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How clips are cut from a scene. Every camera of a clip uses the same frame indices."""
@@ -51,6 +82,11 @@ class SamplingConfig:
     """A scene whose probe reports a camera with more pixels per frame than this yields no clip: a recorded
     failure, decided before anything is decoded (a 12000x12000 h264 frame takes GBs to decode). Not part of the
     run fingerprint (it changes no latent); the manifest's settings record it for verify --dataset."""
+    sync: SyncConfig = FRAME_SYNC
+    """How the cameras of a clip are paired (--sync, --sync-reference, --sync-tolerance)."""
+    frame_rate: float | None = None
+    """--fps: the rate of image-sequence cameras whose frames carry no times (recorded when given: it sets the
+    frame times --sync timestamps pairs by)."""
 
     def __post_init__(self) -> None:
         for value in self.frame_buckets or (self.num_frames,):
@@ -72,6 +108,9 @@ class SamplingConfig:
         if (isinstance(self.max_frame_pixels, bool) or not isinstance(self.max_frame_pixels, int)
                 or self.max_frame_pixels < 1):
             raise UsageError(f"--max-frame-pixels must be a pixel count >= 1, got {self.max_frame_pixels!r}")
+        if self.frame_rate is not None and (isinstance(self.frame_rate, bool)
+                                            or not 0 < self.frame_rate < math.inf):
+            raise UsageError(f"--fps must be a positive number, got {self.frame_rate!r}")
 
     @property
     def span(self) -> int:
@@ -211,6 +250,9 @@ class ClipSettings:
             **({"compile": True} if self.compiled else {}),  # absent when off: older caches keep their fingerprint
             **({"channels_last": True} if self.channels_last else {}),
             "views_per_forward": self.views_per_forward,
+            # absent at their defaults: caches from before image sequences and time sync keep their fingerprint
+            **({"sync": self.sampling.sync.to_record()} if self.sampling.sync != FRAME_SYNC else {}),
+            **({"fps": self.sampling.frame_rate} if self.sampling.frame_rate is not None else {}),
         }
 
     @classmethod
@@ -223,7 +265,9 @@ class ClipSettings:
                                       max_clips_per_scene=record["max_clips_per_scene"],
                                       frame_buckets=lengths if len(lengths) > 1 else (),
                                       frames_policy=record.get("frames_policy", "longest"),
-                                      max_frame_pixels=record.get("max_frame_pixels", DEFAULT_MAX_FRAME_PIXELS))
+                                      max_frame_pixels=record.get("max_frame_pixels", DEFAULT_MAX_FRAME_PIXELS),
+                                      sync=SyncConfig(**record["sync"]) if record.get("sync") else FRAME_SYNC,
+                                      frame_rate=record.get("fps"))
             sizes = tuple(tuple(size) for size in record.get("sizes") or ())
             cameras = record.get("cameras")
             return cls(sampling=sampling, height=record["height"], width=record["width"], dtype=record["dtype"],

@@ -55,6 +55,8 @@ class EncodeConfig:
     latents added then may differ from the committed ones in the last bits; the manifest lists every numerics."""
     probe_workers: int = DEFAULT_PROBE_WORKERS
     """Threads probing videos in each rank."""
+    nuscenes_version: str | None = None
+    """Which v1.0-* tables of a nuScenes root DATA (None: the only one there)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.probe_workers, bool) or not isinstance(self.probe_workers, int) or self.probe_workers < 1:
@@ -132,6 +134,7 @@ class PlanConfig:
     allow_pickle_weights: bool = False
     clip_ids: bool = True
     """List every DP group's clip ids in the report (--json); off, the groups are only counted (fast at 10M)."""
+    nuscenes_version: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("world_size", "sp_size", "batch_size", "probe_workers"):

@@ -15,7 +15,7 @@ from typing import Any
 
 from vaecache.errors import UsageError
 from vaecache.settings.buckets import parse_lengths, parse_sizes
-from vaecache.settings.clip import ClipSettings, SamplingConfig, parse_views_per_forward
+from vaecache.settings.clip import ClipSettings, SamplingConfig, SyncConfig, parse_views_per_forward
 from vaecache.settings.commands import EncodeConfig, PlanConfig
 from vaecache.settings.options import BY_SETTING, ENCODE, PLAN, check_toml_value, option_named, unknown_keys_message
 
@@ -25,7 +25,8 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 COMMANDS = {ENCODE: EncodeConfig, PLAN: PlanConfig}
-SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingConfig)) - {"num_frames", "frame_buckets"}
+SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingConfig)) - {"num_frames", "frame_buckets",
+                                                                                   "sync"}
 CLIP_FIELDS = frozenset(f.name for f in dataclasses.fields(ClipSettings)) - {
     "sampling", "height", "width", "size_buckets", "cameras"}
 
@@ -90,7 +91,9 @@ def clip_settings(values: dict[str, Any]) -> ClipSettings:
         raise UsageError("--size HxW is required (e.g. 480x832)")
     sizes = parse_sizes(values.pop("size"))
     lengths = parse_lengths(values.pop("num_frames"))
-    sampling = SamplingConfig(num_frames=lengths[0], frame_buckets=lengths if len(lengths) > 1 else (),
+    sync = SyncConfig(values.pop("sync", None) or "frames", values.pop("sync_reference", None),
+                      values.pop("sync_tolerance", None))
+    sampling = SamplingConfig(num_frames=lengths[0], frame_buckets=lengths if len(lengths) > 1 else (), sync=sync,
                               **{name: values.pop(name) for name in SAMPLING_FIELDS if name in values})
     clip = {name: values.pop(name) for name in CLIP_FIELDS if name in values}
     if "views_per_forward" in clip:

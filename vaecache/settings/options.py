@@ -109,8 +109,18 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_clips_per_scene", "--max-clips-per-scene", int, "Keep the first K clips of each scene."),
     Option("max_frame_pixels", "--max-frame-pixels", int, "Refuse (a recorded failure, decided from the probe before "
            "decoding) videos whose frames have more pixels than this (default 67108864 = 8192x8192)."),
-    Option("cameras", "--cameras", str, "Comma-separated camera order (default: names sorted).", toml=(str, list),
-           toml_items=str, parse=parse_cameras),
+    Option("cameras", "--cameras", str, "Comma-separated camera order (default: names sorted; nuScenes: the surround "
+           "order).", toml=(str, list), toml_items=str, parse=parse_cameras),
+    Option("sync", "--sync", str, "frames (default: a clip takes the same frame indices of every camera; equal "
+           "lengths and rates required) | timestamps (each camera's frame nearest each reference frame's time)."),
+    Option("sync_reference", "--sync-reference", str, "With --sync timestamps: the camera whose frames give a clip's "
+           "times (default: the layout's, CAM_FRONT for nuScenes, else the first camera)."),
+    Option("sync_tolerance", "--sync-tolerance", float, "With --sync timestamps: seconds a camera's frame may lie "
+           "from the reference time (default: half that camera's frame period); beyond it, a recorded failure."),
+    Option("fps", "--fps", float, "Frame rate of image-sequence cameras whose frames carry no times (no "
+           "timestamps.txt, no timestamped names, no index \"fps\"). Recorded.", field="frame_rate"),
+    Option("nuscenes_version", "--nuscenes-version", str, "Which tables of a nuScenes root: v1.0-mini, "
+           "v1.0-trainval, ... (default: the only v1.0-* folder there)."),
     Option("dtype", "--dtype", str, "fp32 | bf16 | fp16: VAE compute and stored dtype (default fp32)."),
     Option("device", "--device", str, "auto | cpu | cuda (auto: cuda:LOCAL_RANK when available).",
            help_by_command=((PLAN, "Where to measure: auto | cpu | cuda[:N] (default auto)."),)),

@@ -10,23 +10,27 @@ from typing import Sequence
 from vaecache.errors import DatasetError
 from vaecache.sources.folders import FOLDERS
 from vaecache.sources.jsonl import JSONL_INDEX
-from vaecache.sources.scene import Discovery, Layout, Scene
+from vaecache.sources.nuscenes import NUSCENES
+from vaecache.sources.scene import Discovery, Layout, Scene, SourceOptions
 
-LAYOUTS: tuple[Layout, ...] = (JSONL_INDEX, FOLDERS)
+LAYOUTS: tuple[Layout, ...] = (JSONL_INDEX, NUSCENES, FOLDERS)
 """Every input layout, asked in this order which one DATA is."""
 
 log = logging.getLogger("vaecache")
 
 
-def discover(data: Path, cameras: Sequence[str] | None = None) -> Discovery:
-    """Find scenes in a multi-camera folder, a single-camera folder, or a JSONL index. Sorted by id."""
+def discover(data: Path, cameras: Sequence[str] | None = None, options: SourceOptions | None = None) -> Discovery:
+    """Find scenes in a multi-camera folder, a single-camera folder, a JSONL index or a nuScenes root. Sorted by id.
+    `options` (SourceOptions) says more than `cameras`, which it replaces."""
     data = Path(data)
+    if options is None:
+        options = SourceOptions(cameras=tuple(cameras) if cameras else None)
     if not data.exists():
         raise DatasetError(f"{data}: dataset path does not exist")
     layout = next((layout for layout in LAYOUTS if layout.matches(data)), None)
     if layout is None:
         raise DatasetError(f"{data}: expected a folder or a .jsonl index, got a {data.suffix or 'suffix-less'} file")
-    scenes, seen, rejected = layout.scenes(data, cameras)
+    scenes, seen, rejected, reference = layout.scenes(data, options)
     form = "cameras" if seen else "path"  # single-camera layouts (a folder of videos, "path" lines) name no sets
     for skip in rejected:
         log.warning("skipped %s: %s", skip.path or skip.scene_id, skip.reason)
@@ -43,9 +47,11 @@ def discover(data: Path, cameras: Sequence[str] | None = None) -> Discovery:
     for name, count in sorted(left_out.items()):
         log.warning("camera %s (in %d scene%s) is not in the chosen camera set (%s) and is not encoded",
                     name, count, "" if count == 1 else "s", ", ".join(scenes[0].cameras))
-    return Discovery(sorted(scenes, key=lambda scene: scene.scene_id), left_out, rejected, form)
+    return Discovery(sorted(scenes, key=lambda scene: scene.scene_id), left_out, rejected, form,
+                     reference or layout.reference_camera)
 
 
-def discover_scenes(data: Path, cameras: Sequence[str] | None = None) -> list[Scene]:
+def discover_scenes(data: Path, cameras: Sequence[str] | None = None,
+                    options: SourceOptions | None = None) -> list[Scene]:
     """The scenes of `discover` (cameras left out are logged there)."""
-    return discover(data, cameras).scenes
+    return discover(data, cameras, options).scenes

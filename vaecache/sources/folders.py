@@ -1,16 +1,18 @@
-"""The folder layouts: DATA/<scene>/<camera>.mp4 (a scene per folder, a camera per video), or a folder of
-videos (a single-camera scene per video, camera `video`)."""
+"""The folder layouts: DATA/<scene>/<camera>.mp4 or DATA/<scene>/<camera>/<frames>.jpg (a scene per folder, a
+camera per video or per folder of frames), a folder of videos, or a folder of frame folders (a single-camera scene
+per video or frame folder, camera `video`)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from vaecache.cache.layout import id_problem
 from vaecache.errors import DatasetError
-from vaecache.sources.scene import SINGLE_CAMERA, LayoutScenes, Scene, Skipped
-
-VIDEO_EXTENSIONS = (".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v")
+from vaecache.sources.scene import SINGLE_CAMERA, LayoutScenes, Scene, Skipped, SourceOptions
+from vaecache.video.frames import IMAGE_EXTENSIONS
+from vaecache.video.reader import VIDEO_EXTENSIONS
 
 
 def resolved_path(path: Path) -> str:
@@ -30,7 +32,29 @@ def _is_video(path: Path) -> bool:
     return path.is_file() and _has_video_name(path)
 
 
-def scenes_from_folder(root: Path, order: Sequence[str] | None) -> LayoutScenes:
+def holds_frames(folder: Path) -> bool:
+    """Whether a folder holds image frames (it is an image-sequence camera); stops at the first one."""
+    try:
+        with os.scandir(folder) as entries:
+            return any(entry.name.lower().endswith(IMAGE_EXTENSIONS) and not entry.name.startswith(".")
+                       for entry in entries)
+    except OSError:
+        return False
+
+
+def _cameras_in(folder: Path) -> dict[str, Path]:
+    """A scene folder's cameras: each video (by stem) and each subfolder of frames (by name)."""
+    found: dict[str, Path] = {}
+    for entry in sorted(folder.iterdir()):
+        if _has_video_name(entry):
+            found[entry.stem] = entry
+        elif entry.is_dir() and not entry.name.startswith(".") and holds_frames(entry):
+            found[entry.name] = entry
+    return found
+
+
+def scenes_from_folder(root: Path, options: SourceOptions) -> LayoutScenes:
+    order = options.cameras
     # Hidden entries (".name") are not scenes; "..name" is not hidden by convention, so it is reported.
     entries = sorted(p for p in root.iterdir() if not p.name.startswith(".") or p.name.startswith(".."))
     rejected: list[Skipped] = []
@@ -56,9 +80,17 @@ def scenes_from_folder(root: Path, order: Sequence[str] | None) -> LayoutScenes:
         raise DatasetError(f"{root}: no videos ({', '.join(VIDEO_EXTENSIONS)}) and no scene folders found")
     # Inside a scene folder anything named like a video is that camera's file: a directory or a socket
     # called cam_0.mp4 is then reported by the probe as "not a regular file" instead of as a missing camera.
-    found = {folder: {p.stem: p for p in sorted(folder.iterdir()) if _has_video_name(p)} for folder in folders}
+    found = {folder: _cameras_in(folder) for folder in folders}
     if not any(found.values()):
-        raise DatasetError(f"{root}: scene folders hold no video files ({', '.join(VIDEO_EXTENSIONS)})")
+        if all(holds_frames(folder) for folder in folders):  # DATA/<clip>/<frames>: single-camera image scenes
+            if order and len(order) != 1:
+                raise DatasetError(f"{root}: folders of frames are single-camera scenes, but {len(order)} cameras "
+                                   "were configured")
+            camera = order[0] if order else SINGLE_CAMERA
+            return LayoutScenes([Scene(folder.name, (camera,), (resolved_path(folder),), frame_rate=options.frame_rate)
+                                 for folder in folders], [], rejected)
+        raise DatasetError(f"{root}: scene folders hold no video files ({', '.join(VIDEO_EXTENSIONS)}) and no "
+                           f"folders of frames ({', '.join(IMAGE_EXTENSIONS)})")
     if order:
         check_cameras_exist(root, order, [set(videos) for videos in found.values()])
     names = tuple(order) if order else _common_camera_set(found.values())
@@ -67,7 +99,7 @@ def scenes_from_folder(root: Path, order: Sequence[str] | None) -> LayoutScenes:
         # A scene missing a camera stays in the list with no path for it, so the probe records it as a
         # skipped input instead of failing the whole dataset.
         paths = tuple(resolved_path(videos_by_camera[name]) if name in videos_by_camera else None for name in names)
-        scenes.append(Scene(folder.name, names, paths))
+        scenes.append(Scene(folder.name, names, paths, frame_rate=options.frame_rate))
     return LayoutScenes(scenes, [set(videos) for videos in found.values()], rejected)
 
 
@@ -94,12 +126,13 @@ class SceneFolders:
     """DATA/<scene>/<camera>.mp4, or a folder of videos (one single-camera scene each)."""
 
     name = "folders"
+    reference_camera = None
 
     def matches(self, data: Path) -> bool:
         return data.is_dir()
 
-    def scenes(self, data: Path, order: Sequence[str] | None) -> LayoutScenes:
-        return scenes_from_folder(data, order)
+    def scenes(self, data: Path, options: SourceOptions) -> LayoutScenes:
+        return scenes_from_folder(data, options)
 
 
 FOLDERS = SceneFolders()

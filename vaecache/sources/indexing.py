@@ -33,7 +33,8 @@ from vaecache.sources.probing import (
     probe_from_cache,
     read_probe_cache,
 )
-from vaecache.sources.scene import SINGLE_CAMERA, Discovery, Scene, Skipped
+from vaecache.sources.scene import SINGLE_CAMERA, Discovery, Scene, Skipped, SourceOptions
+from vaecache.video.frames import FrameList
 
 log = logging.getLogger("vaecache")
 
@@ -53,6 +54,9 @@ class IndexConfig:
     output: Path
     cameras: tuple[str, ...] | None = None
     workers: int = DEFAULT_PROBE_WORKERS
+    frame_rate: float | None = None
+    """--fps: the rate of image-sequence cameras whose frames carry no times (written into each line as "fps")."""
+    nuscenes_version: str | None = None
     """Threads probing in each rank (PyAV releases the GIL while FFmpeg demuxes and decodes)."""
 
     def __post_init__(self) -> None:
@@ -100,7 +104,7 @@ def run_index(cfg: IndexConfig, ctx: Any, advance: Advance | None = None) -> Ind
     """Probe this rank's share of DATA's scenes (resuming from the partial files), then rank 0 writes the index."""
     started = time.perf_counter()
     rank = ctx.info.rank
-    found = discover(cfg.data, cfg.cameras)
+    found = discover(cfg.data, options=SourceOptions(cfg.cameras, cfg.frame_rate, cfg.nuscenes_version))
     work = partial_dir(cfg.output)
     partial: ProbeLog | None = None
     done = 0
@@ -134,20 +138,37 @@ def run_index(cfg: IndexConfig, ctx: Any, advance: Advance | None = None) -> Ind
                         result[0], result[1], opened, probed.cached, time.perf_counter() - started)
 
 
-def index_line(scene: Scene, form: str, probes: Sequence[Any]) -> dict[str, Any]:
+def index_line(scene: Scene, form: str, probes: Sequence[Any], reference: str | None = None) -> dict[str, Any]:
     """One line of the index: the scene as discovery read it, and per camera what was probed."""
     line: dict[str, Any] = {"id": scene.scene_id}
     if form == "path" and scene.cameras == (SINGLE_CAMERA,):
         line["path"] = scene.paths[0]
     else:  # a single video named by --cameras keeps its name: a "path" line reads back as `video`
-        line["cameras"] = dict(zip(scene.cameras, scene.paths))
+        line["cameras"] = {camera: _source_json(scene.source(index)) for index, camera in enumerate(scene.cameras)}
+        if list(scene.cameras) != sorted(scene.cameras):  # a layout's own order (nuScenes' surround order) is kept
+            line["camera_order"] = list(scene.cameras)
+    if reference is not None:
+        line["sync_reference"] = reference
     if scene.frame_range is not None:
         line["frames"] = list(scene.frame_range)
+    if scene.frame_rate is not None:
+        line["fps"] = scene.frame_rate
+    if scene.frame_metadata is not None:
+        line["frame_metadata"] = {camera: json.loads(text)
+                                  for camera, text in zip(scene.cameras, scene.frame_metadata.per_camera)}
     line["probe"] = probes[0].to_json() if "path" in line else {
         camera: probe.to_json() for camera, probe in zip(scene.cameras, probes)}
     if scene.metadata is not None:  # a caption or tags on the input index line stay on the written one
         line.update({key: value for key, value in json.loads(scene.metadata).items() if key not in line})
     return line
+
+
+def _source_json(source: Any) -> Any:
+    """A camera's source as an index line gives it: its path, or its frame list."""
+    if isinstance(source, FrameList):
+        return {"files": list(source.files),
+                **({"times_ns": list(source.times_ns)} if source.times_ns is not None else {})}
+    return source
 
 
 def _write_index(cfg: IndexConfig, found: Discovery, work: Path) -> tuple[int, int]:
@@ -159,11 +180,12 @@ def _write_index(cfg: IndexConfig, found: Discovery, work: Path) -> tuple[int, i
     with _AtomicLines(cfg.output) as index:
         for scene in found.scenes:
             # A file no record covers (it cannot be stat'ed, or it changed since it was probed) is opened here.
-            probe = probe_from_cache(scene, cache) or judge_scene(scene, open_scene(scene))
+            # every camera there and readable; which cameras pair how is the encode's --sync to judge
+            probe = probe_from_cache(scene, cache, None) or judge_scene(scene, open_scene(scene), None)
             if probe.error is not None:
                 rejected.append(Skipped(scene.scene_id, probe.error_path, probe.error, probe.error_camera))
                 continue
-            index.write(index_line(scene, found.form, probe.cameras))
+            index.write(index_line(scene, found.form, probe.cameras, found.reference_camera))
             usable += 1
         rejected.sort(key=lambda skip: (skip.scene_id, skip.path or ""))
         with _AtomicLines(rejected_path(cfg.output)) as side:

@@ -1,5 +1,7 @@
-"""The JSONL index layout: one scene per line, `{"id", "cameras": {camera: path}}` or `{"id", "path"}`, with
-an optional `frames` range, `probe` (as `vaecache index` writes it) and any other keys as metadata."""
+"""The JSONL index layout: one scene per line, `{"id", "cameras": {camera: source}}` or `{"id", "path"}`, with
+an optional `frames` range, `fps` (of image sequences without frame times), `probe` and `frame_metadata` (as
+`vaecache index` writes them) and any other keys as metadata. A camera's source is a path (a video, a folder of
+frames, a glob of frames) or `{"files": [...], "times_ns": [...] | "timestamps": [seconds...]}`."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from typing import Any, Sequence
 from vaecache.cache.io import STRICT_JSON, NonFiniteNumber, loads
 from vaecache.errors import DatasetError
 from vaecache.sources.folders import check_cameras_exist, resolved_path
-from vaecache.sources.scene import SINGLE_CAMERA, CameraProbe, LayoutScenes, Scene
+from vaecache.sources.scene import SINGLE_CAMERA, CameraProbe, FrameMetadata, LayoutScenes, Scene, SourceOptions
+from vaecache.video.frames import FrameList
 
 
 def _resolved_in(base: str, relative: str, parents: dict[str, str], trusted: bool = False) -> str:
@@ -53,10 +56,37 @@ def _check_form(record: dict[str, Any], kind: str | None, form: tuple[str, str] 
     return form or (kind, where)
 
 
-def scenes_from_index(index: Path, order: Sequence[str] | None) -> LayoutScenes:
+def frame_list(raw: dict[str, Any], key: str, base: str, parents: dict[str, str], where: str) -> FrameList:
+    """A camera given file by file: {"files": [paths], "times_ns": [int] or "timestamps": [seconds]} (paths
+    relative to the index's folder)."""
+    files = raw.get("files")
+    unknown = sorted(set(raw) - {"files", "times_ns", "timestamps"})
+    if unknown:
+        raise DatasetError(f"{where}: a camera's frame list has unknown key(s) {', '.join(map(repr, unknown))} "
+                           "(known: files, times_ns, timestamps)")
+    if not isinstance(files, list) or not files or not all(isinstance(f, str) and f for f in files):
+        raise DatasetError(f"{where}: a camera's \"files\" must be a non-empty list of paths")
+    times = None
+    if "times_ns" in raw:
+        times = raw["times_ns"]
+        if not isinstance(times, list) or not all(type(t) is int for t in times):
+            raise DatasetError(f"{where}: \"times_ns\" must be a list of integers (nanoseconds)")
+    elif "timestamps" in raw:
+        seconds = raw["timestamps"]
+        if not isinstance(seconds, list) or not all(type(t) in (int, float) for t in seconds):
+            raise DatasetError(f"{where}: \"timestamps\" must be a list of numbers (seconds)")
+        times = [round(t * 10**9) for t in seconds]
+    if times is not None and len(times) != len(files):
+        raise DatasetError(f"{where}: {len(times)} timestamps for {len(files)} files")
+    return FrameList(key, tuple(_resolved_in(base, f, parents, True) for f in files),
+                     tuple(times) if times is not None else None)
+
+
+def scenes_from_index(index: Path, options: SourceOptions) -> LayoutScenes:
     """One scene per line. Every line uses the same form: all "cameras" (a mapping) or all "path" (one
     camera, named by --cameras or `video`); a mix is refused, because a single video has no camera name
     to file it under among the others."""
+    order = options.cameras
     base = str(index.resolve().parent)
     name_of_index = str(index)
     scenes = []
@@ -65,6 +95,8 @@ def scenes_from_index(index: Path, order: Sequence[str] | None) -> LayoutScenes:
     form: tuple[str, str] | None = None  # ("cameras" | "path", where first seen)
     camera_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
     parents: dict[str, str] = {}
+    frame_lists: tuple[FrameList | None, ...] | None = None
+    reference: str | None = None  # a line's "sync_reference" (an index of a nuScenes root: CAM_FRONT)
     scan, new_scene, metadata_keys = STRICT_JSON.scan_once, Scene, INDEX_KEYS
     single_name = (order[0] if order else SINGLE_CAMERA,)
     with open(index, "rb") as handle:
@@ -107,13 +139,30 @@ def scenes_from_index(index: Path, order: Sequence[str] | None) -> LayoutScenes:
                     raise DatasetError(f"{where}: \"cameras\" must map camera names to paths")
                 camera_names = frozenset(mapping)
                 mapped.append(name_sets.setdefault(camera_names, camera_names))  # type: ignore[arg-type]
+                lists = None
                 for name, raw in mapping.items():
-                    if not isinstance(raw, str) or not raw:
-                        raise DatasetError(f"{where}: the path of camera {name!r} must be a non-empty string")
-                names = tuple(order) if order else tuple(sorted(mapping))
+                    if isinstance(raw, dict):
+                        lists = {} if lists is None else lists
+                        lists[name] = frame_list(raw, f"{index.resolve()}#{record['id']}/{name}", base, parents,
+                                                 f"{where}: camera {name!r}")
+                    elif not isinstance(raw, str) or not raw:
+                        raise DatasetError(f"{where}: the source of camera {name!r} must be a path or "
+                                           "{\"files\": [...]}")
+                names = (tuple(order) if order else tuple(record["camera_order"])
+                         if isinstance(record.get("camera_order"), list) and set(record["camera_order"]) == set(mapping)
+                         else tuple(sorted(mapping)))
+                if reference is None and isinstance(record.get("sync_reference"), str):
+                    reference = record["sync_reference"]
                 names = camera_sets.setdefault(names, names)  # one tuple per camera set, not one per scene
-                paths = tuple((_resolved_in(base, mapping[name], parents, probed_line) if name in mapping else None)
-                              for name in names)
+                if lists is None:
+                    paths = tuple((_resolved_in(base, mapping[name], parents, probed_line) if name in mapping
+                                   else None) for name in names)
+                else:
+                    listed = tuple(lists.get(name) for name in names)
+                    frame_lists = listed
+                    paths = tuple(lists[name].key if name in lists else
+                                  _resolved_in(base, mapping[name], parents, probed_line) if name in mapping else None
+                                  for name in names)
             frame_range = _parse_range(record["frames"], f"{name_of_index}:{lineno}") if "frames" in record else None
             probed = None
             if probed_line:
@@ -122,7 +171,12 @@ def scenes_from_index(index: Path, order: Sequence[str] | None) -> LayoutScenes:
                 else:
                     probed = _parse_probe(record["probe"], names, mapping, f"{name_of_index}:{lineno}")
             metadata = None if metadata_keys.issuperset(record) else metadata_text(record)
-            scenes.append(new_scene(str(record["id"]), names, paths, frame_range, probed, metadata))
+            rate = _frame_rate(record, options, f"{name_of_index}:{lineno}")
+            per_frame = (_frame_metadata(record["frame_metadata"], names, f"{name_of_index}:{lineno}")
+                         if "frame_metadata" in record else None)
+            scenes.append(new_scene(str(record["id"]), names, paths, frame_range, probed, metadata,
+                                    frame_lists, rate, per_frame))
+            frame_lists = None
     if not scenes:
         raise DatasetError(f"{index}: index holds no scenes")
     if order and mapped:
@@ -133,10 +187,11 @@ def scenes_from_index(index: Path, order: Sequence[str] | None) -> LayoutScenes:
             raise DatasetError(f"{index}: scenes list different camera sets {sorted(map(list, camera_sets))[:2]}; "
                                "pass --cameras to choose")
     # An index is written by hand or by a script: a bad id there is refused naming its line (Scene checks it).
-    return LayoutScenes(scenes, mapped, [])
+    return LayoutScenes(scenes, mapped, [], reference)
 
 
-INDEX_KEYS = frozenset({"id", "path", "cameras", "frames", "probe"})
+INDEX_KEYS = frozenset({"id", "path", "cameras", "frames", "probe", "fps", "frame_metadata", "camera_order",
+                        "sync_reference"})
 """The keys of an index line vaecache reads; every other key is metadata, passed through to the clip records."""
 
 
@@ -166,6 +221,23 @@ def _parse_probe(raw: Any, names: tuple[str, ...], mapping: dict[str, Any],
     return tuple(probes)
 
 
+def _frame_rate(record: dict[str, Any], options: SourceOptions, where: str) -> float | None:
+    """A line's "fps" (of its image sequences without frame times), else --fps."""
+    if "fps" not in record:
+        return options.frame_rate
+    value = record["fps"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise DatasetError(f"{where}: \"fps\" must be a positive number, got {value!r:.40}")
+    return float(value)
+
+
+def _frame_metadata(raw: Any, names: tuple[str, ...], where: str) -> FrameMetadata:
+    """"frame_metadata": {camera: [one JSON value per frame]}, kept as text per camera."""
+    if not isinstance(raw, dict) or any(not isinstance(raw.get(name), list) for name in names):
+        raise DatasetError(f"{where}: \"frame_metadata\" must map every camera to a list (one entry per frame)")
+    return FrameMetadata(tuple(json.dumps(raw[name], separators=(",", ":"), ensure_ascii=False) for name in names))
+
+
 def _parse_range(value: Any, where: str) -> tuple[int, int]:
     if (isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value)
             and 0 <= value[0] < value[1]):
@@ -181,8 +253,11 @@ class JsonlIndex:
     def matches(self, data: Path) -> bool:
         return data.is_file() and data.suffix.lower() in (".jsonl", ".json")
 
-    def scenes(self, data: Path, order: Sequence[str] | None) -> LayoutScenes:
-        return scenes_from_index(data, order)
+    def scenes(self, data: Path, options: SourceOptions) -> LayoutScenes:
+        return scenes_from_index(data, options)
+
+    reference_camera = None
+    """The lines' own "sync_reference" (LayoutScenes.reference_camera) when they give one."""
 
 
 JSONL_INDEX = JsonlIndex()

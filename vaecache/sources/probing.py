@@ -17,62 +17,82 @@ from typing import IO, Any, Callable, Iterable, Iterator, Sequence
 from vaecache.cache.io import cut_torn_tail, loads, whole_lines
 from vaecache.errors import DatasetError, FrameBudgetError, OutputError, VideoDecodeError
 from vaecache.meter import Advance
+from vaecache.settings.clip import FRAME_SYNC, SyncConfig
 from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
 from vaecache.sources.scene import CameraProbe, Scene, SceneProbe
+from vaecache.video.frames import FrameList, files_identity, frame_files, is_image_source
 
 log = logging.getLogger("vaecache")
 
 
-def probe_file(path: str) -> CameraProbe:
-    """Open one video and read what planning needs. Raises VideoDecodeError (naming the file) when it cannot.
+def source_identity(source: str | FrameList) -> tuple[int, int]:
+    """(size, mtime_ns) of a camera's source: the video file's, or an image sequence's total bytes and newest mtime.
+    OSError (or VideoDecodeError naming a frame) when it cannot be read."""
+    if is_image_source(source):
+        return files_identity(frame_files(source))  # type: ignore[arg-type]
+    stat = os.stat(source)  # type: ignore[arg-type]
+    return stat.st_size, stat.st_mtime_ns
+
+
+def probe_file(path: str | FrameList, frame_rate: float | None = None) -> CameraProbe:
+    """Open one camera (a video, or an image sequence at `frame_rate` where its frames carry no times) and read
+    what planning needs. Raises VideoDecodeError (naming the file) when it cannot.
 
     The frame count is that of a straight decode from the start (see vaecache.video.reader.VideoReader); size and
     mtime are read before the file is opened, so a file changed while it is probed looks changed later."""
-    from vaecache.video.backends import open_video
+    from vaecache.video.backends import open_camera
 
+    name = path.key if isinstance(path, FrameList) else path
     try:
-        stat = os.stat(path)
+        identity: tuple[int, int] | None = source_identity(path)
     except OSError:
-        stat = None  # open_video names the problem (missing, a loop, permission)
-    with open_video(path) as reader:
-        if stat is None:
-            stat = os.stat(path)
+        identity = None  # open_camera names the problem (missing, a loop, permission)
+    with open_camera(path, fps=frame_rate) as reader:
+        if identity is None:
+            identity = source_identity(path)
         width, height = reader.frame_size
         fps = reader.fps()
-        if width < 1 or height < 1 or not 0 < fps < math.inf or stat.st_size < 1:
-            raise VideoDecodeError(path, f"the stream reports a {width}x{height} frame size at {fps:g} fps "
+        times = reader.times_ns()
+        if width < 1 or height < 1 or not 0 <= fps < math.inf or identity[0] < 1:
+            raise VideoDecodeError(name, f"the stream reports a {width}x{height} frame size at {fps:g} fps "
                                          "(damaged or truncated?)")
-        return CameraProbe(len(reader), fps, width, height, reader.codec, stat.st_size, stat.st_mtime_ns,
-                           reader.rotation)
+        return CameraProbe(len(reader), fps, width, height, reader.codec, identity[0], identity[1], reader.rotation,
+                           times[0] if times else None, times[-1] if times else None)
 
 
-def probe_scene(scene: Scene) -> SceneProbe:
+def probe_scene(scene: Scene, sync: SyncConfig = FRAME_SYNC) -> SceneProbe:
     """Every camera's probe, then the checks of `judge_scene`. A scene whose index gives its probes (see
     Scene.probed) opens no video; any other opens every camera's video in turn, stopping at the first error."""
     if scene.probed is not None:
-        return judge_scene(scene, scene.probed)
-    return judge_scene(scene, open_scene(scene))
+        return judge_scene(scene, scene.probed, sync)
+    return judge_scene(scene, open_scene(scene), sync)
 
 
 def open_scene(scene: Scene) -> list[CameraProbe | VideoDecodeError]:
-    """Probe each camera's video in camera order, up to the first missing camera or unreadable file."""
+    """Probe each camera in camera order, up to the first missing camera or unreadable source."""
     found: list[CameraProbe | VideoDecodeError] = []
-    for path in scene.paths:
-        if path is None:
+    for camera in range(len(scene.cameras)):
+        source = scene.source(camera)
+        if source is None:
             break
         try:
-            found.append(probe_file(path))
+            found.append(probe_file(source, scene.frame_rate))
         except VideoDecodeError as exc:
             found.append(exc)
             break
     return found
 
 
-def judge_scene(scene: Scene, found: Sequence[CameraProbe | VideoDecodeError]) -> SceneProbe:
+def judge_scene(scene: Scene, found: Sequence[CameraProbe | VideoDecodeError],
+                sync: SyncConfig | None = FRAME_SYNC) -> SceneProbe:
     """Pure: whether a scene is usable from its cameras' probes (in camera order; a probe may be the error
-    opening that camera gave). All cameras must be present and readable, with the same number of frames at
-    the same fps, and the frame range must lie inside the video."""
-    if len(found) == 1 == len(scene.paths) and isinstance(found[0], CameraProbe) and scene.frame_range is None:
+    opening that camera gave). All cameras must be present and readable. With `--sync frames` they must have the
+    same number of frames at the same fps, and the frame range must lie inside the video; with `--sync timestamps`
+    every camera needs frame times, and the usable frames are the reference camera's that lie where every camera
+    has frames (SceneProbe.first and num_frames). `sync` None: only whether every camera is there and readable
+    (`vaecache index`, whose index serves either rule)."""
+    if (len(found) == 1 == len(scene.paths) and isinstance(found[0], CameraProbe) and scene.frame_range is None
+            and (sync is None or sync.mode == "frames")):
         only = found[0]  # one camera, whole video: nothing to compare (the common case of a big index)
         return SceneProbe(scene.scene_id, num_frames=only.frames, fps=only.fps,
                           rotations=_shared((only.rotation,)), cameras=(only,))
@@ -82,22 +102,32 @@ def judge_scene(scene: Scene, found: Sequence[CameraProbe | VideoDecodeError]) -
             return SceneProbe(scene.scene_id, error=f"camera {camera!r} is missing", error_camera=camera)
         probe = found[index]
         if isinstance(probe, VideoDecodeError):
-            return SceneProbe(scene.scene_id, error=probe.reason, error_path=path, error_camera=camera)
+            return SceneProbe(scene.scene_id, error=probe.reason, error_path=probe.path, error_camera=camera)
         counts.append(probe.frames)
         fps_values.append(probe.fps)
+    probes = tuple(found)  # type: ignore[arg-type]  # every entry is a CameraProbe here
+    if sync is None:
+        return SceneProbe(scene.scene_id, num_frames=counts[0], fps=fps_values[0],
+                          rotations=_shared(tuple(p.rotation for p in probes)), cameras=probes)
+    if sync.mode == "timestamps":
+        return _judge_by_time(scene, probes, sync)
     if len(set(counts)) > 1:
         shortest = min(range(len(counts)), key=counts.__getitem__)
         return SceneProbe(
             scene.scene_id,
-            error=f"camera {scene.cameras[shortest]!r} has {counts[shortest]} frames, others have up to {max(counts)}",
+            error=f"camera {scene.cameras[shortest]!r} has {counts[shortest]} frames, others have up to {max(counts)} "
+                  "(cameras that start at different times: --sync timestamps)",
             error_path=scene.paths[shortest], error_camera=scene.cameras[shortest],
         )
-    odd = next((i for i, fps in enumerate(fps_values) if abs(fps - fps_values[0]) > 0.01 * fps_values[0]), None)
+    known = [(i, fps) for i, fps in enumerate(fps_values) if fps > 0]  # an image sequence's rate may be unknown
+    odd = next((i for i, fps in known if abs(fps - known[0][1]) > 0.01 * known[0][1]), None)
     if odd is not None:
+        first = known[0][0]
         return SceneProbe(
             scene.scene_id,
-            error=f"camera {scene.cameras[odd]!r} runs at {fps_values[odd]:g} fps, camera {scene.cameras[0]!r} at "
-                  f"{fps_values[0]:g} fps (the same frame index would not be the same moment)",
+            error=f"camera {scene.cameras[odd]!r} runs at {fps_values[odd]:g} fps, camera {scene.cameras[first]!r} at "
+                  f"{fps_values[first]:g} fps (the same frame index would not be the same moment; --sync timestamps "
+                  "pairs frames by time)",
             error_path=scene.paths[odd], error_camera=scene.cameras[odd],
         )
     total = counts[0]
@@ -106,9 +136,52 @@ def judge_scene(scene: Scene, found: Sequence[CameraProbe | VideoDecodeError]) -
         if stop > total:
             return SceneProbe(scene.scene_id, error=f"frame range [{start}, {stop}) exceeds the video's {total} frames",
                               error_path=scene.paths[0], error_camera=scene.cameras[0])
-    probes = tuple(found)  # type: ignore[arg-type]  # every entry is a CameraProbe here
-    return SceneProbe(scene.scene_id, num_frames=total, fps=fps_values[0],
+    return SceneProbe(scene.scene_id, num_frames=total, fps=known[0][1] if known else 0.0,
                       rotations=_shared(tuple(p.rotation for p in probes)), cameras=probes)
+
+
+def _period(probe: CameraProbe) -> float:
+    """A camera's mean frame period in ns from its first and last frame times (0 for one frame)."""
+    return (probe.end_ns - probe.start_ns) / (probe.frames - 1) if probe.frames > 1 else 0.0  # type: ignore[operator]
+
+
+def _judge_by_time(scene: Scene, probes: tuple[CameraProbe, ...], sync: SyncConfig) -> SceneProbe:
+    """--sync timestamps: the reference camera's frames inside the span every camera covers (first/last frame
+    times); the frame range, where the index gives one, counts in the reference camera's frames."""
+    reference = scene.cameras.index(sync.reference) if sync.reference in scene.cameras else 0
+    for camera, probe, path in zip(scene.cameras, probes, scene.paths):
+        if probe.start_ns is None:
+            return SceneProbe(scene.scene_id, error=f"camera {camera!r} has no frame times (--sync timestamps needs "
+                                                    "them: a timestamps.txt, timestamped file names, --fps, or a "
+                                                    "probe written by this vaecache's `index`)",
+                              error_path=path, error_camera=camera)
+    ref = probes[reference]
+    # a reference frame is usable where every other camera has a frame within its tolerance (half its period)
+    reach = [0.0 if i == reference else (sync.tolerance * 1e9 if sync.tolerance is not None else _period(p) / 2)
+             for i, p in enumerate(probes)]
+    lo = max(p.start_ns - r for p, r in zip(probes, reach))  # type: ignore[operator]
+    hi = min(p.end_ns + r for p, r in zip(probes, reach))  # type: ignore[operator]
+    period = _period(ref)
+    first, stop = 0, ref.frames
+    if period > 0:
+        first = max(0, math.ceil((lo - ref.start_ns) / period - 1e-6))  # type: ignore[operator]
+        stop = min(ref.frames, math.floor((hi - ref.start_ns) / period + 1e-6) + 1)  # type: ignore[operator]
+    if scene.frame_range is not None:
+        if scene.frame_range[1] > ref.frames:
+            start, stop = scene.frame_range
+            return SceneProbe(scene.scene_id, error=f"frame range [{start}, {stop}) exceeds camera "
+                                                    f"{scene.cameras[reference]!r}'s {ref.frames} frames",
+                              error_path=scene.paths[reference], error_camera=scene.cameras[reference])
+        first, stop = max(first, scene.frame_range[0]), min(stop, scene.frame_range[1])
+    if stop <= first:
+        late = max(range(len(probes)), key=lambda i: probes[i].start_ns)  # type: ignore[arg-type,return-value]
+        begins = probes[late].start_ns / 1e9  # type: ignore[operator]
+        return SceneProbe(scene.scene_id, error=f"the cameras never all have frames at once: camera "
+                                                f"{scene.cameras[late]!r} starts at {begins:.3f} s, after another ends "
+                                                f"at {hi / 1e9:.3f} s",
+                          error_path=scene.paths[late], error_camera=scene.cameras[late])
+    return SceneProbe(scene.scene_id, num_frames=stop, fps=ref.fps or (1e9 / period if period else 0.0),
+                      rotations=_shared(tuple(p.rotation for p in probes)), cameras=probes, first=first)
 
 
 _SHARED: dict[tuple[int, ...], tuple[int, ...]] = {}
@@ -131,17 +204,17 @@ def probe_records(scene: Scene, found: Sequence[CameraProbe | VideoDecodeError])
     """Cache records (one per file opened, see open_scene) for the probe cache: a readable file's probe, or
     the reason an unreadable one failed with its size and mtime. A file that cannot be stat'ed is not cached."""
     records = []
-    for path, result in zip(scene.paths, found):
+    for camera, (path, result) in enumerate(zip(scene.paths, found)):
         if isinstance(result, CameraProbe):
             records.append({"path": path, "probe": result.to_json()})
             continue
         if result.reason.startswith(ENVIRONMENT_REASONS) or isinstance(result, FrameBudgetError):
             continue  # a chmod, a remount or another --max-frame-pixels changes these, not size or mtime: look again
         try:
-            stat = os.stat(result.path)
-        except OSError:
+            size, mtime_ns = source_identity(scene.source(camera))  # type: ignore[arg-type]
+        except (OSError, VideoDecodeError):
             continue
-        records.append({"path": path, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "error": result.reason})
+        records.append({"path": path, "size": size, "mtime_ns": mtime_ns, "error": result.reason})
     return records
 
 
@@ -166,30 +239,30 @@ def read_probe_cache(paths: Iterable[Path]) -> ProbeCache:
     return cache
 
 
-def probe_from_cache(scene: Scene, cache: ProbeCache) -> SceneProbe | None:
+def probe_from_cache(scene: Scene, cache: ProbeCache, sync: SyncConfig | None = FRAME_SYNC) -> SceneProbe | None:
     """The scene judged from cached probes of files that did not change since (size and mtime), or None when
     one of its files must be opened again."""
     found: list[CameraProbe | VideoDecodeError] = []
-    for path in scene.paths:
+    for camera, path in enumerate(scene.paths):
         if path is None:
             break
         entry = cache.get(path)
         if entry is None:
             return None
         try:
-            stat = os.stat(path)
-        except OSError:
+            identity = source_identity(scene.source(camera))  # type: ignore[arg-type]
+        except (OSError, VideoDecodeError):
             return None
         if isinstance(entry, CameraProbe):
-            if not entry.matches(stat):
+            if not entry.matches(identity):
                 return None
             found.append(entry)
             continue
-        if (stat.st_size, stat.st_mtime_ns) != entry[:2]:
+        if identity != entry[:2]:
             return None
         found.append(VideoDecodeError(path, entry[2]))
         break
-    return judge_scene(scene, found)
+    return judge_scene(scene, found, sync)
 
 
 # --------------------------------------------------------------------------- the probing driver
@@ -236,7 +309,7 @@ def probe_dataset(scenes: Sequence[Scene], ctx: Any = None, *, workers: int = DE
                   cache_paths: Callable[[], Iterable[Path]] = tuple, gather: bool = True,
                   trust_index_probes: bool = True,
                   on_scene: Callable[[Scene, list[dict[str, Any]]], None] | None = None,
-                  advance: Advance | None = None) -> Probed:
+                  advance: Advance | None = None, sync: SyncConfig = FRAME_SYNC) -> Probed:
     """Probe the scenes that need it, across ranks: `vaecache index`, `encode` and `plan` all probe through here.
 
     Scenes whose index line gives their probe are skipped (no video opened) unless not `trust_index_probes`
@@ -256,7 +329,7 @@ def probe_dataset(scenes: Sequence[Scene], ctx: Any = None, *, workers: int = DE
         for position, scene in enumerate(scenes):
             if scene.probed is not None and trust_index_probes:
                 continue
-            known = probe_from_cache(scene, cache) if cache else None
+            known = probe_from_cache(scene, cache, sync) if cache else None
             if known is None:
                 unknown.append(position)
             else:
@@ -268,7 +341,7 @@ def probe_dataset(scenes: Sequence[Scene], ctx: Any = None, *, workers: int = DE
     share = [scenes[position] for position in unknown[rank::world]]
     mine: list[SceneProbe] = []
     for scene, found in probe_in_pool(share, workers):
-        probe = judge_scene(scene, found)
+        probe = judge_scene(scene, found, sync)
         mine.append(probe)
         records = probe_records(scene, found)
         if on_scene is not None:

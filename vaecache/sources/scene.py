@@ -5,7 +5,6 @@ implements (Layout)."""
 from __future__ import annotations
 
 import math
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,11 +12,13 @@ from typing import Any, NamedTuple, Protocol, Sequence
 
 from vaecache.cache.layout import id_problem
 from vaecache.errors import DatasetError
+from vaecache.video.frames import FrameList
 
 PROBE_FIELDS: dict[str, type | tuple[type, ...]] = {
     "frames": int, "fps": (int, float), "width": int, "height": int, "codec": str, "size": int, "mtime_ns": int,
-    "rotation": int}
+    "rotation": int, "start_ns": int, "end_ns": int}
 """What `vaecache index` records per camera, and the JSON type of each (see CameraProbe)."""
+_OPTIONAL_PROBE_FIELDS = {"rotation": 0, "start_ns": None, "end_ns": None}
 
 SINGLE_CAMERA = "video"
 """The camera name of a scene that is one video (a folder of videos, a "path" index line) unless --cameras names it."""
@@ -30,6 +31,7 @@ class CameraProbe:
     frames: int
     """Frames of a straight decode from the start (vaecache.video.reader.VideoReader's count)."""
     fps: float
+    """Frames per second; 0.0 for an image sequence of unknown rate (no --fps, no frame times)."""
     width: int
     """Stored frame width in pixels, before the display rotation is applied."""
     height: int
@@ -39,16 +41,25 @@ class CameraProbe:
     mtime_ns: int
     rotation: int = 0
     """Counter-clockwise display rotation in degrees (a multiple of 90) that decoding applies."""
+    start_ns: int | None = None
+    """The first frame's time in ns (video pts with the stream's start offset, an image timestamp); with end_ns
+    it tells `--sync timestamps` where the cameras of a scene overlap. None: the camera has no frame times."""
+    end_ns: int | None = None
+    """The last frame's time in ns."""
 
     def __post_init__(self) -> None:
-        if (self.frames < 1 or not 0 < self.fps < math.inf or self.width < 1 or self.height < 1 or self.size < 1
-                or self.rotation % 90):
-            raise DatasetError(f"probe {self}: frames, fps, width, height and size must be positive (fps finite) and "
-                               "rotation a multiple of 90")
+        if (self.frames < 1 or not 0 <= self.fps < math.inf or self.width < 1 or self.height < 1 or self.size < 1
+                or self.rotation % 90 or (self.start_ns is None) != (self.end_ns is None)
+                or (self.start_ns is not None and self.end_ns < self.start_ns)):  # type: ignore[operator]
+            raise DatasetError(f"probe {self}: frames, width, height and size must be positive, fps finite and >= 0, "
+                               "rotation a multiple of 90, start_ns and end_ns both given (end >= start) or neither")
 
     def to_json(self) -> dict[str, Any]:
-        return {"frames": self.frames, "fps": self.fps, "width": self.width, "height": self.height, "codec": self.codec,
-                "size": self.size, "mtime_ns": self.mtime_ns, "rotation": self.rotation}
+        found = {"frames": self.frames, "fps": self.fps, "width": self.width, "height": self.height,
+                 "codec": self.codec, "size": self.size, "mtime_ns": self.mtime_ns, "rotation": self.rotation}
+        if self.start_ns is not None:
+            found["start_ns"], found["end_ns"] = self.start_ns, self.end_ns
+        return found
 
     @classmethod
     def from_json(cls, raw: Any, where: str) -> CameraProbe:
@@ -61,14 +72,17 @@ class CameraProbe:
                                                                  raw["mtime_ns"])
             rotation = raw.get("rotation", 0)
             if (type(frames) is type(width) is type(height) is type(size) is type(mtime_ns) is type(rotation) is int
-                    and type(fps) in (float, int) and type(codec) is str and len(raw) <= len(PROBE_FIELDS)
-                    and frames > 0 and 0 < fps < math.inf and width > 0 and height > 0 and size > 0
+                    and type(fps) in (float, int) and type(codec) is str and len(raw) <= len(PROBE_FIELDS) - 2
+                    and frames > 0 and 0 <= fps < math.inf and width > 0 and height > 0 and size > 0
                     and not rotation % 90):
-                return _new_camera_probe(frames, float(fps), width, height, sys.intern(codec), size, mtime_ns, rotation)
+                return _new_camera_probe(frames, float(fps), width, height, sys.intern(codec), size, mtime_ns, rotation,
+                                         None, None)
         except KeyError:
             pass
         for name, kind in PROBE_FIELDS.items():
-            value = raw.get(name, 0 if name == "rotation" else None)
+            value = raw.get(name, _OPTIONAL_PROBE_FIELDS.get(name))
+            if value is None and name in _OPTIONAL_PROBE_FIELDS:
+                continue
             if value is None:
                 raise DatasetError(f"{where}: probe lacks \"{name}\" (needs {', '.join(PROBE_FIELDS)})")
             if isinstance(value, bool) or not isinstance(value, kind):
@@ -80,14 +94,15 @@ class CameraProbe:
                                f"(known: {', '.join(PROBE_FIELDS)})")
         try:
             return cls(raw["frames"], float(raw["fps"]), raw["width"], raw["height"], raw["codec"], raw["size"],
-                       raw["mtime_ns"], raw.get("rotation", 0))
+                       raw["mtime_ns"], raw.get("rotation", 0), raw.get("start_ns"), raw.get("end_ns"))
         except DatasetError:
-            raise DatasetError(f"{where}: probe values out of range (frames, fps, width, height and size must be "
-                               f"positive, fps finite, rotation a multiple of 90): {raw!r:.200}") from None
+            raise DatasetError(f"{where}: probe values out of range (frames, width, height and size must be "
+                               f"positive, fps finite and >= 0, rotation a multiple of 90, start_ns <= end_ns, both "
+                               f"or neither): {raw!r:.200}") from None
 
-    def matches(self, stat: os.stat_result) -> bool:
-        """Whether a file with this stat is still the file that was probed."""
-        return stat.st_size == self.size and stat.st_mtime_ns == self.mtime_ns
+    def matches(self, identity: tuple[int, int]) -> bool:
+        """Whether a source of this (size, mtime_ns) (see sources.probing.source_identity) is still the one probed."""
+        return identity == (self.size, self.mtime_ns)
 
 
 _PROBE_SLOT_SETTERS = tuple(CameraProbe.__dict__[name].__set__ for name in PROBE_FIELDS)
@@ -118,6 +133,15 @@ class Scene:
     metadata: str | None = None
     """The index line's other keys (caption, tags, any JSON) as canonical JSON text, passed through untouched
     into every clip record's `metadata`; None when the line has none. Text keeps a Scene hashable and small."""
+    frame_lists: tuple[FrameList | None, ...] | None = None
+    """Per camera, its frames file by file where the layout lists them (an index's "files", nuScenes); the camera's
+    path is then the FrameList's key. None (or a None entry): the path is a video, a frame folder or a glob."""
+    frame_rate: float | None = None
+    """Frames per second of this scene's image-sequence cameras whose frames carry no times (--fps, an index's
+    "fps"); None: unknown (videos have their own)."""
+    frame_metadata: FrameMetadata | None = None
+    """Per camera and frame, what a layout knows of each frame (nuScenes: its ego pose): each clip's record carries
+    its own frames' entries."""
 
     def __post_init__(self) -> None:
         if id_problem(self.scene_id):
@@ -127,6 +151,27 @@ class Scene:
             raise DatasetError(f"scene {self.scene_id}: needs one path per camera")
         if self.probed is not None and len(self.probed) != len(self.cameras):
             raise DatasetError(f"scene {self.scene_id}: needs one probe per camera")
+        if self.frame_lists is not None and len(self.frame_lists) != len(self.cameras):
+            raise DatasetError(f"scene {self.scene_id}: needs one frame list (or None) per camera")
+
+    def source(self, camera: int) -> str | FrameList | None:
+        """What camera `camera` is read from: its FrameList, else its path (None: the scene lacks it)."""
+        listed = self.frame_lists[camera] if self.frame_lists is not None else None
+        return listed if listed is not None else self.paths[camera]
+
+
+@dataclass(frozen=True, slots=True)
+class FrameMetadata:
+    """Per-frame metadata of a scene's cameras, as JSON text per camera (one object per frame): text keeps a Scene
+    hashable, and one string per camera costs one object, not one per frame."""
+
+    per_camera: tuple[str, ...]
+
+    def entries(self, camera: int, frames: Sequence[int]) -> list[Any]:
+        import json
+
+        found = json.loads(self.per_camera[camera])
+        return [found[index] for index in frames]
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +189,8 @@ class SceneProbe:
     """Per camera, the counter-clockwise display rotation (degrees) that decoding applies."""
     cameras: tuple[CameraProbe, ...] = ()
     """Per camera, what was probed (empty for an unusable scene): decoding checks frames and size against it."""
+    first: int = 0
+    """The first usable frame (of the reference camera with --sync timestamps: where every camera has begun)."""
 
 
 @dataclass(frozen=True)
@@ -169,6 +216,8 @@ class Discovery:
     form: str = "cameras"
     """"path" for a single-camera folder or an index of "path" lines, else "cameras" (how `vaecache index`
     writes the scenes back)."""
+    reference_camera: str | None = None
+    """The layout's reference camera for --sync timestamps (Layout.reference_camera)."""
 
 
 class LayoutScenes(NamedTuple):
@@ -180,18 +229,41 @@ class LayoutScenes(NamedTuple):
     `discover` reports cameras left out of the chosen set. Empty for single-camera layouts."""
     rejected: list[Skipped]
     """Scenes whose name cannot be an id: recorded failures, the rest of DATA goes on."""
+    reference_camera: str | None = None
+    """The camera --sync timestamps takes clip times from by default, where DATA says (else Layout's)."""
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """What the user says about DATA beyond its path: camera choice and order, the rate of image sequences without
+    frame times, the nuScenes version."""
+
+    cameras: tuple[str, ...] | None = None
+    """--cameras: which cameras, in which order (None: the layout's own choice and order)."""
+    frame_rate: float | None = None
+    """--fps: frames per second of image-sequence cameras whose frames carry no times."""
+    nuscenes_version: str | None = None
+    """--nuscenes-version: which v1.0-* tables of a nuScenes root (None: the only one there)."""
+
+    def __post_init__(self) -> None:
+        if self.frame_rate is not None and not 0 < self.frame_rate < math.inf:
+            raise DatasetError(f"--fps must be a positive number, got {self.frame_rate!r}")
 
 
 class Layout(Protocol):
-    """One way a dataset ships (a folder of scene folders or of videos, a JSONL index, ...): a module of
-    vaecache.sources, listed in vaecache.sources.discover.LAYOUTS. Every camera of its scenes is a video file
-    today, probed and read by vaecache.video; a layout whose cameras are something else (frame folders, a span of
-    a longer file) brings its own timelines and reader with it."""
+    """One way a dataset ships (a folder of scene folders, of videos or of frame folders, a JSONL index, a nuScenes
+    root): a module of vaecache.sources, listed in vaecache.sources.discover.LAYOUTS. A layout finds the scenes (id,
+    cameras, metadata) and names each camera's source: a video file, a folder or glob of frames, or a FrameList.
+    vaecache.sources.probing gives each source its timeline (CameraProbe: frames, rate, size, first and last frame
+    time) and vaecache.video.backends.open_camera opens it for reading frames by index in a worker."""
 
     name: str
+    reference_camera: str | None
+    """The camera `--sync timestamps` takes its clip times from unless --sync-reference names one (None: the
+    first of the chosen cameras)."""
 
     def matches(self, data: Path) -> bool:
         """Whether DATA (a path that exists) is in this layout."""
 
-    def scenes(self, data: Path, order: Sequence[str] | None) -> LayoutScenes:
-        """DATA's scenes, cameras in `order` where given (--cameras), else as the layout orders them."""
+    def scenes(self, data: Path, options: SourceOptions) -> LayoutScenes:
+        """DATA's scenes, cameras in options.cameras order where given, else as the layout orders them."""

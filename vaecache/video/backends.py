@@ -11,7 +11,17 @@ import torch
 
 from vaecache.errors import UsageError, VideoDecodeError, first_line
 from vaecache.settings.clip import DECODER_CHOICES
+from vaecache.video.frames import FrameList, FrameSequence, is_image_source
 from vaecache.video.reader import DECODER, VideoReader
+
+
+def open_camera(source: str | FrameList, backend: Backend | None = None, max_pixels: int | None = None,
+                fps: float | None = None) -> VideoReader | ForeignReader | FrameSequence:
+    """A frame-exact reader of one camera: an image sequence (a FrameList, a folder, a glob; Pillow whatever the
+    --decoder, at `fps` where its frames carry no times) or a video file (open_video)."""
+    if is_image_source(source):
+        return FrameSequence(source, fps, max_pixels)
+    return open_video(source, backend, max_pixels)  # type: ignore[arg-type]  # not a FrameList here
 
 
 def open_video(path: str, backend: Backend | None = None, max_pixels: int | None = None) -> VideoReader | ForeignReader:
@@ -149,6 +159,9 @@ class ForeignReader:
 
     def timestamps(self, frames: Sequence[int]) -> list[float]:
         return self.index.timestamps(frames)
+
+    def times_ns(self) -> list[int]:
+        return self.index.times_ns()
 
     def fps(self) -> float:
         return self.index.fps()

@@ -1,5 +1,6 @@
 """The views of a batch, decoded in DataLoader workers: ViewDecoder (one camera of one clip, readers kept
-open) and ViewBatchDataset (item i: the views this rank encodes for batch i; failures reported, not raised)."""
+open) and ViewBatchDataset (item i: the views this rank encodes for batch i, and what the clip records need to
+know of how they were read; failures reported, not raised)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,13 @@ import torch
 
 from vaecache.errors import VideoDecodeError
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS
-from vaecache.video.backends import PYAV, Backend, ForeignReader, open_video
+from vaecache.video.backends import PYAV, Backend, ForeignReader, open_camera
+from vaecache.video.frames import FrameList, FrameSequence, files_identity, is_image_source
 from vaecache.video.reader import VideoReader
 from vaecache.video.resize import resize_fit, to_model_range
+from vaecache.video.sync import synchronized_frames
+
+Reader = VideoReader | ForeignReader | FrameSequence
 
 
 class ViewDecoder:
@@ -24,14 +29,16 @@ class ViewDecoder:
     def __init__(self, height: int, width: int, cache_size: int = 8, fit: str = "cover",
                  backend: Backend = PYAV, max_pixels: int = DEFAULT_MAX_FRAME_PIXELS) -> None:
         self.height, self.width, self.fit, self.backend, self.max_pixels = height, width, fit, backend, max_pixels
-        self._readers: OrderedDict[str, VideoReader | ForeignReader] = OrderedDict()
+        self._readers: OrderedDict[str, Reader] = OrderedDict()
         self._cache_size = cache_size
 
-    def _reader(self, path: str) -> VideoReader | ForeignReader:
-        reader = self._readers.pop(path, None)
+    def _reader(self, path: str | FrameList, fps: float | None = None) -> Reader:
+        """The open reader of a camera source (a path, or a FrameList named by its key)."""
+        key = path.key if isinstance(path, FrameList) else path
+        reader = self._readers.pop(key, None)
         if reader is None:
-            reader = open_video(path, self.backend, self.max_pixels)
-        self._readers[path] = reader
+            reader = open_camera(path, self.backend, self.max_pixels, fps)
+        self._readers[key] = reader
         while len(self._readers) > self._cache_size:
             self._readers.popitem(last=False)[1].close()
         return reader
@@ -40,66 +47,80 @@ class ViewDecoder:
         while self._readers:
             self._readers.popitem()[1].close()
 
-    def timestamps(self, path: str, frames: Sequence[int]) -> list[float]:
-        """Presentation time (seconds from the first frame) of each frame of `path`."""
-        return self._reader(path).timestamps(frames)
+    def timestamps(self, path: str | FrameList, frames: Sequence[int], fps: float | None = None) -> list[float] | None:
+        """Presentation time (seconds from the first frame) of each frame of `path` (None: an image sequence of
+        unknown rate)."""
+        return self._reader(path, fps).timestamps(frames)
 
-    def frames(self, path: str, frames: Sequence[int]) -> np.ndarray:
+    def opened(self, path: str | FrameList, fps: float | None = None) -> Reader:
+        """The reader of a camera source, opened once and kept among the last few."""
+        return self._reader(path, fps)
+
+    def frames(self, path: str | FrameList, frames: Sequence[int], fps: float | None = None) -> np.ndarray:
         """(T, H, W, 3) uint8 RGB, upright, exactly the frames asked for."""
         try:
-            return self._reader(path).read(frames)
+            return self._reader(path, fps).read(frames)
         except VideoDecodeError:
-            stale = self._readers.pop(path, None)
+            stale = self._readers.pop(path.key if isinstance(path, FrameList) else path, None)
             if stale is not None:
                 stale.close()
             raise
 
-    def check(self, path: str, expect: tuple[int, int, int] | None = None,
-              identity: tuple[int, int] | None = None) -> None:
+    def check(self, path: str | FrameList, expect: tuple[int, int, int] | None = None,
+              identity: tuple[int, int] | None = None, fps: float | None = None) -> None:
         """Open `path` (VideoDecodeError when it cannot be, or its frames exceed the budget), and refuse it unless
         it has `expect` = (frames, width, height) as planned and, where an index recorded it, `identity` =
         (size, mtime_ns): a file rewritten since it was probed is refused before it is opened, even with the same
         frame count and size."""
-        if identity is not None and path not in self._readers:
+        key = path.key if isinstance(path, FrameList) else path
+        if identity is not None and key not in self._readers and not isinstance(path, FrameList):
             check_identity(path, *identity)
         try:
-            reader = self._reader(path)
+            reader = self._reader(path, fps)
             if expect is not None:
                 reader.check_probe(*expect)
         except VideoDecodeError:
-            stale = self._readers.pop(path, None)
+            stale = self._readers.pop(key, None)
             if stale is not None:
                 stale.close()
             raise
 
-    def decode(self, path: str, frames: Sequence[int], size: tuple[int, int] | None = None) -> torch.Tensor:
+    def decode(self, path: str | FrameList, frames: Sequence[int], size: tuple[int, int] | None = None,
+               fps: float | None = None) -> torch.Tensor:
         """(C, T, H, W) float in [-1, 1], at `size` (H, W; default the decoder's own)."""
         height, width = size or (self.height, self.width)
-        array = self.frames(path, frames)
+        array = self.frames(path, frames, fps)
         tensor = torch.from_numpy(np.ascontiguousarray(array)).permute(0, 3, 1, 2)
         tensor = to_model_range(resize_fit(tensor, height, width, self.fit))
         return tensor.permute(1, 0, 2, 3).contiguous()
 
 
 def check_identity(path: str, size: int, mtime_ns: int) -> None:
-    """VideoDecodeError naming both values unless `path` still has the size and mtime its probe recorded."""
+    """VideoDecodeError naming both values unless `path` (a video, a frame folder or glob) still has the size and
+    mtime its probe recorded."""
     import datetime as _dt
 
+    from vaecache.video.frames import frame_files
+
     try:
-        stat = os.stat(path)
-    except OSError:
+        if is_image_source(path):
+            found_size, found_mtime = files_identity(frame_files(path))
+        else:
+            stat = os.stat(path)
+            found_size, found_mtime = stat.st_size, stat.st_mtime_ns
+    except (OSError, VideoDecodeError):
         return  # opening it names the problem
-    if (stat.st_size, stat.st_mtime_ns) == (size, mtime_ns):
+    if (found_size, found_mtime) == (size, mtime_ns):
         return
 
     def when(ns: int) -> str:
         return _dt.datetime.fromtimestamp(ns / 1e9, _dt.timezone.utc).isoformat(timespec="microseconds")
 
     changes = []
-    if stat.st_size != size:
-        changes.append(f"size {size} -> {stat.st_size} bytes")
-    if stat.st_mtime_ns != mtime_ns:
-        changes.append(f"modified {when(mtime_ns)} -> {when(stat.st_mtime_ns)}")
+    if found_size != size:
+        changes.append(f"size {size} -> {found_size} bytes")
+    if found_mtime != mtime_ns:
+        changes.append(f"modified {when(mtime_ns)} -> {when(found_mtime)}")
     raise VideoDecodeError(path, f"changed since it was probed ({', '.join(changes)}): its frames may not be the "
                                  "ones indexed; run `vaecache index` again")
 
@@ -107,11 +128,10 @@ def check_identity(path: str, size: int, mtime_ns: int) -> None:
 class ViewBatchDataset(torch.utils.data.Dataset):
     """Item i decodes the views this rank encodes for batch i; failures are reported, not raised.
 
-    An item is {"index", "views" (V, C, T, H, W), "errors": {clip: (path, reason, whole_file)}, "times": {clip:
-    seconds of each frame in its first decoded camera, from that video's first frame}} (times: for the clip
-    record). `whole_file`: the file itself failed (it does not open, its frames exceed the budget, it is not what
-    its probe says: ViewDecoder.check), whatever frames a clip asks for; every later clip of it then fails at once,
-    without opening it again, and the caller records its scene once."""
+    An item is {"index", "views" (V, C, T, H, W), "errors": {clip: (path, reason, whole_file)}, "readings": {clip:
+    ClipReading fields (see `reading`)}}. `whole_file`: the source itself failed (it does not open, its frames
+    exceed the budget, it is not what its probe says: ViewDecoder.check), whatever frames a clip asks for; every
+    later clip of it then fails at once, without opening it again, and the caller records its scene once."""
 
     def __init__(self, batches: Sequence[Sequence[Any]], view_indices: Sequence[Sequence[int]], height: int, width: int,
                  fit: str = "cover", backend: Backend = PYAV, max_pixels: int = DEFAULT_MAX_FRAME_PIXELS) -> None:
@@ -131,6 +151,35 @@ class ViewBatchDataset(torch.utils.data.Dataset):
             self._decoder.close()
             self._decoder = None
 
+    def _opened(self, clip: Any, camera: int) -> Reader:
+        """Camera `camera` of `clip`, checked against its probe (ViewDecoder.check; a failure condemns the source)."""
+        assert self._decoder is not None
+        path = clip.paths[camera]
+        if path in self._condemned:
+            raise _Condemned(path, self._condemned[path])
+        try:
+            self._decoder.check(clip.source(camera), clip.expect[camera] if clip.expect else None,
+                                clip.identity[camera] if clip.identity else None, clip.frame_rate)
+        except VideoDecodeError as exc:
+            self._condemned[path] = exc.reason
+            raise _Condemned(exc.path, exc.reason) from None
+        return self._decoder.opened(clip.source(camera), clip.frame_rate)
+
+    def reading(self, clip: Any) -> tuple[list[list[int]], dict[str, Any]]:
+        """Which frames of each camera the clip takes (`frames` for all, or by time with --sync timestamps), and
+        what its record says of them (clip_reading)."""
+        cameras = range(len(clip.cameras))
+        if clip.sync is None:
+            per_camera = [list(clip.frames) for _ in cameras]
+            readers: list[Reader | None] = [self._opened(clip, camera) if is_image_source(clip.source(camera))
+                                            else None for camera in cameras]
+            return per_camera, clip_reading(clip, per_camera, readers, None)
+        readers = [self._opened(clip, camera) for camera in cameras]
+        timelines = [reader.times_ns() or [] for reader in readers]  # type: ignore[union-attr]
+        per_camera = synchronized_frames(clip.reference, clip.frames, timelines, clip.cameras, clip.paths,
+                                         clip.sync.tolerance)
+        return per_camera, clip_reading(clip, per_camera, readers, timelines)
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         if self._decoder is None:
             self._decoder = ViewDecoder(self.height, self.width, fit=self.fit, backend=self.backend,
@@ -141,44 +190,72 @@ class ViewBatchDataset(torch.utils.data.Dataset):
         # clip-major, camera-minor, as planning.jobs.batch_views lays a batch out (not imported: planning imports
         # sources, which imports this module)
         views = [(clip_index, camera) for clip_index, clip in enumerate(batch) for camera in range(len(clip.cameras))]
-        decoded: dict[int, torch.Tensor] = {}
+        decoded: dict[int, torch.Tensor] = {}  # a view listed twice (SP padding) is decoded once
         errors: dict[int, tuple[str, str, bool]] = {}
-        times: dict[int, list[float]] = {}
-        out = []
+        readings: dict[int, dict[str, Any]] = {}
+        chosen: dict[int, list[list[int]]] = {}
+        out: list[torch.Tensor | None] = []
         for view_index in self.view_indices[index]:
             clip_index, camera = views[view_index]
             clip = batch[clip_index]
-            path = clip.paths[camera]
-            if clip_index in errors:
-                tensor = None
-            elif view_index in decoded:
-                tensor = decoded[view_index]
-            elif path in self._condemned:
-                errors[clip_index] = (path, self._condemned[path], True)
-                tensor = None
-            else:
-                expect, identity = getattr(clip, "expect", ()), getattr(clip, "identity", ())
-                tensor = None
+            tensor = decoded.get(view_index)
+            if clip_index not in errors and tensor is None:
                 try:
-                    self._decoder.check(path, expect[camera] if expect else None,
-                                        identity[camera] if identity else None)
-                except VideoDecodeError as exc:
-                    self._condemned[path] = exc.reason
+                    if clip_index not in chosen:
+                        chosen[clip_index], readings[clip_index] = self.reading(clip)
+                    frames = chosen[clip_index][camera]
+                    reader = self._opened(clip, camera)
+                    tensor = decoded[view_index] = self._decoder.decode(clip.source(camera), frames, size,
+                                                                        clip.frame_rate)
+                    if "times" not in readings[clip_index]:
+                        readings[clip_index]["times"] = reader.timestamps(frames)
+                except _Condemned as exc:
                     errors[clip_index] = (exc.path, exc.reason, True)
-                else:
-                    try:
-                        tensor = self._decoder.decode(path, clip.frames, size)
-                        decoded[view_index] = tensor
-                        if clip_index not in times:
-                            times[clip_index] = self._decoder.timestamps(path, clip.frames)
-                    except VideoDecodeError as exc:
-                        errors[clip_index] = (exc.path, exc.reason, False)
-                        tensor = None
-            out.append(tensor)
+                except VideoDecodeError as exc:
+                    errors[clip_index] = (exc.path, exc.reason, False)
+            out.append(tensor if clip_index not in errors else None)
         template = next((t for t in out if t is not None), None)
         if template is None:
             template = torch.zeros(3, len(batch[0].frames), *size)
         stacked = torch.stack([t if t is not None else torch.zeros_like(template) for t in out])
         for clip_index in errors:
-            times.pop(clip_index, None)
-        return {"index": index, "views": stacked, "errors": errors, "times": times}
+            readings.pop(clip_index, None)
+        return {"index": index, "views": stacked, "errors": errors, "readings": readings}
+
+
+def clip_reading(clip: Any, per_camera: Sequence[Sequence[int]], readers: Sequence[Reader | None],
+                 timelines: Sequence[Sequence[int]] | None) -> dict[str, Any]:
+    """What a clip's record says of how its cameras were read: with --sync timestamps "camera_frames" and
+    "camera_times" (seconds on each camera's own clock); for image-sequence cameras "frame_files" and "identity"
+    (camera index -> {size, mtime_ns} over the clip's frame files)."""
+    found: dict[str, Any] = {}
+    if timelines is not None:
+        found["camera_frames"] = {name: list(frames) for name, frames in zip(clip.cameras, per_camera)}
+        found["camera_times"] = {name: [round(timelines[c][i] / 1e9, 6) for i in per_camera[c]]
+                                 for c, name in enumerate(clip.cameras)}
+    files = {camera: reader.frame_names(per_camera[camera]) for camera, reader in enumerate(readers)
+             if isinstance(reader, FrameSequence)}
+    if files:
+        found["frame_files"] = {clip.cameras[camera]: names for camera, names in files.items()}
+        found["identity"] = {camera: dict(zip(("size", "mtime_ns"), files_identity(names)))
+                             for camera, names in files.items()}
+    return found
+
+
+def recorded_views(record: dict[str, Any]) -> list[tuple[Any, list[int]]]:
+    """Per camera of a clip record, what to read again and which frames: its recorded frame files (an image
+    sequence, all of them in order), else its source at its own frames (`camera_frames` with --sync timestamps)."""
+    files = record.get("frame_files") or {}
+    frames = record.get("camera_frames") or {}
+    views = []
+    for camera, path in zip(record["cameras"], record["sources"]):
+        if files.get(camera):
+            views.append((FrameList(path, tuple(files[camera])), list(range(len(files[camera])))))
+        else:
+            views.append((path, list(frames.get(camera, record["frames"]))))
+    return views
+
+
+class _Condemned(VideoDecodeError):
+    """A source that failed as a whole (it does not open, or is not what its probe says)."""
+

@@ -33,6 +33,8 @@ from av.video.reformatter import VideoReformatter
 from vaecache.errors import FrameBudgetError, VideoDecodeError, first_line
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS, frame_budget_problem
 
+VIDEO_EXTENSIONS = (".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v")
+"""What names a video file (anything else a folder layout finds is not a camera, or a folder of frames)."""
 DECODER = "pyav-pts/1"
 """Names this way of decoding in the run fingerprint (vaecache 0.1.0 caches decoded with decord)."""
 EVEN_SPACING_TOLERANCE = 0.5
@@ -137,6 +139,15 @@ class VideoReader:
             return [float(index / self._nominal_rate()) for index in frames]
         first = self._pts[0]
         return [float((self._pts[index] - first) * self.time_base) for index in frames]
+
+    def times_ns(self) -> list[int]:
+        """Every frame's presentation time in ns, the stream's start offset included (a camera that started later
+        says so here); evenly spaced from 0 when read sequentially. Timestamp sync matches cameras by these."""
+        if self._pts is None:
+            rate = self._nominal_rate()
+            return [round(index * 10**9 / rate) for index in range(len(self))]
+        base = self.time_base * 10**9
+        return [round(p * base) for p in self._pts]
 
     def fps(self) -> float:
         """Frames per second of the even stretches: 1 / the mean frame duration, leaving out steps more than half

@@ -1,0 +1,99 @@
+"""The nuScenes layout: scenes and cameras from the official tables (read as streams), frames walked as the devkit
+walks them, per-frame ego poses and per-camera calibration in the records, dropped frames as recorded failures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import invoke, read_clips, read_failures
+from tests.sources.nuscenes_fixture import CHANNELS_IN_SURROUND, write_nuscenes
+from vaecache.errors import DatasetError
+from vaecache.sources.discover import discover
+from vaecache.sources.nuscenes import iter_json_array
+from vaecache.sources.scene import SourceOptions
+
+ENCODE = ("--num-frames", "5", "--size", "32x48", "--sync", "timestamps")
+
+
+@pytest.fixture(scope="module")
+def nuscenes_root(tmp_path_factory):
+    return write_nuscenes(tmp_path_factory.mktemp("nuscenes") / "nuscenes", drop={(1, "CAM_BACK"): 8})
+
+
+def test_scenes_cameras_in_surround_order_and_frames_along_the_chain(nuscenes_root):
+    found = discover(nuscenes_root)
+    assert [s.scene_id for s in found.scenes] == ["scene-0001", "scene-0002"]
+    assert found.reference_camera == "CAM_FRONT"
+    scene = found.scenes[1]
+    assert scene.cameras == CHANNELS_IN_SURROUND
+    back = scene.frame_lists[scene.cameras.index("CAM_BACK")]
+    assert len(back.files) == 13 and len(scene.frame_lists[0].files) == 14  # CAM_BACK dropped one frame
+    assert "samples/CAM_BACK/" in back.files[0] and "sweeps/CAM_BACK/" in back.files[1]
+    assert all(b > a for a, b in zip(back.times_ns, back.times_ns[1:]))
+    chosen = discover(nuscenes_root, options=SourceOptions(cameras=("CAM_BACK", "CAM_FRONT")))
+    assert chosen.scenes[0].cameras == ("CAM_BACK", "CAM_FRONT")
+    with pytest.raises(DatasetError, match="CAM_SIDE"):
+        discover(nuscenes_root, options=SourceOptions(cameras=("CAM_SIDE",)))
+
+
+def test_encoded_end_to_end_with_calibration_and_ego_poses(nuscenes_root, tmp_path):
+    out = tmp_path / "out"
+    result = invoke(["encode", nuscenes_root, "--out", out, "--vae", "builtin:tiny", *ENCODE, "--workers", "0",
+                     "--no-progress"])
+    assert result.exit_code == 3, result.output  # one clip crosses the dropped frame
+    records = {r["id"]: r for r in read_clips(out)}
+    assert sorted(records) == ["scene-0001/000000-000004", "scene-0001/000005-000009", "scene-0002/000000-000004"]
+    record = records["scene-0001/000005-000009"]
+    assert record["cameras"] == list(CHANNELS_IN_SURROUND)
+    metadata = record["metadata"]
+    assert metadata["nuscenes"]["description"] == "rain, turn right 0"
+    assert metadata["calibration"]["CAM_BACK"]["sensor2ego"]["translation"] == [4.0, 0.0, 1.5]
+    assert metadata["calibration"]["CAM_FRONT"]["intrinsic"][0][0] == 1266.4
+    tables = nuscenes_root / "v1.0-mini"
+    poses = {p["token"]: p for p in iter_json_array(tables / "ego_pose.json")}
+    frames = {d["token"]: d for d in iter_json_array(tables / "sample_data.json")}
+    for camera in CHANNELS_IN_SURROUND:
+        entries = metadata["frames"][camera]
+        assert len(entries) == 5
+        for entry, file in zip(entries, record["frame_files"][camera]):  # each camera frame's own pose
+            data = frames[entry["sample_data_token"]]
+            assert file.endswith(data["filename"])
+            assert entry["ego_pose"]["translation"] == poses[data["ego_pose_token"]]["translation"]
+    assert record["camera_frames"]["CAM_FRONT"] == record["frames"] == [5, 6, 7, 8, 9]
+    (failure,) = read_failures(out)
+    assert failure["clip"] == "scene-0002/000005-000009" and failure["camera"] == "CAM_BACK"
+    assert "camera CAM_BACK: no frame within" in failure["reason"]
+    assert invoke(["verify", out]).exit_code == 0
+    assert invoke(["verify", out, "--dataset", nuscenes_root]).exit_code == 0
+
+
+def test_a_nuscenes_root_needs_time_sync_and_the_index_carries_it_all(nuscenes_root, tmp_path):
+    refused = invoke(["encode", nuscenes_root, "--out", tmp_path / "x", "--vae", "builtin:tiny", "--num-frames", "5",
+                      "--size", "32x48", "--workers", "0", "--no-progress"])
+    assert refused.exit_code == 2 and "--sync timestamps" in refused.output
+    index = tmp_path / "index.jsonl"
+    assert invoke(["index", nuscenes_root, "-o", index, "--no-progress"]).exit_code == 0
+    line = json.loads(index.read_text().splitlines()[0])
+    assert set(line["cameras"]["CAM_FRONT"]) == {"files", "times_ns"}
+    assert line["probe"]["CAM_FRONT"]["start_ns"] == line["cameras"]["CAM_FRONT"]["times_ns"][0]
+    for data, out in ((index, "from-index"), (nuscenes_root, "direct")):
+        result = invoke(["encode", data, "--out", tmp_path / out, "--vae", "builtin:tiny", *ENCODE, "--workers", "0",
+                         "--no-progress"])
+        assert result.exit_code == 3, result.output
+    direct = {r["id"]: r for r in read_clips(tmp_path / "direct")}
+    indexed = {r["id"]: r for r in read_clips(tmp_path / "from-index")}
+    assert sorted(direct) == sorted(indexed)
+    for clip_id, record in direct.items():
+        assert indexed[clip_id]["metadata"] == record["metadata"]
+        assert indexed[clip_id]["frame_files"] == record["frame_files"]
+
+
+def test_a_truncated_table_is_refused_naming_it(tmp_path):
+    table = tmp_path / "scene.json"
+    table.write_text('[{"token": "a"}, {"token": ')
+    with pytest.raises(DatasetError, match="truncated"):
+        list(iter_json_array(table))
+    table.write_text('[' + ','.join(json.dumps({"token": str(i), "pad": "x" * 5000}) for i in range(600)) + ']')
+    assert [r["token"] for r in iter_json_array(table)] == [str(i) for i in range(600)]
