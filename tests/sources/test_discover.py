@@ -166,7 +166,7 @@ def test_jsonl_index_with_single_paths(tmp_path: Path) -> None:
     (json.dumps({"id": "a", "path": "x.mp4", "frames": [5, 5]}), r"\"frames\" must be \[start, stop\)"),
     (json.dumps({"id": "a", "path": "x.mp4", "frames": [-1, 4]}), r"\"frames\" must be \[start, stop\)"),
     (json.dumps({"id": "a/b", "path": "x.mp4"}), r"scene id 'a/b' is not usable"),
-    (json.dumps({"id": "a", "cameras": {"x": 5}}), r"index.jsonl:1: the path of camera 'x' must be a non-empty string"),
+    (json.dumps({"id": "a", "cameras": {"x": 5}}), r"index.jsonl:1: the source of camera 'x' must be a path or"),
     (json.dumps({"id": "a", "path": None}), r"the path of camera 'video' must be a non-empty string"),
     # JSON has no NaN or Infinity (Python writes and reads them): a probe's fps of NaN was once stored and verified
     ('{"id": "a", "path": "x.mp4", "probe": {"frames": 9, "fps": NaN, "width": 8, "height": 8, "codec": "h264", '

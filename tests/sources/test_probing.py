@@ -52,7 +52,8 @@ def test_index_records_what_probing_finds_per_camera_sorted_by_scene(demo_data: 
         for camera, path, rotation in zip(scene.cameras, scene.paths, probe.rotations):
             stat = os.stat(path)
             assert line["probe"][camera] == {"frames": 17, "fps": 10.0, "width": 64, "height": 64, "codec": "h264",
-                                             "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "rotation": rotation}
+                                             "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "rotation": rotation,
+                                             "start_ns": 0, "end_ns": 1_600_000_000}
     assert demo_index.with_name("index.rejected.jsonl").read_text() == ""
     assert sorted(p.name for p in demo_index.parent.iterdir()) == ["index.jsonl", "index.rejected.jsonl"]
 
@@ -219,9 +220,9 @@ def test_an_encode_caches_its_probes_in_out_and_a_later_run_opens_none_of_them_a
     opened: list[str] = []
     real_probe_file = sources.probe_file
 
-    def counting(path: str) -> Any:
+    def counting(path: str, *rest: Any) -> Any:
         opened.append(path)
-        return real_probe_file(path)
+        return real_probe_file(path, *rest)
 
     monkeypatch.setattr(sources, "probe_file", counting)
     second = run_cli(["encode", data, "--out", out, *ENCODE_ARGS, "--size", "32x32"])

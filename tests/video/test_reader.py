@@ -351,11 +351,12 @@ def test_variable_frame_rate_clip_is_refused(tmp_path: Path) -> None:
     decoder = ViewDecoder(32, 32)
     clip = Clip("vfr/000026-000034", "vfr", ("video",), (str(path),), tuple(range(26, 35, 2)), 24.0)
     item = ViewBatchDataset([[clip]], [[0]], 32, 32)[0]
-    assert list(item["errors"]) == [0] and "not evenly spaced" in item["errors"][0][1] and item["times"] == {}
+    assert list(item["errors"]) == [0] and "not evenly spaced" in item["errors"][0][1] and item["readings"] == {}
     after_gap = Clip("vfr/000031-000039", "vfr", ("video",), (str(path),), tuple(range(31, 40, 2)), 24.0)
     item = ViewBatchDataset([[after_gap]], [[0]], 32, 32)[0]
     assert item["errors"] == {}
-    assert item["times"][0] == pytest.approx([(round(i * 1000 / 24) + 2000) / 1000 for i in range(31, 40, 2)])
+    expected = [(round(i * 1000 / 24) + 2000) / 1000 for i in range(31, 40, 2)]
+    assert item["readings"][0]["times"] == pytest.approx(expected)
     assert decoder.decode(str(path), (0, 1, 2)).shape == (3, 3, 32, 32)
 
 

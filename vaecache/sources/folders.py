@@ -11,8 +11,7 @@ from typing import Iterable, Sequence
 from vaecache.cache.layout import id_problem
 from vaecache.errors import DatasetError
 from vaecache.sources.scene import SINGLE_CAMERA, LayoutScenes, Scene, Skipped, SourceOptions
-from vaecache.video.frames import IMAGE_EXTENSIONS
-from vaecache.video.reader import VIDEO_EXTENSIONS
+from vaecache.video.frames import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
 
 
 def resolved_path(path: Path) -> str:

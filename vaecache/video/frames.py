@@ -23,9 +23,10 @@ import numpy as np
 
 from vaecache.errors import FrameBudgetError, VideoDecodeError
 from vaecache.settings.clip import frame_budget_problem
-from vaecache.video.reader import VIDEO_EXTENSIONS
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
+VIDEO_EXTENSIONS = (".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v")
+"""What names a video file (a folder layout's other entries are frame folders, or not cameras)."""
 TIMESTAMPS_FILE = "timestamps.txt"
 GLOB_CHARACTERS = frozenset("*?[")
 _DIGITS = re.compile(r"(\d+)")

@@ -33,8 +33,6 @@ from av.video.reformatter import VideoReformatter
 from vaecache.errors import FrameBudgetError, VideoDecodeError, first_line
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS, frame_budget_problem
 
-VIDEO_EXTENSIONS = (".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v")
-"""What names a video file (anything else a folder layout finds is not a camera, or a folder of frames)."""
 DECODER = "pyav-pts/1"
 """Names this way of decoding in the run fingerprint (vaecache 0.1.0 caches decoded with decord)."""
 EVEN_SPACING_TOLERANCE = 0.5
