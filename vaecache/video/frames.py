@@ -314,7 +314,9 @@ class FrameSequence:
                            else None)
                 if problem:
                     raise FrameBudgetError(path, problem)
-                upright = ImageOps.exif_transpose(image)
+                # exif_transpose copies even an upright frame: only a frame that says otherwise is transposed
+                upright = (ImageOps.exif_transpose(image) if image.getexif().get(0x0112, 1) not in (0, 1)
+                           else image)
                 if upright.mode not in _USABLE_MODES:
                     raise VideoDecodeError(path, f"{upright.mode} frames (16-bit or float) are not supported; "
                                                  "convert them to 8-bit RGB")

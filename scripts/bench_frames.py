@@ -1,0 +1,85 @@
+"""Image-sequence decoding: FrameSequence (what a decode worker runs per camera) against a plain Pillow loop over the
+same JPEG files, frames/s in one process, the two measured alternately in one run (median of --repeats).
+
+    python scripts/bench_frames.py [--frames 240] [--size 900x1600] [--repeats 5] [--json]
+
+Prints a table, or JSON with --json. The target (issue 28): FrameSequence >= 0.9x the plain loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vaecache.video.frames import FrameSequence  # noqa: E402
+
+
+def write_jpegs(folder: Path, count: int, height: int, width: int) -> list[Path]:
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 255, size=(height, width, 3), dtype=np.uint8)
+    paths = []
+    for index in range(count):
+        path = folder / f"{index:06d}.jpg"
+        Image.fromarray(np.roll(base, index * 7, axis=1)).save(path, quality=90)
+        paths.append(path)
+    return paths
+
+
+def plain_loop(paths: list[Path]) -> float:
+    started = time.perf_counter()
+    for path in paths:
+        with Image.open(path) as image:
+            np.asarray(image.convert("RGB"))
+    return len(paths) / (time.perf_counter() - started)
+
+
+def frame_sequence(folder: Path, count: int, clip: int = 17) -> float:
+    started = time.perf_counter()
+    with FrameSequence(str(folder), fps=12) as images:
+        for first in range(0, count - clip + 1, clip):
+            images.read(range(first, first + clip))
+    done = (count // clip) * clip
+    return done / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--frames", type=int, default=238)
+    parser.add_argument("--size", default="900x1600", help="HxW of the JPEG frames (nuScenes: 900x1600)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    height, width = map(int, args.size.split("x"))
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        paths = write_jpegs(folder, args.frames, height, width)
+        plain, ours = [], []
+        plain_loop(paths[:8])  # warm the page cache and Pillow
+        for _ in range(args.repeats):
+            plain.append(plain_loop(paths))
+            ours.append(frame_sequence(folder, args.frames))
+    result = {"frames": args.frames, "size": args.size, "repeats": args.repeats,
+              "plain_pillow_fps": statistics.median(plain), "frame_sequence_fps": statistics.median(ours)}
+    result["ratio"] = result["frame_sequence_fps"] / result["plain_pillow_fps"]
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"| JPEG {args.size}, {args.frames} frames | frames/s (median of {args.repeats}) |")
+    print("|---|---|")
+    print(f"| plain Pillow loop | {result['plain_pillow_fps']:.1f} |")
+    print(f"| FrameSequence (17-frame clips) | {result['frame_sequence_fps']:.1f} |")
+    print(f"| ratio | {result['ratio']:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
