@@ -178,7 +178,9 @@ class ViewBatchDataset(torch.utils.data.Dataset):
         timelines = [reader.times_ns() or [] for reader in readers]  # type: ignore[union-attr]
         per_camera = synchronized_frames(clip.reference, clip.frames, timelines, clip.cameras, clip.paths,
                                          clip.sync.tolerance)
-        return per_camera, clip_reading(clip, per_camera, readers, timelines)
+        found = clip_reading(clip, per_camera, readers, timelines)
+        found["times"] = readers[clip.reference].timestamps(clip.frames)  # type: ignore[union-attr]  # the reference's
+        return per_camera, found
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         if self._decoder is None:
