@@ -98,7 +98,7 @@ def test_decoder_reports_unreadable_and_out_of_range(tmp_path: Path, wide_video:
     from vaecache.errors import VideoDecodeError
 
     decoder = ViewDecoder(48, 48)
-    with pytest.raises(VideoDecodeError, match="frame 9 requested, video has 9"):
+    with pytest.raises(VideoDecodeError, match="frame 9 requested, the camera has 9"):
         decoder.decode(str(wide_video), (5, 9))
     garbage = tmp_path / "garbage.mp4"
     garbage.write_bytes(b"\x00" * 1000)

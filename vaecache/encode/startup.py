@@ -140,13 +140,9 @@ def resolved_sync(sync: SyncConfig, found: Discovery) -> SyncConfig:
 
 def has_image_cameras(scenes: Sequence[Scene]) -> bool:
     """Whether any camera of `scenes` is an image sequence (a path named like a video is not looked at)."""
-    from vaecache.sources.folders import VIDEO_EXTENSIONS
     from vaecache.video.frames import is_image_source
 
-    return any(scene.frame_lists is not None
-               or any(path is not None and not path.lower().endswith(VIDEO_EXTENSIONS) and is_image_source(path)
-                      for path in scene.paths)
-               for scene in scenes)
+    return any(scene.frame_lists is not None or any(map(is_image_source, scene.paths)) for scene in scenes)
 
 
 def start_notes(job: JobPlan, batch_size: int, sp_size: int, sp_mode: str, device: torch.device,

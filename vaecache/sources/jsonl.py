@@ -148,9 +148,13 @@ def scenes_from_index(index: Path, options: SourceOptions) -> LayoutScenes:
                     elif not isinstance(raw, str) or not raw:
                         raise DatasetError(f"{where}: the source of camera {name!r} must be a path or "
                                            "{\"files\": [...]}")
-                names = (tuple(order) if order else tuple(record["camera_order"])
-                         if isinstance(record.get("camera_order"), list) and set(record["camera_order"]) == set(mapping)
-                         else tuple(sorted(mapping)))
+                given = record.get("camera_order")  # `vaecache index` keeps a layout's own order (nuScenes')
+                if order:
+                    names = tuple(order)
+                elif isinstance(given, list) and sorted(given) == sorted(mapping):
+                    names = tuple(given)
+                else:
+                    names = tuple(sorted(mapping))
                 if reference is None and isinstance(record.get("sync_reference"), str):
                     reference = record["sync_reference"]
                 names = camera_sets.setdefault(names, names)  # one tuple per camera set, not one per scene
@@ -158,8 +162,7 @@ def scenes_from_index(index: Path, options: SourceOptions) -> LayoutScenes:
                     paths = tuple((_resolved_in(base, mapping[name], parents, probed_line) if name in mapping
                                    else None) for name in names)
                 else:
-                    listed = tuple(lists.get(name) for name in names)
-                    frame_lists = listed
+                    frame_lists = tuple(lists.get(name) for name in names)
                     paths = tuple(lists[name].key if name in lists else
                                   _resolved_in(base, mapping[name], parents, probed_line) if name in mapping else None
                                   for name in names)

@@ -4,6 +4,7 @@ implements (Layout)."""
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol, Sequence
 
 from vaecache.cache.layout import id_problem
-from vaecache.errors import DatasetError
+from vaecache.errors import DatasetError, UsageError
 from vaecache.video.frames import FrameList
 
 PROBE_FIELDS: dict[str, type | tuple[type, ...]] = {
@@ -71,12 +72,15 @@ class CameraProbe:
                                                                  raw["height"], raw["codec"], raw["size"],
                                                                  raw["mtime_ns"])
             rotation = raw.get("rotation", 0)
+            start_ns, end_ns = raw.get("start_ns"), raw.get("end_ns")
+            timed = type(start_ns) is type(end_ns) is int
             if (type(frames) is type(width) is type(height) is type(size) is type(mtime_ns) is type(rotation) is int
-                    and type(fps) in (float, int) and type(codec) is str and len(raw) <= len(PROBE_FIELDS) - 2
+                    and type(fps) in (float, int) and type(codec) is str
+                    and len(raw) == 7 + ("rotation" in raw) + 2 * timed  # nothing unknown, both times or neither
                     and frames > 0 and 0 <= fps < math.inf and width > 0 and height > 0 and size > 0
-                    and not rotation % 90):
+                    and not rotation % 90 and (not timed or end_ns >= start_ns)):
                 return _new_camera_probe(frames, float(fps), width, height, sys.intern(codec), size, mtime_ns, rotation,
-                                         None, None)
+                                         start_ns if timed else None, end_ns if timed else None)
         except KeyError:
             pass
         for name, kind in PROBE_FIELDS.items():
@@ -168,8 +172,6 @@ class FrameMetadata:
     per_camera: tuple[str, ...]
 
     def entries(self, camera: int, frames: Sequence[int]) -> list[Any]:
-        import json
-
         found = json.loads(self.per_camera[camera])
         return [found[index] for index in frames]
 
@@ -247,7 +249,7 @@ class SourceOptions:
 
     def __post_init__(self) -> None:
         if self.frame_rate is not None and not 0 < self.frame_rate < math.inf:
-            raise DatasetError(f"--fps must be a positive number, got {self.frame_rate!r}")
+            raise UsageError(f"--fps must be a positive number, got {self.frame_rate!r}")
 
 
 class Layout(Protocol):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import glob
-import math
 import os
 import re
 from dataclasses import dataclass
@@ -186,6 +185,19 @@ def check_increasing(times: Sequence[int], files: Sequence[str]) -> None:
                                                  f"frame's ({times[index - 1] / 1e9:.6f} s)")
 
 
+def checked_request(frames: Sequence[int], count: int, path: str) -> list[int]:
+    """The frames asked of a camera of `count` frames as a list, refused unless ascending and in range (every
+    reader, video or image sequence)."""
+    frames = list(frames)
+    if not frames:
+        raise ValueError("no frames requested")
+    if frames != sorted(frames) or frames[0] < 0:
+        raise ValueError(f"frame numbers must be ascending and >= 0, got {frames[:5]}...")
+    if frames[-1] >= count:
+        raise VideoDecodeError(path, f"frame {frames[-1]} requested, the camera has {count}")
+    return frames
+
+
 def median_step(times: Sequence[int]) -> int:
     steps = sorted(b - a for a, b in zip(times, times[1:]))
     return steps[len(steps) // 2]
@@ -290,14 +302,7 @@ class FrameSequence:
                                               "since it was probed; run `vaecache index` again)")
 
     def check_request(self, frames: Sequence[int]) -> list[int]:
-        frames = list(frames)
-        if not frames:
-            raise ValueError("no frames requested")
-        if frames != sorted(frames) or frames[0] < 0:
-            raise ValueError(f"frame numbers must be ascending and >= 0, got {frames[:5]}...")
-        if frames[-1] >= len(self):
-            raise VideoDecodeError(self.path, f"frame {frames[-1]} requested, the camera has {len(self)}")
-        return frames
+        return checked_request(frames, len(self), self.path)
 
     def read(self, frames: Sequence[int]) -> np.ndarray:
         """(T, H, W, 3) uint8 RGB of the given frames, upright; a frame that does not decode, or has another size
@@ -334,10 +339,6 @@ class FrameSequence:
                                          f"{os.path.basename(self.files[0])} is {self._size[0]}x{self._size[1]} "
                                          "(mixed sizes)")
         return array
-
-
-def describe_rate(fps: float) -> str:
-    return f"{fps:g} fps" if fps > 0 and math.isfinite(fps) else "an unknown rate"
 
 
 __all__ = ["FrameList", "FrameSequence", "IMAGE_EXTENSIONS", "files_identity", "frame_files", "image_decoder_name",

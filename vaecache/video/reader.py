@@ -32,6 +32,7 @@ from av.video.reformatter import VideoReformatter
 
 from vaecache.errors import FrameBudgetError, VideoDecodeError, first_line
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS, frame_budget_problem
+from vaecache.video.frames import checked_request
 
 DECODER = "pyav-pts/1"
 """Names this way of decoding in the run fingerprint (vaecache 0.1.0 caches decoded with decord)."""
@@ -246,13 +247,7 @@ class VideoReader:
 
     def check_request(self, frames: Sequence[int]) -> list[int]:
         """The frames as a list, refused unless ascending, in range and evenly spaced in time (every backend)."""
-        frames = list(frames)
-        if not frames:
-            raise ValueError("no frames requested")
-        if frames != sorted(frames) or frames[0] < 0:
-            raise ValueError(f"frame numbers must be ascending and >= 0, got {frames[:5]}...")
-        if frames[-1] >= len(self):
-            raise VideoDecodeError(self.path, f"frame {frames[-1]} requested, video has {len(self)}")
+        frames = checked_request(frames, len(self), self.path)
         self.check_even(frames)
         return frames
 
