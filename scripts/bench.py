@@ -6,7 +6,7 @@ Three ways to encode the same clips, interleaved in every repeat (the order rota
 * encode_only: ``load_vae(spec).encode_views`` on batches decoded into memory beforehand: the ceiling;
 * vaecache: ``vaecache.encode.run.run_encode`` in ``vaecache.distributed.distributed()`` (one process) into a
   fresh OUT, decoding in ``--workers`` DataLoader processes, shards written by the writer thread;
-* naive: what a user writes first: decord VideoReader per camera, ``F.interpolate``, one
+* naive: what a user writes first: decord VideoReader (Pillow for --input jpeg) per camera, ``F.interpolate``, one
   ``vae.model.module.encode(x).latent_dist`` per clip with all its cameras as one batch, ``torch.save``
   per clip, one process.
 
@@ -15,6 +15,7 @@ JSON goes to stdout, a table to stderr. ``--overhead`` adds per-rank-count costs
 with a near-zero-cost VAE (scripts/_null_vae.py) under torchrun.
 
     python scripts/bench.py --repeats 3 --workers 1
+    python scripts/bench.py --repeats 3 --workers 1 --input jpeg    # image-sequence cameras (issue 28)
     python scripts/bench.py --overhead --overhead-ranks 1,2,4
 """
 
@@ -59,6 +60,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--size", default="64x64", help="HxW the clips are resized and cropped to")
     p.add_argument("--source-size", default="96x128",
                    help="HxW of the generated videos (bigger: resizing is real work)")
+    p.add_argument("--input", default="video", choices=("video", "jpeg"),
+                   help="video: one mp4 per camera; jpeg: the same frames as a folder of JPEG files per camera "
+                        "(quality 90), decoded with Pillow by vaecache and by the naive loop")
     p.add_argument("--batch-size", type=int, default=1, help="clips per batch (vaecache and encode_only)")
     p.add_argument("--workers", type=int, default=1, help="vaecache DataLoader decode workers")
     p.add_argument("--repeats", type=int, default=3)
@@ -106,7 +110,36 @@ def make_data(root: Path, args: argparse.Namespace, scenes: int) -> Path:
     src_h, src_w = parse_size(args.source_size)
     write_demo_dataset(root, DemoDataSpec(scenes=scenes, cameras=args.cameras, frames=args.frames,
                                           height=src_h, width=src_w, seed=0))
+    if args.input == "jpeg":
+        for video in sorted(root.glob("*/*.mp4")):
+            video_to_jpegs(video, video.with_suffix(""))
+            video.unlink()
     return root
+
+
+def video_to_jpegs(video: Path, folder: Path) -> None:
+    """Every frame of `video` as folder/000000.jpg, ...: a camera of the image-sequence layout."""
+    import av
+
+    folder.mkdir()
+    with av.open(str(video)) as container:
+        for index, frame in enumerate(container.decode(video=0)):
+            frame.to_image().save(folder / f"{index:06d}.jpg", quality=90)
+
+
+def camera_frames(camera: Path, frames: list[int]):
+    """(T, H, W, 3) uint8 of one camera, as the naive loop reads it: decord for a video, Pillow for JPEGs."""
+    import numpy as np
+    import torch
+
+    if camera.is_dir():
+        from PIL import Image
+
+        files = sorted(camera.glob("*.jpg"))
+        return torch.from_numpy(np.stack([np.asarray(Image.open(files[i]).convert("RGB")) for i in frames]))
+    import decord
+
+    return torch.from_numpy(decord.VideoReader(str(camera)).get_batch(frames).asnumpy())
 
 
 def plan_batches(data: Path, args: argparse.Namespace) -> list[list[Any]]:
@@ -249,7 +282,6 @@ def _stages(start: float, marks: list[float], encodes: list[tuple[float, float]]
 
 def run_naive(args: argparse.Namespace, data: Path, out: Path, height: int, width: int, device) -> dict[str, float]:
     """The loop a user writes: no workers, no overlap, one forward per clip with all its cameras."""
-    import decord
     import torch
     import torch.nn.functional as F
 
@@ -259,14 +291,13 @@ def run_naive(args: argparse.Namespace, data: Path, out: Path, height: int, widt
     out.mkdir(parents=True, exist_ok=True)
     marks = []
     for scene_dir in sorted(p for p in data.iterdir() if p.is_dir()):
-        videos = sorted(scene_dir.glob("*.mp4"))
-        length = len(decord.VideoReader(str(videos[0])))
+        cameras = sorted(scene_dir.iterdir())
+        length = args.frames
         for first in range(0, length - args.num_frames + 1, args.num_frames):
             index = list(range(first, first + args.num_frames))
             views = []
-            for video in videos:
-                reader = decord.VideoReader(str(video))
-                frames = torch.from_numpy(reader.get_batch(index).asnumpy())  # (T, H, W, 3) uint8
+            for camera in cameras:
+                frames = camera_frames(camera, index)  # (T, H, W, 3) uint8
                 frames = frames.permute(0, 3, 1, 2).float() / 127.5 - 1.0  # (T, 3, H, W)
                 frames = F.interpolate(frames, size=(height, width), mode="bilinear", align_corners=False)
                 views.append(frames.permute(1, 0, 2, 3))  # (3, T, H, W)
@@ -274,7 +305,7 @@ def run_naive(args: argparse.Namespace, data: Path, out: Path, height: int, widt
             with torch.no_grad():
                 dist = model.encode(x).latent_dist
             torch.save({"mean": dist.mean.cpu(), "logvar": dist.logvar.cpu()}, out / f"{scene_dir.name}_{first:06d}.pt")
-            marks.append((time.perf_counter(), len(videos)))
+            marks.append((time.perf_counter(), len(cameras)))
     return steady(marks, start)
 
 
@@ -403,7 +434,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tmp.mkdir(parents=True, exist_ok=True)
     try:
         bl.progress(f"writing {args.scenes} scenes x {args.cameras} cameras of {args.frames} frames "
-                    f"at {args.source_size}")
+                    f"at {args.source_size} ({args.input})")
         data = make_data(tmp / "data", args, args.scenes)
         batches = plan_batches(data, args)
 
@@ -413,7 +444,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         predecode = ViewBatchDataset(batches, [list(range(len(batch_views(b)))) for b in batches], height, width)
         decode_start = time.perf_counter()
         decoded = [predecode[i]["views"] for i in range(len(batches))]
-        decode_ms = 1000 * (time.perf_counter() - decode_start) / len(batches)  # decord + resize, this process
+        decode_ms = 1000 * (time.perf_counter() - decode_start) / len(batches)  # decode + resize, this process
         vae = load(args, device)
         mean_logvar(vae.encode_views(decoded[0]))  # warm-up outside every measurement (allocator, kernels)
 
@@ -474,6 +505,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "config": {
                 "vae": args.vae, "scenes": args.scenes, "cameras": args.cameras, "frames": args.frames,
                 "num_frames": args.num_frames, "size": args.size, "source_size": args.source_size,
+                "input": args.input,
                 "clips": sum(len(b) for b in batches), "views": int(med["vaecache"]["views"]),
                 "batch_size": args.batch_size, "workers": args.workers, "repeats": args.repeats,
                 "device": str(device), "dtype": args.dtype, "torch_threads": torch.get_num_threads(),
@@ -502,7 +534,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "(> 1: the same forward ran slower inside vaecache, e.g. sharing cores with the decode worker). "
                 "Timed by wrapping the encode_views of the VAE run_encode loads "
                 "(instrumentation only). encode_only_batch_ms is the same encode on pre-decoded tensors; "
-                "decode_batch_ms_1proc is decord + resize of one batch in this process (done by the worker in "
+                "decode_batch_ms_1proc is decode + resize of one batch in this process (done by the worker in "
                 "vaecache).",
             ],
         }

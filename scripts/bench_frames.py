@@ -52,13 +52,13 @@ def frame_sequence(folder: Path, count: int, clip: int = 17) -> float:
     return done / (time.perf_counter() - started)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--frames", type=int, default=238)
     parser.add_argument("--size", default="900x1600", help="HxW of the JPEG frames (nuScenes: 900x1600)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     height, width = map(int, args.size.split("x"))
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -73,12 +73,13 @@ def main() -> None:
     result["ratio"] = result["frame_sequence_fps"] / result["plain_pillow_fps"]
     if args.json:
         print(json.dumps(result))
-        return
+        return result
     print(f"| JPEG {args.size}, {args.frames} frames | frames/s (median of {args.repeats}) |")
     print("|---|---|")
     print(f"| plain Pillow loop | {result['plain_pillow_fps']:.1f} |")
     print(f"| FrameSequence (17-frame clips) | {result['frame_sequence_fps']:.1f} |")
     print(f"| ratio | {result['ratio']:.3f} |")
+    return result
 
 
 if __name__ == "__main__":
