@@ -51,6 +51,29 @@ def test_bench_prints_documented_keys(capsys, tmp_path):
     assert {"wall_ms_per_clip", "cpu_ms_per_clip", "rank_ms_per_clip", "fixed_cpu_s"} <= set(one_rank)
 
 
+def test_bench_reads_jpeg_folders_with_every_mode(capsys, tmp_path):
+    result = load_script("bench").main([*TINY, "--frames", "5", "--num-frames", "5", "--workers", "0",
+                                        "--input", "jpeg", "--tmp", str(tmp_path)])
+    assert result["config"]["input"] == "jpeg" and result["config"]["views"] == 2 * 2
+    assert all(v > 0 for v in result["views_per_s"].values())
+
+
+def test_bench_frames_compares_with_a_plain_pillow_loop(capsys):
+    result = load_script("bench_frames").main(["--frames", "20", "--size", "24x32", "--repeats", "1", "--json"])
+    assert printed_json(capsys) == result
+    assert result["frame_sequence_fps"] > 0 and result["plain_pillow_fps"] > 0 and result["ratio"] > 0
+
+
+def test_bench_nuscenes_parses_writes_and_plans_in_fresh_processes(capsys, tmp_path):
+    result = load_script("bench_nuscenes").main(["--scenes", "2", "--seconds", "2", "--copies", "2",
+                                                 "--tmp", str(tmp_path)])
+    assert printed_json(capsys) == json.loads(json.dumps(result))
+    assert result["records"]["sample_data"] == 2 * 2 * (6 * 12 + 20 + 5 * 13)
+    assert result["parse"]["scenes"] == 2 and result["parse"]["camera_frames"] == 2 * 6 * 2 * 12
+    assert [result["plan"][k]["scenes"] for k in ("1", "2")] == [2, 4]
+    assert result["plan"]["2"]["lines_read_back"] == 0 and result["plan"]["2"]["rank_clips"] > 0
+
+
 def test_bench_formats_prints_documented_keys(capsys):
     result = load_script("bench_formats").main(["--views", "2", "--frames", "5", "--size", "32x32", "--repeats", "1"])
     printed = printed_json(capsys)

@@ -97,3 +97,32 @@ def test_a_truncated_table_is_refused_naming_it(tmp_path):
         list(iter_json_array(table))
     table.write_text('[' + ','.join(json.dumps({"token": str(i), "pad": "x" * 5000}) for i in range(600)) + ']')
     assert [r["token"] for r in iter_json_array(table)] == [str(i) for i in range(600)]
+
+
+def test_an_index_line_s_frames_are_read_back_only_for_the_clips_built(nuscenes_root, tmp_path):
+    from vaecache.planning.clips import plan_clips
+    from vaecache.settings.clip import SamplingConfig, SyncConfig
+    from vaecache.sources.jsonl import IndexLineListing, _read_listing
+
+    index = tmp_path / "index.jsonl"
+    assert invoke(["index", nuscenes_root, "-o", index, "--no-progress"]).exit_code == 0
+    _read_listing.cache_clear()
+    indexed = discover(index).scenes
+    sampling = SamplingConfig(num_frames=5, sync=SyncConfig("timestamps", "CAM_FRONT"))
+    planned, _ = plan_clips(indexed, {}, sampling)
+    assert all(isinstance(scene.listing, IndexLineListing) for scene in indexed)
+    assert _read_listing.cache_info().currsize == 0  # planning held no frame list and no per-frame metadata
+    clip = planned.block(0, 1)[0]  # a clip built reads its scene's line once, for all its cameras
+    assert clip.source(0).files and clip.frame_metadata is not None
+    assert _read_listing.cache_info().currsize == 1
+    direct = {scene.scene_id: scene for scene in discover(nuscenes_root).scenes}
+    for scene in indexed:
+        assert [(listed.files, listed.times_ns) for listed in scene.frame_lists] == [
+            (listed.files, listed.times_ns) for listed in direct[scene.scene_id].frame_lists]
+        assert [json.loads(text) for text in scene.frame_metadata.per_camera] == [
+            json.loads(text) for text in direct[scene.scene_id].frame_metadata.per_camera]
+    lines = index.read_text().splitlines()
+    index.write_text("\n".join(reversed(lines)) + "\n")  # another scene where the first one was
+    _read_listing.cache_clear()
+    with pytest.raises(DatasetError, match="the index changed since it was read"):
+        indexed[0].frame_lists

@@ -76,7 +76,7 @@ def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None 
     start = start_up(StartRequest(cfg.data, cfg.vae, cfg.clip, ctx.device, ctx.info.world_size, ctx.mesh.sp_size,
                                   cfg.batch_size, cfg.sp_mode, cfg.workers, cfg.allow_pickle_weights, cfg.on_error,
                                   cfg.out / PROBES_DIR, cfg.probe_workers,
-                                  nuscenes_version=cfg.nuscenes_version), ctx, progress)
+                                  nuscenes_version=cfg.nuscenes_version, columns=cfg.columns), ctx, progress)
     # What --views-per-forward all came to for this dataset: recorded, and compared on resume.
     cfg = dataclasses.replace(cfg, clip=dataclasses.replace(cfg.clip, views_per_forward=start.job.views_per_forward))
     # From here on stop signals are caught, so one arriving while OUT is prepared or the manifest is

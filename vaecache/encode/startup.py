@@ -50,6 +50,8 @@ class StartRequest:
     keep_probes: bool = False
     """Keep every scene's probe in StartUp.probes (plan lists scenes; encode plans from them and lets them go)."""
     nuscenes_version: str | None = None
+    columns: tuple[tuple[str, str], ...] = ()
+    """--column: which column of a metadata table plays which role."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ def start_up(request: StartRequest, ctx: Any = None, progress: ProgressFactory |
     backend = resolve_decoder(request.clip.decoder, request.device, request.workers)
     sampling = request.clip.sampling
     found = discover(request.data, options=SourceOptions(request.clip.cameras, sampling.frame_rate,
-                                                         request.nuscenes_version))
+                                                         request.nuscenes_version, request.columns))
     sync = resolved_sync(sampling.sync, found)
     cache = request.probe_cache
     with progress_phase(progress, "probe", "scenes") as advance:
@@ -142,7 +144,8 @@ def has_image_cameras(scenes: Sequence[Scene]) -> bool:
     """Whether any camera of `scenes` is an image sequence (a path named like a video is not looked at)."""
     from vaecache.video.frames import is_image_source
 
-    return any(scene.frame_lists is not None or any(map(is_image_source, scene.paths)) for scene in scenes)
+    return any((scene.listing is not None and scene.listing.lists_frames) or any(map(is_image_source, scene.paths))
+               for scene in scenes)
 
 
 def start_notes(job: JobPlan, batch_size: int, sp_size: int, sp_mode: str, device: torch.device,

@@ -21,11 +21,11 @@ import numpy as np
 from vaecache.settings.buckets import Bucket, displayed_size, nearest_size
 from vaecache.settings.clip import SamplingConfig, frame_budget_problem
 from vaecache.sources.probing import judge_scene
-from vaecache.sources.scene import Skipped
+from vaecache.sources.scene import Skipped, source_of
 
 if TYPE_CHECKING:
     from vaecache.settings.clip import SyncConfig
-    from vaecache.sources.scene import FrameMetadata, Scene, SceneProbe
+    from vaecache.sources.scene import FrameMetadata, Listing, Scene, SceneProbe
     from vaecache.video.frames import FrameList
 
 
@@ -51,20 +51,22 @@ class Clip:
     identity: tuple[tuple[int, int], ...] = ()
     """Per camera, (size, mtime_ns) an index recorded when it probed the file: decoding refuses a file whose size
     or mtime differ (other content with the same frame count and size). Empty: nothing to check."""
-    frame_lists: tuple[FrameList | None, ...] | None = None
-    """Per camera, its frames file by file (Scene.frame_lists); None: every camera's path is its source."""
+    listing: Listing | None = None
+    """The scene's frame lists and per-frame metadata (Scene.listing); None: every camera's path is its source."""
     frame_rate: float | None = None
     """The rate of image-sequence cameras without frame times (Scene.frame_rate)."""
     sync: SyncConfig | None = None
     """With --sync timestamps (reference resolved): `frames` are the reference camera's, and every other camera
     takes its frames nearest their times (vaecache.video.sync). None: every camera uses `frames`."""
-    frame_metadata: FrameMetadata | None = None
-    """Per camera and frame, the layout's metadata (Scene.frame_metadata): the record keeps the clip's frames'."""
+
+    @property
+    def frame_metadata(self) -> FrameMetadata | None:
+        """Per camera and frame, the layout's metadata (Scene.frame_metadata): the record keeps the clip's frames'."""
+        return self.listing.frame_metadata if self.listing is not None else None
 
     def source(self, camera: int) -> str | FrameList:
         """What camera `camera` is read from (its FrameList, else its path)."""
-        listed = self.frame_lists[camera] if self.frame_lists is not None else None
-        return listed if listed is not None else self.paths[camera]
+        return source_of(self.listing, self.paths, camera)  # type: ignore[return-value]
 
     @property
     def reference(self) -> int:
@@ -125,7 +127,7 @@ def plan_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling:
     for scene in scenes:
         probe = probes.get(scene.scene_id)
         if probe is None and scene.probed is not None:
-            if len(scene.probed) == 1 and scene.frame_range is None and not by_time:
+            if len(scene.probed) == 1 and scene.frame_range is None and scene.time_range is None and not by_time:
                 cameras = scene.probed  # judge_scene has nothing to compare: skip building its SceneProbe
                 start, stop, fps = 0, cameras[0].frames, cameras[0].fps
             else:
@@ -137,7 +139,7 @@ def plan_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling:
                 skipped.append(Skipped(scene.scene_id, probe.error_path, probe.error, probe.error_camera))
                 continue
             cameras, fps = probe.cameras, probe.fps
-            if by_time:  # the reference camera's frames where every camera has begun (judge_scene)
+            if by_time or scene.time_range is not None:  # the frames judge_scene found usable
                 start, stop = probe.first, probe.num_frames
             else:
                 start, stop = scene.frame_range if scene.frame_range is not None else (0, probe.num_frames)
@@ -408,7 +410,7 @@ class PlannedClips(Sequence[Clip]):
                 clips.append(Clip(clip_id_for(scene.scene_id, frames), scene.scene_id, scene.cameras,
                                   scene.paths, frames, fps, expect, bucket,  # type: ignore[arg-type]  # no None path
                                   displayed if bucket is not None else (), scene.metadata, identity,
-                                  scene.frame_lists, scene.frame_rate, sync, scene.frame_metadata))
+                                  scene.listing, scene.frame_rate, sync))
             at += count
         return clips
 

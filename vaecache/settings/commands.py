@@ -57,6 +57,8 @@ class EncodeConfig:
     """Threads probing videos in each rank."""
     nuscenes_version: str | None = None
     """Which v1.0-* tables of a nuScenes root DATA (None: the only one there)."""
+    columns: tuple[tuple[str, str], ...] = ()
+    """--column ROLE=NAME: which column of a metadata table DATA plays which role (sources.tables)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.probe_workers, bool) or not isinstance(self.probe_workers, int) or self.probe_workers < 1:
@@ -135,6 +137,7 @@ class PlanConfig:
     clip_ids: bool = True
     """List every DP group's clip ids in the report (--json); off, the groups are only counted (fast at 10M)."""
     nuscenes_version: str | None = None
+    columns: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("world_size", "sp_size", "batch_size", "probe_workers"):

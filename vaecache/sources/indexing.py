@@ -54,10 +54,12 @@ class IndexConfig:
     output: Path
     cameras: tuple[str, ...] | None = None
     workers: int = DEFAULT_PROBE_WORKERS
+    """Threads probing in each rank (PyAV releases the GIL while FFmpeg demuxes and decodes)."""
     frame_rate: float | None = None
     """--fps: the rate of image-sequence cameras whose frames carry no times (written into each line as "fps")."""
     nuscenes_version: str | None = None
-    """Threads probing in each rank (PyAV releases the GIL while FFmpeg demuxes and decodes)."""
+    columns: tuple[tuple[str, str], ...] = ()
+    """--column: which column of a metadata table plays which role."""
 
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
@@ -104,7 +106,8 @@ def run_index(cfg: IndexConfig, ctx: Any, advance: Advance | None = None) -> Ind
     """Probe this rank's share of DATA's scenes (resuming from the partial files), then rank 0 writes the index."""
     started = time.perf_counter()
     rank = ctx.info.rank
-    found = discover(cfg.data, options=SourceOptions(cfg.cameras, cfg.frame_rate, cfg.nuscenes_version))
+    found = discover(cfg.data, options=SourceOptions(cfg.cameras, cfg.frame_rate, cfg.nuscenes_version,
+                                                            cfg.columns))
     work = partial_dir(cfg.output)
     partial: ProbeLog | None = None
     done = 0
@@ -151,6 +154,8 @@ def index_line(scene: Scene, form: str, probes: Sequence[Any], reference: str | 
         line["sync_reference"] = reference
     if scene.frame_range is not None:
         line["frames"] = list(scene.frame_range)
+    if scene.time_range is not None:
+        line["seconds"] = [scene.time_range[0] / 1e9, scene.time_range[1] / 1e9]
     if scene.frame_rate is not None:
         line["fps"] = scene.frame_rate
     if scene.frame_metadata is not None:

@@ -1,20 +1,32 @@
 """The JSONL index layout: one scene per line, `{"id", "cameras": {camera: source}}` or `{"id", "path"}`, with
-an optional `frames` range, `fps` (of image sequences without frame times), `probe` and `frame_metadata` (as
-`vaecache index` writes them) and any other keys as metadata. A camera's source is a path (a video, a folder of
-frames, a glob of frames) or `{"files": [...], "times_ns": [...] | "timestamps": [seconds...]}`."""
+an optional `frames` range ([start, stop) in frames) or `seconds` range ([start, end) from the first frame), `fps`
+(of image sequences without frame times), `probe` and `frame_metadata` (as `vaecache index` writes them) and any
+other keys as metadata. A camera's source is a path (a video, a folder of frames, a glob of frames) or
+`{"files": [...], "times_ns": [...] | "timestamps": [seconds...]}`."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from vaecache.cache.io import STRICT_JSON, NonFiniteNumber, loads
 from vaecache.errors import DatasetError
 from vaecache.sources.folders import check_cameras_exist, resolved_path
-from vaecache.sources.scene import SINGLE_CAMERA, CameraProbe, FrameMetadata, LayoutScenes, Scene, SourceOptions
+from vaecache.sources.scene import (
+    SINGLE_CAMERA,
+    CameraProbe,
+    FrameMetadata,
+    HeldListing,
+    LayoutScenes,
+    Listing,
+    Scene,
+    SourceOptions,
+)
 from vaecache.video.frames import FrameList
 
 
@@ -59,6 +71,13 @@ def _check_form(record: dict[str, Any], kind: str | None, form: tuple[str, str] 
 def frame_list(raw: dict[str, Any], key: str, base: str, parents: dict[str, str], where: str) -> FrameList:
     """A camera given file by file: {"files": [paths], "times_ns": [int] or "timestamps": [seconds]} (paths
     relative to the index's folder)."""
+    files, times = frame_list_fields(raw, where)
+    return FrameList(key, tuple(_resolved_in(base, f, parents, True) for f in files),
+                     tuple(times) if times is not None else None)
+
+
+def frame_list_fields(raw: dict[str, Any], where: str) -> tuple[list[str], list[int] | None]:
+    """A frame list's files and times (ns), checked; a mistake is a DatasetError naming `where`."""
     files = raw.get("files")
     unknown = sorted(set(raw) - {"files", "times_ns", "timestamps"})
     if unknown:
@@ -78,8 +97,7 @@ def frame_list(raw: dict[str, Any], key: str, base: str, parents: dict[str, str]
         times = [round(t * 10**9) for t in seconds]
     if times is not None and len(times) != len(files):
         raise DatasetError(f"{where}: {len(times)} timestamps for {len(files)} files")
-    return FrameList(key, tuple(_resolved_in(base, f, parents, True) for f in files),
-                     tuple(times) if times is not None else None)
+    return files, times
 
 
 def scenes_from_index(index: Path, options: SourceOptions) -> LayoutScenes:
@@ -96,11 +114,15 @@ def scenes_from_index(index: Path, options: SourceOptions) -> LayoutScenes:
     camera_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
     parents: dict[str, str] = {}
     frame_lists: tuple[FrameList | None, ...] | None = None
+    listing: Listing | None = None
+    offset = 0  # of the line in the file
+    resolved_index = str(index.resolve())
     reference: str | None = None  # a line's "sync_reference" (an index of a nuScenes root: CAM_FRONT)
     scan, new_scene, metadata_keys = STRICT_JSON.scan_once, Scene, INDEX_KEYS
     single_name = (order[0] if order else SINGLE_CAMERA,)
     with open(index, "rb") as handle:
         for lineno, raw in enumerate(handle, 1):
+            line_at, offset = offset, offset + len(raw)
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -143,8 +165,12 @@ def scenes_from_index(index: Path, options: SourceOptions) -> LayoutScenes:
                 for name, raw in mapping.items():
                     if isinstance(raw, dict):
                         lists = {} if lists is None else lists
-                        lists[name] = frame_list(raw, f"{index.resolve()}#{record['id']}/{name}", base, parents,
-                                                 f"{where}: camera {name!r}")
+                        if probed_line:  # checked now, built when a clip of the scene is (IndexLineListing)
+                            frame_list_fields(raw, f"{where}: camera {name!r}")
+                            lists[name] = None
+                        else:
+                            lists[name] = frame_list(raw, list_key(resolved_index, record["id"], name), base,
+                                                     parents, f"{where}: camera {name!r}")
                     elif not isinstance(raw, str) or not raw:
                         raise DatasetError(f"{where}: the source of camera {name!r} must be a path or "
                                            "{\"files\": [...]}")
@@ -163,10 +189,12 @@ def scenes_from_index(index: Path, options: SourceOptions) -> LayoutScenes:
                                    else None) for name in names)
                 else:
                     frame_lists = tuple(lists.get(name) for name in names)
-                    paths = tuple(lists[name].key if name in lists else
+                    paths = tuple(list_key(resolved_index, record["id"], name) if name in lists else
                                   _resolved_in(base, mapping[name], parents, probed_line) if name in mapping else None
                                   for name in names)
             frame_range = _parse_range(record["frames"], f"{name_of_index}:{lineno}") if "frames" in record else None
+            time_range = (_parse_seconds_range(record["seconds"], f"{name_of_index}:{lineno}") if "seconds" in record
+                          else None)
             probed = None
             if probed_line:
                 if mapping is None:
@@ -175,11 +203,19 @@ def scenes_from_index(index: Path, options: SourceOptions) -> LayoutScenes:
                     probed = _parse_probe(record["probe"], names, mapping, f"{name_of_index}:{lineno}")
             metadata = None if metadata_keys.issuperset(record) else metadata_text(record)
             rate = _frame_rate(record, options, f"{name_of_index}:{lineno}")
-            per_frame = (_frame_metadata(record["frame_metadata"], names, f"{name_of_index}:{lineno}")
-                         if "frame_metadata" in record else None)
-            scenes.append(new_scene(str(record["id"]), names, paths, frame_range, probed, metadata,
-                                    frame_lists, rate, per_frame))
-            frame_lists = None
+            if "frame_metadata" in record:
+                check_frame_metadata(record["frame_metadata"], names, f"{name_of_index}:{lineno}")
+            if probed_line and (frame_lists is not None or "frame_metadata" in record):
+                # written by `vaecache index`: read back only when a clip of this scene is built
+                listing = IndexLineListing(resolved_index, line_at, str(record["id"]), names,
+                                           frame_lists is not None)
+            elif frame_lists is not None or "frame_metadata" in record:
+                listing = HeldListing(frame_lists, _frame_metadata(record["frame_metadata"], names,
+                                                                   f"{name_of_index}:{lineno}")
+                                      if "frame_metadata" in record else None)
+            scenes.append(new_scene(str(record["id"]), names, paths, frame_range, probed, metadata, listing, rate,
+                                    time_range))
+            frame_lists = listing = None
     if not scenes:
         raise DatasetError(f"{index}: index holds no scenes")
     if order and mapped:
@@ -193,8 +229,66 @@ def scenes_from_index(index: Path, options: SourceOptions) -> LayoutScenes:
     return LayoutScenes(scenes, mapped, [], reference)
 
 
-INDEX_KEYS = frozenset({"id", "path", "cameras", "frames", "probe", "fps", "frame_metadata", "camera_order",
-                        "sync_reference"})
+def list_key(index: str, scene_id: Any, camera: str) -> str:
+    """The path a camera given file by file goes by (its FrameList's key): `INDEX#scene/camera`."""
+    return f"{index}#{scene_id}/{camera}"
+
+
+@dataclass(frozen=True, slots=True)
+class IndexLineListing:
+    """A Listing kept in its index line (one that `vaecache index` wrote, probe included): the line is read again
+    when a clip of the scene is built (a worker decoding it, the writer recording its frames), the last few lines
+    cached per process. Planning a hundred thousand such scenes holds no per-frame object."""
+
+    index: str
+    offset: int
+    """Where the line starts in the index file."""
+    scene_id: str
+    names: tuple[str, ...]
+    """The scene's cameras, in its order."""
+    lists_frames: bool
+
+    @property
+    def cameras(self) -> int:
+        return len(self.names)
+
+    @property
+    def frame_lists(self) -> tuple[FrameList | None, ...] | None:
+        return _read_listing(self).frame_lists
+
+    @property
+    def frame_metadata(self) -> FrameMetadata | None:
+        return _read_listing(self).frame_metadata
+
+
+@functools.lru_cache(maxsize=8)
+def _read_listing(ref: IndexLineListing) -> HeldListing:
+    """The frame lists and per-frame metadata of the index line `ref` points at (a line is one scene's clips'
+    worth of work: the cache keeps a scene's clips from reading it again)."""
+    where = f"{ref.index}: line at byte {ref.offset}"
+    try:
+        with open(ref.index, "rb") as handle:
+            handle.seek(ref.offset)
+            record = loads(handle.readline().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, NonFiniteNumber) as exc:
+        raise DatasetError(f"{where}: cannot read scene {ref.scene_id!r} back ({exc}); the index changed since it "
+                           "was read") from None
+    if type(record) is not dict or str(record.get("id")) != ref.scene_id or not isinstance(record.get("cameras"),
+                                                                                          dict):
+        raise DatasetError(f"{where}: is no longer scene {ref.scene_id!r}; the index changed since it was read")
+    mapping, base = record["cameras"], os.path.dirname(ref.index)
+    lists = None
+    if ref.lists_frames:
+        lists = tuple(frame_list(mapping[name], list_key(ref.index, ref.scene_id, name), base, {},
+                                 f"{where}: camera {name!r}") if isinstance(mapping.get(name), dict) else None
+                      for name in ref.names)
+    per_frame = (_frame_metadata(record["frame_metadata"], ref.names, where) if "frame_metadata" in record
+                 else None)
+    return HeldListing(lists, per_frame)
+
+
+INDEX_KEYS = frozenset({"id", "path", "cameras", "frames", "seconds", "probe", "fps", "frame_metadata",
+                        "camera_order", "sync_reference"})
 """The keys of an index line vaecache reads; every other key is metadata, passed through to the clip records."""
 
 
@@ -236,9 +330,21 @@ def _frame_rate(record: dict[str, Any], options: SourceOptions, where: str) -> f
 
 def _frame_metadata(raw: Any, names: tuple[str, ...], where: str) -> FrameMetadata:
     """"frame_metadata": {camera: [one JSON value per frame]}, kept as text per camera."""
+    check_frame_metadata(raw, names, where)
+    return FrameMetadata(tuple(json.dumps(raw[name], separators=(",", ":"), ensure_ascii=False) for name in names))
+
+
+def check_frame_metadata(raw: Any, names: tuple[str, ...], where: str) -> None:
     if not isinstance(raw, dict) or any(not isinstance(raw.get(name), list) for name in names):
         raise DatasetError(f"{where}: \"frame_metadata\" must map every camera to a list (one entry per frame)")
-    return FrameMetadata(tuple(json.dumps(raw[name], separators=(",", ":"), ensure_ascii=False) for name in names))
+
+
+def _parse_seconds_range(value: Any, where: str) -> tuple[int, int]:
+    """"seconds": [start, end) from the first frame -> ns."""
+    if (isinstance(value, list) and len(value) == 2 and all(type(v) in (int, float) for v in value)
+            and 0 <= value[0] < value[1] < float("inf")):
+        return round(value[0] * 1e9), round(value[1] * 1e9)
+    raise DatasetError(f"{where}: \"seconds\" must be [start, end) in seconds with 0 <= start < end, got {value!r}")
 
 
 def _parse_range(value: Any, where: str) -> tuple[int, int]:

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
+from array import array
 from pathlib import Path
 from typing import Any, Iterator
 
 from vaecache.errors import DatasetError
-from vaecache.sources.scene import FrameMetadata, LayoutScenes, Scene, Skipped, SourceOptions
+from vaecache.sources.scene import FrameMetadata, HeldListing, LayoutScenes, Scene, Skipped, SourceOptions
 from vaecache.video.frames import FrameList
 
 log = logging.getLogger("vaecache")
@@ -125,16 +127,35 @@ def read_nuscenes(root: Path, options: SourceOptions) -> LayoutScenes:
         if sensor is None:
             continue
         frames[record["token"]] = (record["next"], int(record["timestamp"]), record["filename"],
-                                   record["ego_pose_token"], record["calibrated_sensor_token"],
+                                   record["ego_pose_token"], sys.intern(record["calibrated_sensor_token"]),
                                    bool(record["is_key_frame"]))
         if record["is_key_frame"]:
             keyframes[(record["sample_token"], sensor[0])] = record["token"]
     wanted_poses = {entry[3] for entry in frames.values()}
-    poses: dict[str, dict[str, Any]] = {}
+    poses: dict[str, int] = {}  # ego_pose token -> where its translation (3) and rotation (4) start in `values`
+    values = array("d")  # a pose as 7 floats, not a dict of two lists (a trainval table has 1.2M camera poses)
     for record in iter_json_array(path["ego_pose"]):
         if record.get("token") in wanted_poses:
             _need(record, ("token", "translation", "rotation"), path["ego_pose"])
-            poses[record["token"]] = {"translation": record["translation"], "rotation": record["rotation"]}
+            translation, rotation = record["translation"], record["rotation"]
+            if (not isinstance(translation, list) or len(translation) != 3 or not isinstance(rotation, list)
+                    or len(rotation) != 4):
+                raise DatasetError(f"{path['ego_pose']}: ego_pose {record['token']} needs a translation of 3 and a "
+                                   "rotation (quaternion) of 4 numbers")
+            poses[record["token"]] = len(values)
+            try:
+                values.extend(translation)
+                values.extend(rotation)
+            except TypeError:
+                raise DatasetError(f"{path['ego_pose']}: ego_pose {record['token']} has a translation or rotation "
+                                   "that is not numbers") from None
+    del wanted_poses
+
+    def pose(token: str) -> dict[str, list[float]] | None:
+        at = poses.get(token)
+        return None if at is None else {"translation": values[at:at + 3].tolist(),
+                                        "rotation": values[at + 3:at + 7].tolist()}
+    camera_frames = len(frames)
     present = sorted({channel for channel, _ in calibration.values()})
     order = tuple(options.cameras) if options.cameras else tuple(c for c in VIEW_ORDER if c in present)
     unknown = [name for name in order if name not in present]
@@ -153,14 +174,14 @@ def read_nuscenes(root: Path, options: SourceOptions) -> LayoutScenes:
             token = keyframes.get((record["first_sample_token"], channel), "")
             files, times, entries = [], [], []
             while token:
-                entry = frames.get(token)
+                entry = frames.pop(token, None)  # a chain is walked once: its entries are freed as the scene is built
                 if entry is None:
                     raise DatasetError(f"{path['sample_data']}: sample_data {token} ({channel} of {name}) is named by "
-                                       "`next` but not in the table")
+                                       "`next` but not in the table, or twice")
                 files.append(f"{base}/{entry[2]}")
                 times.append(entry[1] * 1000)
                 entries.append({"sample_data_token": token, "timestamp_us": entry[1], "is_key_frame": entry[5],
-                                "ego_pose": poses.get(entry[3])})
+                                "ego_pose": pose(entry[3])})
                 cameras_meta.setdefault(channel, calibration[entry[4]][1])
                 token = entry[0]
             lists.append(FrameList(f"{base}#{name}/{channel}", tuple(files), tuple(times)) if files else None)
@@ -174,10 +195,10 @@ def read_nuscenes(root: Path, options: SourceOptions) -> LayoutScenes:
         paths = tuple(listed.key if listed is not None else None for listed in lists)
         try:
             found.append(Scene(name, order, paths, metadata=json.dumps(metadata, sort_keys=True, separators=(",", ":")),
-                               frame_lists=tuple(lists), frame_metadata=FrameMetadata(tuple(per_frame))))
+                               listing=HeldListing(tuple(lists), FrameMetadata(tuple(per_frame)))))
         except DatasetError as exc:
             rejected.append(Skipped(name, None, str(exc)))
-    log.info("nuScenes %s: %d scenes, %d camera frames", tables.name, len(found), len(frames))
+    log.info("nuScenes %s: %d scenes, %d camera frames", tables.name, len(found), camera_frames)
     return LayoutScenes(found, [set(order)] if found else [], rejected)
 
 

@@ -92,7 +92,7 @@ def judge_scene(scene: Scene, found: Sequence[CameraProbe | VideoDecodeError],
     has frames (SceneProbe.first and num_frames). `sync` None: only whether every camera is there and readable
     (`vaecache index`, whose index serves either rule)."""
     if (len(found) == 1 == len(scene.paths) and isinstance(found[0], CameraProbe) and scene.frame_range is None
-            and (sync is None or sync.mode == "frames")):
+            and scene.time_range is None and (sync is None or sync.mode == "frames")):
         only = found[0]  # one camera, whole video: nothing to compare (the common case of a big index)
         return SceneProbe(scene.scene_id, num_frames=only.frames, fps=only.fps,
                           rotations=_shared((only.rotation,)), cameras=(only,))
@@ -130,14 +130,56 @@ def judge_scene(scene: Scene, found: Sequence[CameraProbe | VideoDecodeError],
                   "pairs frames by time)",
             error_path=scene.paths[odd], error_camera=scene.cameras[odd],
         )
-    total = counts[0]
+    total, first = counts[0], 0
     if scene.frame_range is not None:
         start, stop = scene.frame_range
         if stop > total:
             return SceneProbe(scene.scene_id, error=f"frame range [{start}, {stop}) exceeds the video's {total} frames",
                               error_path=scene.paths[0], error_camera=scene.cameras[0])
+    if scene.time_range is not None:  # the usable frames are then [first, total)
+        found_range = frames_in_time(scene.time_range, probes[0])
+        if isinstance(found_range, str):
+            return SceneProbe(scene.scene_id, error=found_range, error_path=scene.paths[0],
+                              error_camera=scene.cameras[0])
+        first, total = found_range
+        if scene.frame_range is not None:
+            first, total = max(first, scene.frame_range[0]), min(total, scene.frame_range[1])
+        if total <= first:
+            return SceneProbe(scene.scene_id, error=_empty_time_range(scene.time_range, probes[0]),
+                              error_path=scene.paths[0], error_camera=scene.cameras[0])
     return SceneProbe(scene.scene_id, num_frames=total, fps=known[0][1] if known else 0.0,
-                      rotations=_shared(tuple(p.rotation for p in probes)), cameras=probes)
+                      rotations=_shared(tuple(p.rotation for p in probes)), cameras=probes, first=first)
+
+
+TIME_RANGE_SLACK_NS = 500_000
+"""Clip tables give times to the millisecond (Panda-70M's H:MM:SS.mmm, a frame's time rounded): a boundary stands for
+the frames from 0.5 ms before it, so a frame at 7.3407 s starts the range written 7.341 and ends the one before."""
+
+
+def frames_in_time(time_range: tuple[int, int], probe: CameraProbe) -> tuple[int, int] | str:
+    """Pure: [first, stop) of the frames whose times fall in `time_range` (ns from the first frame, end excluded),
+    both ends moved TIME_RANGE_SLACK_NS earlier. A frame's time is its place on the camera's even timeline,
+    round(index x the mean frame period), the period from the first and last frame times where probed, else 1/fps
+    (vaecache decodes only evenly spaced stretches, so this is the presentation time up to the container's timestamp
+    rounding, well under the slack). A str: why there is none."""
+    period = (_period(probe) if probe.start_ns is not None and probe.frames > 1
+              else 1e9 / probe.fps if probe.fps > 0 else 0.0)
+    if period <= 0:
+        return "a time range needs the video's frame rate, and it has none (one frame, or image frames without times)"
+
+    def first_at(moment: int) -> int:  # the first frame at or after `moment`
+        index = min(max(0, math.ceil(moment / period) - 1), probe.frames)
+        while index < probe.frames and round(index * period) < moment:
+            index += 1
+        return index
+
+    return first_at(time_range[0] - TIME_RANGE_SLACK_NS), first_at(time_range[1] - TIME_RANGE_SLACK_NS)
+
+
+def _empty_time_range(time_range: tuple[int, int], probe: CameraProbe) -> str:
+    span = (probe.end_ns - probe.start_ns) / 1e9 if probe.start_ns is not None else probe.frames / (probe.fps or 1)
+    return (f"time range [{time_range[0] / 1e9:.3f}, {time_range[1] / 1e9:.3f}) s holds no frame of the video "
+            f"({probe.frames} frames over {span:.3f} s)")
 
 
 def _period(probe: CameraProbe) -> float:
@@ -166,6 +208,15 @@ def _judge_by_time(scene: Scene, probes: tuple[CameraProbe, ...], sync: SyncConf
     if period > 0:
         first = max(0, math.ceil((lo - ref.start_ns) / period - 1e-6))  # type: ignore[operator]
         stop = min(ref.frames, math.floor((hi - ref.start_ns) / period + 1e-6) + 1)  # type: ignore[operator]
+    if scene.time_range is not None:
+        found_range = frames_in_time(scene.time_range, ref)
+        if isinstance(found_range, str):
+            return SceneProbe(scene.scene_id, error=found_range, error_path=scene.paths[reference],
+                              error_camera=scene.cameras[reference])
+        first, stop = max(first, found_range[0]), min(stop, found_range[1])
+        if stop <= first:
+            return SceneProbe(scene.scene_id, error=_empty_time_range(scene.time_range, ref),
+                              error_path=scene.paths[reference], error_camera=scene.cameras[reference])
     if scene.frame_range is not None:
         if scene.frame_range[1] > ref.frames:
             start, stop = scene.frame_range

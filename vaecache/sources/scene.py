@@ -137,15 +137,15 @@ class Scene:
     metadata: str | None = None
     """The index line's other keys (caption, tags, any JSON) as canonical JSON text, passed through untouched
     into every clip record's `metadata`; None when the line has none. Text keeps a Scene hashable and small."""
-    frame_lists: tuple[FrameList | None, ...] | None = None
-    """Per camera, its frames file by file where the layout lists them (an index's "files", nuScenes); the camera's
-    path is then the FrameList's key. None (or a None entry): the path is a video, a frame folder or a glob."""
+    listing: Listing | None = None
+    """What the layout lists frame by frame (frame lists, per-frame metadata), held or read back on demand; None:
+    nothing (every camera's path is its source)."""
     frame_rate: float | None = None
     """Frames per second of this scene's image-sequence cameras whose frames carry no times (--fps, an index's
     "fps"); None: unknown (videos have their own)."""
-    frame_metadata: FrameMetadata | None = None
-    """Per camera and frame, what a layout knows of each frame (nuScenes: its ego pose): each clip's record carries
-    its own frames' entries."""
+    time_range: tuple[int, int] | None = None
+    """[start, end) in ns from the first frame (a table's clip boundaries in seconds): the frames whose times fall
+    in it are used (sources.probing.frames_in_time), within frame_range where both are given."""
 
     def __post_init__(self) -> None:
         if id_problem(self.scene_id):
@@ -155,13 +155,74 @@ class Scene:
             raise DatasetError(f"scene {self.scene_id}: needs one path per camera")
         if self.probed is not None and len(self.probed) != len(self.cameras):
             raise DatasetError(f"scene {self.scene_id}: needs one probe per camera")
-        if self.frame_lists is not None and len(self.frame_lists) != len(self.cameras):
+        if self.time_range is not None and not 0 <= self.time_range[0] < self.time_range[1]:
+            raise DatasetError(f"scene {self.scene_id}: a time range needs 0 <= start < end, got "
+                               f"[{self.time_range[0] / 1e9:g}, {self.time_range[1] / 1e9:g}) s")
+        if self.listing is not None and self.listing.cameras != len(self.cameras):
             raise DatasetError(f"scene {self.scene_id}: needs one frame list (or None) per camera")
+
+    @property
+    def frame_lists(self) -> tuple[FrameList | None, ...] | None:
+        """Per camera, its frames file by file where the layout lists them (an index's "files", nuScenes); the
+        camera's path is then the FrameList's key. None (or a None entry): the path is a video, a frame folder or a
+        glob."""
+        return self.listing.frame_lists if self.listing is not None else None
+
+    @property
+    def frame_metadata(self) -> FrameMetadata | None:
+        """Per camera and frame, what a layout knows of each frame (nuScenes: its ego pose): each clip's record
+        carries its own frames' entries."""
+        return self.listing.frame_metadata if self.listing is not None else None
 
     def source(self, camera: int) -> str | FrameList | None:
         """What camera `camera` is read from: its FrameList, else its path (None: the scene lacks it)."""
-        listed = self.frame_lists[camera] if self.frame_lists is not None else None
-        return listed if listed is not None else self.paths[camera]
+        return source_of(self.listing, self.paths, camera)
+
+
+def source_of(listing: Listing | None, paths: Sequence[str | None], camera: int) -> str | FrameList | None:
+    """Camera `camera`'s FrameList where `listing` lists its frames, else its path."""
+    listed = listing.frame_lists if listing is not None and listing.lists_frames else None
+    found = listed[camera] if listed is not None else None
+    return found if found is not None else paths[camera]
+
+
+class Listing(Protocol):
+    """What a layout lists frame by frame for one scene: held in memory (HeldListing) or read back from where the
+    layout keeps it when a clip of the scene is built (an index line: sources.jsonl.IndexLineListing), so that
+    planning a dataset of a hundred thousand such scenes holds no per-frame object."""
+
+    @property
+    def cameras(self) -> int:
+        """How many cameras the scene has."""
+
+    @property
+    def lists_frames(self) -> bool:
+        """Whether some camera is a FrameList (known without reading the frames)."""
+
+    @property
+    def frame_lists(self) -> tuple[FrameList | None, ...] | None: ...
+
+    @property
+    def frame_metadata(self) -> FrameMetadata | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class HeldListing:
+    """A Listing held in memory (a layout that reads it anyway: an index line without a probe, nuScenes' tables)."""
+
+    frame_lists: tuple[FrameList | None, ...] | None
+    frame_metadata: FrameMetadata | None = None
+
+    @property
+    def cameras(self) -> int:
+        sizes = {len(self.frame_lists)} if self.frame_lists is not None else set()
+        if self.frame_metadata is not None:
+            sizes.add(len(self.frame_metadata.per_camera))
+        return sizes.pop() if len(sizes) == 1 else -1
+
+    @property
+    def lists_frames(self) -> bool:
+        return self.frame_lists is not None and any(listed is not None for listed in self.frame_lists)
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +307,8 @@ class SourceOptions:
     """--fps: frames per second of image-sequence cameras whose frames carry no times."""
     nuscenes_version: str | None = None
     """--nuscenes-version: which v1.0-* tables of a nuScenes root (None: the only one there)."""
+    columns: tuple[tuple[str, str], ...] = ()
+    """--column ROLE=NAME: which column of a metadata table plays which role (sources.tables.parse_columns)."""
 
     def __post_init__(self) -> None:
         if self.frame_rate is not None and not 0 < self.frame_rate < math.inf:
