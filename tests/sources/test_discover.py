@@ -232,7 +232,7 @@ def test_missing_path_empty_folder_and_wrong_file_are_dataset_errors(tmp_path: P
     (tmp_path / "empty_scene").mkdir()
     with pytest.raises(DatasetError, match="scene folders hold no video files"):
         discover_scenes(tmp_path)
-    with pytest.raises(DatasetError, match="expected a folder or a .jsonl index"):
+    with pytest.raises(DatasetError, match="expected a folder, a .jsonl index or a .csv/.tsv/.parquet table"):
         discover_scenes(_touch(tmp_path / "clip.mp4"))
     assert issubclass(DatasetError, UsageError)  # the CLI maps it to exit code 2
 

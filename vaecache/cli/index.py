@@ -14,13 +14,14 @@ from vaecache.cli.common import console, report_errors
 from vaecache.errors import DatasetError
 from vaecache.meter import progress as progress_reporter
 from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
-from vaecache.settings.options import parse_cameras
+from vaecache.settings.options import parse_cameras, parse_columns
 
 
 @report_errors
 def index(
     data: Path = typer.Argument(..., help="Dataset: DATA/<scene>/<camera>.mp4 or DATA/<scene>/<camera>/<frames>, a "
-                                "folder of videos or of frame folders, a .jsonl index, or a nuScenes root."),
+                                "folder of videos or of frame folders, a .jsonl index, a .csv/.tsv/.parquet table, "
+                                "or a nuScenes root."),
     output: Path = typer.Option(..., "--output", "-o", help="The index to write (INDEX.jsonl); unusable scenes go to "
                                 "INDEX.rejected.jsonl beside it."),
     cameras: Optional[str] = typer.Option(None, "--cameras", help="Comma-separated camera order "
@@ -30,6 +31,9 @@ def index(
                                         "no times (written into each line)."),
     nuscenes_version: Optional[str] = typer.Option(None, "--nuscenes-version", help="Which tables of a nuScenes "
                                                    "root (v1.0-mini, v1.0-trainval, ...)."),
+    column: Optional[str] = typer.Option(None, "--column", help="ROLE=NAME[,ROLE=NAME...]: which column of a "
+                                         ".csv/.tsv/.parquet table plays a role (path, id, start, end, start_frame, "
+                                         "end_frame, ranges)."),
     timeout: float = typer.Option(1800.0, "--timeout", help="Seconds a rank waits for the others at the end."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress on rank 0: a bar in a terminal, "
                                   "a line every 30 s (VAECACHE_PROGRESS_INTERVAL) in a log."),
@@ -41,7 +45,8 @@ def index(
     from vaecache.sources.indexing import IndexConfig
 
     cfg = IndexConfig(data=data, output=output, cameras=parse_cameras(cameras) or None if cameras else None,
-                      workers=workers, frame_rate=fps, nuscenes_version=nuscenes_version)
+                      workers=workers, frame_rate=fps, nuscenes_version=nuscenes_version,
+                      columns=parse_columns(column))
 
     from vaecache.distributed.context import distributed
     from vaecache.sources.indexing import run_index

@@ -65,7 +65,10 @@ def check_coverage(manifest: dict[str, Any], cache: CacheReader, failures: list[
     check = Check("coverage of " + str(dataset))
     clip_settings = ClipSettings.from_record(manifest.get("settings", {}))
     sampling = clip_settings.sampling
-    found = discover(Path(dataset), options=SourceOptions(clip_settings.cameras, sampling.frame_rate))
+    recorded = manifest.get("settings", {})
+    found = discover(Path(dataset), options=SourceOptions(
+        clip_settings.cameras, sampling.frame_rate, recorded.get("nuscenes_version"),
+        tuple(tuple(pair) for pair in recorded.get("columns") or ())))
     scenes = found.scenes
     sync = resolved_sync(sampling.sync, found)
     # the encode's own probing: its probe cache in OUT answers for every file that kept its size and mtime

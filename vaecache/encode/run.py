@@ -176,7 +176,10 @@ def _finalize(cfg: EncodeConfig, vae: VaeRunner, summary: EncodeSummary, fingerp
                   "batch_size": cfg.batch_size,
                   "sp_size": cfg.sp_size, "sp_mode": cfg.sp_mode, "world_size": summary.world_size,
                   "shard_size": cfg.shard_size, "max_frame_pixels": cfg.clip.sampling.max_frame_pixels,
-                  "vae_spec": cfg.vae},
+                  "vae_spec": cfg.vae,
+                  # how DATA was read, for `verify --dataset` (recorded only when given: older caches stay equal)
+                  **({"nuscenes_version": cfg.nuscenes_version} if cfg.nuscenes_version else {}),
+                  **({"columns": [list(pair) for pair in cfg.columns]} if cfg.columns else {})},
         store=list(STORED_KEYS[cfg.clip.store]), dtype=recorded_name(vae.model.dtype),
         planned_clips=summary.planned_clips,
         oom_backoffs=len(summary.backoffs))

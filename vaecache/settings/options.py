@@ -46,6 +46,13 @@ def parse_cameras(value: str | list[str]) -> tuple[str, ...]:
     return tuple(value)
 
 
+def parse_columns(value: str | list[str] | None) -> tuple[tuple[str, str], ...]:
+    """--column ROLE=NAME,... (or a TOML list of them) -> ((role, column), ...): sources.tables.parse_columns."""
+    from vaecache.sources.tables import parse_columns
+
+    return parse_columns(value)
+
+
 @dataclass(frozen=True)
 class Option:
     """One setting of encode and/or plan."""
@@ -121,6 +128,10 @@ OPTIONS: tuple[Option, ...] = (
            "timestamps.txt, no timestamped names, no index \"fps\"). Recorded.", field="frame_rate"),
     Option("nuscenes_version", "--nuscenes-version", str, "Which tables of a nuScenes root: v1.0-mini, "
            "v1.0-trainval, ... (default: the only v1.0-* folder there)."),
+    Option("column", "--column", str, "ROLE=NAME[,ROLE=NAME...]: which column of a .csv/.tsv/.parquet table DATA "
+           "plays a role (path, id, start, end, start_frame, end_frame, ranges), e.g. "
+           "path=video_path,ranges=timestamp.",
+           field="columns", toml=(str, list), toml_items=str, parse=parse_columns),
     Option("dtype", "--dtype", str, "fp32 | bf16 | fp16: VAE compute and stored dtype (default fp32)."),
     Option("device", "--device", str, "auto | cpu | cuda (auto: cuda:LOCAL_RANK when available).",
            help_by_command=((PLAN, "Where to measure: auto | cpu | cuda[:N] (default auto)."),)),

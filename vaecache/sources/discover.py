@@ -12,15 +12,16 @@ from vaecache.sources.folders import FOLDERS
 from vaecache.sources.jsonl import JSONL_INDEX
 from vaecache.sources.nuscenes import NUSCENES
 from vaecache.sources.scene import Discovery, Layout, Scene, SourceOptions
+from vaecache.sources.tables import TABLE
 
-LAYOUTS: tuple[Layout, ...] = (JSONL_INDEX, NUSCENES, FOLDERS)
+LAYOUTS: tuple[Layout, ...] = (JSONL_INDEX, TABLE, NUSCENES, FOLDERS)
 """Every input layout, asked in this order which one DATA is."""
 
 log = logging.getLogger("vaecache")
 
 
 def discover(data: Path, cameras: Sequence[str] | None = None, options: SourceOptions | None = None) -> Discovery:
-    """Find scenes in a multi-camera folder, a single-camera folder, a JSONL index or a nuScenes root. Sorted by id.
+    """Find scenes in DATA with the first layout of LAYOUTS that reads it. Sorted by id.
     `options` (SourceOptions) says more than `cameras`, which it replaces."""
     data = Path(data)
     if options is None:
@@ -29,7 +30,8 @@ def discover(data: Path, cameras: Sequence[str] | None = None, options: SourceOp
         raise DatasetError(f"{data}: dataset path does not exist")
     layout = next((layout for layout in LAYOUTS if layout.matches(data)), None)
     if layout is None:
-        raise DatasetError(f"{data}: expected a folder or a .jsonl index, got a {data.suffix or 'suffix-less'} file")
+        raise DatasetError(f"{data}: expected a folder, a .jsonl index or a .csv/.tsv/.parquet table, got a "
+                           f"{data.suffix or 'suffix-less'} file")
     scenes, seen, rejected, reference = layout.scenes(data, options)
     form = "cameras" if seen else "path"  # single-camera layouts (a folder of videos, "path" lines) name no sets
     for skip in rejected:
