@@ -18,11 +18,19 @@ def source_identity(path: Any, with_hash: bool) -> dict[str, Any] | None:
     folder or glob), or None when it cannot be read."""
     from vaecache.errors import VideoDecodeError
     from vaecache.video.frames import frame_files, is_image_source
+    from vaecache.video.members import member_identity, member_of, member_sha256
 
     if is_image_source(path):
         try:
             return frames_identity(frame_files(path), with_hash)
         except VideoDecodeError:
+            return None
+    member = member_of(path)
+    if member is not None:  # a video inside a tar: its own size and bytes, the tar's mtime
+        try:
+            size, mtime_ns = member_identity(member)
+            return {"size": size, "mtime_ns": mtime_ns, **({"sha256": member_sha256(member)} if with_hash else {})}
+        except (OSError, VideoDecodeError):
             return None
     try:
         stat = os.stat(path)

@@ -19,7 +19,7 @@ from rich.markup import escape
 
 from vaecache import stop
 from vaecache.distributed.launch import launcher_rank_world
-from vaecache.errors import EXIT_FAILED, EXIT_INTERRUPTED, UsageError, VaecacheError
+from vaecache.errors import EXIT_FAILED, EXIT_INTERRUPTED, DatasetError, UsageError, VaecacheError
 
 F = TypeVar("F", bound=Callable[..., Any])
 console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -98,6 +98,15 @@ def write_json(target: Path, payload: Any) -> None:
     from vaecache.cache.io import atomic_write_bytes
 
     atomic_write_bytes(target, data)
+
+
+def check_dataset_exists(data: Path) -> None:
+    """Refuse a DATA that does not exist (exit 2) before any work; a brace pattern of shards is checked by the layout,
+    which names a missing shard."""
+    from vaecache.sources.braces import is_brace_pattern
+
+    if not data.exists() and not is_brace_pattern(str(data)):
+        raise DatasetError(f"{data}: dataset path does not exist")
 
 
 def check_json_target(target: Path | None) -> None:

@@ -14,9 +14,17 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vaecache.cli.common import check_json_target, console, human_bytes, launcher_rank_world, report_errors, write_json
+from vaecache.cli.common import (
+    check_dataset_exists,
+    check_json_target,
+    console,
+    human_bytes,
+    launcher_rank_world,
+    report_errors,
+    write_json,
+)
 from vaecache.cli.options import ConfigOption, DataArgument, with_setting_flags
-from vaecache.errors import DatasetError, UsageError
+from vaecache.errors import UsageError
 from vaecache.meter import progress as progress_reporter
 from vaecache.settings.commands import EncodeConfig
 from vaecache.settings.loader import load_settings
@@ -33,8 +41,7 @@ def build_config(data: Path, flags: dict[str, Any], config_file: Path | None) ->
 
 def check_usage_before_start(cfg: EncodeConfig, environ: dict[str, str] | None = None) -> None:
     """What can be refused without torch: the dataset path and the SP size against the ranks launched."""
-    if not cfg.data.exists():
-        raise DatasetError(f"{cfg.data}: dataset path does not exist")
+    check_dataset_exists(cfg.data)
     _, world = launcher_rank_world(environ)
     if cfg.sp_size > 1 and world == 1:
         raise UsageError(f"--sp-size {cfg.sp_size} needs {cfg.sp_size} ranks (or a multiple): "

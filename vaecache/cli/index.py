@@ -10,8 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vaecache.cli.common import console, report_errors
-from vaecache.errors import DatasetError
+from vaecache.cli.common import check_dataset_exists, console, report_errors
 from vaecache.meter import progress as progress_reporter
 from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
 from vaecache.settings.options import parse_cameras, parse_columns
@@ -21,7 +20,7 @@ from vaecache.settings.options import parse_cameras, parse_columns
 def index(
     data: Path = typer.Argument(..., help="Dataset: DATA/<scene>/<camera>.mp4 or DATA/<scene>/<camera>/<frames>, a "
                                 "folder of videos or of frame folders, a .jsonl index, a .csv/.tsv/.parquet table, "
-                                "or a nuScenes root."),
+                                "WebDataset .tar shards, or a nuScenes root."),
     output: Path = typer.Option(..., "--output", "-o", help="The index to write (INDEX.jsonl); unusable scenes go to "
                                 "INDEX.rejected.jsonl beside it."),
     cameras: Optional[str] = typer.Option(None, "--cameras", help="Comma-separated camera order "
@@ -40,8 +39,7 @@ def index(
 ) -> None:
     """Probe every camera once (frame count, fps, size, codec, first and last frame time) into a JSONL index for
     encode and plan; a nuScenes root's tables are read once here, into one line per scene."""
-    if not data.exists():
-        raise DatasetError(f"{data}: dataset path does not exist")
+    check_dataset_exists(data)
     from vaecache.sources.indexing import IndexConfig
 
     cfg = IndexConfig(data=data, output=output, cameras=parse_cameras(cameras) or None if cameras else None,

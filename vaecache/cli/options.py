@@ -52,7 +52,9 @@ def with_setting_flags(command: str) -> Callable[[F], F]:
     return decorate
 
 
-DataArgument = Annotated[Path, typer.Argument(help="Dataset: DATA/<scene>/<camera>.mp4, a folder of videos, or a "
-                                                   ".jsonl index.")]
+DataArgument = Annotated[Path, typer.Argument(help="Dataset: DATA/<scene>/<camera>.mp4 or DATA/<scene>/<camera>/"
+                                                   "<frames>, a folder of videos, a .jsonl index, a .csv/.tsv/.parquet "
+                                                   "table, WebDataset .tar shards (a file, a folder, or "
+                                                   "data-{000000..000099}.tar), or a nuScenes root.")]
 ConfigOption = Annotated[Optional[Path], typer.Option("--config", help="TOML file with these options (long flag "
                                                                      "names as keys; flags win).")]

@@ -9,9 +9,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vaecache.cli.common import check_json_target, console, human_bytes, report_errors, write_json
+from vaecache.cli.common import check_dataset_exists, check_json_target, console, human_bytes, report_errors, write_json
 from vaecache.cli.options import ConfigOption, DataArgument, with_setting_flags
-from vaecache.errors import DatasetError
 from vaecache.settings.loader import load_settings
 from vaecache.settings.options import PLAN
 
@@ -136,8 +135,7 @@ def plan(
     flags: dict[str, Any],
 ) -> None:
     """Dry run: scenes, clips, latent shapes and bytes, the split over ranks, a measured ETA."""
-    if not data.exists():
-        raise DatasetError(f"{data}: dataset path does not exist")
+    check_dataset_exists(data)
     check_json_target(json_file)
     cfg = build_plan_config(data, flags, config, clip_ids=json_file is not None)  # only the JSON lists clip ids
     from vaecache.encode.dry_run import build_plan

@@ -8,13 +8,15 @@ from pathlib import Path
 from typing import Sequence
 
 from vaecache.errors import DatasetError
+from vaecache.sources.braces import is_brace_pattern
 from vaecache.sources.folders import FOLDERS
 from vaecache.sources.jsonl import JSONL_INDEX
 from vaecache.sources.nuscenes import NUSCENES
 from vaecache.sources.scene import Discovery, Layout, Scene, SourceOptions
 from vaecache.sources.tables import TABLE
+from vaecache.sources.tars import WEBDATASET
 
-LAYOUTS: tuple[Layout, ...] = (JSONL_INDEX, TABLE, NUSCENES, FOLDERS)
+LAYOUTS: tuple[Layout, ...] = (JSONL_INDEX, TABLE, NUSCENES, WEBDATASET, FOLDERS)
 """Every input layout, asked in this order which one DATA is."""
 
 log = logging.getLogger("vaecache")
@@ -26,7 +28,7 @@ def discover(data: Path, cameras: Sequence[str] | None = None, options: SourceOp
     data = Path(data)
     if options is None:
         options = SourceOptions(cameras=tuple(cameras) if cameras else None)
-    if not data.exists():
+    if not data.exists() and not is_brace_pattern(str(data)):
         raise DatasetError(f"{data}: dataset path does not exist")
     layout = next((layout for layout in LAYOUTS if layout.matches(data)), None)
     if layout is None:

@@ -28,12 +28,17 @@ from vaecache.sources.scene import (
     SourceOptions,
 )
 from vaecache.video.frames import FrameList
+from vaecache.video.members import TarMember, member_of
 
 
 def _resolved_in(base: str, relative: str, parents: dict[str, str], trusted: bool = False) -> str:
     """`resolved_path(base / relative)`, with `parents` caching resolved folders: a file that is not itself a
     symlink costs one lstat, so an index of a million scenes in a few folders is not resolved component by
-    component a million times. `trusted`: the file name is taken as resolved (no lstat)."""
+    component a million times. `trusted`: the file name is taken as resolved (no lstat). A video inside a tar
+    (`TAR#NAME@OFFSET+SIZE`) has its tar's path resolved."""
+    if "#" in relative and (member := member_of(relative)) is not None:
+        tar = member.tar if trusted and member.tar.startswith("/") else resolved_path(Path(base, member.tar))
+        return TarMember(tar, member.name, member.offset, member.size).reference
     head, _, name = relative.rpartition("/")
     folder = head if relative.startswith("/") else f"{base}/{head}" if head else base
     if not name or name in (".", ".."):

@@ -21,6 +21,7 @@ from vaecache.settings.clip import FRAME_SYNC, SyncConfig
 from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
 from vaecache.sources.scene import CameraProbe, Scene, SceneProbe
 from vaecache.video.frames import FrameList, files_identity, frame_files, is_image_source
+from vaecache.video.members import member_identity, member_of
 
 log = logging.getLogger("vaecache")
 
@@ -30,6 +31,9 @@ def source_identity(source: str | FrameList) -> tuple[int, int]:
     OSError (or VideoDecodeError naming a frame) when it cannot be read."""
     if is_image_source(source):
         return files_identity(frame_files(source))  # type: ignore[arg-type]
+    member = member_of(source)
+    if member is not None:
+        return member_identity(member)
     stat = os.stat(source)  # type: ignore[arg-type]
     return stat.st_size, stat.st_mtime_ns
 

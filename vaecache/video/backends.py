@@ -12,6 +12,7 @@ import torch
 from vaecache.errors import UsageError, VideoDecodeError, first_line
 from vaecache.settings.clip import DECODER_CHOICES
 from vaecache.video.frames import FrameList, FrameSequence, is_image_source
+from vaecache.video.members import member_of
 from vaecache.video.reader import DECODER, VideoReader
 
 
@@ -29,6 +30,9 @@ def open_video(path: str, backend: Backend | None = None, max_pixels: int | None
     naming the file. With `max_pixels`, frames larger than that are refused before any is decoded."""
     if backend is None or backend.choice == "pyav":
         return VideoReader(path, backend.threads if backend is not None else 0, max_pixels)
+    if member_of(path) is not None:
+        raise VideoDecodeError(path, f"--decoder {backend.choice} cannot read a video inside a tar in place; use "
+                                     "--decoder pyav (what auto picks)")
     if backend.choice == "decord":
         return DecordReader(path, max_pixels)
     return TorchcodecReader(path, backend.device, max_pixels)

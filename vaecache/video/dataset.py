@@ -15,6 +15,7 @@ from vaecache.errors import VideoDecodeError
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS
 from vaecache.video.backends import PYAV, Backend, ForeignReader, open_camera
 from vaecache.video.frames import FrameList, FrameSequence, files_identity, is_image_source
+from vaecache.video.members import member_identity, member_of
 from vaecache.video.reader import VideoReader
 from vaecache.video.resize import resize_fit, to_model_range
 from vaecache.video.sync import synchronized_frames
@@ -105,6 +106,8 @@ def check_identity(path: str, size: int, mtime_ns: int) -> None:
     try:
         if is_image_source(path):
             found_size, found_mtime = files_identity(frame_files(path))
+        elif (member := member_of(path)) is not None:
+            found_size, found_mtime = member_identity(member)
         else:
             stat = os.stat(path)
             found_size, found_mtime = stat.st_size, stat.st_mtime_ns

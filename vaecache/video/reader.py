@@ -33,6 +33,7 @@ from av.video.reformatter import VideoReformatter
 from vaecache.errors import FrameBudgetError, VideoDecodeError, first_line
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS, frame_budget_problem
 from vaecache.video.frames import checked_request
+from vaecache.video.members import member_of, open_member
 
 DECODER = "pyav-pts/1"
 """Names this way of decoding in the run fingerprint (vaecache 0.1.0 caches decoded with decord)."""
@@ -59,12 +60,17 @@ class VideoReader:
         self.path = path
         self._threads = threads
         self._max_pixels = max_pixels
-        _check_file(path)
+        self._member = member_of(path)  # a video inside a tar (a WebDataset shard), read in place
+        self._member_file: Any = None
+        if self._member is None:
+            _check_file(path)
         try:
-            self._container = av.open(path)
+            self._container = self._open()
         except PermissionError:
+            self.close()
             raise VideoDecodeError(path, "permission denied") from None
         except (av.FFmpegError, UnicodeDecodeError, ValueError) as exc:
+            self.close()
             raise VideoDecodeError(path, f"not a readable video ({first_line(exc, 200)})") from None
         if not self._container.streams.video:
             self.close()
@@ -208,10 +214,19 @@ class VideoReader:
         self._stream.thread_type = "AUTO"
         self._stream.thread_count = self._threads
 
+    def _open(self) -> Any:
+        """A new container on the file (or the tar member's bytes)."""
+        if self._member is None:
+            return av.open(self.path)
+        if self._member_file is not None:
+            self._member_file.close()
+        self._member_file = open_member(self._member)
+        return av.open(self._member_file)
+
     def _restart(self) -> None:
         """Decode from the very start again (a fresh container: no seek involved)."""
         self._container.close()
-        self._container = av.open(self.path)
+        self._container = self._open()
         self._stream = self._container.streams.video[0]
         self._set_threads()
         self._frames = None
@@ -376,6 +391,9 @@ class VideoReader:
         container = getattr(self, "_container", None)
         if container is not None:
             container.close()
+        member_file = getattr(self, "_member_file", None)
+        if member_file is not None:
+            member_file.close()
 
     def __enter__(self) -> VideoReader:
         return self

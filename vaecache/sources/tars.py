@@ -1,0 +1,212 @@
+"""The WebDataset layout: DATA is a `.tar` shard, a folder of `.tar` shards, or a brace pattern naming them
+(`shards/data-{000000..000999}.tar`), as webdataset and video2dataset write them.
+
+Samples are grouped as webdataset groups them (webdataset/tariterators.py): a member's key is its name up to the
+first dot of its file name and its suffix the rest, lower-cased (`base_plus_ext`); consecutive members with one key
+are one sample (`group_by_keys`); `__*__` members and non-regular entries are skipped (`tar_file_iterator`).
+A sample's `key.mp4` (any video extension) makes a single-camera scene with id `key`; `key.<camera>.mp4` members make
+a multi-camera scene; `key.json` (an object: its keys) and `key.txt` (as `caption`) become the scene's metadata.
+
+Each video is read in place (vaecache.video.members: `TAR#NAME@OFFSET+SIZE`): listing a shard reads its headers and
+its small json/txt members, never a video's bytes, and nothing is extracted to disk.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from vaecache.errors import DatasetError
+from vaecache.sources.braces import expand_braces, is_brace_pattern
+from vaecache.sources.scene import SINGLE_CAMERA, LayoutScenes, Scene, Skipped, SourceOptions
+from vaecache.video.frames import VIDEO_EXTENSIONS, natural_key
+from vaecache.video.members import TarMember
+
+log = logging.getLogger("vaecache")
+
+_KEY_AND_SUFFIX = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+"""webdataset's base_plus_ext: the key is the name up to the first dot of its file name, the suffix all the rest."""
+_META = re.compile(r"__[^/]*__($|/)")
+"""webdataset's tar_file_iterator skip_meta."""
+_VIDEO_SUFFIXES = tuple(extension.lstrip(".") for extension in VIDEO_EXTENSIONS)
+MAX_TEXT_MEMBER = 16 << 20
+"""A json or txt member larger than this is not read as metadata (it would be a mistake, and memory)."""
+
+
+@dataclass
+class Sample:
+    """One WebDataset sample: its key and members (suffix -> member), where it was found."""
+
+    key: str
+    tar: str
+    members: dict[str, TarMember] = field(default_factory=dict)
+    duplicate: str | None = None
+
+
+def shard_paths(data: Path) -> list[Path] | None:
+    """DATA's shards, in order, or None when DATA is not shards: a .tar file, a folder holding .tar files (naturally
+    ordered by name), or a brace pattern (every name it expands to must exist)."""
+    text = str(data)
+    if is_brace_pattern(text) and not data.exists():
+        try:
+            names = expand_braces(text)
+        except ValueError as exc:
+            raise DatasetError(f"{data}: {exc}") from None
+        if not all(name.endswith(".tar") for name in names):
+            return None
+        missing = [name for name in names if not os.path.isfile(name)]
+        if missing:
+            raise DatasetError(f"{data}: shard {missing[0]} does not exist ({len(missing)} of {len(names)} missing)")
+        return [Path(name) for name in names]
+    if data.is_file():
+        return [data] if data.suffix.lower() == ".tar" else None
+    if data.is_dir():
+        shards = sorted((p for p in data.iterdir() if p.suffix.lower() == ".tar" and p.is_file()
+                         and not p.name.startswith(".")), key=lambda p: natural_key(p.name))
+        return shards or None
+    return None
+
+
+def read_samples(tar: Path) -> Iterator[Sample]:
+    """The samples of one shard, in order (webdataset's grouping; see the module docstring)."""
+    name = str(tar.resolve())
+    try:
+        archive = tarfile.open(tar, "r:")
+    except (tarfile.TarError, OSError) as exc:
+        raise DatasetError(f"{tar}: not a readable uncompressed tar ({exc})") from None
+    current: Sample | None = None
+    with archive:
+        while True:
+            try:
+                info = archive.next()
+            except tarfile.TarError as exc:
+                raise DatasetError(f"{tar}: damaged tar after {len(archive.members)} members ({exc})") from None
+            if info is None:
+                break
+            archive.members = []  # streaming: keep no list of a million headers
+            if not info.isreg() or ("/" not in info.name and info.name.startswith("__") and info.name.endswith("__")):
+                continue
+            if _META.match(info.name):
+                continue
+            found = _KEY_AND_SUFFIX.match(info.name)
+            if found is None:
+                continue
+            key, suffix = found.group(1), found.group(2).lower()
+            if current is None or key != current.key:
+                if current is not None:
+                    yield current
+                current = Sample(key, name)
+            if suffix in current.members:
+                current.duplicate = current.duplicate or suffix
+                continue
+            current.members[suffix] = TarMember(name, info.name, info.offset_data, info.size)
+    if current is not None:
+        yield current
+
+
+def _text(member: TarMember, handle: Any) -> str | None:
+    if member.size > MAX_TEXT_MEMBER:
+        return None
+    handle.seek(member.offset)
+    return handle.read(member.size).decode("utf-8", errors="replace")
+
+
+def scenes_from_shards(data: Path, options: SourceOptions) -> LayoutScenes:
+    shards = shard_paths(data)
+    if not shards:
+        raise DatasetError(f"{data}: holds no .tar shards")
+    order = options.cameras
+    scenes: list[Scene] = []
+    camera_sets: list[set[str]] = []
+    rejected: list[Skipped] = []
+    form: str | None = None  # "single" (key.mp4) or "cameras" (key.<camera>.mp4), from the first sample with video
+    for tar in shards:
+        with open(tar, "rb") as handle:
+            for sample in read_samples(tar):
+                scene, problem, names = _scene(sample, handle, order, form)
+                if problem is not None:
+                    rejected.append(Skipped(sample.key, f"{sample.tar}#{sample.key}", problem))
+                    continue
+                assert scene is not None
+                form = form or ("cameras" if names else "single")
+                if names:
+                    camera_sets.append(names)
+                scenes.append(scene)
+    if not scenes:
+        raise DatasetError(f"{data}: the shards hold no video samples ({len(rejected)} sample(s) without a usable "
+                           "video)")
+    log.info("WebDataset %s: %d samples with video in %d shard(s)", data, len(scenes), len(shards))
+    return LayoutScenes(scenes, camera_sets, rejected)
+
+
+def _scene(sample: Sample, handle: Any, order: tuple[str, ...] | None,
+           form: str | None) -> tuple[Scene | None, str | None, set[str]]:
+    """(scene, None, its camera names) or (None, why not, ...)."""
+    if sample.duplicate is not None:
+        return None, f"the sample has two members with suffix {sample.duplicate!r}", set()
+    videos = {suffix: member for suffix, member in sample.members.items()
+              if suffix.rpartition(".")[2] in _VIDEO_SUFFIXES}
+    if not videos:
+        return None, "the sample holds no video member (" + ", ".join(sorted(sample.members)) + ")", set()
+    single = [suffix for suffix in videos if "." not in suffix]
+    if single and len(videos) > 1:
+        return None, f"the sample has both a plain video ({single[0]}) and camera videos; give one or the other", set()
+    if form is not None and (form == "single") != bool(single):
+        return None, ("a single video (key.mp4) among multi-camera samples (key.<camera>.mp4)" if single else
+                      "camera videos (key.<camera>.mp4) among single-video samples (key.mp4)"), set()
+    metadata: dict[str, Any] = {}
+    if "json" in sample.members:
+        text = _text(sample.members["json"], handle)
+        try:
+            value = json.loads(text) if text is not None else None
+        except json.JSONDecodeError as exc:
+            return None, f"its json member is not valid JSON ({exc.msg})", set()
+        if isinstance(value, dict):
+            metadata.update(value)
+        elif value is not None:
+            metadata["json"] = value
+    if "txt" in sample.members:
+        text = _text(sample.members["txt"], handle)
+        if text is not None:
+            metadata["caption"] = text.strip()
+    text = json.dumps(metadata, sort_keys=True, ensure_ascii=False, separators=(",", ":")) if metadata else None
+    if single:
+        camera = (order[0] if order else SINGLE_CAMERA,)
+        if order and len(order) != 1:
+            return None, f"a single video, but {len(order)} cameras were configured (--cameras)", set()
+        paths: tuple[str | None, ...] = (videos[single[0]].reference,)
+        names: set[str] = set()
+    else:
+        by_camera = {suffix.rpartition(".")[0]: member for suffix, member in videos.items()}
+        names = set(by_camera)
+        camera = tuple(order) if order else tuple(sorted(by_camera))
+        paths = tuple(by_camera[name].reference if name in by_camera else None for name in camera)
+    try:
+        return Scene(sample.key, camera, paths, metadata=text), None, names
+    except DatasetError as exc:
+        return None, str(exc), set()
+
+
+class WebDatasetShards:
+    """.tar shards of videos (a file, a folder of them, or a brace pattern)."""
+
+    name = "webdataset"
+    reference_camera = None
+
+    def matches(self, data: Path) -> bool:
+        try:
+            return shard_paths(data) is not None
+        except DatasetError:
+            return True  # a pattern with a missing shard: scenes() says which
+
+    def scenes(self, data: Path, options: SourceOptions) -> LayoutScenes:
+        return scenes_from_shards(data, options)
+
+
+WEBDATASET = WebDatasetShards()
