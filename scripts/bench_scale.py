@@ -73,6 +73,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"comma-separated, of {', '.join(SECTIONS)}")
     p.add_argument("--scenes", type=int, default=100_000, help="plan sections: scenes in the synthetic index")
     p.add_argument("--plan-clips-per-scene", type=int, default=1)
+    p.add_argument("--plan-source", default="video", choices=("video", "tar-member", "seconds"),
+                   help="plan: what each index line names: a video file, a video inside a WebDataset tar, or a "
+                        "file with a clip range in seconds (a metadata table's row)")
     p.add_argument("--rank-clips-per-scene", type=float, default=10.0)
     p.add_argument("--world", type=int, default=64, help="rank_planning: world size")
     p.add_argument("--rank", type=int, default=31, help="rank_planning: the rank whose planning is measured")
@@ -143,12 +146,28 @@ def write_video(path: Path, frames: int = 8) -> None:
             container.mux(packet)
 
 
-def write_index(path: Path, video: Path, scenes: int, clips_per_scene: float) -> int:
+def write_index(path: Path, video: Path, scenes: int, clips_per_scene: float, source: str = "video") -> int:
     """`scenes` lines referencing `video`; frame counts cycle so scenes give 0..2x clips_per_scene clips
-    (mean clips_per_scene). Returns the clip count a plan of NUM_FRAMES-frame clips gives."""
+    (mean clips_per_scene). Returns the clip count a plan of NUM_FRAMES-frame clips gives.
+
+    `source`: what each line names, as `vaecache index` writes it: "video" the file; "tar-member" the video inside a
+    WebDataset shard (TAR#NAME@OFFSET+SIZE); "seconds" the file with a clip range in seconds (a metadata table's row),
+    the range covering the frames the line's probe gives, so the clip count is the same."""
     from vaecache.sources.probing import probe_file
 
     probe = probe_file(str(video)).to_json()
+    named = video.name
+    if source == "tar-member":
+        import tarfile
+
+        from vaecache.sources.tars import read_samples
+
+        shard = video.with_suffix(".tar")
+        with tarfile.open(shard, "w") as tar:
+            tar.add(video, arcname="clip.mp4")
+        member = next(read_samples(shard)).members["mp4"]
+        named = member.reference
+        probe = {**probe, "size": member.size, "mtime_ns": shard.stat().st_mtime_ns}
     spread = max(1, round(2 * clips_per_scene))
     clips = 0
     with open(path, "w", encoding="utf-8") as handle:
@@ -157,8 +176,12 @@ def write_index(path: Path, video: Path, scenes: int, clips_per_scene: float) ->
             frames = max(1, count * NUM_FRAMES + (i % NUM_FRAMES if count else NUM_FRAMES - 1))
             clips += frames // NUM_FRAMES
             fields = {**probe, "frames": frames, "mtime_ns": probe["mtime_ns"] + i}
-            handle.write(json.dumps({"id": f"scene_{i:08d}", "path": video.name, "probe": fields},
-                                    separators=(",", ":")) + "\n")
+            if "start_ns" in probe:  # the times of `frames` frames at the video's rate
+                fields["end_ns"] = probe["start_ns"] + round((frames - 1) * 1e9 / probe["fps"])
+            line = {"id": f"scene_{i:08d}", "path": named, "probe": fields}
+            if source == "seconds":  # [0, the time just past the last frame): every frame of the probe
+                line["seconds"] = [0.0, round(frames / probe["fps"], 6)]
+            handle.write(json.dumps(line, separators=(",", ":")) + "\n")
     return clips
 
 
@@ -166,7 +189,7 @@ def bench_plan(args: argparse.Namespace, root: Path, video: Path) -> dict[str, A
     env = bl.child_env(threads=1, pythonpath=[bl.SCRIPTS])
     bl.progress(f"writing a {args.scenes}-scene index for plan")
     plan_index = root / "plan.jsonl"
-    plan_clips = write_index(plan_index, video, args.scenes, args.plan_clips_per_scene)
+    plan_clips = write_index(plan_index, video, args.scenes, args.plan_clips_per_scene, args.plan_source)
     plan_runs = []
     json_args = ["--json", str(root / "plan.json")] if args.plan_json else []
     for repeat in range(args.repeats):
@@ -183,6 +206,7 @@ def bench_plan(args: argparse.Namespace, root: Path, video: Path) -> dict[str, A
         plan_runs.append((timed.wall_s, float(timed.stderr.strip().splitlines()[-1])))
     plan_s = bl.median([wall for wall, _ in plan_runs])
     return {"scenes": args.scenes, "clips": plan_clips, "world_size": args.world, "json": args.plan_json,
+            "source": args.plan_source,
             "seconds": [round(w, 2) for w, _ in plan_runs], "median_s": round(plan_s, 2),
             "peak_rss_mb": round(max(rss for _, rss in plan_runs), 1),
             "extrapolated_10m_clips_s": round(plan_s * 10_000_000 / plan_clips, 1), "target_s": 30.0}

@@ -137,6 +137,13 @@ def test_bench_scale_prints_documented_keys(capsys, tmp_path):
     assert printed["config"]["clips"] == 300 and printed["machine"]["cpu_model"]
 
 
+@pytest.mark.parametrize("source", ["tar-member", "seconds"])
+def test_bench_scale_plans_index_lines_of_tar_members_and_time_ranges(capsys, tmp_path, source):
+    result = load_script("bench_scale").main(["--sections", "plan", "--scenes", "30", "--plan-source", source,
+                                              "--world", "4", "--tmp", str(tmp_path)])
+    assert result["plan"]["source"] == source and result["plan"]["clips"] == 30  # the clip count is checked inside
+
+
 def test_bench_decode_prints_frames_per_second_and_identity_per_backend(capsys):
     result = load_script("bench_decode").main(["--repeats", "1", "--frames", "24", "--size", "32x64",
                                                 "--clip-frames", "5"])
