@@ -45,6 +45,10 @@ LAYOUTS = {
     "vp9-webm": VideoLayout("vp9-webm", "libvpx-vp9", ".webm",
                             {"deadline": "realtime", "cpu-used": "8", "threads": "1"},
                             gop=15),
+    # LeRobot's default encoding (src/lerobot/configs/video.py VideoEncoderConfig: libsvtav1, yuv420p, g=2, crf=30,
+    # preset 12): decord cannot open it
+    "av1-lerobot": VideoLayout("av1-lerobot", "libsvtav1", ".mp4", {"crf": "30", "preset": "12",
+                                                                   "svtav1-params": "fast-decode=0:lp=1"}, gop=2),
 }
 
 

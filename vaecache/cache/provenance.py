@@ -19,6 +19,7 @@ def source_identity(path: Any, with_hash: bool) -> dict[str, Any] | None:
     from vaecache.errors import VideoDecodeError
     from vaecache.video.frames import frame_files, is_image_source
     from vaecache.video.members import member_identity, member_of, member_sha256
+    from vaecache.video.spans import file_of
 
     if is_image_source(path):
         try:
@@ -33,6 +34,7 @@ def source_identity(path: Any, with_hash: bool) -> dict[str, Any] | None:
         except (OSError, VideoDecodeError):
             return None
     try:
+        path = file_of(path)  # one episode of a file (LeRobot): the file's identity
         stat = os.stat(path)
         found: dict[str, Any] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
         if with_hash:

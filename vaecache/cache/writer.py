@@ -171,6 +171,8 @@ class ShardWriter:
         metadata = getattr(clip, "metadata", None)  # the index line's own keys, passed through uninterpreted
         if metadata is not None:
             record["metadata"] = json.loads(metadata)
+        if reading.get("clip_metadata"):  # what the layout knows of this clip's own frames (LeRobot: their tasks)
+            record.setdefault("metadata", {}).update(reading["clip_metadata"])
         per_frame = getattr(clip, "frame_metadata", None)
         if per_frame is not None:  # each camera frame's own entry (nuScenes: its ego pose), for the frames taken
             chosen = reading.get("camera_frames") or {}

@@ -68,7 +68,7 @@ def check_coverage(manifest: dict[str, Any], cache: CacheReader, failures: list[
     recorded = manifest.get("settings", {})
     found = discover(Path(dataset), options=SourceOptions(
         clip_settings.cameras, sampling.frame_rate, recorded.get("nuscenes_version"),
-        tuple(tuple(pair) for pair in recorded.get("columns") or ())))
+        tuple(tuple(pair) for pair in recorded.get("columns") or ()), bool(recorded.get("lerobot_state"))))
     scenes = found.scenes
     sync = resolved_sync(sampling.sync, found)
     # the encode's own probing: its probe cache in OUT answers for every file that kept its size and mtime

@@ -52,6 +52,7 @@ class StartRequest:
     nuscenes_version: str | None = None
     columns: tuple[tuple[str, str], ...] = ()
     """--column: which column of a metadata table plays which role."""
+    lerobot_state: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,8 @@ def start_up(request: StartRequest, ctx: Any = None, progress: ProgressFactory |
     backend = resolve_decoder(request.clip.decoder, request.device, request.workers)
     sampling = request.clip.sampling
     found = discover(request.data, options=SourceOptions(request.clip.cameras, sampling.frame_rate,
-                                                         request.nuscenes_version, request.columns))
+                                                         request.nuscenes_version, request.columns,
+                                                         request.lerobot_state))
     sync = resolved_sync(sampling.sync, found)
     cache = request.probe_cache
     with progress_phase(progress, "probe", "scenes") as advance:

@@ -59,6 +59,8 @@ class EncodeConfig:
     """Which v1.0-* tables of a nuScenes root DATA (None: the only one there)."""
     columns: tuple[tuple[str, str], ...] = ()
     """--column ROLE=NAME: which column of a metadata table DATA plays which role (sources.tables)."""
+    lerobot_state: bool = False
+    """--lerobot-state: a LeRobot dataset's per-frame state/action columns in each clip record."""
 
     def __post_init__(self) -> None:
         if isinstance(self.probe_workers, bool) or not isinstance(self.probe_workers, int) or self.probe_workers < 1:
@@ -138,6 +140,7 @@ class PlanConfig:
     """List every DP group's clip ids in the report (--json); off, the groups are only counted (fast at 10M)."""
     nuscenes_version: str | None = None
     columns: tuple[tuple[str, str], ...] = ()
+    lerobot_state: bool = False
 
     def __post_init__(self) -> None:
         for name in ("world_size", "sp_size", "batch_size", "probe_workers"):

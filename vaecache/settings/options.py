@@ -132,6 +132,9 @@ OPTIONS: tuple[Option, ...] = (
            "plays a role (path, id, start, end, start_frame, end_frame, ranges), e.g. "
            "path=video_path,ranges=timestamp.",
            field="columns", toml=(str, list), toml_items=str, parse=parse_columns),
+    Option("lerobot_state", "--lerobot-state/--no-lerobot-state", bool, "With a LeRobot dataset: each clip record "
+           "also carries its frames' numeric columns (observation.state, action, ...) under "
+           "metadata.lerobot_frames. Recorded."),
     Option("dtype", "--dtype", str, "fp32 | bf16 | fp16: VAE compute and stored dtype (default fp32)."),
     Option("device", "--device", str, "auto | cpu | cuda (auto: cuda:LOCAL_RANK when available).",
            help_by_command=((PLAN, "Where to measure: auto | cpu | cuda[:N] (default auto)."),)),

@@ -11,12 +11,13 @@ from vaecache.errors import DatasetError
 from vaecache.sources.braces import is_brace_pattern
 from vaecache.sources.folders import FOLDERS
 from vaecache.sources.jsonl import JSONL_INDEX
+from vaecache.sources.lerobot import LEROBOT
 from vaecache.sources.nuscenes import NUSCENES
 from vaecache.sources.scene import Discovery, Layout, Scene, SourceOptions
 from vaecache.sources.tables import TABLE
 from vaecache.sources.tars import WEBDATASET
 
-LAYOUTS: tuple[Layout, ...] = (JSONL_INDEX, TABLE, NUSCENES, WEBDATASET, FOLDERS)
+LAYOUTS: tuple[Layout, ...] = (JSONL_INDEX, TABLE, NUSCENES, LEROBOT, WEBDATASET, FOLDERS)
 """Every input layout, asked in this order which one DATA is."""
 
 log = logging.getLogger("vaecache")

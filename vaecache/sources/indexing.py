@@ -25,6 +25,7 @@ from vaecache.errors import EXIT_OK, EXIT_PARTIAL, OutputError, UsageError
 from vaecache.meter import Advance
 from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
 from vaecache.sources.discover import discover
+from vaecache.sources.lerobot import EpisodeRows
 from vaecache.sources.probing import (
     ProbeLog,
     judge_scene,
@@ -158,6 +159,8 @@ def index_line(scene: Scene, form: str, probes: Sequence[Any], reference: str | 
         line["seconds"] = [scene.time_range[0] / 1e9, scene.time_range[1] / 1e9]
     if scene.frame_rate is not None:
         line["fps"] = scene.frame_rate
+    if isinstance(scene.listing, EpisodeRows):  # where a LeRobot episode's rows are, for each clip's tasks and state
+        line["lerobot_rows"] = scene.listing.to_json()
     if scene.frame_metadata is not None:
         line["frame_metadata"] = {camera: json.loads(text)
                                   for camera, text in zip(scene.cameras, scene.frame_metadata.per_camera)}

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 from vaecache.cache.io import STRICT_JSON, NonFiniteNumber, loads
 from vaecache.errors import DatasetError
 from vaecache.sources.folders import check_cameras_exist, resolved_path
+from vaecache.sources.lerobot import EpisodeRows
 from vaecache.sources.scene import (
     SINGLE_CAMERA,
     CameraProbe,
@@ -218,6 +219,9 @@ def scenes_from_index(index: Path, options: SourceOptions) -> LayoutScenes:
                 listing = HeldListing(frame_lists, _frame_metadata(record["frame_metadata"], names,
                                                                    f"{name_of_index}:{lineno}")
                                       if "frame_metadata" in record else None)
+            if "lerobot_rows" in record:  # a LeRobot episode's data rows (sources.lerobot.EpisodeRows)
+                listing = EpisodeRows.from_json(record["lerobot_rows"], len(names), options.lerobot_state,
+                                                f"{name_of_index}:{lineno}")
             scenes.append(new_scene(str(record["id"]), names, paths, frame_range, probed, metadata, listing, rate,
                                     time_range))
             frame_lists = listing = None
@@ -293,7 +297,7 @@ def _read_listing(ref: IndexLineListing) -> HeldListing:
 
 
 INDEX_KEYS = frozenset({"id", "path", "cameras", "frames", "seconds", "probe", "fps", "frame_metadata",
-                        "camera_order", "sync_reference"})
+                        "camera_order", "sync_reference", "lerobot_rows"})
 """The keys of an index line vaecache reads; every other key is metadata, passed through to the clip records."""
 
 

@@ -22,6 +22,7 @@ from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
 from vaecache.sources.scene import CameraProbe, Scene, SceneProbe
 from vaecache.video.frames import FrameList, files_identity, frame_files, is_image_source
 from vaecache.video.members import member_identity, member_of
+from vaecache.video.spans import file_of
 
 log = logging.getLogger("vaecache")
 
@@ -34,7 +35,7 @@ def source_identity(source: str | FrameList) -> tuple[int, int]:
     member = member_of(source)
     if member is not None:
         return member_identity(member)
-    stat = os.stat(source)  # type: ignore[arg-type]
+    stat = os.stat(file_of(source))  # type: ignore[arg-type]  # a span: its file  # type: ignore[arg-type]
     return stat.st_size, stat.st_mtime_ns
 
 

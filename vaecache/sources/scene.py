@@ -205,6 +205,9 @@ class Listing(Protocol):
     @property
     def frame_metadata(self) -> FrameMetadata | None: ...
 
+    # A Listing may also have `clip_metadata(frames) -> dict`: what a clip of these reference frames adds to its
+    # record's metadata (a LeRobot episode: its frames' tasks and state), computed in the decode worker.
+
 
 @dataclass(frozen=True, slots=True)
 class HeldListing:
@@ -309,6 +312,8 @@ class SourceOptions:
     """--nuscenes-version: which v1.0-* tables of a nuScenes root (None: the only one there)."""
     columns: tuple[tuple[str, str], ...] = ()
     """--column ROLE=NAME: which column of a metadata table plays which role (sources.tables.parse_columns)."""
+    lerobot_state: bool = False
+    """--lerobot-state: each clip record of a LeRobot dataset carries its frames' state/action columns."""
 
     def __post_init__(self) -> None:
         if self.frame_rate is not None and not 0 < self.frame_rate < math.inf:

@@ -14,6 +14,7 @@ from vaecache.settings.clip import DECODER_CHOICES
 from vaecache.video.frames import FrameList, FrameSequence, is_image_source
 from vaecache.video.members import member_of
 from vaecache.video.reader import DECODER, VideoReader
+from vaecache.video.spans import SpanReader, span_of
 
 
 def open_camera(source: str | FrameList, backend: Backend | None = None, max_pixels: int | None = None,
@@ -25,14 +26,17 @@ def open_camera(source: str | FrameList, backend: Backend | None = None, max_pix
     return open_video(source, backend, max_pixels)  # type: ignore[arg-type]  # not a FrameList here
 
 
-def open_video(path: str, backend: Backend | None = None, max_pixels: int | None = None) -> VideoReader | ForeignReader:
+def open_video(path: str, backend: Backend | None = None,
+               max_pixels: int | None = None) -> VideoReader | ForeignReader | SpanReader:
     """A frame-exact reader of `path` (PyAV unless `backend` says otherwise); every failure is a VideoDecodeError
     naming the file. With `max_pixels`, frames larger than that are refused before any is decoded."""
+    span = span_of(path)
     if backend is None or backend.choice == "pyav":
-        return VideoReader(path, backend.threads if backend is not None else 0, max_pixels)
-    if member_of(path) is not None:
-        raise VideoDecodeError(path, f"--decoder {backend.choice} cannot read a video inside a tar in place; use "
-                                     "--decoder pyav (what auto picks)")
+        threads = backend.threads if backend is not None else 0
+        return SpanReader(span, threads, max_pixels) if span is not None else VideoReader(path, threads, max_pixels)
+    if member_of(path) is not None or span is not None:
+        raise VideoDecodeError(path, f"--decoder {backend.choice} cannot read a video inside a tar or one episode of "
+                                     "a file; use --decoder pyav (what auto picks)")
     if backend.choice == "decord":
         return DecordReader(path, max_pixels)
     return TorchcodecReader(path, backend.device, max_pixels)

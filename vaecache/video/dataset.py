@@ -11,13 +11,14 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from vaecache.errors import VideoDecodeError
+from vaecache.errors import DatasetError, VideoDecodeError
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS
 from vaecache.video.backends import PYAV, Backend, ForeignReader, open_camera
 from vaecache.video.frames import FrameList, FrameSequence, files_identity, is_image_source
 from vaecache.video.members import member_identity, member_of
 from vaecache.video.reader import VideoReader
 from vaecache.video.resize import resize_fit, to_model_range
+from vaecache.video.spans import file_of
 from vaecache.video.sync import synchronized_frames
 
 Reader = VideoReader | ForeignReader | FrameSequence
@@ -109,7 +110,7 @@ def check_identity(path: str, size: int, mtime_ns: int) -> None:
         elif (member := member_of(path)) is not None:
             found_size, found_mtime = member_identity(member)
         else:
-            stat = os.stat(path)
+            stat = os.stat(file_of(path))  # a LeRobot episode: its file's
             found_size, found_mtime = stat.st_size, stat.st_mtime_ns
     except (OSError, VideoDecodeError):
         return  # opening it names the problem
@@ -176,14 +177,14 @@ class ViewBatchDataset(torch.utils.data.Dataset):
             per_camera = [list(clip.frames) for _ in cameras]
             readers: list[Reader | None] = [self._opened(clip, camera) if is_image_source(clip.source(camera))
                                             else None for camera in cameras]
-            return per_camera, clip_reading(clip, per_camera, readers, None)
+            return per_camera, with_clip_metadata(clip, clip_reading(clip, per_camera, readers, None))
         readers = [self._opened(clip, camera) for camera in cameras]
         timelines = [reader.times_ns() or [] for reader in readers]  # type: ignore[union-attr]
         per_camera = synchronized_frames(clip.reference, clip.frames, timelines, clip.cameras, clip.paths,
                                          clip.sync.tolerance)
         found = clip_reading(clip, per_camera, readers, timelines)
         found["times"] = readers[clip.reference].timestamps(clip.frames)  # type: ignore[union-attr]  # the reference's
-        return per_camera, found
+        return per_camera, with_clip_metadata(clip, found)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         if self._decoder is None:
@@ -226,6 +227,18 @@ class ViewBatchDataset(torch.utils.data.Dataset):
         for clip_index in errors:
             readings.pop(clip_index, None)
         return {"index": index, "views": stacked, "errors": errors, "readings": readings}
+
+
+def with_clip_metadata(clip: Any, found: dict[str, Any]) -> dict[str, Any]:
+    """`found` with "clip_metadata", what the scene's listing adds to this clip's record (a LeRobot episode's rows
+    at the clip's frames); a listing that cannot be read makes the clip a recorded failure naming its file."""
+    hook = getattr(getattr(clip, "listing", None), "clip_metadata", None)
+    if hook is not None:
+        try:
+            found["clip_metadata"] = hook(clip.frames)
+        except DatasetError as exc:
+            raise VideoDecodeError(clip.paths[clip.reference], str(exc)) from None
+    return found
 
 
 def clip_reading(clip: Any, per_camera: Sequence[Sequence[int]], readers: Sequence[Reader | None],

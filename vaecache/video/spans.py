@@ -1,0 +1,173 @@
+"""One episode of a video file that holds many one after another (a LeRobot v3.0 camera file), read by time.
+
+An episode's camera is named by one string, `FILE#from_ns=F&frames=N&fps=R`: its frame i is the file's frame whose
+presentation time is nearest F + i/R (the episode starts F ns into the file), within LEROBOT_TOLERANCE_S, as
+LeRobotDataset picks it (src/lerobot/datasets/lerobot_dataset.py: `shifted_query_ts = [from_timestamp + ts ...]`,
+`tolerance_s = 1e-4`; its decoders take the frame of nearest pts and refuse one farther than the tolerance). The
+reader renumbers those frames 0..N-1 and gives their times on the episode's clock (i/R), so every stage that reads a
+camera by frame index (planning, --sync, the decode workers) sees the episode as a video of its own.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from vaecache.errors import VideoDecodeError
+from vaecache.video.frames import checked_request
+
+_REFERENCE = re.compile(r"^(?P<path>.+)#from_ns=(?P<from_ns>\d+)&frames=(?P<frames>\d+)&fps=(?P<fps>[0-9.]+)$",
+                        re.DOTALL)
+LEROBOT_TOLERANCE_S = 1e-4
+"""LeRobotDataset's default tolerance_s: how far a frame's time may lie from the time asked for."""
+_SHARED_READERS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeSpan:
+    path: str
+    from_ns: int
+    frames: int
+    fps: float
+
+    @property
+    def reference(self) -> str:
+        return f"{self.path}#from_ns={self.from_ns}&frames={self.frames}&fps={self.fps:g}"
+
+    def query_ns(self) -> list[int]:
+        """The time in the file of each of the episode's frames."""
+        return [self.from_ns + round(index * 1e9 / self.fps) for index in range(self.frames)]
+
+
+def span_of(source: object) -> EpisodeSpan | None:
+    """The EpisodeSpan a camera source names, or None for any other source."""
+    if not isinstance(source, str) or "#from_ns=" not in source:
+        return None
+    found = _REFERENCE.match(source)
+    if found is None:
+        return None
+    fps = float(found["fps"])
+    if not fps > 0:
+        return None
+    return EpisodeSpan(found["path"], int(found["from_ns"]), int(found["frames"]), fps)
+
+
+_readers: dict[tuple[int, int], OrderedDict[str, Any]] = {}
+"""(process, thread) -> its shared readers: a forked worker never uses a reader (and file offset) it inherited."""
+
+
+def _shared_reader(path: str, threads: int, max_pixels: int | None) -> Any:
+    """One VideoReader per file and thread, among the last few: the episodes of one file are read by one reader, which
+    continues forward from one episode to the next without re-indexing the file or seeking."""
+    from vaecache.video.reader import VideoReader
+
+    mine = _readers.setdefault((os.getpid(), threading.get_ident()), OrderedDict())
+    reader = mine.get(path)
+    if reader is None:
+        reader = mine[path] = VideoReader(path, threads, max_pixels)
+        while len(mine) > _SHARED_READERS:
+            mine.popitem(last=False)[1].close()
+    mine.move_to_end(path)
+    return reader
+
+
+def _evict(path: str) -> None:
+    """Close this thread's shared reader of `path` (after it failed: the next episode opens the file afresh)."""
+    reader = _readers.get((os.getpid(), threading.get_ident()), OrderedDict()).pop(path, None)
+    if reader is not None:
+        reader.close()
+
+
+class SpanReader:
+    """One episode of a file as a video of its own (see the module docstring)."""
+
+    sequential = False
+
+    def __init__(self, span: EpisodeSpan, threads: int = 0, max_pixels: int | None = None) -> None:
+        self.span = span
+        self.path = span.reference
+        try:
+            self._inner = _shared_reader(span.path, threads, max_pixels)
+        except VideoDecodeError as exc:
+            raise VideoDecodeError(self.path, exc.reason) from None
+        times = self._inner.times_ns()
+        tolerance = round(LEROBOT_TOLERANCE_S * 1e9)
+        chosen = []
+        for index, wanted in enumerate(span.query_ns()):
+            at = bisect.bisect_left(times, wanted)
+            near = min((i for i in (at - 1, at) if 0 <= i < len(times)), key=lambda i: abs(times[i] - wanted))
+            if abs(times[near] - wanted) > tolerance:
+                raise VideoDecodeError(self.path, f"frame {index} of the episode (time {wanted / 1e9:.6f} s in the "
+                                                  f"file) has no frame within {LEROBOT_TOLERANCE_S:g} s: the nearest "
+                                                  f"is at {times[near] / 1e9:.6f} s")
+            if chosen and near <= chosen[-1]:
+                raise VideoDecodeError(self.path, f"frames {index - 1} and {index} of the episode are one frame of "
+                                                  "the file (its rate is lower than the episode's)")
+            chosen.append(near)
+        self._frames = chosen
+        self.rotation = self._inner.rotation
+        self.codec = self._inner.codec
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    def __enter__(self) -> SpanReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        pass  # the file's reader is shared by its episodes (closed when it leaves the last few, or fails)
+
+    @property
+    def frame_size(self) -> tuple[int, int]:
+        return self._inner.frame_size
+
+    @property
+    def pixel_format(self) -> str | None:
+        return self._inner.pixel_format
+
+    def fps(self) -> float:
+        return self.span.fps
+
+    def times_ns(self) -> list[int]:
+        """Every frame's time on the episode's clock (frame i at i/fps, as LeRobot's data table gives it)."""
+        return [round(index * 1e9 / self.span.fps) for index in range(len(self))]
+
+    def timestamps(self, frames: Sequence[int]) -> list[float]:
+        return [index / self.span.fps for index in frames]
+
+    def check_probe(self, frames: int, width: int, height: int) -> None:
+        if (len(self), *self.frame_size) != (frames, width, height):
+            raise VideoDecodeError(self.path, f"the dataset says {frames} frames of {width}x{height}, the episode has "
+                                              f"{len(self)} frames of {self.frame_size[0]}x{self.frame_size[1]}")
+
+    def check_request(self, frames: Sequence[int]) -> list[int]:
+        return checked_request(frames, len(self), self.path)
+
+    def read(self, frames: Sequence[int]) -> np.ndarray:
+        frames = self.check_request(frames)
+        try:
+            return self._inner.read([self._frames[index] for index in frames])
+        except VideoDecodeError as exc:
+            _evict(self.span.path)
+            raise VideoDecodeError(self.path, exc.reason) from None
+
+
+def file_of(source: str) -> str:
+    """The file a video source lives in: a span's file, else the source itself."""
+    span = span_of(source)
+    return span.path if span is not None else source
+
+
+def span_identity(span: EpisodeSpan) -> tuple[int, int]:
+    stat = os.stat(span.path)
+    return stat.st_size, stat.st_mtime_ns
