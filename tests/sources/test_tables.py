@@ -164,3 +164,35 @@ def test_a_range_past_the_end_of_its_video_is_a_recorded_failure(videos, tmp_pat
     assert result.exit_code == 3, result.output
     (failure,) = read_failures(tmp_path / "out")
     assert failure["scene"] == "videos~a.mp4@10.000-11.000" and "holds no frame of the video" in failure["reason"]
+
+
+def test_paths_written_with_dots_dates_and_a_plain_timestamp_column(videos, tmp_path):
+    import datetime
+
+    table = write_csv(videos / "dots.csv", [{"path": "./videos/a.mp4", "timestamp": "2021-01-01"},
+                                            {"path": "videos/../videos/b.mkv", "timestamp": "2021-02-03"}])
+    scenes = discover(table).scenes
+    assert [s.scene_id for s in scenes] == ["videos~a.mp4", "videos~b.mkv"]
+    assert json.loads(scenes[0].metadata) == {"timestamp": "2021-01-01"}  # not Panda's ranges: metadata
+    parquet = videos / "dated.parquet"
+    pq.write_table(pa.table({"path": ["../" + videos.name + "/videos/a.mp4"],
+                             "recorded": [datetime.datetime(2024, 5, 1, 12, 30)]}), parquet)
+    (scene,) = discover(parquet).scenes
+    assert scene.scene_id == f"^~{videos.name}~videos~a.mp4"
+    assert json.loads(scene.metadata) == {"recorded": "2024-05-01 12:30:00"}
+
+
+def test_the_ranges_of_one_video_open_it_once(videos, monkeypatch):
+    import vaecache.sources.probing as probing
+
+    opened = []
+    real = probing.probe_file
+    monkeypatch.setattr(probing, "probe_file", lambda source, rate=None: opened.append(source) or real(source, rate))
+    table = write_csv(videos / "many.csv", [{"path": "videos/a.mp4", "start": str(s), "end": str(s + 0.5)}
+                                            for s in (0.0, 0.5, 1.0, 1.5, 2.0)])
+    scenes = discover(table).scenes
+    probes = probing.probe_dataset(scenes, workers=1).probes
+    assert len(probes) == 5 and all(p.error is None for p in probes.values()) and len(opened) == 1
+    opened.clear()
+    probing.probe_dataset(scenes, workers=2)  # threads: only the scenes already in flight open it again
+    assert 1 <= len(opened) <= 2

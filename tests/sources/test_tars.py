@@ -157,3 +157,19 @@ def test_shard_mistakes_are_one_line_errors(clips, tmp_path):
     result = invoke(["encode", index, "--out", tmp_path / "out", *ENCODE_ARGS])
     assert result.exit_code == 1 and scenes  # every clip failed, each naming its member
     assert "the member ends at byte" in result.output
+
+
+def test_upper_case_shards_keys_with_folders_and_a_pattern_for_verify(clips, tmp_path):
+    video = (clips / "rig" / "s000" / "front.mp4").read_bytes()
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    _tar(shards / "A-0.TAR", {"./videos/k1.mp4": video, "./videos/k1.txt": b"one"})
+    _tar(shards / "A-1.TAR", {"videos/k2.FRONT.mp4": video})
+    assert [s.scene_id for s in discover(shards / "A-0.TAR").scenes] == ["videos~k1"]
+    front = discover(shards / "A-1.TAR", ["FRONT"]).scenes[0]
+    assert front.cameras == ("FRONT",) and member_of(front.paths[0]).name == "videos/k2.FRONT.mp4"
+    result = invoke(["encode", shards / "A-0.TAR", "--out", tmp_path / "out", *ENCODE_ARGS])
+    assert result.exit_code == 0, result.output
+    pattern = str(shards / "A-{0..0}.TAR")
+    checked = invoke(["verify", tmp_path / "out", "--dataset", pattern])
+    assert checked.exit_code == 0, checked.output

@@ -63,6 +63,9 @@ class IdentityMemo:
         self._known: OrderedDict[str, dict[str, Any] | None] = OrderedDict()
 
     def get(self, path: str) -> dict[str, Any] | None:
+        from vaecache.video.spans import file_of
+
+        path = file_of(path) if isinstance(path, str) else path  # the episodes of one file: the file, looked at once
         if path in self._known:
             self._known.move_to_end(path)
             return self._known[path]

@@ -79,7 +79,10 @@ def verify(
     if not out.is_dir():
         raise UsageError(f"{out}: not a folder")
     if dataset is not None and not dataset.exists():
-        raise UsageError(f"{dataset}: --dataset path does not exist")
+        from vaecache.sources.braces import is_brace_pattern
+
+        if not is_brace_pattern(str(dataset)):  # shards named by a pattern: the layout names a missing one
+            raise UsageError(f"{dataset}: --dataset path does not exist")
     if reencode < 0:
         raise UsageError(f"--reencode must be >= 0, got {reencode}")
     check_json_target(json_file)

@@ -57,4 +57,11 @@ def run_fingerprint(cfg: EncodeConfig, vae: VaeRunner, decoder: Backend, numeric
         fingerprint["image_decoder"] = image_decoder_name()
     if cfg.sp_mode == "spatial":  # band edges depend on the group size, and so do the last bits of the latents
         fingerprint["parallel"] = {"mode": "spatial", "sp_size": cfg.sp_size}
+    # how DATA is read decides the scenes (a table's --column ids) and what records carry: a resume must read it alike
+    # (only when given, so caches of other layouts keep their fingerprint)
+    reading = {**({"nuscenes_version": cfg.nuscenes_version} if cfg.nuscenes_version else {}),
+               **({"columns": [list(pair) for pair in cfg.columns]} if cfg.columns else {}),
+               **({"lerobot_state": True} if cfg.lerobot_state else {})}
+    if reading:
+        fingerprint["reading"] = reading
     return fingerprint

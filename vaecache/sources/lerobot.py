@@ -139,7 +139,10 @@ def read_tasks(root: Path, version: str) -> dict[int, str]:
     path = root / V2_TASKS
     found = {}
     for record in _jsonl(path):
-        found[int(record["task_index"])] = str(record["task"])
+        try:
+            found[int(record["task_index"])] = str(record["task"])
+        except (KeyError, TypeError, ValueError):
+            raise DatasetError(f"{path}: each line needs \"task_index\" (an integer) and \"task\"") from None
     return found
 
 
@@ -173,27 +176,37 @@ def _v3_episodes(root: Path, info: dict[str, Any], keys: Sequence[str]) -> Itera
             missing = [c for c in columns if c not in row]
             if missing:
                 raise DatasetError(f"{path}: episode rows lack {', '.join(missing[:4])} (not LeRobot v3.0)")
-            cameras = {}
-            for key in keys:
-                file = root / info["video_path"].format(video_key=key, chunk_index=row[f"videos/{key}/chunk_index"],
-                                                        file_index=row[f"videos/{key}/file_index"])
-                cameras[key] = (str(file), float(row[f"videos/{key}/from_timestamp"]),
-                                float(row[f"videos/{key}/to_timestamp"]))
-            data = root / info["data_path"].format(chunk_index=row["data/chunk_index"],
-                                                   file_index=row["data/file_index"])
-            yield Episode(int(row["episode_index"]), int(row["length"]), tuple(row["tasks"] or ()), str(data),
-                          cameras)
+            try:
+                cameras = {}
+                for key in keys:
+                    file = root / info["video_path"].format(video_key=key,
+                                                            chunk_index=row[f"videos/{key}/chunk_index"],
+                                                            file_index=row[f"videos/{key}/file_index"])
+                    cameras[key] = (str(file), float(row[f"videos/{key}/from_timestamp"]),
+                                    float(row[f"videos/{key}/to_timestamp"]))
+                data = root / info["data_path"].format(chunk_index=row["data/chunk_index"],
+                                                       file_index=row["data/file_index"])
+                yield Episode(int(row["episode_index"]), int(row["length"]), tuple(row["tasks"] or ()), str(data),
+                              cameras)
+            except (TypeError, ValueError, KeyError, IndexError) as exc:
+                raise DatasetError(f"{path}: episode {row.get('episode_index')!r} has a missing or malformed "
+                                   f"value ({exc})") from None
 
 
 def _v2_episodes(root: Path, info: dict[str, Any], keys: Sequence[str]) -> Iterator[Episode]:
     chunks = int(info.get("chunks_size") or 1000)
     for record in _jsonl(root / V2_EPISODES):
-        index = int(record["episode_index"])
-        chunk = index // chunks
-        cameras = {key: (str(root / info["video_path"].format(episode_chunk=chunk, video_key=key,
-                                                               episode_index=index)), 0.0, None) for key in keys}
-        data = root / info["data_path"].format(episode_chunk=chunk, episode_index=index)
-        yield Episode(index, int(record["length"]), tuple(record.get("tasks") or ()), str(data), cameras)
+        try:
+            index = int(record["episode_index"])
+            chunk = index // chunks
+            cameras = {key: (str(root / info["video_path"].format(episode_chunk=chunk, video_key=key,
+                                                                   episode_index=index)), 0.0, None) for key in keys}
+            data = root / info["data_path"].format(episode_chunk=chunk, episode_index=index)
+            episode = Episode(index, int(record["length"]), tuple(record.get("tasks") or ()), str(data), cameras)
+        except (TypeError, ValueError, KeyError, IndexError) as exc:
+            raise DatasetError(f"{root / V2_EPISODES}: episode {record.get('episode_index')!r} has a missing or "
+                               f"malformed value ({exc})") from None
+        yield episode
 
 
 @functools.lru_cache(maxsize=256)
@@ -237,7 +250,7 @@ def scenes_from_lerobot(root: Path, options: SourceOptions) -> LayoutScenes:
             span = EpisodeSpan(file, round(start * 1e9), episode.length, fps)
             paths.append(span.reference)
             identity, size = _file_identity(file), sizes[key]
-            if identity is None or size is None or episode.length < 1:
+            if identity is None or identity[0] < 1 or size is None or episode.length < 1:
                 probes = None  # opened and probed like any video (a missing file is recorded there)
                 continue
             if probes is not None:

@@ -7,8 +7,9 @@ import json
 import logging
 import math
 import os
+import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,19 +74,49 @@ def probe_scene(scene: Scene, sync: SyncConfig = FRAME_SYNC) -> SceneProbe:
     return judge_scene(scene, open_scene(scene), sync)
 
 
-def open_scene(scene: Scene) -> list[CameraProbe | VideoDecodeError]:
-    """Probe each camera in camera order, up to the first missing camera or unreadable source."""
+def open_scene(scene: Scene, recent: RecentProbes | None = None) -> list[CameraProbe | VideoDecodeError]:
+    """Probe each camera in camera order, up to the first missing camera or unreadable source. `recent`: the last
+    sources probed, so that the scenes of one video (a table's clip ranges) open it once."""
     found: list[CameraProbe | VideoDecodeError] = []
     for camera in range(len(scene.cameras)):
         source = scene.source(camera)
         if source is None:
             break
-        try:
-            found.append(probe_file(source, scene.frame_rate))
-        except VideoDecodeError as exc:
-            found.append(exc)
+        key = (getattr(source, "key", source), scene.frame_rate)
+        result = recent.get(key) if recent is not None else None
+        if result is None:
+            try:
+                result = probe_file(source, scene.frame_rate)
+            except VideoDecodeError as exc:
+                result = exc
+            if recent is not None:
+                recent.put(key, result)
+        found.append(result)
+        if isinstance(result, VideoDecodeError):
             break
     return found
+
+
+class RecentProbes:
+    """The last `size` sources' probes (or the error opening them), shared by a pool's threads."""
+
+    def __init__(self, size: int = 256) -> None:
+        self._size = size
+        self._known: OrderedDict[Any, CameraProbe | VideoDecodeError] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> CameraProbe | VideoDecodeError | None:
+        with self._lock:
+            found = self._known.get(key)
+            if found is not None:
+                self._known.move_to_end(key)
+            return found
+
+    def put(self, key: Any, result: CameraProbe | VideoDecodeError) -> None:
+        with self._lock:
+            self._known[key] = result
+            while len(self._known) > self._size:
+                self._known.popitem(last=False)
 
 
 def judge_scene(scene: Scene, found: Sequence[CameraProbe | VideoDecodeError],
@@ -328,21 +359,22 @@ def probe_in_pool(scenes: Sequence[Scene],
                   workers: int) -> Iterator[tuple[Scene, list[CameraProbe | VideoDecodeError]]]:
     """Each scene with what opening its cameras found (open_scene), in the order given; `workers` threads, at
     most 4 x workers scenes in flight."""
+    recent = RecentProbes()
     if workers <= 1:
-        yield from ((scene, open_scene(scene)) for scene in scenes)
+        yield from ((scene, open_scene(scene, recent)) for scene in scenes)
         return
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vaecache-probe") as pool:
         pending: deque[tuple[Scene, Future[list[CameraProbe | VideoDecodeError]]]] = deque()
         queue = iter(scenes)
         for scene in queue:
-            pending.append((scene, pool.submit(open_scene, scene)))
+            pending.append((scene, pool.submit(open_scene, scene, recent)))
             if len(pending) >= 4 * workers:
                 break
         while pending:
             scene, future = pending.popleft()
             following = next(queue, None)
             if following is not None:
-                pending.append((following, pool.submit(open_scene, following)))
+                pending.append((following, pool.submit(open_scene, following, recent)))
             yield scene, future.result()
 
 

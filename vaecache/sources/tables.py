@@ -25,6 +25,7 @@ import ast
 import csv
 import json
 import math
+import posixpath
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -100,6 +101,10 @@ def _is_pair(value: Any) -> bool:
                                                                               for v in value)
 
 
+def _is_ranges(value: Any) -> bool:
+    return _is_pair(value) or (isinstance(value, (list, tuple)) and bool(value) and all(map(_is_pair, value)))
+
+
 def read_rows(table: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """(where, row) for every row: `where` names the table and the row (CSV: its line; Parquet: its row number)."""
     suffix = table.suffix.lower()
@@ -148,13 +153,17 @@ class _Roles:
             raise DatasetError(f"{table}: no column {', '.join(map(repr, missing))} (named by --column; the table has "
                                f"{', '.join(map(repr, header))})")
         self.column = {role: named.get(role, role) for role in ROLES}
-        if "ranges" not in named and "ranges" not in header and PANDA_RANGES in header:
+        self.guessed_ranges = "ranges" not in named and "ranges" not in header and PANDA_RANGES in header
+        if self.guessed_ranges:
             self.column["ranges"] = PANDA_RANGES
         self.column = {role: column for role, column in self.column.items() if column in header}
         if "path" not in self.column:
             raise DatasetError(f"{table}: no \"path\" column (the table has {', '.join(map(repr, header))}); name "
                                "the video column with --column path=NAME")
         self.taken = set(self.column.values())
+
+    def drop(self, role: str) -> None:
+        self.taken.discard(self.column.pop(role))
 
     def get(self, row: dict[str, Any], role: str) -> Any:
         column = self.column.get(role)
@@ -167,8 +176,10 @@ def _fmt(seconds: float) -> str:
 
 
 def _path_id(raw: str) -> str:
-    """A scene id from a path as the table gives it: '/' (and '\\') become '~', so folders stay apart."""
-    return raw.replace("\\", "~").replace("/", "~")
+    """A scene id from a path as the table gives it, normalized (`./a.mp4` is `a.mp4`; a `..` step is `^`): '/' (and
+    '\\') become '~', so folders stay apart."""
+    parts = posixpath.normpath(raw.replace("\\", "/")).split("/")
+    return "~".join("^" if part == ".." else part for part in parts)
 
 
 def scenes_from_table(table: Path, options: SourceOptions) -> LayoutScenes:
@@ -185,6 +196,8 @@ def scenes_from_table(table: Path, options: SourceOptions) -> LayoutScenes:
     for where, row in read_rows(table):
         if roles is None:
             roles = _Roles(options.columns, list(row), table)
+            if roles.guessed_ranges and not _is_ranges(_listed(roles.get(row, "ranges"))):
+                roles.drop("ranges")  # a `timestamp` column that is not Panda-70M's clip ranges stays metadata
         raw_path = roles.get(row, "path")
         if not isinstance(raw_path, str) or not raw_path.strip():
             raise DatasetError(f"{where}: the path column {roles.column['path']!r} is empty")
@@ -196,9 +209,11 @@ def scenes_from_table(table: Path, options: SourceOptions) -> LayoutScenes:
         for scene_id, frame_range, time_range, extra in _ranges(row, roles, stem, given_id is not None, metadata,
                                                                 where):
             try:
+                # default=str: a Parquet date, decimal or bytes cell is kept as its text
                 scenes.append(Scene(scene_id, camera, (path,), frame_range, None,
-                                    json.dumps(extra, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-                                    if extra else None, None, options.frame_rate, time_range))
+                                    json.dumps(extra, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+                                               default=str) if extra else None,
+                                    None, options.frame_rate, time_range))
             except DatasetError as exc:
                 raise DatasetError(f"{where}: {exc}") from None
     if not scenes:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import posixpath
 import re
 import tarfile
 from dataclasses import dataclass, field
@@ -58,7 +59,7 @@ def shard_paths(data: Path) -> list[Path] | None:
             names = expand_braces(text)
         except ValueError as exc:
             raise DatasetError(f"{data}: {exc}") from None
-        if not all(name.endswith(".tar") for name in names):
+        if not all(name.lower().endswith(".tar") for name in names):
             return None
         missing = [name for name in names if not os.path.isfile(name)]
         if missing:
@@ -81,14 +82,16 @@ def read_samples(tar: Path) -> Iterator[Sample]:
     except (tarfile.TarError, OSError) as exc:
         raise DatasetError(f"{tar}: not a readable uncompressed tar ({exc})") from None
     current: Sample | None = None
+    listed = 0
     with archive:
         while True:
             try:
                 info = archive.next()
-            except tarfile.TarError as exc:
-                raise DatasetError(f"{tar}: damaged tar after {len(archive.members)} members ({exc})") from None
+            except (tarfile.TarError, OSError) as exc:
+                raise DatasetError(f"{tar}: damaged tar after {listed} members ({exc})") from None
             if info is None:
                 break
+            listed += 1
             archive.members = []  # streaming: keep no list of a million headers
             if not info.isreg() or ("/" not in info.name and info.name.startswith("__") and info.name.endswith("__")):
                 continue
@@ -127,7 +130,11 @@ def scenes_from_shards(data: Path, options: SourceOptions) -> LayoutScenes:
     rejected: list[Skipped] = []
     form: str | None = None  # "single" (key.mp4) or "cameras" (key.<camera>.mp4), from the first sample with video
     for tar in shards:
-        with open(tar, "rb") as handle:
+        try:
+            handle = open(tar, "rb")
+        except OSError as exc:
+            raise DatasetError(f"{tar}: cannot read the shard ({exc.strerror or exc})") from None
+        with handle:
             for sample in read_samples(tar):
                 scene, problem, names = _scene(sample, handle, order, form)
                 if problem is not None:
@@ -182,13 +189,15 @@ def _scene(sample: Sample, handle: Any, order: tuple[str, ...] | None,
             return None, f"a single video, but {len(order)} cameras were configured (--cameras)", set()
         paths: tuple[str | None, ...] = (videos[single[0]].reference,)
         names: set[str] = set()
-    else:
+    else:  # suffixes are lower-cased (as webdataset does): --cameras matches them whatever its case
         by_camera = {suffix.rpartition(".")[0]: member for suffix, member in videos.items()}
-        names = set(by_camera)
+        spelled = {name.lower(): name for name in order or ()}
+        names = {spelled.get(name, name) for name in by_camera}
         camera = tuple(order) if order else tuple(sorted(by_camera))
-        paths = tuple(by_camera[name].reference if name in by_camera else None for name in camera)
-    try:
-        return Scene(sample.key, camera, paths, metadata=text), None, names
+        paths = tuple(by_camera[name.lower()].reference if name.lower() in by_camera else None for name in camera)
+    try:  # a key with folders (`videos/k1`, `./k1`) is an id with '~' for '/'
+        key = posixpath.normpath(sample.key).replace("/", "~")
+        return Scene(key, camera, paths, metadata=text), None, names
     except DatasetError as exc:
         return None, str(exc), set()
 

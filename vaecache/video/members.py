@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from vaecache.errors import VideoDecodeError
 
-_REFERENCE = re.compile(r"^(?P<tar>.+\.tar)#(?P<name>.+)@(?P<offset>\d+)\+(?P<size>\d+)$", re.DOTALL)
+_REFERENCE = re.compile(r"^(?P<tar>.+\.[tT][aA][rR])#(?P<name>.+)@(?P<offset>\d+)\+(?P<size>\d+)$", re.DOTALL)
 READ_BUFFER = 1 << 20
 
 

@@ -23,11 +23,11 @@ import numpy as np
 from vaecache.errors import VideoDecodeError
 from vaecache.video.frames import checked_request
 
-_REFERENCE = re.compile(r"^(?P<path>.+)#from_ns=(?P<from_ns>\d+)&frames=(?P<frames>\d+)&fps=(?P<fps>[0-9.]+)$",
+_REFERENCE = re.compile(r"^(?P<path>.+)#from_ns=(?P<from_ns>\d+)&frames=(?P<frames>\d+)&fps=(?P<fps>[0-9.eE+-]+)$",
                         re.DOTALL)
 LEROBOT_TOLERANCE_S = 1e-4
 """LeRobotDataset's default tolerance_s: how far a frame's time may lie from the time asked for."""
-_SHARED_READERS = 4
+_SHARED_READERS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +39,7 @@ class EpisodeSpan:
 
     @property
     def reference(self) -> str:
-        return f"{self.path}#from_ns={self.from_ns}&frames={self.frames}&fps={self.fps:g}"
+        return f"{self.path}#from_ns={self.from_ns}&frames={self.frames}&fps={self.fps!r}"
 
     def query_ns(self) -> list[int]:
         """The time in the file of each of the episode's frames."""
@@ -53,8 +53,11 @@ def span_of(source: object) -> EpisodeSpan | None:
     found = _REFERENCE.match(source)
     if found is None:
         return None
-    fps = float(found["fps"])
-    if not fps > 0:
+    try:
+        fps = float(found["fps"])
+    except ValueError:
+        return None
+    if not 0 < fps < float("inf"):
         return None
     return EpisodeSpan(found["path"], int(found["from_ns"]), int(found["frames"]), fps)
 
@@ -86,20 +89,20 @@ def _evict(path: str) -> None:
 
 
 class SpanReader:
-    """One episode of a file as a video of its own (see the module docstring)."""
+    """One episode of a file as a video of its own (see the module docstring). It takes the file's shared reader
+    afresh for every read, so a reader closed since (pushed out of the last few, or dropped after a failure) is
+    reopened, never used closed."""
 
     sequential = False
 
     def __init__(self, span: EpisodeSpan, threads: int = 0, max_pixels: int | None = None) -> None:
         self.span = span
         self.path = span.reference
-        try:
-            self._inner = _shared_reader(span.path, threads, max_pixels)
-        except VideoDecodeError as exc:
-            raise VideoDecodeError(self.path, exc.reason) from None
-        times = self._inner.times_ns()
+        self._open_args = (threads, max_pixels)
+        inner = self._inner()
+        times = inner.times_ns()
         tolerance = round(LEROBOT_TOLERANCE_S * 1e9)
-        chosen = []
+        chosen: list[int] = []
         for index, wanted in enumerate(span.query_ns()):
             at = bisect.bisect_left(times, wanted)
             near = min((i for i in (at - 1, at) if 0 <= i < len(times)), key=lambda i: abs(times[i] - wanted))
@@ -112,8 +115,16 @@ class SpanReader:
                                                   "the file (its rate is lower than the episode's)")
             chosen.append(near)
         self._frames = chosen
-        self.rotation = self._inner.rotation
-        self.codec = self._inner.codec
+        self.rotation = inner.rotation
+        self.codec = inner.codec
+        self._size = inner.frame_size
+        self._pixel_format = inner.pixel_format
+
+    def _inner(self) -> Any:
+        try:
+            return _shared_reader(self.span.path, *self._open_args)
+        except VideoDecodeError as exc:
+            raise VideoDecodeError(self.path, exc.reason) from None
 
     def __len__(self) -> int:
         return len(self._frames)
@@ -125,15 +136,15 @@ class SpanReader:
         self.close()
 
     def close(self) -> None:
-        pass  # the file's reader is shared by its episodes (closed when it leaves the last few, or fails)
+        pass  # the file's reader is shared by its episodes: closed when it leaves the last few, or fails
 
     @property
     def frame_size(self) -> tuple[int, int]:
-        return self._inner.frame_size
+        return self._size
 
     @property
     def pixel_format(self) -> str | None:
-        return self._inner.pixel_format
+        return self._pixel_format
 
     def fps(self) -> float:
         return self.span.fps
@@ -156,7 +167,7 @@ class SpanReader:
     def read(self, frames: Sequence[int]) -> np.ndarray:
         frames = self.check_request(frames)
         try:
-            return self._inner.read([self._frames[index] for index in frames])
+            return self._inner().read([self._frames[index] for index in frames])
         except VideoDecodeError as exc:
             _evict(self.span.path)
             raise VideoDecodeError(self.path, exc.reason) from None
