@@ -376,3 +376,25 @@ def test_a_frame_budget_refusal_is_not_cached(tmp_path, monkeypatch):
     with pytest.raises(FrameBudgetError, match="exceed the decode budget") as refused:
         probe_file(str(raw))
     assert probe_records(Scene("s", ("video",), (str(raw),)), [refused.value]) == []
+
+
+def test_sidecar_captions_of_videos_and_scene_folders(tmp_path, demo_data):
+    single = tmp_path / "single"
+    _touch(single / "clip_a.mp4")
+    _touch(single / "clip_b.mp4")
+    (single / "clip_a.txt").write_text("a dog runs on the beach\n")
+    (single / "clip_b.txt").write_text("   \n")  # empty: no caption
+    scenes = {s.scene_id: s for s in discover_scenes(single)}
+    assert json.loads(scenes["clip_a"].metadata) == {"caption": "a dog runs on the beach"}
+    assert scenes["clip_b"].metadata is None
+    rig = tmp_path / "rig"
+    shutil.copytree(demo_data, rig)
+    (rig / "scene_000" / "caption.txt").write_text("two cameras on a rig")
+    from tests.conftest import ENCODE_ARGS, invoke, read_clips
+
+    assert invoke(["encode", rig, "--out", tmp_path / "out", *ENCODE_ARGS]).exit_code == 0
+    captions = {r["scene"]: (r.get("metadata") or {}).get("caption") for r in read_clips(tmp_path / "out")}
+    assert captions["scene_000"] == "two cameras on a rig" and captions["scene_001"] is None
+    (single / "clip_a.txt").write_bytes(b"\xff\xfe bad")
+    with pytest.raises(DatasetError, match="clip_a.txt: a caption file must be UTF-8 text"):
+        discover_scenes(single)

@@ -47,7 +47,7 @@ def build_plan(cfg: PlanConfig) -> PlanReport:
     start = start_up(StartRequest(cfg.data, cfg.vae, cfg.clip, device, cfg.world_size, cfg.sp_size, cfg.batch_size,
                                   cfg.sp_mode, cfg.workers, cfg.allow_pickle_weights, probe_workers=cfg.probe_workers,
                                   keep_probes=True, nuscenes_version=cfg.nuscenes_version,
-                                  columns=cfg.columns, lerobot_state=cfg.lerobot_state))
+                                  columns=cfg.columns, lerobot_state=cfg.lerobot_state, vae_config=cfg.vae_config))
     job, vae, backend, probes = start.job, start.vae, start.backend, start.probes
     model = vae.model
     cfg = replace(cfg, clip=replace(cfg.clip, views_per_forward=job.views_per_forward))  # "auto" resolved

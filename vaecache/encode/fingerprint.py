@@ -25,7 +25,7 @@ def load_recorded_vae(out: Path, manifest: dict[str, Any], spec: str, device: An
 
     clip_settings = ClipSettings.from_record(manifest.get("settings", {}))
     vae = load_vae(spec, device, clip_settings.dtype, tiling=clip_settings.tiling,
-                   allow_pickle_weights=allow_pickle_weights,
+                   allow_pickle_weights=allow_pickle_weights, vae_config=manifest.get("settings", {}).get("vae_config"),
                    views_per_forward=(clip_settings.views_per_forward
                                       if isinstance(clip_settings.views_per_forward, int) else 1),
                    compiled=clip_settings.compiled, channels_last=clip_settings.channels_last)

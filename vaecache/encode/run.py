@@ -77,7 +77,7 @@ def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None 
                                   cfg.batch_size, cfg.sp_mode, cfg.workers, cfg.allow_pickle_weights, cfg.on_error,
                                   cfg.out / PROBES_DIR, cfg.probe_workers,
                                   nuscenes_version=cfg.nuscenes_version, columns=cfg.columns,
-                                  lerobot_state=cfg.lerobot_state), ctx, progress)
+                                  lerobot_state=cfg.lerobot_state, vae_config=cfg.vae_config), ctx, progress)
     # What --views-per-forward all came to for this dataset: recorded, and compared on resume.
     cfg = dataclasses.replace(cfg, clip=dataclasses.replace(cfg.clip, views_per_forward=start.job.views_per_forward))
     # From here on stop signals are caught, so one arriving while OUT is prepared or the manifest is
@@ -181,7 +181,8 @@ def _finalize(cfg: EncodeConfig, vae: VaeRunner, summary: EncodeSummary, fingerp
                   # how DATA was read, for `verify --dataset` (recorded only when given: older caches stay equal)
                   **({"nuscenes_version": cfg.nuscenes_version} if cfg.nuscenes_version else {}),
                   **({"columns": [list(pair) for pair in cfg.columns]} if cfg.columns else {}),
-                  **({"lerobot_state": True} if cfg.lerobot_state else {})},
+                  **({"lerobot_state": True} if cfg.lerobot_state else {}),
+                  **({"vae_config": cfg.vae_config} if cfg.vae_config else {})},
         store=list(STORED_KEYS[cfg.clip.store]), dtype=recorded_name(vae.model.dtype),
         planned_clips=summary.planned_clips,
         oom_backoffs=len(summary.backoffs))

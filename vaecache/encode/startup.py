@@ -18,6 +18,7 @@ from vaecache.parallel.encoders import encoder_for
 from vaecache.planning.jobs import JobPlan, plan_job, sp_repeats_advice
 from vaecache.settings.clip import ClipSettings, SyncConfig
 from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
+from vaecache.settings.vae_specs import check_vae_spec
 from vaecache.sources.discover import discover
 from vaecache.sources.probing import probe_dataset
 from vaecache.sources.scene import Discovery, Scene, SceneProbe, SourceOptions
@@ -53,6 +54,7 @@ class StartRequest:
     columns: tuple[tuple[str, str], ...] = ()
     """--column: which column of a metadata table plays which role."""
     lerobot_state: bool = False
+    vae_config: str | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,8 @@ def start_up(request: StartRequest, ctx: Any = None, progress: ProgressFactory |
     """Everything that can be checked without the VAE first (the decoder, DATA, the probes, the plan), then the
     VAE and what the settings need of it. Under several ranks (`ctx`) every rank plans alike (probing.probe_dataset
     shares the probes)."""
+    # a typo costs nothing: refused before any video is probed
+    check_vae_spec(request.vae, request.vae_config, request.allow_pickle_weights)
     backend = resolve_decoder(request.clip.decoder, request.device, request.workers)
     sampling = request.clip.sampling
     found = discover(request.data, options=SourceOptions(request.clip.cameras, sampling.frame_rate,
@@ -113,7 +117,7 @@ def start_up(request: StartRequest, ctx: Any = None, progress: ProgressFactory |
     clip = request.clip
     vae = load_vae(request.vae, request.device, clip.dtype, tiling=clip.tiling, views_per_forward=job.views_per_forward,
                    allow_pickle_weights=request.allow_pickle_weights, compiled=clip.compiled,
-                   channels_last=clip.channels_last)
+                   channels_last=clip.channels_last, vae_config=request.vae_config)
     vae.model.rule.check_buckets(clip.sampling.lengths, clip.sizes)
     if clip.store != "mean" and not vae.model.has_logvar:
         raise UsageError(f"--store {clip.store} needs the posterior log-variance, and {request.vae} gives only a mean; "

@@ -263,7 +263,8 @@ def export_musubi(cache_dir: Path, target: Path, arch: str | None = None, verify
     notes = [f"latents as musubi-tuner's {spec.full} caching stores them: {spec.convention}"]
     if not captions:
         notes.append("no clip has a caption (metadata key 'caption'): musubi-tuner's text-encoder caching would "
-                     "encode empty prompts; add captions to the index and encode again")
+                     "encode empty prompts; add captions (an index's \"caption\", a <video>.txt beside each video, "
+                     "or <scene>/caption.txt) and encode again")
     return ExportSummary(str(target), "musubi", len(cache), files, size, index.renamed, tuple(notes))
 
 

@@ -61,6 +61,8 @@ class EncodeConfig:
     """--column ROLE=NAME: which column of a metadata table DATA plays which role (sources.tables)."""
     lerobot_state: bool = False
     """--lerobot-state: a LeRobot dataset's per-frame state/action columns in each clip record."""
+    vae_config: str | None = None
+    """--vae-config: the config of a single checkpoint file --vae (vaecache.vae.single_file)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.probe_workers, bool) or not isinstance(self.probe_workers, int) or self.probe_workers < 1:
@@ -141,6 +143,7 @@ class PlanConfig:
     nuscenes_version: str | None = None
     columns: tuple[tuple[str, str], ...] = ()
     lerobot_state: bool = False
+    vae_config: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("world_size", "sp_size", "batch_size", "probe_workers"):

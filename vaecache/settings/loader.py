@@ -18,6 +18,7 @@ from vaecache.settings.buckets import parse_lengths, parse_sizes
 from vaecache.settings.clip import ClipSettings, SamplingConfig, SyncConfig, parse_views_per_forward
 from vaecache.settings.commands import EncodeConfig, PlanConfig
 from vaecache.settings.options import BY_SETTING, ENCODE, PLAN, check_toml_value, option_named, unknown_keys_message
+from vaecache.settings.vae_specs import resolve_vae_spec
 
 try:
     import tomllib
@@ -80,6 +81,10 @@ def load_settings(command: str, data: Path, flags: dict[str, Any], config_file: 
     clip = clip_settings(values)
     rest = {setting: BY_SETTING[setting].parse(value) if BY_SETTING[setting].parse else value
             for setting, value in values.items()}
+    if rest.get("vae"):  # recorded absolute: decode and verify --reencode work from anywhere (start-up checks it)
+        rest["vae"] = resolve_vae_spec(rest["vae"])
+    if rest.get("vae_config"):
+        rest["vae_config"] = str(Path(rest["vae_config"]).expanduser().absolute())
     return COMMANDS[command](data=Path(data), clip=clip, **rest, **(extra or {}))
 
 

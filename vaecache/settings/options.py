@@ -97,8 +97,10 @@ REQUIRED_NOTE = " \\[required, or in --config]"
 OPTIONS: tuple[Option, ...] = (
     Option("out", "--out", Path, "Output folder for shards and manifest." + REQUIRED_NOTE, frozenset({ENCODE}),
            short="-o", required=True, parse=Path),
-    Option("vae", "--vae", str, "builtin:tiny | builtin:small | diffusers:PATH\\[#subfolder] | python:module:function."
-           + REQUIRED_NOTE, required=True),
+    Option("vae", "--vae", str, "builtin:tiny | builtin:small | diffusers:FOLDER\\[#subfolder] | FILE.safetensors | "
+           "python:module:function." + REQUIRED_NOTE, required=True),
+    Option("vae_config", "--vae-config", str, "The config.json (or diffusers folder) of a single checkpoint file whose "
+           "family has no shipped config (LTX-Video, SD-style AutoencoderKL, other Wan sizes). Recorded."),
     Option("num_frames", "--num-frames", str, "Frames per clip, or frame buckets 17,33,49 (see --frames-policy); "
            "checked against the VAE's rule." + REQUIRED_NOTE, toml=(int, str, list), toml_items=int, required=True),
     Option("size", "--size", str, "HxW, or size buckets 480x832,832x480,624x624 or a preset (wan-480p, wan-720p): "

@@ -4,6 +4,7 @@ per video or frame folder, camera `video`)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -72,7 +73,8 @@ def scenes_from_folder(root: Path, options: SourceOptions) -> LayoutScenes:
         if order and len(order) != 1:
             raise DatasetError(f"{root}: single-camera folder, but {len(order)} cameras were configured")
         camera = order[0] if order else SINGLE_CAMERA
-        return LayoutScenes([Scene(p.stem, (camera,), (resolved_path(p),)) for p in videos], [], rejected)
+        return LayoutScenes([Scene(p.stem, (camera,), (resolved_path(p),), metadata=caption_of(p.with_suffix(".txt")))
+                             for p in videos], [], rejected)
     if not folders and rejected:
         return LayoutScenes([], [], rejected)
     if not folders:
@@ -86,8 +88,9 @@ def scenes_from_folder(root: Path, options: SourceOptions) -> LayoutScenes:
                 raise DatasetError(f"{root}: folders of frames are single-camera scenes, but {len(order)} cameras "
                                    "were configured")
             camera = order[0] if order else SINGLE_CAMERA
-            return LayoutScenes([Scene(folder.name, (camera,), (resolved_path(folder),), frame_rate=options.frame_rate)
-                                 for folder in folders], [], rejected)
+            return LayoutScenes([Scene(folder.name, (camera,), (resolved_path(folder),), frame_rate=options.frame_rate,
+                                       metadata=caption_of(folder / CAPTION_FILE)) for folder in folders], [],
+                                rejected)
         raise DatasetError(f"{root}: scene folders hold no video files ({', '.join(VIDEO_EXTENSIONS)}) and no "
                            f"folders of frames ({', '.join(IMAGE_EXTENSIONS)})")
     if order:
@@ -98,8 +101,30 @@ def scenes_from_folder(root: Path, options: SourceOptions) -> LayoutScenes:
         # A scene missing a camera stays in the list with no path for it, so the probe records it as a
         # skipped input instead of failing the whole dataset.
         paths = tuple(resolved_path(videos_by_camera[name]) if name in videos_by_camera else None for name in names)
-        scenes.append(Scene(folder.name, names, paths, frame_rate=options.frame_rate))
+        scenes.append(Scene(folder.name, names, paths, frame_rate=options.frame_rate,
+                            metadata=caption_of(folder / CAPTION_FILE)))
     return LayoutScenes(scenes, [set(videos) for videos in found.values()], rejected)
+
+
+CAPTION_FILE = "caption.txt"
+"""A scene folder's caption (a rig's, or a folder of frames'); a single video's is `<video>.txt` beside it, as
+musubi-tuner and diffusion-pipe datasets keep them."""
+MAX_CAPTION_BYTES = 1 << 20
+
+
+def caption_of(path: Path) -> str | None:
+    """A sidecar caption as scene metadata JSON ({"caption": text}), or None when there is none (or it is empty)."""
+    try:
+        if path.stat().st_size > MAX_CAPTION_BYTES:
+            raise DatasetError(f"{path}: a caption file of more than {MAX_CAPTION_BYTES} bytes (not a caption?)")
+        text = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"{path}: a caption file must be UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise DatasetError(f"{path}: cannot read the caption ({exc.strerror or exc})") from None
+    return json.dumps({"caption": text}, ensure_ascii=False, separators=(",", ":")) if text else None
 
 
 def check_cameras_exist(where: Path, order: Sequence[str], per_scene: Sequence[set[str]]) -> None:

@@ -52,11 +52,30 @@ vaecache/faults.py), or assign ``runner.inject_oom = callable(units_in_forward, 
 raises ``torch.cuda.OutOfMemoryError`` before that forward runs). No diffusers internals are patched.
 """
 
-from vaecache.vae.families import FAMILIES, SUPPORTED, Family
-from vaecache.vae.load import load_vae
-from vaecache.vae.model import VaeModel, fingerprint, weights_sha256
-from vaecache.vae.rules import FrameRule
-from vaecache.vae.runner import EncodeResult, VaeRunner
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_HOME = {"FAMILIES": "families", "SUPPORTED": "families", "Family": "families", "load_vae": "load",
+         "VaeModel": "model", "fingerprint": "model", "weights_sha256": "model", "FrameRule": "rules",
+         "EncodeResult": "runner", "VaeRunner": "runner"}
+"""Imported on first use (PEP 562), so that a light module of this package (single_file's key inspection, used to
+check --vae before any dataset is probed) does not pull in torch and diffusers."""
+
+if TYPE_CHECKING:
+    from vaecache.vae.families import FAMILIES, SUPPORTED, Family
+    from vaecache.vae.load import load_vae
+    from vaecache.vae.model import VaeModel, fingerprint, weights_sha256
+    from vaecache.vae.rules import FrameRule
+    from vaecache.vae.runner import EncodeResult, VaeRunner
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        return getattr(importlib.import_module(f"vaecache.vae.{_HOME[name]}"), name)
+    raise AttributeError(f"module 'vaecache.vae' has no attribute {name!r}")
+
 
 __all__ = [
     "FAMILIES", "SUPPORTED", "EncodeResult", "Family", "FrameRule", "VaeModel", "VaeRunner",

@@ -13,6 +13,7 @@ import torch
 
 from vaecache.errors import UsageError, VaeSpecError, first_line
 from vaecache.settings.dtypes import check_dtype_name, torch_dtype
+from vaecache.settings.vae_specs import check_vae_spec
 from vaecache.vae.families import FAMILIES, SUPPORTED, Family
 from vaecache.vae.model import CHANNELS_LAST, VaeModel, weights_sha256
 from vaecache.vae.rules import FrameRule
@@ -36,8 +37,11 @@ BUILTINS = ("builtin:tiny", "builtin:small")
 
 def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32", *, tiling: bool = False,
              views_per_forward: int = 1, tile_options: dict[str, Any] | None = None,
-             allow_pickle_weights: bool = False, compiled: bool = False, channels_last: bool = False) -> VaeRunner:
-    """Resolve a --vae SPEC (builtin:tiny|small, diffusers:PATH[#subfolder], python:module:function) and get it ready.
+             allow_pickle_weights: bool = False, compiled: bool = False, channels_last: bool = False,
+             vae_config: str | None = None) -> VaeRunner:
+    """Resolve a --vae SPEC (builtin:tiny|small, diffusers:PATH[#subfolder], a single checkpoint file PATH,
+    python:module:function) and get it ready. `vae_config`: the config.json of a single checkpoint file whose family
+    has no shipped config (vaecache.vae.single_file).
 
     `tile_options` go to the module's enable_tiling() (e.g. tile_sample_min_height); they are recorded
     in the fingerprint whether or not tiling ends up used. A diffusers folder is read from safetensors
@@ -45,8 +49,7 @@ def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32",
     the runner calls encode through torch.compile; `channels_last`: 3-d and 2-d convolution weights and every
     forward's input in channels-last memory format (both recorded in the fingerprint).
     """
-    if not spec:
-        raise VaeSpecError("--vae is required (builtin:tiny, builtin:small, diffusers:PATH or python:module:function)")
+    check_vae_spec(spec, vae_config, allow_pickle_weights)
     check_dtype_name(dtype)
     if isinstance(views_per_forward, bool) or not isinstance(views_per_forward, int) or views_per_forward < 1:
         raise UsageError(f"--views-per-forward must be an integer >= 1, got {views_per_forward!r}")
@@ -54,13 +57,15 @@ def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32",
     kind, _, rest = spec.partition(":")
     if kind == "builtin":
         model = _load_builtin(rest, spec)
-    elif kind == "diffusers":
-        model = _load_diffusers(rest, spec, allow_pickle_weights)
     elif kind == "python":
         model = _load_python(rest, spec)
-    else:
-        raise VaeSpecError(f"unknown VAE spec {spec!r}: use builtin:tiny, builtin:small, diffusers:PATH or "
-                           "python:module:function")
+    else:  # diffusers:PATH, or a bare PATH: a folder, or one checkpoint file
+        location = rest if kind == "diffusers" else spec
+        target = Path(location.partition("#")[0] if kind == "diffusers" else location).expanduser()
+        if target.is_file():
+            model = _load_file(target, spec, vae_config, allow_pickle_weights)
+        else:
+            model = _load_diffusers(location, spec, allow_pickle_weights)
     compute_dtype, dtype_note = _compute_dtype(model, dtype)
     exact_cuda_numerics(device)
     module = model.module
@@ -236,6 +241,16 @@ def _load_diffusers(location: str, spec: str, allow_pickle_weights: bool) -> Vae
     except Exception as exc:  # diffusers raises many types for broken folders
         raise VaeSpecError(f"{path}: could not load {family_name} ({first_line(exc)[:200]})") from None
     return _family_model(module, FAMILIES[family_name], spec)
+
+
+def _load_file(path: Path, spec: str, vae_config: str | None, allow_pickle_weights: bool) -> VaeModel:
+    """One checkpoint file (vaecache.vae.single_file); the file's sha256 joins the recorded config."""
+    from vaecache.vae.single_file import load_single_file
+
+    module, family, sha256 = load_single_file(path, Path(vae_config).expanduser() if vae_config else None,
+                                              allow_pickle_weights)
+    model = _family_model(module, FAMILIES[family], spec)
+    return replace(model, config={**model.config, "single_file_sha256": sha256})
 
 
 def _load_python(target: str, spec: str) -> VaeModel:

@@ -1,0 +1,120 @@
+"""VAEs as one checkpoint file in their original key layout: the family told from the keys, converted by diffusers'
+single-file loading, latents equal to those of the same weights as a diffusers folder; Hub ids and typos answered in
+one line before any probing; specs recorded as absolute paths."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from tests.conftest import assert_same_tensors, invoke, load_tensors, read_manifest
+from tests.vae.original_layouts import wan21_original
+from vaecache.errors import VaeSpecError
+from vaecache.vae.single_file import detect_family, shipped_config
+
+ARGS = ("--num-frames", "5", "--size", "32x32", "--workers", "0", "--no-progress")
+
+
+@pytest.fixture(scope="module")
+def wan_files(tmp_path_factory):
+    """A tiny Wan 2.1-layout VAE (4 levels, 2 residual blocks per level, as the converter expects) three ways: a
+    diffusers folder, the original layout as safetensors, and as a pickled .pth."""
+    from diffusers import AutoencoderKLWan
+
+    root = tmp_path_factory.mktemp("single-file")
+    torch.manual_seed(3)
+    module = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
+                              temperal_downsample=[False, True, True], latents_mean=[0.1, -0.2, 0.3, 0.0],
+                              latents_std=[1.5, 2.0, 0.5, 1.0])
+    module.save_pretrained(root / "folder")
+    original = {key: value.contiguous() for key, value in wan21_original(module.state_dict()).items()}
+    save_file(original, root / "Wan2.1_VAE.safetensors")
+    torch.save(original, root / "Wan2.1_VAE.pth")
+    return root
+
+
+def test_a_wan_checkpoint_gives_the_latents_of_its_diffusers_folder(wan_files, demo_data, tmp_path):
+    config = wan_files / "folder" / "config.json"
+    for spec, out, extra in ((f"diffusers:{wan_files / 'folder'}", "folder", ()),
+                             (str(wan_files / "Wan2.1_VAE.safetensors"), "file", ("--vae-config", str(config))),
+                             (f"diffusers:{wan_files / 'Wan2.1_VAE.pth'}", "pickle",
+                              ("--vae-config", str(wan_files / "folder"), "--allow-pickle-weights"))):
+        result = invoke(["encode", demo_data, "--out", tmp_path / out, "--vae", spec, *ARGS, *extra])
+        assert result.exit_code == 0, result.output
+    folder = load_tensors(tmp_path / "folder")
+    assert_same_tensors(folder, load_tensors(tmp_path / "file"))
+    assert_same_tensors(folder, load_tensors(tmp_path / "pickle"))
+    manifest = read_manifest(tmp_path / "file")
+    assert manifest["settings"]["vae_config"] == str(config)
+    assert len(manifest["vae"]["config"]["single_file_sha256"]) == 64
+    checked = invoke(["verify", tmp_path / "file", "--reencode", "1"])  # the recorded spec and --vae-config
+    assert checked.exit_code == 0, checked.output
+
+
+def test_what_a_checkpoint_is_decides_the_answer(wan_files, demo_data, tmp_path):
+    def refused(spec, *extra):
+        result = invoke(["encode", demo_data, "--out", tmp_path / "o", "--vae", spec, *ARGS, *extra])
+        assert result.exit_code == 2 and not (tmp_path / "o").exists(), result.output
+        return result.output
+
+    assert "only the Wan 2.1 VAE's config is shipped" in refused(str(wan_files / "Wan2.1_VAE.safetensors"))
+    assert "--allow-pickle-weights" in refused(str(wan_files / "Wan2.1_VAE.pth"), "--vae-config",
+                                               str(wan_files / "folder"))
+    hub = refused("Wan-AI/Wan2.1-T2V-1.3B-Diffusers")
+    assert "huggingface-cli download Wan-AI/Wan2.1-T2V-1.3B-Diffusers --include 'vae/*'" in hub
+    assert "diffusers:./Wan2.1-T2V-1.3B-Diffusers#vae" in hub
+    assert "did you mean builtin:tiny" in refused("tiny")
+    assert "--vae-config goes with a single checkpoint file" in refused("builtin:tiny", "--vae-config",
+                                                                        str(wan_files / "folder"))
+    other = wan_files / "other.json"
+    other.write_text(json.dumps({"_class_name": "AutoencoderKL"}))
+    assert "--vae-config is for 'AutoencoderKL'" in refused(str(wan_files / "Wan2.1_VAE.safetensors"),
+                                                            "--vae-config", str(other))
+
+
+def test_a_typo_is_answered_before_any_video_is_probed(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "broken.mp4").write_bytes(b"\0" * 100)  # probing it would record a failure, not end the run
+    result = invoke(["encode", data, "--out", tmp_path / "o", "--vae", "diffusers:/no/such/vae", *ARGS])
+    assert result.exit_code == 2 and "diffusers VAE folder not found" in result.output
+    assert "probed" not in result.output and not (tmp_path / "o").exists()
+
+
+def test_families_from_keys_and_the_shipped_config_from_shapes():
+    wan = ["encoder.downsamples.0.residual.0.gamma", "decoder.upsamples.0.residual.0.gamma", "conv1.weight"]
+    assert detect_family(wan) == "AutoencoderKLWan"
+    assert detect_family(["vae.per_channel_statistics.mean-of-means", "vae.encoder.conv_in.conv.weight"]) == \
+        "AutoencoderKLLTXVideo"
+    assert detect_family(["first_stage_model.encoder.down.0.block.0.norm1.weight",
+                          "first_stage_model.decoder.up.0.block.0.norm1.weight"]) == "AutoencoderKL"
+    with pytest.raises(VaeSpecError, match="HunyuanVideo VAE checkpoint: diffusers has no single-file loader"):
+        detect_family(["encoder.down_blocks.0.resnets.0.conv1.conv.weight"])
+    with pytest.raises(VaeSpecError, match="a diffusers model's weights file on its own"):
+        detect_family(["encoder.conv_in.weight", "encoder.down_blocks.0.resnets.0.conv1.weight"])
+    with pytest.raises(VaeSpecError, match="not a VAE checkpoint vaecache knows"):
+        detect_family(["model.diffusion_model.input_blocks.0.0.weight"])
+    published = shipped_config("AutoencoderKLWan", {"conv1.weight": (32, 32, 1, 1, 1),
+                                                    "encoder.conv1.weight": (96, 3, 3, 3, 3)})
+    assert published["z_dim"] == 16 and published["latents_mean"][0] == -0.7571 and published["base_dim"] == 96
+    assert shipped_config("AutoencoderKLWan", {"conv1.weight": (8, 8, 1, 1, 1),
+                                               "encoder.conv1.weight": (8, 3, 3, 3, 3)}) is None
+    assert shipped_config("AutoencoderKL", {}) is None
+
+
+def test_a_relative_spec_is_recorded_absolute_and_works_from_elsewhere(wan_files, demo_data, tmp_path, monkeypatch):
+    import shutil
+
+    shutil.copytree(wan_files / "folder", tmp_path / "model" / "vae")
+    monkeypatch.chdir(tmp_path)
+    assert invoke(["encode", demo_data, "--out", "out", "--vae", "diffusers:model#vae", *ARGS]).exit_code == 0
+    recorded = read_manifest(tmp_path / "out")["settings"]["vae_spec"]
+    assert recorded == f"diffusers:{tmp_path / 'model'}#vae"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    checked = invoke(["verify", tmp_path / "out", "--reencode", "1"])
+    assert checked.exit_code == 0, checked.output
