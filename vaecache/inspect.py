@@ -35,8 +35,9 @@ def latent_shapes(reader: CacheReader) -> list[dict[str, Any]]:
             for key, n in sorted(counts.items(), key=lambda item: (-item[1], repr(item[0])))]
 
 
-def inspect_cache(out: Path) -> dict[str, Any]:
-    """The cache at a glance: VAE, settings, latent shapes and buckets, counts, bytes, failures by reason."""
+def inspect_cache(out: Path, with_failures: bool = False) -> dict[str, Any]:
+    """The cache at a glance: VAE, settings, latent shapes and buckets, counts, bytes, failures by reason (and with
+    `with_failures` every failure record, under failures.records)."""
     reader = CacheReader(out)
     manifest = reader.manifest
     vae = manifest.get("vae") or {}
@@ -61,7 +62,8 @@ def inspect_cache(out: Path) -> dict[str, Any]:
         "counts": manifest.get("counts"),
         "bytes": {"shards": sum(int(s.get("bytes", 0)) for s in shards),
                   **{f"{k}_table": v for k, v in tables.items()}},
-        "failures": {"count": len(failures), "by_reason": reason_counts(failures)},
+        "failures": {"count": len(failures), "by_reason": reason_counts(failures),
+                     **({"records": failures} if with_failures else {})},
     }
 
 

@@ -132,6 +132,12 @@ def test_bad_samples_are_recorded_and_the_rest_goes_on(clips, tmp_path):
     reasons = {f["scene"]: f["reason"] for f in read_failures(tmp_path / "out")}
     assert "no video member" in reasons["nothing"] and "both a plain video" in reasons["both"]
     assert "not a readable video" in reasons["broken"] and "not valid JSON" in reasons["bad"]
+    # the terminal names each skipped input; inspect --failures lists them all, in its JSON too
+    assert f"skipped {shards / 'a.tar'}#nothing: the sample holds no video member (json)" in result.output
+    listed = invoke(["inspect", tmp_path / "out", "--failures", "--json", tmp_path / "info.json"])
+    assert listed.exit_code == 0 and "a.tar#broken.mp4@" in listed.output
+    records = json.loads((tmp_path / "info.json").read_text())["failures"]["records"]
+    assert sorted(r["scene"] for r in records) == ["bad", "both", "broken", "nothing"]
 
 
 def test_shard_mistakes_are_one_line_errors(clips, tmp_path):

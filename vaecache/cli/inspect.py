@@ -69,17 +69,28 @@ def inspect(
     out: Path = typer.Argument(..., help="A folder written by vaecache encode."),
     clip: Optional[str] = typer.Option(None, "--clip", help="Show this clip (id, e.g. scene_000/000000-000008): its "
                                        "record and min/max/mean/std computed from its tensors (reads one shard)."),
+    failures: bool = typer.Option(False, "--failures", help="List every failure (skipped input): file or clip, "
+                                  "camera, reason (in the JSON too)."),
     json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the result as JSON to this file "
                                              "('-': stdout)."),
 ) -> None:
     """What a cache holds, without a full verify: VAE, settings, latent shapes, counts, bytes, failures."""
     if not out.is_dir():
         raise UsageError(f"{out}: no such folder")
+    if failures and clip is not None:
+        raise UsageError("--failures lists the cache's failures; it does not go with --clip")
     check_json_target(json_file)
+    from vaecache.cli.encode import failure_lines
     from vaecache.inspect import inspect_cache, inspect_clip
 
-    info = inspect_clip(out, clip) if clip is not None else inspect_cache(out)
+    info = inspect_clip(out, clip) if clip is not None else inspect_cache(out, with_failures=True)
+    records = info["failures"].pop("records", []) if clip is None else []
     for line in (_clip_lines(info) if clip is not None else _summary_lines(info)):
         console.print(escape(line), soft_wrap=True)
+    if clip is None:
+        for line in failure_lines(records, str(out), len(records) if failures else 5):
+            console.print(escape(line), soft_wrap=True)
+    if failures:
+        info["failures"]["records"] = records
     if json_file is not None:
         write_json(json_file, info)
