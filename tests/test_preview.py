@@ -221,3 +221,15 @@ def test_a_vae_other_than_the_recorded_one_is_refused(identity_cache: Path, tmp_
     assert result.exit_code == 2
     assert "does not match the VAE recorded in" in result.output
     assert not list(tmp_path.iterdir())
+
+
+def test_decode_without_a_clip_takes_the_first_and_inspect_lists_the_ids(good_cache: Path, tmp_path: Path) -> None:
+    from tests.conftest import invoke
+
+    listed = invoke(["inspect", good_cache, "--clips", "--json", tmp_path / "info.json"])
+    assert listed.exit_code == 0, listed.output
+    ids = json.loads((tmp_path / "info.json").read_text())["clip_ids"]
+    assert ids == sorted(ids) and all(clip_id in listed.output for clip_id in ids)
+    result = invoke(["decode", good_cache, "-o", tmp_path / "first.mp4"])
+    assert result.exit_code == 0, result.output
+    assert f"no --clip: decoding the first clip, {ids[0]}" in result.output and (tmp_path / "first.mp4").is_file()

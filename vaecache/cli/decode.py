@@ -30,8 +30,9 @@ def report_table(report: PreviewReport) -> Table:
 @report_errors
 def decode(
     out: Path = typer.Argument(..., help="A folder written by vaecache encode."),
-    clip: str = typer.Option(..., "--clip", help="The clip to decode: its id, <scene>/<first>-<last> source frame "
-                             "(e.g. scene_000/000000-000008), as in clips.parquet."),
+    clip: Optional[str] = typer.Option(None, "--clip", help="The clip to decode: its id, <scene>/<first>-<last> "
+                                       "source frame (e.g. scene_000/000000-000008; `vaecache inspect OUT --clips` "
+                                       "lists them). Default: the first clip."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="The mp4 to write (default: the clip id "
                                           "with / as _, e.g. scene_000_000000-000008.mp4, in the current folder)."),
     vae: Optional[str] = typer.Option(None, "--vae", help="VAE to decode with (default: the recorded spec); must "
@@ -56,6 +57,13 @@ def decode(
         raise UsageError(f"{out}: no such folder")
     settings = PreviewSettings(vae=vae, device=device, chunk_frames=chunk_frames, tiling=tiling, overwrite=overwrite,
                                allow_pickle_weights=allow_pickle_weights)
+    if clip is None:
+        from vaecache.cache.reader import CacheReader
+
+        clip = next(iter(CacheReader(out).clip_ids()), None)
+        if clip is None:
+            raise UsageError(f"{out}: the cache holds no clip to decode")
+        console.print(f"no --clip: decoding the first clip, {escape(clip)}", soft_wrap=True)
     output = output if output is not None else default_output(clip)
     check_output(output, overwrite)
     check_json_target(json_file)

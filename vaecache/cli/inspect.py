@@ -71,14 +71,15 @@ def inspect(
                                        "record and min/max/mean/std computed from its tensors (reads one shard)."),
     failures: bool = typer.Option(False, "--failures", help="List every failure (skipped input): file or clip, "
                                   "camera, reason (in the JSON too)."),
+    clips: bool = typer.Option(False, "--clips", help="List every clip id, one per line (in the JSON too)."),
     json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the result as JSON to this file "
                                              "('-': stdout)."),
 ) -> None:
     """What a cache holds, without a full verify: VAE, settings, latent shapes, counts, bytes, failures."""
     if not out.is_dir():
         raise UsageError(f"{out}: no such folder")
-    if failures and clip is not None:
-        raise UsageError("--failures lists the cache's failures; it does not go with --clip")
+    if (failures or clips) and clip is not None:
+        raise UsageError("--failures and --clips list the whole cache; they do not go with --clip")
     check_json_target(json_file)
     from vaecache.cli.encode import failure_lines
     from vaecache.inspect import inspect_cache, inspect_clip
@@ -92,5 +93,11 @@ def inspect(
             console.print(escape(line), soft_wrap=True)
     if failures:
         info["failures"]["records"] = records
+    if clips:
+        from vaecache.cache.reader import CacheReader
+
+        info["clip_ids"] = list(CacheReader(out).clip_ids())
+        for clip_id in info["clip_ids"]:
+            console.print(escape(clip_id), soft_wrap=True)
     if json_file is not None:
         write_json(json_file, info)
