@@ -330,3 +330,12 @@ def test_an_unknown_key_is_named_with_the_nearest_known_one(tmp_path: Path) -> N
     with pytest.raises(UsageError, match=r"unknown setting\(s\) batchsize, liveness_timout \(did you mean batch_size "
                                          r"or liveness_timeout\?\)"):
         load_toml(path)
+
+
+def test_torch_dtype_names_and_a_size_with_a_comma(tmp_path: Path) -> None:
+    from vaecache.settings.loader import load_settings
+
+    flags = {"vae": "builtin:tiny", "num_frames": 9, "size": "64x64", "out": tmp_path / "o", "dtype": "bfloat16"}
+    assert load_settings("encode", tmp_path, flags).clip.dtype == "bf16"
+    with pytest.raises(UsageError, match=r"--size takes HxW \(e.g. 128x128\), got '128,128'"):
+        load_settings("encode", tmp_path, {**flags, "size": "128,128"})

@@ -127,7 +127,8 @@ def parse_size(text: str, option: str = "--size") -> tuple[int, int]:
     """'64x96' -> (64, 96) as (height, width)."""
     match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
     if not match:
-        raise UsageError(f"{option} must look like HxW (e.g. 480x832), got {text!r}")
+        raise UsageError(f"{option} must look like HxW (e.g. 480x832; a comma separates several sizes), got "
+                         f"{text!r}")
     height, width = int(match.group(1)), int(match.group(2))
     if height < 1 or width < 1:
         raise UsageError(f"{option} must be positive, got {text!r}")
@@ -136,6 +137,8 @@ def parse_size(text: str, option: str = "--size") -> tuple[int, int]:
 
 def parse_sizes(value: Any, option: str = "--size") -> tuple[tuple[int, int], ...]:
     """'480x832', '480x832,832x480', a preset name, or a list of them (TOML) -> ((H, W), ...) in order."""
+    if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*,\s*\d+\s*", value):
+        raise UsageError(f"{option} takes HxW (e.g. 128x128), got {value!r} (a comma separates several sizes)")
     items = value if isinstance(value, (list, tuple)) else str(value).split(",")
     sizes: list[tuple[int, int]] = []
     for item in items:

@@ -21,6 +21,16 @@ SAFETENSORS_NAMES: dict[str, str] = {"float32": "F32", "bfloat16": "BF16", "floa
 """Recorded name -> the dtype a safetensors header states."""
 
 
+DTYPE_ALIASES: dict[str, str] = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16",
+                                 "half": "fp16"}
+"""torch's names for the --dtype choices, accepted and stored as the short names."""
+
+
+def canonical_dtype_name(name: str) -> str:
+    """fp32, bf16 or fp16 for a --dtype given by torch's name too (bfloat16, float16, float32)."""
+    return DTYPE_ALIASES.get(name, name) if isinstance(name, str) else name
+
+
 def check_dtype_name(name: str) -> str:
     """`name` if it is a ``--dtype`` choice; UsageError otherwise."""
     if name not in RECORDED_NAMES:
@@ -43,4 +53,5 @@ def recorded_name(dtype: torch.dtype) -> str:
     return name
 
 
-__all__ = ["DTYPE_CHOICES", "RECORDED_NAMES", "SAFETENSORS_NAMES", "check_dtype_name", "recorded_name", "torch_dtype"]
+__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "RECORDED_NAMES", "SAFETENSORS_NAMES", "canonical_dtype_name",
+           "check_dtype_name", "recorded_name", "torch_dtype"]

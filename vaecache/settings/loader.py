@@ -17,6 +17,7 @@ from vaecache.errors import UsageError
 from vaecache.settings.buckets import parse_lengths, parse_sizes
 from vaecache.settings.clip import ClipSettings, SamplingConfig, SyncConfig, parse_views_per_forward
 from vaecache.settings.commands import EncodeConfig, PlanConfig
+from vaecache.settings.dtypes import canonical_dtype_name
 from vaecache.settings.options import BY_SETTING, ENCODE, PLAN, check_toml_value, option_named, unknown_keys_message
 from vaecache.settings.vae_specs import resolve_vae_spec
 
@@ -101,6 +102,8 @@ def clip_settings(values: dict[str, Any]) -> ClipSettings:
     sampling = SamplingConfig(num_frames=lengths[0], frame_buckets=lengths if len(lengths) > 1 else (), sync=sync,
                               **{name: values.pop(name) for name in SAMPLING_FIELDS if name in values})
     clip = {name: values.pop(name) for name in CLIP_FIELDS if name in values}
+    if "dtype" in clip:  # torch's names (bfloat16, float16) are the short ones
+        clip["dtype"] = canonical_dtype_name(clip["dtype"])
     if "views_per_forward" in clip:
         clip["views_per_forward"] = parse_views_per_forward(clip["views_per_forward"])
     cameras = values.pop("cameras", None)

@@ -137,7 +137,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("lerobot_state", "--lerobot-state/--no-lerobot-state", bool, "With a LeRobot dataset: each clip record "
            "also carries its frames' numeric columns (observation.state, action, ...) under "
            "metadata.lerobot_frames. Recorded."),
-    Option("dtype", "--dtype", str, "fp32 | bf16 | fp16: VAE compute and stored dtype (default fp32)."),
+    Option("dtype", "--dtype", str, "fp32 | bf16 | fp16 (or torch's names bfloat16, float16, float32): VAE compute and "
+           "stored dtype (default fp32)."),
     Option("device", "--device", str, "auto | cpu | cuda (auto: cuda:LOCAL_RANK when available).",
            help_by_command=((PLAN, "Where to measure: auto | cpu | cuda[:N] (default auto)."),)),
     Option("store", "--store", str, "mean-logvar (default) | mean | sample",
