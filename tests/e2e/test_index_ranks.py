@@ -17,7 +17,5 @@ def test_two_rank_index_is_byte_identical_to_a_one_process_index(procs, run_cli,
     both = procs.torchrun(2, "index", demo_data, "-o", ranks, "--workers", "1", "--no-progress")
     assert both.returncode == 0, both.stderr[-3000:]
     assert ranks.read_bytes() == alone.read_bytes() and alone.read_text().count("\n") == 3
-    assert (tmp_path / "ranks.rejected.jsonl").read_bytes() == (tmp_path / "alone.rejected.jsonl").read_bytes() == b""
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["alone.jsonl", "alone.rejected.jsonl", "ranks.jsonl",
-                                                          "ranks.rejected.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alone.jsonl", "ranks.jsonl"]  # nothing rejected: no file
     assert both.stderr.count("vaecache index ->") == 1  # rank 0 alone reports

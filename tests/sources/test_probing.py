@@ -54,8 +54,7 @@ def test_index_records_what_probing_finds_per_camera_sorted_by_scene(demo_data: 
             assert line["probe"][camera] == {"frames": 17, "fps": 10.0, "width": 64, "height": 64, "codec": "h264",
                                              "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "rotation": rotation,
                                              "start_ns": 0, "end_ns": 1_600_000_000}
-    assert demo_index.with_name("index.rejected.jsonl").read_text() == ""
-    assert sorted(p.name for p in demo_index.parent.iterdir()) == ["index.jsonl", "index.rejected.jsonl"]
+    assert sorted(p.name for p in demo_index.parent.iterdir()) == ["index.jsonl"]  # nothing rejected: no file
 
 
 @pytest.mark.parametrize("cameras", [None, "front"])

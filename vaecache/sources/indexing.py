@@ -196,9 +196,12 @@ def _write_index(cfg: IndexConfig, found: Discovery, work: Path) -> tuple[int, i
             index.write(index_line(scene, found.form, probe.cameras, found.reference_camera))
             usable += 1
         rejected.sort(key=lambda skip: (skip.scene_id, skip.path or ""))
-        with _AtomicLines(rejected_path(cfg.output)) as side:
-            for skip in rejected:
-                side.write({"id": skip.scene_id, "camera": skip.camera, "path": skip.path, "reason": skip.reason})
+        if rejected:
+            with _AtomicLines(rejected_path(cfg.output)) as side:
+                for skip in rejected:
+                    side.write({"id": skip.scene_id, "camera": skip.camera, "path": skip.path, "reason": skip.reason})
+        else:  # no rejected file, and none left from an earlier index of other data
+            rejected_path(cfg.output).unlink(missing_ok=True)
     shutil.rmtree(work, ignore_errors=True)
     return usable, len(rejected)
 
