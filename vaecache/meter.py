@@ -20,7 +20,9 @@ Advance = Callable[[int, int], None]
 
 DEFAULT_INTERVAL_S = 30.0
 INTERVAL_ENV = "VAECACHE_PROGRESS_INTERVAL"
-_LINE_FORMAT = "{desc}: {n_fmt}/{total_fmt}{unit} ({percentage:.0f}%), {rate_fmt}, ETA {remaining}, {elapsed} elapsed"
+_LINE_FORMAT = ("{desc}: {n_fmt}/{total_fmt}{unit} ({percentage:.0f}%), {rate_noinv_fmt}, ETA {remaining}, "
+                "{elapsed} elapsed")
+"""Always units per second (tqdm's rate_fmt turns slow rates into seconds per unit: "2.00s/ clips")."""
 
 
 def interval_from_env() -> float:

@@ -255,6 +255,7 @@ def test_progress_lines_are_periodic_plain_lines() -> None:
     assert written[1].startswith("encode: 3/5 clips (60%), ") and "ETA" in written[1]
     assert written[2].startswith("encode: 5/5 clips (100%), ")
     assert not any("\r" in line or "\n" in line for line in written)
+    assert ", 0.08 clips/s," in written[2]  # 5 in 60 s: still clips per second, never "12.00s/ clips"
 
 
 def test_close_prints_the_final_count_once() -> None:
