@@ -233,3 +233,4 @@ def test_decode_without_a_clip_takes_the_first_and_inspect_lists_the_ids(good_ca
     result = invoke(["decode", good_cache, "-o", tmp_path / "first.mp4"])
     assert result.exit_code == 0, result.output
     assert f"no --clip: decoding the first clip, {ids[0]}" in result.output and (tmp_path / "first.mp4").is_file()
+    assert "builtin:tiny is an untrained VAE" in result.output

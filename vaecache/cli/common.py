@@ -100,6 +100,17 @@ def write_json(target: Path, payload: Any) -> None:
     atomic_write_bytes(target, data)
 
 
+def note_untrained_vae(out: Path) -> None:
+    """Say so when the cache at `out` was encoded by an untrained VAE (builtin:tiny): its latents mean nothing."""
+    try:
+        vae = json.loads((out / "manifest.json").read_text()).get("vae") or {}
+    except (OSError, ValueError):
+        return  # the command itself names a missing or damaged manifest
+    if vae.get("untrained"):
+        console.print(f"[yellow]note:[/yellow] {escape(str(vae.get('spec')))} is an untrained VAE with random weights "
+                      "(for demos and tests; its latents mean nothing to a real model)", soft_wrap=True)
+
+
 def check_dataset_exists(data: Path) -> None:
     """Refuse a DATA that does not exist (exit 2) before any work; a brace pattern of shards is checked by the layout,
     which names a missing shard."""

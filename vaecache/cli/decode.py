@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vaecache.cli.common import check_json_target, console, report_errors, write_json
+from vaecache.cli.common import check_json_target, console, note_untrained_vae, report_errors, write_json
 from vaecache.errors import UsageError
 
 if TYPE_CHECKING:
@@ -55,6 +55,7 @@ def decode(
 
     if not out.is_dir():
         raise UsageError(f"{out}: no such folder")
+    note_untrained_vae(out)
     settings = PreviewSettings(vae=vae, device=device, chunk_frames=chunk_frames, tiling=tiling, overwrite=overwrite,
                                allow_pickle_weights=allow_pickle_weights)
     if clip is None:

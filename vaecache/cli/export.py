@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from vaecache.cache.layout import VERIFY_MODES
-from vaecache.cli.common import console, human_bytes, report_errors
+from vaecache.cli.common import console, human_bytes, note_untrained_vae, report_errors
 from vaecache.errors import UsageError
 from vaecache.export import ENERGON_MODES, EXPORT_FORMATS
 
@@ -44,6 +44,7 @@ def export(
         raise UsageError(f"--samples-per-tar must be >= 1, got {samples_per_tar}")
     if not out.is_dir():
         raise UsageError(f"{out}: no such folder")
+    note_untrained_vae(out)
     from vaecache.export import export_musubi, export_webdataset
 
     if format == "musubi":
