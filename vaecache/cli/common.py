@@ -100,6 +100,24 @@ def write_json(target: Path, payload: Any) -> None:
     atomic_write_bytes(target, data)
 
 
+SHOWN_FAILURES = 10
+
+
+def failure_lines(failures: list[dict[str, Any]], out: str, shown: int = SHOWN_FAILURES) -> list[str]:
+    """`skipped PATH: reason` for the first `shown` failures, and where the rest are."""
+    lines = [f"skipped {failure_subject(f)}: {f.get('reason')}" for f in failures[:shown]]
+    if len(failures) > shown:
+        lines.append(f"... and {len(failures) - shown} more: vaecache inspect {out} --failures")
+    return lines
+
+
+def failure_subject(failure: dict[str, Any]) -> str:
+    """What a failure record is about: its file (and camera), else its clip or scene."""
+    where = failure.get("path") or failure.get("clip") or failure.get("scene")
+    camera = failure.get("camera")
+    return f"{where} ({camera})" if camera and failure.get("path") else str(where)
+
+
 def note_untrained_vae(out: Path) -> None:
     """Say so when the cache at `out` was encoded by an untrained VAE (builtin:tiny): its latents mean nothing."""
     try:

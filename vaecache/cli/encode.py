@@ -18,6 +18,7 @@ from vaecache.cli.common import (
     check_dataset_exists,
     check_json_target,
     console,
+    failure_lines,
     human_bytes,
     launcher_rank_world,
     report_errors,
@@ -103,24 +104,6 @@ def encode(
     if is_rank0 and json_file is not None:
         write_json(json_file, summary_json(summary))
     raise typer.Exit(summary.exit_code)
-
-
-SHOWN_FAILURES = 10
-
-
-def failure_lines(failures: list[dict[str, Any]], out: str, shown: int = SHOWN_FAILURES) -> list[str]:
-    """`skipped PATH: reason` for the first `shown` failures, and where the rest are."""
-    lines = [f"skipped {failure_subject(f)}: {f.get('reason')}" for f in failures[:shown]]
-    if len(failures) > shown:
-        lines.append(f"... and {len(failures) - shown} more: vaecache inspect {out} --failures")
-    return lines
-
-
-def failure_subject(failure: dict[str, Any]) -> str:
-    """What a failure record is about: its file (and camera), else its clip or scene."""
-    where = failure.get("path") or failure.get("clip") or failure.get("scene")
-    camera = failure.get("camera")
-    return f"{where} ({camera})" if camera and failure.get("path") else str(where)
 
 
 def summary_table(summary: EncodeSummary) -> Table:

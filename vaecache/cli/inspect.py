@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from vaecache.cli.common import check_json_target, console, human_bytes, report_errors, write_json
+from vaecache.cli.common import check_json_target, console, failure_lines, human_bytes, report_errors, write_json
 from vaecache.errors import UsageError
 
 
@@ -81,7 +81,6 @@ def inspect(
     if (failures or clips) and clip is not None:
         raise UsageError("--failures and --clips list the whole cache; they do not go with --clip")
     check_json_target(json_file)
-    from vaecache.cli.encode import failure_lines
     from vaecache.inspect import inspect_cache, inspect_clip
 
     info = inspect_clip(out, clip) if clip is not None else inspect_cache(out, with_failures=True)
