@@ -19,8 +19,10 @@ from vaecache.cache.layout import CLIPS, FAILURES
 from vaecache.cache.manifest import read_manifest, write_manifest_last
 from vaecache.cache.table import CLIP_TABLE, FAILURE_TABLE, write_table
 from vaecache.cache.writer import ShardWriter
-from vaecache.errors import ManifestError
+from vaecache.errors import ManifestError, UsageError
 from vaecache.planning.clips import Clip
+from vaecache.settings.clip import ClipSettings, SamplingConfig
+from vaecache.settings.commands import EncodeConfig
 
 SCENES = ["scene_000", "scene_001", "scene_002"]
 LATENT = [2, 16, 3, 8, 8]
@@ -246,6 +248,24 @@ def test_shard_writer_rolls_commits_and_logs(tmp_path: Path) -> None:
             assert clip["tensors"]["mean"] == {"name": f"{clip['id']}/mean", "shape": [4, 4], "dtype": "float32",
                                                "stats": {"min": value, "max": value, "mean": value, "std": 0.0}}
             assert clip["encode"] == {"tiled": False, "tiled_cameras": [], "units_per_forward": 1}
+
+
+def test_a_shard_is_committed_after_commit_every_seconds_whatever_its_size(tmp_path: Path) -> None:
+    (tmp_path / "shards").mkdir()
+    progress = AppendLog(tmp_path / "progress.jsonl")
+    now = [0.0]
+    with ShardWriter(tmp_path, rank=0, attempt=0, shard_size=2**30, progress=progress, commit_every_s=300.0,
+                     clock=lambda: now[0]) as writer:
+        for i, t in enumerate((10.0, 200.0, 310.0, 400.0, 650.0)):  # a shard at 310 s, the next at 650 s
+            now[0] = t
+            writer.add(_clip(i), {"mean": torch.full((4, 4), float(i))}, [UNTILED])
+        committed_before_close = len(writer.committed) + len(writer._futures)
+    progress.close()
+    logged = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert committed_before_close == 2 and [len(entry["clips"]) for entry in logged] == [3, 2]
+    with pytest.raises(UsageError, match="--commit-every must be seconds >= 0"):
+        EncodeConfig(data=tmp_path, out=tmp_path / "o", vae="builtin:tiny",
+                     clip=ClipSettings(SamplingConfig(5), 32, 32), commit_every_s=-1.0)
 
 
 def test_manifest_records_both_tables_counts_and_hashes(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol, Sequence
@@ -102,14 +103,17 @@ def tensor_stats(tensor: torch.Tensor) -> dict[str, float]:
 
 
 class ShardWriter:
-    """Context manager: `add()` clips, shards roll at `shard_size` bytes, `close()` commits the rest.
+    """Context manager: `add()` clips, shards roll at `shard_size` bytes or `commit_every_s` seconds after the last
+    commit (whichever comes first: a hard kill loses at most that long of finished work), `close()` commits the
+    rest.
 
     At most `max_pending` shards wait for the disk; beyond that `add()` blocks, so a slow disk slows
     the encoder instead of growing memory.
     """
 
     def __init__(self, out: Path, rank: int, attempt: int, shard_size: int, progress: AppendLog,
-                 max_pending: int = 2, hash_sources: bool = False, fit: str | None = None) -> None:
+                 max_pending: int = 2, hash_sources: bool = False, fit: str | None = None,
+                 commit_every_s: float = 0.0, clock: Any = time.monotonic) -> None:
         self.folder = Path(out) / SHARDS_DIR
         self._identities = IdentityMemo(hash_sources)
         self.rank, self.attempt, self.shard_size = rank, attempt, shard_size
@@ -127,6 +131,8 @@ class ShardWriter:
         self.bytes_written = 0
         self._rows: RowLog | None = None
         """This attempt's clip-table rows, opened at the first commit (the commit thread alone touches it)."""
+        self.commit_every_s, self._clock = commit_every_s, clock
+        self._last_commit = clock()
 
     def __enter__(self) -> "ShardWriter":
         return self
@@ -192,6 +198,8 @@ class ShardWriter:
         shard.records.append(record)
         if shard.bytes >= self.shard_size:
             self._flush_one(key)
+        elif self.commit_every_s and self._clock() - self._last_commit >= self.commit_every_s:
+            self.flush()  # the time bound: every bucket's buffered clips, each as a (smaller) shard
 
     def flush(self) -> None:
         """Hand every bucket's buffered clips to the writer thread, one shard each (in the order opened)."""
@@ -203,6 +211,7 @@ class ShardWriter:
         if shard is None or not shard.records:
             return
         tensors, records = shard.tensors, shard.records
+        self._last_commit = self._clock()
         name = shard_name(self.attempt, self.rank, self._seq)
         self._seq += 1
         self._slots.acquire()

@@ -107,7 +107,7 @@ def encode_share(cfg: EncodeConfig, ctx: DistContext, vae: VaeRunner, decoder: B
     )
     progress_log = AppendLog(progress_path(cfg.out, rank)) if mesh.is_writer else None
     writer = (ShardWriter(cfg.out, rank, prepared.attempt, cfg.shard_size, progress_log, hash_sources=cfg.hash_sources,
-                          fit=cfg.clip.fit if cfg.clip.bucketed else None)
+                          fit=cfg.clip.fit if cfg.clip.bucketed else None, commit_every_s=cfg.commit_every_s)
               if progress_log else None)
     sink = _BatchSink(cfg, ctx, vae, writer, failures, counters)
     loop_started = time.perf_counter()

@@ -33,6 +33,8 @@ class EncodeConfig:
     """DataLoader worker processes decoding video per rank (0 decodes in the main process)."""
     shard_size: int = 256 * 2**20
     """Roll a new safetensors shard once this many tensor bytes are buffered."""
+    commit_every_s: float = 300.0
+    """Also commit the buffered clips as a shard this many seconds after the last commit (0: only by size)."""
     sp_size: int = 1
     sp_mode: str = "views"
     """How an SP group splits the work: "views" (each rank encodes whole views of the batch) or "spatial"
@@ -82,6 +84,9 @@ class EncodeConfig:
             raise UsageError(f"--sp-mode must be one of {', '.join(SP_MODE_CHOICES)}, got {self.sp_mode!r}")
         if self.shard_size < 1:
             raise UsageError(f"--shard-size must be >= 1 byte, got {self.shard_size}")
+        if isinstance(self.commit_every_s, bool) or not 0 <= self.commit_every_s < float("inf"):
+            raise UsageError(f"--commit-every must be seconds >= 0 (0: commit by size only), got "
+                             f"{self.commit_every_s!r}")
         if self.timeout_s <= 0:
             raise UsageError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
         if self.liveness_timeout_s < 0:

@@ -164,6 +164,9 @@ OPTIONS: tuple[Option, ...] = (
            "split every view's rows into bands (Wan VAEs; recorded)."),
     Option("shard_size", "--shard-size", str, "Roll shards at this many bytes (default 256MiB).", frozenset({ENCODE}),
            toml=(int, str), parse=parse_bytes),
+    Option("commit_every", "--commit-every", float, "Also commit a shard this many seconds after the last commit "
+           "(default 300; 0: by size only): a hard kill loses at most this long of finished work.", frozenset({ENCODE}),
+           field="commit_every_s"),
     Option("on_error", "--on-error", str, "skip (default: record bad inputs, go on) | fail", frozenset({ENCODE})),
     Option("overwrite", "--overwrite", bool, "Discard what OUT holds and start over.", frozenset({ENCODE})),
     Option("hash_sources", "--hash-sources", bool, "Record each source video's sha256 (besides size and mtime): a "
