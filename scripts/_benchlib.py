@@ -14,6 +14,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from dataclasses import dataclass
@@ -203,6 +204,16 @@ class Timed:
     cpu_s: float
     stdout: str
     stderr: str
+
+
+HWM_SOURCE = textwrap.dedent("""
+    def hwm_mb():
+        # VmHWM: this process's peak RSS. Not getrusage's ru_maxrss, which a child inherits across exec.
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+""")
+"""Source of `hwm_mb()` for the scripts benchmarks run in a fresh child process (`python -c HWM_SOURCE + ...`)."""
 
 
 def run_timed(cmd: Sequence[str], env: dict[str, str] | None = None, timeout: float = 1800.0,

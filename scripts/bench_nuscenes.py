@@ -42,13 +42,9 @@ OTHERS = (("LIDAR_TOP", "lidar", 20), *((f"RADAR_{n}", "radar", 13) for n in
 CAMERA_HZ = 12
 KEYFRAME_HZ = 2
 
-HWM = textwrap.dedent("""
+HWM = bl.HWM_SOURCE + textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
-    def hwm_mb():
-        for line in open("/proc/self/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
 """)
 PARSE = HWM + textwrap.dedent("""
     from vaecache.sources.nuscenes import read_nuscenes

@@ -101,13 +101,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # --------------------------------------------------------------------------- planning
 
 NUM_FRAMES = 5
-HWM = textwrap.dedent("""
-    def hwm_mb():
-        # VmHWM: this process's peak RSS. Not getrusage's ru_maxrss, which a child inherits across exec.
-        for line in open("/proc/self/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-""")
+HWM = bl.HWM_SOURCE
 RANK_SCRIPT = HWM + textwrap.dedent("""
     import json, sys, time
     from pathlib import Path

@@ -18,28 +18,19 @@ def source_identity(path: Any, with_hash: bool) -> dict[str, Any] | None:
     folder or glob), or None when it cannot be read."""
     from vaecache.errors import VideoDecodeError
     from vaecache.video.frames import frame_files, is_image_source
-    from vaecache.video.members import member_identity, member_of, member_sha256
+    from vaecache.video.members import member_of, member_sha256
+    from vaecache.video.sources import source_stat
     from vaecache.video.spans import file_of
 
-    if is_image_source(path):
-        try:
-            return frames_identity(frame_files(path), with_hash)
-        except VideoDecodeError:
-            return None
-    member = member_of(path)
-    if member is not None:  # a video inside a tar: its own size and bytes, the tar's mtime
-        try:
-            size, mtime_ns = member_identity(member)
-            return {"size": size, "mtime_ns": mtime_ns, **({"sha256": member_sha256(member)} if with_hash else {})}
-        except (OSError, VideoDecodeError):
-            return None
     try:
-        path = file_of(path)  # one episode of a file (LeRobot): the file's identity
-        stat = os.stat(path)
-        found: dict[str, Any] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-        if with_hash:
-            found["sha256"] = sha256_file(Path(path))
-    except OSError:
+        if is_image_source(path):  # the frames' bytes, in order, are hashed together
+            return frames_identity(frame_files(path), with_hash)
+        size, mtime_ns = source_stat(path)
+        found: dict[str, Any] = {"size": size, "mtime_ns": mtime_ns}
+        if with_hash:  # a tar member's own bytes; an episode's whole file
+            member = member_of(path)
+            found["sha256"] = member_sha256(member) if member is not None else sha256_file(Path(file_of(path)))
+    except (OSError, VideoDecodeError):
         return None
     return found
 

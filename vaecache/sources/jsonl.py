@@ -32,7 +32,7 @@ from vaecache.video.frames import FrameList
 from vaecache.video.members import TarMember, member_of
 
 
-def _resolved_in(base: str, relative: str, parents: dict[str, str], trusted: bool = False) -> str:
+def resolved_in(base: str, relative: str, parents: dict[str, str], trusted: bool = False) -> str:
     """`resolved_path(base / relative)`, with `parents` caching resolved folders: a file that is not itself a
     symlink costs one lstat, so an index of a million scenes in a few folders is not resolved component by
     component a million times. `trusted`: the file name is taken as resolved (no lstat). A video inside a tar
@@ -78,7 +78,7 @@ def frame_list(raw: dict[str, Any], key: str, base: str, parents: dict[str, str]
     """A camera given file by file: {"files": [paths], "times_ns": [int] or "timestamps": [seconds]} (paths
     relative to the index's folder)."""
     files, times = frame_list_fields(raw, where)
-    return FrameList(key, tuple(_resolved_in(base, f, parents, True) for f in files),
+    return FrameList(key, tuple(resolved_in(base, f, parents, True) for f in files),
                      tuple(times) if times is not None else None)
 
 
@@ -159,7 +159,7 @@ def scenes_from_index(index: Path, options: SourceOptions) -> LayoutScenes:
                     raise DatasetError(f"{name_of_index}:{lineno}: the path of camera {single_name[0]!r} must be "
                                        "a non-empty string")
                 names, mapping = single_name, None
-                paths: tuple[str | None, ...] = (_resolved_in(base, raw, parents, probed_line),)
+                paths: tuple[str | None, ...] = (resolved_in(base, raw, parents, probed_line),)
             else:
                 mapping = record["cameras"]
                 where = f"{name_of_index}:{lineno}"
@@ -191,12 +191,12 @@ def scenes_from_index(index: Path, options: SourceOptions) -> LayoutScenes:
                     reference = record["sync_reference"]
                 names = camera_sets.setdefault(names, names)  # one tuple per camera set, not one per scene
                 if lists is None:
-                    paths = tuple((_resolved_in(base, mapping[name], parents, probed_line) if name in mapping
+                    paths = tuple((resolved_in(base, mapping[name], parents, probed_line) if name in mapping
                                    else None) for name in names)
                 else:
                     frame_lists = tuple(lists.get(name) for name in names)
                     paths = tuple(list_key(resolved_index, record["id"], name) if name in lists else
-                                  _resolved_in(base, mapping[name], parents, probed_line) if name in mapping else None
+                                  resolved_in(base, mapping[name], parents, probed_line) if name in mapping else None
                                   for name in names)
             frame_range = _parse_range(record["frames"], f"{name_of_index}:{lineno}") if "frames" in record else None
             time_range = (_parse_seconds_range(record["seconds"], f"{name_of_index}:{lineno}") if "seconds" in record

@@ -21,23 +21,16 @@ from vaecache.meter import Advance
 from vaecache.settings.clip import FRAME_SYNC, SyncConfig
 from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
 from vaecache.sources.scene import CameraProbe, Scene, SceneProbe
-from vaecache.video.frames import FrameList, files_identity, frame_files, is_image_source
-from vaecache.video.members import member_identity, member_of
-from vaecache.video.spans import file_of
+from vaecache.video.frames import FrameList
+from vaecache.video.sources import source_stat
 
 log = logging.getLogger("vaecache")
 
 
 def source_identity(source: str | FrameList) -> tuple[int, int]:
-    """(size, mtime_ns) of a camera's source: the video file's, or an image sequence's total bytes and newest mtime.
-    OSError (or VideoDecodeError naming a frame) when it cannot be read."""
-    if is_image_source(source):
-        return files_identity(frame_files(source))  # type: ignore[arg-type]
-    member = member_of(source)
-    if member is not None:
-        return member_identity(member)
-    stat = os.stat(file_of(source))  # type: ignore[arg-type]  # a span: its file  # type: ignore[arg-type]
-    return stat.st_size, stat.st_mtime_ns
+    """(size, mtime_ns) of a camera's source (vaecache.video.sources.source_stat). OSError (or VideoDecodeError
+    naming a frame) when it cannot be read."""
+    return source_stat(source)
 
 
 def probe_file(path: str | FrameList, frame_rate: float | None = None) -> CameraProbe:

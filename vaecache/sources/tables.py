@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from vaecache.errors import DatasetError, UsageError
-from vaecache.sources.jsonl import _resolved_in
+from vaecache.sources.jsonl import resolved_in
 from vaecache.sources.scene import SINGLE_CAMERA, LayoutScenes, Scene, SourceOptions
 
 ROLES = ("path", "id", "start", "end", "start_frame", "end_frame", "ranges")
@@ -201,7 +201,7 @@ def scenes_from_table(table: Path, options: SourceOptions) -> LayoutScenes:
         raw_path = roles.get(row, "path")
         if not isinstance(raw_path, str) or not raw_path.strip():
             raise DatasetError(f"{where}: the path column {roles.column['path']!r} is empty")
-        path = _resolved_in(base, raw_path.strip(), parents)
+        path = resolved_in(base, raw_path.strip(), parents)
         given_id = roles.get(row, "id")
         stem = str(given_id) if given_id is not None else _path_id(raw_path.strip())
         metadata = {column: _listed(value) for column, value in row.items()

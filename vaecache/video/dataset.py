@@ -4,7 +4,6 @@ know of how they were read; failures reported, not raised)."""
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from typing import Any, Sequence
 
@@ -15,10 +14,9 @@ from vaecache.errors import DatasetError, VideoDecodeError
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS
 from vaecache.video.backends import PYAV, Backend, ForeignReader, open_camera
 from vaecache.video.frames import FrameList, FrameSequence, files_identity, is_image_source
-from vaecache.video.members import member_identity, member_of
 from vaecache.video.reader import VideoReader
 from vaecache.video.resize import resize_fit, to_model_range
-from vaecache.video.spans import file_of
+from vaecache.video.sources import source_stat
 from vaecache.video.sync import synchronized_frames
 
 Reader = VideoReader | ForeignReader | FrameSequence
@@ -102,16 +100,8 @@ def check_identity(path: str, size: int, mtime_ns: int) -> None:
     mtime its probe recorded."""
     import datetime as _dt
 
-    from vaecache.video.frames import frame_files
-
     try:
-        if is_image_source(path):
-            found_size, found_mtime = files_identity(frame_files(path))
-        elif (member := member_of(path)) is not None:
-            found_size, found_mtime = member_identity(member)
-        else:
-            stat = os.stat(file_of(path))  # a LeRobot episode: its file's
-            found_size, found_mtime = stat.st_size, stat.st_mtime_ns
+        found_size, found_mtime = source_stat(path)
     except (OSError, VideoDecodeError):
         return  # opening it names the problem
     if (found_size, found_mtime) == (size, mtime_ns):
