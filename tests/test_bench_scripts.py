@@ -171,3 +171,34 @@ def test_bench_spatial_prints_documented_keys():
             assert key in row, key
     split = printed["rows"][1]  # issue 17's exactness target: within 1e-6 of the latent's scale
     assert split["max_abs_vs_g1"] <= 1e-6 * split["latent_scale"]
+
+
+def test_gpu_check_smoke_runs_every_section_on_cpu_and_resumes(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    command = [sys.executable, str(SCRIPTS / "gpu_check.py"), "--smoke", "--device", "cpu", "--out", str(out),
+               "--tmp", str(tmp_path / "work")]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = json.loads(proc.stdout)
+    assert printed == json.loads(out.read_text())
+    load = load_script("gpu_check")
+    for section in load.SECTIONS:
+        assert "error" not in printed[section], (section, printed[section].get("error"))
+    exact = printed["exactness"]
+    assert exact["bitwise_equal_same_process"] and exact["bitwise_equal_other_process"]
+    for section in ("oom_backoff", "oom_backoff_expandable"):  # injected on CPU: halved twice, then one view each
+        oom = printed[section]
+        assert oom["completed"] and oom["forward_sizes"] == [1, 1, 1, 1] and not oom["tiled_views"]
+        assert oom["views_equal_to_uncapped_k1"] == [True] * 4 and len(oom["backoff_events"]) == 2
+    assert 0 < printed["bf16_vs_fp32"]["bf16_vs_fp32"]["max_abs_rel"] < 0.1
+    assert printed["pipeline_bf16"]["views_per_s"]["vaecache"] > 0
+    assert all(printed["decode"][codec]["pyav"]["frames_per_s"] > 0 for codec in ("libx264", "libx265"))
+    assert printed["spatial"]["g1_bitwise_equal_to_unsplit"]
+    assert {"nccl_sp_equality", "nccl_spatial_equality"} <= set(printed["unmeasured"])
+    assert "oom_backoff" in proc.stderr and "exactness" in proc.stderr  # the table
+
+    again = subprocess.run([*command, "--resume", "--sections", "env,exactness"], capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "exactness: already in" in again.stderr
+    assert json.loads(again.stdout)["exactness"] == exact
