@@ -76,6 +76,31 @@ def test_oom_at_one_view_falls_back_to_tiling(models: dict[str, Path], views: to
     assert torch.equal(result.mean, _load(models, "hunyuan", tiling=True, tile_options=TILES).encode_views(x).mean)
 
 
+def test_a_forward_that_runs_out_of_memory_halfway_leaves_no_cached_frames_for_the_retry(
+        models: dict[str, Path], views: torch.Tensor) -> None:
+    x = views[:, :, :9]
+    reference = _load(models, "wan").encode_views(x)
+    vae = _load(models, "wan", views_per_forward=2)
+    module = vae.model.module
+    deep = module.encoder.down_blocks[-1]
+
+    def out_of_memory_with_two_views(layer: Any, inputs: Any) -> None:  # a real failure mid-forward
+        if inputs[0].shape[0] > 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (raised halfway through the encoder)")
+
+    cached_at_retry: list[int] = []
+    vae.inject_oom = lambda units, tiled: cached_at_retry.append(
+        sum(t is not None for t in getattr(module, "_enc_feat_map", []))) or False
+    handle = deep.register_forward_pre_hook(out_of_memory_with_two_views)
+    try:
+        result = vae.encode_views(x)
+    finally:
+        handle.remove()
+    assert vae.backoff_counts == {"halved": 1} and result.forward_sizes == [1, 1]
+    assert cached_at_retry == [0, 0, 0]  # the failed 2-view forward's frames were dropped before each retry
+    assert torch.equal(result.mean, reference.mean)
+
+
 def test_persistent_oom_marks_views_failed_with_zero_rows(models: dict[str, Path], views: torch.Tensor,
                                                           caplog: pytest.LogCaptureFixture) -> None:
     x = views[:, :, :5]

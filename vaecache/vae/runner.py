@@ -269,7 +269,7 @@ class VaeRunner:
                 sizes[index] = len(chunk)
             return None
         # Out of the except block, so the failed forward's tensors (held by the traceback) are released.
-        _release_cached_memory(self.model.device)
+        _release_failed_forward(self.model.module, self.model.device)
         return message
 
     def _forward(self, batch: torch.Tensor, tiled: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -311,7 +311,18 @@ def oom_hook_from_env() -> OomHook | None:
     return injector
 
 
-def _release_cached_memory(device: torch.device) -> None:
+def _release_failed_forward(module: torch.nn.Module, device: torch.device) -> None:
+    """After an out-of-memory error mid-forward: drop what the module still holds of the failed batch, then return
+    the allocator's free blocks to the device.
+
+    Wan's causal encoder keeps every convolution's last frames in ``_enc_feat_map`` and clears it only at the start
+    and the end of a successful encode, so a forward that failed halfway leaves the failed batch's caches alive
+    until the next forward starts; ``empty_cache`` cannot return them, and the retry allocates beside them. On an
+    H200 under a memory cap, single views went to the tiling fallback with 2.2-2.4 GiB reserved but unallocated
+    (docs/gpu.md)."""
+    clear = getattr(module, "clear_cache", None)
+    if callable(clear):
+        clear()
     if device.type == "cuda" and torch.cuda.is_available():
         torch.cuda.empty_cache()
 
