@@ -18,7 +18,7 @@ measured on uint8 frames (decoder output rounded to 0..255) over the 9-frame win
 of every held-out video, encoding to the posterior mean, as the cache does; also per frame of the window (frame 0
 is encoded alone, frames 1-4 and 5-8 share a latent frame each). Prints a table and one JSON line.
 
-    python scripts/train_builtin_vae.py            # the shipped weights (see README, "VAEs")
+    python scripts/train_builtin_vae.py            # the shipped weights (see docs/vaes.md)
     python scripts/train_builtin_vae.py --steps 2 --out /tmp/x.safetensors   # a smoke run
 """
 

@@ -1,5 +1,5 @@
 """The training-side reader: LatentCache, LatentDataset in DataLoader workers, ShapeBatchSampler, metadata
-passthrough from the index, and the README's training loop (run from the file the README quotes)."""
+passthrough from the index, and the training loop of docs/training.md (run from the file it quotes)."""
 
 from __future__ import annotations
 
@@ -233,12 +233,12 @@ def test_batch_sampler_keeps_one_shape_per_batch_and_splits_ranks_evenly() -> No
     assert batches(0, 1, seed=1) != batches(0, 1)
 
 
-def test_readme_training_example_is_the_file_and_runs(caption_cache: Path, monkeypatch: pytest.MonkeyPatch,
+def test_docs_training_example_is_the_file_and_runs(caption_cache: Path, monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     example = ROOT / "examples" / "train_latents.py"
-    readme = (ROOT / "README.md").read_text()
-    assert f"```python\n{example.read_text()}```" in readme, ("README's training example differs from "
-                                                              "examples/train_latents.py")
+    page = (ROOT / "docs" / "training.md").read_text()
+    assert f"```python\n{example.read_text()}```" in page, ("docs/training.md's example differs from "
+                                                            "examples/train_latents.py")
     monkeypatch.setattr(sys, "argv", [str(example), str(caption_cache)])
     gc.collect()  # the example forks two DataLoader workers (see the test above)
     runpy.run_path(str(example), run_name="__main__")

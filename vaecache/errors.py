@@ -1,4 +1,4 @@
-"""Every error vaecache reports and every exit code it returns, in one place (README, "Exit codes").
+"""Every error vaecache reports and every exit code it returns, in one place (docs/commands.md, "Exit codes").
 
 | code | meaning |
 |---|---|

@@ -23,7 +23,7 @@ HELDOUT = DemoDataSpec(scenes=3, cameras=2, frames=17, height=64, width=64, fps=
 """The footage `vaecache demo` writes; the training script never trains on seed 0."""
 MIN_PSNR_DB = 18.4
 """Held-out PSNR the shipped weights must keep on scene 0 camera 0, frames 0-8: 19.47 dB measured, minus 1 dB.
-The issue's target is 25 dB; the shipped weights do not reach it (README, "VAEs": 19.94 dB mean)."""
+The issue's target is 25 dB; the shipped weights do not reach it (docs/vaes.md: 19.94 dB mean)."""
 WEIGHTS_SHA256 = "54c5d6bdea640e8fa5ede1aa25df612abb9a3ca03653cea5920c2bf42dd456e5"
 """weights_sha256 of the shipped file loaded to fp32; changes only when the weights are retrained."""
 

@@ -1,7 +1,7 @@
 """Checks that a latent cache is complete and intact. Produces a report (pure data); the CLI renders it.
 
 One module past 400 lines: every check reads the same manifest, clip table and shard headers, in one pass, and
-the report is what the README's verify table documents line by line. Source and re-encode checks are
+the report is what the verify table of docs/commands.md documents line by line. Source and re-encode checks are
 encode/recheck.py (they need a VAE and a decoder).
 """
 

@@ -7,7 +7,7 @@ another scale trains silently wrong, so each architecture here computes the late
 would have stored it for vaecache's posterior mean, with musubi's arithmetic (order of operations,
 reciprocal, dtype), and refuses a cache of another VAE family, channel count or normalization.
 
-File and key naming follow `dataset/cache_io.py` and `dataset/image_video_dataset.py` (see README,
+File and key naming follow `dataset/cache_io.py` and `dataset/image_video_dataset.py` (see docs/exports.md,
 "Export to musubi-tuner").
 """
 
@@ -185,7 +185,7 @@ def musubi_item(scene: str, camera: str) -> str:
 
 def export_musubi(cache_dir: Path, target: Path, arch: str | None = None, verify: str = "size",
                   on_clip: Callable[[int, int], None] | None = None) -> ExportSummary:
-    """Write musubi-tuner's latent cache for every clip and camera (see README, "Export to musubi-tuner").
+    """Write musubi-tuner's latent cache for every clip and camera (see docs/exports.md, "Export to musubi-tuner").
     Everything is checked before the first file is written: the architecture against the cache's VAE, the
     stored tensor, the sizes musubi's buckets would stack together."""
     from vaecache.training import LatentCache

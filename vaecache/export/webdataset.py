@@ -5,7 +5,7 @@ A cache with size or length buckets holds several latent shapes. A tar that mixe
 `webdataset`'s `.batched()` (it stacks tensors) and Megatron-Energon would silently zero-pad them into one
 batch, so every tar holds one shape (its name says which, and each sample's JSON too). A shuffle buffer still
 mixes samples of neighbouring tars, so training groups by the recorded shape: `batched_by_shape` here for
-`webdataset` pipelines, Energon's `batch_group_criterion` for Energon (README, "Export to WebDataset").
+`webdataset` pipelines, Energon's `batch_group_criterion` for Energon (docs/exports.md, "Export to WebDataset").
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ config gives bitwise the unsplit latents at G = 2, 3, 4, divisible or not. What 
 mid-block attention on CPU, whose kernel blocks the queries by their count: with tiny models, the last bit
 of a few values (measured up to 5.3e-7 of the latent's scale). On CUDA, cuDNN picks its algorithms by shape
 for band and frame alike; whether that gives the same bits over NCCL needs two GPUs (unmeasured). Figures in
-README (Spatial-parallel encode) and docs/gpu.md (one rank's band memory on an H200).
+docs/parallel.md (Spatial-parallel encode) and docs/gpu.md (one rank's band memory on an H200).
 
 Library use, beside :func:`vaecache.parallel.sp_encode`::
 

@@ -86,7 +86,7 @@ class FitGeometry:
     """(x0, y0, x1, y1) of the source pixels kept, in source pixel units (edges, not centres)."""
 
     def to_record(self, source: tuple[int, int]) -> dict[str, Any]:
-        """The clip record's per-camera `crop` entry (see README, "Buckets")."""
+        """The clip record's per-camera `crop` entry (see docs/buckets.md)."""
         return {"source": list(source), "box": [round(v, 4) for v in self.box], "pad": list(self.pad)}
 
 

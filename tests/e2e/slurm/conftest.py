@@ -1,9 +1,13 @@
 """Fixtures for the SLURM tests: a real cluster, demo data, a 1-process reference cache, sbatch helpers.
 
-The cluster fixture uses a cluster that already answers ``sinfo``. Otherwise it starts a
-single-node one on this machine with ``.ci/slurm/start_local_slurm.sh`` (needs root and apt, or the
-packages already installed) and stops it at the end of the session with
-``.ci/slurm/stop_local_slurm.sh`` (by pidfile) - only when it started it itself.
+``VAECACHE_TEST_SLURM`` says which cluster the tests may use:
+
+* unset or ``local`` (the default): only a single-node cluster the tests start themselves on this machine with
+  ``.ci/slurm/start_local_slurm.sh`` (as root; it apt-installs slurmctld, slurmd and munge when missing) and stop at
+  the end of the session with ``.ci/slurm/stop_local_slurm.sh`` (by pidfile). Where a cluster already answers
+  ``sinfo`` (a login node) nothing is submitted to it: the tests are skipped, saying how to use it;
+* ``existing``: the cluster that answers ``sinfo`` (jobs go to its default partition);
+* ``off``: skipped.
 
 When no cluster can be had the tests are skipped with the reason, except with ``CI=true`` or
 ``VAECACHE_REQUIRE_SLURM=1``, where that is a test failure.
@@ -85,16 +89,42 @@ class Cluster:
     start_s: float
 
 
+SLURM_CHOICES = ("local", "existing", "off")
+
+
+def cluster_plan(choice: str, running: bool, root: bool) -> tuple[str, str]:
+    """("existing" | "start" | "none", reason): what the session does with VAECACHE_TEST_SLURM=`choice`, a cluster
+    answering `sinfo` or not, as root or not. "none" skips (or fails under CI) with the reason."""
+    if choice not in SLURM_CHOICES:
+        return "none", f"VAECACHE_TEST_SLURM must be one of {', '.join(SLURM_CHOICES)}, got {choice!r}"
+    if choice == "off":
+        return "none", "VAECACHE_TEST_SLURM=off"
+    if choice == "existing":
+        if running:
+            return "existing", "VAECACHE_TEST_SLURM=existing"
+        return "none", "VAECACHE_TEST_SLURM=existing, but no SLURM cluster answers `sinfo` here"
+    if running:
+        return "none", ("a SLURM cluster already answers `sinfo` here (a login node?): the tests submit only to a "
+                        "cluster they start themselves; set VAECACHE_TEST_SLURM=existing to submit these test jobs "
+                        "to it")
+    if not root:
+        return "none", (f"starting a local single-node SLURM cluster needs root ({START.relative_to(REPO)}); as root "
+                        "the tests start and stop their own, or set VAECACHE_TEST_SLURM=existing to use a running "
+                        "cluster")
+    return "start", "no cluster answers `sinfo`: starting a local one"
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Cluster:
-    if _sinfo_answers():
-        print("\nusing the SLURM cluster that is already running:\n" + subprocess.run(
+    choice = os.environ.get("VAECACHE_TEST_SLURM", "local") or "local"
+    action, reason = cluster_plan(choice, choice != "off" and _sinfo_answers(), os.geteuid() == 0)
+    if action == "none":
+        _no_cluster(reason)
+    if action == "existing":
+        print("\nusing the SLURM cluster that is already running (VAECACHE_TEST_SLURM=existing):\n" + subprocess.run(
             ["sinfo"], capture_output=True, text=True).stdout)
         yield Cluster(started_here=False, start_s=0.0)
         return
-    if os.geteuid() != 0:
-        _no_cluster("no SLURM cluster answers `sinfo`, and starting a local one needs root "
-                    f"({START.relative_to(REPO)})")
     if shutil.which("sbatch") is None and shutil.which("apt-get") is None:
         _no_cluster("no SLURM cluster answers `sinfo`, SLURM is not installed and apt-get is not available")
     started = time.monotonic()
