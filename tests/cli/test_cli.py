@@ -366,3 +366,21 @@ def test_a_record_written_before_numerics_were_recorded_resumes(run_cli: Callabl
     del run_record["fingerprint"]["numerics"]
     (cache_copy / "run.json").write_text(json.dumps(run_record))
     assert run_cli(_encode_args(demo_data, cache_copy)).exit_code == 0
+
+
+def test_skipped_inputs_are_named_as_they_happen_and_not_twice(run_cli: Callable, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    write_demo_dataset(data, DemoDataSpec(scenes=13, cameras=1, frames=5, height=32, width=32))
+    for scene in range(1, 13):  # 12 broken videos, one good
+        (data / f"scene_{scene:03d}" / "cam_0.mp4").write_bytes(b"\x00" * 500)
+    out = tmp_path / "out"
+    result = run_cli(["encode", data, "--out", out, "--vae", "builtin:tiny", "--num-frames", "5", "--size", "32x32",
+                      "--workers", "0", "--no-progress"])
+    assert result.exit_code == 3, result.output
+    before_table = result.output.split("vaecache encode ->")[0]
+    named = [line for line in before_table.splitlines() if line.startswith("skipped ")]
+    assert len(named) == 10 and all("cam_0.mp4" in line for line in named)  # the first 10, as they happened
+    assert f"more inputs skipped: vaecache inspect {out} --failures lists every one" in before_table
+    after_table = result.output.split("vaecache encode ->")[1]
+    assert not [line for line in after_table.splitlines() if line.startswith("skipped ")]  # nothing printed twice
+    assert len(CacheReader(out).failure_records()) == 12

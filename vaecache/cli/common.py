@@ -111,6 +111,35 @@ def failure_lines(failures: list[dict[str, Any]], out: str, shown: int = SHOWN_F
     return lines
 
 
+class LiveFailures:
+    """Prints `skipped PATH: reason` for the first `shown` failure records a rank writes, as it writes them (prefixed
+    with the rank when there are several), then once where the rest are; remembers what it printed, so the end of
+    the run lists only the others."""
+
+    def __init__(self, out: Path, rank: int = 0, world: int = 1, shown: int = SHOWN_FAILURES) -> None:
+        self.out, self.shown = out, shown
+        self.prefix = f"rank {rank}: " if world > 1 else ""
+        self.printed: set[tuple[str, str, str, str]] = set()
+        self.seen = 0
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        from vaecache.cache.failures import failure_identity
+
+        self.seen += 1
+        if self.seen <= self.shown:
+            self.printed.add(failure_identity(record))
+            console.print(escape(f"{self.prefix}skipped {failure_subject(record)}: {record.get('reason')}"),
+                          soft_wrap=True)
+        elif self.seen == self.shown + 1:
+            console.print(escape(f"{self.prefix}more inputs skipped: vaecache inspect {self.out} --failures lists "
+                                 "every one"), soft_wrap=True)
+
+    def not_printed(self, failures: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        from vaecache.cache.failures import failure_identity
+
+        return [f for f in failures if failure_identity(f) not in self.printed]
+
+
 def failure_subject(failure: dict[str, Any]) -> str:
     """What a failure record is about: its file (and camera), else its clip or scene."""
     where = failure.get("path") or failure.get("clip") or failure.get("scene")

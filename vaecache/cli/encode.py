@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from vaecache.cli.common import (
+    LiveFailures,
     check_dataset_exists,
     check_json_target,
     console,
@@ -87,8 +88,9 @@ def encode(
         elif is_rank0 and cfg.vae == "builtin:small":
             console.print("[yellow]note:[/yellow] builtin:small is a small VAE trained only on synthetic demo "
                           "footage (for demos and tests, not for real video)")
+        live = LiveFailures(cfg.out, ctx.info.rank, ctx.info.world_size)
         summary = run_encode(cfg, ctx, progress=lambda label, unit: progress_reporter(
-            label, unit, console, enabled=is_rank0 and cfg.progress))
+            label, unit, console, enabled=is_rank0 and cfg.progress), on_failure=live)
     if summary.stopped:
         console.print(f"[yellow]rank {ctx.info.rank} stopped by {summary.stopped}[/yellow]: committed shards are kept; "
                       "rerun the same command to resume")
@@ -99,8 +101,9 @@ def encode(
             console.print(f"[yellow]repaired:[/yellow] {len(summary.repaired)} damaged shard(s) dropped and their "
                           f"clips encoded again ({escape('; '.join(summary.repaired[:3]))})", soft_wrap=True)
         console.print(summary_table(summary))
-        for line in failure_lines(summary.skipped, str(summary.out)):
-            console.print(escape(line), soft_wrap=True)
+        if live.seen <= live.shown:  # the rest (other ranks', earlier runs') once more under the table
+            for line in failure_lines(live.not_printed(summary.skipped), str(summary.out)):
+                console.print(escape(line), soft_wrap=True)
     if is_rank0 and json_file is not None:
         write_json(json_file, summary_json(summary))
     raise typer.Exit(summary.exit_code)

@@ -9,6 +9,7 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -71,9 +72,26 @@ def _camera_of(cameras: Any, paths: Any, path: str | None) -> str | None:
     return cameras[list(paths).index(path)] if path in paths else None
 
 
+class FailureLog:
+    """This rank's failure records (fsynced JSON lines), each handed to `on_failure` as soon as it is written."""
+
+    def __init__(self, path: Path, on_failure: Callable[[dict[str, Any]], None] | None) -> None:
+        self._log = AppendLog(path)
+        self._on_failure = on_failure
+
+    def append(self, record: dict[str, Any]) -> None:
+        self._log.append(record)
+        if self._on_failure is not None:
+            self._on_failure(record)
+
+    def close(self) -> None:
+        self._log.close()
+
+
 def encode_share(cfg: EncodeConfig, ctx: DistContext, vae: VaeRunner, decoder: Backend, job: JobPlan, num_scenes: int,
             prepared: PreparedOut, begin_again: Callable[[int, DoneMaskBuilder], PreparedOut], stop: StopRequest,
-            on_progress: Callable[[int, int], None] | None, started: float) -> EncodeSummary:
+            on_progress: Callable[[int, int], None] | None, started: float,
+            on_failure: Callable[[dict[str, Any]], None] | None = None) -> EncodeSummary:
     rank, mesh = ctx.info.rank, ctx.mesh
     todo = job.todo
     if prepared.complete and not todo:
@@ -86,7 +104,7 @@ def encode_share(cfg: EncodeConfig, ctx: DistContext, vae: VaeRunner, decoder: B
         # begin_changes repairs the progress logs: a shard it dropped must be encoded again
         job = dataclasses.replace(job, done=done)
     work = job.rank_work(rank)
-    failures = AppendLog(failures_path(cfg.out, rank))
+    failures = FailureLog(failures_path(cfg.out, rank), on_failure)
     if rank == 0:
         for skip in job.skipped:
             failures.append(failure_record(skip.scene_id, skip.reason, path=skip.path, camera=skip.camera))
@@ -223,7 +241,7 @@ class _BatchSink:
     ctx: DistContext
     vae: VaeRunner
     writer: ShardWriter | None
-    failures: AppendLog
+    failures: FailureLog
     counters: RankCounters
     condemned: set[tuple[str, str]] = dataclasses.field(default_factory=set)
     """(scene, path) whose source failed as a whole: recorded once, as the scene's failure, not per clip."""

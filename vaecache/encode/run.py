@@ -8,7 +8,7 @@ import logging
 import platform
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -65,11 +65,13 @@ def setup_logging(out: Path, rank: int, world: int) -> logging.Handler:
 
 
 def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None = None,
-               progress: ProgressFactory | None = None) -> EncodeSummary:
+               progress: ProgressFactory | None = None,
+               on_failure: Callable[[dict[str, Any]], None] | None = None) -> EncodeSummary:
     """Encode the dataset into OUT on this rank; returns the job-wide summary.
 
     `on_progress(clips_done_now, clips_of_this_rank)` is called after each batch; `progress`, where given,
-    shows the probing of this rank's scenes and then its clips."""
+    shows the probing of this rank's scenes and then its clips; `on_failure(record)` gets each failure record
+    (an input that produced no clip) this rank writes, as it writes it."""
     started = time.perf_counter()
     # Start-up writes nothing, so a Ctrl-C in it ends the command at once (the CLI prints one line).
     check_out_usable(cfg.out)
@@ -83,11 +85,12 @@ def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None 
     # From here on stop signals are caught, so one arriving while OUT is prepared or the manifest is
     # written cannot kill the rank between commits; the encode loop polls the flag.
     with StopRequest() as stop:
-        return _run_encode(cfg, ctx, start, stop, on_progress, progress, started)
+        return _run_encode(cfg, ctx, start, stop, on_progress, progress, on_failure, started)
 
 
 def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopRequest,
-                on_progress: Advance | None, progress: ProgressFactory | None, started: float) -> EncodeSummary:
+                on_progress: Advance | None, progress: ProgressFactory | None,
+                on_failure: Callable[[dict[str, Any]], None] | None, started: float) -> EncodeSummary:
     rank, world = ctx.info.rank, ctx.info.world_size
     mesh, vae = ctx.mesh, start.vae
     threads = cpu_thread_budget(ctx, cfg.workers, None if cfg.overwrite else recorded_cpu_threads(cfg.out))
@@ -131,7 +134,7 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
                     on_progress(done, total)
 
             summary = encode_share(cfg, ctx, vae, decoder, job, start.scenes, prepared, begin_again, stop, report,
-                                   started)
+                                   started, on_failure)
         summary.wall_s = time.perf_counter() - started
         summary.left_out_cameras = start.left_out_cameras
         summary.repaired = list(prepared.damaged)
