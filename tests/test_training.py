@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import re
 import runpy
 import subprocess
@@ -243,5 +244,24 @@ def test_docs_training_example_is_the_file_and_runs(caption_cache: Path, monkeyp
     gc.collect()  # the example forks two DataLoader workers (see the test above)
     runpy.run_path(str(example), run_name="__main__")
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["epoch 0", "epoch 1"]
+    assert [line.split(":")[0] for line in lines] == ["rank 0 epoch 0", "rank 0 epoch 1"]
     assert "2 batches" in lines[0] and "nan" not in lines[1]
+
+
+def test_example_without_a_cache_says_how_to_run_it() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "train_latents.py")], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith("usage: python examples/train_latents.py OUT")
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_example_under_torchrun_splits_the_batches_between_the_ranks(caption_cache: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(ROOT / "examples" / "train_latents.py"), str(caption_cache)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
+    assert [line.split(":")[0] for line in lines] == ["rank 0 epoch 0", "rank 0 epoch 1", "rank 1 epoch 0",
+                                                      "rank 1 epoch 1"], proc.stdout
+    assert all("1 batches" in line for line in lines)  # 2 batches in all: one per rank, not both on each

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 import vaecache
+from tests.conftest import ENCODE_ARGS, assert_same_tensors, load_tensors
 from vaecache.cache.reader import CacheReader
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.errors import DatasetError
@@ -166,6 +168,14 @@ def test_demo_runs_end_to_end(run_cli: Callable, tmp_path: Path) -> None:
         assert (stream.width, stream.height) == (128, 128) and len(list(video.decode(stream))) == 9
     psnr = float(re.search(r"PSNR ([0-9.]+) dB, mean over cameras", " ".join(result.output.split())).group(1))
     assert 19.3 <= psnr < 100  # builtin:small is trained (20.3 dB measured on this held-out clip)
+
+    # the encode command the demo prints is the one it ran: the same bytes into another OUT
+    printed = next(line.strip() for line in result.output.splitlines() if line.strip().startswith("vaecache encode "))
+    args = shlex.split(printed)[1:]
+    again = tmp_path / "again"
+    args[args.index("--out") + 1] = str(again)
+    assert run_cli(args).exit_code == 0
+    assert_same_tensors(load_tensors(cache), load_tensors(again))
 
 
 # --------------------------------------------------------------------------- JSONL index and skipped scenes
@@ -384,3 +394,14 @@ def test_skipped_inputs_are_named_as_they_happen_and_not_twice(run_cli: Callable
     after_table = result.output.split("vaecache encode ->")[1]
     assert not [line for line in after_table.splitlines() if line.startswith("skipped ")]  # nothing printed twice
     assert len(CacheReader(out).failure_records()) == 12
+
+
+def test_under_torchrun_the_one_line_error_is_left_for_torchruns_failure_summary(run_cli: Callable,
+                                                                                tmp_path: Path) -> None:
+    error_file = tmp_path / "error.json"  # torchrun sets TORCHELASTIC_ERROR_FILE for each worker
+    result = run_cli(["encode", tmp_path / "missing", "--out", tmp_path / "out", *ENCODE_ARGS],
+                     env={"TORCHELASTIC_ERROR_FILE": str(error_file)})
+    assert result.exit_code == 2
+    message = json.loads(error_file.read_text())["message"]
+    assert message["message"] == f"vaecache exit 2: error: {tmp_path / 'missing'}: dataset path does not exist"
+    assert int(message["extraInfo"]["timestamp"]) > 0  # torchrun orders failures by it

@@ -54,6 +54,7 @@ def report_errors(fn: F) -> F:
                 raise
             if not (isinstance(exc, UsageError) and not is_launcher_rank0()):
                 console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+                tell_launcher(f"error: {exc}", exc.exit_code)
             else:  # the launcher tears the job down at the first exit: let rank 0's message out first
                 time.sleep(QUIET_RANK_EXIT_DELAY_S)
             raise typer.Exit(exc.exit_code) from None
@@ -61,15 +62,37 @@ def report_errors(fn: F) -> F:
             if debug_enabled():
                 raise
             console.print(f"[red]{escape(interrupted_message(fn.__name__))}[/red]", soft_wrap=True)
+            tell_launcher(interrupted_message(fn.__name__), EXIT_INTERRUPTED)
             raise typer.Exit(EXIT_INTERRUPTED) from None
         except Exception as exc:
             if debug_enabled():
                 raise
             console.print(f"[red]error:[/red] unexpected {type(exc).__name__}: {escape(str(exc))} "
                           "(rerun with VAECACHE_DEBUG=1 for a traceback)", soft_wrap=True)
+            tell_launcher(f"error: unexpected {type(exc).__name__}: {exc}", EXIT_FAILED)
             raise typer.Exit(EXIT_FAILED) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+"""Where torchrun asks a worker to leave its error (torch.distributed.elastic.multiprocessing.errors): the message
+becomes the "traceback" line of the root cause in torchrun's failure summary, the last thing torchrun prints."""
+
+
+def tell_launcher(line: str, exit_code: int) -> None:
+    """Under torchrun, leave vaecache's one line (and its exit code, which torchrun replaces with 1) where torchrun's
+    failure summary shows it; nothing elsewhere. Best effort: a launcher that cannot be told is no error."""
+    path = os.environ.get(TORCHELASTIC_ERROR_FILE)
+    if not path:
+        return
+    record = {"message": {"message": f"vaecache exit {exit_code}: {(line.splitlines() or [''])[0][:2000]}",
+                          "extraInfo": {"timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(record, handle)
+    except OSError:
+        pass
 
 
 WRITE_AT_THE_END = ("plan", "verify")

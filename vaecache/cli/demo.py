@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import typer
@@ -58,7 +59,10 @@ def demo(
                        clip=ClipSettings(SamplingConfig(num_frames=9), 64, 64), workers=0, overwrite=True,
                        progress=False)
     console.print("2/4 encoding with builtin:small (a tiny Wan VAE trained on demo-style footage; these scenes "
-                  "were held out of its training)")
+                  "were held out of its training), the same as:")
+    console.print("    " + shlex.join(["vaecache", "encode", str(data), "--out", str(out), "--vae", "builtin:small",
+                                       "--num-frames", "9", "--size", "64x64", "--workers", "0", "--overwrite",
+                                       "--no-progress"]), markup=False, soft_wrap=True)
     with distributed(sp_size=1, device="cpu") as ctx:
         summary = run_encode(cfg, ctx)
     console.print(summary_table(summary))

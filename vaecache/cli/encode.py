@@ -23,6 +23,7 @@ from vaecache.cli.common import (
     human_bytes,
     launcher_rank_world,
     report_errors,
+    tell_launcher,
     write_json,
 )
 from vaecache.cli.options import ConfigOption, DataArgument, with_setting_flags
@@ -92,8 +93,10 @@ def encode(
         summary = run_encode(cfg, ctx, progress=lambda label, unit: progress_reporter(
             label, unit, console, enabled=is_rank0 and cfg.progress), on_failure=live)
     if summary.stopped:
-        console.print(f"[yellow]rank {ctx.info.rank} stopped by {summary.stopped}[/yellow]: committed shards are kept; "
-                      "rerun the same command to resume")
+        stopped = (f"rank {ctx.info.rank} stopped by {summary.stopped}: committed shards are kept; rerun the same "
+                   "command to resume")
+        console.print(f"[yellow]{escape(stopped)}[/yellow]")
+        tell_launcher(stopped, summary.exit_code)
     elif is_rank0:
         if summary.already_complete:
             console.print(f"{escape(str(summary.out))} is already complete: nothing to encode, nothing changed")
