@@ -301,4 +301,8 @@ def test_a_usage_error_under_torchrun_is_printed_once(tmp_path: Path) -> None:
                              "--vae", "builtin:tiny", "--num-frames", "9", "--size", "64x64"],
                             capture_output=True, text=True, timeout=300, env=environ)
     assert result.returncode != 0
-    assert result.stderr.count("dataset path does not exist") == 1, result.stderr
+    printed = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(printed) == 1 and printed[0].endswith("dataset path does not exist"), result.stderr  # rank 0 alone
+    # ... and torchrun's failure summary, the last thing it prints, ends with the same line and vaecache's exit code
+    last = [line.strip() for line in result.stderr.splitlines() if line.strip().startswith("traceback :")][-1]
+    assert last == f"traceback : vaecache exit 2: {printed[0]}", result.stderr

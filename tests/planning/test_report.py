@@ -15,7 +15,7 @@ from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.encode.dry_run import build_plan
 from vaecache.planning.clips import Clip
 from vaecache.planning.jobs import JobPlan
-from vaecache.planning.report import Measurement, dp_shares, fits_views_per_forward
+from vaecache.planning.report import Measurement, dp_shares, fits_views_per_forward, pipeline_eta
 from vaecache.settings.clip import ClipSettings, SamplingConfig
 from vaecache.settings.commands import PlanConfig
 from vaecache.settings.loader import clip_settings as pop_clip_options
@@ -63,7 +63,13 @@ def test_plan_cli_reports_clips_shapes_bytes_ranks_and_eta(data: Path, tmp_path:
     assert report["config"]["views_per_forward"] == 1 and report["vae"]["views_per_forward"] == 1  # auto on CPU
     measured = report["measurement"]
     assert measured["views"] == 2 and measured["seconds_per_view"] > 0 and measured["device"] == "cpu"
-    assert report["eta_s"] == pytest.approx(5 * measured["seconds_per_view"])
+    eta = report["eta"]  # 2 decode workers (the default): decoding overlaps the encode, as in encode
+    assert measured["decode_seconds"] > 0 and measured["torch_threads"] >= 1 and eta["workers"] == 2
+    assert eta["views_busiest_rank"] == 5 and eta["encode_s_per_view"] == measured["seconds_per_view"]
+    assert eta["decode_s_per_view"] == pytest.approx(measured["decode_seconds"] / 2)
+    assert eta["seconds_per_view"] == pytest.approx(max(eta["encode_s_per_view"], eta["decode_s_per_view"] / 2))
+    assert report["eta_s"] == pytest.approx(eta["startup_s"] + 5 * eta["seconds_per_view"])
+    assert any(note.startswith("ETA = start-up") and "decode" in note for note in report["notes"])
     assert report["memory"]["budget_bytes"] == 4 * 2**30
     fits = report["memory"]["max_views_per_forward_that_fits"]
     assert fits is None or fits >= 1
@@ -83,7 +89,8 @@ def test_plan_with_every_camera_per_forward_splits_batches_by_clip(data: Path, r
     assert report["ranks"]["padding"]["waste_fraction"] == pytest.approx(2 / 20)
     assert report["config"]["views_per_forward"] == 2 and report["vae"]["views_per_forward"] == 2
     assert report["measurement"]["units_per_forward"] == 2
-    assert report["eta_s"] == pytest.approx(6 * report["measurement"]["seconds_per_view"])
+    assert report["eta"]["views_busiest_rank"] == 6
+    assert report["eta_s"] == pytest.approx(report["eta"]["startup_s"] + 6 * report["eta"]["seconds_per_view"])
     assert any("2 views per forward on CPU" in note and "OMP_NUM_THREADS" in note for note in report["notes"])
     one_clip_batches = run_cli(["plan", data, *PLAN_ARGS, "--world-size", "2", "--sp-size", "2", "--views-per-forward",
                                 "all", "--no-measure", "--json", "-"])
@@ -195,3 +202,11 @@ def test_plan_shows_a_jsonl_scenes_frame_range_as_its_source_frames(data: Path, 
     rows = {row["scene"]: row for row in json.loads(out.read_text())["dataset"]["per_scene"]}
     assert (rows["ranged"]["source_frames"], rows["ranged"]["clips"]) == (10, 2)
     assert (rows["whole"]["source_frames"], rows["whole"]["clips"]) == (17, 3)
+
+
+def test_the_eta_overlaps_decoding_with_workers_and_adds_it_without() -> None:
+    measured = Measurement("c", 2, 1.0, 0.5, "cpu", "peak RSS", None, None, None, 1, decode_seconds=3.0)
+    alone = pipeline_eta(10.0, 100, measured, workers=0)
+    assert alone.seconds_per_view == pytest.approx(0.5 + 1.5) and alone.total_s == pytest.approx(10 + 200)
+    assert pipeline_eta(10.0, 100, measured, workers=2).seconds_per_view == pytest.approx(0.75)  # decode-bound
+    assert pipeline_eta(10.0, 100, measured, workers=4).seconds_per_view == pytest.approx(0.5)  # encode-bound

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from vaecache.distributed.context import resolve_device
+from vaecache.encode.numerics import decode_thread_budget
 from vaecache.encode.startup import StartRequest, start_notes, start_up
 from vaecache.errors import UsageError, VideoDecodeError
 from vaecache.planning.clips import Clip
@@ -29,6 +30,7 @@ from vaecache.planning.report import (
     bucket_histogram,
     dp_shares,
     fits_views_per_forward,
+    pipeline_eta,
 )
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS, STORED_KEYS
 from vaecache.settings.commands import PlanConfig
@@ -44,11 +46,16 @@ def build_plan(cfg: PlanConfig) -> PlanReport:
     """Plan the job described by `cfg` through the start-up encode runs; with cfg.measure, encode one real clip to
     time it."""
     device = resolve_device(cfg.device)
+    threads = encode_threads(device, cfg.world_size, cfg.workers)
+    started = time.perf_counter()
     start = start_up(StartRequest(cfg.data, cfg.vae, cfg.clip, device, cfg.world_size, cfg.sp_size, cfg.batch_size,
                                   cfg.sp_mode, cfg.workers, cfg.allow_pickle_weights, probe_workers=cfg.probe_workers,
                                   keep_probes=True, nuscenes_version=cfg.nuscenes_version,
                                   columns=cfg.columns, lerobot_state=cfg.lerobot_state, vae_config=cfg.vae_config))
+    startup_s = time.perf_counter() - started
     job, vae, backend, probes = start.job, start.vae, start.backend, start.probes
+    backend = replace(backend, threads=decode_thread_budget(_cores_per_rank(cfg.world_size), cfg.workers,
+                                                            threads if device.type == "cpu" else 1))
     model = vae.model
     cfg = replace(cfg, clip=replace(cfg.clip, views_per_forward=job.views_per_forward))  # "auto" resolved
     clips, skipped = job.clips, list(job.skipped)
@@ -105,9 +112,20 @@ def build_plan(cfg: PlanConfig) -> PlanReport:
             raise UsageError(f"cannot measure: none of the first {MEASURE_TRIES} clips decodes "
                              f"(last: {report.notes[-1]}); use --no-measure to plan without measuring")
         critical = max(s.views_per_rank for s in report.shares)
-        report.eta_s = critical * report.measurement.seconds_per_view
-        report.notes.append("ETA = the busiest rank's views x measured seconds per view; model loading, probing and "
-                            "decoding (overlapped by --workers) are not included")
+        report.measurement = replace(report.measurement, torch_threads=torch.get_num_threads())
+        report.eta = pipeline_eta(startup_s, critical, report.measurement, cfg.workers)
+        report.eta_s = report.eta.total_s
+        eta = report.eta
+        pace = (f"max(encode {eta.encode_s_per_view:.3g} s, decode {eta.decode_s_per_view:.3g} s / {eta.workers} "
+                "workers)" if eta.workers else
+                f"encode {eta.encode_s_per_view:.3g} s + decode {eta.decode_s_per_view:.3g} s (no decode workers)")
+        report.notes.append(f"ETA = start-up {eta.startup_s:.1f} s (discovery, probing, VAE load, as here) + the "
+                            f"busiest rank's {eta.views_busiest_rank} views x {eta.seconds_per_view:.3g} s per view "
+                            f"= {pace}; "
+                            f"measured on one clip with {torch.get_num_threads()} torch threads"
+                            + (" (what each rank gets when the planned ranks share this machine)"
+                               if device.type == "cpu" else "")
+                            + "; not included: finalize and writing shards (small), other jobs on the machine")
         if cfg.memory_budget is not None:
             report.fits_views_per_forward = fits_views_per_forward(report.measurement, cfg.memory_budget)
             fits = report.fits_views_per_forward
@@ -122,6 +140,20 @@ def build_plan(cfg: PlanConfig) -> PlanReport:
     elif cfg.memory_budget is not None:
         report.notes.append("--memory-budget needs a measurement; drop --no-measure")
     return report
+
+
+def _cores_per_rank(world_size: int) -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, min(world_size, cores)))
+
+
+def encode_threads(device: torch.device, world_size: int, workers: int) -> int:
+    """On CPU, set the torch threads one rank of the planned launch gets from an encode (numerics.cpu_thread_budget:
+    its share of this machine's cores minus its decode workers; OMP_NUM_THREADS wins), so the measured clip runs as
+    it will there. Returns the thread count."""
+    if device.type == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(max(1, _cores_per_rank(world_size) - workers))
+    return torch.get_num_threads()
 
 
 def decode_clip(clip: Clip, height: int, width: int, fit: str = "cover", backend: Backend = PYAV,
@@ -142,7 +174,9 @@ def measure_clip(vae: VaeRunner, clip: Clip, height: int, width: int, fit: str =
     """Encode one clip (after a warm-up forward) and read the time and the peak memory it took.
 
     Raises VideoDecodeError when the clip does not decode."""
+    decode_started = time.perf_counter()
     views = decode_clip(clip, height, width, fit, backend, max_pixels)
+    decode_seconds = time.perf_counter() - decode_started
     model = vae.model
     device = model.device
     cuda = device.type == "cuda"
@@ -171,7 +205,7 @@ def measure_clip(vae: VaeRunner, clip: Clip, height: int, width: int, fit: str =
     if peak is not None and baseline is not None and peak > baseline:
         per_view = int(math.ceil((peak - baseline) / per_forward))
     return Measurement(clip.clip_id, len(views), seconds, seconds / len(views), str(device), method, baseline, peak,
-                       per_view, per_forward, list(result.backoffs))
+                       per_view, per_forward, list(result.backoffs), decode_seconds, torch.get_num_threads())
 
 
 def _current_rss() -> int | None:

@@ -53,6 +53,37 @@ class Measurement:
     """(peak - baseline) / units per forward: what one more view per forward costs."""
     units_per_forward: int
     backoffs: list[str] = field(default_factory=list)
+    decode_seconds: float | None = None
+    """Decoding and resizing the clip's views in this process, with the FFmpeg threads an encode's decode worker
+    gets (what its DataLoader workers do beside the encode)."""
+    torch_threads: int | None = None
+    """Intra-op threads of the measured encode: on CPU what one rank of the planned launch gets."""
+
+
+@dataclass(frozen=True)
+class Eta:
+    """How the ETA is made: start-up, then the busiest rank's views at the pipeline's pace per view."""
+
+    startup_s: float
+    """Measured here: discovery, probing and the VAE load (an encode splits probing over its ranks)."""
+    views_busiest_rank: int
+    encode_s_per_view: float
+    decode_s_per_view: float
+    workers: int
+    seconds_per_view: float
+    """With decode workers the decode overlaps the encode: max(encode, decode / workers); without, their sum."""
+
+    @property
+    def total_s(self) -> float:
+        return self.startup_s + self.views_busiest_rank * self.seconds_per_view
+
+
+def pipeline_eta(startup_s: float, views_busiest_rank: int, measurement: Measurement, workers: int) -> Eta:
+    """The ETA of an encode from one measured clip (pure)."""
+    encode = measurement.seconds_per_view
+    decode = (measurement.decode_seconds or 0.0) / max(1, measurement.views)
+    per_view = max(encode, decode / workers) if workers > 0 else encode + decode
+    return Eta(startup_s, views_busiest_rank, encode, decode, workers, per_view)
 
 
 @dataclass
@@ -76,6 +107,7 @@ class PlanReport:
     shares: list[DpShare]
     measurement: Measurement | None = None
     eta_s: float | None = None
+    eta: Eta | None = None
     fits_views_per_forward: int | None = None
     notes: list[str] = field(default_factory=list)
     buckets: list[dict[str, Any]] = field(default_factory=list)
@@ -112,6 +144,7 @@ class PlanReport:
                                   "waste_fraction": self.padding_waste}},
             "measurement": asdict(self.measurement) if self.measurement else None,
             "eta_s": self.eta_s,
+            "eta": asdict(self.eta) if self.eta else None,
             "memory": {"budget_bytes": self.config.get("memory_budget"),
                        "max_views_per_forward_that_fits": self.fits_views_per_forward},
             "buckets": self.buckets,
