@@ -6,6 +6,14 @@ Wan 2.1 (Wan-Video/Wan2.1 `wan/modules/vae.py`, `WanVAE_`: `encoder.conv1`, `enc
 `encoder.middle.{0,1,2}` (block, attention, block), `encoder.head.{0,2}`, `conv1`/`conv2` (the quant convs), and the
 decoder's `upsamples.N` (3 blocks then an upsampler per level)): the inverse of diffusers'
 `convert_wan_vae_to_diffusers` (diffusers/loaders/single_file_utils.py), checked by running that function on it.
+
+LTX-Video 0.9.0 (Lightricks/LTX-Video `ltx_video/models/autoencoders/causal_video_autoencoder.py`: the encoder's and
+decoder's blocks numbered flat, `down_blocks.0..9` / `up_blocks.0..9`, `res_blocks`, `per_channel_statistics`, under
+`vae.`): the inverse of `convert_ltx_vae_checkpoint_to_diffusers` (its 0.9.0 rename table).
+
+SD-style AutoencoderKL (CompVis/stable-diffusion `ldm/modules/diffusionmodules/model.py`: `down.N.block.M`,
+`down.N.downsample`, `mid.block_1`, `mid.attn_1` with 1x1-conv q/k/v/proj_out, `up.N` numbered from the lowest
+resolution, `nin_shortcut`, `norm_out`): the inverse of `convert_ldm_vae_checkpoint`.
 """
 
 from __future__ import annotations
@@ -43,5 +51,77 @@ def wan21_original(state: dict[str, Any]) -> dict[str, Any]:
             new = f"decoder.upsamples.{4 * int(m[1]) + int(m[2])}.{_RESIDUAL[m[3]]}"
         elif m := re.match(r"^decoder\.up_blocks\.(\d)\.upsamplers\.0\.(.+)$", key):
             new = f"decoder.upsamples.{4 * int(m[1]) + 3}.{m[2]}"
+        out[new] = value
+    return out
+
+
+# diffusers' convert_ltx_vae_checkpoint_to_diffusers, VAE_KEYS_RENAME_DICT (0.9.0), read backwards: a diffusers
+# block -> the original flat block, most specific first.
+_LTX090_BLOCKS = [
+    ("encoder.down_blocks.0.downsamplers.0", "encoder.down_blocks.1"),
+    ("encoder.down_blocks.0", "encoder.down_blocks.0"),
+    ("encoder.down_blocks.1.downsamplers.0", "encoder.down_blocks.4"),
+    ("encoder.down_blocks.1", "encoder.down_blocks.3"),
+    ("encoder.down_blocks.2.downsamplers.0", "encoder.down_blocks.7"),
+    ("encoder.down_blocks.2", "encoder.down_blocks.6"),
+    ("encoder.down_blocks.3", "encoder.down_blocks.8"),
+    ("encoder.mid_block", "encoder.down_blocks.9"),
+    ("decoder.mid_block", "decoder.up_blocks.0"),
+    ("decoder.up_blocks.0", "decoder.up_blocks.1"),
+    ("decoder.up_blocks.1.upsamplers.0", "decoder.up_blocks.2"),
+    ("decoder.up_blocks.1", "decoder.up_blocks.3"),
+    ("decoder.up_blocks.2.conv_in", "decoder.up_blocks.4"),
+    ("decoder.up_blocks.2.upsamplers.0", "decoder.up_blocks.5"),
+    ("decoder.up_blocks.2", "decoder.up_blocks.6"),
+    ("decoder.up_blocks.3.conv_in", "decoder.up_blocks.7"),
+    ("decoder.up_blocks.3.upsamplers.0", "decoder.up_blocks.8"),
+    ("decoder.up_blocks.3", "decoder.up_blocks.9"),
+]
+
+
+def ltx090_original(state: dict[str, Any]) -> dict[str, Any]:
+    """A diffusers AutoencoderKLLTXVideo (0.9.0 layout: LTXVideoDownBlock3D, channels changing after levels 0 and 1)
+    state dict in the original checkpoint's keys."""
+    out = {}
+    for key, value in state.items():
+        if key == "latents_mean":
+            new = "per_channel_statistics.mean-of-means"
+        elif key == "latents_std":
+            new = "per_channel_statistics.std-of-means"
+        else:
+            new = key
+            for block, original in _LTX090_BLOCKS:
+                if key.startswith(block + "."):
+                    new = original + key[len(block):]
+                    break
+            new = (new.replace(".resnets.", ".res_blocks.").replace("conv_shortcut.conv.", "conv_shortcut.")
+                   .replace(".norm3.", ".norm3.norm."))
+        out[f"vae.{new}"] = value
+    return out
+
+
+_LDM_ATTENTION = {"group_norm": "norm", "to_q": "q", "to_k": "k", "to_v": "v", "to_out.0": "proj_out"}
+
+
+def ldm_vae_original(state: dict[str, Any], levels: int) -> dict[str, Any]:
+    """A diffusers AutoencoderKL state dict (`levels` down and up blocks) in the LDM first-stage model's keys."""
+    out = {}
+    for key, value in state.items():
+        new = key.replace("conv_norm_out", "norm_out")
+        if m := re.match(r"^encoder\.down_blocks\.(\d+)\.resnets\.(\d+)\.(.+)$", key):
+            new = f"encoder.down.{m[1]}.block.{m[2]}.{m[3].replace('conv_shortcut', 'nin_shortcut')}"
+        elif m := re.match(r"^encoder\.down_blocks\.(\d+)\.downsamplers\.0\.conv\.(.+)$", key):
+            new = f"encoder.down.{m[1]}.downsample.conv.{m[2]}"
+        elif m := re.match(r"^decoder\.up_blocks\.(\d+)\.resnets\.(\d+)\.(.+)$", key):
+            new = f"decoder.up.{levels - 1 - int(m[1])}.block.{m[2]}.{m[3].replace('conv_shortcut', 'nin_shortcut')}"
+        elif m := re.match(r"^decoder\.up_blocks\.(\d+)\.upsamplers\.0\.conv\.(.+)$", key):
+            new = f"decoder.up.{levels - 1 - int(m[1])}.upsample.conv.{m[2]}"
+        elif m := re.match(r"^(encoder|decoder)\.mid_block\.resnets\.(\d)\.(.+)$", key):
+            new = f"{m[1]}.mid.block_{int(m[2]) + 1}.{m[3].replace('conv_shortcut', 'nin_shortcut')}"
+        elif m := re.match(r"^(encoder|decoder)\.mid_block\.attentions\.0\.(group_norm|to_q|to_k|to_v|to_out\.0)"
+                           r"\.(weight|bias)$", key):
+            new = f"{m[1]}.mid.attn_1.{_LDM_ATTENTION[m[2]]}.{m[3]}"
+            if m[3] == "weight" and m[2] != "group_norm":
+                value = value[:, :, None, None]  # a 1x1 convolution in the original model
         out[new] = value
     return out

@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import save_file
 
 from tests.conftest import assert_same_tensors, invoke, load_tensors, read_manifest
-from tests.vae.original_layouts import wan21_original
+from tests.vae.original_layouts import ldm_vae_original, ltx090_original, wan21_original
 from vaecache.errors import VaeSpecError
-from vaecache.vae.single_file import detect_family, shipped_config
+from vaecache.vae.single_file import detect_family, safetensors_header, shipped_config
 
 ARGS = ("--num-frames", "5", "--size", "32x32", "--workers", "0", "--no-progress")
 
@@ -118,3 +118,47 @@ def test_a_relative_spec_is_recorded_absolute_and_works_from_elsewhere(wan_files
     monkeypatch.chdir(elsewhere)
     checked = invoke(["verify", tmp_path / "out", "--reencode", "1"])
     assert checked.exit_code == 0, checked.output
+
+
+@pytest.fixture(scope="module")
+def ltx_and_kl_files(tmp_path_factory):
+    """A tiny LTX-Video 0.9.0-layout VAE and a tiny SD-style AutoencoderKL, each as a diffusers folder and as one
+    safetensors file in its original key layout."""
+    from diffusers import AutoencoderKL, AutoencoderKLLTXVideo
+
+    root = tmp_path_factory.mktemp("single-file-ltx-kl")
+    torch.manual_seed(5)
+    ltx = AutoencoderKLLTXVideo(latent_channels=8, block_out_channels=(8, 16, 32, 32),
+                                decoder_block_out_channels=(8, 16, 32, 32), layers_per_block=(1, 1, 1, 1, 1),
+                                decoder_layers_per_block=(1, 1, 1, 1, 1), patch_size=2)
+    ltx.latents_mean.copy_(torch.linspace(-1, 1, 8))
+    ltx.latents_std.copy_(torch.linspace(0.5, 2, 8))
+    ltx.save_pretrained(root / "ltx")
+    save_file({k: v.contiguous() for k, v in ltx090_original(ltx.state_dict()).items()},
+              root / "ltx-video-vae.safetensors")
+    kl = AutoencoderKL(block_out_channels=(8, 8), down_block_types=("DownEncoderBlock2D",) * 2,
+                       up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, norm_num_groups=4, sample_size=16,
+                       scaling_factor=0.3)
+    kl.save_pretrained(root / "kl")
+    save_file({k: v.contiguous() for k, v in ldm_vae_original(kl.state_dict(), 2).items()}, root / "sd-vae.safetensors")
+    return root
+
+
+@pytest.mark.parametrize("family, frames", [("ltx", "9"), ("kl", "5")])
+def test_ltx_and_sd_checkpoints_give_the_latents_of_their_diffusers_folders(ltx_and_kl_files, demo_data, tmp_path,
+                                                                              family, frames):
+    single = {"ltx": "ltx-video-vae.safetensors", "kl": "sd-vae.safetensors"}[family]
+    config = ltx_and_kl_files / family / "config.json"
+    args = ("--num-frames", frames, "--size", "32x32", "--workers", "0", "--no-progress")
+    assert detect_family(safetensors_header(ltx_and_kl_files / single)) == {
+        "ltx": "AutoencoderKLLTXVideo", "kl": "AutoencoderKL"}[family]
+    for spec, out, extra in ((f"diffusers:{ltx_and_kl_files / family}", "folder", ()),
+                             (str(ltx_and_kl_files / single), "file", ("--vae-config", str(config)))):
+        result = invoke(["encode", demo_data, "--out", tmp_path / out, "--vae", spec, *args, *extra])
+        assert result.exit_code == 0, result.output
+    assert_same_tensors(load_tensors(tmp_path / "folder"), load_tensors(tmp_path / "file"))
+    folder, file = read_manifest(tmp_path / "folder")["vae"], read_manifest(tmp_path / "file")["vae"]
+    assert file["family"] == folder["family"] and file["normalization"] == folder["normalization"]
+    no_config = invoke(["encode", demo_data, "--out", tmp_path / "refused", "--vae", str(ltx_and_kl_files / single),
+                        *args])
+    assert no_config.exit_code == 2 and "--vae-config" in no_config.output  # no latent scale is guessed
