@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -194,13 +195,18 @@ def test_interrupt_messages_before_the_encode_loop() -> None:
     assert interrupted_message("demo_data") == "interrupted"
 
 
-def test_encode_help_marks_the_required_options(run_cli: Callable) -> None:
+def test_encode_help_lists_the_required_options_first_and_no_bool_types(run_cli: Callable) -> None:
     result = run_cli(["encode", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
+    lines = result.output.splitlines()
     for flag in ("--out", "--vae", "--num-frames", "--size"):
-        line = next(line for line in result.output.splitlines() if f" {flag} " in line)
+        line = next(line for line in lines if f" {flag} " in line)
         assert "[required, or in --config]" in line, line
-    assert "Required (flag or --config)" in result.output
+    flags = [found[0] for line in lines if (found := re.findall(r"│ (--[a-z-]+)", line))]
+    assert flags[:4] == ["--out", "--vae", "--num-frames", "--size"], flags  # before every optional one
+    assert "More options" in result.output and "Usage: vaecache encode [OPTIONS] {DATA}" in result.output
+    tiling = next(line for line in lines if " --tiling " in line)
+    assert "<bool>" not in tiling
 
 
 # --------------------------------------------------------------------------- --json FILE|-
@@ -306,3 +312,18 @@ def test_a_usage_error_under_torchrun_is_printed_once(tmp_path: Path) -> None:
     # ... and torchrun's failure summary, the last thing it prints, ends with the same line and vaecache's exit code
     last = [line.strip() for line in result.stderr.splitlines() if line.strip().startswith("traceback :")][-1]
     assert last == f"traceback : vaecache exit 2: {printed[0]}", result.stderr
+
+
+def test_tables_fit_80_columns_without_cutting_names(run_cli: Callable, good_cache: Path, demo_data: Path) -> None:
+    env = {"COLUMNS": "80"}
+    verify = run_cli(["verify", good_cache], env=env)
+    assert verify.exit_code == 0, verify.output
+    assert any("values finite and match stats" in line for line in verify.output.splitlines())  # not wrapped
+    plan = run_cli(["plan", demo_data, "--vae", "builtin:tiny", "--num-frames", "9,17", "--size",
+                    "64x64,48x80,80x48", "--no-measure"], env=env)
+    assert plan.exit_code == 0, plan.output
+    table = plan.output[plan.output.index("buckets (--fit cover)"):]
+    for name, latent in (("64x64x17", "(16,5,8,8)"), ("48x80x9", "(16,3,6,10)"), ("80x48x17", "(16,5,10,6)")):
+        assert any(line.startswith(f"{name} ") and latent in line for line in table.splitlines()), table
+    assert all(len(line) <= 80 for line in plan.output.splitlines() + verify.output.splitlines()
+               if "│" in line or "┃" in line)

@@ -78,8 +78,10 @@ def id_problem(name: object) -> str | None:
     verify and the readers refuse a table that holds one."""
     if not isinstance(name, str) or not name:
         return "an empty name" if name == "" else f"not text ({type(name).__name__})"
-    if _BAD_ID.search(name):
-        return "a name with '/', '\\' or control characters"
+    bad = _BAD_ID.search(name)
+    if bad:
+        what = {"/": "'/'", "\\": "'\\'"}.get(bad.group(0), f"a control character ({bad.group(0)!r})")
+        return f"a name with {what} (ids name files and tensors)"
     if name.startswith("."):
         return "a name starting with '.'"
     return None

@@ -42,10 +42,11 @@ def decode(
                                      "1 latent frame = 4 frames): bounds the frames in flight; "
                                      "the result is the same."),
     tiling: bool = typer.Option(False, "--tiling", help="Decode with the VAE's spatial tiling: bounds one frame's "
-                                "activations, for frames too large to decode whole (tile seams may differ slightly)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output file."),
+                                "activations, for frames too large to decode whole (tile seams may differ slightly).",
+                                metavar=""),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output file.", metavar=""),
     allow_pickle_weights: bool = typer.Option(False, "--allow-pickle-weights", help="Let a diffusers VAE folder "
-                                              "holding only pickled .bin weights load (pickle runs code)."),
+                                              "holding only pickled .bin weights load (pickle runs code).", metavar=""),
     json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file "
                                              "('-': stdout)."),
 ) -> None:

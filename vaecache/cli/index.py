@@ -35,7 +35,7 @@ def index(
                                          "end_frame, ranges)."),
     timeout: float = typer.Option(1800.0, "--timeout", help="Seconds a rank waits for the others at the end."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress on rank 0: a bar in a terminal, "
-                                  "a line every 30 s (VAECACHE_PROGRESS_INTERVAL) in a log."),
+                                  "a line every 30 s (VAECACHE_PROGRESS_INTERVAL) in a log.", metavar=""),
 ) -> None:
     """Probe every camera once (frame count, fps, size, codec, first and last frame time) into a JSONL index for
     encode and plan; a nuScenes root's tables are read once here, into one line per scene."""

@@ -70,8 +70,9 @@ def inspect(
     clip: Optional[str] = typer.Option(None, "--clip", help="Show this clip (id, e.g. scene_000/000000-000008): its "
                                        "record and min/max/mean/std computed from its tensors (reads one shard)."),
     failures: bool = typer.Option(False, "--failures", help="List every failure (skipped input): file or clip, "
-                                  "camera, reason (in the JSON too)."),
-    clips: bool = typer.Option(False, "--clips", help="List every clip id, one per line (in the JSON too)."),
+                                  "camera, reason (in the JSON too).", metavar=""),
+    clips: bool = typer.Option(False, "--clips", help="List every clip id, one per line (in the JSON too).",
+                               metavar=""),
     json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the result as JSON to this file "
                                              "('-': stdout)."),
 ) -> None:

@@ -15,15 +15,20 @@ from typing import Annotated, Any, Callable, Optional, TypeVar
 
 import typer
 
-from vaecache.settings.options import REQUIRED_PANEL, Option, options_of
+from vaecache.settings.options import Option, options_of
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+OTHER_PANEL = "More options"
+"""The --help panel of every option of encode and plan that has a default (--config and --json too); the required
+ones (and --help) are in Typer's first panel, "Options"."""
+
+
 def typer_parameter(option: Option, command: str) -> inspect.Parameter:
     names = [option.flag] + ([option.short] if option.short else [])
-    info = typer.Option(*names, help=option.help_for(command),
-                        rich_help_panel=REQUIRED_PANEL if option.required else None)
+    info = typer.Option(*names, help=option.help_for(command), metavar="" if option.kind is bool else None,
+                        rich_help_panel=None if option.required else OTHER_PANEL)
     return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=None,
                              annotation=Annotated[Optional[option.kind], info])  # type: ignore[valid-type]
 
@@ -36,14 +41,21 @@ def with_setting_flags(command: str) -> Callable[[F], F]:
         signature = inspect.signature(fn, eval_str=True)
         own = [p for name, p in signature.parameters.items() if name != "flags"]
         options = options_of(command)
+        for parameter in own[1:]:  # --config, --json: with the other options, after the required ones
+            for info in (*getattr(parameter.annotation, "__metadata__", ()), parameter.default):
+                if isinstance(info, typer.models.OptionInfo):
+                    info.rich_help_panel = OTHER_PANEL
 
         @functools.wraps(fn)
         def command_function(*args: Any, **kwargs: Any) -> Any:
             flags = {option.name: kwargs.pop(option.name, None) for option in options}
             return fn(*args, flags=flags, **kwargs)
 
-        parameters = [*own[:1], *(typer_parameter(option, command) for option in options), *own[1:]]
-        parameters = sorted(parameters, key=lambda p: p.kind)  # positional (DATA) first, keyword-only after
+        required = [typer_parameter(option, command) for option in options if option.required]
+        others = [typer_parameter(option, command) for option in options if not option.required]
+        # DATA, then the required options, then the rest: --help lists them in this order (keyword-only after DATA)
+        parameters = [*own[:1], *required, *others,
+                      *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[1:])]
         command_function.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
         command_function.__annotations__ = {p.name: p.annotation for p in parameters}
         del command_function.__wrapped__  # type: ignore[attr-defined]  # Typer reads __signature__, not fn's own
@@ -52,9 +64,9 @@ def with_setting_flags(command: str) -> Callable[[F], F]:
     return decorate
 
 
-DataArgument = Annotated[Path, typer.Argument(help="Dataset: DATA/<scene>/<camera>.mp4 or DATA/<scene>/<camera>/"
-                                                   "<frames>, a folder of videos, a .jsonl index, a .csv/.tsv/.parquet "
-                                                   "table, WebDataset .tar shards (a file, a folder, or "
-                                                   "data-{000000..000099}.tar), or a nuScenes root.")]
+DataArgument = Annotated[Path, typer.Argument(
+    metavar="DATA", help="Dataset: DATA/<scene>/<camera>.mp4 or DATA/<scene>/<camera>/<frames>, a folder of videos, a "
+                         ".jsonl index, a .csv/.tsv/.parquet table, WebDataset .tar shards (a file, a folder, or "
+                         "data-{000000..000099}.tar), a LeRobot dataset or a nuScenes root.")]
 ConfigOption = Annotated[Optional[Path], typer.Option("--config", help="TOML file with these options (long flag "
                                                                      "names as keys; flags win).")]

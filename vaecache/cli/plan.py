@@ -101,12 +101,13 @@ def scenes_table(report: PlanReport) -> Table:
 
 def buckets_table(report: PlanReport) -> Table:
     """The bucket histogram: clips, views, bytes and what the fit mode does to the sources of each bucket."""
-    table = Table(title=f"buckets (--fit {report.config.get('fit', 'cover')})")
-    for name in ("bucket", "latent (c, t, h, w)", "clips", "views", "bytes", "source kept", "padding",
-                 "max distortion"):
-        table.add_column(name, justify="left" if name == "bucket" else "right")
+    # Short headers and no outer edge: the whole table fits 80 columns, and no cell is cut or wrapped.
+    table = Table(title=f"buckets (--fit {report.config.get('fit', 'cover')})", show_edge=False, pad_edge=False,
+                  caption="latent c,t,h,w; kept, padded: shares of source, bucket; aspect: max distortion")
+    for name in ("bucket", "latent", "clips", "views", "bytes", "kept", "padded", "aspect"):
+        table.add_column(name, justify="left" if name == "bucket" else "right", no_wrap=True)
     for row in report.buckets:
-        shape = str(tuple(row["view_shape"]))
+        shape = "(" + ",".join(str(v) for v in row["view_shape"]) + ")"
         if not row["clips"]:
             table.add_row(row["name"], shape, "0", "0", "-", "", "", "[yellow]empty[/yellow]")
             continue

@@ -19,10 +19,11 @@ if TYPE_CHECKING:
 
 def report_table(report: VerifyReport) -> Table:
     table = Table(title=f"vaecache verify {escape(report.out)}")
-    table.add_column("check")
-    table.add_column("result")
-    table.add_column("passed", justify="right")
-    table.add_column("failed", justify="right")
+    # At 80 columns the details wrap, never a check's name or its counts.
+    table.add_column("check", no_wrap=True)
+    table.add_column("result", no_wrap=True)
+    table.add_column("passed", justify="right", no_wrap=True)
+    table.add_column("failed", justify="right", no_wrap=True)
     table.add_column("details", overflow="fold")  # fold, never cut: the details name the broken shard or clip
     for check in report.checks:
         if check.skipped:
@@ -49,7 +50,8 @@ def problem_lines(report: VerifyReport) -> list[str]:
 @report_errors
 def verify(
     out: Path = typer.Argument(..., help="A folder written by vaecache encode."),
-    quick: bool = typer.Option(False, "--quick", help="Skip hashing and value checks: sizes and headers only."),
+    quick: bool = typer.Option(False, "--quick", help="Skip hashing and value checks: sizes and headers only.",
+                               metavar=""),
     json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file "
                                              "('-': stdout)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Shards checked in parallel "
@@ -67,9 +69,9 @@ def verify(
                                               "loosen it on another machine than the encode's)."),
     allow_pickle_weights: bool = typer.Option(False, "--allow-pickle-weights", help="Let a diffusers VAE folder "
                                               "holding only pickled .bin weights load (pickle runs code: "
-                                              "trust the folder)."),
+                                              "trust the folder).", metavar=""),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Hashing progress on rank 0: a bar in a "
-                                  "terminal, a line every 30 s (VAECACHE_PROGRESS_INTERVAL) in a log."),
+                                  "terminal, a line every 30 s (VAECACHE_PROGRESS_INTERVAL) in a log.", metavar=""),
 ) -> None:
     """Prove a latent cache is complete and intact. Runs under torchrun to split the work across ranks."""
     if threads is not None and threads < 1:

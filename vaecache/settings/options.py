@@ -18,8 +18,6 @@ from vaecache.errors import UsageError
 
 ENCODE, PLAN = "encode", "plan"
 BOTH = frozenset({ENCODE, PLAN})
-REQUIRED_PANEL = "Required (flag or --config)"
-"""The --help panel of options that a flag or the TOML file must give."""
 
 
 def parse_bytes(text: str | int, option: str = "--shard-size") -> int:

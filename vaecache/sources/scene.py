@@ -148,9 +148,9 @@ class Scene:
     in it are used (sources.probing.frames_in_time), within frame_range where both are given."""
 
     def __post_init__(self) -> None:
-        if id_problem(self.scene_id):
-            raise DatasetError(f"scene id {self.scene_id!r} is not usable (empty, starts with '.', or has '/' or "
-                               "control characters)")
+        problem = id_problem(self.scene_id)
+        if problem:
+            raise DatasetError(f"scene id {self.scene_id!r} is not usable: {problem}")
         if len(self.cameras) != len(self.paths) or not self.cameras:
             raise DatasetError(f"scene {self.scene_id}: needs one path per camera")
         if self.probed is not None and len(self.probed) != len(self.cameras):
