@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 
 
 def report_table(report: VerifyReport) -> Table:
-    table = Table(title=f"vaecache verify {escape(report.out)}")
-    # At 80 columns the details wrap, never a check's name or its counts.
+    # At 80 columns the details wrap, never a check's name or its counts (no outer edge: more room for details).
+    table = Table(title=f"vaecache verify {escape(report.out)}", show_edge=False, pad_edge=False)
     table.add_column("check", no_wrap=True)
     table.add_column("result", no_wrap=True)
     table.add_column("passed", justify="right", no_wrap=True)
