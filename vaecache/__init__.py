@@ -4,6 +4,8 @@ The public API, imported lazily (`import vaecache` stays light; torch loads on f
 
 - reading a cache in training (vaecache.training): `LatentCache`, `LatentDataset`, `LatentItem`,
   `ShapeBatchSampler`, `collate_latents`;
+- pixel-space losses on latents (vaecache.pixel_decoder): `PixelDecoder`, a differentiable decoder in bounded
+  memory (seed 003);
 - encoding in your own training code (vaecache.parallel): `sp_encode` (views split over a sequence-parallel
   group, seed 000) and `spatial_encode` (one view's rows split into bands with halo exchange, seed 002).
 """
@@ -17,6 +19,7 @@ __version__ = "0.5.0"
 _LAZY = {
     **{name: "vaecache.training"
        for name in ("LatentCache", "LatentDataset", "LatentItem", "ShapeBatchSampler", "collate_latents")},
+    "PixelDecoder": "vaecache.pixel_decoder",
     "sp_encode": "vaecache.parallel.views",
     "spatial_encode": "vaecache.parallel.spatial",
 }
@@ -24,6 +27,7 @@ _LAZY = {
 if TYPE_CHECKING:
     from vaecache.parallel.spatial import spatial_encode
     from vaecache.parallel.views import sp_encode
+    from vaecache.pixel_decoder import PixelDecoder
     from vaecache.training import LatentCache, LatentDataset, LatentItem, ShapeBatchSampler, collate_latents
 
 
@@ -42,5 +46,5 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_LAZY])
 
 
-__all__ = ["LatentCache", "LatentDataset", "LatentItem", "ShapeBatchSampler", "__version__", "collate_latents",
-           "sp_encode", "spatial_encode"]
+__all__ = ["LatentCache", "LatentDataset", "LatentItem", "PixelDecoder", "ShapeBatchSampler", "__version__",
+           "collate_latents", "sp_encode", "spatial_encode"]

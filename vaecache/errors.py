@@ -54,6 +54,10 @@ class FrameBudgetError(VideoDecodeError):
     the file, so it is never cached (another run may allow them)."""
 
 
+class SourceChangedError(VaecacheError):
+    """A clip's source file changed since its clip was encoded (size, mtime or sha256): its latents are stale."""
+
+
 class InputError(VaecacheError):
     """An input could not be turned into latents (bad video, out of memory) and --on-error fail is set."""
 

@@ -23,6 +23,7 @@ from vaecache.errors import (
     NormalizationError,
     ShardChecksumError,
     ShardHeaderError,
+    SourceChangedError,
     UnsafePathError,
 )
 
@@ -199,6 +200,37 @@ class LatentCache:
     def __getitem__(self, key: int | str) -> LatentItem:
         record = self.record(key)
         return LatentItem(record["id"], self.tensors_of(record), record)
+
+    def source_frames(self, key: int | str | dict[str, Any]) -> torch.Tensor:
+        """A clip's frames as encode saw them: (cameras, 3, T, H, W) float32 in [-1, 1], the same frame indices,
+        resize and fit (its bucket's size), decoder backend and value range as the VAE's input and a decoder's
+        output: the targets of a pixel loss. Read from the recorded sources; a source whose size, mtime (or sha256,
+        where recorded) differs from what the record says raises SourceChangedError, as its latents are stale."""
+        from vaecache.cache.provenance import frames_identity, identity_change, source_identity
+        from vaecache.settings.clip import ClipSettings
+        from vaecache.video.backends import backend_for_record
+        from vaecache.video.dataset import ViewDecoder, recorded_views
+
+        record = key if isinstance(key, dict) else self.record(key)
+        files = record.get("frame_files") if isinstance(record.get("frame_files"), dict) else {}
+        for camera, path, recorded in zip(record["cameras"], record["sources"], record.get("source_identity") or []):
+            with_hash = bool(recorded.get("sha256"))
+            now = (frames_identity(files[camera], with_hash) if files.get(camera)
+                   else source_identity(path, with_hash))
+            change = identity_change(recorded, now)
+            if change is not None:
+                raise SourceChangedError(f"{path} ({camera} of clip {record['id']}): {change} since it was encoded; "
+                                         "its latents no longer match it")
+        settings = self.manifest.get("settings") or {}
+        clip = ClipSettings.from_record(settings)
+        bucket = record.get("bucket") if isinstance(record.get("bucket"), dict) else None
+        size = (bucket["height"], bucket["width"]) if bucket else (clip.height, clip.width)
+        decoder = ViewDecoder(*size, fit=clip.fit, backend=backend_for_record(settings.get("decoder")),
+                              max_pixels=clip.sampling.max_frame_pixels)
+        try:
+            return torch.stack([decoder.decode(source, frames, size) for source, frames in recorded_views(record)])
+        finally:
+            decoder.close()
 
     def tensors_of(self, record: dict[str, Any]) -> dict[str, torch.Tensor]:
         """A clip's stored tensors, read from its (lazily opened, checked once) shard."""
