@@ -7,7 +7,10 @@ Variants, each in a fresh process (on CPU the peak resident set only grows withi
 * plain: ``module.decode(z).sample`` under autograd, what a trainer writes first;
 * chunked: ``PixelDecoder(checkpoint=False)``: the decoder run a latent frame at a time with the causal cache
   carried, every activation kept for the backward;
-* checkpointed: ``PixelDecoder(checkpoint=True)``: the same, every decoder stage of every frame checkpointed.
+* checkpointed: ``PixelDecoder(checkpoint=True, chunk_frames=1)``: the same, every decoder stage of every latent
+  frame a checkpoint region (the causal cache kept at every frame);
+* checkpointed-whole: ``PixelDecoder(checkpoint=True, chunk_frames=all)``: one region per stage over every frame
+  (the cache kept only at its start; the backward recomputes a stage over every frame at once).
 
 The VAE is the published Wan 2.1 config with random weights (``--model wan2.1``: real compute and memory) or a tiny
 one (``--model tiny``). Memory is what the step adds on top of the loaded model and its input: CUDA
@@ -35,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _benchlib as bl  # noqa: E402
 
-VARIANTS = ("plain", "chunked", "checkpointed")
+VARIANTS = ("plain", "chunked", "checkpointed", "checkpointed-whole")
 MODELS = {
     "tiny": {"base_dim": 8, "z_dim": 16, "dim_mult": [1, 2, 2, 2], "num_res_blocks": 1,
              "temperal_downsample": [False, True, True]},
@@ -100,7 +103,8 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     if args.worker == "plain":
         decode = lambda z: module.decode(z).sample  # noqa: E731
     else:
-        decoder = PixelDecoder(module, checkpoint=args.worker == "checkpointed")
+        decoder = PixelDecoder(module, checkpoint=args.worker.startswith("checkpointed"),
+                               chunk_frames=latent_frames if args.worker == "checkpointed-whole" else 1)
         decode = decoder
 
     def step() -> Any:

@@ -85,7 +85,7 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
 
 SECTIONS = ("env", "exactness", "oom_backoff", "oom_backoff_expandable", "bf16_vs_fp32", "pipeline_bf16",
             "memory_wan2.1", "memory_wan2.1_720p", "memory_wan2.2-ti2v", "memory_hunyuanvideo", "memory_ltx-video",
-            "memory_cogvideox", "decode", "spatial", "formats", "pipeline_fp32")
+            "memory_cogvideox", "decode", "spatial", "pixel_decoder", "formats", "pipeline_fp32")
 UNMEASURED_ON_ONE_GPU = {
     "nccl_sp_equality": "sequence-parallel encode over NCCL equal to one rank: needs two GPUs",
     "nccl_spatial_equality": "spatial split G >= 2 over NCCL equal to the unsplit encode (cuDNN picks algorithms by "
@@ -563,6 +563,19 @@ def section_spatial(check: Check) -> dict[str, Any]:
     return out
 
 
+def section_pixel_decoder(check: Check) -> dict[str, Any]:
+    """scripts/bench_pixel_loss.py: peak memory and time of one pixel-loss step (forward + backward through the
+    decoder) per PixelDecoder variant against the plain autograd decode, Wan 2.1, each variant in a fresh process."""
+    import bench_pixel_loss
+
+    argv = (["--model", "tiny", "--size", "32x32", "--frames", "5", "--repeats", "1"] if check.smoke else
+            ["--model", "wan2.1", "--size", "x".join(map(str, check.size)), "--frames", "17", "--repeats", "2"])
+    argv += ["--device", str(check.device)]
+    with contextlib.redirect_stdout(io.StringIO()):
+        result = bench_pixel_loss.main(argv)
+    return {"rows": result["rows"], "config": result["config"]}
+
+
 def section_formats(check: Check) -> dict[str, Any]:
     """scripts/bench_formats.py: fp32/bf16 x contiguous/channels_last_3d, and torch.compile, on Wan 2.1."""
     import bench_formats
@@ -594,6 +607,7 @@ RUNNERS: dict[str, Callable[[Check], dict[str, Any]]] = {
     "memory_cogvideox": lambda c: section_memory(c, "cogvideox"),
     "decode": section_decode,
     "spatial": section_spatial,
+    "pixel_decoder": section_pixel_decoder,
     "formats": section_formats,
     "pipeline_fp32": lambda c: run_pipeline(c, "fp32"),
 }
@@ -649,6 +663,11 @@ def summary_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
             bands = ", ".join(f"G={g} {b['peak_gib']} GiB" for g, b in r["bands"].items() if "peak_gib" in b)
             rows.append((name, f"G=1 equal {r['g1_bitwise_equal_to_unsplit']}, {r['g1_peak_gib']} GiB; "
                                f"band peaks {bands}"))
+        elif name == "pixel_decoder":
+            rows.append((name, ", ".join(f"{row['variant']} " + (f"x{row['memory_vs_plain']} memory, "
+                                                                     f"x{row['time_vs_plain']} time"
+                                                                     if "error" not in row else row["error"])
+                                         for row in r["rows"])))
         elif name == "formats":
             modes = ", ".join(f"{k} x{v['speed_vs_fp32_contiguous']}" for k, v in r["modes"].items())
             rows.append((name, modes + (f"; compile {r['compile_s']} s" if r.get("compile_s") else "")))

@@ -194,6 +194,9 @@ def test_gpu_check_smoke_runs_every_section_on_cpu_and_resumes(tmp_path):
     assert printed["pipeline_bf16"]["views_per_s"]["vaecache"] > 0
     assert all(printed["decode"][codec]["pyav"]["frames_per_s"] > 0 for codec in ("libx264", "libx265"))
     assert printed["spatial"]["g1_bitwise_equal_to_unsplit"]
+    pixel = printed["pixel_decoder"]["rows"]  # scripts/bench_pixel_loss.py, each variant in its own process
+    assert [row["variant"] for row in pixel] == ["plain", "chunked", "checkpointed", "checkpointed-whole"]
+    assert all(row["grad_max_diff_rel"] <= 1e-5 and row["peak_added_bytes"] != 0 for row in pixel)
     assert {"nccl_sp_equality", "nccl_spatial_equality"} <= set(printed["unmeasured"])
     assert "oom_backoff" in proc.stderr and "exactness" in proc.stderr  # the table
 

@@ -149,3 +149,17 @@ def test_pixel_loss_example_trains_and_needs_a_cache(good_cache: Path, monkeypat
     with pytest.raises(SystemExit) as exited:
         runpy.run_path(str(example), run_name="__main__")
     assert exited.value.code == 2
+
+
+@pytest.mark.parametrize("chunk_frames", [2, 3])
+def test_checkpoint_regions_of_several_frames_carry_the_cache_across_their_boundaries(chunk_frames: int) -> None:
+    module = tiny("wan2.1")
+    z = torch.randn(1, 4, 3, 8, 8, generator=torch.Generator().manual_seed(3))
+    reference_z = z.clone().requires_grad_(True)
+    reference = plain_decode(module, reference_z)
+    reference[:, :, -1].square().sum().backward()
+    mine_z = z.clone().requires_grad_(True)
+    frames = PixelDecoder(module, checkpoint=True, chunk_frames=chunk_frames)(mine_z)
+    frames[:, :, -1].square().sum().backward()
+    assert torch.equal(frames, reference)
+    assert float((mine_z.grad - reference_z.grad).abs().max()) <= 1e-5 * float(reference_z.grad.abs().max())

@@ -107,19 +107,23 @@ class PixelDecoder(torch.nn.Module):
 
     # ------------------------------------------------------------------ stages
 
-    def _run(self, stage: Stage, h: torch.Tensor, cache: list[Any], first: bool) -> tuple[torch.Tensor, list[Any]]:
-        """One stage; checkpointed (non-reentrant) when asked and gradients are on. The cache entries the stage reads
-        are the checkpoint's inputs and those it writes its outputs, so a recompute sees the cache of its own frame."""
+    def _run(self, stage: Stage, inputs: list[torch.Tensor], cache: list[Any],
+             first: int) -> tuple[list[torch.Tensor], list[Any]]:
+        """One stage over consecutive frames (frame index `first` onwards), its cache carried from frame to frame;
+        checkpointed (non-reentrant) when asked and gradients are on. The region's inputs are the frames' inputs and
+        the cache entries at its start, its outputs the frames' outputs and the entries at its end: a recompute sees
+        the cache of its own frames, and only the cache at region boundaries is kept for the backward."""
 
-        def call(x: torch.Tensor, entries: tuple[Any, ...], first_frame: bool) -> tuple[torch.Tensor, tuple[Any, ...]]:
+        def call(entries: tuple[Any, ...], start: int, *xs: torch.Tensor) -> tuple[tuple[torch.Tensor, ...],
+                                                                                   tuple[Any, ...]]:
             local = list(entries)
-            return stage(x, local, first_frame), tuple(local)
+            return tuple(stage(x, local, start + i == 0) for i, x in enumerate(xs)), tuple(local)
 
         if self.checkpoint and torch.is_grad_enabled():
-            out, entries = _checkpoint(call, h, tuple(cache), first, use_reentrant=False)
+            outs, entries = _checkpoint(call, tuple(cache), first, *inputs, use_reentrant=False)
         else:
-            out, entries = call(h, tuple(cache), first)
-        return out, list(entries)
+            outs, entries = call(tuple(cache), first, *inputs)
+        return list(outs), list(entries)
 
     def _wan(self, z: torch.Tensor) -> torch.Tensor:
         module = self.vae
@@ -132,13 +136,17 @@ class PixelDecoder(torch.nn.Module):
             raise UsageError(f"{type(module).__name__}: its decoder has causal convolutions outside the stages "
                              "PixelDecoder knows (conv_in, mid_block, up_blocks, conv_out)")
         x = module.post_quant_conv(z)  # a 1x1x1 convolution over the whole latent, as diffusers' _decode applies it
-        caches: list[list[Any]] = [[None] * slots for _, slots in stages]
-        frames = []
-        for t in range(x.shape[2]):
-            h = x[:, :, t:t + 1]
-            for index, (stage, _) in enumerate(stages):
-                h, caches[index] = self._run(stage, h, caches[index], t == 0)
-            frames.append(h)
+        frames = [x[:, :, t:t + 1] for t in range(x.shape[2])]
+        # Stage by stage over every frame (a frame's stage needs only the previous stage of the same frame and its
+        # own cache from the frame before): the same operations on the same inputs as diffusers' frame-by-frame
+        # loop, in another order.
+        for stage, slots in stages:
+            cache: list[Any] = [None] * slots
+            outputs: list[torch.Tensor] = []
+            for start in range(0, len(frames), self.chunk_frames):
+                done, cache = self._run(stage, frames[start:start + self.chunk_frames], cache, start)
+                outputs.extend(done)
+            frames = outputs
         return _wan_finish(module, torch.cat(frames, 2))
 
     def _per_frame(self, z: torch.Tensor) -> torch.Tensor:
@@ -146,18 +154,19 @@ class PixelDecoder(torch.nn.Module):
         decoder = getattr(module, "decoder", None)
         staged = (decoder is not None and not getattr(module, "use_tiling", False)
                   and all(hasattr(decoder, name) for name in ("conv_in", "mid_block", "up_blocks", "conv_out")))
-        frames = []
-        for start in range(0, z.shape[2], self.chunk_frames):
-            for t in range(start, min(start + self.chunk_frames, z.shape[2])):
-                if not staged:
-                    frames.append(self._run(lambda x, _c, _f: _sample(module.decode(x)), z[:, :, t], [], False)[0])
-                    continue
-                h = z[:, :, t]
-                if getattr(module, "post_quant_conv", None) is not None:
-                    h = module.post_quant_conv(h)
-                for stage in _image_stages(decoder):
-                    h = self._run(stage, h, [], False)[0]
-                frames.append(h)
+        if staged:
+            stages = _image_stages(decoder)
+            frames = [z[:, :, t] for t in range(z.shape[2])]
+            if getattr(module, "post_quant_conv", None) is not None:
+                frames = [module.post_quant_conv(frame) for frame in frames]
+        else:
+            stages = [lambda x, _cache, _first: _sample(module.decode(x))]
+            frames = [z[:, :, t] for t in range(z.shape[2])]
+        for stage in stages:
+            outputs: list[torch.Tensor] = []
+            for start in range(0, len(frames), self.chunk_frames):
+                outputs.extend(self._run(stage, frames[start:start + self.chunk_frames], [], start)[0])
+            frames = outputs
         return torch.stack(frames, dim=2)
 
     def _whole(self, z: torch.Tensor) -> torch.Tensor:
