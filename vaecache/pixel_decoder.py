@@ -8,13 +8,14 @@ families:
 
 * **Wan 2.1 / 2.2** (causal in time): the decoder runs one latent frame per call, exactly as diffusers'
   ``AutoencoderKLWan._decode`` does, with the causal feature cache (each causal convolution's last input frames)
-  carried from frame to frame. With ``checkpoint=True`` every decoder stage (``conv_in``, the mid block, each up
-  block, the head) of every frame is a non-reentrant checkpoint whose inputs are the stage's input and the cache
-  entries it reads, and whose outputs are its output and the entries it writes. The backward recomputes a stage
-  from exactly the cache it saw, so the gradient path through the cache to earlier frames is kept, not cut; only
-  the stage inputs, the cache entries (two frames each) and the output frames stay in memory. Decoded untiled.
+  carried from frame to frame. With ``checkpoint=True`` each decoder stage (``conv_in``, the mid block, each up
+  block, the head) over ``chunk_frames`` latent frames is a non-reentrant checkpoint whose inputs are the frames'
+  stage inputs and the cache entries at its start, and whose outputs are its outputs and the entries at its end.
+  The backward recomputes a stage from exactly the cache its frames saw, so the gradient path through the cache to
+  earlier frames is kept, not cut; only the stage inputs, the cache at region boundaries (two frames per causal
+  convolution) and the output frames stay in memory. Decoded untiled.
 * **2D image VAEs** (``AutoencoderKL``, per frame): each frame decoded alone, checkpointed per stage (``conv_in``,
-  mid block, each up block, head), as seed 003 does per level.
+  mid block, each up block, head) over ``chunk_frames`` frames, as seed 003 does per level.
 * **Other families** (HunyuanVideo, LTX-Video, CogVideoX): decoded whole by ``module.decode``; ``checkpoint=True``
   turns on the module's own diffusers gradient checkpointing where its class supports it, and leaves it on (a
   backward must recompute through the same code path as the forward).
@@ -48,9 +49,11 @@ class PixelDecoder(torch.nn.Module):
 
     ``vae``: a diffusers VAE module, a ``--vae`` spec (``builtin:small``, ``diffusers:FOLDER``, a checkpoint file),
     a ``VaeRunner``, or use ``PixelDecoder.from_cache(OUT)`` for the VAE a cache records (fingerprint-checked, as
-    ``verify --reencode``). ``chunk_frames``: latent frames per forward of a 2D image VAE (Wan always decodes one
-    latent frame per decoder call; other families decode whole). ``checkpoint``: gradient checkpointing per decoder
-    stage (see the module docstring). ``dtype``: the compute dtype (default: the VAE's); ``z`` is cast to it.
+    ``verify --reencode``). ``chunk_frames``: latent frames in one checkpoint region of a stage (Wan: the causal cache
+    is kept for the backward only at region boundaries; 1 keeps the least memory, measured) and per region of a 2D
+    image VAE; other families decode whole. ``checkpoint``: gradient checkpointing per decoder stage (see the module
+    docstring). ``dtype``: the compute dtype (default: the VAE's); ``z`` is cast to it. The VAE is a submodule
+    (``.to()`` moves it; its parameters are frozen, so an optimizer gives them no step).
     """
 
     def __init__(self, vae: Any, *, chunk_frames: int = 1, checkpoint: bool = True, dtype: torch.dtype | None = None,
