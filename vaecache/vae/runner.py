@@ -321,8 +321,8 @@ def _release_failed_forward(module: torch.nn.Module, device: torch.device) -> No
     H200 under a memory cap, single views went to the tiling fallback with 2.2-2.4 GiB reserved but unallocated
     (docs/gpu.md)."""
     clear = getattr(module, "clear_cache", None)
-    if callable(clear):
-        clear()
+    if callable(clear) and hasattr(module, "_enc_feat_map"):  # diffusers' causal Wan-style VAEs (a plugin's own
+        clear()                                                # clear_cache may mean something else)
     if device.type == "cuda" and torch.cuda.is_available():
         torch.cuda.empty_cache()
 
