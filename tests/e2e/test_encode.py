@@ -113,3 +113,21 @@ def test_kill_9_of_two_rank_job_then_rerun_with_other_world_size(cache_io, data,
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     verify_ok(out)
     cache_io.same_tensors(cache_io.tensors(out), reference)
+
+
+def test_two_ranks_name_their_skipped_inputs_once_each(torchrun, tmp_path):
+    data = tmp_path / "data"
+    write_demo_dataset(data, DemoDataSpec(scenes=4, cameras=1, frames=9, height=64, width=64, seed=3))
+    for scene in (1, 2):  # a broken video in each rank's block of clips
+        (data / f"scene_{scene:03d}" / "cam_0.mp4").write_bytes(b"\x00" * 500)
+    out = tmp_path / "out"
+    result = torchrun(2, data, out, "--workers", "0")
+    assert result.returncode == 1, result.stderr[-3000:]  # torchrun's code for any nonzero exit; its summary says 3:
+    last = [line.strip() for line in result.stderr.splitlines() if line.strip().startswith("traceback :")][-1]
+    assert last == (f"traceback : vaecache exit 3: done, but 2 input(s) were skipped: vaecache inspect {out} "
+                    "--failures lists them"), result.stderr[-3000:]
+    named = [line for line in result.stderr.splitlines() if "skipped " in line and "cam_0.mp4" in line]
+    subjects = sorted({line.split("skipped ")[1].split(":")[0] for line in named})
+    assert subjects == sorted(str(data / f"scene_{s:03d}" / "cam_0.mp4") + " (cam_0)" for s in (1, 2)), named
+    live = [line for line in named if line.startswith("rank ")]
+    assert len(live) == 2 and len(named) == 2, named  # each by its own rank, as it happened, and not again at the end

@@ -27,7 +27,7 @@ from vaecache.cli.common import (
     write_json,
 )
 from vaecache.cli.options import ConfigOption, DataArgument, with_setting_flags
-from vaecache.errors import UsageError
+from vaecache.errors import EXIT_PARTIAL, UsageError
 from vaecache.meter import progress as progress_reporter
 from vaecache.settings.commands import EncodeConfig
 from vaecache.settings.loader import load_settings
@@ -109,6 +109,9 @@ def encode(
                 console.print(escape(line), soft_wrap=True)
     if is_rank0 and json_file is not None:
         write_json(json_file, summary_json(summary))
+    if summary.exit_code == EXIT_PARTIAL:  # torchrun reports any nonzero exit as a failure: say what it is
+        tell_launcher(f"done, but {len(summary.skipped)} input(s) were skipped: vaecache inspect {summary.out} "
+                      "--failures lists them", summary.exit_code)
     raise typer.Exit(summary.exit_code)
 
 
