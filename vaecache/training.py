@@ -17,6 +17,7 @@ from safetensors import SafetensorError, safe_open
 
 from vaecache.cache.layout import SHARDS_DIR, VERIFY_MODES
 from vaecache.cache.reader import CacheReader, record_problem
+from vaecache.cache.remote import RemoteCache, is_url
 from vaecache.cache.table import CLIP_TABLE
 from vaecache.errors import (
     IncompleteCacheError,
@@ -90,18 +91,26 @@ class LatentCache:
     clip table's columns (Arrow, columnar: a million clips cost a few hundred MB at most). Shards open lazily,
     memory-mapped by safetensors (no pickle); the first open of each shard in a process checks it (`verify`)."""
 
-    def __init__(self, out: str | Path, verify: str = "size") -> None:
+    def __init__(self, out: str | Path, verify: str = "size", storage_options: dict[str, Any] | None = None) -> None:
         if verify not in VERIFY_MODES:
             raise ValueError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
-        self.out = Path(out)
         self.verify = verify
-        self._reader = CacheReader(self.out)
-        self.manifest = self._reader.manifest
+        self.storage_options = dict(storage_options or {})
+        self._remote: RemoteCache | None = None
+        if is_url(out):  # object storage (s3://...): ranged reads, see vaecache.cache.remote
+            self._remote = RemoteCache(str(out), self.storage_options)
+            self.out: Any = self._remote.url
+            self.manifest = self._remote.manifest
+            self._shards = {shard["file"]: shard for shard in self.manifest.get("shards", [])}
+        else:
+            self.out = Path(out)
+            self._reader = CacheReader(self.out)
+            self.manifest = self._reader.manifest
+            self._shards = self._reader.shard_files()
         self._rows = self._load_rows()
         self._ids: list[str] | None = None
         self._handles: dict[str, Any] = {}
         self._checked: set[str] = set()
-        self._shards = self._reader.shard_files()
 
     def _load_rows(self) -> Any:
         import pyarrow as pa
@@ -109,6 +118,8 @@ class LatentCache:
         from vaecache.cache.table import rows_table, schema_of
         from vaecache.errors import ClipTableError
 
+        if self._remote is not None:
+            return self._remote_rows(schema_of)
         path = self._reader.clips_path
         if not path.is_file():
             raise IncompleteCacheError(f"{path}: missing (the cache is incomplete)")
@@ -133,12 +144,38 @@ class LatentCache:
             raise IncompleteCacheError(f"{path}: {rows.num_rows} clips, manifest.json records {recorded['count']}")
         return rows
 
+    def _remote_rows(self, schema_of: Any) -> Any:
+        import pyarrow as pa
+
+        from vaecache.errors import ClipTableError
+
+        remote = self._remote
+        assert remote is not None
+        where = remote.url / remote.clips_file
+        recorded = self.manifest.get("clips") or {}
+        if (self.verify == "sha256" and recorded.get("sha256")
+                and remote.sha256(remote.clips_file) != recorded["sha256"]):
+            raise ShardChecksumError(f"{where}: sha256 differs from the one manifest.json records")
+        try:
+            rows = remote.clip_table(CLIP_TABLE.schema.names)
+        except (pa.ArrowException, OSError) as exc:
+            raise ClipTableError(f"{where}: does not read ({str(exc).splitlines()[0] if str(exc) else exc})") from None
+        rows = rows.replace_schema_metadata(schema_of(CLIP_TABLE).metadata)
+        if "count" in recorded and rows.num_rows != recorded["count"]:
+            raise IncompleteCacheError(f"{where}: {rows.num_rows} clips, manifest.json records {recorded['count']}")
+        return rows
+
+    @property
+    def _clips_location(self) -> Any:
+        return self._remote.url / self._remote.clips_file if self._remote is not None else self._reader.clips_path
+
     # -- pickling: a DataLoader worker (spawn) reopens the cache; no handle or table crosses processes --
     def __getstate__(self) -> dict[str, Any]:
-        return {"out": self.out, "verify": self.verify}
+        return {"out": str(self.out) if self._remote is not None else self.out, "verify": self.verify,
+                "storage_options": self.storage_options}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["out"], state["verify"])  # type: ignore[misc]
+        self.__init__(state["out"], state["verify"], state.get("storage_options"))  # type: ignore[misc]
 
     def __len__(self) -> int:
         return self._rows.num_rows
@@ -177,7 +214,7 @@ class LatentCache:
     def _trusted(self, record: dict[str, Any]) -> dict[str, Any]:
         problem = record_problem(record)
         if problem:
-            raise UnsafePathError(f"{self._reader.clips_path}: {problem} (not a record encode writes)")
+            raise UnsafePathError(f"{self._clips_location}: {problem} (not a record encode writes)")
         return record
 
     def _index(self, position: int) -> int:
@@ -243,7 +280,13 @@ class LatentCache:
 
     def _open(self, shard: str) -> Any:
         handle = self._handles.pop(shard, None)
-        if handle is None:
+        if handle is None and self._remote is not None:
+            file = f"{SHARDS_DIR}/{shard}"
+            handle = self._remote.shard(file, self._shards.get(file), "none" if shard in self._checked else self.verify)
+            self._checked.add(shard)
+            while len(self._handles) >= MAX_OPEN_SHARDS:
+                self._handles.pop(next(iter(self._handles)))
+        elif handle is None:
             path = self._reader.shard_file_path(f"{SHARDS_DIR}/{shard}")
             if shard not in self._checked:
                 self._check(shard, path)
@@ -356,13 +399,16 @@ def collate_latents(items: list[dict[str, Any]]) -> dict[str, Any]:
 class LatentDataset(torch.utils.data.Dataset):
     """A map-style Dataset over a finished cache: `ds[i]` -> {"id", "record", and each stored tensor by key}.
 
-    Safe in DataLoader workers: it holds only (out, verify, keys) and opens the cache lazily in each process
-    (a forked worker that inherits an open cache reopens it), so nothing unpicklable crosses processes."""
+    Safe in DataLoader workers: it holds only (out, verify, keys, storage_options) and opens the cache lazily in each
+    process (a forked worker that inherits an open cache reopens it), so nothing unpicklable crosses processes. `out`
+    may be an fsspec URL (``s3://bucket/cache``): see vaecache.cache.remote."""
 
-    def __init__(self, out: str | Path, verify: str = "size", keys: Sequence[str] | None = None) -> None:
+    def __init__(self, out: str | Path, verify: str = "size", keys: Sequence[str] | None = None,
+                 storage_options: dict[str, Any] | None = None) -> None:
         if verify not in VERIFY_MODES:
             raise ValueError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
-        self.out, self.verify = Path(out), verify
+        self.out, self.verify = (out if is_url(out) else Path(out)), verify
+        self.storage_options = dict(storage_options or {})
         self.keys = tuple(keys) if keys is not None else None
         self._cache: LatentCache | None = None
         self._pid = 0
@@ -373,12 +419,13 @@ class LatentDataset(torch.utils.data.Dataset):
         import os
 
         if self._cache is None or self._pid != os.getpid():
-            self._cache, self._pid = LatentCache(self.out, self.verify), os.getpid()
+            # A cache (and, for a URL, a filesystem) of this process's own: neither crosses a fork.
+            self._cache, self._pid = LatentCache(self.out, self.verify, self.storage_options), os.getpid()
         return self._cache
 
     def __getstate__(self) -> dict[str, Any]:
         return {"out": self.out, "verify": self.verify, "keys": self.keys, "_cache": None, "_pid": 0,
-                "_length": self._length}
+                "_length": self._length, "storage_options": self.storage_options}
 
     def __len__(self) -> int:
         return self._length

@@ -51,11 +51,15 @@ def read_manifest(out: Path) -> dict[str, Any]:
     path = Path(out) / MANIFEST
     if not path.exists():
         raise ManifestError(f"{path}: no manifest (the run is incomplete or OUT is not a vaecache output)")
-    manifest = read_json(path, "manifest")
+    return check_manifest(read_json(path, "manifest"), str(path))
+
+
+def check_manifest(manifest: Any, where: str) -> dict[str, Any]:
+    """`manifest` (parsed JSON), refused unless it is a vaecache manifest of a version this vaecache reads."""
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
-        raise ManifestError(f"{path}: not a vaecache manifest")
+        raise ManifestError(f"{where}: not a vaecache manifest")
     version = manifest.get("format_version")
     if version not in SUPPORTED_VERSIONS:
-        raise ManifestError(f"{path}: format version {version!r} is not supported "
+        raise ManifestError(f"{where}: format version {version!r} is not supported "
                             f"(this vaecache reads {list(SUPPORTED_VERSIONS)})")
     return manifest
