@@ -46,7 +46,7 @@ class Url(str):
 
 
 def _endpoint_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
-    """s3fs takes a custom endpoint only as client_kwargs: take it from the environment as AWS tools do."""
+    """A non-AWS S3 endpoint from the environment, as AWS tools take it (s3fs's own `endpoint_url` option)."""
     if not url.startswith(("s3://", "s3a://")) or "endpoint_url" in options:
         return options
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -98,9 +98,6 @@ class RemoteCache:
 
         self.url = Url(url.rstrip("/"))
         options = _endpoint_options(url, dict(storage_options or {}))
-        if "endpoint_url" in options and url.startswith(("s3://", "s3a://")):
-            options = {**options, "client_kwargs": {**options.get("client_kwargs", {}),
-                                                    "endpoint_url": options.pop("endpoint_url")}}
         try:  # a filesystem of this process's own: fsspec instances must not cross a fork (DataLoader workers)
             self.fs, self.root = fsspec.core.url_to_fs(self.url, skip_instance_cache=True, **options)
         except (ImportError, ValueError) as exc:
