@@ -95,6 +95,8 @@ def test_a_changed_or_missing_object_is_named(s3, good_cache: Path, tmp_path: Pa
     s3.rm("damaged/cache/manifest.json")
     with pytest.raises(ManifestError, match=f"{url}/manifest.json: no manifest"):
         LatentCache(url)
+    with pytest.raises(ManifestError, match="s3://no-such-bucket/cache: no such bucket"):
+        LatentCache("s3://no-such-bucket/cache")
 
 
 def test_dataloader_workers_read_s3_each_with_its_own_filesystem(s3, good_cache: Path) -> None:

@@ -106,6 +106,9 @@ class RemoteCache:
         try:
             manifest = loads(self.read(MANIFEST))
         except FileNotFoundError:
+            bucket = self.root.split("/", 1)[0]
+            if not self._exists(bucket):
+                raise ManifestError(f"{self.url}: no such bucket ({bucket})") from None
             raise ManifestError(f"{where}: no manifest (the run is incomplete or this is not a vaecache output)") \
                 from None
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -114,6 +117,12 @@ class RemoteCache:
         if int(self.manifest["format_version"]) == 1:
             raise ManifestError(f"{where}: a format 1 cache is read from a local path only")
         self.clips_file = relative_name((self.manifest.get("clips") or {}).get("file", CLIPS), f"{where}: clips.file")
+
+    def _exists(self, path: str) -> bool:
+        try:
+            return bool(self.fs.exists(path))
+        except OSError:
+            return False
 
     def object(self, name: str) -> str:
         return f"{self.root}/{name}"
