@@ -192,6 +192,12 @@ def timed(check: Check, fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - start, out
 
 
+def timed_runs(check: Check, fn: Callable[[], Any], count: int) -> tuple[list[float], list[Any]]:
+    """`count` timed calls: (seconds of each, result of each)."""
+    runs = [timed(check, fn) for _ in range(count)]
+    return [seconds for seconds, _ in runs], [result for _, result in runs]
+
+
 def peak_of(check: Check, fn: Callable[[], Any]) -> tuple[float, float, Any]:
     """(seconds, peak bytes the call added on top of what was allocated before (CUDA only, else nan), result)."""
     torch = check.torch
@@ -271,11 +277,7 @@ def section_exactness(check: Check) -> dict[str, Any]:
     x = check.clip(1)
     encode = lambda: runner.encode_views(x)  # noqa: E731
     first_s, first = timed(check, encode)
-    times, again = [], []
-    for _ in range(2):
-        seconds, result = timed(check, encode)
-        times.append(seconds)
-        again.append(result)
+    times, again = timed_runs(check, encode, 2)
     same_process = all(torch.equal(r.mean, first.mean) and torch.equal(r.logvar, first.logvar) for r in again)
     check.kept["wan2.1_fp32"] = first.mean.cpu()
 
@@ -297,11 +299,7 @@ def section_exactness(check: Check) -> dict[str, Any]:
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = True, False
         try:
             tune_s, tuned = timed(check, encode)
-            bench_times, bench_runs = [], []
-            for _ in range(2):
-                seconds, r = timed(check, encode)
-                bench_times.append(seconds)
-                bench_runs.append(r)
+            bench_times, bench_runs = timed_runs(check, encode, 2)
         finally:
             exact_cuda_numerics(check.device)
         result.update(

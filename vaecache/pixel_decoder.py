@@ -35,7 +35,7 @@ import torch
 from torch.utils.checkpoint import checkpoint as _checkpoint
 
 from vaecache.errors import UsageError
-from vaecache.vae.decoder import _decoder_conv_count, _is_wan, _sample, _wan_finish
+from vaecache.vae.decoder import decoded_sample, decoder_conv_count, is_wan, wan_finish
 
 WAN_CACHE_FRAMES = 2
 """diffusers' CACHE_T: the input frames a causal convolution keeps for the next call."""
@@ -69,7 +69,7 @@ class PixelDecoder(torch.nn.Module):
         self.per_frame = per_frame
         self.chunk_frames = chunk_frames
         self.checkpoint = checkpoint
-        self.mode = "causal-frames" if _is_wan(module) else "per-frame" if per_frame else "whole"
+        self.mode = "causal-frames" if is_wan(module) else "per-frame" if per_frame else "whole"
         if self.mode == "whole" and checkpoint and getattr(module, "_supports_gradient_checkpointing", False):
             # The module's own checkpointing, left on: a backward recomputes through the same code path.
             module.enable_gradient_checkpointing()
@@ -135,7 +135,7 @@ class PixelDecoder(torch.nn.Module):
                                           (_wan_mid(decoder.mid_block), _conv_slots(decoder.mid_block))]
         stages += [(_wan_up(block), _conv_slots(block)) for block in decoder.up_blocks]
         stages.append((_wan_head(decoder), 1))
-        if sum(slots for _, slots in stages) != _decoder_conv_count(module):
+        if sum(slots for _, slots in stages) != decoder_conv_count(module):
             raise UsageError(f"{type(module).__name__}: its decoder has causal convolutions outside the stages "
                              "PixelDecoder knows (conv_in, mid_block, up_blocks, conv_out)")
         x = module.post_quant_conv(z)  # a 1x1x1 convolution over the whole latent, as diffusers' _decode applies it
@@ -150,7 +150,7 @@ class PixelDecoder(torch.nn.Module):
                 done, cache = self._run(stage, frames[start:start + self.chunk_frames], cache, start)
                 outputs.extend(done)
             frames = outputs
-        return _wan_finish(module, torch.cat(frames, 2))
+        return wan_finish(module, torch.cat(frames, 2))
 
     def _per_frame(self, z: torch.Tensor) -> torch.Tensor:
         module = self.vae
@@ -163,7 +163,7 @@ class PixelDecoder(torch.nn.Module):
             if getattr(module, "post_quant_conv", None) is not None:
                 frames = [module.post_quant_conv(frame) for frame in frames]
         else:
-            stages = [lambda x, _cache, _first: _sample(module.decode(x))]
+            stages = [lambda x, _cache, _first: decoded_sample(module.decode(x))]
             frames = [z[:, :, t] for t in range(z.shape[2])]
         for stage in stages:
             outputs: list[torch.Tensor] = []
@@ -173,7 +173,7 @@ class PixelDecoder(torch.nn.Module):
         return torch.stack(frames, dim=2)
 
     def _whole(self, z: torch.Tensor) -> torch.Tensor:
-        return _sample(self.vae.decode(z))
+        return decoded_sample(self.vae.decode(z))
 
 
 # ---------------------------------------------------------------------- Wan stages (diffusers' WanDecoder3d.forward)

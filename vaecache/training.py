@@ -114,53 +114,30 @@ class LatentCache:
 
     def _load_rows(self) -> Any:
         import pyarrow as pa
+        import pyarrow.parquet as pq
 
+        from vaecache.cache.io import sha256_file
         from vaecache.cache.table import rows_table, schema_of
         from vaecache.errors import ClipTableError
 
-        if self._remote is not None:
-            return self._remote_rows(schema_of)
-        path = self._reader.clips_path
-        if not path.is_file():
-            raise IncompleteCacheError(f"{path}: missing (the cache is incomplete)")
+        remote, where = self._remote, self._clips_location
+        if not (remote.has(remote.clips_file) if remote is not None else where.is_file()):
+            raise IncompleteCacheError(f"{where}: missing (the cache is incomplete)")
         recorded = self.manifest.get("clips") or {}
         if self.verify == "sha256" and recorded.get("sha256"):
-            from vaecache.cache.io import sha256_file
-
-            if sha256_file(path) != recorded["sha256"]:
-                raise ShardChecksumError(f"{path}: sha256 differs from the one manifest.json records")
-        if self._reader.version == 1:
+            found = remote.sha256(remote.clips_file) if remote is not None else sha256_file(where)
+            if found != recorded["sha256"]:
+                raise ShardChecksumError(f"{where}: sha256 differs from the one manifest.json records")
+        if remote is None and self._reader.version == 1:
             rows = rows_table(CLIP_TABLE, self._reader.clip_records())
         else:
-            import pyarrow.parquet as pq
-
             try:
-                rows = pq.read_table(path, columns=CLIP_TABLE.schema.names)
+                rows = (remote.clip_table(CLIP_TABLE.schema.names) if remote is not None
+                        else pq.read_table(where, columns=CLIP_TABLE.schema.names))
             except (pa.ArrowException, OSError) as exc:
-                raise ClipTableError(f"{path}: does not read "
+                raise ClipTableError(f"{where}: does not read "
                                      f"({str(exc).splitlines()[0] if str(exc) else exc})") from None
             rows = rows.replace_schema_metadata(schema_of(CLIP_TABLE).metadata)
-        if "count" in recorded and rows.num_rows != recorded["count"]:
-            raise IncompleteCacheError(f"{path}: {rows.num_rows} clips, manifest.json records {recorded['count']}")
-        return rows
-
-    def _remote_rows(self, schema_of: Any) -> Any:
-        import pyarrow as pa
-
-        from vaecache.errors import ClipTableError
-
-        remote = self._remote
-        assert remote is not None
-        where = remote.url / remote.clips_file
-        recorded = self.manifest.get("clips") or {}
-        if (self.verify == "sha256" and recorded.get("sha256")
-                and remote.sha256(remote.clips_file) != recorded["sha256"]):
-            raise ShardChecksumError(f"{where}: sha256 differs from the one manifest.json records")
-        try:
-            rows = remote.clip_table(CLIP_TABLE.schema.names)
-        except (pa.ArrowException, OSError) as exc:
-            raise ClipTableError(f"{where}: does not read ({str(exc).splitlines()[0] if str(exc) else exc})") from None
-        rows = rows.replace_schema_metadata(schema_of(CLIP_TABLE).metadata)
         if "count" in recorded and rows.num_rows != recorded["count"]:
             raise IncompleteCacheError(f"{where}: {rows.num_rows} clips, manifest.json records {recorded['count']}")
         return rows

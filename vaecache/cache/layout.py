@@ -110,16 +110,23 @@ def shard_name_problem(name: object) -> str | None:
     return None
 
 
-def inside(folder: Path, relative: object, what: str) -> Path:
-    """`folder/relative`, where `relative` (as a manifest, clip table or export index names a file) stays in
-    `folder`: not absolute, no '..', and not leaving it through a symlink (resolved). An UnsafePathError naming
-    `what` otherwise: nothing outside a cache or an export is read."""
+def relative_inside(folder: object, relative: object, what: str) -> str:
+    """`relative` as a manifest, clip table or export index names a file, refused (UnsafePathError naming `what`)
+    unless the name alone stays in `folder`: text, not absolute, no '..', no drive letter. `inside` adds the
+    symlink check a local folder needs; a URL's prefix has no symlinks."""
     if not isinstance(relative, str) or not relative or relative.startswith(("/", "\\")) or "\x00" in relative:
         raise UnsafePathError(f"{what}: {relative!r} is not a path inside {folder}")
     parts = relative.replace("\\", "/").split("/")
     if ".." in parts or re.match(r"[A-Za-z]:", relative):
         raise UnsafePathError(f"{what}: {relative!r} leaves {folder}")
-    path = Path(folder) / relative
+    return relative
+
+
+def inside(folder: Path, relative: object, what: str) -> Path:
+    """`folder/relative`, where `relative` (as a manifest, clip table or export index names a file) stays in
+    `folder`: not absolute, no '..', and not leaving it through a symlink (resolved). An UnsafePathError naming
+    `what` otherwise: nothing outside a cache or an export is read."""
+    path = Path(folder) / relative_inside(folder, relative, what)
     try:
         resolved, root = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
     except (OSError, ValueError) as exc:

@@ -13,15 +13,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from pathlib import PurePosixPath
 from typing import Any
 
 import torch
 
 from vaecache.cache.io import loads
-from vaecache.cache.layout import CLIPS, MANIFEST
+from vaecache.cache.layout import CLIPS, MANIFEST, relative_inside
 from vaecache.cache.manifest import check_manifest
-from vaecache.errors import IncompleteCacheError, ManifestError, ShardChecksumError, ShardHeaderError, UnsafePathError
+from vaecache.errors import ManifestError, ShardChecksumError, ShardHeaderError
 
 SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
@@ -51,15 +50,6 @@ def _endpoint_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
         return options
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     return {**options, "endpoint_url": endpoint} if endpoint else options
-
-
-def relative_name(name: object, where: str) -> str:
-    """A file name as a manifest gives it, refused unless it stays under the cache's prefix."""
-    if not isinstance(name, str) or not name or name.startswith(("/", "\\")) or "\x00" in name:
-        raise UnsafePathError(f"{where}: {name!r} is not a name inside the cache")
-    if ".." in PurePosixPath(name.replace("\\", "/")).parts:
-        raise UnsafePathError(f"{where}: {name!r} leaves the cache")
-    return name
 
 
 class RemoteShard:
@@ -116,7 +106,8 @@ class RemoteCache:
         self.manifest = check_manifest(manifest, str(where))
         if int(self.manifest["format_version"]) == 1:
             raise ManifestError(f"{where}: a format 1 cache is read from a local path only")
-        self.clips_file = relative_name((self.manifest.get("clips") or {}).get("file", CLIPS), f"{where}: clips.file")
+        self.clips_file = relative_inside(self.url, (self.manifest.get("clips") or {}).get("file", CLIPS),
+                                          f"{where}: clips.file")
 
     def _exists(self, path: str) -> bool:
         try:
@@ -145,17 +136,18 @@ class RemoteCache:
                 digest.update(chunk)
         return digest.hexdigest()
 
+    def has(self, name: str) -> bool:
+        return self._exists(self.object(name))
+
     def clip_table(self, columns: list[str]) -> Any:
         import pyarrow.parquet as pq
 
-        if not self.fs.exists(self.object(self.clips_file)):
-            raise IncompleteCacheError(f"{self.url / self.clips_file}: missing (the cache is incomplete)")
         return pq.read_table(self.object(self.clips_file), columns=columns, filesystem=self.fs)
 
     def shard(self, file: str, entry: dict[str, Any] | None, verify: str) -> RemoteShard:
         """Shard `file` (``shards/<name>``, as the manifest lists it), checked against its entry once: its size,
         or its sha256 with verify="sha256"."""
-        name = relative_name(file, f"{self.url / MANIFEST}: shards[].file")
+        name = relative_inside(self.url, file, f"{self.url / MANIFEST}: shards[].file")
         where = str(self.url / name)
         if entry is None:
             raise ShardChecksumError(f"{where}: not listed in manifest.json")
@@ -174,4 +166,4 @@ class RemoteCache:
         return RemoteShard(self.fs, self.object(name), where)
 
 
-__all__ = ["RemoteCache", "RemoteShard", "Url", "is_url", "relative_name"]
+__all__ = ["RemoteCache", "RemoteShard", "Url", "is_url"]

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from vaecache.distributed.context import resolve_device
-from vaecache.encode.numerics import decode_thread_budget
+from vaecache.encode.numerics import cores_per_rank, decode_thread_budget
 from vaecache.encode.startup import StartRequest, start_notes, start_up
 from vaecache.errors import UsageError, VideoDecodeError
 from vaecache.planning.clips import Clip
@@ -46,7 +46,9 @@ def build_plan(cfg: PlanConfig) -> PlanReport:
     """Plan the job described by `cfg` through the start-up encode runs; with cfg.measure, encode one real clip to
     time it."""
     device = resolve_device(cfg.device)
-    threads = encode_threads(device, cfg.world_size, cfg.workers)
+    # each rank's share of this machine's cores when the planned ranks share it, as an encode gives them
+    rank_cores = cores_per_rank(min(cfg.world_size, len(os.sched_getaffinity(0))))
+    threads = encode_threads(device, rank_cores, cfg.workers)
     started = time.perf_counter()
     start = start_up(StartRequest(cfg.data, cfg.vae, cfg.clip, device, cfg.world_size, cfg.sp_size, cfg.batch_size,
                                   cfg.sp_mode, cfg.workers, cfg.allow_pickle_weights, probe_workers=cfg.probe_workers,
@@ -54,7 +56,7 @@ def build_plan(cfg: PlanConfig) -> PlanReport:
                                   columns=cfg.columns, lerobot_state=cfg.lerobot_state, vae_config=cfg.vae_config))
     startup_s = time.perf_counter() - started
     job, vae, backend, probes = start.job, start.vae, start.backend, start.probes
-    backend = replace(backend, threads=decode_thread_budget(_cores_per_rank(cfg.world_size), cfg.workers,
+    backend = replace(backend, threads=decode_thread_budget(rank_cores, cfg.workers,
                                                             threads if device.type == "cpu" else 1))
     model = vae.model
     cfg = replace(cfg, clip=replace(cfg.clip, views_per_forward=job.views_per_forward))  # "auto" resolved
@@ -142,17 +144,12 @@ def build_plan(cfg: PlanConfig) -> PlanReport:
     return report
 
 
-def _cores_per_rank(world_size: int) -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, min(world_size, cores)))
-
-
-def encode_threads(device: torch.device, world_size: int, workers: int) -> int:
+def encode_threads(device: torch.device, rank_cores: int, workers: int) -> int:
     """On CPU, set the torch threads one rank of the planned launch gets from an encode (numerics.cpu_thread_budget:
     its share of this machine's cores minus its decode workers; OMP_NUM_THREADS wins), so the measured clip runs as
     it will there. Returns the thread count."""
     if device.type == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
-        torch.set_num_threads(max(1, _cores_per_rank(world_size) - workers))
+        torch.set_num_threads(max(1, rank_cores - workers))
     return torch.get_num_threads()
 
 

@@ -49,7 +49,12 @@ def cpu_thread_budget(ctx: DistContext, workers: int, recorded: int | None = Non
 
 
 def _cores_per_rank(ctx: DistContext) -> int:
-    return len(os.sched_getaffinity(0)) // max(1, ctx.info.local_world_size)
+    return cores_per_rank(ctx.info.local_world_size)
+
+
+def cores_per_rank(ranks_on_node: int) -> int:
+    """This process's usable cores shared by `ranks_on_node` ranks (at least one each)."""
+    return max(1, len(os.sched_getaffinity(0)) // max(1, ranks_on_node))
 
 
 def decode_thread_budget(cores: int, workers: int, main_threads: int) -> int:

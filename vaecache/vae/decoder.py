@@ -33,14 +33,14 @@ WHOLE = "whole"
 def decode_mode(model: VaeModel) -> str:
     """How `iter_decoded` decodes this model's latents (CHUNKED, PER_FRAME or WHOLE)."""
     module = model.module
-    if _is_wan(module):
+    if is_wan(module):
         return CHUNKED
     if not callable(getattr(module, "decode", None)):
         raise UsageError(f"{model.spec}: the module has no decode(z) method, so its latents cannot be decoded")
     return PER_FRAME if model.per_frame else WHOLE
 
 
-def _is_wan(module: torch.nn.Module) -> bool:
+def is_wan(module: torch.nn.Module) -> bool:
     return (type(module).__name__ == "AutoencoderKLWan" and hasattr(module, "decoder")
             and hasattr(module, "post_quant_conv"))
 
@@ -60,27 +60,28 @@ def iter_decoded(model: VaeModel, z: torch.Tensor, chunk_frames: int) -> Iterato
         yield from _wan_chunks(module, z, chunk_frames)
     elif mode == PER_FRAME:
         for start in range(0, z.shape[2], chunk_frames):
-            frames = [_sample(module.decode(z[:, :, t])) for t in range(start, min(start + chunk_frames, z.shape[2]))]
+            frames = [decoded_sample(module.decode(z[:, :, t]))
+                      for t in range(start, min(start + chunk_frames, z.shape[2]))]
             yield torch.stack(frames, dim=2)
     else:
-        yield _sample(module.decode(z))
+        yield decoded_sample(module.decode(z))
 
 
-def _sample(output: Any) -> torch.Tensor:
+def decoded_sample(output: Any) -> torch.Tensor:
     """A diffusers DecoderOutput, a 1-tuple, or a tensor -> the tensor."""
     if isinstance(output, tuple):
         output = output[0]
     return getattr(output, "sample", output)
 
 
-def _decoder_conv_count(module: torch.nn.Module) -> int:
+def decoder_conv_count(module: torch.nn.Module) -> int:
     counts = getattr(module, "_cached_conv_counts", None)
     if isinstance(counts, dict) and "decoder" in counts:
         return int(counts["decoder"])
     return sum(type(m).__name__ == "WanCausalConv3d" for m in module.decoder.modules())
 
 
-def _wan_finish(module: torch.nn.Module, out: torch.Tensor) -> torch.Tensor:
+def wan_finish(module: torch.nn.Module, out: torch.Tensor) -> torch.Tensor:
     """What diffusers does to decoded frames after the decoder: unpatchify (Wan 2.2), clamp to [-1, 1]."""
     patch_size = module.config.patch_size
     if patch_size is not None:
@@ -99,11 +100,11 @@ def _wan_chunks(module: torch.nn.Module, z: torch.Tensor, chunk_frames: int) -> 
         yield from _wan_tiled_chunks(module, z, chunk_frames)
         return
     x = module.post_quant_conv(z)  # a 1x1x1 convolution over the whole latent, as _decode applies it
-    cache: list[Any] = [None] * _decoder_conv_count(module)
+    cache: list[Any] = [None] * decoder_conv_count(module)
     for start in range(0, frames, chunk_frames):
         pieces = [module.decoder(x[:, :, i:i + 1], feat_cache=cache, feat_idx=[0], first_chunk=i == 0)
                   for i in range(start, min(start + chunk_frames, frames))]
-        yield _wan_finish(module, torch.cat(pieces, 2))
+        yield wan_finish(module, torch.cat(pieces, 2))
 
 
 def _wan_tiled_chunks(module: torch.nn.Module, z: torch.Tensor, chunk_frames: int) -> Iterator[torch.Tensor]:
@@ -123,7 +124,7 @@ def _wan_tiled_chunks(module: torch.nn.Module, z: torch.Tensor, chunk_frames: in
     else:
         blend_h = module.tile_sample_min_height - out_step_h
         blend_w = module.tile_sample_min_width - out_step_w
-    conv_count = _decoder_conv_count(module)
+    conv_count = decoder_conv_count(module)
     caches = {(i, j): [None] * conv_count for i in range(0, height, step_h) for j in range(0, width, step_w)}
     for start in range(0, frames, chunk_frames):
         stop = min(start + chunk_frames, frames)
@@ -147,7 +148,8 @@ def _wan_tiled_chunks(module: torch.nn.Module, z: torch.Tensor, chunk_frames: in
                     tile = module.blend_h(row[j - 1], tile, blend_w)
                 result_row.append(tile[:, :, :, :out_step_h, :out_step_w])
             result_rows.append(torch.cat(result_row, dim=-1))
-        yield _wan_finish(module, torch.cat(result_rows, dim=3)[:, :, :, :sample_h, :sample_w])
+        yield wan_finish(module, torch.cat(result_rows, dim=3)[:, :, :, :sample_h, :sample_w])
 
 
-__all__ = ["CHUNKED", "PER_FRAME", "WHOLE", "decode_mode", "iter_decoded"]
+__all__ = ["CHUNKED", "PER_FRAME", "WHOLE", "decode_mode", "decoded_sample", "decoder_conv_count", "is_wan",
+           "iter_decoded", "wan_finish"]
