@@ -19,6 +19,7 @@ import pytest
 import torch
 from typer.testing import CliRunner, Result
 
+from tests.s3 import s3_env, s3_filesystem, start_s3_server
 from tests.videos import VideoLayout, write_video
 from vaecache.cache.reader import CacheReader
 from vaecache.cli.app import app
@@ -268,3 +269,19 @@ def cache_io() -> Any:
         same_tensors = staticmethod(assert_same_tensors)
 
     return CacheIO
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Any:
+    """moto's S3 server as a child process on a free loopback port, shared by the session (tests.s3)."""
+    yield from start_s3_server()
+
+
+@pytest.fixture
+def s3(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """An s3fs filesystem on the server, with the AWS environment a user would set for such a store (so vaecache
+    finds the endpoint and credentials as it would on a cluster)."""
+    for name, value in s3_env(s3_endpoint).items():
+        monkeypatch.setenv(name, value)
+    return s3_filesystem(s3_endpoint)
+

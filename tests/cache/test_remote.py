@@ -4,68 +4,14 @@ sizes and hashes, and works in DataLoader workers."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
 
+from tests.s3 import upload
 from vaecache import LatentCache, LatentDataset, collate_latents
 from vaecache.errors import ManifestError, ShardChecksumError
-
-pytest.importorskip("moto.server", reason="moto[server] is in the test extras: pip install -e '.[test]'")
-s3fs = pytest.importorskip("s3fs")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    """moto's S3 server in its own process on a free loopback port, for this module's tests."""
-    port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(endpoint, timeout=2).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto's S3 server did not start on {endpoint}") from None
-                time.sleep(0.2)
-        yield endpoint
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-
-
-@pytest.fixture
-def s3(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch):
-    """An s3fs filesystem on the server, with the AWS environment a user would set for such a store."""
-    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                        ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_ENDPOINT_URL_S3", s3_endpoint)):
-        monkeypatch.setenv(name, value)
-    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint}, skip_instance_cache=True)
-    return fs
-
-
-def upload(fs, local: Path, bucket: str) -> str:
-    if not fs.exists(bucket):
-        fs.mkdir(bucket)
-    fs.put(str(local), f"{bucket}/cache", recursive=True)
-    return f"s3://{bucket}/cache"
 
 
 def test_the_reader_over_s3_equals_the_reader_over_the_local_copy(s3, good_cache: Path) -> None:

@@ -10,7 +10,7 @@ import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from vaecache.cache.io import atomic_write_json, read_json
 from vaecache.cache.layout import LOCK, LOGS_DIR, MANIFEST, OWNED_ENTRIES, PROGRESS_DIR, RUN, SHARDS_DIR
@@ -21,6 +21,9 @@ from vaecache.cache.repair import damaged_shards, forget_hashed_shards, repair_p
 from vaecache.errors import ManifestError, OutputError, UsageError
 
 log = logging.getLogger("vaecache")
+
+ShardProblems = Callable[[list[dict[str, Any]]], dict[str, str]]
+"""Committed shard records -> {file: problem} for the damaged ones (repair.damaged_shards for files on disk)."""
 
 
 @dataclass(frozen=True)
@@ -70,8 +73,7 @@ def acquire_lock(out: Path, job_id: str | None) -> None:
     job): a record left by a process that is gone (same host, or an earlier attempt of the same SLURM job)
     is taken over; a record of a live job elsewhere, whose filesystem may not share flocks, is refused."""
     path = out / LOCK
-    me = {"host": socket.gethostname(), "pid": os.getpid(), "job_id": job_id,
-          "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)}
+    me = lock_holder_record(job_id)
     for _ in range(8):
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -82,7 +84,7 @@ def acquire_lock(out: Path, job_id: str | None) -> None:
         except BlockingIOError:
             holder = _read_holder(fd)
             os.close(fd)
-            raise _locked(out, path, holder) from None
+            raise locked_error(out, path, holder) from None
         try:
             same_file = os.fstat(fd).st_ino == os.stat(path).st_ino
         except FileNotFoundError:
@@ -93,7 +95,7 @@ def acquire_lock(out: Path, job_id: str | None) -> None:
         holder = _read_holder(fd)
         if holder and holder.get("pid") != me["pid"] and not lock_is_stale(holder, me):
             os.close(fd)
-            raise _locked(out, path, holder)
+            raise locked_error(out, path, holder)
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(me).encode(), 0)
         os.fsync(fd)
@@ -110,7 +112,13 @@ def _read_holder(fd: int) -> dict[str, Any]:
     return holder if isinstance(holder, dict) else {}
 
 
-def _locked(out: Path, path: Path, holder: dict[str, Any]) -> OutputError:
+def lock_holder_record(job_id: str | None) -> dict[str, Any]:
+    """What a lock records of its holder: host, pid, SLURM job id and restart count (the stale-lock rules read them)."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "job_id": job_id,
+            "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)}
+
+
+def locked_error(out: Any, path: Any, holder: dict[str, Any]) -> OutputError:
     return OutputError(f"{out}: locked by another vaecache job (host {holder.get('host')}, pid {holder.get('pid')}, "
                        f"job {holder.get('job_id')}); if that job is gone, delete {path} and rerun")
 
@@ -159,12 +167,14 @@ def _is_complete(out: Path) -> bool:
 
 def begin_changes(out: Path, attempt: int, fingerprint: dict[str, Any] | None = None,
                   sources: dict[str, dict[str, Any]] | None = None,
-                  committed: CommittedIds | None = None, extra_numerics: Sequence[dict[str, Any]] = ()) -> PreparedOut:
+                  committed: CommittedIds | None = None, extra_numerics: Sequence[dict[str, Any]] = (),
+                  shard_problems: ShardProblems | None = None) -> PreparedOut:
     """Rank 0 only, before anything is committed: record the attempt, drop the manifest (OUT is not complete
     until finalize rewrites it) and repair what a crash left behind. Without `fingerprint`, the one in run.json
     is kept (prepare_out has already checked it); `sources` are added to the ones recorded there. The ids of
 the committed clips go to `committed` (repair_progress). `extra_numerics` (other ranks' numerics, allowed by
---allow-other-numerics) join the numerics history run.json keeps once more than one computed latents."""
+--allow-other-numerics) join the numerics history run.json keeps once more than one computed latents.
+`shard_problems` checks committed shards that do not lie in `out` (objects.ObjectOut); default: the files there."""
     out = Path(out)
     recorded = read_json(out / RUN, "run record") if (out / RUN).exists() else {}
     fingerprint = recorded["fingerprint"] if fingerprint is None else fingerprint
@@ -173,7 +183,7 @@ the committed clips go to `committed` (repair_progress). `extra_numerics` (other
     atomic_write_json(out / RUN, {"fingerprint": fingerprint, "attempt": attempt, "sources": sources,
                                   **({"numerics_history": history} if len(history) > 1 else {})})
     (out / MANIFEST).unlink(missing_ok=True)
-    kept, discarded, damaged = repair_progress(out, committed)
+    kept, discarded, damaged = repair_progress(out, committed, shard_problems)
     for file, problem in sorted(damaged.items()):
         log.warning("%s: committed shard is damaged (%s); its clips are encoded again", out / file, problem)
     return PreparedOut(attempt, kept, discarded, damaged=tuple(f"{f}: {p}" for f, p in sorted(damaged.items())))
@@ -237,13 +247,16 @@ def recorded_cpu_threads(out: Path) -> int | None:
 def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id: str | None,
                 sources: dict[str, dict[str, Any]] | None = None,
                 committed: CommittedIds | None = None, allow_other_numerics: bool = False,
-                extra_numerics: Sequence[dict[str, Any]] = ()) -> PreparedOut:
+                extra_numerics: Sequence[dict[str, Any]] = (), shard_problems: ShardProblems | None = None,
+                lock: bool = True) -> PreparedOut:
     """Rank 0 only: take the lock, check or start the run record, repair what a crash left behind, and tell
     `committed` the ids of the committed clips it keeps (repair_progress).
 
     `sources` maps each source video to its identity (size, mtime_ns, sha256 with --hash-sources); a resume
     whose sources changed under the cache is refused. A resume that differs in numerics alone (device kind,
-    torch, CPU threads) is refused unless `allow_other_numerics`; then run.json keeps every numerics used."""
+    torch, CPU threads) is refused unless `allow_other_numerics`; then run.json keeps every numerics used.
+    `out` may be the work folder of an OUT in object storage (objects.ObjectOut, which holds the lock there: `lock`
+    False), with its `shard_problems`."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out}: --out exists and is not a folder")
@@ -256,7 +269,7 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
     if read_only and (overwrite or not run_file.exists() or not _is_complete(out)):
         raise OutputError(f"{out}: on a read-only filesystem; encode can only confirm a complete cache there, and "
                           f"{'--overwrite asks to rewrite it' if overwrite else 'it is not complete'}")
-    if not read_only:  # nothing can change a read-only OUT through this mount: no lock to take
+    if not read_only and lock:  # nothing can change a read-only OUT through this mount: no lock to take
         acquire_lock(out, job_id)
     try:
         if overwrite:
@@ -306,7 +319,7 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
         if attempt > 0 and _is_complete(out):
             # A finished cache stays byte for byte as it is unless new work is about to be committed, or one of
             # its shards is damaged (then this run repairs it: the damaged shards' clips are encoded again).
-            damaged = damaged_shards(out, committed_shards(out))
+            damaged = (shard_problems or (lambda shards: damaged_shards(out, shards)))(committed_shards(out))
             if not damaged:
                 return PreparedOut(attempt, committed_ids(out, committed), 0, complete=True)
             if read_only:
@@ -318,7 +331,7 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
             log.warning("%s was encoded with other numerics (%s); resuming as --allow-other-numerics asks: "
                         "latents added now may differ from the committed ones in the last bits (recorded)",
                         out, "; ".join(numerics_changed[:4]))
-        return begin_changes(out, attempt, fingerprint, sources, committed, extra_numerics)
+        return begin_changes(out, attempt, fingerprint, sources, committed, extra_numerics, shard_problems)
     except BaseException:
         release_lock(out)
         raise
@@ -332,5 +345,6 @@ def _read_only(out: Path) -> bool:
         return False
 
 
-__all__ = ["PreparedOut", "acquire_lock", "begin_changes", "describe_differences", "numerics_history", "prepare_out",
-           "recorded_cpu_threads", "recorded_numerics_history", "release_lock"]
+__all__ = ["PreparedOut", "ShardProblems", "acquire_lock", "begin_changes", "describe_differences",
+           "lock_holder_record", "locked_error", "numerics_history", "prepare_out", "recorded_cpu_threads",
+           "recorded_numerics_history", "release_lock"]

@@ -5,7 +5,7 @@ shard per process), against the manifest.
 
 Credentials and endpoint come the way every S3 tool takes them (the standard AWS environment and config files;
 ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` for a non-AWS store); ``storage_options`` go to fsspec for the rest.
-Writing a cache to a URL is not supported yet (issue 33).
+Writing a cache to a URL is vaecache.cache.objects.
 """
 
 from __future__ import annotations
@@ -21,27 +21,12 @@ from vaecache.cache.io import loads
 from vaecache.cache.layout import CLIPS, MANIFEST, relative_inside
 from vaecache.cache.manifest import check_manifest
 from vaecache.errors import ManifestError, ShardChecksumError, ShardHeaderError
+from vaecache.urls import Url, is_url
 
 SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
                       "BOOL": torch.bool}
 """safetensors' dtype names (its format spec) -> torch dtypes."""
-
-
-def is_url(location: object) -> bool:
-    """A location fsspec must open (``s3://bucket/key``); local paths and ``file://`` are read as files."""
-    return isinstance(location, str) and "://" in location and not location.startswith("file://")
-
-
-class Url(str):
-    """A URL that joins like a path in messages (``url / "manifest.json"``)."""
-
-    def __truediv__(self, other: object) -> Url:
-        return Url(f"{self.rstrip('/')}/{other}")
-
-    @property
-    def name(self) -> str:
-        return self.rstrip("/").rsplit("/", 1)[-1]
 
 
 def _endpoint_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -50,6 +35,35 @@ def _endpoint_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
         return options
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     return {**options, "endpoint_url": endpoint} if endpoint else options
+
+
+def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
+    """(fsspec filesystem, root path) for `url`: a filesystem of this process's own (`skip_instance_cache`), since
+    fsspec instances must not cross a fork (DataLoader workers, spawned ranks). Transient S3 errors (throttling,
+    timeouts, dropped connections) are retried with backoff by s3fs itself (s3fs/core.py `_error_wrapper`,
+    `S3FileSystem.retries`, 5 tries) and below it by botocore."""
+    import fsspec
+
+    options = _endpoint_options(url, dict(storage_options or {}))
+    try:
+        return fsspec.core.url_to_fs(url, skip_instance_cache=True, **options)
+    except (ImportError, ValueError) as exc:
+        raise ManifestError(f"{url}: cannot open this URL ({exc})") from None
+
+
+def storage_problem(exc: BaseException) -> str:
+    """What a user should read of an object-store error: no credentials, access denied, no such bucket or object,
+    or the error itself (one line)."""
+    name = type(exc).__name__
+    text = " ".join(str(exc).split())
+    if name in ("NoCredentialsError", "PartialCredentialsError") or "Unable to locate credentials" in text:
+        return ("no credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or "
+                "--storage-option key=... secret=...)")
+    if isinstance(exc, PermissionError) or "AccessDenied" in text or "Forbidden" in text:
+        return f"access denied ({text or name})"
+    if isinstance(exc, FileNotFoundError):
+        return f"not found ({text or name})"
+    return f"{name}: {text}" if text else name
 
 
 class RemoteShard:
@@ -84,14 +98,8 @@ class RemoteCache:
     """A finished cache at a URL: the manifest (checked as on disk), the clip table, shards by ranges."""
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
-        import fsspec
-
         self.url = Url(url.rstrip("/"))
-        options = _endpoint_options(url, dict(storage_options or {}))
-        try:  # a filesystem of this process's own: fsspec instances must not cross a fork (DataLoader workers)
-            self.fs, self.root = fsspec.core.url_to_fs(self.url, skip_instance_cache=True, **options)
-        except (ImportError, ValueError) as exc:
-            raise ManifestError(f"{self.url}: cannot open this URL ({exc})") from None
+        self.fs, self.root = open_filesystem(self.url, storage_options)
         where = self.url / MANIFEST
         try:
             manifest = loads(self.read(MANIFEST))
@@ -123,8 +131,8 @@ class RemoteCache:
             return self.fs.cat_file(self.object(name))
         except FileNotFoundError:
             raise
-        except OSError as exc:
-            raise ManifestError(f"{self.url / name}: cannot read ({exc})") from None
+        except Exception as exc:  # botocore's credential errors are no OSError
+            raise ManifestError(f"{self.url / name}: cannot read ({storage_problem(exc)})") from None
 
     def size(self, name: str) -> int:
         return int(self.fs.size(self.object(name)))
@@ -166,4 +174,4 @@ class RemoteCache:
         return RemoteShard(self.fs, self.object(name), where)
 
 
-__all__ = ["RemoteCache", "RemoteShard", "Url", "is_url"]
+__all__ = ["RemoteCache", "RemoteShard", "Url", "is_url", "open_filesystem", "storage_problem"]

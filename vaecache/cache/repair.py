@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from vaecache.cache.io import atomic_write_bytes, atomic_write_json, cut_torn_tail, loads, sha256_file
 from vaecache.cache.layout import PROGRESS_DIR, SHARDS_DIR
@@ -73,7 +73,9 @@ def _read_hashed(progress: Path) -> dict[str, list[Any]]:
     return {k: v for k, v in shards.items() if isinstance(v, list)} if isinstance(shards, dict) else {}
 
 
-def repair_progress(out: Path, committed: CommittedIds | None = None) -> tuple[int, int, dict[str, str]]:
+def repair_progress(out: Path, committed: CommittedIds | None = None,
+                    shard_problems: Callable[[list[dict[str, Any]]], dict[str, str]] | None = None,
+                    ) -> tuple[int, int, dict[str, str]]:
     """Keep committed shards whose file is intact (size and sha256); drop torn log lines, damaged shards,
     orphans, temp files and the failure logs (a rerun records failures afresh).
 
@@ -83,7 +85,8 @@ def repair_progress(out: Path, committed: CommittedIds | None = None) -> tuple[i
     taken back (discard).
 
     Returns (committed clips kept, files discarded, damaged shard file -> problem): the clips of a damaged
-    shard are no longer committed, so the run encodes them again."""
+    shard are no longer committed, so the run encodes them again. `shard_problems` checks shards that do not lie
+    in `out` (an OUT in object storage, objects.ObjectOut); the record of hashed shards is then not kept."""
     out = Path(out)
     progress = out / PROGRESS_DIR
     logs = progress_logs(out)
@@ -98,11 +101,15 @@ def repair_progress(out: Path, committed: CommittedIds | None = None) -> tuple[i
     # A requeued job resumes again and again: each resume hashes only the shards committed since the last one
     # (or changed since: another size or mtime). Damage that keeps both is verify's to find, and a rerun on
     # the complete cache then hashes every shard again (prepare_out).
-    hashed = _read_hashed(progress)
-    damaged = damaged_shards(out, [line.shard for found in lines.values() for line in found], hashed=hashed)
-    kept_files = {line.shard["file"] for found in lines.values() for line in found} - set(damaged)
-    atomic_write_json(progress / HASHED_SHARDS, {"format": 1, "shards": {f: v for f, v in sorted(hashed.items())
-                                                                         if f in kept_files}})
+    shards = [line.shard for found in lines.values() for line in found]
+    if shard_problems is not None:
+        damaged = shard_problems(shards)
+    else:
+        hashed = _read_hashed(progress)
+        damaged = damaged_shards(out, shards, hashed=hashed)
+        kept_files = {shard["file"] for shard in shards} - set(damaged)
+        atomic_write_json(progress / HASHED_SHARDS, {"format": 1, "shards": {f: v for f, v in sorted(hashed.items())
+                                                                             if f in kept_files}})
     claimed: set[str] = set()
     kept_clips = 0
     for log, found in lines.items():
@@ -139,3 +146,33 @@ def _keep_lines(log: Path, kept: list[CommittedLine]) -> None:
                 source.seek(line.offset)
                 yield source.read(line.length)
         atomic_write_bytes(log, b"".join(lines()))
+
+
+def repair_strays(out: Path) -> list[str]:
+    """`verify --repair` on disk: delete the shard files that no committed progress line claims, or, in a finished
+    cache, that its manifest does not list, and temp files a crash left; under OUT's lock (refused while a job holds
+    it: a shard it wrote is a stray until its progress line is appended). Returns the files deleted."""
+    from vaecache.cache.manifest import read_manifest
+    from vaecache.cache.outdir import acquire_lock, release_lock
+    from vaecache.errors import ManifestError
+
+    out = Path(out)
+    acquire_lock(out, None)
+    try:
+        try:
+            claimed = {Path(shard["file"]).name for shard in read_manifest(out).get("shards", [])}
+        except ManifestError:
+            claimed = {Path(shard["file"]).name for log in progress_logs(out) for shard in
+                       (line.shard for line, _ in scan_committed(log))}
+        deleted = []
+        folder = out / SHARDS_DIR
+        for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+            if path.name not in claimed and (path.is_file() or path.is_symlink()):
+                path.unlink()
+                deleted.append(f"{SHARDS_DIR}/{path.name}")
+        for path in sorted([*out.glob(".*.tmp"), *(out / PROGRESS_DIR).glob(".*.tmp")]):
+            path.unlink()
+            deleted.append(path.relative_to(out).as_posix())
+        return deleted
+    finally:
+        release_lock(out)

@@ -71,12 +71,36 @@ class VerifyReport:
                 "checks": [asdict(check) for check in self.checks]}
 
 
+class LocalShards:
+    """The shard files of a cache on disk, as the shard checks read them (vaecache.cache.verify_remote has the same
+    for a cache in object storage)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = Path(out)
+
+    def present(self, cache: CacheReader) -> set[str]:
+        """Every shard file there (`shards/<name>`), listed or not."""
+        return cache.shard_files_on_disk()
+
+    def size(self, file: str) -> int:
+        """Its byte count (FileNotFoundError when missing; UnsafePathError for a symlink out of OUT)."""
+        return inside(self.out, file, file).stat().st_size
+
+    def read(self, file: str) -> bytes:
+        return inside(self.out, file, file).read_bytes()
+
+    def header(self, file: str) -> dict[str, Any]:
+        return shard_header(inside(self.out, file, file))
+
+
 def verify_cache(out: Path, quick: bool = False, threads: int | None = None, ctx: Any = None,
-                 on_progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+                 on_progress: Callable[[int, int], None] | None = None, shards: Any = None) -> VerifyReport:
     """Every integrity check of OUT (the cache alone; `vaecache.encode.recheck.verify` adds the checks against
     its source). Under torchrun (`ctx` from vaecache.distributed.distributed) the shards are split across ranks
     and every rank returns the whole report. `on_progress(1, shards_of_this_rank)` is called as each of this
-    rank's shards is checked."""
+    rank's shards is checked. `shards` reads the shard files (default: LocalShards(out)); `out` then holds the
+    manifest and the tables only."""
+    shards = shards if shards is not None else LocalShards(out)
     rank, world = (ctx.info.rank, ctx.info.world_size) if ctx is not None else (0, 1)
     out = Path(out)
     manifest_check = Check("manifest")
@@ -107,7 +131,7 @@ def verify_cache(out: Path, quick: bool = False, threads: int | None = None, ctx
         if problem:
             shard_check.fail(problem)
             del listed[file]
-    on_disk = cache.shard_files_on_disk()
+    on_disk = shards.present(cache)
     for orphan in sorted(on_disk - set(listed)):
         orphan_check.fail(f"{orphan}: shard file not listed in the manifest")
     orphan_check.ok(len(on_disk & set(listed)))
@@ -115,9 +139,9 @@ def verify_cache(out: Path, quick: bool = False, threads: int | None = None, ctx
     mine = dict(sorted(listed.items())[rank::world])
     workers = threads or min(8, len(os.sched_getaffinity(0)))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        shards = _ShardChecks(out, mine, pool, 2 * workers, quick, on_progress)
-        seen = scan_records(cache, clips_check, tensor_check, listed, shards.add)
-        results = shards.finish(all_records_read=seen.readable)
+        checks = _ShardChecks(shards, mine, pool, 2 * workers, quick, on_progress)
+        seen = scan_records(cache, clips_check, tensor_check, listed, checks.add)
+        results = checks.finish(all_records_read=seen.readable)
     if world > 1:
         results = [result for part in ctx.all_gather_object(results) for result in part]
     for result in sorted(results, key=lambda r: r["file"]):
@@ -234,9 +258,9 @@ class _ShardChecks:
     pool-size checks wait at once, so memory holds the records of the shards being gathered or checked, not of the
     cache."""
 
-    def __init__(self, out: Path, mine: dict[str, dict[str, Any]], pool: ThreadPoolExecutor, limit: int, quick: bool,
+    def __init__(self, shards: Any, mine: dict[str, dict[str, Any]], pool: ThreadPoolExecutor, limit: int, quick: bool,
                  on_progress: Callable[[int, int], None] | None) -> None:
-        self.out, self.mine, self.pool, self.limit = out, mine, pool, limit
+        self.shards, self.mine, self.pool, self.limit = shards, mine, pool, limit
         self.quick, self.on_progress = quick, on_progress
         self.pending: dict[str, list[dict[str, Any]]] = {}
         self.submitted: set[str] = set()
@@ -271,7 +295,7 @@ class _ShardChecks:
         records = self.pending.pop(file, [])
         while len(self.in_flight) >= self.limit:
             self._collect()
-        self.in_flight.append(self.pool.submit(_check_shard, self.out, file, self.mine[file], records, self.quick,
+        self.in_flight.append(self.pool.submit(_check_shard, self.shards, file, self.mine[file], records, self.quick,
                                                claims_known))
 
     def _collect(self) -> None:
@@ -449,16 +473,14 @@ def _read_failures(cache: CacheReader, check: Check) -> list[dict[str, Any]]:
     return failures
 
 
-def _check_shard(out: Path, file: str, shard: dict[str, Any], records: list[dict[str, Any]], quick: bool,
+def _check_shard(shards: Any, file: str, shard: dict[str, Any], records: list[dict[str, Any]], quick: bool,
                  claims_known: bool = True) -> dict[str, Any]:
     result: dict[str, Any] = {"file": file, "shard": [], "tensors": [], "values": [], "tensors_ok": 0, "values_ok": 0}
     try:
-        path = inside(out, file, file)
+        size = shards.size(file)
     except UnsafePathError as exc:  # a symlink out of OUT: named, never opened or hashed
         result["shard"].append(str(exc))
         return result
-    try:
-        size = path.stat().st_size
     except FileNotFoundError:
         result["shard"].append(f"{file}: missing")
         result["tensors"].extend(f"clip {r['id']}: its shard {file} is missing" for r in records)
@@ -467,12 +489,12 @@ def _check_shard(out: Path, file: str, shard: dict[str, Any], records: list[dict
         result["shard"].append(f"{file}: {size} bytes, manifest says {shard.get('bytes')}")
     data = b""
     if not quick:
-        data = path.read_bytes()
+        data = shards.read(file)
         digest = hashlib.sha256(data).hexdigest()
         if digest != shard.get("sha256"):
             result["shard"].append(f"{file}: sha256 {digest[:12]}..., manifest says {str(shard.get('sha256'))[:12]}...")
     try:
-        header = shard_header(path)
+        header = shards.header(file)
     except ShardHeaderError as exc:
         result["shard"].append(f"{file}: {str(exc).split(': ', 1)[1]}")
         return result

@@ -6,6 +6,10 @@ on its own at the size limit. A shard is committed by: serialize -> sha256 -> te
 folder -> append its clip-table rows to this attempt's row log (fsynced; finalize merges them) -> append one fsynced
 line (shard record, clip ids, clip records) to this rank's progress log. Only a shard named in a
 progress log counts; anything else in shards/ is debris from a crash and is discarded on resume.
+
+With OUT in object storage (`objects`), the shard is PUT (atomic: whole or absent) under its unique name, then the
+progress line is PUT as its commit record (vaecache.cache.objects), then the row and progress logs are appended in
+the rank's local work folder, as on disk.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from safetensors.torch import save as safetensors_save
 from vaecache import faults
 from vaecache.cache.io import AppendLog, atomic_write_bytes
 from vaecache.cache.layout import FORMAT_NAME, FORMAT_VERSION, SHARDS_DIR, rows_name, shard_name
+from vaecache.cache.objects import commit_name
 from vaecache.cache.progress import progress_line
 from vaecache.cache.provenance import IdentityMemo
 from vaecache.cache.table import RowLog
@@ -113,8 +118,10 @@ class ShardWriter:
 
     def __init__(self, out: Path, rank: int, attempt: int, shard_size: int, progress: AppendLog,
                  max_pending: int = 2, hash_sources: bool = False, fit: str | None = None,
-                 commit_every_s: float = 0.0, clock: Any = time.monotonic) -> None:
+                 commit_every_s: float = 0.0, clock: Any = time.monotonic, objects: Any = None) -> None:
         self.folder = Path(out) / SHARDS_DIR
+        self.objects = objects
+        """An objects.ObjectOut where OUT is in object storage (`out` is then this rank's work folder)."""
         self._identities = IdentityMemo(hash_sources)
         self.rank, self.attempt, self.shard_size = rank, attempt, shard_size
         self.progress = progress
@@ -235,17 +242,26 @@ class ShardWriter:
             }
             number = len(self.committed) + 1
             if faults.should_fail("crash-mid-write", number, self.rank):
-                with open(self.folder / f".{name}.crash.tmp", "wb") as handle:
-                    handle.write(data[: len(data) // 2])
+                if self.objects is not None:  # a store without atomic PUTs would leave a cut object
+                    self.objects.put(shard["file"], data[: len(data) // 2])
+                else:
+                    with open(self.folder / f".{name}.crash.tmp", "wb") as handle:
+                        handle.write(data[: len(data) // 2])
                 faults.crash()
             if faults.should_fail("enospc", number, self.rank):
                 raise OutputError(f"{self.folder / name}: cannot write ({faults.disk_full(name).strerror})")
-            atomic_write_bytes(self.folder / name, data)
-            if faults.should_fail("crash-before-record", number, self.rank):
-                faults.crash()
+            line = progress_line(shard, records)
+            if self.objects is not None:
+                self.objects.put(shard["file"], data)
+                if faults.should_fail("crash-before-record", number, self.rank):
+                    faults.crash()
+                self.objects.put(commit_name(name), (line + "\n").encode())
+            else:
+                atomic_write_bytes(self.folder / name, data)
+                if faults.should_fail("crash-before-record", number, self.rank):
+                    faults.crash()
             if self._rows is None:
                 self._rows = RowLog(self.progress.path.parent / rows_name(self.rank, self.attempt))
-            line = progress_line(shard, records)
             # rows of the records as the line gives them back (keys sorted, JSON types): the table is the same
             # whether finalize reads the row log or, for a cache without one, the progress lines
             self._rows.append(json.loads(line)["clips"])

@@ -49,7 +49,8 @@ def problem_lines(report: VerifyReport) -> list[str]:
 
 @report_errors
 def verify(
-    out: Path = typer.Argument(..., help="A folder written by vaecache encode."),
+    out: str = typer.Argument(..., metavar="OUT", help="A folder written by vaecache encode, or its URL "
+                              "(s3://bucket/prefix)."),
     quick: bool = typer.Option(False, "--quick", help="Skip hashing and value checks: sizes and headers only.",
                                metavar=""),
     json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file "
@@ -72,10 +73,29 @@ def verify(
                                               "trust the folder).", metavar=""),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Hashing progress on rank 0: a bar in a "
                                   "terminal, a line every 30 s (VAECACHE_PROGRESS_INTERVAL) in a log.", metavar=""),
+    repair: bool = typer.Option(False, "--repair", help="Delete stray shards: files or objects no commit record "
+                                "claims, or that the finished manifest does not list (refused while a job holds "
+                                "OUT's lock).", metavar=""),
+    storage_option: Optional[list[str]] = typer.Option(None, "--storage-option", help="KEY=VALUE for fsspec, for an "
+                                                       "s3:// OUT (repeatable)."),
 ) -> None:
     """Prove a latent cache is complete and intact. Runs under torchrun to split the work across ranks."""
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
+    from vaecache.urls import Url, location, parse_storage_options
+
+    where = location(out)
+    if isinstance(where, Url):
+        if dataset is not None or reencode:
+            raise UsageError("--dataset and --reencode check a cache against its sources on disk; verify the URL "
+                             "without them, or a local copy with them")
+        from vaecache.cache.verify_remote import verify_url
+
+        with progress_reporter("verify", "shards", console, enabled=progress) as on_progress:
+            report = verify_url(where, quick, threads, dict(parse_storage_options(storage_option)), repair,
+                                on_progress)
+        _print_report(report, json_file)
+    out = where
     if not out.exists():
         raise UsageError(f"{out}: no such folder")
     if not out.is_dir():
@@ -96,12 +116,24 @@ def verify(
     options = VerifyOptions(quick=quick, threads=threads, dataset=dataset, reencode=reencode, vae=vae, seed=seed,
                             device=device, allow_pickle_weights=allow_pickle_weights,
                             tolerance=tolerance)
+    if repair:
+        from vaecache.cache.repair import repair_strays
+
+        deleted = repair_strays(out)
+        if deleted:
+            console.print(f"--repair deleted {len(deleted)} stray shard file(s): {escape(', '.join(deleted[:3]))}"
+                          + (" ..." if len(deleted) > 3 else ""), soft_wrap=True)
     with distributed(device=device if reencode else "cpu") as ctx:
         label = "verify" if ctx.info.world_size == 1 else f"verify (rank 0's share of {ctx.info.world_size} ranks)"
         with progress_reporter(label, "shards", console, enabled=progress and ctx.info.rank == 0) as on_progress:
             report = verify_cache(out, options, ctx=ctx, on_progress=on_progress)
         if ctx.info.rank != 0:
             raise typer.Exit(EXIT_OK if report.ok else EXIT_FAILED)
+    _print_report(report, json_file)
+
+
+def _print_report(report: VerifyReport, json_file: Path | None) -> None:
+    """The table, one line per problem, the summary and the verdict; exits 0 (ok) or 1."""
     console.print(report_table(report))
     for line in problem_lines(report):
         console.print(f"[red]FAIL[/red] {escape(line)}", soft_wrap=True)

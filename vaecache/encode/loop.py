@@ -73,14 +73,19 @@ def _camera_of(cameras: Any, paths: Any, path: str | None) -> str | None:
 
 
 class FailureLog:
-    """This rank's failure records (fsynced JSON lines), each handed to `on_failure` as soon as it is written."""
+    """This rank's failure records (fsynced JSON lines), each handed to `on_failure` as soon as it is written; with
+    OUT in object storage, `mirror` PUTs the log after each record."""
 
-    def __init__(self, path: Path, on_failure: Callable[[dict[str, Any]], None] | None) -> None:
+    def __init__(self, path: Path, on_failure: Callable[[dict[str, Any]], None] | None,
+                 mirror: Callable[[], None] | None = None) -> None:
         self._log = AppendLog(path)
         self._on_failure = on_failure
+        self._mirror = mirror
 
     def append(self, record: dict[str, Any]) -> None:
         self._log.append(record)
+        if self._mirror is not None:
+            self._mirror()
         if self._on_failure is not None:
             self._on_failure(record)
 
@@ -91,7 +96,9 @@ class FailureLog:
 def encode_share(cfg: EncodeConfig, ctx: DistContext, vae: VaeRunner, decoder: Backend, job: JobPlan, num_scenes: int,
             prepared: PreparedOut, begin_again: Callable[[int, DoneMaskBuilder], PreparedOut], stop: StopRequest,
             on_progress: Callable[[int, int], None] | None, started: float,
-            on_failure: Callable[[dict[str, Any]], None] | None = None) -> EncodeSummary:
+            on_failure: Callable[[dict[str, Any]], None] | None = None, objects: Any = None) -> EncodeSummary:
+    """This rank's share of the encode. With OUT in object storage, `cfg.out` is this rank's work folder and
+    `objects` the objects.ObjectOut shards, commit records and failure logs go to."""
     rank, mesh = ctx.info.rank, ctx.mesh
     todo = job.todo
     if prepared.complete and not todo:
@@ -104,7 +111,8 @@ def encode_share(cfg: EncodeConfig, ctx: DistContext, vae: VaeRunner, decoder: B
         # begin_changes repairs the progress logs: a shard it dropped must be encoded again
         job = dataclasses.replace(job, done=done)
     work = job.rank_work(rank)
-    failures = FailureLog(failures_path(cfg.out, rank), on_failure)
+    failures = FailureLog(failures_path(cfg.out, rank), on_failure,
+                          objects.mirror(failures_path(cfg.out, rank)) if objects is not None else None)
     if rank == 0:
         for skip in job.skipped:
             failures.append(failure_record(skip.scene_id, skip.reason, path=skip.path, camera=skip.camera))
@@ -125,7 +133,8 @@ def encode_share(cfg: EncodeConfig, ctx: DistContext, vae: VaeRunner, decoder: B
     )
     progress_log = AppendLog(progress_path(cfg.out, rank)) if mesh.is_writer else None
     writer = (ShardWriter(cfg.out, rank, prepared.attempt, cfg.shard_size, progress_log, hash_sources=cfg.hash_sources,
-                          fit=cfg.clip.fit if cfg.clip.bucketed else None, commit_every_s=cfg.commit_every_s)
+                          fit=cfg.clip.fit if cfg.clip.bucketed else None, commit_every_s=cfg.commit_every_s,
+                          objects=objects)
               if progress_log else None)
     sink = _BatchSink(cfg, ctx, vae, writer, failures, counters)
     loop_started = time.perf_counter()

@@ -8,7 +8,7 @@ import logging
 import platform
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -42,8 +42,12 @@ from vaecache.settings.commands import EncodeConfig
 from vaecache.settings.dtypes import recorded_name
 from vaecache.sources.probing import write_probe_records
 from vaecache.stop import StopRequest
+from vaecache.urls import is_url
 from vaecache.vae import VaeRunner
 from vaecache.vae.load import CUDA_NUMERICS
+
+if TYPE_CHECKING:
+    from vaecache.cache.objects import ObjectOut
 
 log = logging.getLogger("vaecache")
 
@@ -73,6 +77,26 @@ def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None 
     shows the probing of this rank's scenes and then its clips; `on_failure(record)` gets each failure record
     (an input that produced no clip) this rank writes, as it writes it."""
     started = time.perf_counter()
+    objects = None
+    if is_url(cfg.out):  # OUT in object storage: this rank works in a local folder (vaecache.cache.objects)
+        from vaecache.cache.objects import ObjectOut
+
+        objects = ObjectOut(cfg.out, dict(cfg.storage_options))
+    try:
+        return _start_and_run(cfg, ctx, on_progress, progress, on_failure, started, objects)
+    finally:
+        if objects is not None:
+            objects.close()
+
+
+def _start_and_run(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None,
+                   progress: ProgressFactory | None, on_failure: Callable[[dict[str, Any]], None] | None,
+                   started: float, objects: ObjectOut | None) -> EncodeSummary:
+    given = cfg.out
+    if objects is not None:
+        objects.check_usable()
+        objects.pull_start()
+        cfg = dataclasses.replace(cfg, out=objects.work)
     # Start-up writes nothing, so a Ctrl-C in it ends the command at once (the CLI prints one line).
     check_out_usable(cfg.out)
     start = start_up(StartRequest(cfg.data, cfg.vae, cfg.clip, ctx.device, ctx.info.world_size, ctx.mesh.sp_size,
@@ -85,12 +109,15 @@ def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None 
     # From here on stop signals are caught, so one arriving while OUT is prepared or the manifest is
     # written cannot kill the rank between commits; the encode loop polls the flag.
     with StopRequest() as stop:
-        return _run_encode(cfg, ctx, start, stop, on_progress, progress, on_failure, started)
+        summary = _run_encode(cfg, ctx, start, stop, on_progress, progress, on_failure, started, objects)
+    summary.out = given
+    return summary
 
 
 def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopRequest,
                 on_progress: Advance | None, progress: ProgressFactory | None,
-                on_failure: Callable[[dict[str, Any]], None] | None, started: float) -> EncodeSummary:
+                on_failure: Callable[[dict[str, Any]], None] | None, started: float,
+                objects: ObjectOut | None) -> EncodeSummary:
     rank, world = ctx.info.rank, ctx.info.world_size
     mesh, vae = ctx.mesh, start.vae
     threads = cpu_thread_budget(ctx, cfg.workers, None if cfg.overwrite else recorded_cpu_threads(cfg.out))
@@ -111,15 +138,34 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
         other_numerics.append(theirs)
     fingerprint = run_fingerprint(cfg, vae, decoder, numerics, start.images)
     sources = source_identities(start.sources(), cfg.hash_sources) if rank == 0 else None  # what OUT is made from
-    prepared, done = ctx.on_rank0(lambda: marking_done(start.job, lambda mark: prepare_out(
-        cfg.out, fingerprint, cfg.overwrite, ctx.info.job_id, sources, mark, cfg.allow_other_numerics,
-        other_numerics)))
+    def prepare(mark: DoneMaskBuilder) -> PreparedOut:
+        if objects is None:
+            return prepare_out(cfg.out, fingerprint, cfg.overwrite, ctx.info.job_id, sources, mark,
+                               cfg.allow_other_numerics, other_numerics)
+        objects.acquire_lock(ctx.info.job_id)
+        try:
+            if cfg.overwrite:
+                objects.clear()
+            objects.pull_records(finished=True)
+            prepared = prepare_out(cfg.out, fingerprint, cfg.overwrite, ctx.info.job_id, sources, mark,
+                                   cfg.allow_other_numerics, other_numerics, objects.shard_problems, lock=False)
+            return prepared if prepared.complete else objects.reconcile(prepared)
+        except BaseException:
+            objects.release_lock()
+            raise
+
+    prepared, done = ctx.on_rank0(lambda: marking_done(start.job, prepare))
 
     def begin_again(attempt: int, mark: DoneMaskBuilder) -> PreparedOut:
-        return begin_changes(cfg.out, attempt, fingerprint, sources, mark, other_numerics)
+        if objects is None:
+            return begin_changes(cfg.out, attempt, fingerprint, sources, mark, other_numerics)
+        return objects.reconcile(begin_changes(cfg.out, attempt, fingerprint, sources, mark, other_numerics,
+                                               objects.shard_problems))
 
     job = dataclasses.replace(start.job, done=done)
     write_probe_records(probes_path(cfg.out, rank), start.probe_records)
+    if objects is not None and probes_path(cfg.out, rank).is_file():
+        objects.mirror(probes_path(cfg.out, rank))()
     handler = setup_logging(cfg.out, rank, world)
     try:
         log.info("vaecache %s: world %d = DP %d x SP %d, device %s (%d torch threads), %d decode workers "
@@ -134,7 +180,7 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
                     on_progress(done, total)
 
             summary = encode_share(cfg, ctx, vae, decoder, job, start.scenes, prepared, begin_again, stop, report,
-                                   started, on_failure)
+                                   started, on_failure, objects)
         summary.wall_s = time.perf_counter() - started
         summary.left_out_cameras = start.left_out_cameras
         summary.repaired = list(prepared.damaged)
@@ -154,7 +200,8 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
         set_doing("writing the manifest" if rank == 0 else "waiting for rank 0 to write the manifest")
         finalize_started = time.perf_counter()
         # every rank learns what finalize found, so every rank exits with the same code
-        summary.skipped, summary.latent_shape = ctx.on_rank0(lambda: _finalize(cfg, vae, summary, fingerprint))
+        summary.skipped, summary.latent_shape = ctx.on_rank0(lambda: _finalize(cfg, vae, summary, fingerprint,
+                                                                               objects))
         summary.finalize_s = time.perf_counter() - finalize_started
         summary.wall_s = time.perf_counter() - started
         log.info("done: %d clips, %d views in %.1f s", summary.clips, summary.views, summary.wall_s)
@@ -162,14 +209,21 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
     finally:
         if rank == 0:
             release_lock(cfg.out)
+            if objects is not None:
+                objects.release_lock()
         log.removeHandler(handler)
         handler.close()
+        if objects is not None:
+            objects.push_log(rank, prepared.attempt, cfg.out / "logs" / f"rank-{rank:05d}.log")
 
 
 def _finalize(cfg: EncodeConfig, vae: VaeRunner, summary: EncodeSummary, fingerprint: dict[str, Any],
-              ) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
+              objects: ObjectOut | None = None) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
     """Rank 0, after every rank finished: merge progress logs into the manifest, written last. Returns the
-    failure records and the latent shape."""
+    failure records and the latent shape. With OUT in object storage, the work folder's logs are first rebuilt
+    from every rank's commit records, and the tables and the manifest (last) then PUT."""
+    if objects is not None:
+        objects.pull_records(finished=False)
     header = manifest_header(
         producer={"vaecache": vaecache.__version__, "torch": torch.__version__, "python": platform.python_version(),
                   "numerics": fingerprint.get("numerics"),
@@ -194,4 +248,6 @@ def _finalize(cfg: EncodeConfig, vae: VaeRunner, summary: EncodeSummary, fingerp
                               "view_shape": list(vae.latent_shape(bucket.num_frames, bucket.height, bucket.width))}
                              for bucket in cfg.clip.buckets()]
     manifest = finalize(cfg.out, header)
+    if objects is not None:
+        objects.publish()
     return CacheReader(cfg.out).failure_records(), manifest["latent"]["shape"] or {}

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vaecache.distributed.mesh import make_mesh
 from vaecache.errors import UsageError
 from vaecache.settings.clip import ClipSettings
+from vaecache.urls import Url
 
 ON_ERROR_CHOICES = ("skip", "fail")
 
@@ -23,7 +25,8 @@ class EncodeConfig:
     (which do not change a stored byte)."""
 
     data: Path
-    out: Path
+    out: Path | Url
+    """A local folder, or an object-store URL (vaecache.cache.objects)."""
     vae: str
     clip: ClipSettings
     device: str = "auto"
@@ -65,6 +68,8 @@ class EncodeConfig:
     """--lerobot-state: a LeRobot dataset's per-frame state/action columns in each clip record."""
     vae_config: str | None = None
     """--vae-config: the config of a single checkpoint file --vae (vaecache.vae.single_file)."""
+    storage_options: tuple[tuple[str, Any], ...] = ()
+    """--storage-option: fsspec options for an OUT in object storage (never recorded: they may hold secrets)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.probe_workers, bool) or not isinstance(self.probe_workers, int) or self.probe_workers < 1:

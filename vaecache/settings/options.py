@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vaecache.errors import UsageError
+from vaecache.urls import location, parse_storage_options
 
 ENCODE, PLAN = "encode", "plan"
 BOTH = frozenset({ENCODE, PLAN})
@@ -93,8 +94,12 @@ class Option:
 REQUIRED_NOTE = " \\[required, or in --config]"
 
 OPTIONS: tuple[Option, ...] = (
-    Option("out", "--out", Path, "Output folder for shards and manifest." + REQUIRED_NOTE, frozenset({ENCODE}),
-           short="-o", required=True, parse=Path),
+    Option("out", "--out", str, "Output folder for shards and manifest, or an object-store URL (s3://bucket/prefix)."
+           + REQUIRED_NOTE, frozenset({ENCODE}), short="-o", required=True, parse=location),
+    Option("storage_option", "--storage-option", str, "KEY=VALUE[,KEY=VALUE...]: passed to fsspec for an s3:// OUT "
+           "(e.g. anon=true, endpoint_url=http://minio:9000); credentials come from the AWS environment and "
+           "config files. Not recorded.", frozenset({ENCODE}), field="storage_options", toml=(str, list, dict),
+           toml_items=str, parse=parse_storage_options),
     Option("vae", "--vae", str, "builtin:tiny | builtin:small | diffusers:FOLDER\\[#subfolder] | FILE.safetensors | "
            "python:module:function." + REQUIRED_NOTE, required=True),
     Option("vae_config", "--vae-config", str, "The config.json (or diffusers folder) of a single checkpoint file whose "

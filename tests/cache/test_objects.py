@@ -1,0 +1,230 @@
+"""Encoding into object storage (vaecache.cache.objects) against a real S3-protocol server process: the cache over S3
+equals the one on disk, a crash at any point of a commit resumes to the same cache, strays are deleted, and the lock
+is a conditional PUT."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ENCODE_ARGS, assert_same_tensors, invoke, load_tensors, read_clips, subprocess_env
+from tests.s3 import download, make_bucket, upload
+from vaecache import LatentCache
+from vaecache.cache.objects import ObjectOut
+from vaecache.demodata import DemoDataSpec, write_demo_dataset
+from vaecache.errors import OutputError
+
+
+def _objects(s3, url: str) -> dict[str, int]:
+    s3.invalidate_cache()
+    root = url.removeprefix("s3://")
+    return {path[len(root) + 1:]: info["size"] for path, info in s3.find(root, detail=True).items()}
+
+
+def _encode(url: str, data: Path, *extra: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vaecache", "encode", str(data), "--out", url,
+                           *map(str, ENCODE_ARGS), *map(str, extra)],
+                          capture_output=True, text=True, env=subprocess_env(**(env or {})), timeout=300)
+
+
+def _same_cache(s3, url: str, local: Path, tmp_path: Path) -> None:
+    copy = download(s3, url, tmp_path / "copy")
+    assert_same_tensors(load_tensors(copy), load_tensors(local))
+    def records(out: Path) -> list[dict]:  # a resumed run's shards are another attempt's: other names
+        return [{key: value for key, value in record.items() if key != "shard"} for record in read_clips(out)]
+
+    assert records(copy) == records(local)
+    result = invoke(["verify", copy])
+    assert result.exit_code == 0, result.output
+
+
+def test_an_encode_into_s3_equals_the_encode_on_disk(s3, demo_data: Path, good_cache: Path, tmp_path: Path) -> None:
+    make_bucket(s3, "equal-out")
+    url = "s3://equal-out/cache"
+    result = invoke(["encode", demo_data, "--out", url, *ENCODE_ARGS])
+    assert result.exit_code == 0, result.output
+    assert f"vaecache encode -> {url}" in result.output
+    _same_cache(s3, url, good_cache, tmp_path)
+    found = _objects(s3, url)
+    assert ".lock" not in found and "manifest.json" in found
+    assert [name for name in found if name.startswith("progress/commits/")] == \
+        ["progress/commits/a000-r00000-000000.json"]
+    cache = LatentCache(url, verify="sha256")
+    assert cache.ids() == LatentCache(good_cache).ids()
+
+    again = invoke(["encode", demo_data, "--out", url, *ENCODE_ARGS])
+    assert again.exit_code == 0 and "already complete" in again.output, again.output
+    after = _objects(s3, url)
+    assert {k: v for k, v in after.items() if not k.startswith("logs/")} == \
+        {k: v for k, v in found.items() if not k.startswith("logs/")}
+
+
+@pytest.mark.parametrize("point", ["crash-before-record:2", "crash-mid-write:2", "crash-after-commit:1"])
+def test_a_crash_in_a_commit_resumes_to_the_same_cache(s3, s3_endpoint: str, demo_data: Path, sharded_cache: Path,
+                                                       tmp_path: Path, point: str) -> None:
+    bucket = "crash-" + point.split(":")[0]
+    make_bucket(s3, bucket)
+    url = f"s3://{bucket}/cache"
+    crashed = _encode(url, demo_data, "--shard-size", "50000", env={"VAECACHE_FAULT": point})
+    assert crashed.returncode == 137, crashed.stderr
+    found = _objects(s3, url)
+    commits = sorted(name for name in found if name.startswith("progress/commits/"))
+    shards = sorted(name for name in found if name.startswith("shards/"))
+    assert "manifest.json" not in found
+    assert len(commits) == {"crash-before-record:2": 1, "crash-mid-write:2": 1, "crash-after-commit:1": 1}[point]
+    if point != "crash-after-commit:1":
+        assert len(shards) == 2  # the second shard's object, whole or cut, without its commit record
+    incomplete = invoke(["verify", url])
+    assert incomplete.exit_code == 1 and "incomplete" in incomplete.output, incomplete.output
+
+    resumed = _encode(url, demo_data, "--shard-size", "50000")
+    assert resumed.returncode == 0, resumed.stderr
+    _same_cache(s3, url, sharded_cache, tmp_path)
+    after = _objects(s3, url)
+    committed = {name.replace("progress/commits/", "shards/").replace(".json", ".safetensors")
+                 for name in after if name.startswith("progress/commits/")}
+    assert {name for name in after if name.startswith("shards/")} == committed  # the stray is gone
+    verified = invoke(["verify", url])
+    assert verified.exit_code == 0, verified.output
+
+
+@pytest.mark.slow
+def test_kill_9_mid_encode_then_resume_equals_an_uninterrupted_run(s3, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    write_demo_dataset(data, DemoDataSpec(scenes=16, cameras=2, frames=17, height=64, width=64, fps=10, seed=3))
+    reference = tmp_path / "reference"
+    assert _encode(str(reference), data, "--shard-size", "1").returncode == 0
+    make_bucket(s3, "killed")
+    url = "s3://killed/cache"
+    child = subprocess.Popen([sys.executable, "-m", "vaecache", "encode", str(data), "--out", url,
+                              *map(str, ENCODE_ARGS), "--shard-size", "1"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=subprocess_env())
+    try:
+        deadline = time.monotonic() + 120
+        while not any(name.startswith("progress/commits/") for name in _objects(s3, url)):
+            assert child.poll() is None and time.monotonic() < deadline, "no commit before the encode ended"
+            time.sleep(0.05)
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait(timeout=60)
+    found = _objects(s3, url)
+    assert "manifest.json" not in found and ".lock" in found  # killed mid-run: its lock is left behind
+    resumed = _encode(url, data, "--shard-size", "1")  # same host, dead pid: the stale lock is taken over
+    assert resumed.returncode == 0, resumed.stderr
+    kept = re.search(r"clips already committed \(resumed\)\s*│\s*([0-9]+)", resumed.stdout + resumed.stderr)
+    assert kept and 0 < int(kept.group(1)) < 16, resumed.stdout + resumed.stderr
+    _same_cache(s3, url, reference, tmp_path)
+
+
+def test_the_lock_is_a_conditional_put_and_a_live_holder_refuses_a_second_job(s3, demo_data: Path) -> None:
+    make_bucket(s3, "locked")
+    url = "s3://locked/cache"
+    first, second = ObjectOut(url), ObjectOut(url)
+    try:
+        first.acquire_lock("111")
+        with pytest.raises(OutputError, match=r"locked by another vaecache job \(host .*, pid .*, job 111\)"):
+            second.acquire_lock("222")  # same host, live pid: refused, as on disk
+        first.release_lock()
+        second.acquire_lock("222")
+        second.release_lock()
+        assert ".lock" not in _objects(s3, url)
+    finally:
+        first.close()
+        second.close()
+
+    s3.pipe_file("locked/cache/.lock", json.dumps({"host": "another-host", "pid": 4242, "job_id": "7"}).encode())
+    refused = invoke(["encode", demo_data, "--out", url, *ENCODE_ARGS])
+    assert refused.exit_code == 1
+    assert f"{url}: locked by another vaecache job (host another-host, pid 4242, job 7)" in refused.output
+    assert "manifest.json" not in _objects(s3, url)
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    s3.pipe_file("locked/cache/.lock", json.dumps({"host": socket.gethostname(), "pid": dead.pid}).encode())
+    taken = invoke(["encode", demo_data, "--out", url, *ENCODE_ARGS])
+    assert taken.exit_code == 0, taken.output
+    assert ".lock" not in _objects(s3, url)
+
+
+def test_what_a_user_meets_is_one_line_naming_the_url(s3, demo_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = invoke(["encode", demo_data, "--out", "s3://no-such-bucket-here/cache", *ENCODE_ARGS])
+    assert missing.exit_code == 1
+    assert "error: s3://no-such-bucket-here/cache: no such bucket (no-such-bucket-here)" in missing.output
+
+    make_bucket(s3, "foreign")
+    s3.pipe_file("foreign/cache/notes.txt", b"mine")
+    foreign = invoke(["encode", demo_data, "--out", "s3://foreign/cache", *ENCODE_ARGS])
+    assert foreign.exit_code == 2 and "not empty and not a vaecache output (holds notes.txt)" in foreign.output
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    anonymous = invoke(["encode", demo_data, "--out", "s3://foreign/other", *ENCODE_ARGS])
+    assert anonymous.exit_code == 1
+    assert "s3://foreign/other: cannot list (no credentials" in anonymous.output, anonymous.output
+
+
+def test_verify_of_a_url_names_a_corrupted_a_missing_and_a_stray_object(s3, demo_data: Path) -> None:
+    make_bucket(s3, "verified")
+    url = "s3://verified/cache"
+    assert _encode(url, demo_data, "--shard-size", "50000").returncode == 0
+    good = invoke(["verify", url])
+    assert good.exit_code == 0 and "cache OK" in good.output, good.output
+    shards = sorted(name for name in _objects(s3, url) if name.startswith("shards/"))
+    first, second = (f"verified/cache/{name}" for name in shards)
+    data = bytearray(s3.cat_file(first))
+    data[-1] ^= 0xFF  # same size, other bytes
+    s3.pipe_file(first, bytes(data))
+    s3.rm(second)
+    s3.pipe_file("verified/cache/shards/a009-r00000-000000.safetensors", b"left by a crash")
+    bad = invoke(["verify", url])
+    assert bad.exit_code == 1
+    lines = bad.output
+    assert f"{shards[0]}: sha256" in lines and f"{shards[1]}: missing" in lines
+    assert "shards/a009-r00000-000000.safetensors: shard file not listed in the manifest" in lines
+    quick = invoke(["verify", url, "--quick"])
+    assert quick.exit_code == 1 and f"{shards[1]}: missing" in quick.output and "sha256" not in quick.output
+
+    s3.pipe_file("verified/cache/.lock", json.dumps({"host": "another-host", "pid": 1}).encode())
+    locked = invoke(["verify", url, "--repair"])
+    assert locked.exit_code == 1 and "locked by another vaecache job (host another-host" in locked.output
+    s3.rm("verified/cache/.lock")
+    repaired = invoke(["verify", url, "--repair"])
+    assert "--repair deleted 1 object(s)" in repaired.output, repaired.output
+    assert "shards/a009-r00000-000000.safetensors" not in _objects(s3, url)
+
+
+def test_verify_of_an_incomplete_url_names_uncommitted_shards_and_repair_deletes_them(s3, demo_data: Path) -> None:
+    make_bucket(s3, "halfway")
+    url = "s3://halfway/cache"
+    crashed = _encode(url, demo_data, "--shard-size", "50000", env={"VAECACHE_FAULT": "crash-before-record:2"})
+    assert crashed.returncode == 137
+    report = invoke(["verify", url])
+    assert report.exit_code == 1
+    assert "incomplete: no final manifest; 2 clips in 1 shards are committed" in report.output
+    assert "shards/a000-r00000-000001.safetensors: shard object without a commit record" in report.output
+    repaired = invoke(["verify", url, "--repair", "--json", "-"])
+    assert "--repair deleted 1 object(s)" in repaired.output
+    assert sorted(name for name in _objects(s3, url) if name.startswith("shards/")) == \
+        ["shards/a000-r00000-000000.safetensors"]
+
+
+def test_a_cache_written_on_disk_and_copied_to_s3_is_read_and_verified_but_not_resumed(s3, good_cache: Path,
+                                                                                       demo_data: Path) -> None:
+    url = upload(s3, good_cache, "copied")
+    assert invoke(["verify", url]).exit_code == 0
+    refused = invoke(["encode", demo_data, "--out", url, *ENCODE_ARGS])
+    assert refused.exit_code == 2
+    assert "progress/rank-00000.jsonl: this cache was written on disk and copied here" in refused.output
+    assert "manifest.json" in _objects(s3, url)

@@ -1,0 +1,147 @@
+"""`vaecache verify` of a cache in object storage: the checks run on disk (vaecache.cache.verify) over the manifest
+and tables fetched into a work folder and the shard objects read by URL, plus what only the commit protocol of
+vaecache.cache.objects can leave: stray objects (a shard without a commit record, or one the manifest does not
+list; a commit record of a shard the manifest does not list). `repair` deletes them under OUT's lock (refused
+while a live job holds it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from vaecache.cache.layout import CLIPS, FAILURES, MANIFEST, SHARDS_DIR
+from vaecache.cache.objects import COMMITS_DIR, ObjectOut, committed_shard
+from vaecache.cache.progress import progress_counts
+from vaecache.cache.reader import CacheReader, TensorInfo
+from vaecache.cache.remote import RemoteShard
+from vaecache.cache.verify import Check, VerifyReport, verify_cache
+from vaecache.errors import ShardHeaderError
+
+
+class ObjectShards:
+    """Shard objects as the shard checks read them (verify.LocalShards on disk): sizes from one listing, bytes and
+    headers by GET."""
+
+    def __init__(self, objects: ObjectOut, listing: dict[str, int]) -> None:
+        self.objects, self.listing = objects, listing
+
+    def present(self, cache: CacheReader) -> set[str]:
+        return {name for name in self.listing if name.startswith(f"{SHARDS_DIR}/")}
+
+    def size(self, file: str) -> int:
+        if file not in self.listing:
+            raise FileNotFoundError(file)
+        return self.listing[file]
+
+    def read(self, file: str) -> bytes:
+        data = self.objects.get(file)
+        if data is None:
+            raise FileNotFoundError(file)
+        return data
+
+    def header(self, file: str) -> dict[str, Any]:
+        try:
+            shard = RemoteShard(self.objects.fs, self.objects.key(file), str(self.objects.where(file)))
+        except ShardHeaderError as exc:
+            raise ShardHeaderError(f"{file}: {str(exc).split(': ', 1)[-1]}") from None
+        return {name: TensorInfo(info["dtype"], list(info["shape"])) for name, info in shard.header.items()
+                if name != "__metadata__" and isinstance(info, dict)}
+
+
+def stray_objects(listing: dict[str, int], listed: set[str] | None) -> list[str]:
+    """Objects no finished cache or resume would use: shard objects without a commit record, and with a manifest
+    (`listed`: its shard files), shard objects and commit records of shards it does not list."""
+    claimed = listed if listed is not None else {committed_shard(name) for name in listing}
+    strays = []
+    for name in sorted(listing):
+        if name.startswith(f"{SHARDS_DIR}/") and name not in claimed:
+            strays.append(name)
+        elif name.startswith(f"{COMMITS_DIR}/") and listed is not None and committed_shard(name) not in listed:
+            strays.append(name)
+    return strays
+
+
+def _why_stray(name: str, listed: set[str] | None) -> str:
+    if name.startswith(f"{COMMITS_DIR}/"):
+        return f"{name}: commit record of a shard the manifest does not list"
+    if listed is not None:
+        return f"{name}: shard object not listed in the manifest"
+    return f"{name}: shard object without a commit record (a crash between the shard and its commit)"
+
+
+def verify_url(url: str, quick: bool = False, threads: int | None = None,
+               storage_options: dict[str, Any] | None = None, repair: bool = False,
+               on_progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+    """Every integrity check of the cache at `url`, and its stray objects named (deleted with `repair`)."""
+    objects = ObjectOut(url, storage_options)
+    try:
+        objects.check_usable()
+        listing = {**objects.sizes(SHARDS_DIR), **objects.sizes(COMMITS_DIR)}
+        manifest = objects.get(MANIFEST)
+        stray_check = Check("no stray objects")
+        if manifest is None:
+            strays = stray_objects(listing, None)
+            objects.pull_records(finished=False)
+            clips, shards = progress_counts(objects.work)
+            check = Check("manifest")
+            check.fail(f"{objects.where(MANIFEST)}: no manifest")
+            check.note = (f"incomplete: no final manifest; {clips} clips in {shards} shards are committed (rerun the "
+                          "same encode command to finish)")
+            _report_strays(objects, stray_check, strays, listing, None, repair)
+            return VerifyReport(str(objects.url), complete=False, checks=[check, stray_check])
+        objects.work.mkdir(parents=True, exist_ok=True)
+        (objects.work / MANIFEST).write_bytes(manifest)
+        try:
+            cache = CacheReader(objects.work)
+            names = [cache.clips_path.name, cache.failures_path.name]
+            listed = set(cache.shard_files())
+        except Exception:  # the local checks name the manifest's problem
+            names, listed = [CLIPS, FAILURES], set()
+        for name in names:
+            data = objects.get(name)
+            if data is not None:
+                (objects.work / name).write_bytes(data)
+        report = verify_cache(objects.work, quick, threads, on_progress=on_progress,
+                              shards=ObjectShards(objects, listing))
+        report.out = str(objects.url)
+        for check in report.checks:
+            check.problems = [problem.replace(str(objects.work), str(objects.url)) for problem in check.problems]
+            check.note = check.note.replace(str(objects.work), str(objects.url))
+        if report.complete:
+            strays = [name for name in stray_objects(listing, listed) if name.startswith(f"{COMMITS_DIR}/")]
+            _report_strays(objects, stray_check, strays, listing, listed, repair)
+            report.checks.append(stray_check)
+            if repair:  # the shard objects the manifest does not list: the orphan check named them
+                orphans = [name for name in stray_objects(listing, listed) if name.startswith(f"{SHARDS_DIR}/")]
+                _repair(objects, orphans)
+                for check in report.checks:
+                    if check.name == "no orphan shards" and orphans:
+                        check.note = f"--repair deleted {len(orphans)} object(s)"
+        return report
+    finally:
+        objects.close()
+
+
+def _report_strays(objects: ObjectOut, check: Check, strays: list[str], listing: dict[str, int],
+                   listed: set[str] | None, repair: bool) -> None:
+    for name in strays:
+        check.fail(_why_stray(name, listed))
+    check.ok(max(0, len(listing) - len(strays)))
+    if repair and strays:
+        _repair(objects, strays)
+        check.note = f"--repair deleted {len(strays)} object(s)"
+    elif strays:
+        check.note = "vaecache verify --repair (or the next encode) deletes them"
+
+
+def _repair(objects: ObjectOut, names: list[str]) -> None:
+    if not names:
+        return
+    objects.acquire_lock(None)  # refused while a live job holds it: its next commit would look like a stray now
+    try:
+        objects.delete(names)
+    finally:
+        objects.release_lock()
+
+
+__all__ = ["ObjectShards", "stray_objects", "verify_url"]
