@@ -1,7 +1,11 @@
-"""Locations that are URLs (object storage through fsspec) rather than local paths; light: the CLI imports it."""
+"""Locations that are URLs (object storage through fsspec) rather than local paths, and opening them: the
+filesystem of a URL, its errors in one line, a source object's size and mtime, and the object as a file. Light (the
+CLI imports it): fsspec is imported only to open a URL."""
 
 from __future__ import annotations
 
+import datetime as _dt
+import os
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +57,113 @@ def parse_storage_options(values: str | list[str] | dict[str, Any] | None) -> tu
         except ValueError:
             found[key] = text
     return tuple(sorted(found.items()))
+
+
+def _endpoint_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    """A non-AWS S3 endpoint from the environment, as AWS tools take it (s3fs's own `endpoint_url` option)."""
+    if not url.startswith(("s3://", "s3a://")) or "endpoint_url" in options:
+        return options
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return {**options, "endpoint_url": endpoint} if endpoint else options
+
+
+def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
+    """(fsspec filesystem, root path) for `url`: a filesystem of this process's own (`skip_instance_cache`), since
+    fsspec instances must not cross a fork (DataLoader workers, spawned ranks). Transient S3 errors (throttling,
+    timeouts, dropped connections) are retried with backoff by s3fs itself (s3fs/core.py `_error_wrapper`,
+    `S3FileSystem.retries`, 5 tries) and below it by botocore."""
+    import fsspec
+
+    options = _endpoint_options(url, dict(storage_options or {}))
+    try:
+        return fsspec.core.url_to_fs(url, skip_instance_cache=True, **options)
+    except (ImportError, ValueError) as exc:
+        from vaecache.errors import UsageError
+
+        missing = " (pip install 'vaecache[s3]')" if isinstance(exc, ImportError) else ""
+        raise UsageError(f"{url}: cannot open this URL ({exc}){missing}") from None
+
+
+def storage_problem(exc: BaseException) -> str:
+    """What a user should read of an object-store error: no credentials, access denied, no such bucket or object,
+    or the error itself (one line)."""
+    name = type(exc).__name__
+    text = " ".join(str(exc).split())
+    if name in ("NoCredentialsError", "PartialCredentialsError") or "Unable to locate credentials" in text:
+        return ("no credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or "
+                "--storage-option key=... secret=...)")
+    if isinstance(exc, PermissionError) or "AccessDenied" in text or "Forbidden" in text:
+        return f"access denied ({text or name})"
+    if isinstance(exc, FileNotFoundError):
+        return f"not found ({text or name})"
+    return f"{name}: {text}" if text else name
+
+
+_DATA_OPTIONS: dict[str, Any] = {}
+_DATA_FILESYSTEMS: dict[tuple[int, str], Any] = {}
+"""(pid, protocol) -> the filesystem this process reads DATA's objects with: one per process, since fsspec instances
+must not cross a fork (DataLoader workers)."""
+
+
+def set_data_storage_options(options: dict[str, Any]) -> None:
+    """The fsspec options sources at URLs are opened with in this process (and the workers it forks)."""
+    _DATA_OPTIONS.clear()
+    _DATA_OPTIONS.update(options)
+    _DATA_FILESYSTEMS.clear()
+
+
+def data_filesystem(url: str) -> tuple[Any, str]:
+    """(filesystem, path in it) for a source at `url`."""
+    protocol = url.split("://", 1)[0]
+    key = (os.getpid(), protocol)
+    fs = _DATA_FILESYSTEMS.get(key)
+    if fs is None:
+        fs, _ = open_filesystem(url, _DATA_OPTIONS)
+        _DATA_FILESYSTEMS[key] = fs
+    return fs, fs._strip_protocol(url)
+
+
+def mtime_ns(info: dict[str, Any]) -> int:
+    """An object's modification time in ns since the epoch, from fsspec's info (s3fs: LastModified)."""
+    when = info.get("LastModified") or info.get("last_modified") or info.get("mtime") or info.get("created")
+    if isinstance(when, _dt.datetime):
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=_dt.timezone.utc)
+        return (when - _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)) // _dt.timedelta(microseconds=1) * 1000
+    if isinstance(when, (int, float)):
+        return int(when * 1e9)
+    return 0
+
+
+def url_stat(url: str) -> tuple[int, int]:
+    """(size, mtime_ns) of the object at `url` (FileNotFoundError when there is none; OSError when it cannot be
+    read, naming why)."""
+    fs, path = data_filesystem(url)
+    try:
+        info = fs.info(path)
+    except OSError:
+        raise
+    except Exception as exc:  # botocore's credential errors are no OSError
+        raise OSError(storage_problem(exc)) from None
+    if info.get("type") == "directory":
+        raise IsADirectoryError(url)
+    return int(info.get("size") or 0), mtime_ns(info)
+
+
+def url_sha256(url: str, block: int = 8 << 20) -> str:
+    """sha256 of the object at `url`, streamed."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open_url(url, block) as handle:
+        while chunk := handle.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def open_url(url: str, block_size: int = 4 << 20) -> Any:
+    """The object at `url` as a seekable binary file (what av.open takes): ranged GETs of `block_size` bytes with
+    read-ahead, so probing reads a video's header and index, not the whole object."""
+    fs, path = data_filesystem(url)
+    return fs.open(path, "rb", block_size=block_size, cache_type="readahead")
+

@@ -233,7 +233,8 @@ class ObjectOut:
     def pull_start(self) -> None:
         """Every rank, before start-up: run.json (the CPU threads a resume computes with) and every rank's probe
         records (no video is probed twice)."""
-        self.work.mkdir(parents=True, exist_ok=True)
+        for folder in (PROGRESS_DIR, LOGS_DIR, PROBES_DIR):  # what every rank appends to, as in OUT on disk
+            (self.work / folder).mkdir(parents=True, exist_ok=True)
         for name, data in self.get_many([RUN, *self.sizes(PROBES_DIR)]).items():
             self._write_local(name, data)
 

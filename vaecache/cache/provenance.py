@@ -17,6 +17,7 @@ def source_identity(path: Any, with_hash: bool) -> dict[str, Any] | None:
     """{size, mtime_ns[, sha256]} of a source video, or of an image sequence's frames together (a FrameList, a frame
     folder or glob), or None when it cannot be read."""
     from vaecache.errors import VideoDecodeError
+    from vaecache.urls import is_url, url_sha256
     from vaecache.video.frames import frame_files, is_image_source
     from vaecache.video.members import member_of, member_sha256
     from vaecache.video.sources import source_stat
@@ -29,7 +30,12 @@ def source_identity(path: Any, with_hash: bool) -> dict[str, Any] | None:
         found: dict[str, Any] = {"size": size, "mtime_ns": mtime_ns}
         if with_hash:  # a tar member's own bytes; an episode's whole file
             member = member_of(path)
-            found["sha256"] = member_sha256(member) if member is not None else sha256_file(Path(file_of(path)))
+            if member is not None:
+                found["sha256"] = member_sha256(member)
+            elif is_url(path):
+                found["sha256"] = url_sha256(path)
+            else:
+                found["sha256"] = sha256_file(Path(file_of(path)))
     except (OSError, VideoDecodeError):
         return None
     return found

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from typing import Any
 
 import torch
@@ -21,49 +20,12 @@ from vaecache.cache.io import loads
 from vaecache.cache.layout import CLIPS, MANIFEST, relative_inside
 from vaecache.cache.manifest import check_manifest
 from vaecache.errors import ManifestError, ShardChecksumError, ShardHeaderError
-from vaecache.urls import Url, is_url
+from vaecache.urls import Url, is_url, open_filesystem, storage_problem
 
 SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
                       "BOOL": torch.bool}
 """safetensors' dtype names (its format spec) -> torch dtypes."""
-
-
-def _endpoint_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
-    """A non-AWS S3 endpoint from the environment, as AWS tools take it (s3fs's own `endpoint_url` option)."""
-    if not url.startswith(("s3://", "s3a://")) or "endpoint_url" in options:
-        return options
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    return {**options, "endpoint_url": endpoint} if endpoint else options
-
-
-def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
-    """(fsspec filesystem, root path) for `url`: a filesystem of this process's own (`skip_instance_cache`), since
-    fsspec instances must not cross a fork (DataLoader workers, spawned ranks). Transient S3 errors (throttling,
-    timeouts, dropped connections) are retried with backoff by s3fs itself (s3fs/core.py `_error_wrapper`,
-    `S3FileSystem.retries`, 5 tries) and below it by botocore."""
-    import fsspec
-
-    options = _endpoint_options(url, dict(storage_options or {}))
-    try:
-        return fsspec.core.url_to_fs(url, skip_instance_cache=True, **options)
-    except (ImportError, ValueError) as exc:
-        raise ManifestError(f"{url}: cannot open this URL ({exc})") from None
-
-
-def storage_problem(exc: BaseException) -> str:
-    """What a user should read of an object-store error: no credentials, access denied, no such bucket or object,
-    or the error itself (one line)."""
-    name = type(exc).__name__
-    text = " ".join(str(exc).split())
-    if name in ("NoCredentialsError", "PartialCredentialsError") or "Unable to locate credentials" in text:
-        return ("no credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or "
-                "--storage-option key=... secret=...)")
-    if isinstance(exc, PermissionError) or "AccessDenied" in text or "Forbidden" in text:
-        return f"access denied ({text or name})"
-    if isinstance(exc, FileNotFoundError):
-        return f"not found ({text or name})"
-    return f"{name}: {text}" if text else name
 
 
 class RemoteShard:

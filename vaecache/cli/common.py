@@ -185,7 +185,10 @@ def check_dataset_exists(data: Path) -> None:
     """Refuse a DATA that does not exist (exit 2) before any work; a brace pattern of shards is checked by the layout,
     which names a missing shard."""
     from vaecache.sources.braces import is_brace_pattern
+    from vaecache.urls import is_url
 
+    if is_url(str(data)):  # object storage: listed by start-up, which names what is missing
+        return
     if not data.exists() and not is_brace_pattern(str(data)):
         raise DatasetError(f"{data}: dataset path does not exist")
 

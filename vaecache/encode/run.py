@@ -103,7 +103,8 @@ def _start_and_run(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | N
                                   cfg.batch_size, cfg.sp_mode, cfg.workers, cfg.allow_pickle_weights, cfg.on_error,
                                   cfg.out / PROBES_DIR, cfg.probe_workers,
                                   nuscenes_version=cfg.nuscenes_version, columns=cfg.columns,
-                                  lerobot_state=cfg.lerobot_state, vae_config=cfg.vae_config), ctx, progress)
+                                  lerobot_state=cfg.lerobot_state, vae_config=cfg.vae_config,
+                                  storage_options=cfg.storage_options), ctx, progress)
     # What --views-per-forward all came to for this dataset: recorded, and compared on resume.
     cfg = dataclasses.replace(cfg, clip=dataclasses.replace(cfg.clip, views_per_forward=start.job.views_per_forward))
     # From here on stop signals are caught, so one arriving while OUT is prepared or the manifest is

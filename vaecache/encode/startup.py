@@ -22,6 +22,7 @@ from vaecache.settings.vae_specs import check_vae_spec
 from vaecache.sources.discover import discover
 from vaecache.sources.probing import probe_dataset
 from vaecache.sources.scene import Discovery, Scene, SceneProbe, SourceOptions
+from vaecache.urls import set_data_storage_options
 from vaecache.vae import VaeRunner, load_vae
 from vaecache.video.backends import Backend, resolve_decoder
 
@@ -55,6 +56,8 @@ class StartRequest:
     """--column: which column of a metadata table plays which role."""
     lerobot_state: bool = False
     vae_config: str | None = None
+    storage_options: tuple[tuple[str, Any], ...] = ()
+    """fsspec options for DATA at a URL."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,7 @@ def start_up(request: StartRequest, ctx: Any = None, progress: ProgressFactory |
     shares the probes)."""
     # a typo costs nothing: refused before any video is probed
     check_vae_spec(request.vae, request.vae_config, request.allow_pickle_weights)
+    set_data_storage_options(dict(request.storage_options))
     backend = resolve_decoder(request.clip.decoder, request.device, request.workers)
     sampling = request.clip.sampling
     found = discover(request.data, options=SourceOptions(request.clip.cameras, sampling.frame_rate,

@@ -24,7 +24,8 @@ class EncodeConfig:
     """Everything `vaecache encode` needs: where from and to, the VAE, the clip settings, and run options
     (which do not change a stored byte)."""
 
-    data: Path
+    data: Path | Url
+    """A local path, or an object-store URL (vaecache.sources.urlpath)."""
     out: Path | Url
     """A local folder, or an object-store URL (vaecache.cache.objects)."""
     vae: str
@@ -154,6 +155,7 @@ class PlanConfig:
     columns: tuple[tuple[str, str], ...] = ()
     lerobot_state: bool = False
     vae_config: str | None = None
+    storage_options: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("world_size", "sp_size", "batch_size", "probe_workers"):

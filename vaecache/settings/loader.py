@@ -20,6 +20,7 @@ from vaecache.settings.commands import EncodeConfig, PlanConfig
 from vaecache.settings.dtypes import canonical_dtype_name
 from vaecache.settings.options import BY_SETTING, ENCODE, PLAN, check_toml_value, option_named, unknown_keys_message
 from vaecache.settings.vae_specs import resolve_vae_spec
+from vaecache.urls import location
 
 try:
     import tomllib
@@ -86,7 +87,7 @@ def load_settings(command: str, data: Path, flags: dict[str, Any], config_file: 
         rest["vae"] = resolve_vae_spec(rest["vae"])
     if rest.get("vae_config"):
         rest["vae_config"] = str(Path(rest["vae_config"]).expanduser().absolute())
-    return COMMANDS[command](data=Path(data), clip=clip, **rest, **(extra or {}))
+    return COMMANDS[command](data=location(data), clip=clip, **rest, **(extra or {}))
 
 
 def clip_settings(values: dict[str, Any]) -> ClipSettings:

@@ -96,9 +96,9 @@ REQUIRED_NOTE = " \\[required, or in --config]"
 OPTIONS: tuple[Option, ...] = (
     Option("out", "--out", str, "Output folder for shards and manifest, or an object-store URL (s3://bucket/prefix)."
            + REQUIRED_NOTE, frozenset({ENCODE}), short="-o", required=True, parse=location),
-    Option("storage_option", "--storage-option", str, "KEY=VALUE[,KEY=VALUE...]: passed to fsspec for an s3:// OUT "
-           "(e.g. anon=true, endpoint_url=http://minio:9000); credentials come from the AWS environment and "
-           "config files. Not recorded.", frozenset({ENCODE}), field="storage_options", toml=(str, list, dict),
+    Option("storage_option", "--storage-option", str, "KEY=VALUE[,KEY=VALUE...]: passed to fsspec for an s3:// DATA "
+           "or OUT (e.g. anon=true, endpoint_url=http://minio:9000); credentials come from the AWS environment and "
+           "config files. Not recorded.", field="storage_options", toml=(str, list, dict),
            toml_items=str, parse=parse_storage_options),
     Option("vae", "--vae", str, "builtin:tiny | builtin:small | diffusers:FOLDER\\[#subfolder] | FILE.safetensors | "
            "python:module:function." + REQUIRED_NOTE, required=True),

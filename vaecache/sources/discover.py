@@ -16,9 +16,12 @@ from vaecache.sources.nuscenes import NUSCENES
 from vaecache.sources.scene import Discovery, Layout, Scene, SourceOptions
 from vaecache.sources.tables import TABLE
 from vaecache.sources.tars import WEBDATASET
+from vaecache.urls import is_url
 
 LAYOUTS: tuple[Layout, ...] = (JSONL_INDEX, TABLE, NUSCENES, LEROBOT, WEBDATASET, FOLDERS)
 """Every input layout, asked in this order which one DATA is."""
+URL_LAYOUTS: tuple[Layout, ...] = (FOLDERS,)
+"""The layouts DATA at a URL is read with (vaecache.sources.urlpath)."""
 
 log = logging.getLogger("vaecache")
 
@@ -26,12 +29,22 @@ log = logging.getLogger("vaecache")
 def discover(data: Path, cameras: Sequence[str] | None = None, options: SourceOptions | None = None) -> Discovery:
     """Find scenes in DATA with the first layout of LAYOUTS that reads it. Sorted by id.
     `options` (SourceOptions) says more than `cameras`, which it replaces."""
-    data = Path(data)
     if options is None:
         options = SourceOptions(cameras=tuple(cameras) if cameras else None)
+    layouts = LAYOUTS
+    if is_url(data):  # object storage: the layouts whose reading goes through UrlPath
+        from vaecache.sources.urlpath import UrlPath
+
+        data, layouts = UrlPath(str(data)), URL_LAYOUTS  # type: ignore[assignment]
+        if not data.exists():
+            raise DatasetError(f"{data}: no objects under this URL")
+        if not any(layout.matches(data) for layout in layouts):
+            raise DatasetError(f"{data}: at a URL, DATA is read as a folder of videos or of scene folders "
+                               f"({', '.join(layout.name for layout in layouts)}); index or copy other layouts")
+    data = data if is_url(str(data)) else Path(data)
     if not data.exists() and not is_brace_pattern(str(data)):
         raise DatasetError(f"{data}: dataset path does not exist")
-    layout = next((layout for layout in LAYOUTS if layout.matches(data)), None)
+    layout = next((layout for layout in layouts if layout.matches(data)), None)
     if layout is None:
         raise DatasetError(f"{data}: expected a folder, a .jsonl index or a .csv/.tsv/.parquet table, got a "
                            f"{data.suffix or 'suffix-less'} file")

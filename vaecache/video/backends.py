@@ -11,6 +11,7 @@ import torch
 
 from vaecache.errors import UsageError, VideoDecodeError, first_line
 from vaecache.settings.clip import DECODER_CHOICES
+from vaecache.urls import is_url
 from vaecache.video.frames import FrameList, FrameSequence, is_image_source
 from vaecache.video.members import member_of
 from vaecache.video.reader import DECODER, VideoReader
@@ -34,9 +35,9 @@ def open_video(path: str, backend: Backend | None = None,
     if backend is None or backend.choice == "pyav":
         threads = backend.threads if backend is not None else 0
         return SpanReader(span, threads, max_pixels) if span is not None else VideoReader(path, threads, max_pixels)
-    if member_of(path) is not None or span is not None:
-        raise VideoDecodeError(path, f"--decoder {backend.choice} cannot read a video inside a tar or one episode of "
-                                     "a file; use --decoder pyav (what auto picks)")
+    if member_of(path) is not None or span is not None or is_url(path):
+        raise VideoDecodeError(path, f"--decoder {backend.choice} cannot read a video inside a tar, one episode of "
+                                     "a file or an object at a URL; use --decoder pyav (what auto picks)")
     if backend.choice == "decord":
         return DecordReader(path, max_pixels)
     return TorchcodecReader(path, backend.device, max_pixels)

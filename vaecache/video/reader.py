@@ -32,6 +32,7 @@ from av.video.reformatter import VideoReformatter
 
 from vaecache.errors import FrameBudgetError, VideoDecodeError, first_line
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS, frame_budget_problem
+from vaecache.urls import is_url, open_url, url_stat
 from vaecache.video.frames import checked_request
 from vaecache.video.members import member_of, open_member
 
@@ -62,8 +63,9 @@ class VideoReader:
         self._max_pixels = max_pixels
         self._member = member_of(path)  # a video inside a tar (a WebDataset shard), read in place
         self._member_file: Any = None
+        self._url_file: Any = None
         if self._member is None:
-            _check_file(path)
+            _check_url(path) if is_url(path) else _check_file(path)
         try:
             self._container = self._open()
         except PermissionError:
@@ -216,6 +218,11 @@ class VideoReader:
 
     def _open(self) -> Any:
         """A new container on the file (or the tar member's bytes)."""
+        if self._member is None and is_url(self.path):
+            if self._url_file is not None:
+                self._url_file.close()
+            self._url_file = open_url(self.path)
+            return av.open(self._url_file)
         if self._member is None:
             return av.open(self.path)
         if self._member_file is not None:
@@ -391,15 +398,30 @@ class VideoReader:
         container = getattr(self, "_container", None)
         if container is not None:
             container.close()
-        member_file = getattr(self, "_member_file", None)
-        if member_file is not None:
-            member_file.close()
+        for name in ("_member_file", "_url_file"):
+            handle = getattr(self, name, None)
+            if handle is not None:
+                handle.close()
 
     def __enter__(self) -> VideoReader:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_url(path: str) -> None:
+    """An object in object storage: there, not empty, readable (VideoDecodeError naming it otherwise)."""
+    try:
+        size, _ = url_stat(path)
+    except FileNotFoundError:
+        raise VideoDecodeError(path, "no such object") from None
+    except IsADirectoryError:
+        raise VideoDecodeError(path, "not an object (a prefix)") from None
+    except OSError as exc:
+        raise VideoDecodeError(path, f"cannot read ({exc})") from None
+    if size == 0:
+        raise VideoDecodeError(path, "empty object (0 bytes)")
 
 
 def _check_file(path: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from vaecache.urls import is_url, url_stat
 from vaecache.video.frames import files_identity, frame_files, is_image_source
 from vaecache.video.members import member_identity, member_of
 from vaecache.video.spans import file_of
@@ -17,6 +18,8 @@ def source_stat(source: Any) -> tuple[int, int]:
     sequence's total bytes and newest mtime. OSError (or VideoDecodeError naming a frame) when it cannot be read."""
     if is_image_source(source):
         return files_identity(frame_files(source))
+    if is_url(source):  # an object in object storage (DATA at a URL)
+        return url_stat(source)
     member = member_of(source)
     if member is not None:
         return member_identity(member)

@@ -1,0 +1,63 @@
+"""DATA and OUT in object storage, end to end against a real S3-protocol server process: videos read from s3://
+encode to the same latents as the same videos on disk, the sources are recorded by URL, a changed object is caught
+on resume, and a bad object is a skipped input naming its URL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ENCODE_ARGS, assert_same_tensors, invoke, load_tensors, read_clips, read_failures
+from tests.s3 import download, make_bucket, upload
+
+
+def _without_provenance(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in record.items() if k not in ("sources", "source_identity", "shard")} for record in records]
+
+
+def test_an_encode_from_s3_to_s3_equals_the_encode_on_disk(s3, demo_data: Path, good_cache: Path,
+                                                             tmp_path: Path) -> None:
+    data = upload(s3, demo_data, "s3-to-s3", "videos")
+    out = "s3://s3-to-s3/cache"
+    result = invoke(["encode", data, "--out", out, *ENCODE_ARGS, "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    copy = download(s3, out, tmp_path / "copy")
+    assert_same_tensors(load_tensors(copy), load_tensors(good_cache))
+    records = read_clips(copy)
+    assert _without_provenance(records) == _without_provenance(read_clips(good_cache))
+    assert records[0]["sources"] == [f"{data}/scene_000/cam_0.mp4", f"{data}/scene_000/cam_1.mp4"]
+    info = s3.info("s3-to-s3/videos/scene_000/cam_0.mp4")
+    assert records[0]["source_identity"][0]["size"] == info["size"]
+    assert invoke(["verify", out]).exit_code == 0
+
+    again = invoke(["encode", data, "--out", out, *ENCODE_ARGS])
+    assert again.exit_code == 0 and "already complete" in again.output, again.output
+    s3.pipe_file("s3-to-s3/videos/scene_001/cam_1.mp4", s3.cat_file("s3-to-s3/videos/scene_002/cam_1.mp4") + b"x")
+    changed = invoke(["encode", data, "--out", out, *ENCODE_ARGS])
+    assert changed.exit_code == 2
+    assert f"{data}/scene_001/cam_1.mp4: size" in changed.output
+
+
+def test_a_bad_object_is_a_skipped_input_naming_its_url(s3, demo_data: Path, tmp_path: Path) -> None:
+    data = upload(s3, demo_data, "bad-object", "videos")
+    s3.pipe_file("bad-object/videos/scene_001/cam_0.mp4", b"not a video at all")
+    out = tmp_path / "out"
+    result = invoke(["encode", data, "--out", out, *ENCODE_ARGS])
+    assert result.exit_code == 3, result.output
+    failures = read_failures(out)
+    assert [(f["scene"], f["path"]) for f in failures] == [("scene_001", f"{data}/scene_001/cam_0.mp4")]
+    assert "not a readable video" in failures[0]["reason"]
+    assert len(read_clips(out)) == 2
+
+
+def test_what_data_at_a_url_cannot_be_is_one_line(s3, demo_data: Path, tmp_path: Path) -> None:
+    make_bucket(s3, "empty-data")
+    nothing = invoke(["encode", "s3://empty-data/none", "--out", tmp_path / "a", *ENCODE_ARGS])
+    assert nothing.exit_code == 2 and "s3://empty-data/none: no objects under this URL" in nothing.output
+    data = upload(s3, demo_data, "decoders", "videos")
+    decord = invoke(["encode", data, "--out", tmp_path / "b", *ENCODE_ARGS, "--decoder", "decord"])
+    if "decord" in decord.output and "not installed" in decord.output:
+        pytest.skip("decord is not installed here")
+    assert decord.exit_code == 1, decord.output
+    assert "cannot read a video inside a tar, one episode of a file or an object at a URL" in decord.output
