@@ -5,6 +5,7 @@ Not part of the vaecache package: the scripts put their own folder on sys.path a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -19,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 SCRIPTS = Path(__file__).resolve().parent
 
@@ -306,3 +307,70 @@ def emit(result: dict[str, Any], human: str) -> None:
 
 def progress(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def s3_server(log_file: Path) -> Iterator[str]:
+    """moto's standalone S3 server (a real S3-protocol server process, `moto[server]` from the test extras) on a
+    free loopback port, its request log in `log_file`; the AWS environment of this process points at it while the
+    block runs. Yields the endpoint URL."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{port}"
+    log = open(log_file, "wb")
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=log)
+    saved = {name: os.environ.get(name) for name in S3_ENV}
+    os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": endpoint})
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(endpoint, timeout=2).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"moto's S3 server did not start on {endpoint} "
+                                     "(pip install 'moto[server]')") from None
+                time.sleep(0.2)
+        yield endpoint
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+S3_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3")
+
+
+def s3_requests(log_file: Path, start: int) -> tuple[dict[str, int], int]:
+    """Requests the S3 server logged after byte `start` of its log, by kind (LIST: a GET with a listing query; GET
+    range: a GET answered 206), and the log's new end."""
+    import re
+
+    data = Path(log_file).read_bytes()
+    counts: dict[str, int] = {}
+    for line in data[start:].decode("utf-8", "replace").splitlines():
+        line = re.sub(r"\x1b\[[0-9;]*m", "", line)  # werkzeug colours some status codes
+        found = re.search(r'"(GET|PUT|POST|HEAD|DELETE) ([^ ]*) HTTP/[0-9.]+" ([0-9]{3})', line)
+        if not found:
+            continue
+        method, target, status = found.groups()
+        kind = "LIST" if method == "GET" and ("list-type=" in target or "prefix=" in target or "delimiter=" in target) \
+            else "GET range" if method == "GET" and status == "206" else method
+        counts[kind] = counts.get(kind, 0) + 1
+    return counts, len(data)

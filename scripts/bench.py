@@ -12,11 +12,14 @@ Three ways to encode the same clips, interleaved in every repeat (the order rota
 
 Each figure is the median over --repeats; ratios come from medians measured in this same run.
 JSON goes to stdout, a table to stderr. ``--overhead`` adds per-rank-count costs of the pipeline itself,
-with a near-zero-cost VAE (scripts/_null_vae.py) under torchrun.
+with a near-zero-cost VAE (scripts/_null_vae.py) under torchrun. ``--s3`` adds a fourth mode, vaecache_s3: the
+same run with DATA and OUT in object storage (moto's S3 server as a local process, the data uploaded once), its
+views/s against vaecache's on disk (``s3_vs_disk``) and the server's requests per clip by kind.
 
     python scripts/bench.py --repeats 3 --workers 1
     python scripts/bench.py --repeats 3 --workers 1 --input jpeg    # image-sequence cameras (issue 28)
     python scripts/bench.py --overhead --overhead-ranks 1,2,4
+    python scripts/bench.py --repeats 3 --workers 1 --s3                # object storage (issue 33)
 """
 
 from __future__ import annotations
@@ -79,6 +82,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true",
                    help="also profile one vaecache run with torch.profiler and print the top ops to stderr")
     p.add_argument("--overhead", action="store_true", help="also measure pipeline overhead per rank count")
+    p.add_argument("--s3", action="store_true", help="also run vaecache with DATA and OUT on a local S3 server "
+                   "(moto[server] and s3fs, in the test extras)")
     p.add_argument("--overhead-ranks", default="1,2,4")
     p.add_argument("--overhead-scenes", type=int, default=16)
     p.add_argument("--overhead-workers", type=int, default=0)
@@ -209,7 +214,8 @@ def run_vaecache(args: argparse.Namespace, data: Path, out: Path, height: int, w
     clip = ClipSettings(SamplingConfig(num_frames=args.num_frames), height, width, dtype=args.dtype, store=args.store,
                         views_per_forward=views_per_forward(args))
     cfg = EncodeConfig(data=data, out=out, vae=args.vae, clip=clip, device=args.device, batch_size=args.batch_size,
-                       workers=args.workers, shard_size=parse_bytes(args.shard_size), overwrite=True, progress=False)
+                       workers=args.workers, shard_size=parse_bytes(args.shard_size), overwrite=True, progress=False,
+                       commit_every_s=0.0)
     marks: list[float] = []
     encodes: list[tuple[float, float]] = []
     start = time.perf_counter()
@@ -219,7 +225,12 @@ def run_vaecache(args: argparse.Namespace, data: Path, out: Path, height: int, w
     if summary.exit_code != 0:
         raise SystemExit(f"vaecache run failed: exit {summary.exit_code}, skipped {summary.skipped}")
     views = summary.views
-    manifest = json.loads((out / "manifest.json").read_text())
+    if isinstance(out, Path):
+        manifest = json.loads((out / "manifest.json").read_text())
+    else:
+        from vaecache.cache.remote import RemoteCache
+
+        manifest = RemoteCache(str(out)).manifest
     result = {"views": views, "wall_s": end - start, "steady_views": views, "steady_s": end - start,
               "run_encode_wall_s": summary.wall_s,
               "views_per_forward_used": manifest.get("vae", {}).get("views_per_forward")}
@@ -278,6 +289,19 @@ def _stages(start: float, marks: list[float], encodes: list[tuple[float, float]]
         "stage_tail_s": end - marks[-1],
         "encoder_busy": sum(e - b for b, e in encodes[1:]) / steady if len(marks) > 1 else float("nan"),
     }
+
+
+def _upload_to_s3(stack: contextlib.ExitStack, data: Path, tmp: Path) -> tuple[Any, Path, int]:
+    """Start the S3 server (kept running by `stack`) and upload DATA once; returns its URL, the server's log and
+    the log's end."""
+    from vaecache.urls import Url, open_filesystem
+
+    log = tmp / "s3-server.log"
+    stack.enter_context(bl.s3_server(log))
+    fs, _ = open_filesystem("s3://bench")
+    fs.mkdir("bench")
+    fs.put(str(data), "bench/data", recursive=True)
+    return Url("s3://bench/data"), log, log.stat().st_size  # Url: run_vaecache reads its manifest by URL
 
 
 def run_naive(args: argparse.Namespace, data: Path, out: Path, height: int, width: int, device) -> dict[str, float]:
@@ -449,14 +473,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         mean_logvar(vae.encode_views(decoded[0]))  # warm-up outside every measurement (allocator, kernels)
 
         first_views = decoded[0].shape[0]
+        modes = MODES + (("vaecache_s3",) if args.s3 else ())
+        s3 = contextlib.ExitStack()
+        if args.s3:
+            data_url, s3_log, log_at = _upload_to_s3(s3, data, tmp)
         runners: dict[str, Callable[[int], dict[str, Any]]] = {
             "encode_only": lambda r: run_encode_only(vae, decoded, device),
             "vaecache": lambda r: run_vaecache(args, data, tmp / f"out-vaecache-{r}", height, width, first_views),
             "naive": lambda r: run_naive(args, data, tmp / f"out-naive-{r}", height, width, device),
         }
-        runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+        if args.s3:
+            def run_s3(repeat: int) -> dict[str, Any]:
+                nonlocal log_at
+                _, log_at = bl.s3_requests(s3_log, log_at)
+                found = run_vaecache(args, data_url, data_url.replace("/data", f"/out-{repeat}"), height, width,
+                                     first_views)
+                found["requests"], log_at = bl.s3_requests(s3_log, log_at)
+                return found
+
+            runners["vaecache_s3"] = run_s3
+        runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
         for repeat in range(args.repeats):
-            order = MODES[repeat % 3:] + MODES[:repeat % 3]
+            order = modes[repeat % len(modes):] + modes[:repeat % len(modes)]
             for mode in order:
                 bl.progress(f"repeat {repeat + 1}/{args.repeats}: {mode}")
                 gc.collect()
@@ -467,16 +505,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 result["peak_rss_mb"], result["peak_pss_mb"] = rss.peak_mb, rss.peak_pss_mb
                 runs[mode].append(result)
                 shutil.rmtree(tmp / f"out-{mode}-{repeat}", ignore_errors=True)
+        s3.close()
         if args.profile:
             profile_vaecache(args, data, tmp / "out-profile", height, width, first_views)
 
         med = {mode: {key: bl.median([r[key] for r in runs[mode]])
                       for key in ("steady_s", "steady_views", "wall_s", "views", "cpu_s", "peak_rss_mb", "peak_pss_mb")}
-               for mode in MODES}
+               for mode in modes}
         stage_keys = [k for k in runs["vaecache"][0] if k.startswith("stage_") or k == "encoder_busy"]
         stages = {k: bl.rnd(bl.median([r[k] for r in runs["vaecache"]]), 4) for k in stage_keys}
-        vps = {mode: med[mode]["steady_views"] / med[mode]["steady_s"] for mode in MODES}
-        wall_vps = {mode: med[mode]["views"] / med[mode]["wall_s"] for mode in MODES}
+        vps = {mode: med[mode]["steady_views"] / med[mode]["steady_s"] for mode in modes}
+        wall_vps = {mode: med[mode]["views"] / med[mode]["wall_s"] for mode in modes}
         result: dict[str, Any] = {
             "views_per_s": {mode: bl.rnd(v, 4) for mode, v in vps.items()},
             "efficiency": bl.rnd(vps["vaecache"] / vps["encode_only"], 3),
@@ -485,7 +524,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "wall_efficiency": bl.rnd(wall_vps["vaecache"] / wall_vps["encode_only"], 3),
             "wall_speedup_vs_naive": bl.rnd(wall_vps["vaecache"] / wall_vps["naive"], 3),
             "ms_per_view": {mode: bl.rnd(1000 / v, 4) for mode, v in vps.items()},
-            "cpu_ms_per_view": {mode: bl.rnd(1000 * med[mode]["cpu_s"] / med[mode]["views"], 4) for mode in MODES},
+            "cpu_ms_per_view": {mode: bl.rnd(1000 * med[mode]["cpu_s"] / med[mode]["views"], 4) for mode in modes},
             "cpu_efficiency": bl.rnd(med["encode_only"]["cpu_s"] / med["vaecache"]["cpu_s"], 3),
             "vaecache_stages": {**stages, "encode_only_batch_ms": bl.rnd(
                 1000 * med["encode_only"]["steady_s"] * len(batches[0]) * args.cameras
@@ -495,11 +534,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 1000 * med["encode_only"]["steady_s"] * len(batches[0]) * args.cameras
                 / med["encode_only"]["steady_views"]), 3),
             "peak_rss_mb": bl.rnd(max(med[m]["peak_rss_mb"] for m in MODES), 4),
-            "peak_rss_mb_by_mode": {mode: bl.rnd(med[mode]["peak_rss_mb"], 4) for mode in MODES},
-            "peak_pss_mb_by_mode": {mode: bl.rnd(med[mode]["peak_pss_mb"], 4) for mode in MODES},
+            "peak_rss_mb_by_mode": {mode: bl.rnd(med[mode]["peak_rss_mb"], 4) for mode in modes},
+            "peak_pss_mb_by_mode": {mode: bl.rnd(med[mode]["peak_pss_mb"], 4) for mode in modes},
             "maxrss_mb_main_process": bl.rnd(bl.maxrss_mb(), 4),
             "runs": {mode: [{k: bl.rnd(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in runs[mode]]
-                     for mode in MODES},
+                     for mode in modes},
             "timed": TIMED,
             "machine": {**machine, "load_avg_at_end": bl.load_avg()},
             "config": {
@@ -538,6 +577,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "vaecache).",
             ],
         }
+        if args.s3:
+            clips = result["config"]["clips"]
+            kinds = sorted({kind for run in runs["vaecache_s3"] for kind in run["requests"]})
+            result["s3_vs_disk"] = bl.rnd(vps["vaecache_s3"] / vps["vaecache"], 3)
+            result["s3_efficiency"] = bl.rnd(vps["vaecache_s3"] / vps["encode_only"], 3)
+            result["s3_requests_per_clip"] = {
+                kind: bl.rnd(bl.median([run["requests"].get(kind, 0) for run in runs["vaecache_s3"]]) / clips, 3)
+                for kind in kinds}
+            result["notes"].append(
+                "vaecache_s3: run_encode with DATA and OUT at s3:// URLs on moto's S3 server (a local process, "
+                "loopback); s3_vs_disk = its steady views/s over vaecache's on disk, measured in the same repeats. "
+                "s3_requests_per_clip: the server's logged requests of a whole run (listing, probing, decoding, "
+                "shards, commit records, lock, tables, manifest, logs) by method, median over repeats, per clip; "
+                "LIST is a GET with a listing query. moto answers from memory: a real store's latency is not in it.")
         if args.overhead:
             result["overhead"] = run_overhead(args, tmp)
     finally:
@@ -545,12 +598,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             shutil.rmtree(tmp, ignore_errors=True)
 
     rows = [(mode, result["views_per_s"][mode], result["ms_per_view"][mode], result["cpu_ms_per_view"][mode],
-             result["wall_views_per_s"][mode], result["peak_pss_mb_by_mode"][mode]) for mode in MODES]
+             result["wall_views_per_s"][mode], result["peak_pss_mb_by_mode"][mode]) for mode in modes]
     human = bl.table(f"bench.py: {result['config']['views']} views, {args.repeats} repeats, medians "
                      f"(load avg {machine['load_avg_at_start']} -> {bl.load_avg()})",
                      ("mode", "views/s (steady)", "ms/view", "CPU ms/view", "views/s (wall)", "peak PSS MB"), rows)
     human += (f"\nefficiency (vaecache / encode_only) = {result['efficiency']}   "
               f"speedup vs naive = {result['speedup_vs_naive']}")
+    if "s3_vs_disk" in result:
+        human += (f"\nS3 (vaecache_s3 / vaecache on disk) = {result['s3_vs_disk']}   requests per clip: "
+                  + ", ".join(f"{kind} {count}" for kind, count in result["s3_requests_per_clip"].items()))
     if "overhead" in result:
         human += "\n\n" + bl.table(
             "pipeline cost per clip with the null VAE under torchrun (marginal: S vs 2S scenes; see 'definitions')",

@@ -26,6 +26,24 @@ class Url(str):
         return self.rstrip("/").rsplit("/", 1)[-1]
 
 
+def url_join(base: str, relative: str) -> str:
+    """`relative` (a path in an index or table at a URL) resolved against the URL of the folder `base`; a URL is
+    kept as it is."""
+    import posixpath
+
+    if is_url(relative):
+        return relative
+    scheme, _, rest = base.partition("://")
+    return f"{scheme}://{posixpath.normpath(posixpath.join(rest, relative))}"
+
+
+def folder_of(location: Any) -> str:
+    """The folder a file (an index, a table) lies in, resolved: a local path's, or a URL's prefix."""
+    if is_url(str(location)):
+        return str(location).rstrip("/").rsplit("/", 1)[0]
+    return str(Path(location).resolve().parent)
+
+
 def location(value: Any) -> Path | Url:
     """A --out (or a command's cache argument) as given: a Url for ``s3://...`` (never a Path, which would fold
     its '//'), else a Path."""

@@ -61,3 +61,45 @@ def test_what_data_at_a_url_cannot_be_is_one_line(s3, demo_data: Path, tmp_path:
         pytest.skip("decord is not installed here")
     assert decord.exit_code == 1, decord.output
     assert "cannot read a video inside a tar, one episode of a file or an object at a URL" in decord.output
+
+
+@pytest.mark.parametrize("form", ["jsonl", "csv", "parquet"])
+def test_an_index_or_table_at_a_url_resolves_its_paths_against_its_own_url(s3, demo_data: Path, good_cache: Path,
+                                                                            tmp_path: Path, form: str) -> None:
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bucket = f"index-{form}"
+    videos = upload(s3, demo_data, bucket, "set/videos")
+    scenes = sorted(p.name for p in demo_data.iterdir())
+    if form == "jsonl":
+        lines = [{"id": scene, "cameras": {cam: f"videos/{scene}/{cam}.mp4" for cam in ("cam_0", "cam_1")}}
+                 for scene in scenes]
+        s3.pipe_file(f"{bucket}/set/index.jsonl", "".join(json.dumps(line) + "\n" for line in lines).encode())
+        data, cameras = f"s3://{bucket}/set/index.jsonl", []
+    else:
+        rows = {"path": [f"videos/{scene}/cam_0.mp4" for scene in scenes], "id": scenes}
+        if form == "csv":
+            text = "path,id\n" + "".join(f"{p},{i}\n" for p, i in zip(rows["path"], rows["id"]))
+            s3.pipe_file(f"{bucket}/set/clips.csv", text.encode())
+        else:
+            local = tmp_path / "clips.parquet"
+            pq.write_table(pa.table(rows), local)
+            s3.put_file(str(local), f"{bucket}/set/clips.parquet")
+        data, cameras = f"s3://{bucket}/set/clips.{form}", ["--cameras", "cam_0"]
+    out = tmp_path / "out"
+    result = invoke(["encode", data, "--out", out, *ENCODE_ARGS, *cameras])
+    assert result.exit_code == 0, result.output
+    records = read_clips(out)
+    assert records[0]["sources"][0] == f"{videos}/scene_000/cam_0.mp4"
+    mine, reference = load_tensors(out), load_tensors(good_cache)
+    if form == "jsonl":
+        assert_same_tensors(mine, reference)
+    else:  # one camera: the first view of the two-camera cache's clips
+        import torch
+
+        assert sorted(mine) == sorted(reference)
+        for name in mine:
+            assert torch.equal(mine[name][0], reference[name][0]), name

@@ -28,6 +28,7 @@ from vaecache.sources.scene import (
     Scene,
     SourceOptions,
 )
+from vaecache.urls import folder_of, is_url, open_url, url_join
 from vaecache.video.frames import FrameList
 from vaecache.video.members import TarMember, member_of
 
@@ -37,6 +38,8 @@ def resolved_in(base: str, relative: str, parents: dict[str, str], trusted: bool
     symlink costs one lstat, so an index of a million scenes in a few folders is not resolved component by
     component a million times. `trusted`: the file name is taken as resolved (no lstat). A video inside a tar
     (`TAR#NAME@OFFSET+SIZE`) has its tar's path resolved."""
+    if is_url(base) or is_url(relative):  # an index at a URL (or naming URLs): no links to resolve there
+        return relative if is_url(relative) or relative.startswith("/") else url_join(base, relative)
     if "#" in relative and (member := member_of(relative)) is not None:
         tar = member.tar if trusted and member.tar.startswith("/") else resolved_path(Path(base, member.tar))
         return TarMember(tar, member.name, member.offset, member.size).reference
@@ -111,7 +114,7 @@ def scenes_from_index(index: Path, options: SourceOptions) -> LayoutScenes:
     camera, named by --cameras or `video`); a mix is refused, because a single video has no camera name
     to file it under among the others."""
     order = options.cameras
-    base = str(index.resolve().parent)
+    base = folder_of(index)
     name_of_index = str(index)
     scenes = []
     mapped: list[set[str]] = []  # camera names of the records that name their cameras
@@ -122,11 +125,11 @@ def scenes_from_index(index: Path, options: SourceOptions) -> LayoutScenes:
     frame_lists: tuple[FrameList | None, ...] | None = None
     listing: Listing | None = None
     offset = 0  # of the line in the file
-    resolved_index = str(index.resolve())
+    resolved_index = str(index.resolve())  # a UrlPath resolves to itself
     reference: str | None = None  # a line's "sync_reference" (an index of a nuScenes root: CAM_FRONT)
     scan, new_scene, metadata_keys = STRICT_JSON.scan_once, Scene, INDEX_KEYS
     single_name = (order[0] if order else SINGLE_CAMERA,)
-    with open(index, "rb") as handle:
+    with index.open("rb") as handle:
         for lineno, raw in enumerate(handle, 1):
             line_at, offset = offset, offset + len(raw)
             try:
@@ -276,7 +279,7 @@ def _read_listing(ref: IndexLineListing) -> HeldListing:
     worth of work: the cache keeps a scene's clips from reading it again)."""
     where = f"{ref.index}: line at byte {ref.offset}"
     try:
-        with open(ref.index, "rb") as handle:
+        with (open_url(ref.index) if is_url(ref.index) else open(ref.index, "rb")) as handle:
             handle.seek(ref.offset)
             record = loads(handle.readline().decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, NonFiniteNumber) as exc:

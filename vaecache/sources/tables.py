@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import io
 import json
 import math
 import posixpath
@@ -32,6 +33,7 @@ from typing import Any, Iterator, Sequence
 from vaecache.errors import DatasetError, UsageError
 from vaecache.sources.jsonl import resolved_in
 from vaecache.sources.scene import SINGLE_CAMERA, LayoutScenes, Scene, SourceOptions
+from vaecache.urls import folder_of
 
 ROLES = ("path", "id", "start", "end", "start_frame", "end_frame", "ranges")
 PANDA_RANGES = "timestamp"
@@ -112,7 +114,8 @@ def read_rows(table: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         yield from _parquet_rows(table)
         return
     try:
-        handle = open(table, encoding="utf-8-sig", newline="")
+        handle = (open(table, encoding="utf-8-sig", newline="") if isinstance(table, Path)
+                  else io.TextIOWrapper(table.open("rb"), encoding="utf-8-sig", newline=""))  # a UrlPath
     except OSError as exc:
         raise DatasetError(f"{table}: cannot read the table ({exc.strerror or exc})") from None
     with handle:
@@ -133,7 +136,7 @@ def _parquet_rows(table: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     import pyarrow.parquet as pq
 
     try:
-        parquet = pq.ParquetFile(table)
+        parquet = pq.ParquetFile(table if isinstance(table, Path) else table.open("rb"))
         row = 0
         for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
             for record in batch.to_pylist():
@@ -189,7 +192,7 @@ def scenes_from_table(table: Path, options: SourceOptions) -> LayoutScenes:
         raise DatasetError(f"{table}: a table's rows are single videos, but {len(order)} cameras were configured "
                            "(--cameras)")
     camera = (order[0] if order else SINGLE_CAMERA,)
-    base = str(table.resolve().parent)
+    base = folder_of(table)
     parents: dict[str, str] = {}
     roles: _Roles | None = None
     scenes: list[Scene] = []

@@ -219,9 +219,10 @@ class VideoReader:
     def _open(self) -> Any:
         """A new container on the file (or the tar member's bytes)."""
         if self._member is None and is_url(self.path):
-            if self._url_file is not None:
-                self._url_file.close()
-            self._url_file = open_url(self.path)
+            if self._url_file is None:
+                self._url_file = open_url(self.path)
+            else:  # a restart reads the object again from its start: the read-ahead may still hold those bytes
+                self._url_file.seek(0)
             return av.open(self._url_file)
         if self._member is None:
             return av.open(self.path)
