@@ -11,6 +11,7 @@ from vaecache.cache.reader import CacheReader
 from vaecache.cache.table import CLIP_TABLE, open_table
 from vaecache.cache.writer import tensor_stats
 from vaecache.training import LatentCache
+from vaecache.urls import is_url
 
 
 def latent_shapes(reader: CacheReader) -> list[dict[str, Any]]:
@@ -35,9 +36,16 @@ def latent_shapes(reader: CacheReader) -> list[dict[str, Any]]:
             for key, n in sorted(counts.items(), key=lambda item: (-item[1], repr(item[0])))]
 
 
-def inspect_cache(out: Path, with_failures: bool = False) -> dict[str, Any]:
+def inspect_cache(out: Path | str, with_failures: bool = False,
+                  storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """The cache at a glance: VAE, settings, latent shapes and buckets, counts, bytes, failures by reason (and with
-    `with_failures` every failure record, under failures.records)."""
+    `with_failures` every failure record, under failures.records). `out` may be a URL: its manifest and tables
+    are fetched, no shard is read."""
+    if is_url(str(out)):
+        from vaecache.cache.objects import fetched_tables
+
+        with fetched_tables(str(out), storage_options) as local:
+            return {**inspect_cache(local, with_failures), "out": str(out)}
     reader = CacheReader(out)
     manifest = reader.manifest
     vae = manifest.get("vae") or {}
@@ -67,10 +75,10 @@ def inspect_cache(out: Path, with_failures: bool = False) -> dict[str, Any]:
     }
 
 
-def inspect_clip(out: Path, clip_id: str) -> dict[str, Any]:
+def inspect_clip(out: Path | str, clip_id: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """One clip: its record, and per stored tensor its shape, dtype and min/max/mean/std computed from the
-    tensor (beside the stats recorded at encode time)."""
-    cache = LatentCache(out, verify="size")
+    tensor (beside the stats recorded at encode time). `out` may be a URL (ranged reads of that clip alone)."""
+    cache = LatentCache(out, verify="size", storage_options=storage_options)
     try:
         item = cache[clip_id]
     except KeyError:

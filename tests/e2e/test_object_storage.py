@@ -103,3 +103,31 @@ def test_an_index_or_table_at_a_url_resolves_its_paths_against_its_own_url(s3, d
         assert sorted(mine) == sorted(reference)
         for name in mine:
             assert torch.equal(mine[name][0], reference[name][0]), name
+
+
+def test_inspect_and_export_read_a_cache_at_a_url_as_they_read_it_on_disk(s3, good_cache: Path,
+                                                                          tmp_path: Path) -> None:
+    import json
+
+    url = upload(s3, good_cache, "inspected")
+    for where, target in ((good_cache, tmp_path / "local.json"), (url, tmp_path / "remote.json")):
+        result = invoke(["inspect", where, "--json", target, "--clips"])
+        assert result.exit_code == 0, result.output
+    local, remote = (json.loads((tmp_path / name).read_text()) for name in ("local.json", "remote.json"))
+    assert remote["out"] == url and remote.pop("out") and local.pop("out")
+    assert remote == local
+    one = invoke(["inspect", url, "--clip", local["clip_ids"][0]])
+    assert one.exit_code == 0 and f"clip {local['clip_ids'][0]}" in one.output
+
+    for form in ("webdataset", "musubi"):
+        mine, theirs = tmp_path / f"{form}-remote", tmp_path / f"{form}-local"
+        for cache, target in ((url, mine), (good_cache, theirs)):
+            result = invoke(["export", cache, "--format", form, "--out", target, "--verify", "sha256",
+                             *(["--energon", "off"] if form == "webdataset" else [])])
+            assert result.exit_code == 0, result.output
+        files = sorted(p.relative_to(theirs) for p in theirs.rglob("*") if p.is_file())
+        assert files == sorted(p.relative_to(mine) for p in mine.rglob("*") if p.is_file())
+        for name in files:
+            if name.name not in ("export.json", "videos.jsonl") and name.suffix != ".toml":  # name the target
+                assert (mine / name).read_bytes() == (theirs / name).read_bytes(), name
+        assert json.loads((mine / "export.json").read_text())["source"]["cache"] == url

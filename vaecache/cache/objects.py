@@ -22,6 +22,7 @@ deleted at the end.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -29,7 +30,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from vaecache.cache.layout import (
     CLIPS,
@@ -343,6 +344,32 @@ class ObjectOut:
 
     def close(self) -> None:
         shutil.rmtree(self.work, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def fetched_tables(url: str, storage_options: dict[str, Any] | None = None) -> Iterator[Path]:
+    """A local folder holding the manifest and the clip and failure tables of the finished cache at `url` (what
+    inspect reads; its shards stay at the URL), removed after the block. ManifestError when there is no manifest."""
+    from vaecache.cache.reader import CacheReader
+    from vaecache.errors import ManifestError
+
+    objects = ObjectOut(url, storage_options)
+    try:
+        manifest = objects.get(MANIFEST)
+        if manifest is None:
+            objects.check_usable()
+            raise ManifestError(f"{objects.where(MANIFEST)}: no manifest (the run is incomplete or this is not a "
+                                "vaecache output)")
+        objects._write_local(MANIFEST, manifest)
+        reader = CacheReader(objects.work)
+        for path in (reader.clips_path, reader.failures_path):
+            name = path.relative_to(objects.work).as_posix()
+            data = objects.get(name)
+            if data is not None:
+                objects._write_local(name, data)
+        yield objects.work
+    finally:
+        objects.close()
 
 
 def _holder(data: bytes | None) -> dict[str, Any] | None:

@@ -16,7 +16,8 @@ from vaecache.export import ENERGON_MODES, EXPORT_FORMATS
 
 @report_errors
 def export(
-    out: Path = typer.Argument(..., help="A folder written by vaecache encode."),
+    out: str = typer.Argument(..., metavar="OUT", help="A folder written by vaecache encode, or its URL "
+                              "(s3://bucket/prefix)."),
     format: str = typer.Option(..., "--format", help="musubi (musubi-tuner's latent cache) | webdataset (tar shards)."),
     dest: Path = typer.Option(..., "--out", "-o", help="Folder to create (must not exist); written beside it as "
                               ".NAME.tmp-PID and renamed when complete."),
@@ -28,6 +29,8 @@ def export(
     energon: str = typer.Option("auto", "--energon", help="webdataset: prepare DIR for Megatron-Energon with its own "
                                 "`energon prepare`: auto (when installed) | on | off."),
     verify: str = typer.Option("size", "--verify", help="Check each shard when first read: size | sha256 | none."),
+    storage_option: Optional[list[str]] = typer.Option(None, "--storage-option", help="KEY=VALUE for fsspec, for an "
+                                                       "s3:// OUT (repeatable)."),
 ) -> None:
     """Export a cache to the layout a trainer reads: musubi-tuner or WebDataset (Megatron-Energon)."""
     if format not in EXPORT_FORMATS:
@@ -42,15 +45,20 @@ def export(
         raise UsageError("--energon applies to --format webdataset only")
     if samples_per_tar < 1:
         raise UsageError(f"--samples-per-tar must be >= 1, got {samples_per_tar}")
-    if not out.is_dir():
-        raise UsageError(f"{out}: no such folder")
-    note_untrained_vae(out)
+    from vaecache.urls import Url, location, parse_storage_options
+
+    cache, options = location(out), dict(parse_storage_options(storage_option))
+    if not isinstance(cache, Url):
+        if not cache.is_dir():
+            raise UsageError(f"{cache}: no such folder")
+        note_untrained_vae(cache)
     from vaecache.export import export_musubi, export_webdataset
 
     if format == "musubi":
-        summary = export_musubi(out, dest, arch=arch, verify=verify)
+        summary = export_musubi(cache, dest, arch=arch, verify=verify, storage_options=options)
     else:
-        summary = export_webdataset(out, dest, verify=verify, samples_per_tar=samples_per_tar, energon=energon)
+        summary = export_webdataset(cache, dest, verify=verify, samples_per_tar=samples_per_tar, energon=energon,
+                                    storage_options=options)
     renamed = f", {summary.renamed} names mapped to safe ones (see index.jsonl)" if summary.renamed else ""
     console.print(escape(f"exported {summary.clips} clips as {summary.format} to {summary.out}: {summary.files} "
                          f"{'files' if format == 'musubi' else 'tar shards'}, {human_bytes(summary.bytes)}{renamed}"),

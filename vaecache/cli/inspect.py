@@ -66,7 +66,8 @@ def _clip_lines(info: dict[str, Any]) -> list[str]:
 
 @report_errors
 def inspect(
-    out: Path = typer.Argument(..., help="A folder written by vaecache encode."),
+    out: str = typer.Argument(..., metavar="OUT", help="A folder written by vaecache encode, or its URL "
+                              "(s3://bucket/prefix)."),
     clip: Optional[str] = typer.Option(None, "--clip", help="Show this clip (id, e.g. scene_000/000000-000008): its "
                                        "record and min/max/mean/std computed from its tensors (reads one shard)."),
     failures: bool = typer.Option(False, "--failures", help="List every failure (skipped input): file or clip, "
@@ -75,16 +76,22 @@ def inspect(
                                metavar=""),
     json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the result as JSON to this file "
                                              "('-': stdout)."),
+    storage_option: Optional[list[str]] = typer.Option(None, "--storage-option", help="KEY=VALUE for fsspec, for an "
+                                                       "s3:// OUT (repeatable)."),
 ) -> None:
     """What a cache holds, without a full verify: VAE, settings, latent shapes, counts, bytes, failures."""
-    if not out.is_dir():
+    from vaecache.urls import Url, location, parse_storage_options
+
+    where, options = location(out), dict(parse_storage_options(storage_option))
+    if not isinstance(where, Url) and not where.is_dir():
         raise UsageError(f"{out}: no such folder")
     if (failures or clips) and clip is not None:
         raise UsageError("--failures and --clips list the whole cache; they do not go with --clip")
     check_json_target(json_file)
     from vaecache.inspect import inspect_cache, inspect_clip
 
-    info = inspect_clip(out, clip) if clip is not None else inspect_cache(out, with_failures=True)
+    info = (inspect_clip(where, clip, options) if clip is not None
+            else inspect_cache(where, with_failures=True, storage_options=options))
     records = info["failures"].pop("records", []) if clip is None else []
     for line in (_clip_lines(info) if clip is not None else _summary_lines(info)):
         console.print(escape(line), soft_wrap=True)
@@ -94,9 +101,9 @@ def inspect(
     if failures:
         info["failures"]["records"] = records
     if clips:
-        from vaecache.cache.reader import CacheReader
+        from vaecache.training import LatentCache
 
-        info["clip_ids"] = list(CacheReader(out).clip_ids())
+        info["clip_ids"] = LatentCache(where, storage_options=options).ids()
         for clip_id in info["clip_ids"]:
             console.print(escape(clip_id), soft_wrap=True)
     if json_file is not None:

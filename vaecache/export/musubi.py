@@ -134,7 +134,7 @@ MUSUBI_ARCH_OF_FAMILY = {"AutoencoderKLWan": "wan", "AutoencoderKLHunyuanVideo":
 """The default --arch per VAE family. Kandinsky 5 also trains on HunyuanVideo latents: pass --arch k5."""
 
 
-def musubi_arch(vae: dict[str, Any], channels: int, arch: str | None, where: Path) -> MusubiArch:
+def musubi_arch(vae: dict[str, Any], channels: int, arch: str | None, where: Path | str) -> MusubiArch:
     """The musubi architecture to export a cache with this manifest `vae` record and latent channel count as, or
     an ExportError saying why it cannot be: an unknown or refused architecture, another VAE family, channel count
     or normalization."""
@@ -183,19 +183,20 @@ def musubi_item(scene: str, camera: str) -> str:
     return safe_name(f"{scene}-{camera}")
 
 
-def export_musubi(cache_dir: Path, target: Path, arch: str | None = None, verify: str = "size",
-                  on_clip: Callable[[int, int], None] | None = None) -> ExportSummary:
+def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, verify: str = "size",
+                  on_clip: Callable[[int, int], None] | None = None,
+                  storage_options: dict[str, Any] | None = None) -> ExportSummary:
     """Write musubi-tuner's latent cache for every clip and camera (see docs/exports.md, "Export to musubi-tuner").
     Everything is checked before the first file is written: the architecture against the cache's VAE, the
     stored tensor, the sizes musubi's buckets would stack together."""
     from vaecache.training import LatentCache
 
-    cache = LatentCache(cache_dir, verify=verify)
+    cache = LatentCache(cache_dir, verify=verify, storage_options=storage_options)  # a folder or a URL
     vae = cache.manifest.get("vae") or {}
     stored = (cache.manifest.get("latent") or {}).get("store") or []
     first = cache.record(0) if len(cache) else {}
     channels = next(iter((first.get("tensors") or {}).values()), {}).get("shape", [None, None])[1]
-    spec = musubi_arch(vae, channels, arch, Path(cache_dir))
+    spec = musubi_arch(vae, channels, arch, cache_dir)
     key = "mean" if "mean" in stored else "sample" if spec.samples and "sample" in stored else None
     if key is None:
         raise ExportError(f"{cache_dir}: stores no posterior mean ({'/'.join(stored) or 'nothing'}); musubi-tuner's "

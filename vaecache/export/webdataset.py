@@ -88,8 +88,10 @@ def prepare_for_energon(folder: Path) -> None:
                           f"`energon prepare DIR {' '.join(ENERGON_PREPARE_ARGS)}` to see why") from None
 
 
-def export_webdataset(cache_dir: Path, target: Path, verify: str = "size", samples_per_tar: int = SAMPLES_PER_TAR,
-                      energon: str = "auto", on_clip: Callable[[int, int], None] | None = None) -> ExportSummary:
+def export_webdataset(cache_dir: Path | str, target: Path, verify: str = "size",
+                      samples_per_tar: int = SAMPLES_PER_TAR, energon: str = "auto",
+                      on_clip: Callable[[int, int], None] | None = None,
+                      storage_options: dict[str, Any] | None = None) -> ExportSummary:
     """Write WebDataset tars, one latent shape per tar (`shard-<shape>-000000.tar`, ...): one sample per clip,
     `latents.safetensors` (the clip's stored tensors: mean, logvar or sample, (cameras, C, F, H, W)) and `json`
     (its clip record plus `latent_shape`); then Energon's preparation (`energon`: auto, on, off)."""
@@ -102,7 +104,7 @@ def export_webdataset(cache_dir: Path, target: Path, verify: str = "size", sampl
     prepare = energon == "on" or (energon == "auto" and energon_available())
     if energon == "on" and not energon_available():
         raise ExportError("--energon on: Megatron-Energon is not installed (pip install 'vaecache[energon]')")
-    cache = LatentCache(cache_dir, verify=verify)
+    cache = LatentCache(cache_dir, verify=verify, storage_options=storage_options)  # a folder or a URL
     size = 0
     with staging(target) as folder:
         index = ExportIndex(folder / EXPORT_INDEX)
