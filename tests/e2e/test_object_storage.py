@@ -131,3 +131,26 @@ def test_inspect_and_export_read_a_cache_at_a_url_as_they_read_it_on_disk(s3, go
             if name.name not in ("export.json", "videos.jsonl") and name.suffix != ".toml":  # name the target
                 assert (mine / name).read_bytes() == (theirs / name).read_bytes(), name
         assert json.loads((mine / "export.json").read_text())["source"]["cache"] == url
+
+
+@pytest.mark.parametrize("form", ["folder", "braces"])
+def test_webdataset_shards_at_a_url_are_read_in_place(s3, demo_data: Path, good_cache: Path, tmp_path: Path,
+                                                      form: str) -> None:
+    import webdataset as wds
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    scenes = sorted(p.name for p in demo_data.iterdir())
+    for number, scene in enumerate(scenes):
+        with wds.TarWriter(str(shards / f"data-{number:06d}.tar")) as sink:
+            sink.write({"__key__": scene, **{f"{cam}.mp4": (demo_data / scene / f"{cam}.mp4").read_bytes()
+                                              for cam in ("cam_0", "cam_1")}})
+    bucket = f"tars-{form}"
+    url = upload(s3, shards, bucket, "shards")
+    data = url if form == "folder" else f"{url}/data-{{000000..{len(scenes) - 1:06d}}}.tar"
+    out = tmp_path / "out"
+    result = invoke(["encode", data, "--out", out, *ENCODE_ARGS])
+    assert result.exit_code == 0, result.output
+    assert_same_tensors(load_tensors(out), load_tensors(good_cache))
+    source = read_clips(out)[0]["sources"][0]
+    assert source.startswith(f"{url}/data-000000.tar#scene_000.cam_0.mp4@")

@@ -181,7 +181,7 @@ def note_untrained_vae(out: Path) -> None:
                       "(for demos and tests; its latents mean nothing to a real model)", soft_wrap=True)
 
 
-def check_dataset_exists(data: Path) -> None:
+def check_dataset_exists(data: Path | str) -> None:
     """Refuse a DATA that does not exist (exit 2) before any work; a brace pattern of shards is checked by the layout,
     which names a missing shard."""
     from vaecache.sources.braces import is_brace_pattern
@@ -189,6 +189,7 @@ def check_dataset_exists(data: Path) -> None:
 
     if is_url(str(data)):  # object storage: listed by start-up, which names what is missing
         return
+    data = Path(data)
     if not data.exists() and not is_brace_pattern(str(data)):
         raise DatasetError(f"{data}: dataset path does not exist")
 

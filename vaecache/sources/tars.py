@@ -13,6 +13,7 @@ its small json/txt members, never a video's bytes, and nothing is extracted to d
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ from typing import Any, Iterator
 from vaecache.errors import DatasetError
 from vaecache.sources.braces import expand_braces, is_brace_pattern
 from vaecache.sources.scene import SINGLE_CAMERA, LayoutScenes, Scene, Skipped, SourceOptions
+from vaecache.urls import is_url, open_url, url_stat
 from vaecache.video.frames import VIDEO_EXTENSIONS, natural_key
 from vaecache.video.members import TarMember
 
@@ -61,9 +63,13 @@ def shard_paths(data: Path) -> list[Path] | None:
             raise DatasetError(f"{data}: {exc}") from None
         if not all(name.lower().endswith(".tar") for name in names):
             return None
-        missing = [name for name in names if not os.path.isfile(name)]
+        missing = [name for name in names if not _is_file(name)]
         if missing:
             raise DatasetError(f"{data}: shard {missing[0]} does not exist ({len(missing)} of {len(names)} missing)")
+        if is_url(text):
+            from vaecache.sources.urlpath import UrlPath
+
+            return [UrlPath(name) for name in names]  # type: ignore[misc]
         return [Path(name) for name in names]
     if data.is_file():
         return [data] if data.suffix.lower() == ".tar" else None
@@ -74,13 +80,40 @@ def shard_paths(data: Path) -> list[Path] | None:
     return None
 
 
+def _is_file(name: str) -> bool:
+    if not is_url(name):
+        return os.path.isfile(name)
+    try:
+        url_stat(name)
+    except OSError:
+        return False
+    return True
+
+
+HEADER_BLOCK = 1 << 16
+"""Bytes per ranged GET while a tar at a URL is listed: a header, and the next ones where members are small."""
+
+
+def _open_shard(tar: Path) -> Any:
+    """A shard as a seekable binary file: a local file, or an object read by ranged GETs of HEADER_BLOCK."""
+    if isinstance(tar, Path):
+        return open(tar, "rb")
+    return open_url(str(tar), HEADER_BLOCK)
+
+
 def read_samples(tar: Path) -> Iterator[Sample]:
     """The samples of one shard, in order (webdataset's grouping; see the module docstring)."""
     name = str(tar.resolve())
-    try:
-        archive = tarfile.open(tar, "r:")
-    except (tarfile.TarError, OSError) as exc:
-        raise DatasetError(f"{tar}: not a readable uncompressed tar ({exc})") from None
+    with contextlib.ExitStack() as opened:
+        try:  # a tar at a URL: tarfile reads one header after another, each by a small ranged GET
+            archive = tarfile.open(tar, "r:") if isinstance(tar, Path) else \
+                tarfile.open(fileobj=opened.enter_context(_open_shard(tar)), mode="r:")
+        except (tarfile.TarError, OSError) as exc:
+            raise DatasetError(f"{tar}: not a readable uncompressed tar ({exc})") from None
+        yield from _samples(tar, name, archive)
+
+
+def _samples(tar: Path, name: str, archive: tarfile.TarFile) -> Iterator[Sample]:
     current: Sample | None = None
     listed = 0
     with archive:
@@ -131,7 +164,7 @@ def scenes_from_shards(data: Path, options: SourceOptions) -> LayoutScenes:
     form: str | None = None  # "single" (key.mp4) or "cameras" (key.<camera>.mp4), from the first sample with video
     for tar in shards:
         try:
-            handle = open(tar, "rb")
+            handle = _open_shard(tar)
         except OSError as exc:
             raise DatasetError(f"{tar}: cannot read the shard ({exc.strerror or exc})") from None
         with handle:

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 from vaecache.errors import VideoDecodeError
+from vaecache.urls import is_url, open_url, url_stat
 
 _REFERENCE = re.compile(r"^(?P<tar>.+\.[tT][aA][rR])#(?P<name>.+)@(?P<offset>\d+)\+(?P<size>\d+)$", re.DOTALL)
 READ_BUFFER = 1 << 20
@@ -47,7 +48,15 @@ def member_of(source: object) -> TarMember | None:
 
 def member_identity(member: TarMember) -> tuple[int, int]:
     """(size, mtime_ns): the member's size and its tar's mtime (a rewritten shard is a changed source)."""
-    return member.size, os.stat(member.tar).st_mtime_ns
+    return member.size, _tar_stat(member.tar)[1]
+
+
+def _tar_stat(tar: str) -> tuple[int, int]:
+    """(size, mtime_ns) of a tar file, or of a tar object at a URL."""
+    if is_url(tar):
+        return url_stat(tar)
+    found = os.stat(tar)
+    return found.st_size, found.st_mtime_ns
 
 
 def member_sha256(member: TarMember) -> str:
@@ -65,7 +74,9 @@ class MemberFile(io.RawIOBase):
     def __init__(self, member: TarMember) -> None:
         super().__init__()
         self.member = member
-        self._file = open(member.tar, "rb")
+        # at a URL: ranged GETs of the member's window (a block at a time), never the whole tar
+        self._file = open_url(member.tar, min(4 << 20, max(1 << 16, member.size))) if is_url(member.tar) \
+            else open(member.tar, "rb")
         self._position = 0
 
     def readable(self) -> bool:
@@ -103,7 +114,7 @@ def open_member(member: TarMember) -> io.BufferedReader:
     its tar cannot be read or is shorter than the member's bytes (a truncated or rewritten shard)."""
     reference = member.reference
     try:
-        tar_size = os.stat(member.tar).st_size
+        tar_size = _tar_stat(member.tar)[0]
         raw = MemberFile(member)
     except FileNotFoundError:
         raise VideoDecodeError(reference, f"tar {member.tar} not found") from None

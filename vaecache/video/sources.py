@@ -18,11 +18,11 @@ def source_stat(source: Any) -> tuple[int, int]:
     sequence's total bytes and newest mtime. OSError (or VideoDecodeError naming a frame) when it cannot be read."""
     if is_image_source(source):
         return files_identity(frame_files(source))
-    if is_url(source):  # an object in object storage (DATA at a URL)
-        return url_stat(source)
     member = member_of(source)
     if member is not None:
         return member_identity(member)
+    if is_url(source):  # an object in object storage (DATA at a URL)
+        return url_stat(source)
     stat = os.stat(file_of(source))
     return stat.st_size, stat.st_mtime_ns
 
