@@ -154,3 +154,19 @@ def test_webdataset_shards_at_a_url_are_read_in_place(s3, demo_data: Path, good_
     assert_same_tensors(load_tensors(out), load_tensors(good_cache))
     source = read_clips(out)[0]["sources"][0]
     assert source.startswith(f"{url}/data-000000.tar#scene_000.cam_0.mp4@")
+
+
+def test_an_index_of_data_at_a_url_names_the_objects_and_encodes_like_the_url(s3, demo_data: Path, good_cache: Path,
+                                                                               tmp_path: Path) -> None:
+    import json
+
+    data = upload(s3, demo_data, "indexed", "videos")
+    index = tmp_path / "data.jsonl"
+    made = invoke(["index", data, "-o", index, "--no-progress"])
+    assert made.exit_code == 0, made.output
+    lines = [json.loads(line) for line in index.read_text().splitlines()]
+    assert lines[0]["cameras"]["cam_0"] == f"{data}/scene_000/cam_0.mp4" and "probe" in lines[0]
+    out = tmp_path / "out"
+    encoded = invoke(["encode", index, "--out", out, *ENCODE_ARGS])
+    assert encoded.exit_code == 0, encoded.output
+    assert_same_tensors(load_tensors(out), load_tensors(good_cache))

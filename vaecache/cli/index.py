@@ -18,9 +18,10 @@ from vaecache.settings.options import parse_cameras, parse_columns
 
 @report_errors
 def index(
-    data: Path = typer.Argument(..., help="Dataset: DATA/<scene>/<camera>.mp4 or DATA/<scene>/<camera>/<frames>, a "
-                                "folder of videos or of frame folders, a .jsonl index, a .csv/.tsv/.parquet table, "
-                                "WebDataset .tar shards, or a nuScenes root."),
+    data: str = typer.Argument(..., metavar="DATA", help="Dataset: DATA/<scene>/<camera>.mp4 or "
+                               "DATA/<scene>/<camera>/<frames>, a folder of videos or of frame folders, a .jsonl "
+                               "index, a .csv/.tsv/.parquet table, WebDataset .tar shards, or a nuScenes root; or an "
+                               "s3:// URL of videos, an index, a table or shards."),
     output: Path = typer.Option(..., "--output", "-o", help="The index to write (INDEX.jsonl); unusable scenes go to "
                                 "INDEX.rejected.jsonl beside it."),
     cameras: Optional[str] = typer.Option(None, "--cameras", help="Comma-separated camera order "
@@ -36,13 +37,17 @@ def index(
     timeout: float = typer.Option(1800.0, "--timeout", help="Seconds a rank waits for the others at the end."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress on rank 0: a bar in a terminal, "
                                   "a line every 30 s (VAECACHE_PROGRESS_INTERVAL) in a log.", metavar=""),
+    storage_option: Optional[list[str]] = typer.Option(None, "--storage-option", help="KEY=VALUE for fsspec, for an "
+                                                       "s3:// DATA (repeatable)."),
 ) -> None:
     """Probe every camera once (frame count, fps, size, codec, first and last frame time) into a JSONL index for
     encode and plan; a nuScenes root's tables are read once here, into one line per scene."""
     check_dataset_exists(data)
     from vaecache.sources.indexing import IndexConfig
+    from vaecache.urls import location, parse_storage_options, set_data_storage_options
 
-    cfg = IndexConfig(data=data, output=output, cameras=parse_cameras(cameras) or None if cameras else None,
+    set_data_storage_options(dict(parse_storage_options(storage_option)))
+    cfg = IndexConfig(data=location(data), output=output, cameras=parse_cameras(cameras) or None if cameras else None,
                       workers=workers, frame_rate=fps, nuscenes_version=nuscenes_version,
                       columns=parse_columns(column))
 
