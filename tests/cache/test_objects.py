@@ -228,3 +228,20 @@ def test_a_cache_written_on_disk_and_copied_to_s3_is_read_and_verified_but_not_r
     assert refused.exit_code == 2
     assert "progress/rank-00000.jsonl: this cache was written on disk and copied here" in refused.output
     assert "manifest.json" in _objects(s3, url)
+
+
+@pytest.mark.slow
+def test_two_ranks_under_torchrun_commit_into_s3_and_equal_one_process(s3, demo_data: Path, good_cache: Path,
+                                                                        tmp_path: Path) -> None:
+    from tests.conftest import torchrun_cmd
+
+    data = upload(s3, demo_data, "two-ranks", "videos")
+    url = "s3://two-ranks/cache"
+    result = subprocess.run(torchrun_cmd(2, "encode", data, "--out", url, *ENCODE_ARGS, "--shard-size", "1"),
+                            capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    commits = sorted(name for name in _objects(s3, url) if name.startswith("progress/commits/"))
+    assert {name.split("-")[1] for name in commits} == {"r00000", "r00001"}  # each rank committed its own
+    copy = download(s3, url, tmp_path / "copy")
+    assert_same_tensors(load_tensors(copy), load_tensors(good_cache))
+    assert invoke(["verify", url]).exit_code == 0

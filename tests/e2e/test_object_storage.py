@@ -170,3 +170,15 @@ def test_an_index_of_data_at_a_url_names_the_objects_and_encodes_like_the_url(s3
     encoded = invoke(["encode", index, "--out", out, *ENCODE_ARGS])
     assert encoded.exit_code == 0, encoded.output
     assert_same_tensors(load_tensors(out), load_tensors(good_cache))
+
+
+def test_hash_sources_streams_each_object_for_its_sha256(s3, demo_data: Path, tmp_path: Path) -> None:
+    import hashlib
+
+    data = upload(s3, demo_data, "hashed", "videos")
+    out = tmp_path / "out"
+    result = invoke(["encode", data, "--out", out, *ENCODE_ARGS, "--hash-sources"])
+    assert result.exit_code == 0, result.output
+    record = read_clips(out)[0]
+    expected = hashlib.sha256((demo_data / "scene_000" / "cam_0.mp4").read_bytes()).hexdigest()
+    assert record["source_identity"][0]["sha256"] == expected
