@@ -46,8 +46,10 @@ for epoch in range(2):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    print(f"rank {rank} epoch {epoch}: {len(sampler)} batches, last loss {loss.item():.4f}, captions {captions}",
-          flush=True)
+    # one write per line: under torchrun the ranks share a pipe, and print's two writes (text, then newline) interleave
+    sys.stdout.write(f"rank {rank} epoch {epoch}: {len(sampler)} batches, last loss {loss.item():.4f}, "
+                     f"captions {captions}\n")
+    sys.stdout.flush()
 
 if dist.is_initialized():
     dist.destroy_process_group()
