@@ -23,6 +23,7 @@ deleted at the end.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import re
@@ -45,8 +46,11 @@ from vaecache.cache.layout import (
     SHARD_SUFFIX,
     SHARDS_DIR,
 )
+from vaecache.cache.outdir import PreparedOut, lock_holder_record, lock_is_stale, locked_error
+from vaecache.cache.progress import committed_shards
+from vaecache.cache.reader import CacheReader
 from vaecache.cache.remote import open_filesystem, storage_problem
-from vaecache.errors import OutputError, UsageError
+from vaecache.errors import OutputError, UsageError, VaecacheError
 from vaecache.urls import Url
 
 log = logging.getLogger("vaecache")
@@ -188,8 +192,6 @@ class ObjectOut:
         """Create OUT/.lock with a conditional PUT, recording who holds it; take over a stale one (outdir's rules),
         refuse a live one naming its holder. The lock is read back: a store that ignored If-None-Match and let
         another job's PUT win is caught then."""
-        from vaecache.cache.outdir import lock_holder_record, lock_is_stale, locked_error
-
         me = {**lock_holder_record(job_id), "token": uuid.uuid4().hex}
         for _ in range(8):
             try:
@@ -292,15 +294,11 @@ class ObjectOut:
                 problems[shard["file"]] = f"{size} bytes, {shard['bytes']} recorded"
         return problems
 
-    def reconcile(self, prepared: Any) -> Any:
+    def reconcile(self, prepared: PreparedOut) -> PreparedOut:
         """Rank 0, after prepare_out ran in the work folder and before anything is committed: make the objects say
         what it decided. run.json, then the manifest gone (OUT is not complete until finalize), then the commit
         records of shards it dropped, the failure logs (a rerun records failures afresh) and every shard object
         no kept commit claims (strays from a crash, damaged shards). Returns `prepared` with those counted."""
-        import dataclasses
-
-        from vaecache.cache.progress import committed_shards
-
         self.put_file(RUN)
         if not (self.work / MANIFEST).exists():
             self.delete([MANIFEST])
@@ -323,6 +321,22 @@ class ObjectOut:
                 except Exception as exc:
                     raise self._error(name, "delete", exc) from None
         self.fs.invalidate_cache()
+
+    def fetch_tables(self) -> bool:
+        """A finished cache's manifest and its clip and failure tables (as the manifest names them) into the work
+        folder, for the readers that run on disk; False when there is no manifest."""
+        manifest = self.get(MANIFEST)
+        if manifest is None:
+            return False
+        self._write_local(MANIFEST, manifest)
+        try:
+            reader = CacheReader(self.work)
+            names = [path.relative_to(self.work).as_posix() for path in (reader.clips_path, reader.failures_path)]
+        except VaecacheError:  # the readers name the manifest's problem
+            names = [CLIPS, FAILURES]
+        for name, data in self.get_many(names).items():
+            self._write_local(name, data)
+        return True
 
     def publish(self) -> None:
         """Finalize, rank 0: the clip table and the failure table, then the manifest last."""
@@ -350,23 +364,14 @@ class ObjectOut:
 def fetched_tables(url: str, storage_options: dict[str, Any] | None = None) -> Iterator[Path]:
     """A local folder holding the manifest and the clip and failure tables of the finished cache at `url` (what
     inspect reads; its shards stay at the URL), removed after the block. ManifestError when there is no manifest."""
-    from vaecache.cache.reader import CacheReader
     from vaecache.errors import ManifestError
 
     objects = ObjectOut(url, storage_options)
     try:
-        manifest = objects.get(MANIFEST)
-        if manifest is None:
+        if not objects.fetch_tables():
             objects.check_usable()
             raise ManifestError(f"{objects.where(MANIFEST)}: no manifest (the run is incomplete or this is not a "
                                 "vaecache output)")
-        objects._write_local(MANIFEST, manifest)
-        reader = CacheReader(objects.work)
-        for path in (reader.clips_path, reader.failures_path):
-            name = path.relative_to(objects.work).as_posix()
-            data = objects.get(name)
-            if data is not None:
-                objects._write_local(name, data)
         yield objects.work
     finally:
         objects.close()

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from vaecache.cache.layout import CLIPS, FAILURES, MANIFEST, SHARDS_DIR
+from vaecache.cache.layout import MANIFEST, SHARDS_DIR
 from vaecache.cache.objects import COMMITS_DIR, ObjectOut, committed_shard
 from vaecache.cache.progress import progress_counts
 from vaecache.cache.reader import CacheReader, TensorInfo
 from vaecache.cache.remote import RemoteShard
 from vaecache.cache.verify import Check, VerifyReport, verify_cache
-from vaecache.errors import ShardHeaderError
+from vaecache.errors import ShardHeaderError, VaecacheError
 
 
 class ObjectShards:
@@ -77,9 +77,8 @@ def verify_url(url: str, quick: bool = False, threads: int | None = None,
     try:
         objects.check_usable()
         listing = {**objects.sizes(SHARDS_DIR), **objects.sizes(COMMITS_DIR)}
-        manifest = objects.get(MANIFEST)
         stray_check = Check("no stray objects")
-        if manifest is None:
+        if not objects.fetch_tables():
             strays = stray_objects(listing, None)
             objects.pull_records(finished=False)
             clips, shards = progress_counts(objects.work)
@@ -89,18 +88,10 @@ def verify_url(url: str, quick: bool = False, threads: int | None = None,
                           "same encode command to finish)")
             _report_strays(objects, stray_check, strays, listing, None, repair)
             return VerifyReport(str(objects.url), complete=False, checks=[check, stray_check])
-        objects.work.mkdir(parents=True, exist_ok=True)
-        (objects.work / MANIFEST).write_bytes(manifest)
         try:
-            cache = CacheReader(objects.work)
-            names = [cache.clips_path.name, cache.failures_path.name]
-            listed = set(cache.shard_files())
-        except Exception:  # the local checks name the manifest's problem
-            names, listed = [CLIPS, FAILURES], set()
-        for name in names:
-            data = objects.get(name)
-            if data is not None:
-                (objects.work / name).write_bytes(data)
+            listed = set(CacheReader(objects.work).shard_files())
+        except VaecacheError:  # the local checks name the manifest's problem
+            listed = set()
         report = verify_cache(objects.work, quick, threads, on_progress=on_progress,
                               shards=ObjectShards(objects, listing))
         report.out = str(objects.url)
