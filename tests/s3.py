@@ -75,3 +75,67 @@ def download(fs: Any, url: str, local: Path) -> Path:
     fs.invalidate_cache()
     fs.get(url.removeprefix("s3://"), str(local), recursive=True)
     return local
+
+
+class StoreProxy:
+    """An HTTP proxy in front of the S3 server that answers some requests itself with an error, as a real store
+    does under load or without permission: `rules` maps a method to (how many of its requests, status, S3 error
+    code); every other request is forwarded. Counts what it answered itself in `answered`."""
+
+    def __init__(self, upstream: str, rules: dict[str, tuple[int, int, str]]) -> None:
+        import http.client
+        import http.server
+        import threading
+        import urllib.parse
+
+        self.rules = {method: list(rule) for method, rule in rules.items()}
+        self.answered: dict[str, int] = {}
+        target = urllib.parse.urlsplit(upstream)
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _any(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                rule = proxy.rules.get(self.command)
+                if rule is not None and rule[0] > 0:
+                    rule[0] -= 1
+                    proxy.answered[self.command] = proxy.answered.get(self.command, 0) + 1
+                    error = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{rule[2]}</Code>"
+                             f"<Message>{rule[2]} (from the test proxy)</Message></Error>").encode()
+                    self.send_response(rule[1])
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(error)))
+                    self.end_headers()
+                    self.wfile.write(error if self.command != "HEAD" else b"")
+                    return
+                upstream_connection = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection",)}
+                upstream_connection.request(self.command, self.path, body=body, headers=headers)
+                response = upstream_connection.getresponse()
+                data = response.read()
+                self.send_response(response.status)
+                for key, value in response.getheaders():
+                    if key.lower() not in ("connection", "transfer-encoding", "content-length", "server", "date"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                upstream_connection.close()
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _any
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -245,3 +245,32 @@ def test_two_ranks_under_torchrun_commit_into_s3_and_equal_one_process(s3, demo_
     copy = download(s3, url, tmp_path / "copy")
     assert_same_tensors(load_tensors(copy), load_tensors(good_cache))
     assert invoke(["verify", url]).exit_code == 0
+
+
+def test_a_throttled_request_is_retried_and_a_refused_one_is_one_line(s3, s3_endpoint: str, demo_data: Path,
+                                                                        good_cache: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.s3 import StoreProxy
+
+    make_bucket(s3, "throttled")
+    slow = StoreProxy(s3_endpoint, {"PUT": (3, 503, "SlowDown")})  # S3's answer to too many requests
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", slow.endpoint)
+        result = invoke(["encode", demo_data, "--out", "s3://throttled/cache", *ENCODE_ARGS])
+        assert result.exit_code == 0, result.output
+        assert slow.answered == {"PUT": 3}  # each retried with backoff, and the run went on
+    finally:
+        slow.close()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
+    _same_cache(s3, "s3://throttled/cache", good_cache, tmp_path)
+
+    make_bucket(s3, "refused")
+    denied = StoreProxy(s3_endpoint, {"PUT": (10**6, 403, "AccessDenied")})
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", denied.endpoint)
+        result = invoke(["encode", demo_data, "--out", "s3://refused/cache", *ENCODE_ARGS])
+    finally:
+        denied.close()
+    assert result.exit_code == 1
+    assert "error: s3://refused/cache/.lock: cannot write (access denied (" in result.output
+    assert len([line for line in result.output.splitlines() if line.startswith("error:")]) == 1
