@@ -76,16 +76,17 @@ class PixelDecoder(torch.nn.Module):
 
     @classmethod
     def from_cache(cls, out: str | Path, *, vae: str | None = None, device: str | torch.device = "cpu",
-                   allow_pickle_weights: bool = False, **options: Any) -> PixelDecoder:
-        """The VAE recorded in cache ``out`` (or ``vae``, which must match the recorded fingerprint), loaded with the
-        recorded dtype; ``options`` are the constructor's (chunk_frames, checkpoint)."""
+                   allow_pickle_weights: bool = False, storage_options: dict[str, Any] | None = None,
+                   **options: Any) -> PixelDecoder:
+        """The VAE recorded in cache ``out`` (a folder or a URL; or ``vae``, which must match the recorded
+        fingerprint), loaded with the recorded dtype; ``options`` are the constructor's (chunk_frames, checkpoint)."""
         from vaecache.distributed.context import resolve_device
         from vaecache.encode.fingerprint import load_recorded_vae
         from vaecache.training import LatentCache
 
-        cache = LatentCache(out, verify="size")
+        cache = LatentCache(out, verify="size", storage_options=storage_options)
         spec = vae or (cache.manifest.get("settings") or {}).get("vae_spec")
-        runner = load_recorded_vae(Path(out), cache.manifest, spec, resolve_device(str(device)),
+        runner = load_recorded_vae(cache.out, cache.manifest, spec, resolve_device(str(device)),
                                    allow_pickle_weights=allow_pickle_weights)
         return cls(runner, **options)
 

@@ -182,3 +182,20 @@ def test_hash_sources_streams_each_object_for_its_sha256(s3, demo_data: Path, tm
     record = read_clips(out)[0]
     expected = hashlib.sha256((demo_data / "scene_000" / "cam_0.mp4").read_bytes()).hexdigest()
     assert record["source_identity"][0]["sha256"] == expected
+
+
+def test_pixel_loss_targets_and_decoder_come_from_a_cache_at_a_url(s3, demo_data: Path, good_cache: Path) -> None:
+    import torch
+
+    from vaecache import LatentCache, PixelDecoder
+
+    data = upload(s3, demo_data, "pixels", "videos")
+    out = "s3://pixels/cache"
+    assert invoke(["encode", data, "--out", out, *ENCODE_ARGS]).exit_code == 0
+    remote, local = LatentCache(out), LatentCache(good_cache)
+    assert torch.equal(remote.source_frames(0), local.source_frames(0))  # the frames read back from the objects
+    decoder = PixelDecoder.from_cache(out, checkpoint=False)
+    with torch.no_grad():
+        frames = decoder(remote[0].mean[:1])
+        reference = PixelDecoder.from_cache(good_cache, checkpoint=False)(local[0].mean[:1])
+    assert torch.equal(frames, reference)
