@@ -185,3 +185,16 @@ def open_url(url: str, block_size: int = 4 << 20) -> Any:
     fs, path = data_filesystem(url)
     return fs.open(path, "rb", block_size=block_size, cache_type="readahead")
 
+
+def open_location(location: Any, block_size: int = 4 << 20) -> Any:
+    """A local file or an object at a URL, opened for binary reading."""
+    return open_url(str(location), block_size) if is_url(str(location)) else open(location, "rb")
+
+
+def location_stat(location: Any) -> tuple[int, int]:
+    """(size, mtime_ns) of a local file or of an object at a URL (OSError when it cannot be read)."""
+    if is_url(str(location)):
+        return url_stat(str(location))
+    found = os.stat(location)
+    return found.st_size, found.st_mtime_ns
+

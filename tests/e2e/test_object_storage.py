@@ -199,3 +199,18 @@ def test_pixel_loss_targets_and_decoder_come_from_a_cache_at_a_url(s3, demo_data
         frames = decoder(remote[0].mean[:1])
         reference = PixelDecoder.from_cache(good_cache, checkpoint=False)(local[0].mean[:1])
     assert torch.equal(frames, reference)
+
+
+def test_a_lerobot_dataset_at_a_url_encodes_like_the_same_dataset_on_disk(s3, tmp_path: Path) -> None:
+    from tests.sources.lerobot_fixture import write_lerobot
+    from tests.sources.test_lerobot import ENCODE, EPISODES
+
+    local = write_lerobot(tmp_path / "v3", EPISODES, new_file_at={"observation.images.wrist": {2}})
+    url = upload(s3, local, "robot-fleet", "datasets/v3")
+    for data, out in ((local, tmp_path / "from-disk"), (url, tmp_path / "from-s3")):
+        result = invoke(["encode", data, "--out", out, *ENCODE, "--lerobot-state"])
+        assert result.exit_code == 0, result.output
+    assert_same_tensors(load_tensors(tmp_path / "from-s3"), load_tensors(tmp_path / "from-disk"))
+    mine, theirs = read_clips(tmp_path / "from-s3"), read_clips(tmp_path / "from-disk")
+    assert _without_provenance(mine) == _without_provenance(theirs)  # tasks, state and action rows included
+    assert mine[0]["sources"][0].startswith(f"{url}/videos/observation.images.top/chunk-000/file-000.mp4#from_ns=")

@@ -20,7 +20,7 @@ from vaecache.urls import is_url
 
 LAYOUTS: tuple[Layout, ...] = (JSONL_INDEX, TABLE, NUSCENES, LEROBOT, WEBDATASET, FOLDERS)
 """Every input layout, asked in this order which one DATA is."""
-URL_LAYOUTS: tuple[Layout, ...] = (JSONL_INDEX, TABLE, WEBDATASET, FOLDERS)
+URL_LAYOUTS: tuple[Layout, ...] = (JSONL_INDEX, TABLE, LEROBOT, WEBDATASET, FOLDERS)
 """The layouts DATA at a URL is read with (vaecache.sources.urlpath)."""
 
 log = logging.getLogger("vaecache")
@@ -39,9 +39,9 @@ def discover(data: Path, cameras: Sequence[str] | None = None, options: SourceOp
         if not data.exists() and not is_brace_pattern(str(data)):
             raise DatasetError(f"{data}: no objects under this URL")
         if not any(layout.matches(data) for layout in layouts):
-            raise DatasetError(f"{data}: at a URL, DATA is read as a .jsonl index, a .csv/.tsv/.parquet table, "
-                               "WebDataset .tar shards or a folder of videos or of scene folders; copy other layouts "
-                               "(LeRobot, nuScenes, image sequences) to a local folder")
+            raise DatasetError(f"{data}: at a URL, DATA is read as a .jsonl index, a .csv/.tsv/.parquet table, a "
+                               "LeRobot dataset, WebDataset .tar shards or a folder of videos or of scene folders; "
+                               "copy other layouts (nuScenes, image sequences) to a local folder")
     data = data if is_url(str(data)) else Path(data)
     if not data.exists() and not is_brace_pattern(str(data)):
         raise DatasetError(f"{data}: dataset path does not exist")

@@ -30,13 +30,13 @@ import functools
 import json
 import logging
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from vaecache.errors import DatasetError
 from vaecache.sources.scene import CameraProbe, LayoutScenes, Scene, Skipped, SourceOptions
+from vaecache.urls import is_url, location_stat, open_location
 from vaecache.video.spans import EpisodeSpan
 
 log = logging.getLogger("vaecache")
@@ -60,6 +60,20 @@ class Episode:
     data_file: str
     cameras: dict[str, tuple[str, float, float | None]]
     """Video key -> (file, from_timestamp, to_timestamp or None)."""
+
+
+def as_location(root: str) -> Path | Any:
+    """A dataset root as the layout walks it: a local Path, or a UrlPath (vaecache.sources.urlpath) for a URL."""
+    if is_url(root):
+        from vaecache.sources.urlpath import UrlPath
+
+        return UrlPath(root)
+    return Path(root)
+
+
+def _readable(path: Any) -> Any:
+    """What pyarrow reads: a local path, or an object at a URL opened for ranged reads."""
+    return path if isinstance(path, Path) or not is_url(str(path)) else open_location(str(path))
 
 
 def read_info(root: Path) -> dict[str, Any]:
@@ -105,7 +119,7 @@ def _parquet_rows(path: Path, columns: Sequence[str] | None = None) -> Iterator[
     import pyarrow.parquet as pq
 
     try:
-        parquet = pq.ParquetFile(path)
+        parquet = pq.ParquetFile(_readable(path))
         names = parquet.schema_arrow.names
         wanted = [c for c in columns if c in names] if columns is not None else None
         for batch in parquet.iter_batches(batch_size=8192, columns=wanted):
@@ -117,7 +131,7 @@ def _parquet_rows(path: Path, columns: Sequence[str] | None = None) -> Iterator[
 @functools.lru_cache(maxsize=4)
 def tasks_of(root: str, version: str) -> dict[int, str]:
     """task_index -> task text of the dataset at `root` (read once per process)."""
-    return read_tasks(Path(root), version)
+    return read_tasks(as_location(root), version)
 
 
 def read_tasks(root: Path, version: str) -> dict[int, str]:
@@ -127,7 +141,7 @@ def read_tasks(root: Path, version: str) -> dict[int, str]:
         import pyarrow.parquet as pq
 
         try:
-            table = pq.read_table(path)
+            table = pq.read_table(_readable(path))
         except Exception as exc:  # noqa: BLE001  # pyarrow raises several kinds for one unreadable file
             raise DatasetError(f"{path}: not a readable Parquet table ({exc})") from None
         pandas = json.loads((table.schema.metadata or {}).get(b"pandas", b"{}") or b"{}")
@@ -148,7 +162,7 @@ def read_tasks(root: Path, version: str) -> dict[int, str]:
 
 def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
     try:
-        handle = open(path, encoding="utf-8")
+        handle = path.open("r", encoding="utf-8")
     except OSError as exc:
         raise DatasetError(f"{path}: cannot read ({exc.strerror or exc})") from None
     with handle:
@@ -212,10 +226,9 @@ def _v2_episodes(root: Path, info: dict[str, Any], keys: Sequence[str]) -> Itera
 @functools.lru_cache(maxsize=256)
 def _file_identity(path: str) -> tuple[int, int] | None:
     try:
-        stat = os.stat(path)
+        return location_stat(path)
     except OSError:
         return None
-    return stat.st_size, stat.st_mtime_ns
 
 
 def scenes_from_lerobot(root: Path, options: SourceOptions) -> LayoutScenes:
@@ -277,7 +290,7 @@ def scenes_from_lerobot(root: Path, options: SourceOptions) -> LayoutScenes:
 def state_columns(root: str) -> tuple[str, ...]:
     """The numeric per-frame columns of the dataset at `root` besides LeRobot's own (observation.state, action,
     next.reward, ...)."""
-    return _state_columns(read_info(Path(root)))
+    return _state_columns(read_info(as_location(root)))
 
 
 def _state_columns(info: dict[str, Any]) -> tuple[str, ...]:
@@ -311,7 +324,7 @@ class EpisodeRows:
         --lerobot-state, each numeric column's values at those frames."""
         state = state_columns(self.root) if self.with_state else ()
         try:
-            stamp = os.stat(self.data_file).st_mtime_ns  # a rewritten data file is read again
+            stamp = location_stat(self.data_file)[1]  # a rewritten data file is read again
         except OSError as exc:
             raise DatasetError(f"{self.data_file}: cannot read the episode's data rows "
                                f"({exc.strerror or exc})") from None
@@ -349,7 +362,7 @@ def _data_table(path: str, stamp: int, columns: tuple[str, ...]) -> Any:
     import pyarrow.parquet as pq
 
     try:
-        return pq.read_table(path, columns=list(columns))
+        return pq.read_table(_readable(path), columns=list(columns))
     except Exception as exc:  # noqa: BLE001
         raise DatasetError(f"{path}: cannot read the episode's data rows ({exc})") from None
 

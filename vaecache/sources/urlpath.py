@@ -23,12 +23,29 @@ class ObjectStat:
 
 class Listing:
     """Every object under DATA's URL (keys relative to it) with its size and mtime, and the folders their keys
-    imply; listed once."""
+    imply; listed once, when first asked (reading an object by name lists nothing)."""
 
     def __init__(self, url: Url) -> None:
         self.url = url
         self.fs, self.root = data_filesystem(url)
         self.root = self.root.rstrip("/")
+        self._files: dict[str, ObjectStat] | None = None
+        self._folders: set[str] = {""}
+
+    @property
+    def files(self) -> dict[str, ObjectStat]:
+        if self._files is None:
+            self._list()
+        return self._files  # type: ignore[return-value]
+
+    @property
+    def folders(self) -> set[str]:
+        if self._files is None:
+            self._list()
+        return self._folders
+
+    def _list(self) -> None:
+        url = self.url
         try:
             found = self.fs.find(self.root, detail=True, withdirs=False)
             if not found and self.fs.isfile(self.root):  # DATA names one object (an index, a table)
@@ -37,17 +54,16 @@ class Listing:
             found = {}
         except Exception as exc:
             raise DatasetError(f"{url}: cannot list ({storage_problem(exc)})") from None
-        self.files: dict[str, ObjectStat] = {}
-        self.folders: set[str] = {""}
+        self._files = {}
         start = len(self.root) + 1
         for path, info in found.items():
             if info.get("type", "file") == "directory":
                 continue
             key = "" if path == self.root else path[start:]
-            self.files[key] = ObjectStat(int(info.get("size") or 0), mtime_ns(info))
+            self._files[key] = ObjectStat(int(info.get("size") or 0), mtime_ns(info))
             parts = key.split("/")[:-1]
             for depth in range(1, len(parts) + 1):
-                self.folders.add("/".join(parts[:depth]))
+                self._folders.add("/".join(parts[:depth]))
 
     def children(self, key: str) -> list[str]:
         prefix = f"{key}/" if key else ""
@@ -141,9 +157,14 @@ class UrlPath:
         return iter([UrlPath("", self._listing, key) for key in self._listing.children(self._key)])
 
     def glob(self, pattern: str) -> Iterator[UrlPath]:
+        """The paths under this one matching `pattern`, one name pattern per level (``*/*.parquet``)."""
         import fnmatch
 
-        return iter([child for child in self.iterdir() if fnmatch.fnmatchcase(child.name, pattern)])
+        head, _, rest = pattern.partition("/")
+        found = [child for child in self.iterdir() if fnmatch.fnmatchcase(child.name, head)]
+        if not rest:
+            return iter(found)
+        return iter([deeper for child in found if child.is_dir() for deeper in child.glob(rest)])
 
     def stat(self) -> ObjectStat:
         found = self._listing.files.get(self._key)
@@ -154,8 +175,6 @@ class UrlPath:
     # --- bytes -----------------------------------------------------------------------------------------------------
 
     def read_bytes(self) -> bytes:
-        if not self.is_file():
-            raise FileNotFoundError(str(self))
         try:
             return self._listing.fs.cat_file(self._object())
         except FileNotFoundError:
@@ -167,8 +186,9 @@ class UrlPath:
         return self.read_bytes().decode(encoding, errors)
 
     def open(self, mode: str = "rb", **kwargs: Any) -> Any:
-        if mode not in ("r", "rb") or not self.is_file():
-            raise FileNotFoundError(str(self)) if mode in ("r", "rb") else ValueError(f"{self}: read-only")
+        """The object as a binary file read by ranged GETs ("rb"), or as text ("r", `encoding`)."""
+        if mode not in ("r", "rb"):
+            raise ValueError(f"{self}: objects are opened for reading only")
         import io
 
         handle = self._listing.fs.open(self._object(), "rb", block_size=4 << 20, cache_type="readahead")

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import re
 from dataclasses import dataclass
 
 from vaecache.errors import VideoDecodeError
-from vaecache.urls import is_url, open_url, url_stat
+from vaecache.urls import location_stat, open_location
 
 _REFERENCE = re.compile(r"^(?P<tar>.+\.[tT][aA][rR])#(?P<name>.+)@(?P<offset>\d+)\+(?P<size>\d+)$", re.DOTALL)
 READ_BUFFER = 1 << 20
@@ -53,10 +52,7 @@ def member_identity(member: TarMember) -> tuple[int, int]:
 
 def _tar_stat(tar: str) -> tuple[int, int]:
     """(size, mtime_ns) of a tar file, or of a tar object at a URL."""
-    if is_url(tar):
-        return url_stat(tar)
-    found = os.stat(tar)
-    return found.st_size, found.st_mtime_ns
+    return location_stat(tar)
 
 
 def member_sha256(member: TarMember) -> str:
@@ -75,8 +71,7 @@ class MemberFile(io.RawIOBase):
         super().__init__()
         self.member = member
         # at a URL: ranged GETs of the member's window (a block at a time), never the whole tar
-        self._file = open_url(member.tar, min(4 << 20, max(1 << 16, member.size))) if is_url(member.tar) \
-            else open(member.tar, "rb")
+        self._file = open_location(member.tar, min(4 << 20, max(1 << 16, member.size)))
         self._position = 0
 
     def readable(self) -> bool:

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from vaecache.errors import VideoDecodeError
+from vaecache.urls import location_stat
 from vaecache.video.frames import checked_request
 
 _REFERENCE = re.compile(r"^(?P<path>.+)#from_ns=(?P<from_ns>\d+)&frames=(?P<frames>\d+)&fps=(?P<fps>[0-9.eE+-]+)$",
@@ -180,5 +181,4 @@ def file_of(source: str) -> str:
 
 
 def span_identity(span: EpisodeSpan) -> tuple[int, int]:
-    stat = os.stat(span.path)
-    return stat.st_size, stat.st_mtime_ns
+    return location_stat(span.path)  # a local file, or an object at a URL
