@@ -158,7 +158,7 @@ def url_stat(url: str) -> tuple[int, int]:
     read, naming why)."""
     fs, path = data_filesystem(url)
     try:
-        info = fs.info(path)
+        info = fs.info(path, refresh=True)  # never a listing cached earlier: the object may have changed since
     except OSError:
         raise
     except Exception as exc:  # botocore's credential errors are no OSError

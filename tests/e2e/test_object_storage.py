@@ -214,3 +214,16 @@ def test_a_lerobot_dataset_at_a_url_encodes_like_the_same_dataset_on_disk(s3, tm
     mine, theirs = read_clips(tmp_path / "from-s3"), read_clips(tmp_path / "from-disk")
     assert _without_provenance(mine) == _without_provenance(theirs)  # tasks, state and action rows included
     assert mine[0]["sources"][0].startswith(f"{url}/videos/observation.images.top/chunk-000/file-000.mp4#from_ns=")
+
+
+def test_verify_dataset_re_plans_data_at_a_url_and_names_a_changed_object(s3, demo_data: Path,
+                                                                          tmp_path: Path) -> None:
+    data = upload(s3, demo_data, "replanned", "videos")
+    out = tmp_path / "out"
+    assert invoke(["encode", data, "--out", out, *ENCODE_ARGS]).exit_code == 0
+    same = invoke(["verify", out, "--dataset", data])
+    assert same.exit_code == 0, same.output
+    s3.pipe_file("replanned/videos/scene_002/cam_0.mp4", s3.cat_file("replanned/videos/scene_002/cam_0.mp4") + b"x")
+    changed = invoke(["verify", out, "--dataset", data])
+    assert changed.exit_code == 1
+    assert f"{data}/scene_002/cam_0.mp4" in changed.output and "size" in changed.output

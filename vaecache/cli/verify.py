@@ -57,7 +57,7 @@ def verify(
                                              "('-': stdout)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Shards checked in parallel "
                                           "(default: cores, up to 8)."),
-    dataset: Optional[Path] = typer.Option(None, "--dataset", help="Re-plan clips from this source with the recorded "
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="Re-plan clips from this source with the recorded "
                                            "settings: list clips missing from the cache and "
                                            "cached clips with no source."),
     reencode: int = typer.Option(0, "--reencode", help="Decode and re-encode K clips (chosen by --seed) and compare."),
@@ -87,8 +87,8 @@ def verify(
     where = location(out)
     if isinstance(where, Url):
         if dataset is not None or reencode:
-            raise UsageError("--dataset and --reencode check a cache against its sources on disk; verify the URL "
-                             "without them, or a local copy with them")
+            raise UsageError("--dataset and --reencode read the cache from a folder; verify the URL without them, "
+                             "or a local copy with them (its DATA may be a URL)")
         from vaecache.cache.verify_remote import verify_url
 
         with progress_reporter("verify", "shards", console, enabled=progress) as on_progress:
@@ -100,7 +100,12 @@ def verify(
         raise UsageError(f"{out}: no such folder")
     if not out.is_dir():
         raise UsageError(f"{out}: not a folder")
-    if dataset is not None and not dataset.exists():
+    if storage_option:  # DATA at a URL (--dataset) is read with them
+        from vaecache.urls import set_data_storage_options
+
+        set_data_storage_options(dict(parse_storage_options(storage_option)))
+    data = location(dataset) if dataset is not None else None
+    if data is not None and not isinstance(data, Url) and not data.exists():
         from vaecache.sources.braces import is_brace_pattern
 
         if not is_brace_pattern(str(dataset)):  # shards named by a pattern: the layout names a missing one
@@ -113,7 +118,7 @@ def verify(
     from vaecache.encode.recheck import verify as verify_cache
     from vaecache.settings.commands import VerifyOptions
 
-    options = VerifyOptions(quick=quick, threads=threads, dataset=dataset, reencode=reencode, vae=vae, seed=seed,
+    options = VerifyOptions(quick=quick, threads=threads, dataset=data, reencode=reencode, vae=vae, seed=seed,
                             device=device, allow_pickle_weights=allow_pickle_weights,
                             tolerance=tolerance)
     if repair:

@@ -66,7 +66,7 @@ def check_coverage(manifest: dict[str, Any], cache: CacheReader, failures: list[
     clip_settings = ClipSettings.from_record(manifest.get("settings", {}))
     sampling = clip_settings.sampling
     recorded = manifest.get("settings", {})
-    found = discover(Path(dataset), options=SourceOptions(
+    found = discover(dataset, options=SourceOptions(
         clip_settings.cameras, sampling.frame_rate, recorded.get("nuscenes_version"),
         tuple(tuple(pair) for pair in recorded.get("columns") or ()), bool(recorded.get("lerobot_state"))))
     scenes = found.scenes

@@ -47,6 +47,7 @@ class Listing:
     def _list(self) -> None:
         url = self.url
         try:
+            self.fs.invalidate_cache()  # what this process listed or opened before may have changed since
             found = self.fs.find(self.root, detail=True, withdirs=False)
             if not found and self.fs.isfile(self.root):  # DATA names one object (an index, a table)
                 found = {self.root: self.fs.info(self.root)}

@@ -74,6 +74,9 @@ class VideoReader:
         except (av.FFmpegError, UnicodeDecodeError, ValueError) as exc:
             self.close()
             raise VideoDecodeError(path, f"not a readable video ({first_line(exc, 200)})") from None
+        except OSError as exc:  # an object at a URL that cannot be read, or changed while it was read
+            self.close()
+            raise VideoDecodeError(path, f"cannot read ({first_line(exc, 200)})") from None
         if not self._container.streams.video:
             self.close()
             raise VideoDecodeError(path, "not a readable video (no video stream)")
