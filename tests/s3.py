@@ -79,8 +79,9 @@ def download(fs: Any, url: str, local: Path) -> Path:
 
 class StoreProxy:
     """An HTTP proxy in front of the S3 server that answers some requests itself with an error, as a real store
-    does under load or without permission: `rules` maps a method to (how many of its requests, status, S3 error
-    code); every other request is forwarded. Counts what it answered itself in `answered`."""
+    does under load or without permission: `rules` maps a method, or "METHOD text" (a request of that method whose
+    path holds the text), to (how many of its requests, status, S3 error code); every other request is forwarded.
+    Counts what it answered itself in `answered` (by rule)."""
 
     def __init__(self, upstream: str, rules: dict[str, tuple[int, int, str]]) -> None:
         import http.client
@@ -102,10 +103,12 @@ class StoreProxy:
             def _any(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                rule = proxy.rules.get(self.command)
+                key = next((key for key in proxy.rules if key == self.command
+                            or key.startswith(f"{self.command} ") and key.split(" ", 1)[1] in self.path), None)
+                rule = proxy.rules.get(key) if key is not None else None
                 if rule is not None and rule[0] > 0:
                     rule[0] -= 1
-                    proxy.answered[self.command] = proxy.answered.get(self.command, 0) + 1
+                    proxy.answered[key] = proxy.answered.get(key, 0) + 1
                     error = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{rule[2]}</Code>"
                              f"<Message>{rule[2]} (from the test proxy)</Message></Error>").encode()
                     self.send_response(rule[1])

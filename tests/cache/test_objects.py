@@ -274,3 +274,25 @@ def test_a_throttled_request_is_retried_and_a_refused_one_is_one_line(s3, s3_end
     assert result.exit_code == 1
     assert "error: s3://refused/cache/.lock: cannot write (access denied (" in result.output
     assert len([line for line in result.output.splitlines() if line.startswith("error:")]) == 1
+
+
+def test_an_unreadable_commit_record_stops_the_resume_and_deletes_nothing(s3, s3_endpoint: str, demo_data: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.s3 import StoreProxy
+
+    make_bucket(s3, "unreadable")
+    url = "s3://unreadable/cache"
+    assert _encode(url, demo_data, "--shard-size", "50000",
+                   env={"VAECACHE_FAULT": "crash-before-record:2"}).returncode == 137
+    before = _objects(s3, url)
+    denied = StoreProxy(s3_endpoint, {"GET /progress/commits/": (10**6, 403, "AccessDenied")})
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", denied.endpoint)
+        result = invoke(["encode", demo_data, "--out", url, *ENCODE_ARGS, "--shard-size", "50000"])
+    finally:
+        denied.close()
+    assert result.exit_code == 1 and denied.answered
+    assert "progress/commits/a000-r00000-000000.json: cannot read (access denied" in result.output
+    after = _objects(s3, url)
+    assert {k: v for k, v in after.items() if k.startswith(("shards/", "progress/"))} == \
+        {k: v for k, v in before.items() if k.startswith(("shards/", "progress/"))}  # nothing taken for a stray

@@ -47,7 +47,7 @@ from vaecache.cache.layout import (
     SHARDS_DIR,
 )
 from vaecache.cache.outdir import PreparedOut, lock_holder_record, lock_is_stale, locked_error
-from vaecache.cache.progress import committed_shards
+from vaecache.cache.progress import committed_shards, progress_line_head
 from vaecache.cache.reader import CacheReader
 from vaecache.cache.remote import open_filesystem, storage_problem
 from vaecache.errors import OutputError, UsageError, VaecacheError
@@ -107,15 +107,24 @@ class ObjectOut:
             raise self._error(name, "read", exc) from None
 
     def get_many(self, names: Iterable[str]) -> dict[str, bytes]:
-        """Objects' bytes, fetched concurrently; a name whose object is gone is left out."""
+        """Objects' bytes, fetched concurrently; a name whose object is gone is left out, any other error raised (a
+        commit record that could not be read must never pass for one that is not there)."""
         names = list(names)
         if not names:
             return {}
         try:
-            found = self.fs.cat([self.key(name) for name in names], on_error="omit")
+            found = self.fs.cat([self.key(name) for name in names], on_error="return")
         except Exception as exc:
             raise self._error(names[0], "read", exc) from None
-        return {name: found[self.key(name)] for name in names if self.key(name) in found}
+        result = {}
+        for name in names:
+            data = found.get(self.key(name), FileNotFoundError(name))
+            if isinstance(data, FileNotFoundError):
+                continue
+            if isinstance(data, BaseException):
+                raise self._error(name, "read", data)
+            result[name] = data
+        return result
 
     def put(self, name: str, data: bytes, *, create: bool = False) -> None:
         """PUT `data` as object `name` (a multipart upload past 100 MB, by s3fs); with `create`, only where no such
@@ -263,8 +272,8 @@ class ObjectOut:
                 continue  # deleted since it was listed (a repair): not committed
             if not data.startswith(_LINE_HEAD) or not data.endswith(b"\n") or data.count(b"\n") != 1:
                 raise OutputError(f"{self.where(name)}: not a commit record (one progress line)")
-            shard = json.loads(data[len(_LINE_HEAD):data.index(b',"ids":')])
-            if not isinstance(shard, dict) or shard.get("file") != committed_shard(name):
+            shard, _ = progress_line_head(self.where(name), 0, data)  # type: ignore[arg-type]  # named in errors
+            if shard.get("file") != committed_shard(name):
                 raise OutputError(f"{self.where(name)}: the commit record names another shard ({shard!r:.80})")
             rank = int(_COMMIT_NAME.fullmatch(name.rsplit("/", 1)[-1]).group(2))  # type: ignore[union-attr]
             logs.setdefault(rank, []).append(data)
