@@ -198,3 +198,42 @@ def location_stat(location: Any) -> tuple[int, int]:
     found = os.stat(location)
     return found.st_size, found.st_mtime_ns
 
+
+def url_children(url: str) -> dict[str, tuple[int, int]]:
+    """URL -> (size, mtime_ns) of every object right under the prefix `url` (one listing, asked now)."""
+    fs, path = data_filesystem(url)
+    try:
+        fs.invalidate_cache(path)
+        found = fs.ls(path.rstrip("/"), detail=True, refresh=True)
+    except FileNotFoundError:
+        return {}
+    except Exception as exc:
+        raise OSError(storage_problem(exc)) from None
+    scheme = url.split("://", 1)[0]
+    return {f"{scheme}://{info['name']}": (int(info.get("size") or 0), mtime_ns(info)) for info in found
+            if info.get("type", "file") != "directory"}
+
+
+def url_glob(pattern: str) -> list[str]:
+    """The URLs of the objects matching a glob pattern (``s3://b/cam/*.jpg``)."""
+    fs, path = data_filesystem(pattern)
+    scheme = pattern.split("://", 1)[0]
+    try:
+        fs.invalidate_cache()
+        return [f"{scheme}://{found}" for found in fs.glob(path)]
+    except Exception as exc:
+        raise OSError(storage_problem(exc)) from None
+
+
+def read_location(location: Any) -> bytes:
+    """The whole bytes of a local file or of an object at a URL (one GET): a frame, a small table."""
+    if not is_url(str(location)):
+        return Path(location).read_bytes()
+    fs, path = data_filesystem(str(location))
+    try:
+        return fs.cat_file(path)
+    except OSError:
+        raise
+    except Exception as exc:
+        raise OSError(storage_problem(exc)) from None
+

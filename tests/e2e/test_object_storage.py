@@ -227,3 +227,35 @@ def test_verify_dataset_re_plans_data_at_a_url_and_names_a_changed_object(s3, de
     changed = invoke(["verify", out, "--dataset", data])
     assert changed.exit_code == 1
     assert f"{data}/scene_002/cam_0.mp4" in changed.output and "size" in changed.output
+
+
+def test_image_sequence_cameras_at_a_url_give_the_latents_of_the_same_frames_on_disk(s3, tmp_path: Path) -> None:
+    from tests.e2e.test_image_sequences import RIG, _rig
+
+    images, _ = _rig(tmp_path)
+    url = upload(s3, images, "frames", "rig")
+    common = ("--vae", "builtin:tiny", *RIG, "--fps", "10", "--workers", "1", "--no-progress")
+    for data, out in ((images, tmp_path / "from-disk"), (url, tmp_path / "from-s3")):
+        result = invoke(["encode", data, "--out", out, *common, "--hash-sources"])
+        assert result.exit_code == 0, result.output
+    assert_same_tensors(load_tensors(tmp_path / "from-s3"), load_tensors(tmp_path / "from-disk"))
+    mine, theirs = read_clips(tmp_path / "from-s3")[0], read_clips(tmp_path / "from-disk")[0]
+    assert mine["frame_files"]["cam_0"][0] == f"{url}/s0/cam_0/0000.png"
+    assert mine["source_identity"][0]["size"] == theirs["source_identity"][0]["size"]
+    assert mine["source_identity"][0]["sha256"] == theirs["source_identity"][0]["sha256"]
+    assert invoke(["verify", tmp_path / "from-s3", "--dataset", url]).exit_code == 0
+
+
+def test_a_nuscenes_root_at_a_url_encodes_like_the_root_on_disk(s3, tmp_path: Path) -> None:
+    from tests.sources.nuscenes_fixture import write_nuscenes
+    from tests.sources.test_nuscenes import ENCODE as NUSCENES
+
+    root = write_nuscenes(tmp_path / "nuscenes", drop={(1, "CAM_BACK"): 8})
+    url = upload(s3, root, "nuscenes", "v1")
+    for data, out in ((root, tmp_path / "from-disk"), (url, tmp_path / "from-s3")):
+        result = invoke(["encode", data, "--out", out, "--vae", "builtin:tiny", *NUSCENES, "--workers", "0",
+                         "--no-progress"])
+        assert result.exit_code == 3, result.output  # one clip crosses the dropped frame, on disk as at the URL
+    assert_same_tensors(load_tensors(tmp_path / "from-s3"), load_tensors(tmp_path / "from-disk"))
+    mine, theirs = read_clips(tmp_path / "from-s3"), read_clips(tmp_path / "from-disk")
+    assert [r["metadata"] for r in mine] == [r["metadata"] for r in theirs]  # calibration and ego poses

@@ -4,7 +4,6 @@ recorded in run.json for resume and in every clip record for `verify --dataset` 
 from __future__ import annotations
 
 import datetime as _dt
-import os
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -99,9 +98,11 @@ def frames_sha256(files: Sequence[str]) -> str:
     """sha256 over an image sequence's frame files' bytes, in order."""
     import hashlib
 
+    from vaecache.urls import open_location
+
     digest = hashlib.sha256()
     for file in files:
-        with open(file, "rb") as handle:
+        with open_location(file) as handle:  # a local file, or a frame at a URL
             for block in iter(lambda: handle.read(1 << 20), b""):  # noqa: B023 (used at once)
                 digest.update(block)
     return digest.hexdigest()
@@ -109,13 +110,13 @@ def frames_sha256(files: Sequence[str]) -> str:
 
 def frames_identity(files: Sequence[str], with_hash: bool) -> dict[str, Any] | None:
     """{size, mtime_ns[, sha256]} over an image-sequence clip's frame files (see of_clip), None when one is gone."""
-    size = newest = 0
+    from vaecache.errors import VideoDecodeError
+    from vaecache.video.frames import files_identity
+
     try:
-        for file in files:
-            stat = os.stat(file)
-            size, newest = size + stat.st_size, max(newest, stat.st_mtime_ns)
+        size, newest = files_identity(files)  # local files, or frames at URLs (listed where there are many)
         return {"size": size, "mtime_ns": newest, **({"sha256": frames_sha256(files)} if with_hash else {})}
-    except OSError:
+    except (OSError, VideoDecodeError):
         return None
 
 

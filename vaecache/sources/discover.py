@@ -20,8 +20,6 @@ from vaecache.urls import is_url
 
 LAYOUTS: tuple[Layout, ...] = (JSONL_INDEX, TABLE, NUSCENES, LEROBOT, WEBDATASET, FOLDERS)
 """Every input layout, asked in this order which one DATA is."""
-URL_LAYOUTS: tuple[Layout, ...] = (JSONL_INDEX, TABLE, LEROBOT, WEBDATASET, FOLDERS)
-"""The layouts DATA at a URL is read with (vaecache.sources.urlpath)."""
 
 log = logging.getLogger("vaecache")
 
@@ -31,21 +29,17 @@ def discover(data: Path, cameras: Sequence[str] | None = None, options: SourceOp
     `options` (SourceOptions) says more than `cameras`, which it replaces."""
     if options is None:
         options = SourceOptions(cameras=tuple(cameras) if cameras else None)
-    layouts = LAYOUTS
-    if is_url(data):  # object storage: the layouts whose reading goes through UrlPath
+    if is_url(data):  # object storage: the layouts walk it through UrlPath, from one listing
         from vaecache.sources.urlpath import UrlPath
 
-        data, layouts = UrlPath(str(data)), URL_LAYOUTS  # type: ignore[assignment]
+        data = UrlPath(str(data))  # type: ignore[assignment]
         if not data.exists() and not is_brace_pattern(str(data)):
             raise DatasetError(f"{data}: no objects under this URL")
-        if not any(layout.matches(data) for layout in layouts):
-            raise DatasetError(f"{data}: at a URL, DATA is read as a .jsonl index, a .csv/.tsv/.parquet table, a "
-                               "LeRobot dataset, WebDataset .tar shards or a folder of videos or of scene folders; "
-                               "copy other layouts (nuScenes, image sequences) to a local folder")
-    data = data if is_url(str(data)) else Path(data)
-    if not data.exists() and not is_brace_pattern(str(data)):
-        raise DatasetError(f"{data}: dataset path does not exist")
-    layout = next((layout for layout in layouts if layout.matches(data)), None)
+    else:
+        data = Path(data)
+        if not data.exists() and not is_brace_pattern(str(data)):
+            raise DatasetError(f"{data}: dataset path does not exist")
+    layout = next((layout for layout in LAYOUTS if layout.matches(data)), None)
     if layout is None:
         raise DatasetError(f"{data}: expected a folder, a .jsonl index or a .csv/.tsv/.parquet table, got a "
                            f"{data.suffix or 'suffix-less'} file")

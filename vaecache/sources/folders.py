@@ -35,10 +35,8 @@ def _is_video(path: Path) -> bool:
 def holds_frames(folder: Path) -> bool:
     """Whether a folder holds image frames (it is an image-sequence camera); stops at the first one."""
     if not isinstance(folder, Path):  # a prefix in object storage (vaecache.sources.urlpath)
-        if any(child.name.lower().endswith(IMAGE_EXTENSIONS) for child in folder.iterdir()):
-            raise DatasetError(f"{folder}: image sequences are read from local folders only; copy them to a local "
-                               "folder (videos are read from the URL)")
-        return False
+        return any(child.name.lower().endswith(IMAGE_EXTENSIONS) and not child.name.startswith(".")
+                   for child in folder.iterdir())
     try:
         with os.scandir(folder) as entries:
             return any(entry.name.lower().endswith(IMAGE_EXTENSIONS) and not entry.name.startswith(".")

@@ -40,7 +40,7 @@ def iter_json_array(path: Path) -> Iterator[dict[str, Any]]:
     """The records of a JSON file holding one array of objects, read a megabyte at a time (never the whole file)."""
     decoder = json.JSONDecoder()
     try:
-        handle = open(path, encoding="utf-8")
+        handle = path.open("r", encoding="utf-8")  # a local file, or a UrlPath's object
     except OSError as exc:
         raise DatasetError(f"{path}: cannot read the nuScenes table ({exc.strerror or exc})") from None
     with handle:

@@ -11,6 +11,7 @@ frame / --fps; without any of these the rate is unknown (fps 0) and only `--sync
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import glob
 import os
 import re
@@ -22,6 +23,7 @@ import numpy as np
 
 from vaecache.errors import FrameBudgetError, VideoDecodeError
 from vaecache.settings.clip import frame_budget_problem
+from vaecache.urls import is_url, location_stat, read_location, url_children, url_glob
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
 VIDEO_EXTENSIONS = (".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v")
@@ -72,7 +74,21 @@ def is_image_source(source: Any) -> bool:
         return True
     if not isinstance(source, str) or source.lower().endswith(VIDEO_EXTENSIONS):
         return False  # a folder named like a video is a broken camera file ("not a regular file"), not frames
-    return bool(GLOB_CHARACTERS & set(os.path.basename(source))) or os.path.isdir(source)
+    if GLOB_CHARACTERS & set(os.path.basename(source)):
+        return True
+    return _url_holds_frames(source) if is_url(source) else os.path.isdir(source)
+
+
+@functools.lru_cache(maxsize=4096)
+def _url_holds_frames(url: str) -> bool:
+    """Whether the prefix `url` holds image frames (one listing per prefix and process; a video object's URL holds
+    nothing under it). A tar member or an episode span is no prefix."""
+    if "#" in url or url.lower().endswith(IMAGE_EXTENSIONS):
+        return False
+    try:
+        return any(_is_image_name(name.rsplit("/", 1)[-1]) for name in url_children(url))
+    except OSError:
+        return False
 
 
 def natural_key(name: str) -> tuple[Any, ...]:
@@ -85,7 +101,16 @@ def _is_image_name(name: str) -> bool:
 
 
 def list_frames(source: str) -> list[str]:
-    """The frame files of a folder or glob source, in natural name order (absolute paths)."""
+    """The frame files of a folder or glob source, in natural name order (absolute paths, or URLs for a prefix or a
+    pattern in object storage)."""
+    if is_url(source):
+        try:
+            found = (url_glob(source) if GLOB_CHARACTERS & set(os.path.basename(source))
+                     else list(url_children(source)))
+        except OSError as exc:
+            raise VideoDecodeError(source, f"cannot list the frames ({exc})") from None
+        return sorted((url for url in found if _is_image_name(url.rsplit("/", 1)[-1])),
+                      key=lambda url: natural_key(url.rsplit("/", 1)[-1]))
     if os.path.isdir(source):
         try:
             names = [entry.name for entry in os.scandir(source) if _is_image_name(entry.name)]
@@ -107,17 +132,39 @@ def _name(source: str | FrameList) -> str:
     return source.key if isinstance(source, FrameList) else source
 
 
+URL_STAT_LISTING = 64
+"""Frames at URLs: past this many in one prefix, their sizes and mtimes come from one listing of the prefix rather
+than one request each."""
+
+
 def files_identity(files: Sequence[str]) -> tuple[int, int]:
     """(total bytes, newest mtime_ns) of a camera's frame files: its identity for the probe cache and records."""
     size = newest = 0
+    listed: dict[str, dict[str, tuple[int, int]]] = {}
+    if any(map(is_url, files)):
+        prefixes: dict[str, int] = {}
+        for path in files:
+            prefixes[path.rsplit("/", 1)[0]] = prefixes.get(path.rsplit("/", 1)[0], 0) + 1
+        for prefix, count in prefixes.items():
+            if is_url(prefix) and count > URL_STAT_LISTING:
+                try:
+                    listed[prefix] = url_children(prefix)
+                except OSError as exc:
+                    raise VideoDecodeError(prefix, f"cannot list the frames ({exc})") from None
     for path in files:
         try:
-            stat = os.stat(path)
+            known = listed.get(path.rsplit("/", 1)[0])
+            if known is not None:
+                if path not in known:
+                    raise FileNotFoundError(path)
+                found_size, found_mtime = known[path]
+            else:
+                found_size, found_mtime = location_stat(path)
         except OSError as exc:
             raise VideoDecodeError(path, "file not found" if isinstance(exc, FileNotFoundError)
                                    else f"cannot read ({exc.strerror or exc})") from None
-        size += stat.st_size
-        newest = max(newest, stat.st_mtime_ns)
+        size += found_size
+        newest = max(newest, found_mtime)
     return size, newest
 
 
@@ -142,6 +189,19 @@ def parse_timestamp(text: str, where: str) -> int:
 
 def timestamps_file(source: str) -> str | None:
     """The timestamps.txt of a folder source: inside it, or beside a KITTI-style `data` folder."""
+    if is_url(source):
+        if not _url_holds_frames(source):
+            return None
+        for candidate in (f"{source.rstrip('/')}/{TIMESTAMPS_FILE}",
+                          f"{source.rstrip('/').rsplit('/', 1)[0]}/{TIMESTAMPS_FILE}"
+                          if source.rstrip("/").rsplit("/", 1)[-1] == "data" else None):
+            if candidate:
+                try:
+                    location_stat(candidate)
+                    return candidate
+                except OSError:
+                    continue
+        return None
     if not os.path.isdir(source):
         return None
     for candidate in (os.path.join(source, TIMESTAMPS_FILE),
@@ -154,8 +214,7 @@ def timestamps_file(source: str) -> str | None:
 
 def read_timestamps(path: str, count: int) -> list[int]:
     try:
-        with open(path, encoding="utf-8") as handle:
-            lines = [line for line in handle if line.strip()]
+        lines = [line for line in read_location(path).decode("utf-8").splitlines() if line.strip()]
     except (OSError, UnicodeDecodeError) as exc:
         raise VideoDecodeError(path, f"cannot read the timestamps ({exc})") from None
     if len(lines) != count:
@@ -206,6 +265,13 @@ def median_step(times: Sequence[int]) -> int:
 # --------------------------------------------------------------------------- the reader
 
 
+def _image_file(path: str) -> Any:
+    """What Pillow opens: a local path, or a frame at a URL read whole by one GET."""
+    import io
+
+    return io.BytesIO(read_location(path)) if is_url(path) else path
+
+
 class FrameSequence:
     """One image-sequence camera, read frame by frame with Pillow."""
 
@@ -244,7 +310,7 @@ class FrameSequence:
         from PIL import Image, UnidentifiedImageError
 
         try:
-            with Image.open(path) as image:
+            with Image.open(_image_file(path)) as image:
                 width, height = image.size
                 orientation = image.getexif().get(0x0112, 1)
                 fmt = (image.format or "unknown").lower()
@@ -321,7 +387,7 @@ class FrameSequence:
         from PIL import Image, ImageOps, UnidentifiedImageError
 
         try:
-            with Image.open(path) as image:
+            with Image.open(_image_file(path)) as image:
                 problem = (frame_budget_problem(*image.size, self._max_pixels) if self._max_pixels is not None
                            else None)
                 if problem:
