@@ -259,3 +259,14 @@ def test_a_nuscenes_root_at_a_url_encodes_like_the_root_on_disk(s3, tmp_path: Pa
     assert_same_tensors(load_tensors(tmp_path / "from-s3"), load_tensors(tmp_path / "from-disk"))
     mine, theirs = read_clips(tmp_path / "from-s3"), read_clips(tmp_path / "from-disk")
     assert [r["metadata"] for r in mine] == [r["metadata"] for r in theirs]  # calibration and ego poses
+
+
+def test_plan_reads_data_at_a_url_as_encode_does(s3, demo_data: Path) -> None:
+    import json
+
+    data = upload(s3, demo_data, "planned", "videos")
+    result = invoke(["plan", data, "--vae", "builtin:tiny", "--num-frames", "9", "--size", "64x64", "--no-measure",
+                     "--json", "-"])
+    assert result.exit_code == 0, result.output
+    groups = json.loads(result.stdout)["ranks"]["dp_groups"]
+    assert [group["clip_ids"] for group in groups] == [[f"scene_00{i}/000000-000008" for i in range(3)]]
