@@ -180,16 +180,18 @@ class ObjectOut:
     # --- checks before a run -------------------------------------------------------------------------------------
 
     def check_usable(self) -> None:
-        """The bucket exists and can be listed, and OUT's URL holds a vaecache output or nothing."""
-        bucket = self.root.split("/", 1)[0]
+        """The bucket exists and OUT's prefix can be listed (one listing of OUT alone, never of the bucket), and OUT's
+        URL holds a vaecache output or nothing."""
         try:
             self.fs.invalidate_cache()
-            self.fs.ls(bucket, detail=False)
-        except FileNotFoundError:
-            raise OutputError(f"{self.url}: no such bucket ({bucket}); create it first") from None
+            found = {path.rstrip("/").rsplit("/", 1)[-1] for path in self.fs.ls(self.root, detail=False)}
+        except FileNotFoundError:  # an empty prefix, or no bucket (credentials and access fail before this)
+            found = set()
+            bucket = self.root.split("/", 1)[0]
+            if not self.fs.exists(bucket):
+                raise OutputError(f"{self.url}: no such bucket ({bucket}); create it first") from None
         except Exception as exc:
             raise self._error("", "list", exc) from None
-        found = self.entries()
         foreign = sorted(name for name in found if name not in OWNED_ENTRIES)
         if RUN not in found and foreign:
             raise UsageError(f"{self.url}: not empty and not a vaecache output (holds {', '.join(foreign[:3])}); "
