@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
+import os
 import re
 import shutil
+import socket
 import struct
 from pathlib import Path
 from typing import Any, Callable
@@ -461,3 +464,28 @@ def test_a_bucketed_manifest_must_declare_what_its_records_hold(bucket_cache: Pa
     report = verify_cache(cache, quick=True).to_json()
     assert "manifest declarations" in _failing(report)
     assert re.search(problem, _problems(report)), _problems(report)
+
+
+def test_repair_deletes_stray_shards_under_the_lock_and_keeps_what_is_committed(cache_copy: Path,
+                                                                                run_cli: Callable) -> None:
+    committed = [_shard_of(cache_copy).split("/")[-1]]
+    orphan_shard(cache_copy)
+    (cache_copy / "shards" / ".a001-r00000-000000.safetensors.tmp").write_bytes(b"half a shard")
+    assert run_cli(["verify", cache_copy]).exit_code == 1
+    repaired = run_cli(["verify", cache_copy, "--repair"])
+    assert repaired.exit_code == 0, repaired.output
+    assert "--repair deleted 2 stray shard file(s): shards/.a001-r00000-000000.safetensors.tmp, " \
+           "shards/a000-r00007-000000.safetensors" in repaired.output
+    assert sorted(p.name for p in (cache_copy / "shards").iterdir()) == committed
+    assert not (cache_copy / ".lock").exists()
+
+    orphan_shard(cache_copy)
+    (cache_copy / "manifest.json").unlink()  # an incomplete cache: what the progress logs commit is kept
+    run_cli(["verify", cache_copy, "--repair"])
+    assert sorted(p.name for p in (cache_copy / "shards").iterdir()) == committed
+
+    (cache_copy / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+    with open(cache_copy / ".lock") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # a live job holds it
+        refused = run_cli(["verify", cache_copy, "--repair"])
+    assert refused.exit_code == 1 and "locked by another vaecache job" in refused.output
