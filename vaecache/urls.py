@@ -183,7 +183,12 @@ def open_url(url: str, block_size: int = 4 << 20) -> Any:
     """The object at `url` as a seekable binary file (what av.open takes): ranged GETs of `block_size` bytes with
     read-ahead, so probing reads a video's header and index, not the whole object."""
     fs, path = data_filesystem(url)
-    return fs.open(path, "rb", block_size=block_size, cache_type="readahead")
+    try:
+        return fs.open(path, "rb", block_size=block_size, cache_type="readahead")
+    except OSError:
+        raise
+    except Exception as exc:  # botocore's credential errors are no OSError
+        raise OSError(storage_problem(exc)) from None
 
 
 def open_location(location: Any, block_size: int = 4 << 20) -> Any:

@@ -32,7 +32,7 @@ from av.video.reformatter import VideoReformatter
 
 from vaecache.errors import FrameBudgetError, VideoDecodeError, first_line
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS, frame_budget_problem
-from vaecache.urls import is_url, open_url, url_stat
+from vaecache.urls import is_url, open_url
 from vaecache.video.frames import checked_request
 from vaecache.video.members import member_of, open_member
 
@@ -64,8 +64,10 @@ class VideoReader:
         self._member = member_of(path)  # a video inside a tar (a WebDataset shard), read in place
         self._member_file: Any = None
         self._url_file: Any = None
-        if self._member is None:
-            _check_url(path) if is_url(path) else _check_file(path)
+        if self._member is None and is_url(path):
+            self._url_file = _open_object(path)  # its size comes with it: no request of its own
+        elif self._member is None:
+            _check_file(path)
         try:
             self._container = self._open()
         except PermissionError:
@@ -222,10 +224,7 @@ class VideoReader:
     def _open(self) -> Any:
         """A new container on the file (or the tar member's bytes)."""
         if self._member is None and is_url(self.path):
-            if self._url_file is None:
-                self._url_file = open_url(self.path)
-            else:  # a restart reads the object again from its start: the read-ahead may still hold those bytes
-                self._url_file.seek(0)
+            self._url_file.seek(0)  # a restart reads the object again from its start: the read-ahead may hold it
             return av.open(self._url_file)
         if self._member is None:
             return av.open(self.path)
@@ -414,18 +413,21 @@ class VideoReader:
         self.close()
 
 
-def _check_url(path: str) -> None:
-    """An object in object storage: there, not empty, readable (VideoDecodeError naming it otherwise)."""
+def _open_object(path: str) -> Any:
+    """An object in object storage opened for ranged reads, checked there and not empty (VideoDecodeError naming it
+    otherwise)."""
     try:
-        size, _ = url_stat(path)
+        handle = open_url(path)
     except FileNotFoundError:
         raise VideoDecodeError(path, "no such object") from None
     except IsADirectoryError:
         raise VideoDecodeError(path, "not an object (a prefix)") from None
     except OSError as exc:
-        raise VideoDecodeError(path, f"cannot read ({exc})") from None
-    if size == 0:
+        raise VideoDecodeError(path, f"cannot read ({first_line(exc, 200)})") from None
+    if not getattr(handle, "size", 1):
+        handle.close()
         raise VideoDecodeError(path, "empty object (0 bytes)")
+    return handle
 
 
 def _check_file(path: str) -> None:
