@@ -158,7 +158,10 @@ def url_stat(url: str) -> tuple[int, int]:
     read, naming why)."""
     fs, path = data_filesystem(url)
     try:
-        info = fs.info(path, refresh=True)  # never a listing cached earlier: the object may have changed since
+        # From this run's listing where DATA was listed (each discovery lists afresh, dropping what the process
+        # cached before), else one request. An object changed after the listing is not read as the listed one:
+        # s3fs reads with If-Match on the listed ETag, and a changed object fails its read, naming it.
+        info = fs.info(path)
     except OSError:
         raise
     except Exception as exc:  # botocore's credential errors are no OSError
