@@ -270,3 +270,19 @@ def test_plan_reads_data_at_a_url_as_encode_does(s3, demo_data: Path) -> None:
     assert result.exit_code == 0, result.output
     groups = json.loads(result.stdout)["ranks"]["dp_groups"]
     assert [group["clip_ids"] for group in groups] == [[f"scene_00{i}/000000-000008" for i in range(3)]]
+
+
+def test_an_object_changed_after_the_listing_is_not_read_as_the_listed_one(s3, demo_data: Path) -> None:
+    from vaecache.errors import VideoDecodeError
+    from vaecache.sources.urlpath import UrlPath
+    from vaecache.urls import url_stat
+    from vaecache.video.reader import VideoReader
+
+    data = upload(s3, demo_data, "changed-later", "videos")
+    video = f"{data}/scene_000/cam_0.mp4"
+    assert UrlPath(data).exists()  # this run's listing: sizes, mtimes and ETags
+    listed = url_stat(video)
+    s3.pipe_file("changed-later/videos/scene_000/cam_0.mp4", (demo_data / "scene_001" / "cam_1.mp4").read_bytes())
+    assert url_stat(video) == listed  # identity as listed: the run plans from one consistent view
+    with pytest.raises(VideoDecodeError, match="scene_000/cam_0.mp4: cannot read"):
+        VideoReader(video)  # S3 answers the read on the listed ETag with 412: never the other bytes

@@ -285,6 +285,10 @@ class VideoReader:
             self._frames = None
             raise VideoDecodeError(self.path, f"decoding frames {frames[0]}..{frames[-1]} failed "
                                               f"({first_line(exc, 200)})") from None
+        except OSError as exc:  # an object at a URL: a read that failed after retries, or one changed since listed
+            self._frames = None
+            raise VideoDecodeError(self.path, f"reading frames {frames[0]}..{frames[-1]} failed "
+                                              f"({first_line(exc, 200)})") from None
         if self.rotation:
             array = np.ascontiguousarray(np.rot90(array, k=self.rotation // 90, axes=(1, 2)))
         return array
