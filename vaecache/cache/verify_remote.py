@@ -71,8 +71,9 @@ def _why_stray(name: str, listed: set[str] | None) -> str:
 
 def verify_url(url: str, quick: bool = False, threads: int | None = None,
                storage_options: dict[str, Any] | None = None, repair: bool = False,
-               on_progress: Callable[[int, int], None] | None = None) -> VerifyReport:
-    """Every integrity check of the cache at `url`, and its stray objects named (deleted with `repair`)."""
+               on_progress: Callable[[int, int], None] | None = None, ctx: Any = None) -> VerifyReport:
+    """Every integrity check of the cache at `url`, and its stray objects named (deleted with `repair`). Under
+    torchrun (`ctx`) the shards are split across ranks and every rank returns the whole report."""
     objects = ObjectOut(url, storage_options)
     try:
         objects.check_usable()
@@ -92,7 +93,7 @@ def verify_url(url: str, quick: bool = False, threads: int | None = None,
             listed = set(CacheReader(objects.work).shard_files())
         except VaecacheError:  # the local checks name the manifest's problem
             listed = set()
-        report = verify_cache(objects.work, quick, threads, on_progress=on_progress,
+        report = verify_cache(objects.work, quick, threads, ctx=ctx, on_progress=on_progress,
                               shards=ObjectShards(objects, listing))
         report.out = str(objects.url)
         for check in report.checks:

@@ -90,10 +90,16 @@ def verify(
             raise UsageError("--dataset and --reencode read the cache from a folder; verify the URL without them, "
                              "or a local copy with them (its DATA may be a URL)")
         from vaecache.cache.verify_remote import verify_url
+        from vaecache.distributed.context import distributed
 
-        with progress_reporter("verify", "shards", console, enabled=progress) as on_progress:
-            report = verify_url(where, quick, threads, dict(parse_storage_options(storage_option)), repair,
-                                on_progress)
+        with distributed(device="cpu") as ctx:  # under torchrun the shard objects are split across the ranks
+            rank, world = ctx.info.rank, ctx.info.world_size
+            label = "verify" if world == 1 else f"verify (rank 0's share of {world} ranks)"
+            with progress_reporter(label, "shards", console, enabled=progress and rank == 0) as on_progress:
+                report = verify_url(where, quick, threads, dict(parse_storage_options(storage_option)),
+                                    repair and rank == 0, on_progress, ctx=ctx)
+            if rank != 0:
+                raise typer.Exit(EXIT_OK if report.ok else EXIT_FAILED)
         _print_report(report, json_file)
     out = where
     if not out.exists():
