@@ -31,6 +31,8 @@ class Listing:
         self.root = self.root.rstrip("/")
         self._files: dict[str, ObjectStat] | None = None
         self._folders: set[str] = {""}
+        self._children: dict[str, set[str]] = {}
+        """Folder key -> the keys right under it (a million objects are walked without rescanning them)."""
 
     @property
     def files(self) -> dict[str, ObjectStat]:
@@ -62,15 +64,17 @@ class Listing:
                 continue
             key = "" if path == self.root else path[start:]
             self._files[key] = ObjectStat(int(info.get("size") or 0), mtime_ns(info))
-            parts = key.split("/")[:-1]
+            parts = key.split("/") if key else []  # "": DATA names this one object
             for depth in range(1, len(parts) + 1):
-                self._folders.add("/".join(parts[:depth]))
+                child, parent = "/".join(parts[:depth]), "/".join(parts[:depth - 1])
+                if depth < len(parts):
+                    self._folders.add(child)
+                self._children.setdefault(parent, set()).add(child)
 
     def children(self, key: str) -> list[str]:
-        prefix = f"{key}/" if key else ""
-        names = {rest.split("/", 1)[0] for rest in (k[len(prefix):] for k in [*self.files, *self.folders]
-                                                    if k.startswith(prefix) and k != key) if rest}
-        return sorted(f"{prefix}{name}" for name in names)
+        if self._files is None:
+            self._list()
+        return sorted(self._children.get(key, ()))
 
 
 class UrlPath:
