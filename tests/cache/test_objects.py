@@ -181,6 +181,11 @@ def test_verify_of_a_url_names_a_corrupted_a_missing_and_a_stray_object(s3, demo
     assert _encode(url, demo_data, "--shard-size", "50000").returncode == 0
     good = invoke(["verify", url])
     assert good.exit_code == 0 and "cache OK" in good.output, good.output
+    s3.pipe_file("verified/cache/shards/a007-r00003-000000.safetensors", b"left by a crash")
+    assert invoke(["verify", url]).exit_code == 1
+    repaired = invoke(["verify", url, "--repair"])  # deleted first, then the cache is checked as repaired
+    assert repaired.exit_code == 0 and "cache OK" in repaired.output, repaired.output
+    assert "--repair deleted 1 stray shard(s): shards/a007-r00003-000000.safetensors" in repaired.output
     shards = sorted(name for name in _objects(s3, url) if name.startswith("shards/"))
     first, second = (f"verified/cache/{name}" for name in shards)
     data = bytearray(s3.cat_file(first))
@@ -201,7 +206,7 @@ def test_verify_of_a_url_names_a_corrupted_a_missing_and_a_stray_object(s3, demo
     assert locked.exit_code == 1 and "locked by another vaecache job (host another-host" in locked.output
     s3.rm("verified/cache/.lock")
     repaired = invoke(["verify", url, "--repair"])
-    assert "--repair deleted 1 object(s)" in repaired.output, repaired.output
+    assert "--repair deleted 1 stray shard(s): shards/a009-r00000-000000.safetensors" in repaired.output
     assert "shards/a009-r00000-000000.safetensors" not in _objects(s3, url)
 
 
@@ -215,7 +220,7 @@ def test_verify_of_an_incomplete_url_names_uncommitted_shards_and_repair_deletes
     assert "incomplete: no final manifest; 2 clips in 1 shards are committed" in report.output
     assert "shards/a000-r00000-000001.safetensors: shard object without a commit record" in report.output
     repaired = invoke(["verify", url, "--repair", "--json", "-"])
-    assert "--repair deleted 1 object(s)" in repaired.output
+    assert "--repair deleted 1 stray shard(s): shards/a000-r00000-000001.safetensors" in repaired.output
     assert sorted(name for name in _objects(s3, url) if name.startswith("shards/")) == \
         ["shards/a000-r00000-000000.safetensors"]
 

@@ -474,7 +474,7 @@ def test_repair_deletes_stray_shards_under_the_lock_and_keeps_what_is_committed(
     assert run_cli(["verify", cache_copy]).exit_code == 1
     repaired = run_cli(["verify", cache_copy, "--repair"])
     assert repaired.exit_code == 0, repaired.output
-    assert "--repair deleted 2 stray shard file(s): shards/.a001-r00000-000000.safetensors.tmp, " \
+    assert "--repair deleted 2 stray shard(s): shards/.a001-r00000-000000.safetensors.tmp, " \
            "shards/a000-r00007-000000.safetensors" in repaired.output
     assert sorted(p.name for p in (cache_copy / "shards").iterdir()) == committed
     assert not (cache_copy / ".lock").exists()

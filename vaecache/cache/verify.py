@@ -61,6 +61,8 @@ class VerifyReport:
     complete: bool
     checks: list[Check]
     summary: dict[str, Any] = field(default_factory=dict)
+    repaired: list[str] = field(default_factory=list)
+    """What `verify --repair` deleted before checking (stray shard files or objects)."""
 
     @property
     def ok(self) -> bool:
@@ -68,7 +70,7 @@ class VerifyReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"out": self.out, "ok": self.ok, "complete": self.complete, "summary": self.summary,
-                "checks": [asdict(check) for check in self.checks]}
+                "repaired": self.repaired, "checks": [asdict(check) for check in self.checks]}
 
 
 class LocalShards:

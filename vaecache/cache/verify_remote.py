@@ -72,56 +72,59 @@ def _why_stray(name: str, listed: set[str] | None) -> str:
 def verify_url(url: str, quick: bool = False, threads: int | None = None,
                storage_options: dict[str, Any] | None = None, repair: bool = False,
                on_progress: Callable[[int, int], None] | None = None, ctx: Any = None) -> VerifyReport:
-    """Every integrity check of the cache at `url`, and its stray objects named (deleted with `repair`). Under
-    torchrun (`ctx`) the shards are split across ranks and every rank returns the whole report."""
+    """Every integrity check of the cache at `url`, and its stray objects named. With `repair` the strays are
+    deleted first (under the lock; never while the manifest cannot be read, which would make every shard look like
+    one) and the cache is checked as repaired, as on disk. Under torchrun (`ctx`) the shards are split across ranks
+    and every rank returns the whole report."""
     objects = ObjectOut(url, storage_options)
     try:
         objects.check_usable()
+        finished = objects.fetch_tables()
+        listed: set[str] | None = None
+        if finished:
+            try:
+                listed = set(CacheReader(objects.work).shard_files())
+            except VaecacheError:  # the checks below name the manifest's problem; nothing is repaired then
+                repair = False
         listing = {**objects.sizes(SHARDS_DIR), **objects.sizes(COMMITS_DIR)}
         stray_check = Check("no stray objects")
-        if not objects.fetch_tables():
-            strays = stray_objects(listing, None)
+        deleted: list[str] = []
+        if repair and (listed is not None or not finished):
+            deleted = stray_objects(listing, listed)
+            _repair(objects, deleted)
+            listing = {name: size for name, size in listing.items() if name not in deleted}
+        if not finished:
             objects.pull_records(finished=False)
             clips, shards = progress_counts(objects.work)
             check = Check("manifest")
             check.fail(f"{objects.where(MANIFEST)}: no manifest")
             check.note = (f"incomplete: no final manifest; {clips} clips in {shards} shards are committed (rerun the "
                           "same encode command to finish)")
-            _report_strays(objects, stray_check, strays, listing, None, repair)
-            return VerifyReport(str(objects.url), complete=False, checks=[check, stray_check])
-        try:
-            listed = set(CacheReader(objects.work).shard_files())
-        except VaecacheError:  # the local checks name the manifest's problem
-            listed = set()
+            _report_strays(stray_check, stray_objects(listing, None), listing, None, deleted)
+            return VerifyReport(str(objects.url), complete=False, checks=[check, stray_check], repaired=deleted)
         report = verify_cache(objects.work, quick, threads, ctx=ctx, on_progress=on_progress,
                               shards=ObjectShards(objects, listing))
-        report.out = str(objects.url)
+        report.out, report.repaired = str(objects.url), deleted
         for check in report.checks:
             check.problems = [problem.replace(str(objects.work), str(objects.url)) for problem in check.problems]
             check.note = check.note.replace(str(objects.work), str(objects.url))
-        if report.complete:
+        if report.complete and listed is not None:  # shard objects the manifest does not list: the orphan check's
             strays = [name for name in stray_objects(listing, listed) if name.startswith(f"{COMMITS_DIR}/")]
-            _report_strays(objects, stray_check, strays, listing, listed, repair)
+            _report_strays(stray_check, strays, listing, listed, deleted)
             report.checks.append(stray_check)
-            if repair:  # the shard objects the manifest does not list: the orphan check named them
-                orphans = [name for name in stray_objects(listing, listed) if name.startswith(f"{SHARDS_DIR}/")]
-                _repair(objects, orphans)
-                for check in report.checks:
-                    if check.name == "no orphan shards" and orphans:
-                        check.note = f"--repair deleted {len(orphans)} object(s)"
         return report
     finally:
         objects.close()
 
 
-def _report_strays(objects: ObjectOut, check: Check, strays: list[str], listing: dict[str, int],
-                   listed: set[str] | None, repair: bool) -> None:
+def _report_strays(check: Check, strays: list[str], listing: dict[str, int], listed: set[str] | None,
+                   deleted: list[str]) -> None:
     for name in strays:
         check.fail(_why_stray(name, listed))
     check.ok(max(0, len(listing) - len(strays)))
-    if repair and strays:
-        _repair(objects, strays)
-        check.note = f"--repair deleted {len(strays)} object(s)"
+    if deleted:
+        check.note = f"--repair deleted {len(deleted)} object(s): {', '.join(deleted[:3])}" + \
+            (" ..." if len(deleted) > 3 else "")
     elif strays:
         check.note = "vaecache verify --repair (or the next encode) deletes them"
 

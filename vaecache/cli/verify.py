@@ -127,24 +127,27 @@ def verify(
     options = VerifyOptions(quick=quick, threads=threads, dataset=data, reencode=reencode, vae=vae, seed=seed,
                             device=device, allow_pickle_weights=allow_pickle_weights,
                             tolerance=tolerance)
+    deleted: list[str] = []
     if repair:
         from vaecache.cache.repair import repair_strays
 
         deleted = repair_strays(out)
-        if deleted:
-            console.print(f"--repair deleted {len(deleted)} stray shard file(s): {escape(', '.join(deleted[:3]))}"
-                          + (" ..." if len(deleted) > 3 else ""), soft_wrap=True)
     with distributed(device=device if reencode else "cpu") as ctx:
         label = "verify" if ctx.info.world_size == 1 else f"verify (rank 0's share of {ctx.info.world_size} ranks)"
         with progress_reporter(label, "shards", console, enabled=progress and ctx.info.rank == 0) as on_progress:
             report = verify_cache(out, options, ctx=ctx, on_progress=on_progress)
         if ctx.info.rank != 0:
             raise typer.Exit(EXIT_OK if report.ok else EXIT_FAILED)
+    report.repaired = deleted
     _print_report(report, json_file)
 
 
 def _print_report(report: VerifyReport, json_file: Path | None) -> None:
-    """The table, one line per problem, the summary and the verdict; exits 0 (ok) or 1."""
+    """What --repair deleted, the table, one line per problem, the summary and the verdict; exits 0 (ok) or 1."""
+    if report.repaired:
+        console.print(f"--repair deleted {len(report.repaired)} stray shard(s): "
+                      f"{escape(', '.join(report.repaired[:3]))}" + (" ..." if len(report.repaired) > 3 else ""),
+                      soft_wrap=True)
     console.print(report_table(report))
     for line in problem_lines(report):
         console.print(f"[red]FAIL[/red] {escape(line)}", soft_wrap=True)
