@@ -208,11 +208,11 @@ def location_stat(location: Any) -> tuple[int, int]:
 
 
 def url_children(url: str) -> dict[str, tuple[int, int]]:
-    """URL -> (size, mtime_ns) of every object right under the prefix `url` (one listing, asked now)."""
+    """URL -> (size, mtime_ns) of every object right under the prefix `url` (from the run's listing of DATA where
+    it was listed, else one listing)."""
     fs, path = data_filesystem(url)
     try:
-        fs.invalidate_cache(path)
-        found = fs.ls(path.rstrip("/"), detail=True, refresh=True)
+        found = fs.ls(path.rstrip("/"), detail=True)
     except FileNotFoundError:
         return {}
     except Exception as exc:

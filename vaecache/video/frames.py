@@ -132,34 +132,13 @@ def _name(source: str | FrameList) -> str:
     return source.key if isinstance(source, FrameList) else source
 
 
-URL_STAT_LISTING = 64
-"""Frames at URLs: past this many in one prefix, their sizes and mtimes come from one listing of the prefix rather
-than one request each."""
-
-
 def files_identity(files: Sequence[str]) -> tuple[int, int]:
-    """(total bytes, newest mtime_ns) of a camera's frame files: its identity for the probe cache and records."""
+    """(total bytes, newest mtime_ns) of a camera's frame files: its identity for the probe cache and records (frames
+    at URLs: from the run's listing of DATA, no request per frame)."""
     size = newest = 0
-    listed: dict[str, dict[str, tuple[int, int]]] = {}
-    if any(map(is_url, files)):
-        prefixes: dict[str, int] = {}
-        for path in files:
-            prefixes[path.rsplit("/", 1)[0]] = prefixes.get(path.rsplit("/", 1)[0], 0) + 1
-        for prefix, count in prefixes.items():
-            if is_url(prefix) and count > URL_STAT_LISTING:
-                try:
-                    listed[prefix] = url_children(prefix)
-                except OSError as exc:
-                    raise VideoDecodeError(prefix, f"cannot list the frames ({exc})") from None
     for path in files:
         try:
-            known = listed.get(path.rsplit("/", 1)[0])
-            if known is not None:
-                if path not in known:
-                    raise FileNotFoundError(path)
-                found_size, found_mtime = known[path]
-            else:
-                found_size, found_mtime = location_stat(path)
+            found_size, found_mtime = location_stat(path)
         except OSError as exc:
             raise VideoDecodeError(path, "file not found" if isinstance(exc, FileNotFoundError)
                                    else f"cannot read ({exc.strerror or exc})") from None
