@@ -489,3 +489,16 @@ def test_repair_deletes_stray_shards_under_the_lock_and_keeps_what_is_committed(
         fcntl.flock(held, fcntl.LOCK_EX)  # a live job holds it
         refused = run_cli(["verify", cache_copy, "--repair"])
     assert refused.exit_code == 1 and "locked by another vaecache job" in refused.output
+
+
+def test_repair_deletes_nothing_when_nothing_readable_says_what_is_committed(cache_copy: Path,
+                                                                            run_cli: Callable) -> None:
+    shards = sorted(p.name for p in (cache_copy / "shards").iterdir())
+    (cache_copy / "manifest.json").write_text("{not json")
+    refused = run_cli(["verify", cache_copy, "--repair"])
+    assert refused.exit_code == 1 and "--repair deletes nothing while the manifest cannot be read" in refused.output
+    (cache_copy / "manifest.json").unlink()
+    shutil.rmtree(cache_copy / "progress")  # a copy without its progress logs
+    refused = run_cli(["verify", cache_copy, "--repair"])
+    assert refused.exit_code == 1 and "no progress log says which shards are committed" in refused.output
+    assert sorted(p.name for p in (cache_copy / "shards").iterdir()) == shards

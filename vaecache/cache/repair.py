@@ -152,18 +152,25 @@ def repair_strays(out: Path) -> list[str]:
     """`verify --repair` on disk: delete the shard files that no committed progress line claims, or, in a finished
     cache, that its manifest does not list, and temp files a crash left; under OUT's lock (refused while a job holds
     it: a shard it wrote is a stray until its progress line is appended). Returns the files deleted."""
+    from vaecache.cache.layout import MANIFEST
     from vaecache.cache.manifest import read_manifest
     from vaecache.cache.outdir import acquire_lock, release_lock
-    from vaecache.errors import ManifestError
+    from vaecache.errors import ManifestError, OutputError
 
     out = Path(out)
     acquire_lock(out, None)
     try:
-        try:
-            claimed = {Path(shard["file"]).name for shard in read_manifest(out).get("shards", [])}
-        except ManifestError:
-            claimed = {Path(shard["file"]).name for log in progress_logs(out) for shard in
-                       (line.shard for line, _ in scan_committed(log))}
+        if (out / MANIFEST).exists():  # unreadable, it vouches for nothing: every shard would look like a stray
+            try:
+                claimed = {Path(shard["file"]).name for shard in read_manifest(out).get("shards", [])}
+            except ManifestError as exc:
+                raise OutputError(f"{exc}; --repair deletes nothing while the manifest cannot be read") from None
+        else:
+            logs = progress_logs(out)
+            if not logs:
+                raise OutputError(f"{out}: no manifest and no progress log says which shards are committed; "
+                                  "--repair deletes nothing")
+            claimed = {Path(line.shard["file"]).name for log in logs for line, _ in scan_committed(log)}
         deleted = []
         folder = out / SHARDS_DIR
         for path in sorted(folder.iterdir()) if folder.is_dir() else []:
