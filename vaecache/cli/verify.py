@@ -82,6 +82,7 @@ def verify(
     """Prove a latent cache is complete and intact. Runs under torchrun to split the work across ranks."""
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
+    check_json_target(json_file)
     from vaecache.urls import Url, location, parse_storage_options
 
     where = location(out)
@@ -118,7 +119,6 @@ def verify(
             raise UsageError(f"{dataset}: --dataset path does not exist")
     if reencode < 0:
         raise UsageError(f"--reencode must be >= 0, got {reencode}")
-    check_json_target(json_file)
 
     from vaecache.distributed.context import distributed
     from vaecache.encode.recheck import verify as verify_cache
@@ -127,12 +127,11 @@ def verify(
     options = VerifyOptions(quick=quick, threads=threads, dataset=data, reencode=reencode, vae=vae, seed=seed,
                             device=device, allow_pickle_weights=allow_pickle_weights,
                             tolerance=tolerance)
-    deleted: list[str] = []
-    if repair:
-        from vaecache.cache.repair import repair_strays
+    from vaecache.cache.repair import repair_strays
 
-        deleted = repair_strays(out)
     with distributed(device=device if reencode else "cpu") as ctx:
+        # rank 0 repairs before any rank lists the shards (on_rank0: every rank waits for it, and hears its error)
+        deleted = ctx.on_rank0(lambda: repair_strays(out)) if repair else []
         label = "verify" if ctx.info.world_size == 1 else f"verify (rank 0's share of {ctx.info.world_size} ranks)"
         with progress_reporter(label, "shards", console, enabled=progress and ctx.info.rank == 0) as on_progress:
             report = verify_cache(out, options, ctx=ctx, on_progress=on_progress)
