@@ -20,8 +20,8 @@ from vaecache.settings.options import parse_cameras, parse_columns
 def index(
     data: str = typer.Argument(..., metavar="DATA", help="Dataset: DATA/<scene>/<camera>.mp4 or "
                                "DATA/<scene>/<camera>/<frames>, a folder of videos or of frame folders, a .jsonl "
-                               "index, a .csv/.tsv/.parquet table, WebDataset .tar shards, or a nuScenes root; or an "
-                               "s3:// URL of videos, an index, a table or shards."),
+                               "index, a .csv/.tsv/.parquet table, WebDataset .tar shards, a LeRobot dataset or a "
+                               "nuScenes root; or the s3:// URL of any of them."),
     output: Path = typer.Option(..., "--output", "-o", help="The index to write (INDEX.jsonl); unusable scenes go to "
                                 "INDEX.rejected.jsonl beside it."),
     cameras: Optional[str] = typer.Option(None, "--cameras", help="Comma-separated camera order "

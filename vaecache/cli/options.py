@@ -67,6 +67,7 @@ def with_setting_flags(command: str) -> Callable[[F], F]:
 DataArgument = Annotated[str, typer.Argument(
     metavar="DATA", help="Dataset: DATA/<scene>/<camera>.mp4 or DATA/<scene>/<camera>/<frames>, a folder of videos, a "
                          ".jsonl index, a .csv/.tsv/.parquet table, WebDataset .tar shards (a file, a folder, or "
-                         "data-{000000..000099}.tar), a LeRobot dataset or a nuScenes root.")]
+                         "data-{000000..000099}.tar), a LeRobot dataset or a nuScenes root; or the s3:// URL of any "
+                         "of them.")]
 ConfigOption = Annotated[Optional[Path], typer.Option("--config", help="TOML file with these options (long flag "
                                                                      "names as keys; flags win).")]

@@ -70,7 +70,8 @@ class EncodeConfig:
     vae_config: str | None = None
     """--vae-config: the config of a single checkpoint file --vae (vaecache.vae.single_file)."""
     storage_options: tuple[tuple[str, Any], ...] = ()
-    """--storage-option: fsspec options for an OUT in object storage (never recorded: they may hold secrets)."""
+    """--storage-option: fsspec options for DATA and OUT in object storage (never recorded: they may hold
+    secrets)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.probe_workers, bool) or not isinstance(self.probe_workers, int) or self.probe_workers < 1:
