@@ -49,6 +49,11 @@ def test_a_bad_object_is_a_skipped_input_naming_its_url(s3, demo_data: Path, tmp
     assert [(f["scene"], f["path"]) for f in failures] == [("scene_001", f"{data}/scene_001/cam_0.mp4")]
     assert "not a readable video" in failures[0]["reason"]
     assert len(read_clips(out)) == 2
+    into_s3 = invoke(["encode", data, "--out", "s3://bad-object/cache", *ENCODE_ARGS])  # the failure log as an object
+    assert into_s3.exit_code == 3, into_s3.output
+    listed = invoke(["inspect", "s3://bad-object/cache", "--failures"])
+    assert listed.exit_code == 0 and f"skipped {data}/scene_001/cam_0.mp4 (cam_0): not a readable video" in \
+        listed.output, listed.output
 
 
 def test_what_data_at_a_url_cannot_be_is_one_line(s3, demo_data: Path, tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ interrupted multipart upload leaves no object). So, under OUT's URL:
   record with its size and sha256, the clip ids, the clip records). A shard counts only once its commit record
   exists. A resume lists the commit records; every other shard object (a crash between the two PUTs) is a stray,
   deleted by the next encode or ``vaecache verify --repair``;
-- each rank's failure records and probe records are one object per rank, rewritten whole as they grow (small);
+- each rank's failure records and probe records are one object per rank, PUT whole (the failures once, when the
+  rank's share is done: a rerun records them afresh);
 - ``run.json`` is PUT by rank 0 as it prepares OUT; ``clips.parquet``, ``failures.parquet`` and then
   ``manifest.json`` once, at finalize, the manifest last: a reader never sees a half-written one;
 - ``.lock`` is created with a conditional PUT (``If-None-Match: *``, which S3 and MinIO honour): of jobs starting

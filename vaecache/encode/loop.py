@@ -74,20 +74,26 @@ def _camera_of(cameras: Any, paths: Any, path: str | None) -> str | None:
 
 class FailureLog:
     """This rank's failure records (fsynced JSON lines), each handed to `on_failure` as soon as it is written; with
-    OUT in object storage, `mirror` PUTs the log after each record."""
+    OUT in object storage, `mirror` PUTs the log once, when the rank's share is done (`publish`): finalize reads it
+    then, and a rerun records failures afresh, so a crash before loses nothing a resume needs."""
 
     def __init__(self, path: Path, on_failure: Callable[[dict[str, Any]], None] | None,
                  mirror: Callable[[], None] | None = None) -> None:
         self._log = AppendLog(path)
         self._on_failure = on_failure
         self._mirror = mirror
+        self._count = 0
 
     def append(self, record: dict[str, Any]) -> None:
         self._log.append(record)
-        if self._mirror is not None:
-            self._mirror()
+        self._count += 1
         if self._on_failure is not None:
             self._on_failure(record)
+
+    def publish(self) -> None:
+        """With OUT in object storage, PUT the log (where this rank recorded any failure)."""
+        if self._mirror is not None and self._count:
+            self._mirror()
 
     def close(self) -> None:
         self._log.close()
@@ -161,6 +167,7 @@ def encode_share(cfg: EncodeConfig, ctx: DistContext, vae: VaeRunner, decoder: B
                 on_progress(len(batch), len(work.clips))
         if writer is not None:
             writer.close()
+        failures.publish()
         loop_s = time.perf_counter() - loop_started
     except BaseException:
         if writer is not None:
