@@ -208,3 +208,18 @@ def test_gpu_check_smoke_runs_every_section_on_cpu_and_resumes(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "exactness: already in" in again.stderr
     assert json.loads(again.stdout)["exactness"] == exact
+
+
+def test_bench_wan_encoder_prints_reference_and_fast_variants(capsys, tmp_path):
+    out = tmp_path / "wan.json"
+    result = load_script("bench_wan_encoder").main(
+        ["--smoke", "--device", "cpu", "--out", str(out), "--repeats", "1", "--profile",
+         "--variants", "c4-eager,c8-eager-pad8-contiguous"])
+    printed = printed_json(capsys)
+    assert printed == json.loads(json.dumps(result)) == json.loads(out.read_text())
+    bf16 = printed["fast_encode"]["wan2.1"]["9x32x32"]["bf16"]
+    assert bf16["flops"] > 0 and bf16["reference_bitwise_repeat"] is True
+    assert set(bf16["variants"]) == {"c4-eager", "c8-eager-pad8-contiguous"}
+    for row in bf16["variants"].values():
+        assert row["accuracy_ok"] is True and row["bitwise_repeat"] is True and row["speedup_vs_reference"] > 0
+    assert bf16["reference_profile"]["top_aten_ops"]

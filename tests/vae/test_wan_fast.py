@@ -1,0 +1,85 @@
+"""vaecache/vae/wan_fast.py against diffusers' own AutoencoderKLWan._encode, on CPU in fp32: the same latents within
+1e-5 of their largest magnitude for every frame count (1 + 4k and not), batch of views, temporal chunk and memory
+format, for Wan 2.1's and Wan 2.2's (residual, patchified) encoders."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from diffusers import AutoencoderKLWan
+
+from vaecache.vae.wan_fast import WanFastEncoder, chunk_bounds
+
+CONFIGS = {
+    "wan2.1": dict(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+                   temperal_downsample=[False, True, True]),
+    "wan2.2": dict(base_dim=8, decoder_base_dim=8, z_dim=4, dim_mult=[1, 2, 2], num_res_blocks=1,
+                   temperal_downsample=[False, True], is_residual=True, in_channels=12, out_channels=12, patch_size=2,
+                   scale_factor_spatial=8, scale_factor_temporal=2, latents_mean=[0.0] * 4, latents_std=[1.0] * 4),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def vae(request) -> AutoencoderKLWan:
+    torch.manual_seed(7)
+    return AutoencoderKLWan(**CONFIGS[request.param]).eval().requires_grad_(False)
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.mark.parametrize("frames", [1, 5, 11, 17])
+def test_fast_encode_equals_diffusers_within_fp32_rounding(vae, frames):
+    x = torch.rand(2, 3, frames, 32, 48, generator=torch.Generator().manual_seed(frames)) * 2 - 1
+    reference = vae._encode(x)
+    for chunk in (4, 8, 16):
+        moments = WanFastEncoder(vae, chunk_frames=chunk).moments(x)
+        assert moments.shape == reference.shape and moments.is_contiguous()
+        assert relative(moments, reference) < 1e-5
+    contiguous = WanFastEncoder(vae, channels_last=False).moments(x)
+    assert relative(contiguous, reference) < 1e-5
+
+
+def test_views_are_encoded_independently_of_their_batch(vae):
+    x = torch.rand(3, 3, 9, 32, 32, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    encoder = WanFastEncoder(vae)
+    together = encoder.moments(x)
+    alone = torch.cat([encoder.moments(x[i:i + 1]) for i in range(3)])
+    assert relative(together, alone) < 1e-6
+
+
+def test_padded_channels_and_a_custom_residual_add_change_nothing_but_rounding(vae):
+    x = torch.rand(1, 3, 9, 32, 32, generator=torch.Generator().manual_seed(2)) * 2 - 1
+    plain = WanFastEncoder(vae).moments(x)
+    calls = []
+
+    def add(y, h):
+        calls.append(y.shape)
+        return y.add_(h)
+
+    padded = WanFastEncoder(vae, pad_channels={8: 128, 16: 128}, add=add).moments(x)
+    assert calls and relative(padded, plain) < 1e-5
+
+
+def test_weights_follow_the_module_to_another_dtype(vae):
+    x = torch.rand(1, 3, 5, 32, 32, generator=torch.Generator().manual_seed(3)) * 2 - 1
+    module = copy.deepcopy(vae)
+    encoder = WanFastEncoder(module)
+    fp32 = encoder.moments(x)
+    module.to(torch.bfloat16)
+    bf16 = encoder.moments(x.to(torch.bfloat16))
+    assert bf16.dtype == torch.bfloat16 and relative(bf16.float(), fp32) < 0.05
+    module.to(torch.float32)  # bf16-rounded weights now: the encoder must use these, not the ones it saw first
+    assert torch.equal(encoder.moments(x), WanFastEncoder(module).moments(x))
+
+
+def test_chunks_start_with_frame_zero_and_stay_multiples_of_four():
+    assert chunk_bounds(1, 4) == [(0, 1)]
+    assert chunk_bounds(13, 4) == [(0, 5), (5, 9), (9, 13)]
+    assert chunk_bounds(13, 8) == [(0, 9), (9, 13)]
+    assert chunk_bounds(33, 32) == [(0, 33)]
+    with pytest.raises(ValueError, match="multiple of 4"):
+        WanFastEncoder(None, chunk_frames=6)
