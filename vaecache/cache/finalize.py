@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import json
 import multiprocessing as mp
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -16,7 +17,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vaecache.cache.failures import describe_failures, read_failures
-from vaecache.cache.io import loads
 from vaecache.cache.layout import CLIPS, FAILURES, PROGRESS_DIR, ROWS_SUFFIX
 from vaecache.cache.manifest import write_manifest_last
 from vaecache.cache.progress import committed_clip_id, progress_entries, progress_logs, scan_committed
@@ -26,12 +26,13 @@ from vaecache.cache.table import (
     ROW_GROUP_ROWS,
     clip_record,
     clip_row,
+    loads_extra,
     read_row_log,
     schema_of,
     write_table,
     write_tables,
 )
-from vaecache.errors import EmptyCacheError
+from vaecache.errors import EmptyCacheError, ManifestError, first_line
 
 RUN_CHUNK_ROWS = 16384
 """Clip records converted to table rows, sorted if need be and appended to a run, at a time."""
@@ -89,7 +90,12 @@ class _Totals:
         views = np.add.reduceat(cameras, starts) if len(shards) else []
         for (rows, bucket), start, shard_views in zip(shards, starts, views):
             if self.shape is None or (bucket is not None and bucket not in self.buckets):
-                first = clip_record(table.slice(int(start), 1).to_pylist()[0])
+                row = table.slice(int(start), 1).to_pylist()[0]
+                try:
+                    first = clip_record(row)
+                except (json.JSONDecodeError, UnicodeDecodeError, TypeError, AttributeError) as exc:
+                    raise ManifestError(f"{row['shard']}: its first clip record ({row['id']}) does not parse "
+                                        f"({first_line(exc)})") from None
                 shape = {key: entry["shape"] for key, entry in first["tensors"].items()}
                 self.shape = self.shape or shape
                 if bucket is not None:
@@ -208,11 +214,14 @@ def _scan_logs(out: Path, prefix: str, workers: int, only: frozenset[str] | None
     return totals, paths
 
 
-def _bucket_name(extra: str | None) -> str | None:
+def _bucket_name(extra: str | None, where: Path, shard: str) -> str | None:
     """The bucket a clip-table row names in its `extra` JSON (a bucketed run), or None."""
     if not extra or '"bucket"' not in extra:
         return None
-    bucket = loads(extra).get("bucket")
+    try:
+        bucket = loads_extra(extra).get("bucket")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+        raise ManifestError(f"{where}: the clip records of {shard} do not parse ({first_line(exc)})") from None
     return bucket.get("name") if isinstance(bucket, dict) else None
 
 
@@ -246,7 +255,7 @@ def _gather_rows(out: Path, prefix: str, workers: int) -> tuple[_Totals, list[Pa
                 continue  # written by a commit that never reached its progress line, or dropped on resume
             taken.add(shard)
             pending.append(batch)
-            shards.append((batch.num_rows, _bucket_name(batch.column("extra")[0].as_py())))
+            shards.append((batch.num_rows, _bucket_name(batch.column("extra")[0].as_py(), path, shard)))
             rows += batch.num_rows
             if rows >= RUN_CHUNK_ROWS:
                 flush()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -60,6 +61,37 @@ def _refuse_constant(name: str) -> Any:
 
 STRICT_JSON = json.JSONDecoder(parse_constant=_refuse_constant)
 """json.loads without NaN, Infinity and -Infinity: every JSON file vaecache reads goes through it."""
+
+
+NON_FINITE_KEY = "non_finite"
+"""A clip record's (and a written index line's) list of the JSON paths whose values were NaN or +-Infinity in the
+source and are stored as null."""
+
+
+def replace_non_finite(value: Any, path: str = "") -> tuple[Any, list[str]]:
+    """`value` (parsed JSON: dicts, lists, scalars) with every float that is not finite (NaN, Infinity, -Infinity,
+    and 1e999, which Python reads as Infinity) replaced by None, and the JSON paths of the values replaced
+    (`path` + ".key", "[index]"). JSON has no such numbers, so pass-through metadata that holds them is stored
+    as null, never written as a token no strict reader accepts. The common case, nothing to replace, is one
+    C-speed json.dumps check and returns `value` itself."""
+    try:
+        json.dumps(value, allow_nan=False)
+        return value, []
+    except ValueError:
+        pass
+    replaced: list[str] = []
+
+    def walk(item: Any, where: str) -> Any:
+        if isinstance(item, float) and not math.isfinite(item):
+            replaced.append(where)
+            return None
+        if isinstance(item, dict):
+            return {key: walk(child, f"{where}.{key}" if where else str(key)) for key, child in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [walk(child, f"{where}[{index}]") for index, child in enumerate(item)]
+        return item
+
+    return walk(value, path), replaced
 
 
 def loads(text: str | bytes) -> Any:

@@ -21,7 +21,15 @@ from typing import Any, Callable, Iterable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vaecache.cache.io import FILE_MODE, fsync_dir, loads, sha256_file
+from vaecache.cache.io import (
+    FILE_MODE,
+    NON_FINITE_KEY,
+    NonFiniteNumber,
+    fsync_dir,
+    loads,
+    replace_non_finite,
+    sha256_file,
+)
 from vaecache.errors import ClipTableError, OutputError, first_line
 
 ROW_GROUP_ROWS = 16384
@@ -130,7 +138,20 @@ def _identity_fits(identity: Any) -> bool:
 
 
 def _dumps(extra: dict[str, Any]) -> str | None:
-    return json.dumps(extra, sort_keys=True, separators=(",", ":")) if extra else None
+    return json.dumps(extra, sort_keys=True, separators=(",", ":"), allow_nan=False) if extra else None
+
+
+def loads_extra(text: str) -> dict[str, Any]:
+    """A row's `extra` JSON. vaecache 0.5.0 wrote non-finite metadata numbers into it as NaN/Infinity tokens,
+    leaving a cache no strict reader opens: such a value is read as null and named in `non_finite`, as the writer
+    now stores it."""
+    try:
+        return loads(text)
+    except NonFiniteNumber:
+        extra, replaced = replace_non_finite(json.loads(text))
+        if replaced:
+            extra[NON_FINITE_KEY] = list(extra.get(NON_FINITE_KEY) or []) + replaced
+        return extra
 
 
 _PLAIN_FITS = {column.key: column.fits for column in CLIP_COLUMNS}
@@ -185,7 +206,7 @@ def clip_record(row: dict[str, Any]) -> dict[str, Any]:
             tensors[key] = entry
         record["tensors"] = tensors
     if row.get("extra"):
-        record.update(loads(row["extra"]))
+        record.update(loads_extra(row["extra"]))
     return record
 
 
@@ -200,7 +221,7 @@ def failure_row(record: dict[str, Any]) -> dict[str, Any]:
 def failure_from_row(row: dict[str, Any]) -> dict[str, Any]:
     record = {column.key: row[column.key] for column in FAILURE_COLUMNS if row.get(column.key) is not None}
     if row.get("extra"):
-        record.update(loads(row["extra"]))
+        record.update(loads_extra(row["extra"]))
     return record
 
 

@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import save as safetensors_save
 
 from vaecache import faults
-from vaecache.cache.io import AppendLog, atomic_write_bytes
+from vaecache.cache.io import NON_FINITE_KEY, AppendLog, atomic_write_bytes, replace_non_finite
 from vaecache.cache.layout import FORMAT_NAME, FORMAT_VERSION, SHARDS_DIR, rows_name, shard_name
 from vaecache.cache.objects import commit_name
 from vaecache.cache.progress import progress_line
@@ -192,6 +192,15 @@ class ShardWriter:
             record.setdefault("metadata", {})["frames"] = {
                 camera: per_frame.entries(index, chosen.get(camera, clip.frames))
                 for index, camera in enumerate(clip.cameras)}
+        if "metadata" in record:  # NaN and Infinity, which JSON cannot hold, are stored as null and named
+            record["metadata"], replaced = replace_non_finite(record["metadata"], "metadata")
+            noted = record["metadata"].pop(NON_FINITE_KEY, None)  # those `vaecache index` replaced in its line
+            if isinstance(noted, list):
+                replaced = [f"index line: {path}" for path in noted if isinstance(path, str)] + replaced
+            elif noted is not None:
+                record["metadata"][NON_FINITE_KEY] = noted
+            if replaced:
+                record[NON_FINITE_KEY] = replaced
         # one shard per latent shape: the bucket where there is one, else the shapes themselves
         key = clip.bucket if getattr(clip, "bucket", None) is not None else None
         shard = self._open.setdefault(key, _OpenShard())
@@ -250,7 +259,11 @@ class ShardWriter:
                 faults.crash()
             if faults.should_fail("enospc", number, self.rank):
                 raise OutputError(f"{self.folder / name}: cannot write ({faults.disk_full(name).strerror})")
-            line = progress_line(shard, records)
+            try:
+                line = progress_line(shard, records)
+            except ValueError as exc:
+                raise OutputError(f"{shard['file']}: a clip record holds a number JSON cannot write ({exc}); "
+                                  f"nothing of this shard was written") from None
             if self.objects is not None:
                 self.objects.put(shard["file"], data)
                 if faults.should_fail("crash-before-record", number, self.rank):

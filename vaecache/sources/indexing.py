@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vaecache import faults
-from vaecache.cache.io import FILE_MODE, fsync_dir
+from vaecache.cache.io import FILE_MODE, NON_FINITE_KEY, fsync_dir, replace_non_finite
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, OutputError, UsageError
 from vaecache.meter import Advance
 from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
@@ -168,6 +168,9 @@ def index_line(scene: Scene, form: str, probes: Sequence[Any], reference: str | 
         camera: probe.to_json() for camera, probe in zip(scene.cameras, probes)}
     if scene.metadata is not None:  # a caption or tags on the input index line stay on the written one
         line.update({key: value for key, value in json.loads(scene.metadata).items() if key not in line})
+    line, replaced = replace_non_finite(line)  # JSON has no NaN: stored as null, named for the clip records
+    if replaced:
+        line[NON_FINITE_KEY] = sorted(set(line.get(NON_FINITE_KEY) or []) | set(replaced))
     return line
 
 
