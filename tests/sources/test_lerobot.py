@@ -102,3 +102,69 @@ def test_an_index_of_a_lerobot_dataset_keeps_each_clip_s_tasks_and_state(v3, tmp
     assert_same_tensors(load_tensors(tmp_path / "direct"), load_tensors(tmp_path / "indexed"))
     direct = {r["id"]: r["metadata"] for r in read_clips(tmp_path / "direct")}
     assert direct == {r["id"]: r["metadata"] for r in read_clips(tmp_path / "indexed")}
+
+
+def _rewrite(table, change) -> None:
+    """Rewrite a Parquet table with `change(rows)` applied to its rows, keeping its schema (and pandas metadata)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(table).to_pylist()
+    change(rows)
+    pq.write_table(pa.Table.from_pylist(rows, schema=pq.read_schema(table)), table)
+
+
+def test_bad_numbers_in_the_episode_tables_skip_their_episode_or_clip_naming_the_table_and_row(v3, tmp_path):
+    import shutil
+
+    root = tmp_path / "bad"
+    shutil.copytree(v3, root)
+    top = "videos/observation.images.top"
+
+    def episodes(rows):
+        rows[1][f"{top}/from_timestamp"] = float("nan")
+        rows[2]["length"] = -1
+
+    def data(rows):
+        rows[6]["task_index"] = 7  # episode 0 frame 6: no such task
+        rows[12 + 6 + 6 + 10 + 1]["timestamp"] = float("nan")  # episode 3 frame 1
+
+    _rewrite(root / "meta" / "episodes" / "chunk-000" / "file-000.parquet", episodes)
+    _rewrite(root / "data" / "chunk-000" / "file-000.parquet", data)
+    result = invoke(["encode", root, "--out", tmp_path / "out", *ENCODE])
+    assert result.exit_code == 3, result.output
+    failures = {f["clip"] or f["scene"]: f for f in read_failures(tmp_path / "out")}
+    assert set(failures) == {"episode_000000/000005-000009", "episode_000001", "episode_000002",
+                             "episode_000003/000000-000004"}
+    assert failures["episode_000001"]["path"].endswith("meta/episodes/chunk-000/file-000.parquet")
+    assert failures["episode_000001"]["reason"] == f"row 1: {top}/from_timestamp must be a finite time >= 0 s, got nan"
+    assert failures["episode_000002"]["reason"] == "row 2: length must be a whole number of frames >= 1, got -1"
+    assert ("episode 0 frame 6: task_index 7 is not a task of " in failures["episode_000000/000005-000009"]["reason"]
+            and "meta/tasks.parquet" in failures["episode_000000/000005-000009"]["reason"])  # never "task 7"
+    assert "episode 3 frame 1 has timestamp nan" in failures["episode_000003/000000-000004"]["reason"]
+    assert [r["id"] for r in read_clips(tmp_path / "out")] == ["episode_000000/000000-000004"]
+
+
+def test_a_task_table_or_episode_line_that_names_no_index_is_refused_naming_its_row(v3, tmp_path):
+    import shutil
+
+    root = tmp_path / "bad"
+    shutil.copytree(v3, root)
+    _rewrite(root / "meta" / "tasks.parquet", lambda rows: rows[1].update(task_index=None))
+    result = invoke(["encode", root, "--out", tmp_path / "out", *ENCODE])
+    assert result.exit_code == 2, result.output
+    assert "tasks.parquet: row 1: a task needs a task_index (a whole number >= 0)" in result.output
+    v2 = write_lerobot(tmp_path / "v2", EPISODES[:2], version="v2.1")
+    lines = (v2 / "meta" / "episodes.jsonl").read_text().splitlines()
+    (v2 / "meta" / "episodes.jsonl").write_text(lines[0].replace('"length": 12', '"length": 12.5') + "\n"
+                                                + lines[1] + '\n{"episode_index": -2, "length": 3}\n')
+    result = invoke(["encode", v2, "--out", tmp_path / "out2", *ENCODE])
+    assert result.exit_code == 2, result.output
+    assert 'episodes.jsonl:3: "episode_index" must be a whole number >= 0, got -2' in result.output
+    (v2 / "meta" / "episodes.jsonl").write_text(lines[0].replace('"length": 12', '"length": 12.5') + "\n"
+                                                + lines[1] + "\n")
+    result = invoke(["encode", v2, "--out", tmp_path / "out3", *ENCODE])
+    assert result.exit_code == 3, result.output
+    (failure,) = read_failures(tmp_path / "out3")
+    assert failure["scene"] == "episode_000000" and failure["path"].endswith("meta/episodes.jsonl")
+    assert failure["reason"] == "line 1: length must be a whole number of frames >= 1, got 12.5"

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from tests.videos import frame_pixels
-from vaecache.errors import VideoDecodeError
+from vaecache.errors import FrameBudgetError, VideoDecodeError
 from vaecache.video.frames import FrameList, FrameSequence, natural_key, parse_timestamp, times_from_names
 from vaecache.video.reader import VideoReader
 
@@ -124,3 +124,66 @@ def test_an_empty_folder_and_backwards_times_are_refused(tmp_path):
     listed = FrameList("rig#cam", tuple(map(str, files)), (200, 100))
     with pytest.raises(VideoDecodeError, match="not after the previous"):
         FrameSequence(listed)
+
+
+def write_huge_png(path: Path, width: int = 20000, height: int = 20000) -> Path:
+    """A real 1-bit greyscale PNG of width x height black pixels, written chunk by chunk (compressed zeros: ~50 KB
+    on disk, fast), without holding the image: Pillow would need width x height bytes to make it."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    packer, row = zlib.compressobj(9), b"\0" * (1 + (width + 7) // 8)  # filter byte 0, then the packed bits
+    pixels = b"".join(packer.compress(row * 1000) for _ in range(height // 1000))
+    pixels += packer.compress(row * (height % 1000)) + packer.flush()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0))
+                     + chunk(b"IDAT", pixels) + chunk(b"IEND", b""))
+    return path
+
+
+def test_a_frame_over_the_pixel_budget_is_refused_from_its_header_never_a_decompression_bomb(tmp_path, monkeypatch):
+    from PIL import PngImagePlugin
+
+    huge = write_huge_png(tmp_path / "first" / "0000.png")  # 400 MP: Pillow's own check raises past 179 MP
+    with Image.open(huge) as image:
+        assert image.size == (20000, 20000) and image.mode == "1"  # a real PNG
+    write_frames(tmp_path / "first", 2, first=1, names=["0001.png", "0002.png"])
+
+    def no_decoding(image):
+        raise AssertionError("the pixels of an oversized frame were decoded")
+
+    monkeypatch.setattr(PngImagePlugin.PngImageFile, "load", no_decoding)
+    with FrameSequence(str(tmp_path / "first")) as probed:  # a probe: the size, for planning to judge
+        assert probed.frame_size == (20000, 20000) and probed.codec == "png"
+    with pytest.raises(FrameBudgetError, match="20000x20000 .* exceed the decode budget") as error:
+        FrameSequence(str(tmp_path / "first"), max_pixels=8192 * 8192)
+    assert error.value.path == str(huge)
+    monkeypatch.undo()
+    write_frames(tmp_path / "later", 2)
+    huge = write_huge_png(tmp_path / "later" / "0002.png")
+    with FrameSequence(str(tmp_path / "later"), max_pixels=8192 * 8192) as images:
+        assert images.read([0, 1]).shape == (2, 32, 48, 3)
+        with pytest.raises(FrameBudgetError, match="exceed the decode budget") as error:
+            images.read([1, 2])
+        assert error.value.path == str(huge)
+
+
+def test_an_image_dataset_with_a_huge_frame_records_it_and_encodes_the_rest(tmp_path):
+    from tests.conftest import invoke, read_clips, read_failures
+
+    write_frames(tmp_path / "data" / "fine", 5)
+    write_huge_png(tmp_path / "data" / "huge" / "0000.png")  # refused from the probe: never decoded
+    write_frames(tmp_path / "data" / "huge", 4, first=1, names=[f"{i:04d}.png" for i in range(1, 5)])
+    write_frames(tmp_path / "data" / "late", 4)
+    write_huge_png(tmp_path / "data" / "late" / "0004.png")  # planned from the first frame, refused at decode
+    result = invoke(["encode", tmp_path / "data", "--out", tmp_path / "out", "--vae", "builtin:tiny", "--num-frames",
+                     "5", "--size", "32x48", "--workers", "0", "--no-progress"])
+    assert result.exit_code == 3, result.output
+    reasons = {failure["scene"]: failure["reason"] for failure in read_failures(tmp_path / "out")}
+    assert set(reasons) == {"huge", "late"}
+    assert all(reason.startswith("frames of 20000x20000 (400,000,000 pixels) exceed the decode budget")
+               for reason in reasons.values())
+    assert [record["scene"] for record in read_clips(tmp_path / "out")] == ["fine"]

@@ -114,6 +114,30 @@ def _frame_size(feature: dict[str, Any]) -> tuple[int, int] | None:
     return None
 
 
+def _whole(value: Any, least: int = 0) -> int | None:
+    """`value` as an int when it is a whole number >= `least` (an int, or a float column's 3.0), else None (None,
+    NaN, a fraction, a negative, a bool, text)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return int(value) if value == int(value) and value >= least else None
+
+
+def _seconds(value: Any) -> float | None:
+    """`value` as a time in seconds when it is a finite number >= 0, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        return None
+    return float(value)
+
+
+def _task_list(value: Any) -> tuple[str, ...] | None:
+    """An episode's `tasks` (a list of task texts; null: none), else None."""
+    if value is None:
+        return ()
+    if isinstance(value, (list, tuple)) and all(isinstance(task, str) for task in value):
+        return tuple(value)
+    return None
+
+
 def _parquet_rows(path: Path, columns: Sequence[str] | None = None) -> Iterator[dict[str, Any]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -149,18 +173,30 @@ def read_tasks(root: Path, version: str) -> dict[int, str]:
         text_column = text_column if text_column in table.column_names else "task"
         if text_column not in table.column_names or "task_index" not in table.column_names:
             raise DatasetError(f"{path}: needs the task text (the frame's index `task`) and `task_index`")
-        return dict(zip(table.column("task_index").to_pylist(), table.column(text_column).to_pylist()))
+        rows = zip(table.column("task_index").to_pylist(), table.column(text_column).to_pylist())
+        return _task_names((f"{path}: row {number}", index, text) for number, (index, text) in enumerate(rows))
     path = root / V2_TASKS
-    found = {}
-    for record in _jsonl(path):
-        try:
-            found[int(record["task_index"])] = str(record["task"])
-        except (KeyError, TypeError, ValueError):
-            raise DatasetError(f"{path}: each line needs \"task_index\" (an integer) and \"task\"") from None
+    return _task_names((f"{path}:{number}", record.get("task_index"), record.get("task"))
+                       for number, record in _jsonl(path))
+
+
+def _task_names(rows: Iterator[tuple[str, Any, Any]]) -> dict[int, str]:
+    """task_index -> task text from (where, task_index, task) rows; a row that is not a whole task_index >= 0 and a
+    text, or repeats an index, is refused naming the table and the row."""
+    found: dict[int, str] = {}
+    for where, raw, text in rows:
+        index = _whole(raw)
+        if index is None or not isinstance(text, str):
+            raise DatasetError(f"{where}: a task needs a task_index (a whole number >= 0) and its text, got "
+                               f"task_index {raw!r}, task {text!r}")
+        if index in found:
+            raise DatasetError(f"{where}: task_index {index} is listed twice ({found[index]!r} and {text!r})")
+        found[index] = text
     return found
 
 
-def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
+def _jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line."""
     try:
         handle = path.open("r", encoding="utf-8")
     except OSError as exc:
@@ -174,10 +210,12 @@ def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
                     raise DatasetError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
                 if not isinstance(record, dict):
                     raise DatasetError(f"{path}:{number}: each line must be an object")
-                yield record
+                yield number, record
 
 
-def _v3_episodes(root: Path, info: dict[str, Any], keys: Sequence[str]) -> Iterator[Episode]:
+def _v3_episodes(root: Path, info: dict[str, Any], keys: Sequence[str]) -> Iterator[Episode | Skipped]:
+    """Each row of meta/episodes/*/*.parquet as an Episode; a row whose episode_index is not one is refused (exit
+    2), one with a bad length, file index or span is a Skipped episode naming the table, the row and the value."""
     files = sorted((root / V3_EPISODES).glob("*/*.parquet"))
     if not files:
         raise DatasetError(f"{root / V3_EPISODES}: no episode tables (chunk-XXX/file-XXX.parquet)")
@@ -186,41 +224,87 @@ def _v3_episodes(root: Path, info: dict[str, Any], keys: Sequence[str]) -> Itera
         columns += [f"videos/{key}/{name}" for name in ("chunk_index", "file_index", "from_timestamp",
                                                         "to_timestamp")]
     for path in files:
-        for row in _parquet_rows(path, columns):
+        for number, row in enumerate(_parquet_rows(path, columns)):
             missing = [c for c in columns if c not in row]
             if missing:
                 raise DatasetError(f"{path}: episode rows lack {', '.join(missing[:4])} (not LeRobot v3.0)")
+            index = _whole(row["episode_index"])
+            if index is None:
+                raise DatasetError(f"{path}: row {number}: episode_index must be a whole number >= 0, got "
+                                   f"{row['episode_index']!r}")
+            problem = _bad_episode_value(row, ["length", "tasks", "data/chunk_index", "data/file_index"])
+            for key in keys:
+                if problem is None:
+                    problem = _bad_span(row, key)
+            if problem is not None:
+                yield Skipped(f"episode_{index:06d}", str(path), f"row {number}: {problem}")
+                continue
             try:
                 cameras = {}
                 for key in keys:
                     file = root / info["video_path"].format(video_key=key,
-                                                            chunk_index=row[f"videos/{key}/chunk_index"],
-                                                            file_index=row[f"videos/{key}/file_index"])
+                                                            chunk_index=int(row[f"videos/{key}/chunk_index"]),
+                                                            file_index=int(row[f"videos/{key}/file_index"]))
                     cameras[key] = (str(file), float(row[f"videos/{key}/from_timestamp"]),
                                     float(row[f"videos/{key}/to_timestamp"]))
-                data = root / info["data_path"].format(chunk_index=row["data/chunk_index"],
-                                                       file_index=row["data/file_index"])
-                yield Episode(int(row["episode_index"]), int(row["length"]), tuple(row["tasks"] or ()), str(data),
-                              cameras)
+                data = root / info["data_path"].format(chunk_index=int(row["data/chunk_index"]),
+                                                       file_index=int(row["data/file_index"]))
             except (TypeError, ValueError, KeyError, IndexError) as exc:
-                raise DatasetError(f"{path}: episode {row.get('episode_index')!r} has a missing or malformed "
-                                   f"value ({exc})") from None
+                raise DatasetError(f"{path}: row {number}: episode {index} has a missing or malformed value "
+                                   f"({exc})") from None
+            yield Episode(index, int(row["length"]), _task_list(row["tasks"]) or (), str(data), cameras)
 
 
-def _v2_episodes(root: Path, info: dict[str, Any], keys: Sequence[str]) -> Iterator[Episode]:
-    chunks = int(info.get("chunks_size") or 1000)
-    for record in _jsonl(root / V2_EPISODES):
+def _bad_episode_value(row: dict[str, Any], columns: Sequence[str]) -> str | None:
+    """What is wrong with an episode row's length, tasks or file indices (None: nothing)."""
+    for column in columns:
+        value = row.get(column)
+        if column == "tasks":
+            if _task_list(value) is None:
+                return f"tasks must be a list of task texts, got {value!r}"
+        elif _whole(value, 1 if column == "length" else 0) is None:
+            least = "a whole number of frames >= 1" if column == "length" else "a whole number >= 0"
+            return f"{column} must be {least}, got {value!r}"
+    return None
+
+
+def _bad_span(row: dict[str, Any], key: str) -> str | None:
+    """What is wrong with a v3.0 episode row's file indices and [from_timestamp, to_timestamp) for camera `key`."""
+    problem = _bad_episode_value(row, [f"videos/{key}/chunk_index", f"videos/{key}/file_index"])
+    if problem is not None:
+        return problem
+    start, end = row[f"videos/{key}/from_timestamp"], row[f"videos/{key}/to_timestamp"]
+    if _seconds(start) is None:
+        return f"videos/{key}/from_timestamp must be a finite time >= 0 s, got {start!r}"
+    if _seconds(end) is None or end <= start:
+        return f"videos/{key}/to_timestamp must be a finite time after from_timestamp ({start!r} s), got {end!r}"
+    return None
+
+
+def _v2_episodes(root: Path, info: dict[str, Any], keys: Sequence[str]) -> Iterator[Episode | Skipped]:
+    """Each line of meta/episodes.jsonl as an Episode (or a Skipped one, as in _v3_episodes)."""
+    chunks = _whole(info.get("chunks_size") or 1000, 1)
+    if chunks is None:
+        raise DatasetError(f"{root / 'meta' / 'info.json'}: \"chunks_size\" must be a whole number >= 1, got "
+                           f"{info.get('chunks_size')!r}")
+    path = root / V2_EPISODES
+    for number, record in _jsonl(path):
+        index = _whole(record.get("episode_index"))
+        if index is None:
+            raise DatasetError(f"{path}:{number}: \"episode_index\" must be a whole number >= 0, got "
+                               f"{record.get('episode_index')!r}")
+        problem = _bad_episode_value({"tasks": None, **record}, ["length", "tasks"])
+        if problem is not None:
+            yield Skipped(f"episode_{index:06d}", str(path), f"line {number}: {problem}")
+            continue
         try:
-            index = int(record["episode_index"])
             chunk = index // chunks
             cameras = {key: (str(root / info["video_path"].format(episode_chunk=chunk, video_key=key,
                                                                    episode_index=index)), 0.0, None) for key in keys}
             data = root / info["data_path"].format(episode_chunk=chunk, episode_index=index)
-            episode = Episode(index, int(record["length"]), tuple(record.get("tasks") or ()), str(data), cameras)
         except (TypeError, ValueError, KeyError, IndexError) as exc:
-            raise DatasetError(f"{root / V2_EPISODES}: episode {record.get('episode_index')!r} has a missing or "
-                               f"malformed value ({exc})") from None
-        yield episode
+            raise DatasetError(f"{path}:{number}: episode {index} has a missing or malformed value ({exc})") from None
+        yield Episode(index, int(record["length"]), _task_list(record.get("tasks")) or (), str(data), cameras)
 
 
 @functools.lru_cache(maxsize=256)
@@ -252,6 +336,9 @@ def scenes_from_lerobot(root: Path, options: SourceOptions) -> LayoutScenes:
     rejected: list[Skipped] = []
     _file_identity.cache_clear()
     for episode in episodes:
+        if isinstance(episode, Skipped):
+            rejected.append(episode)
+            continue
         scene_id = f"episode_{episode.index:06d}"
         problem, paths, probes = None, [], []
         for key in chosen:
@@ -334,7 +421,12 @@ class EpisodeRows:
                                f"clip asks for frame {frames[-1]}")
         names = tasks_of(self.root, self.version)
         indices = [rows["task_index"][i] for i in frames]
-        seen = list(dict.fromkeys(names.get(i, f"task {i}") for i in indices))
+        for frame, index in zip(frames, indices):
+            if isinstance(index, bool) or index not in names:  # never a made-up caption
+                table = as_location(self.root) / (V3_TASKS if self.version == "v3.0" else V2_TASKS)
+                raise DatasetError(f"{self.data_file}: episode {self.episode} frame {frame}: task_index {index!r} is "
+                                   f"not a task of {table}")
+        seen = list(dict.fromkeys(names[i] for i in indices))
         found: dict[str, Any] = {"caption": "; ".join(seen), "tasks": seen,
                                  "lerobot_frames": {"frame_index": list(frames), "task_index": indices}}
         for column in state:
@@ -350,8 +442,11 @@ class EpisodeRows:
     def from_json(cls, raw: Any, cameras: int, with_state: bool, where: str) -> EpisodeRows:
         """An index line's "lerobot_rows" (what to_json wrote)."""
         try:
-            return cls(str(raw["root"]), str(raw["version"]), str(raw["data_file"]), int(raw["episode"]), cameras,
-                       float(raw["fps"]), with_state)
+            episode, fps = _whole(raw["episode"]), raw["fps"]
+            if episode is None or isinstance(fps, bool) or not 0 < fps < math.inf:
+                raise ValueError("episode and fps out of range")
+            return cls(str(raw["root"]), str(raw["version"]), str(raw["data_file"]), episode, cameras, float(fps),
+                       with_state)
         except (KeyError, TypeError, ValueError):
             raise DatasetError(f"{where}: \"lerobot_rows\" must hold root, version, data_file, episode and fps, as "
                                "`vaecache index` writes them") from None
@@ -378,12 +473,12 @@ def _episode_rows(path: str, stamp: int, episode: int, state: tuple[str, ...], f
     order = pc.sort_indices(rows, sort_keys=[("frame_index", "ascending")])
     rows = rows.take(order)
     found = {name: rows.column(name).to_pylist() for name in rows.column_names}
+    if found["frame_index"] != list(range(len(found["frame_index"]))):  # a null or NaN one too
+        raise DatasetError(f"{path}: episode {episode}'s frame_index is not 0, 1, 2, ...")
     for frame, stamp in zip(found["frame_index"], found["timestamp"]):
-        if abs(stamp - frame / fps) > TIMESTAMP_SLACK_S:
+        if _seconds(stamp) is None or not abs(stamp - frame / fps) <= TIMESTAMP_SLACK_S:  # NaN compares false
             raise DatasetError(f"{path}: episode {episode} frame {frame} has timestamp {stamp}, not frame_index / fps "
                                f"= {frame / fps:.6f} (vaecache reads episodes recorded at an even rate)")
-    if found["frame_index"] != list(range(len(found["frame_index"]))):
-        raise DatasetError(f"{path}: episode {episode}'s frame_index is not 0, 1, 2, ...")
     return found
 
 

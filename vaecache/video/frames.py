@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from vaecache.errors import FrameBudgetError, VideoDecodeError
-from vaecache.settings.clip import frame_budget_problem
+from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS, frame_budget_problem
 from vaecache.urls import is_url, location_stat, read_location, url_children, url_glob
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
@@ -251,6 +251,17 @@ def _image_file(path: str) -> Any:
     return io.BytesIO(read_location(path)) if is_url(path) else path
 
 
+def _open_image(path: str) -> Any:
+    """Pillow's lazy image of `path` (its header read, no pixel decoded), without Pillow's own decompression-bomb
+    check: --max-frame-pixels is the budget, checked from the header before any pixel is decoded, so a frame over
+    it is a recorded FrameBudgetError like a video's, never Pillow's DecompressionBombError aborting the run (and a
+    budget raised past Pillow's 179 MP still decodes)."""
+    from PIL import Image
+
+    Image.MAX_IMAGE_PIXELS = None
+    return Image.open(_image_file(path))
+
+
 class FrameSequence:
     """One image-sequence camera, read frame by frame with Pillow."""
 
@@ -276,23 +287,27 @@ class FrameSequence:
             check_increasing(times, self.files)
         self._times = times
         self._fps = float(fps) if fps else (1e9 / median_step(times) if times and len(times) > 1 else 0.0)
-        first = self.files[0]
-        self.codec, self._size = self._header(first)
-        if max_pixels is not None:
-            problem = frame_budget_problem(*self._size, max_pixels)
-            if problem:
-                raise FrameBudgetError(first, problem)
+        self.codec, self._size = self._header(self.files[0], max_pixels)
 
     @staticmethod
-    def _header(path: str) -> tuple[str, tuple[int, int]]:
-        """(format, displayed (width, height)) from the file's header alone."""
-        from PIL import Image, UnidentifiedImageError
+    def _header(path: str, max_pixels: int | None) -> tuple[str, tuple[int, int]]:
+        """(format, displayed (width, height)) from the file's header alone; a FrameBudgetError when the frame is
+        over `max_pixels` (None: a probe, whose size planning judges under the run's budget)."""
+        from PIL import UnidentifiedImageError
 
         try:
-            with Image.open(_image_file(path)) as image:
+            with _open_image(path) as image:
                 width, height = image.size
-                orientation = image.getexif().get(0x0112, 1)
                 fmt = (image.format or "unknown").lower()
+                problem = frame_budget_problem(width, height, max_pixels or DEFAULT_MAX_FRAME_PIXELS)
+                if problem and max_pixels is not None:
+                    raise FrameBudgetError(path, problem)
+                # getexif() on a PNG whose EXIF chunk is not before its pixels decodes them all to look past them:
+                # never for a frame over the budget (its orientation does not change its pixel count)
+                orientation = (1 if problem and "exif" not in image.info and fmt == "png"
+                               else image.getexif().get(0x0112, 1))
+        except VideoDecodeError:
+            raise
         except FileNotFoundError:
             raise VideoDecodeError(path, "file not found") from None
         except PermissionError:
@@ -363,12 +378,11 @@ class FrameSequence:
         """Decode one frame straight into its slot of the clip: the frame's own bytes are freed at once, so the
         allocator reuses them and the clip's memory is written once (holding every frame's bytes until a stack
         cost 20% at 450x800)."""
-        from PIL import Image, ImageOps, UnidentifiedImageError
+        from PIL import ImageOps, UnidentifiedImageError
 
         try:
-            with Image.open(_image_file(path)) as image:
-                problem = (frame_budget_problem(*image.size, self._max_pixels) if self._max_pixels is not None
-                           else None)
+            with _open_image(path) as image:
+                problem = frame_budget_problem(*image.size, self._max_pixels or DEFAULT_MAX_FRAME_PIXELS)
                 if problem:
                     raise FrameBudgetError(path, problem)
                 # exif_transpose copies even an upright frame: only a frame that says otherwise is transposed
