@@ -162,3 +162,136 @@ def test_ltx_and_sd_checkpoints_give_the_latents_of_their_diffusers_folders(ltx_
     no_config = invoke(["encode", demo_data, "--out", tmp_path / "refused", "--vae", str(ltx_and_kl_files / single),
                         *args])
     assert no_config.exit_code == 2 and "--vae-config" in no_config.output  # no latent scale is guessed
+
+
+def _with_header(src, dst, edit):
+    """A copy of the safetensors file `src` (written by safetensors) whose JSON header `edit` rewrote."""
+    raw = src.read_bytes()
+    size = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + size])
+    text = edit(header).encode() if callable(edit) else edit.encode()
+    dst.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + size:])
+    return dst
+
+
+def _refused(path, config=None):
+    from vaecache.vae.single_file import load_single_file
+
+    with pytest.raises(VaeSpecError) as caught:
+        load_single_file(path, config, False)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: ") and "\n" not in message, message
+    return message
+
+
+def _wan_original(wan_files):
+    from safetensors.torch import load_file
+
+    return load_file(wan_files / "Wan2.1_VAE.safetensors")
+
+
+def test_a_checkpoint_missing_a_tensor_is_refused_naming_the_file_and_the_key(wan_files, demo_data, tmp_path):
+    state = _wan_original(wan_files)
+    del state["decoder.upsamples.0.residual.2.weight"]  # diffusers: decoder.up_blocks.0.resnets.0.conv1.weight
+    path = tmp_path / "Wan2.1_VAE.safetensors"
+    save_file(state, path)
+    config = wan_files / "folder" / "config.json"
+    message = _refused(path, config)
+    assert "no tensor for decoder.up_blocks.0.resnets.0.conv1.weight" in message and "1 of " in message, message
+    result = invoke(["encode", demo_data, "--out", tmp_path / "o", "--vae", path, "--vae-config", config, *ARGS])
+    assert result.exit_code == 2 and str(path) in result.output and not (tmp_path / "o" / "manifest.json").exists()
+
+
+def test_a_checkpoint_with_unknown_tensors_is_refused(wan_files, ltx_and_kl_files, tmp_path):
+    state = _wan_original(wan_files)
+    state["decoder.upsamples.0.residual.9.weight"] = torch.zeros(2)  # passed through by the converter, unused
+    save_file(state, tmp_path / "wan.safetensors")
+    message = _refused(tmp_path / "wan.safetensors", wan_files / "folder")
+    assert "decoder.upsamples.0.residual.9.weight" in message and "1 unknown" in message, message
+    # a level the config does not have: diffusers' SD converter drops it without a word
+    from safetensors.torch import load_file
+
+    sd = load_file(ltx_and_kl_files / "sd-vae.safetensors")
+    sd["encoder.down.2.block.0.conv1.weight"] = torch.zeros(8, 8, 3, 3)
+    sd["encoder.down.2.block.0.conv1.bias"] = torch.zeros(8)
+    save_file(sd, tmp_path / "sd.safetensors")
+    message = _refused(tmp_path / "sd.safetensors", ltx_and_kl_files / "kl")
+    assert "encoder.down.2.block.0.conv1." in message and "2 unknown" in message, message
+
+
+def _folder_module(folder, family):
+    import diffusers
+
+    return getattr(diffusers, family).from_pretrained(str(folder), torch_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("single", ["Wan2.1_VAE.safetensors", "Wan2.1_VAE.pth"])
+def test_a_complete_checkpoint_loads_every_weight_from_the_file(wan_files, single):
+    from vaecache.vae.single_file import load_single_file
+
+    module, family, _ = load_single_file(wan_files / single, wan_files / "folder", True)
+    again, _, _ = load_single_file(wan_files / single, wan_files / "folder", True)
+    reference = _folder_module(wan_files / "folder", family)
+    assert_same_tensors(module.state_dict(), reference.state_dict())
+    assert_same_tensors(again.state_dict(), reference.state_dict())
+    assert not module.training
+
+
+def test_the_vae_of_a_whole_model_checkpoint_loads_and_known_leftovers_are_not_unknown(ltx_and_kl_files, tmp_path):
+    """A whole SD or LTX-Video checkpoint: its UNet or transformer is not the VAE's part; an SD autoencoder's training
+    loss and LTX-Video's unused statistics are dropped on purpose."""
+    from safetensors.torch import load_file
+
+    from vaecache.vae.single_file import load_single_file
+
+    sd = load_file(ltx_and_kl_files / "sd-vae.safetensors")
+    whole = {f"first_stage_model.{k}": v for k, v in sd.items()}
+    whole["model.diffusion_model.input_blocks.0.0.weight"] = torch.zeros(4, 4, 3, 3)
+    save_file(whole, tmp_path / "sd-whole.safetensors")
+    save_file({**sd, "loss.logvar": torch.zeros(())}, tmp_path / "sd-trained.safetensors")
+    ltx = load_file(ltx_and_kl_files / "ltx-video-vae.safetensors")
+    ltx.update({"vae.per_channel_statistics.channel": torch.arange(8), "vae.per_channel_statistics.mean-of-stds":
+                torch.ones(8), "model.diffusion_model.transformer_blocks.0.attn1.to_q.weight": torch.zeros(4, 4)})
+    save_file(ltx, tmp_path / "ltx-whole.safetensors")
+    for single, folder in (("sd-whole", "kl"), ("sd-trained", "kl"), ("ltx-whole", "ltx")):
+        module, family, _ = load_single_file(tmp_path / f"{single}.safetensors", ltx_and_kl_files / folder, False)
+        assert_same_tensors(module.state_dict(), _folder_module(ltx_and_kl_files / folder, family).state_dict())
+
+
+@pytest.mark.parametrize("edit, problem", [
+    (lambda h: json.dumps({**h, "conv1.weight": 5}), "'conv1.weight' is a number, not an object"),
+    (lambda h: json.dumps({**h, "conv1.weight": [1, 2]}), "'conv1.weight' is an array, not an object"),
+    (lambda h: json.dumps({**h, "conv1.weight": {**h["conv1.weight"], "shape": float("nan")}}), "NaN"),
+    (lambda h: json.dumps({**h, "conv1.weight": {**h["conv1.weight"], "shape": [float("inf"), 1]}}), "Infinity"),
+    (lambda h: json.dumps({**h, "conv1.weight": {**h["conv1.weight"], "shape": [8, -8, 1, 1, 1]}}),
+     "not a list of non-negative integers"),
+    (lambda h: json.dumps({**h, "conv1.weight": {**h["conv1.weight"], "shape": "8"}}),
+     "not a list of non-negative integers"),
+    (lambda h: json.dumps({**h, "conv1.weight": {**h["conv1.weight"], "shape": [4, 8, 1, 1, 1]}}), "bytes"),
+    (lambda h: json.dumps({**h, "conv1.weight": {**h["conv1.weight"], "dtype": "F33"}}), "dtype 'F33'"),
+    (lambda h: json.dumps({**h, "conv1.weight": {**h["conv1.weight"], "data_offsets": [0]}}), "data_offsets"),
+    (lambda h: json.dumps({**h, "conv1.weight": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}),
+     "starts at byte"),
+    (lambda h: json.dumps({**h, "__metadata__": {"format": 1}}), "__metadata__"),
+    (lambda h: json.dumps([h]), "not a JSON object"),
+    (lambda h: json.dumps(h)[:-2], "not a readable safetensors file"),
+])
+def test_a_malformed_safetensors_header_is_one_line_naming_the_file(wan_files, tmp_path, edit, problem):
+    from vaecache.vae.single_file import check_single_file
+
+    path = _with_header(wan_files / "Wan2.1_VAE.safetensors", tmp_path / "bad.safetensors", edit)
+    message = _refused(path, wan_files / "folder")
+    assert problem in message, message
+    with pytest.raises(VaeSpecError, match=problem.replace("[", r"\[")):
+        check_single_file(path, wan_files / "folder", False)
+
+
+def test_what_is_not_a_vae_checkpoint_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "unet.safetensors"
+    save_file({"model.diffusion_model.input_blocks.0.0.weight": torch.zeros(2)}, path)
+    assert "not a VAE checkpoint vaecache knows" in _refused(path)
+    save_file({"encoder.down_blocks.0.resnets.0.conv1.conv.weight": torch.zeros(2)}, path)
+    assert "HunyuanVideo" in _refused(path)
+    save_file({"encoder.conv_in.weight": torch.zeros(2), "encoder.down_blocks.0.resnets.0.conv1.weight":
+               torch.zeros(2)}, path)
+    assert "a diffusers model's weights file on its own" in _refused(path)

@@ -4,9 +4,11 @@ LTX-Video's and SD's single-file checkpoints): the family told from the keys, th
 (`from_single_file`, diffusers/loaders/single_file_model.py SINGLE_FILE_LOADABLE_CLASSES: AutoencoderKLWan,
 AutoencoderKLLTXVideo and AutoencoderKL in the pinned diffusers; each family's key mapping is
 diffusers/loaders/single_file_utils.py `convert_wan_vae_to_diffusers`, `convert_ltx_vae_checkpoint_to_diffusers`,
-`convert_ldm_vae_checkpoint`). HunyuanVideo and CogVideoX single files are refused: diffusers has no single-file
-loader for them (convert with diffusers' scripts/convert_hunyuan_video_to_diffusers.py or
-convert_cogvideox_to_diffusers.py and pass the folder).
+`convert_ldm_vae_checkpoint`), then loaded strictly: every parameter and persistent buffer of the module the config
+builds comes from the file, and no tensor of the file's VAE part is left unused (diffusers' loader leaves a missing
+weight at its random initial value and drops unknown tensors with a warning). HunyuanVideo and CogVideoX single
+files are refused: diffusers has no single-file loader for them (convert with diffusers'
+scripts/convert_hunyuan_video_to_diffusers.py or convert_cogvideox_to_diffusers.py and pass the folder).
 
 Only safetensors is read unless --allow-pickle-weights (a .pth/.pt/.ckpt is a pickle, which can run code).
 """
@@ -15,18 +17,28 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from vaecache.errors import VaeSpecError
+from vaecache.errors import VaeSpecError, first_line
 
 SAFE_SUFFIXES = (".safetensors", ".sft")
 PICKLE_SUFFIXES = (".pth", ".pt", ".ckpt", ".bin")
 SUFFIXES = SAFE_SUFFIXES + PICKLE_SUFFIXES
 CONFIGS = Path(__file__).resolve().parent / "configs"
-def detect_family(keys: Iterable[str]) -> str:
+SAFETENSORS_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
+                      "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8}
+"""The safetensors dtypes torch reads, and the bytes of one element."""
+JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+              bool: "a boolean", type(None): "null"}
+
+
+def detect_family(keys: Iterable[str], path: Path | None = None) -> str:
     """The VAE family a checkpoint's keys are laid out for (its original code's module names), or a VaeSpecError
-    saying what the file is."""
+    saying what the file (`path`, named in the message) is."""
+    where = f"{path}: " if path is not None else ""
     found = {key.removeprefix("vae.").removeprefix("first_stage_model.") for key in keys}
     if "encoder.downsamples.0.residual.0.gamma" in found and "decoder.upsamples.0.residual.0.gamma" in found:
         return "AutoencoderKLWan"  # Wan-Video/Wan2.1 wan/modules/vae.py WanVAE_
@@ -35,18 +47,18 @@ def detect_family(keys: Iterable[str]) -> str:
     if "encoder.down.0.block.0.norm1.weight" in found and "decoder.up.0.block.0.norm1.weight" in found:
         return "AutoencoderKL"  # the LDM/SD first-stage model (ldm/modules/diffusionmodules/model.py)
     if "encoder.down.0.block.0.conv1.conv.weight" in found:
-        raise VaeSpecError("a CogVideoX VAE in its original (SAT) layout: diffusers has no single-file loader for it; "
-                           "convert it with diffusers' scripts/convert_cogvideox_to_diffusers.py and pass --vae "
-                           "diffusers:FOLDER")
+        raise VaeSpecError(f"{where}a CogVideoX VAE in its original (SAT) layout: diffusers has no single-file "
+                           "loader for it; convert it with diffusers' scripts/convert_cogvideox_to_diffusers.py and "
+                           "pass --vae diffusers:FOLDER")
     if "encoder.down_blocks.0.resnets.0.conv1.conv.weight" in found:
-        raise VaeSpecError("a HunyuanVideo VAE checkpoint: diffusers has no single-file loader for it; convert it "
-                           "with diffusers' scripts/convert_hunyuan_video_to_diffusers.py and pass --vae "
+        raise VaeSpecError(f"{where}a HunyuanVideo VAE checkpoint: diffusers has no single-file loader for it; "
+                           "convert it with diffusers' scripts/convert_hunyuan_video_to_diffusers.py and pass --vae "
                            "diffusers:FOLDER")
     if any(key.startswith("encoder.down_blocks.") for key in found) and "encoder.conv_in.weight" in found:
-        raise VaeSpecError("a diffusers model's weights file on its own: pass the folder that holds it with its "
-                           "config.json (--vae diffusers:FOLDER)")
+        raise VaeSpecError(f"{where}a diffusers model's weights file on its own: pass the folder that holds it "
+                           "with its config.json (--vae diffusers:FOLDER)")
     sample = ", ".join(sorted(found)[:3])
-    raise VaeSpecError(f"not a VAE checkpoint vaecache knows (keys {sample}, ...): single files of Wan 2.1, "
+    raise VaeSpecError(f"{where}not a VAE checkpoint vaecache knows (keys {sample}, ...): single files of Wan 2.1, "
                        "LTX-Video and SD-style AutoencoderKL are read")
 
 
@@ -56,7 +68,15 @@ def read_keys(path: Path, allow_pickle_weights: bool) -> tuple[list[str], dict[s
     if suffix in SAFE_SUFFIXES:
         header = safetensors_header(path)
         keys = [key for key in header if key != "__metadata__"]
-        return keys, {key: tuple(header[key].get("shape", ())) for key in keys}
+        return keys, {key: tuple(header[key]["shape"]) for key in keys}
+    state = read_pickle(path, allow_pickle_weights)
+    return list(state), {key: tuple(getattr(value, "shape", ())) for key, value in state.items()}
+
+
+def read_pickle(path: Path, allow_pickle_weights: bool) -> dict[str, Any]:
+    """A pickled checkpoint's state dict (unwrapped from "state_dict" or "model"), read with torch's weights-only
+    unpickler, and only with --allow-pickle-weights."""
+    suffix = path.suffix.lower()
     if suffix in PICKLE_SUFFIXES and not allow_pickle_weights:
         raise VaeSpecError(f"{path}: a {suffix} checkpoint is a pickle, which can run code when loaded; convert it to "
                            "safetensors, or pass --allow-pickle-weights if you trust it")
@@ -73,23 +93,73 @@ def read_keys(path: Path, allow_pickle_weights: bool) -> tuple[list[str], dict[s
             state = state[wrapper]
     if not isinstance(state, dict):
         raise VaeSpecError(f"{path}: not a state dict of tensors")
-    return list(state), {key: tuple(getattr(value, "shape", ())) for key, value in state.items()}
+    return state
 
 
 def safetensors_header(path: Path) -> dict[str, Any]:
     """The JSON header of a safetensors file (8-byte little-endian length, then the JSON): names, dtypes, shapes, read
-    without torch or the tensors."""
+    without torch or the tensors. Checked as safetensors itself checks it (every entry {dtype, shape, data_offsets}
+    whose bytes fit its shape, the entries tiling the data exactly; "__metadata__" strings only), so that whatever
+    is wrong is one line naming the file."""
     try:
         with open(path, "rb") as handle:
-            size = int.from_bytes(handle.read(8), "little")
-            if not 2 <= size <= 100 << 20:
-                raise ValueError(f"a header of {size} bytes")
-            header = json.loads(handle.read(size))
-        if not isinstance(header, dict):
-            raise ValueError("the header is not an object")
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise VaeSpecError(f"{path}: not a readable safetensors file ({exc})") from None
+            prefix = handle.read(8)
+            size = int.from_bytes(prefix, "little")
+            if len(prefix) < 8 or not 2 <= size <= 100 << 20:
+                raise ValueError(f"a header of {size} bytes" if len(prefix) == 8 else "shorter than 8 bytes")
+            text = handle.read(size)
+            if len(text) < size:
+                raise ValueError(f"the header is cut short ({len(text)} of {size} bytes)")
+            header = json.loads(text, parse_constant=_no_constant)
+            data_size = os.fstat(handle.fileno()).st_size - 8 - size
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise VaeSpecError(f"{path}: not a readable safetensors file ({first_line(exc, 200)})") from None
+    problem = _header_problem(header, data_size)
+    if problem:
+        raise VaeSpecError(f"{path}: not a readable safetensors file ({problem})")
     return header
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} in the header, which is not JSON")
+
+
+def _header_problem(header: Any, data_size: int) -> str | None:
+    """What is wrong with a parsed safetensors header, or None."""
+    if not isinstance(header, dict):
+        return f"the header is {JSON_TYPES.get(type(header), 'a value')}, not a JSON object"
+    spans = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            if not isinstance(entry, dict) or not all(isinstance(value, str) for value in entry.values()):
+                return "__metadata__ is not an object of strings"
+            continue
+        if not isinstance(entry, dict):
+            return f"the entry {name!r} is {JSON_TYPES.get(type(entry), 'a value')}, not an object"
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if dtype not in SAFETENSORS_DTYPES:
+            return f"{name!r} has dtype {repr(dtype)[:40]}, not one of {', '.join(SAFETENSORS_DTYPES)}"
+        if not _counts(shape):
+            return f"{name!r} has shape {repr(shape)[:60]}, not a list of non-negative integers"
+        if not _counts(offsets) or len(offsets) != 2 or offsets[0] > offsets[1]:
+            return f"{name!r} has data_offsets {repr(offsets)[:60]}, not [begin, end]"
+        needed = math.prod(shape) * SAFETENSORS_DTYPES[dtype]
+        if offsets[1] - offsets[0] != needed:
+            return f"{name!r} is {dtype} of shape {shape}, {needed} bytes, but its data_offsets hold " \
+                   f"{offsets[1] - offsets[0]}"
+        spans.append((offsets[0], offsets[1], name))
+    end = 0
+    for begin, stop, name in sorted(spans):
+        if begin != end:
+            return f"{name!r} starts at byte {begin} of the data, not {end} (tensors overlap or leave a hole)"
+        end = stop
+    if end != data_size:
+        return f"the tensors hold {end} bytes of data, the file {data_size}"
+    return None
+
+
+def _counts(value: Any) -> bool:
+    return isinstance(value, list) and all(type(item) is int and item >= 0 for item in value)
 
 
 def check_single_file(path: Path, vae_config: Path | None, allow_pickle_weights: bool) -> None:
@@ -101,7 +171,7 @@ def check_single_file(path: Path, vae_config: Path | None, allow_pickle_weights:
             read_keys(path, False)  # refuses the pickle, naming the flag; with it, reading one needs torch
         return
     keys, shapes = read_keys(path, allow_pickle_weights)
-    load_config(vae_config, detect_family(keys), shapes, path)
+    load_config(vae_config, detect_family(keys, path), shapes, path)
 
 
 def shipped_config(family: str, shapes: dict[str, Any]) -> dict[str, Any] | None:
@@ -151,21 +221,94 @@ def file_sha256(path: Path) -> str:
 
 
 def load_single_file(path: Path, config_path: Path | None, allow_pickle_weights: bool) -> tuple[Any, str, str]:
-    """(diffusers module, family, the file's sha256): the checkpoint converted with diffusers' own loader."""
-    import tempfile
-
+    """(diffusers module, family, the file's sha256): the checkpoint converted with diffusers' conversion function
+    for its family and loaded strictly: a tensor missing from the file, left over in its VAE part or of the wrong
+    shape is a VaeSpecError naming the file and the first such tensor."""
     import diffusers
     import torch
+    from diffusers.loaders.single_file_model import SINGLE_FILE_LOADABLE_CLASSES
 
-    keys, shapes = read_keys(path, allow_pickle_weights)
-    family = detect_family(keys)
+    state = None if path.suffix.lower() in SAFE_SUFFIXES else read_pickle(path, allow_pickle_weights)
+    keys, shapes = read_keys(path, allow_pickle_weights) if state is None else \
+        (list(state), {key: tuple(getattr(value, "shape", ())) for key, value in state.items()})
+    family = detect_family(keys, path)
     config = load_config(config_path, family, shapes, path)
-    with tempfile.TemporaryDirectory(prefix="vaecache-config-") as folder:
-        (Path(folder) / "config.json").write_text(json.dumps(config))
+    given = f"--vae-config {config_path}" if config_path else "the shipped config"
+    try:
+        with torch.random.fork_rng(devices=[]):  # every tensor is overwritten from the file below
+            module = getattr(diffusers, family).from_config(dict(config))
+    except Exception as exc:  # noqa: BLE001  # diffusers raises many kinds for a config it cannot build
+        raise VaeSpecError(f"{path}: {given} does not build a {family} ({first_line(exc, 200)})") from None
+    tensors = _vae_tensors(path, family, keys, state)
+    convert = SINGLE_FILE_LOADABLE_CLASSES[family]["checkpoint_mapping_fn"]
+    try:
+        # the module's config (the given one with diffusers' defaults filled in: what the SD converter's level count
+        # must match); a copy of the tensors, which the LTX converter pops
+        converted = convert(config=dict(module.config), checkpoint=dict(tensors))
+    except KeyError as exc:
+        raise VaeSpecError(f"{path}: an incomplete {family} checkpoint: no tensor {exc.args[0]!r}, which diffusers' "
+                           f"{convert.__name__} needs") from None
+    except Exception as exc:  # noqa: BLE001
+        raise VaeSpecError(f"{path}: diffusers' {convert.__name__} cannot convert it "
+                           f"({first_line(exc, 200)})") from None
+    _check_complete(path, family, given, module.state_dict(), tensors, converted)
+    module.load_state_dict(converted, strict=True)
+    return module.to(torch.float32).eval(), family, file_sha256(path)
+
+
+def _vae_tensors(path: Path, family: str, keys: list[str], state: dict[str, Any] | None) -> dict[str, Any]:
+    """The tensors of the file's VAE part, by the family converter's own rule (a whole-model checkpoint holds others:
+    LTX-Video's its transformer, SD's its UNet and text encoder); a safetensors file reads only these."""
+    import torch
+    from diffusers.loaders.single_file_utils import LDM_VAE_KEYS
+
+    if family == "AutoencoderKLLTXVideo":
+        keys = [key for key in keys if "vae." in key]  # convert_ltx_vae_checkpoint_to_diffusers
+    elif family == "AutoencoderKL":  # convert_ldm_vae_checkpoint: the last prefix any key has, else none
+        prefix = next((p for p in reversed(LDM_VAE_KEYS) if any(key.startswith(p) for key in keys)), "")
+        keys = [key for key in keys if key.startswith(prefix)]
+    if state is None:
+        from safetensors import safe_open
+
         try:
-            module = getattr(diffusers, family).from_single_file(str(path), config=folder, local_files_only=True,
-                                                                 torch_dtype=torch.float32)
-        except Exception as exc:  # noqa: BLE001  # diffusers raises many kinds for a checkpoint that does not fit
-            raise VaeSpecError(f"{path}: could not load it as {family} with "
-                               f"{config_path or 'the shipped config'} ({str(exc).splitlines()[0][:200]})") from None
-    return module, family, file_sha256(path)
+            with safe_open(str(path), framework="pt") as handle:
+                return {key: handle.get_tensor(key) for key in keys}
+        except Exception as exc:  # noqa: BLE001  # safetensors raises its own kinds for a damaged file
+            raise VaeSpecError(f"{path}: cannot read its tensors ({first_line(exc, 200)})") from None
+    for key in keys:
+        if not isinstance(state[key], torch.Tensor):
+            raise VaeSpecError(f"{path}: {key!r} is a {type(state[key]).__name__}, not a tensor")
+    return {key: state[key] for key in keys}
+
+
+LEFTOVERS = {"AutoencoderKLLTXVideo": "per_channel_statistics.", "AutoencoderKL": "loss."}
+"""Tensors of a family's original checkpoints that its model does not use, dropped on purpose: LTX-Video's
+channel index and mean of stds (its converter removes them), the LDM autoencoder's training loss (LPIPS, its
+discriminator, logvar)."""
+
+
+def _check_complete(path: Path, family: str, given: Any, expected: dict[str, Any], tensors: dict[str, Any],
+                    converted: dict[str, Any]) -> None:
+    """Every parameter and persistent buffer of the module (`expected`) in the converted checkpoint with its shape,
+    and every tensor of the file's VAE part used: diffusers' loader keeps a missing one's random initial value, and
+    a converter drops what it does not map (an SD level the config does not have) without a word."""
+    missing = [key for key in expected if key not in converted]
+    if missing:
+        raise VaeSpecError(f"{path}: an incomplete {family} checkpoint (a weight would be left random): no tensor for "
+                           f"{missing[0]} (diffusers' name), {len(missing)} of {len(expected)} missing")
+    objects = {id(value) for value in converted.values()}
+    memory = {value.data_ptr() for value in converted.values() if value.numel()}  # an SD attention weight is a view
+    leftover = LEFTOVERS.get(family)
+    dropped = [key for key, value in tensors.items()
+               if id(value) not in objects and not (value.numel() and value.data_ptr() in memory)
+               and not (leftover and key.removeprefix("vae.").removeprefix("first_stage_model.").startswith(leftover))]
+    unknown = dropped + [key for key in converted if key not in expected]
+    if unknown:
+        raise VaeSpecError(f"{path}: tensors the {family} of {given} has no place for: {unknown[0]}, "
+                           f"{len(unknown)} unknown")
+    wrong = [key for key in expected if tuple(converted[key].shape) != tuple(expected[key].shape)]
+    if wrong:
+        first = wrong[0]
+        raise VaeSpecError(f"{path}: tensors of other shapes than the {family} of {given}: {first} (diffusers' "
+                           f"name) is {list(converted[first].shape)}, not {list(expected[first].shape)}, "
+                           f"{len(wrong)} differ")
