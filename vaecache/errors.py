@@ -40,6 +40,28 @@ class DatasetError(UsageError):
     """The dataset cannot be discovered or planned (missing path, empty folder, bad index)."""
 
 
+class CaptionError(DatasetError):
+    """A caption or metadata file (a folder's sidecar `.txt`, a tar's `key.txt`/`key.json`) that cannot be used:
+    not UTF-8, too large, unreadable, nested too deeply. Its scene is a recorded skip naming the file."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class TarShardError(DatasetError):
+    """A WebDataset shard whose members do not account for its bytes (a header's size field wrong, a shard cut
+    short, bytes after the end-of-archive marker). Raised after the shard's good samples were listed; discovery
+    records it as a skipped input naming the shard and the byte where its listing stops."""
+
+    def __init__(self, shard: str, offset: int, reason: str) -> None:
+        super().__init__(f"{shard}: {reason}")
+        self.shard = shard
+        self.offset = offset
+        self.reason = reason
+
+
 class VideoDecodeError(VaecacheError):
     """One video could not be read; recorded as a failure and the run goes on."""
 

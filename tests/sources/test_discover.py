@@ -14,6 +14,7 @@ from vaecache.errors import DatasetError, UsageError
 from vaecache.planning.clips import plan_clips
 from vaecache.settings.clip import SamplingConfig
 from vaecache.sources.discover import discover, discover_scenes
+from vaecache.sources.folders import MAX_CAPTION_BYTES
 from vaecache.sources.probing import probe_scene
 from vaecache.sources.scene import Scene
 
@@ -395,6 +396,13 @@ def test_sidecar_captions_of_videos_and_scene_folders(tmp_path, demo_data):
     assert invoke(["encode", rig, "--out", tmp_path / "out", *ENCODE_ARGS]).exit_code == 0
     captions = {r["scene"]: (r.get("metadata") or {}).get("caption") for r in read_clips(tmp_path / "out")}
     assert captions["scene_000"] == "two cameras on a rig" and captions["scene_001"] is None
+    # a caption that cannot be one is a skipped scene naming the file (as a tar's txt member is); the rest goes on
     (single / "clip_a.txt").write_bytes(b"\xff\xfe bad")
-    with pytest.raises(DatasetError, match="clip_a.txt: a caption file must be UTF-8 text"):
-        discover_scenes(single)
+    (rig / "scene_001" / "caption.txt").write_bytes(b"x" * (MAX_CAPTION_BYTES + 1))
+    for data, left_out, caption, why in ((single, "clip_a", single / "clip_a.txt", "must be UTF-8 text (byte 0)"),
+                                         (rig, "scene_001", rig / "scene_001" / "caption.txt", "of more than")):
+        found = discover(data)
+        named = {p.stem for p in data.iterdir() if p.suffix != ".txt"}
+        assert [s.scene_id for s in found.scenes] == sorted(named - {left_out}) and len(named) > 1
+        (skipped,) = found.rejected
+        assert skipped.path == str(caption) and why in skipped.reason

@@ -179,3 +179,92 @@ def test_upper_case_shards_keys_with_folders_and_a_pattern_for_verify(clips, tmp
     pattern = str(shards / "A-{0..0}.TAR")
     checked = invoke(["verify", tmp_path / "out", "--dataset", pattern])
     assert checked.exit_code == 0, checked.output
+
+
+def _shrink_header(tar: Path, name: str, size: int) -> int:
+    """Rewrite member `name`'s header with a smaller size field (a valid checksum): the members after it no longer
+    line up with their headers. Returns where the listing now stops (the end of the shrunk member's blocks)."""
+    with tarfile.open(tar) as archive:
+        info = archive.getmember(name)
+    info.size = size
+    data = bytearray(tar.read_bytes())
+    data[info.offset:info.offset + tarfile.BLOCKSIZE] = info.tobuf(tarfile.USTAR_FORMAT)
+    tar.write_bytes(bytes(data))
+    return info.offset_data + -(-size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+
+
+def test_a_shard_whose_members_do_not_account_for_its_bytes_is_a_recorded_failure(clips, tmp_path):
+    video = (clips / "rig" / "s000" / "front.mp4").read_bytes()
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    members = {"a.mp4": video, "b.mp4": video, "b.txt": b"lost", "c.mp4": video}
+    damaged = _tar(shards / "d-0.tar", members)
+    stop = _shrink_header(damaged, "b.mp4", 100)  # its listing used to end there, c with it, without a word
+    _tar(shards / "d-1.tar", {"e.mp4": video})
+    result = invoke(["encode", shards, "--out", tmp_path / "out", *ENCODE_ARGS])
+    assert result.exit_code == 3, result.output
+    assert {r["scene"] for r in read_clips(tmp_path / "out")} == {"a", "e"}  # the samples before it and other shards
+    (failure,) = read_failures(tmp_path / "out")
+    assert failure["path"] == str(damaged) and failure["scene"] == "d-0.tar"
+    assert f"its members end at byte {stop}" in failure["reason"] and "'b' and any after it" in failure["reason"]
+    # cut short inside a member, or bytes after the end-of-archive marker: the same record
+    cut = _tar(tmp_path / "cut.tar", members)
+    cut.write_bytes(cut.read_bytes()[:len(video) + 1536])
+    tail = _tar(tmp_path / "tail.tar", members)
+    tail.write_bytes(tail.read_bytes() + b"more")
+    for shard, why in ((cut, "cut short"), (tail, f"byte {tail.stat().st_size - 4} is neither")):
+        found = discover(shard)
+        assert [s.scene_id for s in found.scenes] == ["a"] if shard == cut else ["a", "b", "c"]
+        assert [(r.scene_id, r.path) for r in found.rejected] == [(shard.name, str(shard))]
+        assert why in found.rejected[0].reason
+
+
+def test_a_damaged_shard_at_a_url_is_found_by_ranged_reads(s3, clips, tmp_path):
+    from tests.s3 import make_bucket
+
+    video = (clips / "rig" / "s000" / "front.mp4").read_bytes()
+    damaged = _tar(tmp_path / "d.tar", {"a.mp4": video, "b.mp4": video, "c.mp4": video})
+    stop = _shrink_header(damaged, "b.mp4", 100)
+    make_bucket(s3, "shards")
+    s3.pipe_file("shards/d.tar", damaged.read_bytes())
+    s3.pipe_file("shards/whole.tar", _tar(tmp_path / "whole.tar", {"e.mp4": video}).read_bytes())
+    found = discover("s3://shards/d.tar")
+    assert [s.scene_id for s in found.scenes] == ["a"]
+    assert [r.path for r in found.rejected] == ["s3://shards/d.tar"]
+    assert f"its members end at byte {stop}" in found.rejected[0].reason
+    assert not discover("s3://shards/whole.tar").rejected
+
+
+def test_unusable_captions_and_metadata_are_skipped_samples_naming_the_member(clips, tmp_path, monkeypatch):
+    video = (clips / "rig" / "s000" / "front.mp4").read_bytes()
+    shard = _tar(tmp_path / "a.tar", {"good.mp4": video, "good.txt": "ünï\n".encode(), "good.json": b'{"n": 1}',
+                                      "latin.mp4": video, "latin.txt": "caf\xe9".encode("latin-1"),
+                                      "bytes.mp4": video, "bytes.json": b'{"caption": "\xff"}',
+                                      "large.mp4": video, "large.txt": b"x" * 4097,
+                                      "deep.mp4": video, "deep.json": b"[" * 1500 + b"]" * 1500})
+    monkeypatch.setattr("vaecache.sources.tars.MAX_TEXT_MEMBER", 4096)
+    found = discover(shard)
+    assert [(s.scene_id, json.loads(s.metadata)) for s in found.scenes] == [("good", {"caption": "ünï", "n": 1})]
+    reasons = {r.scene_id: (r.path, r.reason) for r in found.rejected}
+    assert reasons == {
+        "latin": (f"{shard}#latin", "its member latin.txt is not UTF-8 text (byte 3)"),
+        "bytes": (f"{shard}#bytes", "its member bytes.json is not UTF-8 text (byte 13)"),
+        "large": (f"{shard}#large", "its member large.txt is 4097 bytes, more than a json or txt member may have "
+                                    "(4096)"),
+        "deep": (f"{shard}#deep", "its json member deep.json is nested too deeply")}
+
+
+def test_keys_repeated_across_shards_are_qualified_by_their_shard(clips, tmp_path):
+    video = (clips / "rig" / "s000" / "front.mp4").read_bytes()
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for number in range(2):  # a writer that numbers each shard's samples from 0
+        _tar(shards / f"part-{number}.tar", {"000000.mp4": video, "000001.json": b"{}", f"only{number}.mp4": video,
+                                             "videos/k.mp4": video})
+    expected = ["only0", "only1", "part-0.tar~000000", "part-0.tar~videos~k", "part-1.tar~000000",
+                "part-1.tar~videos~k"]
+    for data in (shards, str(shards / "part-{0..1}.tar"), shards):  # stable across runs and ways of naming DATA
+        found = discover(data)
+        assert [s.scene_id for s in found.scenes] == expected
+        assert sorted(r.scene_id for r in found.rejected) == ["part-0.tar~000001", "part-1.tar~000001"]
+    assert [s.scene_id for s in discover(shards / "part-0.tar").scenes] == ["000000", "only0", "videos~k"]

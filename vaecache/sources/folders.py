@@ -4,13 +4,14 @@ per video or frame folder, camera `video`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from vaecache.cache.layout import id_problem
-from vaecache.errors import DatasetError
+from vaecache.errors import CaptionError, DatasetError
 from vaecache.sources.scene import SINGLE_CAMERA, LayoutScenes, Scene, Skipped, SourceOptions
 from vaecache.video.frames import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
 
@@ -76,8 +77,8 @@ def scenes_from_folder(root: Path, options: SourceOptions) -> LayoutScenes:
         if order and len(order) != 1:
             raise DatasetError(f"{root}: single-camera folder, but {len(order)} cameras were configured")
         camera = order[0] if order else SINGLE_CAMERA
-        return LayoutScenes([Scene(p.stem, (camera,), (resolved_path(p),), metadata=caption_of(p.with_suffix(".txt")))
-                             for p in videos], [], rejected)
+        return LayoutScenes(_captioned([(Scene(p.stem, (camera,), (resolved_path(p),)), p.with_suffix(".txt"))
+                                        for p in videos], rejected), [], rejected)
     if not folders and rejected:
         return LayoutScenes([], [], rejected)
     if not folders:
@@ -91,22 +92,21 @@ def scenes_from_folder(root: Path, options: SourceOptions) -> LayoutScenes:
                 raise DatasetError(f"{root}: folders of frames are single-camera scenes, but {len(order)} cameras "
                                    "were configured")
             camera = order[0] if order else SINGLE_CAMERA
-            return LayoutScenes([Scene(folder.name, (camera,), (resolved_path(folder),), frame_rate=options.frame_rate,
-                                       metadata=caption_of(folder / CAPTION_FILE)) for folder in folders], [],
-                                rejected)
+            return LayoutScenes(_captioned([(Scene(folder.name, (camera,), (resolved_path(folder),),
+                                                   frame_rate=options.frame_rate), folder / CAPTION_FILE)
+                                            for folder in folders], rejected), [], rejected)
         raise DatasetError(f"{root}: scene folders hold no video files ({', '.join(VIDEO_EXTENSIONS)}) and no "
                            f"folders of frames ({', '.join(IMAGE_EXTENSIONS)})")
     if order:
         check_cameras_exist(root, order, [set(videos) for videos in found.values()])
     names = tuple(order) if order else _common_camera_set(found.values())
-    scenes = []
+    scenes: list[tuple[Scene, Path]] = []
     for folder, videos_by_camera in found.items():
         # A scene missing a camera stays in the list with no path for it, so the probe records it as a
         # skipped input instead of failing the whole dataset.
         paths = tuple(resolved_path(videos_by_camera[name]) if name in videos_by_camera else None for name in names)
-        scenes.append(Scene(folder.name, names, paths, frame_rate=options.frame_rate,
-                            metadata=caption_of(folder / CAPTION_FILE)))
-    return LayoutScenes(scenes, [set(videos) for videos in found.values()], rejected)
+        scenes.append((Scene(folder.name, names, paths, frame_rate=options.frame_rate), folder / CAPTION_FILE))
+    return LayoutScenes(_captioned(scenes, rejected), [set(videos) for videos in found.values()], rejected)
 
 
 CAPTION_FILE = "caption.txt"
@@ -116,18 +116,33 @@ MAX_CAPTION_BYTES = 1 << 20
 
 
 def caption_of(path: Path) -> str | None:
-    """A sidecar caption as scene metadata JSON ({"caption": text}), or None when there is none (or it is empty)."""
+    """A sidecar caption as scene metadata JSON ({"caption": text}), or None when there is none (or it is empty);
+    CaptionError naming the file when it cannot be one (too large, not UTF-8, unreadable)."""
     try:
         if path.stat().st_size > MAX_CAPTION_BYTES:
-            raise DatasetError(f"{path}: a caption file of more than {MAX_CAPTION_BYTES} bytes (not a caption?)")
+            raise CaptionError(str(path), f"a caption file of more than {MAX_CAPTION_BYTES} bytes (not a caption?)")
         text = path.read_text(encoding="utf-8").strip()
     except FileNotFoundError:
         return None
     except UnicodeDecodeError as exc:
-        raise DatasetError(f"{path}: a caption file must be UTF-8 text (byte {exc.start})") from None
+        raise CaptionError(str(path), f"a caption file must be UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
-        raise DatasetError(f"{path}: cannot read the caption ({exc.strerror or exc})") from None
+        raise CaptionError(str(path), f"cannot read the caption ({exc.strerror or exc})") from None
     return json.dumps({"caption": text}, ensure_ascii=False, separators=(",", ":")) if text else None
+
+
+def _captioned(scenes: Iterable[tuple[Scene, Path]], rejected: list[Skipped]) -> list[Scene]:
+    """Each scene with its sidecar caption (scene, caption file) as metadata; a scene whose caption cannot be read
+    as one is a recorded skip naming the file (as a tar sample's txt member is), and the rest goes on."""
+    kept = []
+    for scene, path in scenes:
+        try:
+            metadata = caption_of(path)
+        except CaptionError as exc:
+            rejected.append(Skipped(scene.scene_id, exc.path, exc.reason))
+            continue
+        kept.append(dataclasses.replace(scene, metadata=metadata) if metadata else scene)
+    return kept
 
 
 def check_cameras_exist(where: Path, order: Sequence[str], per_scene: Sequence[set[str]]) -> None:
