@@ -59,6 +59,7 @@ PARSE = HWM + textwrap.dedent("""
 """)
 WRITE_INDEX = HWM + textwrap.dedent("""
     from vaecache.sources.indexing import index_line
+    from vaecache.sources.jsonl import index_line_text
     from vaecache.sources.nuscenes import REFERENCE_CAMERA, read_nuscenes
     from vaecache.sources.scene import CameraProbe, SourceOptions
     root, index, copies = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
@@ -72,7 +73,7 @@ WRITE_INDEX = HWM + textwrap.dedent("""
                 line = index_line(scene, "cameras", probes, REFERENCE_CAMERA)
                 if copy:
                     line["id"] = f"{scene.scene_id}-copy{copy}"
-                out.write(json.dumps(line, separators=(",", ":")) + "\\n")
+                out.write(index_line_text(line))
     print(json.dumps({"seconds": time.perf_counter() - started, "peak_rss_mb": hwm_mb()}))
 """)
 PLAN = HWM + textwrap.dedent("""

@@ -126,3 +126,127 @@ def test_an_index_line_s_frames_are_read_back_only_for_the_clips_built(nuscenes_
     _read_listing.cache_clear()
     with pytest.raises(DatasetError, match="the index changed since it was read"):
         indexed[0].frame_lists
+
+
+@pytest.fixture(scope="module")
+def tiny_root(tmp_path_factory):
+    return write_nuscenes(tmp_path_factory.mktemp("tiny") / "nuscenes", scenes=1, frames=2)
+
+
+def _tables(root):
+    return {name: json.loads((root / "v1.0-mini" / f"{name}.json").read_text())
+            for name in ("sensor", "calibrated_sensor", "scene", "sample_data", "ego_pose")}
+
+
+def _first_camera_frame(tables):
+    return next(d for d in tables["sample_data"] if d["fileformat"] == "jpg")
+
+
+def _dangling_pose(tables):
+    _first_camera_frame(tables)["ego_pose_token"] = "no-such-pose"
+
+
+def _missing_pose(tables):
+    token = _first_camera_frame(tables)["ego_pose_token"]
+    tables["ego_pose"] = [p for p in tables["ego_pose"] if p["token"] != token]
+
+
+def _set(field, value):
+    def change(tables):
+        _first_camera_frame(tables)[field] = value
+    return change
+
+
+def _empty(name):
+    def change(tables):
+        tables[name] = []
+    return change
+
+
+@pytest.mark.parametrize("change, match", [
+    (_dangling_pose, r"ego_pose.json: ego_pose 'no-such-pose' \(of sample_data \w+\) is not in the table"),
+    (_missing_pose, r"ego_pose.json: ego_pose '\w+' \(of sample_data \w+\) is not in the table"),
+    (_set("filename", "../outside.jpg"), r"sample_data.json: token '\w+' has filename '../outside.jpg'; it must be"),
+    (_set("filename", "samples/../../outside.jpg"), r"sample_data.json: token '\w+' has filename"),
+    (_set("filename", "/etc/outside.jpg"), r"sample_data.json: token '\w+' has filename '/etc/outside.jpg'"),
+    (_set("timestamp", "1532402927000000"), r"sample_data.json: token '\w+' has timestamp '1532402927000000'"),
+    (_set("timestamp", float("nan")), r"sample_data.json: token '\w+' has timestamp nan; it must be an integer"),
+    (_empty("sensor"), r"sensor.json: no camera sensor"),
+    (_empty("calibrated_sensor"), r"calibrated_sensor.json: no calibrated_sensor of a camera sensor"),
+    (_empty("scene"), r"scene.json: no scenes"),
+])
+def test_bad_tables_are_refused_naming_the_table_and_token(tiny_root, tmp_path, change, match):
+    tables = _tables(tiny_root)
+    change(tables)
+    for name, records in tables.items():
+        (tiny_root / "v1.0-mini" / f"{name}.json").write_text(json.dumps(records))  # NaN written as Python does
+    try:
+        with pytest.raises(DatasetError, match=match):
+            discover(tiny_root)
+        result = invoke(["index", tiny_root, "-o", tmp_path / "index.jsonl", "--no-progress"])
+        assert result.exit_code == 2 and not (tmp_path / "index.jsonl").exists(), result.output
+    finally:
+        write_nuscenes(tiny_root, scenes=1, frames=2)
+
+
+def test_a_table_that_is_not_utf8_is_refused_naming_it(tmp_path):
+    table = tmp_path / "scene.json"
+    table.write_bytes(b'[{"token": "a"}, {"token": "b\xff"}]')
+    with pytest.raises(DatasetError, match=r"scene.json: not UTF-8 text \(invalid start byte\)$"):
+        list(iter_json_array(table))
+    records = ",".join(json.dumps({"token": str(i), "pad": "x" * 1000}) for i in range(1500))
+    table.write_bytes(b"[" + records.encode() + b',{"token": "b\xff"}]')  # past the first megabyte read
+    with pytest.raises(DatasetError, match=r"scene.json: not UTF-8 text \(.*\) \(after token '\d+'\)"):
+        list(iter_json_array(table))
+
+
+def test_planning_reads_an_index_line_s_head_only(nuscenes_root, tmp_path):
+    """A line listing frames is written head first (id, probe, metadata), frames after; planning reads the head and
+    seeks past the rest, which is read (and checked) when a clip of the scene is built."""
+    from vaecache.planning.clips import plan_clips
+    from vaecache.settings.clip import SamplingConfig, SyncConfig
+    from vaecache.sources.jsonl import HEAD_MARK, _read_listing, index_line_text
+
+    index = tmp_path / "index.jsonl"
+    assert invoke(["index", nuscenes_root, "-o", index, "--no-progress"]).exit_code == 0
+    raw = index.read_bytes().splitlines(keepends=True)
+    assert all(line.startswith(HEAD_MARK) for line in raw)
+    sampling = SamplingConfig(num_frames=5, sync=SyncConfig("timestamps", "CAM_FRONT"))
+
+    def plan(path):
+        _read_listing.cache_clear()
+        scenes = discover(path).scenes
+        planned, _ = plan_clips(scenes, {}, sampling)
+        return scenes, [(clip.clip_id, [clip.source(i).files for i in range(len(clip.cameras))],
+                         clip.frame_metadata.per_camera) for clip in planned.block(0, 1)]
+
+    scenes, clips = plan(index)
+    # the same index written as one plain JSON object per line (an index of an earlier version) plans the same
+    plain = tmp_path / "plain.jsonl"
+    records = [json.loads(line) for line in raw]
+    plain.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "per_frame"}) + "\n" for r in records))
+    plain_scenes, plain_clips = plan(plain)
+    assert [(s.scene_id, s.probed, s.metadata) for s in plain_scenes] == [
+        (s.scene_id, s.probed, s.metadata) for s in scenes]
+    assert [c[1:] for c in plain_clips] == [c[1:] for c in clips]
+    # a head whose byte counts no longer hold (a line edited by hand) is read whole
+    records[0]["description"] = "Straße, edited"
+    stale = tmp_path / "stale.jsonl"
+    stale.write_text("".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in records))
+    assert json.loads(plan(stale)[0][0].metadata)["description"] == "Straße, edited"
+    # index_line_text counts bytes, not characters
+    text = index_line_text(records[0])
+    again = json.loads(text)
+    marker = again.pop("per_frame")
+    assert again == {k: v for k, v in records[0].items() if k != "per_frame"}
+    assert len(text.encode()) == marker["at"] + marker["bytes"] and text.encode()[marker["at"]:].startswith(b",")
+    # the frames past the head are not parsed while planning: garbled there, the plan holds; the clip built fails
+    at = json.loads(raw[0])["per_frame"]["at"]
+    garbled = tmp_path / "garbled.jsonl"
+    broken = raw[0].index(b'"files":[', at) + len(b'"files":')  # the same length, no longer JSON
+    garbled.write_bytes(raw[0][:broken] + b"#" + raw[0][broken + 1:] + b"".join(raw[1:]))
+    _read_listing.cache_clear()
+    found = discover(garbled).scenes
+    assert [s.scene_id for s in found] == [s.scene_id for s in scenes]
+    with pytest.raises(DatasetError, match="cannot read scene 'scene-0001' back"):
+        found[0].frame_lists

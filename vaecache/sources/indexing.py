@@ -25,6 +25,7 @@ from vaecache.errors import EXIT_OK, EXIT_PARTIAL, OutputError, UsageError
 from vaecache.meter import Advance
 from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
 from vaecache.sources.discover import discover
+from vaecache.sources.jsonl import index_line_text
 from vaecache.sources.lerobot import EpisodeRows
 from vaecache.sources.probing import (
     ProbeLog,
@@ -226,7 +227,7 @@ class _AtomicLines:
 
     def write(self, record: dict[str, Any]) -> None:
         try:
-            self._handle.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
+            self._handle.write(index_line_text(record))  # a plain JSON line unless it lists frames
         except OSError as exc:
             raise OutputError(f"{self.path}: cannot write ({exc.strerror or exc})") from None
 

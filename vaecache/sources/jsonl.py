@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,25 +131,44 @@ def scenes_from_index(index: Path, options: SourceOptions) -> LayoutScenes:
     scan, new_scene, metadata_keys = STRICT_JSON.scan_once, Scene, INDEX_KEYS
     single_name = (order[0] if order else SINGLE_CAMERA,)
     with index.open("rb") as handle:
-        for lineno, raw in enumerate(handle, 1):
-            line_at, offset = offset, offset + len(raw)
+        lineno = 0
+        while True:
+            lineno += 1
+            line_at = offset
+            raw = handle.readline(_HEAD_PEEK)
+            if not raw:
+                break
+            head = _line_head(raw, handle, line_at) if raw.startswith(HEAD_MARK) else None
+            if head is not None:  # a split line (index_line_text): its head alone, the per-frame keys skipped
+                raw, record = head
+                offset = line_at + record["per_frame"]["at"] + record["per_frame"]["bytes"]
+            else:
+                if raw.startswith(HEAD_MARK):  # not the head it claims to be: read whole
+                    handle.seek(line_at)
+                    raw = handle.readline()
+                elif not raw.endswith(b"\n") and len(raw) == _HEAD_PEEK:
+                    raw += handle.readline()
+                offset = line_at + len(raw)
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise DatasetError(f"{name_of_index}:{lineno}: not UTF-8 text (byte {exc.start} of the line)") from None
-            try:  # json.loads without its two Python layers: a line is one value, then only whitespace
-                record, end = scan(line, 0)
-                if not line.endswith("\n", end, end + 1) and line[end:].strip():
-                    raise ValueError
-            except NonFiniteNumber as exc:
-                raise DatasetError(f"{name_of_index}:{lineno}: {exc.msg}") from None
-            except (StopIteration, ValueError):
-                try:
-                    record = loads(line)
-                except json.JSONDecodeError as exc:
-                    if not line.strip():
-                        continue
-                    raise DatasetError(f"{name_of_index}:{lineno}: not valid JSON ({exc.msg})") from None
+            if head is not None:
+                record = _from_head(record)
+            else:
+                try:  # json.loads without its two Python layers: a line is one value, then only whitespace
+                    record, end = scan(line, 0)
+                    if not line.endswith("\n", end, end + 1) and line[end:].strip():
+                        raise ValueError
+                except NonFiniteNumber as exc:
+                    raise DatasetError(f"{name_of_index}:{lineno}: {exc.msg}") from None
+                except (StopIteration, ValueError):
+                    try:
+                        record = loads(line)
+                    except json.JSONDecodeError as exc:
+                        if not line.strip():
+                            continue
+                        raise DatasetError(f"{name_of_index}:{lineno}: not valid JSON ({exc.msg})") from None
             if type(record) is not dict or "id" not in record:
                 raise DatasetError(f"{name_of_index}:{lineno}: each line needs an \"id\" and \"cameras\" "
                                    "(camera -> path) or \"path\"")
@@ -175,7 +195,8 @@ def scenes_from_index(index: Path, options: SourceOptions) -> LayoutScenes:
                     if isinstance(raw, dict):
                         lists = {} if lists is None else lists
                         if probed_line:  # checked now, built when a clip of the scene is (IndexLineListing)
-                            frame_list_fields(raw, f"{where}: camera {name!r}")
+                            if head is None:  # a split line's lists are checked when they are read back
+                                frame_list_fields(raw, f"{where}: camera {name!r}")
                             lists[name] = None
                         else:
                             lists[name] = frame_list(raw, list_key(resolved_index, record["id"], name), base,
@@ -212,7 +233,7 @@ def scenes_from_index(index: Path, options: SourceOptions) -> LayoutScenes:
                     probed = _parse_probe(record["probe"], names, mapping, f"{name_of_index}:{lineno}")
             metadata = None if metadata_keys.issuperset(record) else metadata_text(record)
             rate = _frame_rate(record, options, f"{name_of_index}:{lineno}")
-            if "frame_metadata" in record:
+            if "frame_metadata" in record and head is None:
                 check_frame_metadata(record["frame_metadata"], names, f"{name_of_index}:{lineno}")
             if probed_line and (frame_lists is not None or "frame_metadata" in record):
                 # written by `vaecache index`: read back only when a clip of this scene is built
@@ -300,8 +321,82 @@ def _read_listing(ref: IndexLineListing) -> HeldListing:
 
 
 INDEX_KEYS = frozenset({"id", "path", "cameras", "frames", "seconds", "probe", "fps", "frame_metadata",
-                        "camera_order", "sync_reference", "lerobot_rows"})
+                        "camera_order", "sync_reference", "lerobot_rows", "per_frame"})
 """The keys of an index line vaecache reads; every other key is metadata, passed through to the clip records."""
+
+
+PER_FRAME_KEYS = ("cameras", "frame_metadata")
+"""The keys of a line that `vaecache index` writes last, after the head planning reads (see index_line_text)."""
+HEAD_MARK = b'{"per_frame":{"at":'
+_HEAD_FIELDS = re.compile(rb'\{"per_frame":\{"at":(\d{1,15}),"bytes":(\d{1,15})[,}]')
+_HEAD_PEEK = 4096
+"""Bytes of a line read first: an ordinary line is whole in them, a split line's marker always is."""
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def index_line_text(record: dict[str, Any]) -> str:
+    """An index line as `vaecache index` writes it, newline included. A line that lists frames file by file or
+    carries per-frame metadata (a nuScenes scene: ~0.5 MB) is split in two: a head (every key but PER_FRAME_KEYS,
+    led by `"per_frame": {"at": HEAD_BYTES, "bytes": TAIL_BYTES, "cameras": {camera: path | null}, ...}`), then
+    the per-frame keys. A planner reads only the head and seeks past the rest; the line is still one JSON object,
+    read whole when a clip of the scene is built (and by any JSON reader)."""
+    cameras = record.get("cameras")
+    listed = isinstance(cameras, dict) and any(isinstance(value, dict) for value in cameras.values())
+    if not listed and "frame_metadata" not in record:
+        return _dumps(record) + "\n"
+    body = _dumps({key: value for key, value in record.items() if key not in PER_FRAME_KEYS and key != "per_frame"})
+    tail = "," + _dumps({key: record[key] for key in PER_FRAME_KEYS if key in record})[1:] + "\n"
+    marker: dict[str, Any] = {"at": 0, "bytes": len(tail.encode("utf-8"))}
+    if isinstance(cameras, dict):
+        marker["cameras"] = {name: None if isinstance(value, dict) else value for name, value in cameras.items()}
+    if "frame_metadata" in record:
+        marker["frame_metadata"] = True
+    while True:  # the head's length includes the digits of its own length: a fixed point, reached in a step or two
+        head = '{"per_frame":' + _dumps(marker) + ("," + body[1:-1] if body != "{}" else "")
+        size = len(head.encode("utf-8"))
+        if size == marker["at"]:
+            return head + tail
+        marker["at"] = size
+
+
+def _line_head(raw: bytes, handle: Any, line_at: int) -> tuple[bytes, dict[str, Any]] | None:
+    """A split line's head (index_line_text) as (its bytes, its keys), the handle left at the next line; None
+    (the handle wherever) when `raw`, a line's first bytes, is not such a head or the line does not end where the
+    head says: the caller then reads the line whole."""
+    fields = _HEAD_FIELDS.match(raw)
+    if fields is None:
+        return None
+    at, size = int(fields[1]), int(fields[2])
+    if size < 2 or at < len(HEAD_MARK):
+        return None
+    if len(raw) < at:
+        raw += handle.read(at - len(raw))
+    handle.seek(line_at + at + size - 1)
+    if handle.read(1) != b"\n" or len(raw) < at or raw[at:at + 1] not in (b"", b","):
+        return None
+    try:
+        record = loads(raw[:at] + b"}")
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    marker = record.get("per_frame") if type(record) is dict else None
+    if (type(marker) is not dict or marker.get("at") != at or marker.get("bytes") != size or "probe" not in record
+            or not isinstance(marker.get("cameras", {}), dict)):
+        return None
+    return raw[:at], record
+
+
+def _from_head(record: dict[str, Any]) -> dict[str, Any]:
+    """A split line's head as the line's keys planning reads: each camera listed file by file an empty frame list
+    (read back with the line when a clip is built), the per-frame metadata a placeholder."""
+    marker = record.pop("per_frame")
+    if "cameras" in marker:
+        record["cameras"] = {name: {} if path is None else path for name, path in marker["cameras"].items()}
+    if marker.get("frame_metadata"):
+        record["frame_metadata"] = None
+    return record
 
 
 def metadata_text(record: dict[str, Any]) -> str | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 from array import array
 from pathlib import Path
@@ -38,41 +39,53 @@ _CHUNK = 1 << 20
 
 def iter_json_array(path: Path) -> Iterator[dict[str, Any]]:
     """The records of a JSON file holding one array of objects, read a megabyte at a time (never the whole file)."""
-    decoder = json.JSONDecoder()
     try:
         handle = path.open("r", encoding="utf-8")  # a local file, or a UrlPath's object
     except OSError as exc:
         raise DatasetError(f"{path}: cannot read the nuScenes table ({exc.strerror or exc})") from None
-    with handle:
-        buffer = handle.read(_CHUNK).lstrip()
-        if not buffer.startswith("["):
-            raise DatasetError(f"{path}: a nuScenes table must be a JSON array")
-        position, done = 1, False
-        while True:
-            while position < len(buffer) and buffer[position] in " \t\r\n,":
-                position += 1
-            if position < len(buffer) and buffer[position] == "]":
-                return
-            try:
-                record, end = decoder.raw_decode(buffer, position)
-            except json.JSONDecodeError as exc:
-                more = handle.read(_CHUNK)
-                if not more:
-                    if done or position >= len(buffer):
-                        raise DatasetError(f"{path}: truncated nuScenes table (no closing ']')") from None
-                    raise DatasetError(f"{path}: not valid JSON ({exc.msg} at byte {exc.pos})") from None
+    token = None  # the last record's, to say where a table stops being readable
+    try:
+        with handle:
+            for record in _records(path, handle):
+                token = record.get("token")
+                yield record
+    except UnicodeDecodeError as exc:
+        where = f" (after token {token!r})" if token is not None else ""
+        raise DatasetError(f"{path}: not UTF-8 text ({exc.reason}){where}") from None
+
+
+def _records(path: Path, handle: Any) -> Iterator[dict[str, Any]]:
+    """iter_json_array's records from an open table."""
+    decoder = json.JSONDecoder()
+    buffer = handle.read(_CHUNK).lstrip()
+    if not buffer.startswith("["):
+        raise DatasetError(f"{path}: a nuScenes table must be a JSON array")
+    position, done = 1, False
+    while True:
+        while position < len(buffer) and buffer[position] in " \t\r\n,":
+            position += 1
+        if position < len(buffer) and buffer[position] == "]":
+            return
+        try:
+            record, end = decoder.raw_decode(buffer, position)
+        except json.JSONDecodeError as exc:
+            more = handle.read(_CHUNK)
+            if not more:
+                if done or position >= len(buffer):
+                    raise DatasetError(f"{path}: truncated nuScenes table (no closing ']')") from None
+                raise DatasetError(f"{path}: not valid JSON ({exc.msg} at byte {exc.pos})") from None
+            buffer, position = buffer[position:] + more, 0
+            continue
+        if end == len(buffer):  # a number or a record that may go on in the next chunk
+            more = handle.read(_CHUNK)
+            if more:
                 buffer, position = buffer[position:] + more, 0
                 continue
-            if end == len(buffer):  # a number or a record that may go on in the next chunk
-                more = handle.read(_CHUNK)
-                if more:
-                    buffer, position = buffer[position:] + more, 0
-                    continue
-                done = True
-            if not isinstance(record, dict):
-                raise DatasetError(f"{path}: a nuScenes table holds objects, found {record!r:.60}")
-            yield record
-            position = end
+            done = True
+        if not isinstance(record, dict):
+            raise DatasetError(f"{path}: a nuScenes table holds objects, found {record!r:.60}")
+        yield record
+        position = end
 
 
 def _need(record: dict[str, Any], keys: tuple[str, ...], table: Path) -> None:
@@ -80,6 +93,25 @@ def _need(record: dict[str, Any], keys: tuple[str, ...], table: Path) -> None:
     if missing:
         raise DatasetError(f"{table}: a record lacks {', '.join(missing)} (token {record.get('token')!r}); not the "
                            "nuScenes schema")
+
+
+def _timestamp(record: dict[str, Any], table: Path) -> int:
+    """A record's `timestamp`: an integer, in microseconds (the devkit's schema; a string or NaN is refused)."""
+    value = record["timestamp"]
+    if type(value) is not int or value < 0:
+        raise DatasetError(f"{table}: token {record['token']!r} has timestamp {value!r:.40}; it must be an integer "
+                           "(microseconds)")
+    return value
+
+
+def _inside(record: dict[str, Any], table: Path) -> str:
+    """A record's `filename`, relative to the nuScenes root and inside it (no absolute path, no `..`)."""
+    name = record["filename"]
+    if (not isinstance(name, str) or not name or name.startswith(("/", "\\")) or "\\" in name
+            or any(part in ("", ".", "..") for part in name.split("/")) or ":" in name.split("/")[0]):
+        raise DatasetError(f"{table}: token {record['token']!r} has filename {name!r:.80}; it must be a relative path "
+                           "inside the nuScenes root (no absolute path, no '..')")
+    return name
 
 
 def table_folder(root: Path, version: str | None) -> Path:
@@ -105,6 +137,9 @@ def read_nuscenes(root: Path, options: SourceOptions) -> LayoutScenes:
         _need(record, ("token", "channel", "modality"), path["sensor"])
         if record["modality"] == "camera":
             channels[record["token"]] = record["channel"]
+    if not channels:
+        raise DatasetError(f"{path['sensor']}: no camera sensor (a record of modality \"camera\"); not a nuScenes "
+                           "sensor table")
     calibration: dict[str, tuple[str, dict[str, Any]]] = {}  # calibrated_sensor token -> (channel, parameters)
     for record in iter_json_array(path["calibrated_sensor"]):
         _need(record, ("token", "sensor_token", "translation", "rotation", "camera_intrinsic"),
@@ -113,10 +148,15 @@ def read_nuscenes(root: Path, options: SourceOptions) -> LayoutScenes:
             calibration[record["token"]] = (channels[record["sensor_token"]], {
                 "intrinsic": record["camera_intrinsic"],
                 "sensor2ego": {"translation": record["translation"], "rotation": record["rotation"]}})
+    if not calibration:
+        raise DatasetError(f"{path['calibrated_sensor']}: no calibrated_sensor of a camera sensor (sensor_token of "
+                           f"{', '.join(sorted(channels.values()))})")
     logs = {record["token"]: record for record in iter_json_array(path["log"])}
     scenes = list(iter_json_array(path["scene"]))
     for record in scenes:
         _need(record, ("token", "name", "description", "log_token", "first_sample_token"), path["scene"])
+    if not scenes:
+        raise DatasetError(f"{path['scene']}: no scenes")
     # sample_data: camera records only, and the keyframe of each (sample, channel)
     frames: dict[str, tuple[str, int, str, str, str, bool]] = {}  # token -> next, timestamp, file, pose, cs, key
     keyframes: dict[tuple[str, str], str] = {}
@@ -126,9 +166,9 @@ def read_nuscenes(root: Path, options: SourceOptions) -> LayoutScenes:
         sensor = calibration.get(record["calibrated_sensor_token"])
         if sensor is None:
             continue
-        frames[record["token"]] = (record["next"], int(record["timestamp"]), record["filename"],
-                                   record["ego_pose_token"], sys.intern(record["calibrated_sensor_token"]),
-                                   bool(record["is_key_frame"]))
+        frames[record["token"]] = (record["next"], _timestamp(record, path["sample_data"]),
+                                   _inside(record, path["sample_data"]), record["ego_pose_token"],
+                                   sys.intern(record["calibrated_sensor_token"]), bool(record["is_key_frame"]))
         if record["is_key_frame"]:
             keyframes[(record["sample_token"], sensor[0])] = record["token"]
     wanted_poses = {entry[3] for entry in frames.values()}
@@ -143,18 +183,18 @@ def read_nuscenes(root: Path, options: SourceOptions) -> LayoutScenes:
                 raise DatasetError(f"{path['ego_pose']}: ego_pose {record['token']} needs a translation of 3 and a "
                                    "rotation (quaternion) of 4 numbers")
             poses[record["token"]] = len(values)
-            try:
-                values.extend(translation)
-                values.extend(rotation)
-            except TypeError:
+            if not all(type(v) in (int, float) and math.isfinite(v) for v in (*translation, *rotation)):
                 raise DatasetError(f"{path['ego_pose']}: ego_pose {record['token']} has a translation or rotation "
-                                   "that is not numbers") from None
+                                   "that is not finite numbers")
+            values.extend(translation)
+            values.extend(rotation)
     del wanted_poses
 
-    def pose(token: str) -> dict[str, list[float]] | None:
+    def pose(token: str, frame: str) -> dict[str, list[float]]:
         at = poses.get(token)
-        return None if at is None else {"translation": values[at:at + 3].tolist(),
-                                        "rotation": values[at + 3:at + 7].tolist()}
+        if at is None:  # the devkit's nusc.get('ego_pose', ...) fails on it too
+            raise DatasetError(f"{path['ego_pose']}: ego_pose {token!r} (of sample_data {frame}) is not in the table")
+        return {"translation": values[at:at + 3].tolist(), "rotation": values[at + 3:at + 7].tolist()}
     camera_frames = len(frames)
     present = sorted({channel for channel, _ in calibration.values()})
     order = tuple(options.cameras) if options.cameras else tuple(c for c in VIEW_ORDER if c in present)
@@ -181,7 +221,7 @@ def read_nuscenes(root: Path, options: SourceOptions) -> LayoutScenes:
                 files.append(f"{base}/{entry[2]}")
                 times.append(entry[1] * 1000)
                 entries.append({"sample_data_token": token, "timestamp_us": entry[1], "is_key_frame": entry[5],
-                                "ego_pose": pose(entry[3])})
+                                "ego_pose": pose(entry[3], token)})
                 cameras_meta.setdefault(channel, calibration[entry[4]][1])
                 token = entry[0]
             lists.append(FrameList(f"{base}#{name}/{channel}", tuple(files), tuple(times)) if files else None)
