@@ -28,6 +28,11 @@ def test_non_finite_values_become_null_and_are_named_by_path():
     clean, replaced = replace_non_finite(value, "metadata")
     assert clean == {"a": 1.0, "b": [0.5, None, {"c": None}], "d": None, "e": "NaN"}
     assert replaced == ["metadata.b[1]", "metadata.b[2].c", "metadata.d"]
+    deep = inner = {}
+    for _ in range(5000):  # deeper than Python's recursion limit: the walk must not recurse
+        inner["a"] = inner = {}
+    inner["x"] = float("nan")
+    assert replace_non_finite(deep)[1] == [".".join(["a"] * 5000 + ["x"])]
     finite = {"a": [1, 2.5, None, "x"]}
     assert replace_non_finite(finite) == (finite, []) and replace_non_finite(finite)[0] is finite
 

@@ -77,21 +77,24 @@ def replace_non_finite(value: Any, path: str = "") -> tuple[Any, list[str]]:
     try:
         json.dumps(value, allow_nan=False)
         return value, []
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
     replaced: list[str] = []
-
-    def walk(item: Any, where: str) -> Any:
+    root = [value]
+    stack: list[tuple[Any, Any, str]] = [(root, 0, path)]  # iterative: metadata may nest deeper than the stack
+    while stack:
+        parent, key, where = stack.pop()
+        item = parent[key]
         if isinstance(item, float) and not math.isfinite(item):
+            parent[key] = None
             replaced.append(where)
-            return None
-        if isinstance(item, dict):
-            return {key: walk(child, f"{where}.{key}" if where else str(key)) for key, child in item.items()}
-        if isinstance(item, (list, tuple)):
-            return [walk(child, f"{where}[{index}]") for index, child in enumerate(item)]
-        return item
-
-    return walk(value, path), replaced
+        elif isinstance(item, dict):
+            parent[key] = item = dict(item)
+            stack.extend((item, name, f"{where}.{name}" if where else str(name)) for name in reversed(list(item)))
+        elif isinstance(item, (list, tuple)):
+            parent[key] = item = list(item)
+            stack.extend((item, index, f"{where}[{index}]") for index in reversed(range(len(item))))
+    return root[0], replaced
 
 
 def loads(text: str | bytes) -> Any:
