@@ -126,7 +126,9 @@ class StoreProxy:
                 for key, value in response.getheaders():
                     if key.lower() not in ("connection", "transfer-encoding", "content-length", "server", "date"):
                         self.send_header(key, value)
-                self.send_header("Content-Length", str(len(data)))
+                # a HEAD's length is the object's (its body is empty): s3fs opens a file at the size a HEAD gives
+                length = response.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)

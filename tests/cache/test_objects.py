@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 from tests.conftest import ENCODE_ARGS, assert_same_tensors, invoke, load_tensors, read_clips, subprocess_env
 from tests.s3 import download, make_bucket, upload
 from vaecache import LatentCache
+from vaecache.cache import objects as objects_module
 from vaecache.cache.objects import ObjectOut
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.errors import OutputError
@@ -155,6 +157,91 @@ def test_the_lock_is_a_conditional_put_and_a_live_holder_refuses_a_second_job(s3
     assert ".lock" not in _objects(s3, url)
 
 
+def test_two_jobs_taking_over_one_stale_lock_together_one_wins(s3, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_bucket(s3, "stale")
+    url = "s3://stale/cache"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    s3.pipe_file("stale/cache/.lock", json.dumps({"host": socket.gethostname(), "pid": dead.pid}).encode())
+    both_read, first_done = threading.Barrier(2, timeout=60), threading.Event()
+    rule = objects_module.lock_is_stale
+
+    def racing(holder: dict, me: dict) -> bool:  # both jobs read the stale lock; the second acts after the first won
+        stale = rule(holder, me)
+        if holder.get("pid") == dead.pid:
+            both_read.wait()
+            if me["job_id"] == "second":
+                first_done.wait(60)
+        return stale
+
+    monkeypatch.setattr(objects_module, "lock_is_stale", racing)
+    outcomes: dict[str, object] = {}
+
+    def take_over(job: str) -> None:
+        objects = ObjectOut(url)
+        try:
+            objects.acquire_lock(job)
+            outcomes[job] = objects
+        except OutputError as exc:
+            outcomes[job] = exc
+            objects.close()
+        finally:
+            if job == "first":
+                first_done.set()
+
+    jobs = [threading.Thread(target=take_over, args=(job,)) for job in ("first", "second")]
+    for job in jobs:
+        job.start()
+    for job in jobs:
+        job.join(120)
+    assert isinstance(outcomes["first"], ObjectOut), outcomes
+    assert isinstance(outcomes["second"], OutputError), outcomes  # its If-Match PUT on the stale ETag got 412
+    assert f"{url}: locked by another vaecache job (host {socket.gethostname()}, pid {os.getpid()}, job first)" in \
+        str(outcomes["second"])
+    s3.invalidate_cache()
+    assert json.loads(s3.cat_file("stale/cache/.lock"))["job_id"] == "first"
+    outcomes["first"].release_lock()
+    outcomes["first"].close()
+    assert ".lock" not in _objects(s3, url)
+
+
+def test_a_stale_lock_is_refused_where_the_store_cannot_replace_it_conditionally(s3, demo_data: Path) -> None:
+    from botocore.exceptions import ClientError
+    from s3fs.errors import translate_boto_error
+
+    stale = json.dumps({"host": socket.gethostname(), "pid": 2**22 + 1}).encode()  # past pid_max: never alive
+    plain = ObjectOut("memory://vaecache-test/cache")  # a store without ETags
+    try:
+        plain.fs.pipe_file(plain.key(".lock"), stale)
+        with pytest.raises(OutputError, match=r"memory://vaecache-test/cache: locked by a vaecache job that is gone "
+                           r"\(host .*\), but this store gives no ETag to replace it on, .*; delete "
+                           r"memory://vaecache-test/cache/\.lock and rerun"):
+            plain.acquire_lock(None)
+        assert plain.fs.cat_file(plain.key(".lock")) == stale
+    finally:
+        plain.fs.rm(plain.key(".lock"))
+        plain.close()
+
+    make_bucket(s3, "nomatch")
+    s3.pipe_file("nomatch/cache/.lock", stale)
+    objects = ObjectOut("s3://nomatch/cache")
+    put = objects.fs.pipe_file
+
+    def without_if_match(path: str, data: bytes, **kwargs: object) -> None:  # what s3fs raises for a 501 answer
+        if "IfMatch" in kwargs:
+            raise translate_boto_error(ClientError({"Error": {"Code": "NotImplemented", "Message": "If-Match"},
+                                                    "ResponseMetadata": {"HTTPStatusCode": 501}}, "PutObject"))
+        put(path, data, **kwargs)
+
+    objects.fs.pipe_file = without_if_match
+    try:
+        with pytest.raises(OutputError, match=r"but this store does not replace an object conditionally \(If-Match\)"):
+            objects.acquire_lock(None)
+    finally:
+        objects.close()
+    assert s3.cat_file("nomatch/cache/.lock") == stale
+
+
 def test_what_a_user_meets_is_one_line_naming_the_url(s3, demo_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     missing = invoke(["encode", demo_data, "--out", "s3://no-such-bucket-here/cache", *ENCODE_ARGS])
     assert missing.exit_code == 1
@@ -223,6 +310,23 @@ def test_verify_of_an_incomplete_url_names_uncommitted_shards_and_repair_deletes
     assert "--repair deleted 1 stray shard(s): shards/a000-r00000-000001.safetensors" in repaired.output
     assert sorted(name for name in _objects(s3, url) if name.startswith("shards/")) == \
         ["shards/a000-r00000-000000.safetensors"]
+
+
+def test_verify_of_a_finished_url_names_a_listed_shard_whose_commit_record_is_gone(s3, demo_data: Path) -> None:
+    make_bucket(s3, "uncommitted")
+    url = "s3://uncommitted/cache"
+    assert _encode(url, demo_data, "--shard-size", "50000").returncode == 0
+    commits = sorted(name for name in _objects(s3, url) if name.startswith("progress/commits/"))
+    assert len(commits) == 2
+    s3.rm(f"uncommitted/cache/{commits[0]}")
+    shard = f"shards/{commits[0].rsplit('/', 1)[1].removesuffix('.json')}.safetensors"
+    report = invoke(["verify", url])
+    assert report.exit_code == 1, report.output
+    assert f"{shard}: shard object without its commit record {commits[0]}" in report.output
+    assert invoke(["verify", url, "--repair"]).exit_code == 1  # nothing to delete: the shard is listed
+    assert shard in _objects(s3, url)
+    assert _encode(url, demo_data, "--shard-size", "50000").returncode == 0  # its clips are encoded again
+    assert invoke(["verify", url]).exit_code == 0
 
 
 def test_a_cache_written_on_disk_and_copied_to_s3_is_read_and_verified_but_not_resumed(s3, good_cache: Path,

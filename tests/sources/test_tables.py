@@ -17,7 +17,7 @@ from vaecache.errors import DatasetError, UsageError
 from vaecache.sources.discover import discover
 from vaecache.sources.probing import frames_in_time
 from vaecache.sources.scene import CameraProbe, SourceOptions
-from vaecache.sources.tables import parse_columns, parse_seconds
+from vaecache.sources.tables import parse_columns, parse_seconds, scenes_from_table
 from vaecache.video.reader import VideoReader
 
 
@@ -155,6 +155,24 @@ def test_table_mistakes_name_the_table_and_the_row(videos, tmp_path):
     refused([{"path": "a.mp4", "start": "x", "end": "1.0"}], "t.csv:2: a time must be")
     refused([{"path": "a.mp4", "start_frame": "5", "end_frame": "5"}], "0 <= start_frame < end_frame")
     refused([{"path": "", "start": "0", "end": "1"}], "t.csv:2: the path column 'path' is empty")
+
+
+def test_a_csv_mistake_names_the_line_its_cell_is_on(tmp_path):
+    def refused(text: str, match: str) -> None:
+        table = tmp_path / "t.csv"
+        table.write_bytes(text.encode())
+        with pytest.raises(DatasetError) as error:
+            scenes_from_table(table, SourceOptions())
+        assert f"{table}:{match}" in str(error.value), str(error.value)
+
+    refused("path,start,end\na.mp4," + "9" * 200_000 + ",2\n", "2: not a valid CSV row (field larger")  # csv.Error
+    refused("path,start,end\na.mp4,0,1\nb.mp4," + "9" * 200_000 + ",2\n", "3: not a valid CSV row")
+    refused('path,start,end,caption\na.mp4,x,1,"two\nlines"\n', "2: a time must be")  # the row ends on line 3
+    refused('path,caption,start,end\na.mp4,"two\r\nlines",x,1\n', "3: a time must be")  # its cell is on line 3
+    refused('path,caption,end\n\na.mp4,"a\rb",1\n', "4: a clip range needs both")  # a blank line, a lone \r
+    refused('path,caption,start,end\na.mp4,"two\nlines",0,1\nb.mp4,x,0,x\n', "4: a time must be")
+    refused('path,caption,start,end\na.mp4,"two\nlines",0,1,extra\n', "3: more cells than the header")
+    refused('path,caption\n"",x\n', "2: the path column 'path' is empty")
 
 
 def test_a_range_past_the_end_of_its_video_is_a_recorded_failure(videos, tmp_path):

@@ -13,7 +13,9 @@ interrupted multipart upload leaves no object). So, under OUT's URL:
 - ``run.json`` is PUT by rank 0 as it prepares OUT; ``clips.parquet``, ``failures.parquet`` and then
   ``manifest.json`` once, at finalize, the manifest last: a reader never sees a half-written one;
 - ``.lock`` is created with a conditional PUT (``If-None-Match: *``, which S3 and MinIO honour): of jobs starting
-  together exactly one creates it, and the stale-lock rules are the ones on disk (vaecache.cache.outdir).
+  together exactly one creates it, and the stale-lock rules are the ones on disk (vaecache.cache.outdir); a stale
+  lock is taken over by a PUT conditional on the ETag it was read with (``If-Match``), refused where the store
+  cannot do that.
 
 Planning the resume and merging the clip table is the code that runs on disk: each rank works in a local *work
 folder* holding what it needs of OUT's records (run.json and the probes; on rank 0 every commit record, as per-rank
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import re
@@ -67,6 +70,12 @@ _LINE_HEAD = b'{"shard":'
 def commit_name(shard: str) -> str:
     """The commit record of shard file `shard` (its name in shards/)."""
     return f"{COMMITS_DIR}/{shard[:-len(SHARD_SUFFIX)]}{COMMIT_SUFFIX}"
+
+
+def disk_progress_logs(names: Iterable[str]) -> list[str]:
+    """The progress logs (``progress/rank-NNNNN.jsonl``) among object names: a cache written on disk and copied here
+    commits in those, not in commit records."""
+    return [name for name in names if _DISK_LOG.fullmatch(name)]
 
 
 def committed_shard(commit: str) -> str | None:
@@ -201,29 +210,72 @@ class ObjectOut:
     # --- the lock ------------------------------------------------------------------------------------------------
 
     def acquire_lock(self, job_id: str | None) -> None:
-        """Create OUT/.lock with a conditional PUT, recording who holds it; take over a stale one (outdir's rules),
-        refuse a live one naming its holder. The lock is read back: a store that ignored If-None-Match and let
-        another job's PUT win is caught then."""
+        """Create OUT/.lock with a conditional PUT, recording who holds it; take over a stale one (outdir's rules) by a
+        PUT conditional on the ETag it was read with (If-Match), so that of jobs taking it over together exactly one
+        replaces it; refuse a live one naming its holder, and a stale one where the store cannot replace it
+        conditionally. The lock is read back: a store that ignored the condition and let another job's PUT win is
+        caught then."""
         me = {**lock_holder_record(job_id), "token": uuid.uuid4().hex}
         for _ in range(8):
             try:
                 self.put(LOCK, json.dumps(me).encode(), create=True)
             except FileExistsError:
-                holder = _holder(self.get(LOCK))
-                if holder is None:  # released between our PUT and our read: try again
+                found = self._read_lock()
+                if found is None:  # released or replaced between our PUT and our read: try again
                     continue
+                holder, etag = _holder(found[0]) or {}, found[1]
                 if not lock_is_stale(holder, me):
                     raise locked_error(self.url, self.where(LOCK), holder) from None
+                if etag is None:
+                    raise self._stale_lock_error(holder, "this store gives no ETag to replace it on") from None
                 log.warning("%s: taking over a stale lock (host %s, pid %s, job %s)", self.where(LOCK),
                             holder.get("host"), holder.get("pid"), holder.get("job_id"))
-                self.delete([LOCK])
-                continue
+                if not self._replace_lock(json.dumps(me).encode(), etag, holder):
+                    continue  # another job took it over (or it was deleted) first: look again
             holder = _holder(self.get(LOCK))
             if holder is None or holder.get("token") != me["token"]:
                 raise locked_error(self.url, self.where(LOCK), holder or {})
             self._lock_token = me["token"]
             return
         raise OutputError(f"{self.where(LOCK)}: could not take the lock")
+
+    def _read_lock(self) -> tuple[bytes, str | None] | None:
+        """The lock's bytes and the ETag of exactly those bytes (s3fs reads them with If-Match on the ETag it
+        opened the object with); None when the lock is gone or changed while being read. The ETag is None on a
+        store that gives none."""
+        key = self.key(LOCK)
+        try:
+            self.fs.invalidate_cache(key)
+            with self.fs.open(key, "rb") as file:
+                etag = (getattr(file, "details", None) or {}).get("ETag")
+                return file.read(), etag
+        except FileNotFoundError:
+            return None
+        except Exception as exc:
+            if _precondition_failed(exc):
+                return None
+            raise self._error(LOCK, "read", exc) from None
+
+    def _replace_lock(self, data: bytes, etag: str, holder: dict[str, Any]) -> bool:
+        """PUT the lock only if it is still the one read with `etag` (If-Match); False when it is not (another job
+        replaced or deleted it first)."""
+        try:
+            self.fs.pipe_file(self.key(LOCK), data, IfMatch=etag)
+        except FileNotFoundError:
+            return False
+        except Exception as exc:
+            if _precondition_failed(exc):
+                return False
+            if _not_implemented(exc):
+                raise self._stale_lock_error(holder, "this store does not replace an object conditionally "
+                                                     "(If-Match)") from None
+            raise self._error(LOCK, "write", exc) from None
+        return True
+
+    def _stale_lock_error(self, holder: dict[str, Any], why: str) -> OutputError:
+        return OutputError(f"{self.url}: locked by a vaecache job that is gone (host {holder.get('host')}, pid "
+                           f"{holder.get('pid')}, job {holder.get('job_id')}), but {why}, so two jobs could both "
+                           f"take it over; delete {self.where(LOCK)} and rerun")
 
     def release_lock(self) -> None:
         """Delete OUT/.lock if this process holds it (and it is still ours)."""
@@ -261,7 +313,7 @@ class ObjectOut:
         for old in [*progress.glob("rank-*.jsonl"), *progress.glob("failures-rank-*.jsonl")]:
             old.unlink()
         listed = sorted(self.sizes(PROGRESS_DIR))
-        copied = [name for name in listed if _DISK_LOG.fullmatch(name)]
+        copied = disk_progress_logs(listed)
         if copied:  # its commits are lines of those logs, which objects cannot append to or cut
             raise UsageError(f"{self.where(copied[0])}: this cache was written on disk and copied here; resume or "
                              "grow it on disk and copy it again, or --overwrite to start over here")
@@ -389,6 +441,24 @@ def fetched_tables(url: str, storage_options: dict[str, Any] | None = None) -> I
         objects.close()
 
 
+def _precondition_failed(exc: BaseException) -> bool:
+    """Whether a store refused a conditional request because the object changed: 412 PreconditionFailed, 409
+    ConditionalRequestConflict (S3, for conditional writes racing), or s3fs's own ETag check (FileExpired)."""
+    if type(exc).__name__ == "FileExpired":
+        return True
+    response = getattr(exc.__cause__, "response", None) or getattr(exc, "response", None) or {}
+    code = (response.get("Error") or {}).get("Code")
+    status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+    return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
+
+
+def _not_implemented(exc: BaseException) -> bool:
+    """Whether a store answered that it does not implement a request (501 NotImplemented: s3fs raises ENOSYS)."""
+    response = getattr(exc.__cause__, "response", None) or getattr(exc, "response", None) or {}
+    return (getattr(exc, "errno", None) == errno.ENOSYS or (response.get("Error") or {}).get("Code") == "NotImplemented"
+            or (response.get("ResponseMetadata") or {}).get("HTTPStatusCode") == 501)
+
+
 def _holder(data: bytes | None) -> dict[str, Any] | None:
     if data is None:
         return None
@@ -399,4 +469,4 @@ def _holder(data: bytes | None) -> dict[str, Any] | None:
     return holder if isinstance(holder, dict) else {}
 
 
-__all__ = ["COMMITS_DIR", "ObjectOut", "commit_name", "committed_shard"]
+__all__ = ["COMMITS_DIR", "ObjectOut", "commit_name", "committed_shard", "disk_progress_logs"]

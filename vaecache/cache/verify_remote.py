@@ -2,15 +2,16 @@
 and tables fetched into a work folder and the shard objects read by URL, plus what only the commit protocol of
 vaecache.cache.objects can leave: stray objects (a shard without a commit record, or one the manifest does not
 list; a commit record of a shard the manifest does not list). `repair` deletes them under OUT's lock (refused
-while a live job holds it).
+while a live job holds it). A shard the finished manifest lists whose commit record is gone is named too: the next
+encode would take it for a stray, delete it and encode its clips again (`repair` cannot rewrite a commit record).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from vaecache.cache.layout import MANIFEST, SHARDS_DIR
-from vaecache.cache.objects import COMMITS_DIR, ObjectOut, committed_shard
+from vaecache.cache.layout import MANIFEST, PROGRESS_DIR, SHARDS_DIR
+from vaecache.cache.objects import COMMITS_DIR, ObjectOut, commit_name, committed_shard, disk_progress_logs
 from vaecache.cache.progress import progress_counts
 from vaecache.cache.reader import CacheReader, TensorInfo
 from vaecache.cache.remote import RemoteShard
@@ -86,7 +87,9 @@ def verify_url(url: str, quick: bool = False, threads: int | None = None,
                 listed = set(CacheReader(objects.work).shard_files())
             except VaecacheError:  # the checks below name the manifest's problem; nothing is repaired then
                 repair = False
-        listing = {**objects.sizes(SHARDS_DIR), **objects.sizes(COMMITS_DIR)}
+        progress = objects.sizes(PROGRESS_DIR)
+        listing = {**objects.sizes(SHARDS_DIR), **{name: size for name, size in progress.items()
+                                                    if name.startswith(f"{COMMITS_DIR}/")}}
         stray_check = Check("no stray objects")
         deleted: list[str] = []
         if repair and (listed is not None or not finished):
@@ -111,6 +114,8 @@ def verify_url(url: str, quick: bool = False, threads: int | None = None,
         if report.complete and listed is not None:  # shard objects the manifest does not list: the orphan check's
             strays = [name for name in stray_objects(listing, listed) if name.startswith(f"{COMMITS_DIR}/")]
             _report_strays(stray_check, strays, listing, listed, deleted)
+            if not disk_progress_logs(progress):  # a cache copied from disk commits in its progress logs instead
+                _report_uncommitted(stray_check, sorted(listed), listing)
             report.checks.append(stray_check)
         return report
     finally:
@@ -127,6 +132,20 @@ def _report_strays(check: Check, strays: list[str], listing: dict[str, int], lis
             (" ..." if len(deleted) > 3 else "")
     elif strays:
         check.note = "vaecache verify --repair (or the next encode) deletes them"
+
+
+def _report_uncommitted(check: Check, listed: list[str], listing: dict[str, int]) -> None:
+    """The listed shards whose commit record is gone: the cache reads, but a resume or a grown dataset (which count
+    a shard by its commit record alone) would drop them and encode their clips again."""
+    claimed = {committed_shard(name) for name in listing}
+    gone = [shard for shard in listed if shard not in claimed]
+    for shard in gone:
+        commit = commit_name(shard.removeprefix(f"{SHARDS_DIR}/"))
+        check.fail(f"{shard}: shard object without its commit record {commit} (listed in the manifest; the next "
+                   "encode would delete it and encode its clips again)")
+    if gone:
+        check.note = "; ".join(part for part in (check.note, f"{len(gone)} listed shard(s) lost their commit record: "
+                               "rerun the same encode command to encode their clips again") if part)
 
 
 def _repair(objects: ObjectOut, names: list[str]) -> None:

@@ -107,11 +107,14 @@ def _is_ranges(value: Any) -> bool:
     return _is_pair(value) or (isinstance(value, (list, tuple)) and bool(value) and all(map(_is_pair, value)))
 
 
-def read_rows(table: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(where, row) for every row: `where` names the table and the row (CSV: its line; Parquet: its row number)."""
+def read_rows(table: Path) -> Iterator[tuple[str, dict[str, Any], dict[str, int]]]:
+    """(where, row, lines) for every row: `where` names the table and the row (CSV: the line it starts on; Parquet: its
+    row number); `lines` maps each CSV column to the line its cell starts on (a quoted cell may hold line breaks, so
+    a row may span lines; empty for Parquet)."""
     suffix = table.suffix.lower()
     if suffix == ".parquet":
-        yield from _parquet_rows(table)
+        for where, row in _parquet_rows(table):
+            yield where, row, {}
         return
     try:
         handle = (open(table, encoding="utf-8-sig", newline="") if isinstance(table, Path)
@@ -119,16 +122,47 @@ def read_rows(table: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     except OSError as exc:
         raise DatasetError(f"{table}: cannot read the table ({exc.strerror or exc})") from None
     with handle:
-        reader = csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ",")
-        try:
-            for row in reader:
-                if None in row:
-                    raise DatasetError(f"{table}:{reader.line_num}: more cells than the header has columns")
-                yield f"{table}:{reader.line_num}", row
+        lines = _CountedLines(handle)
+        header: list[str] | None = None
+        try:  # csv.reader's line_num names the line before the one a csv.Error is in: count the lines read instead
+            for cells in csv.reader(lines, delimiter="\t" if suffix == ".tsv" else ","):
+                if not cells:  # a blank line (csv.DictReader skips them too)
+                    continue
+                starts = [lines.read - sum(map(_line_breaks, cells))]
+                for cell in cells[:-1]:
+                    starts.append(starts[-1] + _line_breaks(cell))
+                if header is None:
+                    header = cells
+                    continue
+                if len(cells) > len(header):
+                    raise DatasetError(f"{table}:{starts[len(header)]}: more cells than the header has columns")
+                row: dict[str, Any] = {column: None for column in header}  # a short row's missing cells are None
+                row.update(zip(header, cells))
+                yield f"{table}:{starts[0]}", row, dict(zip(header, starts))
         except csv.Error as exc:
-            raise DatasetError(f"{table}:{reader.line_num}: not a valid {suffix[1:].upper()} row ({exc})") from None
+            raise DatasetError(f"{table}:{lines.read}: not a valid {suffix[1:].upper()} row ({exc})") from None
         except UnicodeDecodeError as exc:
             raise DatasetError(f"{table}: not UTF-8 text (byte {exc.start} of a block)") from None
+
+
+class _CountedLines:
+    """A text file's lines, counted as csv.reader takes them (a csv.Error lies in the last line read)."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle, self.read = handle, 0
+
+    def __iter__(self) -> _CountedLines:
+        return self
+
+    def __next__(self) -> str:
+        line = next(self.handle)
+        self.read += 1
+        return line
+
+
+def _line_breaks(cell: str) -> int:
+    """Line breaks inside a (quoted) cell, as the file is split into lines: \\r\\n, \\r or \\n."""
+    return cell.count("\n") + cell.count("\r") - cell.count("\r\n")
 
 
 def _parquet_rows(table: Path) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -196,21 +230,21 @@ def scenes_from_table(table: Path, options: SourceOptions) -> LayoutScenes:
     parents: dict[str, str] = {}
     roles: _Roles | None = None
     scenes: list[Scene] = []
-    for where, row in read_rows(table):
+    for where, row, lines in read_rows(table):
         if roles is None:
             roles = _Roles(options.columns, list(row), table)
             if roles.guessed_ranges and not _is_ranges(_listed(roles.get(row, "ranges"))):
                 roles.drop("ranges")  # a `timestamp` column that is not Panda-70M's clip ranges stays metadata
+        at = _Cells(table, where, lines, roles.column)
         raw_path = roles.get(row, "path")
         if not isinstance(raw_path, str) or not raw_path.strip():
-            raise DatasetError(f"{where}: the path column {roles.column['path']!r} is empty")
+            raise DatasetError(f"{at('path')}: the path column {roles.column['path']!r} is empty")
         path = resolved_in(base, raw_path.strip(), parents)
         given_id = roles.get(row, "id")
         stem = str(given_id) if given_id is not None else _path_id(raw_path.strip())
         metadata = {column: _listed(value) for column, value in row.items()
                     if column not in roles.taken and value is not None and value != ""}
-        for scene_id, frame_range, time_range, extra in _ranges(row, roles, stem, given_id is not None, metadata,
-                                                                where):
+        for scene_id, frame_range, time_range, extra in _ranges(row, roles, stem, given_id is not None, metadata, at):
             try:
                 # default=str: a Parquet date, decimal or bytes cell is kept as its text
                 scenes.append(Scene(scene_id, camera, (path,), frame_range, None,
@@ -224,30 +258,42 @@ def scenes_from_table(table: Path, options: SourceOptions) -> LayoutScenes:
     return LayoutScenes(scenes, [], [])
 
 
+class _Cells:
+    """Where the cells of a row's roles are, for its errors: `at("start", "end")` names the table and the line the
+    first of those cells starts on (a CSV row may span lines); the row itself where no such cell is there."""
+
+    def __init__(self, table: Path, where: str, lines: dict[str, int], columns: dict[str, str]) -> None:
+        self.table, self.where, self.lines, self.columns = table, where, lines, columns
+
+    def __call__(self, *roles: str) -> str:
+        found = [self.lines[self.columns[role]] for role in roles if self.columns.get(role) in self.lines]
+        return f"{self.table}:{min(found)}" if found else self.where
+
+
 def _ranges(row: dict[str, Any], roles: _Roles, stem: str, named: bool, metadata: dict[str, Any],
-            where: str) -> Iterator[tuple[str, tuple[int, int] | None, tuple[int, int] | None, dict[str, Any]]]:
+            at: _Cells) -> Iterator[tuple[str, tuple[int, int] | None, tuple[int, int] | None, dict[str, Any]]]:
     """(scene id, frame range, time range in ns, metadata) of each scene a row gives."""
     listed = _listed(roles.get(row, "ranges"))
     if listed is not None:
         if _is_pair(listed):
             listed = [listed]
         if not isinstance(listed, (list, tuple)) or not listed or not all(_is_pair(pair) for pair in listed):
-            raise DatasetError(f"{where}: column {roles.column['ranges']!r} must hold [start, end] or a list of "
+            raise DatasetError(f"{at('ranges')}: column {roles.column['ranges']!r} must hold [start, end] or a list of "
                                f"them, got {row.get(roles.column['ranges'])!r:.80}")
         aligned = {column for column, value in metadata.items()
                    if isinstance(value, (list, tuple)) and len(value) == len(listed)}
         for index, (start, end) in enumerate(listed):
-            seconds = (parse_seconds(start, where), parse_seconds(end, where))
+            seconds = (parse_seconds(start, at("ranges")), parse_seconds(end, at("ranges")))
             extra = {column: (value[index] if column in aligned else value) for column, value in metadata.items()}
-            yield _timed(stem, seconds, where, extra)
+            yield _timed(stem, seconds, at("ranges"), extra)
         return
     start, end = roles.get(row, "start"), roles.get(row, "end")
     if start is not None or end is not None:
         if start is None or end is None:
-            raise DatasetError(f"{where}: a clip range needs both {roles.column.get('start', 'start')!r} and "
-                               f"{roles.column.get('end', 'end')!r}")
-        scene_id, frames, times, extra = _timed(stem, (parse_seconds(start, where), parse_seconds(end, where)),
-                                                where, metadata)
+            raise DatasetError(f"{at('start', 'end')}: a clip range needs both "
+                               f"{roles.column.get('start', 'start')!r} and {roles.column.get('end', 'end')!r}")
+        seconds = (parse_seconds(start, at("start")), parse_seconds(end, at("end")))
+        scene_id, frames, times, extra = _timed(stem, seconds, at("start", "end"), metadata)
         yield (stem if named else scene_id), frames, times, extra
         return
     first, stop = roles.get(row, "start_frame"), roles.get(row, "end_frame")
@@ -255,10 +301,11 @@ def _ranges(row: dict[str, Any], roles: _Roles, stem: str, named: bool, metadata
         try:
             frame_range = (int(str(first)), int(str(stop)))
         except ValueError:
-            raise DatasetError(f"{where}: start_frame and end_frame must be whole numbers, got {first!r} and "
-                               f"{stop!r}") from None
+            raise DatasetError(f"{at('start_frame', 'end_frame')}: start_frame and end_frame must be whole numbers, "
+                               f"got {first!r} and {stop!r}") from None
         if not 0 <= frame_range[0] < frame_range[1]:
-            raise DatasetError(f"{where}: a frame range needs 0 <= start_frame < end_frame, got {list(frame_range)}")
+            raise DatasetError(f"{at('start_frame', 'end_frame')}: a frame range needs 0 <= start_frame < end_frame, "
+                               f"got {list(frame_range)}")
         yield (stem if named else f"{stem}@f{frame_range[0]}-{frame_range[1]}"), frame_range, None, metadata
         return
     yield stem, None, None, metadata
