@@ -7,16 +7,19 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from vaecache.cli.common import check_json_target, console, note_untrained_vae, report_errors, write_json
 from vaecache.errors import UsageError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # rich tables load when a command runs, not for --help
+    from rich.table import Table
+
     from vaecache.preview import PreviewReport
 
 
 def report_table(report: PreviewReport) -> Table:
+    from rich.table import Table
+
     table = Table(title=f"vaecache decode {escape(report.clip)} ({escape(report.latent_key)} latents)")
     table.add_column("camera")
     table.add_column("frames", justify="right")

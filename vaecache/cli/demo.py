@@ -9,7 +9,6 @@ import typer
 
 from vaecache.cli.common import console, report_errors
 from vaecache.errors import EXIT_OK
-from vaecache.settings.buckets import parse_size
 
 
 @report_errors
@@ -23,6 +22,8 @@ def demo_data(
     seed: int = typer.Option(0, "--seed", help="Seed: same seed, same videos."),
 ) -> None:
     """Write a deterministic synthetic multi-camera dataset as real h264 mp4 files."""
+    from vaecache.settings.buckets import parse_size
+
     height, width = parse_size(size)
     from vaecache.demodata import DemoDataSpec, write_demo_dataset  # PyAV: loaded only when it will run
 

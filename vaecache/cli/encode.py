@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from vaecache.cli.common import (
     LiveFailures,
@@ -28,17 +27,19 @@ from vaecache.cli.common import (
 )
 from vaecache.cli.options import ConfigOption, DataArgument, with_setting_flags
 from vaecache.errors import EXIT_PARTIAL, UsageError
-from vaecache.meter import progress as progress_reporter
-from vaecache.settings.commands import EncodeConfig
-from vaecache.settings.loader import load_settings
 from vaecache.settings.options import ENCODE
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the settings tables, the meter and rich tables load when a command runs, not for --help
+    from rich.table import Table
+
     from vaecache.encode.summary import EncodeSummary
+    from vaecache.settings.commands import EncodeConfig
 
 
 def build_config(data: Path, flags: dict[str, Any], config_file: Path | None) -> EncodeConfig:
     """The encode settings: flags (option name -> value, None: not given) over the TOML file."""
+    from vaecache.settings.loader import load_settings
+
     return load_settings(ENCODE, data, flags, config_file)  # type: ignore[return-value]
 
 
@@ -79,6 +80,7 @@ def encode(
 
     from vaecache.distributed.context import distributed
     from vaecache.encode.run import run_encode
+    from vaecache.meter import progress as progress_reporter
 
     with distributed(sp_size=cfg.sp_size, device=cfg.device, timeout_s=cfg.timeout_s,
                      liveness_timeout_s=cfg.liveness_timeout_s) as ctx:
@@ -116,6 +118,8 @@ def encode(
 
 
 def summary_table(summary: EncodeSummary) -> Table:
+    from rich.table import Table
+
     table = Table(title=f"vaecache encode -> {escape(str(summary.out))}", show_header=False)
     table.add_column("what")
     table.add_column("value", justify="right", overflow="fold")  # never cut the failures.parquet path

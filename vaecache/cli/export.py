@@ -8,10 +8,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from vaecache.cache.layout import VERIFY_MODES
 from vaecache.cli.common import console, human_bytes, note_untrained_vae, report_errors
 from vaecache.errors import UsageError
-from vaecache.export import ENERGON_MODES, EXPORT_FORMATS
 
 
 @report_errors
@@ -33,6 +31,9 @@ def export(
                                                        "s3:// OUT (repeatable)."),
 ) -> None:
     """Export a cache to the layout a trainer reads: musubi-tuner or WebDataset (Megatron-Energon)."""
+    from vaecache.cache.layout import VERIFY_MODES  # the cache and export packages load when export runs
+    from vaecache.export import ENERGON_MODES, EXPORT_FORMATS, export_musubi, export_webdataset
+
     if format not in EXPORT_FORMATS:
         raise UsageError(f"--format must be one of {', '.join(EXPORT_FORMATS)}, got {format!r}")
     if verify not in VERIFY_MODES:
@@ -52,8 +53,6 @@ def export(
         if not cache.is_dir():
             raise UsageError(f"{cache}: no such folder")
         note_untrained_vae(cache)
-    from vaecache.export import export_musubi, export_webdataset
-
     if format == "musubi":
         summary = export_musubi(cache, dest, arch=arch, verify=verify, storage_options=options)
     else:

@@ -8,12 +8,9 @@ from typing import Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from vaecache.cli.common import check_dataset_exists, console, report_errors
-from vaecache.meter import progress as progress_reporter
-from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
-from vaecache.settings.options import parse_cameras, parse_columns
+from vaecache.settings.options import DEFAULT_PROBE_WORKERS, parse_cameras, parse_columns
 
 
 @report_errors
@@ -52,6 +49,7 @@ def index(
                       columns=parse_columns(column))
 
     from vaecache.distributed.context import distributed
+    from vaecache.meter import progress as progress_reporter
     from vaecache.sources.indexing import run_index
 
     with distributed(sp_size=1, device="cpu", timeout_s=timeout) as ctx:
@@ -60,6 +58,8 @@ def index(
         with progress_reporter(label, "scenes", console, enabled=is_rank0 and progress) as advance:
             summary = run_index(cfg, ctx, advance)
     if is_rank0:
+        from rich.table import Table
+
         table = Table(title=f"vaecache index -> {escape(str(summary.output))}", show_header=False)
         table.add_column("what")
         table.add_column("value", justify="right", overflow="fold")

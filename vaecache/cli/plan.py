@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from vaecache.cli.common import check_dataset_exists, check_json_target, console, human_bytes, report_errors, write_json
 from vaecache.cli.options import ConfigOption, DataArgument, with_setting_flags
-from vaecache.settings.loader import load_settings
 from vaecache.settings.options import PLAN
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the settings tables and rich tables load when a command runs, not for --help
+    from rich.table import Table
+
     from vaecache.planning.report import PlanReport
     from vaecache.settings.commands import PlanConfig
 
@@ -24,10 +24,14 @@ MAX_ROWS = 16
 def build_plan_config(data: Path, flags: dict[str, Any], config_file: Path | None,
                       clip_ids: bool = True) -> PlanConfig:
     """The plan settings: flags over the TOML file (the same file `vaecache encode --config` reads)."""
+    from vaecache.settings.loader import load_settings
+
     return load_settings(PLAN, data, flags, config_file, extra={"clip_ids": clip_ids})  # type: ignore[return-value]
 
 
 def summary_table(report: PlanReport) -> Table:
+    from rich.table import Table
+
     cfg = report.config
     table = Table(title=f"vaecache plan {escape(cfg['data'])}", show_header=False)
     table.add_column("what")
@@ -71,6 +75,8 @@ def summary_table(report: PlanReport) -> Table:
 
 
 def ranks_table(report: PlanReport) -> Table:
+    from rich.table import Table
+
     table = Table(title="work per DP group (SP group of ranks)")
     for name in ("dp", "ranks", "clips", "batches", "views", "views per rank", "padded"):
         table.add_column(name, justify="right")
@@ -85,6 +91,8 @@ def ranks_table(report: PlanReport) -> Table:
 
 
 def scenes_table(report: PlanReport) -> Table:
+    from rich.table import Table
+
     table = Table(title="scenes")
     for name in ("scene", "cameras", "source frames", "clips"):
         table.add_column(name, justify="right" if name != "scene" else "left")
@@ -101,6 +109,8 @@ def scenes_table(report: PlanReport) -> Table:
 
 def buckets_table(report: PlanReport) -> Table:
     """The bucket histogram: clips, views, bytes and what the fit mode does to the sources of each bucket."""
+    from rich.table import Table
+
     # Short headers and no outer edge: the whole table fits 80 columns, and no cell is cut or wrapped.
     table = Table(title=f"buckets (--fit {report.config.get('fit', 'cover')})", show_edge=False, pad_edge=False,
                   caption="latent c,t,h,w; kept, padded: shares of source, bucket; aspect: max distortion")

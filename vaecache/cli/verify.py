@@ -7,17 +7,19 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from vaecache.cli.common import check_json_target, console, human_bytes, report_errors, write_json
 from vaecache.errors import EXIT_FAILED, EXIT_OK, UsageError
-from vaecache.meter import progress as progress_reporter
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the meter and rich tables load when a command runs, not for --help
+    from rich.table import Table
+
     from vaecache.cache.verify import VerifyReport
 
 
 def report_table(report: VerifyReport) -> Table:
+    from rich.table import Table
+
     # At 80 columns the details wrap, never a check's name or its counts (no outer edge: more room for details).
     table = Table(title=f"vaecache verify {escape(report.out)}", show_edge=False, pad_edge=False)
     table.add_column("check", no_wrap=True)
@@ -83,6 +85,7 @@ def verify(
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
     check_json_target(json_file)
+    from vaecache.meter import progress as progress_reporter
     from vaecache.urls import Url, location, parse_storage_options
 
     where = location(out)

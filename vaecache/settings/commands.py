@@ -9,14 +9,13 @@ from typing import Any
 from vaecache.distributed.mesh import make_mesh
 from vaecache.errors import UsageError
 from vaecache.settings.clip import ClipSettings
+from vaecache.settings.options import DEFAULT_PROBE_WORKERS
 from vaecache.urls import Url
 
 ON_ERROR_CHOICES = ("skip", "fail")
 
 
 SP_MODE_CHOICES = ("views", "spatial")
-DEFAULT_PROBE_WORKERS = 8
-"""Threads probing videos in each rank (PyAV releases the GIL while FFmpeg demuxes)."""
 
 
 @dataclass(frozen=True)

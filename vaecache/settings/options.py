@@ -19,6 +19,10 @@ from vaecache.urls import location, parse_storage_options
 
 ENCODE, PLAN = "encode", "plan"
 BOTH = frozenset({ENCODE, PLAN})
+DEFAULT_PROBE_WORKERS = 8
+"""Threads probing videos in each rank (PyAV releases the GIL while FFmpeg demuxes): the default of encode's and
+plan's --probe-workers and of index's --workers. Here, in the table the CLI loads to build its flags, so that
+`vaecache index --help` shows it without loading the settings classes (vaecache.settings.commands re-exports it)."""
 
 
 def parse_bytes(text: str | int, option: str = "--shard-size") -> int:
@@ -160,7 +164,8 @@ OPTIONS: tuple[Option, ...] = (
            "batch, SP or world size (recorded); SP splits batches in units of K views.", toml=(int, str)),
     Option("batch_size", "--batch-size", int, "Clips per batch (B*cameras views; default 1)."),
     Option("workers", "--workers", int, "Decode worker processes per rank (default 2)."),
-    Option("probe_workers", "--probe-workers", int, "Threads probing videos in each rank (default 8)."),
+    Option("probe_workers", "--probe-workers", int,
+           f"Threads probing videos in each rank (default {DEFAULT_PROBE_WORKERS})."),
     Option("world_size", "--world-size", int, "Ranks to plan for (default 1).", frozenset({PLAN})),
     Option("sp_size", "--sp-size", int, "Ranks per sequence-parallel group (world = DP x SP; default 1)."),
     Option("sp_mode", "--sp-mode", str, "views (default): split the views of a batch over the SP group | spatial: "
