@@ -50,7 +50,7 @@ def index(
 
     from vaecache.distributed.context import distributed
     from vaecache.meter import progress as progress_reporter
-    from vaecache.sources.indexing import run_index
+    from vaecache.sources.indexing import describe_ranks, run_index
 
     with distributed(sp_size=1, device="cpu", timeout_s=timeout) as ctx:
         is_rank0 = ctx.info.rank == 0
@@ -67,7 +67,8 @@ def index(
                     ("rejected", f"{summary.rejected}" + (f" (see {escape(str(summary.rejected_file))})"
                                                           if summary.rejected else "")),
                     ("probed now", f"{summary.probed}"), ("from an earlier run", f"{summary.reused}"),
-                    ("ranks", f"{ctx.info.world_size} x {workers} threads"), ("wall time", f"{summary.wall_s:.1f} s")):
+                    ("ranks", f"{ctx.info.world_size} x {workers} threads"),
+                    ("per rank", describe_ranks(summary.ranks)), ("wall time", f"{summary.wall_s:.1f} s")):
             table.add_row(*row)
         console.print(table)
     raise typer.Exit(summary.exit_code)

@@ -195,6 +195,50 @@ class DistContext:
             tdist.broadcast_object_list(box, src=src, device=self._reduce_device())
         return box[0]
 
+    def send_each(self, make: Callable[[int], bytes | bytearray] | None, src: int = 0) -> bytearray:
+        """Rank ``src`` makes each other rank's bytes in turn (``make(rank)``, one rank's in memory at a time) and
+        sends them to it alone; every rank but ``src`` returns what it got (``src``: empty). Plain bytes, never
+        unpickled: the caller chooses their format (JSON where they hold data). Should ``make`` fail, the ranks not
+        served yet hear it as a DistributedError and ``src`` raises the error."""
+        out = bytearray()
+        if not self.is_distributed:
+            return out
+        device = self._reduce_device()
+        with collective_errors("send_each", timeout_s=self.timeout_s):
+            if self.info.rank == src:
+                failure: Exception | None = None
+                for rank in range(self.info.world_size):
+                    if rank == src:
+                        continue
+                    data: bytes | bytearray = b""
+                    if failure is None:
+                        try:
+                            data = make(rank)  # type: ignore[misc]
+                        except Exception as exc:  # the others must not wait for bytes that never come
+                            failure = exc
+                    size = -1 if failure is not None else len(data)
+                    tdist.send(torch.tensor([size], dtype=torch.int64, device=device), dst=rank)
+                    if size > 0:
+                        tdist.send(torch.frombuffer(bytearray(data) if isinstance(data, bytes) else data,
+                                                    dtype=torch.uint8).to(device), dst=rank)
+                    del data
+                if failure is not None:
+                    raise failure
+                return out
+            size = torch.zeros(1, dtype=torch.int64, device=device)
+            tdist.recv(size, src=src)
+            if int(size.item()) < 0:
+                raise DistributedError(f"rank {self.info.rank}: rank {src} failed to make this rank's share")
+            if size.item() > 0:
+                out = bytearray(int(size.item()))
+                if device.type == "cpu":  # received straight into `out`, no copy
+                    tdist.recv(torch.frombuffer(out, dtype=torch.uint8), src=src)
+                else:
+                    got = torch.empty(len(out), dtype=torch.uint8, device=device)
+                    tdist.recv(got, src=src)
+                    out[:] = got.cpu().numpy().tobytes()
+        return out
+
     def _all_reduce_int(self, value: int, op: Any, name: str) -> int:
         if not self.is_distributed:
             return int(value)

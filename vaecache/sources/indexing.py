@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,7 @@ from vaecache.sources.jsonl import index_line_text
 from vaecache.sources.lerobot import EpisodeRows
 from vaecache.sources.probing import (
     ProbeLog,
+    cache_verdicts,
     judge_scene,
     open_scene,
     probe_dataset,
@@ -36,6 +39,7 @@ from vaecache.sources.probing import (
     read_probe_cache,
 )
 from vaecache.sources.scene import SINGLE_CAMERA, Discovery, Scene, Skipped, SourceOptions
+from vaecache.sources.scene_json import scenes_from_bytes, scenes_to_bytes
 from vaecache.video.frames import FrameList
 
 log = logging.getLogger("vaecache")
@@ -76,6 +80,17 @@ class IndexConfig:
 
 
 @dataclass(frozen=True)
+class RankUse:
+    """One rank of an index run: how many scenes it read from DATA (rank 0 alone reads DATA), how many it received
+    from rank 0 to probe, and its peak memory."""
+
+    rank: int
+    listed: int
+    received: int
+    peak_rss_mb: float
+
+
+@dataclass(frozen=True)
 class IndexSummary:
     """What an index run did (the same on every rank)."""
 
@@ -88,6 +103,8 @@ class IndexSummary:
     """Scenes whose videos were opened in this run (summed over ranks); the rest came from partial files."""
     reused: int
     wall_s: float
+    ranks: tuple[RankUse, ...] = ()
+    """What each rank read and held, by rank."""
 
     @property
     def exit_code(self) -> int:
@@ -105,14 +122,28 @@ def partial_dir(output: Path) -> Path:
 
 
 def run_index(cfg: IndexConfig, ctx: Any, advance: Advance | None = None) -> IndexSummary:
-    """Probe this rank's share of DATA's scenes (resuming from the partial files), then rank 0 writes the index."""
+    """Probe this rank's share of DATA's scenes (resuming from the partial files), then rank 0 writes the index.
+
+    Rank 0 alone reads DATA (a nuScenes root's tables: 1.3 GB of JSON for trainval) and the partial files, and
+    sends each other rank only the scenes it probes (sources.scene_json, JSON Lines over the process group)."""
     started = time.perf_counter()
-    rank = ctx.info.rank
-    found = discover(cfg.data, options=SourceOptions(cfg.cameras, cfg.frame_rate, cfg.nuscenes_version,
-                                                            cfg.columns))
+    rank, world = ctx.info.rank, ctx.info.world_size
     work = partial_dir(cfg.output)
     partial: ProbeLog | None = None
     done = 0
+    found: Discovery | None = None  # rank 0's
+    unknown: list[int] = []  # rank 0's: positions in found.scenes of the scenes no partial record answers for
+
+    def plan() -> tuple[int, int]:
+        nonlocal found, unknown
+        found = discover(cfg.data, options=SourceOptions(cfg.cameras, cfg.frame_rate, cfg.nuscenes_version,
+                                                         cfg.columns))
+        try:
+            work.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise OutputError(f"{work}: cannot create the partial folder ({exc.strerror or exc})") from None
+        known, unknown = cache_verdicts(found.scenes, lambda: work.glob("rank-*.jsonl"), trust_index_probes=False)
+        return len(found.scenes) + len(found.rejected), len(known)
 
     def append(scene: Scene, records: list[dict[str, Any]]) -> None:
         nonlocal partial, done
@@ -124,23 +155,60 @@ def run_index(cfg: IndexConfig, ctx: Any, advance: Advance | None = None) -> Ind
             partial.sync()
             faults.crash()
 
-    try:
-        work.mkdir(exist_ok=True)
-    except OSError as exc:
-        raise OutputError(f"{work}: cannot create the partial folder ({exc.strerror or exc})") from None
-    try:
-        probed = probe_dataset(found.scenes, ctx, workers=cfg.workers, cache_paths=lambda: work.glob("rank-*.jsonl"),
-                               gather=False, trust_index_probes=False, on_scene=append, advance=advance)
+    scenes, cached = ctx.on_rank0(plan)
+    # Each rank's share of the scenes to open, round-robin: rank 0 keeps its own, the others get theirs as JSON.
+    payload = ctx.send_each(lambda other: scenes_to_bytes(found.scenes[p] for p in unknown[other::world]))  # type: ignore[union-attr]
+    share = ([found.scenes[p] for p in unknown[0::world]] if found is not None  # type: ignore[union-attr]
+             else list(scenes_from_bytes(payload)))
+    del payload
+    try:  # the share alone, no probe cache: rank 0 judged the cache above
+        probed = probe_dataset(share, None, workers=cfg.workers, trust_index_probes=False, on_scene=append,
+                               advance=advance)
     finally:
         if partial is not None:
             partial.close()
-    if rank == 0 and probed.cached:
-        log.info("resuming %s: %d of %d scenes already probed", cfg.output, probed.cached, len(found.scenes))
+    received = len(share) if rank else 0
+    del share
+    if rank == 0 and cached:
+        log.info("resuming %s: %d of %d scenes already probed", cfg.output, cached, len(found.scenes))  # type: ignore[union-attr]
     opened = ctx.all_reduce_sum(probed.opened)
     ctx.barrier()
-    result = ctx.on_rank0(lambda: _write_index(cfg, found, work))
-    return IndexSummary(cfg.output, rejected_path(cfg.output), len(found.scenes) + len(found.rejected),
-                        result[0], result[1], opened, probed.cached, time.perf_counter() - started)
+    result = ctx.on_rank0(lambda: _write_index(cfg, found, work))  # type: ignore[arg-type]
+    found = None
+    ranks = tuple(RankUse(*use) for use in ctx.all_gather_object((rank, scenes if rank == 0 else 0, received,
+                                                                   peak_rss_mb())))
+    log.info("per rank: %s", describe_ranks(ranks))
+    return IndexSummary(cfg.output, rejected_path(cfg.output), scenes, result[0], result[1], opened, cached,
+                        time.perf_counter() - started, ranks)
+
+
+def describe_ranks(ranks: Sequence[RankUse]) -> str:
+    """What each rank read and its peak memory, one line: `rank 0 read DATA (2 scenes) 412 MB, rank 1 got 1 scene
+    123 MB` (past 4 ranks, the others summed up)."""
+    def one(use: RankUse) -> str:
+        what = (f"read DATA ({use.listed} scenes)" if use.listed else
+                f"got {use.received} scene{'' if use.received == 1 else 's'}")
+        return f"rank {use.rank} {what} {use.peak_rss_mb:.0f} MB"
+
+    if len(ranks) <= 4:
+        return ", ".join(map(one, ranks))
+    others = ranks[1:]
+    return (f"{one(ranks[0])}, ranks 1-{len(ranks) - 1} got {sum(use.received for use in others)} scenes, up to "
+            f"{max(use.peak_rss_mb for use in others):.0f} MB")
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB: VmHWM where /proc has it (getrusage's ru_maxrss is not used there:
+    a process started by fork and exec, as torchrun starts its ranks, inherits its parent's peak in it)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # macOS reports bytes, Linux KiB
 
 
 def index_line(scene: Scene, form: str, probes: Sequence[Any], reference: str | None = None) -> dict[str, Any]:
@@ -247,4 +315,5 @@ class _AtomicLines:
             raise OutputError(f"{self.path}: cannot write ({exc.strerror or exc})") from None
 
 
-__all__ = ["IndexConfig", "IndexSummary", "index_line", "partial_dir", "rejected_path", "run_index"]
+__all__ = ["IndexConfig", "IndexSummary", "RankUse", "describe_ranks", "index_line", "partial_dir", "rejected_path",
+           "run_index"]

@@ -386,6 +386,25 @@ class Probed:
     """Scenes the probe cache answered for."""
 
 
+def cache_verdicts(scenes: Sequence[Scene], cache_paths: Callable[[], Iterable[Path]] = tuple,
+                   trust_index_probes: bool = True,
+                   sync: SyncConfig | None = FRAME_SYNC) -> tuple[dict[str, SceneProbe], list[int]]:
+    """What the probe cache (`cache_paths()`) says of `scenes`: scene id -> its judged probe, and the positions in
+    `scenes` of those whose files must be opened (none whose index line gives its probe, if `trust_index_probes`)."""
+    cache = read_probe_cache(sorted(cache_paths()))
+    cached: dict[str, SceneProbe] = {}
+    unknown = []
+    for position, scene in enumerate(scenes):
+        if scene.probed is not None and trust_index_probes:
+            continue
+        known = probe_from_cache(scene, cache, sync) if cache else None
+        if known is None:
+            unknown.append(position)
+        else:
+            cached[scene.scene_id] = known
+    return cached, unknown
+
+
 def probe_dataset(scenes: Sequence[Scene], ctx: Any = None, *, workers: int = DEFAULT_PROBE_WORKERS,
                   cache_paths: Callable[[], Iterable[Path]] = tuple, gather: bool = True,
                   trust_index_probes: bool = True,
@@ -404,18 +423,7 @@ def probe_dataset(scenes: Sequence[Scene], ctx: Any = None, *, workers: int = DE
     rank, world = (ctx.info.rank, ctx.info.world_size) if ctx is not None else (0, 1)
 
     def from_cache() -> tuple[dict[str, SceneProbe], list[int]]:
-        cache = read_probe_cache(sorted(cache_paths()))
-        cached: dict[str, SceneProbe] = {}
-        unknown = []
-        for position, scene in enumerate(scenes):
-            if scene.probed is not None and trust_index_probes:
-                continue
-            known = probe_from_cache(scene, cache, sync) if cache else None
-            if known is None:
-                unknown.append(position)
-            else:
-                cached[scene.scene_id] = known
-        return cached, unknown
+        return cache_verdicts(scenes, cache_paths, trust_index_probes, sync)
 
     known, unknown = ctx.on_rank0(from_cache) if ctx is not None else from_cache()
     result = Probed(probes=known, cached=len(known))
