@@ -46,11 +46,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--variants", default="c4-eager,c4-compiled,c8-compiled,c16-compiled,c32-compiled",
                    help="cN-eager|cN-compiled[-contiguous][-padC+C]: temporal chunk N, norm + SiLU implementation, "
                         "NCDHW instead of NDHWC, output channels C of 3x3x3 convolutions padded to 128s, -add: "
-                        "the residual sums compiled")
+                        "the residual sums compiled, -static: compiled for static shapes")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-fp32", action="store_true", help="skip the fp32 reference (no accuracy figures)")
     p.add_argument("--profile", action="store_true", help="torch.profiler tables of one reference, one fast encode")
-    p.add_argument("--second-process", action="store_true", help="the first variant again in a fresh process")
+    p.add_argument("--second-process", action="store_true", help="a variant again in a fresh process")
+    p.add_argument("--second-process-variant", default=None, help="which (default: the first of --variants)")
     p.add_argument("--conv-microbench", action="store_true",
                    help="time each stage-0 convolution shape with cuDNN's heuristic, padded channels and autotuning")
     p.add_argument("--child", nargs=3, metavar=("VARIANT", "SHAPE", "OUT"), help=argparse.SUPPRESS)
@@ -74,10 +75,11 @@ def fast_encoder(vae: Any, variant: str) -> Any:
     from vaecache.vae.wan_fast import WanFastEncoder, compiled_add, compiled_norm_silu
 
     chunk_text, impl, *rest = variant.split("-")
-    norm = compiled_norm_silu() if impl == "compiled" else None
+    dynamic = "static" not in rest
+    norm = compiled_norm_silu(dynamic) if impl == "compiled" else None
     pads = {int(c): -(-int(c) // 128) * 128 for r in rest if r.startswith("pad") for c in r[3:].split("+")}
     return WanFastEncoder(vae, chunk_frames=int(chunk_text[1:]), norm_silu=norm, channels_last="contiguous" not in rest,
-                          pad_channels=pads, add=compiled_add() if "add" in rest else None)
+                          pad_channels=pads, add=compiled_add(dynamic) if "add" in rest else None)
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -330,7 +332,7 @@ def measure_shape(bench: Bench, vae: Any, shape: tuple[int, int, int]) -> dict[s
         release(bench)
         bench.write()
     if args.second_process:
-        first = [v for v in args.variants.split(",") if v][0]
+        first = args.second_process_variant or [v for v in args.variants.split(",") if v][0]
         encoder = fast_encoder(vae, first)
         mine = encoder.moments(x).cpu()
         other = bench.out.with_name(f"child-{key}.safetensors")

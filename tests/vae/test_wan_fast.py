@@ -83,3 +83,55 @@ def test_chunks_start_with_frame_zero_and_stay_multiples_of_four():
     assert chunk_bounds(33, 32) == [(0, 33)]
     with pytest.raises(ValueError, match="multiple of 4"):
         WanFastEncoder(None, chunk_frames=6)
+
+
+# ----------------------------------------------------------------------------- --encoder-impl
+
+
+def test_the_runner_s_fast_encode_matches_the_reference_and_is_independent_of_the_batch(views):
+    from vaecache.vae import load_vae
+
+    reference = load_vae("builtin:tiny", "cpu", views_per_forward=1, encoder_impl="reference")
+    fast = load_vae("builtin:tiny", "cpu", views_per_forward=1, encoder_impl="fast")
+    assert fast.model.encoder_impl == "fast" and fast.model.fingerprint()["encoder_impl"] == "fast"
+    assert "encoder_impl" not in reference.model.fingerprint()  # a reference cache keeps the fingerprint it always had
+    expected, got = reference.encode_views(views), fast.encode_views(views)
+    assert relative(got.mean, expected.mean) < 1e-5 and relative(got.logvar, expected.logvar) < 1e-5
+    alone = torch.cat([fast.encode_views(views[i:i + 1]).mean for i in range(views.shape[0])])
+    assert torch.equal(alone, got.mean)  # at a fixed K, the bits do not depend on how many views come together
+    assert load_vae("builtin:tiny", "cpu", encoder_impl="auto").model.encoder_impl == "reference"
+
+
+def test_a_tiled_retry_runs_diffusers_tiled_encode(views):
+    from vaecache.vae import load_vae
+    from vaecache.vae.runner import VaeRunner
+
+    fast = load_vae("builtin:tiny", "cpu", encoder_impl="fast")
+    retried = VaeRunner(fast.model, inject_oom=lambda units, tiled: not tiled).encode_views(views)
+    assert sorted(retried.tiled) == [0, 1] and not retried.failed
+
+
+def test_fast_is_refused_where_it_cannot_run(models):
+    from vaecache.errors import UsageError
+    from vaecache.vae import load_vae
+
+    with pytest.raises(UsageError, match="AutoencoderKLHunyuanVideo.*--encoder-impl reference"):
+        load_vae(f"diffusers:{models['hunyuan']}", "cpu", encoder_impl="fast")
+    with pytest.raises(UsageError, match="--tiling"):
+        load_vae("builtin:tiny", "cpu", tiling=True, encoder_impl="fast")
+    with pytest.raises(UsageError, match="--compile"):
+        load_vae("builtin:tiny", "cpu", compiled=True, encoder_impl="fast")
+    with pytest.raises(UsageError, match="--encoder-impl must be one of"):
+        load_vae("builtin:tiny", "cpu", encoder_impl="quick")
+
+
+def test_encoder_impl_is_recorded_reencoded_with_and_never_mixed_on_resume(demo_data, tmp_path, run_cli, cache_io):
+    out = tmp_path / "cache"
+    args = ["encode", demo_data, "--out", out, "--vae", "builtin:tiny", "--num-frames", "9", "--size", "64x64",
+            "--workers", "0", "--no-progress", "--max-clips-per-scene", "1"]
+    assert run_cli([*args, "--encoder-impl", "fast"]).exit_code == 0
+    assert cache_io.manifest(out)["vae"]["encoder_impl"] == "fast"
+    assert run_cli(["verify", out, "--reencode", "1"]).exit_code == 0  # re-encoded by the recorded implementation
+    refused = run_cli([*args, "--encoder-impl", "reference"])
+    assert refused.exit_code == 2 and "encoder_impl" in refused.output
+    assert run_cli([*args, "--encoder-impl", "fast"]).exit_code == 0  # the same one resumes

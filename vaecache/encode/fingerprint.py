@@ -28,7 +28,8 @@ def load_recorded_vae(out: Path, manifest: dict[str, Any], spec: str, device: An
                    allow_pickle_weights=allow_pickle_weights, vae_config=manifest.get("settings", {}).get("vae_config"),
                    views_per_forward=(clip_settings.views_per_forward
                                       if isinstance(clip_settings.views_per_forward, int) else 1),
-                   compiled=clip_settings.compiled, channels_last=clip_settings.channels_last)
+                   compiled=clip_settings.compiled, channels_last=clip_settings.channels_last,
+                   encoder_impl=manifest.get("vae", {}).get("encoder_impl", "reference"))
     recorded = upgraded_fingerprint({"vae": {k: v for k, v in manifest.get("vae", {}).items() if k != "spec"}})["vae"]
     given = run_fingerprint_vae_part(vae)
     if recorded != given:

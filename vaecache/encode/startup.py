@@ -121,7 +121,7 @@ def start_up(request: StartRequest, ctx: Any = None, progress: ProgressFactory |
     clip = request.clip
     vae = load_vae(request.vae, request.device, clip.dtype, tiling=clip.tiling, views_per_forward=job.views_per_forward,
                    allow_pickle_weights=request.allow_pickle_weights, compiled=clip.compiled,
-                   channels_last=clip.channels_last, vae_config=request.vae_config)
+                   channels_last=clip.channels_last, vae_config=request.vae_config, encoder_impl=clip.encoder_impl)
     vae.model.rule.check_buckets(clip.sampling.lengths, clip.sizes)
     if clip.store != "mean" and not vae.model.has_logvar:
         raise UsageError(f"--store {clip.store} needs the posterior log-variance, and {request.vae} gives only a mean; "

@@ -85,6 +85,9 @@ class SpatialEncoder:
             raise UsageError(f"--sp-mode spatial cannot be combined with "
                              f"--{'compile' if clip.compiled else 'channels-last'} "
                              "(it runs the encoder band by band, in the input's own memory format)")
+        if vae.encoder_impl == "fast":
+            raise UsageError("--sp-mode spatial cannot be combined with --encoder-impl fast (it runs diffusers' "
+                             "encoder band by band)")
         if vae.views_per_forward > 1:
             raise UsageError("--sp-mode spatial encodes one view per forward; drop --views-per-forward "
                              f"{vae.views_per_forward}")

@@ -17,6 +17,7 @@ STORED_KEYS: dict[str, tuple[str, ...]] = {"mean-logvar": ("mean", "logvar"), "m
 """--store -> the tensors stored per clip."""
 STORE_CHOICES = tuple(STORED_KEYS)
 DECODER_CHOICES = ("auto", "pyav", "decord", "torchcodec")
+ENCODER_IMPL_CHOICES = ("auto", "fast", "reference")
 """--decoder values (vaecache.video.backends resolves them; kept here so config loads without torch or av)."""
 DEFAULT_MAX_FRAME_PIXELS = 8192 * 8192
 """--max-frame-pixels default: 67 MP, twice 8K UHD (7680x4320 = 33 MP); decoding one frame costs a few bytes per
@@ -180,6 +181,9 @@ class ClipSettings:
     decoder: str = "auto"
     """--decoder: auto | pyav | decord | torchcodec. Not in to_record(): the run fingerprint records the resolved
     backend's own name (vaecache.video.backends.Backend.name), so caches decoded differently never mix."""
+    encoder_impl: str = "auto"
+    """--encoder-impl: auto | fast | reference. Not in to_record(): the VAE fingerprint records the implementation
+    it resolved to (vaecache.vae.load.resolve_encoder_impl), so a resume never mixes the two."""
 
     def __post_init__(self) -> None:
         for height, width in self.size_buckets or ((self.height, self.width),):
@@ -193,6 +197,9 @@ class ClipSettings:
             raise UsageError(f"--fit must be one of {', '.join(FIT_CHOICES)}, got {self.fit!r}")
         if self.decoder not in DECODER_CHOICES:
             raise UsageError(f"--decoder must be one of {', '.join(DECODER_CHOICES)}, got {self.decoder!r}")
+        if self.encoder_impl not in ENCODER_IMPL_CHOICES:
+            raise UsageError(f"--encoder-impl must be one of {', '.join(ENCODER_IMPL_CHOICES)}, "
+                             f"got {self.encoder_impl!r}")
         if self.dtype not in DTYPE_CHOICES:
             raise UsageError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
         if self.store not in STORE_CHOICES:

@@ -38,7 +38,7 @@ BUILTINS = ("builtin:tiny", "builtin:small")
 def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32", *, tiling: bool = False,
              views_per_forward: int = 1, tile_options: dict[str, Any] | None = None,
              allow_pickle_weights: bool = False, compiled: bool = False, channels_last: bool = False,
-             vae_config: str | None = None) -> VaeRunner:
+             vae_config: str | None = None, encoder_impl: str = "auto") -> VaeRunner:
     """Resolve a --vae SPEC (builtin:tiny|small, diffusers:PATH[#subfolder], a single checkpoint file PATH,
     python:module:function) and get it ready. `vae_config`: the config.json of a single checkpoint file whose family
     has no shipped config (vaecache.vae.single_file).
@@ -47,7 +47,8 @@ def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32",
     in the fingerprint whether or not tiling ends up used. A diffusers folder is read from safetensors
     only, unless `allow_pickle_weights` lets a folder holding only pickled ``.bin`` weights load. `compiled`:
     the runner calls encode through torch.compile; `channels_last`: 3-d and 2-d convolution weights and every
-    forward's input in channels-last memory format (both recorded in the fingerprint).
+    forward's input in channels-last memory format (both recorded in the fingerprint); `encoder_impl`: auto, fast
+    or reference (resolve_encoder_impl; the resolved one is recorded).
     """
     check_vae_spec(spec, vae_config, allow_pickle_weights)
     check_dtype_name(dtype)
@@ -67,6 +68,7 @@ def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32",
         else:
             model = _load_diffusers(location, spec, allow_pickle_weights)
     compute_dtype, dtype_note = _compute_dtype(model, dtype)
+    impl = resolve_encoder_impl(encoder_impl, model, tiling=tiling, compiled=compiled)
     exact_cuda_numerics(device)
     module = model.module
     module.to(torch.device(device)).eval().requires_grad_(False)
@@ -80,8 +82,33 @@ def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32",
     model = replace(model, device=torch.device(device), dtype=torch_dtype(dtype), compute_dtype=compute_dtype,
                     dtype_note=dtype_note, tiling=tiling, tile_params=tile_params,
                     views_per_forward=views_per_forward, compiled=compiled,
-                    channels_last=channels_last)
+                    channels_last=channels_last, encoder_impl=impl)
     return VaeRunner(model, inject_oom)
+
+
+ENCODER_IMPLS = ("auto", "fast", "reference")
+FAST_ENCODER_CLASSES = ("AutoencoderKLWan",)
+"""The diffusers classes vaecache.vae.wan_fast encodes (Wan 2.1 and Wan 2.2 share the class)."""
+
+
+def resolve_encoder_impl(requested: str, model: VaeModel, *, tiling: bool = False, compiled: bool = False) -> str:
+    """--encoder-impl: "fast" or "reference". auto is reference: the fast encoder equals diffusers' within rounding
+    (1e-5 of the latent's scale in fp32 on CPU) but becomes auto's choice only where it is also measured faster and
+    bitwise reproducible across processes on that device (docs/gpu.md); fast is refused where it cannot run."""
+    if requested not in ENCODER_IMPLS:
+        raise UsageError(f"--encoder-impl must be one of {', '.join(ENCODER_IMPLS)}, got {requested!r}")
+    if requested != "fast":
+        return "reference"
+    name = type(model.module).__name__
+    if name not in FAST_ENCODER_CLASSES:
+        raise UsageError(f"--encoder-impl fast: {model.spec} is {name}; the fast encoder runs "
+                         f"{', '.join(FAST_ENCODER_CLASSES)} (Wan 2.1, Wan 2.2): use --encoder-impl reference")
+    if tiling:
+        raise UsageError("--encoder-impl fast cannot be combined with --tiling (every forward would run diffusers' "
+                         "tiled encode)")
+    if compiled:
+        raise UsageError("--encoder-impl fast cannot be combined with --compile (which compiles diffusers' encode)")
+    return "fast"
 
 
 CUDA_NUMERICS = {"cudnn_benchmark": False, "cudnn_deterministic": True, "tf32": False}

@@ -51,6 +51,8 @@ class VaeModel:
     """The encoder runs through torch.compile (VaeRunner compiles it)."""
     channels_last: bool = False
     """Convolution weights (load_vae) and every forward's input (VaeRunner) are in channels-last format."""
+    encoder_impl: str = "reference"
+    """"fast": VaeRunner encodes with vaecache.vae.wan_fast (Wan), "reference": with the module's own encode."""
     """K: consecutive views one forward encodes together (all their frames for a per-frame VAE)."""
 
     def __post_init__(self) -> None:
@@ -80,6 +82,7 @@ def fingerprint(model: VaeModel) -> dict[str, Any]:
         "views_per_forward": model.views_per_forward,
         **({"compile": True} if model.compiled else {}),
         **({"channels_last": True} if model.channels_last else {}),
+        **({"encoder_impl": model.encoder_impl} if model.encoder_impl != "reference" else {}),
     }
 
 

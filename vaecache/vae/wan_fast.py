@@ -57,14 +57,15 @@ def _add_into(y: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     return y.add_(h)
 
 
-def compiled_add() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    return torch.compile(_add_into, dynamic=True, fullgraph=True)
+def compiled_add(dynamic: bool = True) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    return torch.compile(_add_into, dynamic=dynamic, fullgraph=True)
 
 
-def compiled_norm_silu() -> NormSilu:
-    """norm_silu_eager's arithmetic as one kernel per shape family (torch.compile, dynamic shapes: one compile
-    serves every chunk length and resolution of a layer width)."""
-    return torch.compile(_norm_silu_math, dynamic=True, fullgraph=True)
+def compiled_norm_silu(dynamic: bool = True) -> NormSilu:
+    """norm_silu_eager's arithmetic as one kernel (torch.compile). dynamic: one compile serves every chunk length
+    and resolution of a layer width, but which kernel a shape gets depends on what was compiled before in the
+    process; static: one kernel per shape and strides, whatever came before."""
+    return torch.compile(_norm_silu_math, dynamic=dynamic, fullgraph=True)
 
 
 class WanFastEncoder:
