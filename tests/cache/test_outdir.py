@@ -15,7 +15,8 @@ from typing import Callable
 import pytest
 import torch
 
-from vaecache.cache.outdir import acquire_lock, describe_differences, lock_is_stale, numerics_history, release_lock
+from vaecache.cache.lock import acquire_lock, lock_is_stale, release_lock
+from vaecache.cache.outdir import describe_differences, numerics_history
 from vaecache.cache.verify import verify_cache
 from vaecache.errors import OutputError
 

@@ -50,7 +50,8 @@ from vaecache.cache.layout import (
     SHARD_SUFFIX,
     SHARDS_DIR,
 )
-from vaecache.cache.outdir import PreparedOut, lock_holder_record, lock_is_stale, locked_error
+from vaecache.cache.lock import lock_holder_record, lock_is_stale, locked_error
+from vaecache.cache.outdir import PreparedOut
 from vaecache.cache.progress import committed_shards, progress_line_head
 from vaecache.cache.reader import CacheReader
 from vaecache.cache.remote import open_filesystem, storage_problem

@@ -7,8 +7,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from vaecache.cache.io import atomic_write_bytes, atomic_write_json, cut_torn_tail, loads, sha256_file
-from vaecache.cache.layout import PROGRESS_DIR, SHARDS_DIR
+from vaecache.cache.layout import MANIFEST, PROGRESS_DIR, SHARDS_DIR
+from vaecache.cache.lock import acquire_lock, release_lock
+from vaecache.cache.manifest import read_manifest
 from vaecache.cache.progress import CommittedIds, CommittedLine, progress_line_head, progress_logs, scan_committed
+from vaecache.errors import ManifestError, OutputError
 
 
 def shard_problem(out: Path, shard: dict[str, Any], hashed: dict[str, list[Any]] | None = None) -> str | None:
@@ -152,11 +155,6 @@ def repair_strays(out: Path) -> list[str]:
     """`verify --repair` on disk: delete the shard files that no committed progress line claims, or, in a finished
     cache, that its manifest does not list, and temp files a crash left; under OUT's lock (refused while a job holds
     it: a shard it wrote is a stray until its progress line is appended). Returns the files deleted."""
-    from vaecache.cache.layout import MANIFEST
-    from vaecache.cache.manifest import read_manifest
-    from vaecache.cache.outdir import acquire_lock, release_lock
-    from vaecache.errors import ManifestError, OutputError
-
     out = Path(out)
     acquire_lock(out, None)
     try:

@@ -15,6 +15,7 @@ import torch
 import vaecache
 from vaecache.cache.finalize import finalize
 from vaecache.cache.layout import PROBES_DIR, probes_path
+from vaecache.cache.lock import release_lock
 from vaecache.cache.manifest import manifest_header
 from vaecache.cache.outdir import (
     PreparedOut,
@@ -23,7 +24,6 @@ from vaecache.cache.outdir import (
     prepare_out,
     recorded_cpu_threads,
     recorded_numerics_history,
-    release_lock,
 )
 from vaecache.cache.provenance import source_identities
 from vaecache.cache.reader import CacheReader
