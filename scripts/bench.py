@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Throughput of vaecache against its ceiling and against a naive loop, on the same clips in one run (issue 8).
+"""Throughput of vaecache against its ceiling and against a naive loop, on the same clips in one run.
 
 Three ways to encode the same clips, interleaved in every repeat (the order rotates between repeats):
 
@@ -17,9 +17,9 @@ same run with DATA and OUT in object storage (moto's S3 server as a local proces
 views/s against vaecache's on disk (``s3_vs_disk``) and the server's requests per clip by kind.
 
     python scripts/bench.py --repeats 3 --workers 1
-    python scripts/bench.py --repeats 3 --workers 1 --input jpeg    # image-sequence cameras (issue 28)
+    python scripts/bench.py --repeats 3 --workers 1 --input jpeg    # image-sequence cameras
     python scripts/bench.py --overhead --overhead-ranks 1,2,4
-    python scripts/bench.py --repeats 3 --workers 1 --s3                # object storage (issue 33)
+    python scripts/bench.py --repeats 3 --workers 1 --s3                # object storage
 """
 
 from __future__ import annotations

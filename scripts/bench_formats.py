@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Encoder speed by dtype, memory format and torch.compile, side by side (issue 18, item 3).
+"""Encoder speed by dtype, memory format and torch.compile, side by side.
 
 One VAE (builtin:tiny's architecture, or the published Wan 2.1 VAE config with random weights:
 --model wan2.1), one random clip of --views views, every mode timed on the same input with the modes

@@ -3,7 +3,7 @@ same JPEG files, frames/s in one process, the two measured alternately in one ru
 
     python scripts/bench_frames.py [--frames 240] [--size 900x1600] [--repeats 5] [--json]
 
-Prints a table, or JSON with --json. The target (issue 28): FrameSequence >= 0.9x the plain loop.
+Prints a table, or JSON with --json. The target: FrameSequence >= 0.9x the plain loop.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""nuScenes at trainval size (issue 28): the peak memory and time of parsing the tables once, and of planning an
+"""nuScenes at trainval size: the peak memory and time of parsing the tables once, and of planning an
 encode from the index that parse writes, each in a fresh process (peak RSS = the process's VmHWM).
 
 Synthetic tables in the official schema (the fields nuscenes-devkit 1.2.0 reads, as tests/sources/nuscenes_fixture.py

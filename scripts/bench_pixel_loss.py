@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Peak memory and time of one pixel-loss step through the VAE decoder (issue 31, seed 003): forward and backward
-of ``loss(decode(z))`` with respect to the latents ``z``, the VAE frozen.
+"""Peak memory and time of one pixel-loss step through the VAE decoder: forward and backward of
+``loss(decode(z))`` with respect to the latents ``z``, the VAE frozen.
 
 Variants, each in a fresh process (on CPU the peak resident set only grows within one):
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Scale benchmarks (issue 14): how planning, the cache's index steps and the per-clip cost grow with the corpus.
+"""Scale benchmarks: how planning, the cache's index steps and the per-clip cost grow with the corpus.
 
 Sections `plan` and `rank_planning`: one small real video (PyAV, h264) and a JSONL index of --scenes scenes
 that all reference it, each with the probe fields `vaecache index` writes (frame counts given, so no video

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""DP-only against sequence parallel (SP=2, SP=4) on the same ranks and data, in one torchrun launch (issue 3).
+"""DP-only against sequence parallel (SP=2, SP=4) on the same ranks and data, in one torchrun launch.
 
 One ``torchrun --nproc-per-node N`` launch runs every configuration, repeats interleaved (the order
 rotates between repeats), on the same clips:

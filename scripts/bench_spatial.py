@@ -1,4 +1,4 @@
-"""Spatial-parallel encode: per-rank peak memory, latency per view and exactness at G = 1, 2, 4 (issue 17).
+"""Spatial-parallel encode: per-rank peak memory, latency per view and exactness at G = 1, 2, 4.
 
     python scripts/bench_spatial.py [--model wan2.1|tiny] [--size 128x128] [--frames 9] [--groups 1,2,4]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Hashing throughput of `vaecache verify` against `sha256sum` on the same shard files, in one run (issue 5).
+"""Hashing throughput of `vaecache verify` against `sha256sum` on the same shard files, in one run.
 
 Builds a cache of about --target-mb through the real encode path (``run_encode``; by default with a
 pass-through plugin VAE that stores pixels as latents, so hundreds of MB take seconds instead of the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The GPU acceptance of vaecache in one command (issue 32): exactness, a real out-of-memory backoff, bf16 against
+"""The GPU acceptance of vaecache in one command: exactness, a real out-of-memory backoff, bf16 against
 fp32, the pipeline against the naive loop, memory per VAE family, decoding, the spatial split and the encoder's
 formats, on whatever device it is given. Prints a table on stderr and the JSON on stdout.
 

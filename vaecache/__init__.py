@@ -5,9 +5,10 @@ The public API, imported lazily (`import vaecache` stays light; torch loads on f
 - reading a cache in training (vaecache.training): `LatentCache`, `LatentDataset`, `LatentItem`,
   `ShapeBatchSampler`, `collate_latents`;
 - pixel-space losses on latents (vaecache.pixel_decoder): `PixelDecoder`, a differentiable decoder in bounded
-  memory (seed 003);
+  memory (chunked, with gradient checkpointing);
 - encoding in your own training code (vaecache.parallel): `sp_encode` (views split over a sequence-parallel
-  group, seed 000) and `spatial_encode` (one view's rows split into bands with halo exchange, seed 002).
+  group: padded to a multiple of the group, encoded locally, all-gathered and trimmed) and `spatial_encode`
+  (one view's rows split into bands with halo exchange).
 """
 
 from __future__ import annotations

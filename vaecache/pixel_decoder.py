@@ -1,9 +1,9 @@
-"""A differentiable decoder for pixel-space losses on cached latents, in bounded memory (seed 003).
+"""A differentiable decoder for pixel-space losses on cached latents, in bounded memory.
 
 A trainer that predicts latents and wants a loss on pixels needs the gradient to flow back through the frozen VAE
 decoder. Under autograd every decoder activation is kept for the backward pass, so the decode, not the model, runs
-out of memory; chunking alone does not help (every chunk's activations are kept just the same). Seed 003 fixed
-this for a 2D image VAE with gradient checkpointing per resolution level. ``PixelDecoder`` does it for vaecache's
+out of memory; chunking alone does not help (every chunk's activations are kept just the same). Gradient
+checkpointing per resolution level fixes this for a 2D image VAE. ``PixelDecoder`` does it for vaecache's
 families:
 
 * **Wan 2.1 / 2.2** (causal in time): the decoder runs one latent frame per call, exactly as diffusers'
@@ -15,7 +15,7 @@ families:
   earlier frames is kept, not cut; only the stage inputs, the cache at region boundaries (two frames per causal
   convolution) and the output frames stay in memory. Decoded untiled.
 * **2D image VAEs** (``AutoencoderKL``, per frame): each frame decoded alone, checkpointed per stage (``conv_in``,
-  mid block, each up block, head) over ``chunk_frames`` frames, as seed 003 does per level.
+  mid block, each up block, head) over ``chunk_frames`` frames, the per-level checkpointing above.
 * **Other families** (HunyuanVideo, LTX-Video, CogVideoX): decoded whole by ``module.decode``; ``checkpoint=True``
   turns on the module's own diffusers gradient checkpointing where its class supports it, and leaves it on (a
   backward must recompute through the same code path as the forward).

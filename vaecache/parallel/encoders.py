@@ -1,8 +1,8 @@
 """The two ways an SP group encodes a batch, behind one interface: `encoder_for(mode)`.
 
-- views (seed 000, views.py): the group splits the batch's views; each rank encodes whole views of its own and
+- views (views.py): the group splits the batch's views; each rank encodes whole views of its own and
   the latents are gathered (pad, local encode, all_gather, trim).
-- spatial (seed 002, spatial.py): every rank decodes every view and encodes a band of its rows, exchanging halos
+- spatial (spatial.py): every rank decodes every view and encodes a band of its rows, exchanging halos
   with its neighbours; every rank ends with every view's latent.
 
 The encode loop asks the encoder which views a rank decodes and how a batch is split, and hands it the decoded

@@ -1,4 +1,4 @@
-"""Spatial-parallel VAE encode (seed 002): one view's frames cut into horizontal bands across a group.
+"""Spatial-parallel VAE encode: one view's frames cut into horizontal bands across a group.
 
 Every rank of the group runs the unchanged diffusers encoder on its band of rows. The layers that look
 past a band's edge are swapped, for the duration of the call, for versions that fetch what they need
@@ -19,7 +19,7 @@ from the neighbouring ranks:
 The causal temporal cache stays per band (each layer caches its own band's last frames; a halo is always
 exchanged after the cache frames are joined, so neighbours exchange the same frames).
 
-Following seed 002, receive buffers are allocated in the input's memory format (channels_last_3d,
+Receive buffers are allocated in the input's memory format (channels_last_3d,
 channels_last or contiguous) and reused across calls; a rank with no neighbour on a side makes no send
 copy for it; a send slice is made contiguous in the receiving buffer's memory format.
 
@@ -102,7 +102,8 @@ def plan_bands(height: int, spatial_factor: int, group_size: int) -> BandPlan:
 
 
 def halo_memory_format(reference: Tensor) -> torch.memory_format:
-    """The memory format to allocate a buffer like `reference` in (seed 002's _halo_memory_format)."""
+    """The memory format to allocate a buffer like `reference` in: channels_last_3d, channels_last or contiguous, as
+    `reference` is laid out."""
     if reference.dim() == 5 and reference.is_contiguous(memory_format=torch.channels_last_3d) \
             and not reference.is_contiguous():
         return torch.channels_last_3d

@@ -207,7 +207,7 @@ class DecordReader(ForeignReader):
     """decord, reading forward only: frame n is the n-th frame decord decodes from the start of a fresh reader.
 
     decord's own seeking (get_batch, seek, even seek(0)) returned neighbouring frames on open-GOP h264, HEVC and
-    MPEG-4 AVI with B-frames (issue 12), so a read behind the current position opens the file again instead.
+    MPEG-4 AVI with B-frames, so a read behind the current position opens the file again instead.
     decord applies the display rotation itself, the same way as VideoReader (checked by shape here for 90 and
     270 degrees, and by the tests for all three)."""
 

@@ -5,7 +5,7 @@ timestamp, never by counting after a seek: it lists the video stream's presentat
 demuxing packets (no decoding), seeks to a keyframe at or before the first wanted frame, decodes forward
 and keeps the frames whose pts it asked for. Counting after a seek is what decord does, and on open-GOP
 h264, HEVC or MPEG-4 with B-frames, AVI, or an mp4 with an edit list it returned neighbouring frames
-without an error (issue 12). A file whose timestamps cannot identify frames (missing or repeated pts) is
+without an error. A file whose timestamps cannot identify frames (missing or repeated pts) is
 read by a straight decode from the start that counts frames.
 
 Other backends (--decoder decord|torchcodec; ForeignReader) take the frame numbering, count, times, even-spacing
