@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from vaecache.errors import UsageError, VaeSpecError, first_line
+from vaecache.settings.clip import ENCODER_IMPL_CHOICES
 from vaecache.settings.dtypes import check_dtype_name, torch_dtype
 from vaecache.settings.vae_specs import check_vae_spec
 from vaecache.vae.families import FAMILIES, SUPPORTED, Family
@@ -86,7 +87,6 @@ def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32",
     return VaeRunner(model, inject_oom)
 
 
-ENCODER_IMPLS = ("auto", "fast", "reference")
 FAST_ENCODER_CLASSES = ("AutoencoderKLWan",)
 """The diffusers classes vaecache.vae.wan_fast encodes (Wan 2.1 and Wan 2.2 share the class)."""
 
@@ -95,8 +95,8 @@ def resolve_encoder_impl(requested: str, model: VaeModel, *, tiling: bool = Fals
     """--encoder-impl: "fast" or "reference". auto is reference: the fast encoder equals diffusers' within rounding
     (1e-5 of the latent's scale in fp32 on CPU) but becomes auto's choice only where it is also measured faster and
     bitwise reproducible across processes on that device (docs/gpu.md); fast is refused where it cannot run."""
-    if requested not in ENCODER_IMPLS:
-        raise UsageError(f"--encoder-impl must be one of {', '.join(ENCODER_IMPLS)}, got {requested!r}")
+    if requested not in ENCODER_IMPL_CHOICES:
+        raise UsageError(f"--encoder-impl must be one of {', '.join(ENCODER_IMPL_CHOICES)}, got {requested!r}")
     if requested != "fast":
         return "reference"
     name = type(model.module).__name__
