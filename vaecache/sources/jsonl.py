@@ -131,11 +131,12 @@ def scenes_from_index(index: Path, options: SourceOptions) -> LayoutScenes:
     scan, new_scene, metadata_keys = STRICT_JSON.scan_once, Scene, INDEX_KEYS
     single_name = (order[0] if order else SINGLE_CAMERA,)
     with index.open("rb") as handle:
+        peek = _line_peeker(handle)
         lineno = 0
         while True:
             lineno += 1
             line_at = offset
-            raw = handle.readline(_HEAD_PEEK)
+            raw = peek(_HEAD_PEEK)
             if not raw:
                 break
             head = _line_head(raw, handle, line_at) if raw.startswith(HEAD_MARK) else None
@@ -330,6 +331,25 @@ PER_FRAME_KEYS = ("cameras", "frame_metadata")
 HEAD_MARK = b'{"per_frame":{"at":'
 _HEAD_FIELDS = re.compile(rb'\{"per_frame":\{"at":(\d{1,15}),"bytes":(\d{1,15})[,}]')
 _HEAD_PEEK = 4096
+
+
+def _line_peeker(handle: Any) -> Any:
+    """readline(limit) of `handle`: a local file's own; an fsspec file (an index at a URL) takes no limit, so its
+    next `limit` bytes are read up to the first newline and the position set just after it (its read-ahead buffer
+    keeps the bytes past it)."""
+    if not hasattr(handle, "fs"):
+        return handle.readline
+
+    def peek(limit: int) -> bytes:
+        start = handle.tell()
+        chunk = handle.read(limit)
+        cut = chunk.find(b"\n")
+        if cut >= 0:
+            chunk = chunk[:cut + 1]
+            handle.seek(start + len(chunk))
+        return chunk
+
+    return peek
 """Bytes of a line read first: an ordinary line is whole in them, a split line's marker always is."""
 
 
