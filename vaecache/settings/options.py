@@ -123,8 +123,9 @@ OPTIONS: tuple[Option, ...] = (
            "device; its pixels may differ from pyav's, so its latents do too). Recorded; a cache never mixes them."),
     Option("window_stride", "--window-stride", int, "Source frames between clip starts (default: no overlap)."),
     Option("max_clips_per_scene", "--max-clips-per-scene", int, "Keep the first K clips of each scene."),
-    Option("max_frame_pixels", "--max-frame-pixels", int, "Refuse (a recorded failure, decided from the probe before "
-           "decoding) videos whose frames have more pixels than this (default 67108864 = 8192x8192)."),
+    Option("max_frame_pixels", "--max-frame-pixels", int, "Refuse (a recorded failure, decided from the probe or an "
+           "image's header before decoding) videos and image frames with more pixels than this (default 67108864 = "
+           "8192x8192)."),
     Option("cameras", "--cameras", str, "Comma-separated camera order (default: names sorted; nuScenes: the surround "
            "order).", toml=(str, list), toml_items=str, parse=parse_cameras),
     Option("sync", "--sync", str, "frames (default: a clip takes the same frame indices of every camera; equal "
