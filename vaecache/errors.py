@@ -42,7 +42,7 @@ class DatasetError(UsageError):
 
 class CaptionError(DatasetError):
     """A caption or metadata file (a folder's sidecar `.txt`, a tar's `key.txt`/`key.json`) that cannot be used:
-    not UTF-8, too large, unreadable, nested too deeply. Its scene is a recorded skip naming the file."""
+    not UTF-8, too large, unreadable. Its scene is a recorded skip naming the file."""
 
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(f"{path}: {reason}")

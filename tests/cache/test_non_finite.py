@@ -113,3 +113,24 @@ def test_a_tar_sample_json_with_nan_and_1e999_encodes_and_its_record_names_them(
     record = read_clips(tmp_path / "out")[0]
     assert record["metadata"]["aesthetic"] is None and record["metadata"]["size"] == [None, 2]
     assert record["non_finite"] == ["metadata.aesthetic", "metadata.size[0]"]
+
+
+def test_the_writer_refuses_a_shard_whose_record_json_cannot_hold_and_writes_nothing_of_it(tmp_path):
+    import dataclasses
+
+    import torch
+
+    from tests.cache.test_writer import UNTILED, _clip
+    from vaecache.cache.io import AppendLog
+    from vaecache.cache.writer import ShardWriter
+    from vaecache.errors import OutputError
+
+    (tmp_path / "shards").mkdir()
+    progress = AppendLog(tmp_path / "progress.jsonl")
+    clip = dataclasses.replace(_clip(0), fps=float("nan"))  # not metadata: no rule stores it as null
+    with pytest.raises(OutputError, match=r"shards/.*: a clip record JSON cannot write .*"
+                                          r"nothing of this shard was written"):
+        with ShardWriter(tmp_path, rank=0, attempt=0, shard_size=2**20, progress=progress) as writer:
+            writer.add(clip, {"mean": torch.ones(4)}, [UNTILED])
+    progress.close()
+    assert list((tmp_path / "shards").iterdir()) == [] and (tmp_path / "progress.jsonl").read_bytes() == b""

@@ -168,3 +168,10 @@ def test_a_task_table_or_episode_line_that_names_no_index_is_refused_naming_its_
     (failure,) = read_failures(tmp_path / "out3")
     assert failure["scene"] == "episode_000000" and failure["path"].endswith("meta/episodes.jsonl")
     assert failure["reason"] == "line 1: length must be a whole number of frames >= 1, got 12.5"
+
+
+def test_whole_numbers_from_the_tables_never_overflow_a_float_check():
+    from vaecache.sources.lerobot import _whole
+
+    assert _whole(10**400) == 10**400 and _whole(3.0) == 3 and _whole(-1) is None
+    assert _whole(float("nan")) is None and _whole(2.5) is None and _whole(True) is None and _whole("3") is None

@@ -106,9 +106,13 @@ def test_a_tiled_retry_runs_diffusers_tiled_encode(views):
     from vaecache.vae import load_vae
     from vaecache.vae.runner import VaeRunner
 
-    fast = load_vae("builtin:tiny", "cpu", encoder_impl="fast")
-    retried = VaeRunner(fast.model, inject_oom=lambda units, tiled: not tiled).encode_views(views)
+    def tiled_retry(impl: str):
+        model = load_vae("builtin:tiny", "cpu", encoder_impl=impl).model
+        return VaeRunner(model, inject_oom=lambda units, tiled: not tiled).encode_views(views)
+
+    retried, reference = tiled_retry("fast"), tiled_retry("reference")
     assert sorted(retried.tiled) == [0, 1] and not retried.failed
+    assert torch.equal(retried.mean, reference.mean)  # the tiled forward is diffusers' own, bit for bit
 
 
 def test_fast_is_refused_where_it_cannot_run(models):
@@ -123,6 +127,16 @@ def test_fast_is_refused_where_it_cannot_run(models):
         load_vae("builtin:tiny", "cpu", compiled=True, encoder_impl="fast")
     with pytest.raises(UsageError, match="--encoder-impl must be one of"):
         load_vae("builtin:tiny", "cpu", encoder_impl="quick")
+    from vaecache.parallel.encoders import encoder_for
+    from vaecache.settings.clip import ClipSettings, SamplingConfig
+
+    for flags in ({"tiling": True}, {"compiled": True}):  # refused from the flags, before anything is probed
+        with pytest.raises(UsageError, match="--encoder-impl fast cannot be combined with --(tiling|compile)"):
+            ClipSettings(sampling=SamplingConfig(num_frames=9), height=32, width=32, encoder_impl="fast", **flags)
+    clip = ClipSettings(sampling=SamplingConfig(num_frames=9), height=32, width=32, encoder_impl="fast")
+    with pytest.raises(UsageError, match="--sp-mode spatial cannot be combined with --encoder-impl fast"):
+        encoder_for("spatial").check(clip, load_vae("builtin:tiny", "cpu", encoder_impl="fast").model, 2,
+                                     "builtin:tiny")
 
 
 def test_encoder_impl_is_recorded_reencoded_with_and_never_mixed_on_resume(demo_data, tmp_path, run_cli, cache_io):

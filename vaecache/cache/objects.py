@@ -454,7 +454,10 @@ def _precondition_failed(exc: BaseException) -> bool:
 
 
 def _not_implemented(exc: BaseException) -> bool:
-    """Whether a store answered that it does not implement a request (501 NotImplemented: s3fs raises ENOSYS)."""
+    """Whether a store answered that it does not implement a request (501 NotImplemented: s3fs raises ENOSYS), or the
+    client cannot send it."""
+    if type(exc).__name__ == "ParamValidationError" or type(exc.__cause__).__name__ == "ParamValidationError":
+        return True  # a botocore from before PutObject took IfMatch: this client cannot ask it
     response = getattr(exc.__cause__, "response", None) or getattr(exc, "response", None) or {}
     return (getattr(exc, "errno", None) == errno.ENOSYS or (response.get("Error") or {}).get("Code") == "NotImplemented"
             or (response.get("ResponseMetadata") or {}).get("HTTPStatusCode") == 501)

@@ -36,7 +36,7 @@ def progress_logs(out: Path) -> list[Path]:
 
 def progress_line(shard: dict[str, Any], clips: list[dict[str, Any]]) -> str:
     """One progress log line: the shard record, then its clip ids, then the clip records. The first two come
-    first two come first so that a resume reads them without parsing the records (scan_committed). A non-finite
+    first so that a resume reads them without parsing the records (scan_committed). A non-finite
     number (which JSON cannot hold: the line could never be read back) is a ValueError, before anything is written;
     the writer stores pass-through metadata's as null (replace_non_finite), so none should reach here."""
     return ('{"shard":' + json.dumps(shard, sort_keys=True, separators=(",", ":"), allow_nan=False)

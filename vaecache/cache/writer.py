@@ -261,9 +261,9 @@ class ShardWriter:
                 raise OutputError(f"{self.folder / name}: cannot write ({faults.disk_full(name).strerror})")
             try:
                 line = progress_line(shard, records)
-            except ValueError as exc:
-                raise OutputError(f"{shard['file']}: a clip record holds a number JSON cannot write ({exc}); "
-                                  f"nothing of this shard was written") from None
+            except (ValueError, RecursionError) as exc:  # metadata nested past the stack: the same refusal
+                raise OutputError(f"{shard['file']}: a clip record JSON cannot write ({exc}); nothing of this shard "
+                                  f"was written") from None
             if self.objects is not None:
                 self.objects.put(shard["file"], data)
                 if faults.should_fail("crash-before-record", number, self.rank):

@@ -17,8 +17,9 @@ STORED_KEYS: dict[str, tuple[str, ...]] = {"mean-logvar": ("mean", "logvar"), "m
 """--store -> the tensors stored per clip."""
 STORE_CHOICES = tuple(STORED_KEYS)
 DECODER_CHOICES = ("auto", "pyav", "decord", "torchcodec")
-ENCODER_IMPL_CHOICES = ("auto", "fast", "reference")
 """--decoder values (vaecache.video.backends resolves them; kept here so config loads without torch or av)."""
+ENCODER_IMPL_CHOICES = ("auto", "fast", "reference")
+"""--encoder-impl values (vaecache.vae.load.resolve_encoder_impl resolves them for the loaded VAE)."""
 DEFAULT_MAX_FRAME_PIXELS = 8192 * 8192
 """--max-frame-pixels default: 67 MP, twice 8K UHD (7680x4320 = 33 MP); decoding one frame costs a few bytes per
 pixel per decoder thread and buffer, so a larger frame can take GBs."""
@@ -200,6 +201,9 @@ class ClipSettings:
         if self.encoder_impl not in ENCODER_IMPL_CHOICES:
             raise UsageError(f"--encoder-impl must be one of {', '.join(ENCODER_IMPL_CHOICES)}, "
                              f"got {self.encoder_impl!r}")
+        if self.encoder_impl == "fast" and (self.tiling or self.compiled):
+            raise UsageError(f"--encoder-impl fast cannot be combined with --{'tiling' if self.tiling else 'compile'} "
+                             "(it would run diffusers' own encode)")
         if self.dtype not in DTYPE_CHOICES:
             raise UsageError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
         if self.store not in STORE_CHOICES:

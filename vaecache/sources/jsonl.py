@@ -331,6 +331,7 @@ PER_FRAME_KEYS = ("cameras", "frame_metadata")
 HEAD_MARK = b'{"per_frame":{"at":'
 _HEAD_FIELDS = re.compile(rb'\{"per_frame":\{"at":(\d{1,15}),"bytes":(\d{1,15})[,}]')
 _HEAD_PEEK = 4096
+"""Bytes of a line read first: an ordinary line is whole in them, a split line's marker always is."""
 
 
 def _line_peeker(handle: Any) -> Any:
@@ -350,7 +351,6 @@ def _line_peeker(handle: Any) -> Any:
         return chunk
 
     return peek
-"""Bytes of a line read first: an ordinary line is whole in them, a split line's marker always is."""
 
 
 def _dumps(value: Any) -> str:

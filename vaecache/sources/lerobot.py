@@ -117,7 +117,11 @@ def _frame_size(feature: dict[str, Any]) -> tuple[int, int] | None:
 def _whole(value: Any, least: int = 0) -> int | None:
     """`value` as an int when it is a whole number >= `least` (an int, or a float column's 3.0), else None (None,
     NaN, a fraction, a negative, a bool, text)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):  # never through math.isfinite: an int past a float's range overflows it
+        return value if value >= least else None
+    if not isinstance(value, float) or not math.isfinite(value):
         return None
     return int(value) if value == int(value) and value >= least else None
 

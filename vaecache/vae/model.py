@@ -47,13 +47,13 @@ class VaeModel:
     """The module has enable_tiling()/disable_tiling() (used by --tiling and the out-of-memory fallback)."""
     tile_params: dict[str, Any] = field(default_factory=dict)
     views_per_forward: int = 1
+    """K: consecutive views one forward encodes together (all their frames for a per-frame VAE)."""
     compiled: bool = False
     """The encoder runs through torch.compile (VaeRunner compiles it)."""
     channels_last: bool = False
     """Convolution weights (load_vae) and every forward's input (VaeRunner) are in channels-last format."""
     encoder_impl: str = "reference"
     """"fast": VaeRunner encodes with vaecache.vae.wan_fast (Wan), "reference": with the module's own encode."""
-    """K: consecutive views one forward encodes together (all their frames for a per-frame VAE)."""
 
     def __post_init__(self) -> None:
         if self.views_per_forward < 1 or self.latent_channels < 0:

@@ -283,7 +283,7 @@ class VaeRunner:
             model.module.enable_tiling()
         try:
             if self._fast is not None and not tiled:
-                mean, logvar = _split_moments(self._fast.moments(batch))
+                mean, logvar = _posterior(self._fast.posterior(batch))
             else:
                 mean, logvar = _posterior(self._encode(batch))
         finally:
@@ -338,12 +338,6 @@ def fast_encoder(model: VaeModel) -> Any:
     from vaecache.vae.wan_fast import WanFastEncoder
 
     return WanFastEncoder(model.module)
-
-
-def _split_moments(moments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and log-variance of the encoder's moments, as diffusers' DiagonalGaussianDistribution takes them."""
-    mean, logvar = torch.chunk(moments, 2, dim=1)
-    return mean, torch.clamp(logvar, -30.0, 20.0)
 
 
 def _posterior(output: Any) -> tuple[torch.Tensor, torch.Tensor | None]:

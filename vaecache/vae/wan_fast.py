@@ -115,6 +115,12 @@ class WanFastEncoder:
         enc = self._conv(self.vae.quant_conv, out)
         return enc.contiguous()
 
+    def posterior(self, x: torch.Tensor) -> Any:
+        """diffusers' DiagonalGaussianDistribution of the moments, as `AutoencoderKLWan.encode` returns it."""
+        from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+
+        return DiagonalGaussianDistribution(self.moments(x))
+
     # ------------------------------------------------------------------ weights
 
     def _prepare(self, x: torch.Tensor) -> None:

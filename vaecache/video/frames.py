@@ -306,8 +306,6 @@ class FrameSequence:
                 # never for a frame over the budget (its orientation does not change its pixel count)
                 orientation = (1 if problem and "exif" not in image.info and fmt == "png"
                                else image.getexif().get(0x0112, 1))
-        except VideoDecodeError:
-            raise
         except FileNotFoundError:
             raise VideoDecodeError(path, "file not found") from None
         except PermissionError:
