@@ -225,12 +225,10 @@ def run_vaecache(args: argparse.Namespace, data: Path, out: Path, height: int, w
     if summary.exit_code != 0:
         raise SystemExit(f"vaecache run failed: exit {summary.exit_code}, skipped {summary.skipped}")
     views = summary.views
-    if isinstance(out, Path):
-        manifest = json.loads((out / "manifest.json").read_text())
-    else:
-        from vaecache.cache.remote import RemoteCache
+    from vaecache.cache.manifest import read_manifest
+    from vaecache.cache.store import open_store
 
-        manifest = RemoteCache(str(out)).manifest
+    manifest = read_manifest(open_store(out))
     result = {"views": views, "wall_s": end - start, "steady_views": views, "steady_s": end - start,
               "run_encode_wall_s": summary.wall_s,
               "views_per_forward_used": manifest.get("vae", {}).get("views_per_forward")}

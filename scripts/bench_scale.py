@@ -432,7 +432,7 @@ def child(step: str, out: Path, workers: int | None) -> dict[str, Any]:
 
     if step == "verify_pass":
         from vaecache.cache.reader import CacheReader
-        from vaecache.cache.verify import Check, scan_records
+        from vaecache.verify.integrity import Check, scan_records
     imported = _rss_mb()
     start = time.perf_counter()
     if step == "finalize":

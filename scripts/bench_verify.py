@@ -5,7 +5,7 @@ Builds a cache of about --target-mb through the real encode path (``run_encode``
 pass-through plugin VAE that stores pixels as latents, so hundreds of MB take seconds instead of the
 20+ minutes builtin:tiny would need on 2 cores), then times, repeats interleaved:
 
-* verify_full: ``vaecache.cache.verify.verify_cache(OUT)``: sha256 of every shard + headers + value checks;
+* verify_full: ``vaecache.verify.integrity.verify_cache(OUT)``: sha256 of every shard + headers + value checks;
 * verify_quick: ``verify_cache(OUT, quick=True)``: sizes and headers only;
 * sha256sum: ``sha256sum SHARDS...`` (one process, one file after another);
 * python_sha256: ``hashlib.sha256`` streamed in 8 MiB blocks, one thread (vaecache.cache.io.sha256_file);
@@ -105,7 +105,7 @@ def shard_files(out: Path) -> tuple[list[Path], dict[str, str], int]:
 
 
 def run_verify(out: Path, quick: bool, threads: int | None) -> Callable[[], None]:
-    from vaecache.cache.verify import verify_cache
+    from vaecache.verify.integrity import verify_cache
 
     def go() -> None:
         report = verify_cache(out, quick=quick, threads=threads)
@@ -150,7 +150,7 @@ def split_verify(out: Path, files: list[Path]) -> dict[str, float]:
     seconds summed over shards. Value checks compare with the stats recorded in the clip table, as verify does."""
     from safetensors.torch import load as safetensors_load
 
-    from vaecache.cache import verify as V
+    from vaecache.verify import integrity as V
     from vaecache.cache.reader import CacheReader
 
     recorded = {entry["name"]: entry.get("stats") for record in CacheReader(out).clip_records()

@@ -11,7 +11,6 @@ from vaecache.cache.reader import CacheReader
 from vaecache.cache.table import CLIP_TABLE, open_table
 from vaecache.cache.writer import tensor_stats
 from vaecache.training import LatentCache
-from vaecache.urls import is_url
 
 
 def latent_shapes(reader: CacheReader) -> list[dict[str, Any]]:
@@ -28,7 +27,7 @@ def latent_shapes(reader: CacheReader) -> list[dict[str, Any]]:
             tensors = record.get("tensors") or {}
             add(list(tensors), [entry.get("shape") for entry in tensors.values()])
     else:
-        table = open_table(reader.clips_path, CLIP_TABLE)
+        table = open_table(reader.table_source(reader.clips_name), CLIP_TABLE, where=reader.clips_path)
         for batch in table.iter_batches(batch_size=65536, columns=["tensor_keys", "tensor_shapes"]):
             for keys, shapes in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
                 add(keys, shapes)
@@ -40,20 +39,18 @@ def inspect_cache(out: Path | str, with_failures: bool = False,
                   storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """The cache at a glance: VAE, settings, latent shapes and buckets, counts, bytes, failures by reason (and with
     `with_failures` every failure record, under failures.records). `out` may be a URL: its manifest and tables
-    are fetched, no shard is read."""
-    if is_url(str(out)):
-        from vaecache.cache.objects import fetched_tables
-
-        with fetched_tables(str(out), storage_options) as local:
-            return {**inspect_cache(local, with_failures), "out": str(out)}
-    reader = CacheReader(out)
+    are read, no shard is."""
+    reader = CacheReader(out, storage_options)
     manifest = reader.manifest
     vae = manifest.get("vae") or {}
     failures = reader.failure_records()
     shards = manifest.get("shards") or []
-    tables = {name: path.stat().st_size
-              for name, path in (("clips", reader.clips_path), ("failures", reader.failures_path))
-              if path.is_file()}
+    tables = {}
+    for kind, name in (("clips", reader.clips_name), ("failures", reader.failures_name)):
+        try:
+            tables[kind] = reader.store.size(name)
+        except FileNotFoundError:
+            continue
     return {
         "out": str(out),
         "format_version": reader.version,

@@ -13,15 +13,16 @@ from typing import Any, Iterator, Sequence
 
 import torch
 import torch.utils.data
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 
 from vaecache.cache.layout import SHARDS_DIR, VERIFY_MODES
 from vaecache.cache.reader import CacheReader, record_problem
-from vaecache.cache.remote import RemoteCache, is_url
+from vaecache.cache.store import store_location
 from vaecache.cache.table import CLIP_TABLE
 from vaecache.errors import (
     IncompleteCacheError,
     NormalizationError,
+    OutputError,
     ShardChecksumError,
     ShardHeaderError,
     SourceChangedError,
@@ -96,17 +97,10 @@ class LatentCache:
             raise ValueError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
         self.verify = verify
         self.storage_options = dict(storage_options or {})
-        self._remote: RemoteCache | None = None
-        if is_url(out):  # object storage (s3://...): ranged reads, see vaecache.cache.remote
-            self._remote = RemoteCache(str(out), self.storage_options)
-            self.out: Any = self._remote.url
-            self.manifest = self._remote.manifest
-            self._shards = {shard["file"]: shard for shard in self.manifest.get("shards", [])}
-        else:
-            self.out = Path(out)
-            self._reader = CacheReader(self.out)
-            self.manifest = self._reader.manifest
-            self._shards = self._reader.shard_files()
+        self._reader = CacheReader(out, self.storage_options)  # a folder, or a URL read by ranges
+        self.out: Any = self._reader.out
+        self.manifest = self._reader.manifest
+        self._shards = self._reader.shard_files()
         self._rows = self._load_rows()
         self._ids: list[str] | None = None
         self._handles: dict[str, Any] = {}
@@ -116,24 +110,21 @@ class LatentCache:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from vaecache.cache.io import sha256_file
         from vaecache.cache.table import rows_table, schema_of
         from vaecache.errors import ClipTableError
 
-        remote, where = self._remote, self._clips_location
-        if not (remote.has(remote.clips_file) if remote is not None else where.is_file()):
+        reader, where = self._reader, self._clips_location
+        if not reader.store.exists(reader.clips_name):
             raise IncompleteCacheError(f"{where}: missing (the cache is incomplete)")
         recorded = self.manifest.get("clips") or {}
         if self.verify == "sha256" and recorded.get("sha256"):
-            found = remote.sha256(remote.clips_file) if remote is not None else sha256_file(where)
-            if found != recorded["sha256"]:
+            if reader.store.sha256(reader.clips_name) != recorded["sha256"]:
                 raise ShardChecksumError(f"{where}: sha256 differs from the one manifest.json records")
-        if remote is None and self._reader.version == 1:
-            rows = rows_table(CLIP_TABLE, self._reader.clip_records())
+        if reader.version == 1:
+            rows = rows_table(CLIP_TABLE, reader.clip_records())
         else:
             try:
-                rows = (remote.clip_table(CLIP_TABLE.schema.names) if remote is not None
-                        else pq.read_table(where, columns=CLIP_TABLE.schema.names))
+                rows = pq.read_table(reader.table_source(reader.clips_name), columns=CLIP_TABLE.schema.names)
             except (pa.ArrowException, OSError) as exc:
                 raise ClipTableError(f"{where}: does not read "
                                      f"({str(exc).splitlines()[0] if str(exc) else exc})") from None
@@ -143,12 +134,17 @@ class LatentCache:
         return rows
 
     @property
+    def store(self) -> Any:
+        """The store the cache lies in (vaecache.cache.store)."""
+        return self._reader.store
+
+    @property
     def _clips_location(self) -> Any:
-        return self._remote.url / self._remote.clips_file if self._remote is not None else self._reader.clips_path
+        return self._reader.clips_path
 
     # -- pickling: a DataLoader worker (spawn) reopens the cache; no handle or table crosses processes --
     def __getstate__(self) -> dict[str, Any]:
-        return {"out": str(self.out) if self._remote is not None else self.out, "verify": self.verify,
+        return {"out": self.out if self._reader.store.local else str(self.out), "verify": self.verify,
                 "storage_options": self.storage_options}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -251,50 +247,42 @@ class LatentCache:
         handle = self._open(self._trusted(record)["shard"])
         try:
             return {key: handle.get_tensor(entry["name"]) for key, entry in record["tensors"].items()}
-        except (SafetensorError, OSError, KeyError) as exc:
+        except (SafetensorError, OSError, KeyError, OutputError) as exc:
             raise ShardHeaderError(f"{self.out / SHARDS_DIR / record['shard']}: cannot read clip {record['id']} "
                                    f"({exc})") from None
 
     def _open(self, shard: str) -> Any:
         handle = self._handles.pop(shard, None)
-        if handle is None and self._remote is not None:
-            file = f"{SHARDS_DIR}/{shard}"
-            handle = self._remote.shard(file, self._shards.get(file), "none" if shard in self._checked else self.verify)
-            self._checked.add(shard)
-            while len(self._handles) >= MAX_OPEN_SHARDS:
-                self._handles.pop(next(iter(self._handles)))
-        elif handle is None:
-            path = self._reader.shard_file_path(f"{SHARDS_DIR}/{shard}")
+        if handle is None:
+            name = self._reader.shard_name(f"{SHARDS_DIR}/{shard}")
             if shard not in self._checked:
-                self._check(shard, path)
+                self._check(name)
                 self._checked.add(shard)
-            try:
-                handle = safe_open(str(path), "pt")
-            except (SafetensorError, OSError) as exc:
-                raise ShardHeaderError(f"{path}: safetensors header does not parse ({exc})") from None
+            handle = self._reader.store.shard(name)
             while len(self._handles) >= MAX_OPEN_SHARDS:
                 self._handles.pop(next(iter(self._handles)))
         self._handles[shard] = handle  # most recently used last
         return handle
 
-    def _check(self, shard: str, path: Path) -> None:
-        entry = self._shards.get(f"{SHARDS_DIR}/{shard}")
+    def _check(self, name: str) -> None:
+        store, where = self._reader.store, self._reader.store.where(name)
+        entry = self._shards.get(name)
         if entry is None:
-            raise ShardChecksumError(f"{path}: not listed in manifest.json")
+            raise ShardChecksumError(f"{where}: not listed in manifest.json")
         if self.verify == "none":
             return
         try:
-            size = path.stat().st_size
+            size = store.size(name)
         except OSError as exc:
-            raise ShardChecksumError(f"{path}: unreadable ({exc.strerror or exc})") from None
+            raise ShardChecksumError(f"{where}: unreadable ({exc.strerror or exc})") from None
+        except OutputError as exc:
+            raise ShardChecksumError(str(exc)) from None
         if size != entry["bytes"]:
-            raise ShardChecksumError(f"{path}: {size} bytes, manifest.json records {entry['bytes']}")
+            raise ShardChecksumError(f"{where}: {size} bytes, manifest.json records {entry['bytes']}")
         if self.verify == "sha256":
-            from vaecache.cache.io import sha256_file
-
-            found = sha256_file(path)
+            found = store.sha256(name)
             if found != entry.get("sha256"):
-                raise ShardChecksumError(f"{path}: sha256 {found[:16]}..., manifest.json records "
+                raise ShardChecksumError(f"{where}: sha256 {found[:16]}..., manifest.json records "
                                          f"{str(entry.get('sha256'))[:16]}...")
 
     def close(self) -> None:
@@ -378,13 +366,13 @@ class LatentDataset(torch.utils.data.Dataset):
 
     Safe in DataLoader workers: it holds only (out, verify, keys, storage_options) and opens the cache lazily in each
     process (a forked worker that inherits an open cache reopens it), so nothing unpicklable crosses processes. `out`
-    may be an fsspec URL (``s3://bucket/cache``): see vaecache.cache.remote."""
+    may be an fsspec URL (``s3://bucket/cache``): see vaecache.cache.store."""
 
     def __init__(self, out: str | Path, verify: str = "size", keys: Sequence[str] | None = None,
                  storage_options: dict[str, Any] | None = None) -> None:
         if verify not in VERIFY_MODES:
             raise ValueError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
-        self.out, self.verify = (out if is_url(out) else Path(out)), verify
+        self.out, self.verify = store_location(out), verify
         self.storage_options = dict(storage_options or {})
         self.keys = tuple(keys) if keys is not None else None
         self._cache: LatentCache | None = None

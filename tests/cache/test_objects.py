@@ -20,7 +20,7 @@ import pytest
 from tests.conftest import ENCODE_ARGS, assert_same_tensors, invoke, load_tensors, read_clips, subprocess_env
 from tests.s3 import download, make_bucket, upload
 from vaecache import LatentCache
-from vaecache.cache import objects as objects_module
+from vaecache.cache import lock as lock_module
 from vaecache.cache.objects import ObjectOut
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.errors import OutputError
@@ -164,7 +164,7 @@ def test_two_jobs_taking_over_one_stale_lock_together_one_wins(s3, monkeypatch: 
     dead.wait()
     s3.pipe_file("stale/cache/.lock", json.dumps({"host": socket.gethostname(), "pid": dead.pid}).encode())
     both_read, first_done = threading.Barrier(2, timeout=60), threading.Event()
-    rule = objects_module.lock_is_stale
+    rule = lock_module.lock_is_stale
 
     def racing(holder: dict, me: dict) -> bool:  # both jobs read the stale lock; the second acts after the first won
         stale = rule(holder, me)
@@ -174,7 +174,7 @@ def test_two_jobs_taking_over_one_stale_lock_together_one_wins(s3, monkeypatch: 
                 first_done.wait(60)
         return stale
 
-    monkeypatch.setattr(objects_module, "lock_is_stale", racing)
+    monkeypatch.setattr(lock_module, "lock_is_stale", racing)
     outcomes: dict[str, object] = {}
 
     def take_over(job: str) -> None:
@@ -212,14 +212,14 @@ def test_a_stale_lock_is_refused_where_the_store_cannot_replace_it_conditionally
     stale = json.dumps({"host": socket.gethostname(), "pid": 2**22 + 1}).encode()  # past pid_max: never alive
     plain = ObjectOut("memory://vaecache-test/cache")  # a store without ETags
     try:
-        plain.fs.pipe_file(plain.key(".lock"), stale)
+        plain.fs.pipe_file(plain.store.key(".lock"), stale)
         with pytest.raises(OutputError, match=r"memory://vaecache-test/cache: locked by a vaecache job that is gone "
                            r"\(host .*\), but this store gives no ETag to replace it on, .*; delete "
                            r"memory://vaecache-test/cache/\.lock and rerun"):
             plain.acquire_lock(None)
-        assert plain.fs.cat_file(plain.key(".lock")) == stale
+        assert plain.fs.cat_file(plain.store.key(".lock")) == stale
     finally:
-        plain.fs.rm(plain.key(".lock"))
+        plain.fs.rm(plain.store.key(".lock"))
         plain.close()
 
     make_bucket(s3, "nomatch")

@@ -17,8 +17,8 @@ import torch
 
 from vaecache.cache.lock import acquire_lock, lock_is_stale, release_lock
 from vaecache.cache.outdir import describe_differences, numerics_history
-from vaecache.cache.verify import verify_cache
 from vaecache.errors import OutputError
+from vaecache.verify.integrity import verify_cache
 
 HOST = socket.gethostname()
 

@@ -22,8 +22,8 @@ from vaecache.cache.io import AppendLog
 from vaecache.cache.layout import progress_path
 from vaecache.cache.reader import CacheReader
 from vaecache.cache.table import CLIP_TABLE, iter_table, write_table
-from vaecache.cache.verify import verify_cache
 from vaecache.errors import ClipTableError
+from vaecache.verify.integrity import verify_cache
 
 HEADER = {"settings": {}, "latent": {"store": ["mean"], "dtype": "float32", "layout": "x"}, "planned_clips": 0,
           "oom_backoffs": 0}

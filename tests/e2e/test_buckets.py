@@ -70,7 +70,7 @@ def test_every_shard_holds_one_bucket_and_the_manifest_lists_buckets(bucket_cach
 
 
 def test_verify_names_a_clip_whose_shape_is_not_its_buckets(bucket_cache: Path, cache_io: Any) -> None:
-    from vaecache.cache.verify import manifest_record_problem
+    from vaecache.verify.integrity import manifest_record_problem
 
     manifest = cache_io.manifest(bucket_cache)
     record = next(c for c in cache_io.clips(bucket_cache) if c["bucket"]["name"] == "56x32x5")

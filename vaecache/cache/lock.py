@@ -1,18 +1,23 @@
-"""The lock on an output folder: one job writes OUT at a time. On disk an flock on OUT/.lock held for the run, which
-also records who holds it; the same record and stale-lock rules serve object storage (vaecache.cache.objects),
-where the lock is an object created only if absent."""
+"""The lock on OUT: one job writes a cache at a time. On disk an flock on OUT/.lock held for the run, which also
+records who holds it; in object storage (ObjectLock) an object created only if absent, with the same record and
+the same stale-lock rules. `lock_for(store)` gives the one that fits OUT's store."""
 
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import socket
+import uuid
 from pathlib import Path
 from typing import Any
 
 from vaecache.cache.layout import LOCK
+from vaecache.cache.store import ObjectStore, Store
 from vaecache.errors import OutputError
+
+log = logging.getLogger("vaecache")
 
 _HELD_LOCKS: dict[Path, int] = {}
 """OUT/.lock -> the open descriptor whose flock this process holds for the run."""
@@ -110,4 +115,95 @@ def _pid_alive(pid: Any) -> bool:
     return True
 
 
-__all__ = ["acquire_lock", "lock_holder_record", "lock_is_stale", "locked_error", "release_lock"]
+class DiskLock:
+    """OUT/.lock on disk (acquire_lock / release_lock) as an object, like ObjectLock."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+
+    def acquire(self, job_id: str | None) -> None:
+        acquire_lock(self.folder, job_id)
+
+    def release(self) -> None:
+        release_lock(self.folder)
+
+
+class ObjectLock:
+    """OUT/.lock in object storage: created with a conditional PUT (``If-None-Match: *``, which S3 and MinIO honour),
+    so of jobs starting together exactly one creates it, recording who holds it (and a token of its own). A stale
+    lock (the rules of `lock_is_stale`) is taken over by a PUT conditional on the ETag it was read with
+    (``If-Match``), so that of jobs taking it over together exactly one replaces it, and is refused where the store
+    cannot do that. A live lock is refused naming its holder. The lock is read back after it is taken: a store that
+    ignored the condition and let another job's PUT win is caught then."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+        self._token: str | None = None
+
+    def acquire(self, job_id: str | None) -> None:
+        me = {**lock_holder_record(job_id), "token": uuid.uuid4().hex}
+        where = self.store.where(LOCK)
+        for _ in range(8):
+            try:
+                self.store.create(LOCK, json.dumps(me).encode())
+            except FileExistsError:
+                found = self.store.read_tagged(LOCK)
+                if found is None:  # released or replaced between our PUT and our read: try again
+                    continue
+                holder, etag = _holder(found[0]) or {}, found[1]
+                if not lock_is_stale(holder, me):
+                    raise locked_error(self.store.url, where, holder) from None
+                if etag is None:
+                    raise self._stale_lock_error(holder, "this store gives no ETag to replace it on") from None
+                log.warning("%s: taking over a stale lock (host %s, pid %s, job %s)", where, holder.get("host"),
+                            holder.get("pid"), holder.get("job_id"))
+                try:
+                    replaced = self.store.replace_if(LOCK, json.dumps(me).encode(), etag)
+                except NotImplementedError:
+                    raise self._stale_lock_error(holder, "this store does not replace an object conditionally "
+                                                         "(If-Match)") from None
+                if not replaced:
+                    continue  # another job took it over (or it was deleted) first: look again
+            holder = _holder(self.store.read_if_present(LOCK))
+            if holder is None or holder.get("token") != me["token"]:
+                raise locked_error(self.store.url, where, holder or {})
+            self._token = me["token"]
+            return
+        raise OutputError(f"{where}: could not take the lock")
+
+    def _stale_lock_error(self, holder: dict[str, Any], why: str) -> OutputError:
+        return OutputError(f"{self.store.url}: locked by a vaecache job that is gone (host {holder.get('host')}, pid "
+                           f"{holder.get('pid')}, job {holder.get('job_id')}), but {why}, so two jobs could both "
+                           f"take it over; delete {self.store.where(LOCK)} and rerun")
+
+    def release(self) -> None:
+        """Delete OUT/.lock if this process holds it (and it is still ours)."""
+        token, self._token = self._token, None
+        if token is None:
+            return
+        holder = _holder(self.store.read_if_present(LOCK))
+        if holder is not None and holder.get("token") == token:
+            self.store.delete([LOCK])
+
+    def holder(self) -> dict[str, Any] | None:
+        """Who holds OUT/.lock now (None: nobody)."""
+        return _holder(self.store.read_if_present(LOCK))
+
+
+def lock_for(store: Store) -> DiskLock | ObjectLock:
+    """OUT's lock, as its store takes one."""
+    return ObjectLock(store) if isinstance(store, ObjectStore) else DiskLock(store.location)
+
+
+def _holder(data: bytes | None) -> dict[str, Any] | None:
+    if data is None:
+        return None
+    try:
+        holder = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+__all__ = ["DiskLock", "ObjectLock", "acquire_lock", "lock_for", "lock_holder_record", "lock_is_stale", "locked_error",
+           "release_lock"]

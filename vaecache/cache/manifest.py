@@ -11,7 +11,7 @@ from typing import Any
 from vaecache.cache.io import atomic_write_json, read_json
 from vaecache.cache.layout import CLIPS, FAILURES, FORMAT_NAME, FORMAT_VERSION, MANIFEST, SUPPORTED_VERSIONS
 from vaecache.cache.table import WrittenTable
-from vaecache.errors import ManifestError
+from vaecache.errors import ManifestError, OutputError
 
 
 def manifest_header(*, producer: dict[str, str], vae: dict[str, Any], fingerprint: dict[str, Any],
@@ -46,12 +46,32 @@ def write_manifest_last(out: Path, header: dict[str, Any], shards: list[dict[str
     return manifest
 
 
-def read_manifest(out: Path) -> dict[str, Any]:
-    """Parse manifest.json and refuse unknown formats and versions."""
-    path = Path(out) / MANIFEST
-    if not path.exists():
-        raise ManifestError(f"{path}: no manifest (the run is incomplete or OUT is not a vaecache output)")
-    return check_manifest(read_json(path, "manifest"), str(path))
+def read_manifest(out: Any) -> dict[str, Any]:
+    """Parse manifest.json of OUT (a folder or a store, vaecache.cache.store) and refuse unknown formats and
+    versions."""
+    from vaecache.cache.io import loads
+    from vaecache.cache.store import Store
+
+    if not isinstance(out, Store):
+        path = Path(out) / MANIFEST
+        if not path.exists():
+            raise ManifestError(f"{path}: no manifest (the run is incomplete or OUT is not a vaecache output)")
+        return check_manifest(read_json(path, "manifest"), str(path))
+    where = out.where(MANIFEST)
+    if out.local:
+        return read_manifest(out.folder)
+    try:
+        data = out.read(MANIFEST)
+    except FileNotFoundError:
+        if not out.bucket_exists():
+            raise ManifestError(f"{out.location}: no such bucket ({out.bucket})") from None
+        raise ManifestError(f"{where}: no manifest (the run is incomplete or this is not a vaecache output)") from None
+    except OutputError as exc:
+        raise ManifestError(str(exc)) from None
+    try:
+        return check_manifest(loads(data), str(where))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{where}: the manifest does not parse ({exc})") from None
 
 
 def check_manifest(manifest: Any, where: str) -> dict[str, Any]:

@@ -25,17 +25,13 @@ deleted at the end.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import errno
-import json
 import logging
 import re
 import shutil
 import tempfile
-import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Sequence
 
 from vaecache.cache.layout import (
     CLIPS,
@@ -50,12 +46,11 @@ from vaecache.cache.layout import (
     SHARD_SUFFIX,
     SHARDS_DIR,
 )
-from vaecache.cache.lock import lock_holder_record, lock_is_stale, locked_error
-from vaecache.cache.outdir import PreparedOut
-from vaecache.cache.progress import committed_shards, progress_line_head
-from vaecache.cache.reader import CacheReader
-from vaecache.cache.remote import open_filesystem, storage_problem
-from vaecache.errors import OutputError, UsageError, VaecacheError
+from vaecache.cache.lock import ObjectLock
+from vaecache.cache.outdir import PreparedOut, begin_changes, prepare_out
+from vaecache.cache.progress import CommittedIds, committed_shards, progress_counts, progress_line_head
+from vaecache.cache.store import ObjectStore
+from vaecache.errors import OutputError, UsageError
 from vaecache.urls import Url
 
 log = logging.getLogger("vaecache")
@@ -88,208 +83,137 @@ def committed_shard(commit: str) -> str | None:
 
 
 class ObjectOut:
-    """OUT at a URL: its objects read and written under the commit protocol, and this process's work folder."""
+    """OUT at a URL: its objects (an ObjectStore) written under the commit protocol, and this process's work
+    folder."""
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, work: Path | None = None) -> None:
-        self.url = Url(str(url).rstrip("/"))
-        self.fs, self.root = open_filesystem(self.url, storage_options)
-        self.root = self.root.rstrip("/")
+    def __init__(self, url: Any, storage_options: dict[str, Any] | None = None, work: Path | None = None) -> None:
+        self.store = url if isinstance(url, ObjectStore) else ObjectStore(str(url), storage_options)
+        self.url, self.fs, self.root = self.store.url, self.store.fs, self.store.root
         self.work = Path(work) if work is not None else Path(tempfile.mkdtemp(prefix="vaecache-work-"))
-        self._lock_token: str | None = None
-
-    # --- objects ---------------------------------------------------------------------------------------------
-
-    def key(self, name: str) -> str:
-        return f"{self.root}/{name}"
+        self.folder = self.work
+        """Where the disk code runs: this process's work folder."""
+        self.lock = ObjectLock(self.store)
 
     def where(self, name: str = "") -> Url:
-        return self.url / name if name else self.url
-
-    def _error(self, name: str, what: str, exc: BaseException) -> OutputError:
-        return OutputError(f"{self.where(name)}: cannot {what} ({storage_problem(exc)})")
-
-    def get(self, name: str) -> bytes | None:
-        """An object's bytes; None when there is no such object."""
-        try:
-            return self.fs.cat_file(self.key(name))
-        except FileNotFoundError:
-            return None
-        except Exception as exc:  # botocore's credential errors are no OSError
-            raise self._error(name, "read", exc) from None
-
-    def get_many(self, names: Iterable[str]) -> dict[str, bytes]:
-        """Objects' bytes, fetched concurrently; a name whose object is gone is left out, any other error raised (a
-        commit record that could not be read must never pass for one that is not there)."""
-        names = list(names)
-        if not names:
-            return {}
-        try:
-            found = self.fs.cat([self.key(name) for name in names], on_error="return")
-        except Exception as exc:
-            raise self._error(names[0], "read", exc) from None
-        result = {}
-        for name in names:
-            data = found.get(self.key(name), FileNotFoundError(name))
-            if isinstance(data, FileNotFoundError):
-                continue
-            if isinstance(data, BaseException):
-                raise self._error(name, "read", data)
-            result[name] = data
-        return result
-
-    def put(self, name: str, data: bytes, *, create: bool = False) -> None:
-        """PUT `data` as object `name` (a multipart upload past 100 MB, by s3fs); with `create`, only where no such
-        object exists (If-None-Match: *), else FileExistsError."""
-        try:
-            self.fs.pipe_file(self.key(name), data, **({"mode": "create"} if create else {}))
-        except FileExistsError:
-            if create:
-                raise
-            raise self._error(name, "write", FileExistsError(name)) from None
-        except Exception as exc:
-            raise self._error(name, "write", exc) from None
+        return self.store.where(name)
 
     def put_file(self, name: str) -> None:
         """PUT the work folder's file `name` as object `name`."""
-        self.put(name, (self.work / name).read_bytes())
-
-    def delete(self, names: Iterable[str]) -> None:
-        names = list(names)
-        if not names:
-            return
-        try:
-            self.fs.rm([self.key(name) for name in names])
-        except FileNotFoundError:
-            pass
-        except Exception as exc:
-            raise self._error(names[0], "delete", exc) from None
-
-    def sizes(self, folder: str) -> dict[str, int]:
-        """Object name (relative to OUT) -> bytes, for every object under `folder`/, listed now (never a cached
-        listing: other ranks and jobs write here too)."""
-        try:
-            self.fs.invalidate_cache()
-            found = self.fs.find(self.key(folder), detail=True, withdirs=False)
-        except FileNotFoundError:
-            return {}
-        except Exception as exc:
-            raise self._error(folder, "list", exc) from None
-        start = len(self.root) + 1
-        return {path[start:]: int(info.get("size") or 0) for path, info in found.items()
-                if info.get("type", "file") != "directory"}
-
-    def entries(self) -> set[str]:
-        """The names right under OUT's URL (objects and prefixes)."""
-        try:
-            self.fs.invalidate_cache()
-            return {path.rstrip("/").rsplit("/", 1)[-1] for path in self.fs.ls(self.root, detail=False)}
-        except FileNotFoundError:
-            return set()
-        except Exception as exc:
-            raise self._error("", "list", exc) from None
+        self.store.write(name, (self.work / name).read_bytes())
 
     # --- checks before a run -------------------------------------------------------------------------------------
 
     def check_usable(self) -> None:
         """The bucket exists and OUT's prefix can be listed (one listing of OUT alone, never of the bucket), and OUT's
         URL holds a vaecache output or nothing."""
-        try:
-            self.fs.invalidate_cache()
-            found = {path.rstrip("/").rsplit("/", 1)[-1] for path in self.fs.ls(self.root, detail=False)}
-        except FileNotFoundError:  # an empty prefix, or no bucket (credentials and access fail before this)
-            found = set()
-            bucket = self.root.split("/", 1)[0]
-            if not self.fs.exists(bucket):
-                raise OutputError(f"{self.url}: no such bucket ({bucket}); create it first") from None
-        except Exception as exc:
-            raise self._error("", "list", exc) from None
-        foreign = sorted(name for name in found if name not in OWNED_ENTRIES)
-        if RUN not in found and foreign:
-            raise UsageError(f"{self.url}: not empty and not a vaecache output (holds {', '.join(foreign[:3])}); "
-                             "choose another --out")
+        check_object_out(self.store)
+
+    def pull_start(self) -> None:
+        """Every rank, before start-up: OUT usable, then run.json (the CPU threads a resume computes with) and every
+        rank's probe records (no video is probed twice)."""
+        self.check_usable()
+        for folder in (PROGRESS_DIR, LOGS_DIR, PROBES_DIR):  # what every rank appends to, as in OUT on disk
+            (self.work / folder).mkdir(parents=True, exist_ok=True)
+        for name, data in self.store.read_many([RUN, *self.store.listing(PROBES_DIR)]).items():
+            self._write_local(name, data)
 
     # --- the lock ------------------------------------------------------------------------------------------------
 
     def acquire_lock(self, job_id: str | None) -> None:
-        """Create OUT/.lock with a conditional PUT, recording who holds it; take over a stale one (outdir's rules) by a
-        PUT conditional on the ETag it was read with (If-Match), so that of jobs taking it over together exactly one
-        replaces it; refuse a live one naming its holder, and a stale one where the store cannot replace it
-        conditionally. The lock is read back: a store that ignored the condition and let another job's PUT win is
-        caught then."""
-        me = {**lock_holder_record(job_id), "token": uuid.uuid4().hex}
-        for _ in range(8):
-            try:
-                self.put(LOCK, json.dumps(me).encode(), create=True)
-            except FileExistsError:
-                found = self._read_lock()
-                if found is None:  # released or replaced between our PUT and our read: try again
-                    continue
-                holder, etag = _holder(found[0]) or {}, found[1]
-                if not lock_is_stale(holder, me):
-                    raise locked_error(self.url, self.where(LOCK), holder) from None
-                if etag is None:
-                    raise self._stale_lock_error(holder, "this store gives no ETag to replace it on") from None
-                log.warning("%s: taking over a stale lock (host %s, pid %s, job %s)", self.where(LOCK),
-                            holder.get("host"), holder.get("pid"), holder.get("job_id"))
-                if not self._replace_lock(json.dumps(me).encode(), etag, holder):
-                    continue  # another job took it over (or it was deleted) first: look again
-            holder = _holder(self.get(LOCK))
-            if holder is None or holder.get("token") != me["token"]:
-                raise locked_error(self.url, self.where(LOCK), holder or {})
-            self._lock_token = me["token"]
-            return
-        raise OutputError(f"{self.where(LOCK)}: could not take the lock")
-
-    def _read_lock(self) -> tuple[bytes, str | None] | None:
-        """The lock's bytes and the ETag of exactly those bytes (s3fs reads them with If-Match on the ETag it
-        opened the object with); None when the lock is gone or changed while being read. The ETag is None on a
-        store that gives none."""
-        key = self.key(LOCK)
-        try:
-            self.fs.invalidate_cache(key)
-            with self.fs.open(key, "rb") as file:
-                etag = (getattr(file, "details", None) or {}).get("ETag")
-                return file.read(), etag
-        except FileNotFoundError:
-            return None
-        except Exception as exc:
-            if _precondition_failed(exc):
-                return None
-            raise self._error(LOCK, "read", exc) from None
-
-    def _replace_lock(self, data: bytes, etag: str, holder: dict[str, Any]) -> bool:
-        """PUT the lock only if it is still the one read with `etag` (If-Match); False when it is not (another job
-        replaced or deleted it first)."""
-        try:
-            self.fs.pipe_file(self.key(LOCK), data, IfMatch=etag)
-        except FileNotFoundError:
-            return False
-        except Exception as exc:
-            if _precondition_failed(exc):
-                return False
-            if _not_implemented(exc):
-                raise self._stale_lock_error(holder, "this store does not replace an object conditionally "
-                                                     "(If-Match)") from None
-            raise self._error(LOCK, "write", exc) from None
-        return True
-
-    def _stale_lock_error(self, holder: dict[str, Any], why: str) -> OutputError:
-        return OutputError(f"{self.url}: locked by a vaecache job that is gone (host {holder.get('host')}, pid "
-                           f"{holder.get('pid')}, job {holder.get('job_id')}), but {why}, so two jobs could both "
-                           f"take it over; delete {self.where(LOCK)} and rerun")
+        self.lock.acquire(job_id)
 
     def release_lock(self) -> None:
-        """Delete OUT/.lock if this process holds it (and it is still ours)."""
-        token, self._lock_token = self._lock_token, None
-        if token is None:
-            return
-        holder = _holder(self.get(LOCK))
-        if holder is not None and holder.get("token") == token:
-            self.delete([LOCK])
+        self.lock.release()
 
-    def locked_by(self) -> dict[str, Any] | None:
-        """Who holds OUT/.lock now (None: nobody)."""
-        return _holder(self.get(LOCK))
+    # --- a run: the disk code in the work folder, the objects made to say what it decided ---------------------------
+
+    def prepare(self, fingerprint: dict[str, Any], overwrite: bool, job_id: str | None,
+                sources: dict[str, dict[str, Any]] | None, committed: CommittedIds | None,
+                allow_other_numerics: bool = False, extra_numerics: Sequence[dict[str, Any]] = ()) -> PreparedOut:
+        """Rank 0: take the lock (held until `release_lock`), rebuild the work folder's records from the objects, run
+        prepare_out there and make the objects say what it decided (`reconcile`)."""
+        self.acquire_lock(job_id)
+        try:
+            if overwrite:
+                self.clear()
+            self.pull_records(finished=True)
+            prepared = prepare_out(self.work, fingerprint, overwrite, job_id, sources, committed,
+                                   allow_other_numerics, extra_numerics, self.shard_problems, lock=False)
+            return prepared if prepared.complete else self.reconcile(prepared)
+        except BaseException:
+            self.release_lock()
+            raise
+
+    def begin_again(self, attempt: int, fingerprint: dict[str, Any], sources: dict[str, dict[str, Any]] | None,
+                    committed: CommittedIds | None, extra_numerics: Sequence[dict[str, Any]] = ()) -> PreparedOut:
+        """Rank 0: a finished cache is about to change (the dataset grew)."""
+        return self.reconcile(begin_changes(self.work, attempt, fingerprint, sources, committed, extra_numerics,
+                                            self.shard_problems))
+
+    def write_shard(self, file: str, data: bytes) -> None:
+        """PUT the shard under its unique name (atomic: whole or absent)."""
+        self.store.write(file, data)
+
+    def commit(self, file: str, line: str) -> None:
+        """PUT the shard's commit record: its progress line."""
+        self.store.write(commit_name(file.rsplit("/", 1)[-1]), (line + "\n").encode())
+
+    def leave_torn_shard(self, file: str, data: bytes) -> None:
+        """A crash mid-write (fault injection): a store without atomic PUTs would leave a cut object."""
+        self.store.write(file, data[: len(data) // 2])
+
+    def before_finalize(self) -> None:
+        """Rank 0: the work folder's logs rebuilt from every rank's commit records."""
+        self.pull_records(finished=False)
+
+    # --- verify: the commits counted, the stray objects named and repaired -----------------------------------------
+    # Stray: a shard object without a commit record, or one the manifest does not list; a commit record of a shard
+    # the manifest does not list. A shard the finished manifest lists whose commit record is gone is named too: the
+    # next encode would take it for a stray, delete it and encode its clips again (repair cannot rewrite a record).
+
+    check_name = "no stray objects"
+
+    def _listing(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(shard objects and commit records, everything under progress/), from one listing of each folder."""
+        progress = self.store.listing(PROGRESS_DIR)
+        return ({**self.store.listing(SHARDS_DIR),
+                 **{name: size for name, size in progress.items() if name.startswith(f"{COMMITS_DIR}/")}}, progress)
+
+    def counts(self) -> tuple[int, int]:
+        """(committed clips, committed shards) of a run without a manifest."""
+        check_object_out(self.store)
+        self.pull_records(finished=False)
+        return progress_counts(self.work)
+
+    def repair(self, listed: set[str] | None) -> list[str]:
+        """Delete the stray objects under OUT's lock (refused while a live job holds it: its next commit would look
+        like a stray now). `listed`: the finished manifest's shard files; None without a manifest."""
+        strays = stray_objects(self._listing()[0], listed)
+        if strays:
+            self.acquire_lock(None)
+            try:
+                self.store.delete(strays)
+            finally:
+                self.release_lock()
+        return strays
+
+    def problems(self, listed: set[str] | None) -> tuple[list[str], int]:
+        """(what is wrong, how many objects were fine). With a manifest (`listed`) the shard objects it does not
+        list are the orphan check's; named here are commit records of unlisted shards and listed shards without a
+        commit record."""
+        listing, progress = self._listing()
+        strays = stray_objects(listing, listed)
+        if listed is not None:
+            strays = [name for name in strays if name.startswith(f"{COMMITS_DIR}/")]
+        problems = [_why_stray(name, listed) for name in strays]
+        if listed is not None and not disk_progress_logs(progress):  # a copied disk cache commits in its logs
+            claimed = {committed_shard(name) for name in listing}
+            for shard in sorted(listed):
+                if shard not in claimed:
+                    problems.append(f"{shard}: shard object without its commit record "
+                                    f"{commit_name(shard.removeprefix(f'{SHARDS_DIR}/'))} (listed in the manifest; the "
+                                    "next encode would delete it and encode its clips again)")
+        return problems, max(0, len(listing) - len(strays))
 
     # --- the work folder -----------------------------------------------------------------------------------------
 
@@ -298,14 +222,6 @@ class ObjectOut:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
 
-    def pull_start(self) -> None:
-        """Every rank, before start-up: run.json (the CPU threads a resume computes with) and every rank's probe
-        records (no video is probed twice)."""
-        for folder in (PROGRESS_DIR, LOGS_DIR, PROBES_DIR):  # what every rank appends to, as in OUT on disk
-            (self.work / folder).mkdir(parents=True, exist_ok=True)
-        for name, data in self.get_many([RUN, *self.sizes(PROBES_DIR)]).items():
-            self._write_local(name, data)
-
     def pull_records(self, *, finished: bool) -> None:
         """Rank 0: rebuild the work folder's progress logs (one per rank, lines in commit order) and failure logs
         from the objects; with `finished`, also the manifest and the failure table of a finished cache."""
@@ -313,14 +229,14 @@ class ObjectOut:
         progress.mkdir(parents=True, exist_ok=True)
         for old in [*progress.glob("rank-*.jsonl"), *progress.glob("failures-rank-*.jsonl")]:
             old.unlink()
-        listed = sorted(self.sizes(PROGRESS_DIR))
+        listed = sorted(self.store.listing(PROGRESS_DIR))
         copied = disk_progress_logs(listed)
         if copied:  # its commits are lines of those logs, which objects cannot append to or cut
             raise UsageError(f"{self.where(copied[0])}: this cache was written on disk and copied here; resume or "
                              "grow it on disk and copy it again, or --overwrite to start over here")
         commits = [name for name in listed if committed_shard(name) is not None]
         failures = [name for name in listed if _FAILURE_LOG.fullmatch(name)]
-        contents = self.get_many(commits + failures)
+        contents = self.store.read_many(commits + failures)
         logs: dict[int, list[bytes]] = {}
         for name in commits:  # a rank's commits sort in its commit order: attempt, then sequence
             data = contents.get(name)
@@ -340,7 +256,7 @@ class ObjectOut:
                 self._write_local(name, contents[name])
         if finished:
             for name in (RUN, MANIFEST, FAILURES):
-                data = self.get(name)
+                data = self.store.read_if_present(name)
                 if data is not None:
                     self._write_local(name, data)
                 else:
@@ -349,7 +265,7 @@ class ObjectOut:
     def shard_problems(self, shards: list[dict[str, Any]]) -> dict[str, str]:
         """Shard file -> problem for committed shards whose object is missing or of another size (one listing).
         Their sha256 is `verify`'s to check: hashing here would download the whole cache on every resume."""
-        found = self.sizes(SHARDS_DIR)
+        found = self.store.listing(SHARDS_DIR)
         problems = {}
         for shard in shards:
             size = found.get(shard["file"])
@@ -366,42 +282,20 @@ class ObjectOut:
         no kept commit claims (strays from a crash, damaged shards). Returns `prepared` with those counted."""
         self.put_file(RUN)
         if not (self.work / MANIFEST).exists():
-            self.delete([MANIFEST])
+            self.store.delete([MANIFEST])
         kept = {shard["file"] for shard in committed_shards(self.work)}
-        listed = self.sizes(PROGRESS_DIR)
+        listed = self.store.listing(PROGRESS_DIR)
         dropped = [name for name in listed if committed_shard(name) is not None and committed_shard(name) not in kept]
-        self.delete(dropped + [name for name in listed if _FAILURE_LOG.fullmatch(name)])
-        strays = [name for name in self.sizes(SHARDS_DIR) if name not in kept]
-        self.delete(strays)
+        self.store.delete(dropped + [name for name in listed if _FAILURE_LOG.fullmatch(name)])
+        strays = [name for name in self.store.listing(SHARDS_DIR) if name not in kept]
+        self.store.delete(strays)
         return dataclasses.replace(prepared, discarded_files=prepared.discarded_files + len(dropped) + len(strays))
 
     def clear(self) -> None:
         """--overwrite: delete every object vaecache owns under OUT but the lock."""
-        for name in self.entries():
+        for name in self.store.entries():
             if name in OWNED_ENTRIES and name != LOCK:
-                try:
-                    self.fs.rm(self.key(name), recursive=True)
-                except FileNotFoundError:
-                    pass
-                except Exception as exc:
-                    raise self._error(name, "delete", exc) from None
-        self.fs.invalidate_cache()
-
-    def fetch_tables(self) -> bool:
-        """A finished cache's manifest and its clip and failure tables (as the manifest names them) into the work
-        folder, for the readers that run on disk; False when there is no manifest."""
-        manifest = self.get(MANIFEST)
-        if manifest is None:
-            return False
-        self._write_local(MANIFEST, manifest)
-        try:
-            reader = CacheReader(self.work)
-            names = [path.relative_to(self.work).as_posix() for path in (reader.clips_path, reader.failures_path)]
-        except VaecacheError:  # the readers name the manifest's problem
-            names = [CLIPS, FAILURES]
-        for name, data in self.get_many(names).items():
-            self._write_local(name, data)
-        return True
+                self.store.delete_tree(name)
 
     def publish(self) -> None:
         """Finalize, rank 0: the clip table and the failure table, then the manifest last."""
@@ -412,7 +306,7 @@ class ObjectOut:
         """This rank's log of this attempt, best effort (a log is not part of the cache)."""
         try:
             if path.is_file():
-                self.put(f"{LOGS_DIR}/rank-{rank:05d}-a{attempt:03d}.log", path.read_bytes())
+                self.store.write(f"{LOGS_DIR}/rank-{rank:05d}-a{attempt:03d}.log", path.read_bytes())
         except OutputError as exc:
             log.warning("%s", exc)
 
@@ -425,52 +319,41 @@ class ObjectOut:
         shutil.rmtree(self.work, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def fetched_tables(url: str, storage_options: dict[str, Any] | None = None) -> Iterator[Path]:
-    """A local folder holding the manifest and the clip and failure tables of the finished cache at `url` (what
-    inspect reads; its shards stay at the URL), removed after the block. ManifestError when there is no manifest."""
-    from vaecache.errors import ManifestError
-
-    objects = ObjectOut(url, storage_options)
+def check_object_out(store: ObjectStore) -> None:
+    """The bucket exists and OUT's prefix can be listed (one listing of OUT alone, never of the bucket), and OUT's URL
+    holds a vaecache output or nothing."""
     try:
-        if not objects.fetch_tables():
-            objects.check_usable()
-            raise ManifestError(f"{objects.where(MANIFEST)}: no manifest (the run is incomplete or this is not a "
-                                "vaecache output)")
-        yield objects.work
-    finally:
-        objects.close()
+        found = store.entries()
+    except FileNotFoundError:  # an empty prefix, or no bucket (credentials and access fail before this)
+        found = set()
+        if not store.bucket_exists():
+            raise OutputError(f"{store.url}: no such bucket ({store.bucket}); create it first") from None
+    foreign = sorted(name for name in found if name not in OWNED_ENTRIES)
+    if RUN not in found and foreign:
+        raise UsageError(f"{store.url}: not empty and not a vaecache output (holds {', '.join(foreign[:3])}); "
+                         "choose another --out")
 
 
-def _precondition_failed(exc: BaseException) -> bool:
-    """Whether a store refused a conditional request because the object changed: 412 PreconditionFailed, 409
-    ConditionalRequestConflict (S3, for conditional writes racing), or s3fs's own ETag check (FileExpired)."""
-    if type(exc).__name__ == "FileExpired":
-        return True
-    response = getattr(exc.__cause__, "response", None) or getattr(exc, "response", None) or {}
-    code = (response.get("Error") or {}).get("Code")
-    status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
-    return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
+def stray_objects(listing: dict[str, int], listed: set[str] | None) -> list[str]:
+    """Objects no finished cache or resume would use: shard objects without a commit record, and with a manifest
+    (`listed`: its shard files), shard objects and commit records of shards it does not list."""
+    claimed = listed if listed is not None else {committed_shard(name) for name in listing}
+    strays = []
+    for name in sorted(listing):
+        if name.startswith(f"{SHARDS_DIR}/") and name not in claimed:
+            strays.append(name)
+        elif name.startswith(f"{COMMITS_DIR}/") and listed is not None and committed_shard(name) not in listed:
+            strays.append(name)
+    return strays
 
 
-def _not_implemented(exc: BaseException) -> bool:
-    """Whether a store answered that it does not implement a request (501 NotImplemented: s3fs raises ENOSYS), or the
-    client cannot send it."""
-    if type(exc).__name__ == "ParamValidationError" or type(exc.__cause__).__name__ == "ParamValidationError":
-        return True  # a botocore from before PutObject took IfMatch: this client cannot ask it
-    response = getattr(exc.__cause__, "response", None) or getattr(exc, "response", None) or {}
-    return (getattr(exc, "errno", None) == errno.ENOSYS or (response.get("Error") or {}).get("Code") == "NotImplemented"
-            or (response.get("ResponseMetadata") or {}).get("HTTPStatusCode") == 501)
+def _why_stray(name: str, listed: set[str] | None) -> str:
+    if name.startswith(f"{COMMITS_DIR}/"):
+        return f"{name}: commit record of a shard the manifest does not list"
+    if listed is not None:
+        return f"{name}: shard object not listed in the manifest"
+    return f"{name}: shard object without a commit record (a crash between the shard and its commit)"
 
 
-def _holder(data: bytes | None) -> dict[str, Any] | None:
-    if data is None:
-        return None
-    try:
-        holder = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return {}
-    return holder if isinstance(holder, dict) else {}
-
-
-__all__ = ["COMMITS_DIR", "ObjectOut", "commit_name", "committed_shard", "disk_progress_logs"]
+__all__ = ["COMMITS_DIR", "ObjectOut", "check_object_out", "commit_name", "committed_shard",
+           "disk_progress_logs", "stray_objects"]

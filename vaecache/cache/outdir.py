@@ -1,5 +1,5 @@
-"""Ownership of an output folder: the run fingerprint guard, taking the lock (vaecache.cache.lock), and cleaning up
-after crashes."""
+"""Ownership of an output folder: the run fingerprint guard, taking the lock (vaecache.cache.lock), cleaning up
+after crashes, and DiskOut: OUT on disk as a run and verify use it (objects.ObjectOut is the same for a URL)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from vaecache.cache.io import atomic_write_json, read_json
+from vaecache.cache.io import atomic_write_bytes, atomic_write_json, read_json
 from vaecache.cache.layout import LOCK, LOGS_DIR, MANIFEST, OWNED_ENTRIES, PROGRESS_DIR, RUN, SHARDS_DIR
 from vaecache.cache.lock import acquire_lock, release_lock
 from vaecache.cache.manifest import read_manifest
-from vaecache.cache.progress import CommittedIds, committed_ids, committed_shards
+from vaecache.cache.progress import CommittedIds, committed_ids, committed_shards, progress_counts
 from vaecache.cache.provenance import identity_change
-from vaecache.cache.repair import damaged_shards, forget_hashed_shards, repair_progress
+from vaecache.cache.repair import damaged_shards, forget_hashed_shards, repair_progress, repair_strays
+from vaecache.cache.store import LocalStore
 from vaecache.errors import ManifestError, OutputError, UsageError
 
 log = logging.getLogger("vaecache")
@@ -241,6 +242,79 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
         raise
 
 
+class DiskOut:
+    """OUT as a folder, as an encode writes it and verify repairs it: the disk code runs in OUT itself; a shard is
+    written by temp file, fsync and rename, and committed by its line in the rank's fsynced append-only progress log
+    (vaecache.cache.progress). The same interface as objects.ObjectOut, which hides the other protocol."""
+
+    def __init__(self, store: LocalStore) -> None:
+        self.store = store
+        self.folder = store.folder
+        """Where the disk code runs: OUT itself."""
+
+    # --- a run ---------------------------------------------------------------------------------------------------
+    def pull_start(self) -> None:
+        """Before start-up: nothing to fetch (OUT is here)."""
+
+    def prepare(self, fingerprint: dict[str, Any], overwrite: bool, job_id: str | None,
+                sources: dict[str, dict[str, Any]] | None, committed: CommittedIds | None,
+                allow_other_numerics: bool = False, extra_numerics: Sequence[dict[str, Any]] = ()) -> PreparedOut:
+        """Rank 0: prepare_out, under OUT's lock (held until `release_lock`)."""
+        return prepare_out(self.folder, fingerprint, overwrite, job_id, sources, committed, allow_other_numerics,
+                           extra_numerics)
+
+    def begin_again(self, attempt: int, fingerprint: dict[str, Any], sources: dict[str, dict[str, Any]] | None,
+                    committed: CommittedIds | None, extra_numerics: Sequence[dict[str, Any]] = ()) -> PreparedOut:
+        """Rank 0: a finished cache is about to change (the dataset grew)."""
+        return begin_changes(self.folder, attempt, fingerprint, sources, committed, extra_numerics)
+
+    def write_shard(self, file: str, data: bytes) -> None:
+        atomic_write_bytes(self.folder / file, data)
+
+    def commit(self, file: str, line: str) -> None:
+        """On disk the shard's commit is its progress line, which the writer appends next."""
+
+    def leave_torn_shard(self, file: str, data: bytes) -> None:
+        """A crash mid-write (fault injection): a cut temp file, as an interrupted write leaves one."""
+        path = self.folder / file
+        with open(path.parent / f".{path.name}.crash.tmp", "wb") as handle:
+            handle.write(data[: len(data) // 2])
+
+    def mirror(self, path: Path) -> Callable[[], None] | None:
+        """A function that publishes the local file `path` to OUT: none is needed, it is in OUT."""
+        return None
+
+    def before_finalize(self) -> None:
+        """Rank 0: the progress logs finalize merges are OUT's own."""
+
+    def publish(self) -> None:
+        """Finalize wrote the tables and the manifest (last) into OUT."""
+
+    def push_log(self, rank: int, attempt: int, path: Path) -> None:
+        """The rank's log is in OUT already."""
+
+    def release_lock(self) -> None:
+        release_lock(self.folder)
+
+    def close(self) -> None:
+        """Nothing to remove."""
+
+    # --- verify --------------------------------------------------------------------------------------------------
+    check_name = None
+    """A shard file the manifest does not list is verify's orphan check: no check of the protocol's own."""
+
+    def counts(self) -> tuple[int, int]:
+        """(committed clips, committed shards) of a run without a manifest."""
+        return progress_counts(self.folder) if self.folder.is_dir() else (0, 0)
+
+    def repair(self, listed: set[str] | None) -> list[str]:
+        """verify --repair: the stray shard files and temp files, deleted under OUT's lock."""
+        return repair_strays(self.folder)
+
+    def problems(self, listed: set[str] | None) -> tuple[list[str], int]:
+        return [], 0
+
+
 def _read_only(out: Path) -> bool:
     """Whether OUT lies on a filesystem mounted read-only (writes there fail with EROFS, for root too)."""
     try:
@@ -249,5 +323,5 @@ def _read_only(out: Path) -> bool:
         return False
 
 
-__all__ = ["PreparedOut", "ShardProblems", "begin_changes", "describe_differences", "numerics_history", "prepare_out",
-           "recorded_cpu_threads", "recorded_numerics_history"]
+__all__ = ["DiskOut", "PreparedOut", "ShardProblems", "begin_changes", "describe_differences", "numerics_history",
+           "prepare_out", "recorded_cpu_threads", "recorded_numerics_history"]

@@ -1,8 +1,9 @@
-"""Read a finished latent cache: manifest (version checked), clip records, shard headers and tensors.
+"""Read a finished latent cache from its store (a folder or a URL, vaecache.cache.store): manifest (version
+checked), clip records, shard headers and tensors.
 
-`verify` and the tests read caches through this module; shard headers are read by safetensors itself.
-Format version 2 keeps records in Parquet tables (clips.parquet, failures.parquet), version 1 in JSON
-Lines (clips.jsonl, failures.jsonl); both read the same records here."""
+The one reader: `LatentCache`, `verify`, `inspect` and the exports read caches through it, and do not know which
+store holds the cache. Format version 2 keeps records in Parquet tables (clips.parquet, failures.parquet), version
+1 in JSON Lines (clips.jsonl, failures.jsonl; read from a folder only); both read the same records here."""
 
 from __future__ import annotations
 
@@ -20,10 +21,10 @@ from vaecache.cache.layout import (
     SHARD_SUFFIX,
     SHARDS_DIR,
     clip_id_problem,
-    inside,
     shard_name_problem,
 )
 from vaecache.cache.manifest import read_manifest
+from vaecache.cache.store import RangedShard, Store, open_store
 from vaecache.cache.table import CLIP_TABLE, FAILURE_TABLE, iter_column, iter_table
 from vaecache.cache.v1 import CLIPS_V1, FAILURES_V1, v1_records
 from vaecache.errors import ManifestError, ShardHeaderError, UnsafePathError
@@ -38,8 +39,14 @@ class TensorInfo:
     shape: list[int]
 
 
-def shard_header(path: Path) -> dict[str, TensorInfo]:
-    """Tensor names -> dtype and shape, from the shard's header only (no tensor data is read)."""
+def shard_header(path: Path | Store, name: str | None = None) -> dict[str, TensorInfo]:
+    """Tensor names -> dtype and shape, from the shard's header only (no tensor data is read): a shard file, or
+    the shard `name` of a store."""
+    if isinstance(path, Store) and not path.local:
+        shard = RangedShard(path, str(name))
+        return {key: TensorInfo(shard.header[key]["dtype"], list(shard.header[key]["shape"])) for key in shard.keys()}
+    if isinstance(path, Store):
+        path = path.path(str(name))
     try:
         with safe_open(str(path), "pt") as handle:
             return {name: TensorInfo(handle.get_slice(name).get_dtype(), list(handle.get_slice(name).get_shape()))
@@ -54,89 +61,117 @@ def record_problem(record: dict[str, Any]) -> str | None:
 
 
 class CacheReader:
-    """A finished cache in OUT. Opening it reads manifest.json and refuses unknown formats and versions, and a
-    clip or failure table named outside OUT (UnsafePathError)."""
+    """A finished cache in OUT (a folder, a URL or a Store). Opening it reads manifest.json and refuses unknown
+    formats and versions, and a clip or failure table named outside OUT (UnsafePathError)."""
 
-    def __init__(self, out: Path) -> None:
-        self.out = Path(out)
-        self.manifest: dict[str, Any] = read_manifest(self.out)
-        where = self.out / MANIFEST
+    def __init__(self, out: Path | str | Store, storage_options: dict[str, Any] | None = None) -> None:
+        self.store = open_store(out, storage_options)
+        self.out: Any = self.store.location
+        self.manifest: dict[str, Any] = read_manifest(self.store)
+        where = self.store.where(MANIFEST)
+        if self.version == 1 and not self.store.local:
+            raise ManifestError(f"{where}: a format 1 cache is read from a local path only")
         clips_default, failures_default = (CLIPS_V1, FAILURES_V1) if self.version == 1 else (CLIPS, FAILURES)
-        self.clips_path = inside(self.out, (self.manifest.get("clips") or {}).get("file", clips_default),
-                                 f"{where}: clips.file")
-        self.failures_path = inside(self.out, (self.manifest.get("failures") or {}).get("file", failures_default),
-                                    f"{where}: failures.file")
+        self.clips_name = self.store.checked_name((self.manifest.get("clips") or {}).get("file", clips_default),
+                                                  f"{where}: clips.file")
+        self.failures_name = self.store.checked_name(
+            (self.manifest.get("failures") or {}).get("file", failures_default), f"{where}: failures.file")
+        if self.store.local:  # a name must not lead out of OUT through a symlink either
+            self.store.path(self.clips_name)
+            self.store.path(self.failures_name)
 
     @property
     def version(self) -> int:
         return int(self.manifest["format_version"])
 
+    @property
+    def clips_path(self) -> Any:
+        """The clip table (a Path or a Url), for messages."""
+        return self.store.where(self.clips_name)
+
+    @property
+    def failures_path(self) -> Any:
+        return self.store.where(self.failures_name)
+
+    def table_source(self, name: str) -> Any:
+        """What the table readers take for table `name`: its path in a folder, an open object at a URL."""
+        return self.store.path(name) if self.store.local else self.store.open(name)
+
     def shard_files(self) -> dict[str, dict[str, Any]]:
-        """Shard records listed in the manifest, by file (relative to OUT; not checked: see `shard_file_path`)."""
+        """Shard records listed in the manifest, by file (relative to OUT; not checked: see `shard_name`)."""
         return {shard["file"]: shard for shard in self.manifest.get("shards", [])}
 
     def shard_entry_problem(self, file: object) -> str | None:
         """Why a manifest's shard entry is not `shards/<plain name>` (so could name a file outside OUT)."""
         if (not isinstance(file, str) or not file.startswith(f"{SHARDS_DIR}/")
                 or shard_name_problem(file[len(SHARDS_DIR) + 1:])):
-            return f"{self.out / MANIFEST}: shards[].file: {file!r} is not a shard file in {self.out / SHARDS_DIR}"
+            return f"{self.store.where(MANIFEST)}: shards[].file: {file!r} is not a shard file in " \
+                   f"{self.store.where(SHARDS_DIR)}"
         return None
 
-    def shard_file_path(self, file: object) -> Path:
-        """OUT/file for a manifest's shard entry, refused (UnsafePathError) unless it is shards/<plain name> and
-        stays in OUT (no symlink out)."""
+    def shard_name(self, file: object) -> str:
+        """A manifest's shard entry, refused (UnsafePathError) unless it is shards/<plain name> and stays in OUT (no
+        symlink out)."""
         problem = self.shard_entry_problem(file)
         if problem:
             raise UnsafePathError(problem)
-        return inside(self.out, str(file), f"{self.out / MANIFEST}: shards[].file")
+        if self.store.local:
+            self.store.path(str(file))
+        return str(file)
 
-    def shard_files_on_disk(self) -> set[str]:
-        folder = self.out / SHARDS_DIR
-        return {f"{SHARDS_DIR}/{p.name}" for p in folder.glob(f"*{SHARD_SUFFIX}")} if folder.is_dir() else set()
+    def shard_files_present(self) -> dict[str, int]:
+        """Every shard file in OUT's shards/ (listed in the manifest or not), with its byte count: one listing."""
+        prefix = f"{SHARDS_DIR}/"
+        return {name: size for name, size in self.store.listing(SHARDS_DIR).items()
+                if name.endswith(SHARD_SUFFIX) and "/" not in name[len(prefix):]}
 
     def clip_records(self) -> Iterator[dict[str, Any]]:
         """Clip records in id order, one record batch (or JSON line, version 1) at a time: millions stream."""
         if self.version == 1:
             yield from v1_records(self.clips_path)
         else:
-            yield from iter_table(self.clips_path, CLIP_TABLE)
+            yield from iter_table(self.table_source(self.clips_name), CLIP_TABLE, where=self.clips_path)
 
     def clip_ids(self) -> Iterator[str]:
         """Clip ids in table order; version 2 reads the id column alone."""
         if self.version == 1:
             yield from (record.get("id") for record in v1_records(self.clips_path))
         else:
-            yield from iter_column(self.clips_path, CLIP_TABLE, "id")
+            yield from iter_column(self.table_source(self.clips_name), CLIP_TABLE, "id", where=self.clips_path)
 
     def failure_records(self) -> list[dict[str, Any]]:
         if self.version == 1:
             return list(v1_records(self.failures_path))
-        return list(iter_table(self.failures_path, FAILURE_TABLE))
+        try:
+            source = self.table_source(self.failures_name)
+        except FileNotFoundError:
+            source = self.failures_path  # named missing by the table reader
+        return list(iter_table(source, FAILURE_TABLE, where=self.failures_path))
 
-    def shard_path(self, record: dict[str, Any]) -> Path:
+    def shard_of(self, record: dict[str, Any]) -> str:
         """The shard a clip record names, refused (UnsafePathError) when the record could name a file elsewhere."""
         problem = record_problem(record)
         if problem:
             raise UnsafePathError(f"{self.clips_path}: {problem}")
-        return self.shard_file_path(f"{SHARDS_DIR}/{record['shard']}")
+        return self.shard_name(f"{SHARDS_DIR}/{record['shard']}")
 
     def clip_tensors(self, record: dict[str, Any]) -> dict[str, torch.Tensor]:
         """One clip's stored tensors by key (mean, logvar, sample), read from its shard."""
-        with safe_open(str(self.shard_path(record)), "pt") as handle:
-            return {key: handle.get_tensor(entry["name"]) for key, entry in record["tensors"].items()}
+        handle = self.store.shard(self.shard_of(record))
+        return {key: handle.get_tensor(entry["name"]) for key, entry in record["tensors"].items()}
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor of every shard, by name (small caches: tests and examples). Refuses a cache whose
         shards/ folder differs from the manifest's list."""
-        listed, on_disk = set(self.shard_files()), self.shard_files_on_disk()
-        if listed != on_disk:
-            raise ManifestError(f"{self.out}: shards on disk {sorted(on_disk - listed)} are not listed, "
-                                f"listed {sorted(listed - on_disk)} are missing")
+        listed, present = set(self.shard_files()), set(self.shard_files_present())
+        if listed != present:
+            raise ManifestError(f"{self.out}: shards present {sorted(present - listed)} are not listed, "
+                                f"listed {sorted(listed - present)} are missing")
         found: dict[str, torch.Tensor] = {}
         for file in sorted(listed):
-            with safe_open(str(self.shard_file_path(file)), "pt") as handle:
-                for name in handle.keys():
-                    if name in found:
-                        raise ManifestError(f"{self.out / file}: repeats tensor {name}")
-                    found[name] = handle.get_tensor(name)
+            handle = self.store.shard(self.shard_name(file))
+            for name in handle.keys():
+                if name in found:
+                    raise ManifestError(f"{self.store.where(file)}: repeats tensor {name}")
+                found[name] = handle.get_tensor(name)
         return found

@@ -10,7 +10,13 @@ from vaecache.cache.io import atomic_write_bytes, atomic_write_json, cut_torn_ta
 from vaecache.cache.layout import MANIFEST, PROGRESS_DIR, SHARDS_DIR
 from vaecache.cache.lock import acquire_lock, release_lock
 from vaecache.cache.manifest import read_manifest
-from vaecache.cache.progress import CommittedIds, CommittedLine, progress_line_head, progress_logs, scan_committed
+from vaecache.cache.progress import (
+    CommittedIds,
+    CommittedLine,
+    progress_line_head,
+    progress_logs,
+    scan_committed,
+)
 from vaecache.errors import ManifestError, OutputError
 
 
@@ -181,3 +187,4 @@ def repair_strays(out: Path) -> list[str]:
         return deleted
     finally:
         release_lock(out)
+

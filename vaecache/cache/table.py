@@ -305,9 +305,12 @@ def write_tables(path: Path, kind: TableKind, tables: Iterable[pa.Table]) -> Wri
     return WrittenTable(count, digest)
 
 
-def open_table(path: Path, kind: TableKind) -> pq.ParquetFile:
+def open_table(source: Any, kind: TableKind, where: Any = None) -> pq.ParquetFile:
+    """A table to read from `source`: a local path, or an open binary file (a store's object, named `where` in
+    messages)."""
+    path = source if where is None else where
     try:
-        table = pq.ParquetFile(path, page_checksum_verification=True)
+        table = pq.ParquetFile(source, page_checksum_verification=True)
     except FileNotFoundError:
         raise ClipTableError(f"{path}: missing") from None
     except (pa.ArrowException, OSError) as exc:
@@ -318,9 +321,11 @@ def open_table(path: Path, kind: TableKind) -> pq.ParquetFile:
     return table
 
 
-def iter_table(path: Path, kind: TableKind, batch_rows: int = READ_BATCH_ROWS) -> Iterator[dict[str, Any]]:
+def iter_table(source: Any, kind: TableKind, batch_rows: int = READ_BATCH_ROWS,
+               where: Any = None) -> Iterator[dict[str, Any]]:
     """The records of a table, one record batch at a time (bounded memory at any row count)."""
-    table = open_table(Path(path), kind)
+    table = open_table(_source(source), kind, where)
+    path = source if where is None else where
     number = 0
     try:
         for batch in table.iter_batches(batch_size=batch_rows, columns=kind.schema.names):
@@ -336,9 +341,11 @@ def iter_table(path: Path, kind: TableKind, batch_rows: int = READ_BATCH_ROWS) -
         raise ClipTableError(f"{path}: does not read ({first_line(exc)})") from None
 
 
-def iter_column(path: Path, kind: TableKind, column: str, batch_rows: int = 65536) -> Iterator[Any]:
+def iter_column(source: Any, kind: TableKind, column: str, batch_rows: int = 65536,
+                where: Any = None) -> Iterator[Any]:
     """One column's values, batch by batch (no other column is read)."""
-    table = open_table(Path(path), kind)
+    table = open_table(_source(source), kind, where)
+    path = source if where is None else where
     try:
         for batch in table.iter_batches(batch_size=batch_rows, columns=[column]):
             yield from batch.column(0).to_pylist()
@@ -349,6 +356,10 @@ def iter_column(path: Path, kind: TableKind, column: str, batch_rows: int = 6553
 def table_rows(path: Path, kind: TableKind) -> int:
     """Row count from the Parquet footer (no data read)."""
     return open_table(Path(path), kind).metadata.num_rows
+
+
+def _source(source: Any) -> Any:
+    return Path(source) if isinstance(source, str) else source
 
 
 class RowLog:

@@ -7,9 +7,10 @@ folder -> append its clip-table rows to this attempt's row log (fsynced; finaliz
 line (shard record, clip ids, clip records) to this rank's progress log. Only a shard named in a
 progress log counts; anything else in shards/ is debris from a crash and is discarded on resume.
 
-With OUT in object storage (`objects`), the shard is PUT (atomic: whole or absent) under its unique name, then the
-progress line is PUT as its commit record (vaecache.cache.objects), then the row and progress logs are appended in
-the rank's local work folder, as on disk.
+The writer goes through OUT's commit protocol (vaecache.cache.commits) and does not know which one it holds: on disk
+the shard is written as above and committed by its progress line; in object storage it is PUT (atomic: whole or
+absent) under its unique name, then the progress line is PUT as its commit record (vaecache.cache.objects), then the
+row and progress logs are appended in the rank's local work folder, as on disk.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ import torch
 from safetensors.torch import save as safetensors_save
 
 from vaecache import faults
-from vaecache.cache.io import NON_FINITE_KEY, AppendLog, atomic_write_bytes, replace_non_finite
+from vaecache.cache.io import NON_FINITE_KEY, AppendLog, replace_non_finite
 from vaecache.cache.layout import FORMAT_NAME, FORMAT_VERSION, SHARDS_DIR, rows_name, shard_name
-from vaecache.cache.objects import commit_name
+from vaecache.cache.outdir import DiskOut
 from vaecache.cache.progress import progress_line
 from vaecache.cache.provenance import IdentityMemo
+from vaecache.cache.store import LocalStore
 from vaecache.cache.table import RowLog
 from vaecache.errors import OutputError
 from vaecache.settings.buckets import fit_geometry
@@ -116,12 +118,12 @@ class ShardWriter:
     the encoder instead of growing memory.
     """
 
-    def __init__(self, out: Path, rank: int, attempt: int, shard_size: int, progress: AppendLog,
+    def __init__(self, out: Any, rank: int, attempt: int, shard_size: int, progress: AppendLog,
                  max_pending: int = 2, hash_sources: bool = False, fit: str | None = None,
-                 commit_every_s: float = 0.0, clock: Any = time.monotonic, objects: Any = None) -> None:
-        self.folder = Path(out) / SHARDS_DIR
-        self.objects = objects
-        """An objects.ObjectOut where OUT is in object storage (`out` is then this rank's work folder)."""
+                 commit_every_s: float = 0.0, clock: Any = time.monotonic) -> None:
+        self.out = out if not isinstance(out, (str, Path)) else DiskOut(LocalStore(out))
+        """OUT's commit protocol (outdir.DiskOut or objects.ObjectOut); a folder is taken as OUT on disk."""
+        self.folder = self.out.folder / SHARDS_DIR
         self._identities = IdentityMemo(hash_sources)
         self.rank, self.attempt, self.shard_size = rank, attempt, shard_size
         self.progress = progress
@@ -251,11 +253,7 @@ class ShardWriter:
             }
             number = len(self.committed) + 1
             if faults.should_fail("crash-mid-write", number, self.rank):
-                if self.objects is not None:  # a store without atomic PUTs would leave a cut object
-                    self.objects.put(shard["file"], data[: len(data) // 2])
-                else:
-                    with open(self.folder / f".{name}.crash.tmp", "wb") as handle:
-                        handle.write(data[: len(data) // 2])
+                self.out.leave_torn_shard(shard["file"], data)
                 faults.crash()
             if faults.should_fail("enospc", number, self.rank):
                 raise OutputError(f"{self.folder / name}: cannot write ({faults.disk_full(name).strerror})")
@@ -264,15 +262,10 @@ class ShardWriter:
             except (ValueError, RecursionError) as exc:  # metadata nested past the stack: the same refusal
                 raise OutputError(f"{shard['file']}: a clip record JSON cannot write ({exc}); nothing of this shard "
                                   f"was written") from None
-            if self.objects is not None:
-                self.objects.put(shard["file"], data)
-                if faults.should_fail("crash-before-record", number, self.rank):
-                    faults.crash()
-                self.objects.put(commit_name(name), (line + "\n").encode())
-            else:
-                atomic_write_bytes(self.folder / name, data)
-                if faults.should_fail("crash-before-record", number, self.rank):
-                    faults.crash()
+            self.out.write_shard(shard["file"], data)
+            if faults.should_fail("crash-before-record", number, self.rank):
+                faults.crash()
+            self.out.commit(shard["file"], line)
             if self._rows is None:
                 self._rows = RowLog(self.progress.path.parent / rows_name(self.rank, self.attempt))
             # rows of the records as the line gives them back (keys sorted, JSON types): the table is the same

@@ -39,7 +39,6 @@ def demo(
 ) -> None:
     """Generate demo data, encode it with builtin:small, verify it, and decode one clip to a preview mp4 with
     its PSNR against the source."""
-    from vaecache.cache.verify import verify_cache
     from vaecache.cli.decode import report_table as preview_table
     from vaecache.cli.encode import summary_table
     from vaecache.cli.verify import report_table
@@ -50,6 +49,7 @@ def demo(
     from vaecache.settings.clip import ClipSettings, SamplingConfig
     from vaecache.settings.commands import EncodeConfig
     from vaecache.training import LatentCache
+    from vaecache.verify.integrity import verify_cache
 
     data, out, preview = root / "data", root / "cache", root / "preview.mp4"
     spec = DemoDataSpec(scenes=3, cameras=2, frames=17, height=64, width=64, fps=10, seed=0)

@@ -14,7 +14,7 @@ from vaecache.errors import EXIT_FAILED, EXIT_OK, UsageError
 if TYPE_CHECKING:  # the meter and rich tables load when a command runs, not for --help
     from rich.table import Table
 
-    from vaecache.cache.verify import VerifyReport
+    from vaecache.verify.integrity import VerifyReport
 
 
 def report_table(report: VerifyReport) -> Table:
@@ -86,34 +86,10 @@ def verify(
         raise UsageError(f"--threads must be >= 1, got {threads}")
     check_json_target(json_file)
     from vaecache.meter import progress as progress_reporter
-    from vaecache.urls import Url, location, parse_storage_options
+    from vaecache.urls import Url, location, parse_storage_options, set_data_storage_options
 
-    where = location(out)
-    if isinstance(where, Url):
-        if dataset is not None or reencode:
-            raise UsageError("--dataset and --reencode read the cache from a folder; verify the URL without them, "
-                             "or a local copy with them (its DATA may be a URL)")
-        from vaecache.cache.verify_remote import verify_url
-        from vaecache.distributed.context import distributed
-
-        with distributed(device="cpu") as ctx:  # under torchrun the shard objects are split across the ranks
-            rank, world = ctx.info.rank, ctx.info.world_size
-            label = "verify" if world == 1 else f"verify (rank 0's share of {world} ranks)"
-            with progress_reporter(label, "shards", console, enabled=progress and rank == 0) as on_progress:
-                report = verify_url(where, quick, threads, dict(parse_storage_options(storage_option)),
-                                    repair and rank == 0, on_progress, ctx=ctx)
-            if rank != 0:
-                raise typer.Exit(EXIT_OK if report.ok else EXIT_FAILED)
-        _print_report(report, json_file)
-    out = where
-    if not out.exists():
-        raise UsageError(f"{out}: no such folder")
-    if not out.is_dir():
-        raise UsageError(f"{out}: not a folder")
-    if storage_option:  # DATA at a URL (--dataset) is read with them
-        from vaecache.urls import set_data_storage_options
-
-        set_data_storage_options(dict(parse_storage_options(storage_option)))
+    storage_options = dict(parse_storage_options(storage_option))
+    set_data_storage_options(storage_options)  # DATA at a URL (--dataset) is read with them too
     data = location(dataset) if dataset is not None else None
     if data is not None and not isinstance(data, Url) and not data.exists():
         from vaecache.sources.braces import is_brace_pattern
@@ -123,24 +99,24 @@ def verify(
     if reencode < 0:
         raise UsageError(f"--reencode must be >= 0, got {reencode}")
 
+    from vaecache.cache.store import open_store
+
+    store = open_store(out, storage_options)
+    store.check_present()  # light: refused before torch loads
+
     from vaecache.distributed.context import distributed
-    from vaecache.encode.recheck import verify as verify_cache
     from vaecache.settings.commands import VerifyOptions
+    from vaecache.verify.recheck import verify as verify_out
 
     options = VerifyOptions(quick=quick, threads=threads, dataset=data, reencode=reencode, vae=vae, seed=seed,
-                            device=device, allow_pickle_weights=allow_pickle_weights,
-                            tolerance=tolerance)
-    from vaecache.cache.repair import repair_strays
-
-    with distributed(device=device if reencode else "cpu") as ctx:
-        # rank 0 repairs before any rank lists the shards (on_rank0: every rank waits for it, and hears its error)
-        deleted = ctx.on_rank0(lambda: repair_strays(out)) if repair else []
+                            device=device, allow_pickle_weights=allow_pickle_weights, tolerance=tolerance,
+                            repair=repair, storage_options=tuple(storage_options.items()))
+    with distributed(device=device if reencode else "cpu") as ctx:  # under torchrun the shards are split
         label = "verify" if ctx.info.world_size == 1 else f"verify (rank 0's share of {ctx.info.world_size} ranks)"
         with progress_reporter(label, "shards", console, enabled=progress and ctx.info.rank == 0) as on_progress:
-            report = verify_cache(out, options, ctx=ctx, on_progress=on_progress)
+            report = verify_out(store, options, ctx=ctx, on_progress=on_progress)
         if ctx.info.rank != 0:
             raise typer.Exit(EXIT_OK if report.ok else EXIT_FAILED)
-    report.repaired = deleted
     _print_report(report, json_file)
 
 

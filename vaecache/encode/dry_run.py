@@ -50,11 +50,7 @@ def build_plan(cfg: PlanConfig) -> PlanReport:
     rank_cores = cores_per_rank(min(cfg.world_size, len(os.sched_getaffinity(0))))
     threads = encode_threads(device, rank_cores, cfg.workers)
     started = time.perf_counter()
-    start = start_up(StartRequest(cfg.data, cfg.vae, cfg.clip, device, cfg.world_size, cfg.sp_size, cfg.batch_size,
-                                  cfg.sp_mode, cfg.workers, cfg.allow_pickle_weights, probe_workers=cfg.probe_workers,
-                                  keep_probes=True, nuscenes_version=cfg.nuscenes_version,
-                                  columns=cfg.columns, lerobot_state=cfg.lerobot_state, vae_config=cfg.vae_config,
-                                  storage_options=cfg.storage_options))
+    start = start_up(StartRequest(cfg, device, cfg.world_size, cfg.sp_size, keep_probes=True))
     startup_s = time.perf_counter() - started
     job, vae, backend, probes = start.job, start.vae, start.backend, start.probes
     backend = replace(backend, threads=decode_thread_budget(rank_cores, cfg.workers,

@@ -20,6 +20,7 @@ from vaecache.cache.outdir import PreparedOut
 from vaecache.cache.writer import ShardWriter, failure_record
 from vaecache.distributed.context import DistContext
 from vaecache.distributed.liveness import set_doing
+from vaecache.encode.encode_run import EncodeRun
 from vaecache.encode.summary import EncodeSummary, RankCounters
 from vaecache.encode.transfer import views_on_device_ahead
 from vaecache.errors import InputError
@@ -29,9 +30,8 @@ from vaecache.planning.clips import Clip, DoneMask, DoneMaskBuilder
 from vaecache.planning.jobs import JobPlan, batch_views
 from vaecache.settings.commands import EncodeConfig
 from vaecache.settings.dtypes import recorded_name
-from vaecache.stop import StopRequest, ignore_stop_signals
+from vaecache.stop import ignore_stop_signals
 from vaecache.vae import VaeRunner
-from vaecache.video.backends import Backend
 from vaecache.video.dataset import ViewBatchDataset
 
 log = logging.getLogger("vaecache")
@@ -99,16 +99,18 @@ class FailureLog:
         self._log.close()
 
 
-def encode_share(cfg: EncodeConfig, ctx: DistContext, vae: VaeRunner, decoder: Backend, job: JobPlan, num_scenes: int,
-            prepared: PreparedOut, begin_again: Callable[[int, DoneMaskBuilder], PreparedOut], stop: StopRequest,
-            on_progress: Callable[[int, int], None] | None, started: float,
-            on_failure: Callable[[dict[str, Any]], None] | None = None, objects: Any = None) -> EncodeSummary:
-    """This rank's share of the encode. With OUT in object storage, `cfg.out` is this rank's work folder and
-    `objects` the objects.ObjectOut shards, commit records and failure logs go to."""
+def encode_share(run: EncodeRun, job: JobPlan, prepared: PreparedOut,
+                 begin_again: Callable[[int, DoneMaskBuilder], PreparedOut],
+                 on_progress: Callable[[int, int], None] | None) -> EncodeSummary:
+    """This rank's share of the encode: its logs in `run.folder`, its shards, commits and failure logs through OUT's
+    commit protocol (`run.out`)."""
+    cfg, ctx, stop = run.cfg, run.ctx, run.stop
+    vae, num_scenes, decoder = run.start.vae, run.start.scenes, run.decoder  # type: ignore[union-attr]
+    assert stop is not None and decoder is not None
     rank, mesh = ctx.info.rank, ctx.mesh
     todo = job.todo
     if prepared.complete and not todo:
-        return EncodeSummary(cfg.out, world_size=ctx.info.world_size, sp_size=mesh.sp_size,
+        return EncodeSummary(run.out.store.location, world_size=ctx.info.world_size, sp_size=mesh.sp_size,
                              untrained_vae=vae.model.untrained, resumed_clips=prepared.committed_clips,
                              planned_clips=len(job.clips), scenes=num_scenes, already_complete=True)
     if prepared.complete:  # the dataset grew: the finished cache is about to change
@@ -117,8 +119,8 @@ def encode_share(cfg: EncodeConfig, ctx: DistContext, vae: VaeRunner, decoder: B
         # begin_changes repairs the progress logs: a shard it dropped must be encoded again
         job = dataclasses.replace(job, done=done)
     work = job.rank_work(rank)
-    failures = FailureLog(failures_path(cfg.out, rank), on_failure,
-                          objects.mirror(failures_path(cfg.out, rank)) if objects is not None else None)
+    failures = FailureLog(failures_path(run.folder, rank), run.reporting.on_failure,
+                          run.out.mirror(failures_path(run.folder, rank)))
     if rank == 0:
         for skip in job.skipped:
             failures.append(failure_record(skip.scene_id, skip.reason, path=skip.path, camera=skip.camera))
@@ -137,10 +139,9 @@ def encode_share(cfg: EncodeConfig, ctx: DistContext, vae: VaeRunner, decoder: B
         batch_size=None, shuffle=False, num_workers=cfg.workers, pin_memory=ctx.device.type == "cuda",
         prefetch_factor=4 if cfg.workers else None, worker_init_fn=ignore_stop_signals,
     )
-    progress_log = AppendLog(progress_path(cfg.out, rank)) if mesh.is_writer else None
-    writer = (ShardWriter(cfg.out, rank, prepared.attempt, cfg.shard_size, progress_log, hash_sources=cfg.hash_sources,
-                          fit=cfg.clip.fit if cfg.clip.bucketed else None, commit_every_s=cfg.commit_every_s,
-                          objects=objects)
+    progress_log = AppendLog(progress_path(run.folder, rank)) if mesh.is_writer else None
+    writer = (ShardWriter(run.out, rank, prepared.attempt, cfg.shard_size, progress_log, hash_sources=cfg.hash_sources,
+                          fit=cfg.clip.fit if cfg.clip.bucketed else None, commit_every_s=cfg.commit_every_s)
               if progress_log else None)
     sink = _BatchSink(cfg, ctx, vae, writer, failures, counters)
     loop_started = time.perf_counter()
@@ -180,10 +181,10 @@ def encode_share(cfg: EncodeConfig, ctx: DistContext, vae: VaeRunner, decoder: B
             progress_log.close()
     counters.bytes_written = writer.bytes_written if writer else 0
     counters.shards = len(writer.committed) if writer else 0
-    summary = EncodeSummary(cfg.out, world_size=ctx.info.world_size, sp_size=mesh.sp_size,
+    summary = EncodeSummary(run.out.store.location, world_size=ctx.info.world_size, sp_size=mesh.sp_size,
                             untrained_vae=vae.model.untrained, resumed_clips=prepared.committed_clips,
                             planned_clips=len(job.clips), scenes=num_scenes,
-                            startup_s=loop_started - started, encode_s=loop_s, buckets=planned_buckets(cfg, job))
+                            startup_s=loop_started - run.started, encode_s=loop_s, buckets=planned_buckets(cfg, job))
     set_doing("waiting for the other ranks to finish their shares")
     # Every rank gathers, stopped or not: a DP group that finished waits here for one that stopped, and all
     # of them learn that the job stopped (no finalize, exit 75) instead of waiting in finalize for it.

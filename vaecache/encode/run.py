@@ -8,31 +8,31 @@ import logging
 import platform
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 
 import vaecache
+from vaecache.cache.commits import open_out
 from vaecache.cache.finalize import finalize
 from vaecache.cache.layout import PROBES_DIR, probes_path
-from vaecache.cache.lock import release_lock
 from vaecache.cache.manifest import manifest_header
 from vaecache.cache.outdir import (
     PreparedOut,
-    begin_changes,
     describe_differences,
-    prepare_out,
     recorded_cpu_threads,
     recorded_numerics_history,
 )
 from vaecache.cache.provenance import source_identities
 from vaecache.cache.reader import CacheReader
+from vaecache.cache.store import open_store
 from vaecache.distributed.context import DistContext
 from vaecache.distributed.liveness import set_doing
+from vaecache.encode.encode_run import EncodeRun, Reporting
 from vaecache.encode.fingerprint import run_fingerprint
 from vaecache.encode.loop import encode_share, marking_done
 from vaecache.encode.numerics import cpu_thread_budget, rank_decode_threads, run_numerics
-from vaecache.encode.startup import StartRequest, StartUp, check_out_usable, start_notes, start_up
+from vaecache.encode.startup import StartRequest, check_out_usable, start_notes, start_up
 from vaecache.encode.summary import EncodeSummary
 from vaecache.errors import OutputError, UsageError
 from vaecache.meter import Advance, ProgressFactory, progress_phase
@@ -42,12 +42,7 @@ from vaecache.settings.commands import EncodeConfig
 from vaecache.settings.dtypes import recorded_name
 from vaecache.sources.probing import write_probe_records
 from vaecache.stop import StopRequest
-from vaecache.urls import is_url
-from vaecache.vae import VaeRunner
 from vaecache.vae.load import CUDA_NUMERICS
-
-if TYPE_CHECKING:
-    from vaecache.cache.objects import ObjectOut
 
 log = logging.getLogger("vaecache")
 
@@ -77,52 +72,38 @@ def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None 
     shows the probing of this rank's scenes and then its clips; `on_failure(record)` gets each failure record
     (an input that produced no clip) this rank writes, as it writes it."""
     started = time.perf_counter()
-    objects = None
-    if is_url(cfg.out):  # OUT in object storage: this rank works in a local folder (vaecache.cache.objects)
-        from vaecache.cache.objects import ObjectOut
-
-        objects = ObjectOut(cfg.out, dict(cfg.storage_options))
+    out = open_out(open_store(cfg.out, dict(cfg.storage_options)))  # a URL's work folder is removed at the end
     try:
-        return _start_and_run(cfg, ctx, on_progress, progress, on_failure, started, objects)
+        return _start_and_run(EncodeRun(cfg, ctx, out, started, Reporting(on_progress, progress, on_failure)))
     finally:
-        if objects is not None:
-            objects.close()
+        out.close()
 
 
-def _start_and_run(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None,
-                   progress: ProgressFactory | None, on_failure: Callable[[dict[str, Any]], None] | None,
-                   started: float, objects: ObjectOut | None) -> EncodeSummary:
-    given = cfg.out
-    if objects is not None:
-        objects.check_usable()
-        objects.pull_start()
-        cfg = dataclasses.replace(cfg, out=objects.work)
+def _start_and_run(run: EncodeRun) -> EncodeSummary:
+    run.out.pull_start()
     # Start-up writes nothing, so a Ctrl-C in it ends the command at once (the CLI prints one line).
-    check_out_usable(cfg.out)
-    start = start_up(StartRequest(cfg.data, cfg.vae, cfg.clip, ctx.device, ctx.info.world_size, ctx.mesh.sp_size,
-                                  cfg.batch_size, cfg.sp_mode, cfg.workers, cfg.allow_pickle_weights, cfg.on_error,
-                                  cfg.out / PROBES_DIR, cfg.probe_workers,
-                                  nuscenes_version=cfg.nuscenes_version, columns=cfg.columns,
-                                  lerobot_state=cfg.lerobot_state, vae_config=cfg.vae_config,
-                                  storage_options=cfg.storage_options), ctx, progress)
+    check_out_usable(run.folder)
+    cfg, ctx = run.cfg, run.ctx
+    start = start_up(StartRequest(cfg, ctx.device, ctx.info.world_size, ctx.mesh.sp_size, on_error=cfg.on_error,
+                                  probe_cache=run.folder / PROBES_DIR), ctx, run.reporting.progress)
     # What --views-per-forward all came to for this dataset: recorded, and compared on resume.
     cfg = dataclasses.replace(cfg, clip=dataclasses.replace(cfg.clip, views_per_forward=start.job.views_per_forward))
     # From here on stop signals are caught, so one arriving while OUT is prepared or the manifest is
     # written cannot kill the rank between commits; the encode loop polls the flag.
     with StopRequest() as stop:
-        summary = _run_encode(cfg, ctx, start, stop, on_progress, progress, on_failure, started, objects)
-    summary.out = given
+        summary = _run_encode(dataclasses.replace(run, cfg=cfg, start=start, stop=stop))
+    summary.out = run.cfg.out
     return summary
 
 
-def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopRequest,
-                on_progress: Advance | None, progress: ProgressFactory | None,
-                on_failure: Callable[[dict[str, Any]], None] | None, started: float,
-                objects: ObjectOut | None) -> EncodeSummary:
+def _run_encode(run: EncodeRun) -> EncodeSummary:
+    cfg, ctx, start = run.cfg, run.ctx, run.start
+    assert start is not None
     rank, world = ctx.info.rank, ctx.info.world_size
     mesh, vae = ctx.mesh, start.vae
-    threads = cpu_thread_budget(ctx, cfg.workers, None if cfg.overwrite else recorded_cpu_threads(cfg.out))
+    threads = cpu_thread_budget(ctx, cfg.workers, None if cfg.overwrite else recorded_cpu_threads(run.folder))
     decoder = dataclasses.replace(start.backend, threads=rank_decode_threads(ctx, cfg.workers, threads))
+    run = dataclasses.replace(run, decoder=decoder)
     for note in (start_notes(start.job, cfg.batch_size, mesh.sp_size, cfg.sp_mode, ctx.device, threads)
                  if rank == 0 else ()):
         log.warning("%s", note)
@@ -139,50 +120,33 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
         other_numerics.append(theirs)
     fingerprint = run_fingerprint(cfg, vae, decoder, numerics, start.images)
     sources = source_identities(start.sources(), cfg.hash_sources) if rank == 0 else None  # what OUT is made from
-    def prepare(mark: DoneMaskBuilder) -> PreparedOut:
-        if objects is None:
-            return prepare_out(cfg.out, fingerprint, cfg.overwrite, ctx.info.job_id, sources, mark,
-                               cfg.allow_other_numerics, other_numerics)
-        objects.acquire_lock(ctx.info.job_id)
-        try:
-            if cfg.overwrite:
-                objects.clear()
-            objects.pull_records(finished=True)
-            prepared = prepare_out(cfg.out, fingerprint, cfg.overwrite, ctx.info.job_id, sources, mark,
-                                   cfg.allow_other_numerics, other_numerics, objects.shard_problems, lock=False)
-            return prepared if prepared.complete else objects.reconcile(prepared)
-        except BaseException:
-            objects.release_lock()
-            raise
-
-    prepared, done = ctx.on_rank0(lambda: marking_done(start.job, prepare))
+    prepared, done = ctx.on_rank0(lambda: marking_done(start.job, lambda mark: run.out.prepare(
+        fingerprint, cfg.overwrite, ctx.info.job_id, sources, mark, cfg.allow_other_numerics, other_numerics)))
 
     def begin_again(attempt: int, mark: DoneMaskBuilder) -> PreparedOut:
-        if objects is None:
-            return begin_changes(cfg.out, attempt, fingerprint, sources, mark, other_numerics)
-        return objects.reconcile(begin_changes(cfg.out, attempt, fingerprint, sources, mark, other_numerics,
-                                               objects.shard_problems))
+        return run.out.begin_again(attempt, fingerprint, sources, mark, other_numerics)
 
     job = dataclasses.replace(start.job, done=done)
-    write_probe_records(probes_path(cfg.out, rank), start.probe_records)
-    if objects is not None and probes_path(cfg.out, rank).is_file():
-        objects.mirror(probes_path(cfg.out, rank))()
-    handler = setup_logging(cfg.out, rank, world)
+    probes = probes_path(run.folder, rank)
+    write_probe_records(probes, start.probe_records)
+    publish_probes = run.out.mirror(probes)
+    if publish_probes is not None and probes.is_file():
+        publish_probes()
+    handler = setup_logging(run.folder, rank, world)
     try:
         log.info("vaecache %s: world %d = DP %d x SP %d, device %s (%d torch threads), %d decode workers "
                  "(%s, %d FFmpeg threads per video), attempt %d, %d clips already committed", vaecache.__version__,
                  world, mesh.dp_size, mesh.sp_size, ctx.device, threads, cfg.workers, decoder.choice,
                  decoder.threads, prepared.attempt, prepared.committed_clips)
         label = "encode" if mesh.dp_size == 1 else f"encode (rank 0's share of {mesh.dp_size} DP groups)"
-        with progress_phase(progress, label, "clips") as advance:
+        with progress_phase(run.reporting.progress, label, "clips") as advance:
             def report(done: int, total: int) -> None:
                 advance(done, total)
-                if on_progress is not None:
-                    on_progress(done, total)
+                if run.reporting.on_progress is not None:
+                    run.reporting.on_progress(done, total)
 
-            summary = encode_share(cfg, ctx, vae, decoder, job, start.scenes, prepared, begin_again, stop, report,
-                                   started, on_failure, objects)
-        summary.wall_s = time.perf_counter() - started
+            summary = encode_share(run, job, prepared, begin_again, report)
+        summary.wall_s = time.perf_counter() - run.started
         summary.left_out_cameras = start.left_out_cameras
         summary.repaired = list(prepared.damaged)
         for name in summary.empty_buckets if rank == 0 else ():
@@ -192,43 +156,39 @@ def _run_encode(cfg: EncodeConfig, ctx: DistContext, start: StartUp, stop: StopR
             return summary
         if summary.already_complete:
             if rank == 0:
-                cache = CacheReader(cfg.out)
+                cache = CacheReader(run.folder)
                 summary.skipped = cache.failure_records()
                 summary.latent_shape = cache.manifest.get("latent", {}).get("shape") or {}
-            log.info("%s is complete: all %d planned clips are cached; nothing was changed", cfg.out,
+            log.info("%s is complete: all %d planned clips are cached; nothing was changed", run.out.store.location,
                      summary.planned_clips)
             return summary
         set_doing("writing the manifest" if rank == 0 else "waiting for rank 0 to write the manifest")
         finalize_started = time.perf_counter()
         # every rank learns what finalize found, so every rank exits with the same code
-        summary.skipped, summary.latent_shape = ctx.on_rank0(lambda: _finalize(cfg, vae, summary, fingerprint,
-                                                                               objects))
+        summary.skipped, summary.latent_shape = ctx.on_rank0(lambda: _finalize(run, summary, fingerprint))
         summary.finalize_s = time.perf_counter() - finalize_started
-        summary.wall_s = time.perf_counter() - started
+        summary.wall_s = time.perf_counter() - run.started
         log.info("done: %d clips, %d views in %.1f s", summary.clips, summary.views, summary.wall_s)
         return summary
     finally:
         if rank == 0:
-            release_lock(cfg.out)
-            if objects is not None:
-                objects.release_lock()
+            run.out.release_lock()
         log.removeHandler(handler)
         handler.close()
-        if objects is not None:
-            objects.push_log(rank, prepared.attempt, cfg.out / "logs" / f"rank-{rank:05d}.log")
+        run.out.push_log(rank, prepared.attempt, run.folder / "logs" / f"rank-{rank:05d}.log")
 
 
-def _finalize(cfg: EncodeConfig, vae: VaeRunner, summary: EncodeSummary, fingerprint: dict[str, Any],
-              objects: ObjectOut | None = None) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
+def _finalize(run: EncodeRun, summary: EncodeSummary,
+              fingerprint: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
     """Rank 0, after every rank finished: merge progress logs into the manifest, written last. Returns the
     failure records and the latent shape. With OUT in object storage, the work folder's logs are first rebuilt
     from every rank's commit records, and the tables and the manifest (last) then PUT."""
-    if objects is not None:
-        objects.pull_records(finished=False)
+    cfg, vae = run.cfg, run.start.vae  # type: ignore[union-attr]
+    run.out.before_finalize()
     header = manifest_header(
         producer={"vaecache": vaecache.__version__, "torch": torch.__version__, "python": platform.python_version(),
                   "numerics": fingerprint.get("numerics"),
-                  **({"numerics_history": history} if (history := recorded_numerics_history(cfg.out)) else {}),
+                  **({"numerics_history": history} if (history := recorded_numerics_history(run.folder)) else {}),
                   **({"cuda_numerics": CUDA_NUMERICS} if vae.model.device.type == "cuda" else {})},  # set by load_vae
         vae=vae.model.fingerprint(), fingerprint=fingerprint, frame_rule=vae.model.rule.to_json(),
         settings={**cfg.clip.to_record(), "decoder": fingerprint["decoder"], "data": str(cfg.data),
@@ -248,7 +208,6 @@ def _finalize(cfg: EncodeConfig, vae: VaeRunner, summary: EncodeSummary, fingerp
         header["buckets"] = [{**bucket.to_record(),
                               "view_shape": list(vae.latent_shape(bucket.num_frames, bucket.height, bucket.width))}
                              for bucket in cfg.clip.buckets()]
-    manifest = finalize(cfg.out, header)
-    if objects is not None:
-        objects.publish()
-    return CacheReader(cfg.out).failure_records(), manifest["latent"]["shape"] or {}
+    manifest = finalize(run.folder, header)
+    run.out.publish()
+    return CacheReader(run.folder).failure_records(), manifest["latent"]["shape"] or {}

@@ -16,8 +16,7 @@ from vaecache.errors import InputError, UsageError
 from vaecache.meter import ProgressFactory, progress_phase
 from vaecache.parallel.encoders import encoder_for
 from vaecache.planning.jobs import JobPlan, plan_job, sp_repeats_advice
-from vaecache.settings.clip import ClipSettings, SyncConfig
-from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
+from vaecache.settings.clip import SyncConfig
 from vaecache.settings.vae_specs import check_vae_spec
 from vaecache.sources.discover import discover
 from vaecache.sources.probing import probe_dataset
@@ -31,33 +30,22 @@ log = logging.getLogger("vaecache")
 
 @dataclass(frozen=True)
 class StartRequest:
-    """What encode and plan both start from: the data, the VAE and clip settings, and the shape of the job."""
+    """What encode and plan both start from: their settings (EncodeConfig or PlanConfig: the data, the VAE and
+    clip settings, how DATA is read) and the shape of the job."""
 
-    data: Path
-    vae: str
-    clip: ClipSettings
+    settings: Any
+    """EncodeConfig or PlanConfig: data, vae, clip, batch_size, sp_mode, workers (decode workers per rank: the
+    decoder backend is resolved for them), allow_pickle_weights, probe_workers, nuscenes_version, columns,
+    lerobot_state, vae_config, storage_options."""
     device: torch.device
     world_size: int = 1
     sp_size: int = 1
-    batch_size: int = 1
-    sp_mode: str = "views"
-    workers: int = 0
-    """Decode workers per rank (the decoder backend is resolved for them)."""
-    allow_pickle_weights: bool = False
     on_error: str = "skip"
     """"fail": the first scene that cannot be used stops the start (InputError)."""
     probe_cache: Path | None = None
     """A folder of per-rank probe-cache files (OUT/probes) that spares opening videos probed before."""
-    probe_workers: int = DEFAULT_PROBE_WORKERS
     keep_probes: bool = False
     """Keep every scene's probe in StartUp.probes (plan lists scenes; encode plans from them and lets them go)."""
-    nuscenes_version: str | None = None
-    columns: tuple[tuple[str, str], ...] = ()
-    """--column: which column of a metadata table plays which role."""
-    lerobot_state: bool = False
-    vae_config: str | None = None
-    storage_options: tuple[tuple[str, Any], ...] = ()
-    """fsspec options for DATA at a URL."""
 
 
 @dataclass(frozen=True)
@@ -94,39 +82,41 @@ def start_up(request: StartRequest, ctx: Any = None, progress: ProgressFactory |
     """Everything that can be checked without the VAE first (the decoder, DATA, the probes, the plan), then the
     VAE and what the settings need of it. Under several ranks (`ctx`) every rank plans alike (probing.probe_dataset
     shares the probes)."""
+    settings = request.settings
     # a typo costs nothing: refused before any video is probed
-    check_vae_spec(request.vae, request.vae_config, request.allow_pickle_weights)
-    set_data_storage_options(dict(request.storage_options))
-    backend = resolve_decoder(request.clip.decoder, request.device, request.workers)
-    sampling = request.clip.sampling
-    found = discover(request.data, options=SourceOptions(request.clip.cameras, sampling.frame_rate,
-                                                         request.nuscenes_version, request.columns,
-                                                         request.lerobot_state))
+    check_vae_spec(settings.vae, settings.vae_config, settings.allow_pickle_weights)
+    set_data_storage_options(dict(settings.storage_options))
+    backend = resolve_decoder(settings.clip.decoder, request.device, settings.workers)
+    sampling = settings.clip.sampling
+    found = discover(settings.data, options=SourceOptions(settings.clip.cameras, sampling.frame_rate,
+                                                         settings.nuscenes_version, settings.columns,
+                                                         settings.lerobot_state))
     sync = resolved_sync(sampling.sync, found)
     cache = request.probe_cache
     with progress_phase(progress, "probe", "scenes") as advance:
-        probed = probe_dataset(found.scenes, ctx, workers=request.probe_workers, advance=advance, sync=sync,
+        probed = probe_dataset(found.scenes, ctx, workers=settings.probe_workers, advance=advance, sync=sync,
                                cache_paths=(lambda: cache.glob("rank-*.jsonl")) if cache is not None else tuple)
-    encoder = encoder_for(request.sp_mode)
+    encoder = encoder_for(settings.sp_mode)
     job = plan_job(found.scenes, probed.probes, dataclasses.replace(sampling, sync=sync), request.world_size,
                    request.sp_size,
-                   request.batch_size, sizes=request.clip.sizes,
-                   views_per_forward=encoder.views_per_forward(request.clip.views_per_forward),
+                   settings.batch_size, sizes=settings.clip.sizes,
+                   views_per_forward=encoder.views_per_forward(settings.clip.views_per_forward),
                    device_type=request.device.type)
     job = dataclasses.replace(job, skipped=(*found.rejected, *job.skipped))
     if job.skipped and request.on_error == "fail":
         first = job.skipped[0]
         raise InputError(f"{first.path or first.scene_id}: {first.reason} (scene {first.scene_id}; --on-error fail)")
-    set_doing(f"loading the VAE {request.vae}")
-    clip = request.clip
-    vae = load_vae(request.vae, request.device, clip.dtype, tiling=clip.tiling, views_per_forward=job.views_per_forward,
-                   allow_pickle_weights=request.allow_pickle_weights, compiled=clip.compiled,
-                   channels_last=clip.channels_last, vae_config=request.vae_config, encoder_impl=clip.encoder_impl)
+    set_doing(f"loading the VAE {settings.vae}")
+    clip = settings.clip
+    vae = load_vae(settings.vae, request.device, clip.dtype, tiling=clip.tiling,
+                   views_per_forward=job.views_per_forward, allow_pickle_weights=settings.allow_pickle_weights,
+                   compiled=clip.compiled, channels_last=clip.channels_last, vae_config=settings.vae_config,
+                   encoder_impl=clip.encoder_impl)
     vae.model.rule.check_buckets(clip.sampling.lengths, clip.sizes)
     if clip.store != "mean" and not vae.model.has_logvar:
-        raise UsageError(f"--store {clip.store} needs the posterior log-variance, and {request.vae} gives only a mean; "
-                         "use --store mean")
-    encoder.check(clip, vae.model, request.sp_size, request.vae)
+        raise UsageError(f"--store {clip.store} needs the posterior log-variance, and {settings.vae} gives only a "
+                         "mean; use --store mean")
+    encoder.check(clip, vae.model, request.sp_size, settings.vae)
     return StartUp(job, len(found.scenes), vae, backend, tuple(probed.records), found.scenes,
                    dict(found.left_out_cameras), found.scenes[0].cameras if found.scenes else (),
                    probed.probes if request.keep_probes else {}, has_image_cameras(found.scenes))

@@ -29,7 +29,6 @@ from typing import Any, Iterator
 
 from vaecache.cache.io import fsync_dir
 from vaecache.errors import ExportError, OutputError
-from vaecache.urls import is_url
 
 EXPORT_MANIFEST = "export.json"
 EXPORT_INDEX = "index.jsonl"
@@ -160,7 +159,7 @@ class ExportIndex:
 def source_of(cache: Any) -> dict[str, Any]:
     """export.json's record of the cache an export was made from."""
     manifest = cache.manifest
-    where = str(cache.out) if is_url(str(cache.out)) else str(Path(cache.out).absolute())
+    where = str(Path(cache.out).absolute()) if cache.store.local else str(cache.out)
     return {"cache": where, "fingerprint_sha256": manifest.get("fingerprint_sha256"),
             "clips_sha256": (manifest.get("clips") or {}).get("sha256"),
             "format_version": manifest.get("format_version")}

@@ -117,6 +117,10 @@ class VerifyOptions:
     allow_pickle_weights: bool = False
     tolerance: float | None = None
     """--reencode: max abs difference over max abs stored value; None: REENCODE_TOLERANCE of the stored dtype."""
+    repair: bool = False
+    """Delete stray shards (files or objects) first, under OUT's lock."""
+    storage_options: tuple[tuple[str, Any], ...] = ()
+    """fsspec options for a URL OUT (and a URL --dataset)."""
 
     def __post_init__(self) -> None:
         if self.reencode < 0:

@@ -1,8 +1,10 @@
-"""verify --dataset and --reencode: a cache against its source, re-planned and re-encoded with the recorded
-settings."""
+"""`vaecache verify`: the integrity checks (vaecache.verify.integrity), then --dataset and --reencode: a cache
+against its source, re-planned and re-encoded with the recorded settings."""
 
 from __future__ import annotations
 
+import re
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -10,12 +12,13 @@ import torch
 
 from vaecache.cache.layout import PROBES_DIR
 from vaecache.cache.reader import CacheReader
-from vaecache.cache.verify import Check, VerifyReport, check_sources, verify_cache
+from vaecache.cache.store import Store, open_store
 from vaecache.encode.fingerprint import load_recorded_vae
 from vaecache.errors import ClipTableError, VaecacheError
 from vaecache.settings.clip import ClipSettings
 from vaecache.settings.commands import VerifyOptions
 from vaecache.settings.dtypes import RECORDED_NAMES
+from vaecache.verify.integrity import Check, VerifyReport, check_sources, verify_cache
 
 REENCODE_TOLERANCE = {"float32": 1e-6, "float16": 1e-3, "bfloat16": 8e-3}
 """Default --reencode tolerance: max abs difference over max abs stored value, per stored dtype. On the
@@ -24,14 +27,16 @@ encode's may move fp32 by a few ulps, hence not 0); a VAE that adds noise fails.
 or CPU may pick other kernels: pass a looser --tolerance there (~1e-5 for fp32, ~2e-2 for bf16)."""
 
 
-def verify(out: Path, options: VerifyOptions, ctx: Any = None,
+def verify(out: Any, options: VerifyOptions, ctx: Any = None,
            on_progress: Callable[[int, int], None] | None = None) -> VerifyReport:
-    """`vaecache verify`: the integrity checks of OUT, then, where asked and OUT is complete, its coverage of the
-    re-planned source and changed sources (--dataset) and K clips re-encoded (--reencode)."""
-    report = verify_cache(out, options.quick, options.threads, ctx, on_progress)
+    """`vaecache verify`: the integrity checks of OUT (a folder or a URL; stray shards deleted first with
+    --repair), then, where asked and OUT is complete, its coverage of the re-planned source and changed sources
+    (--dataset) and K clips re-encoded (--reencode)."""
+    store = open_store(out, dict(options.storage_options))
+    report = verify_cache(store, options.quick, options.threads, ctx, on_progress, repair=options.repair)
     if not report.complete or not (options.dataset is not None or options.reencode):
         return report
-    cache = CacheReader(Path(out))
+    cache = CacheReader(store)
     if options.dataset is not None:
         try:
             failures = cache.failure_records()
@@ -39,7 +44,7 @@ def verify(out: Path, options: VerifyOptions, ctx: Any = None,
             failures = []  # the integrity checks name the table that does not read
         report.checks.extend(check_dataset(cache.manifest, cache, failures, options.dataset, options.threads))
     if options.reencode:
-        report.checks.append(check_reencode(Path(out), cache.manifest, cache, int(report.summary["clips"]), options,
+        report.checks.append(check_reencode(cache.out, cache.manifest, cache, int(report.summary["clips"]), options,
                                             ctx))
     return report
 
@@ -72,8 +77,9 @@ def check_coverage(manifest: dict[str, Any], cache: CacheReader, failures: list[
     scenes = found.scenes
     sync = resolved_sync(sampling.sync, found)
     # the encode's own probing: its probe cache in OUT answers for every file that kept its size and mtime
-    probes = probe_dataset(scenes, workers=threads or DEFAULT_PROBE_WORKERS, sync=sync,
-                           cache_paths=lambda: (cache.out / PROBES_DIR).glob("rank-*.jsonl")).probes
+    with tempfile.TemporaryDirectory(prefix="vaecache-probes-") as folder:
+        probes = probe_dataset(scenes, workers=threads or DEFAULT_PROBE_WORKERS, sync=sync,
+                               cache_paths=lambda: probe_files(cache.store, Path(folder))).probes
     job = plan_job(scenes, probes, dataclasses.replace(sampling, sync=sync), sizes=clip_settings.sizes)
     planned, skipped = job.clips, job.skipped
     failed_scenes = {f.get("scene") for f in failures if not f.get("clip")}  # a source that failed as a whole
@@ -94,7 +100,22 @@ def check_coverage(manifest: dict[str, Any], cache: CacheReader, failures: list[
     return check
 
 
-def check_reencode(out: Path, manifest: dict[str, Any], cache: CacheReader, count: int, options: VerifyOptions,
+def probe_files(store: Store, folder: Path) -> list[Path]:
+    """The probe records OUT holds (probes/rank-*.jsonl) as local files: in place in a folder, copied into `folder`
+    from a URL."""
+    pattern = re.compile(rf"{PROBES_DIR}/rank-[0-9]+\.jsonl")
+    names = sorted(name for name in store.listing(PROBES_DIR) if pattern.fullmatch(name))
+    if store.local:
+        return [store.path(name) for name in names]
+    copies = []
+    for name in names:
+        copy = folder / name.rsplit("/", 1)[-1]
+        copy.write_bytes(store.read(name))
+        copies.append(copy)
+    return copies
+
+
+def check_reencode(out: Any, manifest: dict[str, Any], cache: CacheReader, count: int, options: VerifyOptions,
                    ctx: Any = None) -> Check:
     """Decode and re-encode K clips chosen by a seed with the recorded VAE; compare with what is stored."""
     import random

@@ -1,8 +1,9 @@
-"""Checks that a latent cache is complete and intact. Produces a report (pure data); the CLI renders it.
+"""Checks that a latent cache is complete and intact, in a folder or at a URL alike (read through its store,
+vaecache.cache.store). Produces a report (pure data); the CLI renders it.
 
 One module past 400 lines: every check reads the same manifest, clip table and shard headers, in one pass, and
 the report is what the verify table of docs/commands.md documents line by line. Source and re-encode checks are
-encode/recheck.py (they need a VAE and a decoder).
+vaecache.verify.recheck (they need a VAE and a decoder).
 """
 
 from __future__ import annotations
@@ -13,21 +14,20 @@ import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from safetensors.torch import load as safetensors_load
 
+from vaecache.cache.commits import open_out
 from vaecache.cache.failures import reason_counts
-from vaecache.cache.io import sha256_file
-from vaecache.cache.layout import MANIFEST, SHARDS_DIR, inside
-from vaecache.cache.progress import progress_counts
+from vaecache.cache.layout import MANIFEST, SHARDS_DIR
 from vaecache.cache.provenance import IdentityMemo, frames_identity, identity_change
 from vaecache.cache.reader import CacheReader, record_problem, shard_header
+from vaecache.cache.store import open_store
 from vaecache.cache.v1 import iter_v1_clip_records
 from vaecache.cache.writer import tensor_stats
-from vaecache.errors import ClipTableError, ManifestError, ShardHeaderError, UnsafePathError
+from vaecache.errors import ClipTableError, ManifestError, OutputError, ShardHeaderError, UnsafePathError
 from vaecache.settings.dtypes import SAFETENSORS_NAMES
 
 MAX_EXAMPLES = 5
@@ -73,50 +73,81 @@ class VerifyReport:
                 "repaired": self.repaired, "checks": [asdict(check) for check in self.checks]}
 
 
-class LocalShards:
-    """The shard files of a cache on disk, as the shard checks read them (vaecache.cache.verify_remote has the same
-    for a cache in object storage)."""
+class StoreShards:
+    """The shard files of a cache as the shard checks read them: sizes from one listing of shards/ (in a folder each
+    is also checked not to lead out of OUT through a symlink), bytes and headers from the store."""
 
-    def __init__(self, out: Path) -> None:
-        self.out = Path(out)
+    def __init__(self, cache: CacheReader) -> None:
+        self.store = cache.store
+        self.listing = cache.shard_files_present()
 
-    def present(self, cache: CacheReader) -> set[str]:
+    def present(self) -> set[str]:
         """Every shard file there (`shards/<name>`), listed or not."""
-        return cache.shard_files_on_disk()
+        return set(self.listing)
 
     def size(self, file: str) -> int:
         """Its byte count (FileNotFoundError when missing; UnsafePathError for a symlink out of OUT)."""
-        return inside(self.out, file, file).stat().st_size
+        if self.store.local:
+            self.store.path(file)
+        if file not in self.listing:
+            raise FileNotFoundError(file)
+        return self.listing[file]
 
     def read(self, file: str) -> bytes:
-        return inside(self.out, file, file).read_bytes()
+        return self.store.read(file)
 
     def header(self, file: str) -> dict[str, Any]:
-        return shard_header(inside(self.out, file, file))
+        try:
+            return shard_header(self.store, file)
+        except ShardHeaderError as exc:
+            raise ShardHeaderError(f"{file}: {str(exc).split(': ', 1)[-1]}") from None
 
 
-def verify_cache(out: Path, quick: bool = False, threads: int | None = None, ctx: Any = None,
-                 on_progress: Callable[[int, int], None] | None = None, shards: Any = None) -> VerifyReport:
-    """Every integrity check of OUT (the cache alone; `vaecache.encode.recheck.verify` adds the checks against
-    its source). Under torchrun (`ctx` from vaecache.distributed.distributed) the shards are split across ranks
-    and every rank returns the whole report. `on_progress(1, shards_of_this_rank)` is called as each of this
-    rank's shards is checked. `shards` reads the shard files (default: LocalShards(out)); `out` then holds the
-    manifest and the tables only."""
-    shards = shards if shards is not None else LocalShards(out)
+def verify_cache(out: Any, quick: bool = False, threads: int | None = None, ctx: Any = None,
+                 on_progress: Callable[[int, int], None] | None = None, *,
+                 storage_options: dict[str, Any] | None = None, repair: bool = False) -> VerifyReport:
+    """Every integrity check of OUT (a folder, a URL or a store; the cache alone: vaecache.verify.recheck adds the
+    checks against its source). With `repair` the stray shards (files or objects no commit claims, or that the
+    finished manifest does not list) are deleted first, by rank 0 under OUT's lock, and the cache is checked as
+    repaired. Under torchrun (`ctx` from vaecache.distributed.distributed) the shards are split across ranks and every
+    rank returns the whole report. `on_progress(1, shards_of_this_rank)` is called as each of this rank's shards is
+    checked."""
+    store = open_store(out, storage_options)
+    commits = open_out(store)
+    try:
+        return _verify(store, commits, quick, threads, ctx, on_progress, repair)
+    finally:
+        commits.close()
+
+
+def _verify(store: Any, commits: Any, quick: bool, threads: int | None, ctx: Any,
+            on_progress: Callable[[int, int], None] | None, repair: bool) -> VerifyReport:
     rank, world = (ctx.info.rank, ctx.info.world_size) if ctx is not None else (0, 1)
-    out = Path(out)
     manifest_check = Check("manifest")
     try:
-        cache = CacheReader(out)
+        cache = CacheReader(store)
         manifest = cache.manifest
         manifest_check.ok()
     except ManifestError as exc:
-        manifest_check.fail(str(exc))
-        if not (out / MANIFEST).exists():
-            clips, shards = progress_counts(out) if out.is_dir() else (0, 0)
+        cache, problem = None, exc
+    if repair:  # rank 0 repairs before any rank lists the shards; every rank hears its error
+        if cache is None and store.exists(MANIFEST):  # unreadable, it vouches for nothing: all would look stray
+            raise OutputError(f"{problem}; --repair deletes nothing while the manifest cannot be read")
+        listed = set(cache.shard_files()) if cache is not None else None
+        deleted = ctx.on_rank0(lambda: commits.repair(listed)) if ctx is not None else commits.repair(listed)
+    else:
+        deleted = []
+    stray_check = Check(commits.check_name or "")
+    if cache is None:
+        manifest_check.fail(str(problem))
+        checks = [manifest_check]
+        if not store.exists(MANIFEST):
+            clips, shards = commits.counts()
             manifest_check.note = (f"incomplete: no final manifest; {clips} clips in {shards} shards are "
                                    "committed (rerun the same encode command to finish)")
-        return VerifyReport(str(out), complete=False, checks=[manifest_check])
+            if commits.check_name:
+                checks.append(_stray_check(stray_check, *commits.problems(None), deleted))
+        return VerifyReport(str(store.location), complete=False, checks=checks, repaired=deleted)
 
     clips_check = Check("clip records")
     shard_check = Check("shard files" + (" (size only, --quick)" if quick else ""))
@@ -133,7 +164,8 @@ def verify_cache(out: Path, quick: bool = False, threads: int | None = None, ctx
         if problem:
             shard_check.fail(problem)
             del listed[file]
-    on_disk = shards.present(cache)
+    shards = StoreShards(cache)
+    on_disk = shards.present()
     for orphan in sorted(on_disk - set(listed)):
         orphan_check.fail(f"{orphan}: shard file not listed in the manifest")
     orphan_check.ok(len(on_disk & set(listed)))
@@ -182,7 +214,25 @@ def verify_cache(out: Path, quick: bool = False, threads: int | None = None, ctx
     declared_check = check_declarations(manifest, seen, listed_count, listed_bytes, len(failures))
     checks = [manifest_check, clips_check, shard_check, orphan_check, tensor_check, value_check, failures_check,
               declared_check]
-    return VerifyReport(str(out), complete=True, checks=checks, summary=summary)
+    if commits.check_name:
+        checks.append(_stray_check(stray_check, *commits.problems(set(cache.shard_files())), deleted))
+    return VerifyReport(str(store.location), complete=True, checks=checks, summary=summary, repaired=deleted)
+
+
+def _stray_check(check: Check, problems: list[str], passed: int, deleted: list[str]) -> Check:
+    """The commit protocol's own stray check: what it found wrong, what it deleted."""
+    for problem in problems:
+        check.fail(problem)
+    check.ok(passed)
+    if deleted:
+        check.note = f"--repair deleted {len(deleted)} object(s): {', '.join(deleted[:3])}" + \
+            (" ..." if len(deleted) > 3 else "")
+    elif problems and any("without its commit record" in problem for problem in problems):
+        check.note = "listed shard(s) lost their commit record: rerun the same encode command to encode their " \
+                     "clips again"
+    elif problems:
+        check.note = "vaecache verify --repair (or the next encode) deletes them"
+    return check
 
 
 @dataclass
@@ -205,11 +255,11 @@ def scan_records(cache: CacheReader, check: Check, tensor_check: Check, listed: 
     seen = _Seen()
     info = cache.manifest.get("clips") or {}
     path = cache.clips_path
-    if not path.is_file():
+    if not cache.store.exists(cache.clips_name):
         check.fail(f"{path.name}: missing")
         seen.readable = False
         return seen
-    if info.get("sha256") and sha256_file(path) != info["sha256"]:
+    if info.get("sha256") and cache.store.sha256(cache.clips_name) != info["sha256"]:
         check.fail(f"{path.name}: sha256 differs from the manifest (records were edited or truncated)")
     previous: Any = None
     out_of_order = False
@@ -459,10 +509,10 @@ def manifest_record_problem(record: dict[str, Any], manifest: dict[str, Any]) ->
 def _read_failures(cache: CacheReader, check: Check) -> list[dict[str, Any]]:
     info = cache.manifest.get("failures") or {}
     path = cache.failures_path
-    if not path.exists():
+    if not cache.store.exists(cache.failures_name):
         check.fail(f"{path.name}: missing")
         return []
-    if info.get("sha256") and sha256_file(path) != info["sha256"]:
+    if info.get("sha256") and cache.store.sha256(cache.failures_name) != info["sha256"]:
         check.fail(f"{path.name}: sha256 differs from the manifest")
     try:
         failures = cache.failure_records()

@@ -20,7 +20,7 @@ from vaecache.cache.layout import CLIPS, FAILURES
 from vaecache.cache.manifest import write_manifest_last
 from vaecache.cache.reader import CacheReader
 from vaecache.cache.table import CLIP_TABLE, FAILURE_TABLE, write_table
-from vaecache.cache.verify import verify_cache
+from vaecache.verify.integrity import verify_cache
 
 CLIP = "scene_001/000000-000008"
 """The clip the corruptions target (the middle one of three)."""

@@ -1,0 +1,86 @@
+"""The one storage interface under a cache: a folder and an S3 bucket (a real S3-protocol server) answer every
+operation the cache needs alike, and each refuses what it must (a symlink out of OUT, a second create)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save
+
+from tests.s3 import make_bucket
+from vaecache.cache.store import LocalStore, ObjectStore, Store, open_store
+from vaecache.errors import ShardHeaderError, UnsafePathError, UsageError
+
+
+@pytest.fixture(params=["folder", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    if request.param == "folder":
+        return open_store(tmp_path / "out")
+    s3 = request.getfixturevalue("s3")
+    make_bucket(s3, "store-ops")
+    s3.rm("store-ops/out", recursive=True) if s3.exists("store-ops/out") else None
+    return open_store("s3://store-ops/out")
+
+
+def test_both_stores_answer_every_operation_alike(store: Store) -> None:
+    assert isinstance(store, ObjectStore if str(store.location).startswith("s3://") else LocalStore)
+    assert store.listing("shards") == {} and not store.exists("manifest.json")
+    with pytest.raises(FileNotFoundError):
+        store.read("manifest.json")
+    assert store.read_if_present("manifest.json") is None
+    store.write("shards/a.bin", b"0123456789")
+    store.write("progress/commits/a.json", b"{}\n")
+    store.write("shards/a.bin", b"abcdefghij")  # a whole new object in place of the old
+    assert store.read("shards/a.bin") == b"abcdefghij" and store.size("shards/a.bin") == 10
+    assert store.read_range("shards/a.bin", 2, 5) == b"cde"
+    with store.open("shards/a.bin") as handle:
+        handle.seek(8)
+        assert handle.read() == b"ij"
+    assert store.listing("shards") == {"shards/a.bin": 10}
+    assert store.listing("progress") == {"progress/commits/a.json": 3}
+    store.create(".lock", b"mine")
+    with pytest.raises(FileExistsError):
+        store.create(".lock", b"theirs")
+    assert store.read(".lock") == b"mine"
+    assert store.sha256("shards/a.bin") == "72399361da6a7754fec986dca5b7cbaf1c810a28ded4abaf56b2106d06cb78b0"
+    store.delete(["shards/a.bin", "shards/never-there.bin"])
+    assert store.listing("shards") == {} and not store.exists("shards/a.bin")
+
+
+def test_a_shard_reads_alike_from_both_stores(store: Store) -> None:
+    tensors = {"a": torch.arange(12, dtype=torch.float32).reshape(3, 4), "b": torch.ones(2, dtype=torch.bfloat16)}
+    store.write("shards/s.safetensors", save(tensors))
+    shard = store.shard("shards/s.safetensors")
+    assert sorted(shard.keys()) == ["a", "b"]
+    for name, tensor in tensors.items():
+        assert torch.equal(shard.get_tensor(name), tensor) and shard.get_tensor(name).dtype == tensor.dtype
+    store.write("shards/bad.safetensors", b"\xff" * 16)
+    with pytest.raises(ShardHeaderError, match="bad.safetensors"):
+        store.shard("shards/bad.safetensors").keys()
+
+
+def test_a_folder_refuses_a_name_that_leads_out_through_a_symlink(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere.bin").write_bytes(b"secret")
+    store = LocalStore(tmp_path / "out")
+    (tmp_path / "out" / "shards").mkdir(parents=True)
+    os.symlink(tmp_path / "elsewhere.bin", tmp_path / "out" / "shards" / "x.safetensors")
+    with pytest.raises(UnsafePathError, match="through a symlink"):
+        store.read("shards/x.safetensors")
+    with pytest.raises(UnsafePathError, match="leaves"):
+        store.write("../escape.bin", b"")
+    with pytest.raises(UsageError, match="no such folder"):
+        LocalStore(tmp_path / "nope").check_present()
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(UsageError, match="not a folder"):
+        LocalStore(tmp_path / "file").check_present()
+
+
+def test_the_store_is_chosen_once_from_out(tmp_path: Path, s3: Any) -> None:
+    assert isinstance(open_store(tmp_path), LocalStore) and isinstance(open_store(str(tmp_path)), LocalStore)
+    remote = open_store("s3://some-bucket/cache/")
+    assert isinstance(remote, ObjectStore) and str(remote.location) == "s3://some-bucket/cache"
+    assert open_store(remote) is remote

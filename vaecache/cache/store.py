@@ -1,0 +1,471 @@
+"""Where a cache lies (light: no torch until a tensor is read): one small set of operations over OUT, on a local folder or in object storage (``s3://`` and
+any fsspec URL), chosen once from OUT by `open_store`. Everything that reads a cache (the reader, verify, inspect,
+the exports) goes through a store and does not know which one it holds.
+
+Names are paths relative to OUT with ``/`` separators (``manifest.json``, ``shards/a000-r00000-000000.safetensors``).
+A name that is not there raises FileNotFoundError; any other failure is an OutputError naming the object and the
+problem. What the two stores do differently is what each is good at: a local store writes through a temp file,
+fsync and rename, refuses a name that leads out of OUT through a symlink, and opens shards memory-mapped; an object
+store PUTs whole objects (one PUT is atomic), creates write-once with ``If-None-Match: *`` and reads shards by byte
+ranges. How a writer commits on each (an fsynced append-only progress log on disk, one commit record per shard in
+object storage) is the commit protocol's (vaecache.cache.objects), not the store's.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, BinaryIO, Iterable
+
+from vaecache.cache import io as cache_io
+from vaecache.cache.io import FILE_MODE, atomic_write_bytes, fsync_dir
+from vaecache.cache.layout import inside, relative_inside
+from vaecache.errors import OutputError, ShardHeaderError, UsageError
+from vaecache.urls import Url, is_url, open_filesystem, storage_problem
+
+SAFETENSORS_DTYPES = ("F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL")
+"""safetensors' dtype names (its format spec) that `RangedShard` reads (as torch dtypes of the same names)."""
+
+MAX_HEADER_BYTES = 100 << 20
+"""safetensors' own limit on a header (its format spec)."""
+
+
+class Store:
+    """OUT's objects. `location` is OUT as the user named it (a Path or a Url), for messages."""
+
+    location: Any
+    local: bool
+    """Whether OUT is a folder on this machine (`folder` is then that folder)."""
+
+    def where(self, name: str = "") -> Any:
+        """OUT/name, for messages (a Path or a Url)."""
+        return self.location / name if name else self.location
+
+    # The operations each store implements.
+    def read(self, name: str) -> bytes: raise NotImplementedError
+    def read_range(self, name: str, start: int, end: int) -> bytes: raise NotImplementedError
+    def open(self, name: str) -> BinaryIO: raise NotImplementedError
+    def size(self, name: str) -> int: raise NotImplementedError
+    def listing(self, folder: str) -> dict[str, int]: raise NotImplementedError
+    def write(self, name: str, data: bytes) -> None: raise NotImplementedError
+    def create(self, name: str, data: bytes) -> None: raise NotImplementedError
+    def delete(self, names: Iterable[str]) -> None: raise NotImplementedError
+    def shard(self, name: str) -> Any: raise NotImplementedError
+
+    def check_present(self) -> None:
+        """Refuse (UsageError) an OUT that cannot be a cache at all: a local path that is not a folder. A URL's
+        bucket and prefix are checked by what reads them."""
+
+    def read_if_present(self, name: str) -> bytes | None:
+        """An object's bytes; None when there is none."""
+        try:
+            return self.read(name)
+        except FileNotFoundError:
+            return None
+
+    def exists(self, name: str) -> bool:
+        try:
+            self.size(name)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def sha256(self, name: str, block: int = 8 << 20) -> str:
+        digest = hashlib.sha256()
+        with self.open(name) as handle:
+            while chunk := handle.read(block):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+    def checked_name(self, name: object, what: str) -> str:
+        """`name` as a manifest or clip table names an object, refused (UnsafePathError naming `what`) unless it
+        stays in OUT."""
+        return relative_inside(self.location, name, what)
+
+
+class LocalStore(Store):
+    """OUT as a folder: atomic writes by temp file, fsync and rename; names refused that lead out through a
+    symlink; shards memory-mapped by safetensors."""
+
+    local = True
+
+    def __init__(self, folder: Path | str) -> None:
+        self.folder = Path(folder)
+        self.location = self.folder
+
+    def check_present(self) -> None:
+        if not self.folder.exists():
+            raise UsageError(f"{self.folder}: no such folder")
+        if not self.folder.is_dir():
+            raise UsageError(f"{self.folder}: not a folder")
+
+    def path(self, name: str) -> Path:
+        """OUT/name, refused (UnsafePathError) when it would lie outside OUT."""
+        return inside(self.folder, name, str(self.folder / name))
+
+    def _error(self, name: str, what: str, exc: OSError) -> OutputError:
+        return OutputError(f"{self.folder / name}: cannot {what} ({exc.strerror or exc})")
+
+    def read(self, name: str) -> bytes:
+        try:
+            return self.path(name).read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            raise FileNotFoundError(str(self.folder / name)) from None
+        except OSError as exc:
+            raise self._error(name, "read", exc) from None
+
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        with self.open(name) as handle:
+            handle.seek(start)
+            return handle.read(max(0, end - start))
+
+    def open(self, name: str) -> BinaryIO:
+        try:
+            return open(self.path(name), "rb")
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise self._error(name, "read", exc) from None
+
+    def size(self, name: str) -> int:
+        path = self.path(name)
+        try:
+            if not path.is_file():
+                raise FileNotFoundError(str(path))
+            return path.stat().st_size
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise self._error(name, "stat", exc) from None
+
+    def listing(self, folder: str) -> dict[str, int]:
+        """Every file under OUT/folder (recursively), by name, with its byte count."""
+        root = self.folder / folder
+        found: dict[str, int] = {}
+        if not root.is_dir():
+            return found
+        for parent, _, files in os.walk(root):
+            for file in files:
+                path = Path(parent) / file
+                try:
+                    found[path.relative_to(self.folder).as_posix()] = path.stat().st_size
+                except FileNotFoundError:  # deleted while listed
+                    continue
+        return found
+
+    def write(self, name: str, data: bytes) -> None:
+        path = self.folder / relative_inside(self.folder, name, str(self.folder / name))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise self._error(name, "write", exc) from None
+        atomic_write_bytes(path, data)
+
+    def create(self, name: str, data: bytes) -> None:
+        """Write `name` whole, only where no such file exists (FileExistsError otherwise): the data goes to a temp
+        file first, which is then hard-linked to the name (atomic, and never half there)."""
+        path = self.folder / relative_inside(self.folder, name, str(self.folder / name))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            try:
+                os.fchmod(fd, FILE_MODE)
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.link(tmp, path)
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+            fsync_dir(path.parent)
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            raise self._error(name, "write", exc) from None
+
+    def delete(self, names: Iterable[str]) -> None:
+        for name in names:
+            try:
+                (self.folder / relative_inside(self.folder, name, str(self.folder / name))).unlink(missing_ok=True)
+            except OSError as exc:
+                raise self._error(name, "delete", exc) from None
+
+    def sha256(self, name: str, block: int = 8 << 20) -> str:
+        return cache_io.sha256_file(self.path(name), block)
+
+    def shard(self, name: str) -> Any:
+        """safetensors' own handle on the shard, memory-mapped (``get_tensor``, ``keys``, ``get_slice``)."""
+        from safetensors import SafetensorError, safe_open
+
+        path = self.path(name)
+        try:
+            return safe_open(str(path), "pt")
+        except (SafetensorError, OSError) as exc:
+            raise ShardHeaderError(f"{path}: safetensors header does not parse ({exc})") from None
+
+
+class RangedShard:
+    """One shard read by byte ranges: its safetensors header once (8-byte length, then the JSON), then each tensor's
+    bytes on request. The subset of safetensors' handle the readers use (``get_tensor``, ``keys``), plus the parsed
+    ``header``."""
+
+    def __init__(self, store: Store, name: str) -> None:
+        self.store, self.name, self.where = store, name, str(store.where(name))
+        try:
+            size = int.from_bytes(store.read_range(name, 0, 8), "little")
+            if not 2 <= size <= MAX_HEADER_BYTES:
+                raise ValueError(f"a header of {size} bytes")
+            header = json.loads(store.read_range(name, 8, 8 + size))
+            if not isinstance(header, dict):
+                raise ValueError("the header is not a JSON object")
+        except (OSError, ValueError) as exc:
+            raise ShardHeaderError(f"{self.where}: safetensors header does not read ({exc})") from None
+        self.header: dict[str, Any] = header
+        self.base = 8 + size
+
+    def keys(self) -> list[str]:
+        return [name for name, info in self.header.items() if name != "__metadata__" and isinstance(info, dict)]
+
+    def get_tensor(self, name: str) -> Any:
+        import torch
+
+        info = self.header.get(name)
+        if not isinstance(info, dict) or info.get("dtype") not in SAFETENSORS_DTYPES:
+            raise KeyError(name)
+        start, end = info["data_offsets"]
+        data = self.store.read_range(self.name, self.base + start, self.base + end)
+        dtype = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                 "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                 "BOOL": torch.bool}[info["dtype"]]
+        if len(data) != end - start:
+            raise ShardHeaderError(f"{self.where}: {name} is cut short ({len(data)} of {end - start} bytes)")
+        return torch.frombuffer(bytearray(data), dtype=dtype).reshape(info["shape"]) if data else \
+            torch.empty(info["shape"], dtype=dtype)
+
+
+class ObjectStore(Store):
+    """OUT at a URL (fsspec; S3 is the one tested, against a real S3-protocol server). Credentials and endpoint come
+    the way every S3 tool takes them (the standard AWS environment and config files; ``AWS_ENDPOINT_URL_S3`` or
+    ``AWS_ENDPOINT_URL`` for a non-AWS store); ``storage_options`` go to fsspec for the rest. Every listing is made
+    afresh (other ranks and jobs write here too)."""
+
+    local = False
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.url = Url(str(url).rstrip("/"))
+        self.location = self.url
+        self.storage_options = dict(storage_options or {})
+        self.fs, root = open_filesystem(self.url, self.storage_options)
+        self.root = root.rstrip("/")
+
+    def key(self, name: str) -> str:
+        return f"{self.root}/{name}" if name else self.root
+
+    @property
+    def bucket(self) -> str:
+        return self.root.split("/", 1)[0]
+
+    def _error(self, name: str, what: str, exc: BaseException) -> OutputError:
+        return OutputError(f"{self.where(name)}: cannot {what} ({storage_problem(exc)})")
+
+    def read(self, name: str) -> bytes:
+        try:
+            return self.fs.cat_file(self.key(name))
+        except FileNotFoundError:
+            raise FileNotFoundError(str(self.where(name))) from None
+        except Exception as exc:  # botocore's credential errors are no OSError
+            raise self._error(name, "read", exc) from None
+
+    def read_many(self, names: Iterable[str]) -> dict[str, bytes]:
+        """Objects' bytes, fetched concurrently; a name whose object is gone is left out, any other error raised (a
+        commit record that could not be read must never pass for one that is not there)."""
+        names = list(names)
+        if not names:
+            return {}
+        try:
+            found = self.fs.cat([self.key(name) for name in names], on_error="return")
+        except Exception as exc:
+            raise self._error(names[0], "read", exc) from None
+        result = {}
+        for name in names:
+            data = found.get(self.key(name), FileNotFoundError(name))
+            if isinstance(data, FileNotFoundError):
+                continue
+            if isinstance(data, BaseException):
+                raise self._error(name, "read", data)
+            result[name] = data
+        return result
+
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        try:
+            return self.fs.cat_file(self.key(name), start=start, end=end)
+        except FileNotFoundError:
+            raise FileNotFoundError(str(self.where(name))) from None
+        except Exception as exc:
+            raise self._error(name, "read", exc) from None
+
+    def open(self, name: str, block_size: int = 8 << 20) -> BinaryIO:
+        try:
+            return self.fs.open(self.key(name), "rb", block_size=block_size)
+        except FileNotFoundError:
+            raise FileNotFoundError(str(self.where(name))) from None
+        except Exception as exc:
+            raise self._error(name, "read", exc) from None
+
+    def size(self, name: str) -> int:
+        try:
+            return int(self.fs.size(self.key(name)))
+        except FileNotFoundError:
+            raise FileNotFoundError(str(self.where(name))) from None
+        except Exception as exc:
+            raise self._error(name, "stat", exc) from None
+
+    def exists(self, name: str) -> bool:
+        try:
+            return bool(self.fs.exists(self.key(name)))
+        except Exception as exc:
+            raise self._error(name, "stat", exc) from None
+
+    def listing(self, folder: str) -> dict[str, int]:
+        try:
+            self.fs.invalidate_cache()
+            found = self.fs.find(self.key(folder), detail=True, withdirs=False)
+        except FileNotFoundError:
+            return {}
+        except Exception as exc:
+            raise self._error(folder, "list", exc) from None
+        start = len(self.root) + 1
+        return {path[start:]: int(info.get("size") or 0) for path, info in found.items()
+                if info.get("type", "file") != "directory"}
+
+    def entries(self) -> set[str]:
+        """The names right under OUT's URL (objects and prefixes); FileNotFoundError when neither OUT's prefix nor
+        its bucket holds anything."""
+        try:
+            self.fs.invalidate_cache()
+            return {path.rstrip("/").rsplit("/", 1)[-1] for path in self.fs.ls(self.root, detail=False)}
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise self._error("", "list", exc) from None
+
+    def bucket_exists(self) -> bool:
+        try:
+            return bool(self.fs.exists(self.bucket))
+        except Exception:
+            return False
+
+    def write(self, name: str, data: bytes) -> None:
+        """PUT `data` as object `name` (a multipart upload past 100 MB, by s3fs)."""
+        try:
+            self.fs.pipe_file(self.key(name), data)
+        except Exception as exc:
+            raise self._error(name, "write", exc) from None
+
+    def create(self, name: str, data: bytes) -> None:
+        """PUT only where no such object exists (If-None-Match: *), else FileExistsError."""
+        try:
+            self.fs.pipe_file(self.key(name), data, mode="create")
+        except FileExistsError:
+            raise
+        except Exception as exc:
+            raise self._error(name, "write", exc) from None
+
+    def delete(self, names: Iterable[str]) -> None:
+        names = list(names)
+        if not names:
+            return
+        try:
+            self.fs.rm([self.key(name) for name in names])
+        except FileNotFoundError:
+            pass
+        except Exception as exc:
+            raise self._error(names[0], "delete", exc) from None
+
+    def delete_tree(self, name: str) -> None:
+        """Every object under `name`/ (and `name` itself)."""
+        try:
+            self.fs.rm(self.key(name), recursive=True)
+        except FileNotFoundError:
+            pass
+        except Exception as exc:
+            raise self._error(name, "delete", exc) from None
+        self.fs.invalidate_cache()
+
+    def shard(self, name: str) -> RangedShard:
+        return RangedShard(self, name)
+
+    def read_tagged(self, name: str) -> tuple[bytes, str | None] | None:
+        """An object's bytes and the ETag of exactly those bytes (s3fs reads them with If-Match on the ETag it opened
+        the object with); None when the object is gone or changed while being read. The ETag is None on a store
+        that gives none."""
+        key = self.key(name)
+        try:
+            self.fs.invalidate_cache(key)
+            with self.fs.open(key, "rb") as file:
+                etag = (getattr(file, "details", None) or {}).get("ETag")
+                return file.read(), etag
+        except FileNotFoundError:
+            return None
+        except Exception as exc:
+            if precondition_failed(exc):
+                return None
+            raise self._error(name, "read", exc) from None
+
+    def replace_if(self, name: str, data: bytes, etag: str) -> bool:
+        """PUT `data` only if the object is still the one read with `etag` (If-Match); False when it is not (replaced
+        or deleted since). NotImplementedError where the store (or the client) cannot ask it."""
+        try:
+            self.fs.pipe_file(self.key(name), data, IfMatch=etag)
+        except FileNotFoundError:
+            return False
+        except Exception as exc:
+            if precondition_failed(exc):
+                return False
+            if not_implemented(exc):
+                raise NotImplementedError(storage_problem(exc)) from None
+            raise self._error(name, "write", exc) from None
+        return True
+
+
+def precondition_failed(exc: BaseException) -> bool:
+    """Whether a store refused a conditional request because the object changed: 412 PreconditionFailed, 409
+    ConditionalRequestConflict (S3, for conditional writes racing), or s3fs's own ETag check (FileExpired)."""
+    if type(exc).__name__ == "FileExpired":
+        return True
+    response = getattr(exc.__cause__, "response", None) or getattr(exc, "response", None) or {}
+    code = (response.get("Error") or {}).get("Code")
+    status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+    return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
+
+
+def not_implemented(exc: BaseException) -> bool:
+    """Whether a store answered that it does not implement a request (501 NotImplemented: s3fs raises ENOSYS), or the
+    client cannot send it."""
+    if type(exc).__name__ == "ParamValidationError" or type(exc.__cause__).__name__ == "ParamValidationError":
+        return True  # a botocore from before PutObject took IfMatch: this client cannot ask it
+    response = getattr(exc.__cause__, "response", None) or getattr(exc, "response", None) or {}
+    return (getattr(exc, "errno", None) == errno.ENOSYS or (response.get("Error") or {}).get("Code") == "NotImplemented"
+            or (response.get("ResponseMetadata") or {}).get("HTTPStatusCode") == 501)
+
+
+def open_store(out: Any, storage_options: dict[str, Any] | None = None) -> Store:
+    """The store OUT names: an object store for a URL (``s3://bucket/cache``), a local one for a path. The one place
+    that asks which."""
+    if isinstance(out, Store):
+        return out
+    if is_url(str(out)) and not isinstance(out, Path):
+        return ObjectStore(str(out), storage_options)
+    return LocalStore(Path(out))
+
+
+def store_location(out: Any) -> Path | Url:
+    """OUT as a Path or a Url, without opening anything (for objects that must cross processes as plain data)."""
+    return Url(str(out).rstrip("/")) if is_url(str(out)) and not isinstance(out, Path) else Path(out)
+
+
+__all__ = ["LocalStore", "ObjectStore", "RangedShard", "SAFETENSORS_DTYPES", "Store", "open_store", "store_location"]

@@ -1,0 +1,52 @@
+"""One rank's encode as one object, handed down instead of threaded arguments: the settings, the rank's context,
+OUT (its commit protocol, over its store), what start-up found, the stop flag and whom to report to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from vaecache.distributed.context import DistContext
+    from vaecache.encode.startup import StartUp
+    from vaecache.meter import Advance, ProgressFactory
+    from vaecache.settings.commands import EncodeConfig
+    from vaecache.stop import StopRequest
+    from vaecache.video.backends import Backend
+
+
+@dataclass(frozen=True)
+class Reporting:
+    """Whom an encode reports to: `on_progress(clips_done_now, clips_of_this_rank)` after each batch; `progress`
+    shows the probing of this rank's scenes and then its clips; `on_failure(record)` gets each failure record (an
+    input that produced no clip) this rank writes, as it writes it."""
+
+    on_progress: Advance | None = None
+    progress: ProgressFactory | None = None
+    on_failure: Callable[[dict[str, Any]], None] | None = None
+
+
+@dataclass(frozen=True)
+class EncodeRun:
+    """One rank's encode. `out` is OUT's commit protocol (vaecache.cache.commits: DiskOut or ObjectOut); the disk
+    code runs in `folder` (OUT itself, or this rank's work folder for OUT in object storage). `start`, `stop` and
+    `decoder` are filled in as the run gets there (dataclasses.replace)."""
+
+    cfg: EncodeConfig
+    ctx: DistContext
+    out: Any
+    started: float
+    """time.perf_counter() when the command started."""
+    reporting: Reporting = Reporting()
+    start: StartUp | None = None
+    stop: StopRequest | None = None
+    decoder: Backend | None = None
+    """The resolved decode backend with this rank's FFmpeg threads."""
+
+    @property
+    def folder(self) -> Path:
+        return self.out.folder
+
+
+__all__ = ["EncodeRun", "Reporting"]
