@@ -333,6 +333,11 @@ def test_a_cache_written_on_disk_and_copied_to_s3_is_read_and_verified_but_not_r
                                                                                        demo_data: Path) -> None:
     url = upload(s3, good_cache, "copied")
     assert invoke(["verify", url]).exit_code == 0
+    against = invoke(["verify", url, "--dataset", demo_data, "--reencode", "1", "--json", "-"])  # as on disk
+    assert against.exit_code == 0, against.output
+    checks = {check["name"]: check for check in json.loads(against.output[against.output.index("{"):])["checks"]}
+    assert checks[f"coverage of {demo_data}"]["passed"] == 3 and checks["re-encode 1 clip(s) with builtin:tiny"][
+        "passed"] == 1
     refused = invoke(["encode", demo_data, "--out", url, *ENCODE_ARGS])
     assert refused.exit_code == 2
     assert "progress/rank-00000.jsonl: this cache was written on disk and copied here" in refused.output
