@@ -85,7 +85,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     from safetensors.torch import save_file
 
     from vaecache.distributed.context import resolve_device
-    from vaecache.pixel_decoder import PixelDecoder
+    from vaecache.vae.pixel_decoder import PixelDecoder
 
     device = resolve_device(args.device)
     cuda = device.type == "cuda"

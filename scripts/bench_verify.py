@@ -150,8 +150,8 @@ def split_verify(out: Path, files: list[Path]) -> dict[str, float]:
     seconds summed over shards. Value checks compare with the stats recorded in the clip table, as verify does."""
     from safetensors.torch import load as safetensors_load
 
-    from vaecache.verify import integrity as V
     from vaecache.cache.reader import CacheReader
+    from vaecache.verify import integrity as V
 
     recorded = {entry["name"]: entry.get("stats") for record in CacheReader(out).clip_records()
                 for entry in record["tensors"].values()}

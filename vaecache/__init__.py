@@ -4,7 +4,7 @@ The public API, imported lazily (`import vaecache` stays light; torch loads on f
 
 - reading a cache in training (vaecache.training): `LatentCache`, `LatentDataset`, `LatentItem`,
   `ShapeBatchSampler`, `collate_latents`;
-- pixel-space losses on latents (vaecache.pixel_decoder): `PixelDecoder`, a differentiable decoder in bounded
+- pixel-space losses on latents (vaecache.vae.pixel_decoder): `PixelDecoder`, a differentiable decoder in bounded
   memory (chunked, with gradient checkpointing);
 - encoding in your own training code (vaecache.parallel): `sp_encode` (views split over a sequence-parallel
   group: padded to a multiple of the group, encoded locally, all-gathered and trimmed) and `spatial_encode`
@@ -20,7 +20,7 @@ __version__ = "0.5.0"
 _LAZY = {
     **{name: "vaecache.training"
        for name in ("LatentCache", "LatentDataset", "LatentItem", "ShapeBatchSampler", "collate_latents")},
-    "PixelDecoder": "vaecache.pixel_decoder",
+    "PixelDecoder": "vaecache.vae.pixel_decoder",
     "sp_encode": "vaecache.parallel.views",
     "spatial_encode": "vaecache.parallel.spatial",
 }
@@ -28,8 +28,8 @@ _LAZY = {
 if TYPE_CHECKING:
     from vaecache.parallel.spatial import spatial_encode
     from vaecache.parallel.views import sp_encode
-    from vaecache.pixel_decoder import PixelDecoder
     from vaecache.training import LatentCache, LatentDataset, LatentItem, ShapeBatchSampler, collate_latents
+    from vaecache.vae.pixel_decoder import PixelDecoder
 
 
 def __getattr__(name: str) -> Any:

@@ -35,7 +35,7 @@ def interval_from_env() -> float:
     return value if value >= 0 else DEFAULT_INTERVAL_S
 
 
-class ProgressLines:
+class MeterLines:
     """Counts steps and prints one plain line per interval: never a carriage return, never a redraw."""
 
     def __init__(self, label: str, unit: str, write: Callable[[str], None], interval_s: float,
@@ -72,7 +72,7 @@ class ProgressLines:
 
 
 @contextmanager
-def progress(label: str, unit: str, console: Console, enabled: bool = True,
+def meter(label: str, unit: str, console: Console, enabled: bool = True,
              interval_s: float | None = None) -> Iterator[Advance]:
     """Yield an `advance(steps, total)` callback that shows progress on `console` (stderr)."""
     if not enabled:
@@ -101,7 +101,7 @@ def progress(label: str, unit: str, console: Console, enabled: bool = True,
         with bar:
             yield advance_bar
         return
-    lines = ProgressLines(label, unit, lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True),
+    lines = MeterLines(label, unit, lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True),
                           interval_from_env() if interval_s is None else interval_s)
     try:
         yield lines.advance
@@ -109,14 +109,14 @@ def progress(label: str, unit: str, console: Console, enabled: bool = True,
         lines.close()
 
 
-ProgressFactory = Callable[[str, str], ContextManager[Advance]]
-"""progress(label, unit) -> a context that yields an Advance (vaecache.meter.progress, bound to a console)."""
+MeterFactory = Callable[[str, str], ContextManager[Advance]]
+"""meter(label, unit) -> a context that yields an Advance (vaecache.meter.meter, bound to a console)."""
 
 
 @contextmanager
-def progress_phase(progress: ProgressFactory | None, label: str, unit: str) -> Iterator[Advance]:
-    if progress is None:
+def meter_phase(meter: MeterFactory | None, label: str, unit: str) -> Iterator[Advance]:
+    if meter is None:
         yield lambda steps, total: None
         return
-    with progress(label, unit) as advance:
+    with meter(label, unit) as advance:
         yield advance

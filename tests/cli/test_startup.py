@@ -18,11 +18,11 @@ import typer
 
 from vaecache import stop
 from vaecache.cli.common import interrupted_message, launcher_rank_world, report_errors
-from vaecache.meter import ProgressLines
+from vaecache.meter import MeterLines
 
 HEAVY = ("torch", "diffusers", "decord", "av")
 DEFERRED = ("numpy", "pyarrow", "safetensors", "fsspec", "PIL", "tomllib", "vaecache.cache", "vaecache.export",
-            "vaecache.encode", "vaecache.sources", "vaecache.preview", "vaecache.training", "vaecache.meter",
+            "vaecache.encode", "vaecache.sources", "vaecache.decode.preview", "vaecache.training", "vaecache.meter",
             "vaecache.settings.commands", "vaecache.settings.loader", "vaecache.settings.clip",
             "vaecache.settings.buckets", "vaecache.settings.vae_specs", "vaecache.distributed.mesh")
 """Light, but only a command that runs needs them: building the app and rendering --help load none (issue 40)."""
@@ -266,7 +266,7 @@ def test_json_into_a_missing_folder_is_refused_before_work(run_cli: Callable, de
 def test_progress_lines_are_periodic_plain_lines() -> None:
     now = [0.0]
     written: list[str] = []
-    lines = ProgressLines("encode", "clips", written.append, interval_s=30, clock=lambda: now[0])
+    lines = MeterLines("encode", "clips", written.append, interval_s=30, clock=lambda: now[0])
     for t in (1, 10, 31, 50, 60):
         now[0] = float(t)
         lines.advance(1, 5)
@@ -282,7 +282,7 @@ def test_progress_lines_are_periodic_plain_lines() -> None:
 def test_close_prints_the_final_count_once() -> None:
     now = [0.0]
     written: list[str] = []
-    lines = ProgressLines("verify", "shards", written.append, interval_s=30, clock=lambda: now[0])
+    lines = MeterLines("verify", "shards", written.append, interval_s=30, clock=lambda: now[0])
     lines.advance(1, 4)
     now[0] = 5.0
     lines.advance(1, 4)

@@ -164,8 +164,8 @@ def test_reader_sampler_inspect_and_export_understand_buckets(bucket_cache: Path
     shape, a batch never mixes shapes, inspect lists each shape, and the musubi export names each file with
     its bucket's pixel size."""
     from vaecache import LatentCache
+    from vaecache.cache.inspect import inspect_cache
     from vaecache.export import export_musubi
-    from vaecache.inspect import inspect_cache
     from vaecache.training import ShapeBatchSampler
 
     cache = LatentCache(bucket_cache, verify="sha256")

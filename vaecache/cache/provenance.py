@@ -18,8 +18,8 @@ def source_identity(path: Any, with_hash: bool) -> dict[str, Any] | None:
     from vaecache.errors import VideoDecodeError
     from vaecache.urls import is_url, url_sha256
     from vaecache.video.frames import frame_files, is_image_source
+    from vaecache.video.identity import source_stat
     from vaecache.video.members import member_of, member_sha256
-    from vaecache.video.sources import source_stat
     from vaecache.video.spans import file_of
 
     try:

@@ -1,6 +1,6 @@
-"""Where a cache lies (light: no torch until a tensor is read): one small set of operations over OUT, on a local folder or in object storage (``s3://`` and
-any fsspec URL), chosen once from OUT by `open_store`. Everything that reads a cache (the reader, verify, inspect,
-the exports) goes through a store and does not know which one it holds.
+"""Where a cache lies: one small set of operations over OUT, on a local folder or in object storage (``s3://`` and
+any fsspec URL), chosen once from OUT by `open_store` (light: no torch until a tensor is read). Everything that
+reads a cache (the reader, verify, inspect, the exports) goes through a store and does not know which one it holds.
 
 Names are paths relative to OUT with ``/`` separators (``manifest.json``, ``shards/a000-r00000-000000.safetensors``).
 A name that is not there raises FileNotFoundError; any other failure is an OutputError naming the object and the
@@ -8,7 +8,7 @@ problem. What the two stores do differently is what each is good at: a local sto
 fsync and rename, refuses a name that leads out of OUT through a symlink, and opens shards memory-mapped; an object
 store PUTs whole objects (one PUT is atomic), creates write-once with ``If-None-Match: *`` and reads shards by byte
 ranges. How a writer commits on each (an fsynced append-only progress log on disk, one commit record per shard in
-object storage) is the commit protocol's (vaecache.cache.objects), not the store's.
+object storage) is the commit protocol's (vaecache.cache.commits), not the store's.
 """
 
 from __future__ import annotations

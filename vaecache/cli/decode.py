@@ -14,7 +14,7 @@ from vaecache.errors import UsageError
 if TYPE_CHECKING:  # rich tables load when a command runs, not for --help
     from rich.table import Table
 
-    from vaecache.preview import PreviewReport
+    from vaecache.decode.preview import PreviewReport
 
 
 def report_table(report: PreviewReport) -> Table:
@@ -55,7 +55,7 @@ def decode(
 ) -> None:
     """Decode one clip's stored latents and compare with its source: mp4 grid (source above reconstruction,
     one column per camera), PSNR and SSIM per camera."""
-    from vaecache.preview import PreviewSettings, check_output, default_output
+    from vaecache.decode.preview import PreviewSettings, check_output, default_output
 
     if not out.is_dir():
         raise UsageError(f"{out}: no such folder")
@@ -73,7 +73,7 @@ def decode(
     check_output(output, overwrite)
     check_json_target(json_file)
 
-    from vaecache.preview import decode_preview
+    from vaecache.decode.preview import decode_preview
 
     report = decode_preview(out, clip, output, settings)
     console.print(report_table(report))

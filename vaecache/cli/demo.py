@@ -42,10 +42,10 @@ def demo(
     from vaecache.cli.decode import report_table as preview_table
     from vaecache.cli.encode import summary_table
     from vaecache.cli.verify import report_table
+    from vaecache.decode.preview import decode_preview
     from vaecache.demodata import DemoDataSpec, write_demo_dataset
     from vaecache.distributed.context import distributed
     from vaecache.encode.run import run_encode
-    from vaecache.preview import decode_preview
     from vaecache.settings.clip import ClipSettings, SamplingConfig
     from vaecache.settings.commands import EncodeConfig
     from vaecache.training import LatentCache

@@ -80,7 +80,7 @@ def encode(
 
     from vaecache.distributed.context import distributed
     from vaecache.encode.run import run_encode
-    from vaecache.meter import progress as progress_reporter
+    from vaecache.meter import meter
 
     with distributed(sp_size=cfg.sp_size, device=cfg.device, timeout_s=cfg.timeout_s,
                      liveness_timeout_s=cfg.liveness_timeout_s) as ctx:
@@ -92,7 +92,7 @@ def encode(
             console.print("[yellow]note:[/yellow] builtin:small is a small VAE trained only on synthetic demo "
                           "footage (for demos and tests, not for real video)")
         live = LiveFailures(cfg.out, ctx.info.rank, ctx.info.world_size)
-        summary = run_encode(cfg, ctx, progress=lambda label, unit: progress_reporter(
+        summary = run_encode(cfg, ctx, meter=lambda label, unit: meter(
             label, unit, console, enabled=is_rank0 and cfg.progress), on_failure=live)
     if summary.stopped:
         stopped = (f"rank {ctx.info.rank} stopped by {summary.stopped}: committed shards are kept; rerun the same "

@@ -49,13 +49,13 @@ def index(
                       columns=parse_columns(column))
 
     from vaecache.distributed.context import distributed
-    from vaecache.meter import progress as progress_reporter
+    from vaecache.meter import meter
     from vaecache.sources.indexing import describe_ranks, run_index
 
     with distributed(sp_size=1, device="cpu", timeout_s=timeout) as ctx:
         is_rank0 = ctx.info.rank == 0
         label = "index" if ctx.info.world_size == 1 else f"index (rank 0's share of {ctx.info.world_size} ranks)"
-        with progress_reporter(label, "scenes", console, enabled=is_rank0 and progress) as advance:
+        with meter(label, "scenes", console, enabled=is_rank0 and progress) as advance:
             summary = run_index(cfg, ctx, advance)
     if is_rank0:
         from rich.table import Table

@@ -88,7 +88,7 @@ def inspect(
     if (failures or clips) and clip is not None:
         raise UsageError("--failures and --clips list the whole cache; they do not go with --clip")
     check_json_target(json_file)
-    from vaecache.inspect import inspect_cache, inspect_clip
+    from vaecache.cache.inspect import inspect_cache, inspect_clip
 
     info = (inspect_clip(where, clip, options) if clip is not None
             else inspect_cache(where, with_failures=True, storage_options=options))

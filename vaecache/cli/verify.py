@@ -85,7 +85,7 @@ def verify(
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
     check_json_target(json_file)
-    from vaecache.meter import progress as progress_reporter
+    from vaecache.meter import meter
     from vaecache.urls import Url, location, parse_storage_options, set_data_storage_options
 
     storage_options = dict(parse_storage_options(storage_option))
@@ -113,7 +113,7 @@ def verify(
                             repair=repair, storage_options=tuple(storage_options.items()))
     with distributed(device=device if reencode else "cpu") as ctx:  # under torchrun the shards are split
         label = "verify" if ctx.info.world_size == 1 else f"verify (rank 0's share of {ctx.info.world_size} ranks)"
-        with progress_reporter(label, "shards", console, enabled=progress and ctx.info.rank == 0) as on_progress:
+        with meter(label, "shards", console, enabled=progress and ctx.info.rank == 0) as on_progress:
             report = verify_out(store, options, ctx=ctx, on_progress=on_progress)
         if ctx.info.rank != 0:
             raise typer.Exit(EXIT_OK if report.ok else EXIT_FAILED)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:
     from vaecache.distributed.context import DistContext
     from vaecache.encode.startup import StartUp
-    from vaecache.meter import Advance, ProgressFactory
+    from vaecache.meter import Advance, MeterFactory
     from vaecache.settings.commands import EncodeConfig
     from vaecache.stop import StopRequest
     from vaecache.video.backends import Backend
@@ -18,12 +18,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Reporting:
-    """Whom an encode reports to: `on_progress(clips_done_now, clips_of_this_rank)` after each batch; `progress`
+    """Whom an encode reports to: `on_progress(clips_done_now, clips_of_this_rank)` after each batch; `meter`
     shows the probing of this rank's scenes and then its clips; `on_failure(record)` gets each failure record (an
     input that produced no clip) this rank writes, as it writes it."""
 
     on_progress: Advance | None = None
-    progress: ProgressFactory | None = None
+    meter: MeterFactory | None = None
     on_failure: Callable[[dict[str, Any]], None] | None = None
 
 

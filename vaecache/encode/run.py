@@ -35,7 +35,7 @@ from vaecache.encode.numerics import cpu_thread_budget, rank_decode_threads, run
 from vaecache.encode.startup import StartRequest, check_out_usable, start_notes, start_up
 from vaecache.encode.summary import EncodeSummary
 from vaecache.errors import OutputError, UsageError
-from vaecache.meter import Advance, ProgressFactory, progress_phase
+from vaecache.meter import Advance, MeterFactory, meter_phase
 from vaecache.planning.clips import DoneMaskBuilder
 from vaecache.settings.clip import STORED_KEYS
 from vaecache.settings.commands import EncodeConfig
@@ -64,17 +64,17 @@ def setup_logging(out: Path, rank: int, world: int) -> logging.Handler:
 
 
 def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None = None,
-               progress: ProgressFactory | None = None,
+               meter: MeterFactory | None = None,
                on_failure: Callable[[dict[str, Any]], None] | None = None) -> EncodeSummary:
     """Encode the dataset into OUT on this rank; returns the job-wide summary.
 
-    `on_progress(clips_done_now, clips_of_this_rank)` is called after each batch; `progress`, where given,
+    `on_progress(clips_done_now, clips_of_this_rank)` is called after each batch; `meter`, where given,
     shows the probing of this rank's scenes and then its clips; `on_failure(record)` gets each failure record
     (an input that produced no clip) this rank writes, as it writes it."""
     started = time.perf_counter()
     out = open_out(open_store(cfg.out, dict(cfg.storage_options)))  # a URL's work folder is removed at the end
     try:
-        return _start_and_run(EncodeRun(cfg, ctx, out, started, Reporting(on_progress, progress, on_failure)))
+        return _start_and_run(EncodeRun(cfg, ctx, out, started, Reporting(on_progress, meter, on_failure)))
     finally:
         out.close()
 
@@ -85,7 +85,7 @@ def _start_and_run(run: EncodeRun) -> EncodeSummary:
     check_out_usable(run.folder)
     cfg, ctx = run.cfg, run.ctx
     start = start_up(StartRequest(cfg, ctx.device, ctx.info.world_size, ctx.mesh.sp_size, on_error=cfg.on_error,
-                                  probe_cache=run.folder / PROBES_DIR), ctx, run.reporting.progress)
+                                  probe_cache=run.folder / PROBES_DIR), ctx, run.reporting.meter)
     # What --views-per-forward all came to for this dataset: recorded, and compared on resume.
     cfg = dataclasses.replace(cfg, clip=dataclasses.replace(cfg.clip, views_per_forward=start.job.views_per_forward))
     # From here on stop signals are caught, so one arriving while OUT is prepared or the manifest is
@@ -139,7 +139,7 @@ def _run_encode(run: EncodeRun) -> EncodeSummary:
                  world, mesh.dp_size, mesh.sp_size, ctx.device, threads, cfg.workers, decoder.choice,
                  decoder.threads, prepared.attempt, prepared.committed_clips)
         label = "encode" if mesh.dp_size == 1 else f"encode (rank 0's share of {mesh.dp_size} DP groups)"
-        with progress_phase(run.reporting.progress, label, "clips") as advance:
+        with meter_phase(run.reporting.meter, label, "clips") as advance:
             def report(done: int, total: int) -> None:
                 advance(done, total)
                 if run.reporting.on_progress is not None:

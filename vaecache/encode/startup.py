@@ -13,7 +13,7 @@ import torch
 
 from vaecache.distributed.liveness import set_doing
 from vaecache.errors import InputError, UsageError
-from vaecache.meter import ProgressFactory, progress_phase
+from vaecache.meter import MeterFactory, meter_phase
 from vaecache.parallel.encoders import encoder_for
 from vaecache.planning.jobs import JobPlan, plan_job, sp_repeats_advice
 from vaecache.settings.clip import SyncConfig
@@ -78,7 +78,7 @@ class StartUp:
         return tuple(found[name] for name in sorted(found))
 
 
-def start_up(request: StartRequest, ctx: Any = None, progress: ProgressFactory | None = None) -> StartUp:
+def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None = None) -> StartUp:
     """Everything that can be checked without the VAE first (the decoder, DATA, the probes, the plan), then the
     VAE and what the settings need of it. Under several ranks (`ctx`) every rank plans alike (probing.probe_dataset
     shares the probes)."""
@@ -93,7 +93,7 @@ def start_up(request: StartRequest, ctx: Any = None, progress: ProgressFactory |
                                                          settings.lerobot_state))
     sync = resolved_sync(sampling.sync, found)
     cache = request.probe_cache
-    with progress_phase(progress, "probe", "scenes") as advance:
+    with meter_phase(meter, "probe", "scenes") as advance:
         probed = probe_dataset(found.scenes, ctx, workers=settings.probe_workers, advance=advance, sync=sync,
                                cache_paths=(lambda: cache.glob("rank-*.jsonl")) if cache is not None else tuple)
     encoder = encoder_for(settings.sp_mode)

@@ -22,15 +22,9 @@ from vaecache.settings.clip import FRAME_SYNC, SyncConfig
 from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
 from vaecache.sources.scene import CameraProbe, Scene, SceneProbe
 from vaecache.video.frames import FrameList
-from vaecache.video.sources import source_stat
+from vaecache.video.identity import source_stat
 
 log = logging.getLogger("vaecache")
-
-
-def source_identity(source: str | FrameList) -> tuple[int, int]:
-    """(size, mtime_ns) of a camera's source (vaecache.video.sources.source_stat). OSError (or VideoDecodeError
-    naming a frame) when it cannot be read."""
-    return source_stat(source)
 
 
 def probe_file(path: str | FrameList, frame_rate: float | None = None) -> CameraProbe:
@@ -43,12 +37,12 @@ def probe_file(path: str | FrameList, frame_rate: float | None = None) -> Camera
 
     name = path.key if isinstance(path, FrameList) else path
     try:
-        identity: tuple[int, int] | None = source_identity(path)
+        identity: tuple[int, int] | None = source_stat(path)
     except OSError:
         identity = None  # open_camera names the problem (missing, a loop, permission)
     with open_camera(path, fps=frame_rate) as reader:
         if identity is None:
-            identity = source_identity(path)
+            identity = source_stat(path)
         width, height = reader.frame_size
         fps = reader.fps()
         times = reader.times_ns()
@@ -291,7 +285,7 @@ def probe_records(scene: Scene, found: Sequence[CameraProbe | VideoDecodeError])
         if result.reason.startswith(ENVIRONMENT_REASONS) or isinstance(result, FrameBudgetError):
             continue  # a chmod, a remount or another --max-frame-pixels changes these, not size or mtime: look again
         try:
-            size, mtime_ns = source_identity(scene.source(camera))  # type: ignore[arg-type]
+            size, mtime_ns = source_stat(scene.source(camera))  # type: ignore[arg-type]
         except (OSError, VideoDecodeError):
             continue
         records.append({"path": path, "size": size, "mtime_ns": mtime_ns, "error": result.reason})
@@ -330,7 +324,7 @@ def probe_from_cache(scene: Scene, cache: ProbeCache, sync: SyncConfig | None = 
         if entry is None:
             return None
         try:
-            identity = source_identity(scene.source(camera))  # type: ignore[arg-type]
+            identity = source_stat(scene.source(camera))  # type: ignore[arg-type]
         except (OSError, VideoDecodeError):
             return None
         if isinstance(entry, CameraProbe):

@@ -105,7 +105,8 @@ class CameraProbe:
                                f"or neither): {raw!r:.200}") from None
 
     def matches(self, identity: tuple[int, int]) -> bool:
-        """Whether a source of this (size, mtime_ns) (see sources.probing.source_identity) is still the one probed."""
+        """Whether a source of this (size, mtime_ns) (vaecache.video.identity.source_stat) is still the one
+        probed."""
         return identity == (self.size, self.mtime_ns)
 
 

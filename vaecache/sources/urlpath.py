@@ -21,7 +21,7 @@ class ObjectStat:
     st_mtime_ns: int
 
 
-class Listing:
+class UrlListing:
     """Every object under DATA's URL (keys relative to it) with its size and mtime, and the folders their keys
     imply; listed once, when first asked (reading an object by name lists nothing)."""
 
@@ -81,8 +81,8 @@ class UrlPath:
     """A path under DATA's URL with the pathlib interface the layouts use. Never a local path: it has no
     __fspath__, so a layout that would open it as a file fails loudly instead of reading something else."""
 
-    def __init__(self, url: str, listing: Listing | None = None, key: str = "") -> None:
-        self._listing = listing if listing is not None else Listing(Url(str(url).rstrip("/")))
+    def __init__(self, url: str, listing: UrlListing | None = None, key: str = "") -> None:
+        self._listing = listing if listing is not None else UrlListing(Url(str(url).rstrip("/")))
         self._key = key.strip("/")
 
     # --- naming ------------------------------------------------------------------------------------------------
@@ -203,4 +203,4 @@ class UrlPath:
         return f"{self._listing.root}/{self._key}" if self._key else self._listing.root
 
 
-__all__ = ["Listing", "ObjectStat", "UrlPath"]
+__all__ = ["UrlListing", "ObjectStat", "UrlPath"]

@@ -14,9 +14,9 @@ from vaecache.errors import DatasetError, VideoDecodeError
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS
 from vaecache.video.backends import PYAV, Backend, ForeignReader, open_camera
 from vaecache.video.frames import FrameList, FrameSequence, files_identity, is_image_source
+from vaecache.video.identity import source_stat
 from vaecache.video.reader import VideoReader
 from vaecache.video.resize import resize_fit, to_model_range
-from vaecache.video.sources import source_stat
 from vaecache.video.sync import synchronized_frames
 
 Reader = VideoReader | ForeignReader | FrameSequence

@@ -66,7 +66,7 @@ class CameraMetrics:
     frames: int
     psnr_db: float
     """10·log10(1 / MSE) over every pixel, channel and frame of the clip, RGB in [0, 1]; capped at
-    vaecache.metrics.PSNR_CAP_DB (100 dB)."""
+    vaecache.decode.metrics.PSNR_CAP_DB (100 dB)."""
     ssim: float
     """Mean SSIM over frames (Y of BT.601, 11x11 Gaussian window, sigma 1.5, valid region, K1 0.01, K2 0.03)."""
 
@@ -113,7 +113,7 @@ class _Score:
 
     def add(self, source: torch.Tensor, decoded: torch.Tensor) -> None:
         """(T, 3, H, W) each, in [-1, 1]; scored a frame at a time (float64 copies of one frame, not of T)."""
-        from vaecache.metrics import ssim_per_frame
+        from vaecache.decode.metrics import ssim_per_frame
 
         for src, dec in zip(source.split(1), decoded.split(1)):
             a, b = (src.double() + 1) / 2, (dec.double() + 1) / 2
@@ -123,7 +123,7 @@ class _Score:
             self.frames += 1
 
     def result(self, camera: str) -> CameraMetrics:
-        from vaecache.metrics import psnr_db
+        from vaecache.decode.metrics import psnr_db
 
         return CameraMetrics(camera, self.frames, psnr_db(self.squared_error / max(1, self.values)),
                              self.ssim_sum / max(1, self.frames))

@@ -21,7 +21,7 @@ from vaecache.errors import SourceChangedError, UsageError
 from vaecache.vae import load_vae
 from vaecache.vae.decoder import iter_decoded
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 WAN22 = dict(base_dim=8, decoder_base_dim=8, z_dim=4, dim_mult=[1, 2, 2], num_res_blocks=1,

@@ -10,7 +10,6 @@ from vaecache.cache.failures import reason_counts
 from vaecache.cache.reader import CacheReader
 from vaecache.cache.table import CLIP_TABLE, open_table
 from vaecache.cache.writer import tensor_stats
-from vaecache.training import LatentCache
 
 
 def latent_shapes(reader: CacheReader) -> list[dict[str, Any]]:
@@ -75,18 +74,24 @@ def inspect_cache(out: Path | str, with_failures: bool = False,
 def inspect_clip(out: Path | str, clip_id: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """One clip: its record, and per stored tensor its shape, dtype and min/max/mean/std computed from the
     tensor (beside the stats recorded at encode time). `out` may be a URL (ranged reads of that clip alone)."""
-    cache = LatentCache(out, verify="size", storage_options=storage_options)
-    try:
-        item = cache[clip_id]
-    except KeyError:
+    reader = CacheReader(out, storage_options)
+    record = next((record for record in reader.clip_records() if record.get("id") == clip_id), None)
+    if record is None:
         from vaecache.errors import UsageError
 
-        raise UsageError(f"{out}: no clip {clip_id!r} (clip ids look like {cache.ids()[0]!r})") from None
+        example = next(iter(reader.clip_ids()), None)
+        raise UsageError(f"{out}: no clip {clip_id!r}" + (f" (clip ids look like {example!r})" if example else ""))
+    entry = reader.shard_files().get(reader.shard_of(record))
+    if entry is None or reader.store.size(reader.shard_of(record)) != entry.get("bytes"):
+        from vaecache.errors import ShardChecksumError
+
+        raise ShardChecksumError(f"{reader.store.where(reader.shard_of(record))}: not the shard manifest.json lists "
+                                 "(missing from it, or of another size)")
     tensors = {key: {"shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch."),
                      "stats": tensor_stats(tensor),
-                     "recorded_stats": (item.record["tensors"][key] or {}).get("stats")}
-               for key, tensor in item.tensors.items()}
-    return {"out": str(out), "clip": clip_id, "record": item.record, "tensors": tensors}
+                     "recorded_stats": (record["tensors"][key] or {}).get("stats")}
+               for key, tensor in reader.clip_tensors(record).items()}
+    return {"out": str(out), "clip": clip_id, "record": record, "tensors": tensors}
 
 
 __all__ = ["inspect_cache", "inspect_clip", "latent_shapes"]

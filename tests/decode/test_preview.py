@@ -13,9 +13,9 @@ import av
 import pytest
 import torch
 
+from vaecache.decode.metrics import PSNR_CAP_DB, psnr_db, ssim_per_frame
+from vaecache.decode.preview import PreviewSettings, decode_preview, default_output, grid_frames, grid_size
 from vaecache.errors import UsageError
-from vaecache.metrics import PSNR_CAP_DB, psnr_db, ssim_per_frame
-from vaecache.preview import PreviewSettings, decode_preview, default_output, grid_frames, grid_size
 from vaecache.training import LatentCache
 from vaecache.vae import load_vae
 from vaecache.vae.decoder import CHUNKED, iter_decoded
