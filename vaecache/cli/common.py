@@ -170,11 +170,14 @@ def failure_subject(failure: dict[str, Any]) -> str:
     return f"{where} ({camera})" if camera and failure.get("path") else str(where)
 
 
-def note_untrained_vae(out: Path) -> None:
-    """Say so when the cache at `out` was encoded by an untrained VAE (builtin:tiny): its latents mean nothing."""
+def note_untrained_vae(out: Any) -> None:
+    """Say so when the cache in `out` (a store, vaecache.cache.store) was encoded by an untrained VAE (builtin:tiny):
+    its latents mean nothing."""
+    from vaecache.errors import VaecacheError
+
     try:
-        vae = json.loads((out / "manifest.json").read_text()).get("vae") or {}
-    except (OSError, ValueError):
+        vae = json.loads(out.read("manifest.json")).get("vae") or {}
+    except (OSError, ValueError, VaecacheError):
         return  # the command itself names a missing or damaged manifest
     if vae.get("untrained"):
         console.print(f"[yellow]note:[/yellow] {escape(str(vae.get('spec')))} is an untrained VAE with random weights "

@@ -55,11 +55,12 @@ def decode(
 ) -> None:
     """Decode one clip's stored latents and compare with its source: mp4 grid (source above reconstruction,
     one column per camera), PSNR and SSIM per camera."""
+    from vaecache.cache.store import open_store
     from vaecache.decode.preview import PreviewSettings, check_output, default_output
 
-    if not out.is_dir():
-        raise UsageError(f"{out}: no such folder")
-    note_untrained_vae(out)
+    store = open_store(out)
+    store.check_present()
+    note_untrained_vae(store)
     settings = PreviewSettings(vae=vae, device=device, chunk_frames=chunk_frames, tiling=tiling, overwrite=overwrite,
                                allow_pickle_weights=allow_pickle_weights)
     if clip is None:

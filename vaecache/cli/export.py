@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 
 from vaecache.cli.common import console, human_bytes, note_untrained_vae, report_errors
+from vaecache.cli.options import StorageOption
 from vaecache.errors import UsageError
 
 
@@ -27,8 +28,7 @@ def export(
     energon: str = typer.Option("auto", "--energon", help="webdataset: prepare DIR for Megatron-Energon with its own "
                                 "`energon prepare`: auto (when installed) | on | off."),
     verify: str = typer.Option("size", "--verify", help="Check each shard when first read: size | sha256 | none."),
-    storage_option: Optional[list[str]] = typer.Option(None, "--storage-option", help="KEY=VALUE for fsspec, for an "
-                                                       "s3:// OUT (repeatable)."),
+    storage_option: StorageOption = None,
 ) -> None:
     """Export a cache to the layout a trainer reads: musubi-tuner or WebDataset (Megatron-Energon)."""
     from vaecache.cache.layout import VERIFY_MODES  # the cache and export packages load when export runs
@@ -46,13 +46,13 @@ def export(
         raise UsageError("--energon applies to --format webdataset only")
     if samples_per_tar < 1:
         raise UsageError(f"--samples-per-tar must be >= 1, got {samples_per_tar}")
-    from vaecache.urls import Url, location, parse_storage_options
+    from vaecache.cache.store import open_store
+    from vaecache.urls import parse_storage_options
 
-    cache, options = location(out), dict(parse_storage_options(storage_option))
-    if not isinstance(cache, Url):
-        if not cache.is_dir():
-            raise UsageError(f"{cache}: no such folder")
-        note_untrained_vae(cache)
+    options = dict(parse_storage_options(storage_option))
+    cache = open_store(out, options)
+    cache.check_present()
+    note_untrained_vae(cache)
     if format == "musubi":
         summary = export_musubi(cache, dest, arch=arch, verify=verify, storage_options=options)
     else:

@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 
 from vaecache.cli.common import check_dataset_exists, console, report_errors
+from vaecache.cli.options import StorageOption
 from vaecache.settings.options import DEFAULT_PROBE_WORKERS, parse_cameras, parse_columns
 
 
@@ -34,8 +35,7 @@ def index(
     timeout: float = typer.Option(1800.0, "--timeout", help="Seconds a rank waits for the others at the end."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress on rank 0: a bar in a terminal, "
                                   "a line every 30 s (VAECACHE_PROGRESS_INTERVAL) in a log.", metavar=""),
-    storage_option: Optional[list[str]] = typer.Option(None, "--storage-option", help="KEY=VALUE for fsspec, for an "
-                                                       "s3:// DATA (repeatable)."),
+    storage_option: StorageOption = None,
 ) -> None:
     """Probe every camera once (frame count, fps, size, codec, first and last frame time) into a JSONL index for
     encode and plan; a nuScenes root's tables are read once here, into one line per scene."""

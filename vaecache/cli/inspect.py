@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 
 from vaecache.cli.common import check_json_target, console, failure_lines, human_bytes, report_errors, write_json
+from vaecache.cli.options import StorageOption
 from vaecache.errors import UsageError
 
 
@@ -76,22 +77,20 @@ def inspect(
                                metavar=""),
     json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the result as JSON to this file "
                                              "('-': stdout)."),
-    storage_option: Optional[list[str]] = typer.Option(None, "--storage-option", help="KEY=VALUE for fsspec, for an "
-                                                       "s3:// OUT (repeatable)."),
+    storage_option: StorageOption = None,
 ) -> None:
     """What a cache holds, without a full verify: VAE, settings, latent shapes, counts, bytes, failures."""
-    from vaecache.urls import Url, location, parse_storage_options
+    from vaecache.cache.store import open_store
+    from vaecache.urls import parse_storage_options
 
-    where, options = location(out), dict(parse_storage_options(storage_option))
-    if not isinstance(where, Url) and not where.is_dir():
-        raise UsageError(f"{out}: no such folder")
+    where = open_store(out, dict(parse_storage_options(storage_option)))
+    where.check_present()
     if (failures or clips) and clip is not None:
         raise UsageError("--failures and --clips list the whole cache; they do not go with --clip")
     check_json_target(json_file)
     from vaecache.cache.inspect import inspect_cache, inspect_clip
 
-    info = (inspect_clip(where, clip, options) if clip is not None
-            else inspect_cache(where, with_failures=True, storage_options=options))
+    info = (inspect_clip(where, clip) if clip is not None else inspect_cache(where, with_failures=True))
     records = info["failures"].pop("records", []) if clip is None else []
     for line in (_clip_lines(info) if clip is not None else _summary_lines(info)):
         console.print(escape(line), soft_wrap=True)
@@ -101,9 +100,9 @@ def inspect(
     if failures:
         info["failures"]["records"] = records
     if clips:
-        from vaecache.training import LatentCache
+        from vaecache.cache.reader import CacheReader
 
-        info["clip_ids"] = LatentCache(where, storage_options=options).ids()
+        info["clip_ids"] = list(CacheReader(where).clip_ids())
         for clip_id in info["clip_ids"]:
             console.print(escape(clip_id), soft_wrap=True)
     if json_file is not None:

@@ -64,6 +64,17 @@ def with_setting_flags(command: str) -> Callable[[F], F]:
     return decorate
 
 
+def table_flag(name: str, command: str) -> Any:
+    """The flag `name` of the option table as `command` takes it, for a command with its own signature: an
+    Annotated Optional type with Typer's option info (None when not given)."""
+    option = next(option for option in options_of(command) if option.name == name)
+    info = typer.Option(option.flag, help=option.help_for(command))
+    return Annotated[Optional[option.kind], info]  # type: ignore[valid-type]
+
+
+StorageOption = table_flag("storage_option", "verify")
+"""--storage-option of verify, inspect, export and index (encode and plan take it through with_setting_flags)."""
+
 DataArgument = Annotated[str, typer.Argument(
     metavar="DATA", help="Dataset: DATA/<scene>/<camera>.mp4 or DATA/<scene>/<camera>/<frames>, a folder of videos, a "
                          ".jsonl index, a .csv/.tsv/.parquet table, WebDataset .tar shards (a file, a folder, or "

@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 
 from vaecache.cli.common import check_json_target, console, human_bytes, report_errors, write_json
+from vaecache.cli.options import StorageOption
 from vaecache.errors import EXIT_FAILED, EXIT_OK, UsageError
 
 if TYPE_CHECKING:  # the meter and rich tables load when a command runs, not for --help
@@ -78,8 +79,7 @@ def verify(
     repair: bool = typer.Option(False, "--repair", help="Delete stray shards: files or objects no commit record "
                                 "claims, or that the finished manifest does not list (refused while a job holds "
                                 "OUT's lock).", metavar=""),
-    storage_option: Optional[list[str]] = typer.Option(None, "--storage-option", help="KEY=VALUE for fsspec, for an "
-                                                       "s3:// OUT (repeatable)."),
+    storage_option: StorageOption = None,
 ) -> None:
     """Prove a latent cache is complete and intact. Runs under torchrun to split the work across ranks."""
     if threads is not None and threads < 1:

@@ -19,6 +19,8 @@ from vaecache.urls import location, parse_storage_options
 
 ENCODE, PLAN = "encode", "plan"
 BOTH = frozenset({ENCODE, PLAN})
+CACHE_COMMANDS = frozenset({"verify", "inspect", "export", "index"})
+"""The other commands: they take their own flags, and from this table the ones they share (--storage-option)."""
 DEFAULT_PROBE_WORKERS = 8
 """Threads probing videos in each rank (PyAV releases the GIL while FFmpeg demuxes): the default of encode's and
 plan's --probe-workers and of index's --workers. Here, in the table the CLI loads to build its flags, so that
@@ -100,10 +102,10 @@ REQUIRED_NOTE = " \\[required, or in --config]"
 OPTIONS: tuple[Option, ...] = (
     Option("out", "--out", str, "Output folder for shards and manifest, or an object-store URL (s3://bucket/prefix)."
            + REQUIRED_NOTE, frozenset({ENCODE}), short="-o", required=True, parse=location),
-    Option("storage_option", "--storage-option", str, "KEY=VALUE[,KEY=VALUE...]: passed to fsspec for an s3:// DATA "
-           "or OUT (e.g. anon=true, endpoint_url=http://minio:9000); credentials come from the AWS environment and "
-           "config files. Not recorded.", field="storage_options", toml=(str, list, dict),
-           toml_items=str, parse=parse_storage_options),
+    Option("storage_option", "--storage-option", list[str], "KEY=VALUE[,KEY=VALUE...], repeatable: passed to fsspec "
+           "for an s3:// DATA or OUT (e.g. anon=true, endpoint_url=http://minio:9000); credentials come from the AWS "
+           "environment and config files. Not recorded.", BOTH | CACHE_COMMANDS, field="storage_options",
+           toml=(str, list, dict), toml_items=str, parse=parse_storage_options),
     Option("vae", "--vae", str, "builtin:tiny | builtin:small | diffusers:FOLDER\\[#subfolder] | FILE.safetensors | "
            "python:module:function." + REQUIRED_NOTE, required=True),
     Option("vae_config", "--vae-config", str, "The config.json (or diffusers folder) of a single checkpoint file whose "
