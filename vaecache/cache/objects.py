@@ -47,7 +47,7 @@ from vaecache.cache.layout import (
     SHARDS_DIR,
 )
 from vaecache.cache.lock import ObjectLock
-from vaecache.cache.outdir import PreparedOut, begin_changes, prepare_out
+from vaecache.cache.outdir import FolderOut, PreparedOut, begin_changes, prepare_out
 from vaecache.cache.progress import CommittedIds, committed_shards, progress_counts, progress_line_head
 from vaecache.cache.store import ObjectStore
 from vaecache.errors import OutputError, UsageError
@@ -82,7 +82,7 @@ def committed_shard(commit: str) -> str | None:
     return f"{SHARDS_DIR}/{base[:-len(COMMIT_SUFFIX)]}{SHARD_SUFFIX}"
 
 
-class ObjectOut:
+class ObjectOut(FolderOut):
     """OUT at a URL: its objects (an ObjectStore) written under the commit protocol, and this process's work
     folder."""
 

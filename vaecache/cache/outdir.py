@@ -11,12 +11,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from vaecache.cache.io import atomic_write_bytes, atomic_write_json, read_json
-from vaecache.cache.layout import LOCK, LOGS_DIR, MANIFEST, OWNED_ENTRIES, PROGRESS_DIR, RUN, SHARDS_DIR
+from vaecache.cache.io import AppendLog, atomic_write_bytes, atomic_write_json, read_json
+from vaecache.cache.layout import (
+    LOCK,
+    LOGS_DIR,
+    MANIFEST,
+    OWNED_ENTRIES,
+    PROBES_DIR,
+    PROGRESS_DIR,
+    RUN,
+    SHARDS_DIR,
+    failures_path,
+    probes_path,
+    progress_path,
+)
 from vaecache.cache.lock import acquire_lock, release_lock
 from vaecache.cache.manifest import read_manifest
 from vaecache.cache.progress import CommittedIds, committed_ids, committed_shards, progress_counts
 from vaecache.cache.provenance import identity_change
+from vaecache.cache.reader import CacheReader
 from vaecache.cache.repair import damaged_shards, forget_hashed_shards, repair_progress, repair_strays
 from vaecache.cache.store import LocalStore
 from vaecache.errors import ManifestError, OutputError, UsageError
@@ -242,7 +255,63 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
         raise
 
 
-class DiskOut:
+class FolderOut:
+    """What both commit protocols do alike in the folder the disk code runs in (OUT itself, or the work folder of an
+    OUT at a URL): the run's own records, logs and finalize. A run asks these of `run.out` and does not know which
+    protocol it holds."""
+
+    folder: Path
+
+    def where(self, name: str = "") -> Any:
+        """OUT (or OUT/name) as the user named it, for messages."""
+        return self.store.where(name)  # type: ignore[attr-defined]
+
+    def recorded_cpu_threads(self) -> int | None:
+        return recorded_cpu_threads(self.folder)
+
+    def probes_folder(self) -> Path:
+        return self.folder / PROBES_DIR
+
+    def probes_file(self, rank: int) -> Path:
+        return probes_path(self.folder, rank)
+
+    def log_file(self, rank: int) -> Path:
+        """This rank's log (logs/rank-N.log; its folder made, OSError where OUT is read-only)."""
+        (self.folder / LOGS_DIR).mkdir(parents=True, exist_ok=True)
+        return self.folder / LOGS_DIR / f"rank-{rank:05d}.log"
+
+    def failure_log_file(self, rank: int) -> Path:
+        return failures_path(self.folder, rank)
+
+    def progress_log(self, rank: int) -> AppendLog:
+        """This rank's fsynced append-only progress log."""
+        return AppendLog(progress_path(self.folder, rank))
+
+    def finished(self) -> CacheReader:
+        """Rank 0: the finished cache as prepare found it (its manifest and failure table)."""
+        return CacheReader(self.folder)
+
+    def numerics_history(self) -> list[dict[str, Any]]:
+        return recorded_numerics_history(self.folder)
+
+    def finalize(self, header: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Rank 0, after every rank finished: the progress logs merged into the tables and the manifest (last), then
+        published. Returns the manifest and the failure records."""
+        from vaecache.cache.finalize import finalize
+
+        self.before_finalize()
+        manifest = finalize(self.folder, header)
+        self.publish()
+        return manifest, CacheReader(self.folder).failure_records()
+
+    def before_finalize(self) -> None:
+        raise NotImplementedError
+
+    def publish(self) -> None:
+        raise NotImplementedError
+
+
+class DiskOut(FolderOut):
     """OUT as a folder, as an encode writes it and verify repairs it: the disk code runs in OUT itself; a shard is
     written by temp file, fsync and rename, and committed by its line in the rank's fsynced append-only progress log
     (vaecache.cache.progress). The same interface as objects.ObjectOut, which hides the other protocol."""
@@ -254,7 +323,10 @@ class DiskOut:
 
     # --- a run ---------------------------------------------------------------------------------------------------
     def pull_start(self) -> None:
-        """Before start-up: nothing to fetch (OUT is here)."""
+        """Before start-up, what can be told about OUT without the run fingerprint (prepare_out checks the rest):
+        nothing to fetch, OUT is here."""
+        if self.folder.exists() and not self.folder.is_dir():
+            raise UsageError(f"{self.folder}: --out exists and is not a folder")
 
     def prepare(self, fingerprint: dict[str, Any], overwrite: bool, job_id: str | None,
                 sources: dict[str, dict[str, Any]] | None, committed: CommittedIds | None,
@@ -323,5 +395,5 @@ def _read_only(out: Path) -> bool:
         return False
 
 
-__all__ = ["DiskOut", "PreparedOut", "ShardProblems", "begin_changes", "describe_differences", "numerics_history",
-           "prepare_out", "recorded_cpu_threads", "recorded_numerics_history"]
+__all__ = ["DiskOut", "FolderOut", "PreparedOut", "ShardProblems", "begin_changes", "describe_differences",
+           "numerics_history", "prepare_out", "recorded_cpu_threads", "recorded_numerics_history"]

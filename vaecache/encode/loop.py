@@ -15,7 +15,6 @@ from typing import Any, Callable
 import torch
 
 from vaecache.cache.io import AppendLog
-from vaecache.cache.layout import failures_path, progress_path
 from vaecache.cache.outdir import PreparedOut
 from vaecache.cache.writer import ShardWriter, failure_record
 from vaecache.distributed.context import DistContext
@@ -119,8 +118,8 @@ def encode_share(run: EncodeRun, job: JobPlan, prepared: PreparedOut,
         # begin_changes repairs the progress logs: a shard it dropped must be encoded again
         job = dataclasses.replace(job, done=done)
     work = job.rank_work(rank)
-    failures = FailureLog(failures_path(run.folder, rank), run.reporting.on_failure,
-                          run.out.mirror(failures_path(run.folder, rank)))
+    failures = FailureLog(run.out.failure_log_file(rank), run.reporting.on_failure,
+                          run.out.mirror(run.out.failure_log_file(rank)))
     if rank == 0:
         for skip in job.skipped:
             failures.append(failure_record(skip.scene_id, skip.reason, path=skip.path, camera=skip.camera))
@@ -139,7 +138,7 @@ def encode_share(run: EncodeRun, job: JobPlan, prepared: PreparedOut,
         batch_size=None, shuffle=False, num_workers=cfg.workers, pin_memory=ctx.device.type == "cuda",
         prefetch_factor=4 if cfg.workers else None, worker_init_fn=ignore_stop_signals,
     )
-    progress_log = AppendLog(progress_path(run.folder, rank)) if mesh.is_writer else None
+    progress_log = run.out.progress_log(rank) if mesh.is_writer else None
     writer = (ShardWriter(run.out, rank, prepared.attempt, cfg.shard_size, progress_log, hash_sources=cfg.hash_sources,
                           fit=cfg.clip.fit if cfg.clip.bucketed else None, commit_every_s=cfg.commit_every_s)
               if progress_log else None)

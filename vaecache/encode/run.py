@@ -7,24 +7,18 @@ import errno
 import logging
 import platform
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 import vaecache
 from vaecache.cache.commits import open_out
-from vaecache.cache.finalize import finalize
-from vaecache.cache.layout import PROBES_DIR, probes_path
 from vaecache.cache.manifest import manifest_header
 from vaecache.cache.outdir import (
     PreparedOut,
     describe_differences,
-    recorded_cpu_threads,
-    recorded_numerics_history,
 )
 from vaecache.cache.provenance import source_identities
-from vaecache.cache.reader import CacheReader
 from vaecache.cache.store import open_store
 from vaecache.distributed.context import DistContext
 from vaecache.distributed.liveness import set_doing
@@ -32,7 +26,7 @@ from vaecache.encode.encode_run import EncodeRun, Reporting
 from vaecache.encode.fingerprint import run_fingerprint
 from vaecache.encode.loop import encode_share, marking_done
 from vaecache.encode.numerics import cpu_thread_budget, rank_decode_threads, run_numerics
-from vaecache.encode.startup import StartRequest, check_out_usable, start_notes, start_up
+from vaecache.encode.startup import StartRequest, start_notes, start_up
 from vaecache.encode.summary import EncodeSummary
 from vaecache.errors import OutputError, UsageError
 from vaecache.meter import Advance, MeterFactory, meter_phase
@@ -47,15 +41,14 @@ from vaecache.vae.load import CUDA_NUMERICS
 log = logging.getLogger("vaecache")
 
 
-def setup_logging(out: Path, rank: int, world: int) -> logging.Handler:
-    """This rank's log file in OUT/logs; none (a handler that drops records) where OUT is read-only: a complete
-    cache on a read-only mount is still confirmed complete."""
+def setup_logging(out: Any, rank: int, world: int) -> logging.Handler:
+    """This rank's log file in OUT/logs (`out`: OUT's commit protocol); none (a handler that drops records) where
+    OUT is read-only: a complete cache on a read-only mount is still confirmed complete."""
     try:
-        (out / "logs").mkdir(parents=True, exist_ok=True)
-        handler: logging.Handler = logging.FileHandler(out / "logs" / f"rank-{rank:05d}.log")
+        handler: logging.Handler = logging.FileHandler(out.log_file(rank))
     except OSError as exc:
         if exc.errno != errno.EROFS:
-            raise OutputError(f"{out / 'logs'}: cannot write the rank log ({exc.strerror or exc})") from None
+            raise OutputError(f"{out.folder / 'logs'}: cannot write the rank log ({exc.strerror or exc})") from None
         handler = logging.NullHandler()
     handler.setFormatter(logging.Formatter(f"%(asctime)s rank {rank}/{world} %(levelname)s %(message)s"))
     log.addHandler(handler)
@@ -80,12 +73,11 @@ def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None 
 
 
 def _start_and_run(run: EncodeRun) -> EncodeSummary:
-    run.out.pull_start()
+    run.out.pull_start()  # OUT usable as far as can be told before the fingerprint (a URL's records fetched)
     # Start-up writes nothing, so a Ctrl-C in it ends the command at once (the CLI prints one line).
-    check_out_usable(run.folder)
     cfg, ctx = run.cfg, run.ctx
     start = start_up(StartRequest(cfg, ctx.device, ctx.info.world_size, ctx.mesh.sp_size, on_error=cfg.on_error,
-                                  probe_cache=run.folder / PROBES_DIR), ctx, run.reporting.meter)
+                                  probe_cache=run.out.probes_folder()), ctx, run.reporting.meter)
     # What --views-per-forward all came to for this dataset: recorded, and compared on resume.
     cfg = dataclasses.replace(cfg, clip=dataclasses.replace(cfg.clip, views_per_forward=start.job.views_per_forward))
     # From here on stop signals are caught, so one arriving while OUT is prepared or the manifest is
@@ -101,7 +93,7 @@ def _run_encode(run: EncodeRun) -> EncodeSummary:
     assert start is not None
     rank, world = ctx.info.rank, ctx.info.world_size
     mesh, vae = ctx.mesh, start.vae
-    threads = cpu_thread_budget(ctx, cfg.workers, None if cfg.overwrite else recorded_cpu_threads(run.folder))
+    threads = cpu_thread_budget(ctx, cfg.workers, None if cfg.overwrite else run.out.recorded_cpu_threads())
     decoder = dataclasses.replace(start.backend, threads=rank_decode_threads(ctx, cfg.workers, threads))
     run = dataclasses.replace(run, decoder=decoder)
     for note in (start_notes(start.job, cfg.batch_size, mesh.sp_size, cfg.sp_mode, ctx.device, threads)
@@ -127,12 +119,12 @@ def _run_encode(run: EncodeRun) -> EncodeSummary:
         return run.out.begin_again(attempt, fingerprint, sources, mark, other_numerics)
 
     job = dataclasses.replace(start.job, done=done)
-    probes = probes_path(run.folder, rank)
+    probes = run.out.probes_file(rank)
     write_probe_records(probes, start.probe_records)
     publish_probes = run.out.mirror(probes)
     if publish_probes is not None and probes.is_file():
         publish_probes()
-    handler = setup_logging(run.folder, rank, world)
+    handler = setup_logging(run.out, rank, world)
     try:
         log.info("vaecache %s: world %d = DP %d x SP %d, device %s (%d torch threads), %d decode workers "
                  "(%s, %d FFmpeg threads per video), attempt %d, %d clips already committed", vaecache.__version__,
@@ -156,10 +148,10 @@ def _run_encode(run: EncodeRun) -> EncodeSummary:
             return summary
         if summary.already_complete:
             if rank == 0:
-                cache = CacheReader(run.folder)
+                cache = run.out.finished()
                 summary.skipped = cache.failure_records()
                 summary.latent_shape = cache.manifest.get("latent", {}).get("shape") or {}
-            log.info("%s is complete: all %d planned clips are cached; nothing was changed", run.out.store.location,
+            log.info("%s is complete: all %d planned clips are cached; nothing was changed", run.out.where(),
                      summary.planned_clips)
             return summary
         set_doing("writing the manifest" if rank == 0 else "waiting for rank 0 to write the manifest")
@@ -175,20 +167,19 @@ def _run_encode(run: EncodeRun) -> EncodeSummary:
             run.out.release_lock()
         log.removeHandler(handler)
         handler.close()
-        run.out.push_log(rank, prepared.attempt, run.folder / "logs" / f"rank-{rank:05d}.log")
+        run.out.push_log(rank, prepared.attempt, run.out.log_file(rank))
 
 
 def _finalize(run: EncodeRun, summary: EncodeSummary,
               fingerprint: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
     """Rank 0, after every rank finished: merge progress logs into the manifest, written last. Returns the
     failure records and the latent shape. With OUT in object storage, the work folder's logs are first rebuilt
-    from every rank's commit records, and the tables and the manifest (last) then PUT."""
+    from every rank's commit records, and the tables and the manifest (last) then PUT (`run.out`)."""
     cfg, vae = run.cfg, run.start.vae  # type: ignore[union-attr]
-    run.out.before_finalize()
     header = manifest_header(
         producer={"vaecache": vaecache.__version__, "torch": torch.__version__, "python": platform.python_version(),
                   "numerics": fingerprint.get("numerics"),
-                  **({"numerics_history": history} if (history := recorded_numerics_history(run.folder)) else {}),
+                  **({"numerics_history": history} if (history := run.out.numerics_history()) else {}),
                   **({"cuda_numerics": CUDA_NUMERICS} if vae.model.device.type == "cuda" else {})},  # set by load_vae
         vae=vae.model.fingerprint(), fingerprint=fingerprint, frame_rule=vae.model.rule.to_json(),
         settings={**cfg.clip.to_record(), "decoder": fingerprint["decoder"], "data": str(cfg.data),
@@ -208,6 +199,5 @@ def _finalize(run: EncodeRun, summary: EncodeSummary,
         header["buckets"] = [{**bucket.to_record(),
                               "view_shape": list(vae.latent_shape(bucket.num_frames, bucket.height, bucket.width))}
                              for bucket in cfg.clip.buckets()]
-    manifest = finalize(run.folder, header)
-    run.out.publish()
-    return CacheReader(run.folder).failure_records(), manifest["latent"]["shape"] or {}
+    manifest, failures = run.out.finalize(header)
+    return failures, manifest["latent"]["shape"] or {}

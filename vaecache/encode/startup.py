@@ -163,9 +163,3 @@ def start_notes(job: JobPlan, batch_size: int, sp_size: int, sp_mode: str, devic
                      f"for another intra-op thread count{per_rank}, so every run of one cache needs the same threads "
                      "per rank (OMP_NUM_THREADS) to match bit for bit")
     return notes
-
-
-def check_out_usable(out: Path) -> None:
-    """What can be told about OUT without the run fingerprint (prepare_out checks the rest)."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"{out}: --out exists and is not a folder")
