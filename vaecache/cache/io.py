@@ -26,8 +26,10 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Make `path` appear complete or not at all: temp file, write, fsync, rename, fsync the folder."""
+def atomic_write_bytes(path: Path, data: bytes, *, exclusive: bool = False) -> None:
+    """Make `path` appear complete or not at all: temp file, write, fsync, rename, fsync the folder. With
+    `exclusive`, only where `path` does not exist yet (FileExistsError otherwise): the temp file is hard-linked to
+    the name instead of renamed over it."""
     path = Path(path)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -37,12 +39,18 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
                 handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())
-            os.replace(tmp, path)
+            if exclusive:
+                os.link(tmp, path)
+                Path(tmp).unlink()
+            else:
+                os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
         fsync_dir(path.parent)
     except OSError as exc:
+        if exclusive and isinstance(exc, FileExistsError):
+            raise
         raise OutputError(f"{path}: cannot write ({exc.strerror or exc})") from None
 
 

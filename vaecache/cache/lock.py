@@ -1,6 +1,7 @@
 """The lock on OUT: one job writes a cache at a time. On disk an flock on OUT/.lock held for the run, which also
 records who holds it; in object storage (ObjectLock) an object created only if absent, with the same record and
-the same stale-lock rules. `lock_for(store)` gives the one that fits OUT's store."""
+the same stale-lock rules. Each commit protocol takes the one of its store (outdir.DiskOut through prepare_out,
+objects.ObjectOut)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vaecache.cache.layout import LOCK
-from vaecache.cache.store import ObjectStore, Store
+from vaecache.cache.store import ObjectStore
 from vaecache.errors import OutputError
 
 log = logging.getLogger("vaecache")
@@ -115,19 +116,6 @@ def _pid_alive(pid: Any) -> bool:
     return True
 
 
-class DiskLock:
-    """OUT/.lock on disk (acquire_lock / release_lock) as an object, like ObjectLock."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = Path(folder)
-
-    def acquire(self, job_id: str | None) -> None:
-        acquire_lock(self.folder, job_id)
-
-    def release(self) -> None:
-        release_lock(self.folder)
-
-
 class ObjectLock:
     """OUT/.lock in object storage: created with a conditional PUT (``If-None-Match: *``, which S3 and MinIO honour),
     so of jobs starting together exactly one creates it, recording who holds it (and a token of its own). A stale
@@ -190,11 +178,6 @@ class ObjectLock:
         return _holder(self.store.read_if_present(LOCK))
 
 
-def lock_for(store: Store) -> DiskLock | ObjectLock:
-    """OUT's lock, as its store takes one."""
-    return ObjectLock(store) if isinstance(store, ObjectStore) else DiskLock(store.location)
-
-
 def _holder(data: bytes | None) -> dict[str, Any] | None:
     if data is None:
         return None
@@ -205,5 +188,5 @@ def _holder(data: bytes | None) -> dict[str, Any] | None:
     return holder if isinstance(holder, dict) else {}
 
 
-__all__ = ["DiskLock", "ObjectLock", "acquire_lock", "lock_for", "lock_holder_record", "lock_is_stale", "locked_error",
+__all__ = ["ObjectLock", "acquire_lock", "lock_holder_record", "lock_is_stale", "locked_error",
            "release_lock"]

@@ -17,12 +17,11 @@ import errno
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, Iterable
 
 from vaecache.cache import io as cache_io
-from vaecache.cache.io import FILE_MODE, atomic_write_bytes, fsync_dir
+from vaecache.cache.io import atomic_write_bytes
 from vaecache.cache.layout import inside, relative_inside
 from vaecache.errors import OutputError, ShardHeaderError, UsageError
 from vaecache.urls import Url, is_url, open_filesystem, storage_problem
@@ -158,34 +157,19 @@ class LocalStore(Store):
         return found
 
     def write(self, name: str, data: bytes) -> None:
-        path = self.folder / relative_inside(self.folder, name, str(self.folder / name))
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise self._error(name, "write", exc) from None
-        atomic_write_bytes(path, data)
+        self._write(name, data, exclusive=False)
 
     def create(self, name: str, data: bytes) -> None:
-        """Write `name` whole, only where no such file exists (FileExistsError otherwise): the data goes to a temp
-        file first, which is then hard-linked to the name (atomic, and never half there)."""
+        """Write `name` whole, only where no such file exists (FileExistsError otherwise)."""
+        self._write(name, data, exclusive=True)
+
+    def _write(self, name: str, data: bytes, exclusive: bool) -> None:
         path = self.folder / relative_inside(self.folder, name, str(self.folder / name))
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            try:
-                os.fchmod(fd, FILE_MODE)
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(data)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.link(tmp, path)
-            finally:
-                Path(tmp).unlink(missing_ok=True)
-            fsync_dir(path.parent)
-        except FileExistsError:
-            raise
         except OSError as exc:
             raise self._error(name, "write", exc) from None
+        atomic_write_bytes(path, data, exclusive=exclusive)
 
     def delete(self, names: Iterable[str]) -> None:
         for name in names:
