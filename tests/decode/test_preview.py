@@ -18,7 +18,7 @@ from vaecache.decode.preview import PreviewSettings, decode_preview, default_out
 from vaecache.errors import UsageError
 from vaecache.training import LatentCache
 from vaecache.vae import load_vae
-from vaecache.vae.decoder import CHUNKED, iter_decoded
+from vaecache.vae.latent_decode import CHUNKED, iter_decoded
 
 CLIP = "scene_000/000000-000008"
 

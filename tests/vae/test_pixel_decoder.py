@@ -19,7 +19,7 @@ from tests.vae.tiny_vaes import FAMILY_CONFIGS
 from vaecache import LatentCache, PixelDecoder
 from vaecache.errors import SourceChangedError, UsageError
 from vaecache.vae import load_vae
-from vaecache.vae.decoder import iter_decoded
+from vaecache.vae.latent_decode import iter_decoded
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,7 +2,7 @@
 against the source frames (PSNR, SSIM per camera) and write an mp4 grid: source above reconstruction, one
 column per camera.
 
-Memory is bounded by `chunk_frames` latent frames per camera (vae/decoder.py: chunks are exact), never by
+Memory is bounded by `chunk_frames` latent frames per camera (vae/latent_decode.py: chunks are exact), never by
 the clip's length: each chunk's source frames are read, its frames scored and written to the mp4, and let go.
 The source frames are read exactly as encode read them (vaecache.video.dataset.ViewDecoder: the same frame indices,
 the same resize/crop/fit to the clip's bucket size), so they line up pixel for pixel with what was encoded.
@@ -256,7 +256,7 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
     from vaecache.encode.fingerprint import load_recorded_vae
     from vaecache.settings.clip import ClipSettings
     from vaecache.training import LatentCache
-    from vaecache.vae.decoder import decode_mode, iter_decoded
+    from vaecache.vae.latent_decode import decode_mode, iter_decoded
     from vaecache.video.backends import backend_for_record
     from vaecache.video.dataset import ViewDecoder, recorded_views
 

@@ -35,7 +35,7 @@ import torch
 from torch.utils.checkpoint import checkpoint as _checkpoint
 
 from vaecache.errors import UsageError
-from vaecache.vae.decoder import decoded_sample, decoder_conv_count, is_wan, wan_finish
+from vaecache.vae.latent_decode import decoded_sample, decoder_conv_count, is_wan, wan_finish
 
 WAN_CACHE_FRAMES = 2
 """diffusers' CACHE_T: the input frames a causal convolution keeps for the next call."""

@@ -1,4 +1,4 @@
-"""vae/decoder.py on every family: Wan decodes in exact chunks, a 2D VAE one frame per forward, the rest whole."""
+"""vae/latent_decode.py on every family: Wan decodes in exact chunks, a 2D VAE one frame per forward, the rest whole."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from tests.vae.tiny_vaes import RULES
 from vaecache.vae import load_vae
-from vaecache.vae.decoder import CHUNKED, PER_FRAME, WHOLE, decode_mode, iter_decoded
+from vaecache.vae.latent_decode import CHUNKED, PER_FRAME, WHOLE, decode_mode, iter_decoded
 
 MODES = {"wan": CHUNKED, "kl": PER_FRAME, "hunyuan": WHOLE, "cogvideox": WHOLE, "ltx": WHOLE}
 
