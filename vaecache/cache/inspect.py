@@ -51,7 +51,7 @@ def inspect_cache(out: Path | str, with_failures: bool = False,
         except FileNotFoundError:
             continue
     return {
-        "out": str(out),
+        "out": str(reader.out),
         "format_version": reader.version,
         "created_at": manifest.get("created_at"),
         "producer": manifest.get("producer"),
@@ -80,7 +80,7 @@ def inspect_clip(out: Path | str, clip_id: str, storage_options: dict[str, Any] 
         from vaecache.errors import UsageError
 
         example = next(iter(reader.clip_ids()), None)
-        raise UsageError(f"{out}: no clip {clip_id!r}" + (f" (clip ids look like {example!r})" if example else ""))
+        raise UsageError(f"{reader.out}: no clip {clip_id!r}" + (f" (clip ids look like {example!r})" if example else ""))
     entry = reader.shard_files().get(reader.shard_of(record))
     if entry is None or reader.store.size(reader.shard_of(record)) != entry.get("bytes"):
         from vaecache.errors import ShardChecksumError
@@ -91,7 +91,7 @@ def inspect_clip(out: Path | str, clip_id: str, storage_options: dict[str, Any] 
                      "stats": tensor_stats(tensor),
                      "recorded_stats": (record["tensors"][key] or {}).get("stats")}
                for key, tensor in reader.clip_tensors(record).items()}
-    return {"out": str(out), "clip": clip_id, "record": record, "tensors": tensors}
+    return {"out": str(reader.out), "clip": clip_id, "record": record, "tensors": tensors}
 
 
 __all__ = ["inspect_cache", "inspect_clip", "latent_shapes"]
