@@ -14,12 +14,15 @@ Each figure is the median over --repeats; ratios come from medians measured in t
 JSON goes to stdout, a table to stderr. ``--overhead`` adds per-rank-count costs of the pipeline itself,
 with a near-zero-cost VAE (scripts/_null_vae.py) under torchrun. ``--s3`` adds a fourth mode, vaecache_s3: the
 same run with DATA and OUT in object storage (moto's S3 server as a local process, the data uploaded once), its
-views/s against vaecache's on disk (``s3_vs_disk``) and the server's requests per clip by kind.
+views/s against vaecache's on disk (``s3_vs_disk``) and the server's requests per clip by kind. ``--s3-latency-ms``
+puts a proxy (scripts/_s3_latency.py) between the vaecache run and moto that holds every request that long, as a
+real store's round trip would (moto alone answers from memory on loopback); the upload before the timing goes direct.
 
     python scripts/bench.py --repeats 3 --workers 1
     python scripts/bench.py --repeats 3 --workers 1 --input jpeg    # image-sequence cameras
     python scripts/bench.py --overhead --overhead-ranks 1,2,4
     python scripts/bench.py --repeats 3 --workers 1 --s3                # object storage
+    python scripts/bench.py --repeats 3 --workers 1 --s3 --s3-latency-ms 30   # ... 30 ms per request
 """
 
 from __future__ import annotations
@@ -84,10 +87,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--overhead", action="store_true", help="also measure pipeline overhead per rank count")
     p.add_argument("--s3", action="store_true", help="also run vaecache with DATA and OUT on a local S3 server "
                    "(moto[server] and s3fs, in the test extras)")
+    p.add_argument("--s3-latency-ms", type=float, default=0.0, metavar="MS",
+                   help="with --s3: the vaecache run talks to moto through a proxy that holds every request MS ms "
+                        "before forwarding it (a real store adds ~10-50 ms per request; default 0: no proxy)")
     p.add_argument("--overhead-ranks", default="1,2,4")
     p.add_argument("--overhead-scenes", type=int, default=16)
     p.add_argument("--overhead-workers", type=int, default=0)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.s3_latency_ms < 0 or args.s3_latency_ms != args.s3_latency_ms:
+        p.error("--s3-latency-ms must be a number >= 0")
+    if args.s3_latency_ms and not args.s3:
+        p.error("--s3-latency-ms needs --s3")
+    return args
 
 
 # --------------------------------------------------------------------------- setup
@@ -289,17 +300,43 @@ def _stages(start: float, marks: list[float], encodes: list[tuple[float, float]]
     }
 
 
-def _upload_to_s3(stack: contextlib.ExitStack, data: Path, tmp: Path) -> tuple[Any, Path, int]:
-    """Start the S3 server (kept running by `stack`) and upload DATA once; returns its URL, the server's log and
-    the log's end."""
+def _upload_to_s3(stack: contextlib.ExitStack, data: Path, tmp: Path,
+                  latency_ms: float = 0.0) -> tuple[Any, Path, int, Any]:
+    """Start the S3 server (kept running by `stack`) and upload DATA once, straight to the server; with
+    `latency_ms` > 0 then start the delaying proxy in front of it and point the AWS environment at the proxy, so
+    the runs that follow (DATA and OUT) go through it. Returns DATA's URL, the server's log, the log's end and the
+    proxy (None without one)."""
     from vaecache.urls import Url, open_filesystem
 
     log = tmp / "s3-server.log"
-    stack.enter_context(bl.s3_server(log))
+    endpoint = stack.enter_context(bl.s3_server(log))
     fs, _ = open_filesystem("s3://bench")
     fs.mkdir("bench")
     fs.put(str(data), "bench/data", recursive=True)
-    return Url("s3://bench/data"), log, log.stat().st_size  # Url: run_vaecache reads its manifest by URL
+    proxy = None
+    if latency_ms > 0:
+        from _s3_latency import delaying_proxy
+
+        proxy = stack.enter_context(delaying_proxy(endpoint, latency_ms))
+        stack.enter_context(_environ(AWS_ENDPOINT_URL_S3=proxy.endpoint))
+    return Url("s3://bench/data"), log, log.stat().st_size, proxy  # Url: run_vaecache reads its manifest by URL
+
+
+@contextlib.contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    """os.environ with `values` set while the block runs, restored afterwards."""
+    import os
+
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def run_naive(args: argparse.Namespace, data: Path, out: Path, height: int, width: int, device) -> dict[str, float]:
@@ -474,7 +511,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         modes = MODES + (("vaecache_s3",) if args.s3 else ())
         s3 = contextlib.ExitStack()
         if args.s3:
-            data_url, s3_log, log_at = _upload_to_s3(s3, data, tmp)
+            data_url, s3_log, log_at, proxy = _upload_to_s3(s3, data, tmp, args.s3_latency_ms)
         runners: dict[str, Callable[[int], dict[str, Any]]] = {
             "encode_only": lambda r: run_encode_only(vae, decoded, device),
             "vaecache": lambda r: run_vaecache(args, data, tmp / f"out-vaecache-{r}", height, width, first_views),
@@ -484,9 +521,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             def run_s3(repeat: int) -> dict[str, Any]:
                 nonlocal log_at
                 _, log_at = bl.s3_requests(s3_log, log_at)
+                proxied = proxy.requests if proxy else 0
                 found = run_vaecache(args, data_url, data_url.replace("/data", f"/out-{repeat}"), height, width,
                                      first_views)
                 found["requests"], log_at = bl.s3_requests(s3_log, log_at)
+                if proxy:
+                    found["requests_via_proxy"] = proxy.requests - proxied
                 return found
 
             runners["vaecache_s3"] = run_s3
@@ -578,6 +618,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.s3:
             clips = result["config"]["clips"]
             kinds = sorted({kind for run in runs["vaecache_s3"] for kind in run["requests"]})
+            result["s3_latency_ms"] = args.s3_latency_ms
             result["s3_vs_disk"] = bl.rnd(vps["vaecache_s3"] / vps["vaecache"], 3)
             result["s3_efficiency"] = bl.rnd(vps["vaecache_s3"] / vps["encode_only"], 3)
             result["s3_requests_per_clip"] = {
@@ -588,7 +629,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "loopback); s3_vs_disk = its steady views/s over vaecache's on disk, measured in the same repeats. "
                 "s3_requests_per_clip: the server's logged requests of a whole run (listing, probing, decoding, "
                 "shards, commit records, lock, tables, manifest, logs) by method, median over repeats, per clip; "
-                "LIST is a GET with a listing query. moto answers from memory: a real store's latency is not in it.")
+                "LIST is a GET with a listing query. moto answers from memory: a real store's latency is not in it, "
+                "unless s3_latency_ms > 0: then the run's requests went through a proxy that held each one that "
+                "many ms before forwarding it (runs' requests_via_proxy: how many; the upload before went direct).")
         if args.overhead:
             result["overhead"] = run_overhead(args, tmp)
     finally:
@@ -603,7 +646,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     human += (f"\nefficiency (vaecache / encode_only) = {result['efficiency']}   "
               f"speedup vs naive = {result['speedup_vs_naive']}")
     if "s3_vs_disk" in result:
-        human += (f"\nS3 (vaecache_s3 / vaecache on disk) = {result['s3_vs_disk']}   requests per clip: "
+        human += (f"\nS3 (vaecache_s3 / vaecache on disk) = {result['s3_vs_disk']}   "
+                  f"added latency {result['s3_latency_ms']:g} ms/request   requests per clip: "
                   + ", ".join(f"{kind} {count}" for kind, count in result["s3_requests_per_clip"].items()))
     if "overhead" in result:
         human += "\n\n" + bl.table(
