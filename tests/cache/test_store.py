@@ -84,3 +84,24 @@ def test_the_store_is_chosen_once_from_out(tmp_path: Path, s3: Any) -> None:
     remote = open_store("s3://some-bucket/cache/")
     assert isinstance(remote, ObjectStore) and str(remote.location) == "s3://some-bucket/cache"
     assert open_store(remote) is remote
+
+
+def test_one_listing_answers_from_one_request_and_follows_this_process_s_writes(s3: Any) -> None:
+    make_bucket(s3, "one-listing")
+    store = open_store("s3://one-listing/out")
+    store.write("progress/commits/a.json", b"{}\n")
+    store.write("run.json", b"")  # an empty object reads whole (S3 answers its range 0- with 416)
+    assert store.read("run.json") == b"" and store.read_many(["run.json"]) == {"run.json": b""}
+    calls = []
+    find = store.fs.find
+    store.fs.find = lambda *args, **kwargs: calls.append(args) or find(*args, **kwargs)
+    with store.one_listing():
+        assert store.listing("progress") == {"progress/commits/a.json": 3} and store.listing("shards") == {}
+        assert store.entries() == {"progress", "run.json"} and not store.exists("manifest.json")
+        with pytest.raises(FileNotFoundError):
+            store.read("manifest.json")
+        store.write("shards/s.safetensors", b"12345")
+        store.delete(["progress/commits/a.json", "never-there"])
+        assert store.listing("shards") == {"shards/s.safetensors": 5} and store.listing("progress") == {}
+    assert len(calls) == 1  # the one listing, whatever was asked inside
+    assert store.listing("shards") == {"shards/s.safetensors": 5} and store.listing("progress") == {}

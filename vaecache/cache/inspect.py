@@ -80,7 +80,8 @@ def inspect_clip(out: Path | str, clip_id: str, storage_options: dict[str, Any] 
         from vaecache.errors import UsageError
 
         example = next(iter(reader.clip_ids()), None)
-        raise UsageError(f"{reader.out}: no clip {clip_id!r}" + (f" (clip ids look like {example!r})" if example else ""))
+        like = f" (clip ids look like {example!r})" if example else ""
+        raise UsageError(f"{reader.out}: no clip {clip_id!r}{like}")
     entry = reader.shard_files().get(reader.shard_of(record))
     if entry is None or reader.store.size(reader.shard_of(record)) != entry.get("bytes"):
         from vaecache.errors import ShardChecksumError

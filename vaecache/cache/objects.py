@@ -111,10 +111,11 @@ class ObjectOut(FolderOut):
     def pull_start(self) -> None:
         """Every rank, before start-up: OUT usable, then run.json (the CPU threads a resume computes with) and every
         rank's probe records (no video is probed twice)."""
-        self.check_usable()
+        found = check_object_out(self.store)  # one listing of OUT's top level says what there is to fetch
         for folder in (PROGRESS_DIR, LOGS_DIR, PROBES_DIR):  # what every rank appends to, as in OUT on disk
             (self.work / folder).mkdir(parents=True, exist_ok=True)
-        for name, data in self.store.read_many([RUN, *self.store.listing(PROBES_DIR)]).items():
+        names = ([RUN] if RUN in found else []) + (list(self.store.listing(PROBES_DIR)) if PROBES_DIR in found else [])
+        for name, data in self.store.read_many(names).items():
             self._write_local(name, data)
 
     # --- the lock ------------------------------------------------------------------------------------------------
@@ -134,21 +135,23 @@ class ObjectOut(FolderOut):
         prepare_out there and make the objects say what it decided (`reconcile`)."""
         self.acquire_lock(job_id)
         try:
-            if overwrite:
-                self.clear()
-            self.pull_records(finished=True)
-            prepared = prepare_out(self.work, fingerprint, overwrite, job_id, sources, committed,
-                                   allow_other_numerics, extra_numerics, self.shard_problems, lock=False)
-            return prepared if prepared.complete else self.reconcile(prepared)
+            with self.store.one_listing():  # no other job writes OUT now: one listing answers every question
+                if overwrite:
+                    self.clear()
+                self.pull_records(finished=True)
+                prepared = prepare_out(self.work, fingerprint, overwrite, job_id, sources, committed,
+                                       allow_other_numerics, extra_numerics, self.shard_problems, lock=False)
+                return prepared if prepared.complete else self.reconcile(prepared)
         except BaseException:
             self.release_lock()
             raise
 
     def begin_again(self, attempt: int, fingerprint: dict[str, Any], sources: dict[str, dict[str, Any]] | None,
                     committed: CommittedIds | None, extra_numerics: Sequence[dict[str, Any]] = ()) -> PreparedOut:
-        """Rank 0: a finished cache is about to change (the dataset grew)."""
-        return self.reconcile(begin_changes(self.work, attempt, fingerprint, sources, committed, extra_numerics,
-                                            self.shard_problems))
+        """Rank 0, still under the lock: a finished cache is about to change (the dataset grew)."""
+        with self.store.one_listing():
+            return self.reconcile(begin_changes(self.work, attempt, fingerprint, sources, committed, extra_numerics,
+                                                self.shard_problems))
 
     def write_shard(self, file: str, data: bytes) -> None:
         """PUT the shard under its unique name (atomic: whole or absent)."""
@@ -255,10 +258,10 @@ class ObjectOut(FolderOut):
             if name in contents:
                 self._write_local(name, contents[name])
         if finished:
+            found = self.store.read_many([RUN, MANIFEST, FAILURES])
             for name in (RUN, MANIFEST, FAILURES):
-                data = self.store.read_if_present(name)
-                if data is not None:
-                    self._write_local(name, data)
+                if name in found:
+                    self._write_local(name, found[name])
                 else:
                     (self.work / name).unlink(missing_ok=True)
 
@@ -293,14 +296,18 @@ class ObjectOut(FolderOut):
 
     def clear(self) -> None:
         """--overwrite: delete every object vaecache owns under OUT but the lock."""
-        for name in self.store.entries():
+        try:
+            found = self.store.entries()
+        except FileNotFoundError:
+            return
+        for name in found:
             if name in OWNED_ENTRIES and name != LOCK:
                 self.store.delete_tree(name)
 
     def publish(self) -> None:
-        """Finalize, rank 0: the clip table and the failure table, then the manifest last."""
-        for name in (CLIPS, FAILURES, MANIFEST):
-            self.put_file(name)
+        """Finalize, rank 0: the clip table and the failure table (together), then the manifest last."""
+        self.store.write_many({name: (self.work / name).read_bytes() for name in (CLIPS, FAILURES)})
+        self.put_file(MANIFEST)
 
     def push_log(self, rank: int, attempt: int, path: Path) -> None:
         """This rank's log of this attempt, best effort (a log is not part of the cache)."""
@@ -319,9 +326,9 @@ class ObjectOut(FolderOut):
         shutil.rmtree(self.work, ignore_errors=True)
 
 
-def check_object_out(store: ObjectStore) -> None:
+def check_object_out(store: ObjectStore) -> set[str]:
     """The bucket exists and OUT's prefix can be listed (one listing of OUT alone, never of the bucket), and OUT's URL
-    holds a vaecache output or nothing."""
+    holds a vaecache output or nothing. Returns the names at OUT's top level."""
     try:
         found = store.entries()
     except FileNotFoundError:  # an empty prefix, or no bucket (credentials and access fail before this)
@@ -332,6 +339,7 @@ def check_object_out(store: ObjectStore) -> None:
     if RUN not in found and foreign:
         raise UsageError(f"{store.url}: not empty and not a vaecache output (holds {', '.join(foreign[:3])}); "
                          "choose another --out")
+    return found
 
 
 def stray_objects(listing: dict[str, int], listed: set[str] | None) -> list[str]:

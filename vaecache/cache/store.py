@@ -13,12 +13,13 @@ object storage) is the commit protocol's (vaecache.cache.commits), not the store
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable
+from typing import Any, BinaryIO, Iterable, Iterator
 
 from vaecache.cache import io as cache_io
 from vaecache.cache.io import atomic_write_bytes
@@ -245,6 +246,33 @@ class ObjectStore(Store):
         self.storage_options = dict(storage_options or {})
         self.fs, root = open_filesystem(self.url, self.storage_options)
         self.root = root.rstrip("/")
+        self._listed: dict[str, int] | None = None
+        """Inside `one_listing`: every object under OUT by name, from one listing, kept up to date with this
+        process's own writes and deletes."""
+
+    @contextlib.contextmanager
+    def one_listing(self) -> Iterator[None]:
+        """While the block runs, `listing`, `exists`, `entries` and the absence of an object are answered from one
+        listing of OUT (one request per 1000 objects, taken now) instead of a request each; this process's own
+        writes and deletes update it. Only for a phase in which no other process writes OUT (rank 0 preparing OUT
+        under its lock)."""
+        self._listed = self._list_all()
+        try:
+            yield
+        finally:
+            self._listed = None
+
+    def _list_all(self) -> dict[str, int]:
+        try:
+            self.fs.invalidate_cache()
+            found = self.fs.find(self.root, detail=True, withdirs=False)
+        except FileNotFoundError:
+            return {}
+        except Exception as exc:
+            raise self._error("", "list", exc) from None
+        start = len(self.root) + 1
+        return {path[start:]: int(info.get("size") or 0) for path, info in found.items()
+                if info.get("type", "file") != "directory"}
 
     def key(self, name: str) -> str:
         return f"{self.root}/{name}" if name else self.root
@@ -257,30 +285,47 @@ class ObjectStore(Store):
         return OutputError(f"{self.where(name)}: cannot {what} ({storage_problem(exc)})")
 
     def read(self, name: str) -> bytes:
+        """One GET (a GET of bytes 0- : s3fs's whole-object read asks HEAD first, and a missing object costs a HEAD
+        and a LIST)."""
+        if self._listed is not None and name not in self._listed:
+            raise FileNotFoundError(str(self.where(name)))
+        try:
+            return self.fs.cat_file(self.key(name), start=0)
+        except FileNotFoundError:
+            raise FileNotFoundError(str(self.where(name))) from None
+        except Exception as exc:  # botocore's credential errors are no OSError
+            if _empty_range(exc):
+                return self._read_whole(name)
+            raise self._error(name, "read", exc) from None
+
+    def _read_whole(self, name: str) -> bytes:
+        """An empty object (S3 answers a range of it with 416)."""
         try:
             return self.fs.cat_file(self.key(name))
         except FileNotFoundError:
             raise FileNotFoundError(str(self.where(name))) from None
-        except Exception as exc:  # botocore's credential errors are no OSError
+        except Exception as exc:
             raise self._error(name, "read", exc) from None
 
     def read_many(self, names: Iterable[str]) -> dict[str, bytes]:
-        """Objects' bytes, fetched concurrently; a name whose object is gone is left out, any other error raised (a
-        commit record that could not be read must never pass for one that is not there)."""
-        names = list(names)
+        """Objects' bytes, fetched concurrently (one GET each); a name whose object is gone is left out, any other
+        error raised (a commit record that could not be read must never pass for one that is not there)."""
+        names = [name for name in names if self._listed is None or name in self._listed]
         if not names:
             return {}
         try:
-            found = self.fs.cat([self.key(name) for name in names], on_error="return")
+            found = self.fs.cat_ranges([self.key(name) for name in names], [0] * len(names), [None] * len(names),
+                                       on_error="return")
         except Exception as exc:
             raise self._error(names[0], "read", exc) from None
         result = {}
-        for name in names:
-            data = found.get(self.key(name), FileNotFoundError(name))
+        for name, data in zip(names, found):
             if isinstance(data, FileNotFoundError):
                 continue
             if isinstance(data, BaseException):
-                raise self._error(name, "read", data)
+                if not _empty_range(data):
+                    raise self._error(name, "read", data)
+                data = self._read_whole(name)
             result[name] = data
         return result
 
@@ -309,12 +354,17 @@ class ObjectStore(Store):
             raise self._error(name, "stat", exc) from None
 
     def exists(self, name: str) -> bool:
+        if self._listed is not None:
+            return name in self._listed
         try:
             return bool(self.fs.exists(self.key(name)))
         except Exception as exc:
             raise self._error(name, "stat", exc) from None
 
     def listing(self, folder: str) -> dict[str, int]:
+        if self._listed is not None:
+            prefix = f"{folder.rstrip('/')}/"
+            return {name: size for name, size in self._listed.items() if name.startswith(prefix)}
         try:
             self.fs.invalidate_cache()
             found = self.fs.find(self.key(folder), detail=True, withdirs=False)
@@ -329,6 +379,10 @@ class ObjectStore(Store):
     def entries(self) -> set[str]:
         """The names right under OUT's URL (objects and prefixes); FileNotFoundError when neither OUT's prefix nor
         its bucket holds anything."""
+        if self._listed is not None:
+            if not self._listed:
+                raise FileNotFoundError(str(self.url))
+            return {name.split("/", 1)[0] for name in self._listed}
         try:
             self.fs.invalidate_cache()
             return {path.rstrip("/").rsplit("/", 1)[-1] for path in self.fs.ls(self.root, detail=False)}
@@ -349,6 +403,22 @@ class ObjectStore(Store):
             self.fs.pipe_file(self.key(name), data)
         except Exception as exc:
             raise self._error(name, "write", exc) from None
+        self._note_written(name, data)
+
+    def write_many(self, objects: dict[str, bytes]) -> None:
+        """PUT several objects concurrently (each atomic; their order not)."""
+        if not objects:
+            return
+        try:
+            self.fs.pipe({self.key(name): data for name, data in objects.items()})
+        except Exception as exc:
+            raise self._error(next(iter(objects)), "write", exc) from None
+        for name, data in objects.items():
+            self._note_written(name, data)
+
+    def _note_written(self, name: str, data: bytes) -> None:
+        if self._listed is not None:
+            self._listed[name] = len(data)
 
     def create(self, name: str, data: bytes) -> None:
         """PUT only where no such object exists (If-None-Match: *), else FileExistsError."""
@@ -358,9 +428,10 @@ class ObjectStore(Store):
             raise
         except Exception as exc:
             raise self._error(name, "write", exc) from None
+        self._note_written(name, data)
 
     def delete(self, names: Iterable[str]) -> None:
-        names = list(names)
+        names = [name for name in names if self._listed is None or name in self._listed]
         if not names:
             return
         try:
@@ -369,6 +440,8 @@ class ObjectStore(Store):
             pass
         except Exception as exc:
             raise self._error(names[0], "delete", exc) from None
+        for name in names if self._listed is not None else ():
+            self._listed.pop(name, None)
 
     def delete_tree(self, name: str) -> None:
         """Every object under `name`/ (and `name` itself)."""
@@ -379,6 +452,9 @@ class ObjectStore(Store):
         except Exception as exc:
             raise self._error(name, "delete", exc) from None
         self.fs.invalidate_cache()
+        if self._listed is not None:
+            for gone in [found for found in self._listed if found == name or found.startswith(f"{name}/")]:
+                del self._listed[gone]
 
     def shard(self, name: str) -> RangedShard:
         return RangedShard(self, name)
@@ -414,6 +490,11 @@ class ObjectStore(Store):
                 raise NotImplementedError(storage_problem(exc)) from None
             raise self._error(name, "write", exc) from None
         return True
+
+
+def _empty_range(exc: BaseException) -> bool:
+    """Whether a read of bytes 0- failed only because the object is empty (416 Range Not Satisfiable)."""
+    return isinstance(exc, OSError) and (exc.errno == errno.EINVAL or "not satisfiable" in str(exc).lower())
 
 
 def precondition_failed(exc: BaseException) -> bool:
