@@ -45,6 +45,9 @@ class Store:
         """OUT/name, for messages (a Path or a Url)."""
         return self.location / name if name else self.location
 
+    def __str__(self) -> str:
+        return str(self.location)
+
     # The operations each store implements.
     def read(self, name: str) -> bytes: raise NotImplementedError
     def read_range(self, name: str, start: int, end: int) -> bytes: raise NotImplementedError

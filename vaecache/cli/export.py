@@ -54,10 +54,10 @@ def export(
     cache.check_present()
     note_untrained_vae(cache)
     if format == "musubi":
-        summary = export_musubi(cache, dest, arch=arch, verify=verify, storage_options=options)
+        summary = export_musubi(cache.location, dest, arch=arch, verify=verify, storage_options=options)
     else:
-        summary = export_webdataset(cache, dest, verify=verify, samples_per_tar=samples_per_tar, energon=energon,
-                                    storage_options=options)
+        summary = export_webdataset(cache.location, dest, verify=verify, samples_per_tar=samples_per_tar,
+                                    energon=energon, storage_options=options)
     renamed = f", {summary.renamed} names mapped to safe ones (see index.jsonl)" if summary.renamed else ""
     console.print(escape(f"exported {summary.clips} clips as {summary.format} to {summary.out}: {summary.files} "
                          f"{'files' if format == 'musubi' else 'tar shards'}, {human_bytes(summary.bytes)}{renamed}"),
