@@ -5,6 +5,7 @@ know of how they were read; failures reported, not raised)."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 
 from vaecache.errors import DatasetError, VideoDecodeError
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS
+from vaecache.urls import is_url
 from vaecache.video.backends import PYAV, Backend, ForeignReader, open_camera
 from vaecache.video.frames import FrameList, FrameSequence, files_identity, is_image_source
 from vaecache.video.identity import source_stat
@@ -55,6 +57,36 @@ class ViewDecoder:
     def opened(self, path: str | FrameList, fps: float | None = None) -> Reader:
         """The reader of a camera source, opened once and kept among the last few."""
         return self._reader(path, fps)
+
+    def open_ahead(self, sources: Sequence[tuple[Any, tuple[int, int] | None, float | None]]) -> None:
+        """Open the videos at URLs among `sources` ((source, identity or None, fps)) side by side, then keep them as
+        `opened` does: each costs a store's round trips (a HEAD for its changed-file check, ranged GETs for its
+        header), which one camera after another would add up. A source whose check or open fails here is left for
+        `check` to refuse, naming the problem, exactly as without this."""
+        todo: dict[str, tuple[tuple[int, int] | None, float | None]] = {}
+        for source, identity, fps in sources:
+            if isinstance(source, str) and is_url(source) and source not in self._readers and source not in todo:
+                todo[source] = (identity, fps)
+        todo = dict(list(todo.items())[: self._cache_size])
+        if len(todo) < 2:
+            return
+
+        def open_one(source: str) -> Reader | None:
+            identity, fps = todo[source]
+            try:
+                if identity is not None:
+                    check_identity(source, *identity)
+                return open_camera(source, self.backend, self.max_pixels, fps)
+            except Exception:  # refused again, by name, when `check` opens it
+                return None
+
+        with ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="vaecache-open") as pool:
+            readers = list(pool.map(open_one, todo))
+        for source, reader in zip(todo, readers):
+            if reader is not None:
+                self._readers[source] = reader
+                while len(self._readers) > self._cache_size:
+                    self._readers.popitem(last=False)[1].close()
 
     def frames(self, path: str | FrameList, frames: Sequence[int], fps: float | None = None) -> np.ndarray:
         """(T, H, W, 3) uint8 RGB, upright, exactly the frames asked for."""
@@ -186,6 +218,10 @@ class ViewBatchDataset(torch.utils.data.Dataset):
         # clip-major, camera-minor, as planning.jobs.batch_views lays a batch out (not imported: planning imports
         # sources, which imports this module)
         views = [(clip_index, camera) for clip_index, clip in enumerate(batch) for camera in range(len(clip.cameras))]
+        self._decoder.open_ahead([(batch[clip].source(camera), batch[clip].identity[camera] if batch[clip].identity
+                                   else None, batch[clip].frame_rate)
+                                  for clip, camera in (views[view] for view in self.view_indices[index])
+                                  if batch[clip].paths[camera] not in self._condemned])
         decoded: dict[int, torch.Tensor] = {}  # a view listed twice (SP padding) is decoded once
         errors: dict[int, tuple[str, str, bool]] = {}
         readings: dict[int, dict[str, Any]] = {}

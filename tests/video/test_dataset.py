@@ -1,0 +1,32 @@
+"""The decode worker's reader cache: a batch's videos at a URL opened side by side, and a changed one still refused
+by name when it is read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.s3 import make_bucket, upload
+from vaecache.errors import VideoDecodeError
+from vaecache.urls import url_stat
+from vaecache.video.dataset import ViewDecoder
+
+
+def test_videos_at_a_url_open_ahead_together_and_a_changed_one_is_still_refused(s3: Any, demo_data: Path) -> None:
+    make_bucket(s3, "ahead")
+    url = upload(s3, demo_data, "ahead", "data")
+    good, changed, local = f"{url}/scene_000/cam_0.mp4", f"{url}/scene_000/cam_1.mp4", demo_data / "scene_001"
+    size, mtime = url_stat(changed)
+    decoder = ViewDecoder(64, 64)
+    try:
+        decoder.open_ahead([(good, url_stat(good), None), (changed, (size + 1, mtime), None),
+                            (str(local / "cam_0.mp4"), None, None)])
+        assert list(decoder._readers) == [good]  # the local file opens when read; the changed one is not kept
+        decoder.check(good, identity=url_stat(good))
+        with pytest.raises(VideoDecodeError, match=r"cam_1\.mp4.*size"):
+            decoder.check(changed, identity=(size + 1, mtime))
+        assert decoder.decode(good, [0, 1]).shape == (3, 2, 64, 64)
+    finally:
+        decoder.close()
