@@ -13,9 +13,12 @@ interrupted multipart upload leaves no object). So, under OUT's URL:
 - ``run.json`` is PUT by rank 0 as it prepares OUT; ``clips.parquet``, ``failures.parquet`` and then
   ``manifest.json`` once, at finalize, the manifest last: a reader never sees a half-written one;
 - ``.lock`` is created with a conditional PUT (``If-None-Match: *``, which S3 and MinIO honour): of jobs starting
-  together exactly one creates it, and the stale-lock rules are the ones on disk (vaecache.cache.outdir); a stale
-  lock is taken over by a PUT conditional on the ETag it was read with (``If-Match``), refused where the store
-  cannot do that.
+  together exactly one creates it, and the stale-lock rules are the ones on disk; a stale lock is taken over by a
+  PUT conditional on the ETag it was read with (``If-Match``), refused where the store cannot do that
+  (vaecache.cache.lock.ObjectLock).
+
+The objects are read and written through the object store (vaecache.cache.store.ObjectStore); ObjectOut offers the
+same operations as outdir.DiskOut, so the writer, the encode and verify do not know which protocol they hold.
 
 Planning the resume and merging the clip table is the code that runs on disk: each rank works in a local *work
 folder* holding what it needs of OUT's records (run.json and the probes; on rank 0 every commit record, as per-rank
