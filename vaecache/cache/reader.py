@@ -76,9 +76,6 @@ class CacheReader:
                                                   f"{where}: clips.file")
         self.failures_name = self.store.checked_name(
             (self.manifest.get("failures") or {}).get("file", failures_default), f"{where}: failures.file")
-        if self.store.local:  # a name must not lead out of OUT through a symlink either
-            self.store.path(self.clips_name)
-            self.store.path(self.failures_name)
 
     @property
     def version(self) -> int:
@@ -94,8 +91,8 @@ class CacheReader:
         return self.store.where(self.failures_name)
 
     def table_source(self, name: str) -> Any:
-        """What the table readers take for table `name`: its path in a folder, an open object at a URL."""
-        return self.store.path(name) if self.store.local else self.store.open(name)
+        """What the table readers take for table `name` (Store.table_source)."""
+        return self.store.table_source(name)
 
     def shard_files(self) -> dict[str, dict[str, Any]]:
         """Shard records listed in the manifest, by file (relative to OUT; not checked: see `shard_name`)."""
@@ -115,9 +112,7 @@ class CacheReader:
         problem = self.shard_entry_problem(file)
         if problem:
             raise UnsafePathError(problem)
-        if self.store.local:
-            self.store.path(str(file))
-        return str(file)
+        return self.store.checked_name(file, f"{self.store.where(MANIFEST)}: shards[].file")
 
     def shard_files_present(self) -> dict[str, int]:
         """Every shard file in OUT's shards/ (listed in the manifest or not), with its byte count: one listing."""

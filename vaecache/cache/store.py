@@ -89,6 +89,10 @@ class Store:
         stays in OUT."""
         return relative_inside(self.location, name, what)
 
+    def table_source(self, name: str) -> Any:
+        """What pyarrow reads table `name` from: an open object (a folder's store gives its path)."""
+        return self.open(name)
+
 
 class LocalStore(Store):
     """OUT as a folder: atomic writes by temp file, fsync and rename; names refused that lead out through a
@@ -109,6 +113,14 @@ class LocalStore(Store):
     def path(self, name: str) -> Path:
         """OUT/name, refused (UnsafePathError) when it would lie outside OUT."""
         return inside(self.folder, name, str(self.folder / name))
+
+    def checked_name(self, name: object, what: str) -> str:
+        """As Store.checked_name, and not leading out of OUT through a symlink either."""
+        inside(self.folder, name, what)
+        return str(name)
+
+    def table_source(self, name: str) -> Any:
+        return self.path(name)
 
     def _error(self, name: str, what: str, exc: OSError) -> OutputError:
         return OutputError(f"{self.folder / name}: cannot {what} ({exc.strerror or exc})")

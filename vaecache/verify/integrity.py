@@ -87,8 +87,7 @@ class StoreShards:
 
     def size(self, file: str) -> int:
         """Its byte count (FileNotFoundError when missing; UnsafePathError for a symlink out of OUT)."""
-        if self.store.local:
-            self.store.path(file)
+        self.store.checked_name(file, file)
         if file not in self.listing:
             raise FileNotFoundError(file)
         return self.listing[file]
