@@ -115,14 +115,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if chunked:
             self._pass_chunked(conn)
         else:
-            left = int(self.headers.get("Content-Length") or 0)
-            while left > 0:
-                piece = self.rfile.read(min(PIECE, left))
-                if not piece:
-                    raise ConnectionError("client closed the connection inside a request body")
-                conn.send(piece)
-                left -= len(piece)
+            self._pass_bytes(conn, int(self.headers.get("Content-Length") or 0), "a request body")
         return conn.getresponse()
+
+    def _pass_bytes(self, conn: http.client.HTTPConnection, left: int, where: str) -> None:
+        """Copy `left` bytes of the request from the client to the upstream, in pieces."""
+        while left > 0:
+            piece = self.rfile.read(min(PIECE, left))
+            if not piece:
+                raise ConnectionError(f"client closed the connection inside {where}")
+            conn.send(piece)
+            left -= len(piece)
 
     def _pass_chunked(self, conn: http.client.HTTPConnection) -> None:
         """Copy a chunked request body as it is, framing included, up to and with its trailer."""
@@ -132,13 +135,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             size = int(line.split(b";", 1)[0].strip() or b"0", 16)
             if size == 0:
                 break
-            left = size + 2  # the data and its CRLF
-            while left > 0:
-                piece = self.rfile.read(min(PIECE, left))
-                if not piece:
-                    raise ConnectionError("client closed the connection inside a chunked body")
-                conn.send(piece)
-                left -= len(piece)
+            self._pass_bytes(conn, size + 2, "a chunked body")  # the data and its CRLF
         while True:  # trailer lines, then the empty line
             line = self.rfile.readline(65537)
             conn.send(line)

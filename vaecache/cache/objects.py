@@ -104,12 +104,7 @@ class ObjectOut(FolderOut):
         """PUT the work folder's file `name` as object `name`."""
         self.store.write(name, (self.work / name).read_bytes())
 
-    # --- checks before a run -------------------------------------------------------------------------------------
-
-    def check_usable(self) -> None:
-        """The bucket exists and OUT's prefix can be listed (one listing of OUT alone, never of the bucket), and OUT's
-        URL holds a vaecache output or nothing."""
-        check_object_out(self.store)
+    # --- before a run ---------------------------------------------------------------------------------------------
 
     def pull_start(self) -> None:
         """Every rank, before start-up: OUT usable, then run.json (the CPU threads a resume computes with) and every
