@@ -83,7 +83,8 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
         temporal_compression_ratio=4)),
 }
 
-SECTIONS = ("env", "exactness", "oom_backoff", "oom_backoff_expandable", "bf16_vs_fp32", "pipeline_bf16",
+SECTIONS = ("env", "fast_encode", "fast_encode_wan2.2-ti2v", "exactness",
+            "oom_backoff", "oom_backoff_expandable", "bf16_vs_fp32", "pipeline_bf16",
             "memory_wan2.1", "memory_wan2.1_720p", "memory_wan2.2-ti2v", "memory_hunyuanvideo", "memory_ltx-video",
             "memory_cogvideox", "decode", "spatial", "pixel_decoder", "formats", "pipeline_fp32")
 UNMEASURED_ON_ONE_GPU = {
@@ -260,6 +261,49 @@ def child_encode(spec: str, dtype: str, shape: str, out: str) -> None:
     runner = load_vae(spec, device, dtype)
     result = runner.encode_views(smooth_clip(views, frames, height, width))
     save_file({"mean": result.mean.cpu().contiguous(), "logvar": result.logvar.cpu().contiguous()}, out)
+
+
+def section_fast_encode(check: Check, family: str = "wan2.1") -> dict[str, Any]:
+    """--encoder-impl fast against diffusers' encode of the same weights and input, side by side in this process
+    (scripts/bench_wan_encoder.py's measurement: s/view, speedup, peak memory, TFLOP/s and fraction of the bf16
+    matrix-product peak, distance to the fp32 encode, bitwise repeats, and bitwise in a second process with a
+    fresh compile cache that compiled another shape first), at 33 and 81 x 480x832 (Wan 2.1) or 33 (others);
+    then through load_vae's runner: what auto resolves to in bf16 and whether two views encoded together equal
+    each encoded alone (K = 1), bit for bit."""
+    import bench_wan_encoder as bw
+    import torch
+
+    from vaecache.vae import load_vae
+    from vaecache.vae.wan_fast import production_variant
+
+    compiled, pads = production_variant(check.device)
+    variant = "c4-" + ("rows" if compiled else "eager") + ("-pad" + "+".join(map(str, pads)) if pads else "")
+    shapes = ["9x32x32"] if check.smoke else ["33x480x832", "81x480x832"] if family == "wan2.1" else ["33x480x832"]
+    args = bw.parse_args(["--device", str(check.device), "--family", family, "--variants", variant,
+                          "--second-process", "--out", str(check.tmp / f"fast_encode_{family}.json")]
+                         + (["--smoke"] if check.smoke else []))
+    bench = bw.Bench(args)
+    if check.cuda:
+        bench.results["env"] = {"bf16_matmul_tflops": bl.rnd(bench.matmul_peak() or 0.0, 4)}
+    vae = bw.build_vae(family, check.smoke, check.device)
+    for text in shapes:
+        bw.measure_shape(bench, vae, bw.parse_shape(text))
+        check.release()
+    del vae
+    check.release()
+    result: dict[str, Any] = {"variant": variant, **bench.results["fast_encode"][family],
+                              "bf16_matmul_tflops": bench.results.get("env", {}).get("bf16_matmul_tflops")}
+    runner = load_vae(check.spec(family), check.device, "bf16", encoder_impl="auto")
+    x = check.clip(2, frames=9 if check.smoke else 17)
+    together = runner.encode_views(x)
+    alone = [runner.encode_views(x[i:i + 1]) for i in range(2)]
+    result["runner"] = {
+        "auto_resolves_to": runner.model.encoder_impl, "encoder_variant": runner.model.encoder_variant,
+        "views_together_equal_alone": all(torch.equal(a.mean, together.mean[i:i + 1])
+                                          and torch.equal(a.logvar, together.logvar[i:i + 1])
+                                          for i, a in enumerate(alone)),
+    }
+    return result
 
 
 def section_exactness(check: Check) -> dict[str, Any]:
@@ -592,6 +636,8 @@ def section_formats(check: Check) -> dict[str, Any]:
 
 RUNNERS: dict[str, Callable[[Check], dict[str, Any]]] = {
     "env": section_env,
+    "fast_encode": section_fast_encode,
+    "fast_encode_wan2.2-ti2v": lambda c: section_fast_encode(c, "wan2.2-ti2v"),
     "exactness": section_exactness,
     "oom_backoff": section_oom_backoff,
     "oom_backoff_expandable": section_oom_backoff_expandable,
@@ -626,6 +672,20 @@ def summary_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
         elif name == "env":
             rows.append((name, f"{r.get('gpu') or r['machine']['cpu_model']}, driver {r.get('driver', '-')}, "
                                f"torch {r['torch']}, CUDA {r['cuda_runtime']}, cuDNN {r['cudnn']}"))
+        elif name.startswith("fast_encode"):
+            parts = []
+            for key, shape in r.items():
+                b = shape.get("bf16") if isinstance(shape, dict) else None
+                v = (b or {}).get("variants", {}).get(r["variant"])
+                if v and "error" not in v:
+                    parts.append(f"{key} {v['speedup_vs_reference']}x ({v['fast_s_per_view']} s/view, "
+                                 f"{v.get('fraction_of_peak', '-')} of peak), accuracy ok {v.get('accuracy_ok')}, "
+                                 f"repeat {v['bitwise_repeat']}, other process {v.get('bitwise_other_process')}")
+                elif v:
+                    parts.append(f"{key} {v['error']}")
+            runner = r.get("runner", {})
+            rows.append((name, "; ".join(parts) + f"; auto -> {runner.get('auto_resolves_to')}, views together = "
+                                                  f"alone {runner.get('views_together_equal_alone')}"))
         elif name == "exactness":
             line = (f"same process {r['bitwise_equal_same_process']}, other process "
                     f"{r['bitwise_equal_other_process']}, {r['deterministic_s_per_view']} s/view")

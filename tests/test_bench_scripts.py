@@ -187,6 +187,11 @@ def test_gpu_check_smoke_runs_every_section_on_cpu_and_resumes(tmp_path):
     load = load_script("gpu_check")
     for section in load.SECTIONS:
         assert "error" not in printed[section], (section, printed[section].get("error"))
+    for section in ("fast_encode", "fast_encode_wan2.2-ti2v"):  # --encoder-impl fast beside diffusers' encode
+        fast = printed[section]
+        row = fast["9x32x32"]["bf16"]["variants"][fast["variant"]]
+        assert row["bitwise_repeat"] and row["bitwise_other_process"] and row["accuracy_ok"]
+        assert fast["runner"]["views_together_equal_alone"] and fast["runner"]["auto_resolves_to"] == "reference"
     exact = printed["exactness"]
     assert exact["bitwise_equal_same_process"] and exact["bitwise_equal_other_process"]
     for section in ("oom_backoff", "oom_backoff_expandable"):  # injected on CPU: halved twice, then one view each

@@ -10,7 +10,15 @@ import pytest
 import torch
 from diffusers import AutoencoderKLWan
 
-from vaecache.vae.wan_fast import WanFastEncoder, chunk_bounds
+from vaecache.vae.wan_fast import (
+    EAGER,
+    CompiledRowKernels,
+    Kernels,
+    WanFastEncoder,
+    add_eager,
+    chunk_bounds,
+    norm_silu_eager,
+)
 
 CONFIGS = {
     "wan2.1": dict(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
@@ -51,17 +59,50 @@ def test_views_are_encoded_independently_of_their_batch(vae):
     assert relative(together, alone) < 1e-6
 
 
-def test_padded_channels_and_a_custom_residual_add_change_nothing_but_rounding(vae):
-    x = torch.rand(1, 3, 9, 32, 32, generator=torch.Generator().manual_seed(2)) * 2 - 1
-    plain = WanFastEncoder(vae).moments(x)
-    calls = []
+FOLDED = Kernels("folded", norm_silu_eager, add_eager, fold_bias=True, rows=True)
+"""The compiled kernels' arithmetic (biases folded into the norm and the residual sum), run eagerly."""
 
-    def add(y, h):
-        calls.append(y.shape)
-        return y.add_(h)
 
-    padded = WanFastEncoder(vae, pad_channels={8: 128, 16: 128}, add=add).moments(x)
-    assert calls and relative(padded, plain) < 1e-5
+@pytest.mark.parametrize("kernels", [EAGER, FOLDED], ids=["eager", "folded"])
+def test_padded_channels_and_folded_biases_change_nothing_but_rounding(vae, kernels):
+    x = torch.rand(2, 3, 9, 32, 32, generator=torch.Generator().manual_seed(2)) * 2 - 1
+    reference = vae._encode(x)
+    widths = sorted({m.out_channels for m in vae.encoder.modules() if isinstance(m, torch.nn.Conv3d)})
+    attention = {m.dim for m in vae.encoder.modules() if type(m).__name__ == "WanAttentionBlock"}
+    pads = {c: c + 5 for c in widths if c not in attention}  # odd widths: nothing relies on a multiple of 8
+    encoder = WanFastEncoder(vae, kernels=kernels, pad_channels=pads)
+    moments = encoder.moments(x)
+    assert moments.shape == reference.shape and relative(moments, reference) < 1e-5
+    assert "pad" in encoder.description and kernels.name in encoder.description
+    if vae.config.is_residual:  # Wan 2.2's channel-mean shortcut sees the true channels only
+        assert relative(WanFastEncoder(vae, kernels=kernels).moments(x), reference) < 1e-5
+
+
+def test_an_attention_width_or_a_row_kernel_without_channels_last_is_refused(vae):
+    attention = next(m.dim for m in vae.encoder.modules() if type(m).__name__ == "WanAttentionBlock")
+    with pytest.raises(ValueError, match="attention"):
+        WanFastEncoder(vae, pad_channels={attention: attention + 8})
+    with pytest.raises(ValueError, match="channels_last"):
+        WanFastEncoder(vae, kernels=FOLDED, channels_last=False)
+
+
+def test_compiled_row_kernels_equal_the_eager_ones_and_compile_once_per_width():
+    """The kernels --encoder-impl fast runs on CUDA (torch.compile; here inductor's C++ backend): the same latents
+    within rounding, padded and batched, and one graph per width however many frames and resolutions come."""
+    import torch._dynamo
+
+    torch.manual_seed(7)
+    vae = AutoencoderKLWan(**CONFIGS["wan2.1"]).eval().requires_grad_(False)
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = CompiledRowKernels()
+    encoder = WanFastEncoder(vae, kernels=compiled.kernels(), pad_channels={8: 16})
+    for shape in [(2, 3, 9, 32, 48), (1, 3, 17, 48, 32)]:
+        x = torch.rand(*shape, generator=torch.Generator().manual_seed(shape[2])) * 2 - 1
+        assert relative(encoder.moments(x), vae._encode(x)) < 1e-5
+    assert counters["stats"]["unique_graphs"] == 3  # the norm with and without a folded bias, the sum: one width
 
 
 def test_weights_follow_the_module_to_another_dtype(vae):
@@ -115,6 +156,17 @@ def test_a_tiled_retry_runs_diffusers_tiled_encode(views):
     assert torch.equal(retried.mean, reference.mean)  # the tiled forward is diffusers' own, bit for bit
 
 
+def test_fast_records_what_decides_its_bits_and_auto_stays_reference_off_the_validated_device():
+    from vaecache.vae import load_vae
+    from vaecache.vae.load import VALIDATED_FAST
+    from vaecache.vae.wan_fast import production_description
+
+    model = load_vae("builtin:tiny", "cpu", encoder_impl="fast").model
+    assert model.fingerprint()["encoder_variant"] == "ndhwc-chunk4-eager" == production_description(model.module, "cpu")
+    assert load_vae("builtin:tiny", "cpu", encoder_impl="auto", dtype="bf16").model.encoder_impl == "reference"
+    assert ("AutoencoderKLWan", "cuda", "bfloat16", (9, 0), 96) in VALIDATED_FAST
+
+
 def test_fast_is_refused_where_it_cannot_run(models):
     from vaecache.errors import UsageError
     from vaecache.vae import load_vae
@@ -149,3 +201,4 @@ def test_encoder_impl_is_recorded_reencoded_with_and_never_mixed_on_resume(demo_
     refused = run_cli([*args, "--encoder-impl", "reference"])
     assert refused.exit_code == 2 and "encoder_impl" in refused.output
     assert run_cli([*args, "--encoder-impl", "fast"]).exit_code == 0  # the same one resumes
+    assert run_cli(args).exit_code == 0  # and auto takes the recorded one, wherever auto would choose otherwise

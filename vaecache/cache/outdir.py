@@ -162,6 +162,17 @@ def recorded_cpu_threads(out: Path) -> int | None:
     return threads if isinstance(threads, int) and threads > 0 else None
 
 
+def recorded_encoder_impl(out: Path) -> str | None:
+    """The encoder implementation a run into `out` recorded ("fast" or "reference"; None: no run record). A
+    resumed run with --encoder-impl auto takes it, so that a newer auto never mixes implementations in one cache."""
+    try:
+        vae = read_json(Path(out) / RUN, "run record").get("fingerprint", {}).get("vae", {})
+    except (ManifestError, AttributeError):
+        return None
+    impl = vae.get("encoder_impl", "reference") if isinstance(vae, dict) else None
+    return impl if impl in ("fast", "reference") else None
+
+
 def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id: str | None,
                 sources: dict[str, dict[str, Any]] | None = None,
                 committed: CommittedIds | None = None, allow_other_numerics: bool = False,
@@ -268,6 +279,9 @@ class FolderOut:
 
     def recorded_cpu_threads(self) -> int | None:
         return recorded_cpu_threads(self.folder)
+
+    def recorded_encoder_impl(self) -> str | None:
+        return recorded_encoder_impl(self.folder)
 
     def probes_folder(self) -> Path:
         return self.folder / PROBES_DIR

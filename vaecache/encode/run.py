@@ -76,6 +76,10 @@ def _start_and_run(run: EncodeRun) -> EncodeSummary:
     run.out.pull_start()  # OUT usable as far as can be told before the fingerprint (a URL's records fetched)
     # Start-up writes nothing, so a Ctrl-C in it ends the command at once (the CLI prints one line).
     cfg, ctx = run.cfg, run.ctx
+    recorded_impl = None if cfg.overwrite else run.out.recorded_encoder_impl()
+    if cfg.clip.encoder_impl == "auto" and recorded_impl is not None:
+        cfg = dataclasses.replace(cfg, clip=dataclasses.replace(cfg.clip, encoder_impl=recorded_impl))
+        run = dataclasses.replace(run, cfg=cfg)
     start = start_up(StartRequest(cfg, ctx.device, ctx.info.world_size, ctx.mesh.sp_size, on_error=cfg.on_error,
                                   probe_cache=run.out.probes_folder()), ctx, run.reporting.meter)
     # What --views-per-forward all came to for this dataset: recorded, and compared on resume.

@@ -162,9 +162,10 @@ OPTIONS: tuple[Option, ...] = (
                                    "compile)."),)),
     Option("channels_last", "--channels-last/--no-channels-last", bool, "Convolution weights and inputs in "
            "channels-last memory format (other kernels, other rounding: recorded)."),
-    Option("encoder_impl", "--encoder-impl", str, "auto (default: reference until the fast encoder is validated "
-           "for the device) | fast (Wan 2.1/2.2: vaecache's faster encoder over the same weights; latents within "
-           "rounding of diffusers') | reference (diffusers' own encode). Recorded; a resume never mixes them."),
+    Option("encoder_impl", "--encoder-impl", str, "auto (default: fast where it is validated: Wan 2.1/2.2 in bf16 "
+           "on a Hopper GPU; else reference; a resume takes the recorded one) | fast (Wan 2.1/2.2: vaecache's "
+           "faster encoder over the same weights; latents within rounding of diffusers') | reference (diffusers' "
+           "own encode). Recorded; a resume never mixes them."),
     Option("views_per_forward", "--views-per-forward", str, "auto | all | K: views of one clip per VAE forward "
            "(default auto: all on CUDA, 1 on CPU; K must divide the cameras). Latents depend on K only, never on "
            "batch, SP or world size (recorded); SP splits batches in units of K views.", toml=(int, str)),

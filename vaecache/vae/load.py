@@ -69,7 +69,8 @@ def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32",
         else:
             model = _load_diffusers(location, spec, allow_pickle_weights)
     compute_dtype, dtype_note = _compute_dtype(model, dtype)
-    impl = resolve_encoder_impl(encoder_impl, model, tiling=tiling, compiled=compiled)
+    impl = resolve_encoder_impl(encoder_impl, model, tiling=tiling, compiled=compiled, device=device,
+                                compute_dtype=compute_dtype)
     exact_cuda_numerics(device)
     module = model.module
     module.to(torch.device(device)).eval().requires_grad_(False)
@@ -80,10 +81,15 @@ def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32",
         for param in module.parameters():
             if param.dim() in CHANNELS_LAST:
                 param.data = param.data.contiguous(memory_format=CHANNELS_LAST[param.dim()])
+    variant = None
+    if impl == "fast":
+        from vaecache.vae.wan_fast import production_description
+
+        variant = production_description(module, device)
     model = replace(model, device=torch.device(device), dtype=torch_dtype(dtype), compute_dtype=compute_dtype,
                     dtype_note=dtype_note, tiling=tiling, tile_params=tile_params,
                     views_per_forward=views_per_forward, compiled=compiled,
-                    channels_last=channels_last, encoder_impl=impl)
+                    channels_last=channels_last, encoder_impl=impl, encoder_variant=variant)
     return VaeRunner(model, inject_oom)
 
 
@@ -91,15 +97,28 @@ FAST_ENCODER_CLASSES = ("AutoencoderKLWan",)
 """The diffusers classes vaecache.vae.wan_fast encodes (Wan 2.1 and Wan 2.2 share the class)."""
 
 
-def resolve_encoder_impl(requested: str, model: VaeModel, *, tiling: bool = False, compiled: bool = False) -> str:
-    """--encoder-impl: "fast" or "reference". auto is reference: the fast encoder equals diffusers' within rounding
-    (1e-5 of the latent's scale in fp32 on CPU) but becomes auto's choice only where it is also measured faster and
-    bitwise reproducible across processes on that device (docs/gpu.md); fast is refused where it cannot run."""
+VALIDATED_FAST = {("AutoencoderKLWan", "cuda", "bfloat16", (9, 0), 96),
+                  ("AutoencoderKLWan", "cuda", "bfloat16", (9, 0), 160)}
+"""Where --encoder-impl auto picks the fast encoder: (class, device kind, compute dtype, CUDA capability, the
+encoder's first width: 96 is Wan 2.1's, 160 Wan 2.2 TI2V's). Measured on an H200 at 2.16x (Wan 2.1) and 1.72x
+(Wan 2.2) diffusers' encode, closer to an fp32 encode than diffusers' bf16 one, at no more memory, and bitwise equal
+across repeats and in a second process (docs/gpu.md)."""
+
+
+def resolve_encoder_impl(requested: str, model: VaeModel, *, tiling: bool = False, compiled: bool = False,
+                         device: torch.device | str = "cpu", compute_dtype: torch.dtype = torch.float32) -> str:
+    """--encoder-impl: "fast" or "reference". The fast encoder equals diffusers' within rounding (1e-5 of the
+    latent's scale in fp32 on CPU); auto picks it where it was also measured faster and bitwise reproducible
+    across processes (VALIDATED_FAST), else the reference; fast is refused where it cannot run. A resumed run
+    passes the recorded choice instead of auto (encode/run.py), so an upgrade never mixes the two in one cache."""
     if requested not in ENCODER_IMPL_CHOICES:
         raise UsageError(f"--encoder-impl must be one of {', '.join(ENCODER_IMPL_CHOICES)}, got {requested!r}")
-    if requested != "fast":
+    if requested == "reference":
         return "reference"
     name = type(model.module).__name__
+    if requested == "auto":
+        return "fast" if (not tiling and not compiled and _fast_validated(name, model, device, compute_dtype)) \
+            else "reference"
     if name not in FAST_ENCODER_CLASSES:
         raise UsageError(f"--encoder-impl fast: {model.spec} is {name}; the fast encoder runs "
                          f"{', '.join(FAST_ENCODER_CLASSES)} (Wan 2.1, Wan 2.2): use --encoder-impl reference")
@@ -109,6 +128,18 @@ def resolve_encoder_impl(requested: str, model: VaeModel, *, tiling: bool = Fals
     if compiled:
         raise UsageError("--encoder-impl fast cannot be combined with --compile (which compiles diffusers' encode)")
     return "fast"
+
+
+def _fast_validated(name: str, model: VaeModel, device: torch.device | str, compute_dtype: torch.dtype) -> bool:
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    from vaecache.vae.wan_fast import triton_available
+
+    width = getattr(getattr(model.module, "encoder", None), "conv_in", None)
+    key = (name, device.type, str(compute_dtype).removeprefix("torch."), torch.cuda.get_device_capability(device),
+           getattr(width, "out_channels", None))
+    return key in VALIDATED_FAST and triton_available()
 
 
 CUDA_NUMERICS = {"cudnn_benchmark": False, "cudnn_deterministic": True, "tf32": False}

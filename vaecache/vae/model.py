@@ -54,6 +54,9 @@ class VaeModel:
     """Convolution weights (load_vae) and every forward's input (VaeRunner) are in channels-last format."""
     encoder_impl: str = "reference"
     """"fast": VaeRunner encodes with vaecache.vae.wan_fast (Wan), "reference": with the module's own encode."""
+    encoder_variant: str | None = None
+    """With "fast": what decides its bits beyond the weights (wan_fast.production_description: memory format,
+    chunk, kernels, padded channels), which depends on the device."""
 
     def __post_init__(self) -> None:
         if self.views_per_forward < 1 or self.latent_channels < 0:
@@ -83,6 +86,7 @@ def fingerprint(model: VaeModel) -> dict[str, Any]:
         **({"compile": True} if model.compiled else {}),
         **({"channels_last": True} if model.channels_last else {}),
         **({"encoder_impl": model.encoder_impl} if model.encoder_impl != "reference" else {}),
+        **({"encoder_variant": model.encoder_variant} if model.encoder_variant else {}),
     }
 
 

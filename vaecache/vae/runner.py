@@ -333,11 +333,11 @@ def _release_failed_forward(module: torch.nn.Module, device: torch.device) -> No
 
 
 def fast_encoder(model: VaeModel) -> Any:
-    """vaecache.vae.wan_fast's encoder for the module, as measured fastest on CUDA with answers that do not depend on
-    the process: NDHWC, diffusers' 4-frame chunks (the reference's peak memory), the norm + SiLU in eager fp32."""
-    from vaecache.vae.wan_fast import WanFastEncoder
+    """vaecache.vae.wan_fast's encoder for the module on its device (production_encoder: what model.encoder_variant
+    records)."""
+    from vaecache.vae.wan_fast import production_encoder
 
-    return WanFastEncoder(model.module)
+    return production_encoder(model.module, model.device)
 
 
 def _posterior(output: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
