@@ -5,6 +5,7 @@ format, for Wan 2.1's and Wan 2.2's (residual, patchified) encoders."""
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -202,3 +203,30 @@ def test_encoder_impl_is_recorded_reencoded_with_and_never_mixed_on_resume(demo_
     assert refused.exit_code == 2 and "encoder_impl" in refused.output
     assert run_cli([*args, "--encoder-impl", "fast"]).exit_code == 0  # the same one resumes
     assert run_cli(args).exit_code == 0  # and auto takes the recorded one, wherever auto would choose otherwise
+
+
+def test_fast_latents_do_not_depend_on_the_batch_size_or_the_oom_backoff(demo_data, tmp_path, run_cli):
+    """At a fixed K the fast encoder's latents are the same bits whatever the batch size, and a forward of several
+    views that runs out of memory and backs off to single views gives K = 1's bits; the reference's latents agree
+    within fp32 rounding."""
+    from tests.conftest import assert_same_tensors, load_tensors
+
+    def encode(name: str, *extra: str, env: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
+        out = tmp_path / name
+        result = run_cli(["encode", demo_data, "--out", out, "--vae", "builtin:tiny", "--num-frames", "9", "--size",
+                          "64x64", "--workers", "0", "--no-progress", "--max-clips-per-scene", "2", *extra], env=env)
+        assert result.exit_code == 0, result.output
+        if env:  # the injected errors did make the runner back off
+            assert re.search(r"OOM backoffs\s*│\s*[1-9]", result.output), result.output
+        return load_tensors(out)
+
+    fast = ["--encoder-impl", "fast"]
+    one = encode("b1", *fast, "--views-per-forward", "1", "--batch-size", "1")
+    assert_same_tensors(one, encode("b3", *fast, "--views-per-forward", "1", "--batch-size", "3"))
+    backed_off = encode("oom", *fast, "--views-per-forward", "all", "--batch-size", "2",
+                        env={"VAECACHE_FAULT": "oom:*>1"})  # every forward of 2 views fails: 1 view at a time
+    assert_same_tensors(one, backed_off)
+    reference = encode("ref", "--encoder-impl", "reference", "--views-per-forward", "1")
+    assert sorted(reference) == sorted(one)
+    for name in one:
+        assert relative(one[name].float(), reference[name].float()) < 1e-5, name
