@@ -71,18 +71,27 @@ def reference_all(data, tmp_path_factory, cache_io, single) -> dict[str, torch.T
     return found
 
 
+@pytest.fixture(scope="module")
+def reference_fast(data, tmp_path_factory, cache_io, single) -> dict[str, torch.Tensor]:
+    """One process, one view per forward, --encoder-impl fast."""
+    out = tmp_path_factory.mktemp("e2e-ref-fast") / "out"
+    return _single_process_cache(data, out, cache_io, single, "--encoder-impl", "fast")
+
+
 @pytest.mark.parametrize("nproc, extra", [
     (2, ["--workers", "1"]),
     (4, ["--sp-size", "2", "--batch-size", "3", "--workers", "0",
          "--views-per-forward", "all"]),  # 3 clips over 2 ranks
-    (3, ["--sp-size", "3", "--workers", "1"]),  # each rank encodes one camera of a clip
-], ids=["dp2", "dp2xsp2-b3-all", "sp3"])
+    (3, ["--sp-size", "3", "--workers", "1", "--encoder-impl", "fast"]),  # each rank encodes one camera of a clip
+], ids=["dp2", "dp2xsp2-b3-all", "sp3-fast"])
 def test_torchrun_output_equals_single_process(cache_io, nproc, extra, data, reference, reference_all, tmp_path,
-                                               torchrun, verify_ok):
+                                               torchrun, verify_ok, request):
     out = tmp_path / "out"
     result = torchrun(nproc, data, out, *extra)
     assert result.returncode == 0, result.stderr[-3000:]
-    cache_io.same_tensors(cache_io.tensors(out), reference_all if "all" in extra else reference)
+    expected = (request.getfixturevalue("reference_fast") if "fast" in extra
+                else reference_all if "all" in extra else reference)
+    cache_io.same_tensors(cache_io.tensors(out), expected)
     verify_ok(out)
     assert len(list((out / "logs").glob("rank-*.log"))) == nproc
 
