@@ -10,6 +10,7 @@ OUT/
   progress/rank-*.jsonl  per-rank commit log: one line per committed shard (merged into the manifest)
   probes/rank-*.jsonl  per-rank probe cache: what opening each source told (a restart opens no video twice)
   logs/rank-*.log      per-rank logs
+  text/<set>/...       text-embedding sets `vaecache embed` adds (vaecache.text.sets)
 """
 
 from __future__ import annotations
@@ -41,8 +42,10 @@ ROWS_SUFFIX = ".arrows"
 LOGS_DIR = "logs"
 PROBES_DIR = "probes"
 SHARD_SUFFIX = ".safetensors"
+TEXT_DIR = "text"
+"""Text-embedding sets added to a finished cache (vaecache.text.sets)."""
 OWNED_ENTRIES = (MANIFEST, CLIPS, FAILURES, CLIPS_V1, FAILURES_V1, RUN, SHARDS_DIR, PROGRESS_DIR, LOGS_DIR, LOCK,
-                 PROBES_DIR)
+                 PROBES_DIR, TEXT_DIR)
 """Everything vaecache may create in OUT (anything else there means OUT is not a cache)."""
 
 

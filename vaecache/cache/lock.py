@@ -11,8 +11,9 @@ import logging
 import os
 import socket
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from vaecache.cache.layout import LOCK
 from vaecache.cache.store import ObjectStore
@@ -188,5 +189,26 @@ def _holder(data: bytes | None) -> dict[str, Any] | None:
     return holder if isinstance(holder, dict) else {}
 
 
-__all__ = ["ObjectLock", "acquire_lock", "lock_holder_record", "lock_is_stale", "locked_error",
+
+
+@contextmanager
+def held_lock(store: Any, job_id: str | None = None) -> Iterator[None]:
+    """OUT's lock (the one of its store) held for the block: commands that change a finished cache (embed) take
+    it as encode does, so that no two jobs write one cache."""
+    if isinstance(store, ObjectStore):
+        lock = ObjectLock(store)
+        lock.acquire(job_id)
+        try:
+            yield
+        finally:
+            lock.release()
+        return
+    acquire_lock(store.folder, job_id)
+    try:
+        yield
+    finally:
+        release_lock(store.folder)
+
+
+__all__ = ["ObjectLock", "acquire_lock", "held_lock", "lock_holder_record", "lock_is_stale", "locked_error",
            "release_lock"]

@@ -13,6 +13,7 @@ from vaecache import __version__
 from vaecache.cli.common import is_launcher_rank0
 from vaecache.cli.decode import decode
 from vaecache.cli.demo import demo, demo_data
+from vaecache.cli.embed import embed
 from vaecache.cli.encode import encode
 from vaecache.cli.export import export
 from vaecache.cli.index import index
@@ -34,6 +35,7 @@ app.command("plan")(plan)
 app.command("verify")(verify)
 app.command("inspect")(inspect)
 app.command("export")(export)
+app.command("embed")(embed)
 app.command("decode")(decode)
 app.command("demo-data")(demo_data)
 app.command("demo")(demo)

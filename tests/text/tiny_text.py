@@ -1,0 +1,52 @@
+"""A tiny Wan-style text encoder folder: a UMT5 encoder with random weights and a tokenizer whose vocabulary is
+trained here (tokenizers' Unigram, as T5's sentencepiece model is), saved as a diffusers pipeline folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+CORPUS = [
+    "a red car drives down a wet street at night",
+    "the robot arm picks up the blue cube and places it in the bowl",
+    "front camera view of a highway with trucks in the rain",
+    "pedestrians cross at a crosswalk while a bus waits",
+    "a dog runs on the beach at sunset, waves in the background",
+    "close-up of hands folding a towel on a wooden table",
+] * 4
+
+
+def train_tokenizer(folder: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=120, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>")
+    tok.train_from_iterator(CORPUS, trainer)
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
+                                                       special_tokens=[("</s>", tok.token_to_id("</s>"))])
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(folder)
+
+
+def build_wan_text_folder(root: Path, seed: int = 0, pipeline: str = "WanPipeline") -> Path:
+    """root/{model_index.json, text_encoder/, tokenizer/}: what --text-encoder diffusers:root loads."""
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    root.mkdir(parents=True, exist_ok=True)
+    train_tokenizer(root / "tokenizer")
+    torch.manual_seed(seed)
+    config = UMT5Config(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                        relative_attention_num_buckets=8, relative_attention_max_distance=32, pad_token_id=0,
+                        eos_token_id=1, decoder_start_token_id=0)
+    UMT5EncoderModel(config).eval().save_pretrained(root / "text_encoder", safe_serialization=True)
+    (root / "model_index.json").write_text(json.dumps({
+        "_class_name": pipeline, "_diffusers_version": "0.42.1",
+        "text_encoder": ["transformers", "UMT5EncoderModel"], "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
+    }))
+    return root

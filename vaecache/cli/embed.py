@@ -1,0 +1,65 @@
+"""`vaecache embed`: a named set of text-encoder embeddings of the clips' captions, added to a finished cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from vaecache.cli.common import console, human_bytes, report_errors
+from vaecache.cli.options import StorageOption
+
+
+@report_errors
+def embed(
+    out: str = typer.Argument(..., metavar="OUT", help="A finished cache (a folder, or s3://bucket/prefix)."),
+    text_encoder: str = typer.Option(..., "--text-encoder", help="diffusers:PATH[#SUBFOLDER] (a pipeline folder: "
+                                     "its model_index.json names the family; Wan pipelines) | transformers:PATH (any "
+                                     "encoder with its tokenizer, with --text-length). Local files only."),
+    set_name: str = typer.Option("default", "--set", help="The set's name (a cache holds several)."),
+    caption_field: str = typer.Option("caption", "--caption-field", help="The key of each clip's metadata that "
+                                      "holds its caption (clips without it get the empty prompt)."),
+    captions: Optional[Path] = typer.Option(None, "--captions", help="Captions by clip id instead of the clips' "
+                                            "metadata: a JSON object {id: caption} or .jsonl lines {\"id\", "
+                                            "\"caption\"}; every clip must be named."),
+    replace: bool = typer.Option(False, "--replace", help="Replace a set of this name made with another encoder or "
+                                 "other captions (without it that is refused)."),
+    dtype: str = typer.Option("fp32", "--dtype", help="Stored dtype: fp32 | bf16 | fp16."),
+    compute_dtype: str = typer.Option("fp32", "--compute-dtype", help="What the encoder computes in (recorded): fp32 "
+                                      "| bf16 | fp16."),
+    text_batch: int = typer.Option(8, "--text-batch", help="Prompts per forward, a fixed shape (recorded: the bits "
+                                   "do not depend on anything else)."),
+    text_length: Optional[int] = typer.Option(None, "--text-length", help="transformers:PATH: tokens per prompt."),
+    text_layer: Optional[int] = typer.Option(None, "--text-layer", help="transformers:PATH: the hidden state to "
+                                             "store (index into hidden_states; default the last hidden state)."),
+    shard_size: str = typer.Option("256MiB", "--shard-size", help="Bytes per embeddings shard."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda[:N]."),
+    allow_pickle_weights: bool = typer.Option(False, "--allow-pickle-weights", help="Load an encoder whose folder "
+                                              "holds only pickled .bin weights."),
+    storage_option: StorageOption = None,
+) -> None:
+    """Embed the clips' captions with a text encoder into a named set of a finished cache (latents untouched)."""
+    from vaecache.settings.options import parse_bytes
+    from vaecache.text.sets import EmbedRequest, embed_cache
+    from vaecache.urls import parse_storage_options
+
+    request = EmbedRequest(out=out, text_encoder=text_encoder, set_name=set_name, caption_field=caption_field,
+                           captions=captions, replace=replace, dtype=dtype, compute_dtype=compute_dtype,
+                           batch=text_batch, shard_bytes=parse_bytes(shard_size), device=device, length=text_length,
+                           layer=text_layer, allow_pickle_weights=allow_pickle_weights,
+                           storage_options=tuple(parse_storage_options(storage_option)))
+    summary = embed_cache(request)
+    if summary.unchanged:
+        console.print(escape(f"text set {summary.set_name!r} of {summary.out} is up to date ({summary.clips} clips, "
+                             f"{summary.prompts} distinct prompts): nothing written"), soft_wrap=True)
+        return
+    verb = "replaced" if summary.replaced else "added"
+    console.print(escape(f"{verb} text set {summary.set_name!r} in {summary.out}: {summary.clips} clips, "
+                         f"{summary.prompts} distinct prompts ({summary.empty_clips} clips with the empty prompt), "
+                         f"{summary.files} files, {human_bytes(summary.bytes)}, {summary.seconds:.1f} s"),
+                  soft_wrap=True)
+    if summary.truncated_prompts:
+        console.print(escape(f"  {summary.truncated_prompts} prompt(s) were longer than the encoder's length and "
+                             f"truncated, e.g. clip(s) {', '.join(summary.truncated_examples)}"), soft_wrap=True)

@@ -1,0 +1,215 @@
+"""Loading a text encoder from a --text-encoder SPEC and embedding prompts the way its pipeline does.
+
+SPEC:
+  diffusers:PATH[#SUBFOLDER]  a diffusers pipeline folder: model_index.json names the pipeline (its family,
+                              vaecache.text.families), SUBFOLDER (default text_encoder) holds the encoder and
+                              PATH/tokenizer the tokenizer
+  transformers:PATH           any transformers encoder folder with its tokenizer files (in PATH, or PATH/tokenizer),
+                              at --text-length tokens, hidden layer --text-layer (default: the last hidden state)
+
+Local files only, safetensors unless pickled weights are allowed. Prompts are embedded in batches of a fixed shape
+(`batch` prompts, padded with empty ones, each padded to the family's length), so a prompt's rows do not depend on
+which other prompts share its batch's run, how many ranks there are, or a resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vaecache.errors import UsageError, VaeSpecError
+from vaecache.settings.dtypes import recorded_name, torch_dtype
+from vaecache.text.families import TextFamily, family_for_pipeline, generic_family
+
+ENCODER_ONLY = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel", "umt5": "UMT5EncoderModel"}
+"""transformers model types whose checkpoints hold an encoder-decoder: their encoder-only class."""
+VOLATILE_CONFIG_KEYS = ("transformers_version", "_name_or_path", "torch_dtype", "dtype", "architectures")
+
+
+@dataclass(frozen=True)
+class TextEmbedding:
+    rows: torch.Tensor
+    """(tokens, hidden) in the stored dtype, on the CPU."""
+    tokens: int
+    truncated: bool
+    """The prompt had more tokens than the family's length."""
+
+
+class TextEncoder:
+    """A loaded text encoder: `embed(prompts)` gives each cleaned prompt's rows, `fingerprint()` what decides them."""
+
+    def __init__(self, *, spec: str, family: TextFamily, tokenizer: Any, model: torch.nn.Module, device: torch.device,
+                 compute_dtype: torch.dtype, dtype: torch.dtype, layer: int | None, batch: int,
+                 identity: dict[str, Any]) -> None:
+        self.spec, self.family, self.tokenizer, self.model = spec, family, tokenizer, model
+        self.device, self.compute_dtype, self.dtype = device, compute_dtype, dtype
+        self.layer, self.batch = layer, batch
+        self._identity = identity
+
+    @property
+    def hidden_size(self) -> int:
+        config = self.model.config
+        return int(getattr(config, "d_model", None) or getattr(config, "hidden_size"))
+
+    def clean(self, text: str) -> str:
+        return self.family.clean(text)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Everything that decides the stored rows (the manifest's set fingerprint)."""
+        return {**self._identity, "family": self.family.name, "reference": self.family.reference,
+                "length": self.family.length, "layer": self.layer, "cleaning": self.family.cleaning,
+                "ftfy": _version("ftfy") if self.family.cleaning == "wan" else None,
+                "compute_dtype": recorded_name(self.compute_dtype), "stored_dtype": recorded_name(self.dtype),
+                "batch_shape": [self.batch, self.family.length], "hidden_size": self.hidden_size,
+                "storage": "rows trimmed to the attention mask"}
+
+    @torch.no_grad()
+    def embed(self, prompts: list[str]) -> list[TextEmbedding]:
+        """The rows of each (already cleaned) prompt, computed in batches of `batch` prompts."""
+        found: list[TextEmbedding] = []
+        for start in range(0, len(prompts), self.batch):
+            chunk = prompts[start:start + self.batch]
+            found.extend(self._embed_batch(chunk + [""] * (self.batch - len(chunk)))[:len(chunk)])
+        return found
+
+    def _embed_batch(self, prompts: list[str]) -> list[TextEmbedding]:
+        length = self.family.length
+        inputs = self.tokenizer(prompts, padding="max_length", max_length=length, truncation=True,
+                                add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
+        full = self.tokenizer(prompts, add_special_tokens=True, truncation=False)["input_ids"]
+        ids, mask = inputs.input_ids.to(self.device), inputs.attention_mask.to(self.device)
+        output = self.model(ids, mask, output_hidden_states=self.layer is not None)
+        hidden = output.last_hidden_state if self.layer is None else output.hidden_states[self.layer]
+        hidden = hidden.to(self.compute_dtype)
+        counts = mask.gt(0).sum(dim=1).tolist()
+        return [TextEmbedding(hidden[i, :n].to(self.dtype).cpu().clone(), int(n), len(full[i]) > length)
+                for i, n in enumerate(counts)]
+
+
+def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_dtype: str = "fp32",
+                      dtype: str = "fp32", length: int | None = None, layer: int | None = None, batch: int = 8,
+                      allow_pickle_weights: bool = False) -> TextEncoder:
+    """The encoder of a --text-encoder SPEC on `device`, computing in `compute_dtype`, storing `dtype`. A
+    UsageError or VaeSpecError (one line, naming the spec) for what cannot be loaded."""
+    if batch < 1:
+        raise UsageError(f"--text-batch must be >= 1, got {batch}")
+    kind, _, rest = spec.partition(":")
+    if kind == "diffusers":
+        location, _, sub = rest.partition("#")
+        root = _local_folder(location, spec)
+        index = root / "model_index.json"
+        if not index.is_file():
+            raise VaeSpecError(f"--text-encoder {spec}: {root} has no model_index.json (a diffusers pipeline folder "
+                               "names its pipeline there); use transformers:PATH for a bare encoder folder")
+        try:
+            class_name = json.loads(index.read_text()).get("_class_name", "")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise VaeSpecError(f"--text-encoder {spec}: {index} does not parse ({exc})") from None
+        try:
+            family = family_for_pipeline(str(class_name), f"--text-encoder {spec}")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        if length is not None or layer is not None:
+            raise UsageError(f"--text-length/--text-layer apply to transformers:PATH; {spec} is a {class_name}, "
+                             f"whose length is {family.length}")
+        model_dir, tokenizer_dir = root / (sub or "text_encoder"), root / "tokenizer"
+    elif kind == "transformers":
+        model_dir = _local_folder(rest, spec)
+        if length is None:
+            raise UsageError(f"--text-encoder {spec}: a transformers:PATH encoder needs --text-length N (the tokens "
+                             "each prompt is padded or truncated to)")
+        family = generic_family(length)
+        tokenizer_dir = model_dir / "tokenizer" if (model_dir / "tokenizer").is_dir() else model_dir
+    else:
+        raise UsageError(f"--text-encoder must be diffusers:PATH[#SUBFOLDER] or transformers:PATH, got {spec!r}")
+    for folder, what in ((model_dir, "encoder"), (tokenizer_dir, "tokenizer")):
+        if not folder.is_dir():
+            raise VaeSpecError(f"--text-encoder {spec}: no {what} folder {folder}")
+    model, identity = _load_model(model_dir, spec, allow_pickle_weights)
+    tokenizer = _load_tokenizer(tokenizer_dir, spec)
+    identity["tokenizer_sha256"] = {p.name: _sha256(p) for p in sorted(tokenizer_dir.iterdir()) if p.is_file()}
+    compute = torch_dtype(compute_dtype)
+    device = torch.device(device)
+    model.to(device=device, dtype=compute).eval().requires_grad_(False)
+    if layer is not None:
+        layers = getattr(model.config, "num_layers", None) or getattr(model.config, "num_hidden_layers", None)
+        if layers is not None and not -(layers + 1) <= layer <= layers:
+            raise UsageError(f"--text-layer {layer}: {spec} has hidden states 0..{layers}")
+    return TextEncoder(spec=spec, family=family, tokenizer=tokenizer, model=model, device=device,
+                       compute_dtype=compute, dtype=torch_dtype(dtype), layer=layer, batch=batch, identity=identity)
+
+
+def _local_folder(location: str, spec: str) -> Path:
+    path = Path(location).expanduser()
+    if path.is_dir():
+        return path
+    hint = (" (vaecache reads local files only; a Hub id is downloaded first, e.g. `huggingface-cli download "
+            f"{location} --local-dir DIR`, then --text-encoder with DIR)") if location.count("/") == 1 else ""
+    raise VaeSpecError(f"--text-encoder {spec}: no such folder {path}{hint}")
+
+
+def _load_model(folder: Path, spec: str, allow_pickle_weights: bool) -> tuple[torch.nn.Module, dict[str, Any]]:
+    import transformers
+    from transformers import AutoConfig
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+
+    from vaecache.vae.model import weights_sha256
+
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise VaeSpecError(f"--text-encoder {spec}: {folder}: no readable transformers config "
+                           f"({str(exc).splitlines()[0]})") from None
+    class_name = ENCODER_ONLY.get(config.model_type, "AutoModel")
+    cls = getattr(transformers, class_name)
+    if not allow_pickle_weights and not any(folder.glob("*.safetensors")):
+        raise VaeSpecError(f"--text-encoder {spec}: {folder} holds no .safetensors weights (pickled weights load "
+                           "only with --allow-pickle-weights)")
+    try:
+        model = cls.from_pretrained(folder, local_files_only=True, use_safetensors=None if allow_pickle_weights
+                                    else True)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise VaeSpecError(f"--text-encoder {spec}: cannot load {folder} ({str(exc).splitlines()[0]})") from None
+    settings = {k: v for k, v in model.config.to_dict().items() if k not in VOLATILE_CONFIG_KEYS}
+    identity = {"class": type(model).__name__, "config": json.loads(json.dumps(settings, sort_keys=True, default=str)),
+                "weights_sha256": weights_sha256(model), "transformers": transformers.__version__}
+    return model, identity
+
+
+def _load_tokenizer(folder: Path, spec: str) -> Any:
+    from transformers import AutoTokenizer
+
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "spiece.model")):
+        raise VaeSpecError(f"--text-encoder {spec}: no tokenizer files in {folder} (tokenizer.json, "
+                           "tokenizer_config.json or spiece.model)")
+    try:
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise VaeSpecError(f"--text-encoder {spec}: cannot load the tokenizer in {folder} "
+                           f"({str(exc).splitlines()[0]})") from None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+__all__ = ["TextEmbedding", "TextEncoder", "load_text_encoder"]

@@ -1,0 +1,77 @@
+"""Text-encoder families: which pipeline's prompt embedding each reproduces, and how it is stored. Pure data and
+text cleaning; no torch.
+
+Wan (diffusers `pipelines/wan/pipeline_wan.py`, 0.42): `WanPipeline._get_t5_prompt_embeds` cleans each prompt with
+`prompt_clean` (ftfy's `fix_text` where ftfy is installed, `html.unescape` twice, strip, runs of whitespace to one
+space), tokenizes to `max_sequence_length` with padding and truncation, runs the UMT5 encoder with the attention
+mask, and keeps each prompt's first `mask.sum()` rows followed by zero rows; `__call__` passes 512 (its
+`encode_prompt` default is 226). The I2V, V2V and VACE pipelines share that function. vaecache stores the unpadded
+rows (the zero rows are zeros by construction) and pads again on read.
+
+A generic spec (`transformers:PATH`) serves any transformers encoder with its tokenizer at a given length and
+hidden layer, with the attention mask, rows trimmed to the mask (world models that condition on scene
+descriptions: MagicDriveDiT's T5).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from dataclasses import dataclass
+
+WAN_PIPELINES = ("WanPipeline", "WanImageToVideoPipeline", "WanVideoToVideoPipeline", "WanVACEPipeline")
+NOT_YET = {
+    "LTXPipeline": "ltx-video", "LTXImageToVideoPipeline": "ltx-video", "LTXConditionPipeline": "ltx-video",
+    "CogVideoXPipeline": "cogvideox", "CogVideoXImageToVideoPipeline": "cogvideox",
+    "HunyuanVideoPipeline": "hunyuanvideo", "HunyuanVideoImageToVideoPipeline": "hunyuanvideo",
+}
+"""Pipelines whose prompt embedding is not reproduced yet (named in the refusal)."""
+
+
+@dataclass(frozen=True)
+class TextFamily:
+    name: str
+    length: int
+    """Tokens the encoder runs at (the pipeline's padded length)."""
+    cleaning: str
+    """"wan": diffusers' prompt_clean; "strip": leading and trailing whitespace only."""
+    reference: str
+
+    def __post_init__(self) -> None:
+        if self.length < 1:
+            raise ValueError(f"text family {self.name}: length must be >= 1, got {self.length}")
+        if self.cleaning not in CLEANINGS:
+            raise ValueError(f"text family {self.name}: unknown cleaning {self.cleaning!r}")
+
+    def clean(self, text: str) -> str:
+        return CLEANINGS[self.cleaning](text)
+
+
+def wan_prompt_clean(text: str) -> str:
+    """diffusers' pipeline_wan.prompt_clean, with ftfy required (diffusers skips it where ftfy is missing)."""
+    import ftfy
+
+    text = html.unescape(html.unescape(ftfy.fix_text(text))).strip()
+    return re.sub(r"\s+", " ", text).strip()
+
+
+CLEANINGS = {"wan": wan_prompt_clean, "strip": str.strip}
+
+WAN = TextFamily("wan", 512, "wan", "diffusers WanPipeline._get_t5_prompt_embeds, max_sequence_length=512")
+
+
+def family_for_pipeline(class_name: str, where: str) -> TextFamily:
+    """The family of a diffusers pipeline folder's model_index.json `_class_name`; a ValueError naming what is
+    supported otherwise."""
+    if class_name in WAN_PIPELINES:
+        return WAN
+    supported = f"supported: {', '.join(WAN_PIPELINES)}; any other encoder as transformers:PATH with --text-length"
+    if class_name in NOT_YET:
+        raise ValueError(f"{where}: {class_name} ({NOT_YET[class_name]}) text embeddings are not reproduced yet "
+                         f"({supported})")
+    raise ValueError(f"{where}: no text-encoder family for pipeline {class_name!r} ({supported})")
+
+
+def generic_family(length: int, cleaning: str = "strip") -> TextFamily:
+    return TextFamily("generic", length, cleaning, "the encoder's last_hidden_state (or hidden_states[layer]) with "
+                      "the attention mask, rows trimmed to the mask")

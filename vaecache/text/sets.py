@@ -1,0 +1,389 @@
+"""Named sets of text embeddings in a finished cache: written by `vaecache embed`, read by LatentCache, checked by
+verify. Everything goes through OUT's store (vaecache.cache.store), so a folder and an s3:// cache are one code path.
+
+OUT/text/<set>/<generation>/
+  embeddings-00000.safetensors  one tensor per distinct cleaned prompt, named by the sha256 of its text:
+                                (tokens, hidden) in the stored dtype, rows trimmed to the attention mask
+  prompts.parquet               key, text (cleaned), tokens, truncated, shard
+  clips.parquet                 id, key: every clip of the cache, in the clip table's order
+
+manifest.json's "text" object holds each set: its fingerprint (the encoder, tokenizer and weights' sha256,
+length, layer, dtypes, cleaning, batch shape), where its captions came from, counts, and every file with its
+byte count and sha256. The generation is a hash of the fingerprint and the (clip, prompt) pairs: the same
+inputs write the same files. A set becomes part of the cache when the manifest naming it is written (one atomic
+write); what a crash leaves before that is not listed, and verify names it until the next embed removes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+
+from vaecache.cache.layout import MANIFEST, TEXT_DIR
+from vaecache.errors import InputError, ManifestError, UsageError
+
+SET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+EMBEDDINGS_PREFIX = "embeddings-"
+PROMPTS_TABLE = "prompts.parquet"
+CLIPS_TABLE = "clips.parquet"
+DEFAULT_SHARD_BYTES = 256 << 20
+
+
+def check_set_name(name: str) -> str:
+    if not isinstance(name, str) or not SET_NAME.fullmatch(name):
+        raise UsageError(f"--set must be 1-64 letters, digits, '.', '_' or '-' (starting with a letter or digit), "
+                         f"got {name!r}")
+    return name
+
+
+def prompt_key(cleaned: str) -> str:
+    return hashlib.sha256(cleaned.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class EmbedRequest:
+    """What `vaecache embed` was asked to do (validated here; the CLI only parses)."""
+
+    out: str
+    text_encoder: str
+    set_name: str = "default"
+    caption_field: str = "caption"
+    captions: Path | None = None
+    replace: bool = False
+    dtype: str = "fp32"
+    compute_dtype: str = "fp32"
+    batch: int = 8
+    shard_bytes: int = DEFAULT_SHARD_BYTES
+    device: str = "auto"
+    length: int | None = None
+    layer: int | None = None
+    allow_pickle_weights: bool = False
+    storage_options: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        from vaecache.settings.dtypes import check_dtype_name
+
+        check_set_name(self.set_name)
+        check_dtype_name(self.dtype)
+        check_dtype_name(self.compute_dtype)
+        if not self.caption_field or not isinstance(self.caption_field, str):
+            raise UsageError("--caption-field must name a key of the clips' metadata")
+        if self.batch < 1:
+            raise UsageError(f"--text-batch must be >= 1, got {self.batch}")
+        if self.shard_bytes < 1:
+            raise UsageError(f"--shard-size must be at least 1 byte, got {self.shard_bytes}")
+        if self.length is not None and self.length < 1:
+            raise UsageError(f"--text-length must be >= 1, got {self.length}")
+
+
+@dataclass
+class EmbedSummary:
+    set_name: str
+    out: str
+    clips: int = 0
+    prompts: int = 0
+    """Distinct cleaned prompts (each embedded and stored once)."""
+    empty_clips: int = 0
+    truncated_prompts: int = 0
+    truncated_examples: list[str] = field(default_factory=list)
+    """Clip ids whose caption was cut to the family's length (the first few)."""
+    files: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    unchanged: bool = False
+    replaced: bool = False
+
+
+# ----------------------------------------------------------------------------- captions
+
+
+def clip_captions(records: Iterable[dict[str, Any]], caption_field: str,
+                  captions: dict[str, str | None] | None) -> list[tuple[str, str]]:
+    """(clip id, caption) for every clip, in table order: from `captions` (clip id -> text) where given, else from
+    each clip's metadata[caption_field]; a clip without one gets the empty prompt. A caption that is not text, or a
+    captions mapping that misses a clip or names one the cache lacks, is an InputError naming them."""
+    found: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    missing: list[str] = []
+    for record in records:
+        clip = record["id"]
+        seen.add(clip)
+        if captions is not None:
+            if clip not in captions:
+                missing.append(clip)
+                continue
+            text = captions[clip]
+        else:
+            metadata = record.get("metadata") or {}
+            if isinstance(metadata, str):
+                metadata = json.loads(metadata)
+            text = metadata.get(caption_field) if isinstance(metadata, dict) else None
+        if text is not None and not isinstance(text, str):
+            raise InputError(f"clip {clip}: its {caption_field!r} is {type(text).__name__}, not text")
+        found.append((clip, text or ""))
+    if missing:
+        raise InputError(f"the captions file has no caption for {len(missing)} clip(s) of the cache: "
+                         f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    if captions is not None:
+        extra = sorted(set(captions) - seen)
+        if extra:
+            raise InputError(f"the captions file names {len(extra)} clip(s) the cache does not hold: "
+                             f"{', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}")
+    return found
+
+
+def read_captions_file(path: Path) -> tuple[dict[str, str | None], dict[str, Any]]:
+    """A --captions FILE: a JSON object {clip id: caption} or JSON Lines {"id": ..., "caption": ...}. Returns the
+    mapping and the file's identity (name, bytes, sha256: recorded with the set)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the captions file ({exc.strerror or exc})") from None
+    identity = {"kind": "file", "path": str(path.resolve()), "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest()}
+    try:
+        text = data.decode("utf-8")
+        if path.suffix == ".jsonl":
+            mapping: dict[str, Any] = {}
+            for number, line in enumerate(text.splitlines(), 1):
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                if not isinstance(row, dict) or not isinstance(row.get("id"), str):
+                    raise InputError(f"{path}:{number}: each line must be an object with a text \"id\"")
+                if row["id"] in mapping:
+                    raise InputError(f"{path}:{number}: clip {row['id']} is captioned twice")
+                mapping[row["id"]] = row.get("caption")
+        else:
+            mapping = json.loads(text)
+            if not isinstance(mapping, dict):
+                raise InputError(f"{path}: a captions file is a JSON object {{clip id: caption}} (or .jsonl lines)")
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: the captions file does not parse ({exc})") from None
+    for clip, caption in mapping.items():
+        if caption is not None and not isinstance(caption, str):
+            raise InputError(f"{path}: the caption of clip {clip} is {type(caption).__name__}, not text")
+    return mapping, identity
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def embed_cache(request: EmbedRequest, on_progress: Callable[[int, int], None] | None = None) -> EmbedSummary:
+    """Add (or with `replace`, replace) the embedding set `request.set_name` to the finished cache at
+    `request.out`, under OUT's lock. Latents and the clip table are not touched."""
+    from vaecache.cache.lock import held_lock
+    from vaecache.cache.reader import CacheReader
+    from vaecache.cache.store import open_store
+    from vaecache.distributed.context import resolve_device
+    from vaecache.text.encoder import load_text_encoder
+
+    started = time.perf_counter()
+    store = open_store(request.out, dict(request.storage_options))
+    store.check_present()
+    name = request.set_name
+    summary = EmbedSummary(name, str(store.location))
+    captions, source = None, {"kind": "clip metadata", "field": request.caption_field}
+    if request.captions is not None:
+        captions, source = read_captions_file(request.captions)
+    with held_lock(store):
+        cache = CacheReader(store)
+        existing = (cache.manifest.get("text") or {}).get(name)
+        pairs = clip_captions(cache.clip_records(), request.caption_field, captions)
+        encoder = load_text_encoder(request.text_encoder, resolve_device(request.device),
+                                    compute_dtype=request.compute_dtype, dtype=request.dtype, length=request.length,
+                                    layer=request.layer, batch=request.batch,
+                                    allow_pickle_weights=request.allow_pickle_weights)
+        fingerprint = encoder.fingerprint()
+        cleaned: dict[str, str] = {}
+        clip_keys: list[tuple[str, str]] = []
+        for clip, caption in pairs:
+            text = encoder.clean(caption)
+            key = prompt_key(text)
+            cleaned.setdefault(key, text)
+            clip_keys.append((clip, key))
+        generation = _generation(fingerprint, clip_keys)
+        if existing is not None:
+            if existing.get("generation") == generation and existing.get("captions") == source:
+                summary.unchanged = True
+                summary.clips, summary.prompts = len(clip_keys), len(cleaned)
+                summary.seconds = time.perf_counter() - started
+                return summary
+            if not request.replace:
+                raise UsageError(f"{store.where(MANIFEST)}: the cache already holds text set {name!r}, made with "
+                                 "another encoder or other captions; --replace replaces it, --set NAME adds another")
+            summary.replaced = True
+        keys = sorted(cleaned)
+        folder = f"{TEXT_DIR}/{name}/{generation}"
+        entry = _write_set(store, folder, encoder, keys, cleaned, clip_keys, request.shard_bytes, summary,
+                           on_progress)
+        counts = {key: 0 for key in keys}
+        for _, key in clip_keys:
+            counts[key] += 1
+        summary.clips, summary.prompts = len(clip_keys), len(keys)
+        summary.empty_clips = counts.get(prompt_key(""), 0)
+        manifest = dict(cache.manifest)
+        manifest["text"] = {**(manifest.get("text") or {}), name: {
+            "generation": generation, "fingerprint": fingerprint,
+            "fingerprint_sha256": hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest(),
+            "spec": encoder.spec, "captions": source, "clips": len(clip_keys), "prompts": len(keys),
+            "empty_prompt_clips": summary.empty_clips, "truncated_prompts": summary.truncated_prompts,
+            **entry,
+        }}
+        store.write(MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+        stale = [file for file in store.listing(f"{TEXT_DIR}/{name}") if not file.startswith(folder + "/")]
+        store.delete(stale)
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def _generation(fingerprint: dict[str, Any], clip_keys: list[tuple[str, str]]) -> str:
+    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode())
+    for clip, key in clip_keys:
+        digest.update(f"{clip}\t{key}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def _write_set(store: Any, folder: str, encoder: Any, keys: list[str], cleaned: dict[str, str],
+               clip_keys: list[tuple[str, str]], shard_bytes: int, summary: EmbedSummary,
+               on_progress: Callable[[int, int], None] | None) -> dict[str, Any]:
+    """Embed the distinct prompts (in key order, so that batches do not depend on anything but the prompts),
+    write the shards and both tables; returns the manifest entry's file lists."""
+    import pyarrow as pa
+    from safetensors.torch import save
+
+    shards: list[dict[str, Any]] = []
+    prompt_rows: dict[str, list[Any]] = {"key": [], "text": [], "tokens": [], "truncated": [], "shard": []}
+    pending: dict[str, torch.Tensor] = {}
+    pending_bytes = 0
+
+    def flush() -> None:
+        nonlocal pending, pending_bytes
+        if not pending:
+            return
+        file = f"{folder}/{EMBEDDINGS_PREFIX}{len(shards):05d}.safetensors"
+        data = save(pending, metadata={"format": "vaecache-text", "set": folder.split("/")[1]})
+        store.write(file, data)
+        shards.append({"file": file, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                       "tensors": len(pending)})
+        pending, pending_bytes = {}, 0
+
+    step = encoder.batch * 16
+    for start in range(0, len(keys), step):
+        chunk = keys[start:start + step]
+        for key, embedding in zip(chunk, encoder.embed([cleaned[key] for key in chunk])):
+            pending[key] = embedding.rows.contiguous()
+            pending_bytes += embedding.rows.numel() * embedding.rows.element_size()
+            prompt_rows["key"].append(key)
+            prompt_rows["text"].append(cleaned[key])
+            prompt_rows["tokens"].append(embedding.tokens)
+            prompt_rows["truncated"].append(embedding.truncated)
+            prompt_rows["shard"].append(f"{folder}/{EMBEDDINGS_PREFIX}{len(shards):05d}.safetensors")
+            if embedding.truncated:
+                summary.truncated_prompts += 1
+            if pending_bytes >= shard_bytes:
+                flush()
+        if on_progress is not None:
+            on_progress(min(start + step, len(keys)), len(keys))
+    flush()
+    truncated = {key for key, cut in zip(prompt_rows["key"], prompt_rows["truncated"]) if cut}
+    summary.truncated_examples = [clip for clip, key in clip_keys if key in truncated][:5]
+    tables = {}
+    for table_name, table in ((PROMPTS_TABLE, pa.table({
+            "key": pa.array(prompt_rows["key"], pa.string()), "text": pa.array(prompt_rows["text"], pa.string()),
+            "tokens": pa.array(prompt_rows["tokens"], pa.int32()),
+            "truncated": pa.array(prompt_rows["truncated"], pa.bool_()),
+            "shard": pa.array(prompt_rows["shard"], pa.string())})),
+            (CLIPS_TABLE, pa.table({"id": pa.array([c for c, _ in clip_keys], pa.string()),
+                                    "key": pa.array([k for _, k in clip_keys], pa.string())}))):
+        data = _parquet_bytes(table)
+        file = f"{folder}/{table_name}"
+        store.write(file, data)
+        tables[table_name.split(".")[0]] = {"file": file, "bytes": len(data),
+                                            "sha256": hashlib.sha256(data).hexdigest(), "rows": table.num_rows}
+    summary.files = len(shards) + len(tables)
+    summary.bytes = sum(s["bytes"] for s in shards) + sum(t["bytes"] for t in tables.values())
+    return {"shards": shards, "tables": tables}
+
+
+def _parquet_bytes(table: Any) -> bytes:
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, compression="zstd", write_page_checksum=True)
+    return buffer.getvalue()
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def text_set_names(manifest: dict[str, Any]) -> list[str]:
+    return sorted((manifest.get("text") or {}))
+
+
+class TextSet:
+    """One set of a finished cache, read through its store: `rows(clip)` -> (tokens, hidden), `padded(clip)` ->
+    the pipeline's tensor (zeros to the family's length) and its mask."""
+
+    def __init__(self, store: Any, manifest: dict[str, Any], name: str) -> None:
+        import pyarrow.parquet as pq
+
+        entries = manifest.get("text") or {}
+        if name not in entries:
+            raise KeyError(f"{store.location}: no text set {name!r} (sets: {', '.join(sorted(entries)) or 'none'})")
+        self.name, self.entry, self.store = name, entries[name], store
+        fingerprint = self.entry.get("fingerprint") or {}
+        self.length = int(fingerprint.get("length") or 0)
+        self.hidden_size = int(fingerprint.get("hidden_size") or 0)
+        tables = self.entry.get("tables") or {}
+        try:
+            clips = pq.read_table(io.BytesIO(store.read(_entry_file(store, name, tables.get("clips")))))
+            prompts = pq.read_table(io.BytesIO(store.read(_entry_file(store, name, tables.get("prompts")))))
+        except FileNotFoundError as exc:
+            raise ManifestError(f"{store.location}: text set {name!r}: a table is missing ({exc})") from None
+        self._key_of = dict(zip(clips.column("id").to_pylist(), clips.column("key").to_pylist()))
+        self._shard_of = dict(zip(prompts.column("key").to_pylist(), prompts.column("shard").to_pylist()))
+
+    def key(self, clip: str) -> str:
+        try:
+            return self._key_of[clip]
+        except KeyError:
+            raise KeyError(f"clip {clip} has no embedding in text set {self.name!r}") from None
+
+    def rows(self, clip: str) -> torch.Tensor:
+        key = self.key(clip)
+        shard = self._shard_of.get(key)
+        if shard is None:
+            raise ManifestError(f"{self.store.location}: text set {self.name!r}: prompt {key[:12]} of clip {clip} "
+                                "is in no shard")
+        return self.store.shard(self.store.checked_name(shard, f"text set {self.name}")).get_tensor(key)
+
+    def padded(self, clip: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(length, hidden) with zero rows after the prompt's (as the Wan pipeline returns it) and the (length,)
+        bool mask of the prompt's rows."""
+        rows = self.rows(clip)
+        embeds = rows.new_zeros((self.length, rows.shape[1]))
+        embeds[:rows.shape[0]] = rows
+        mask = torch.zeros(self.length, dtype=torch.bool)
+        mask[:rows.shape[0]] = True
+        return embeds, mask
+
+
+def _entry_file(store: Any, name: str, entry: Any) -> str:
+    file = entry.get("file") if isinstance(entry, dict) else None
+    if not isinstance(file, str) or not file.startswith(f"{TEXT_DIR}/{name}/"):
+        raise ManifestError(f"{store.where(MANIFEST)}: text set {name!r}: a table entry {entry!r} is not a file of "
+                            f"{TEXT_DIR}/{name}/")
+    return store.checked_name(file, f"text set {name}")
+
+
+__all__ = ["EmbedRequest", "EmbedSummary", "TextSet", "clip_captions", "embed_cache", "prompt_key",
+           "read_captions_file", "text_set_names"]
