@@ -105,6 +105,25 @@ class LatentCache:
         self._ids: list[str] | None = None
         self._handles: dict[str, Any] = {}
         self._checked: set[str] = set()
+        self._text: dict[str, Any] | None = None
+
+    @property
+    def text_sets(self) -> list[str]:
+        """The names of the cache's text-embedding sets (vaecache embed); each item carries `text/<set>`
+        (length, hidden) zero-padded as the pipeline returns it, and `text_mask/<set>` (length,) bool."""
+        from vaecache.text.sets import text_set_names
+
+        return text_set_names(self.manifest)
+
+    def text_embedding(self, clip_id: str, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """A clip's embedding in set `name`: (the padded tensor, its mask)."""
+        if self._text is None:
+            from vaecache.text.sets import TextSet
+
+            self._text = {set_name: TextSet(self.store, self.manifest, set_name) for set_name in self.text_sets}
+        if name not in self._text:
+            raise KeyError(f"{self.out}: no text set {name!r} (sets: {', '.join(self._text) or 'none'})")
+        return self._text[name].padded(clip_id)
 
     def _load_rows(self) -> Any:
         import pyarrow as pa
@@ -209,7 +228,10 @@ class LatentCache:
 
     def __getitem__(self, key: int | str) -> LatentItem:
         record = self.record(key)
-        return LatentItem(record["id"], self.tensors_of(record), record)
+        tensors = self.tensors_of(record)
+        for name in self.text_sets:
+            tensors[f"text/{name}"], tensors[f"text_mask/{name}"] = self.text_embedding(record["id"], name)
+        return LatentItem(record["id"], tensors, record)
 
     def source_frames(self, key: int | str | dict[str, Any]) -> torch.Tensor:
         """A clip's frames as encode saw them: (cameras, 3, T, H, W) float32 in [-1, 1], the same frame indices,

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from vaecache.cache.layout import MANIFEST, TEXT_DIR
-from vaecache.errors import InputError, ManifestError, UsageError
+from vaecache.errors import DatasetError, ManifestError, UsageError
 
 SET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 EMBEDDINGS_PREFIX = "embeddings-"
@@ -109,7 +109,7 @@ def clip_captions(records: Iterable[dict[str, Any]], caption_field: str,
                   captions: dict[str, str | None] | None) -> list[tuple[str, str]]:
     """(clip id, caption) for every clip, in table order: from `captions` (clip id -> text) where given, else from
     each clip's metadata[caption_field]; a clip without one gets the empty prompt. A caption that is not text, or a
-    captions mapping that misses a clip or names one the cache lacks, is an InputError naming them."""
+    captions mapping that misses a clip or names one the cache lacks, is an DatasetError naming them."""
     found: list[tuple[str, str]] = []
     seen: set[str] = set()
     missing: list[str] = []
@@ -127,15 +127,15 @@ def clip_captions(records: Iterable[dict[str, Any]], caption_field: str,
                 metadata = json.loads(metadata)
             text = metadata.get(caption_field) if isinstance(metadata, dict) else None
         if text is not None and not isinstance(text, str):
-            raise InputError(f"clip {clip}: its {caption_field!r} is {type(text).__name__}, not text")
+            raise DatasetError(f"clip {clip}: its {caption_field!r} is {type(text).__name__}, not text")
         found.append((clip, text or ""))
     if missing:
-        raise InputError(f"the captions file has no caption for {len(missing)} clip(s) of the cache: "
+        raise DatasetError(f"the captions file has no caption for {len(missing)} clip(s) of the cache: "
                          f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
     if captions is not None:
         extra = sorted(set(captions) - seen)
         if extra:
-            raise InputError(f"the captions file names {len(extra)} clip(s) the cache does not hold: "
+            raise DatasetError(f"the captions file names {len(extra)} clip(s) the cache does not hold: "
                              f"{', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}")
     return found
 
@@ -146,7 +146,7 @@ def read_captions_file(path: Path) -> tuple[dict[str, str | None], dict[str, Any
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise InputError(f"{path}: cannot read the captions file ({exc.strerror or exc})") from None
+        raise DatasetError(f"{path}: cannot read the captions file ({exc.strerror or exc})") from None
     identity = {"kind": "file", "path": str(path.resolve()), "bytes": len(data),
                 "sha256": hashlib.sha256(data).hexdigest()}
     try:
@@ -158,19 +158,19 @@ def read_captions_file(path: Path) -> tuple[dict[str, str | None], dict[str, Any
                     continue
                 row = json.loads(line)
                 if not isinstance(row, dict) or not isinstance(row.get("id"), str):
-                    raise InputError(f"{path}:{number}: each line must be an object with a text \"id\"")
+                    raise DatasetError(f"{path}:{number}: each line must be an object with a text \"id\"")
                 if row["id"] in mapping:
-                    raise InputError(f"{path}:{number}: clip {row['id']} is captioned twice")
+                    raise DatasetError(f"{path}:{number}: clip {row['id']} is captioned twice")
                 mapping[row["id"]] = row.get("caption")
         else:
             mapping = json.loads(text)
             if not isinstance(mapping, dict):
-                raise InputError(f"{path}: a captions file is a JSON object {{clip id: caption}} (or .jsonl lines)")
+                raise DatasetError(f"{path}: a captions file is a JSON object {{clip id: caption}} (or .jsonl lines)")
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: the captions file does not parse ({exc})") from None
+        raise DatasetError(f"{path}: the captions file does not parse ({exc})") from None
     for clip, caption in mapping.items():
         if caption is not None and not isinstance(caption, str):
-            raise InputError(f"{path}: the caption of clip {clip} is {type(caption).__name__}, not text")
+            raise DatasetError(f"{path}: the caption of clip {clip} is {type(caption).__name__}, not text")
     return mapping, identity
 
 
@@ -270,7 +270,9 @@ def _write_set(store: Any, folder: str, encoder: Any, keys: list[str], cleaned: 
         if not pending:
             return
         file = f"{folder}/{EMBEDDINGS_PREFIX}{len(shards):05d}.safetensors"
-        data = save(pending, metadata={"format": "vaecache-text", "set": folder.split("/")[1]})
+        # one metadata key: safetensors writes a header's metadata in hash-map order, so two keys are two byte
+        # orders and the same set would not be the same bytes
+        data = save(pending, metadata={"vaecache_text_set": folder.split("/")[1]})
         store.write(file, data)
         shards.append({"file": file, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
                        "tensors": len(pending)})

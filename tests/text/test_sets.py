@@ -1,0 +1,103 @@
+"""`vaecache embed`: a set of caption embeddings added to a finished cache, deduplicated, byte-identical on a
+rerun, replaced only when asked, read back by LatentCache in the pipeline's shape, on disk and in S3."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from tests.conftest import CAPTIONS
+from tests.text.tiny_text import build_wan_text_folder
+from vaecache.text.encoder import load_text_encoder
+from vaecache.training import LatentCache, LatentDataset, collate_latents
+
+
+@pytest.fixture(scope="module")
+def wan_text(tmp_path_factory):
+    return build_wan_text_folder(tmp_path_factory.mktemp("text") / "wan")
+
+
+@pytest.fixture
+def cache(caption_cache, tmp_path):
+    return shutil.copytree(caption_cache, tmp_path / "cache")
+
+
+def files_of(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_embed_adds_a_deduplicated_set_that_reads_back_as_the_pipeline_tensor(cache, wan_text, run_cli, tmp_path):
+    before = files_of(cache)
+    result = run_cli(["embed", cache, "--text-encoder", f"diffusers:{wan_text}", "--text-batch", "2"])
+    assert result.exit_code == 0, result.output
+    assert "added text set 'default'" in result.output and "3 distinct prompts" in result.output
+    manifest = json.loads((cache / "manifest.json").read_text())
+    entry = manifest["text"]["default"]
+    assert entry["clips"] == manifest["counts"]["clips"] and entry["prompts"] == 3  # one prompt per scene
+    assert entry["fingerprint"]["family"] == "wan" and entry["captions"] == {"kind": "clip metadata",
+                                                                              "field": "caption"}
+    after = files_of(cache)
+    assert {k: v for k, v in after.items() if k in before and k != "manifest.json"} == \
+        {k: v for k, v in before.items() if k != "manifest.json"}  # latents and tables untouched
+
+    encoder = load_text_encoder(f"diffusers:{wan_text}", batch=1)
+    latents = LatentCache(cache)
+    assert latents.text_sets == ["default"]
+    for item in latents:
+        embeds, mask = item["text/default"], item["text_mask/default"]
+        (expected,) = encoder.embed([encoder.clean(CAPTIONS[item.scene])])
+        assert embeds.shape == (512, 32) and int(mask.sum()) == expected.tokens
+        assert torch.equal(embeds[:expected.tokens], expected.rows) and not embeds[expected.tokens:].any()
+    batch = collate_latents([LatentDataset(cache)[i] for i in range(2)])
+    assert batch["text/default"].shape == (2, 512, 32) and batch["text_mask/default"].dtype == torch.bool
+
+    again = run_cli(["embed", cache, "--text-encoder", f"diffusers:{wan_text}", "--text-batch", "2"])
+    assert again.exit_code == 0 and "up to date" in again.output and files_of(cache) == after
+    shutil.rmtree(cache / "text")  # the same inputs write the same bytes
+    (cache / "manifest.json").write_bytes(before["manifest.json"])
+    assert run_cli(["embed", cache, "--text-encoder", f"diffusers:{wan_text}", "--text-batch", "2"]).exit_code == 0
+    assert files_of(cache) == after
+
+
+def test_other_captions_replace_a_set_only_when_asked_and_clips_must_all_be_named(cache, wan_text, run_cli,
+                                                                                  tmp_path):
+    spec = ["--text-encoder", f"diffusers:{wan_text}"]
+    assert run_cli(["embed", cache, *spec]).exit_code == 0
+    ids = LatentCache(cache).ids()
+    captions = tmp_path / "captions.jsonl"
+    captions.write_text("".join(json.dumps({"id": clip, "caption": "the same words"}) + "\n" for clip in ids[1:]))
+    partial = run_cli(["embed", cache, *spec, "--captions", captions])
+    assert partial.exit_code == 2 and f"no caption for 1 clip(s) of the cache: {ids[0]}" in partial.output
+    captions.write_text("".join(json.dumps({"id": clip, "caption": "the same words"}) + "\n" for clip in ids))
+    refused = run_cli(["embed", cache, *spec, "--captions", captions])
+    assert refused.exit_code == 2 and "--replace replaces it" in refused.output
+    old = sorted(p.parent.name for p in (cache / "text" / "default").rglob("clips.parquet"))
+    replaced = run_cli(["embed", cache, *spec, "--captions", captions, "--replace"])
+    assert replaced.exit_code == 0 and "replaced text set 'default'" in replaced.output
+    assert "1 distinct prompts" in replaced.output
+    now = sorted(p.parent.name for p in (cache / "text" / "default").rglob("clips.parquet"))
+    assert len(now) == 1 and now != old  # the old generation is gone
+    entry = json.loads((cache / "manifest.json").read_text())["text"]["default"]
+    assert entry["captions"]["kind"] == "file" and len(entry["captions"]["sha256"]) == 64
+    second = run_cli(["embed", cache, *spec, "--set", "metadata"])  # several named sets side by side
+    assert second.exit_code == 0 and LatentCache(cache).text_sets == ["default", "metadata"]
+
+
+def test_embed_into_a_cache_in_s3_writes_what_it_writes_on_disk(s3, cache, wan_text, run_cli, tmp_path):
+    from tests.s3 import download, upload
+
+    url = upload(s3, cache, "text-sets")
+    spec = ["--text-encoder", f"diffusers:{wan_text}"]
+    result = run_cli(["embed", url, *spec])
+    assert result.exit_code == 0, result.output
+    assert not s3.exists("text-sets/cache/.lock")  # the lock was taken and given back
+    assert run_cli(["embed", cache, *spec]).exit_code == 0
+    remote = LatentCache(url)
+    assert remote.text_sets == ["default"] and torch.equal(remote[0]["text/default"],
+                                                          LatentCache(cache)[0]["text/default"])
+    fetched = download(s3, url, tmp_path / "fetched")
+    assert {k: v for k, v in files_of(fetched).items() if k.startswith("text/")} == \
+        {k: v for k, v in files_of(cache).items() if k.startswith("text/")}
