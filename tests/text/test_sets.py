@@ -94,6 +94,8 @@ def test_embed_into_a_cache_in_s3_writes_what_it_writes_on_disk(s3, cache, wan_t
     result = run_cli(["embed", url, *spec])
     assert result.exit_code == 0, result.output
     assert not s3.exists("text-sets/cache/.lock")  # the lock was taken and given back
+    verified = run_cli(["verify", url])
+    assert verified.exit_code == 0 and "text set default" in verified.output, verified.output
     assert run_cli(["embed", cache, *spec]).exit_code == 0
     remote = LatentCache(url)
     assert remote.text_sets == ["default"] and torch.equal(remote[0]["text/default"],
@@ -101,3 +103,46 @@ def test_embed_into_a_cache_in_s3_writes_what_it_writes_on_disk(s3, cache, wan_t
     fetched = download(s3, url, tmp_path / "fetched")
     assert {k: v for k, v in files_of(fetched).items() if k.startswith("text/")} == \
         {k: v for k, v in files_of(cache).items() if k.startswith("text/")}
+
+
+def test_verify_checks_every_set_and_names_a_missing_embedding_by_clip(cache, wan_text, run_cli):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    assert run_cli(["embed", cache, "--text-encoder", f"diffusers:{wan_text}"]).exit_code == 0
+    report_file = cache.parent / "report.json"
+    ok = run_cli(["verify", cache, "--json", report_file])
+    assert ok.exit_code == 0, ok.output
+    report = json.loads(report_file.read_text())
+    (row,) = [check for check in report["checks"] if check["name"] == "text set default"]
+    assert row["failed"] == 0 and row["passed"] == 3
+    # a clip's row removed and every hash recomputed, as a careless tool would: still named
+    manifest = json.loads((cache / "manifest.json").read_text())
+    entry = manifest["text"]["default"]
+    table_file = cache / entry["tables"]["clips"]["file"]
+    clips = pq.read_table(table_file)
+    first = clips.column("id")[0].as_py()
+    pq.write_table(clips.slice(1), table_file)
+    data = table_file.read_bytes()
+    import hashlib
+
+    entry["tables"]["clips"].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    stray = cache / "text" / "default" / "0123456789abcdef" / "embeddings-00000.safetensors"
+    stray.parent.mkdir()
+    stray.write_bytes(b"left by a crash")
+    shard = cache / entry["shards"][0]["file"]
+    from safetensors.torch import load, save
+
+    tensors = load(shard.read_bytes())
+    key = sorted(tensors)[0]
+    tensors[key][0, 0] = float("nan")
+    shard.write_bytes(save(tensors, metadata={"vaecache_text_set": "default"}))
+    entry["shards"][0].update(sha256=hashlib.sha256(shard.read_bytes()).hexdigest(), bytes=shard.stat().st_size)
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    bad = run_cli(["verify", cache])
+    assert bad.exit_code == 1
+    assert f"clip {first} has no embedding" in bad.output
+    assert "0123456789abcdef" in bad.output and "not listed in the manifest" in bad.output
+    assert f"prompt {key[:12]} holds non-finite values" in bad.output
+    pa  # noqa: B018 (pyarrow imported for pq's tables)

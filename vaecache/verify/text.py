@@ -1,0 +1,121 @@
+"""verify's checks of a cache's text-embedding sets (vaecache.text.sets): for each set, its files as the manifest
+lists them (bytes and sha256), every clip of the clip table embedded once (a missing clip named, whatever the
+recorded hashes say), every prompt a clip uses stored with the recorded token count, the set's hidden size and
+dtype, finite values, and nothing in the set's folder the manifest does not list."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from typing import Any
+
+from safetensors.torch import load as safetensors_load
+
+from vaecache.cache.layout import TEXT_DIR
+from vaecache.settings.dtypes import SAFETENSORS_NAMES
+
+
+def check_text_sets(cache: Any, quick: bool, check_type: type) -> list[Any]:
+    """One report row per set (`check_type` is integrity.Check)."""
+    sets = cache.manifest.get("text") or {}
+    if not isinstance(sets, dict):
+        bad = check_type("text sets")
+        bad.fail(f"{cache.store.where('manifest.json')}: \"text\" is not an object")
+        return [bad]
+    ids: list[str] | None = None
+    rows = []
+    for name in sorted(sets):
+        if ids is None:
+            ids = list(cache.clip_ids())
+        check = check_type(f"text set {name}" + (" (size only, --quick)" if quick else ""))
+        try:
+            _check_set(cache, name, sets[name], ids, quick, check)
+        except (KeyError, TypeError, ValueError, OSError) as exc:
+            check.fail(f"text set {name}: {type(exc).__name__}: {exc}")
+        rows.append(check)
+    return rows
+
+
+def _check_set(cache: Any, name: str, entry: Any, ids: list[str], quick: bool, check: Any) -> None:
+    import pyarrow.parquet as pq
+
+    store = cache.store
+    prefix = f"{TEXT_DIR}/{name}/"
+    if not isinstance(entry, dict) or not isinstance(entry.get("generation"), str):
+        check.fail(f"text set {name}: its manifest entry is not a set record")
+        return
+    folder = f"{prefix}{entry['generation']}/"
+    fingerprint = entry.get("fingerprint") or {}
+    hidden, length = fingerprint.get("hidden_size"), fingerprint.get("length")
+    stored = SAFETENSORS_NAMES.get(fingerprint.get("stored_dtype", ""))
+    files = [*(entry.get("tables") or {}).values(), *(entry.get("shards") or [])]
+    present = store.listing(f"{TEXT_DIR}/{name}")
+    listed = set()
+    contents: dict[str, bytes] = {}
+    for item in files:
+        file = item.get("file") if isinstance(item, dict) else None
+        if not isinstance(file, str) or not file.startswith(folder) or "/" in file[len(folder):]:
+            check.fail(f"text set {name}: a listed file {file!r} is not in {folder}")
+            continue
+        listed.add(file)
+        if file not in present:
+            check.fail(f"{store.where(file)}: listed in the manifest, missing")
+            continue
+        if present[file] != item.get("bytes"):
+            check.fail(f"{store.where(file)}: {present[file]} bytes, the manifest says {item.get('bytes')}")
+            continue
+        if not quick or file.endswith(".parquet"):
+            data = store.read(file)
+            if hashlib.sha256(data).hexdigest() != item.get("sha256"):
+                check.fail(f"{store.where(file)}: sha256 differs from the manifest's")
+                continue
+            contents[file] = data
+        check.ok()
+    for stray in sorted(set(present) - listed):
+        check.fail(f"{store.where(stray)}: in text set {name}'s folder, not listed in the manifest (left by an "
+                   "interrupted embed: the next `vaecache embed` of this set removes it)")
+    tables = entry.get("tables") or {}
+    clips_file, prompts_file = (tables.get("clips") or {}).get("file"), (tables.get("prompts") or {}).get("file")
+    if clips_file not in contents or prompts_file not in contents:
+        return
+    clips = pq.read_table(io.BytesIO(contents[clips_file]))
+    prompts = pq.read_table(io.BytesIO(contents[prompts_file]))
+    key_of: dict[str, str] = {}
+    for clip, key in zip(clips.column("id").to_pylist(), clips.column("key").to_pylist()):
+        if clip in key_of:
+            check.fail(f"text set {name}: clip {clip} is embedded twice")
+        key_of[clip] = key
+    missing = [clip for clip in ids if clip not in key_of]
+    for clip in missing[:5]:
+        check.fail(f"text set {name}: clip {clip} has no embedding")
+    if len(missing) > 5:
+        check.fail(f"text set {name}: {len(missing) - 5} more clips have no embedding")
+    known = set(ids)
+    for clip in [clip for clip in key_of if clip not in known][:5]:
+        check.fail(f"text set {name}: embeds clip {clip}, which the cache does not hold")
+    tokens = dict(zip(prompts.column("key").to_pylist(), prompts.column("tokens").to_pylist()))
+    shard_of = dict(zip(prompts.column("key").to_pylist(), prompts.column("shard").to_pylist()))
+    for key in sorted({key for key in key_of.values() if key not in tokens})[:5]:
+        check.fail(f"text set {name}: prompt {key[:12]} (of clip "
+                   f"{next(c for c, k in key_of.items() if k == key)}) is not in its prompt table")
+    stored_keys: set[str] = set()
+    for shard in entry.get("shards") or []:
+        file = shard.get("file")
+        if file not in contents:
+            continue
+        tensors = safetensors_load(contents[file])
+        for key, tensor in tensors.items():
+            stored_keys.add(key)
+            if shard_of.get(key) != file:
+                check.fail(f"{store.where(file)}: holds prompt {key[:12]}, which its prompt table places elsewhere")
+            elif tensor.dim() != 2 or tensor.shape[1] != hidden or tensor.shape[0] != tokens.get(key) or (
+                    length and tensor.shape[0] > length):
+                check.fail(f"{store.where(file)}: prompt {key[:12]} has shape {tuple(tensor.shape)}, expected "
+                           f"({tokens.get(key)}, {hidden})")
+            elif stored and SAFETENSORS_NAMES.get(str(tensor.dtype).removeprefix("torch.")) != stored:
+                check.fail(f"{store.where(file)}: prompt {key[:12]} is {tensor.dtype}, the set stores {stored}")
+            elif not tensor.isfinite().all():
+                check.fail(f"{store.where(file)}: prompt {key[:12]} holds non-finite values")
+    if not quick:
+        for key in sorted(set(tokens) - stored_keys)[:5]:
+            check.fail(f"text set {name}: prompt {key[:12]} is in the prompt table and in no shard")
