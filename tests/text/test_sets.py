@@ -146,3 +146,39 @@ def test_verify_checks_every_set_and_names_a_missing_embedding_by_clip(cache, wa
     assert "0123456789abcdef" in bad.output and "not listed in the manifest" in bad.output
     assert f"prompt {key[:12]} holds non-finite values" in bad.output
     pa  # noqa: B018 (pyarrow imported for pq's tables)
+
+
+def test_the_musubi_export_writes_musubis_wan_text_caches_and_never_pairs_a_clip_with_another_caption(
+        cache, wan_text, run_cli, tmp_path, demo_data):
+    from safetensors import safe_open
+
+    from vaecache.text.sets import TextSet
+
+    assert run_cli(["embed", cache, "--text-encoder", f"diffusers:{wan_text}"]).exit_code == 0
+    dest = tmp_path / "musubi"
+    exported = run_cli(["export", cache, "--format", "musubi", "--out", dest])
+    assert exported.exit_code == 0, exported.output
+    assert "text-encoder caches of text set 'default' for 6 items" in exported.output  # 3 scenes x 2 cameras
+    latents = LatentCache(cache)
+    texts = TextSet(latents.store, latents.manifest, "default")
+    index = [json.loads(line) for line in (dest / "index.jsonl").read_text().splitlines()]
+    for row in index:
+        with safe_open(dest / "cache" / f"{row['item']}_wan_te.safetensors", "pt") as handle:
+            assert handle.keys() == ["varlen_t5_float32"]
+            assert torch.equal(handle.get_tensor("varlen_t5_float32"), texts.rows(row["clip"]))
+            assert handle.metadata() == {"architecture": "wan", "caption1": CAPTIONS[row["scene"]].replace("\n", " "),
+                                         "format_version": "1.0.1"}
+    assert run_cli(["export", cache, "--format", "musubi", "--out", tmp_path / "plain", "--text-set",
+                    "none"]).exit_code == 0
+    assert not list((tmp_path / "plain" / "cache").glob("*_te.safetensors"))
+
+    two = tmp_path / "two-clips"  # two clips of one scene: one musubi item, one caption only
+    assert run_cli(["encode", demo_data, "--out", two, "--vae", "builtin:tiny", "--num-frames", "5", "--size",
+                    "32x32", "--workers", "0", "--no-progress", "--max-clips-per-scene", "2"]).exit_code == 0
+    ids = LatentCache(two).ids()
+    captions = tmp_path / "per-clip.json"
+    captions.write_text(json.dumps({clip: f"caption number {n}" for n, clip in enumerate(ids)}))
+    assert run_cli(["embed", two, "--text-encoder", f"diffusers:{wan_text}", "--captions", captions]).exit_code == 0
+    refused = run_cli(["export", two, "--format", "musubi", "--out", tmp_path / "refused"])
+    assert refused.exit_code != 0 and f"clips {ids[0]} and {ids[1]} have different captions" in refused.output
+    assert not (tmp_path / "refused").exists()

@@ -28,6 +28,9 @@ def export(
     energon: str = typer.Option("auto", "--energon", help="webdataset: prepare DIR for Megatron-Energon with its own "
                                 "`energon prepare`: auto (when installed) | on | off."),
     verify: str = typer.Option("size", "--verify", help="Check each shard when first read: size | sha256 | none."),
+    text_set: str = typer.Option("auto", "--text-set", help="musubi: the text set (vaecache embed) written as "
+                                 "musubi's text-encoder caches: NAME | auto (the cache's only set, if it has one) | "
+                                 "none."),
     storage_option: StorageOption = None,
 ) -> None:
     """Export a cache to the layout a trainer reads: musubi-tuner or WebDataset (Megatron-Energon)."""
@@ -44,6 +47,8 @@ def export(
         raise UsageError(f"--energon must be one of {', '.join(ENERGON_MODES)}, got {energon!r}")
     if energon != "auto" and format != "webdataset":
         raise UsageError("--energon applies to --format webdataset only")
+    if text_set != "auto" and format != "musubi":
+        raise UsageError("--text-set applies to --format musubi only")
     if samples_per_tar < 1:
         raise UsageError(f"--samples-per-tar must be >= 1, got {samples_per_tar}")
     from vaecache.cache.store import open_store
@@ -54,7 +59,8 @@ def export(
     cache.check_present()
     note_untrained_vae(cache)
     if format == "musubi":
-        summary = export_musubi(cache.location, dest, arch=arch, verify=verify, storage_options=options)
+        summary = export_musubi(cache.location, dest, arch=arch, verify=verify, storage_options=options,
+                                text_set=text_set)
     else:
         summary = export_webdataset(cache.location, dest, verify=verify, samples_per_tar=samples_per_tar,
                                     energon=energon, storage_options=options)

@@ -185,10 +185,11 @@ def musubi_item(scene: str, camera: str) -> str:
 
 def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, verify: str = "size",
                   on_clip: Callable[[int, int], None] | None = None,
-                  storage_options: dict[str, Any] | None = None) -> ExportSummary:
+                  storage_options: dict[str, Any] | None = None, text_set: str = "auto") -> ExportSummary:
     """Write musubi-tuner's latent cache for every clip and camera (see docs/exports.md, "Export to musubi-tuner").
     Everything is checked before the first file is written: the architecture against the cache's VAE, the
-    stored tensor, the sizes musubi's buckets would stack together."""
+    stored tensor, the sizes musubi's buckets would stack together. With a text set (`text_set`: its name, "auto":
+    the cache's only set, "none") its embeddings are written as musubi's text-encoder caches too."""
     from vaecache.training import LatentCache
 
     cache = LatentCache(cache_dir, verify=verify, storage_options=storage_options)  # a folder or a URL
@@ -205,6 +206,8 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
     if spatial < 1:
         raise ExportError(f"{cache_dir}: manifest.json records no frame_rule.spatial_factor (pixel size unknown)")
     normalization = vae.get("normalization") or {}
+    texts = musubi_text_set(cache, spec, text_set, cache_dir)
+    te_items: dict[str, tuple[str, str]] = {}  # item -> (prompt key, first clip) of the text caches written
     buckets = [b for b in cache.manifest.get("buckets") or [] if b.get("clips")]
     musubi_buckets({(int(b["width"]), int(b["height"])) for b in buckets}, cache_dir)
     files = size = captions = 0
@@ -237,6 +240,9 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
                 files, size = files + 1, size + len(data)
                 index.add(clip=record["id"], scene=record["scene"], camera=camera, file=f"cache/{name}", item=item,
                           renamed=item != f"{record['scene']}-{camera}")
+                if texts is not None:
+                    written = _write_text_cache(folder, texts, spec, item, record["id"], te_items)
+                    files, size = files + bool(written), size + written
                 if item not in linked:
                     linked.add(item)
                     # The one path of an export that leaves DIR, on purpose: musubi's text-encoder caching reads
@@ -260,13 +266,58 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
                         f"{key}"} if spec.samples else {}),
             "normalization": {k: v for k, v in normalization.items() if k != "formula"},
             "source": source_of(cache), "clips": len(cache), "files": files, "bytes": size,
-            "renamed": index.renamed, "captioned_clips": captions})
+            "renamed": index.renamed, "captioned_clips": captions,
+            **({"text_set": texts.name, "text_caches": len(te_items)} if texts is not None else {})})
     notes = [f"latents as musubi-tuner's {spec.full} caching stores them: {spec.convention}"]
-    if not captions:
+    if texts is not None:
+        notes.append(f"text-encoder caches of text set {texts.name!r} for {len(te_items)} items "
+                     f"(<item>_{spec.short}_te.safetensors): musubi's text-encoder caching step is not needed")
+    if not captions and texts is None:
         notes.append("no clip has a caption (metadata key 'caption'): musubi-tuner's text-encoder caching would "
                      "encode empty prompts; add captions (an index's \"caption\", a <video>.txt beside each video, "
                      "or <scene>/caption.txt) and encode again")
     return ExportSummary(str(target), "musubi", len(cache), files, size, index.renamed, tuple(notes))
+
+
+def musubi_text_set(cache: Any, spec: MusubiArch, text_set: str, where: Path | str) -> Any:
+    """The TextSet to export as musubi text-encoder caches, or None ("none", or "auto" without exactly one set); an
+    ExportError where musubi keeps no such cache for the architecture or the set is not the family's."""
+    from vaecache.text.sets import TextSet
+
+    names = cache.text_sets
+    if text_set == "none" or (text_set == "auto" and len(names) != 1):
+        return None
+    name = names[0] if text_set == "auto" else text_set
+    if name not in names:
+        raise ExportError(f"{where}: no text set {name!r} (sets: {', '.join(names) or 'none'})")
+    texts = TextSet(cache.store, cache.manifest, name)
+    if spec.short != "wan" or texts.family != "wan":
+        raise ExportError(f"{where}: text set {name!r} ({texts.family or 'unknown'} family) cannot be exported for "
+                          f"--arch {spec.short}: musubi-tuner's Wan text caches (varlen_t5) are the ones vaecache "
+                          "writes; pass --text-set none")
+    return texts
+
+
+def _write_text_cache(folder: Path, texts: Any, spec: MusubiArch, item: str, clip: str,
+                      written: dict[str, tuple[str, str]]) -> int:
+    """`cache/<item>_<arch>_te.safetensors` as musubi's save_text_encoder_output_cache_wan writes it
+    (dataset/cache_io.py: `varlen_t5_<dtype>`, the prompt's rows; metadata architecture, caption1, format_version),
+    once per item; an ExportError where two clips of one item have different prompts (musubi keeps one caption
+    per item: it would train one clip on the other's caption). Returns the bytes written (0: already written)."""
+    key = texts.key(clip)
+    if item in written:
+        if written[item][0] != key:
+            raise ExportError(f"musubi item {item}: clips {written[item][1]} and {clip} have different captions in "
+                              f"text set {texts.name!r}; musubi-tuner keeps one caption per item (video), so they "
+                              "cannot be exported together: split the scene, or export without --text-set")
+        return 0
+    rows = texts.rows(clip)
+    data = safetensors_bytes({f"varlen_t5_{str(rows.dtype).removeprefix('torch.')}": rows.contiguous()},
+                             {"architecture": spec.full, "caption1": texts.text(clip),
+                              "format_version": MUSUBI_FORMAT_VERSION})
+    write_new_file(folder / "cache" / f"{item}_{spec.short}_te.safetensors", data)
+    written[item] = (key, clip)
+    return len(data)
 
 
 def _caption(record: dict[str, Any]) -> str:

@@ -353,12 +353,18 @@ class TextSet:
             raise ManifestError(f"{store.location}: text set {name!r}: a table is missing ({exc})") from None
         self._key_of = dict(zip(clips.column("id").to_pylist(), clips.column("key").to_pylist()))
         self._shard_of = dict(zip(prompts.column("key").to_pylist(), prompts.column("shard").to_pylist()))
+        self._text_of = dict(zip(prompts.column("key").to_pylist(), prompts.column("text").to_pylist()))
+        self.family = str(fingerprint.get("family") or "")
 
     def key(self, clip: str) -> str:
         try:
             return self._key_of[clip]
         except KeyError:
             raise KeyError(f"clip {clip} has no embedding in text set {self.name!r}") from None
+
+    def text(self, clip: str) -> str:
+        """The clip's prompt as embedded (after the family's cleaning)."""
+        return self._text_of.get(self.key(clip), "")
 
     def rows(self, clip: str) -> torch.Tensor:
         key = self.key(clip)
