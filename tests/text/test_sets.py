@@ -182,3 +182,13 @@ def test_the_musubi_export_writes_musubis_wan_text_caches_and_never_pairs_a_clip
     refused = run_cli(["export", two, "--format", "musubi", "--out", tmp_path / "refused"])
     assert refused.exit_code != 0 and f"clips {ids[0]} and {ids[1]} have different captions" in refused.output
     assert not (tmp_path / "refused").exists()
+
+
+def test_shards_are_whole_batches_cut_by_bytes_whatever_the_world_size():
+    from vaecache.text.sets import pack_shards
+
+    keys = list("abcdef")
+    assert pack_shards(keys, [5] * 6, 2, 10) == [["a", "b"], ["c", "d"], ["e", "f"]]
+    assert pack_shards(keys, [5] * 6, 2, 25) == [["a", "b", "c", "d"], ["e", "f"]]
+    assert pack_shards(keys, [50] * 6, 3, 10) == [["a", "b", "c"], ["d", "e", "f"]]  # a batch is never split
+    assert pack_shards([], [], 2, 10) == []

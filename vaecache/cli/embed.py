@@ -40,7 +40,9 @@ def embed(
                                               "holds only pickled .bin weights."),
     storage_option: StorageOption = None,
 ) -> None:
-    """Embed the clips' captions with a text encoder into a named set of a finished cache (latents untouched)."""
+    """Embed the clips' captions with a text encoder into a named set of a finished cache (latents untouched).
+    Under torchrun or SLURM the shards are split across the ranks (the same files at any world size)."""
+    from vaecache.distributed.context import distributed
     from vaecache.settings.options import parse_bytes
     from vaecache.text.sets import EmbedRequest, embed_cache
     from vaecache.urls import parse_storage_options
@@ -50,7 +52,10 @@ def embed(
                            batch=text_batch, shard_bytes=parse_bytes(shard_size), device=device, length=text_length,
                            layer=text_layer, allow_pickle_weights=allow_pickle_weights,
                            storage_options=tuple(parse_storage_options(storage_option)))
-    summary = embed_cache(request)
+    with distributed(device=device) as ctx:  # under torchrun the shards are split across the ranks
+        summary = embed_cache(request, ctx=ctx)
+        if ctx.info.rank != 0:
+            return
     if summary.unchanged:
         console.print(escape(f"text set {summary.set_name!r} of {summary.out} is up to date ({summary.clips} clips, "
                              f"{summary.prompts} distinct prompts): nothing written"), soft_wrap=True)

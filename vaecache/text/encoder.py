@@ -69,6 +69,15 @@ class TextEncoder:
                 "batch_shape": [self.batch, self.family.length], "hidden_size": self.hidden_size,
                 "storage": "rows trimmed to the attention mask"}
 
+    def token_counts(self, prompts: list[str]) -> list[int]:
+        """The rows each (already cleaned) prompt will have: its tokens, special ones included, up to the length."""
+        counts: list[int] = []
+        for start in range(0, len(prompts), 4096):
+            ids = self.tokenizer(prompts[start:start + 4096], add_special_tokens=True, truncation=True,
+                                 max_length=self.family.length)["input_ids"]
+            counts.extend(len(row) for row in ids)
+        return counts
+
     @torch.no_grad()
     def embed(self, prompts: list[str]) -> list[TextEmbedding]:
         """The rows of each (already cleaned) prompt, computed in batches of `batch` prompts."""

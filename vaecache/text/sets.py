@@ -177,31 +177,43 @@ def read_captions_file(path: Path) -> tuple[dict[str, str | None], dict[str, Any
 # ----------------------------------------------------------------------------- writing
 
 
-def embed_cache(request: EmbedRequest, on_progress: Callable[[int, int], None] | None = None) -> EmbedSummary:
+def embed_cache(request: EmbedRequest, on_progress: Callable[[int, int], None] | None = None,
+                ctx: Any = None) -> EmbedSummary:
     """Add (or with `replace`, replace) the embedding set `request.set_name` to the finished cache at
-    `request.out`, under OUT's lock. Latents and the clip table are not touched."""
+    `request.out`, under OUT's lock (held by rank 0). Latents and the clip table are not touched.
+
+    Under torchrun (`ctx` from vaecache.distributed.distributed) the shards are split across the ranks: shard s
+    holds the prompts of a fixed run of batches in key order and rank s % world embeds and writes it, so the
+    files do not depend on the world size; rank 0 then writes both tables and the manifest. Every rank returns
+    the same summary."""
+    from contextlib import ExitStack
+
     from vaecache.cache.lock import held_lock
     from vaecache.cache.reader import CacheReader
     from vaecache.cache.store import open_store
-    from vaecache.distributed.context import resolve_device
     from vaecache.text.encoder import load_text_encoder
 
     started = time.perf_counter()
+    rank, world = (ctx.info.rank, ctx.info.world_size) if ctx is not None else (0, 1)
     store = open_store(request.out, dict(request.storage_options))
-    store.check_present()
     name = request.set_name
     summary = EmbedSummary(name, str(store.location))
-    captions, source = None, {"kind": "clip metadata", "field": request.caption_field}
-    if request.captions is not None:
-        captions, source = read_captions_file(request.captions)
-    with held_lock(store):
-        cache = CacheReader(store)
-        existing = (cache.manifest.get("text") or {}).get(name)
-        pairs = clip_captions(cache.clip_records(), request.caption_field, captions)
-        encoder = load_text_encoder(request.text_encoder, resolve_device(request.device),
-                                    compute_dtype=request.compute_dtype, dtype=request.dtype, length=request.length,
-                                    layer=request.layer, batch=request.batch,
-                                    allow_pickle_weights=request.allow_pickle_weights)
+    with ExitStack() as stack:
+        def prepare() -> tuple[dict[str, Any], list[tuple[str, str]], dict[str, Any] | None, dict[str, Any]]:
+            store.check_present()
+            captions, source = None, {"kind": "clip metadata", "field": request.caption_field}
+            if request.captions is not None:
+                captions, source = read_captions_file(request.captions)
+            stack.enter_context(held_lock(store))
+            cache = CacheReader(store)
+            pairs = clip_captions(cache.clip_records(), request.caption_field, captions)
+            return cache.manifest, pairs, (cache.manifest.get("text") or {}).get(name), source
+
+        manifest, pairs, existing, source = ctx.on_rank0(prepare) if ctx is not None else prepare()
+        device = ctx.device if ctx is not None else _device(request.device)
+        encoder = load_text_encoder(request.text_encoder, device, compute_dtype=request.compute_dtype,
+                                    dtype=request.dtype, length=request.length, layer=request.layer,
+                                    batch=request.batch, allow_pickle_weights=request.allow_pickle_weights)
         fingerprint = encoder.fingerprint()
         cleaned: dict[str, str] = {}
         clip_keys: list[tuple[str, str]] = []
@@ -210,39 +222,79 @@ def embed_cache(request: EmbedRequest, on_progress: Callable[[int, int], None] |
             key = prompt_key(text)
             cleaned.setdefault(key, text)
             clip_keys.append((clip, key))
+        keys = sorted(cleaned)
         generation = _generation(fingerprint, clip_keys)
+        summary.clips, summary.prompts = len(clip_keys), len(keys)
         if existing is not None:
             if existing.get("generation") == generation and existing.get("captions") == source:
                 summary.unchanged = True
-                summary.clips, summary.prompts = len(clip_keys), len(cleaned)
                 summary.seconds = time.perf_counter() - started
                 return summary
             if not request.replace:
                 raise UsageError(f"{store.where(MANIFEST)}: the cache already holds text set {name!r}, made with "
                                  "another encoder or other captions; --replace replaces it, --set NAME adds another")
             summary.replaced = True
-        keys = sorted(cleaned)
         folder = f"{TEXT_DIR}/{name}/{generation}"
-        entry = _write_set(store, folder, encoder, keys, cleaned, clip_keys, request.shard_bytes, summary,
-                           on_progress)
-        counts = {key: 0 for key in keys}
-        for _, key in clip_keys:
-            counts[key] += 1
-        summary.clips, summary.prompts = len(clip_keys), len(keys)
-        summary.empty_clips = counts.get(prompt_key(""), 0)
-        manifest = dict(cache.manifest)
-        manifest["text"] = {**(manifest.get("text") or {}), name: {
-            "generation": generation, "fingerprint": fingerprint,
-            "fingerprint_sha256": hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest(),
-            "spec": encoder.spec, "captions": source, "clips": len(clip_keys), "prompts": len(keys),
-            "empty_prompt_clips": summary.empty_clips, "truncated_prompts": summary.truncated_prompts,
-            **entry,
-        }}
-        store.write(MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
-        stale = [file for file in store.listing(f"{TEXT_DIR}/{name}") if not file.startswith(folder + "/")]
-        store.delete(stale)
+        row_bytes = encoder.hidden_size * torch.empty((), dtype=encoder.dtype).element_size()
+        tokens = encoder.token_counts([cleaned[key] for key in keys])
+        shards = pack_shards(keys, [count * row_bytes for count in tokens], encoder.batch, request.shard_bytes)
+        mine = [(number, part) for number, part in enumerate(shards) if number % world == rank]
+        written = [_write_shard(store, folder, number, part, cleaned, encoder, on_progress, len(keys))
+                   for number, part in mine]
+        parts = ctx.all_gather_object(written) if ctx is not None else [written]
+        results = sorted((result for part in parts for result in part), key=lambda r: r["entry"]["file"])
+
+        def finish() -> dict[str, Any]:
+            entry = _write_tables(store, folder, results, clip_keys)
+            counts: dict[str, int] = {}
+            for _, key in clip_keys:
+                counts[key] = counts.get(key, 0) + 1
+            truncated = {key for result in results for key, cut in zip(result["keys"], result["truncated"]) if cut}
+            record = {
+                "generation": generation, "fingerprint": fingerprint,
+                "fingerprint_sha256": hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest(),
+                "spec": encoder.spec, "captions": source, "clips": len(clip_keys), "prompts": len(keys),
+                "empty_prompt_clips": counts.get(prompt_key(""), 0), "truncated_prompts": len(truncated),
+                **entry,
+            }
+            updated = {**manifest, "text": {**(manifest.get("text") or {}), name: record}}
+            store.write(MANIFEST, (json.dumps(updated, indent=2) + "\n").encode())
+            stale = [file for file in store.listing(f"{TEXT_DIR}/{name}") if not file.startswith(folder + "/")]
+            store.delete(stale)
+            return {"record": record, "examples": [clip for clip, key in clip_keys if key in truncated][:5]}
+
+        done = ctx.on_rank0(finish) if ctx is not None else finish()
+    record = done["record"]
+    summary.empty_clips, summary.truncated_prompts = record["empty_prompt_clips"], record["truncated_prompts"]
+    summary.truncated_examples = done["examples"]
+    summary.files = len(record["shards"]) + len(record["tables"])
+    summary.bytes = sum(s["bytes"] for s in record["shards"]) + sum(t["bytes"] for t in record["tables"].values())
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def _device(name: str) -> torch.device:
+    from vaecache.distributed.context import resolve_device
+
+    return resolve_device(name)
+
+
+def pack_shards(keys: list[str], sizes: list[int], batch: int, shard_bytes: int) -> list[list[str]]:
+    """The prompts (in key order) cut into shards of whole batches, each up to `shard_bytes` of rows (a single
+    batch may exceed it): a function of the prompts alone, so every world size writes the same files."""
+    shards: list[list[str]] = []
+    current: list[str] = []
+    held = 0
+    for start in range(0, len(keys), batch):
+        size = sum(sizes[start:start + batch])
+        if current and held + size > shard_bytes:
+            shards.append(current)
+            current, held = [], 0
+        current.extend(keys[start:start + batch])
+        held += size
+    if current:
+        shards.append(current)
+    return shards
 
 
 def _generation(fingerprint: dict[str, Any], clip_keys: list[tuple[str, str]]) -> str:
@@ -252,58 +304,42 @@ def _generation(fingerprint: dict[str, Any], clip_keys: list[tuple[str, str]]) -
     return digest.hexdigest()[:16]
 
 
-def _write_set(store: Any, folder: str, encoder: Any, keys: list[str], cleaned: dict[str, str],
-               clip_keys: list[tuple[str, str]], shard_bytes: int, summary: EmbedSummary,
-               on_progress: Callable[[int, int], None] | None) -> dict[str, Any]:
-    """Embed the distinct prompts (in key order, so that batches do not depend on anything but the prompts),
-    write the shards and both tables; returns the manifest entry's file lists."""
-    import pyarrow as pa
+def _write_shard(store: Any, folder: str, number: int, keys: list[str], cleaned: dict[str, str], encoder: Any,
+                 on_progress: Callable[[int, int], None] | None, total: int) -> dict[str, Any]:
+    """Embed one shard's prompts and write it; its manifest entry and its prompt rows."""
     from safetensors.torch import save
 
-    shards: list[dict[str, Any]] = []
-    prompt_rows: dict[str, list[Any]] = {"key": [], "text": [], "tokens": [], "truncated": [], "shard": []}
-    pending: dict[str, torch.Tensor] = {}
-    pending_bytes = 0
+    file = f"{folder}/{EMBEDDINGS_PREFIX}{number:05d}.safetensors"
+    embeddings = encoder.embed([cleaned[key] for key in keys])
+    # one metadata key: safetensors writes a header's metadata in hash-map order, so two keys are two byte orders
+    # and the same set would not be the same bytes
+    data = save({key: e.rows.contiguous() for key, e in zip(keys, embeddings)},
+                metadata={"vaecache_text_set": folder.split("/")[1]})
+    store.write(file, data)
+    if on_progress is not None:
+        on_progress(len(keys), total)
+    return {"entry": {"file": file, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                      "tensors": len(keys)},
+            "keys": keys, "texts": [cleaned[key] for key in keys], "tokens": [e.tokens for e in embeddings],
+            "truncated": [e.truncated for e in embeddings]}
 
-    def flush() -> None:
-        nonlocal pending, pending_bytes
-        if not pending:
-            return
-        file = f"{folder}/{EMBEDDINGS_PREFIX}{len(shards):05d}.safetensors"
-        # one metadata key: safetensors writes a header's metadata in hash-map order, so two keys are two byte
-        # orders and the same set would not be the same bytes
-        data = save(pending, metadata={"vaecache_text_set": folder.split("/")[1]})
-        store.write(file, data)
-        shards.append({"file": file, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-                       "tensors": len(pending)})
-        pending, pending_bytes = {}, 0
 
-    step = encoder.batch * 16
-    for start in range(0, len(keys), step):
-        chunk = keys[start:start + step]
-        for key, embedding in zip(chunk, encoder.embed([cleaned[key] for key in chunk])):
-            pending[key] = embedding.rows.contiguous()
-            pending_bytes += embedding.rows.numel() * embedding.rows.element_size()
-            prompt_rows["key"].append(key)
-            prompt_rows["text"].append(cleaned[key])
-            prompt_rows["tokens"].append(embedding.tokens)
-            prompt_rows["truncated"].append(embedding.truncated)
-            prompt_rows["shard"].append(f"{folder}/{EMBEDDINGS_PREFIX}{len(shards):05d}.safetensors")
-            if embedding.truncated:
-                summary.truncated_prompts += 1
-            if pending_bytes >= shard_bytes:
-                flush()
-        if on_progress is not None:
-            on_progress(min(start + step, len(keys)), len(keys))
-    flush()
-    truncated = {key for key, cut in zip(prompt_rows["key"], prompt_rows["truncated"]) if cut}
-    summary.truncated_examples = [clip for clip, key in clip_keys if key in truncated][:5]
+def _write_tables(store: Any, folder: str, results: list[dict[str, Any]],
+                  clip_keys: list[tuple[str, str]]) -> dict[str, Any]:
+    import pyarrow as pa
+
+    rows: dict[str, list[Any]] = {"key": [], "text": [], "tokens": [], "truncated": [], "shard": []}
+    for result in results:
+        rows["key"].extend(result["keys"])
+        rows["text"].extend(result["texts"])
+        rows["tokens"].extend(result["tokens"])
+        rows["truncated"].extend(result["truncated"])
+        rows["shard"].extend([result["entry"]["file"]] * len(result["keys"]))
     tables = {}
     for table_name, table in ((PROMPTS_TABLE, pa.table({
-            "key": pa.array(prompt_rows["key"], pa.string()), "text": pa.array(prompt_rows["text"], pa.string()),
-            "tokens": pa.array(prompt_rows["tokens"], pa.int32()),
-            "truncated": pa.array(prompt_rows["truncated"], pa.bool_()),
-            "shard": pa.array(prompt_rows["shard"], pa.string())})),
+            "key": pa.array(rows["key"], pa.string()), "text": pa.array(rows["text"], pa.string()),
+            "tokens": pa.array(rows["tokens"], pa.int32()), "truncated": pa.array(rows["truncated"], pa.bool_()),
+            "shard": pa.array(rows["shard"], pa.string())})),
             (CLIPS_TABLE, pa.table({"id": pa.array([c for c, _ in clip_keys], pa.string()),
                                     "key": pa.array([k for _, k in clip_keys], pa.string())}))):
         data = _parquet_bytes(table)
@@ -311,9 +347,7 @@ def _write_set(store: Any, folder: str, encoder: Any, keys: list[str], cleaned: 
         store.write(file, data)
         tables[table_name.split(".")[0]] = {"file": file, "bytes": len(data),
                                             "sha256": hashlib.sha256(data).hexdigest(), "rows": table.num_rows}
-    summary.files = len(shards) + len(tables)
-    summary.bytes = sum(s["bytes"] for s in shards) + sum(t["bytes"] for t in tables.values())
-    return {"shards": shards, "tables": tables}
+    return {"shards": [result["entry"] for result in results], "tables": tables}
 
 
 def _parquet_bytes(table: Any) -> bytes:

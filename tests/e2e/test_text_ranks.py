@@ -1,0 +1,35 @@
+"""`vaecache embed` under torchrun: two ranks write the files one process writes, byte for byte."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_torchrun
+from tests.text.tiny_text import build_wan_text_folder
+
+pytestmark = pytest.mark.slow
+
+
+def text_files(cache: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(cache)): p.read_bytes() for p in sorted((cache / "text").rglob("*")) if p.is_file()}
+
+
+def test_two_ranks_write_the_set_one_process_writes(caption_cache, tmp_path, run_cli):
+    wan = build_wan_text_folder(tmp_path / "wan")
+    args = ["--text-encoder", f"diffusers:{wan}", "--text-batch", "1", "--shard-size", "1KiB"]
+    one, two = (shutil.copytree(caption_cache, tmp_path / name) for name in ("one", "two"))
+    assert run_cli(["embed", one, *args]).exit_code == 0
+    result = run_torchrun(2, "embed", two, *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    printed = result.stdout + result.stderr
+    assert "added text set 'default'" in printed and printed.count("added text set") == 1  # rank 0 alone
+    files = text_files(one)
+    assert sum(name.endswith(".safetensors") for name in files) == 3  # one prompt per shard: both ranks wrote some
+    assert text_files(two) == files
+    assert json.loads((two / "manifest.json").read_text())["text"] == \
+        json.loads((one / "manifest.json").read_text())["text"]
+    assert not (two / ".lock").exists()
