@@ -82,8 +82,8 @@ def test_what_cannot_be_loaded_is_one_line_naming_the_spec(wan_text, tmp_path):
         load_text_encoder(f"transformers:{wan_text / 'text_encoder'}")
     with pytest.raises(UsageError, match="diffusers:PATH"):
         load_text_encoder(f"hub:{wan_text}")
-    ltx = build_wan_text_folder(tmp_path / "ltx", pipeline="LTXPipeline")
-    with pytest.raises(UsageError, match="LTXPipeline.*not reproduced yet.*supported: WanPipeline"):
+    ltx = build_wan_text_folder(tmp_path / "ltx", pipeline="HunyuanVideoPipeline")
+    with pytest.raises(UsageError, match="HunyuanVideoPipeline.*not reproduced yet.*supported: Wan.*LTXPipeline"):
         load_text_encoder(f"diffusers:{ltx}")
     index = json.loads((ltx / "model_index.json").read_text())
     (ltx / "model_index.json").write_text(json.dumps({**index, "_class_name": "FluxPipeline"}))
@@ -94,3 +94,25 @@ def test_what_cannot_be_loaded_is_one_line_naming_the_spec(wan_text, tmp_path):
     (ltx / "model_index.json").write_text(json.dumps(index | {"_class_name": "WanPipeline"}))
     with pytest.raises(VaeSpecError, match="no .safetensors weights .*--allow-pickle-weights"):
         load_text_encoder(f"diffusers:{ltx}")
+
+
+@pytest.mark.parametrize("pipeline, length", [("LTXPipeline", 128), ("CogVideoXPipeline", 226)])
+def test_ltx_and_cogvideox_rows_equal_their_pipelines_every_row_bit_for_bit(tmp_path, pipeline, length):
+    import diffusers
+
+    folder = build_wan_text_folder(tmp_path / pipeline, pipeline=pipeline)
+    encoder = load_text_encoder(f"diffusers:{folder}", batch=2)
+    prompts = [" a red car  drives &amp; down ", "", "the robot arm picks up the blue cube " * 60]
+    ours = encoder.embed([encoder.clean(p) for p in prompts])  # as given: these pipelines do not clean
+    pipe = types.SimpleNamespace(tokenizer=encoder.tokenizer, text_encoder=encoder.model,
+                                 _execution_device=torch.device("cpu"))
+    found = getattr(diffusers, pipeline)._get_t5_prompt_embeds(pipe, prompt=prompts, max_sequence_length=length,
+                                                                device=torch.device("cpu"))
+    expected, mask = found if isinstance(found, tuple) else (found, None)
+    for i, embedding in enumerate(ours):
+        assert embedding.rows.shape == (length, 32) and torch.equal(embedding.rows, expected[i])
+        if mask is not None:
+            assert int(mask[i].sum()) == embedding.tokens
+    assert [e.truncated for e in ours] == [False, False, True]
+    assert encoder.fingerprint()["storage"] == "every row of the length"
+    assert not encoder.fingerprint()["attention_mask_into_encoder"]

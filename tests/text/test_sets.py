@@ -192,3 +192,16 @@ def test_shards_are_whole_batches_cut_by_bytes_whatever_the_world_size():
     assert pack_shards(keys, [5] * 6, 2, 25) == [["a", "b", "c", "d"], ["e", "f"]]
     assert pack_shards(keys, [50] * 6, 3, 10) == [["a", "b", "c"], ["d", "e", "f"]]  # a batch is never split
     assert pack_shards([], [], 2, 10) == []
+
+
+def test_a_full_length_family_reads_back_every_row_and_verifies(cache, run_cli, tmp_path):
+    ltx = build_wan_text_folder(tmp_path / "ltx", pipeline="LTXPipeline")
+    assert run_cli(["embed", cache, "--text-encoder", f"diffusers:{ltx}", "--set", "ltx"]).exit_code == 0
+    encoder = load_text_encoder(f"diffusers:{ltx}")
+    item = LatentCache(cache)[0]
+    (expected,) = encoder.embed([CAPTIONS[item.scene]])
+    assert torch.equal(item["text/ltx"], expected.rows) and item["text/ltx"].shape == (128, 32)
+    assert int(item["text_mask/ltx"].sum()) == expected.tokens < 128
+    assert run_cli(["verify", cache]).exit_code == 0
+    refused = run_cli(["export", cache, "--format", "musubi", "--out", tmp_path / "x"])
+    assert refused.exit_code != 0 and "ltx-video family" in refused.output and "--text-set none" in refused.output

@@ -35,18 +35,22 @@ def train_tokenizer(folder: Path) -> None:
 
 
 def build_wan_text_folder(root: Path, seed: int = 0, pipeline: str = "WanPipeline") -> Path:
-    """root/{model_index.json, text_encoder/, tokenizer/}: what --text-encoder diffusers:root loads."""
-    from transformers import UMT5Config, UMT5EncoderModel
+    """root/{model_index.json, text_encoder/, tokenizer/}: what --text-encoder diffusers:root loads (a UMT5 encoder,
+    as Wan's; a T5 one for the LTX-Video and CogVideoX pipelines)."""
+    import transformers
 
     root.mkdir(parents=True, exist_ok=True)
     train_tokenizer(root / "tokenizer")
     torch.manual_seed(seed)
-    config = UMT5Config(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
-                        relative_attention_num_buckets=8, relative_attention_max_distance=32, pad_token_id=0,
-                        eos_token_id=1, decoder_start_token_id=0)
-    UMT5EncoderModel(config).eval().save_pretrained(root / "text_encoder", safe_serialization=True)
+    kind = "T5" if pipeline.startswith(("LTX", "CogVideoX")) else "UMT5"
+    config = getattr(transformers, f"{kind}Config")(
+        vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
+        relative_attention_max_distance=32, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    getattr(transformers, f"{kind}EncoderModel")(config).eval().save_pretrained(root / "text_encoder",
+                                                                               safe_serialization=True)
     (root / "model_index.json").write_text(json.dumps({
         "_class_name": pipeline, "_diffusers_version": "0.42.1",
-        "text_encoder": ["transformers", "UMT5EncoderModel"], "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
+        "text_encoder": ["transformers", f"{kind}EncoderModel"],
+        "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
     }))
     return root

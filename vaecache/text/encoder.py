@@ -67,10 +67,15 @@ class TextEncoder:
                 "ftfy": _version("ftfy") if self.family.cleaning == "wan" else None,
                 "compute_dtype": recorded_name(self.compute_dtype), "stored_dtype": recorded_name(self.dtype),
                 "batch_shape": [self.batch, self.family.length], "hidden_size": self.hidden_size,
-                "storage": "rows trimmed to the attention mask"}
+                "attention_mask_into_encoder": self.family.masked,
+                "storage": "every row of the length" if self.family.full_length
+                else "rows trimmed to the attention mask"}
 
     def token_counts(self, prompts: list[str]) -> list[int]:
-        """The rows each (already cleaned) prompt will have: its tokens, special ones included, up to the length."""
+        """The rows each (already cleaned) prompt will have stored: its tokens, special ones included, up to the
+        length (the length itself where the family stores every row)."""
+        if self.family.full_length:
+            return [self.family.length] * len(prompts)
         counts: list[int] = []
         for start in range(0, len(prompts), 4096):
             ids = self.tokenizer(prompts[start:start + 4096], add_special_tokens=True, truncation=True,
@@ -93,12 +98,12 @@ class TextEncoder:
                                 add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
         full = self.tokenizer(prompts, add_special_tokens=True, truncation=False)["input_ids"]
         ids, mask = inputs.input_ids.to(self.device), inputs.attention_mask.to(self.device)
-        output = self.model(ids, mask, output_hidden_states=self.layer is not None)
+        output = self.model(ids, mask if self.family.masked else None, output_hidden_states=self.layer is not None)
         hidden = output.last_hidden_state if self.layer is None else output.hidden_states[self.layer]
         hidden = hidden.to(self.compute_dtype)
         counts = mask.gt(0).sum(dim=1).tolist()
-        return [TextEmbedding(hidden[i, :n].to(self.dtype).cpu().clone(), int(n), len(full[i]) > length)
-                for i, n in enumerate(counts)]
+        return [TextEmbedding(hidden[i, :length if self.family.full_length else n].to(self.dtype).cpu().clone(),
+                              int(n), len(full[i]) > length) for i, n in enumerate(counts)]
 
 
 def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_dtype: str = "fp32",

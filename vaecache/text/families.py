@@ -8,6 +8,13 @@ mask, and keeps each prompt's first `mask.sum()` rows followed by zero rows; `__
 `encode_prompt` default is 226). The I2V, V2V and VACE pipelines share that function. vaecache stores the unpadded
 rows (the zero rows are zeros by construction) and pads again on read.
 
+LTX-Video (`pipelines/ltx/pipeline_ltx.py`, `LTXPipeline._get_t5_prompt_embeds`, shared by the image-to-video
+pipeline) and CogVideoX (`pipelines/cogvideo/pipeline_cogvideox.py`, `CogVideoXPipeline._get_t5_prompt_embeds`,
+copied into its I2V, V2V and Fun pipelines) tokenize the prompt as given (no cleaning) to 128 and 226 tokens with
+padding and truncation and run T5 on the ids alone, without the attention mask: every row, the padding's too,
+depends on the padding, so the full length is stored (LTX also returns the mask; vaecache stores the token count
+and rebuilds it).
+
 A generic spec (`transformers:PATH`) serves any transformers encoder with its tokenizer at a given length and
 hidden layer, with the attention mask, rows trimmed to the mask (world models that condition on scene
 descriptions: MagicDriveDiT's T5).
@@ -20,9 +27,11 @@ import re
 from dataclasses import dataclass
 
 WAN_PIPELINES = ("WanPipeline", "WanImageToVideoPipeline", "WanVideoToVideoPipeline", "WanVACEPipeline")
+LTX_PIPELINES = ("LTXPipeline", "LTXImageToVideoPipeline")
+COGVIDEOX_PIPELINES = ("CogVideoXPipeline", "CogVideoXImageToVideoPipeline", "CogVideoXVideoToVideoPipeline",
+                       "CogVideoXFunControlPipeline")
 NOT_YET = {
-    "LTXPipeline": "ltx-video", "LTXImageToVideoPipeline": "ltx-video", "LTXConditionPipeline": "ltx-video",
-    "CogVideoXPipeline": "cogvideox", "CogVideoXImageToVideoPipeline": "cogvideox",
+    "LTXConditionPipeline": "ltx-video (its own prompt embedding)",
     "HunyuanVideoPipeline": "hunyuanvideo", "HunyuanVideoImageToVideoPipeline": "hunyuanvideo",
 }
 """Pipelines whose prompt embedding is not reproduced yet (named in the refusal)."""
@@ -34,8 +43,12 @@ class TextFamily:
     length: int
     """Tokens the encoder runs at (the pipeline's padded length)."""
     cleaning: str
-    """"wan": diffusers' prompt_clean; "strip": leading and trailing whitespace only."""
+    """"wan": diffusers' prompt_clean; "strip": leading and trailing whitespace only; "none": as given."""
     reference: str
+    masked: bool = True
+    """The attention mask goes into the encoder (else the ids alone)."""
+    full_length: bool = False
+    """Every row of the padded length is stored (the padding rows depend on the padding); else the prompt's rows."""
 
     def __post_init__(self) -> None:
         if self.length < 1:
@@ -55,17 +68,27 @@ def wan_prompt_clean(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
-CLEANINGS = {"wan": wan_prompt_clean, "strip": str.strip}
+def as_given(text: str) -> str:
+    return text
+
+
+CLEANINGS = {"wan": wan_prompt_clean, "strip": str.strip, "none": as_given}
 
 WAN = TextFamily("wan", 512, "wan", "diffusers WanPipeline._get_t5_prompt_embeds, max_sequence_length=512")
+LTX = TextFamily("ltx-video", 128, "none", "diffusers LTXPipeline._get_t5_prompt_embeds, max_sequence_length=128",
+                 masked=False, full_length=True)
+COGVIDEOX = TextFamily("cogvideox", 226, "none", "diffusers CogVideoXPipeline._get_t5_prompt_embeds, "
+                       "max_sequence_length=226", masked=False, full_length=True)
 
 
 def family_for_pipeline(class_name: str, where: str) -> TextFamily:
     """The family of a diffusers pipeline folder's model_index.json `_class_name`; a ValueError naming what is
     supported otherwise."""
-    if class_name in WAN_PIPELINES:
-        return WAN
-    supported = f"supported: {', '.join(WAN_PIPELINES)}; any other encoder as transformers:PATH with --text-length"
+    for names, family in ((WAN_PIPELINES, WAN), (LTX_PIPELINES, LTX), (COGVIDEOX_PIPELINES, COGVIDEOX)):
+        if class_name in names:
+            return family
+    supported = (f"supported: {', '.join(WAN_PIPELINES + LTX_PIPELINES + COGVIDEOX_PIPELINES)}; any other encoder "
+                 "as transformers:PATH with --text-length")
     if class_name in NOT_YET:
         raise ValueError(f"{where}: {class_name} ({NOT_YET[class_name]}) text embeddings are not reproduced yet "
                          f"({supported})")

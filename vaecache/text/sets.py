@@ -388,6 +388,7 @@ class TextSet:
         self._key_of = dict(zip(clips.column("id").to_pylist(), clips.column("key").to_pylist()))
         self._shard_of = dict(zip(prompts.column("key").to_pylist(), prompts.column("shard").to_pylist()))
         self._text_of = dict(zip(prompts.column("key").to_pylist(), prompts.column("text").to_pylist()))
+        self._tokens_of = dict(zip(prompts.column("key").to_pylist(), prompts.column("tokens").to_pylist()))
         self.family = str(fingerprint.get("family") or "")
 
     def key(self, clip: str) -> str:
@@ -409,13 +410,13 @@ class TextSet:
         return self.store.shard(self.store.checked_name(shard, f"text set {self.name}")).get_tensor(key)
 
     def padded(self, clip: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(length, hidden) with zero rows after the prompt's (as the Wan pipeline returns it) and the (length,)
-        bool mask of the prompt's rows."""
+        """(length, hidden) as the pipeline returns it (Wan: zero rows after the prompt's; LTX-Video, CogVideoX:
+        every row as stored) and the (length,) bool mask of the prompt's tokens."""
         rows = self.rows(clip)
         embeds = rows.new_zeros((self.length, rows.shape[1]))
         embeds[:rows.shape[0]] = rows
         mask = torch.zeros(self.length, dtype=torch.bool)
-        mask[:rows.shape[0]] = True
+        mask[:int(self._tokens_of.get(self.key(clip)) or 0)] = True
         return embeds, mask
 
 

@@ -48,6 +48,7 @@ def _check_set(cache: Any, name: str, entry: Any, ids: list[str], quick: bool, c
     fingerprint = entry.get("fingerprint") or {}
     hidden, length = fingerprint.get("hidden_size"), fingerprint.get("length")
     stored = SAFETENSORS_NAMES.get(fingerprint.get("stored_dtype", ""))
+    full = fingerprint.get("storage") == "every row of the length"
     files = [*(entry.get("tables") or {}).values(), *(entry.get("shards") or [])]
     present = store.listing(f"{TEXT_DIR}/{name}")
     listed = set()
@@ -108,10 +109,10 @@ def _check_set(cache: Any, name: str, entry: Any, ids: list[str], quick: bool, c
             stored_keys.add(key)
             if shard_of.get(key) != file:
                 check.fail(f"{store.where(file)}: holds prompt {key[:12]}, which its prompt table places elsewhere")
-            elif tensor.dim() != 2 or tensor.shape[1] != hidden or tensor.shape[0] != tokens.get(key) or (
-                    length and tensor.shape[0] > length):
+            elif tensor.dim() != 2 or tensor.shape[1] != hidden or tensor.shape[0] != (length if full else
+                                                                                         tokens.get(key)):
                 check.fail(f"{store.where(file)}: prompt {key[:12]} has shape {tuple(tensor.shape)}, expected "
-                           f"({tokens.get(key)}, {hidden})")
+                           f"({length if full else tokens.get(key)}, {hidden})")
             elif stored and SAFETENSORS_NAMES.get(str(tensor.dtype).removeprefix("torch.")) != stored:
                 check.fail(f"{store.where(file)}: prompt {key[:12]} is {tensor.dtype}, the set stores {stored}")
             elif not tensor.isfinite().all():
