@@ -16,8 +16,9 @@ from vaecache.cli.options import StorageOption
 def embed(
     out: str = typer.Argument(..., metavar="OUT", help="A finished cache (a folder, or s3://bucket/prefix)."),
     text_encoder: str = typer.Option(..., "--text-encoder", help="diffusers:PATH[#SUBFOLDER] (a pipeline folder: "
-                                     "its model_index.json names the family: Wan, LTX-Video, CogVideoX) | transformers:PATH (any "
-                                     "encoder with its tokenizer, with --text-length). Local files only."),
+                                     "its model_index.json names the family: Wan, LTX-Video, CogVideoX) | "
+                                     "transformers:PATH (any encoder with its tokenizer, with --text-length). Local "
+                                     "files only."),
     set_name: str = typer.Option("default", "--set", help="The set's name (a cache holds several)."),
     caption_field: str = typer.Option("caption", "--caption-field", help="The key of each clip's metadata that "
                                       "holds its caption (clips without it get the empty prompt)."),
