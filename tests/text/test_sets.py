@@ -205,3 +205,18 @@ def test_a_full_length_family_reads_back_every_row_and_verifies(cache, run_cli, 
     assert run_cli(["verify", cache]).exit_code == 0
     refused = run_cli(["export", cache, "--format", "musubi", "--out", tmp_path / "x"])
     assert refused.exit_code != 0 and "ltx-video family" in refused.output and "--text-set none" in refused.output
+
+
+def test_verify_reencode_re_embeds_prompts_with_the_recorded_encoder(cache, run_cli, tmp_path):
+    wan = build_wan_text_folder(tmp_path / "wan")
+    assert run_cli(["embed", cache, "--text-encoder", f"diffusers:{wan}"]).exit_code == 0
+    report_file = tmp_path / "report.json"
+    ok = run_cli(["verify", cache, "--reencode", "2", "--json", report_file])
+    assert ok.exit_code == 0, ok.output
+    (row,) = [c for c in json.loads(report_file.read_text())["checks"] if c["name"].startswith("re-embed")]
+    assert row["passed"] == 2 and row["failed"] == 0
+    build_wan_text_folder(wan, seed=1)  # other weights at the recorded path
+    changed = run_cli(["verify", cache, "--reencode", "2", "--json", report_file])
+    (row,) = [c for c in json.loads(report_file.read_text())["checks"] if c["name"].startswith("re-embed")]
+    assert changed.exit_code == 1 and "is not the recorded one" in row["problems"][0]
+    assert "weights_sha256" in row["problems"][0]

@@ -397,17 +397,26 @@ class TextSet:
         except KeyError:
             raise KeyError(f"clip {clip} has no embedding in text set {self.name!r}") from None
 
+    def prompt_keys(self) -> list[str]:
+        return list(self._shard_of)
+
+    def prompt_text(self, key: str) -> str:
+        return self._text_of[key]
+
+    def key_rows(self, key: str) -> torch.Tensor:
+        shard = self._shard_of[key]
+        return self.store.shard(self.store.checked_name(shard, f"text set {self.name}")).get_tensor(key)
+
     def text(self, clip: str) -> str:
         """The clip's prompt as embedded (after the family's cleaning)."""
         return self._text_of.get(self.key(clip), "")
 
     def rows(self, clip: str) -> torch.Tensor:
         key = self.key(clip)
-        shard = self._shard_of.get(key)
-        if shard is None:
+        if key not in self._shard_of:
             raise ManifestError(f"{self.store.location}: text set {self.name!r}: prompt {key[:12]} of clip {clip} "
                                 "is in no shard")
-        return self.store.shard(self.store.checked_name(shard, f"text set {self.name}")).get_tensor(key)
+        return self.key_rows(key)
 
     def padded(self, clip: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(length, hidden) as the pipeline returns it (Wan: zero rows after the prompt's; LTX-Video, CogVideoX:

@@ -12,6 +12,7 @@ from typing import Any
 from safetensors.torch import load as safetensors_load
 
 from vaecache.cache.layout import TEXT_DIR
+from vaecache.settings.dtypes import RECORDED_NAMES as RECORDED_DTYPES
 from vaecache.settings.dtypes import SAFETENSORS_NAMES
 
 
@@ -120,3 +121,63 @@ def _check_set(cache: Any, name: str, entry: Any, ids: list[str], quick: bool, c
     if not quick:
         for key in sorted(set(tokens) - stored_keys)[:5]:
             check.fail(f"text set {name}: prompt {key[:12]} is in the prompt table and in no shard")
+
+
+def check_text_reembed(cache: Any, count: int, seed: int, device: Any, tolerance: float | None,
+                       tolerances: dict[str, float], check_type: type,
+                       allow_pickle_weights: bool = False) -> list[Any]:
+    """`verify --reencode K`: for each text set, K of its prompts (chosen by `seed`) embedded again with the
+    recorded encoder and settings, compared with the stored rows; the encoder's fingerprint must be the recorded
+    one (else a failure naming what differs)."""
+    import random
+
+    from vaecache.cache.outdir import describe_differences
+    from vaecache.errors import VaecacheError
+    from vaecache.text.encoder import load_text_encoder
+    from vaecache.text.sets import TextSet
+
+    rows = []
+    for name in sorted(cache.manifest.get("text") or {}):
+        entry = cache.manifest["text"][name]
+        fingerprint = entry.get("fingerprint") or {}
+        check = check_type(f"re-embed {count} prompt(s) of text set {name}")
+        rows.append(check)
+        stored_dtype = {v: k for k, v in RECORDED_DTYPES.items()}.get(fingerprint.get("stored_dtype"), "fp32")
+        compute = {v: k for k, v in RECORDED_DTYPES.items()}.get(fingerprint.get("compute_dtype"), "fp32")
+        generic = fingerprint.get("family") == "generic"
+        try:
+            texts = TextSet(cache.store, cache.manifest, name)
+            encoder = load_text_encoder(str(entry.get("spec")), device, compute_dtype=compute, dtype=stored_dtype,
+                                        length=fingerprint.get("length") if generic else None,
+                                        layer=fingerprint.get("layer") if generic else None,
+                                        batch=int((fingerprint.get("batch_shape") or [8])[0]),
+                                        allow_pickle_weights=allow_pickle_weights)
+        except (VaecacheError, KeyError, OSError) as exc:
+            check.fail(f"text set {name}: cannot load its encoder {entry.get('spec')!r} ({exc})")
+            continue
+        differs = describe_differences(fingerprint, encoder.fingerprint())
+        if differs:
+            check.fail(f"text set {name}: the encoder at {encoder.spec} is not the recorded one "
+                       f"({'; '.join(differs[:3])})")
+            continue
+        keys = sorted(texts.prompt_keys())
+        chosen = random.Random(seed).sample(keys, min(count, len(keys)))
+        fresh = encoder.embed([texts.prompt_text(key) for key in chosen])
+        limit = tolerance if tolerance is not None else tolerances.get(fingerprint.get("stored_dtype", ""), 0.0)
+        worst = 0.0
+        for key, embedding in zip(chosen, fresh):
+            stored = texts.key_rows(key)
+            if stored.shape != embedding.rows.shape:
+                check.fail(f"text set {name}: prompt {key[:12]} re-embeds to shape {tuple(embedding.rows.shape)}, "
+                           f"stored {tuple(stored.shape)}")
+                continue
+            scale = float(stored.float().abs().max()) or 1.0
+            relative = float((stored.float() - embedding.rows.float()).abs().max()) / scale
+            worst = max(worst, relative)
+            if relative > limit:
+                check.fail(f"text set {name}: prompt {key[:12]} re-embeds {relative:.3g} of the stored max away "
+                           f"(tolerance {limit:g})")
+            else:
+                check.ok()
+        check.note = f"max difference {worst:.3g} of the stored max (tolerance {limit:g})"
+    return rows
