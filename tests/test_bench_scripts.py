@@ -228,3 +228,11 @@ def test_bench_wan_encoder_prints_reference_and_fast_variants(capsys, tmp_path):
     for row in bf16["variants"].values():
         assert row["accuracy_ok"] is True and row["bitwise_repeat"] is True and row["speedup_vs_reference"] > 0
     assert bf16["reference_profile"]["top_aten_ops"]
+
+
+def test_bench_text_prints_both_ways_and_the_dedupe(capsys):
+    result = load_script("bench_text").main(["--smoke"])
+    assert json.loads(capsys.readouterr().out) == result
+    assert result["items"] == 16 and result["distinct_prompts"] <= 4 and result["dedupe_ratio"] >= 4
+    assert result["reference"]["items_per_s"] > 0 and result["vaecache"]["prompts_per_s"] > 0
+    assert 0 < result["bytes_ratio"] < 1  # trimmed rows against 512 padded ones
