@@ -220,3 +220,12 @@ def test_verify_reencode_re_embeds_prompts_with_the_recorded_encoder(cache, run_
     (row,) = [c for c in json.loads(report_file.read_text())["checks"] if c["name"].startswith("re-embed")]
     assert changed.exit_code == 1 and "is not the recorded one" in row["problems"][0]
     assert "weights_sha256" in row["problems"][0]
+
+
+def test_a_set_folder_the_manifest_does_not_list_is_named(cache, run_cli, tmp_path):
+    stray = cache / "text" / "lost" / "0123456789abcdef" / "clips.parquet"
+    stray.parent.mkdir(parents=True)
+    stray.write_bytes(b"x")
+    result = run_cli(["verify", cache, "--json", tmp_path / "r.json"])
+    (row,) = [c for c in json.loads((tmp_path / "r.json").read_text())["checks"] if c["name"] == "text sets"]
+    assert result.exit_code == 1 and "a text set the manifest does not list" in row["problems"][0]

@@ -25,6 +25,15 @@ def check_text_sets(cache: Any, quick: bool, check_type: type) -> list[Any]:
         return [bad]
     ids: list[str] | None = None
     rows = []
+    unlisted = sorted({name.split("/")[1] for name in cache.store.listing(TEXT_DIR)
+                       if name.count("/") >= 2 and name.split("/")[1] not in sets})
+    if unlisted:
+        orphan = check_type("text sets")
+        for name in unlisted:
+            orphan.fail(f"{cache.store.where(TEXT_DIR + '/' + name)}: a text set the manifest does not list (an "
+                        "interrupted first embed, or a set an encode that added clips dropped): embed it again, or "
+                        "delete the folder")
+        rows.append(orphan)
     for name in sorted(sets):
         if ids is None:
             ids = list(cache.clip_ids())
