@@ -229,3 +229,21 @@ def test_a_set_folder_the_manifest_does_not_list_is_named(cache, run_cli, tmp_pa
     result = run_cli(["verify", cache, "--json", tmp_path / "r.json"])
     (row,) = [c for c in json.loads((tmp_path / "r.json").read_text())["checks"] if c["name"] == "text sets"]
     assert result.exit_code == 1 and "a text set the manifest does not list" in row["problems"][0]
+
+
+def test_encode_with_a_text_encoder_embeds_in_the_same_run_as_embed_afterwards(demo_data, caption_cache, run_cli,
+                                                                               tmp_path):
+    import tests.conftest as shared
+
+    wan = build_wan_text_folder(tmp_path / "wan")
+    index = caption_cache.parent / "index.jsonl"
+    out = tmp_path / "together"
+    result = run_cli(["encode", index, "--out", out, *shared.ENCODE_ARGS, "--text-encoder", f"diffusers:{wan}"])
+    assert result.exit_code == 0, result.output
+    assert "text set 'default' added: 3 clips, 3 distinct prompts" in result.output
+    after = shutil.copytree(caption_cache, tmp_path / "after")
+    assert run_cli(["embed", after, "--text-encoder", f"diffusers:{wan}"]).exit_code == 0
+    assert files_of(out / "text") == files_of(after / "text")
+    bad = run_cli(["encode", index, "--out", tmp_path / "never", *shared.ENCODE_ARGS, "--text-encoder", str(wan)])
+    assert bad.exit_code == 2 and "--text-encoder must be diffusers:PATH" in bad.output
+    assert not (tmp_path / "never").exists()

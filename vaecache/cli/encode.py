@@ -26,7 +26,7 @@ from vaecache.cli.common import (
     write_json,
 )
 from vaecache.cli.options import ConfigOption, DataArgument, with_setting_flags
-from vaecache.errors import EXIT_PARTIAL, UsageError
+from vaecache.errors import EXIT_OK, EXIT_PARTIAL, UsageError
 from vaecache.settings.options import ENCODE
 
 if TYPE_CHECKING:  # the settings tables, the meter and rich tables load when a command runs, not for --help
@@ -94,6 +94,13 @@ def encode(
         live = LiveFailures(cfg.out, ctx.info.rank, ctx.info.world_size)
         summary = run_encode(cfg, ctx, meter=lambda label, unit: meter(
             label, unit, console, enabled=is_rank0 and cfg.progress), on_failure=live)
+        embedded = None
+        if cfg.text_encoder and not summary.stopped and summary.exit_code in (EXIT_OK, EXIT_PARTIAL):
+            from vaecache.text.sets import EmbedRequest, embed_cache
+
+            embedded = embed_cache(EmbedRequest(out=str(cfg.out), text_encoder=cfg.text_encoder, device=cfg.device,
+                                                allow_pickle_weights=cfg.allow_pickle_weights,
+                                                storage_options=cfg.storage_options), ctx=ctx)
     if summary.stopped:
         stopped = (f"rank {ctx.info.rank} stopped by {summary.stopped}: committed shards are kept; rerun the same "
                    "command to resume")
@@ -109,6 +116,10 @@ def encode(
         if live.seen <= live.shown:  # the rest (other ranks', earlier runs') once more under the table
             for line in failure_lines(live.not_printed(summary.skipped), str(summary.out)):
                 console.print(escape(line), soft_wrap=True)
+        if embedded is not None:
+            state = "up to date" if embedded.unchanged else "replaced" if embedded.replaced else "added"
+            console.print(escape(f"text set 'default' {state}: {embedded.clips} clips, {embedded.prompts} distinct "
+                                 f"prompts, {embedded.truncated_prompts} truncated"), soft_wrap=True)
     if is_rank0 and json_file is not None:
         write_json(json_file, summary_json(summary))
     if summary.exit_code == EXIT_PARTIAL:  # torchrun reports any nonzero exit as a failure: say what it is

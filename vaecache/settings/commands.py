@@ -71,10 +71,17 @@ class EncodeConfig:
     storage_options: tuple[tuple[str, Any], ...] = ()
     """--storage-option: fsspec options for DATA and OUT in object storage (never recorded: they may hold
     secrets)."""
+    text_encoder: str | None = None
+    """--text-encoder: once the cache is finished, embed the clips' captions into its text set "default"
+    (vaecache embed's defaults: vaecache.text.sets)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.probe_workers, bool) or not isinstance(self.probe_workers, int) or self.probe_workers < 1:
             raise UsageError(f"--probe-workers must be an integer >= 1, got {self.probe_workers!r}")
+        if self.text_encoder is not None:
+            from vaecache.text.families import check_text_spec
+
+            check_text_spec(self.text_encoder)
         if not self.vae:
             raise UsageError("--vae is required (e.g. builtin:tiny, builtin:small, diffusers:/path/to/vae, "
                              "python:pkg.mod:factory)")

@@ -184,6 +184,9 @@ OPTIONS: tuple[Option, ...] = (
            field="commit_every_s"),
     Option("on_error", "--on-error", str, "skip (default: record bad inputs, go on) | fail", frozenset({ENCODE})),
     Option("overwrite", "--overwrite", bool, "Discard what OUT holds and start over.", frozenset({ENCODE})),
+    Option("text_encoder", "--text-encoder", str, "Once the cache is finished, embed the clips' captions with this "
+           "text encoder into its text set \"default\", as `vaecache embed OUT --text-encoder SPEC` does (its "
+           "defaults; embed itself takes the other choices).", frozenset({ENCODE})),
     Option("hash_sources", "--hash-sources", bool, "Record each source video's sha256 (besides size and mtime): a "
            "resume then tells changed content from a touched file.", frozenset({ENCODE})),
     Option("allow_other_numerics", "--allow-other-numerics", bool, "Resume OUT on other numerics than it records "

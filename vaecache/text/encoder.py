@@ -25,7 +25,7 @@ import torch
 
 from vaecache.errors import UsageError, VaeSpecError
 from vaecache.settings.dtypes import recorded_name, torch_dtype
-from vaecache.text.families import TextFamily, family_for_pipeline, generic_family
+from vaecache.text.families import TextFamily, check_text_spec, family_for_pipeline, generic_family
 
 ENCODER_ONLY = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel", "umt5": "UMT5EncoderModel"}
 """transformers model types whose checkpoints hold an encoder-decoder: their encoder-only class."""
@@ -113,6 +113,7 @@ def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_
     UsageError or VaeSpecError (one line, naming the spec) for what cannot be loaded."""
     if batch < 1:
         raise UsageError(f"--text-batch must be >= 1, got {batch}")
+    check_text_spec(spec)
     kind, _, rest = spec.partition(":")
     if kind == "diffusers":
         location, _, sub = rest.partition("#")

@@ -95,6 +95,25 @@ def family_for_pipeline(class_name: str, where: str) -> TextFamily:
     raise ValueError(f"{where}: no text-encoder family for pipeline {class_name!r} ({supported})")
 
 
+TEXT_PACKAGES = ("transformers", "tokenizers", "ftfy")
+
+
+def check_text_spec(spec: str) -> str:
+    """A --text-encoder SPEC's form, and the packages it needs, checked before anything runs (an encode with
+    --text-encoder must not find out after hours of video that it cannot embed): a UsageError otherwise."""
+    from importlib.util import find_spec
+
+    from vaecache.errors import UsageError
+
+    if not isinstance(spec, str) or spec.partition(":")[0] not in ("diffusers", "transformers") or not \
+            spec.partition(":")[2]:
+        raise UsageError(f"--text-encoder must be diffusers:PATH[#SUBFOLDER] or transformers:PATH, got {spec!r}")
+    missing = [name for name in TEXT_PACKAGES if find_spec(name) is None]
+    if missing:
+        raise UsageError(f"--text-encoder needs {', '.join(missing)}: pip install 'vaecache[text]'")
+    return spec
+
+
 def generic_family(length: int, cleaning: str = "strip") -> TextFamily:
     return TextFamily("generic", length, cleaning, "the encoder's last_hidden_state (or hidden_states[layer]) with "
                       "the attention mask, rows trimmed to the mask")

@@ -70,7 +70,9 @@ class EmbedRequest:
 
     def __post_init__(self) -> None:
         from vaecache.settings.dtypes import check_dtype_name
+        from vaecache.text.families import check_text_spec
 
+        check_text_spec(self.text_encoder)
         check_set_name(self.set_name)
         check_dtype_name(self.dtype)
         check_dtype_name(self.compute_dtype)
