@@ -257,6 +257,7 @@ def embed_cache(request: EmbedRequest, on_progress: Callable[[int, int], None] |
                 "fingerprint_sha256": hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest(),
                 "spec": encoder.spec, "captions": source, "clips": len(clip_keys), "prompts": len(keys),
                 "empty_prompt_clips": counts.get(prompt_key(""), 0), "truncated_prompts": len(truncated),
+                "numerics": {"device": device.type, "torch": torch.__version__},
                 **entry,
             }
             updated = {**manifest, "text": {**(manifest.get("text") or {}), name: record}}

@@ -448,11 +448,17 @@ def production_variant(device: torch.device | str) -> tuple[bool, dict[int, int]
 def production_encoder(vae: Any, device: torch.device | str) -> WanFastEncoder:
     compiled, pads = production_variant(device)
     kernels = CompiledRowKernels().kernels() if compiled else EAGER
-    return WanFastEncoder(vae, kernels=kernels, pad_channels=pads)
+    return WanFastEncoder(vae, kernels=kernels, pad_channels=_paddable(vae, pads))
 
 
 def production_description(vae: Any, device: torch.device | str) -> str:
     """production_encoder(vae, device).description without compiling anything (recorded in the fingerprint)."""
     compiled, pads = production_variant(device)
     kernels = Kernels("inductor-rows", norm_silu_eager, add_eager, fold_bias=True, rows=True) if compiled else EAGER
-    return WanFastEncoder(vae, kernels=kernels, pad_channels=pads).description
+    return WanFastEncoder(vae, kernels=kernels, pad_channels=_paddable(vae, pads)).description
+
+
+def _paddable(vae: Any, pads: dict[int, int]) -> dict[int, int]:
+    """`pads` without the widths an attention block sees (a custom config may put one there)."""
+    attention = {m.dim for m in vae.encoder.modules() if type(m).__name__ == "WanAttentionBlock"}
+    return {c: p for c, p in pads.items() if c not in attention}
