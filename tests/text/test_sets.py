@@ -247,3 +247,34 @@ def test_encode_with_a_text_encoder_embeds_in_the_same_run_as_embed_afterwards(d
     bad = run_cli(["encode", index, "--out", tmp_path / "never", *shared.ENCODE_ARGS, "--text-encoder", str(wan)])
     assert bad.exit_code == 2 and "--text-encoder must be diffusers:PATH" in bad.output
     assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize("crash_at", [1, 3])  # after the first shard; after the last, before the manifest
+def test_a_killed_embed_leaves_nothing_verify_accepts_and_a_rerun_equals_an_uninterrupted_one(
+        caption_cache, wan_text, run_cli, tmp_path, crash_at):
+    from tests.conftest import run_vaecache
+
+    args = ["--text-encoder", f"diffusers:{wan_text}", "--text-batch", "1", "--shard-size", "1KiB"]
+    whole, killed = (shutil.copytree(caption_cache, tmp_path / name) for name in ("whole", "killed"))
+    assert run_cli(["embed", whole, *args]).exit_code == 0
+    crashed = run_vaecache("embed", killed, *args, env={"VAECACHE_FAULT": f"crash-after-text-shard:{crash_at}"})
+    assert crashed.returncode == 137, crashed.stderr[-2000:]
+    assert "text" not in json.loads((killed / "manifest.json").read_text())  # the cache as it was ...
+    assert run_cli(["verify", killed]).exit_code == 1  # ... with files verify names
+    assert run_cli(["embed", killed, *args]).exit_code == 0  # the dead process's lock is taken over
+    assert files_of(killed / "text") == files_of(whole / "text")
+    assert (killed / "manifest.json").read_bytes() == (whole / "manifest.json").read_bytes()
+    assert run_cli(["verify", killed]).exit_code == 0
+
+
+def test_a_crash_between_the_manifest_and_the_old_generations_removal_is_mended_by_the_next_embed(
+        cache, wan_text, run_cli):
+    spec = ["--text-encoder", f"diffusers:{wan_text}"]
+    assert run_cli(["embed", cache, *spec]).exit_code == 0
+    stale = cache / "text" / "default" / "0000000000000000" / "clips.parquet"  # what the old generation left
+    stale.parent.mkdir()
+    stale.write_bytes(b"old")
+    assert run_cli(["verify", cache]).exit_code == 1
+    again = run_cli(["embed", cache, *spec])
+    assert again.exit_code == 0 and "up to date" in again.output and not stale.exists()
+    assert run_cli(["verify", cache]).exit_code == 0

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from vaecache import faults
 from vaecache.cache.layout import MANIFEST, TEXT_DIR
 from vaecache.errors import DatasetError, ManifestError, UsageError
 
@@ -229,6 +230,11 @@ def embed_cache(request: EmbedRequest, on_progress: Callable[[int, int], None] |
         summary.clips, summary.prompts = len(clip_keys), len(keys)
         if existing is not None:
             if existing.get("generation") == generation and existing.get("captions") == source:
+                # what a crash after the manifest's write left of the generation before goes now
+                if ctx is not None:
+                    ctx.on_rank0(lambda: _delete_other_generations(store, name, generation))
+                else:
+                    _delete_other_generations(store, name, generation)
                 summary.unchanged = True
                 summary.seconds = time.perf_counter() - started
                 return summary
@@ -241,8 +247,11 @@ def embed_cache(request: EmbedRequest, on_progress: Callable[[int, int], None] |
         tokens = encoder.token_counts([cleaned[key] for key in keys])
         shards = pack_shards(keys, [count * row_bytes for count in tokens], encoder.batch, request.shard_bytes)
         mine = [(number, part) for number, part in enumerate(shards) if number % world == rank]
-        written = [_write_shard(store, folder, number, part, cleaned, encoder, on_progress, len(keys))
-                   for number, part in mine]
+        written = []
+        for count, (number, part) in enumerate(mine, 1):
+            written.append(_write_shard(store, folder, number, part, cleaned, encoder, on_progress, len(keys)))
+            if faults.should_fail("crash-after-text-shard", count, rank):
+                faults.crash()
         parts = ctx.all_gather_object(written) if ctx is not None else [written]
         results = sorted((result for part in parts for result in part), key=lambda r: r["entry"]["file"])
 
@@ -262,8 +271,7 @@ def embed_cache(request: EmbedRequest, on_progress: Callable[[int, int], None] |
             }
             updated = {**manifest, "text": {**(manifest.get("text") or {}), name: record}}
             store.write(MANIFEST, (json.dumps(updated, indent=2) + "\n").encode())
-            stale = [file for file in store.listing(f"{TEXT_DIR}/{name}") if not file.startswith(folder + "/")]
-            store.delete(stale)
+            _delete_other_generations(store, name, generation)
             return {"record": record, "examples": [clip for clip, key in clip_keys if key in truncated][:5]}
 
         done = ctx.on_rank0(finish) if ctx is not None else finish()
@@ -274,6 +282,11 @@ def embed_cache(request: EmbedRequest, on_progress: Callable[[int, int], None] |
     summary.bytes = sum(s["bytes"] for s in record["shards"]) + sum(t["bytes"] for t in record["tables"].values())
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def _delete_other_generations(store: Any, name: str, generation: str) -> None:
+    folder = f"{TEXT_DIR}/{name}/{generation}/"
+    store.delete([file for file in store.listing(f"{TEXT_DIR}/{name}") if not file.startswith(folder)])
 
 
 def _device(name: str) -> torch.device:
