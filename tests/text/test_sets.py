@@ -278,3 +278,15 @@ def test_a_crash_between_the_manifest_and_the_old_generations_removal_is_mended_
     again = run_cli(["embed", cache, *spec])
     assert again.exit_code == 0 and "up to date" in again.output and not stale.exists()
     assert run_cli(["verify", cache]).exit_code == 0
+
+
+def test_verify_dataset_names_a_changed_captions_file(cache, wan_text, run_cli, tmp_path, demo_data):
+    captions = tmp_path / "captions.json"
+    captions.write_text(json.dumps({clip: "a caption" for clip in LatentCache(cache).ids()}))
+    assert run_cli(["embed", cache, "--text-encoder", f"diffusers:{wan_text}", "--captions", captions]).exit_code == 0
+    report = tmp_path / "r.json"
+    assert run_cli(["verify", cache, "--dataset", demo_data, "--json", report]).exit_code == 0
+    captions.write_text(json.dumps({clip: "another caption" for clip in LatentCache(cache).ids()}))
+    assert run_cli(["verify", cache, "--dataset", demo_data, "--json", report]).exit_code == 1
+    (row,) = [c for c in json.loads(report.read_text())["checks"] if c["name"].startswith("captions of text set")]
+    assert "changed since text set default was embedded" in row["problems"][0]

@@ -43,6 +43,10 @@ def verify(out: Any, options: VerifyOptions, ctx: Any = None,
         except ClipTableError:
             failures = []  # the integrity checks name the table that does not read
         report.checks.extend(check_dataset(cache.manifest, cache, failures, options.dataset, options.threads))
+        from vaecache.verify.integrity import Check
+        from vaecache.verify.text import check_caption_files
+
+        report.checks.extend(check_caption_files(cache.manifest, Check))
     if options.reencode:
         report.checks.append(check_reencode(cache.out, cache.manifest, cache, int(report.summary["clips"]), options,
                                             ctx))

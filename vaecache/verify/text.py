@@ -190,3 +190,30 @@ def check_text_reembed(cache: Any, count: int, seed: int, device: Any, tolerance
                 check.ok()
         check.note = f"max difference {worst:.3g} of the stored max (tolerance {limit:g})"
     return rows
+
+
+def check_caption_files(manifest: dict[str, Any], check_type: type) -> list[Any]:
+    """`verify --dataset`: each text set embedded from a --captions file, against the file's recorded size and
+    sha256 (a changed file means the set's embeddings are stale: run embed --replace)."""
+    from pathlib import Path
+
+    rows = []
+    for name, entry in sorted((manifest.get("text") or {}).items()):
+        source = entry.get("captions") if isinstance(entry, dict) else None
+        if not isinstance(source, dict) or source.get("kind") != "file":
+            continue
+        check = check_type(f"captions of text set {name} unchanged")
+        rows.append(check)
+        path = Path(str(source.get("path")))
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            check.fail(f"{path}: the captions file text set {name} was embedded from cannot be read "
+                       f"({exc.strerror or exc})")
+            continue
+        if len(data) != source.get("bytes") or hashlib.sha256(data).hexdigest() != source.get("sha256"):
+            check.fail(f"{path}: changed since text set {name} was embedded from it (its embeddings are stale: "
+                       f"vaecache embed OUT --set {name} --captions {path} --replace)")
+        else:
+            check.ok()
+    return rows
