@@ -290,3 +290,22 @@ def test_verify_dataset_names_a_changed_captions_file(cache, wan_text, run_cli, 
     assert run_cli(["verify", cache, "--dataset", demo_data, "--json", report]).exit_code == 1
     (row,) = [c for c in json.loads(report.read_text())["checks"] if c["name"].startswith("captions of text set")]
     assert "changed since text set default was embedded" in row["problems"][0]
+
+
+def test_the_webdataset_export_carries_each_set_read_back_as_latentcache_gives_it(cache, wan_text, run_cli,
+                                                                                 tmp_path):
+    import webdataset
+
+    from vaecache.export.webdataset import decode_sample
+
+    assert run_cli(["embed", cache, "--text-encoder", f"diffusers:{wan_text}"]).exit_code == 0
+    dest = tmp_path / "wds"
+    assert run_cli(["export", cache, "--format", "webdataset", "--out", dest, "--energon", "off"]).exit_code == 0
+    latents = LatentCache(cache)
+    tars = sorted(str(p) for p in dest.glob("*.tar"))
+    samples = [decode_sample(s) for s in webdataset.WebDataset(tars, shardshuffle=False)]
+    assert len(samples) == len(latents)
+    for sample in samples:
+        item = latents[sample["record"]["id"]]
+        assert torch.equal(sample["text/default"], item["text/default"])
+        assert torch.equal(sample["text_mask/default"], item["text_mask/default"])

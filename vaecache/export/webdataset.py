@@ -105,6 +105,9 @@ def export_webdataset(cache_dir: Path | str, target: Path, verify: str = "size",
     if energon == "on" and not energon_available():
         raise ExportError("--energon on: Megatron-Energon is not installed (pip install 'vaecache[energon]')")
     cache = LatentCache(cache_dir, verify=verify, storage_options=storage_options)  # a folder or a URL
+    from vaecache.text.sets import TextSet
+
+    texts = [TextSet(cache.store, cache.manifest, name) for name in cache.text_sets]
     size = 0
     with staging(target) as folder:
         index = ExportIndex(folder / EXPORT_INDEX)
@@ -128,8 +131,17 @@ def export_webdataset(cache_dir: Path | str, target: Path, verify: str = "size",
                         verbose=0, mtime=TAR_MTIME, post=lambda name, shape=shape: closed(name, shape))
                 key = webdataset_key(record)
                 data = safetensors_bytes(cache.tensors_of(record), {"clip": record["id"]})
-                body = json.dumps({**record, "latent_shape": shape}, sort_keys=True, ensure_ascii=False).encode()
-                writer.write({"__key__": key, "latents.safetensors": data, "json": body})
+                extra = {**record, "latent_shape": shape}
+                sample = {"__key__": key, "latents.safetensors": data}
+                if texts:  # each set's stored rows; decode_sample pads them as the pipeline does
+                    extra["text_sets"] = {t.name: {"length": t.length, "tokens": t.tokens(record["id"])}
+                                          for t in texts}
+                    sample["text.safetensors"] = safetensors_bytes(
+                        {f"text/{t.name}": t.rows(record["id"]).contiguous() for t in texts}, {"clip": record["id"]})
+                    size += len(sample["text.safetensors"])
+                body = json.dumps(extra, sort_keys=True, ensure_ascii=False).encode()
+                sample["json"] = body
+                writer.write(sample)
                 index.add(clip=record["id"], key=key, tar=Path(writer.fname).name,
                           renamed=not key.startswith(f"{record['scene']}_"))
                 clips_of[tag] = clips_of.get(tag, 0) + 1
@@ -150,7 +162,10 @@ def export_webdataset(cache_dir: Path | str, target: Path, verify: str = "size",
             "bytes": size, "renamed": index.renamed, "energon": bool(prepare),
             "sample": {"latents.safetensors": "the clip's stored tensors by key (mean, logvar, sample), "
                                               "(cameras, C, F, H, W)",
-                       "json": "the clip record, plus latent_shape: each stored tensor's shape by key"}})
+                       "json": "the clip record, plus latent_shape: each stored tensor's shape by key",
+                       **({"text.safetensors": "each text set's stored rows of the clip's prompt (text/<set>); "
+                                               "json's text_sets gives each set's length and token count"}
+                          if texts else {})}})
     notes = [f"{len(written)} tar(s), one latent shape each ({len(clips_of)} shape(s)); group batches by "
              "latent_shape when a shuffle buffer mixes tars"]
     notes.append("prepared for Megatron-Energon (DIR/.nv-meta, CrudeWebdataset)" if prepare else
@@ -163,11 +178,21 @@ def decode_sample(sample: dict[str, Any]) -> dict[str, Any]:
     """A raw WebDataset (or Energon CrudeWebdataset) sample of this export as {"__key__", each stored tensor by key,
     "record", "latent_shape"}: tensors read by safetensors (no pickle). `json` may be bytes (webdataset) or already
     parsed (Energon's default decoder)."""
+    import torch
     from safetensors.torch import load
 
     record = dict(sample["json"]) if isinstance(sample["json"], dict) else json.loads(sample["json"])
     shape = record.pop("latent_shape", None)
-    return {"__key__": sample["__key__"], **load(sample["latents.safetensors"]), "record": record,
+    texts: dict[str, torch.Tensor] = {}
+    stored = load(sample["text.safetensors"]) if "text.safetensors" in sample else {}
+    for name, facts in sorted((record.pop("text_sets", None) or {}).items()):
+        rows = stored[f"text/{name}"]
+        embeds = rows.new_zeros((int(facts["length"]), rows.shape[1]))
+        embeds[:rows.shape[0]] = rows
+        mask = torch.zeros(int(facts["length"]), dtype=torch.bool)
+        mask[:int(facts["tokens"])] = True
+        texts[f"text/{name}"], texts[f"text_mask/{name}"] = embeds, mask
+    return {"__key__": sample["__key__"], **load(sample["latents.safetensors"]), **texts, "record": record,
             "latent_shape": tuple((key, tuple(dims)) for key, dims in sorted((shape or {}).items()))}
 
 

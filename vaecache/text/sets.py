@@ -423,6 +423,10 @@ class TextSet:
         shard = self._shard_of[key]
         return self.store.shard(self.store.checked_name(shard, f"text set {self.name}")).get_tensor(key)
 
+    def tokens(self, clip: str) -> int:
+        """The clip's prompt's token count (the rows its mask marks)."""
+        return int(self._tokens_of.get(self.key(clip)) or 0)
+
     def text(self, clip: str) -> str:
         """The clip's prompt as embedded (after the family's cleaning)."""
         return self._text_of.get(self.key(clip), "")
@@ -441,7 +445,7 @@ class TextSet:
         embeds = rows.new_zeros((self.length, rows.shape[1]))
         embeds[:rows.shape[0]] = rows
         mask = torch.zeros(self.length, dtype=torch.bool)
-        mask[:int(self._tokens_of.get(self.key(clip)) or 0)] = True
+        mask[:self.tokens(clip)] = True
         return embeds, mask
 
 
