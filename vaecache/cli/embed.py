@@ -29,7 +29,7 @@ def embed(
                                  "other captions (without it that is refused)."),
     dtype: str = typer.Option("fp32", "--dtype", help="Stored dtype: fp32 | bf16 | fp16."),
     compute_dtype: str = typer.Option("fp32", "--compute-dtype", help="What the encoder computes in (recorded): fp32 "
-                                      "| bf16 | fp16."),
+                                      "| bf16."),
     text_batch: int = typer.Option(8, "--text-batch", help="Prompts per forward, a fixed shape (recorded: the bits "
                                    "do not depend on anything else)."),
     text_length: Optional[int] = typer.Option(None, "--text-length", help="transformers:PATH: tokens per prompt."),

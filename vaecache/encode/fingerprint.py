@@ -30,8 +30,12 @@ def load_recorded_vae(out: Path, manifest: dict[str, Any], spec: str, device: An
                                       if isinstance(clip_settings.views_per_forward, int) else 1),
                    compiled=clip_settings.compiled, channels_last=clip_settings.channels_last,
                    encoder_impl=manifest.get("vae", {}).get("encoder_impl", "reference"))
-    recorded = upgraded_fingerprint({"vae": {k: v for k, v in manifest.get("vae", {}).items() if k != "spec"}})["vae"]
-    given = run_fingerprint_vae_part(vae)
+    # encoder_variant depends on the device (compiled kernels on CUDA, eager on CPU): decode and --reencode on
+    # another machine load the same VAE; the re-encode's tolerance covers the rounding
+    machine = ("spec", "encoder_variant")
+    recorded = upgraded_fingerprint({"vae": {k: v for k, v in manifest.get("vae", {}).items()
+                                             if k not in machine}})["vae"]
+    given = {k: v for k, v in run_fingerprint_vae_part(vae).items() if k not in machine}
     if recorded != given:
         diffs = describe_differences(recorded, given)
         raise UsageError(f"--vae {spec} does not match the VAE recorded in {out}/manifest.json "

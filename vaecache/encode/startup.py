@@ -111,7 +111,9 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
     vae = load_vae(settings.vae, request.device, clip.dtype, tiling=clip.tiling,
                    views_per_forward=job.views_per_forward, allow_pickle_weights=settings.allow_pickle_weights,
                    compiled=clip.compiled, channels_last=clip.channels_last, vae_config=settings.vae_config,
-                   encoder_impl=clip.encoder_impl)
+                   # spatial mode runs diffusers' encoder band by band: auto is the reference there
+                   encoder_impl="reference" if settings.sp_mode == "spatial" and clip.encoder_impl == "auto"
+                   else clip.encoder_impl)
     vae.model.rule.check_buckets(clip.sampling.lengths, clip.sizes)
     if clip.store != "mean" and not vae.model.has_logvar:
         raise UsageError(f"--store {clip.store} needs the posterior log-variance, and {settings.vae} gives only a "

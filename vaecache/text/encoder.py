@@ -29,6 +29,10 @@ from vaecache.text.families import TextFamily, check_text_spec, family_for_pipel
 
 ENCODER_ONLY = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel", "umt5": "UMT5EncoderModel"}
 """transformers model types whose checkpoints hold an encoder-decoder: their encoder-only class."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "spiece.model", "sentencepiece.bpe.model", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "merges.txt")
+"""The files a tokenizer is read from (a transformers:PATH model folder holds the weights too: not hashed twice)."""
 VOLATILE_CONFIG_KEYS = ("transformers_version", "_name_or_path", "torch_dtype", "dtype", "architectures")
 
 
@@ -114,6 +118,9 @@ def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_
     if batch < 1:
         raise UsageError(f"--text-batch must be >= 1, got {batch}")
     check_text_spec(spec)
+    if compute_dtype == "fp16":
+        raise UsageError("--compute-dtype fp16 is not supported: T5 overflows in fp16 unless some layers stay in fp32, "
+                         "as transformers' own loading keeps them; compute in fp32 or bf16 (and store fp16 if wanted)")
     kind, _, rest = spec.partition(":")
     if kind == "diffusers":
         location, _, sub = rest.partition("#")
@@ -135,6 +142,7 @@ def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_
                              f"whose length is {family.length}")
         model_dir, tokenizer_dir = root / (sub or "text_encoder"), root / "tokenizer"
     elif kind == "transformers":
+        sub = ""
         model_dir = _local_folder(rest, spec)
         if length is None:
             raise UsageError(f"--text-encoder {spec}: a transformers:PATH encoder needs --text-length N (the tokens "
@@ -148,7 +156,8 @@ def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_
             raise VaeSpecError(f"--text-encoder {spec}: no {what} folder {folder}")
     model, identity = _load_model(model_dir, spec, allow_pickle_weights)
     tokenizer = _load_tokenizer(tokenizer_dir, spec)
-    identity["tokenizer_sha256"] = {p.name: _sha256(p) for p in sorted(tokenizer_dir.iterdir()) if p.is_file()}
+    identity["tokenizer_sha256"] = {p.name: _sha256(p) for p in sorted(tokenizer_dir.iterdir())
+                                    if p.is_file() and p.name in TOKENIZER_FILES}
     compute = torch_dtype(compute_dtype)
     device = torch.device(device)
     model.to(device=device, dtype=compute).eval().requires_grad_(False)
@@ -156,7 +165,9 @@ def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_
         layers = getattr(model.config, "num_layers", None) or getattr(model.config, "num_hidden_layers", None)
         if layers is not None and not -(layers + 1) <= layer <= layers:
             raise UsageError(f"--text-layer {layer}: {spec} has hidden states 0..{layers}")
-    return TextEncoder(spec=spec, family=family, tokenizer=tokenizer, model=model, device=device,
+    resolved = f"diffusers:{root.resolve()}" + (f"#{sub}" if sub else "") if kind == "diffusers" \
+        else f"transformers:{model_dir.resolve()}"
+    return TextEncoder(spec=resolved, family=family, tokenizer=tokenizer, model=model, device=device,
                        compute_dtype=compute, dtype=torch_dtype(dtype), layer=layer, batch=batch, identity=identity)
 
 

@@ -207,7 +207,7 @@ def embed_cache(request: EmbedRequest, on_progress: Callable[[int, int], None] |
             captions, source = None, {"kind": "clip metadata", "field": request.caption_field}
             if request.captions is not None:
                 captions, source = read_captions_file(request.captions)
-            stack.enter_context(held_lock(store))
+            stack.enter_context(held_lock(store, ctx.info.job_id if ctx is not None else None))
             cache = CacheReader(store)
             pairs = clip_captions(cache.clip_records(), request.caption_field, captions)
             return cache.manifest, pairs, (cache.manifest.get("text") or {}).get(name), source
@@ -226,21 +226,23 @@ def embed_cache(request: EmbedRequest, on_progress: Callable[[int, int], None] |
             cleaned.setdefault(key, text)
             clip_keys.append((clip, key))
         keys = sorted(cleaned)
-        generation = _generation(fingerprint, clip_keys)
+        generation = _generation({"fingerprint": fingerprint, "captions": source,
+                                  "shard_bytes": request.shard_bytes}, clip_keys)
         summary.clips, summary.prompts = len(clip_keys), len(keys)
         if existing is not None:
-            if existing.get("generation") == generation and existing.get("captions") == source:
+            if existing.get("generation") == generation:
                 # what a crash after the manifest's write left of the generation before goes now
                 if ctx is not None:
-                    ctx.on_rank0(lambda: _delete_other_generations(store, name, generation))
+                    ctx.on_rank0(lambda: _delete_unlisted(store, name, existing))
                 else:
-                    _delete_other_generations(store, name, generation)
+                    _delete_unlisted(store, name, existing)
                 summary.unchanged = True
                 summary.seconds = time.perf_counter() - started
                 return summary
             if not request.replace:
                 raise UsageError(f"{store.where(MANIFEST)}: the cache already holds text set {name!r}, made with "
-                                 "another encoder or other captions; --replace replaces it, --set NAME adds another")
+                                 "another encoder, other captions or another --shard-size; --replace replaces it, "
+                                 "--set NAME adds another")
             summary.replaced = True
         folder = f"{TEXT_DIR}/{name}/{generation}"
         row_bytes = encoder.hidden_size * torch.empty((), dtype=encoder.dtype).element_size()
@@ -271,7 +273,7 @@ def embed_cache(request: EmbedRequest, on_progress: Callable[[int, int], None] |
             }
             updated = {**manifest, "text": {**(manifest.get("text") or {}), name: record}}
             store.write(MANIFEST, (json.dumps(updated, indent=2) + "\n").encode())
-            _delete_other_generations(store, name, generation)
+            _delete_unlisted(store, name, record)
             return {"record": record, "examples": [clip for clip, key in clip_keys if key in truncated][:5]}
 
         done = ctx.on_rank0(finish) if ctx is not None else finish()
@@ -284,9 +286,11 @@ def embed_cache(request: EmbedRequest, on_progress: Callable[[int, int], None] |
     return summary
 
 
-def _delete_other_generations(store: Any, name: str, generation: str) -> None:
-    folder = f"{TEXT_DIR}/{name}/{generation}/"
-    store.delete([file for file in store.listing(f"{TEXT_DIR}/{name}") if not file.startswith(folder)])
+def _delete_unlisted(store: Any, name: str, record: dict[str, Any]) -> None:
+    """Every file in the set's folder that its manifest record does not list (what a crash left)."""
+    listed = {entry.get("file") for entry in [*(record.get("shards") or []), *(record.get("tables") or {}).values()]
+              if isinstance(entry, dict)}
+    store.delete([file for file in store.listing(f"{TEXT_DIR}/{name}") if file not in listed])
 
 
 def _device(name: str) -> torch.device:
@@ -313,8 +317,10 @@ def pack_shards(keys: list[str], sizes: list[int], batch: int, shard_bytes: int)
     return shards
 
 
-def _generation(fingerprint: dict[str, Any], clip_keys: list[tuple[str, str]]) -> str:
-    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode())
+def _generation(inputs: dict[str, Any], clip_keys: list[tuple[str, str]]) -> str:
+    """The set's folder name: a hash of everything its files depend on, so a rerun with other inputs never writes
+    into the folder the manifest lists."""
+    digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode())
     for clip, key in clip_keys:
         digest.update(f"{clip}\t{key}\n".encode())
     return digest.hexdigest()[:16]
@@ -405,6 +411,8 @@ class TextSet:
         self._shard_of = dict(zip(prompts.column("key").to_pylist(), prompts.column("shard").to_pylist()))
         self._text_of = dict(zip(prompts.column("key").to_pylist(), prompts.column("text").to_pylist()))
         self._tokens_of = dict(zip(prompts.column("key").to_pylist(), prompts.column("tokens").to_pylist()))
+        self._listed = {entry.get("file") for entry in self.entry.get("shards") or [] if isinstance(entry, dict)}
+        self._handles: dict[str, Any] = {}
         self.family = str(fingerprint.get("family") or "")
 
     def key(self, clip: str) -> str:
@@ -421,7 +429,13 @@ class TextSet:
 
     def key_rows(self, key: str) -> torch.Tensor:
         shard = self._shard_of[key]
-        return self.store.shard(self.store.checked_name(shard, f"text set {self.name}")).get_tensor(key)
+        handle = self._handles.get(shard)
+        if handle is None:
+            if shard not in self._listed:
+                raise ManifestError(f"{self.store.location}: text set {self.name!r}: prompt {key[:12]} names shard "
+                                    f"{shard!r}, which the manifest does not list")
+            handle = self._handles[shard] = self.store.shard(self.store.checked_name(shard, f"text set {self.name}"))
+        return handle.get_tensor(key)
 
     def tokens(self, clip: str) -> int:
         """The clip's prompt's token count (the rows its mask marks)."""

@@ -101,9 +101,8 @@ them: compile_options)."""
 
 def compile_options() -> dict[str, bool]:
     """COMPILE_OPTIONS this torch's inductor knows (batch_invariant is newer than deterministic). Without
-    batch_invariant a persistent reduction's configuration still does not depend on the row count above 4096
-    rows (torch/_inductor/runtime/triton_heuristics.py, _persistent_reduction_configs), where every Wan view of
-    a bucket of 256x256 or more is."""
+    batch_invariant a persistent reduction's configuration still does not depend on the row count above
+    ROW_INVARIANT_ROWS rows; CompiledRowKernels runs smaller activations eagerly then."""
     import torch._inductor.config as inductor
 
     return {key: value for key, value in COMPILE_OPTIONS.items() if hasattr(inductor, key)}
@@ -120,6 +119,10 @@ class CompiledRowKernels:
 
     def __init__(self) -> None:
         self.options = compile_options()
+        self.row_invariant = bool(self.options.get("batch_invariant"))
+        """Inductor's batch_invariant mode is there: a reduction's configuration does not depend on the row count
+        for any count; without it only above ROW_INVARIANT_ROWS, and smaller activations run the eager kernels (the
+        same arithmetic up to rounding, and the same in every process)."""
         self._norm = torch.compile(_norm_silu_rows, fullgraph=True, options=self.options)
         self._add = torch.compile(_add_rows, fullgraph=True, options=self.options)
 
@@ -128,17 +131,31 @@ class CompiledRowKernels:
 
     def norm_silu(self, x: torch.Tensor, pre_bias: torch.Tensor | None, weight: torch.Tensor,
                   bias: torch.Tensor | None, out: torch.Tensor) -> None:
+        if _few_rows(x) and not self.row_invariant:
+            norm_silu_eager(x, pre_bias, weight, bias, out)
+            return
         weight, pre_bias, bias = _flat(weight), _flat(pre_bias), _flat(bias)
         with _recompile_limit():
             for view in range(x.shape[0]):
                 self._norm(_rows(x[view]), pre_bias, weight, bias, _rows(out[view], writable=True))
 
     def add(self, y: torch.Tensor, h: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if _few_rows(y) and not self.row_invariant:
+            return add_eager(y, h, bias)
         bias = _flat(bias)
         with _recompile_limit():
             for view in range(y.shape[0]):
                 self._add(_rows(y[view], writable=True), _rows(h[view]), bias)
         return y
+
+
+ROW_INVARIANT_ROWS = 4096
+"""torch/_inductor/runtime/triton_heuristics.py, _persistent_reduction_configs: above this many rows the
+candidate configurations do not depend on the row count."""
+
+
+def _few_rows(x: torch.Tensor) -> bool:
+    return x[0].numel() // x.shape[1] <= ROW_INVARIANT_ROWS
 
 
 def _flat(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -173,9 +190,15 @@ def _rows(view: torch.Tensor, writable: bool = False) -> torch.Tensor:
 def _recompile_limit() -> Any:
     import torch._dynamo
 
-    # past the limit dynamo would run the function eagerly (other rounding, silently): fail instead
-    return torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, accumulated_recompile_limit=4096,
-                                      fail_on_recompile_limit_hit=True)
+    # past the limit dynamo would run the function eagerly (other rounding, silently): fail instead. Older torch
+    # names these cache_size_limit, accumulated_cache_size_limit, fail_on_cache_limit_hit.
+    config = torch._dynamo.config
+    wanted = {("recompile_limit", "cache_size_limit"): RECOMPILE_LIMIT,
+              ("accumulated_recompile_limit", "accumulated_cache_size_limit"): 4096,
+              ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"): True}
+    patch = {next(name for name in names if hasattr(config, name)): value for names, value in wanted.items()
+             if any(hasattr(config, name) for name in names)}
+    return config.patch(**patch)
 
 
 class WanFastEncoder:

@@ -12,6 +12,7 @@ from typing import Any
 from safetensors.torch import load as safetensors_load
 
 from vaecache.cache.layout import TEXT_DIR
+from vaecache.errors import VaecacheError
 from vaecache.settings.dtypes import RECORDED_NAMES as RECORDED_DTYPES
 from vaecache.settings.dtypes import SAFETENSORS_NAMES
 
@@ -40,7 +41,7 @@ def check_text_sets(cache: Any, quick: bool, check_type: type) -> list[Any]:
         check = check_type(f"text set {name}" + (" (size only, --quick)" if quick else ""))
         try:
             _check_set(cache, name, sets[name], ids, quick, check)
-        except (KeyError, TypeError, ValueError, OSError) as exc:
+        except (KeyError, TypeError, ValueError, OSError, VaecacheError) as exc:
             check.fail(f"text set {name}: {type(exc).__name__}: {exc}")
         rows.append(check)
     return rows
@@ -141,7 +142,6 @@ def check_text_reembed(cache: Any, count: int, seed: int, device: Any, tolerance
     import random
 
     from vaecache.cache.outdir import describe_differences
-    from vaecache.errors import VaecacheError
     from vaecache.text.encoder import load_text_encoder
     from vaecache.text.sets import TextSet
 
