@@ -151,25 +151,28 @@ def upgraded_fingerprint(fingerprint: dict[str, Any]) -> dict[str, Any]:
     return parts
 
 
+def _recorded_fingerprint_part(out: Path, part: str) -> dict[str, Any] | None:
+    """One part of the fingerprint run.json in `out` records (None: no readable record, or no such object)."""
+    try:
+        found = read_json(Path(out) / RUN, "run record").get("fingerprint", {}).get(part, {})
+    except (ManifestError, AttributeError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
 def recorded_cpu_threads(out: Path) -> int | None:
     """The torch threads per rank a CPU encode into `out` recorded (None: no such record). Read by every rank at
     start-up, before rank 0 checks the whole record, so that a resume computes with the same count."""
-    try:
-        numerics = read_json(Path(out) / RUN, "run record").get("fingerprint", {}).get("numerics", {})
-    except (ManifestError, AttributeError):
-        return None
-    threads = numerics.get("threads") if isinstance(numerics, dict) and numerics.get("device") == "cpu" else None
+    numerics = _recorded_fingerprint_part(out, "numerics") or {}
+    threads = numerics.get("threads") if numerics.get("device") == "cpu" else None
     return threads if isinstance(threads, int) and threads > 0 else None
 
 
 def recorded_encoder_impl(out: Path) -> str | None:
     """The encoder implementation a run into `out` recorded ("fast" or "reference"; None: no run record). A
     resumed run with --encoder-impl auto takes it, so that a newer auto never mixes implementations in one cache."""
-    try:
-        vae = read_json(Path(out) / RUN, "run record").get("fingerprint", {}).get("vae", {})
-    except (ManifestError, AttributeError):
-        return None
-    impl = vae.get("encoder_impl", "reference") if isinstance(vae, dict) else None
+    vae = _recorded_fingerprint_part(out, "vae")
+    impl = vae.get("encoder_impl", "reference") if vae is not None else None
     return impl if impl in ("fast", "reference") else None
 
 

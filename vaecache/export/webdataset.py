@@ -178,20 +178,17 @@ def decode_sample(sample: dict[str, Any]) -> dict[str, Any]:
     """A raw WebDataset (or Energon CrudeWebdataset) sample of this export as {"__key__", each stored tensor by key,
     "record", "latent_shape"}: tensors read by safetensors (no pickle). `json` may be bytes (webdataset) or already
     parsed (Energon's default decoder)."""
-    import torch
     from safetensors.torch import load
+
+    from vaecache.text.sets import pipeline_tensor
 
     record = dict(sample["json"]) if isinstance(sample["json"], dict) else json.loads(sample["json"])
     shape = record.pop("latent_shape", None)
-    texts: dict[str, torch.Tensor] = {}
+    texts: dict[str, Any] = {}
     stored = load(sample["text.safetensors"]) if "text.safetensors" in sample else {}
     for name, facts in sorted((record.pop("text_sets", None) or {}).items()):
-        rows = stored[f"text/{name}"]
-        embeds = rows.new_zeros((int(facts["length"]), rows.shape[1]))
-        embeds[:rows.shape[0]] = rows
-        mask = torch.zeros(int(facts["length"]), dtype=torch.bool)
-        mask[:int(facts["tokens"])] = True
-        texts[f"text/{name}"], texts[f"text_mask/{name}"] = embeds, mask
+        texts[f"text/{name}"], texts[f"text_mask/{name}"] = pipeline_tensor(stored[f"text/{name}"],
+                                                                            int(facts["length"]), int(facts["tokens"]))
     return {"__key__": sample["__key__"], **load(sample["latents.safetensors"]), **texts, "record": record,
             "latent_shape": tuple((key, tuple(dims)) for key, dims in sorted((shape or {}).items()))}
 

@@ -23,7 +23,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import torch
 
@@ -180,8 +180,7 @@ def read_captions_file(path: Path) -> tuple[dict[str, str | None], dict[str, Any
 # ----------------------------------------------------------------------------- writing
 
 
-def embed_cache(request: EmbedRequest, on_progress: Callable[[int, int], None] | None = None,
-                ctx: Any = None) -> EmbedSummary:
+def embed_cache(request: EmbedRequest, ctx: Any = None) -> EmbedSummary:
     """Add (or with `replace`, replace) the embedding set `request.set_name` to the finished cache at
     `request.out`, under OUT's lock (held by rank 0). Latents and the clip table are not touched.
 
@@ -251,7 +250,7 @@ def embed_cache(request: EmbedRequest, on_progress: Callable[[int, int], None] |
         mine = [(number, part) for number, part in enumerate(shards) if number % world == rank]
         written = []
         for count, (number, part) in enumerate(mine, 1):
-            written.append(_write_shard(store, folder, number, part, cleaned, encoder, on_progress, len(keys)))
+            written.append(_write_shard(store, folder, number, part, cleaned, encoder))
             if faults.should_fail("crash-after-text-shard", count, rank):
                 faults.crash()
         parts = ctx.all_gather_object(written) if ctx is not None else [written]
@@ -326,8 +325,8 @@ def _generation(inputs: dict[str, Any], clip_keys: list[tuple[str, str]]) -> str
     return digest.hexdigest()[:16]
 
 
-def _write_shard(store: Any, folder: str, number: int, keys: list[str], cleaned: dict[str, str], encoder: Any,
-                 on_progress: Callable[[int, int], None] | None, total: int) -> dict[str, Any]:
+def _write_shard(store: Any, folder: str, number: int, keys: list[str], cleaned: dict[str, str],
+                 encoder: Any) -> dict[str, Any]:
     """Embed one shard's prompts and write it; its manifest entry and its prompt rows."""
     from safetensors.torch import save
 
@@ -338,8 +337,6 @@ def _write_shard(store: Any, folder: str, number: int, keys: list[str], cleaned:
     data = save({key: e.rows.contiguous() for key, e in zip(keys, embeddings)},
                 metadata={"vaecache_text_set": folder.split("/")[1]})
     store.write(file, data)
-    if on_progress is not None:
-        on_progress(len(keys), total)
     return {"entry": {"file": file, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
                       "tensors": len(keys)},
             "keys": keys, "texts": [cleaned[key] for key in keys], "tokens": [e.tokens for e in embeddings],
@@ -455,12 +452,17 @@ class TextSet:
     def padded(self, clip: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(length, hidden) as the pipeline returns it (Wan: zero rows after the prompt's; LTX-Video, CogVideoX:
         every row as stored) and the (length,) bool mask of the prompt's tokens."""
-        rows = self.rows(clip)
-        embeds = rows.new_zeros((self.length, rows.shape[1]))
-        embeds[:rows.shape[0]] = rows
-        mask = torch.zeros(self.length, dtype=torch.bool)
-        mask[:self.tokens(clip)] = True
-        return embeds, mask
+        return pipeline_tensor(self.rows(clip), self.length, self.tokens(clip))
+
+
+def pipeline_tensor(rows: torch.Tensor, length: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stored rows as the pipeline returns them: (length, hidden), zero rows after the stored ones, and the
+    (length,) bool mask of the prompt's `tokens`."""
+    embeds = rows.new_zeros((length, rows.shape[1]))
+    embeds[:rows.shape[0]] = rows
+    mask = torch.zeros(length, dtype=torch.bool)
+    mask[:tokens] = True
+    return embeds, mask
 
 
 def _entry_file(store: Any, name: str, entry: Any) -> str:
@@ -471,5 +473,5 @@ def _entry_file(store: Any, name: str, entry: Any) -> str:
     return store.checked_name(file, f"text set {name}")
 
 
-__all__ = ["EmbedRequest", "EmbedSummary", "TextSet", "clip_captions", "embed_cache", "prompt_key",
+__all__ = ["EmbedRequest", "EmbedSummary", "TextSet", "clip_captions", "embed_cache", "pipeline_tensor", "prompt_key",
            "read_captions_file", "text_set_names"]

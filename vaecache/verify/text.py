@@ -13,8 +13,7 @@ from safetensors.torch import load as safetensors_load
 
 from vaecache.cache.layout import TEXT_DIR
 from vaecache.errors import VaecacheError
-from vaecache.settings.dtypes import RECORDED_NAMES as RECORDED_DTYPES
-from vaecache.settings.dtypes import SAFETENSORS_NAMES
+from vaecache.settings.dtypes import SAFETENSORS_NAMES, canonical_dtype_name
 
 
 def check_text_sets(cache: Any, quick: bool, check_type: type) -> list[Any]:
@@ -151,8 +150,8 @@ def check_text_reembed(cache: Any, count: int, seed: int, device: Any, tolerance
         fingerprint = entry.get("fingerprint") or {}
         check = check_type(f"re-embed {count} prompt(s) of text set {name}")
         rows.append(check)
-        stored_dtype = {v: k for k, v in RECORDED_DTYPES.items()}.get(fingerprint.get("stored_dtype"), "fp32")
-        compute = {v: k for k, v in RECORDED_DTYPES.items()}.get(fingerprint.get("compute_dtype"), "fp32")
+        stored_dtype = canonical_dtype_name(fingerprint.get("stored_dtype") or "float32")
+        compute = canonical_dtype_name(fingerprint.get("compute_dtype") or "float32")
         generic = fingerprint.get("family") == "generic"
         try:
             texts = TextSet(cache.store, cache.manifest, name)
