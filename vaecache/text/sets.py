@@ -29,6 +29,7 @@ import torch
 
 from vaecache import faults
 from vaecache.cache.layout import MANIFEST, TEXT_DIR
+from vaecache.cache.sets import delete_unlisted, file_entry, generation_of, pack_shards, parquet_bytes
 from vaecache.errors import DatasetError, ManifestError, UsageError
 
 SET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -225,16 +226,16 @@ def embed_cache(request: EmbedRequest, ctx: Any = None) -> EmbedSummary:
             cleaned.setdefault(key, text)
             clip_keys.append((clip, key))
         keys = sorted(cleaned)
-        generation = _generation({"fingerprint": fingerprint, "captions": source,
+        generation = generation_of({"fingerprint": fingerprint, "captions": source,
                                   "shard_bytes": request.shard_bytes}, clip_keys)
         summary.clips, summary.prompts = len(clip_keys), len(keys)
         if existing is not None:
             if existing.get("generation") == generation:
                 # what a crash after the manifest's write left of the generation before goes now
                 if ctx is not None:
-                    ctx.on_rank0(lambda: _delete_unlisted(store, name, existing))
+                    ctx.on_rank0(lambda: delete_unlisted(store, f"{TEXT_DIR}/{name}", existing))
                 else:
-                    _delete_unlisted(store, name, existing)
+                    delete_unlisted(store, f"{TEXT_DIR}/{name}", existing)
                 summary.unchanged = True
                 summary.seconds = time.perf_counter() - started
                 return summary
@@ -272,7 +273,7 @@ def embed_cache(request: EmbedRequest, ctx: Any = None) -> EmbedSummary:
             }
             updated = {**manifest, "text": {**(manifest.get("text") or {}), name: record}}
             store.write(MANIFEST, (json.dumps(updated, indent=2) + "\n").encode())
-            _delete_unlisted(store, name, record)
+            delete_unlisted(store, f"{TEXT_DIR}/{name}", record)
             return {"record": record, "examples": [clip for clip, key in clip_keys if key in truncated][:5]}
 
         done = ctx.on_rank0(finish) if ctx is not None else finish()
@@ -285,44 +286,10 @@ def embed_cache(request: EmbedRequest, ctx: Any = None) -> EmbedSummary:
     return summary
 
 
-def _delete_unlisted(store: Any, name: str, record: dict[str, Any]) -> None:
-    """Every file in the set's folder that its manifest record does not list (what a crash left)."""
-    listed = {entry.get("file") for entry in [*(record.get("shards") or []), *(record.get("tables") or {}).values()]
-              if isinstance(entry, dict)}
-    store.delete([file for file in store.listing(f"{TEXT_DIR}/{name}") if file not in listed])
-
-
 def _device(name: str) -> torch.device:
     from vaecache.distributed.context import resolve_device
 
     return resolve_device(name)
-
-
-def pack_shards(keys: list[str], sizes: list[int], batch: int, shard_bytes: int) -> list[list[str]]:
-    """The prompts (in key order) cut into shards of whole batches, each up to `shard_bytes` of rows (a single
-    batch may exceed it): a function of the prompts alone, so every world size writes the same files."""
-    shards: list[list[str]] = []
-    current: list[str] = []
-    held = 0
-    for start in range(0, len(keys), batch):
-        size = sum(sizes[start:start + batch])
-        if current and held + size > shard_bytes:
-            shards.append(current)
-            current, held = [], 0
-        current.extend(keys[start:start + batch])
-        held += size
-    if current:
-        shards.append(current)
-    return shards
-
-
-def _generation(inputs: dict[str, Any], clip_keys: list[tuple[str, str]]) -> str:
-    """The set's folder name: a hash of everything its files depend on, so a rerun with other inputs never writes
-    into the folder the manifest lists."""
-    digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode())
-    for clip, key in clip_keys:
-        digest.update(f"{clip}\t{key}\n".encode())
-    return digest.hexdigest()[:16]
 
 
 def _write_shard(store: Any, folder: str, number: int, keys: list[str], cleaned: dict[str, str],
@@ -337,8 +304,7 @@ def _write_shard(store: Any, folder: str, number: int, keys: list[str], cleaned:
     data = save({key: e.rows.contiguous() for key, e in zip(keys, embeddings)},
                 metadata={"vaecache_text_set": folder.split("/")[1]})
     store.write(file, data)
-    return {"entry": {"file": file, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-                      "tensors": len(keys)},
+    return {"entry": file_entry(file, data, tensors=len(keys)),
             "keys": keys, "texts": [cleaned[key] for key in keys], "tokens": [e.tokens for e in embeddings],
             "truncated": [e.truncated for e in embeddings]}
 
@@ -361,20 +327,11 @@ def _write_tables(store: Any, folder: str, results: list[dict[str, Any]],
             "shard": pa.array(rows["shard"], pa.string())})),
             (CLIPS_TABLE, pa.table({"id": pa.array([c for c, _ in clip_keys], pa.string()),
                                     "key": pa.array([k for _, k in clip_keys], pa.string())}))):
-        data = _parquet_bytes(table)
+        data = parquet_bytes(table)
         file = f"{folder}/{table_name}"
         store.write(file, data)
-        tables[table_name.split(".")[0]] = {"file": file, "bytes": len(data),
-                                            "sha256": hashlib.sha256(data).hexdigest(), "rows": table.num_rows}
+        tables[table_name.split(".")[0]] = file_entry(file, data, rows=table.num_rows)
     return {"shards": [result["entry"] for result in results], "tables": tables}
-
-
-def _parquet_bytes(table: Any) -> bytes:
-    import pyarrow.parquet as pq
-
-    buffer = io.BytesIO()
-    pq.write_table(table, buffer, compression="zstd", write_page_checksum=True)
-    return buffer.getvalue()
 
 
 # ----------------------------------------------------------------------------- reading
@@ -473,5 +430,6 @@ def _entry_file(store: Any, name: str, entry: Any) -> str:
     return store.checked_name(file, f"text set {name}")
 
 
-__all__ = ["EmbedRequest", "EmbedSummary", "TextSet", "clip_captions", "embed_cache", "pipeline_tensor", "prompt_key",
+__all__ = ["EmbedRequest", "EmbedSummary", "TextSet", "clip_captions", "embed_cache", "pack_shards", "pipeline_tensor",
+           "prompt_key",
            "read_captions_file", "text_set_names"]

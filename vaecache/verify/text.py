@@ -12,6 +12,7 @@ from typing import Any
 from safetensors.torch import load as safetensors_load
 
 from vaecache.cache.layout import TEXT_DIR
+from vaecache.cache.sets import check_set_files, unlisted_sets
 from vaecache.errors import VaecacheError
 from vaecache.settings.dtypes import SAFETENSORS_NAMES, canonical_dtype_name
 
@@ -25,8 +26,7 @@ def check_text_sets(cache: Any, quick: bool, check_type: type) -> list[Any]:
         return [bad]
     ids: list[str] | None = None
     rows = []
-    unlisted = sorted({name.split("/")[1] for name in cache.store.listing(TEXT_DIR)
-                       if name.count("/") >= 2 and name.split("/")[1] not in sets})
+    unlisted = unlisted_sets(cache.store, TEXT_DIR, sets)
     if unlisted:
         orphan = check_type("text sets")
         for name in unlisted:
@@ -54,37 +54,11 @@ def _check_set(cache: Any, name: str, entry: Any, ids: list[str], quick: bool, c
     if not isinstance(entry, dict) or not isinstance(entry.get("generation"), str):
         check.fail(f"text set {name}: its manifest entry is not a set record")
         return
-    folder = f"{prefix}{entry['generation']}/"
     fingerprint = entry.get("fingerprint") or {}
     hidden, length = fingerprint.get("hidden_size"), fingerprint.get("length")
     stored = SAFETENSORS_NAMES.get(fingerprint.get("stored_dtype", ""))
     full = fingerprint.get("storage") == "every row of the length"
-    files = [*(entry.get("tables") or {}).values(), *(entry.get("shards") or [])]
-    present = store.listing(f"{TEXT_DIR}/{name}")
-    listed = set()
-    contents: dict[str, bytes] = {}
-    for item in files:
-        file = item.get("file") if isinstance(item, dict) else None
-        if not isinstance(file, str) or not file.startswith(folder) or "/" in file[len(folder):]:
-            check.fail(f"text set {name}: a listed file {file!r} is not in {folder}")
-            continue
-        listed.add(file)
-        if file not in present:
-            check.fail(f"{store.where(file)}: listed in the manifest, missing")
-            continue
-        if present[file] != item.get("bytes"):
-            check.fail(f"{store.where(file)}: {present[file]} bytes, the manifest says {item.get('bytes')}")
-            continue
-        if not quick or file.endswith(".parquet"):
-            data = store.read(file)
-            if hashlib.sha256(data).hexdigest() != item.get("sha256"):
-                check.fail(f"{store.where(file)}: sha256 differs from the manifest's")
-                continue
-            contents[file] = data
-        check.ok()
-    for stray in sorted(set(present) - listed):
-        check.fail(f"{store.where(stray)}: in text set {name}'s folder, not listed in the manifest (left by an "
-                   "interrupted embed: the next `vaecache embed` of this set removes it)")
+    contents = check_set_files(store, f"text set {name}", prefix, entry, quick, check)
     tables = entry.get("tables") or {}
     clips_file, prompts_file = (tables.get("clips") or {}).get("file"), (tables.get("prompts") or {}).get("file")
     if clips_file not in contents or prompts_file not in contents:

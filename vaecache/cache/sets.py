@@ -1,0 +1,102 @@
+"""What every named set added to a finished cache shares (text embeddings: vaecache.text.sets; image-to-video
+conditions: vaecache.conditions.sets): a folder OUT/<kind dir>/<set>/<generation>/ of shards and Parquet tables,
+written through OUT's store, listed by one manifest record; the generation a hash of every input, so the same
+inputs write the same bytes and a rerun with other inputs never writes into the folder the manifest lists."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from typing import Any, Iterable
+
+
+def generation_of(inputs: dict[str, Any], pairs: Iterable[tuple[str, str]]) -> str:
+    """A set's folder name: a hash of its settings and its (clip, input key) pairs."""
+    digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode())
+    for clip, key in pairs:
+        digest.update(f"{clip}\t{key}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def pack_shards(keys: list[str], sizes: list[int], batch: int, shard_bytes: int) -> list[list[str]]:
+    """The keys (in the order given) cut into shards of whole batches, each up to `shard_bytes` (a single batch may
+    exceed it): a function of the keys and sizes alone, so every world size writes the same files."""
+    shards: list[list[str]] = []
+    current: list[str] = []
+    held = 0
+    for start in range(0, len(keys), batch):
+        size = sum(sizes[start:start + batch])
+        if current and held + size > shard_bytes:
+            shards.append(current)
+            current, held = [], 0
+        current.extend(keys[start:start + batch])
+        held += size
+    if current:
+        shards.append(current)
+    return shards
+
+
+def file_entry(file: str, data: bytes, **extra: Any) -> dict[str, Any]:
+    """A manifest entry for one written file."""
+    return {"file": file, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), **extra}
+
+
+def parquet_bytes(table: Any) -> bytes:
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, compression="zstd", write_page_checksum=True)
+    return buffer.getvalue()
+
+
+def listed_files(record: dict[str, Any]) -> set[str]:
+    """Every file a set's manifest record lists (its shards and tables)."""
+    return {entry.get("file") for entry in [*(record.get("shards") or []), *(record.get("tables") or {}).values()]
+            if isinstance(entry, dict)}
+
+
+def delete_unlisted(store: Any, folder: str, record: dict[str, Any]) -> None:
+    """Every file under the set's folder that its manifest record does not list (what a crash left)."""
+    listed = listed_files(record)
+    store.delete([file for file in store.listing(folder) if file not in listed])
+
+
+def check_set_files(store: Any, name: str, prefix: str, entry: dict[str, Any], quick: bool,
+                    check: Any) -> dict[str, bytes]:
+    """verify's file checks of one set: every listed file inside `prefix`<generation>/, present with the recorded
+    bytes (and sha256 unless `quick`; tables always), nothing unlisted in the set's folder. Returns the contents
+    read, by file."""
+    folder = f"{prefix}{entry['generation']}/"
+    present = store.listing(prefix.rstrip("/"))
+    listed = set()
+    contents: dict[str, bytes] = {}
+    for item in [*(entry.get("tables") or {}).values(), *(entry.get("shards") or [])]:
+        file = item.get("file") if isinstance(item, dict) else None
+        if not isinstance(file, str) or not file.startswith(folder) or "/" in file[len(folder):]:
+            check.fail(f"{name}: a listed file {file!r} is not in {folder}")
+            continue
+        listed.add(file)
+        if file not in present:
+            check.fail(f"{store.where(file)}: listed in the manifest, missing")
+            continue
+        if present[file] != item.get("bytes"):
+            check.fail(f"{store.where(file)}: {present[file]} bytes, the manifest says {item.get('bytes')}")
+            continue
+        if not quick or file.endswith(".parquet"):
+            data = store.read(file)
+            if hashlib.sha256(data).hexdigest() != item.get("sha256"):
+                check.fail(f"{store.where(file)}: sha256 differs from the manifest's")
+                continue
+            contents[file] = data
+        check.ok()
+    for stray in sorted(set(present) - listed):
+        check.fail(f"{store.where(stray)}: in {name}'s folder, not listed in the manifest (left by an interrupted "
+                   "run: the next one of this set removes it)")
+    return contents
+
+
+def unlisted_sets(store: Any, directory: str, sets: dict[str, Any]) -> list[str]:
+    """Set folders under `directory` the manifest does not list."""
+    return sorted({name.split("/")[1] for name in store.listing(directory)
+                   if name.count("/") >= 2 and name.split("/")[1] not in sets})
