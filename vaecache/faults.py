@@ -9,6 +9,8 @@ Shard faults, ``<point>:<k>[@<rank>]``: rank <rank> (default: every rank) fails 
   enospc               shard k's write fails with OSError(ENOSPC), as on a full disk
   crash-after-probe    `vaecache index`: os._exit(137) once the k-th scene this rank probed is durable
   crash-after-text-shard  `vaecache embed`: os._exit(137) once this rank's k-th embeddings shard is written
+  crash-after-condition-shard  `vaecache embed --condition`: os._exit(137) once this rank's k-th condition shard
+                       (of every kind asked) is written
 os._exit skips every cleanup handler, like a SIGKILL or a node failure.
 
 Out-of-memory faults, ``oom:COUNT[>K][:untiled]`` (every rank): the VAE runner raises
@@ -32,7 +34,7 @@ from vaecache.errors import UsageError
 
 FAULT_ENV = "VAECACHE_FAULT"
 POINTS = ("crash-after-commit", "crash-mid-write", "crash-before-record", "enospc", "crash-after-probe",
-          "crash-after-text-shard")
+          "crash-after-text-shard", "crash-after-condition-shard")
 OOM = "oom"
 _GRAMMAR = f"<point>:<k>[@<rank>] (point: {', '.join(POINTS)}) or oom:COUNT[>K][:untiled], separated by ','"
 

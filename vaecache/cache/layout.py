@@ -11,6 +11,7 @@ OUT/
   probes/rank-*.jsonl  per-rank probe cache: what opening each source told (a restart opens no video twice)
   logs/rank-*.log      per-rank logs
   text/<set>/...       text-embedding sets `vaecache embed` adds (vaecache.text.sets)
+  conditions/<kind>/...  image-to-video condition sets `vaecache embed --condition` adds (vaecache.conditions)
 """
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ PROBES_DIR = "probes"
 SHARD_SUFFIX = ".safetensors"
 TEXT_DIR = "text"
 """Text-embedding sets added to a finished cache (vaecache.text.sets)."""
+CONDITIONS_DIR = "conditions"
+"""Image-to-video condition sets added to a finished cache (vaecache.conditions.sets)."""
 OWNED_ENTRIES = (MANIFEST, CLIPS, FAILURES, CLIPS_V1, FAILURES_V1, RUN, SHARDS_DIR, PROGRESS_DIR, LOGS_DIR, LOCK,
-                 PROBES_DIR, TEXT_DIR)
+                 PROBES_DIR, TEXT_DIR, CONDITIONS_DIR)
 """Everything vaecache may create in OUT (anything else there means OUT is not a cache)."""
 
 

@@ -1,4 +1,5 @@
-"""`vaecache embed`: a named set of text-encoder embeddings of the clips' captions, added to a finished cache."""
+"""`vaecache embed`: a named set of text-encoder embeddings of the clips' captions, and image-to-video condition
+sets, added to a finished cache."""
 
 from __future__ import annotations
 
@@ -15,10 +16,17 @@ from vaecache.cli.options import StorageOption
 @report_errors
 def embed(
     out: str = typer.Argument(..., metavar="OUT", help="A finished cache (a folder, or s3://bucket/prefix)."),
-    text_encoder: str = typer.Option(..., "--text-encoder", help="diffusers:PATH[#SUBFOLDER] (a pipeline folder: "
-                                     "its model_index.json names the family: Wan, LTX-Video, CogVideoX) | "
-                                     "transformers:PATH (any encoder with its tokenizer, with --text-length). Local "
-                                     "files only."),
+    text_encoder: Optional[str] = typer.Option(None, "--text-encoder", help="diffusers:PATH[#SUBFOLDER] (a "
+                                     "pipeline folder: its model_index.json names the family: Wan, LTX-Video, "
+                                     "CogVideoX) | transformers:PATH (any encoder with its tokenizer, with "
+                                     "--text-length). Local files only."),
+    condition: Optional[str] = typer.Option(None, "--condition", help="KIND[,KIND]: image-to-video conditions of "
+                                            "each clip's cameras, encoded with the cache's own VAE from the frames "
+                                            "encode saw: first-frame (the first frame then zeros) | first-last (FLF2V: "
+                                            "first, zeros, last), as WanImageToVideoPipeline.prepare_latents builds "
+                                            "them. One set per kind."),
+    vae: Optional[str] = typer.Option(None, "--vae", help="--condition: another path to the cache's VAE (its "
+                                      "fingerprint must be the recorded one; default the recorded --vae)."),
     set_name: str = typer.Option("default", "--set", help="The set's name (a cache holds several)."),
     caption_field: str = typer.Option("caption", "--caption-field", help="The key of each clip's metadata that "
                                       "holds its caption (clips without it get the empty prompt)."),
@@ -41,22 +49,53 @@ def embed(
                                               "holds only pickled .bin weights."),
     storage_option: StorageOption = None,
 ) -> None:
-    """Embed the clips' captions with a text encoder into a named set of a finished cache (latents untouched).
-    Under torchrun or SLURM the shards are split across the ranks (the same files at any world size)."""
+    """Embed the clips' captions with a text encoder into a named set (--text-encoder), and/or their image-to-video
+    conditions (--condition), in a finished cache; latents untouched. Under torchrun or SLURM the shards are split
+    across the ranks (the same files at any world size)."""
+    from vaecache.conditions.sets import ConditionRequest, embed_conditions
     from vaecache.distributed.context import distributed
+    from vaecache.errors import UsageError
     from vaecache.settings.options import parse_bytes
     from vaecache.text.sets import EmbedRequest, embed_cache
     from vaecache.urls import parse_storage_options
 
-    request = EmbedRequest(out=out, text_encoder=text_encoder, set_name=set_name, caption_field=caption_field,
-                           captions=captions, replace=replace, dtype=dtype, compute_dtype=compute_dtype,
-                           batch=text_batch, shard_bytes=parse_bytes(shard_size), device=device, length=text_length,
-                           layer=text_layer, allow_pickle_weights=allow_pickle_weights,
-                           storage_options=tuple(parse_storage_options(storage_option)))
+    if text_encoder is None and condition is None:
+        raise UsageError("embed needs --text-encoder SPEC (caption embeddings) and/or --condition KIND "
+                         "(image-to-video conditions)")
+    storage = tuple(parse_storage_options(storage_option))
+    request = None if text_encoder is None else EmbedRequest(
+        out=out, text_encoder=text_encoder, set_name=set_name, caption_field=caption_field, captions=captions,
+        replace=replace, dtype=dtype, compute_dtype=compute_dtype, batch=text_batch,
+        shard_bytes=parse_bytes(shard_size), device=device, length=text_length, layer=text_layer,
+        allow_pickle_weights=allow_pickle_weights, storage_options=storage)
+    conditions = None if condition is None else ConditionRequest(
+        out=out, kinds=condition, replace=replace, shard_bytes=parse_bytes(shard_size), device=device, vae=vae,
+        allow_pickle_weights=allow_pickle_weights, storage_options=storage)
     with distributed(device=device) as ctx:  # under torchrun the shards are split across the ranks
-        summary = embed_cache(request, ctx=ctx)
+        summary = embed_cache(request, ctx=ctx) if request is not None else None
+        condition_summaries = embed_conditions(conditions, ctx=ctx) if conditions is not None else []
         if ctx.info.rank != 0:
             return
+    if summary is not None:
+        _print_text_summary(summary)
+    for done in condition_summaries:
+        _print_condition_summary(done)
+
+
+def _print_condition_summary(summary) -> None:
+    if summary.unchanged:
+        console.print(escape(f"condition set {summary.kind!r} of {summary.out} is up to date ({summary.clips} clips, "
+                             f"{summary.views} views): nothing written"), soft_wrap=True)
+        return
+    verb = "replaced" if summary.replaced else "added"
+    console.print(escape(f"{verb} condition set {summary.kind!r} in {summary.out}: {summary.clips} clips, "
+                         f"{summary.views} views, {summary.files} files, {human_bytes(summary.bytes)}, "
+                         f"{summary.seconds:.1f} s"), soft_wrap=True)
+    for event in summary.backoffs[:3]:
+        console.print(escape(f"  {event}"), soft_wrap=True)
+
+
+def _print_text_summary(summary) -> None:
     if summary.unchanged:
         console.print(escape(f"text set {summary.set_name!r} of {summary.out} is up to date ({summary.clips} clips, "
                              f"{summary.prompts} distinct prompts): nothing written"), soft_wrap=True)

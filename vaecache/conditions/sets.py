@@ -1,0 +1,317 @@
+"""Image-to-video condition sets of a finished cache: written by `vaecache embed --condition` (and `encode
+--condition`), read by LatentCache, checked by verify. One set per kind (vaecache.conditions.kinds), through OUT's
+store like the text sets (vaecache.cache.sets).
+
+OUT/conditions/<kind>/<generation>/
+  conditions-00000.safetensors  one tensor per clip, named by its clip id: (cameras, C, latent frames, h, w), the
+                                VAE's posterior mean of each camera's condition video, in the VAE's dtype (what the
+                                pipeline's `retrieve_latents(..., "argmax")` returns)
+  clips.parquet                 id, shard, frames: every clip of the cache, in the clip table's order
+
+The frames are the clip's as encode saw them (LatentCache.source_frames: its sources, frame indices, resize and
+fit, decode backend); the VAE is the cache's own, loaded with its recorded settings and fingerprint-checked, and it
+encodes through the same runner as the latents (views batched as recorded, out-of-memory backoff). manifest.json's
+"conditions" object holds each set's record; the set becomes part of the cache when that manifest is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vaecache import faults
+from vaecache.cache.layout import CONDITIONS_DIR, MANIFEST
+from vaecache.cache.sets import delete_unlisted, file_entry, generation_of, pack_shards, parquet_bytes
+from vaecache.conditions.kinds import (
+    REFERENCE,
+    check_condition_vae,
+    condition_video,
+    parse_condition_kinds,
+    pipeline_condition,
+)
+from vaecache.errors import ManifestError, UsageError, VaecacheError
+
+SHARD_PREFIX = "conditions-"
+CLIPS_TABLE = "clips.parquet"
+DEFAULT_SHARD_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class ConditionRequest:
+    """What `vaecache embed --condition` was asked to do (validated here; the CLI only parses)."""
+
+    out: str
+    kinds: tuple[str, ...]
+    replace: bool = False
+    shard_bytes: int = DEFAULT_SHARD_BYTES
+    device: str = "auto"
+    vae: str | None = None
+    """Another path to the cache's VAE (its fingerprint must be the recorded one); default the recorded spec."""
+    allow_pickle_weights: bool = False
+    storage_options: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        kinds = parse_condition_kinds(self.kinds)
+        if not kinds:
+            raise UsageError("--condition: name at least one kind")
+        object.__setattr__(self, "kinds", kinds)
+        if self.shard_bytes < 1:
+            raise UsageError(f"--shard-size must be at least 1 byte, got {self.shard_bytes}")
+
+
+@dataclass
+class ConditionSummary:
+    kind: str
+    out: str
+    clips: int = 0
+    views: int = 0
+    files: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    unchanged: bool = False
+    replaced: bool = False
+    backoffs: list[str] = field(default_factory=list)
+
+
+def condition_fingerprint(manifest: dict[str, Any], kind: str, dtype: torch.dtype) -> dict[str, Any]:
+    """What decides a set's bytes: the kind and reference, the cache's VAE (as recorded, with its encode
+    settings), the frame rule, the stored dtype."""
+    vae = {k: v for k, v in (manifest.get("vae") or {}).items() if k not in ("spec", "encoder_variant")}
+    settings = manifest.get("settings") or {}
+    return {"kind": kind, "reference": REFERENCE, "vae": vae,
+            "vae_settings": {k: settings.get(k) for k in ("dtype", "tiling", "views_per_forward", "decoder")},
+            "frame_rule": manifest.get("frame_rule"), "stored_dtype": str(dtype).removeprefix("torch."),
+            "stored": "posterior mean of the condition video, (cameras, C, latent frames, h, w)"}
+
+
+def _clip_input(record: dict[str, Any]) -> str:
+    """A clip's frames' identity: its sources, their recorded identity, the frame indices and the bucket."""
+    return hashlib.sha256(json.dumps([record.get("sources"), record.get("source_identity"), record.get("frames"),
+                                      record.get("bucket"), record.get("cameras")],
+                                     sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _mean_shape(record: dict[str, Any]) -> list[int]:
+    tensors = record.get("tensors") or {}
+    entry = tensors.get("mean") or tensors.get("sample") or next(iter(tensors.values()), {})
+    return list(entry.get("shape") or [])
+
+
+def embed_conditions(request: ConditionRequest, ctx: Any = None) -> list[ConditionSummary]:
+    """Add (or with `replace`, replace) the condition sets `request.kinds` to the finished cache at `request.out`,
+    under OUT's lock (held by rank 0). Latents, the clip table and other sets are not touched.
+
+    Clips are cut into shards by bytes in clip-table order; shard s is computed by rank s % world, each clip's
+    frames decoded once for every kind asked, so the files do not depend on the world size. Rank 0 writes each
+    set's clip table and the manifest last. Every rank returns the same summaries."""
+    from contextlib import ExitStack
+
+    from vaecache.cache.lock import held_lock
+    from vaecache.cache.reader import CacheReader
+    from vaecache.cache.store import open_store
+    from vaecache.distributed.context import resolve_device
+    from vaecache.encode.fingerprint import load_recorded_vae
+    from vaecache.training import LatentCache
+
+    started = time.perf_counter()
+    rank, world = (ctx.info.rank, ctx.info.world_size) if ctx is not None else (0, 1)
+    store = open_store(request.out, dict(request.storage_options))
+    summaries = {kind: ConditionSummary(kind, str(store.location)) for kind in request.kinds}
+    with ExitStack() as stack:
+        def prepare() -> dict[str, Any]:
+            store.check_present()
+            stack.enter_context(held_lock(store, ctx.info.job_id if ctx is not None else None))
+            cache = CacheReader(store)
+            check_condition_vae(cache.manifest.get("vae") or {}, str(store.where(MANIFEST)))
+            return cache.manifest
+
+        manifest = ctx.on_rank0(prepare) if ctx is not None else prepare()
+        device = ctx.device if ctx is not None else resolve_device(request.device)
+        spec = request.vae or (manifest.get("settings") or {}).get("vae_spec")
+        vae = load_recorded_vae(store.location, manifest, spec, device,
+                                allow_pickle_weights=request.allow_pickle_weights)
+        latents = LatentCache(request.out, verify="none", storage_options=dict(request.storage_options))
+        records = list(latents.records())
+        ids = [record["id"] for record in records]
+        by_id = {record["id"]: record for record in records}
+        pairs = [(record["id"], _clip_input(record)) for record in records]
+        item_size = torch.empty((), dtype=vae.model.dtype).element_size()
+        sizes = [int(torch.Size(_mean_shape(record)).numel()) * item_size for record in records]
+        shards = pack_shards(ids, sizes, 1, request.shard_bytes)
+        existing = manifest.get("conditions") or {}
+        todo: dict[str, tuple[dict[str, Any], str]] = {}
+        for kind in request.kinds:
+            fingerprint = condition_fingerprint(manifest, kind, vae.model.dtype)
+            generation = generation_of({"fingerprint": fingerprint, "shard_bytes": request.shard_bytes}, pairs)
+            summaries[kind].clips = len(records)
+            summaries[kind].views = sum(len(record["cameras"]) for record in records)
+            old = existing.get(kind)
+            if old is not None and old.get("generation") == generation:
+                def mend(kind: str = kind, old: dict[str, Any] = old) -> None:
+                    delete_unlisted(store, f"{CONDITIONS_DIR}/{kind}", old)
+
+                ctx.on_rank0(mend) if ctx is not None else mend()
+                summaries[kind].unchanged = True
+                continue
+            if old is not None and not request.replace:
+                raise UsageError(f"{store.where(MANIFEST)}: the cache already holds condition set {kind!r}, made "
+                                 "from other clips, another VAE or another --shard-size; --replace replaces it")
+            summaries[kind].replaced = old is not None
+            todo[kind] = (fingerprint, generation)
+        written: list[dict[str, Any]] = []
+        if todo:
+            mine = [(number, part) for number, part in enumerate(shards) if number % world == rank]
+            for count, (number, part) in enumerate(mine, 1):
+                written.extend(_write_shards(store, latents, vae, todo, number, [by_id[c] for c in part]))
+                if faults.should_fail("crash-after-condition-shard", count, rank):
+                    faults.crash()
+        parts = ctx.all_gather_object(written) if ctx is not None else [written]
+        results = sorted((result for part in parts for result in part), key=lambda r: r["entry"]["file"])
+
+        def finish() -> dict[str, Any]:
+            records_by_kind = {}
+            for kind, (fingerprint, generation) in todo.items():
+                mine = [result for result in results if result["kind"] == kind]
+                records_by_kind[kind] = {
+                    "generation": generation, "fingerprint": fingerprint,
+                    "fingerprint_sha256": hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest(),
+                    "clips": len(records), "views": summaries[kind].views,
+                    "numerics": {"device": device.type, "torch": torch.__version__},
+                    **_write_table(store, f"{CONDITIONS_DIR}/{kind}/{generation}", mine, records)}
+            if records_by_kind:
+                updated = {**manifest, "conditions": {**existing, **records_by_kind}}
+                store.write(MANIFEST, (json.dumps(updated, indent=2) + "\n").encode())
+                for kind, record in records_by_kind.items():
+                    delete_unlisted(store, f"{CONDITIONS_DIR}/{kind}", record)
+            return records_by_kind
+
+        done = ctx.on_rank0(finish) if ctx is not None else finish()
+    backoffs = [event for result in results for event in result.get("backoffs", [])]
+    for kind, record in done.items():
+        summary = summaries[kind]
+        summary.files = len(record["shards"]) + len(record["tables"])
+        summary.bytes = sum(s["bytes"] for s in record["shards"]) + sum(t["bytes"] for t in record["tables"].values())
+        summary.backoffs = backoffs
+    for summary in summaries.values():
+        summary.seconds = time.perf_counter() - started
+    return [summaries[kind] for kind in request.kinds]
+
+
+def _write_shards(store: Any, latents: Any, vae: Any, todo: dict[str, tuple[dict[str, Any], str]], number: int,
+                  records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Shard `number` of every kind in `todo`: each clip's frames decoded once, each kind's condition video encoded."""
+    from safetensors.torch import save
+
+    tensors: dict[str, dict[str, torch.Tensor]] = {kind: {} for kind in todo}
+    backoffs: list[str] = []
+    for record in records:
+        frames = latents.source_frames(record)
+        for kind in todo:
+            result = vae.encode_views(condition_video(frames, kind, record["id"]))
+            if result.failed:
+                view, reason = next(iter(sorted(result.failed.items())))
+                raise VaecacheError(f"clip {record['id']} ({record['cameras'][view]}): its {kind} condition did not "
+                                  f"encode ({reason})")
+            backoffs.extend(result.backoffs)
+            tensors[kind][record["id"]] = result.mean.cpu().contiguous()
+    results = []
+    for kind, (_, generation) in todo.items():
+        file = f"{CONDITIONS_DIR}/{kind}/{generation}/{SHARD_PREFIX}{number:05d}.safetensors"
+        # one metadata key: safetensors writes a header's metadata in hash-map order (see text sets)
+        data = save(tensors[kind], metadata={"vaecache_condition": kind})
+        store.write(file, data)
+        results.append({"kind": kind, "entry": file_entry(file, data, tensors=len(tensors[kind])),
+                        "clips": [record["id"] for record in records], "backoffs": [] if results else backoffs})
+    return results
+
+
+def _write_table(store: Any, folder: str, results: list[dict[str, Any]],
+                 records: list[dict[str, Any]]) -> dict[str, Any]:
+    import pyarrow as pa
+
+    shard_of = {clip: result["entry"]["file"] for result in results for clip in result["clips"]}
+    table = pa.table({"id": pa.array([r["id"] for r in records], pa.string()),
+                      "shard": pa.array([shard_of[r["id"]] for r in records], pa.string()),
+                      "frames": pa.array([len(r["frames"]) for r in records], pa.int32())})
+    data = parquet_bytes(table)
+    file = f"{folder}/{CLIPS_TABLE}"
+    store.write(file, data)
+    return {"shards": [result["entry"] for result in results],
+            "tables": {"clips": file_entry(file, data, rows=table.num_rows)}}
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def condition_set_names(manifest: dict[str, Any]) -> list[str]:
+    return sorted((manifest.get("conditions") or {}))
+
+
+class ConditionSet:
+    """One condition set of a finished cache: `mean(clip)` the stored posterior mean, `pipeline(clip)` the tensor
+    the pipeline builds from it (mask and normalized latents)."""
+
+    def __init__(self, store: Any, manifest: dict[str, Any], kind: str) -> None:
+        import pyarrow.parquet as pq
+
+        entries = manifest.get("conditions") or {}
+        if kind not in entries:
+            raise KeyError(f"{store.location}: no condition set {kind!r} (sets: "
+                           f"{', '.join(sorted(entries)) or 'none'})")
+        self.kind, self.entry, self.store = kind, entries[kind], store
+        fingerprint = self.entry.get("fingerprint") or {}
+        normalization = (fingerprint.get("vae") or {}).get("normalization") or {}
+        self.latents_mean = list(normalization.get("latents_mean") or [])
+        self.latents_std = list(normalization.get("latents_std") or [])
+        self.temporal_factor = int((fingerprint.get("frame_rule") or {}).get("temporal_factor") or 1)
+        table = (self.entry.get("tables") or {}).get("clips")
+        file = table.get("file") if isinstance(table, dict) else None
+        if not isinstance(file, str) or not file.startswith(f"{CONDITIONS_DIR}/{kind}/"):
+            raise ManifestError(f"{store.where(MANIFEST)}: condition set {kind!r}: its clip table entry {table!r} "
+                                f"is not a file of {CONDITIONS_DIR}/{kind}/")
+        try:
+            clips = pq.read_table(io.BytesIO(store.read(store.checked_name(file, f"condition set {kind}"))))
+        except FileNotFoundError as exc:
+            raise ManifestError(f"{store.location}: condition set {kind!r}: its clip table is missing ({exc})") \
+                from None
+        ids = clips.column("id").to_pylist()
+        self._shard_of = dict(zip(ids, clips.column("shard").to_pylist()))
+        self._frames_of = dict(zip(ids, clips.column("frames").to_pylist()))
+        self._listed = {entry.get("file") for entry in self.entry.get("shards") or [] if isinstance(entry, dict)}
+        self._handles: dict[str, Any] = {}
+
+    def clips(self) -> list[str]:
+        return list(self._shard_of)
+
+    def mean(self, clip: str) -> torch.Tensor:
+        """The stored posterior mean: (cameras, C, latent frames, h, w) in the VAE's dtype."""
+        shard = self._shard_of.get(clip)
+        if shard is None:
+            raise KeyError(f"clip {clip} has no condition in set {self.kind!r}")
+        handle = self._handles.get(shard)
+        if handle is None:
+            if shard not in self._listed:
+                raise ManifestError(f"{self.store.location}: condition set {self.kind!r}: clip {clip} names shard "
+                                    f"{shard!r}, which the manifest does not list")
+            handle = self._handles[shard] = self.store.shard(
+                self.store.checked_name(shard, f"condition set {self.kind}"))
+        try:
+            return handle.get_tensor(clip)
+        except Exception as exc:  # safetensors raises its own error type for a missing tensor
+            raise ManifestError(f"{self.store.where(shard)}: holds no condition for clip {clip} ({exc})") from None
+
+    def pipeline(self, clip: str) -> torch.Tensor:
+        """(cameras, temporal_factor + C, latent frames, h, w) float32: `cat([mask, latent_condition])` as
+        WanImageToVideoPipeline.prepare_latents returns it for each camera."""
+        return pipeline_condition(self.mean(clip), self.kind, int(self._frames_of[clip]), self.temporal_factor,
+                                  self.latents_mean, self.latents_std)
+
+
+__all__ = ["ConditionRequest", "ConditionSet", "ConditionSummary", "condition_fingerprint", "condition_set_names",
+           "embed_conditions"]
