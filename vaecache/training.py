@@ -106,6 +106,7 @@ class LatentCache:
         self._handles: dict[str, Any] = {}
         self._checked: set[str] = set()
         self._text: dict[str, Any] | None = None
+        self._conditions: dict[str, Any] | None = None
 
     @property
     def text_sets(self) -> list[str]:
@@ -124,6 +125,27 @@ class LatentCache:
         if name not in self._text:
             raise KeyError(f"{self.out}: no text set {name!r} (sets: {', '.join(self._text) or 'none'})")
         return self._text[name].padded(clip_id)
+
+    @property
+    def condition_sets(self) -> list[str]:
+        """The kinds of the cache's image-to-video condition sets (vaecache embed --condition); each item carries
+        `condition/<kind>`: (cameras, temporal_factor + C, latent frames, h, w) float32, the frame mask then the
+        normalized condition latents, as WanImageToVideoPipeline.prepare_latents returns them per camera."""
+        from vaecache.conditions.sets import condition_set_names
+
+        return condition_set_names(self.manifest)
+
+    def condition(self, clip_id: str, kind: str, normalized: bool = True) -> torch.Tensor:
+        """A clip's condition of `kind`: the pipeline's tensor (mask and normalized latents), or with
+        `normalized=False` the stored posterior mean of the condition video (cameras, C, F, h, w)."""
+        if self._conditions is None:
+            from vaecache.conditions.sets import ConditionSet
+
+            self._conditions = {kind: ConditionSet(self.store, self.manifest, kind) for kind in self.condition_sets}
+        if kind not in self._conditions:
+            raise KeyError(f"{self.out}: no condition set {kind!r} (sets: {', '.join(self._conditions) or 'none'})")
+        conditions = self._conditions[kind]
+        return conditions.pipeline(clip_id) if normalized else conditions.mean(clip_id)
 
     def _load_rows(self) -> Any:
         import pyarrow as pa
@@ -231,6 +253,8 @@ class LatentCache:
         tensors = self.tensors_of(record)
         for name in self.text_sets:
             tensors[f"text/{name}"], tensors[f"text_mask/{name}"] = self.text_embedding(record["id"], name)
+        for kind in self.condition_sets:
+            tensors[f"condition/{kind}"] = self.condition(record["id"], kind)
         return LatentItem(record["id"], tensors, record)
 
     def source_frames(self, key: int | str | dict[str, Any]) -> torch.Tensor:
@@ -348,14 +372,25 @@ class LatentCache:
 
     def normalize(self, z: torch.Tensor) -> torch.Tensor:
         """Latents as the diffusion model sees them, by the recorded formula (e.g. Wan: (z - mean) / std per
-        channel; HunyuanVideo: z * scaling_factor). Computed in float32, returned in z's dtype."""
+        channel; HunyuanVideo: z * scaling_factor). Computed in float32, returned in z's dtype, in the pipeline's
+        own arithmetic: Wan's multiplies by the float32 reciprocal of latents_std (`latents_std = 1.0 /
+        torch.tensor(...)`, pipeline_wan_i2v.py prepare_latents), which a division differs from by an ulp."""
         shift, divisor, scale = self._constants(z)
+        if self._wan_reciprocal:
+            return ((z.float() - shift) * (1.0 / divisor)).to(z.dtype)
         return ((z.float() - shift) * scale / divisor).to(z.dtype)
 
     def denormalize(self, z: torch.Tensor) -> torch.Tensor:
-        """The inverse of normalize: what the VAE's decoder takes."""
+        """The inverse of normalize: what the VAE's decoder takes (Wan: `latents / latents_std + latents_mean` with
+        the reciprocal as latents_std, as pipeline_wan.py decodes)."""
         shift, divisor, scale = self._constants(z)
+        if self._wan_reciprocal:
+            return (z.float() / (1.0 / divisor) + shift).to(z.dtype)
         return (z.float() * divisor / scale + shift).to(z.dtype)
+
+    @property
+    def _wan_reciprocal(self) -> bool:
+        return self.normalization.get("formula") == "(z - latents_mean) / latents_std"
 
     @staticmethod
     def sample(item: LatentItem | dict[str, torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:

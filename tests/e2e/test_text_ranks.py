@@ -1,4 +1,5 @@
-"""`vaecache embed` under torchrun: two ranks write the files one process writes, byte for byte."""
+"""`vaecache embed` under torchrun: two ranks write the files one process writes, byte for byte (a text set and a
+condition set in one run)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ from tests.text.tiny_text import build_wan_text_folder
 pytestmark = pytest.mark.slow
 
 
-def text_files(cache: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(cache)): p.read_bytes() for p in sorted((cache / "text").rglob("*")) if p.is_file()}
+def text_files(cache: Path, folder: str = "text") -> dict[str, bytes]:
+    return {str(p.relative_to(cache)): p.read_bytes() for p in sorted((cache / folder).rglob("*")) if p.is_file()}
 
 
 def test_two_ranks_write_the_set_one_process_writes(caption_cache, tmp_path, run_cli):
     wan = build_wan_text_folder(tmp_path / "wan")
-    args = ["--text-encoder", f"diffusers:{wan}", "--text-batch", "1", "--shard-size", "1KiB"]
+    args = ["--text-encoder", f"diffusers:{wan}", "--text-batch", "1", "--shard-size", "1KiB",
+            "--condition", "first-frame"]
     one, two = (shutil.copytree(caption_cache, tmp_path / name) for name in ("one", "two"))
     assert run_cli(["embed", one, *args]).exit_code == 0
     result = run_torchrun(2, "embed", two, *args)
@@ -32,4 +34,10 @@ def test_two_ranks_write_the_set_one_process_writes(caption_cache, tmp_path, run
     assert text_files(two) == files
     assert json.loads((two / "manifest.json").read_text())["text"] == \
         json.loads((one / "manifest.json").read_text())["text"]
+    conditions = text_files(one, "conditions")
+    assert sum(name.endswith(".safetensors") for name in conditions) == 3  # one clip per shard
+    assert text_files(two, "conditions") == conditions
+    assert json.loads((two / "manifest.json").read_text())["conditions"] == \
+        json.loads((one / "manifest.json").read_text())["conditions"]
+    assert (two / "manifest.json").read_bytes() == (one / "manifest.json").read_bytes()
     assert not (two / ".lock").exists()

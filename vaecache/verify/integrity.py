@@ -29,6 +29,7 @@ from vaecache.cache.v1 import iter_v1_clip_records
 from vaecache.cache.writer import tensor_stats
 from vaecache.errors import ClipTableError, ManifestError, OutputError, ShardHeaderError, UnsafePathError
 from vaecache.settings.dtypes import SAFETENSORS_NAMES
+from vaecache.verify.conditions import check_condition_sets
 from vaecache.verify.text import check_text_sets
 
 MAX_EXAMPLES = 5
@@ -213,8 +214,10 @@ def _verify(store: Any, commits: Any, quick: bool, threads: int | None, ctx: Any
     }
     declared_check = check_declarations(manifest, seen, listed_count, listed_bytes, len(failures))
     checks = [manifest_check, clips_check, shard_check, orphan_check, tensor_check, value_check, failures_check,
-              declared_check, *check_text_sets(cache, quick, Check)]
+              declared_check, *check_text_sets(cache, quick, Check), *check_condition_sets(cache, quick, Check)]
     summary["text_sets"] = sorted(manifest.get("text") or {}) if isinstance(manifest.get("text"), dict) else []
+    summary["condition_sets"] = (sorted(manifest.get("conditions") or {})
+                                 if isinstance(manifest.get("conditions"), dict) else [])
     if commits.check_name:
         checks.append(_stray_check(stray_check, *commits.problems(set(cache.shard_files())), deleted))
     return VerifyReport(str(store.location), complete=True, checks=checks, summary=summary, repaired=deleted)

@@ -58,6 +58,15 @@ def verify(out: Any, options: VerifyOptions, ctx: Any = None,
             device = ctx.device if ctx is not None else resolve_device(options.device)
             report.checks.extend(check_text_reembed(cache, options.reencode, options.seed, device, options.tolerance,
                                                     REENCODE_TOLERANCE, Check, options.allow_pickle_weights))
+        if cache.manifest.get("conditions") and (ctx is None or ctx.info.rank == 0):
+            from vaecache.distributed.context import resolve_device
+            from vaecache.verify.conditions import check_condition_reencode
+            from vaecache.verify.integrity import Check
+
+            device = ctx.device if ctx is not None else resolve_device(options.device)
+            report.checks.extend(check_condition_reencode(cache, options.reencode, options.seed, device,
+                                                          options.tolerance, REENCODE_TOLERANCE, Check, options.vae,
+                                                          options.allow_pickle_weights))
     return report
 
 

@@ -1,0 +1,190 @@
+"""Image-to-video conditions: `vaecache embed --condition` adds them to a finished cache, bit for bit what diffusers'
+own WanImageToVideoPipeline.prepare_latents builds from the frames the cache says encode saw, one per camera;
+verified, resumable after a kill, the same bytes in S3 and through a rerun."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import types
+
+import pytest
+import torch
+
+from vaecache.training import LatentCache, LatentDataset, collate_latents
+
+
+@pytest.fixture
+def cache(good_cache, tmp_path):
+    return shutil.copytree(good_cache, tmp_path / "cache")
+
+
+def files_of(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def diffusers_condition(vae_module, frames, kind):
+    """diffusers' own prepare_latents (its unbound function, with the attributes it reads) on one camera's frames
+    (3, T, H, W): returns the (1, 4 + C, F, h, w) tensor the pipeline concatenates to the noise."""
+    from diffusers.pipelines.wan.pipeline_wan_i2v import WanImageToVideoPipeline
+
+    pipeline = types.SimpleNamespace(vae=vae_module, config=types.SimpleNamespace(expand_timesteps=False),
+                                     vae_scale_factor_temporal=4, vae_scale_factor_spatial=8)
+    _, count, height, width = frames.shape
+    noise = torch.zeros(1, 16, (count - 1) // 4 + 1, height // 8, width // 8)
+    last = frames[:, -1][None] if kind == "first-last" else None
+    with torch.no_grad():
+        _, condition = WanImageToVideoPipeline.prepare_latents(pipeline, frames[:, 0][None], 1, 16, height, width,
+                                                               count, torch.float32, torch.device("cpu"), None, noise,
+                                                               last)
+    return condition
+
+
+def test_conditions_equal_diffusers_prepare_latents_per_camera_and_rerun_to_the_same_bytes(cache, run_cli):
+    from vaecache.vae.load import load_vae
+
+    before = files_of(cache)
+    result = run_cli(["embed", cache, "--condition", "first-last,first-frame"])
+    assert result.exit_code == 0, result.output
+    assert "added condition set 'first-frame'" in result.output and "added condition set 'first-last'" in result.output
+    after = files_of(cache)
+    assert {k: v for k, v in after.items() if k in before and k != "manifest.json"} == \
+        {k: v for k, v in before.items() if k != "manifest.json"}  # latents and tables untouched
+    latents = LatentCache(cache)
+    assert latents.condition_sets == ["first-frame", "first-last"]
+    module = load_vae("builtin:tiny").model.module
+    for item in latents:
+        frames = latents.source_frames(item.id)
+        assert frames.shape[0] == len(item.cameras) == 2
+        for kind in ("first-frame", "first-last"):
+            condition = item[f"condition/{kind}"]
+            assert condition.shape == (2, 20, *item.mean.shape[2:]) and condition.dtype == torch.float32
+            for view in range(2):  # one condition per camera, each the pipeline's own
+                assert torch.equal(condition[view], diffusers_condition(module, frames[view], kind)[0])
+    batch = collate_latents([LatentDataset(cache)[i] for i in range(2)])
+    assert batch["condition/first-frame"].shape == (2, 2, 20, 3, 8, 8)
+
+    again = run_cli(["embed", cache, "--condition", "first-frame"])
+    assert again.exit_code == 0 and "up to date" in again.output and files_of(cache) == after
+    shutil.rmtree(cache / "conditions")  # the same inputs write the same bytes
+    (cache / "manifest.json").write_bytes(before["manifest.json"])
+    assert run_cli(["embed", cache, "--condition", "first-frame,first-last"]).exit_code == 0
+    assert files_of(cache) == after
+    assert run_cli(["verify", cache]).exit_code == 0
+
+
+def test_verify_names_a_removed_condition_with_every_hash_recomputed(cache, run_cli, tmp_path):
+    from safetensors.torch import load, save
+
+    assert run_cli(["embed", cache, "--condition", "first-frame", "--shard-size", "1KiB"]).exit_code == 0
+    report_file = tmp_path / "report.json"
+    ok = run_cli(["verify", cache, "--json", report_file])
+    assert ok.exit_code == 0, ok.output
+    (row,) = [c for c in json.loads(report_file.read_text())["checks"] if c["name"] == "condition set first-frame"]
+    assert row["failed"] == 0 and row["passed"] == 4  # three shards (one clip each: 1 KiB) and the clip table
+    manifest = json.loads((cache / "manifest.json").read_text())
+    entry = manifest["conditions"]["first-frame"]
+    shard = cache / entry["shards"][1]["file"]
+    (clip,) = load(shard.read_bytes())
+    shard.write_bytes(save({}, metadata={"vaecache_condition": "first-frame"}))  # its tensor removed ...
+    entry["shards"][1].update(bytes=shard.stat().st_size,  # ... and the manifest's hashes recomputed
+                              sha256=hashlib.sha256(shard.read_bytes()).hexdigest())
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    bad = run_cli(["verify", cache])
+    assert bad.exit_code == 1 and f"condition set first-frame: clip {clip} has no condition" in bad.output
+    quick = run_cli(["verify", cache, "--quick"])  # the headers are read even then
+    assert quick.exit_code == 1 and f"clip {clip} has no condition" in quick.output
+    with pytest.raises(Exception, match=f"holds no condition for clip {clip}"):
+        LatentCache(cache)[clip]
+
+
+def test_verify_reencode_recomputes_conditions_and_names_a_changed_one(cache, run_cli, tmp_path):
+    from safetensors.torch import load, save
+
+    assert run_cli(["embed", cache, "--condition", "first-frame"]).exit_code == 0
+    report_file = tmp_path / "report.json"
+    ok = run_cli(["verify", cache, "--reencode", "3", "--json", report_file])
+    assert ok.exit_code == 0, ok.output
+    (row,) = [c for c in json.loads(report_file.read_text())["checks"]
+              if c["name"] == "re-encode 3 clip(s) of condition set first-frame"]
+    assert row["passed"] == 3
+    manifest = json.loads((cache / "manifest.json").read_text())
+    entry = manifest["conditions"]["first-frame"]
+    shard = cache / entry["shards"][0]["file"]
+    tensors = load(shard.read_bytes())
+    clip = sorted(tensors)[0]
+    tensors[clip] = tensors[clip] + 0.5  # a wrong but finite, well-formed tensor with its hashes recomputed
+    shard.write_bytes(save(tensors, metadata={"vaecache_condition": "first-frame"}))
+    entry["shards"][0].update(bytes=shard.stat().st_size, sha256=hashlib.sha256(shard.read_bytes()).hexdigest())
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    assert run_cli(["verify", cache]).exit_code == 0  # integrity alone cannot tell ...
+    bad = run_cli(["verify", cache, "--reencode", "3"])
+    assert bad.exit_code == 1 and f"condition set first-frame: clip {clip} re-encodes" in bad.output  # ... this can
+
+
+@pytest.mark.parametrize("crash_at", [1, 3])  # after the first shard; after the last, before the manifest
+def test_a_killed_condition_embed_leaves_nothing_verify_accepts_and_a_rerun_equals_an_uninterrupted_one(
+        good_cache, run_cli, tmp_path, crash_at):
+    from tests.conftest import run_vaecache
+
+    args = ["--condition", "first-frame", "--shard-size", "1KiB"]
+    whole, killed = (shutil.copytree(good_cache, tmp_path / name) for name in ("whole", "killed"))
+    assert run_cli(["embed", whole, *args]).exit_code == 0
+    crashed = run_vaecache("embed", killed, *args, env={"VAECACHE_FAULT": f"crash-after-condition-shard:{crash_at}"})
+    assert crashed.returncode == 137, crashed.stderr[-2000:]
+    assert "conditions" not in json.loads((killed / "manifest.json").read_text())  # the cache as it was ...
+    assert run_cli(["verify", killed]).exit_code == 1  # ... with files verify names
+    assert run_cli(["embed", killed, *args]).exit_code == 0  # the dead process's lock is taken over
+    assert files_of(killed / "conditions") == files_of(whole / "conditions")
+    assert (killed / "manifest.json").read_bytes() == (whole / "manifest.json").read_bytes()
+    assert run_cli(["verify", killed]).exit_code == 0
+
+
+def test_embed_conditions_into_a_cache_in_s3_writes_what_it_writes_on_disk(s3, cache, run_cli, tmp_path):
+    from tests.s3 import download, upload
+
+    url = upload(s3, cache, "condition-sets")
+    result = run_cli(["embed", url, "--condition", "first-frame"])
+    assert result.exit_code == 0, result.output
+    verified = run_cli(["verify", url])
+    assert verified.exit_code == 0 and "condition set first-frame" in verified.output, verified.output
+    assert run_cli(["embed", cache, "--condition", "first-frame"]).exit_code == 0
+    assert torch.equal(LatentCache(url)[0]["condition/first-frame"], LatentCache(cache)[0]["condition/first-frame"])
+    fetched = download(s3, url, tmp_path / "fetched")
+    assert {k: v for k, v in files_of(fetched).items() if k.startswith("conditions/")} == \
+        {k: v for k, v in files_of(cache).items() if k.startswith("conditions/")}
+
+
+def test_what_embed_refuses_in_one_line_before_writing(cache, run_cli):
+    before = files_of(cache)
+    for args, message in (
+            (["--condition", "last-frame"], "unknown kind last-frame; the kinds are first-frame, first-last"),
+            (["--condition", "image-features"], "image-features (CLIP or SigLIP image-encoder features) is not built"),
+            ([], "embed needs --text-encoder SPEC (caption embeddings) and/or --condition KIND"),
+            (["--condition", "first-frame", "--vae", "builtin:small"], "does not match the VAE recorded")):
+        result = run_cli(["embed", cache, *args])
+        assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
+    manifest = json.loads((cache / "manifest.json").read_text())
+    manifest["vae"]["family"] = "AutoencoderKLLTXVideo"
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    other = run_cli(["embed", cache, "--condition", "first-frame"])
+    assert other.exit_code == 2 and "image-to-video conditions follow diffusers WanImageToVideoPipeline" in \
+        " ".join(other.output.split())
+    (cache / "manifest.json").write_bytes(before["manifest.json"])
+    assert files_of(cache) == before
+
+
+def test_the_mask_and_normalization_are_the_pipelines_for_every_frame_count():
+    from vaecache.conditions.kinds import condition_mask, condition_video
+
+    for count in (1, 5, 9, 81):
+        mask = condition_mask("first-frame", count, 4, 2, 3)
+        assert mask.shape == (4, (count - 1) // 4 + 1, 2, 3)
+        assert mask[:, 0].all() and not mask[:, 1:].any()
+    last = condition_mask("first-last", 9, 4, 1, 1)[:, :, 0, 0]
+    assert last.tolist() == [[1, 0, 0], [1, 0, 0], [1, 0, 0], [1, 0, 1]]  # the last frame is the last latent's 4th
+    frames = torch.arange(2 * 3 * 5 * 2 * 2, dtype=torch.float32).view(2, 3, 5, 2, 2)
+    video = condition_video(frames, "first-last")
+    assert torch.equal(video[:, :, 0], frames[:, :, 0]) and torch.equal(video[:, :, -1], frames[:, :, -1])
+    assert not video[:, :, 1:-1].any()

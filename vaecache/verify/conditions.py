@@ -1,0 +1,161 @@
+"""verify's checks of a cache's image-to-video condition sets (vaecache.conditions.sets): for each set, its files as
+the manifest lists them (bytes and sha256), every clip of the clip table in its clip table once and its tensor in the
+shard that table names (a missing one named by clip, whatever the recorded hashes say), each tensor of the clip's
+latent shape and the set's dtype, finite values, and nothing in the set's folder the manifest does not list. With
+--reencode, K clips' conditions computed again and compared."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from vaecache.cache.layout import CONDITIONS_DIR
+from vaecache.cache.sets import check_set_files, unlisted_sets
+from vaecache.errors import VaecacheError
+from vaecache.settings.dtypes import SAFETENSORS_NAMES
+
+
+def check_condition_sets(cache: Any, quick: bool, check_type: type) -> list[Any]:
+    """One report row per set (`check_type` is integrity.Check)."""
+    sets = cache.manifest.get("conditions") or {}
+    if not isinstance(sets, dict):
+        bad = check_type("condition sets")
+        bad.fail(f"{cache.store.where('manifest.json')}: \"conditions\" is not an object")
+        return [bad]
+    rows = []
+    unlisted = unlisted_sets(cache.store, CONDITIONS_DIR, sets)
+    if unlisted:
+        orphan = check_type("condition sets")
+        for name in unlisted:
+            orphan.fail(f"{cache.store.where(CONDITIONS_DIR + '/' + name)}: a condition set the manifest does not list "
+                        "(an interrupted first embed --condition, or a set an encode that added clips dropped): run "
+                        "it again, or delete the folder")
+        rows.append(orphan)
+    shapes: dict[str, list[int]] | None = None
+    for kind in sorted(sets):
+        if shapes is None:
+            from vaecache.conditions.sets import _mean_shape
+
+            shapes = {record["id"]: _mean_shape(record) for record in cache.clip_records()}
+        check = check_type(f"condition set {kind}" + (" (size only, --quick)" if quick else ""))
+        try:
+            _check_set(cache, kind, sets[kind], shapes, quick, check)
+        except (KeyError, TypeError, ValueError, OSError, VaecacheError) as exc:
+            check.fail(f"condition set {kind}: {type(exc).__name__}: {exc}")
+        rows.append(check)
+    return rows
+
+
+def _check_set(cache: Any, kind: str, entry: Any, shapes: dict[str, list[int]], quick: bool, check: Any) -> None:
+    import pyarrow.parquet as pq
+    from safetensors.torch import load as safetensors_load
+
+    from vaecache.cache.reader import shard_header
+
+    store = cache.store
+    if not isinstance(entry, dict) or not isinstance(entry.get("generation"), str):
+        check.fail(f"condition set {kind}: its manifest entry is not a set record")
+        return
+    stored = SAFETENSORS_NAMES.get((entry.get("fingerprint") or {}).get("stored_dtype", ""))
+    contents = check_set_files(store, f"condition set {kind}", f"{CONDITIONS_DIR}/{kind}/", entry, quick, check)
+    table_file = ((entry.get("tables") or {}).get("clips") or {}).get("file")
+    if table_file not in contents:
+        return
+    table = pq.read_table(io.BytesIO(contents[table_file]))
+    shard_of: dict[str, str] = {}
+    for clip, shard in zip(table.column("id").to_pylist(), table.column("shard").to_pylist()):
+        if clip in shard_of:
+            check.fail(f"condition set {kind}: clip {clip} is listed twice")
+        shard_of[clip] = shard
+    missing = [clip for clip in shapes if clip not in shard_of]
+    for clip in missing[:5]:
+        check.fail(f"condition set {kind}: clip {clip} has no condition")
+    if len(missing) > 5:
+        check.fail(f"condition set {kind}: {len(missing) - 5} more clips have no condition")
+    for clip in [clip for clip in shard_of if clip not in shapes][:5]:
+        check.fail(f"condition set {kind}: holds clip {clip}, which the cache does not hold")
+    listed = {item.get("file") for item in entry.get("shards") or [] if isinstance(item, dict)}
+    held: dict[str, set[str]] = {}
+    for file in sorted(listed):
+        if not isinstance(file, str) or file not in store.listing(f"{CONDITIONS_DIR}/{kind}"):
+            continue  # named by the file checks
+        header = shard_header(store, store.checked_name(file, f"condition set {kind}"))
+        held[file] = set(header)
+        tensors = safetensors_load(contents[file]) if file in contents else {}
+        for clip, info in header.items():
+            if shard_of.get(clip) != file:
+                check.fail(f"{store.where(file)}: holds clip {clip}, which the set's clip table places elsewhere")
+            elif clip in shapes and list(info.shape) != shapes[clip]:
+                check.fail(f"{store.where(file)}: clip {clip}'s condition has shape {tuple(info.shape)}, its latents "
+                           f"{tuple(shapes[clip])}")
+            elif stored and info.dtype != stored:
+                check.fail(f"{store.where(file)}: clip {clip}'s condition is {info.dtype}, the set stores {stored}")
+            elif clip in tensors and not tensors[clip].isfinite().all():
+                check.fail(f"{store.where(file)}: clip {clip}'s condition holds non-finite values")
+    absent = [clip for clip, file in shard_of.items() if file in held and clip not in held[file]]
+    for clip in absent[:5]:
+        check.fail(f"condition set {kind}: clip {clip} has no condition ({store.where(shard_of[clip])} does not hold "
+                   "it)")
+    if len(absent) > 5:
+        check.fail(f"condition set {kind}: {len(absent) - 5} more clips have no condition")
+    for clip, file in sorted(shard_of.items()):
+        if file not in listed:
+            check.fail(f"condition set {kind}: clip {clip} names shard {file!r}, which the manifest does not list")
+            break
+
+
+def check_condition_reencode(cache: Any, count: int, seed: int, device: Any, tolerance: float | None,
+                             tolerances: dict[str, float], check_type: type, vae_spec: str | None = None,
+                             allow_pickle_weights: bool = False) -> list[Any]:
+    """`verify --reencode K`: for each condition set, K clips (chosen by `seed`) computed again from their sources
+    with the cache's VAE, compared with the stored tensors."""
+    import random
+
+    from vaecache.conditions.kinds import condition_video
+    from vaecache.conditions.sets import ConditionSet
+    from vaecache.encode.fingerprint import load_recorded_vae
+    from vaecache.training import LatentCache
+
+    sets = cache.manifest.get("conditions") or {}
+    if not sets:
+        return []
+    rows = []
+    latents = LatentCache(cache.store, verify="none")
+    spec = vae_spec or (cache.manifest.get("settings") or {}).get("vae_spec")
+    try:
+        vae = load_recorded_vae(cache.store.location, cache.manifest, spec, device,
+                                allow_pickle_weights=allow_pickle_weights)
+    except (VaecacheError, OSError) as exc:
+        failed = check_type("re-encode conditions")
+        failed.fail(f"cannot load the cache's VAE {spec!r} ({exc})")
+        return [failed]
+    for kind in sorted(sets):
+        check = check_type(f"re-encode {count} clip(s) of condition set {kind}")
+        rows.append(check)
+        stored_dtype = (sets[kind].get("fingerprint") or {}).get("stored_dtype", "")
+        limit = tolerance if tolerance is not None else tolerances.get(stored_dtype, 0.0)
+        conditions = ConditionSet(cache.store, cache.manifest, kind)
+        clips = sorted(conditions.clips())
+        worst = 0.0
+        for clip in random.Random(seed).sample(clips, min(count, len(clips))):
+            try:
+                frames = latents.source_frames(clip)
+            except VaecacheError as exc:
+                check.fail(f"condition set {kind}: clip {clip}: its sources do not decode as recorded ({exc})")
+                continue
+            result = vae.encode_views(condition_video(frames, kind, clip))
+            fresh, stored = result.mean.cpu().float(), conditions.mean(clip).float()
+            if fresh.shape != stored.shape:
+                check.fail(f"condition set {kind}: clip {clip} re-encodes to shape {tuple(fresh.shape)}, stored "
+                           f"{tuple(stored.shape)}")
+                continue
+            scale = float(stored.abs().max()) or 1.0
+            relative = float((fresh - stored).abs().max()) / scale
+            worst = max(worst, relative)
+            if relative > limit:
+                check.fail(f"condition set {kind}: clip {clip} re-encodes {relative:.3g} of the stored max away "
+                           f"(tolerance {limit:g})")
+            else:
+                check.ok()
+        check.note = f"max difference {worst:.3g} of the stored max (tolerance {limit:g})"
+    return rows
