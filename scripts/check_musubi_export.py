@@ -5,7 +5,8 @@
 musubi-tuner is not on the package index and none of its code is copied into vaecache, so this script imports
 its modules from CHECKOUT/src (an environment where musubi-tuner's own requirements are installed) and:
 
-1. for every exported latent file, runs musubi's own caching function for the export's architecture
+1. for every exported latent file, runs musubi's own caching function for the export's architecture (for a Wan
+   export with I2V latents_image, with i2v on and the condition video's mean as its VAE's second answer)
    (`wan_cache_latents.encode_and_save_batch`, `cache_latents.encode_and_save_batch` for hv,
    `kandinsky5_cache_latents.encode_and_save_batch`) with a stand-in VAE that returns vaecache's posterior mean
    of that clip and camera (for Wan: musubi's real `WanVAE`, whose encoder is replaced, so its normalization,
@@ -67,26 +68,30 @@ def musubi_commit(checkout: Path) -> str | None:
 
 
 class _Moments(torch.nn.Module):
-    """Stands in for musubi's Wan encoder: returns the posterior moments of one view on its first call (the first
-    frame chunk), nothing on the next ones, so WanVAE_.encode's chunk loop concatenates exactly these."""
+    """Stands in for musubi's Wan encoder: for each WanVAE_.encode in turn (the clip, then with I2V its condition
+    video) returns that video's posterior moments on the first frame chunk (WanVAE_.encode feeds 1 frame, then 4 at a
+    time) and nothing on the later chunks, so WanVAE_.encode's chunk loop concatenates exactly these."""
 
-    def __init__(self, moments: torch.Tensor) -> None:
+    def __init__(self, moments: list[torch.Tensor]) -> None:
         super().__init__()
-        self.register_buffer("moments", moments)
-        self.calls = 0
+        self.moments = list(moments)
 
     def forward(self, x: torch.Tensor, feat_cache: Any = None, feat_idx: Any = None) -> torch.Tensor:
-        self.calls += 1
-        return self.moments if self.calls == 1 else self.moments[:, :, :0]
+        if x.shape[2] == 1:
+            self.current = self.moments.pop(0)
+            return self.current
+        return self.current[:, :, :0]
 
 
-def _wan_vae(vae_module: Any, mean: torch.Tensor) -> Any:
+def _wan_vae(vae_module: Any, mean: torch.Tensor, condition: torch.Tensor | None = None) -> Any:
     """musubi's own WanVAE (its __init__: constants, reciprocal, dtype) around a WanVAE_ whose encoder returns
-    `mean` (and a zero log-variance) and whose conv1 is the identity: WanVAE_.encode then normalizes it as written."""
+    `mean` (and a zero log-variance), then `condition` (the I2V condition video's mean), and whose conv1 is the
+    identity: WanVAE_.encode then normalizes them as written."""
     dtype = mean.dtype
     model = vae_module.WanVAE_(dim=4, z_dim=mean.shape[0], dim_mult=[1, 1, 1, 1], num_res_blocks=1, attn_scales=[],
                                temperal_downsample=[False, True, True], dropout=0.0)
-    model.encoder = _Moments(torch.cat([mean, torch.zeros_like(mean)]).unsqueeze(0))
+    model.encoder = _Moments([torch.cat([m, torch.zeros_like(m)]).unsqueeze(0)
+                              for m in ([mean] if condition is None else [mean, condition.to(dtype)])])
     model.conv1 = torch.nn.Identity()
     real = vae_module._video_vae
     vae_module._video_vae = lambda **kwargs: model
@@ -108,12 +113,13 @@ def _sampling_vae(mean: torch.Tensor, scaling_factor: float | None) -> Any:
 
 
 def musubi_cached(arch: str, modules: dict[str, Any], mean: torch.Tensor, item: Any,
-                  normalization: dict[str, Any]) -> None:
-    """Run musubi's own caching of `item` for `arch` with vaecache's mean as what its VAE returned."""
+                  normalization: dict[str, Any], condition: torch.Tensor | None = None) -> None:
+    """Run musubi's own caching of `item` for `arch` with vaecache's mean as what its VAE returned (and, for Wan
+    I2V, the condition video's mean as what it returned for that)."""
     script = modules[arch]
     if arch == "wan":
-        vae = _wan_vae(modules["wan_vae"], mean)
-        script.encode_and_save_batch(vae, None, False, [item])
+        vae = _wan_vae(modules["wan_vae"], mean, condition)
+        script.encode_and_save_batch(vae, None, condition is not None, [item])
     elif arch == "hv":
         script.encode_and_save_batch(_sampling_vae(mean, None), [item])
     elif arch == "k5":
@@ -166,6 +172,19 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
         # musubi's wan/modules/t5.py evaluates torch.cuda.current_device() in a default argument at import time;
         # on a machine without a GPU that raises. Nothing here runs on CUDA: answer device 0 for the import.
         torch.cuda.current_device = lambda: 0
+    try:
+        import torchvision.transforms  # noqa: F401
+    except (ImportError, RuntimeError):
+        # musubi's wan/modules/clip.py imports torchvision.transforms at import time and uses it only to build a CLIP
+        # model's preprocessing (CLIPModel.__init__), which this check never runs: a placeholder lets it import
+        # where torchvision is absent (or built for another torch). transformers, which musubi imports too, looks for
+        # torchvision first: they are imported before the placeholder exists.
+        import diffusers  # noqa: F401
+        import transformers  # noqa: F401
+
+        placeholder = types.ModuleType("torchvision")
+        placeholder.transforms = types.ModuleType("torchvision.transforms")  # type: ignore[attr-defined]
+        sys.modules.update({"torchvision": placeholder, "torchvision.transforms": placeholder.transforms})
     modules = {arch: importlib.import_module(ARCH_SCRIPTS[arch])}
     if arch == "wan":
         modules["wan_vae"] = importlib.import_module("musubi_tuner.wan.modules.vae")
@@ -191,14 +210,17 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
             name = exported_path.name
             if item_clip is None or item_clip.id != entry["clip"]:  # a clip's cameras are consecutive lines
                 item_clip = cache[entry["clip"]]
-            latent = item_clip.tensors[stored_key][item_clip.cameras.index(entry["camera"])]
+            view = item_clip.cameras.index(entry["camera"])
+            latent = item_clip.tensors[stored_key][view]
+            condition = (cache.condition(entry["clip"], info["condition_set"], normalized=False)[view]
+                         if info.get("condition_set") else None)
             tensors, metadata = load_file(exported_path)
             width, height = int(metadata["width"]), int(metadata["height"])
             frames = int(metadata["frame_count"])
             item = ItemInfo(entry["item"], "", (width, height), (width, height, frames), frame_count=frames,
                             content=np.zeros((frames, height, width, 3), dtype=np.uint8),
                             latent_cache_path=str(expected_dir / name))
-            musubi_cached(arch, modules, latent, item, normalization)
+            musubi_cached(arch, modules, latent, item, normalization, condition)
             theirs, their_metadata = load_file(expected_dir / name)
             expected[name] = theirs
             result["files"] += 1

@@ -188,3 +188,36 @@ def test_the_mask_and_normalization_are_the_pipelines_for_every_frame_count():
     video = condition_video(frames, "first-last")
     assert torch.equal(video[:, :, 0], frames[:, :, 0]) and torch.equal(video[:, :, -1], frames[:, :, -1])
     assert not video[:, :, 1:-1].any()
+
+
+def test_the_musubi_export_writes_musubis_i2v_latents_image_and_refuses_first_last(cache, run_cli, tmp_path):
+    """musubi-tuner's Wan I2V caching (wan_cache_latents.py:48-79, commit 30c658c): a 4-channel frame mask in the VAE's
+    dtype (ones on the first latent frame), then the condition video's latent normalized by its WanVAE as the latents
+    are, under latents_image_{F}x{H}x{W}_{dtype}. scripts/check_musubi_export.py runs musubi's own code on it."""
+    from safetensors import safe_open
+
+    from tests.export.test_export import musubi_wan_normalized
+
+    assert run_cli(["embed", cache, "--condition", "first-frame,first-last"]).exit_code == 0
+    refused = run_cli(["export", cache, "--format", "musubi", "--out", tmp_path / "no", "--condition", "first-last"])
+    assert refused.exit_code == 2 and "musubi-tuner caches no first-last (FLF2V) condition" in \
+        " ".join(refused.output.split())
+    assert not (tmp_path / "no").exists()
+    target = tmp_path / "musubi"
+    result = run_cli(["export", cache, "--format", "musubi", "--out", target])
+    assert result.exit_code == 0 and "I2V latents_image of condition set 'first-frame'" in result.output
+    latents = LatentCache(cache)
+    index = [json.loads(line) for line in (target / "index.jsonl").read_text().splitlines()]
+    assert len(index) == 6
+    for entry in index:
+        view = latents.record(entry["clip"])["cameras"].index(entry["camera"])
+        condition = latents.condition(entry["clip"], "first-frame", normalized=False)[view]
+        with safe_open(str(target / entry["file"]), "pt") as handle:
+            image = handle.get_tensor("latents_image_3x8x8_float32")
+        assert image.shape == (20, 3, 8, 8)
+        assert image[:4, 0].eq(1).all() and not image[:4, 1:].any()
+        assert torch.equal(image[4:], musubi_wan_normalized(condition, latents.normalization))
+    plain = run_cli(["export", cache, "--format", "musubi", "--out", tmp_path / "t2v", "--condition", "none"])
+    assert plain.exit_code == 0
+    with safe_open(str(tmp_path / "t2v" / index[0]["file"]), "pt") as handle:
+        assert list(handle.keys()) == ["latents_3x8x8_float32"]

@@ -31,6 +31,9 @@ def export(
     text_set: str = typer.Option("auto", "--text-set", help="musubi: the text set (vaecache embed) written as "
                                  "musubi's text-encoder caches: NAME | auto (the cache's only set, if it has one) | "
                                  "none."),
+    condition: str = typer.Option("auto", "--condition", help="musubi: the image-to-video condition written as "
+                                  "musubi's Wan I2V latents_image: auto (the cache's first-frame set, if it has one) | "
+                                  "first-frame | none (musubi has no first-last convention: refused)."),
     storage_option: StorageOption = None,
 ) -> None:
     """Export a cache to the layout a trainer reads: musubi-tuner or WebDataset (Megatron-Energon)."""
@@ -49,6 +52,8 @@ def export(
         raise UsageError("--energon applies to --format webdataset only")
     if text_set != "auto" and format != "musubi":
         raise UsageError("--text-set applies to --format musubi only")
+    if condition != "auto" and format != "musubi":
+        raise UsageError("--condition applies to --format musubi only")
     if samples_per_tar < 1:
         raise UsageError(f"--samples-per-tar must be >= 1, got {samples_per_tar}")
     from vaecache.cache.store import open_store
@@ -60,7 +65,7 @@ def export(
     note_untrained_vae(cache)
     if format == "musubi":
         summary = export_musubi(cache.location, dest, arch=arch, verify=verify, storage_options=options,
-                                text_set=text_set)
+                                text_set=text_set, condition=condition)
     else:
         summary = export_webdataset(cache.location, dest, verify=verify, samples_per_tar=samples_per_tar,
                                     energon=energon, storage_options=options)

@@ -177,6 +177,44 @@ def musubi_tensors(spec: MusubiArch, latent: torch.Tensor, normalization: dict[s
     return tensors
 
 
+def musubi_image_latent(spec: MusubiArch, condition: torch.Tensor, num_frames: int, temporal_factor: int,
+                        normalization: dict[str, Any], dtype: torch.dtype) -> torch.Tensor:
+    """One camera's `latents_image` as musubi-tuner's Wan I2V caching stores it (wan_cache_latents.py:48-79,
+    encode_and_save_batch with i2v): the frame mask in the VAE's dtype, then the condition video's latent normalized
+    by musubi's WanVAE (as the latents are: _wan_latents), concatenated on channels: (4 + C, F, H, W)."""
+    import torch
+
+    from vaecache.conditions.kinds import condition_mask
+
+    latent = spec.latents(condition.to(dtype), normalization)["latents"]  # type: ignore[misc]
+    _, _, height, width = latent.shape
+    mask = condition_mask("first-frame", num_frames, temporal_factor, height, width).to(dtype)
+    return torch.concat([mask, latent], dim=0).contiguous()
+
+
+def musubi_condition_set(cache: Any, spec: MusubiArch, condition: str, where: Path | str) -> Any:
+    """The ConditionSet whose first-frame latents the export writes as musubi's `latents_image`, or None ("none",
+    or "auto" without a first-frame set); an ExportError where musubi has no convention for what is asked."""
+    from vaecache.conditions.sets import ConditionSet
+
+    kinds = cache.condition_sets
+    if condition == "none" or (condition == "auto" and "first-frame" not in kinds):
+        return None
+    kind = "first-frame" if condition == "auto" else condition
+    if kind == "first-last":
+        raise ExportError(f"{where}: musubi-tuner caches no first-last (FLF2V) condition (its Wan I2V caching stores "
+                          "the first frame's only, as latents_image): pass --condition first-frame or none")
+    if kind != "first-frame":
+        raise ExportError(f"--condition must be auto, none, first-frame or first-last, got {condition!r}")
+    if kind not in kinds:
+        raise ExportError(f"{where}: no condition set {kind!r} (sets: {', '.join(kinds) or 'none'}): vaecache embed "
+                          f"{where} --condition {kind} adds it")
+    if spec.short != "wan":
+        raise ExportError(f"{where}: musubi-tuner's {spec.full} caching stores no first-frame latents_image vaecache "
+                          "writes (its Wan I2V one is); pass --condition none")
+    return ConditionSet(cache.store, cache.manifest, kind)
+
+
 def musubi_item(scene: str, camera: str) -> str:
     """The musubi item name of one camera of a scene: musubi-tuner names latent and text-encoder caches after
     the basename of the video (item_key), so DIR/videos/<item>.<ext> links to that camera's source."""
@@ -185,11 +223,14 @@ def musubi_item(scene: str, camera: str) -> str:
 
 def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, verify: str = "size",
                   on_clip: Callable[[int, int], None] | None = None,
-                  storage_options: dict[str, Any] | None = None, text_set: str = "auto") -> ExportSummary:
+                  storage_options: dict[str, Any] | None = None, text_set: str = "auto",
+                  condition: str = "auto") -> ExportSummary:
     """Write musubi-tuner's latent cache for every clip and camera (see docs/exports.md, "Export to musubi-tuner").
     Everything is checked before the first file is written: the architecture against the cache's VAE, the
     stored tensor, the sizes musubi's buckets would stack together. With a text set (`text_set`: its name, "auto":
-    the cache's only set, "none") its embeddings are written as musubi's text-encoder caches too."""
+    the cache's only set, "none") its embeddings are written as musubi's text-encoder caches too. With a first-frame
+    condition set (`condition`: "auto" exports it where the cache has one, "first-frame", "none") each Wan latent
+    file carries musubi's I2V `latents_image` too."""
     from vaecache.training import LatentCache
 
     cache = LatentCache(cache_dir, verify=verify, storage_options=storage_options)  # a folder or a URL
@@ -207,6 +248,8 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
         raise ExportError(f"{cache_dir}: manifest.json records no frame_rule.spatial_factor (pixel size unknown)")
     normalization = vae.get("normalization") or {}
     texts = musubi_text_set(cache, spec, text_set, cache_dir)
+    conditions = musubi_condition_set(cache, spec, condition, cache_dir)
+    temporal = int((cache.manifest.get("frame_rule") or {}).get("temporal_factor") or 1)
     te_items: dict[str, tuple[str, str]] = {}  # item -> (prompt key, first clip) of the text caches written
     buckets = [b for b in cache.manifest.get("buckets") or [] if b.get("clips")]
     musubi_buckets({(int(b["width"]), int(b["height"])) for b in buckets}, cache_dir)
@@ -222,6 +265,7 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
         scene_now = None
         for number, record in enumerate(cache.records(), 1):
             latents = cache.tensors_of(record)[key]
+            image_latents = conditions.mean(record["id"]) if conditions is not None else None
             captions += bool(_caption(record))
             if record["scene"] != scene_now:
                 scene_now, linked = record["scene"], set()
@@ -233,7 +277,13 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
                 counts.add(count)
                 item = musubi_item(record["scene"], camera)
                 name = f"{item}_{record['frames'][0]:05d}-{count:03d}_{width:04d}x{height:04d}_{spec.short}.safetensors"
-                data = safetensors_bytes(musubi_tensors(spec, latent, normalization),
+                tensors = musubi_tensors(spec, latent, normalization)
+                if image_latents is not None:
+                    image = musubi_image_latent(spec, image_latents[view], count, temporal, normalization, latent.dtype)
+                    _, frames_l, _, _ = image.shape
+                    tensors[f"latents_image_{frames_l}x{height_l}x{width_l}_"
+                            f"{str(latent.dtype).removeprefix('torch.')}"] = image
+                data = safetensors_bytes(tensors,
                                          {"architecture": spec.full, "width": str(width), "height": str(height),
                                           "frame_count": str(count), "format_version": MUSUBI_FORMAT_VERSION})
                 write_new_file(folder / "cache" / name, data)
@@ -267,8 +317,14 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
             "normalization": {k: v for k, v in normalization.items() if k != "formula"},
             "source": source_of(cache), "clips": len(cache), "files": files, "bytes": size,
             "renamed": index.renamed, "captioned_clips": captions,
-            **({"text_set": texts.name, "text_caches": len(te_items)} if texts is not None else {})})
+            **({"text_set": texts.name, "text_caches": len(te_items)} if texts is not None else {}),
+            **({"condition_set": conditions.kind, "image_latents": "latents_image: the first-frame mask (4 channels) "
+                "then the condition latents normalized as the latents are, as musubi-tuner's Wan I2V caching stores "
+                "them (wan_cache_latents.py)"} if conditions is not None else {})})
     notes = [f"latents as musubi-tuner's {spec.full} caching stores them: {spec.convention}"]
+    if conditions is not None:
+        notes.append("I2V latents_image of condition set 'first-frame' in every latent file (musubi's Wan I2V "
+                     "caching step is not needed; its CLIP features are not included: train a task without clip)")
     if texts is not None:
         notes.append(f"text-encoder caches of text set {texts.name!r} for {len(te_items)} items "
                      f"(<item>_{spec.short}_te.safetensors): musubi's text-encoder caching step is not needed")
