@@ -221,3 +221,21 @@ def test_the_musubi_export_writes_musubis_i2v_latents_image_and_refuses_first_la
     assert plain.exit_code == 0
     with safe_open(str(tmp_path / "t2v" / index[0]["file"]), "pt") as handle:
         assert list(handle.keys()) == ["latents_3x8x8_float32"]
+
+
+def test_the_webdataset_export_carries_each_condition_set_read_back_as_latentcache_gives_it(cache, run_cli, tmp_path):
+    import webdataset
+
+    from vaecache.export.webdataset import decode_sample
+
+    assert run_cli(["embed", cache, "--condition", "first-frame,first-last"]).exit_code == 0
+    dest = tmp_path / "wds"
+    assert run_cli(["export", cache, "--format", "webdataset", "--out", dest, "--energon", "off"]).exit_code == 0
+    latents = LatentCache(cache)
+    samples = [decode_sample(s) for s in webdataset.WebDataset(sorted(str(p) for p in dest.glob("*.tar")),
+                                                               shardshuffle=False)]
+    assert len(samples) == len(latents)
+    for sample in samples:
+        item = latents[sample["record"]["id"]]
+        for kind in ("first-frame", "first-last"):
+            assert torch.equal(sample[f"condition/{kind}"], item[f"condition/{kind}"])

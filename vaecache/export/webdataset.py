@@ -108,6 +108,9 @@ def export_webdataset(cache_dir: Path | str, target: Path, verify: str = "size",
     from vaecache.text.sets import TextSet
 
     texts = [TextSet(cache.store, cache.manifest, name) for name in cache.text_sets]
+    from vaecache.conditions.sets import ConditionSet
+
+    conditions = [ConditionSet(cache.store, cache.manifest, kind) for kind in cache.condition_sets]
     size = 0
     with staging(target) as folder:
         index = ExportIndex(folder / EXPORT_INDEX)
@@ -139,6 +142,15 @@ def export_webdataset(cache_dir: Path | str, target: Path, verify: str = "size",
                     sample["text.safetensors"] = safetensors_bytes(
                         {f"text/{t.name}": t.rows(record["id"]).contiguous() for t in texts}, {"clip": record["id"]})
                     size += len(sample["text.safetensors"])
+                if conditions:  # each set's stored mean; decode_sample builds the pipeline's tensor from it
+                    extra["condition_sets"] = {c.kind: {"frames": len(record["frames"]),
+                                                        "temporal_factor": c.temporal_factor,
+                                                        "latents_mean": c.latents_mean, "latents_std": c.latents_std}
+                                               for c in conditions}
+                    sample["condition.safetensors"] = safetensors_bytes(
+                        {f"condition/{c.kind}": c.mean(record["id"]).contiguous() for c in conditions},
+                        {"clip": record["id"]})
+                    size += len(sample["condition.safetensors"])
                 body = json.dumps(extra, sort_keys=True, ensure_ascii=False).encode()
                 sample["json"] = body
                 writer.write(sample)
@@ -165,7 +177,11 @@ def export_webdataset(cache_dir: Path | str, target: Path, verify: str = "size",
                        "json": "the clip record, plus latent_shape: each stored tensor's shape by key",
                        **({"text.safetensors": "each text set's stored rows of the clip's prompt (text/<set>); "
                                                "json's text_sets gives each set's length and token count"}
-                          if texts else {})}})
+                          if texts else {}),
+                       **({"condition.safetensors": "each condition set's stored posterior mean of the clip's "
+                                                    "condition videos (condition/<kind>, (cameras, C, F, H, W)); "
+                                                    "json's condition_sets gives what rebuilds the pipeline's tensor"}
+                          if conditions else {})}})
     notes = [f"{len(written)} tar(s), one latent shape each ({len(clips_of)} shape(s)); group batches by "
              "latent_shape when a shuffle buffer mixes tars"]
     notes.append("prepared for Megatron-Energon (DIR/.nv-meta, CrudeWebdataset)" if prepare else
@@ -184,11 +200,18 @@ def decode_sample(sample: dict[str, Any]) -> dict[str, Any]:
 
     record = dict(sample["json"]) if isinstance(sample["json"], dict) else json.loads(sample["json"])
     shape = record.pop("latent_shape", None)
-    texts: dict[str, Any] = {}
+    texts: dict[str, Any] = {}  # text/<set>, text_mask/<set>, condition/<kind>: as LatentCache gives them
     stored = load(sample["text.safetensors"]) if "text.safetensors" in sample else {}
     for name, facts in sorted((record.pop("text_sets", None) or {}).items()):
         texts[f"text/{name}"], texts[f"text_mask/{name}"] = pipeline_tensor(stored[f"text/{name}"],
                                                                             int(facts["length"]), int(facts["tokens"]))
+    from vaecache.conditions.kinds import pipeline_condition
+
+    means = load(sample["condition.safetensors"]) if "condition.safetensors" in sample else {}
+    for kind, facts in sorted((record.pop("condition_sets", None) or {}).items()):
+        texts[f"condition/{kind}"] = pipeline_condition(means[f"condition/{kind}"], kind, int(facts["frames"]),
+                                                        int(facts["temporal_factor"]), facts["latents_mean"],
+                                                        facts["latents_std"])
     return {"__key__": sample["__key__"], **load(sample["latents.safetensors"]), **texts, "record": record,
             "latent_shape": tuple((key, tuple(dims)) for key, dims in sorted((shape or {}).items()))}
 
