@@ -236,3 +236,12 @@ def test_bench_text_prints_both_ways_and_the_dedupe(capsys):
     assert result["items"] == 16 and result["distinct_prompts"] <= 4 and result["dedupe_ratio"] >= 4
     assert result["reference"]["items_per_s"] > 0 and result["vaecache"]["prompts_per_s"] > 0
     assert 0 < result["bytes_ratio"] < 1  # trimmed rows against 512 padded ones
+
+
+def test_bench_conditions_prints_both_commands_and_the_stages(capsys, tmp_path):
+    result = load_script("bench_conditions").main(["--vae", "builtin:tiny", "--scenes", "1", "--frames", "5",
+                                                   "--size", "32x32", "--repeats", "1", "--tmp", str(tmp_path)])
+    assert printed_json(capsys) == result
+    assert result["workload"]["views"] == 2 and result["encode_s"] > 0 and result["embed_condition_s"] > 0
+    assert set(result["per_view"]) == {"decode_s", "latent_encode_s", "condition_encode_s"}
+    assert 0 < result["second_pass_over_trainer"] < 1

@@ -239,3 +239,17 @@ def test_the_webdataset_export_carries_each_condition_set_read_back_as_latentcac
         item = latents[sample["record"]["id"]]
         for kind in ("first-frame", "first-last"):
             assert torch.equal(sample[f"condition/{kind}"], item[f"condition/{kind}"])
+
+
+def test_encode_with_condition_adds_the_set_embed_adds_afterwards(demo_data, cache, run_cli, tmp_path):
+    from tests.conftest import ENCODE_ARGS
+
+    out = tmp_path / "together"
+    result = run_cli(["encode", demo_data, "--out", out, *ENCODE_ARGS, "--condition", "first-frame"])
+    assert result.exit_code == 0, result.output
+    assert "condition set 'first-frame' added: 3 clips, 6 views" in result.output
+    assert run_cli(["embed", cache, "--condition", "first-frame"]).exit_code == 0
+    assert files_of(out / "conditions") == files_of(cache / "conditions")
+    bad = run_cli(["encode", demo_data, "--out", tmp_path / "never", *ENCODE_ARGS, "--condition", "clip"])
+    assert bad.exit_code == 2 and "unknown kind clip" in bad.output
+    assert not (tmp_path / "never").exists()

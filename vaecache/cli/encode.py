@@ -101,6 +101,13 @@ def encode(
             embedded = embed_cache(EmbedRequest(out=str(cfg.out), text_encoder=cfg.text_encoder, device=cfg.device,
                                                 allow_pickle_weights=cfg.allow_pickle_weights,
                                                 storage_options=cfg.storage_options), ctx=ctx)
+        conditioned = []
+        if cfg.condition and not summary.stopped and summary.exit_code in (EXIT_OK, EXIT_PARTIAL):
+            from vaecache.conditions.sets import ConditionRequest, embed_conditions
+
+            conditioned = embed_conditions(ConditionRequest(
+                out=str(cfg.out), kinds=cfg.condition, device=cfg.device, vae=cfg.vae,
+                allow_pickle_weights=cfg.allow_pickle_weights, storage_options=cfg.storage_options), ctx=ctx)
     if summary.stopped:
         stopped = (f"rank {ctx.info.rank} stopped by {summary.stopped}: committed shards are kept; rerun the same "
                    "command to resume")
@@ -120,6 +127,10 @@ def encode(
             state = "up to date" if embedded.unchanged else "replaced" if embedded.replaced else "added"
             console.print(escape(f"text set 'default' {state}: {embedded.clips} clips, {embedded.prompts} distinct "
                                  f"prompts, {embedded.truncated_prompts} truncated"), soft_wrap=True)
+        for done in conditioned:
+            state = "up to date" if done.unchanged else "replaced" if done.replaced else "added"
+            console.print(escape(f"condition set {done.kind!r} {state}: {done.clips} clips, {done.views} views"),
+                          soft_wrap=True)
     if is_rank0 and json_file is not None:
         write_json(json_file, summary_json(summary))
     if summary.exit_code == EXIT_PARTIAL:  # torchrun reports any nonzero exit as a failure: say what it is

@@ -74,6 +74,9 @@ class EncodeConfig:
     text_encoder: str | None = None
     """--text-encoder: once the cache is finished, embed the clips' captions into its text set "default"
     (vaecache embed's defaults: vaecache.text.sets)."""
+    condition: str | None = None
+    """--condition KIND[,KIND]: once the cache is finished, add its image-to-video condition sets
+    (vaecache.conditions.sets)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.probe_workers, bool) or not isinstance(self.probe_workers, int) or self.probe_workers < 1:
@@ -82,6 +85,11 @@ class EncodeConfig:
             from vaecache.text.families import check_text_spec
 
             check_text_spec(self.text_encoder)
+        if self.condition is not None:
+            from vaecache.conditions.kinds import parse_condition_kinds
+
+            if not parse_condition_kinds(self.condition):
+                raise UsageError("--condition: name at least one kind (first-frame, first-last)")
         if not self.vae:
             raise UsageError("--vae is required (e.g. builtin:tiny, builtin:small, diffusers:/path/to/vae, "
                              "python:pkg.mod:factory)")

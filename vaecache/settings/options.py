@@ -187,6 +187,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("text_encoder", "--text-encoder", str, "Once the cache is finished, embed the clips' captions with this "
            "text encoder into its text set \"default\", as `vaecache embed OUT --text-encoder SPEC` does (its "
            "defaults; embed itself takes the other choices).", frozenset({ENCODE})),
+    Option("condition", "--condition", str, "KIND[,KIND]: once the cache is finished, add its image-to-video "
+           "condition sets (first-frame | first-last) as `vaecache embed OUT --condition KIND` does: the cache's VAE "
+           "over each clip's first (and last) frame then zeros, as WanImageToVideoPipeline.prepare_latents builds "
+           "them (the frames are decoded again).", frozenset({ENCODE})),
     Option("hash_sources", "--hash-sources", bool, "Record each source video's sha256 (besides size and mtime): a "
            "resume then tells changed content from a touched file.", frozenset({ENCODE})),
     Option("allow_other_numerics", "--allow-other-numerics", bool, "Resume OUT on other numerics than it records "
