@@ -113,13 +113,17 @@ def _sampling_vae(mean: torch.Tensor, scaling_factor: float | None) -> Any:
 
 
 def musubi_cached(arch: str, modules: dict[str, Any], mean: torch.Tensor, item: Any,
-                  normalization: dict[str, Any], condition: torch.Tensor | None = None) -> None:
+                  normalization: dict[str, Any], condition: torch.Tensor | None = None,
+                  features: torch.Tensor | None = None) -> None:
     """Run musubi's own caching of `item` for `arch` with vaecache's mean as what its VAE returned (and, for Wan
-    I2V, the condition video's mean as what it returned for that)."""
+    I2V, the condition video's mean as what it returned for that, and the first frame's CLIP features as what its
+    CLIPModel.visual returned)."""
     script = modules[arch]
     if arch == "wan":
         vae = _wan_vae(modules["wan_vae"], mean, condition)
-        script.encode_and_save_batch(vae, None, condition is not None, [item])
+        clip = None if features is None else types.SimpleNamespace(device=torch.device("cpu"),
+                                                                   visual=lambda images: features.unsqueeze(0))
+        script.encode_and_save_batch(vae, clip, condition is not None, [item])
     elif arch == "hv":
         script.encode_and_save_batch(_sampling_vae(mean, None), [item])
     elif arch == "k5":
@@ -214,13 +218,15 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
             latent = item_clip.tensors[stored_key][view]
             condition = (cache.condition(entry["clip"], info["condition_set"], normalized=False)[view]
                          if info.get("condition_set") else None)
+            features = (cache.condition(entry["clip"], "image-features", normalized=False)[view]
+                        if info.get("image_features") else None)
             tensors, metadata = load_file(exported_path)
             width, height = int(metadata["width"]), int(metadata["height"])
             frames = int(metadata["frame_count"])
             item = ItemInfo(entry["item"], "", (width, height), (width, height, frames), frame_count=frames,
                             content=np.zeros((frames, height, width, 3), dtype=np.uint8),
                             latent_cache_path=str(expected_dir / name))
-            musubi_cached(arch, modules, latent, item, normalization, condition)
+            musubi_cached(arch, modules, latent, item, normalization, condition, features)
             theirs, their_metadata = load_file(expected_dir / name)
             expected[name] = theirs
             result["files"] += 1

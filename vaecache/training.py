@@ -145,7 +145,7 @@ class LatentCache:
         if kind not in self._conditions:
             raise KeyError(f"{self.out}: no condition set {kind!r} (sets: {', '.join(self._conditions) or 'none'})")
         conditions = self._conditions[kind]
-        return conditions.pipeline(clip_id) if normalized else conditions.mean(clip_id)
+        return conditions.pipeline(clip_id) if normalized else conditions.stored(clip_id)
 
     def _load_rows(self) -> Any:
         import pyarrow as pa

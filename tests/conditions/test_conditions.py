@@ -159,8 +159,9 @@ def test_embed_conditions_into_a_cache_in_s3_writes_what_it_writes_on_disk(s3, c
 def test_what_embed_refuses_in_one_line_before_writing(cache, run_cli):
     before = files_of(cache)
     for args, message in (
-            (["--condition", "last-frame"], "unknown kind last-frame; the kinds are first-frame, first-last"),
-            (["--condition", "image-features"], "image-features (CLIP or SigLIP image-encoder features) is not built"),
+            (["--condition", "last-frame"], "unknown kind last-frame; the kinds are first-frame, first-last, "
+                                            "image-features"),
+            (["--vae", "builtin:tiny"], "--vae applies to --condition"),
             ([], "embed needs --text-encoder SPEC (caption embeddings) and/or --condition KIND"),
             (["--condition", "first-frame", "--vae", "builtin:small"], "does not match the VAE recorded")):
         result = run_cli(["embed", cache, *args])
@@ -253,3 +254,109 @@ def test_encode_with_condition_adds_the_set_embed_adds_afterwards(demo_data, cac
     bad = run_cli(["encode", demo_data, "--out", tmp_path / "never", *ENCODE_ARGS, "--condition", "clip"])
     assert bad.exit_code == 2 and "unknown kind clip" in bad.output
     assert not (tmp_path / "never").exists()
+
+
+@pytest.fixture(scope="module")
+def clip_folder(tmp_path_factory):
+    from tests.conditions.tiny_image import build_clip_pipeline_folder
+
+    return build_clip_pipeline_folder(tmp_path_factory.mktemp("clip") / "wan-i2v")
+
+
+def test_image_features_equal_diffusers_encode_image_per_camera(cache, clip_folder, run_cli, tmp_path):
+    """wan-diffusers: WanImageToVideoPipeline.encode_image (its unbound function) on the first frame as an 8-bit
+    image; framepack-diffusers: HunyuanVideoFramepackPipeline.encode_image on the [-1, 1] frame. Bitwise."""
+    from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video_framepack import HunyuanVideoFramepackPipeline
+    from diffusers.pipelines.wan.pipeline_wan_i2v import WanImageToVideoPipeline
+    from PIL import Image
+    from transformers import AutoImageProcessor, CLIPVisionModel, SiglipVisionModel
+
+    from tests.conditions.tiny_image import build_siglip_folder
+
+    result = run_cli(["embed", cache, "--condition", "image-features", "--image-encoder", f"diffusers:{clip_folder}"])
+    assert result.exit_code == 0, result.output
+    latents = LatentCache(cache)
+    encoder = CLIPVisionModel.from_pretrained(clip_folder / "image_encoder").eval()
+    processor = AutoImageProcessor.from_pretrained(clip_folder / "image_processor")
+    pipeline = types.SimpleNamespace(image_encoder=encoder, _execution_device=torch.device("cpu"),
+                                     image_processor=processor)
+    for item in latents:
+        features = item["condition/image-features"]
+        assert features.shape == (2, 5, 32) and features.dtype == torch.float32
+        frames = latents.source_frames(item.id)
+        for view in range(2):
+            image = Image.fromarray(((frames[view, :, 0] + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)
+                                    .permute(1, 2, 0).numpy())
+            with torch.no_grad():
+                expected = WanImageToVideoPipeline.encode_image(pipeline, image, torch.device("cpu"))
+            assert torch.equal(features[view], expected[0])
+    assert run_cli(["verify", cache, "--reencode", "2"]).exit_code == 0
+
+    siglip = build_siglip_folder(tmp_path / "siglip")
+    other = run_cli(["embed", cache, "--condition", "image-features", "--image-encoder", f"transformers:{siglip}",
+                     "--image-convention", "framepack-diffusers"])
+    assert other.exit_code == 2 and "--replace replaces it" in " ".join(other.output.split())
+    assert run_cli(["embed", cache, "--condition", "image-features", "--image-encoder", f"transformers:{siglip}",
+                    "--image-convention", "framepack-diffusers", "--replace"]).exit_code == 0
+    latents = LatentCache(cache)
+    framepack = types.SimpleNamespace(image_encoder=SiglipVisionModel.from_pretrained(siglip).eval(),
+                                      _execution_device=torch.device("cpu"),
+                                      feature_extractor=AutoImageProcessor.from_pretrained(siglip))
+    item = latents[0]
+    frames = latents.source_frames(item.id)
+    with torch.no_grad():
+        expected = HunyuanVideoFramepackPipeline.encode_image(framepack, frames[:, :, 0], torch.device("cpu"),
+                                                              torch.float32)
+    assert item["condition/image-features"].shape == (2, 4, 32)
+    assert torch.equal(item["condition/image-features"], expected)
+    assert run_cli(["verify", cache]).exit_code == 0
+
+
+def test_musubi_convention_features_go_into_the_musubi_export_and_the_diffusers_ones_are_refused(
+        cache, clip_folder, run_cli, tmp_path):
+    """wan-musubi: wan_cache_latents.py:48-57 and wan/modules/clip.py:537-546 (commit 30c658c) squash the [-1, 1]
+    frame to the image size with bicubic F.interpolate, map it to [0, 1], normalize, and keep the output of all blocks
+    but the last; musubi stores it as float16 under clip_<the latent's dtype>."""
+    from safetensors import safe_open
+    from transformers import CLIPVisionModel
+
+    spec = ["--image-encoder", f"diffusers:{clip_folder}"]
+    assert run_cli(["embed", cache, "--condition", "first-frame,image-features", *spec]).exit_code == 0
+    refused = run_cli(["export", cache, "--format", "musubi", "--out", tmp_path / "no"])
+    assert refused.exit_code == 2 and "--image-convention wan-musubi" in " ".join(refused.output.split())
+    assert run_cli(["embed", cache, "--condition", "image-features", *spec, "--image-convention", "wan-musubi",
+                    "--replace"]).exit_code == 0
+    latents = LatentCache(cache)
+    encoder = CLIPVisionModel.from_pretrained(clip_folder / "image_encoder").eval()
+    mean = torch.tensor([0.48145466, 0.4578275, 0.40821073]).view(1, 3, 1, 1)
+    std = torch.tensor([0.26862954, 0.26130258, 0.27577711]).view(1, 3, 1, 1)
+    target = tmp_path / "musubi"
+    assert run_cli(["export", cache, "--format", "musubi", "--out", target]).exit_code == 0
+    for entry in (json.loads(line) for line in (target / "index.jsonl").read_text().splitlines()):
+        frames = latents.source_frames(entry["clip"])
+        view = latents.record(entry["clip"])["cameras"].index(entry["camera"])
+        x = torch.nn.functional.interpolate(frames[view:view + 1, :, 0], size=(28, 28), mode="bicubic",
+                                            align_corners=False).mul_(0.5).add_(0.5)
+        with torch.no_grad():
+            expected = encoder(pixel_values=(x - mean) / std, output_hidden_states=True).hidden_states[-2][0]
+        with safe_open(str(target / entry["file"]), "pt") as handle:
+            assert sorted(handle.keys()) == ["clip_float32", "latents_3x8x8_float32", "latents_image_3x8x8_float32"]
+            assert torch.equal(handle.get_tensor("clip_float32"), expected.half())
+
+
+def test_image_feature_options_are_refused_in_one_line(cache, clip_folder, run_cli, tmp_path):
+    for args, message in (
+            (["--condition", "image-features"], "--condition image-features needs --image-encoder SPEC"),
+            (["--condition", "image-features", "--image-encoder", str(clip_folder)],
+             "--image-encoder must be diffusers:PATH or transformers:PATH"),
+            (["--condition", "image-features", "--image-encoder", f"diffusers:{clip_folder}", "--image-convention",
+              "hunyuan"], "--image-convention must be one of wan-diffusers, wan-musubi, framepack-diffusers"),
+            (["--condition", "image-features", "--image-encoder", f"diffusers:{clip_folder}", "--image-convention",
+              "framepack-diffusers"], "needs a SigLIP vision model, this is clip_vision_model"),
+            (["--condition", "first-frame", "--image-encoder", f"diffusers:{clip_folder}"],
+             "--image-encoder applies to --condition image-features"),
+            (["--condition", "image-features", "--image-encoder", f"diffusers:{tmp_path}"],
+             "image_encoder/ and image_processor/")):
+        result = run_cli(["embed", cache, *args])
+        assert result.exit_code == 2 and message in " ".join(result.output.split()), (args, result.output)
+    assert not (cache / "conditions").exists()

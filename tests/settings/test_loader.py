@@ -289,7 +289,9 @@ def _every_encode_key(tmp_path: Path) -> Path:
               "liveness-timeout": 30, "progress": False, "sync": "timestamps", "sync_reference": "cam_0",
               "sync_tolerance": 0.05, "fps": 10.0, "nuscenes_version": "v1.0-mini",
               "column": ["path=video_path", "ranges=timestamp"], "lerobot_state": False, "commit_every": 120.0,
-              "storage_option": ["anon=false"], "text_encoder": "diffusers:./wan21", "condition": "first-frame"}
+              "storage_option": ["anon=false"], "text_encoder": "diffusers:./wan21",
+              "condition": "first-frame,image-features", "image_encoder": "diffusers:./wan21",
+              "image_convention": "wan-musubi"}
     from vaecache.settings.options import ENCODE, options_of
 
     # every one but --vae-config, which goes with a single-file --vae (tests/vae/test_single_file.py), no other

@@ -21,10 +21,19 @@ def embed(
                                      "CogVideoX) | transformers:PATH (any encoder with its tokenizer, with "
                                      "--text-length). Local files only."),
     condition: Optional[str] = typer.Option(None, "--condition", help="KIND[,KIND]: image-to-video conditions of "
-                                            "each clip's cameras, encoded with the cache's own VAE from the frames "
-                                            "encode saw: first-frame (the first frame then zeros) | first-last (FLF2V: "
-                                            "first, zeros, last), as WanImageToVideoPipeline.prepare_latents builds "
-                                            "them. One set per kind."),
+                                            "each clip's cameras from the frames encode saw: first-frame (the first "
+                                            "frame then zeros) | first-last (FLF2V: first, zeros, last), encoded with "
+                                            "the cache's own VAE as WanImageToVideoPipeline.prepare_latents builds "
+                                            "them | image-features (the first frame through --image-encoder). One set "
+                                            "per kind."),
+    image_encoder: Optional[str] = typer.Option(None, "--image-encoder", help="image-features: diffusers:PATH (a "
+                                                "pipeline folder with image_encoder/ and image_processor/ or "
+                                                "feature_extractor/) | transformers:PATH (a CLIP or SigLIP vision "
+                                                "model with its preprocessor_config.json). Local files only."),
+    image_convention: str = typer.Option("wan-diffusers", "--image-convention", help="image-features: wan-diffusers "
+                                         "(CLIP processor, hidden_states[-2], fp32) | wan-musubi (bicubic squash to "
+                                         "the image size, hidden_states[-2], fp16: what musubi's export needs) | "
+                                         "framepack-diffusers (SigLIP, last_hidden_state)."),
     vae: Optional[str] = typer.Option(None, "--vae", help="--condition: another path to the cache's VAE (its "
                                       "fingerprint must be the recorded one; default the recorded --vae)."),
     set_name: str = typer.Option("default", "--set", help="The set's name (a cache holds several)."),
@@ -59,6 +68,8 @@ def embed(
     from vaecache.text.sets import EmbedRequest, embed_cache
     from vaecache.urls import parse_storage_options
 
+    if condition is None and (image_encoder is not None or vae is not None):
+        raise UsageError(f"{'--image-encoder' if image_encoder is not None else '--vae'} applies to --condition")
     if text_encoder is None and condition is None:
         raise UsageError("embed needs --text-encoder SPEC (caption embeddings) and/or --condition KIND "
                          "(image-to-video conditions)")
@@ -70,7 +81,8 @@ def embed(
         allow_pickle_weights=allow_pickle_weights, storage_options=storage)
     conditions = None if condition is None else ConditionRequest(
         out=out, kinds=condition, replace=replace, shard_bytes=parse_bytes(shard_size), device=device, vae=vae,
-        allow_pickle_weights=allow_pickle_weights, storage_options=storage)
+        allow_pickle_weights=allow_pickle_weights, storage_options=storage, image_encoder=image_encoder,
+        image_convention=image_convention)
     with distributed(device=device) as ctx:  # under torchrun the shards are split across the ranks
         summary = embed_cache(request, ctx=ctx) if request is not None else None
         condition_summaries = embed_conditions(conditions, ctx=ctx) if conditions is not None else []

@@ -107,7 +107,8 @@ def encode(
 
             conditioned = embed_conditions(ConditionRequest(
                 out=str(cfg.out), kinds=cfg.condition, device=cfg.device, vae=cfg.vae,
-                allow_pickle_weights=cfg.allow_pickle_weights, storage_options=cfg.storage_options), ctx=ctx)
+                allow_pickle_weights=cfg.allow_pickle_weights, storage_options=cfg.storage_options,
+                image_encoder=cfg.image_encoder, image_convention=cfg.image_convention), ctx=ctx)
     if summary.stopped:
         stopped = (f"rank {ctx.info.rank} stopped by {summary.stopped}: committed shards are kept; rerun the same "
                    "command to resume")

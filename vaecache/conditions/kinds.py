@@ -20,7 +20,9 @@ import torch
 
 from vaecache.errors import DatasetError, UsageError
 
-CONDITION_KINDS = ("first-frame", "first-last")
+CONDITION_KINDS = ("first-frame", "first-last", "image-features")
+LATENT_KINDS = ("first-frame", "first-last")
+"""The kinds encoded with the cache's VAE; image-features come from an image encoder (vaecache.conditions.images)."""
 REFERENCE = "diffusers WanImageToVideoPipeline.prepare_latents (pipelines/wan/pipeline_wan_i2v.py)"
 SUPPORTED_FAMILIES = ("AutoencoderKLWan",)
 """VAE families with an image-to-video pipeline vaecache reproduces."""
@@ -32,9 +34,6 @@ def parse_condition_kinds(text: str | tuple[str, ...] | None) -> tuple[str, ...]
         return ()
     parts = text.split(",") if isinstance(text, str) else list(text)
     kinds = {part.strip() for part in parts if part.strip()}
-    if "image-features" in kinds:
-        raise UsageError("--condition image-features (CLIP or SigLIP image-encoder features) is not built yet; the "
-                         f"kinds vaecache computes are {', '.join(CONDITION_KINDS)}")
     unknown = sorted(kinds - set(CONDITION_KINDS))
     if unknown:
         raise UsageError(f"--condition: unknown kind {', '.join(unknown)}; the kinds are {', '.join(CONDITION_KINDS)}")
@@ -97,12 +96,15 @@ def normalized_condition(mean: torch.Tensor, latents_mean: list[float], latents_
 def pipeline_condition(mean: torch.Tensor, kind: str, num_frames: int, temporal_factor: int,
                        latents_mean: list[float], latents_std: list[float]) -> torch.Tensor:
     """(views, C, F, H, W) stored posterior mean -> `cat([mask, latent_condition], dim=1)`: (views,
-    temporal_factor + C, F, H, W) float32, the tensor prepare_latents returns for each view."""
+    temporal_factor + C, F, H, W) float32, the tensor prepare_latents returns for each view. image-features are
+    stored as the pipeline uses them and returned unchanged."""
+    if kind not in LATENT_KINDS:
+        return mean
     latent = normalized_condition(mean, latents_mean, latents_std)
     views, _, _, height, width = latent.shape
     mask = condition_mask(kind, num_frames, temporal_factor, height, width).to(latent.device)
     return torch.concat([mask.unsqueeze(0).expand(views, -1, -1, -1, -1), latent], dim=1)
 
 
-__all__ = ["CONDITION_KINDS", "REFERENCE", "SUPPORTED_FAMILIES", "check_condition_vae", "condition_mask",
-           "condition_video", "normalized_condition", "parse_condition_kinds", "pipeline_condition"]
+__all__ = ["CONDITION_KINDS", "LATENT_KINDS", "REFERENCE", "SUPPORTED_FAMILIES", "check_condition_vae",
+           "condition_mask", "condition_video", "normalized_condition", "parse_condition_kinds", "pipeline_condition"]

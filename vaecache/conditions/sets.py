@@ -29,6 +29,7 @@ from vaecache import faults
 from vaecache.cache.layout import CONDITIONS_DIR, MANIFEST
 from vaecache.cache.sets import delete_unlisted, file_entry, generation_of, pack_shards, parquet_bytes
 from vaecache.conditions.kinds import (
+    LATENT_KINDS,
     REFERENCE,
     check_condition_vae,
     condition_video,
@@ -55,12 +56,21 @@ class ConditionRequest:
     """Another path to the cache's VAE (its fingerprint must be the recorded one); default the recorded spec."""
     allow_pickle_weights: bool = False
     storage_options: tuple[tuple[str, Any], ...] = ()
+    image_encoder: str | None = None
+    """image-features: the image encoder's spec (vaecache.conditions.images)."""
+    image_convention: str = "wan-diffusers"
 
     def __post_init__(self) -> None:
         kinds = parse_condition_kinds(self.kinds)
         if not kinds:
             raise UsageError("--condition: name at least one kind")
         object.__setattr__(self, "kinds", kinds)
+        if "image-features" in kinds:
+            from vaecache.conditions.images import check_image_options
+
+            check_image_options(self.image_encoder, self.image_convention)
+        elif self.image_encoder is not None:
+            raise UsageError("--image-encoder applies to --condition image-features")
         if self.shard_bytes < 1:
             raise UsageError(f"--shard-size must be at least 1 byte, got {self.shard_bytes}")
 
@@ -88,6 +98,15 @@ def condition_fingerprint(manifest: dict[str, Any], kind: str, dtype: torch.dtyp
             "vae_settings": {k: settings.get(k) for k in ("dtype", "tiling", "views_per_forward", "decoder")},
             "frame_rule": manifest.get("frame_rule"), "stored_dtype": str(dtype).removeprefix("torch."),
             "stored": "posterior mean of the condition video, (cameras, C, latent frames, h, w)"}
+
+
+def image_fingerprint(manifest: dict[str, Any], encoder: Any) -> dict[str, Any]:
+    """What decides an image-features set's bytes: the encoder, its processor and convention, how frames decode."""
+    settings = manifest.get("settings") or {}
+    return {"kind": "image-features", "reference": encoder.fingerprint()["reference"],
+            "image_encoder": encoder.fingerprint(), "frames": {"decoder": settings.get("decoder")},
+            "stored_dtype": str(encoder.stored_dtype).removeprefix("torch."),
+            "stored": "features of each camera's first frame, (cameras, tokens, hidden)"}
 
 
 def _clip_input(record: dict[str, Any]) -> str:
@@ -128,26 +147,35 @@ def embed_conditions(request: ConditionRequest, ctx: Any = None) -> list[Conditi
             store.check_present()
             stack.enter_context(held_lock(store, ctx.info.job_id if ctx is not None else None))
             cache = CacheReader(store)
-            check_condition_vae(cache.manifest.get("vae") or {}, str(store.where(MANIFEST)))
+            if any(kind in LATENT_KINDS for kind in request.kinds):
+                check_condition_vae(cache.manifest.get("vae") or {}, str(store.where(MANIFEST)))
             return cache.manifest
 
         manifest = ctx.on_rank0(prepare) if ctx is not None else prepare()
         device = ctx.device if ctx is not None else resolve_device(request.device)
         spec = request.vae or (manifest.get("settings") or {}).get("vae_spec")
-        vae = load_recorded_vae(store.location, manifest, spec, device,
-                                allow_pickle_weights=request.allow_pickle_weights)
+        vae = image = None
+        if any(kind in LATENT_KINDS for kind in request.kinds):
+            vae = load_recorded_vae(store.location, manifest, spec, device,
+                                    allow_pickle_weights=request.allow_pickle_weights)
+        if "image-features" in request.kinds:
+            from vaecache.conditions.images import ImageEncoder
+
+            image = ImageEncoder(_absolute(request.image_encoder), request.image_convention, device)
         latents = LatentCache(request.out, verify="none", storage_options=dict(request.storage_options))
         records = list(latents.records())
         ids = [record["id"] for record in records]
         by_id = {record["id"]: record for record in records}
         pairs = [(record["id"], _clip_input(record)) for record in records]
-        item_size = torch.empty((), dtype=vae.model.dtype).element_size()
-        sizes = [int(torch.Size(_mean_shape(record)).numel()) * item_size for record in records]
+        # one cut into shards for every kind (each clip's frames are decoded once): by the latents' bytes
+        item_size = torch.empty((), dtype=getattr(vae.model, "dtype", torch.float32) if vae else torch.float32)
+        sizes = [int(torch.Size(_mean_shape(record)).numel()) * item_size.element_size() for record in records]
         shards = pack_shards(ids, sizes, 1, request.shard_bytes)
         existing = manifest.get("conditions") or {}
         todo: dict[str, tuple[dict[str, Any], str]] = {}
         for kind in request.kinds:
-            fingerprint = condition_fingerprint(manifest, kind, vae.model.dtype)
+            fingerprint = (image_fingerprint(manifest, image) if kind == "image-features"
+                           else condition_fingerprint(manifest, kind, vae.model.dtype))
             generation = generation_of({"fingerprint": fingerprint, "shard_bytes": request.shard_bytes}, pairs)
             summaries[kind].clips = len(records)
             summaries[kind].views = sum(len(record["cameras"]) for record in records)
@@ -168,7 +196,8 @@ def embed_conditions(request: ConditionRequest, ctx: Any = None) -> list[Conditi
         if todo:
             mine = [(number, part) for number, part in enumerate(shards) if number % world == rank]
             for count, (number, part) in enumerate(mine, 1):
-                written.extend(_write_shards(store, latents, vae, todo, number, [by_id[c] for c in part]))
+                written.extend(_write_shards(store, latents, {"vae": vae, "image": image}, todo, number,
+                                             [by_id[c] for c in part]))
                 if faults.should_fail("crash-after-condition-shard", count, rank):
                     faults.crash()
         parts = ctx.all_gather_object(written) if ctx is not None else [written]
@@ -182,6 +211,7 @@ def embed_conditions(request: ConditionRequest, ctx: Any = None) -> list[Conditi
                     "generation": generation, "fingerprint": fingerprint,
                     "fingerprint_sha256": hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest(),
                     "clips": len(records), "views": summaries[kind].views,
+                    **({"image_encoder": image.spec} if kind == "image-features" else {}),
                     "numerics": {"device": device.type, "torch": torch.__version__},
                     **_write_table(store, f"{CONDITIONS_DIR}/{kind}/{generation}", mine, records)}
             if records_by_kind:
@@ -203,9 +233,9 @@ def embed_conditions(request: ConditionRequest, ctx: Any = None) -> list[Conditi
     return [summaries[kind] for kind in request.kinds]
 
 
-def _write_shards(store: Any, latents: Any, vae: Any, todo: dict[str, tuple[dict[str, Any], str]], number: int,
-                  records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Shard `number` of every kind in `todo`: each clip's frames decoded once, each kind's condition video encoded."""
+def _write_shards(store: Any, latents: Any, encoders: dict[str, Any], todo: dict[str, tuple[dict[str, Any], str]],
+                  number: int, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Shard `number` of every kind in `todo`: each clip's frames decoded once, each kind's condition computed."""
     from safetensors.torch import save
 
     tensors: dict[str, dict[str, torch.Tensor]] = {kind: {} for kind in todo}
@@ -213,7 +243,10 @@ def _write_shards(store: Any, latents: Any, vae: Any, todo: dict[str, tuple[dict
     for record in records:
         frames = latents.source_frames(record)
         for kind in todo:
-            result = vae.encode_views(condition_video(frames, kind, record["id"]))
+            if kind == "image-features":
+                tensors[kind][record["id"]] = encoders["image"].features(frames)
+                continue
+            result = encoders["vae"].encode_views(condition_video(frames, kind, record["id"]))
             if result.failed:
                 view, reason = next(iter(sorted(result.failed.items())))
                 raise VaecacheError(f"clip {record['id']} ({record['cameras'][view]}): its {kind} condition did not "
@@ -229,6 +262,14 @@ def _write_shards(store: Any, latents: Any, vae: Any, todo: dict[str, tuple[dict
         results.append({"kind": kind, "entry": file_entry(file, data, tensors=len(tensors[kind])),
                         "clips": [record["id"] for record in records], "backoffs": [] if results else backoffs})
     return results
+
+
+def _absolute(spec: str | None) -> str:
+    """A local spec with its path made absolute (recorded: verify --reencode loads it from anywhere)."""
+    from pathlib import Path
+
+    kind, _, location = str(spec).partition(":")
+    return f"{kind}:{Path(location).expanduser().absolute()}"
 
 
 def _write_table(store: Any, folder: str, results: list[dict[str, Any]],
@@ -289,8 +330,9 @@ class ConditionSet:
     def clips(self) -> list[str]:
         return list(self._shard_of)
 
-    def mean(self, clip: str) -> torch.Tensor:
-        """The stored posterior mean: (cameras, C, latent frames, h, w) in the VAE's dtype."""
+    def stored(self, clip: str) -> torch.Tensor:
+        """The stored tensor: the posterior mean (cameras, C, latent frames, h, w) in the VAE's dtype, or
+        image-features (cameras, tokens, hidden)."""
         shard = self._shard_of.get(clip)
         if shard is None:
             raise KeyError(f"clip {clip} has no condition in set {self.kind!r}")
@@ -309,7 +351,7 @@ class ConditionSet:
     def pipeline(self, clip: str) -> torch.Tensor:
         """(cameras, temporal_factor + C, latent frames, h, w) float32: `cat([mask, latent_condition])` as
         WanImageToVideoPipeline.prepare_latents returns it for each camera."""
-        return pipeline_condition(self.mean(clip), self.kind, int(self._frames_of[clip]), self.temporal_factor,
+        return pipeline_condition(self.stored(clip), self.kind, int(self._frames_of[clip]), self.temporal_factor,
                                   self.latents_mean, self.latents_std)
 
 

@@ -197,7 +197,7 @@ def musubi_condition_set(cache: Any, spec: MusubiArch, condition: str, where: Pa
     or "auto" without a first-frame set); an ExportError where musubi has no convention for what is asked."""
     from vaecache.conditions.sets import ConditionSet
 
-    kinds = cache.condition_sets
+    kinds = [kind for kind in cache.condition_sets if kind != "image-features"]
     if condition == "none" or (condition == "auto" and "first-frame" not in kinds):
         return None
     kind = "first-frame" if condition == "auto" else condition
@@ -213,6 +213,22 @@ def musubi_condition_set(cache: Any, spec: MusubiArch, condition: str, where: Pa
         raise ExportError(f"{where}: musubi-tuner's {spec.full} caching stores no first-frame latents_image vaecache "
                           "writes (its Wan I2V one is); pass --condition none")
     return ConditionSet(cache.store, cache.manifest, kind)
+
+
+def musubi_image_features(cache: Any, spec: MusubiArch, condition: str, where: Path | str) -> Any:
+    """The image-features ConditionSet written as musubi's Wan I2V `clip_<dtype>`, or None (no such set, or
+    "none"); an ExportError for a set in another convention than musubi's (its values would be another model's)."""
+    from vaecache.conditions.sets import ConditionSet
+
+    if condition == "none" or "image-features" not in cache.condition_sets or spec.short != "wan":
+        return None
+    features = ConditionSet(cache.store, cache.manifest, "image-features")
+    convention = ((features.entry.get("fingerprint") or {}).get("image_encoder") or {}).get("convention")
+    if convention != "wan-musubi":
+        raise ExportError(f"{where}: its image-features are in the {convention} convention; musubi-tuner's Wan I2V "
+                          "training reads CLIP features as its own caching makes them: vaecache embed OUT --condition "
+                          "image-features --image-convention wan-musubi --replace (or export with --condition none)")
+    return features
 
 
 def musubi_item(scene: str, camera: str) -> str:
@@ -249,6 +265,7 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
     normalization = vae.get("normalization") or {}
     texts = musubi_text_set(cache, spec, text_set, cache_dir)
     conditions = musubi_condition_set(cache, spec, condition, cache_dir)
+    image_features = musubi_image_features(cache, spec, condition, cache_dir)
     temporal = int((cache.manifest.get("frame_rule") or {}).get("temporal_factor") or 1)
     te_items: dict[str, tuple[str, str]] = {}  # item -> (prompt key, first clip) of the text caches written
     buckets = [b for b in cache.manifest.get("buckets") or [] if b.get("clips")]
@@ -265,7 +282,8 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
         scene_now = None
         for number, record in enumerate(cache.records(), 1):
             latents = cache.tensors_of(record)[key]
-            image_latents = conditions.mean(record["id"]) if conditions is not None else None
+            image_latents = conditions.stored(record["id"]) if conditions is not None else None
+            clip_features = image_features.stored(record["id"]) if image_features is not None else None
             captions += bool(_caption(record))
             if record["scene"] != scene_now:
                 scene_now, linked = record["scene"], set()
@@ -283,6 +301,8 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
                     _, frames_l, _, _ = image.shape
                     tensors[f"latents_image_{frames_l}x{height_l}x{width_l}_"
                             f"{str(latent.dtype).removeprefix('torch.')}"] = image
+                if clip_features is not None:  # cache_io.py save_latent_cache_wan: named by the latent's dtype
+                    tensors[f"clip_{str(latent.dtype).removeprefix('torch.')}"] = clip_features[view].contiguous()
                 data = safetensors_bytes(tensors,
                                          {"architecture": spec.full, "width": str(width), "height": str(height),
                                           "frame_count": str(count), "format_version": MUSUBI_FORMAT_VERSION})
@@ -320,11 +340,15 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
             **({"text_set": texts.name, "text_caches": len(te_items)} if texts is not None else {}),
             **({"condition_set": conditions.kind, "image_latents": "latents_image: the first-frame mask (4 channels) "
                 "then the condition latents normalized as the latents are, as musubi-tuner's Wan I2V caching stores "
-                "them (wan_cache_latents.py)"} if conditions is not None else {})})
+                "them (wan_cache_latents.py)"} if conditions is not None else {}),
+            **({"image_features": "clip_<dtype>: CLIP features of the first frame in musubi's convention, float16"}
+               if image_features is not None else {})})
     notes = [f"latents as musubi-tuner's {spec.full} caching stores them: {spec.convention}"]
     if conditions is not None:
-        notes.append("I2V latents_image of condition set 'first-frame' in every latent file (musubi's Wan I2V "
-                     "caching step is not needed; its CLIP features are not included: train a task without clip)")
+        notes.append("I2V latents_image of condition set 'first-frame' in every latent file" +
+                     (" with the first frame's CLIP features (clip_<dtype>): musubi's Wan I2V caching step is not "
+                      "needed" if image_features is not None else " (no CLIP features: add them with vaecache "
+                      "embed --condition image-features --image-convention wan-musubi for Wan 2.1 I2V)"))
     if texts is not None:
         notes.append(f"text-encoder caches of text set {texts.name!r} for {len(te_items)} items "
                      f"(<item>_{spec.short}_te.safetensors): musubi's text-encoder caching step is not needed")

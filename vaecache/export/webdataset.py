@@ -148,7 +148,7 @@ def export_webdataset(cache_dir: Path | str, target: Path, verify: str = "size",
                                                         "latents_mean": c.latents_mean, "latents_std": c.latents_std}
                                                for c in conditions}
                     sample["condition.safetensors"] = safetensors_bytes(
-                        {f"condition/{c.kind}": c.mean(record["id"]).contiguous() for c in conditions},
+                        {f"condition/{c.kind}": c.stored(record["id"]).contiguous() for c in conditions},
                         {"clip": record["id"]})
                     size += len(sample["condition.safetensors"])
                 body = json.dumps(extra, sort_keys=True, ensure_ascii=False).encode()

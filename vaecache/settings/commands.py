@@ -77,6 +77,8 @@ class EncodeConfig:
     condition: str | None = None
     """--condition KIND[,KIND]: once the cache is finished, add its image-to-video condition sets
     (vaecache.conditions.sets)."""
+    image_encoder: str | None = None
+    image_convention: str = "wan-diffusers"
 
     def __post_init__(self) -> None:
         if isinstance(self.probe_workers, bool) or not isinstance(self.probe_workers, int) or self.probe_workers < 1:
@@ -88,8 +90,15 @@ class EncodeConfig:
         if self.condition is not None:
             from vaecache.conditions.kinds import parse_condition_kinds
 
-            if not parse_condition_kinds(self.condition):
-                raise UsageError("--condition: name at least one kind (first-frame, first-last)")
+            kinds = parse_condition_kinds(self.condition)
+            if not kinds:
+                raise UsageError("--condition: name at least one kind (first-frame, first-last, image-features)")
+            if "image-features" in kinds:
+                from vaecache.conditions.images import check_image_options
+
+                check_image_options(self.image_encoder, self.image_convention)
+        if self.image_encoder is not None and "image-features" not in (self.condition or ""):
+            raise UsageError("--image-encoder applies to --condition image-features")
         if not self.vae:
             raise UsageError("--vae is required (e.g. builtin:tiny, builtin:small, diffusers:/path/to/vae, "
                              "python:pkg.mod:factory)")

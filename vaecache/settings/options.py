@@ -190,7 +190,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("condition", "--condition", str, "KIND[,KIND]: once the cache is finished, add its image-to-video "
            "condition sets (first-frame | first-last) as `vaecache embed OUT --condition KIND` does: the cache's VAE "
            "over each clip's first (and last) frame then zeros, as WanImageToVideoPipeline.prepare_latents builds "
-           "them (the frames are decoded again).", frozenset({ENCODE})),
+           "them (the frames are decoded again) | image-features (with --image-encoder).", frozenset({ENCODE})),
+    Option("image_encoder", "--image-encoder", str, "--condition image-features: the image encoder, diffusers:PATH "
+           "| transformers:PATH (as `vaecache embed` takes it).", frozenset({ENCODE})),
+    Option("image_convention", "--image-convention", str, "--condition image-features: wan-diffusers (default) | "
+           "wan-musubi | framepack-diffusers (as `vaecache embed` takes it).", frozenset({ENCODE})),
     Option("hash_sources", "--hash-sources", bool, "Record each source video's sha256 (besides size and mtime): a "
            "resume then tells changed content from a touched file.", frozenset({ENCODE})),
     Option("allow_other_numerics", "--allow-other-numerics", bool, "Resume OUT on other numerics than it records "

@@ -7,6 +7,7 @@ latent shape and the set's dtype, finite values, and nothing in the set's folder
 from __future__ import annotations
 
 import io
+import json
 from typing import Any
 
 from vaecache.cache.layout import CONDITIONS_DIR
@@ -56,7 +57,13 @@ def _check_set(cache: Any, kind: str, entry: Any, shapes: dict[str, list[int]], 
     if not isinstance(entry, dict) or not isinstance(entry.get("generation"), str):
         check.fail(f"condition set {kind}: its manifest entry is not a set record")
         return
-    stored = SAFETENSORS_NAMES.get((entry.get("fingerprint") or {}).get("stored_dtype", ""))
+    fingerprint = entry.get("fingerprint") or {}
+    stored = SAFETENSORS_NAMES.get(fingerprint.get("stored_dtype", ""))
+    view_shape = list((fingerprint.get("image_encoder") or {}).get("view_shape") or [])
+
+    def expected(clip: str) -> list[int]:
+        latent = shapes[clip]
+        return latent if kind != "image-features" else latent[:1] + view_shape
     contents = check_set_files(store, f"condition set {kind}", f"{CONDITIONS_DIR}/{kind}/", entry, quick, check)
     table_file = ((entry.get("tables") or {}).get("clips") or {}).get("file")
     if table_file not in contents:
@@ -85,9 +92,9 @@ def _check_set(cache: Any, kind: str, entry: Any, shapes: dict[str, list[int]], 
         for clip, info in header.items():
             if shard_of.get(clip) != file:
                 check.fail(f"{store.where(file)}: holds clip {clip}, which the set's clip table places elsewhere")
-            elif clip in shapes and list(info.shape) != shapes[clip]:
-                check.fail(f"{store.where(file)}: clip {clip}'s condition has shape {tuple(info.shape)}, its latents "
-                           f"{tuple(shapes[clip])}")
+            elif clip in shapes and list(info.shape) != expected(clip):
+                check.fail(f"{store.where(file)}: clip {clip}'s condition has shape {tuple(info.shape)}, expected "
+                           f"{tuple(expected(clip))}")
             elif stored and info.dtype != stored:
                 check.fail(f"{store.where(file)}: clip {clip}'s condition is {info.dtype}, the set stores {stored}")
             elif clip in tensors and not tensors[clip].isfinite().all():
@@ -111,9 +118,7 @@ def check_condition_reencode(cache: Any, count: int, seed: int, device: Any, tol
     with the cache's VAE, compared with the stored tensors."""
     import random
 
-    from vaecache.conditions.kinds import condition_video
     from vaecache.conditions.sets import ConditionSet
-    from vaecache.encode.fingerprint import load_recorded_vae
     from vaecache.training import LatentCache
 
     sets = cache.manifest.get("conditions") or {}
@@ -122,16 +127,15 @@ def check_condition_reencode(cache: Any, count: int, seed: int, device: Any, tol
     rows = []
     latents = LatentCache(cache.store, verify="none")
     spec = vae_spec or (cache.manifest.get("settings") or {}).get("vae_spec")
-    try:
-        vae = load_recorded_vae(cache.store.location, cache.manifest, spec, device,
-                                allow_pickle_weights=allow_pickle_weights)
-    except (VaecacheError, OSError) as exc:
-        failed = check_type("re-encode conditions")
-        failed.fail(f"cannot load the cache's VAE {spec!r} ({exc})")
-        return [failed]
+    loaded: dict[str, Any] = {}  # the cache's VAE, loaded once for every latent kind
     for kind in sorted(sets):
         check = check_type(f"re-encode {count} clip(s) of condition set {kind}")
         rows.append(check)
+        try:
+            encode = _encoder(kind, sets[kind], cache, spec, device, allow_pickle_weights, loaded)
+        except (VaecacheError, OSError) as exc:
+            check.fail(f"condition set {kind}: cannot load its encoder ({exc})")
+            continue
         stored_dtype = (sets[kind].get("fingerprint") or {}).get("stored_dtype", "")
         limit = tolerance if tolerance is not None else tolerances.get(stored_dtype, 0.0)
         conditions = ConditionSet(cache.store, cache.manifest, kind)
@@ -143,8 +147,7 @@ def check_condition_reencode(cache: Any, count: int, seed: int, device: Any, tol
             except VaecacheError as exc:
                 check.fail(f"condition set {kind}: clip {clip}: its sources do not decode as recorded ({exc})")
                 continue
-            result = vae.encode_views(condition_video(frames, kind, clip))
-            fresh, stored = result.mean.cpu().float(), conditions.mean(clip).float()
+            fresh, stored = encode(frames, clip).cpu().float(), conditions.stored(clip).float()
             if fresh.shape != stored.shape:
                 check.fail(f"condition set {kind}: clip {clip} re-encodes to shape {tuple(fresh.shape)}, stored "
                            f"{tuple(stored.shape)}")
@@ -159,3 +162,28 @@ def check_condition_reencode(cache: Any, count: int, seed: int, device: Any, tol
                 check.ok()
         check.note = f"max difference {worst:.3g} of the stored max (tolerance {limit:g})"
     return rows
+
+
+def _encoder(kind: str, entry: dict[str, Any], cache: Any, spec: str | None, device: Any,
+             allow_pickle_weights: bool, loaded: dict[str, Any]) -> Any:
+    """(frames, clip) -> the condition computed again: by the image encoder recorded with the set (its fingerprint
+    must be the recorded one), or by the cache's VAE (kept in `loaded`)."""
+    from vaecache.conditions.kinds import condition_video
+
+    if kind == "image-features":
+        from vaecache.cache.outdir import describe_differences
+        from vaecache.conditions.images import ImageEncoder
+
+        recorded = (entry.get("fingerprint") or {}).get("image_encoder") or {}
+        image = ImageEncoder(str(entry.get("image_encoder")), str(recorded.get("convention")), device)
+        differs = describe_differences(recorded, json.loads(json.dumps(image.fingerprint())))
+        if differs:
+            raise VaecacheError(f"the image encoder at {image.spec} is not the recorded one ({'; '.join(differs[:3])})")
+        return lambda frames, clip: image.features(frames)
+    if "vae" not in loaded:
+        from vaecache.encode.fingerprint import load_recorded_vae
+
+        loaded["vae"] = load_recorded_vae(cache.store.location, cache.manifest, spec, device,
+                                          allow_pickle_weights=allow_pickle_weights)
+    runner = loaded["vae"]
+    return lambda frames, clip: runner.encode_views(condition_video(frames, kind, clip)).mean

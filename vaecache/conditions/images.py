@@ -1,0 +1,159 @@
+"""Image-encoder features of a clip's first frame (`--condition image-features`), in a named convention.
+
+SPEC (`--image-encoder`):
+  diffusers:PATH          a diffusers pipeline folder: the encoder in PATH/image_encoder, its processor in
+                          PATH/image_processor (Wan 2.1 I2V) or PATH/feature_extractor (FramePack)
+  transformers:PATH       a transformers vision model folder holding its preprocessor_config.json
+
+Local files only, safetensors weights. Conventions (`--image-convention`), each read from its source:
+
+  wan-diffusers   diffusers WanImageToVideoPipeline.encode_image (pipelines/wan/pipeline_wan_i2v.py, 0.42.1: 241-251):
+                  the CLIP image processor (shortest-edge resize, centre crop, rescale, normalize) on the image, then
+                  `image_encoder(**image, output_hidden_states=True).hidden_states[-2]`. The pipeline takes the
+                  user's image; here it is the clip's first frame as encode saw it, as an 8-bit RGB image
+                  (round((x + 1) * 127.5)). Stored as computed (float32 by default).
+  wan-musubi      musubi-tuner's Wan I2V caching (wan_cache_latents.py:48-57 and wan/modules/clip.py:537-546, commit
+                  30c658c): the [-1, 1] frame squashed to the encoder's image size by `F.interpolate(mode="bicubic",
+                  align_corners=False)`, no crop, `* 0.5 + 0.5`, normalized with the processor's mean and std, the
+                  output of all blocks but the last (hidden_states[-2]); stored in float16, as musubi stores it.
+                  musubi computes it with its own CLIP implementation under fp16 autocast: the same weights give
+                  its values to within that rounding, not bit for bit.
+  framepack-diffusers  diffusers HunyuanVideoFramepackPipeline.encode_image (pipelines/hunyuan_video/
+                  pipeline_hunyuan_video_framepack.py, 0.42.1: 446-453): the [-1, 1] frame (the pipeline's
+                  video_processor output, which encode's frame is) mapped to [0, 1], the SigLIP image processor
+                  with do_rescale=False, `last_hidden_state`.
+
+The processor's settings and backend (transformers falls back to a PIL processor without torchvision) are part of
+the fingerprint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vaecache.errors import UsageError, VaeSpecError
+
+CONVENTIONS = {
+    "wan-diffusers": ("clip", "diffusers WanImageToVideoPipeline.encode_image (pipelines/wan/pipeline_wan_i2v.py)"),
+    "wan-musubi": ("clip", "musubi-tuner wan_cache_latents.py + wan/modules/clip.py CLIPModel.visual"),
+    "framepack-diffusers": ("siglip", "diffusers HunyuanVideoFramepackPipeline.encode_image "
+                                      "(pipelines/hunyuan_video/pipeline_hunyuan_video_framepack.py)"),
+}
+VOLATILE_CONFIG_KEYS = ("transformers_version", "_name_or_path", "torch_dtype", "dtype", "architectures")
+
+
+def check_image_options(spec: str | None, convention: str | None) -> None:
+    if not spec:
+        raise UsageError("--condition image-features needs --image-encoder SPEC (diffusers:PATH | transformers:PATH)")
+    if not (spec.startswith("diffusers:") or spec.startswith("transformers:")):
+        raise UsageError(f"--image-encoder must be diffusers:PATH or transformers:PATH (local files), got {spec!r}")
+    if convention not in CONVENTIONS:
+        raise UsageError(f"--image-convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}")
+
+
+class ImageEncoder:
+    """A loaded image encoder and its convention: `features(frames)` gives each view's first-frame features."""
+
+    def __init__(self, spec: str, convention: str, device: torch.device | str = "cpu") -> None:
+        check_image_options(spec, convention)
+        import transformers
+
+        self.spec, self.convention, self.device = spec, convention, torch.device(device)
+        model_dir, processor_dir = _folders(spec)
+        config = json.loads((model_dir / "config.json").read_text())
+        family = CONVENTIONS[convention][0]
+        model_type = config.get("model_type", "")
+        if family == "clip" and not model_type.startswith("clip"):
+            raise VaeSpecError(f"{model_dir}: --image-convention {convention} needs a CLIP vision model, this is "
+                               f"{model_type or 'unknown'}")
+        if family == "siglip" and not model_type.startswith("siglip"):
+            raise VaeSpecError(f"{model_dir}: --image-convention {convention} needs a SigLIP vision model, this is "
+                               f"{model_type or 'unknown'}")
+        weights = sorted(model_dir.glob("*.safetensors"))
+        if not weights:
+            raise VaeSpecError(f"{model_dir}: no .safetensors weights (pickled weights are not loaded)")
+        model_class = transformers.CLIPVisionModel if family == "clip" else transformers.SiglipVisionModel
+        self.model = model_class.from_pretrained(str(model_dir), local_files_only=True, use_safetensors=True,
+                                                 torch_dtype=torch.float32).to(self.device).eval()
+        self.processor = transformers.AutoImageProcessor.from_pretrained(str(processor_dir), local_files_only=True)
+        digest = hashlib.sha256()
+        for path in weights:
+            with open(path, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 22), b""):
+                    digest.update(block)
+        self._identity = {
+            "class": type(self.model).__name__,
+            "config": {k: v for k, v in self.model.config.to_dict().items() if k not in VOLATILE_CONFIG_KEYS},
+            "weights_sha256": digest.hexdigest(), "transformers": transformers.__version__,
+            "processor": {k: v for k, v in self.processor.to_dict().items() if k not in VOLATILE_CONFIG_KEYS},
+            "processor_backend": type(self.processor).__name__,
+        }
+
+    @property
+    def stored_dtype(self) -> torch.dtype:
+        return torch.float16 if self.convention == "wan-musubi" else torch.float32
+
+    def view_shape(self) -> list[int]:
+        """(tokens, hidden) of one view's features."""
+        config = self.model.config
+        patches = (int(config.image_size) // int(config.patch_size)) ** 2
+        return [patches + (1 if CONVENTIONS[self.convention][0] == "clip" else 0), int(config.hidden_size)]
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {**self._identity, "convention": self.convention, "reference": CONVENTIONS[self.convention][1],
+                "layer": "last_hidden_state" if self.convention == "framepack-diffusers" else "hidden_states[-2]",
+                "compute_dtype": "float32", "stored_dtype": str(self.stored_dtype).removeprefix("torch."),
+                "frame": "first", "view_shape": self.view_shape()}
+
+    @torch.no_grad()
+    def features(self, frames: torch.Tensor) -> torch.Tensor:
+        """(views, 3, T, H, W) frames in [-1, 1] as encode saw them -> (views, tokens, hidden) of the first frame."""
+        first = frames[:, :, 0]
+        if self.convention == "wan-diffusers":
+            from PIL import Image
+
+            images = [Image.fromarray(((view + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)
+                                      .permute(1, 2, 0).numpy()) for view in first]
+            pixels = self.processor(images=images, return_tensors="pt").to(self.device)
+            out = self.model(**pixels, output_hidden_states=True).hidden_states[-2]
+        elif self.convention == "wan-musubi":
+            size = (int(self.model.config.image_size),) * 2
+            x = torch.nn.functional.interpolate(first.to(self.device), size=size, mode="bicubic", align_corners=False)
+            x = x.mul_(0.5).add_(0.5)
+            mean = torch.tensor(self.processor.image_mean, device=self.device).view(1, 3, 1, 1)
+            std = torch.tensor(self.processor.image_std, device=self.device).view(1, 3, 1, 1)
+            out = self.model(pixel_values=(x - mean) / std, output_hidden_states=True).hidden_states[-2]
+        else:
+            image = (first + 1) / 2.0
+            pixels = self.processor(images=image, return_tensors="pt", do_rescale=False).to(device=self.device)
+            out = self.model(**pixels).last_hidden_state
+        return out.to(self.stored_dtype).cpu().contiguous()
+
+
+def _folders(spec: str) -> tuple[Path, Path]:
+    kind, _, location = spec.partition(":")
+    root = Path(location).expanduser()
+    if not root.is_dir():
+        if "/" in location and not location.startswith((".", "/", "~")) and location.count("/") == 1:
+            raise VaeSpecError(f"--image-encoder {spec}: {location} is not a local folder (a Hub id? download it "
+                               f"first: huggingface-cli download {location} --local-dir ./{location.split('/')[1]})")
+        raise VaeSpecError(f"--image-encoder {spec}: {root} is not a folder")
+    if kind == "transformers":
+        if not (root / "preprocessor_config.json").is_file():
+            raise VaeSpecError(f"{root}: no preprocessor_config.json beside the model (the image processor)")
+        return root, root
+    model = root / "image_encoder"
+    processor = next((root / name for name in ("image_processor", "feature_extractor") if (root / name).is_dir()),
+                     None)
+    if not (model / "config.json").is_file() or processor is None:
+        raise VaeSpecError(f"{root}: a diffusers pipeline folder with image_encoder/ and image_processor/ (or "
+                           "feature_extractor/) is expected")
+    return model, processor
+
+
+__all__ = ["CONVENTIONS", "ImageEncoder", "check_image_options"]
