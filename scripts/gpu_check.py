@@ -83,7 +83,7 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
         temporal_compression_ratio=4)),
 }
 
-SECTIONS = ("env", "fast_encode", "fast_encode_wan2.2-ti2v", "exactness",
+SECTIONS = ("env", "fast_encode", "fast_encode_wan2.2-ti2v", "conditions", "exactness",
             "oom_backoff", "oom_backoff_expandable", "bf16_vs_fp32", "pipeline_bf16",
             "memory_wan2.1", "memory_wan2.1_720p", "memory_wan2.2-ti2v", "memory_hunyuanvideo", "memory_ltx-video",
             "memory_cogvideox", "decode", "spatial", "pixel_decoder", "formats", "pipeline_fp32")
@@ -303,6 +303,66 @@ def section_fast_encode(check: Check, family: str = "wan2.1") -> dict[str, Any]:
                                           and torch.equal(a.logvar, together.logvar[i:i + 1])
                                           for i, a in enumerate(alone)),
     }
+    return result
+
+
+def section_conditions(check: Check) -> dict[str, Any]:
+    """The first-frame image-to-video condition (vaecache.conditions): its VAE encode beside the latents' encode of
+    the same views at the production settings (Wan 2.1, bf16, --encoder-impl auto), s/view; then, in fp32 with the
+    reference encoder on a small clip, the pipeline tensor vaecache builds against diffusers' own
+    WanImageToVideoPipeline.prepare_latents on the same frame and module, bit for bit."""
+    import functools
+    import types
+
+    import torch
+    from diffusers.pipelines.wan.pipeline_wan_i2v import WanImageToVideoPipeline
+
+    from vaecache.conditions.kinds import condition_video, pipeline_condition
+    from vaecache.vae import load_vae
+
+    spec = check.spec("wan2.1")
+    if check.smoke:  # the pipeline's frame rule (4x temporal, 8x spatial, 16 channels), as small as it goes
+        import diffusers
+
+        folder = check.tmp / "vae" / "wan2.1-i2v-smoke"
+        if not (folder / "config.json").exists():
+            torch.manual_seed(SEED)
+            diffusers.AutoencoderKLWan(base_dim=4, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                                       temperal_downsample=[False, True, True]).save_pretrained(folder)
+        spec = f"diffusers:{folder}"
+    runner = load_vae(spec, check.device, "bf16", encoder_impl="auto")
+    x = check.clip(2)
+    video = condition_video(x, "first-frame")
+    runner.encode_views(x)  # warm-up (and the compile of the fast encoder's kernels, where it runs)
+    latent_times, _ = timed_runs(check, functools.partial(runner.encode_views, x), 2)
+    condition_times, conditions = timed_runs(check, functools.partial(runner.encode_views, video), 2)
+    result: dict[str, Any] = {
+        "shape": list(x.shape), "encoder_variant": runner.model.encoder_variant,
+        "latent_s_per_view": bl.rnd(bl.median(latent_times) / 2, 4),
+        "condition_s_per_view": bl.rnd(bl.median(condition_times) / 2, 4),
+        "condition_bitwise_repeat": torch.equal(conditions[0].mean, conditions[1].mean)}
+    result["condition_over_latent"] = bl.rnd(result["condition_s_per_view"] / result["latent_s_per_view"], 4)
+    del runner, conditions
+    check.release()
+
+    reference = load_vae(spec, check.device, "fp32", encoder_impl="reference")
+    frames, (height, width) = 9, (check.size if check.smoke else (96, 160))
+    small = check.clip(1, size=(height, width), frames=frames)
+    module = reference.model.module
+    config, temporal, spatial = module.config, module.config.scale_factor_temporal, module.config.scale_factor_spatial
+    ours = pipeline_condition(reference.encode_views(condition_video(small, "first-frame")).mean, "first-frame",
+                              frames, temporal, config.latents_mean, config.latents_std)
+    pipeline = types.SimpleNamespace(vae=module, config=types.SimpleNamespace(expand_timesteps=False),
+                                     vae_scale_factor_temporal=temporal, vae_scale_factor_spatial=spatial)
+    noise = torch.zeros(1, config.z_dim, (frames - 1) // temporal + 1, height // spatial, width // spatial,
+                        device=check.device)
+    with torch.no_grad():
+        _, theirs = WanImageToVideoPipeline.prepare_latents(
+            pipeline, small[:, :, 0].to(check.device), 1, config.z_dim, height, width, frames, torch.float32,
+            check.device, None, noise, None)
+    result.update(exact_shape=[1, 3, frames, height, width],
+                  pipeline_tensor_bitwise_equal_diffusers=torch.equal(ours[0].to(check.device), theirs[0]),
+                  pipeline_tensor_vs_diffusers=rel_diff(ours[0], theirs[0]))
     return result
 
 
@@ -638,6 +698,7 @@ RUNNERS: dict[str, Callable[[Check], dict[str, Any]]] = {
     "env": section_env,
     "fast_encode": section_fast_encode,
     "fast_encode_wan2.2-ti2v": lambda c: section_fast_encode(c, "wan2.2-ti2v"),
+    "conditions": section_conditions,
     "exactness": section_exactness,
     "oom_backoff": section_oom_backoff,
     "oom_backoff_expandable": section_oom_backoff_expandable,
@@ -686,6 +747,11 @@ def summary_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
             runner = r.get("runner", {})
             rows.append((name, "; ".join(parts) + f"; auto -> {runner.get('auto_resolves_to')}, views together = "
                                                   f"alone {runner.get('views_together_equal_alone')}"))
+        elif name == "conditions":
+            rows.append((name, f"condition {r['condition_s_per_view']} s/view vs latents {r['latent_s_per_view']} "
+                               f"({r['condition_over_latent']}x, {r['encoder_variant']}), repeat "
+                               f"{r['condition_bitwise_repeat']}; prepare_latents bitwise "
+                               f"{r['pipeline_tensor_bitwise_equal_diffusers']}"))
         elif name == "exactness":
             line = (f"same process {r['bitwise_equal_same_process']}, other process "
                     f"{r['bitwise_equal_other_process']}, {r['deterministic_s_per_view']} s/view")

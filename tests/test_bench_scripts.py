@@ -192,6 +192,9 @@ def test_gpu_check_smoke_runs_every_section_on_cpu_and_resumes(tmp_path):
         row = fast["9x32x32"]["bf16"]["variants"][fast["variant"]]
         assert row["bitwise_repeat"] and row["bitwise_other_process"] and row["accuracy_ok"]
         assert fast["runner"]["views_together_equal_alone"] and fast["runner"]["auto_resolves_to"] == "reference"
+    conditions = printed["conditions"]
+    assert conditions["pipeline_tensor_bitwise_equal_diffusers"] and conditions["condition_bitwise_repeat"]
+    assert conditions["condition_s_per_view"] > 0
     exact = printed["exactness"]
     assert exact["bitwise_equal_same_process"] and exact["bitwise_equal_other_process"]
     for section in ("oom_backoff", "oom_backoff_expandable"):  # injected on CPU: halved twice, then one view each
