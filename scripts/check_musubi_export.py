@@ -16,7 +16,11 @@ its modules from CHECKOUT/src (an environment where musubi-tuner's own requireme
    text-encoder caching enumerates from the export's `videos.jsonl` (random embeddings: only the pairing is
    under test), in a scratch copy of the export's cache folder (the export is not modified);
 3. runs musubi's training data path over it: `BlueprintGenerator` -> `VideoDataset.prepare_for_training` ->
-   `BucketBatchManager`, and checks every row of every batch against what step 1's musubi caching stored.
+   `BucketBatchManager`, and checks every row of every batch against what step 1's musubi caching stored;
+4. with `--text-encoder FOLDER` (what `vaecache embed` read): musubi's own Wan text-encoder caching
+   (`wan_cache_text_encoder_outputs.encode_and_save_batch`) on the same UMT5 weights, converted to Wan's names and
+   loaded into a `T5Encoder` of the same config, with a `HuggingfaceTokenizer` of the same tokenizer files, for
+   every exported `<item>_wan_te.safetensors`, compared within `--text-tolerance`.
 
 It prints a table and JSON (`--json FILE`) and exits 1 if anything differs.
 """
@@ -56,6 +60,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cache", type=Path, help="The vaecache cache exported (default: export.json's source).")
     parser.add_argument("--json", type=Path, help="Also write the result as JSON here ('-': stdout).")
     parser.add_argument("--batch-size", type=int, default=2, help="musubi's training batch size for step 3.")
+    parser.add_argument("--text-encoder", type=Path, help="Step 4: the diffusers folder `vaecache embed` read (its "
+                        "text_encoder/ UMT5 and tokenizer/): the export's Wan text caches against musubi's own T5 "
+                        "caching on the same weights.")
+    parser.add_argument("--text-tolerance", type=float, default=1e-5,
+                        help="Step 4: max |difference| / max |value| allowed (musubi's attention is an einsum, "
+                             "transformers' a matmul: the same arithmetic in another order).")
     return parser.parse_args(argv)
 
 
@@ -278,8 +288,83 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
         if result["rows"] != result["files"]:
             problems.append(f"musubi's training saw {result['rows']} latent files, the export holds {result['files']} "
                             "(an item without its text-encoder cache is skipped by musubi)")
+    if args.text_encoder is not None:
+        result["text"] = musubi_text_check(args, export, problems)
     result["ok"] = not problems
     return result
+
+
+def wan_t5_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers' UMT5EncoderModel state dict in the names of Wan's own T5Encoder (musubi's wan/modules/t5.py,
+    which loads Wan's umT5-XXL checkpoint): per block norm1, attn.{q,k,v,o}, pos_embedding (UMT5's per-layer
+    relative bias), norm2, ffn.gate.0 (wi_0, through GELU), ffn.fc1 (wi_1), ffn.fc2 (wo); token_embedding; norm."""
+    import re
+
+    renamed = {"token_embedding.weight": state["shared.weight"],
+               "norm.weight": state["encoder.final_layer_norm.weight"]}
+    parts = {"layer.0.layer_norm": "norm1", "layer.0.SelfAttention.q": "attn.q", "layer.0.SelfAttention.k": "attn.k",
+             "layer.0.SelfAttention.v": "attn.v", "layer.0.SelfAttention.o": "attn.o",
+             "layer.0.SelfAttention.relative_attention_bias": "pos_embedding.embedding",
+             "layer.1.layer_norm": "norm2", "layer.1.DenseReluDense.wi_0": "ffn.gate.0",
+             "layer.1.DenseReluDense.wi_1": "ffn.fc1", "layer.1.DenseReluDense.wo": "ffn.fc2"}
+    for key, value in state.items():
+        match = re.fullmatch(r"encoder\.block\.(\d+)\.(.+)\.weight", key)
+        if match:
+            renamed[f"blocks.{match[1]}.{parts[match[2]]}.weight"] = value
+    return renamed
+
+
+def musubi_text_check(args: argparse.Namespace, export: Path, problems: list[str]) -> dict[str, Any]:
+    """4. musubi's own Wan text-encoder caching (wan_cache_text_encoder_outputs.encode_and_save_batch: its
+    T5EncoderModel, HuggingfaceTokenizer with its own cleaning, 512 tokens, rows trimmed to the prompt) on the same
+    UMT5 weights, converted to Wan's names and loaded into a T5Encoder of the same config, computing in fp32; every
+    exported `<item>_wan_te.safetensors` compared with the file it writes for the item's caption in videos.jsonl."""
+    from musubi_tuner import wan_cache_text_encoder_outputs as wan_te
+    from musubi_tuner.dataset.image_video_dataset import ItemInfo
+    from musubi_tuner.wan.modules import t5 as wan_t5
+    from musubi_tuner.wan.modules.tokenizers import HuggingfaceTokenizer
+    from transformers import UMT5EncoderModel
+
+    hf = UMT5EncoderModel.from_pretrained(str(args.text_encoder / "text_encoder"), torch_dtype=torch.float32)
+    config = hf.config
+    model = wan_t5.T5Encoder(vocab=config.vocab_size, dim=config.d_model, dim_attn=config.num_heads * config.d_kv,
+                             dim_ffn=config.d_ff, num_heads=config.num_heads, num_layers=config.num_layers,
+                             num_buckets=config.relative_attention_num_buckets, shared_pos=False, dropout=0.0)
+    for block in model.blocks:  # umT5-XXL's 128, which T5RelativeEmbedding hard-codes; the tiny config's own here
+        block.pos_embedding.max_dist = config.relative_attention_max_distance
+    model.load_state_dict(wan_t5_names(hf.state_dict()), strict=True)
+    encoder = wan_t5.T5EncoderModel.__new__(wan_t5.T5EncoderModel)  # its __init__ builds the full umT5-XXL
+    encoder.model, encoder.text_len, encoder.dtype, encoder.device = model.eval(), 512, torch.float32, "cpu"
+    encoder.tokenizer = HuggingfaceTokenizer(name=str(args.text_encoder / "tokenizer"), seq_len=512,
+                                             clean="whitespace")
+    captions = {Path(entry["video_path"]).stem: entry["caption"]
+                for entry in map(json.loads, (export / "videos.jsonl").read_text().splitlines())}
+    checked = {"files": 0, "within_tolerance": 0, "worst_relative": 0.0, "tolerance": args.text_tolerance,
+               "caption1_differs": 0}
+    with tempfile.TemporaryDirectory(prefix="vaecache-musubi-text-") as scratch_name:
+        for exported in sorted((export / "cache").glob("*_wan_te.safetensors")):
+            item_key = exported.name.removesuffix("_wan_te.safetensors")
+            item = ItemInfo(item_key, captions[item_key], (0, 0), (0, 0))
+            item.text_encoder_output_cache_path = str(Path(scratch_name) / exported.name)
+            wan_te.encode_and_save_batch(encoder, [item], torch.device("cpu"), None)
+            theirs, their_metadata = load_file(Path(item.text_encoder_output_cache_path))
+            ours, our_metadata = load_file(exported)
+            checked["files"] += 1
+            checked["caption1_differs"] += their_metadata.get("caption1") != our_metadata.get("caption1")
+            if sorted(theirs) != sorted(ours) or any(theirs[k].shape != ours[k].shape for k in theirs):
+                problems.append(f"{exported.name}: keys/shapes {[(k, tuple(v.shape)) for k, v in ours.items()]}, "
+                                f"musubi's {[(k, tuple(v.shape)) for k, v in theirs.items()]}")
+                continue
+            key = next(iter(theirs))
+            relative = float((theirs[key].float() - ours[key].float()).abs().max()
+                             / ours[key].float().abs().max().clamp_min(1e-30))
+            checked["worst_relative"] = max(checked["worst_relative"], relative)
+            if relative > args.text_tolerance:
+                problems.append(f"{exported.name}: {key} differs from musubi's own T5 caching by {relative:.3g} of "
+                                f"its max (tolerance {args.text_tolerance:g})")
+            else:
+                checked["within_tolerance"] += 1
+    return checked
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -289,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
             ("latent files equal to musubi's own caching", f"{result['files_equal']} / {result['files']}"),
             ("text-encoder caches written by musubi", str(result.get("text_encoder_caches", 0))),
             ("training batches / rows equal", f"{result['batches']} / {result['rows_equal']} of {result['rows']}"),
+            *([("text caches within tolerance of musubi's T5 caching",
+                f"{result['text']['within_tolerance']} / {result['text']['files']} (worst "
+                f"{result['text']['worst_relative']:.2g} of the max)")] if "text" in result else []),
             ("verdict", "OK" if result["ok"] else "DIFFERS")]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:

@@ -4,6 +4,7 @@ the fixture: bit for bit in fp32, in any batch, the truncation counted; the refu
 from __future__ import annotations
 
 import json
+import re
 import types
 
 import pytest
@@ -49,6 +50,28 @@ def test_cleaning_is_the_pipelines_with_ftfy():
     for text in PROMPTS:
         assert wan_prompt_clean(text) == prompt_clean(text)
     assert wan_prompt_clean("caf\u00c3\u00a9  &amp;amp; x") == "caf\u00e9 & x"
+
+
+def test_musubis_cleaning_differs_from_diffusers_only_where_ftfy_has_already_removed_the_character():
+    """musubi-tuner cleans Wan prompts with the `regex` module (wan/modules/tokenizers.py, commit 30c658c:
+    basic_clean = ftfy.fix_text, html.unescape twice, strip; whitespace_clean = regex.sub(r"\\s+", " ")), whose \\s does
+    not match U+001C-U+001F where Python's re (diffusers' prompt_clean) does. Both run ftfy.fix_text first, which
+    removes those control characters, and html.unescape drops them as invalid character references: the two
+    cleanings give the same prompt for every character below U+3000, the ones that differ included."""
+    import html
+
+    import ftfy
+    import regex
+
+    def musubi_clean(text: str) -> str:
+        text = html.unescape(html.unescape(ftfy.fix_text(text))).strip()
+        return regex.sub(r"\s+", " ", text).strip()
+
+    assert not regex.match(r"\s", "\x1c") and re.match(r"\s", "\x1c")  # the difference itself
+    captions = [f"a{chr(code)}b" for code in range(0x3000)] + ["front\x1ccamera\x1d \x1e view\x1f", "a&#28;b",
+                                                                  "a&amp;#29;b c"]
+    assert [wan_prompt_clean(caption) for caption in captions] == [musubi_clean(caption) for caption in captions]
+    assert wan_prompt_clean("front\x1ccamera\x1d \x1e view\x1f") == "frontcamera view"
 
 
 def test_the_fingerprint_names_what_decides_the_rows(wan_text):
