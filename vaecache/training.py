@@ -253,6 +253,8 @@ class LatentCache:
         tensors = self.tensors_of(record)
         for name in self.text_sets:
             tensors[f"text/{name}"], tensors[f"text_mask/{name}"] = self.text_embedding(record["id"], name)
+            if self._text[name].pooled_hidden_size:  # HunyuanVideo: CLIP-L's pooled output
+                tensors[f"text_pooled/{name}"] = self._text[name].pooled(record["id"])
         for kind in self.condition_sets:
             tensors[f"condition/{kind}"] = self.condition(record["id"], kind)
         return LatentItem(record["id"], tensors, record)

@@ -105,8 +105,13 @@ def test_what_cannot_be_loaded_is_one_line_naming_the_spec(wan_text, tmp_path):
         load_text_encoder(f"transformers:{wan_text / 'text_encoder'}")
     with pytest.raises(UsageError, match="diffusers:PATH"):
         load_text_encoder(f"hub:{wan_text}")
-    ltx = build_wan_text_folder(tmp_path / "ltx", pipeline="HunyuanVideoPipeline")
-    with pytest.raises(UsageError, match="HunyuanVideoPipeline.*not reproduced yet.*supported: Wan.*LTXPipeline"):
+    ltx = build_wan_text_folder(tmp_path / "ltx", pipeline="HunyuanVideoImageToVideoPipeline")
+    with pytest.raises(UsageError, match="HunyuanVideoImageToVideoPipeline.*not reproduced yet.*supported: Wan.*"
+                                         "LTXPipeline.*HunyuanVideoPipeline"):
+        load_text_encoder(f"diffusers:{ltx}")
+    index = json.loads((ltx / "model_index.json").read_text())
+    (ltx / "model_index.json").write_text(json.dumps({**index, "_class_name": "HunyuanVideoPipeline"}))
+    with pytest.raises(VaeSpecError, match="no text_encoder_2 folder .* holds the CLIP-L encoder there"):
         load_text_encoder(f"diffusers:{ltx}")
     index = json.loads((ltx / "model_index.json").read_text())
     (ltx / "model_index.json").write_text(json.dumps({**index, "_class_name": "FluxPipeline"}))

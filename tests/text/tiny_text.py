@@ -54,3 +54,47 @@ def build_wan_text_folder(root: Path, seed: int = 0, pipeline: str = "WanPipelin
         "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
     }))
     return root
+
+
+def _train_tokenizer(folder: Path, special: list[str], template: str, pad: str, **tokens: str) -> None:
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=150, special_tokens=special, unk_token="<unk>")
+    tok.train_from_iterator(CORPUS + ["Describe the video by detailing the following aspects main content theme "
+                                      "color shape size texture quantity text spatial relationships objects"], trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single=template, special_tokens=[(t, tok.token_to_id(t)) for t in special if t in template])
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=pad, unk_token="<unk>", **tokens).save_pretrained(folder)
+
+
+def build_hunyuan_text_folder(root: Path, seed: int = 0) -> Path:
+    """root/{model_index.json, text_encoder/ (a Llama), tokenizer/ (with Llama 3's header tokens), text_encoder_2/
+    (a CLIP text model), tokenizer_2/}: HunyuanVideoPipeline's layout, tiny and random."""
+    import transformers
+
+    root.mkdir(parents=True, exist_ok=True)
+    llama_special = ["<pad>", "<unk>", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    _train_tokenizer(root / "tokenizer", llama_special, "<|begin_of_text|> $A", "<pad>", bos_token="<|begin_of_text|>")
+    clip_special = ["<pad>", "<unk>", "<|startoftext|>", "<|endoftext|>"]
+    _train_tokenizer(root / "tokenizer_2", clip_special, "<|startoftext|> $A <|endoftext|>", "<pad>",
+                     bos_token="<|startoftext|>", eos_token="<|endoftext|>")
+    torch.manual_seed(seed)
+    transformers.LlamaModel(transformers.LlamaConfig(
+        vocab_size=150, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0)).eval().save_pretrained(
+        root / "text_encoder", safe_serialization=True)
+    transformers.CLIPTextModel(transformers.CLIPTextConfig(
+        vocab_size=150, hidden_size=24, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=77, pad_token_id=0, bos_token_id=2, eos_token_id=3)).eval().save_pretrained(
+        root / "text_encoder_2", safe_serialization=True)
+    (root / "model_index.json").write_text(json.dumps({
+        "_class_name": "HunyuanVideoPipeline", "_diffusers_version": "0.42.1",
+        "text_encoder": ["transformers", "LlamaModel"], "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
+        "text_encoder_2": ["transformers", "CLIPTextModel"], "tokenizer_2": ["transformers", "PreTrainedTokenizerFast"],
+    }))
+    return root

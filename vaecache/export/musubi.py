@@ -359,6 +359,10 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
     return ExportSummary(str(target), "musubi", len(cache), files, size, index.renamed, tuple(notes))
 
 
+MUSUBI_TEXT_FAMILY = {"wan": "wan", "hv": "hunyuanvideo"}
+"""The text-set family whose embeddings each musubi architecture's text-encoder cache holds."""
+
+
 def musubi_text_set(cache: Any, spec: MusubiArch, text_set: str, where: Path | str) -> Any:
     """The TextSet to export as musubi text-encoder caches, or None ("none", or "auto" without exactly one set); an
     ExportError where musubi keeps no such cache for the architecture or the set is not the family's."""
@@ -371,10 +375,11 @@ def musubi_text_set(cache: Any, spec: MusubiArch, text_set: str, where: Path | s
     if name not in names:
         raise ExportError(f"{where}: no text set {name!r} (sets: {', '.join(names) or 'none'})")
     texts = TextSet(cache.store, cache.manifest, name)
-    if spec.short != "wan" or texts.family != "wan":
+    if MUSUBI_TEXT_FAMILY.get(spec.short) != texts.family:
         raise ExportError(f"{where}: text set {name!r} ({texts.family or 'unknown'} family) cannot be exported for "
-                          f"--arch {spec.short}: musubi-tuner's Wan text caches (varlen_t5) are the ones vaecache "
-                          "writes; pass --text-set none")
+                          f"--arch {spec.short}: musubi-tuner's text caches vaecache writes are Wan's (varlen_t5, "
+                          "from a wan set) and HunyuanVideo's (llm and clipL, from a hunyuanvideo set); pass "
+                          "--text-set none")
     return texts
 
 
@@ -391,13 +396,34 @@ def _write_text_cache(folder: Path, texts: Any, spec: MusubiArch, item: str, cli
                               f"text set {texts.name!r}; musubi-tuner keeps one caption per item (video), so they "
                               "cannot be exported together: split the scene, or export without --text-set")
         return 0
-    rows = texts.rows(clip)
-    data = safetensors_bytes({f"varlen_t5_{str(rows.dtype).removeprefix('torch.')}": rows.contiguous()},
+    data = safetensors_bytes(musubi_text_tensors(spec, texts, clip),
                              {"architecture": spec.full, "caption1": texts.text(clip),
                               "format_version": MUSUBI_FORMAT_VERSION})
     write_new_file(folder / "cache" / f"{item}_{spec.short}_te.safetensors", data)
     written[item] = (key, clip)
     return len(data)
+
+
+def musubi_text_tensors(spec: MusubiArch, texts: Any, clip: str) -> dict[str, torch.Tensor]:
+    """A clip's text-encoder cache tensors in musubi's keys (dataset/cache_io.py): Wan's
+    save_text_encoder_output_cache_wan, `varlen_t5_<dtype>` (the prompt's rows); HunyuanVideo's
+    save_text_encoder_output_cache, called for the LLM and for CLIP-L: `llm_<dtype>` (every row of the 256, as its
+    TextEncoder.encode crops them), `llm_mask` (the cropped attention mask, int64 as the tokenizer returns it),
+    `clipL_<dtype>` (the pooled output) and `clipL_mask` (CLIP's attention mask over its 77 tokens)."""
+    import torch
+
+    def dtype_name(tensor: torch.Tensor) -> str:
+        return str(tensor.dtype).removeprefix("torch.")
+
+    if spec.short == "wan":
+        rows = texts.rows(clip)
+        return {f"varlen_t5_{dtype_name(rows)}": rows.contiguous()}
+    embeds, mask = texts.padded(clip)
+    pooled = texts.pooled(clip)
+    clip_mask = torch.zeros(texts.pooled_length, dtype=torch.int64)
+    clip_mask[:texts.pooled_tokens(clip)] = 1
+    return {f"llm_{dtype_name(embeds)}": embeds.contiguous(), "llm_mask": mask.to(torch.int64),
+            f"clipL_{dtype_name(pooled)}": pooled.contiguous(), "clipL_mask": clip_mask}
 
 
 def _caption(record: dict[str, Any]) -> str:

@@ -139,8 +139,10 @@ def export_webdataset(cache_dir: Path | str, target: Path, verify: str = "size",
                 if texts:  # each set's stored rows; decode_sample pads them as the pipeline does
                     extra["text_sets"] = {t.name: {"length": t.length, "tokens": t.tokens(record["id"])}
                                           for t in texts}
-                    sample["text.safetensors"] = safetensors_bytes(
-                        {f"text/{t.name}": t.rows(record["id"]).contiguous() for t in texts}, {"clip": record["id"]})
+                    stored = {f"text/{t.name}": t.rows(record["id"]).contiguous() for t in texts}
+                    stored.update({f"text_pooled/{t.name}": t.pooled(record["id"]).contiguous() for t in texts
+                                   if t.pooled_hidden_size})
+                    sample["text.safetensors"] = safetensors_bytes(stored, {"clip": record["id"]})
                     size += len(sample["text.safetensors"])
                 if conditions:  # each set's stored mean; decode_sample builds the pipeline's tensor from it
                     extra["condition_sets"] = {c.kind: {"frames": len(record["frames"]),
@@ -175,7 +177,8 @@ def export_webdataset(cache_dir: Path | str, target: Path, verify: str = "size",
             "sample": {"latents.safetensors": "the clip's stored tensors by key (mean, logvar, sample), "
                                               "(cameras, C, F, H, W)",
                        "json": "the clip record, plus latent_shape: each stored tensor's shape by key",
-                       **({"text.safetensors": "each text set's stored rows of the clip's prompt (text/<set>); "
+                       **({"text.safetensors": "each text set's stored rows of the clip's prompt (text/<set>; "
+                                               "HunyuanVideo's pooled output text_pooled/<set>); "
                                                "json's text_sets gives each set's length and token count"}
                           if texts else {}),
                        **({"condition.safetensors": "each condition set's stored posterior mean of the clip's "
@@ -205,6 +208,8 @@ def decode_sample(sample: dict[str, Any]) -> dict[str, Any]:
     for name, facts in sorted((record.pop("text_sets", None) or {}).items()):
         texts[f"text/{name}"], texts[f"text_mask/{name}"] = pipeline_tensor(stored[f"text/{name}"],
                                                                             int(facts["length"]), int(facts["tokens"]))
+        if f"text_pooled/{name}" in stored:
+            texts[f"text_pooled/{name}"] = stored[f"text_pooled/{name}"]
     from vaecache.conditions.kinds import pipeline_condition
 
     means = load(sample["condition.safetensors"]) if "condition.safetensors" in sample else {}

@@ -43,6 +43,10 @@ class TextEmbedding:
     tokens: int
     truncated: bool
     """The prompt had more tokens than the family's length."""
+    pooled: torch.Tensor | None = None
+    """(hidden,) the second encoder's pooled output in the stored dtype (HunyuanVideo's CLIP-L), else None."""
+    pooled_tokens: int = 0
+    pooled_truncated: bool = False
 
 
 class TextEncoder:
@@ -50,10 +54,11 @@ class TextEncoder:
 
     def __init__(self, *, spec: str, family: TextFamily, tokenizer: Any, model: torch.nn.Module, device: torch.device,
                  compute_dtype: torch.dtype, dtype: torch.dtype, layer: int | None, batch: int,
-                 identity: dict[str, Any]) -> None:
+                 identity: dict[str, Any], pooled: tuple[Any, torch.nn.Module] | None = None) -> None:
         self.spec, self.family, self.tokenizer, self.model = spec, family, tokenizer, model
         self.device, self.compute_dtype, self.dtype = device, compute_dtype, dtype
-        self.layer, self.batch = layer, batch
+        self.layer, self.batch = (family.layer if layer is None else layer), batch
+        self.pooled_tokenizer, self.pooled_model = pooled or (None, None)
         self._identity = identity
 
     @property
@@ -73,7 +78,15 @@ class TextEncoder:
                 "batch_shape": [self.batch, self.family.length], "hidden_size": self.hidden_size,
                 "attention_mask_into_encoder": self.family.masked,
                 "storage": "every row of the length" if self.family.full_length
-                else "rows trimmed to the attention mask"}
+                else "rows trimmed to the attention mask",
+                **({"template": self.family.template, "crop_start": self.family.crop_start}
+                   if self.family.template else {}),
+                **({"pooled": {"length": self.family.pooled_length, "hidden_size": self.pooled_hidden_size}}
+                   if self.pooled_model is not None else {})}
+
+    @property
+    def pooled_hidden_size(self) -> int:
+        return int(self.pooled_model.config.hidden_size) if self.pooled_model is not None else 0
 
     def token_counts(self, prompts: list[str]) -> list[int]:
         """The rows each (already cleaned) prompt will have stored: its tokens, special ones included, up to the
@@ -97,17 +110,37 @@ class TextEncoder:
         return found
 
     def _embed_batch(self, prompts: list[str]) -> list[TextEmbedding]:
-        length = self.family.length
-        inputs = self.tokenizer(prompts, padding="max_length", max_length=length, truncation=True,
+        family = self.family
+        length, crop = family.length, family.crop_start
+        texts = [family.template.format(p) for p in prompts] if family.template else prompts
+        inputs = self.tokenizer(texts, padding="max_length", max_length=length + crop, truncation=True,
                                 add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
-        full = self.tokenizer(prompts, add_special_tokens=True, truncation=False)["input_ids"]
+        full = self.tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
         ids, mask = inputs.input_ids.to(self.device), inputs.attention_mask.to(self.device)
-        output = self.model(ids, mask if self.family.masked else None, output_hidden_states=self.layer is not None)
+        output = self.model(input_ids=ids, attention_mask=mask if family.masked else None,
+                            output_hidden_states=self.layer is not None)
         hidden = output.last_hidden_state if self.layer is None else output.hidden_states[self.layer]
         hidden = hidden.to(self.compute_dtype)
+        if crop:  # the template's rows
+            hidden, mask = hidden[:, crop:], mask[:, crop:]
         counts = mask.gt(0).sum(dim=1).tolist()
-        return [TextEmbedding(hidden[i, :length if self.family.full_length else n].to(self.dtype).cpu().clone(),
-                              int(n), len(full[i]) > length) for i, n in enumerate(counts)]
+        pooled = self._pooled_batch(prompts)
+        return [TextEmbedding(hidden[i, :length if family.full_length else n].to(self.dtype).cpu().clone(),
+                              int(n), len(full[i]) > length + crop, *pooled[i]) for i, n in enumerate(counts)]
+
+    def _pooled_batch(self, prompts: list[str]) -> list[tuple[torch.Tensor | None, int, bool]]:
+        """The second encoder's pooled output of each prompt, its token count and truncation (HunyuanVideo's CLIP-L:
+        `_get_clip_prompt_embeds`, max_length 77), or (None, 0, False) for the families without one."""
+        if self.pooled_model is None:
+            return [(None, 0, False)] * len(prompts)
+        length = self.family.pooled_length
+        inputs = self.pooled_tokenizer(prompts, padding="max_length", max_length=length, truncation=True,
+                                       return_tensors="pt")
+        full = self.pooled_tokenizer(prompts, truncation=False)["input_ids"]
+        pooled = self.pooled_model(inputs.input_ids.to(self.device), output_hidden_states=False).pooler_output
+        counts = inputs.attention_mask.gt(0).sum(dim=1).tolist()
+        return [(pooled[i].to(self.dtype).cpu().clone(), int(n), len(full[i]) > length)
+                for i, n in enumerate(counts)]
 
 
 def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_dtype: str = "fp32",
@@ -156,11 +189,21 @@ def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_
             raise VaeSpecError(f"--text-encoder {spec}: no {what} folder {folder}")
     model, identity = _load_model(model_dir, spec, allow_pickle_weights)
     tokenizer = _load_tokenizer(tokenizer_dir, spec)
-    identity["tokenizer_sha256"] = {p.name: _sha256(p) for p in sorted(tokenizer_dir.iterdir())
-                                    if p.is_file() and p.name in TOKENIZER_FILES}
+    identity["tokenizer_sha256"] = _tokenizer_hashes(tokenizer_dir)
     compute = torch_dtype(compute_dtype)
     device = torch.device(device)
     model.to(device=device, dtype=compute).eval().requires_grad_(False)
+    pooled = None
+    if family.pooled_length:  # HunyuanVideo: text_encoder_2 (CLIP-L) and tokenizer_2 beside the LLM
+        pooled_dir, pooled_tokenizer_dir = root / "text_encoder_2", root / "tokenizer_2"
+        for folder, what in ((pooled_dir, "text_encoder_2"), (pooled_tokenizer_dir, "tokenizer_2")):
+            if not folder.is_dir():
+                raise VaeSpecError(f"--text-encoder {spec}: no {what} folder {folder} (a {class_name} folder holds "
+                                   "the CLIP-L encoder there)")
+        pooled_model, pooled_identity = _load_model(pooled_dir, spec, allow_pickle_weights)
+        pooled_model.to(device=device, dtype=compute).eval().requires_grad_(False)
+        pooled = (_load_tokenizer(pooled_tokenizer_dir, spec), pooled_model)
+        identity["pooled_encoder"] = {**pooled_identity, "tokenizer_sha256": _tokenizer_hashes(pooled_tokenizer_dir)}
     if layer is not None:
         layers = getattr(model.config, "num_layers", None) or getattr(model.config, "num_hidden_layers", None)
         if layers is not None and not -(layers + 1) <= layer <= layers:
@@ -168,7 +211,12 @@ def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_
     resolved = f"diffusers:{root.resolve()}" + (f"#{sub}" if sub else "") if kind == "diffusers" \
         else f"transformers:{model_dir.resolve()}"
     return TextEncoder(spec=resolved, family=family, tokenizer=tokenizer, model=model, device=device,
-                       compute_dtype=compute, dtype=torch_dtype(dtype), layer=layer, batch=batch, identity=identity)
+                       compute_dtype=compute, dtype=torch_dtype(dtype), layer=layer, batch=batch, identity=identity,
+                       pooled=pooled)
+
+
+def _tokenizer_hashes(folder: Path) -> dict[str, str]:
+    return {p.name: _sha256(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name in TOKENIZER_FILES}
 
 
 def _local_folder(location: str, spec: str) -> Path:

@@ -30,9 +30,10 @@ WAN_PIPELINES = ("WanPipeline", "WanImageToVideoPipeline", "WanVideoToVideoPipel
 LTX_PIPELINES = ("LTXPipeline", "LTXImageToVideoPipeline")
 COGVIDEOX_PIPELINES = ("CogVideoXPipeline", "CogVideoXImageToVideoPipeline", "CogVideoXVideoToVideoPipeline",
                        "CogVideoXFunControlPipeline")
+HUNYUAN_PIPELINES = ("HunyuanVideoPipeline",)
 NOT_YET = {
     "LTXConditionPipeline": "ltx-video (its own prompt embedding)",
-    "HunyuanVideoPipeline": "hunyuanvideo", "HunyuanVideoImageToVideoPipeline": "hunyuanvideo",
+    "HunyuanVideoImageToVideoPipeline": "hunyuanvideo image-to-video (a LLaVA template with the image)",
 }
 """Pipelines whose prompt embedding is not reproduced yet (named in the refusal)."""
 
@@ -49,6 +50,15 @@ class TextFamily:
     """The attention mask goes into the encoder (else the ids alone)."""
     full_length: bool = False
     """Every row of the padded length is stored (the padding rows depend on the padding); else the prompt's rows."""
+    template: str | None = None
+    """The prompt goes into this template ({} marks it) before tokenizing (HunyuanVideo's LLM)."""
+    crop_start: int = 0
+    """Tokens the encoder runs at `crop_start + length`, and the first `crop_start` rows (the template's) are
+    dropped."""
+    layer: int | None = None
+    """The hidden state stored (an index into hidden_states), else the last hidden state."""
+    pooled_length: int = 0
+    """A second encoder's pooled output is stored too (HunyuanVideo's CLIP-L), at this many tokens; 0: none."""
 
     def __post_init__(self) -> None:
         if self.length < 1:
@@ -81,14 +91,32 @@ COGVIDEOX = TextFamily("cogvideox", 226, "none", "diffusers CogVideoXPipeline._g
                        "max_sequence_length=226", masked=False, full_length=True)
 
 
+HUNYUAN_TEMPLATE = (
+    "<|start_header_id|>system<|end_header_id|>\n\nDescribe the video by detailing the following aspects: "
+    "1. The main content and theme of the video."
+    "2. The color, shape, size, texture, quantity, text, and spatial relationships of the objects."
+    "3. Actions, events, behaviors temporal relationships, physical movement changes of the objects."
+    "4. background environment, light, style and atmosphere."
+    "5. camera angles, movements, and transitions used in the video:<|eot_id|>"
+    "<|start_header_id|>user<|end_header_id|>\n\n{}<|eot_id|>"
+)
+"""diffusers' pipeline_hunyuan_video.DEFAULT_PROMPT_TEMPLATE (0.42.1: lines 70-81, crop_start 95), the template
+musubi-tuner calls "dit-llm-encode-video" (hunyuan_model/text_encoder.py)."""
+HUNYUAN = TextFamily("hunyuanvideo", 256, "none", "diffusers HunyuanVideoPipeline._get_llama_prompt_embeds "
+                     "(DEFAULT_PROMPT_TEMPLATE, crop_start 95, hidden_states[-3], max_sequence_length=256) and "
+                     "_get_clip_prompt_embeds (CLIP-L pooler_output, 77 tokens)", masked=True, full_length=True,
+                     template=HUNYUAN_TEMPLATE, crop_start=95, layer=-3, pooled_length=77)
+
+
 def family_for_pipeline(class_name: str, where: str) -> TextFamily:
     """The family of a diffusers pipeline folder's model_index.json `_class_name`; a ValueError naming what is
     supported otherwise."""
-    for names, family in ((WAN_PIPELINES, WAN), (LTX_PIPELINES, LTX), (COGVIDEOX_PIPELINES, COGVIDEOX)):
+    for names, family in ((WAN_PIPELINES, WAN), (LTX_PIPELINES, LTX), (COGVIDEOX_PIPELINES, COGVIDEOX),
+                          (HUNYUAN_PIPELINES, HUNYUAN)):
         if class_name in names:
             return family
-    supported = (f"supported: {', '.join(WAN_PIPELINES + LTX_PIPELINES + COGVIDEOX_PIPELINES)}; any other encoder "
-                 "as transformers:PATH with --text-length")
+    supported = (f"supported: {', '.join(WAN_PIPELINES + LTX_PIPELINES + COGVIDEOX_PIPELINES + HUNYUAN_PIPELINES)}; "
+                 "any other encoder as transformers:PATH with --text-length")
     if class_name in NOT_YET:
         raise ValueError(f"{where}: {class_name} ({NOT_YET[class_name]}) text embeddings are not reproduced yet "
                          f"({supported})")

@@ -4,7 +4,8 @@ verify. Everything goes through OUT's store (vaecache.cache.store), so a folder 
 OUT/text/<set>/<generation>/
   embeddings-00000.safetensors  one tensor per distinct cleaned prompt, named by the sha256 of its text:
                                 (tokens, hidden) in the stored dtype, rows trimmed to the attention mask
-  prompts.parquet               key, text (cleaned), tokens, truncated, shard
+                                HunyuanVideo's sets also hold `<sha256>/pooled`: CLIP-L's pooled output, (hidden,)
+  prompts.parquet               key, text (cleaned), tokens, truncated, shard (and pooled_tokens, pooled_truncated)
   clips.parquet                 id, key: every clip of the cache, in the clip table's order
 
 manifest.json's "text" object holds each set: its fingerprint (the encoder, tokenizer and weights' sha256,
@@ -37,6 +38,8 @@ EMBEDDINGS_PREFIX = "embeddings-"
 PROMPTS_TABLE = "prompts.parquet"
 CLIPS_TABLE = "clips.parquet"
 DEFAULT_SHARD_BYTES = 256 << 20
+POOLED_SUFFIX = "/pooled"
+"""A prompt's pooled output is stored beside its rows as `<sha256>/pooled` (HunyuanVideo's CLIP-L)."""
 
 
 def check_set_name(name: str) -> str:
@@ -99,6 +102,8 @@ class EmbedSummary:
     truncated_prompts: int = 0
     truncated_examples: list[str] = field(default_factory=list)
     """Clip ids whose caption was cut to the family's length (the first few)."""
+    truncated_pooled_prompts: int = 0
+    """Prompts cut to the second encoder's length (HunyuanVideo's CLIP-L: 77 tokens)."""
     files: int = 0
     bytes: int = 0
     seconds: float = 0.0
@@ -263,11 +268,14 @@ def embed_cache(request: EmbedRequest, ctx: Any = None) -> EmbedSummary:
             for _, key in clip_keys:
                 counts[key] = counts.get(key, 0) + 1
             truncated = {key for result in results for key, cut in zip(result["keys"], result["truncated"]) if cut}
+            truncated_pooled = {key for result in results
+                                for key, cut in zip(result["keys"], result.get("pooled_truncated") or []) if cut}
             record = {
                 "generation": generation, "fingerprint": fingerprint,
                 "fingerprint_sha256": hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest(),
                 "spec": encoder.spec, "captions": source, "clips": len(clip_keys), "prompts": len(keys),
                 "empty_prompt_clips": counts.get(prompt_key(""), 0), "truncated_prompts": len(truncated),
+                **({"truncated_pooled_prompts": len(truncated_pooled)} if encoder.pooled_model is not None else {}),
                 "numerics": {"device": device.type, "torch": torch.__version__},
                 **entry,
             }
@@ -280,6 +288,7 @@ def embed_cache(request: EmbedRequest, ctx: Any = None) -> EmbedSummary:
     record = done["record"]
     summary.empty_clips, summary.truncated_prompts = record["empty_prompt_clips"], record["truncated_prompts"]
     summary.truncated_examples = done["examples"]
+    summary.truncated_pooled_prompts = int(record.get("truncated_pooled_prompts") or 0)
     summary.files = len(record["shards"]) + len(record["tables"])
     summary.bytes = sum(s["bytes"] for s in record["shards"]) + sum(t["bytes"] for t in record["tables"].values())
     summary.seconds = time.perf_counter() - started
@@ -301,30 +310,43 @@ def _write_shard(store: Any, folder: str, number: int, keys: list[str], cleaned:
     embeddings = encoder.embed([cleaned[key] for key in keys])
     # one metadata key: safetensors writes a header's metadata in hash-map order, so two keys are two byte orders
     # and the same set would not be the same bytes
-    data = save({key: e.rows.contiguous() for key, e in zip(keys, embeddings)},
-                metadata={"vaecache_text_set": folder.split("/")[1]})
+    tensors = {key: e.rows.contiguous() for key, e in zip(keys, embeddings)}
+    tensors.update({f"{key}{POOLED_SUFFIX}": e.pooled.contiguous() for key, e in zip(keys, embeddings)
+                    if e.pooled is not None})
+    data = save(tensors, metadata={"vaecache_text_set": folder.split("/")[1]})
     store.write(file, data)
     return {"entry": file_entry(file, data, tensors=len(keys)),
             "keys": keys, "texts": [cleaned[key] for key in keys], "tokens": [e.tokens for e in embeddings],
-            "truncated": [e.truncated for e in embeddings]}
+            "truncated": [e.truncated for e in embeddings],
+            **({"pooled_tokens": [e.pooled_tokens for e in embeddings],
+                "pooled_truncated": [e.pooled_truncated for e in embeddings]}
+               if embeddings and embeddings[0].pooled is not None else {})}
 
 
 def _write_tables(store: Any, folder: str, results: list[dict[str, Any]],
                   clip_keys: list[tuple[str, str]]) -> dict[str, Any]:
     import pyarrow as pa
 
-    rows: dict[str, list[Any]] = {"key": [], "text": [], "tokens": [], "truncated": [], "shard": []}
+    pooled = any("pooled_tokens" in result for result in results)
+    rows: dict[str, list[Any]] = {"key": [], "text": [], "tokens": [], "truncated": [], "shard": [],
+                                  "pooled_tokens": [], "pooled_truncated": []}
     for result in results:
         rows["key"].extend(result["keys"])
         rows["text"].extend(result["texts"])
         rows["tokens"].extend(result["tokens"])
         rows["truncated"].extend(result["truncated"])
         rows["shard"].extend([result["entry"]["file"]] * len(result["keys"]))
+        if pooled:
+            rows["pooled_tokens"].extend(result["pooled_tokens"])
+            rows["pooled_truncated"].extend(result["pooled_truncated"])
+    columns = {"key": pa.array(rows["key"], pa.string()), "text": pa.array(rows["text"], pa.string()),
+               "tokens": pa.array(rows["tokens"], pa.int32()), "truncated": pa.array(rows["truncated"], pa.bool_()),
+               "shard": pa.array(rows["shard"], pa.string())}
+    if pooled:
+        columns.update(pooled_tokens=pa.array(rows["pooled_tokens"], pa.int32()),
+                       pooled_truncated=pa.array(rows["pooled_truncated"], pa.bool_()))
     tables = {}
-    for table_name, table in ((PROMPTS_TABLE, pa.table({
-            "key": pa.array(rows["key"], pa.string()), "text": pa.array(rows["text"], pa.string()),
-            "tokens": pa.array(rows["tokens"], pa.int32()), "truncated": pa.array(rows["truncated"], pa.bool_()),
-            "shard": pa.array(rows["shard"], pa.string())})),
+    for table_name, table in ((PROMPTS_TABLE, pa.table(columns)),
             (CLIPS_TABLE, pa.table({"id": pa.array([c for c, _ in clip_keys], pa.string()),
                                     "key": pa.array([k for _, k in clip_keys], pa.string())}))):
         data = parquet_bytes(table)
@@ -365,6 +387,11 @@ class TextSet:
         self._shard_of = dict(zip(prompts.column("key").to_pylist(), prompts.column("shard").to_pylist()))
         self._text_of = dict(zip(prompts.column("key").to_pylist(), prompts.column("text").to_pylist()))
         self._tokens_of = dict(zip(prompts.column("key").to_pylist(), prompts.column("tokens").to_pylist()))
+        self.pooled_hidden_size = int((fingerprint.get("pooled") or {}).get("hidden_size") or 0)
+        self.pooled_length = int((fingerprint.get("pooled") or {}).get("length") or 0)
+        self._pooled_tokens_of = (dict(zip(prompts.column("key").to_pylist(),
+                                           prompts.column("pooled_tokens").to_pylist()))
+                                  if "pooled_tokens" in prompts.column_names else {})
         self._listed = {entry.get("file") for entry in self.entry.get("shards") or [] if isinstance(entry, dict)}
         self._handles: dict[str, Any] = {}
         self.family = str(fingerprint.get("family") or "")
@@ -382,6 +409,10 @@ class TextSet:
         return self._text_of[key]
 
     def key_rows(self, key: str) -> torch.Tensor:
+        return self._handle(key).get_tensor(key)
+
+    def _handle(self, key: str) -> Any:
+        """The (cached) handle of the shard holding prompt `key`."""
         shard = self._shard_of[key]
         handle = self._handles.get(shard)
         if handle is None:
@@ -389,7 +420,7 @@ class TextSet:
                 raise ManifestError(f"{self.store.location}: text set {self.name!r}: prompt {key[:12]} names shard "
                                     f"{shard!r}, which the manifest does not list")
             handle = self._handles[shard] = self.store.shard(self.store.checked_name(shard, f"text set {self.name}"))
-        return handle.get_tensor(key)
+        return handle
 
     def tokens(self, clip: str) -> int:
         """The clip's prompt's token count (the rows its mask marks)."""
@@ -405,6 +436,20 @@ class TextSet:
             raise ManifestError(f"{self.store.location}: text set {self.name!r}: prompt {key[:12]} of clip {clip} "
                                 "is in no shard")
         return self.key_rows(key)
+
+    def pooled(self, clip: str) -> torch.Tensor:
+        """The clip's prompt's pooled output (HunyuanVideo's CLIP-L pooler_output), (hidden,)."""
+        key = self.key(clip)
+        if not self.pooled_hidden_size:
+            raise KeyError(f"text set {self.name!r} ({self.family} family) stores no pooled output")
+        if key not in self._shard_of:
+            raise ManifestError(f"{self.store.location}: text set {self.name!r}: prompt {key[:12]} of clip {clip} "
+                                "is in no shard")
+        return self._handle(key).get_tensor(f"{key}{POOLED_SUFFIX}")
+
+    def pooled_tokens(self, clip: str) -> int:
+        """The clip's prompt's token count for the pooled encoder (its attention mask's ones)."""
+        return int(self._pooled_tokens_of.get(self.key(clip)) or 0)
 
     def padded(self, clip: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(length, hidden) as the pipeline returns it (Wan: zero rows after the prompt's; LTX-Video, CogVideoX:

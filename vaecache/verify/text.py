@@ -15,6 +15,7 @@ from vaecache.cache.layout import TEXT_DIR
 from vaecache.cache.sets import check_set_files, unlisted_sets
 from vaecache.errors import VaecacheError
 from vaecache.settings.dtypes import SAFETENSORS_NAMES, canonical_dtype_name
+from vaecache.text.sets import POOLED_SUFFIX
 
 
 def check_text_sets(cache: Any, quick: bool, check_type: type) -> list[Any]:
@@ -84,12 +85,24 @@ def _check_set(cache: Any, name: str, entry: Any, ids: list[str], quick: bool, c
         check.fail(f"text set {name}: prompt {key[:12]} (of clip "
                    f"{next(c for c, k in key_of.items() if k == key)}) is not in its prompt table")
     stored_keys: set[str] = set()
+    pooled_keys: set[str] = set()
+    pooled_hidden = int((fingerprint.get("pooled") or {}).get("hidden_size") or 0)
     for shard in entry.get("shards") or []:
         file = shard.get("file")
         if file not in contents:
             continue
         tensors = safetensors_load(contents[file])
         for key, tensor in tensors.items():
+            if key.endswith(POOLED_SUFFIX):
+                base = key[:-len(POOLED_SUFFIX)]
+                pooled_keys.add(base)
+                if shard_of.get(base) != file:
+                    check.fail(f"{store.where(file)}: holds the pooled output of prompt {base[:12]}, which its prompt "
+                               "table places elsewhere")
+                elif tensor.shape != (pooled_hidden,) or not tensor.isfinite().all():
+                    check.fail(f"{store.where(file)}: prompt {base[:12]}'s pooled output has shape "
+                               f"{tuple(tensor.shape)} (expected ({pooled_hidden},)) or non-finite values")
+                continue
             stored_keys.add(key)
             if shard_of.get(key) != file:
                 check.fail(f"{store.where(file)}: holds prompt {key[:12]}, which its prompt table places elsewhere")
@@ -104,6 +117,9 @@ def _check_set(cache: Any, name: str, entry: Any, ids: list[str], quick: bool, c
     if not quick:
         for key in sorted(set(tokens) - stored_keys)[:5]:
             check.fail(f"text set {name}: prompt {key[:12]} is in the prompt table and in no shard")
+        if pooled_hidden:
+            for key in sorted(set(tokens) - pooled_keys)[:5]:
+                check.fail(f"text set {name}: prompt {key[:12]} has no pooled output in its shard")
 
 
 def check_text_reembed(cache: Any, count: int, seed: int, device: Any, tolerance: float | None,
