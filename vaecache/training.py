@@ -121,7 +121,8 @@ class LatentCache:
         if self._text is None:
             from vaecache.text.sets import TextSet
 
-            self._text = {set_name: TextSet(self.store, self.manifest, set_name) for set_name in self.text_sets}
+            self._text = {set_name: TextSet(self.store, self.manifest, set_name, self.verify)
+                          for set_name in self.text_sets}
         if name not in self._text:
             raise KeyError(f"{self.out}: no text set {name!r} (sets: {', '.join(self._text) or 'none'})")
         return self._text[name].padded(clip_id)
@@ -141,7 +142,8 @@ class LatentCache:
         if self._conditions is None:
             from vaecache.conditions.sets import ConditionSet
 
-            self._conditions = {kind: ConditionSet(self.store, self.manifest, kind) for kind in self.condition_sets}
+            self._conditions = {kind: ConditionSet(self.store, self.manifest, kind, self.verify)
+                                for kind in self.condition_sets}
         if kind not in self._conditions:
             raise KeyError(f"{self.out}: no condition set {kind!r} (sets: {', '.join(self._conditions) or 'none'})")
         conditions = self._conditions[kind]

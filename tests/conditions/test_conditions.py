@@ -360,3 +360,20 @@ def test_image_feature_options_are_refused_in_one_line(cache, clip_folder, run_c
         result = run_cli(["embed", cache, *args])
         assert result.exit_code == 2 and message in " ".join(result.output.split()), (args, result.output)
     assert not (cache / "conditions").exists()
+
+
+def test_latentcache_checks_a_set_shard_when_it_first_opens_it_as_it_checks_latent_shards(cache, run_cli):
+    from vaecache.errors import ShardChecksumError
+
+    assert run_cli(["embed", cache, "--condition", "first-frame"]).exit_code == 0
+    entry = json.loads((cache / "manifest.json").read_text())["conditions"]["first-frame"]["shards"][0]
+    shard = cache / entry["file"]
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0x01  # one bit of the last tensor's data: the same size
+    shard.write_bytes(bytes(data))
+    LatentCache(cache)[0]  # "size" (the default) cannot tell
+    with pytest.raises(ShardChecksumError, match="sha256 differs from the one manifest.json records"):
+        LatentCache(cache, verify="sha256")[0]
+    shard.write_bytes(bytes(data[:-4]))
+    with pytest.raises(ShardChecksumError, match=f"{entry['bytes'] - 4} bytes, manifest.json records"):
+        LatentCache(cache)[0]

@@ -309,3 +309,19 @@ def test_the_webdataset_export_carries_each_set_read_back_as_latentcache_gives_i
         item = latents[sample["record"]["id"]]
         assert torch.equal(sample["text/default"], item["text/default"])
         assert torch.equal(sample["text_mask/default"], item["text_mask/default"])
+
+
+def test_ranks_that_loaded_different_encoders_are_refused_before_anything_is_written():
+    import types
+
+    from vaecache.cache.sets import same_on_every_rank
+    from vaecache.errors import UsageError
+
+    def ctx(*prints):
+        return types.SimpleNamespace(info=types.SimpleNamespace(world_size=len(prints)),
+                                     all_gather_object=lambda mine: list(prints))
+
+    same_on_every_rank(ctx({"weights_sha256": "a"}, {"weights_sha256": "a"}), {"weights_sha256": "a"}, "text encoder")
+    with pytest.raises(UsageError, match="rank 1 loaded another text encoder than rank 0 .*weights_sha256"):
+        same_on_every_rank(ctx({"weights_sha256": "a"}, {"weights_sha256": "b"}), {"weights_sha256": "a"},
+                           "text encoder")

@@ -96,6 +96,40 @@ def check_set_files(store: Any, name: str, prefix: str, entry: dict[str, Any], q
     return contents
 
 
+def check_opened_file(store: Any, name: str, entry: dict[str, Any], verify: str) -> None:
+    """A reader's check of a set's file the first time it opens it, as LatentCache checks a latent shard: its byte
+    count ("size"), also its sha256 ("sha256"), or nothing ("none"); a ShardChecksumError naming it otherwise."""
+    from vaecache.errors import ShardChecksumError
+
+    if verify == "none":
+        return
+    where = store.where(name)
+    try:
+        size = store.size(name)
+    except OSError as exc:
+        raise ShardChecksumError(f"{where}: unreadable ({exc.strerror or exc})") from None
+    if size != entry.get("bytes"):
+        raise ShardChecksumError(f"{where}: {size} bytes, manifest.json records {entry.get('bytes')}")
+    if verify == "sha256" and store.sha256(name) != entry.get("sha256"):
+        raise ShardChecksumError(f"{where}: sha256 differs from the one manifest.json records")
+
+
+def same_on_every_rank(ctx: Any, fingerprint: dict[str, Any], what: str) -> None:
+    """Under torchrun, every rank's encoder must be the same (each loads its own copy, perhaps from another node's
+    disk): a UsageError on every rank naming the first rank that differs and how, before anything is written."""
+    if ctx is None or ctx.info.world_size == 1:
+        return
+    from vaecache.cache.outdir import describe_differences
+    from vaecache.errors import UsageError
+
+    prints = ctx.all_gather_object(fingerprint)
+    for rank, other in enumerate(prints):
+        if other != prints[0]:
+            differs = describe_differences(prints[0], other)
+            raise UsageError(f"rank {rank} loaded another {what} than rank 0 ({'; '.join(differs[:3])}): every rank "
+                             "must read the same files")
+
+
 def unlisted_sets(store: Any, directory: str, sets: dict[str, Any]) -> list[str]:
     """Set folders under `directory` the manifest does not list."""
     return sorted({name.split("/")[1] for name in store.listing(directory)

@@ -27,7 +27,15 @@ import torch
 
 from vaecache import faults
 from vaecache.cache.layout import CONDITIONS_DIR, MANIFEST
-from vaecache.cache.sets import delete_unlisted, file_entry, generation_of, pack_shards, parquet_bytes
+from vaecache.cache.sets import (
+    check_opened_file,
+    delete_unlisted,
+    file_entry,
+    generation_of,
+    pack_shards,
+    parquet_bytes,
+    same_on_every_rank,
+)
 from vaecache.conditions.kinds import (
     LATENT_KINDS,
     REFERENCE,
@@ -162,6 +170,7 @@ def embed_conditions(request: ConditionRequest, ctx: Any = None) -> list[Conditi
             from vaecache.conditions.images import ImageEncoder
 
             image = ImageEncoder(_absolute(request.image_encoder), request.image_convention, device)
+            same_on_every_rank(ctx, json.loads(json.dumps(image.fingerprint())), "image encoder")
         latents = LatentCache(request.out, verify="none", storage_options=dict(request.storage_options))
         records = list(latents.records())
         ids = [record["id"] for record in records]
@@ -298,9 +307,10 @@ class ConditionSet:
     """One condition set of a finished cache: `mean(clip)` the stored posterior mean, `pipeline(clip)` the tensor
     the pipeline builds from it (mask and normalized latents)."""
 
-    def __init__(self, store: Any, manifest: dict[str, Any], kind: str) -> None:
+    def __init__(self, store: Any, manifest: dict[str, Any], kind: str, verify: str = "size") -> None:
         import pyarrow.parquet as pq
 
+        self.verify = verify
         entries = manifest.get("conditions") or {}
         if kind not in entries:
             raise KeyError(f"{store.location}: no condition set {kind!r} (sets: "
@@ -324,7 +334,7 @@ class ConditionSet:
         ids = clips.column("id").to_pylist()
         self._shard_of = dict(zip(ids, clips.column("shard").to_pylist()))
         self._frames_of = dict(zip(ids, clips.column("frames").to_pylist()))
-        self._listed = {entry.get("file") for entry in self.entry.get("shards") or [] if isinstance(entry, dict)}
+        self._listed = {entry.get("file"): entry for entry in self.entry.get("shards") or [] if isinstance(entry, dict)}
         self._handles: dict[str, Any] = {}
 
     def clips(self) -> list[str]:
@@ -341,8 +351,9 @@ class ConditionSet:
             if shard not in self._listed:
                 raise ManifestError(f"{self.store.location}: condition set {self.kind!r}: clip {clip} names shard "
                                     f"{shard!r}, which the manifest does not list")
-            handle = self._handles[shard] = self.store.shard(
-                self.store.checked_name(shard, f"condition set {self.kind}"))
+            name = self.store.checked_name(shard, f"condition set {self.kind}")
+            check_opened_file(self.store, name, self._listed[shard], self.verify)
+            handle = self._handles[shard] = self.store.shard(name)
         try:
             return handle.get_tensor(clip)
         except Exception as exc:  # safetensors raises its own error type for a missing tensor

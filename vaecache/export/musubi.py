@@ -212,7 +212,7 @@ def musubi_condition_set(cache: Any, spec: MusubiArch, condition: str, where: Pa
     if spec.short != "wan":
         raise ExportError(f"{where}: musubi-tuner's {spec.full} caching stores no first-frame latents_image vaecache "
                           "writes (its Wan I2V one is); pass --condition none")
-    return ConditionSet(cache.store, cache.manifest, kind)
+    return ConditionSet(cache.store, cache.manifest, kind, cache.verify)
 
 
 def musubi_image_features(cache: Any, spec: MusubiArch, condition: str, where: Path | str) -> Any:
@@ -222,7 +222,7 @@ def musubi_image_features(cache: Any, spec: MusubiArch, condition: str, where: P
 
     if condition == "none" or "image-features" not in cache.condition_sets or spec.short != "wan":
         return None
-    features = ConditionSet(cache.store, cache.manifest, "image-features")
+    features = ConditionSet(cache.store, cache.manifest, "image-features", cache.verify)
     convention = ((features.entry.get("fingerprint") or {}).get("image_encoder") or {}).get("convention")
     if convention != "wan-musubi":
         raise ExportError(f"{where}: its image-features are in the {convention} convention; musubi-tuner's Wan I2V "
@@ -374,7 +374,7 @@ def musubi_text_set(cache: Any, spec: MusubiArch, text_set: str, where: Path | s
     name = names[0] if text_set == "auto" else text_set
     if name not in names:
         raise ExportError(f"{where}: no text set {name!r} (sets: {', '.join(names) or 'none'})")
-    texts = TextSet(cache.store, cache.manifest, name)
+    texts = TextSet(cache.store, cache.manifest, name, cache.verify)
     if MUSUBI_TEXT_FAMILY.get(spec.short) != texts.family:
         raise ExportError(f"{where}: text set {name!r} ({texts.family or 'unknown'} family) cannot be exported for "
                           f"--arch {spec.short}: musubi-tuner's text caches vaecache writes are Wan's (varlen_t5, "

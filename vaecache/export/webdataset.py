@@ -107,10 +107,10 @@ def export_webdataset(cache_dir: Path | str, target: Path, verify: str = "size",
     cache = LatentCache(cache_dir, verify=verify, storage_options=storage_options)  # a folder or a URL
     from vaecache.text.sets import TextSet
 
-    texts = [TextSet(cache.store, cache.manifest, name) for name in cache.text_sets]
+    texts = [TextSet(cache.store, cache.manifest, name, cache.verify) for name in cache.text_sets]
     from vaecache.conditions.sets import ConditionSet
 
-    conditions = [ConditionSet(cache.store, cache.manifest, kind) for kind in cache.condition_sets]
+    conditions = [ConditionSet(cache.store, cache.manifest, kind, cache.verify) for kind in cache.condition_sets]
     size = 0
     with staging(target) as folder:
         index = ExportIndex(folder / EXPORT_INDEX)

@@ -30,7 +30,15 @@ import torch
 
 from vaecache import faults
 from vaecache.cache.layout import MANIFEST, TEXT_DIR
-from vaecache.cache.sets import delete_unlisted, file_entry, generation_of, pack_shards, parquet_bytes
+from vaecache.cache.sets import (
+    check_opened_file,
+    delete_unlisted,
+    file_entry,
+    generation_of,
+    pack_shards,
+    parquet_bytes,
+    same_on_every_rank,
+)
 from vaecache.errors import DatasetError, ManifestError, UsageError
 
 SET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -223,6 +231,7 @@ def embed_cache(request: EmbedRequest, ctx: Any = None) -> EmbedSummary:
                                     dtype=request.dtype, length=request.length, layer=request.layer,
                                     batch=request.batch, allow_pickle_weights=request.allow_pickle_weights)
         fingerprint = encoder.fingerprint()
+        same_on_every_rank(ctx, fingerprint, "text encoder")
         cleaned: dict[str, str] = {}
         clip_keys: list[tuple[str, str]] = []
         for clip, caption in pairs:
@@ -367,9 +376,10 @@ class TextSet:
     """One set of a finished cache, read through its store: `rows(clip)` -> (tokens, hidden), `padded(clip)` ->
     the pipeline's tensor (zeros to the family's length) and its mask."""
 
-    def __init__(self, store: Any, manifest: dict[str, Any], name: str) -> None:
+    def __init__(self, store: Any, manifest: dict[str, Any], name: str, verify: str = "size") -> None:
         import pyarrow.parquet as pq
 
+        self.verify = verify
         entries = manifest.get("text") or {}
         if name not in entries:
             raise KeyError(f"{store.location}: no text set {name!r} (sets: {', '.join(sorted(entries)) or 'none'})")
@@ -392,7 +402,7 @@ class TextSet:
         self._pooled_tokens_of = (dict(zip(prompts.column("key").to_pylist(),
                                            prompts.column("pooled_tokens").to_pylist()))
                                   if "pooled_tokens" in prompts.column_names else {})
-        self._listed = {entry.get("file") for entry in self.entry.get("shards") or [] if isinstance(entry, dict)}
+        self._listed = {entry.get("file"): entry for entry in self.entry.get("shards") or [] if isinstance(entry, dict)}
         self._handles: dict[str, Any] = {}
         self.family = str(fingerprint.get("family") or "")
 
@@ -419,7 +429,9 @@ class TextSet:
             if shard not in self._listed:
                 raise ManifestError(f"{self.store.location}: text set {self.name!r}: prompt {key[:12]} names shard "
                                     f"{shard!r}, which the manifest does not list")
-            handle = self._handles[shard] = self.store.shard(self.store.checked_name(shard, f"text set {self.name}"))
+            name = self.store.checked_name(shard, f"text set {self.name}")
+            check_opened_file(self.store, name, self._listed[shard], self.verify)
+            handle = self._handles[shard] = self.store.shard(name)
         return handle
 
     def tokens(self, clip: str) -> int:
