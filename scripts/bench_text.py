@@ -52,7 +52,39 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--d-ff", type=int, default=1024)
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     p.add_argument("--smoke", action="store_true", help="tiny model and dataset (the same code paths)")
+    p.add_argument("--plan-clips", type=int, default=0, help="instead: plan this many clips' captions (cleaned, "
+                   "keyed, deduplicated by vaecache.text.sets.plan_prompts, what rank 0 of an embed does before "
+                   "embedding), one caption per scene of 6 clips, --plan-distinct distinct; seconds and peak RSS")
+    p.add_argument("--plan-distinct", type=int, default=20000)
     return p.parse_args(argv)
+
+
+def plan_memory(args: argparse.Namespace) -> dict[str, Any]:
+    """The planning of --plan-clips clips in this process: seconds and the peak RSS it added."""
+    from vaecache.text.families import wan_prompt_clean
+    from vaecache.text.sets import clip_captions, plan_prompts
+
+    def records():
+        for i in range(args.plan_clips):
+            scene = i // 6
+            yield {"id": f"scene_{scene:07d}/cam_{i % 6}/000000-000080",
+                   "metadata": {"caption": f"a red car, number {scene % args.plan_distinct}, drives down a wet street "
+                                           "at night while the camera pans left"}}
+
+    before = bl.maxrss_mb()
+    started = time.perf_counter()
+    clip_keys: list[tuple[str, str]] = []
+    cleaned = plan_prompts(clip_captions(records(), "caption", None), wan_prompt_clean, clip_keys)
+    seconds = time.perf_counter() - started
+    added = bl.maxrss_mb() - before
+    result = {"benchmark": "bench_text planning", "env": {"machine": bl.machine_info("cpu")},
+              "clips": len(clip_keys), "distinct_prompts": len(cleaned), "seconds": bl.rnd(seconds, 3),
+              "clips_per_s": bl.rnd(len(clip_keys) / seconds, 1), "peak_rss_added_mb": bl.rnd(added, 1),
+              "bytes_per_clip": bl.rnd(added * 2**20 / max(1, len(clip_keys)), 1)}
+    bl.emit(result, bl.table("planning (rank 0 of vaecache embed)", ["clips", "distinct", "s", "RSS added MB"],
+                             [(result["clips"], result["distinct_prompts"], result["seconds"],
+                               result["peak_rss_added_mb"])]))
+    return result
 
 
 def captions(args: argparse.Namespace) -> list[str]:
@@ -85,6 +117,8 @@ def build(folder: Path, args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.plan_clips:
+        return plan_memory(args)
     if args.smoke:
         args.scenes, args.cameras, args.clips, args.d_model, args.layers, args.d_ff = 4, 2, 2, 32, 1, 64
     import torch

@@ -239,6 +239,9 @@ def test_bench_text_prints_both_ways_and_the_dedupe(capsys):
     assert result["items"] == 16 and result["distinct_prompts"] <= 4 and result["dedupe_ratio"] >= 4
     assert result["reference"]["items_per_s"] > 0 and result["vaecache"]["prompts_per_s"] > 0
     assert 0 < result["bytes_ratio"] < 1  # trimmed rows against 512 padded ones
+    planned = load_script("bench_text").main(["--plan-clips", "600", "--plan-distinct", "7"])
+    assert json.loads(capsys.readouterr().out) == planned
+    assert planned["clips"] == 600 and planned["distinct_prompts"] == 7 and planned["seconds"] > 0
 
 
 def test_bench_conditions_prints_both_commands_and_the_stages(capsys, tmp_path):

@@ -17,6 +17,7 @@ write); what a crash leaves before that is not listed, and verify names it until
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -24,7 +25,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -123,19 +124,24 @@ class EmbedSummary:
 
 
 def clip_captions(records: Iterable[dict[str, Any]], caption_field: str,
-                  captions: dict[str, str | None] | None) -> list[tuple[str, str]]:
-    """(clip id, caption) for every clip, in table order: from `captions` (clip id -> text) where given, else from
-    each clip's metadata[caption_field]; a clip without one gets the empty prompt. A caption that is not text, or a
-    captions mapping that misses a clip or names one the cache lacks, is an DatasetError naming them."""
-    found: list[tuple[str, str]] = []
-    seen: set[str] = set()
+                  captions: dict[str, str | None] | None) -> Iterator[tuple[str, str]]:
+    """(clip id, caption) for every clip, in table order, as the records stream by: from `captions` (clip id ->
+    text) where given, else from each clip's metadata[caption_field]; a clip without one gets the empty prompt. A
+    caption that is not text, or a captions mapping that misses a clip or names one the cache lacks, is a
+    DatasetError naming them (raised once the records are read: nothing is written before)."""
+    seen = 0
+    matched: set[str] = set()  # with a captions file only (as large as the file's mapping)
     missing: list[str] = []
     for record in records:
         clip = record["id"]
-        seen.add(clip)
+        seen += 1
         if captions is not None:
+            matched.add(clip)
             if clip not in captions:
-                missing.append(clip)
+                if len(missing) < 4:
+                    missing.append(clip)
+                else:
+                    missing.append("")
                 continue
             text = captions[clip]
         else:
@@ -145,16 +151,35 @@ def clip_captions(records: Iterable[dict[str, Any]], caption_field: str,
             text = metadata.get(caption_field) if isinstance(metadata, dict) else None
         if text is not None and not isinstance(text, str):
             raise DatasetError(f"clip {clip}: its {caption_field!r} is {type(text).__name__}, not text")
-        found.append((clip, text or ""))
+        yield clip, text or ""
     if missing:
+        named = [clip for clip in missing if clip]
         raise DatasetError(f"the captions file has no caption for {len(missing)} clip(s) of the cache: "
-                         f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
-    if captions is not None:
-        extra = sorted(set(captions) - seen)
-        if extra:
-            raise DatasetError(f"the captions file names {len(extra)} clip(s) the cache does not hold: "
-                             f"{', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}")
-    return found
+                           f"{', '.join(named[:3])}{' ...' if len(missing) > 3 else ''}")
+    if captions is not None and len(captions) > seen - len(missing):
+        extra = sorted(clip for clip in captions if clip not in matched)
+        raise DatasetError(f"the captions file names {len(extra)} clip(s) the cache does not hold: "
+                           f"{', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}")
+
+
+def plan_prompts(pairs: Iterable[tuple[str, str]], clean: Any, clip_keys: list[tuple[str, str]]) -> dict[str, str]:
+    """Each (clip, caption) cleaned and keyed by the sha256 of its cleaned text, appended to `clip_keys` as (clip,
+    key); returns the distinct cleaned prompts by key. Streams: a caption repeated by nearby clips (a scene's
+    cameras and clips) is cleaned once (an LRU of 65536 captions), and every clip's key is the one string of its
+    prompt: ~210 bytes a clip on rank 0 (scripts/bench_text.py --plan-clips)."""
+    cleaned: dict[str, str] = {}
+    interned: dict[str, str] = {}
+
+    @functools.lru_cache(maxsize=1 << 16)
+    def key_of(caption: str) -> str:
+        text = clean(caption)
+        key = prompt_key(text)
+        cleaned.setdefault(key, text)
+        return interned.setdefault(key, key)
+
+    for clip, caption in pairs:
+        clip_keys.append((clip, key_of(caption)))
+    return cleaned
 
 
 def read_captions_file(path: Path) -> tuple[dict[str, str | None], dict[str, Any]]:
@@ -215,34 +240,39 @@ def embed_cache(request: EmbedRequest, ctx: Any = None) -> EmbedSummary:
     name = request.set_name
     summary = EmbedSummary(name, str(store.location))
     with ExitStack() as stack:
-        def prepare() -> tuple[dict[str, Any], list[tuple[str, str]], dict[str, Any] | None, dict[str, Any]]:
+        captions: dict[str, str | None] | None = None  # rank 0 alone reads the records and the captions file
+
+        def prepare() -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any]]:
+            nonlocal captions
             store.check_present()
-            captions, source = None, {"kind": "clip metadata", "field": request.caption_field}
+            source = {"kind": "clip metadata", "field": request.caption_field}
             if request.captions is not None:
                 captions, source = read_captions_file(request.captions)
             stack.enter_context(held_lock(store, ctx.info.job_id if ctx is not None else None))
             cache = CacheReader(store)
-            pairs = clip_captions(cache.clip_records(), request.caption_field, captions)
-            return cache.manifest, pairs, (cache.manifest.get("text") or {}).get(name), source
+            return cache.manifest, (cache.manifest.get("text") or {}).get(name), source
 
-        manifest, pairs, existing, source = ctx.on_rank0(prepare) if ctx is not None else prepare()
+        manifest, existing, source = ctx.on_rank0(prepare) if ctx is not None else prepare()
         device = ctx.device if ctx is not None else _device(request.device)
         encoder = load_text_encoder(request.text_encoder, device, compute_dtype=request.compute_dtype,
                                     dtype=request.dtype, length=request.length, layer=request.layer,
                                     batch=request.batch, allow_pickle_weights=request.allow_pickle_weights)
         fingerprint = encoder.fingerprint()
         same_on_every_rank(ctx, fingerprint, "text encoder")
-        cleaned: dict[str, str] = {}
-        clip_keys: list[tuple[str, str]] = []
-        for clip, caption in pairs:
-            text = encoder.clean(caption)
-            key = prompt_key(text)
-            cleaned.setdefault(key, text)
-            clip_keys.append((clip, key))
+        clip_keys: list[tuple[str, str]] = []  # rank 0's: (clip, prompt key) of every clip, for the tables
+
+        def plan() -> tuple[dict[str, str], str, int]:
+            """Rank 0 reads the records; the other ranks need only the distinct prompts and the generation (what
+            is broadcast), not a list as long as the cache."""
+            cleaned = plan_prompts(clip_captions(CacheReader(store).clip_records(), request.caption_field, captions),
+                                   encoder.clean, clip_keys)
+            generation = generation_of({"fingerprint": fingerprint, "captions": source,
+                                        "shard_bytes": request.shard_bytes}, clip_keys)
+            return cleaned, generation, len(clip_keys)
+
+        cleaned, generation, clip_count = ctx.on_rank0(plan) if ctx is not None else plan()
         keys = sorted(cleaned)
-        generation = generation_of({"fingerprint": fingerprint, "captions": source,
-                                  "shard_bytes": request.shard_bytes}, clip_keys)
-        summary.clips, summary.prompts = len(clip_keys), len(keys)
+        summary.clips, summary.prompts = clip_count, len(keys)
         if existing is not None:
             if existing.get("generation") == generation:
                 # what a crash after the manifest's write left of the generation before goes now
@@ -488,5 +518,5 @@ def _entry_file(store: Any, name: str, entry: Any) -> str:
 
 
 __all__ = ["EmbedRequest", "EmbedSummary", "TextSet", "clip_captions", "embed_cache", "pack_shards", "pipeline_tensor",
-           "prompt_key",
+           "plan_prompts", "prompt_key",
            "read_captions_file", "text_set_names"]
