@@ -130,15 +130,17 @@ class LatentCache:
     @property
     def condition_sets(self) -> list[str]:
         """The kinds of the cache's image-to-video condition sets (vaecache embed --condition); each item carries
-        `condition/<kind>`: (cameras, temporal_factor + C, latent frames, h, w) float32, the frame mask then the
-        normalized condition latents, as WanImageToVideoPipeline.prepare_latents returns them per camera."""
+        `condition/<kind>`: for first-frame and first-last (cameras, temporal_factor + C, latent frames, h, w)
+        float32, the frame mask then the normalized condition latents, as WanImageToVideoPipeline.prepare_latents
+        returns them per camera; for image-features (cameras, tokens, hidden) as stored."""
         from vaecache.conditions.sets import condition_set_names
 
         return condition_set_names(self.manifest)
 
     def condition(self, clip_id: str, kind: str, normalized: bool = True) -> torch.Tensor:
-        """A clip's condition of `kind`: the pipeline's tensor (mask and normalized latents), or with
-        `normalized=False` the stored posterior mean of the condition video (cameras, C, F, h, w)."""
+        """A clip's condition of `kind`: the pipeline's tensor (first-frame, first-last: the mask and the normalized
+        latents; image-features: the features as stored), or with `normalized=False` the stored tensor (the
+        posterior mean of the condition video, (cameras, C, F, h, w); the features)."""
         if self._conditions is None:
             from vaecache.conditions.sets import ConditionSet
 

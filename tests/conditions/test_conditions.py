@@ -100,7 +100,10 @@ def test_verify_names_a_removed_condition_with_every_hash_recomputed(cache, run_
 
 
 def test_verify_reencode_recomputes_conditions_and_names_a_changed_one(cache, run_cli, tmp_path):
+    import pyarrow.parquet as pq
     from safetensors.torch import load, save
+
+    from vaecache.cache.writer import tensor_stats
 
     assert run_cli(["embed", cache, "--condition", "first-frame"]).exit_code == 0
     report_file = tmp_path / "report.json"
@@ -113,14 +116,32 @@ def test_verify_reencode_recomputes_conditions_and_names_a_changed_one(cache, ru
     entry = manifest["conditions"]["first-frame"]
     shard = cache / entry["shards"][0]["file"]
     tensors = load(shard.read_bytes())
-    clip = sorted(tensors)[0]
-    tensors[clip] = tensors[clip] + 0.5  # a wrong but finite, well-formed tensor with its hashes recomputed
+    first, second = sorted(tensors)[:2]
+    swapped = {**tensors, first: tensors[second], second: tensors[first]}  # two clips' conditions swapped ...
+    shard.write_bytes(save(swapped, metadata={"vaecache_condition": "first-frame"}))
+    entry["shards"][0].update(bytes=shard.stat().st_size, sha256=hashlib.sha256(shard.read_bytes()).hexdigest())
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    bad = run_cli(["verify", cache])  # ... and the shard's hashes recomputed: the recorded stats tell
+    assert bad.exit_code == 1 and f"clip {first}'s condition does not match the stats its clip table records" in \
+        " ".join(bad.output.split())
+
+    tensors[first] = tensors[first] + 0.5  # a wrong but finite tensor, with its stats and every hash recomputed
     shard.write_bytes(save(tensors, metadata={"vaecache_condition": "first-frame"}))
     entry["shards"][0].update(bytes=shard.stat().st_size, sha256=hashlib.sha256(shard.read_bytes()).hexdigest())
+    table_file = cache / entry["tables"]["clips"]["file"]
+    rows = pq.read_table(table_file).to_pylist()
+    for row in rows:
+        if row["id"] == first:
+            row.update(tensor_stats(tensors[first]))
+    import pyarrow as pa
+
+    pq.write_table(pa.Table.from_pylist(rows, schema=pq.read_schema(table_file)), table_file)
+    entry["tables"]["clips"].update(bytes=table_file.stat().st_size,
+                                    sha256=hashlib.sha256(table_file.read_bytes()).hexdigest())
     (cache / "manifest.json").write_text(json.dumps(manifest))
     assert run_cli(["verify", cache]).exit_code == 0  # integrity alone cannot tell ...
     bad = run_cli(["verify", cache, "--reencode", "3"])
-    assert bad.exit_code == 1 and f"condition set first-frame: clip {clip} re-encodes" in bad.output  # ... this can
+    assert bad.exit_code == 1 and f"condition set first-frame: clip {first} re-encodes" in bad.output  # ... this can
 
 
 @pytest.mark.parametrize("crash_at", [1, 3])  # after the first shard; after the last, before the manifest
@@ -161,7 +182,11 @@ def test_what_embed_refuses_in_one_line_before_writing(cache, run_cli):
     for args, message in (
             (["--condition", "last-frame"], "unknown kind last-frame; the kinds are first-frame, first-last, "
                                             "image-features"),
-            (["--vae", "builtin:tiny"], "--vae applies to --condition"),
+            (["--vae", "builtin:tiny"], "--vae applies to --condition first-frame or first-last"),
+            (["--condition", "first-frame", "--dtype", "bf16", "--set", "x"],
+             "--set, --dtype apply to --text-encoder (the text set)"),
+            (["--condition", "first-frame", "--image-convention", "wan-musubi"],
+             "--image-convention applies to --condition image-features"),
             ([], "embed needs --text-encoder SPEC (caption embeddings) and/or --condition KIND"),
             (["--condition", "first-frame", "--vae", "builtin:small"], "does not match the VAE recorded")):
         result = run_cli(["embed", cache, *args])
@@ -254,6 +279,10 @@ def test_encode_with_condition_adds_the_set_embed_adds_afterwards(demo_data, cac
     bad = run_cli(["encode", demo_data, "--out", tmp_path / "never", *ENCODE_ARGS, "--condition", "clip"])
     assert bad.exit_code == 2 and "unknown kind clip" in bad.output
     assert not (tmp_path / "never").exists()
+    missing = run_cli(["encode", demo_data, "--out", tmp_path / "never", *ENCODE_ARGS, "--condition", "image-features",
+                       "--image-encoder", f"diffusers:{tmp_path / 'no-such-folder'}"])
+    assert missing.exit_code == 2 and "no-such-folder is not a folder" in " ".join(missing.output.split())
+    assert not (tmp_path / "never" / "shards").exists()  # refused at start-up, before any clip was encoded
 
 
 @pytest.fixture(scope="module")
@@ -312,7 +341,7 @@ def test_image_features_equal_diffusers_encode_image_per_camera(cache, clip_fold
     assert run_cli(["verify", cache]).exit_code == 0
 
 
-def test_musubi_convention_features_go_into_the_musubi_export_and_the_diffusers_ones_are_refused(
+def test_musubi_convention_features_go_into_the_musubi_export_and_the_diffusers_ones_are_left_out(
         cache, clip_folder, run_cli, tmp_path):
     """wan-musubi: wan_cache_latents.py:48-57 and wan/modules/clip.py:537-546 (commit 30c658c) squash the [-1, 1]
     frame to the image size with bicubic F.interpolate, map it to [0, 1], normalize, and keep the output of all blocks
@@ -322,8 +351,11 @@ def test_musubi_convention_features_go_into_the_musubi_export_and_the_diffusers_
 
     spec = ["--image-encoder", f"diffusers:{clip_folder}"]
     assert run_cli(["embed", cache, "--condition", "first-frame,image-features", *spec]).exit_code == 0
-    refused = run_cli(["export", cache, "--format", "musubi", "--out", tmp_path / "no"])
-    assert refused.exit_code == 2 and "--image-convention wan-musubi" in " ".join(refused.output.split())
+    other = run_cli(["export", cache, "--format", "musubi", "--out", tmp_path / "diffusers-features"])
+    assert other.exit_code == 0 and "--image-convention wan-musubi" in " ".join(other.output.split())
+    for path in (tmp_path / "diffusers-features" / "cache").glob("*_wan.safetensors"):
+        with safe_open(str(path), "pt") as handle:  # latents_image written, the other convention's features not
+            assert sorted(handle.keys()) == ["latents_3x8x8_float32", "latents_image_3x8x8_float32"]
     assert run_cli(["embed", cache, "--condition", "image-features", *spec, "--image-convention", "wan-musubi",
                     "--replace"]).exit_code == 0
     latents = LatentCache(cache)

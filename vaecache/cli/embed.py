@@ -30,29 +30,34 @@ def embed(
                                                 "pipeline folder with image_encoder/ and image_processor/ or "
                                                 "feature_extractor/) | transformers:PATH (a CLIP or SigLIP vision "
                                                 "model with its preprocessor_config.json). Local files only."),
-    image_convention: str = typer.Option("wan-diffusers", "--image-convention", help="image-features: wan-diffusers "
-                                         "(CLIP processor, hidden_states[-2], fp32) | wan-musubi (bicubic squash to "
-                                         "the image size, hidden_states[-2], fp16: what musubi's export needs) | "
-                                         "framepack-diffusers (SigLIP, last_hidden_state)."),
+    image_convention: Optional[str] = typer.Option(None, "--image-convention", help="image-features: "
+                                                   "wan-diffusers (default: CLIP processor, hidden_states[-2], fp32) "
+                                                   "| wan-musubi (bicubic squash to the image size, "
+                                                   "hidden_states[-2], fp16: what musubi's export needs) | "
+                                                   "framepack-diffusers (SigLIP, last_hidden_state)."),
     vae: Optional[str] = typer.Option(None, "--vae", help="--condition: another path to the cache's VAE (its "
                                       "fingerprint must be the recorded one; default the recorded --vae)."),
-    set_name: str = typer.Option("default", "--set", help="The set's name (a cache holds several)."),
-    caption_field: str = typer.Option("caption", "--caption-field", help="The key of each clip's metadata that "
-                                      "holds its caption (clips without it get the empty prompt)."),
+    set_name: Optional[str] = typer.Option(None, "--set", help="The text set's name (default: default; a cache "
+                                           "holds several)."),
+    caption_field: Optional[str] = typer.Option(None, "--caption-field", help="The key of each clip's metadata that "
+                                                "holds its caption (default: caption; clips without it get the empty "
+                                                "prompt)."),
     captions: Optional[Path] = typer.Option(None, "--captions", help="Captions by clip id instead of the clips' "
                                             "metadata: a JSON object {id: caption} or .jsonl lines {\"id\", "
                                             "\"caption\"}; every clip must be named."),
     replace: bool = typer.Option(False, "--replace", help="Replace a set of this name made with another encoder or "
                                  "other captions (without it that is refused)."),
-    dtype: str = typer.Option("fp32", "--dtype", help="Stored dtype: fp32 | bf16 | fp16."),
-    compute_dtype: str = typer.Option("fp32", "--compute-dtype", help="What the encoder computes in (recorded): fp32 "
-                                      "| bf16."),
-    text_batch: int = typer.Option(8, "--text-batch", help="Prompts per forward, a fixed shape (recorded: the bits "
-                                   "do not depend on anything else)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="Text: the stored dtype, fp32 (default) | bf16 | fp16 "
+                                        "(a condition is stored in the VAE's dtype)."),
+    compute_dtype: Optional[str] = typer.Option(None, "--compute-dtype", help="Text: what the encoder computes in "
+                                                "(recorded): fp32 (default) | bf16."),
+    text_batch: Optional[int] = typer.Option(None, "--text-batch", help="Prompts per forward (default 8), a fixed "
+                                             "shape (recorded: the bits do not depend on anything else)."),
     text_length: Optional[int] = typer.Option(None, "--text-length", help="transformers:PATH: tokens per prompt."),
     text_layer: Optional[int] = typer.Option(None, "--text-layer", help="transformers:PATH: the hidden state to "
                                              "store (index into hidden_states; default the last hidden state)."),
-    shard_size: str = typer.Option("256MiB", "--shard-size", help="Bytes per embeddings shard."),
+    shard_size: str = typer.Option("256MiB", "--shard-size", help="Bytes per embeddings shard; a condition shard "
+                                   "holds clips of this many bytes of float32 latents."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda[:N]."),
     allow_pickle_weights: bool = typer.Option(False, "--allow-pickle-weights", help="Load an encoder whose folder "
                                               "holds only pickled .bin weights."),
@@ -68,21 +73,31 @@ def embed(
     from vaecache.text.sets import EmbedRequest, embed_cache
     from vaecache.urls import parse_storage_options
 
-    if condition is None and (image_encoder is not None or vae is not None):
-        raise UsageError(f"{'--image-encoder' if image_encoder is not None else '--vae'} applies to --condition")
+    text_only = {"--set": set_name, "--caption-field": caption_field, "--captions": captions, "--dtype": dtype,
+                 "--compute-dtype": compute_dtype, "--text-batch": text_batch, "--text-length": text_length,
+                 "--text-layer": text_layer}
+    given = [flag for flag, value in text_only.items() if value is not None]
+    if text_encoder is None and given:
+        raise UsageError(f"{', '.join(given)} appl{'y' if len(given) > 1 else 'ies'} to --text-encoder (the text set)")
+    kinds = [kind.strip() for kind in (condition or "").split(",")]
+    if "image-features" not in kinds and (image_encoder is not None or image_convention is not None):
+        raise UsageError(f"{'--image-encoder' if image_encoder is not None else '--image-convention'} applies to "
+                         "--condition image-features")
+    if vae is not None and not {"first-frame", "first-last"} & set(kinds):
+        raise UsageError("--vae applies to --condition first-frame or first-last (the kinds the cache's VAE encodes)")
     if text_encoder is None and condition is None:
         raise UsageError("embed needs --text-encoder SPEC (caption embeddings) and/or --condition KIND "
                          "(image-to-video conditions)")
     storage = tuple(parse_storage_options(storage_option))
     request = None if text_encoder is None else EmbedRequest(
-        out=out, text_encoder=text_encoder, set_name=set_name, caption_field=caption_field, captions=captions,
-        replace=replace, dtype=dtype, compute_dtype=compute_dtype, batch=text_batch,
-        shard_bytes=parse_bytes(shard_size), device=device, length=text_length, layer=text_layer,
-        allow_pickle_weights=allow_pickle_weights, storage_options=storage)
+        out=out, text_encoder=text_encoder, set_name=set_name or "default", caption_field=caption_field or "caption",
+        captions=captions, replace=replace, dtype=dtype or "fp32", compute_dtype=compute_dtype or "fp32",
+        batch=8 if text_batch is None else text_batch, shard_bytes=parse_bytes(shard_size), device=device,
+        length=text_length, layer=text_layer, allow_pickle_weights=allow_pickle_weights, storage_options=storage)
     conditions = None if condition is None else ConditionRequest(
         out=out, kinds=condition, replace=replace, shard_bytes=parse_bytes(shard_size), device=device, vae=vae,
         allow_pickle_weights=allow_pickle_weights, storage_options=storage, image_encoder=image_encoder,
-        image_convention=image_convention)
+        image_convention=image_convention or "wan-diffusers")
     with distributed(device=device) as ctx:  # under torchrun the shards are split across the ranks
         summary = embed_cache(request, ctx=ctx) if request is not None else None
         condition_summaries = embed_conditions(conditions, ctx=ctx) if conditions is not None else []
@@ -105,6 +120,10 @@ def _print_condition_summary(summary) -> None:
                          f"{summary.seconds:.1f} s"), soft_wrap=True)
     for event in summary.backoffs[:3]:
         console.print(escape(f"  {event}"), soft_wrap=True)
+    if summary.tiled_clips:
+        console.print(escape(f"  {len(summary.tiled_clips)} clip(s) needed the VAE's tiling for their {summary.kind} "
+                             f"condition (out of memory untiled; recorded per camera), e.g. "
+                             f"{', '.join(summary.tiled_clips[:3])}"), soft_wrap=True)
 
 
 def _print_text_summary(summary) -> None:

@@ -64,19 +64,9 @@ class ImageEncoder:
         import transformers
 
         self.spec, self.convention, self.device = spec, convention, torch.device(device)
-        model_dir, processor_dir = _folders(spec)
-        config = json.loads((model_dir / "config.json").read_text())
+        model_dir, processor_dir = image_encoder_folders(spec, convention)
         family = CONVENTIONS[convention][0]
-        model_type = config.get("model_type", "")
-        if family == "clip" and not model_type.startswith("clip"):
-            raise VaeSpecError(f"{model_dir}: --image-convention {convention} needs a CLIP vision model, this is "
-                               f"{model_type or 'unknown'}")
-        if family == "siglip" and not model_type.startswith("siglip"):
-            raise VaeSpecError(f"{model_dir}: --image-convention {convention} needs a SigLIP vision model, this is "
-                               f"{model_type or 'unknown'}")
         weights = sorted(model_dir.glob("*.safetensors"))
-        if not weights:
-            raise VaeSpecError(f"{model_dir}: no .safetensors weights (pickled weights are not loaded)")
         model_class = transformers.CLIPVisionModel if family == "clip" else transformers.SiglipVisionModel
         self.model = model_class.from_pretrained(str(model_dir), local_files_only=True, use_safetensors=True,
                                                  torch_dtype=torch.float32).to(self.device).eval()
@@ -135,6 +125,26 @@ class ImageEncoder:
         return out.to(self.stored_dtype).cpu().contiguous()
 
 
+def image_encoder_folders(spec: str, convention: str) -> tuple[Path, Path]:
+    """The model and processor folders of an --image-encoder SPEC, checked without loading anything (encode checks
+    them before any video is read): present, a config of the convention's model type, safetensors weights."""
+    check_image_options(spec, convention)
+    model_dir, processor_dir = _folders(spec)
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise VaeSpecError(f"--image-encoder {spec}: {model_dir / 'config.json'} does not read ({exc})") from None
+    family = CONVENTIONS[convention][0]
+    model_type = str(config.get("model_type", ""))
+    if not model_type.startswith(family):
+        wanted = "CLIP" if family == "clip" else "SigLIP"
+        raise VaeSpecError(f"{model_dir}: --image-convention {convention} needs a {wanted} vision model, this is "
+                           f"{model_type or 'unknown'}")
+    if not any(model_dir.glob("*.safetensors")):
+        raise VaeSpecError(f"{model_dir}: no .safetensors weights (pickled weights are not loaded)")
+    return model_dir, processor_dir
+
+
 def _folders(spec: str) -> tuple[Path, Path]:
     kind, _, location = spec.partition(":")
     root = Path(location).expanduser()
@@ -156,4 +166,4 @@ def _folders(spec: str) -> tuple[Path, Path]:
     return model, processor
 
 
-__all__ = ["CONVENTIONS", "ImageEncoder", "check_image_options"]
+__all__ = ["CONVENTIONS", "ImageEncoder", "check_image_options", "image_encoder_folders"]

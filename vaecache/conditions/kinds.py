@@ -72,6 +72,8 @@ def condition_video(frames: torch.Tensor, kind: str, clip: str = "") -> torch.Te
 
 def condition_mask(kind: str, num_frames: int, temporal_factor: int, height: int, width: int) -> torch.Tensor:
     """The pipeline's frame mask for one view: (temporal_factor, latent frames, height, width) float32."""
+    if kind not in LATENT_KINDS:
+        raise UsageError(f"no frame mask for condition kind {kind!r}; the kinds with one are {', '.join(LATENT_KINDS)}")
     if (num_frames - 1) % temporal_factor:
         raise DatasetError(f"{num_frames} frames: the image-to-video mask needs 1 + {temporal_factor}k frames")
     mask = torch.ones(1, 1, num_frames, height, width)

@@ -6,7 +6,8 @@ OUT/conditions/<kind>/<generation>/
   conditions-00000.safetensors  one tensor per clip, named by its clip id: (cameras, C, latent frames, h, w), the
                                 VAE's posterior mean of each camera's condition video, in the VAE's dtype (what the
                                 pipeline's `retrieve_latents(..., "argmax")` returns)
-  clips.parquet                 id, shard, frames: every clip of the cache, in the clip table's order
+  clips.parquet                 id, shard, frames, the tensor's min/max/mean/std, and per camera tiled and
+                                units_per_forward (the out-of-memory backoff): every clip, in the clip table's order
 
 The frames are the clip's as encode saw them (LatentCache.source_frames: its sources, frame indices, resize and
 fit, decode backend); the VAE is the cache's own, loaded with its recorded settings and fingerprint-checked, and it
@@ -47,6 +48,8 @@ from vaecache.conditions.kinds import (
 from vaecache.errors import ManifestError, UsageError, VaecacheError
 
 SHARD_PREFIX = "conditions-"
+MAX_OPEN_SHARDS = 64
+"""Shards a reader keeps open at once (the oldest closed first), as LatentCache bounds latent shards."""
 CLIPS_TABLE = "clips.parquet"
 DEFAULT_SHARD_BYTES = 256 << 20
 
@@ -95,6 +98,9 @@ class ConditionSummary:
     unchanged: bool = False
     replaced: bool = False
     backoffs: list[str] = field(default_factory=list)
+    tiled_clips: list[str] = field(default_factory=list)
+    """Clips whose condition the out-of-memory backoff encoded with the VAE's tiling (other latents than the
+    pipeline's untiled encode; recorded per camera in the set's clip table)."""
 
 
 def condition_fingerprint(manifest: dict[str, Any], kind: str, dtype: torch.dtype) -> dict[str, Any]:
@@ -117,14 +123,30 @@ def image_fingerprint(manifest: dict[str, Any], encoder: Any) -> dict[str, Any]:
             "stored": "features of each camera's first frame, (cameras, tokens, hidden)"}
 
 
-def _clip_input(record: dict[str, Any]) -> str:
-    """A clip's frames' identity: its sources, their recorded identity, the frame indices and the bucket."""
-    return hashlib.sha256(json.dumps([record.get("sources"), record.get("source_identity"), record.get("frames"),
-                                      record.get("bucket"), record.get("cameras")],
-                                     sort_keys=True, default=str).encode()).hexdigest()
+def clip_inputs(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(clip id, a hash of what its frames are: sources, their recorded identity, frame indices (per camera where a
+    rig's cameras differ), image-sequence files, bucket, cameras) for every clip: with the fingerprint, what a set's
+    generation hashes, so verify can tell a set made from other clips."""
+    return [(record["id"], hashlib.sha256(json.dumps(
+        [record.get("sources"), record.get("source_identity"), record.get("frames"), record.get("camera_frames"),
+         record.get("frame_files"), record.get("bucket"), record.get("cameras")],
+        sort_keys=True, default=str).encode()).hexdigest()) for record in records]
 
 
-def _mean_shape(record: dict[str, Any]) -> list[int]:
+def set_generation(fingerprint: dict[str, Any], shard_bytes: int, records: list[dict[str, Any]]) -> str:
+    return generation_of({"fingerprint": fingerprint, "shard_bytes": shard_bytes}, clip_inputs(records))
+
+
+def shard_cut(records: list[dict[str, Any]], shard_bytes: int) -> list[list[str]]:
+    """Clips into shards, in clip-table order, by their latents' size in float32 bytes: one cut for every kind (each
+    clip's frames are decoded once for all of them), a function of the clips alone, whichever kinds run together."""
+    ids = [record["id"] for record in records]
+    return pack_shards(ids, [int(torch.Size(latent_shape(record)).numel()) * 4 for record in records], 1,
+                       shard_bytes)
+
+
+def latent_shape(record: dict[str, Any]) -> list[int]:
+    """The clip's latent shape as its record gives it: (cameras, C, F, h, w)."""
     tensors = record.get("tensors") or {}
     entry = tensors.get("mean") or tensors.get("sample") or next(iter(tensors.values()), {})
     return list(entry.get("shape") or [])
@@ -173,19 +195,14 @@ def embed_conditions(request: ConditionRequest, ctx: Any = None) -> list[Conditi
             same_on_every_rank(ctx, json.loads(json.dumps(image.fingerprint())), "image encoder")
         latents = LatentCache(request.out, verify="none", storage_options=dict(request.storage_options))
         records = list(latents.records())
-        ids = [record["id"] for record in records]
         by_id = {record["id"]: record for record in records}
-        pairs = [(record["id"], _clip_input(record)) for record in records]
-        # one cut into shards for every kind (each clip's frames are decoded once): by the latents' bytes
-        item_size = torch.empty((), dtype=getattr(vae.model, "dtype", torch.float32) if vae else torch.float32)
-        sizes = [int(torch.Size(_mean_shape(record)).numel()) * item_size.element_size() for record in records]
-        shards = pack_shards(ids, sizes, 1, request.shard_bytes)
+        shards = shard_cut(records, request.shard_bytes)
         existing = manifest.get("conditions") or {}
         todo: dict[str, tuple[dict[str, Any], str]] = {}
         for kind in request.kinds:
             fingerprint = (image_fingerprint(manifest, image) if kind == "image-features"
                            else condition_fingerprint(manifest, kind, vae.model.dtype))
-            generation = generation_of({"fingerprint": fingerprint, "shard_bytes": request.shard_bytes}, pairs)
+            generation = set_generation(fingerprint, request.shard_bytes, records)
             summaries[kind].clips = len(records)
             summaries[kind].views = sum(len(record["cameras"]) for record in records)
             old = existing.get(kind)
@@ -219,9 +236,12 @@ def embed_conditions(request: ConditionRequest, ctx: Any = None) -> list[Conditi
                 records_by_kind[kind] = {
                     "generation": generation, "fingerprint": fingerprint,
                     "fingerprint_sha256": hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest(),
-                    "clips": len(records), "views": summaries[kind].views,
+                    "clips": len(records), "views": summaries[kind].views, "shard_bytes": request.shard_bytes,
                     **({"image_encoder": image.spec} if kind == "image-features" else {}),
-                    "numerics": {"device": device.type, "torch": torch.__version__},
+                    "numerics": {"device": device.type, "torch": torch.__version__,
+                                 **({"encoder_impl": vae.model.encoder_impl,
+                                     "encoder_variant": vae.model.encoder_variant}
+                                    if vae is not None and kind != "image-features" else {})},
                     **_write_table(store, f"{CONDITIONS_DIR}/{kind}/{generation}", mine, records)}
             if records_by_kind:
                 updated = {**manifest, "conditions": {**existing, **records_by_kind}}
@@ -237,6 +257,7 @@ def embed_conditions(request: ConditionRequest, ctx: Any = None) -> list[Conditi
         summary.files = len(record["shards"]) + len(record["tables"])
         summary.bytes = sum(s["bytes"] for s in record["shards"]) + sum(t["bytes"] for t in record["tables"].values())
         summary.backoffs = backoffs
+        summary.tiled_clips = list(record.get("tiled_clips") or [])
     for summary in summaries.values():
         summary.seconds = time.perf_counter() - started
     return [summaries[kind] for kind in request.kinds]
@@ -244,24 +265,35 @@ def embed_conditions(request: ConditionRequest, ctx: Any = None) -> list[Conditi
 
 def _write_shards(store: Any, latents: Any, encoders: dict[str, Any], todo: dict[str, tuple[dict[str, Any], str]],
                   number: int, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Shard `number` of every kind in `todo`: each clip's frames decoded once, each kind's condition computed."""
+    """Shard `number` of every kind in `todo`: each clip's frames decoded once, each kind's condition computed. Per
+    clip and kind: its tensor's stats (verify recomputes them) and, for the VAE's kinds, what the runner's
+    out-of-memory backoff did per camera (tiled, units per forward), as a latent clip's record keeps them."""
     from safetensors.torch import save
 
+    from vaecache.cache.writer import tensor_stats
+
     tensors: dict[str, dict[str, torch.Tensor]] = {kind: {} for kind in todo}
+    facts: dict[str, dict[str, dict[str, Any]]] = {kind: {} for kind in todo}
     backoffs: list[str] = []
     for record in records:
         frames = latents.source_frames(record)
         for kind in todo:
             if kind == "image-features":
-                tensors[kind][record["id"]] = encoders["image"].features(frames)
-                continue
-            result = encoders["vae"].encode_views(condition_video(frames, kind, record["id"]))
-            if result.failed:
-                view, reason = next(iter(sorted(result.failed.items())))
-                raise VaecacheError(f"clip {record['id']} ({record['cameras'][view]}): its {kind} condition did not "
-                                  f"encode ({reason})")
-            backoffs.extend(result.backoffs)
-            tensors[kind][record["id"]] = result.mean.cpu().contiguous()
+                tensor = encoders["image"].features(frames)
+                views: list[dict[str, Any]] = [{"tiled": False, "units_per_forward": len(record["cameras"])}] * \
+                    len(record["cameras"])
+            else:
+                result = encoders["vae"].encode_views(condition_video(frames, kind, record["id"]))
+                if result.failed:
+                    view, reason = next(iter(sorted(result.failed.items())))
+                    raise VaecacheError(f"clip {record['id']} ({record['cameras'][view]}): its {kind} condition did "
+                                        f"not encode ({reason})")
+                backoffs.extend(result.backoffs)
+                tensor = result.mean.cpu().contiguous()
+                views = [result.view_settings(view) for view in range(len(record["cameras"]))]
+            tensors[kind][record["id"]] = tensor
+            facts[kind][record["id"]] = {"stats": tensor_stats(tensor), "tiled": [v["tiled"] for v in views],
+                                         "units_per_forward": [int(v["units_per_forward"]) for v in views]}
     results = []
     for kind, (_, generation) in todo.items():
         file = f"{CONDITIONS_DIR}/{kind}/{generation}/{SHARD_PREFIX}{number:05d}.safetensors"
@@ -269,7 +301,8 @@ def _write_shards(store: Any, latents: Any, encoders: dict[str, Any], todo: dict
         data = save(tensors[kind], metadata={"vaecache_condition": kind})
         store.write(file, data)
         results.append({"kind": kind, "entry": file_entry(file, data, tensors=len(tensors[kind])),
-                        "clips": [record["id"] for record in records], "backoffs": [] if results else backoffs})
+                        "clips": [record["id"] for record in records], "facts": facts[kind],
+                        "backoffs": [] if results else backoffs})
     return results
 
 
@@ -286,14 +319,22 @@ def _write_table(store: Any, folder: str, results: list[dict[str, Any]],
     import pyarrow as pa
 
     shard_of = {clip: result["entry"]["file"] for result in results for clip in result["clips"]}
-    table = pa.table({"id": pa.array([r["id"] for r in records], pa.string()),
-                      "shard": pa.array([shard_of[r["id"]] for r in records], pa.string()),
-                      "frames": pa.array([len(r["frames"]) for r in records], pa.int32())})
+    facts = {clip: fact for result in results for clip, fact in result["facts"].items()}
+    ids = [r["id"] for r in records]
+    table = pa.table({"id": pa.array(ids, pa.string()),
+                      "shard": pa.array([shard_of[clip] for clip in ids], pa.string()),
+                      "frames": pa.array([len(r["frames"]) for r in records], pa.int32()),
+                      **{stat: pa.array([facts[clip]["stats"][stat] for clip in ids], pa.float64())
+                         for stat in ("min", "max", "mean", "std")},
+                      "tiled": pa.array([facts[clip]["tiled"] for clip in ids], pa.list_(pa.bool_())),
+                      "units_per_forward": pa.array([facts[clip]["units_per_forward"] for clip in ids],
+                                                    pa.list_(pa.int32()))})
     data = parquet_bytes(table)
     file = f"{folder}/{CLIPS_TABLE}"
     store.write(file, data)
     return {"shards": [result["entry"] for result in results],
-            "tables": {"clips": file_entry(file, data, rows=table.num_rows)}}
+            "tables": {"clips": file_entry(file, data, rows=table.num_rows)},
+            "tiled_clips": sorted(clip for clip in ids if any(facts[clip]["tiled"]))}
 
 
 # ----------------------------------------------------------------------------- reading
@@ -353,6 +394,8 @@ class ConditionSet:
                                     f"{shard!r}, which the manifest does not list")
             name = self.store.checked_name(shard, f"condition set {self.kind}")
             check_opened_file(self.store, name, self._listed[shard], self.verify)
+            while len(self._handles) >= MAX_OPEN_SHARDS:
+                self._handles.pop(next(iter(self._handles)))
             handle = self._handles[shard] = self.store.shard(name)
         try:
             return handle.get_tensor(clip)
@@ -360,8 +403,9 @@ class ConditionSet:
             raise ManifestError(f"{self.store.where(shard)}: holds no condition for clip {clip} ({exc})") from None
 
     def pipeline(self, clip: str) -> torch.Tensor:
-        """(cameras, temporal_factor + C, latent frames, h, w) float32: `cat([mask, latent_condition])` as
-        WanImageToVideoPipeline.prepare_latents returns it for each camera."""
+        """The tensor the pipeline uses: for first-frame and first-last, (cameras, temporal_factor + C, latent frames,
+        h, w) float32, `cat([mask, latent_condition])` as WanImageToVideoPipeline.prepare_latents returns it for each
+        camera; for image-features the stored features (cameras, tokens, hidden) in the convention's dtype."""
         return pipeline_condition(self.stored(clip), self.kind, int(self._frames_of[clip]), self.temporal_factor,
                                   self.latents_mean, self.latents_std)
 

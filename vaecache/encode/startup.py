@@ -119,9 +119,27 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
         raise UsageError(f"--store {clip.store} needs the posterior log-variance, and {settings.vae} gives only a "
                          "mean; use --store mean")
     encoder.check(clip, vae.model, request.sp_size, settings.vae)
+    check_conditions(settings, vae)
     return StartUp(job, len(found.scenes), vae, backend, tuple(probed.records), found.scenes,
                    dict(found.left_out_cameras), found.scenes[0].cameras if found.scenes else (),
                    probed.probes if request.keep_probes else {}, has_image_cameras(found.scenes))
+
+
+def check_conditions(settings: Any, vae: VaeRunner) -> None:
+    """encode --condition: what the condition pass after the encode needs, checked before any video is read (a VAE
+    without an image-to-video pipeline, a missing image encoder must not be found out after hours of encoding)."""
+    condition = getattr(settings, "condition", None)
+    if not condition:
+        return
+    from vaecache.conditions.kinds import LATENT_KINDS, check_condition_vae, parse_condition_kinds
+
+    kinds = parse_condition_kinds(condition)
+    if any(kind in LATENT_KINDS for kind in kinds):
+        check_condition_vae(vae.model.fingerprint(), f"--vae {settings.vae}")
+    if "image-features" in kinds:
+        from vaecache.conditions.images import image_encoder_folders
+
+        image_encoder_folders(settings.image_encoder, settings.image_convention)
 
 
 def resolved_sync(sync: SyncConfig, found: Discovery) -> SyncConfig:

@@ -215,20 +215,24 @@ def musubi_condition_set(cache: Any, spec: MusubiArch, condition: str, where: Pa
     return ConditionSet(cache.store, cache.manifest, kind, cache.verify)
 
 
-def musubi_image_features(cache: Any, spec: MusubiArch, condition: str, where: Path | str) -> Any:
-    """The image-features ConditionSet written as musubi's Wan I2V `clip_<dtype>`, or None (no such set, or
-    "none"); an ExportError for a set in another convention than musubi's (its values would be another model's)."""
+def musubi_image_features(cache: Any, spec: MusubiArch, condition: str, where: Path | str) -> tuple[Any, str]:
+    """The image-features ConditionSet written as musubi's Wan I2V `clip_<dtype>` (or None), and a note for the
+    summary: features are written under "auto" only, and only in musubi's own convention (in another they are
+    another computation than musubi's CLIP, so they are left out, saying how to add them)."""
     from vaecache.conditions.sets import ConditionSet
 
-    if condition == "none" or "image-features" not in cache.condition_sets or spec.short != "wan":
-        return None
+    if condition != "auto" or "image-features" not in cache.condition_sets or spec.short != "wan":
+        return None, ""
     features = ConditionSet(cache.store, cache.manifest, "image-features", cache.verify)
     convention = ((features.entry.get("fingerprint") or {}).get("image_encoder") or {}).get("convention")
     if convention != "wan-musubi":
-        raise ExportError(f"{where}: its image-features are in the {convention} convention; musubi-tuner's Wan I2V "
-                          "training reads CLIP features as its own caching makes them: vaecache embed OUT --condition "
-                          "image-features --image-convention wan-musubi --replace (or export with --condition none)")
-    return features
+        return None, (f"the cache's image-features ({convention} convention) are not written: musubi-tuner reads CLIP "
+                      "features as its own caching makes them (vaecache embed OUT --condition image-features "
+                      "--image-convention wan-musubi --replace adds those)")
+    if "first-frame" not in cache.condition_sets:
+        return features, ("CLIP features (clip_<dtype>) written without latents_image: musubi-tuner's Wan 2.1 I2V "
+                          "training needs both (vaecache embed OUT --condition first-frame adds them)")
+    return features, ""
 
 
 def musubi_item(scene: str, camera: str) -> str:
@@ -265,7 +269,7 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
     normalization = vae.get("normalization") or {}
     texts = musubi_text_set(cache, spec, text_set, cache_dir)
     conditions = musubi_condition_set(cache, spec, condition, cache_dir)
-    image_features = musubi_image_features(cache, spec, condition, cache_dir)
+    image_features, features_note = musubi_image_features(cache, spec, condition, cache_dir)
     temporal = int((cache.manifest.get("frame_rule") or {}).get("temporal_factor") or 1)
     te_items: dict[str, tuple[str, str]] = {}  # item -> (prompt key, first clip) of the text caches written
     buckets = [b for b in cache.manifest.get("buckets") or [] if b.get("clips")]
@@ -349,6 +353,8 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
                      (" with the first frame's CLIP features (clip_<dtype>): musubi's Wan I2V caching step is not "
                       "needed" if image_features is not None else " (no CLIP features: add them with vaecache "
                       "embed --condition image-features --image-convention wan-musubi for Wan 2.1 I2V)"))
+    if features_note:
+        notes.append(features_note)
     if texts is not None:
         notes.append(f"text-encoder caches of text set {texts.name!r} for {len(te_items)} items "
                      f"(<item>_{spec.short}_te.safetensors): musubi's text-encoder caching step is not needed")

@@ -461,6 +461,8 @@ class TextSet:
                                     f"{shard!r}, which the manifest does not list")
             name = self.store.checked_name(shard, f"text set {self.name}")
             check_opened_file(self.store, name, self._listed[shard], self.verify)
+            while len(self._handles) >= 64:  # the oldest closed first, as LatentCache bounds latent shards
+                self._handles.pop(next(iter(self._handles)))
             handle = self._handles[shard] = self.store.shard(name)
         return handle
 

@@ -32,26 +32,59 @@ def check_condition_sets(cache: Any, quick: bool, check_type: type) -> list[Any]
                         "(an interrupted first embed --condition, or a set an encode that added clips dropped): run "
                         "it again, or delete the folder")
         rows.append(orphan)
-    shapes: dict[str, list[int]] | None = None
+    records: list[dict[str, Any]] | None = None
     for kind in sorted(sets):
-        if shapes is None:
-            from vaecache.conditions.sets import _mean_shape
-
-            shapes = {record["id"]: _mean_shape(record) for record in cache.clip_records()}
+        if records is None:
+            records = list(cache.clip_records())
         check = check_type(f"condition set {kind}" + (" (size only, --quick)" if quick else ""))
         try:
-            _check_set(cache, kind, sets[kind], shapes, quick, check)
+            _check_stale(cache.manifest, kind, sets[kind], records, check)
+            _check_set(cache, kind, sets[kind], records, quick, check)
         except (KeyError, TypeError, ValueError, OSError, VaecacheError) as exc:
             check.fail(f"condition set {kind}: {type(exc).__name__}: {exc}")
         rows.append(check)
     return rows
 
 
-def _check_set(cache: Any, kind: str, entry: Any, shapes: dict[str, list[int]], quick: bool, check: Any) -> None:
+def _check_stale(manifest: dict[str, Any], kind: str, entry: Any, records: list[dict[str, Any]], check: Any) -> None:
+    """The set against the cache as it is now: made with the cache's VAE (for the VAE's kinds) and from its clips
+    as they are (the generation recomputed from the clip records and the recorded shard size)."""
+    from vaecache.conditions.sets import condition_fingerprint, set_generation
+
+    if not isinstance(entry, dict) or not isinstance(entry.get("fingerprint"), dict):
+        return
+    fingerprint = entry["fingerprint"]
+    if kind != "image-features":
+        now = condition_fingerprint(manifest, kind, torch_dtype_of(fingerprint.get("stored_dtype")))
+        if json.loads(json.dumps(now)) != fingerprint:
+            check.fail(f"condition set {kind}: made with another VAE or frame rule than the cache's now (stale: "
+                       f"vaecache embed OUT --condition {kind} --replace)")
+            return
+    if isinstance(entry.get("shard_bytes"), int) and \
+            set_generation(fingerprint, entry["shard_bytes"], records) != entry.get("generation"):
+        check.fail(f"condition set {kind}: made from other clips than the cache holds now (a clip's sources, frames "
+                   f"or bucket changed; stale: vaecache embed OUT --condition {kind} --replace)")
+
+
+def torch_dtype_of(name: Any) -> Any:
+    import torch
+
+    return getattr(torch, str(name or "float32"), torch.float32)
+
+
+def _check_set(cache: Any, kind: str, entry: Any, records: list[dict[str, Any]], quick: bool, check: Any) -> None:
+    import math
+
     import pyarrow.parquet as pq
     from safetensors.torch import load as safetensors_load
 
     from vaecache.cache.reader import shard_header
+    from vaecache.cache.writer import tensor_stats
+    from vaecache.conditions.sets import latent_shape
+    from vaecache.verify.integrity import STATS_RTOL
+
+    shapes = {record["id"]: latent_shape(record) for record in records}
+    frame_counts = {record["id"]: len(record["frames"]) for record in records}
 
     store = cache.store
     if not isinstance(entry, dict) or not isinstance(entry.get("generation"), str):
@@ -70,10 +103,17 @@ def _check_set(cache: Any, kind: str, entry: Any, shapes: dict[str, list[int]], 
         return
     table = pq.read_table(io.BytesIO(contents[table_file]))
     shard_of: dict[str, str] = {}
-    for clip, shard in zip(table.column("id").to_pylist(), table.column("shard").to_pylist()):
+    stats_of: dict[str, dict[str, float]] = {}
+    rows = table.to_pylist()
+    for row in rows:
+        clip = row["id"]
         if clip in shard_of:
             check.fail(f"condition set {kind}: clip {clip} is listed twice")
-        shard_of[clip] = shard
+        shard_of[clip] = row["shard"]
+        stats_of[clip] = {stat: row.get(stat) for stat in ("min", "max", "mean", "std")}
+        if clip in frame_counts and row.get("frames") != frame_counts[clip]:
+            check.fail(f"condition set {kind}: clip {clip} is listed with {row.get('frames')} frames, the clip has "
+                       f"{frame_counts[clip]}")
     missing = [clip for clip in shapes if clip not in shard_of]
     for clip in missing[:5]:
         check.fail(f"condition set {kind}: clip {clip} has no condition")
@@ -99,6 +139,12 @@ def _check_set(cache: Any, kind: str, entry: Any, shapes: dict[str, list[int]], 
                 check.fail(f"{store.where(file)}: clip {clip}'s condition is {info.dtype}, the set stores {stored}")
             elif clip in tensors and not tensors[clip].isfinite().all():
                 check.fail(f"{store.where(file)}: clip {clip}'s condition holds non-finite values")
+            elif clip in tensors:
+                found, want = tensor_stats(tensors[clip]), stats_of.get(clip) or {}
+                if any(want.get(stat) is None or not math.isclose(found[stat], want[stat], rel_tol=STATS_RTOL,
+                                                                  abs_tol=1e-9) for stat in found):
+                    check.fail(f"{store.where(file)}: clip {clip}'s condition does not match the stats its clip "
+                               "table records (another clip's tensor, or altered)")
     absent = [clip for clip, file in shard_of.items() if file in held and clip not in held[file]]
     for clip in absent[:5]:
         check.fail(f"condition set {kind}: clip {clip} has no condition ({store.where(shard_of[clip])} does not hold "
@@ -133,7 +179,7 @@ def check_condition_reencode(cache: Any, count: int, seed: int, device: Any, tol
         rows.append(check)
         try:
             encode = _encoder(kind, sets[kind], cache, spec, device, allow_pickle_weights, loaded)
-        except (VaecacheError, OSError) as exc:
+        except (VaecacheError, OSError, ValueError, ImportError, RuntimeError) as exc:
             check.fail(f"condition set {kind}: cannot load its encoder ({exc})")
             continue
         stored_dtype = (sets[kind].get("fingerprint") or {}).get("stored_dtype", "")
