@@ -409,3 +409,19 @@ def test_latentcache_checks_a_set_shard_when_it_first_opens_it_as_it_checks_late
     shard.write_bytes(bytes(data[:-4]))
     with pytest.raises(ShardChecksumError, match=f"{entry['bytes'] - 4} bytes, manifest.json records"):
         LatentCache(cache)[0]
+
+
+def test_verify_names_a_set_made_with_another_vae_than_the_caches_as_stale(cache, run_cli):
+    assert run_cli(["embed", cache, "--condition", "first-frame"]).exit_code == 0
+    manifest = json.loads((cache / "manifest.json").read_text())
+    manifest["conditions"]["first-frame"]["fingerprint"]["vae"]["weights_sha256"] = "0" * 64
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    bad = run_cli(["verify", cache])
+    assert bad.exit_code == 1 and "made with another VAE or frame rule than the cache's now" in \
+        " ".join(bad.output.split())
+    manifest["conditions"]["first-frame"]["fingerprint"]["vae"] = {
+        k: v for k, v in manifest["vae"].items() if k not in ("spec", "encoder_variant")}
+    manifest["conditions"]["first-frame"]["shard_bytes"] += 1  # as if cut otherwise: the generation is not this one
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    stale = run_cli(["verify", cache])
+    assert stale.exit_code == 1 and "made from other clips than the cache holds now" in " ".join(stale.output.split())
