@@ -114,6 +114,36 @@ def check_opened_file(store: Any, name: str, entry: dict[str, Any], verify: str)
         raise ShardChecksumError(f"{where}: sha256 differs from the one manifest.json records")
 
 
+MAX_OPEN_SET_SHARDS = 64
+"""Shards a set reader keeps open at once (the oldest closed first), as LatentCache bounds latent shards."""
+
+
+class SetShards:
+    """The shards a set's manifest record lists, opened through the store on first use (checked as LatentCache checks
+    a latent shard: `verify` size, sha256 or none) and kept open, at most MAX_OPEN_SET_SHARDS at once."""
+
+    def __init__(self, store: Any, record: dict[str, Any], verify: str, what: str) -> None:
+        self.store, self.verify, self.what = store, verify, what
+        self.listed = {entry.get("file"): entry for entry in record.get("shards") or [] if isinstance(entry, dict)}
+        self._handles: dict[str, Any] = {}
+
+    def open(self, shard: str, named_by: str) -> Any:
+        """The handle of `shard`, which `named_by` (a clip, a prompt) names; a ManifestError for an unlisted one."""
+        from vaecache.errors import ManifestError
+
+        handle = self._handles.get(shard)
+        if handle is None:
+            if shard not in self.listed:
+                raise ManifestError(f"{self.store.location}: {self.what}: {named_by} names shard {shard!r}, which "
+                                    "the manifest does not list")
+            name = self.store.checked_name(shard, self.what)
+            check_opened_file(self.store, name, self.listed[shard], self.verify)
+            while len(self._handles) >= MAX_OPEN_SET_SHARDS:
+                self._handles.pop(next(iter(self._handles)))
+            handle = self._handles[shard] = self.store.shard(name)
+        return handle
+
+
 def same_on_every_rank(ctx: Any, fingerprint: dict[str, Any], what: str) -> None:
     """Under torchrun, every rank's encoder must be the same (each loads its own copy, perhaps from another node's
     disk): a UsageError on every rank naming the first rank that differs and how, before anything is written."""

@@ -29,7 +29,7 @@ import torch
 from vaecache import faults
 from vaecache.cache.layout import CONDITIONS_DIR, MANIFEST
 from vaecache.cache.sets import (
-    check_opened_file,
+    SetShards,
     delete_unlisted,
     file_entry,
     generation_of,
@@ -48,8 +48,6 @@ from vaecache.conditions.kinds import (
 from vaecache.errors import ManifestError, UsageError, VaecacheError
 
 SHARD_PREFIX = "conditions-"
-MAX_OPEN_SHARDS = 64
-"""Shards a reader keeps open at once (the oldest closed first), as LatentCache bounds latent shards."""
 CLIPS_TABLE = "clips.parquet"
 DEFAULT_SHARD_BYTES = 256 << 20
 
@@ -375,8 +373,7 @@ class ConditionSet:
         ids = clips.column("id").to_pylist()
         self._shard_of = dict(zip(ids, clips.column("shard").to_pylist()))
         self._frames_of = dict(zip(ids, clips.column("frames").to_pylist()))
-        self._listed = {entry.get("file"): entry for entry in self.entry.get("shards") or [] if isinstance(entry, dict)}
-        self._handles: dict[str, Any] = {}
+        self._shards = SetShards(store, self.entry, verify, f"condition set {kind!r}")
 
     def clips(self) -> list[str]:
         return list(self._shard_of)
@@ -387,16 +384,7 @@ class ConditionSet:
         shard = self._shard_of.get(clip)
         if shard is None:
             raise KeyError(f"clip {clip} has no condition in set {self.kind!r}")
-        handle = self._handles.get(shard)
-        if handle is None:
-            if shard not in self._listed:
-                raise ManifestError(f"{self.store.location}: condition set {self.kind!r}: clip {clip} names shard "
-                                    f"{shard!r}, which the manifest does not list")
-            name = self.store.checked_name(shard, f"condition set {self.kind}")
-            check_opened_file(self.store, name, self._listed[shard], self.verify)
-            while len(self._handles) >= MAX_OPEN_SHARDS:
-                self._handles.pop(next(iter(self._handles)))
-            handle = self._handles[shard] = self.store.shard(name)
+        handle = self._shards.open(shard, f"clip {clip}")
         try:
             return handle.get_tensor(clip)
         except Exception as exc:  # safetensors raises its own error type for a missing tensor

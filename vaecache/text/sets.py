@@ -32,7 +32,7 @@ import torch
 from vaecache import faults
 from vaecache.cache.layout import MANIFEST, TEXT_DIR
 from vaecache.cache.sets import (
-    check_opened_file,
+    SetShards,
     delete_unlisted,
     file_entry,
     generation_of,
@@ -432,8 +432,7 @@ class TextSet:
         self._pooled_tokens_of = (dict(zip(prompts.column("key").to_pylist(),
                                            prompts.column("pooled_tokens").to_pylist()))
                                   if "pooled_tokens" in prompts.column_names else {})
-        self._listed = {entry.get("file"): entry for entry in self.entry.get("shards") or [] if isinstance(entry, dict)}
-        self._handles: dict[str, Any] = {}
+        self._shards = SetShards(store, self.entry, verify, f"text set {name!r}")
         self.family = str(fingerprint.get("family") or "")
 
     def key(self, clip: str) -> str:
@@ -453,18 +452,7 @@ class TextSet:
 
     def _handle(self, key: str) -> Any:
         """The (cached) handle of the shard holding prompt `key`."""
-        shard = self._shard_of[key]
-        handle = self._handles.get(shard)
-        if handle is None:
-            if shard not in self._listed:
-                raise ManifestError(f"{self.store.location}: text set {self.name!r}: prompt {key[:12]} names shard "
-                                    f"{shard!r}, which the manifest does not list")
-            name = self.store.checked_name(shard, f"text set {self.name}")
-            check_opened_file(self.store, name, self._listed[shard], self.verify)
-            while len(self._handles) >= 64:  # the oldest closed first, as LatentCache bounds latent shards
-                self._handles.pop(next(iter(self._handles)))
-            handle = self._handles[shard] = self.store.shard(name)
-        return handle
+        return self._shards.open(self._shard_of[key], f"prompt {key[:12]}")
 
     def tokens(self, clip: str) -> int:
         """The clip's prompt's token count (the rows its mask marks)."""
