@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,15 @@ _DATA_OPTIONS: dict[str, Any] = {}
 _DATA_FILESYSTEMS: dict[tuple[int, str], Any] = {}
 """(pid, protocol) -> the filesystem this process reads DATA's objects with: one per process, since fsspec instances
 must not cross a fork (DataLoader workers)."""
+_DATA_FILESYSTEMS_LOCK = threading.Lock()
+
+
+def _new_lock_after_fork() -> None:
+    global _DATA_FILESYSTEMS_LOCK
+    _DATA_FILESYSTEMS_LOCK = threading.Lock()  # a thread of the parent may have held it as the parent forked
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 def set_data_storage_options(options: dict[str, Any]) -> None:
@@ -131,13 +141,17 @@ def set_data_storage_options(options: dict[str, Any]) -> None:
 
 
 def data_filesystem(url: str) -> tuple[Any, str]:
-    """(filesystem, path in it) for a source at `url`."""
+    """(filesystem, path in it) for a source at `url`: one per process and protocol, however many threads ask at once
+    (a client costs a tenth of a second of CPU to make)."""
     protocol = url.split("://", 1)[0]
     key = (os.getpid(), protocol)
     fs = _DATA_FILESYSTEMS.get(key)
     if fs is None:
-        fs, _ = open_filesystem(url, _DATA_OPTIONS)
-        _DATA_FILESYSTEMS[key] = fs
+        with _DATA_FILESYSTEMS_LOCK:
+            fs = _DATA_FILESYSTEMS.get(key)
+            if fs is None:
+                fs, _ = open_filesystem(url, _DATA_OPTIONS)
+                _DATA_FILESYSTEMS[key] = fs
     return fs, fs._strip_protocol(url)
 
 

@@ -127,6 +127,26 @@ def test_kill_9_mid_encode_then_resume_equals_an_uninterrupted_run(s3, tmp_path:
     _same_cache(s3, url, reference, tmp_path)
 
 
+def test_a_lock_that_is_no_longer_this_job_s_stops_finalize_before_the_manifest(s3) -> None:
+    make_bucket(s3, "lock-lost")
+    url = "s3://lock-lost/cache"
+    out = ObjectOut(url)
+    try:
+        out.acquire_lock("111")
+        for name in ("clips.parquet", "failures.parquet", "manifest.json"):
+            (out.work / name).write_bytes(b"table")
+        s3.pipe("lock-lost/cache/.lock", json.dumps({"host": "elsewhere", "pid": 1, "job_id": "222"}).encode())
+        with pytest.raises(OutputError, match=r"\.lock: the lock is no longer this job's \(now host elsewhere, pid 1, "
+                                              r"job 222\); the manifest was not written"):
+            out.publish()
+        found = _objects(s3, url)
+        assert "manifest.json" not in found
+        out.release_lock()  # not this job's: left where it is
+        assert json.loads(s3.cat("lock-lost/cache/.lock"))["job_id"] == "222"
+    finally:
+        out.close()
+
+
 def test_the_lock_is_a_conditional_put_and_a_live_holder_refuses_a_second_job(s3, demo_data: Path) -> None:
     make_bucket(s3, "locked")
     url = "s3://locked/cache"

@@ -11,15 +11,18 @@ import logging
 import os
 import socket
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from vaecache.cache.layout import LOCK
 from vaecache.cache.store import ObjectStore
 from vaecache.errors import OutputError
 
 log = logging.getLogger("vaecache")
+
+T = TypeVar("T")
 
 _HELD_LOCKS: dict[Path, int] = {}
 """OUT/.lock -> the open descriptor whose flock this process holds for the run."""
@@ -128,8 +131,11 @@ class ObjectLock:
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
         self._token: str | None = None
+        self._confirmed = False
 
-    def acquire(self, job_id: str | None) -> None:
+    def acquire(self, job_id: str | None, alongside: Callable[[], T] | None = None) -> T | None:
+        """Take the lock; `alongside`, where given, runs while the lock is read back (a round trip saved) and its
+        result is returned once the lock is known to be this process's."""
         me = {**lock_holder_record(job_id), "token": uuid.uuid4().hex}
         where = self.store.where(LOCK)
         for _ in range(8):
@@ -153,11 +159,17 @@ class ObjectLock:
                                                          "(If-Match)") from None
                 if not replaced:
                     continue  # another job took it over (or it was deleted) first: look again
-            holder = _holder(self.store.read_if_present(LOCK))
-            if holder is None or holder.get("token") != me["token"]:
-                raise locked_error(self.store.url, where, holder or {})
-            self._token = me["token"]
-            return
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="vaecache-lock") as pool:
+                beside = pool.submit(alongside) if alongside is not None else None
+                holder = _holder(self.store.read_if_present(LOCK))
+                if holder is None or holder.get("token") != me["token"]:
+                    raise locked_error(self.store.url, where, holder or {})
+                self._token = me["token"]
+                try:
+                    return beside.result() if beside is not None else None
+                except BaseException:
+                    self.release()
+                    raise
         raise OutputError(f"{where}: could not take the lock")
 
     def _stale_lock_error(self, holder: dict[str, Any], why: str) -> OutputError:
@@ -165,14 +177,23 @@ class ObjectLock:
                            f"{holder.get('pid')}, job {holder.get('job_id')}), but {why}, so two jobs could both "
                            f"take it over; delete {self.store.where(LOCK)} and rerun")
 
+    def still_held(self) -> bool:
+        """Whether OUT/.lock is still this process's (read now). Once it has said yes, `release` deletes the lock
+        without reading it again: a live holder's lock is never stale (`lock_is_stale`), so nothing can take it over
+        in between."""
+        if self._token is None:
+            return False
+        holder = _holder(self.store.read_if_present(LOCK))
+        self._confirmed = holder is not None and holder.get("token") == self._token
+        return self._confirmed
+
     def release(self) -> None:
         """Delete OUT/.lock if this process holds it (and it is still ours)."""
-        token, self._token = self._token, None
-        if token is None:
+        if self._token is None:
             return
-        holder = _holder(self.store.read_if_present(LOCK))
-        if holder is not None and holder.get("token") == token:
+        if self._confirmed or self.still_held():
             self.store.delete([LOCK])
+        self._token, self._confirmed = None, False
 
     def holder(self) -> dict[str, Any] | None:
         """Who holds OUT/.lock now (None: nobody)."""

@@ -33,6 +33,7 @@ import logging
 import re
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -131,9 +132,10 @@ class ObjectOut(FolderOut):
                 allow_other_numerics: bool = False, extra_numerics: Sequence[dict[str, Any]] = ()) -> PreparedOut:
         """Rank 0: take the lock (held until `release_lock`), rebuild the work folder's records from the objects, run
         prepare_out there and make the objects say what it decided (`reconcile`)."""
-        self.acquire_lock(job_id)
+        # OUT listed while the lock is read back: no other job writes OUT now, so one listing answers every question
+        listed = self.lock.acquire(job_id, alongside=self.store.list_all)
         try:
-            with self.store.one_listing():  # no other job writes OUT now: one listing answers every question
+            with self.store.one_listing(listed):
                 if overwrite:
                     self.clear()
                 self.pull_records(finished=True)
@@ -163,9 +165,12 @@ class ObjectOut(FolderOut):
         """A crash mid-write (fault injection): a store without atomic PUTs would leave a cut object."""
         self.store.write(file, data[: len(data) // 2])
 
-    def before_finalize(self) -> None:
-        """Rank 0: the work folder's logs rebuilt from every rank's commit records."""
-        self.pull_records(finished=False)
+    def before_finalize(self, only_writer: bool) -> None:
+        """Rank 0: the work folder's logs rebuilt from every rank's commit records. Where this process was the only
+        writer, its work folder holds them already (the records found when OUT was prepared, under the lock, and the
+        lines it appended beside each commit record it PUT): no request is made."""
+        if not only_writer:
+            self.pull_records(finished=False)
 
     # --- verify: the commits counted, the stray objects named and repaired -----------------------------------------
     # Stray: a shard object without a commit record, or one the manifest does not list; a commit record of a shard
@@ -303,8 +308,16 @@ class ObjectOut(FolderOut):
                 self.store.delete_tree(name)
 
     def publish(self) -> None:
-        """Finalize, rank 0: the clip table and the failure table (together), then the manifest last."""
-        self.store.write_many({name: (self.work / name).read_bytes() for name in (CLIPS, FAILURES)})
+        """Finalize, rank 0: the clip table and the failure table (together, while the lock is read back: a lock that
+        is no longer this job's is refused before the manifest), then the manifest last."""
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="vaecache-lock") as pool:
+            held = pool.submit(self.lock.still_held)
+            self.store.write_many({name: (self.work / name).read_bytes() for name in (CLIPS, FAILURES)})
+            if not held.result():
+                holder = self.lock.holder() or {}
+                raise OutputError(f"{self.where(LOCK)}: the lock is no longer this job's (now host "
+                                  f"{holder.get('host')}, pid {holder.get('pid')}, job {holder.get('job_id')}); "
+                                  "the manifest was not written: rerun once that job has ended")
         self.put_file(MANIFEST)
 
     def push_log(self, rank: int, attempt: int, path: Path) -> None:
@@ -314,6 +327,18 @@ class ObjectOut(FolderOut):
                 self.store.write(f"{LOGS_DIR}/rank-{rank:05d}-a{attempt:03d}.log", path.read_bytes())
         except OutputError as exc:
             log.warning("%s", exc)
+
+    def end_run(self, rank: int, attempt: int, log_file: Path, holds_lock: bool) -> None:
+        """The end of a rank's run: its log PUT and, on rank 0, the lock released, side by side."""
+        if not holds_lock:
+            self.push_log(rank, attempt, log_file)
+            return
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="vaecache-log") as pool:
+            pushed = pool.submit(self.push_log, rank, attempt, log_file)
+            try:
+                self.release_lock()
+            finally:
+                pushed.result()
 
     def mirror(self, local: Path) -> Callable[[], None]:
         """A function that PUTs the work folder's file `local` as the object of the same name."""
@@ -325,14 +350,17 @@ class ObjectOut(FolderOut):
 
 
 def check_object_out(store: ObjectStore) -> set[str]:
-    """The bucket exists and OUT's prefix can be listed (one listing of OUT alone, never of the bucket), and OUT's URL
-    holds a vaecache output or nothing. Returns the names at OUT's top level."""
-    try:
-        found = store.entries()
-    except FileNotFoundError:  # an empty prefix, or no bucket (credentials and access fail before this)
-        found = set()
-        if not store.bucket_exists():
-            raise OutputError(f"{store.url}: no such bucket ({store.bucket}); create it first") from None
+    """The bucket exists and OUT's prefix can be listed (one listing of OUT's top level; whether the bucket exists is
+    asked side by side and its answer read only when that listing is empty), and OUT's URL holds a vaecache output
+    or nothing. Returns the names at OUT's top level."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="vaecache-bucket") as pool:
+        bucket = pool.submit(store.bucket_exists)  # asked side by side: it matters only when OUT holds nothing
+        try:
+            found = store.entries()
+        except FileNotFoundError:  # an empty prefix, or no bucket (credentials and access fail before this)
+            found = set()
+            if not bucket.result():
+                raise OutputError(f"{store.url}: no such bucket ({store.bucket}); create it first") from None
     foreign = sorted(name for name in found if name not in OWNED_ENTRIES)
     if RUN not in found and foreign:
         raise UsageError(f"{store.url}: not empty and not a vaecache output (holds {', '.join(foreign[:3])}); "

@@ -311,17 +311,19 @@ class FolderOut:
     def numerics_history(self) -> list[dict[str, Any]]:
         return recorded_numerics_history(self.folder)
 
-    def finalize(self, header: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def finalize(self, header: dict[str, Any],
+                 only_writer: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """Rank 0, after every rank finished: the progress logs merged into the tables and the manifest (last), then
-        published. Returns the manifest and the failure records."""
+        published. `only_writer`: this process wrote every commit of the run since it prepared OUT (one rank), so
+        its own records are all there is. Returns the manifest and the failure records."""
         from vaecache.cache.finalize import finalize
 
-        self.before_finalize()
+        self.before_finalize(only_writer)
         manifest = finalize(self.folder, header)
         self.publish()
         return manifest, CacheReader(self.folder).failure_records()
 
-    def before_finalize(self) -> None:
+    def before_finalize(self, only_writer: bool) -> None:
         raise NotImplementedError
 
     def publish(self) -> None:
@@ -373,7 +375,7 @@ class DiskOut(FolderOut):
         """A function that publishes the local file `path` to OUT: none is needed, it is in OUT."""
         return None
 
-    def before_finalize(self) -> None:
+    def before_finalize(self, only_writer: bool) -> None:
         """Rank 0: the progress logs finalize merges are OUT's own."""
 
     def publish(self) -> None:
@@ -381,6 +383,11 @@ class DiskOut(FolderOut):
 
     def push_log(self, rank: int, attempt: int, path: Path) -> None:
         """The rank's log is in OUT already."""
+
+    def end_run(self, rank: int, attempt: int, log_file: Path, holds_lock: bool) -> None:
+        """The end of a rank's run: the log is in OUT already; rank 0 releases the lock."""
+        if holds_lock:
+            self.release_lock()
 
     def release_lock(self) -> None:
         release_lock(self.folder)

@@ -266,18 +266,19 @@ class ObjectStore(Store):
         process's own writes and deletes."""
 
     @contextlib.contextmanager
-    def one_listing(self) -> Iterator[None]:
+    def one_listing(self, listed: dict[str, int] | None = None) -> Iterator[None]:
         """While the block runs, `listing`, `exists`, `entries` and the absence of an object are answered from one
-        listing of OUT (one request per 1000 objects, taken now) instead of a request each; this process's own
-        writes and deletes update it. Only for a phase in which no other process writes OUT (rank 0 preparing OUT
-        under its lock)."""
-        self._listed = self._list_all()
+        listing of OUT (one request per 1000 objects: `listed`, made by `list_all` since the last write by another
+        process, or taken now) instead of a request each; this process's own writes and deletes update it. Only for
+        a phase in which no other process writes OUT (rank 0 preparing OUT under its lock)."""
+        self._listed = dict(listed) if listed is not None else self.list_all()
         try:
             yield
         finally:
             self._listed = None
 
-    def _list_all(self) -> dict[str, int]:
+    def list_all(self) -> dict[str, int]:
+        """Every object under OUT by name, with its size (one request per 1000 objects)."""
         try:
             self.fs.invalidate_cache()
             found = self.fs.find(self.root, detail=True, withdirs=False)

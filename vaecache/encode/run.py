@@ -167,11 +167,9 @@ def _run_encode(run: EncodeRun) -> EncodeSummary:
         log.info("done: %d clips, %d views in %.1f s", summary.clips, summary.views, summary.wall_s)
         return summary
     finally:
-        if rank == 0:
-            run.out.release_lock()
         log.removeHandler(handler)
         handler.close()
-        run.out.push_log(rank, prepared.attempt, run.out.log_file(rank))
+        run.out.end_run(rank, prepared.attempt, run.out.log_file(rank), holds_lock=rank == 0)
 
 
 def _finalize(run: EncodeRun, summary: EncodeSummary,
@@ -203,5 +201,5 @@ def _finalize(run: EncodeRun, summary: EncodeSummary,
         header["buckets"] = [{**bucket.to_record(),
                               "view_shape": list(vae.latent_shape(bucket.num_frames, bucket.height, bucket.width))}
                              for bucket in cfg.clip.buckets()]
-    manifest, failures = run.out.finalize(header)
+    manifest, failures = run.out.finalize(header, only_writer=run.ctx.info.world_size == 1)
     return failures, manifest["latent"]["shape"] or {}

@@ -21,6 +21,7 @@ from vaecache.meter import Advance
 from vaecache.settings.clip import FRAME_SYNC, SyncConfig
 from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
 from vaecache.sources.scene import CameraProbe, Scene, SceneProbe
+from vaecache.urls import is_url
 from vaecache.video.frames import FrameList
 from vaecache.video.identity import source_stat
 
@@ -64,11 +65,14 @@ def probe_scene(scene: Scene, sync: SyncConfig = FRAME_SYNC) -> SceneProbe:
 def open_scene(scene: Scene, recent: RecentProbes | None = None) -> list[CameraProbe | VideoDecodeError]:
     """Probe each camera in camera order, up to the first missing camera or unreadable source. `recent`: the last
     sources probed, so that the scenes of one video (a table's clip ranges) open it once."""
-    found: list[CameraProbe | VideoDecodeError] = []
+    sources = []
     for camera in range(len(scene.cameras)):
         source = scene.source(camera)
         if source is None:
             break
+        sources.append(source)
+
+    def probe(source: str | FrameList) -> CameraProbe | VideoDecodeError:
         key = (getattr(source, "key", source), scene.frame_rate)
         result = recent.get(key) if recent is not None else None
         if result is None:
@@ -78,6 +82,20 @@ def open_scene(scene: Scene, recent: RecentProbes | None = None) -> list[CameraP
                 result = exc
             if recent is not None:
                 recent.put(key, result)
+        return result
+
+    if sum(isinstance(source, str) and is_url(source) for source in sources) > 1:
+        # each object costs a store's round trips, which one camera after another would add up: opened side by side
+        with ThreadPoolExecutor(max_workers=len(sources), thread_name_prefix="vaecache-probe-camera") as pool:
+            results = list(pool.map(probe, sources))
+    else:
+        results = []
+        for source in sources:
+            results.append(probe(source))
+            if isinstance(results[-1], VideoDecodeError):
+                break
+    found: list[CameraProbe | VideoDecodeError] = []
+    for result in results:
         found.append(result)
         if isinstance(result, VideoDecodeError):
             break

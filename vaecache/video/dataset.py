@@ -72,16 +72,29 @@ class ViewDecoder:
             return
 
         def open_one(source: str) -> Reader | None:
-            identity, fps = todo[source]
             try:
-                if identity is not None:
-                    check_identity(source, *identity)
-                return open_camera(source, self.backend, self.max_pixels, fps)
+                return open_camera(source, self.backend, self.max_pixels, todo[source][1])
             except Exception:  # refused again, by name, when `check` opens it
                 return None
 
-        with ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="vaecache-open") as pool:
+        def unchanged(source: str) -> bool:
+            identity = todo[source][0]
+            try:
+                if identity is not None:
+                    check_identity(source, *identity)
+                return True
+            except Exception:
+                return False
+
+        # the changed-file check (a HEAD) and the open (ranged GETs) side by side: a reader of a changed object is
+        # closed unused, and `check` refuses the object by name
+        with ThreadPoolExecutor(max_workers=2 * len(todo), thread_name_prefix="vaecache-open") as pool:
+            checks = [pool.submit(unchanged, source) for source in todo]
             readers = list(pool.map(open_one, todo))
+            for index, check in enumerate(checks):
+                if not check.result() and readers[index] is not None:
+                    readers[index].close()  # type: ignore[union-attr]
+                    readers[index] = None
         for source, reader in zip(todo, readers):
             if reader is not None:
                 self._readers[source] = reader
