@@ -47,8 +47,20 @@ def folder_of(location: Any) -> str:
 
 def location(value: Any) -> Path | Url:
     """A --out (or a command's cache argument) as given: a Url for ``s3://...`` (never a Path, which would fold
-    its '//'), else a Path."""
+    its '//'), a Path for a local path or a ``file:///path`` URL (RFC 8089: its path, %-escapes decoded)."""
+    if isinstance(value, Path):
+        return value
     text = str(value)
+    if text.startswith("file://"):
+        import urllib.parse
+
+        parts = urllib.parse.urlsplit(text)
+        if parts.netloc not in ("", "localhost") or not parts.path:
+            from vaecache.errors import UsageError
+
+            raise UsageError(f"{text}: a file:// URL names a path on this machine (file:///abs/path), not "
+                             f"{parts.netloc or 'an empty path'}")
+        return Path(urllib.parse.unquote(parts.path))
     return Url(text.rstrip("/")) if is_url(text) else Path(text)
 
 

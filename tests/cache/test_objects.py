@@ -326,6 +326,7 @@ def test_verify_of_an_incomplete_url_names_uncommitted_shards_and_repair_deletes
     assert report.exit_code == 1
     assert "incomplete: no final manifest; 2 clips in 1 shards are committed" in report.output
     assert "shards/a000-r00000-000001.safetensors: shard object without a commit record" in report.output
+    assert "vaecache verify --repair (or the next encode) deletes them" in report.output
     repaired = invoke(["verify", url, "--repair", "--json", "-"])
     assert "--repair deleted 1 stray shard(s): shards/a000-r00000-000001.safetensors" in repaired.output
     assert sorted(name for name in _objects(s3, url) if name.startswith("shards/")) == \
@@ -343,6 +344,7 @@ def test_verify_of_a_finished_url_names_a_listed_shard_whose_commit_record_is_go
     report = invoke(["verify", url])
     assert report.exit_code == 1, report.output
     assert f"{shard}: shard object without its commit record {commits[0]}" in report.output
+    assert "listed shard(s) lost their commit record: rerun the same encode command" in " ".join(report.output.split())
     assert invoke(["verify", url, "--repair"]).exit_code == 1  # nothing to delete: the shard is listed
     assert shard in _objects(s3, url)
     assert _encode(url, demo_data, "--shard-size", "50000").returncode == 0  # its clips are encoded again

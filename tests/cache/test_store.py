@@ -105,3 +105,11 @@ def test_one_listing_answers_from_one_request_and_follows_this_process_s_writes(
         assert store.listing("shards") == {"shards/s.safetensors": 5} and store.listing("progress") == {}
     assert len(calls) == 1  # the one listing, whatever was asked inside
     assert store.listing("shards") == {"shards/s.safetensors": 5} and store.listing("progress") == {}
+
+
+def test_a_file_url_is_the_local_folder_it_names(tmp_path: Path) -> None:
+    store = open_store(f"file://{tmp_path}/my%20cache")
+    assert isinstance(store, LocalStore) and store.folder == tmp_path / "my cache"
+    assert open_store(f"file://localhost{tmp_path}").folder == tmp_path  # type: ignore[attr-defined]
+    with pytest.raises(UsageError, match=r"file://host/x: a file:// URL names a path on this machine"):
+        open_store("file://host/x")

@@ -276,6 +276,14 @@ def test_out_that_holds_other_files_is_refused(run_cli: Callable, demo_data: Pat
     assert (out / "thesis.tex").read_text() == "precious"
 
 
+def test_a_file_url_out_writes_the_folder_it_names(run_cli: Callable, demo_data: Path, tmp_path: Path) -> None:
+    result = run_cli(_encode_args(demo_data, f"file://{tmp_path}/by%20url", max_clips_per_scene="1"))  # type: ignore[arg-type]
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "by url" / "manifest.json").is_file()
+    assert not Path("file:").exists()
+    assert run_cli(["verify", f"file://{tmp_path}/by%20url"]).exit_code == 0
+
+
 def test_a_dtype_run_stores_that_dtype(run_cli: Callable, demo_data: Path, tmp_path: Path, cache_io: Any) -> None:
     out = tmp_path / "bf16"
     result = run_cli(_encode_args(demo_data, out, dtype="bf16", store="mean", max_clips_per_scene="1"))

@@ -123,6 +123,13 @@ def test_inspect_and_export_read_a_cache_at_a_url_as_they_read_it_on_disk(s3, go
     assert remote == local
     one = invoke(["inspect", url, "--clip", local["clip_ids"][0]])
     assert one.exit_code == 0 and f"clip {local['clip_ids'][0]}" in one.output
+    for where, name in ((good_cache, "local"), (url, "remote")):  # decode: the same clip, the same scores
+        result = invoke(["decode", where, "--clip", local["clip_ids"][0], "-o", tmp_path / f"{name}.mp4",
+                         "--json", tmp_path / f"{name}-decode.json"])
+        assert result.exit_code == 0, result.output
+    local_decode, remote_decode = (json.loads((tmp_path / f"{name}-decode.json").read_text())
+                                   for name in ("local", "remote"))
+    assert remote_decode["out"] == url and remote_decode["cameras"] == local_decode["cameras"]
 
     for form in ("webdataset", "musubi"):
         mine, theirs = tmp_path / f"{form}-remote", tmp_path / f"{form}-local"

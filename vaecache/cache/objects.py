@@ -51,7 +51,7 @@ from vaecache.cache.layout import (
     SHARDS_DIR,
 )
 from vaecache.cache.lock import ObjectLock
-from vaecache.cache.outdir import FolderOut, PreparedOut, begin_changes, prepare_out
+from vaecache.cache.outdir import FolderOut, PreparedOut, StrayFindings, begin_changes, prepare_out
 from vaecache.cache.progress import CommittedIds, committed_shards, progress_counts, progress_line_head
 from vaecache.cache.store import ObjectStore
 from vaecache.errors import OutputError, UsageError
@@ -203,8 +203,8 @@ class ObjectOut(FolderOut):
                 self.release_lock()
         return strays
 
-    def problems(self, listed: set[str] | None) -> tuple[list[str], int]:
-        """(what is wrong, how many objects were fine). With a manifest (`listed`) the shard objects it does not
+    def problems(self, listed: set[str] | None) -> StrayFindings:
+        """What is wrong and how many objects were fine. With a manifest (`listed`) the shard objects it does not
         list are the orphan check's; named here are commit records of unlisted shards and listed shards without a
         commit record."""
         listing, progress = self._listing()
@@ -212,14 +212,18 @@ class ObjectOut(FolderOut):
         if listed is not None:
             strays = [name for name in strays if name.startswith(f"{COMMITS_DIR}/")]
         problems = [_why_stray(name, listed) for name in strays]
+        lost = []
         if listed is not None and not disk_progress_logs(progress):  # a copied disk cache commits in its logs
             claimed = {committed_shard(name) for name in listing}
-            for shard in sorted(listed):
-                if shard not in claimed:
-                    problems.append(f"{shard}: shard object without its commit record "
-                                    f"{commit_name(shard.removeprefix(f'{SHARDS_DIR}/'))} (listed in the manifest; the "
-                                    "next encode would delete it and encode its clips again)")
-        return problems, max(0, len(listing) - len(strays))
+            lost = [f"{shard}: shard object without its commit record "
+                    f"{commit_name(shard.removeprefix(f'{SHARDS_DIR}/'))} (listed in the manifest; the next encode "
+                    "would delete it and encode its clips again)" for shard in sorted(listed) if shard not in claimed]
+        if lost:
+            note: str | None = ("listed shard(s) lost their commit record: rerun the same encode command to encode "
+                                "their clips again")
+        else:
+            note = "vaecache verify --repair (or the next encode) deletes them" if problems else None
+        return StrayFindings(problems + lost, max(0, len(listing) - len(strays)), note)
 
     # --- the work folder -----------------------------------------------------------------------------------------
 

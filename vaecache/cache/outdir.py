@@ -41,6 +41,16 @@ ShardProblems = Callable[[list[dict[str, Any]]], dict[str, str]]
 
 
 @dataclass(frozen=True)
+class StrayFindings:
+    """What a commit protocol's own stray check found: the problems (one line each), how many objects were fine, and
+    what a user should do about them (None when nothing is wrong)."""
+
+    problems: list[str]
+    passed: int
+    note: str | None = None
+
+
+@dataclass(frozen=True)
 class PreparedOut:
     """What rank 0 found in OUT and tells every rank before encoding starts."""
 
@@ -407,8 +417,8 @@ class DiskOut(FolderOut):
         """verify --repair: the stray shard files and temp files, deleted under OUT's lock."""
         return repair_strays(self.folder)
 
-    def problems(self, listed: set[str] | None) -> tuple[list[str], int]:
-        return [], 0
+    def problems(self, listed: set[str] | None) -> StrayFindings:
+        return StrayFindings([], 0)
 
 
 def _read_only(out: Path) -> bool:
@@ -419,5 +429,6 @@ def _read_only(out: Path) -> bool:
         return False
 
 
-__all__ = ["DiskOut", "FolderOut", "PreparedOut", "ShardProblems", "begin_changes", "describe_differences",
-           "numerics_history", "prepare_out", "recorded_cpu_threads", "recorded_numerics_history"]
+__all__ = ["DiskOut", "FolderOut", "PreparedOut", "ShardProblems", "StrayFindings", "begin_changes",
+           "describe_differences", "numerics_history", "prepare_out", "recorded_cpu_threads",
+           "recorded_numerics_history"]

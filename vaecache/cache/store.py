@@ -25,7 +25,7 @@ from vaecache.cache import io as cache_io
 from vaecache.cache.io import atomic_write_bytes
 from vaecache.cache.layout import inside, relative_inside
 from vaecache.errors import OutputError, ShardHeaderError, UsageError
-from vaecache.urls import Url, is_url, open_filesystem, storage_problem
+from vaecache.urls import Url, location, open_filesystem, storage_problem
 
 SAFETENSORS_DTYPES = ("F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL")
 """safetensors' dtype names (its format spec) that `RangedShard` reads (as torch dtypes of the same names)."""
@@ -539,14 +539,13 @@ def open_store(out: Any, storage_options: dict[str, Any] | None = None) -> Store
     that asks which."""
     if isinstance(out, Store):
         return out
-    if is_url(str(out)) and not isinstance(out, Path):
-        return ObjectStore(str(out), storage_options)
-    return LocalStore(Path(out))
+    where = store_location(out)
+    return ObjectStore(where, storage_options) if isinstance(where, Url) else LocalStore(where)
 
 
 def store_location(out: Any) -> Path | Url:
     """OUT as a Path or a Url, without opening anything (for objects that must cross processes as plain data)."""
-    return Url(str(out).rstrip("/")) if is_url(str(out)) and not isinstance(out, Path) else Path(out)
+    return location(out)
 
 
 __all__ = ["LocalStore", "ObjectStore", "RangedShard", "SAFETENSORS_DTYPES", "Store", "open_store", "store_location"]

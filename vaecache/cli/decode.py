@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 
 from vaecache.cli.common import check_json_target, console, note_untrained_vae, report_errors, write_json
+from vaecache.cli.options import StorageOption
 from vaecache.errors import UsageError
 
 if TYPE_CHECKING:  # rich tables load when a command runs, not for --help
@@ -32,7 +33,8 @@ def report_table(report: PreviewReport) -> Table:
 
 @report_errors
 def decode(
-    out: Path = typer.Argument(..., help="A folder written by vaecache encode."),
+    out: str = typer.Argument(..., metavar="OUT", help="A folder written by vaecache encode, or its URL "
+                              "(s3://bucket/prefix)."),
     clip: Optional[str] = typer.Option(None, "--clip", help="The clip to decode: its id, <scene>/<first>-<last> "
                                        "source frame (e.g. scene_000/000000-000008; `vaecache inspect OUT --clips` "
                                        "lists them). Default: the first clip."),
@@ -52,13 +54,16 @@ def decode(
                                               "holding only pickled .bin weights load (pickle runs code).", metavar=""),
     json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file "
                                              "('-': stdout)."),
+    storage_option: StorageOption = None,
 ) -> None:
     """Decode one clip's stored latents and compare with its source: mp4 grid (source above reconstruction,
     one column per camera), PSNR and SSIM per camera."""
     from vaecache.cache.store import open_store
     from vaecache.decode.preview import PreviewSettings, check_output, default_output
+    from vaecache.urls import parse_storage_options
 
-    store = open_store(out)
+    storage_options = dict(parse_storage_options(storage_option))
+    store = open_store(out, storage_options)
     store.check_present()
     note_untrained_vae(store)
     settings = PreviewSettings(vae=vae, device=device, chunk_frames=chunk_frames, tiling=tiling, overwrite=overwrite,
@@ -66,7 +71,7 @@ def decode(
     if clip is None:
         from vaecache.cache.reader import CacheReader
 
-        clip = next(iter(CacheReader(out).clip_ids()), None)
+        clip = next(iter(CacheReader(store).clip_ids()), None)
         if clip is None:
             raise UsageError(f"{out}: the cache holds no clip to decode")
         console.print(f"no --clip: decoding the first clip, {escape(clip)}", soft_wrap=True)
@@ -76,7 +81,7 @@ def decode(
 
     from vaecache.decode.preview import decode_preview
 
-    report = decode_preview(out, clip, output, settings)
+    report = decode_preview(store.location, clip, output, settings, storage_options=storage_options)
     console.print(report_table(report))
     for note in report.notes:
         console.print(f"note: {escape(note)}", soft_wrap=True)

@@ -241,14 +241,19 @@ def default_output(clip_id: str) -> Path:
 
 
 def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = None,
-                   settings: PreviewSettings | None = None, **options: Any) -> PreviewReport:
-    """Decode clip `clip_id` of cache `out` with its recorded VAE (or `settings.vae`, which must match the
-    recorded fingerprint), score it against its source frames and write the grid mp4 to `output` (default
-    `default_output(clip_id)`). `options` are PreviewSettings fields (vae=, device=, chunk_frames=, tiling=,
-    overwrite=) when `settings` is not given."""
+                   settings: PreviewSettings | None = None, storage_options: dict[str, Any] | None = None,
+                   **options: Any) -> PreviewReport:
+    """Decode clip `clip_id` of cache `out` (a folder or a URL; `storage_options` for the URL and for sources at
+    URLs) with its recorded VAE (or `settings.vae`, which must match the recorded fingerprint), score it against its
+    source frames and write the grid mp4 to `output` (default `default_output(clip_id)`). `options` are
+    PreviewSettings fields (vae=, device=, chunk_frames=, tiling=, overwrite=) when `settings` is not given."""
+    from vaecache.cache.store import open_store
+
     started = time.monotonic()
     settings = settings if settings is not None else PreviewSettings(**options)
-    out = Path(out)
+    storage_options = dict(storage_options or {})
+    store = open_store(out, storage_options)
+    out = store.location
     output = Path(output) if output is not None else default_output(clip_id)
     check_output(output, settings.overwrite)
 
@@ -256,13 +261,14 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
     from vaecache.encode.fingerprint import load_recorded_vae
     from vaecache.settings.clip import ClipSettings
     from vaecache.training import LatentCache
+    from vaecache.urls import set_data_storage_options
     from vaecache.vae.latent_decode import decode_mode, iter_decoded
     from vaecache.video.backends import backend_for_record
     from vaecache.video.dataset import ViewDecoder, recorded_views
 
-    if not out.is_dir():
-        raise UsageError(f"{out}: no such folder")
-    cache = LatentCache(out, verify="size")
+    store.check_present()
+    set_data_storage_options(storage_options)  # the recorded sources at URLs are read as encode read them
+    cache = LatentCache(store, verify="size", storage_options=storage_options)
     try:
         record = cache.record(clip_id)
     except KeyError:

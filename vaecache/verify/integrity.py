@@ -22,6 +22,7 @@ from safetensors.torch import load as safetensors_load
 from vaecache.cache.commits import open_out
 from vaecache.cache.failures import reason_counts
 from vaecache.cache.layout import MANIFEST, SHARDS_DIR
+from vaecache.cache.outdir import StrayFindings
 from vaecache.cache.provenance import IdentityMemo, frames_identity, identity_change
 from vaecache.cache.reader import CacheReader, record_problem, shard_header
 from vaecache.cache.store import open_store
@@ -147,7 +148,7 @@ def _verify(store: Any, commits: Any, quick: bool, threads: int | None, ctx: Any
             manifest_check.note = (f"incomplete: no final manifest; {clips} clips in {shards} shards are "
                                    "committed (rerun the same encode command to finish)")
             if commits.check_name:
-                checks.append(_stray_check(stray_check, *commits.problems(None), deleted))
+                checks.append(_stray_check(stray_check, commits.problems(None), deleted))
         return VerifyReport(str(store.location), complete=False, checks=checks, repaired=deleted)
 
     clips_check = Check("clip records")
@@ -219,23 +220,20 @@ def _verify(store: Any, commits: Any, quick: bool, threads: int | None, ctx: Any
     summary["condition_sets"] = (sorted(manifest.get("conditions") or {})
                                  if isinstance(manifest.get("conditions"), dict) else [])
     if commits.check_name:
-        checks.append(_stray_check(stray_check, *commits.problems(set(cache.shard_files())), deleted))
+        checks.append(_stray_check(stray_check, commits.problems(set(cache.shard_files())), deleted))
     return VerifyReport(str(store.location), complete=True, checks=checks, summary=summary, repaired=deleted)
 
 
-def _stray_check(check: Check, problems: list[str], passed: int, deleted: list[str]) -> Check:
+def _stray_check(check: Check, found: StrayFindings, deleted: list[str]) -> Check:
     """The commit protocol's own stray check: what it found wrong, what it deleted."""
-    for problem in problems:
+    for problem in found.problems:
         check.fail(problem)
-    check.ok(passed)
+    check.ok(found.passed)
     if deleted:
         check.note = f"--repair deleted {len(deleted)} object(s): {', '.join(deleted[:3])}" + \
             (" ..." if len(deleted) > 3 else "")
-    elif problems and any("without its commit record" in problem for problem in problems):
-        check.note = "listed shard(s) lost their commit record: rerun the same encode command to encode their " \
-                     "clips again"
-    elif problems:
-        check.note = "vaecache verify --repair (or the next encode) deletes them"
+    elif found.note:
+        check.note = found.note
     return check
 
 
