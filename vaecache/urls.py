@@ -107,12 +107,41 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
 
     options = _endpoint_options(url, dict(storage_options or {}))
     try:
+        if url.startswith(("s3://", "s3a://")) and "session" not in options:
+            options["session"] = _s3_session(options)
         return fsspec.core.url_to_fs(url, skip_instance_cache=True, **options)
     except (ImportError, ValueError) as exc:
         from vaecache.errors import UsageError
 
         missing = " (pip install 'vaecache[s3]')" if isinstance(exc, ImportError) else ""
         raise UsageError(f"{url}: cannot open this URL ({exc}){missing}") from None
+
+
+_S3_SESSION_ARGS: set[str] | None = None
+_BOTOCORE_LOADER: Any = None
+"""botocore's loader of service models, shared by this process's S3 sessions and the processes it forks: a new
+client parses the models (megabytes of JSON) once per loader, a tenth of a second of CPU on every filesystem and in
+every DataLoader worker otherwise. It holds parsed data only, no connection or event loop."""
+
+
+def _s3_session(options: dict[str, Any]) -> Any:
+    """The session s3fs would make for `options` (the ones S3FileSystem does not take itself, e.g. ``profile``, go
+    to the session, as s3fs passes them), made with the shared loader."""
+    global _S3_SESSION_ARGS, _BOTOCORE_LOADER
+    import inspect
+
+    import s3fs
+    from aiobotocore.session import AioSession
+
+    if _S3_SESSION_ARGS is None:
+        _S3_SESSION_ARGS = set(inspect.signature(s3fs.S3FileSystem.__init__).parameters) | {
+            "skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths"}
+    session = AioSession(**{key: value for key, value in options.items() if key not in _S3_SESSION_ARGS})
+    if _BOTOCORE_LOADER is None:
+        _BOTOCORE_LOADER = session.get_component("data_loader")
+    else:
+        session.register_component("data_loader", _BOTOCORE_LOADER)
+    return session
 
 
 def storage_problem(exc: BaseException) -> str:

@@ -7,6 +7,7 @@ import errno
 import logging
 import platform
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import torch
@@ -126,8 +127,10 @@ def _run_encode(run: EncodeRun) -> EncodeSummary:
     probes = run.out.probes_file(rank)
     write_probe_records(probes, start.probe_records)
     publish_probes = run.out.mirror(probes)
-    if publish_probes is not None and probes.is_file():
-        publish_probes()
+    # PUT while the encode starts (a round trip off the start-up); waited for before the summary
+    probes_put = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="vaecache-probes")
+                  if publish_probes is not None and probes.is_file() else None)
+    probes_done = probes_put.submit(publish_probes) if probes_put is not None else None  # type: ignore[arg-type]
     handler = setup_logging(run.out, rank, world)
     try:
         log.info("vaecache %s: world %d = DP %d x SP %d, device %s (%d torch threads), %d decode workers "
@@ -142,6 +145,8 @@ def _run_encode(run: EncodeRun) -> EncodeSummary:
                     run.reporting.on_progress(done, total)
 
             summary = encode_share(run, job, prepared, begin_again, report)
+        if probes_done is not None:
+            probes_done.result()
         summary.wall_s = time.perf_counter() - run.started
         summary.left_out_cameras = start.left_out_cameras
         summary.repaired = list(prepared.damaged)
@@ -167,6 +172,8 @@ def _run_encode(run: EncodeRun) -> EncodeSummary:
         log.info("done: %d clips, %d views in %.1f s", summary.clips, summary.views, summary.wall_s)
         return summary
     finally:
+        if probes_put is not None:
+            probes_put.shutdown(wait=True)
         log.removeHandler(handler)
         handler.close()
         run.out.end_run(rank, prepared.attempt, run.out.log_file(rank), holds_lock=rank == 0)
