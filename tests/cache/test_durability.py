@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import Result
 
+from tests.conftest import invoke
 from vaecache.cache.reader import CacheReader
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 
@@ -29,7 +31,20 @@ def run_vaecache(*args: str, env: dict[str, str] | None = None, timeout: float =
 
 
 def encode(data: Path, out: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """A child-process encode: for the runs that crash (os._exit) or must show what a user's terminal shows."""
     return run_vaecache("encode", str(data), "--out", str(out), *ENCODE_ARGS, *extra, env=env)
+
+
+def encode_here(data: Path, out: Path, *extra: str) -> Result:
+    """The same encode in this process (`vaecache` CLI through CliRunner; exit code and output as in a child,
+    without a ~4 s interpreter and torch start): for the reruns and the runs that refuse. The children's
+    OMP_NUM_THREADS=1 is this process's torch.set_num_threads(1) (tests/conftest.py), so the bytes are the same."""
+    return invoke(["encode", data, "--out", out, *ENCODE_ARGS, *extra], env={"VAECACHE_FAULT": None})
+
+
+def verify_here(out: Path) -> Result:
+    """`vaecache verify OUT` in this process: the same CLI and exit code as a child process."""
+    return invoke(["verify", out], env={"VAECACHE_FAULT": None})
 
 
 @pytest.fixture(scope="module")
@@ -49,19 +64,35 @@ def reference(data, tmp_path_factory, cache_io) -> dict[str, torch.Tensor]:
     return tensors
 
 
+@pytest.fixture(scope="module")
+def crashed_after_3(data, tmp_path_factory) -> Path:
+    """A child encode of `data` (--shard-size 1) killed by os._exit right after its 3rd commit. Read-only: the tests
+    that resume or damage it work on a copy (`crashed_copy`)."""
+    out = tmp_path_factory.mktemp("durability-crashed") / "out"
+    crashed = encode(data, out, "--shard-size", "1", env={"VAECACHE_FAULT": "crash-after-commit:3"})
+    assert crashed.returncode == 137, crashed.stderr
+    return out
+
+
+@pytest.fixture
+def crashed_copy(crashed_after_3, tmp_path) -> Path:
+    """A private copy of `crashed_after_3` (shutil.copytree keeps the files' sizes and mtimes)."""
+    return Path(shutil.copytree(crashed_after_3, tmp_path / "out"))
+
+
 @pytest.mark.parametrize("point", ["crash-after-commit:2", "crash-mid-write:2", "crash-before-record:2"])
 def test_crash_then_rerun_gives_identical_cache(cache_io, point, data, reference, tmp_path):
     out = tmp_path / "out"
     crashed = encode(data, out, "--shard-size", "1", env={"VAECACHE_FAULT": point})
     assert crashed.returncode == 137, crashed.stderr
     assert not (out / "manifest.json").exists()
-    incomplete = run_vaecache("verify", str(out))
-    assert incomplete.returncode == 1
-    assert "incomplete" in incomplete.stderr
-    rerun = encode(data, out, "--shard-size", "1")
-    assert rerun.returncode == 0, rerun.stderr
-    verified = run_vaecache("verify", str(out))
-    assert verified.returncode == 0, verified.stderr
+    incomplete = verify_here(out)
+    assert incomplete.exit_code == 1
+    assert "incomplete" in incomplete.output
+    rerun = encode_here(data, out, "--shard-size", "1")
+    assert rerun.exit_code == 0, rerun.output
+    verified = verify_here(out)
+    assert verified.exit_code == 0, verified.output
     cache_io.same_tensors(cache_io.tensors(out), reference)
     # One clip per shard: only shards whose progress line was written survive the crash.
     committed = {"crash-after-commit:2": 2, "crash-mid-write:2": 1, "crash-before-record:2": 1}[point]
@@ -71,26 +102,16 @@ def test_crash_then_rerun_gives_identical_cache(cache_io, point, data, reference
     assert len(list((out / "shards").iterdir())) == len(manifest["shards"])  # debris discarded
 
 
-def test_resume_does_not_reencode_committed_clips(cache_io, data, reference, tmp_path):
-    out = tmp_path / "out"
-    assert encode(data, out, "--shard-size", "1", env={"VAECACHE_FAULT": "crash-after-commit:3"}).returncode == 137
-    rerun = encode(data, out, "--shard-size", "1")
-    assert rerun.returncode == 0, rerun.stderr
-    log = (out / "logs" / "rank-00000.log").read_text()
-    assert "3 clips already committed" in log
-    cache_io.same_tensors(cache_io.tensors(out), reference)
-
-
 def test_disk_full_leaves_nothing_that_passes_and_rerun_completes(cache_io, data, reference, tmp_path):
     out = tmp_path / "out"
     failed = encode(data, out, "--shard-size", "1", env={"VAECACHE_FAULT": "enospc:2"})
     assert failed.returncode == 1
     assert "No space left on device" in failed.stderr
     assert "Traceback" not in failed.stderr
-    assert run_vaecache("verify", str(out)).returncode == 1
-    rerun = encode(data, out, "--shard-size", "1")
-    assert rerun.returncode == 0, rerun.stderr
-    assert run_vaecache("verify", str(out)).returncode == 0
+    assert verify_here(out).exit_code == 1
+    rerun = encode_here(data, out, "--shard-size", "1")
+    assert rerun.exit_code == 0, rerun.output
+    assert verify_here(out).exit_code == 0
     cache_io.same_tensors(cache_io.tensors(out), reference)
 
 
@@ -112,8 +133,8 @@ def test_sigterm_stops_cleanly_and_rerun_resumes(cache_io, data, reference, tmp_
     assert "rerun the same command to resume" in stderr
     assert not (out / "manifest.json").exists()
     assert not (out / ".lock").exists()
-    rerun = encode(data, out, "--shard-size", "1")
-    assert rerun.returncode == 0, rerun.stderr
+    rerun = encode_here(data, out, "--shard-size", "1")
+    assert rerun.exit_code == 0, rerun.output
     cache_io.same_tensors(cache_io.tensors(out), reference)
 
 
@@ -123,14 +144,14 @@ def test_second_job_on_same_out_is_refused(data, tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         (out / ".lock").write_text(json.dumps({"host": os.uname().nodename, "pid": holder.pid, "job_id": "42"}))
-        refused = encode(data, out)
-        assert refused.returncode == 1
-        assert "locked by another vaecache job" in refused.stderr and str(holder.pid) in refused.stderr
+        refused = encode_here(data, out)
+        assert refused.exit_code == 1
+        assert "locked by another vaecache job" in refused.output and str(holder.pid) in refused.output
     finally:
         holder.kill()
         holder.wait()
-    stale = encode(data, out)  # the holder is dead now: its lock is stale and cleared
-    assert stale.returncode == 0, stale.stderr
+    stale = encode_here(data, out)  # the holder is dead now: its lock is stale and cleared
+    assert stale.exit_code == 0, stale.output
     assert not (out / ".lock").exists()
 
 
@@ -177,8 +198,8 @@ def test_bad_inputs_are_recorded_and_the_run_goes_on(tmp_path):
     data = tmp_path / "data"
     expected = _bad_dataset(data)
     out = tmp_path / "out"
-    result = encode(data, out)
-    assert result.returncode == 3, result.stderr
+    result = encode_here(data, out)
+    assert result.exit_code == 3, result.output
     failures = CacheReader(out).failure_records()
     by_scene = {f["scene"]: f for f in failures}
     assert set(by_scene) == set(expected)
@@ -190,9 +211,9 @@ def test_bad_inputs_are_recorded_and_the_run_goes_on(tmp_path):
         assert fragment in (by_scene[scene]["reason"] + " " + str(by_scene[scene]["path"])), by_scene[scene]
     clips = list(CacheReader(out).clip_records())
     assert sorted({c["scene"] for c in clips}) == ["scene_000", "scene_001"]
-    verified = run_vaecache("verify", str(out))
-    assert verified.returncode == 0, verified.stderr
-    assert f"{len(expected)} skipped input(s)" in verified.stderr
+    verified = verify_here(out)
+    assert verified.exit_code == 0, verified.output
+    assert f"{len(expected)} skipped input(s)" in verified.output
 
 
 def test_on_error_fail_stops_at_first_bad_input(tmp_path):
@@ -212,8 +233,8 @@ def test_cameras_at_different_frame_rates_are_a_bad_input(tmp_path):
     write_demo_dataset(other, DemoDataSpec(scenes=1, cameras=2, frames=9, height=64, width=64, fps=25, seed=1))
     shutil.copy(other / "scene_000" / "cam_1.mp4", data / "scene_001" / "cam_1.mp4")
     out = tmp_path / "out"
-    result = encode(data, out)
-    assert result.returncode == 3, result.stderr
+    result = encode_here(data, out)
+    assert result.exit_code == 3, result.output
     failures = CacheReader(out).failure_records()
     assert [(f["scene"], f["path"].endswith("cam_1.mp4")) for f in failures] == [("scene_001", True)]
     assert "camera 'cam_1' runs at 25 fps, camera 'cam_0' at 10 fps" in failures[0]["reason"]
@@ -227,13 +248,13 @@ def test_resume_on_other_data_is_refused_naming_what_differs(tmp_path: Path, cac
     write_demo_dataset(second, DemoDataSpec(scenes=3, cameras=2, frames=9, height=64, width=64, seed=4))
     out = tmp_path / "out"
     assert encode(first, out, "--shard-size", "1", env={"VAECACHE_FAULT": "crash-after-commit:1"}).returncode == 137
-    elsewhere = encode(second, out, "--shard-size", "1")
-    assert elsewhere.returncode == 2 and "made with other settings (data:" in elsewhere.stderr
+    elsewhere = encode_here(second, out, "--shard-size", "1")
+    assert elsewhere.exit_code == 2 and "made with other settings (data:" in elsewhere.output
     # The same path with other videos in it (same names, same sizes possible): refused, naming a file.
     write_demo_dataset(first, DemoDataSpec(scenes=3, cameras=2, frames=9, height=64, width=64, seed=5))
-    replaced = encode(first, out, "--shard-size", "1")
-    assert replaced.returncode == 2 and "was made from other data" in replaced.stderr
-    assert "scene_000/cam_0.mp4: " in replaced.stderr
+    replaced = encode_here(first, out, "--shard-size", "1")
+    assert replaced.exit_code == 2 and "was made from other data" in replaced.output
+    assert "scene_000/cam_0.mp4: " in replaced.output
     assert not (out / "manifest.json").exists()
 
 
@@ -244,8 +265,8 @@ def test_hash_sources_tells_a_touched_file_from_changed_content(tmp_path: Path) 
     crashed = encode(data, out, "--shard-size", "1", "--hash-sources", env={"VAECACHE_FAULT": "crash-after-commit:1"})
     assert crashed.returncode == 137
     os.utime(data / "scene_000" / "cam_0.mp4")  # touched, same bytes
-    resumed = encode(data, out, "--shard-size", "1", "--hash-sources")
-    assert resumed.returncode == 0, resumed.stderr
+    resumed = encode_here(data, out, "--shard-size", "1", "--hash-sources")
+    assert resumed.exit_code == 0, resumed.output
     recorded = json.loads((out / "run.json").read_text())["sources"]
     assert all(len(entry["sha256"]) == 64 for entry in recorded.values()) and len(recorded) == 2
 
@@ -256,24 +277,22 @@ def _flip_a_byte(shard: Path) -> None:
     shard.write_bytes(bytes(data))
 
 
-def test_a_damaged_shard_is_repaired_by_the_resume(data, reference, tmp_path: Path, cache_io) -> None:
-    out = tmp_path / "out"
-    assert encode(data, out, "--shard-size", "1", env={"VAECACHE_FAULT": "crash-after-commit:3"}).returncode == 137
+def test_a_damaged_shard_is_repaired_by_the_resume(data, reference, crashed_copy: Path, cache_io) -> None:
+    out = crashed_copy
     _flip_a_byte(sorted((out / "shards").glob("*.safetensors"))[0])
-    resumed = encode(data, out, "--shard-size", "1")
-    assert resumed.returncode == 0, resumed.stderr
-    assert "repaired: 1 damaged shard(s)" in resumed.stderr and "sha256 differs" in resumed.stderr
+    resumed = encode_here(data, out, "--shard-size", "1")
+    assert resumed.exit_code == 0, resumed.output
+    assert "repaired: 1 damaged shard(s)" in resumed.output and "sha256 differs" in resumed.output
     cache_io.same_tensors(cache_io.tensors(out), reference)
-    assert run_vaecache("verify", str(out)).returncode == 0
+    assert verify_here(out).exit_code == 0
 
 
-def test_each_resume_hashes_only_the_shards_it_has_not_hashed(data, tmp_path: Path, monkeypatch) -> None:
+def test_each_resume_hashes_only_the_shards_it_has_not_hashed(crashed_copy: Path, monkeypatch) -> None:
     """A requeued job resumes many times: shards hashed intact by one resume are not hashed by the next unless
     their size or mtime changed."""
     from vaecache.cache import repair
 
-    out = tmp_path / "out"
-    assert encode(data, out, "--shard-size", "1", env={"VAECACHE_FAULT": "crash-after-commit:3"}).returncode == 137
+    out = crashed_copy
     hashed: list[str] = []
     real = repair.sha256_file
     monkeypatch.setattr(repair, "sha256_file", lambda path: hashed.append(Path(path).name) or real(path))
@@ -288,22 +307,25 @@ def test_each_resume_hashes_only_the_shards_it_has_not_hashed(data, tmp_path: Pa
     assert hashed == [shards[1].name] and list(damaged) == [f"shards/{shards[1].name}"]
 
 
-def test_encode_again_repairs_a_cache_that_verify_failed(data, reference, tmp_path: Path, cache_io) -> None:
-    out = tmp_path / "out"
-    assert encode(data, out, "--shard-size", "1", env={"VAECACHE_FAULT": "crash-after-commit:3"}).returncode == 137
-    assert encode(data, out, "--shard-size", "1").returncode == 0  # the resume recorded shards 0-2 as hashed
+def test_encode_again_repairs_a_cache_that_verify_failed(data, reference, crashed_copy: Path, cache_io) -> None:
+    out = crashed_copy
+    resumed = encode_here(data, out, "--shard-size", "1")  # the resume recorded shards 0-2 as hashed
+    assert resumed.exit_code == 0, resumed.output
+    # the resume re-encodes none of the 3 committed clips and gives the uninterrupted run's bytes
+    assert "3 clips already committed" in (out / "logs" / "rank-00000.log").read_text()
+    cache_io.same_tensors(cache_io.tensors(out), reference)
     shard = sorted((out / "shards").glob("*.safetensors"))[2]
     stat = shard.stat()
     _flip_a_byte(shard)
     os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # bit rot keeps the mtime: a rerun hashes every shard
-    assert run_vaecache("verify", str(out)).returncode == 1
-    repaired = encode(data, out, "--shard-size", "1")
-    assert repaired.returncode == 0, repaired.stderr
-    assert "repaired: 1 damaged shard(s)" in repaired.stderr
+    assert verify_here(out).exit_code == 1
+    repaired = encode_here(data, out, "--shard-size", "1")
+    assert repaired.exit_code == 0, repaired.output
+    assert "repaired: 1 damaged shard(s)" in repaired.output
     cache_io.same_tensors(cache_io.tensors(out), reference)
-    assert run_vaecache("verify", str(out)).returncode == 0
-    again = encode(data, out, "--shard-size", "1")  # now intact: left alone
-    assert again.returncode == 0 and "already complete" in again.stderr
+    assert verify_here(out).exit_code == 0
+    again = encode_here(data, out, "--shard-size", "1")  # now intact: left alone
+    assert again.exit_code == 0 and "already complete" in again.output
 
 
 @pytest.mark.parametrize("content, kept", [
