@@ -249,6 +249,37 @@ def test_encode_with_a_text_encoder_embeds_in_the_same_run_as_embed_afterwards(d
     assert not (tmp_path / "never").exists()
 
 
+def test_an_encode_that_adds_clips_keeps_the_set_listed_and_the_next_embed_adds_them(caption_cache, wan_text,
+                                                                                      run_cli, tmp_path):
+    import tests.conftest as shared
+
+    lines = (caption_cache.parent / "index.jsonl").read_text().splitlines(keepends=True)
+    index = tmp_path / "index.jsonl"
+    index.write_text("".join(lines[:2]))
+    out = tmp_path / "growing"
+    assert run_cli(["encode", index, "--out", out, *shared.ENCODE_ARGS]).exit_code == 0
+    embed = ["embed", out, "--text-encoder", f"diffusers:{wan_text}", "--condition", "first-frame"]
+    assert run_cli(embed).exit_code == 0
+    before = json.loads((out / "manifest.json").read_text())
+    index.write_text("".join(lines))  # a third scene
+    grown = run_cli(["encode", index, "--out", out, *shared.ENCODE_ARGS])
+    assert grown.exit_code == 0, grown.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["counts"]["clips"] == 3  # the sets still listed, as they were
+    assert manifest["text"] == before["text"] and manifest["conditions"] == before["conditions"]
+    report = " ".join(run_cli(["verify", out]).output.split())
+    assert "text set default: clip scene_002/000000-000008 has no embedding" in report
+    assert "made from other clips than the cache holds now" in report and "does not list" not in report
+    with pytest.raises(KeyError, match="clip scene_002/000000-000008 has no embedding in text set 'default'"):
+        LatentCache(out)["scene_002/000000-000008"]
+    again = run_cli(embed)
+    assert again.exit_code == 0, again.output  # the same encoder and VAE: no --replace needed
+    assert "updated text set 'default'" in again.output and "updated condition set 'first-frame'" in again.output
+    assert run_cli(["verify", out]).exit_code == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["text"]["default"]["clips"] == manifest["conditions"]["first-frame"]["clips"] == 3
+
+
 @pytest.mark.parametrize("crash_at", [1, 3])  # after the first shard; after the last, before the manifest
 def test_a_killed_embed_leaves_nothing_verify_accepts_and_a_rerun_equals_an_uninterrupted_one(
         caption_cache, wan_text, run_cli, tmp_path, crash_at):

@@ -108,13 +108,35 @@ the committed clips go to `committed` (repair_progress). `extra_numerics` (other
     fingerprint = recorded["fingerprint"] if fingerprint is None else fingerprint
     sources = {**recorded.get("sources", {}), **(sources or {})}
     history = numerics_history(recorded, fingerprint, extra_numerics)
+    carried = carried_sets(out, recorded)
     atomic_write_json(out / RUN, {"fingerprint": fingerprint, "attempt": attempt, "sources": sources,
-                                  **({"numerics_history": history} if len(history) > 1 else {})})
+                                  **({"numerics_history": history} if len(history) > 1 else {}),
+                                  **({CARRIED_SETS: carried} if carried else {})})
+    if carried and (out / MANIFEST).exists():
+        log.warning("%s: %s stay listed, made for the clips before this run: run vaecache embed again to add the "
+                    "new clips (until then verify names each clip without one)", out,
+                    ", ".join(f"{kind} set {name}" for kind, sets in sorted(carried.items()) for name in sorted(sets)))
     (out / MANIFEST).unlink(missing_ok=True)
     kept, discarded, damaged = repair_progress(out, committed, shard_problems)
     for file, problem in sorted(damaged.items()):
         log.warning("%s: committed shard is damaged (%s); its clips are encoded again", out / file, problem)
     return PreparedOut(attempt, kept, discarded, damaged=tuple(f"{f}: {p}" for f, p in sorted(damaged.items())))
+
+
+CARRIED_SETS = "carried_sets"
+"""run.json's record of the finished manifest's text and condition sets while a run that adds clips is under way
+(the manifest is gone until finalize), so that finalize lists them again, a crash and resume included."""
+SET_KINDS = ("text", "conditions")
+
+
+def carried_sets(out: Path, recorded: dict[str, Any]) -> dict[str, Any]:
+    """The text and condition sets the next manifest lists again: the finished manifest's, or, once it is gone (a
+    resumed run), what run.json recorded of them."""
+    if (out / MANIFEST).exists():
+        manifest = read_json(out / MANIFEST, "manifest")
+        return {kind: manifest[kind] for kind in SET_KINDS if isinstance(manifest.get(kind), dict) and manifest[kind]}
+    found = recorded.get(CARRIED_SETS)
+    return dict(found) if isinstance(found, dict) else {}
 
 
 def changed_sources(recorded: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]]) -> list[str]:
@@ -329,7 +351,9 @@ class FolderOut:
         from vaecache.cache.finalize import finalize
 
         self.before_finalize(only_writer)
-        manifest = finalize(self.folder, header)
+        recorded = read_json(self.folder / RUN, "run record") if (self.folder / RUN).exists() else {}
+        carried = recorded.get(CARRIED_SETS)
+        manifest = finalize(self.folder, {**header, **(carried if isinstance(carried, dict) else {})})
         self.publish()
         return manifest, CacheReader(self.folder).failure_records()
 

@@ -114,7 +114,7 @@ def _print_condition_summary(summary) -> None:
         console.print(escape(f"condition set {summary.kind!r} of {summary.out} is up to date ({summary.clips} clips, "
                              f"{summary.views} views): nothing written"), soft_wrap=True)
         return
-    verb = "replaced" if summary.replaced else "added"
+    verb = "replaced" if summary.replaced else "updated" if summary.updated else "added"
     console.print(escape(f"{verb} condition set {summary.kind!r} in {summary.out}: {summary.clips} clips, "
                          f"{summary.views} views, {summary.files} files, {human_bytes(summary.bytes)}, "
                          f"{summary.seconds:.1f} s"), soft_wrap=True)
@@ -131,7 +131,7 @@ def _print_text_summary(summary) -> None:
         console.print(escape(f"text set {summary.set_name!r} of {summary.out} is up to date ({summary.clips} clips, "
                              f"{summary.prompts} distinct prompts): nothing written"), soft_wrap=True)
         return
-    verb = "replaced" if summary.replaced else "added"
+    verb = "replaced" if summary.replaced else "updated" if summary.updated else "added"
     console.print(escape(f"{verb} text set {summary.set_name!r} in {summary.out}: {summary.clips} clips, "
                          f"{summary.prompts} distinct prompts ({summary.empty_clips} clips with the empty prompt), "
                          f"{summary.files} files, {human_bytes(summary.bytes)}, {summary.seconds:.1f} s"),

@@ -95,6 +95,8 @@ class ConditionSummary:
     seconds: float = 0.0
     unchanged: bool = False
     replaced: bool = False
+    updated: bool = False
+    """Rewritten for the cache's current clips with the same VAE or image encoder (no --replace needed)."""
     backoffs: list[str] = field(default_factory=list)
     tiled_clips: list[str] = field(default_factory=list)
     """Clips whose condition the out-of-memory backoff encoded with the VAE's tiling (other latents than the
@@ -211,10 +213,13 @@ def embed_conditions(request: ConditionRequest, ctx: Any = None) -> list[Conditi
                 ctx.on_rank0(mend) if ctx is not None else mend()
                 summaries[kind].unchanged = True
                 continue
-            if old is not None and not request.replace:
+            # the same VAE or image encoder: the set follows the cache's clips (an encode added some)
+            follows = old is not None and old.get("fingerprint") == fingerprint
+            if old is not None and not request.replace and not follows:
                 raise UsageError(f"{store.where(MANIFEST)}: the cache already holds condition set {kind!r}, made "
-                                 "from other clips, another VAE or another --shard-size; --replace replaces it")
-            summaries[kind].replaced = old is not None
+                                 "with another VAE or image encoder; --replace replaces it")
+            summaries[kind].replaced = old is not None and request.replace
+            summaries[kind].updated = old is not None and not request.replace
             todo[kind] = (fingerprint, generation)
         written: list[dict[str, Any]] = []
         if todo:

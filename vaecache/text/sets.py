@@ -118,6 +118,8 @@ class EmbedSummary:
     seconds: float = 0.0
     unchanged: bool = False
     replaced: bool = False
+    updated: bool = False
+    """Rewritten for the cache's current clips with the same encoder and captions source (no --replace needed)."""
 
 
 # ----------------------------------------------------------------------------- captions
@@ -283,11 +285,12 @@ def embed_cache(request: EmbedRequest, ctx: Any = None) -> EmbedSummary:
                 summary.unchanged = True
                 summary.seconds = time.perf_counter() - started
                 return summary
-            if not request.replace:
+            # the same encoder and captions source: the set follows the cache's clips (an encode added some)
+            follows = existing.get("fingerprint") == fingerprint and existing.get("captions") == source
+            if not request.replace and not follows:
                 raise UsageError(f"{store.where(MANIFEST)}: the cache already holds text set {name!r}, made with "
-                                 "another encoder, other captions or another --shard-size; --replace replaces it, "
-                                 "--set NAME adds another")
-            summary.replaced = True
+                                 "another encoder or other captions; --replace replaces it, --set NAME adds another")
+            summary.replaced, summary.updated = request.replace, not request.replace
         folder = f"{TEXT_DIR}/{name}/{generation}"
         row_bytes = encoder.hidden_size * torch.empty((), dtype=encoder.dtype).element_size()
         tokens = encoder.token_counts([cleaned[key] for key in keys])

@@ -29,8 +29,7 @@ def check_condition_sets(cache: Any, quick: bool, check_type: type) -> list[Any]
         orphan = check_type("condition sets")
         for name in unlisted:
             orphan.fail(f"{cache.store.where(CONDITIONS_DIR + '/' + name)}: a condition set the manifest does not list "
-                        "(an interrupted first embed --condition, or a set an encode that added clips dropped): run "
-                        "it again, or delete the folder")
+                        "(an interrupted first embed --condition): run it again, or delete the folder")
         rows.append(orphan)
     records: list[dict[str, Any]] | None = None
     for kind in sorted(sets):

@@ -32,8 +32,7 @@ def check_text_sets(cache: Any, quick: bool, check_type: type) -> list[Any]:
         orphan = check_type("text sets")
         for name in unlisted:
             orphan.fail(f"{cache.store.where(TEXT_DIR + '/' + name)}: a text set the manifest does not list (an "
-                        "interrupted first embed, or a set an encode that added clips dropped): embed it again, or "
-                        "delete the folder")
+                        "interrupted first embed): embed it again, or delete the folder")
         rows.append(orphan)
     for name in sorted(sets):
         if ids is None:
