@@ -11,7 +11,8 @@ import torch
 
 from tests.s3 import upload
 from vaecache import LatentCache, LatentDataset, collate_latents
-from vaecache.errors import ManifestError, ShardChecksumError
+from vaecache.cache.reader import CacheReader
+from vaecache.errors import ClipTableError, ManifestError, ShardChecksumError
 
 
 def test_the_reader_over_s3_equals_the_reader_over_the_local_copy(s3, good_cache: Path) -> None:
@@ -38,6 +39,12 @@ def test_a_changed_or_missing_object_is_named(s3, good_cache: Path, tmp_path: Pa
     s3.pipe_file(shard, bytes(data[:-8]))
     with pytest.raises(ShardChecksumError, match="bytes, manifest.json records"):
         LatentCache(url, verify="size")[0]
+    s3.rm("damaged/cache/failures.parquet")
+    with pytest.raises(ClipTableError, match=f"^{url}/failures.parquet: missing$"):
+        CacheReader(url).failure_records()
+    s3.rm("damaged/cache/clips.parquet")
+    with pytest.raises(ClipTableError, match=f"^{url}/clips.parquet: missing$"):
+        next(CacheReader(url).clip_records())
     s3.rm("damaged/cache/manifest.json")
     with pytest.raises(ManifestError, match=f"{url}/manifest.json: no manifest"):
         LatentCache(url)

@@ -27,7 +27,7 @@ from vaecache.cache.manifest import read_manifest
 from vaecache.cache.store import RangedShard, Store, open_store
 from vaecache.cache.table import CLIP_TABLE, FAILURE_TABLE, iter_column, iter_table
 from vaecache.cache.v1 import CLIPS_V1, FAILURES_V1, v1_records
-from vaecache.errors import ManifestError, ShardHeaderError, UnsafePathError
+from vaecache.errors import ClipTableError, ManifestError, ShardHeaderError, UnsafePathError
 
 
 @dataclass(frozen=True)
@@ -90,9 +90,13 @@ class CacheReader:
     def failures_path(self) -> Any:
         return self.store.where(self.failures_name)
 
-    def table_source(self, name: str) -> Any:
-        """What the table readers take for table `name` (Store.table_source)."""
-        return self.store.table_source(name)
+    def table_source(self, name: str, where: Any = None) -> Any:
+        """What the table readers take for table `name` (Store.table_source); a missing object is the table readers'
+        "missing" (ClipTableError naming `where`, default the store's name for it), on either store."""
+        try:
+            return self.store.table_source(name)
+        except FileNotFoundError:
+            raise ClipTableError(f"{where if where is not None else self.store.where(name)}: missing") from None
 
     def shard_files(self) -> dict[str, dict[str, Any]]:
         """Shard records listed in the manifest, by file (relative to OUT; not checked: see `shard_name`)."""
@@ -125,23 +129,22 @@ class CacheReader:
         if self.version == 1:
             yield from v1_records(self.clips_path)
         else:
-            yield from iter_table(self.table_source(self.clips_name), CLIP_TABLE, where=self.clips_path)
+            yield from iter_table(self.table_source(self.clips_name, self.clips_path), CLIP_TABLE,
+                                  where=self.clips_path)
 
     def clip_ids(self) -> Iterator[str]:
         """Clip ids in table order; version 2 reads the id column alone."""
         if self.version == 1:
             yield from (record.get("id") for record in v1_records(self.clips_path))
         else:
-            yield from iter_column(self.table_source(self.clips_name), CLIP_TABLE, "id", where=self.clips_path)
+            yield from iter_column(self.table_source(self.clips_name, self.clips_path), CLIP_TABLE, "id",
+                                   where=self.clips_path)
 
     def failure_records(self) -> list[dict[str, Any]]:
         if self.version == 1:
             return list(v1_records(self.failures_path))
-        try:
-            source = self.table_source(self.failures_name)
-        except FileNotFoundError:
-            source = self.failures_path  # named missing by the table reader
-        return list(iter_table(source, FAILURE_TABLE, where=self.failures_path))
+        return list(iter_table(self.table_source(self.failures_name, self.failures_path), FAILURE_TABLE,
+                               where=self.failures_path))
 
     def shard_of(self, record: dict[str, Any]) -> str:
         """The shard a clip record names, refused (UnsafePathError) when the record could name a file elsewhere."""
