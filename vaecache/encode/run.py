@@ -74,15 +74,28 @@ def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None 
 
 
 def _start_and_run(run: EncodeRun) -> EncodeSummary:
-    run.out.pull_start()  # OUT usable as far as can be told before the fingerprint (a URL's records fetched)
     # Start-up writes nothing, so a Ctrl-C in it ends the command at once (the CLI prints one line).
-    cfg, ctx = run.cfg, run.ctx
-    recorded_impl = None if cfg.overwrite else run.out.recorded_encoder_impl()
-    if cfg.clip.encoder_impl == "auto" and recorded_impl is not None:
-        cfg = dataclasses.replace(cfg, clip=dataclasses.replace(cfg.clip, encoder_impl=recorded_impl))
-        run = dataclasses.replace(run, cfg=cfg)
-    start = start_up(StartRequest(cfg, ctx.device, ctx.info.world_size, ctx.mesh.sp_size, on_error=cfg.on_error,
-                                  probe_cache=run.out.probes_folder()), ctx, run.reporting.meter)
+    ctx = run.ctx
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="vaecache-out") as pool:
+        # OUT usable as far as can be told before the fingerprint, and a URL's records fetched, while DATA is listed
+        pulled = pool.submit(run.out.pull_start) if not run.out.store.local else None
+        if pulled is None:
+            run.out.pull_start()
+
+        def out_ready() -> EncodeConfig:
+            nonlocal run
+            if pulled is not None:
+                pulled.result()
+            recorded_impl = None if run.cfg.overwrite else run.out.recorded_encoder_impl()
+            if run.cfg.clip.encoder_impl == "auto" and recorded_impl is not None:
+                run = dataclasses.replace(run, cfg=dataclasses.replace(
+                    run.cfg, clip=dataclasses.replace(run.cfg.clip, encoder_impl=recorded_impl)))
+            return run.cfg
+
+        start = start_up(StartRequest(run.cfg, ctx.device, ctx.info.world_size, ctx.mesh.sp_size,
+                                      on_error=run.cfg.on_error, probe_cache=run.out.probes_folder(),
+                                      out_ready=out_ready), ctx, run.reporting.meter)
+    cfg = run.cfg
     # What --views-per-forward all came to for this dataset: recorded, and compared on resume.
     cfg = dataclasses.replace(cfg, clip=dataclasses.replace(cfg.clip, views_per_forward=start.job.views_per_forward))
     # From here on stop signals are caught, so one arriving while OUT is prepared or the manifest is

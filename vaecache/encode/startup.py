@@ -7,7 +7,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -46,6 +46,9 @@ class StartRequest:
     """A folder of per-rank probe-cache files (OUT/probes) that spares opening videos probed before."""
     keep_probes: bool = False
     """Keep every scene's probe in StartUp.probes (plan lists scenes; encode plans from them and lets them go)."""
+    out_ready: Callable[[], Any] | None = None
+    """Called once DATA is listed, before the probe cache is read: waits for OUT's records (fetched meanwhile) and
+    returns the settings to go on with (encode: the encoder implementation a resume recorded)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,8 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
                                                          settings.nuscenes_version, settings.columns,
                                                          settings.lerobot_state))
     sync = resolved_sync(sampling.sync, found)
+    if request.out_ready is not None:
+        settings = request.out_ready()
     cache = request.probe_cache
     with meter_phase(meter, "probe", "scenes") as advance:
         probed = probe_dataset(found.scenes, ctx, workers=settings.probe_workers, advance=advance, sync=sync,
