@@ -105,17 +105,19 @@ def test_sp_size_must_divide_world(data, tmp_path, torchrun):
 def test_kill_9_of_two_rank_job_then_rerun_with_other_world_size(cache_io, data, reference, tmp_path, procs, torchrun,
                                                                  verify_ok):
     out = tmp_path / "out"
-    proc = subprocess.Popen(procs.torchrun_cmd(2, "encode", data, "--out", out, *ARGS, "--shard-size", "1",
-                                               "--workers", "0"),
-                            env=procs.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    deadline = time.monotonic() + 120
-    shards = out / "shards"
-    while time.monotonic() < deadline and proc.poll() is None:
-        if shards.is_dir() and any(p.suffix == ".safetensors" for p in shards.iterdir()):
-            break
-        time.sleep(0.01)
-    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks, mid-flight
+    with open(tmp_path / "killed.stderr", "w+") as stderr:
+        proc = subprocess.Popen(procs.torchrun_cmd(2, "encode", data, "--out", out, *ARGS, "--shard-size", "1",
+                                                   "--workers", "0"),
+                                env=procs.env(), stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+        deadline = time.monotonic() + 120
+        shards = out / "shards"
+        while time.monotonic() < deadline and proc.poll() is None:
+            if shards.is_dir() and any(p.suffix == ".safetensors" for p in shards.iterdir()):
+                break
+            time.sleep(0.01)
+        stderr.seek(0)
+        assert proc.poll() is None, f"the job ended (exit {proc.returncode}) before a shard:\n{stderr.read()[-3000:]}"
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks, mid-flight
     proc.wait()
     assert not (out / "manifest.json").exists()
     rerun = torchrun(3, data, out, "--shard-size", "1", "--workers", "0")

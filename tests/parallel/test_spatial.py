@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import invoke
 from vaecache.errors import UsageError
 from vaecache.parallel.spatial import halo_memory_format, plan_bands
 
@@ -143,7 +144,8 @@ def test_encode_in_spatial_mode_matches_a_one_process_encode(procs, demo_data: P
     _split_against_one_process(procs, demo_data, tmp_path, cache_io, 2, ENCODE)
     manifest = cache_io.manifest(tmp_path / "split")
     assert (manifest["settings"]["sp_mode"], manifest["settings"]["sp_size"]) == ("spatial", 2)
-    assert procs.vaecache("verify", tmp_path / "split").returncode == 0
+    verified = invoke(["verify", tmp_path / "split"])
+    assert verified.exit_code == 0, verified.output
     resumed_as_views = procs.torchrun(2, "encode", demo_data, "--out", tmp_path / "split", *ENCODE, "--sp-size", "2")
     assert resumed_as_views.returncode != 0 and "made with other settings (parallel" in resumed_as_views.stderr
 
