@@ -48,6 +48,27 @@ _quiet_diffusers()
 torch.set_num_threads(1)
 
 
+# pytest-xdist: CI runs the suite as `-n 2 --dist loadgroup`. Tests that must share one worker are named here by file:
+# the SLURM tests start one local cluster per pytest session (tests/e2e/slurm/conftest.py, stopped at its end) and
+# submit the jobs of every selected test together, so two workers would start two clusters on the same daemons'
+# pidfiles. (xdist 3.8's own `xdist_group` mark does nothing under pytest 9: it renames `item._nodeid`, which
+# pytest 9 no longer reads; hence this scheduler, which groups by path and still honours a working `@group`.)
+ONE_WORKER = {"tests/e2e/slurm/test_sbatch.py": "slurm"}
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class PathGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return ONE_WORKER.get(nodeid.split("::", 1)[0]) or super()._split_scope(nodeid)
+
+    return PathGroups(config, log)
+
+
 def invoke(args: Sequence[Any], env: dict[str, str] | None = None) -> Result:
     """Run `vaecache ARGS` in-process; stdout and stderr are both in `result.output`.
 

@@ -22,6 +22,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+# Under pytest-xdist (CI: -n 2 --dist loadgroup) every test of this file runs on one worker: see ONE_WORKER in
+# tests/conftest.py (one local cluster per session, and the jobs of all these tests submitted together).
 pytestmark = pytest.mark.slurm
 
 TWO_TASKS = ["--ntasks=2", "--cpus-per-task=1", "--overcommit"]
