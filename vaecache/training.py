@@ -133,7 +133,7 @@ class LatentCache:
         `condition/<kind>`: for first-frame and first-last (cameras, temporal_factor + C, latent frames, h, w)
         float32, the frame mask then the normalized condition latents, as WanImageToVideoPipeline.prepare_latents
         returns them per camera; for image-features (cameras, tokens, hidden) as stored."""
-        from vaecache.conditions.sets import condition_set_names
+        from vaecache.conditions.reader import condition_set_names
 
         return condition_set_names(self.manifest)
 
@@ -142,7 +142,7 @@ class LatentCache:
         latents; image-features: the features as stored), or with `normalized=False` the stored tensor (the
         posterior mean of the condition video, (cameras, C, F, h, w); the features)."""
         if self._conditions is None:
-            from vaecache.conditions.sets import ConditionSet
+            from vaecache.conditions.reader import ConditionSet
 
             self._conditions = {kind: ConditionSet(self.store, self.manifest, kind, self.verify)
                                 for kind in self.condition_sets}

@@ -87,6 +87,10 @@ _STATS_CHUNK = 1 << 18
 """Elements converted to float64 at a time: no full float64 copy of a large tensor."""
 
 
+STATS_RTOL = 1e-6
+"""The relative tolerance verify checks a recorded statistic to (the sums are float64, but their order may differ)."""
+
+
 def tensor_stats(tensor: torch.Tensor) -> dict[str, float]:
     """Summary values recorded per tensor at encode time; verify recomputes them from the stored bytes.
 

@@ -18,7 +18,6 @@ encodes through the same runner as the latents (views batched as recorded, out-o
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import time
 from dataclasses import dataclass, field
@@ -29,7 +28,6 @@ import torch
 from vaecache import faults
 from vaecache.cache.layout import CONDITIONS_DIR, MANIFEST
 from vaecache.cache.sets import (
-    SetShards,
     delete_unlisted,
     file_entry,
     generation_of,
@@ -43,9 +41,8 @@ from vaecache.conditions.kinds import (
     check_condition_vae,
     condition_video,
     parse_condition_kinds,
-    pipeline_condition,
 )
-from vaecache.errors import ManifestError, UsageError, VaecacheError
+from vaecache.errors import UsageError, VaecacheError
 
 SHARD_PREFIX = "conditions-"
 CLIPS_TABLE = "clips.parquet"
@@ -340,68 +337,4 @@ def _write_table(store: Any, folder: str, results: list[dict[str, Any]],
             "tiled_clips": sorted(clip for clip in ids if any(facts[clip]["tiled"]))}
 
 
-# ----------------------------------------------------------------------------- reading
-
-
-def condition_set_names(manifest: dict[str, Any]) -> list[str]:
-    return sorted((manifest.get("conditions") or {}))
-
-
-class ConditionSet:
-    """One condition set of a finished cache: `mean(clip)` the stored posterior mean, `pipeline(clip)` the tensor
-    the pipeline builds from it (mask and normalized latents)."""
-
-    def __init__(self, store: Any, manifest: dict[str, Any], kind: str, verify: str = "size") -> None:
-        import pyarrow.parquet as pq
-
-        self.verify = verify
-        entries = manifest.get("conditions") or {}
-        if kind not in entries:
-            raise KeyError(f"{store.location}: no condition set {kind!r} (sets: "
-                           f"{', '.join(sorted(entries)) or 'none'})")
-        self.kind, self.entry, self.store = kind, entries[kind], store
-        fingerprint = self.entry.get("fingerprint") or {}
-        normalization = (fingerprint.get("vae") or {}).get("normalization") or {}
-        self.latents_mean = list(normalization.get("latents_mean") or [])
-        self.latents_std = list(normalization.get("latents_std") or [])
-        self.temporal_factor = int((fingerprint.get("frame_rule") or {}).get("temporal_factor") or 1)
-        table = (self.entry.get("tables") or {}).get("clips")
-        file = table.get("file") if isinstance(table, dict) else None
-        if not isinstance(file, str) or not file.startswith(f"{CONDITIONS_DIR}/{kind}/"):
-            raise ManifestError(f"{store.where(MANIFEST)}: condition set {kind!r}: its clip table entry {table!r} "
-                                f"is not a file of {CONDITIONS_DIR}/{kind}/")
-        try:
-            clips = pq.read_table(io.BytesIO(store.read(store.checked_name(file, f"condition set {kind}"))))
-        except FileNotFoundError as exc:
-            raise ManifestError(f"{store.location}: condition set {kind!r}: its clip table is missing ({exc})") \
-                from None
-        ids = clips.column("id").to_pylist()
-        self._shard_of = dict(zip(ids, clips.column("shard").to_pylist()))
-        self._frames_of = dict(zip(ids, clips.column("frames").to_pylist()))
-        self._shards = SetShards(store, self.entry, verify, f"condition set {kind!r}")
-
-    def clips(self) -> list[str]:
-        return list(self._shard_of)
-
-    def stored(self, clip: str) -> torch.Tensor:
-        """The stored tensor: the posterior mean (cameras, C, latent frames, h, w) in the VAE's dtype, or
-        image-features (cameras, tokens, hidden)."""
-        shard = self._shard_of.get(clip)
-        if shard is None:
-            raise KeyError(f"clip {clip} has no condition in set {self.kind!r}")
-        handle = self._shards.open(shard, f"clip {clip}")
-        try:
-            return handle.get_tensor(clip)
-        except Exception as exc:  # safetensors raises its own error type for a missing tensor
-            raise ManifestError(f"{self.store.where(shard)}: holds no condition for clip {clip} ({exc})") from None
-
-    def pipeline(self, clip: str) -> torch.Tensor:
-        """The tensor the pipeline uses: for first-frame and first-last, (cameras, temporal_factor + C, latent frames,
-        h, w) float32, `cat([mask, latent_condition])` as WanImageToVideoPipeline.prepare_latents returns it for each
-        camera; for image-features the stored features (cameras, tokens, hidden) in the convention's dtype."""
-        return pipeline_condition(self.stored(clip), self.kind, int(self._frames_of[clip]), self.temporal_factor,
-                                  self.latents_mean, self.latents_std)
-
-
-__all__ = ["ConditionRequest", "ConditionSet", "ConditionSummary", "condition_fingerprint", "condition_set_names",
-           "embed_conditions"]
+__all__ = ["ConditionRequest", "ConditionSummary", "condition_fingerprint", "embed_conditions"]

@@ -195,7 +195,7 @@ def musubi_image_latent(spec: MusubiArch, condition: torch.Tensor, num_frames: i
 def musubi_condition_set(cache: Any, spec: MusubiArch, condition: str, where: Path | str) -> Any:
     """The ConditionSet whose first-frame latents the export writes as musubi's `latents_image`, or None ("none",
     or "auto" without a first-frame set); an ExportError where musubi has no convention for what is asked."""
-    from vaecache.conditions.sets import ConditionSet
+    from vaecache.conditions.reader import ConditionSet
 
     kinds = [kind for kind in cache.condition_sets if kind != "image-features"]
     if condition == "none" or (condition == "auto" and "first-frame" not in kinds):
@@ -219,7 +219,7 @@ def musubi_image_features(cache: Any, spec: MusubiArch, condition: str, where: P
     """The image-features ConditionSet written as musubi's Wan I2V `clip_<dtype>` (or None), and a note for the
     summary: features are written under "auto" only, and only in musubi's own convention (in another they are
     another computation than musubi's CLIP, so they are left out, saying how to add them)."""
-    from vaecache.conditions.sets import ConditionSet
+    from vaecache.conditions.reader import ConditionSet
 
     if condition != "auto" or "image-features" not in cache.condition_sets or spec.short != "wan":
         return None, ""

@@ -108,7 +108,7 @@ def export_webdataset(cache_dir: Path | str, target: Path, verify: str = "size",
     from vaecache.text.sets import TextSet
 
     texts = [TextSet(cache.store, cache.manifest, name, cache.verify) for name in cache.text_sets]
-    from vaecache.conditions.sets import ConditionSet
+    from vaecache.conditions.reader import ConditionSet
 
     conditions = [ConditionSet(cache.store, cache.manifest, kind, cache.verify) for kind in cache.condition_sets]
     size = 0

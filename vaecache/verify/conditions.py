@@ -78,9 +78,8 @@ def _check_set(cache: Any, kind: str, entry: Any, records: list[dict[str, Any]],
     from safetensors.torch import load as safetensors_load
 
     from vaecache.cache.reader import shard_header
-    from vaecache.cache.writer import tensor_stats
+    from vaecache.cache.writer import STATS_RTOL, tensor_stats
     from vaecache.conditions.sets import latent_shape
-    from vaecache.verify.integrity import STATS_RTOL
 
     shapes = {record["id"]: latent_shape(record) for record in records}
     frame_counts = {record["id"]: len(record["frames"]) for record in records}
@@ -163,7 +162,7 @@ def check_condition_reencode(cache: Any, count: int, seed: int, device: Any, tol
     with the cache's VAE, compared with the stored tensors."""
     import random
 
-    from vaecache.conditions.sets import ConditionSet
+    from vaecache.conditions.reader import ConditionSet
     from vaecache.training import LatentCache
 
     sets = cache.manifest.get("conditions") or {}

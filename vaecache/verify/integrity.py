@@ -27,14 +27,13 @@ from vaecache.cache.provenance import IdentityMemo, frames_identity, identity_ch
 from vaecache.cache.reader import CacheReader, record_problem, shard_header
 from vaecache.cache.store import open_store
 from vaecache.cache.v1 import iter_v1_clip_records
-from vaecache.cache.writer import tensor_stats
+from vaecache.cache.writer import STATS_RTOL, tensor_stats
 from vaecache.errors import ClipTableError, ManifestError, OutputError, ShardHeaderError, UnsafePathError
 from vaecache.settings.dtypes import SAFETENSORS_NAMES
 from vaecache.verify.conditions import check_condition_sets
 from vaecache.verify.text import check_text_sets
 
 MAX_EXAMPLES = 5
-STATS_RTOL = 1e-6
 """Recorded stats are float64 reductions; recomputing them may differ in the last bits with thread count."""
 
 
