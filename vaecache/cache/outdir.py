@@ -415,9 +415,6 @@ class DiskOut(FolderOut):
     def publish(self) -> None:
         """Finalize wrote the tables and the manifest (last) into OUT."""
 
-    def push_log(self, rank: int, attempt: int, path: Path) -> None:
-        """The rank's log is in OUT already."""
-
     def end_run(self, rank: int, attempt: int, log_file: Path, holds_lock: bool) -> None:
         """The end of a rank's run: the log is in OUT already; rank 0 releases the lock."""
         if holds_lock:

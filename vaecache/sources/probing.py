@@ -84,16 +84,13 @@ def open_scene(scene: Scene, recent: RecentProbes | None = None) -> list[CameraP
                 recent.put(key, result)
         return result
 
+    results: Iterable[CameraProbe | VideoDecodeError]
     if sum(isinstance(source, str) and is_url(source) for source in sources) > 1:
         # each object costs a store's round trips, which one camera after another would add up: opened side by side
         with ThreadPoolExecutor(max_workers=len(sources), thread_name_prefix="vaecache-probe-camera") as pool:
             results = list(pool.map(probe, sources))
     else:
-        results = []
-        for source in sources:
-            results.append(probe(source))
-            if isinstance(results[-1], VideoDecodeError):
-                break
+        results = map(probe, sources)  # lazily: no camera past the first unreadable one is opened
     found: list[CameraProbe | VideoDecodeError] = []
     for result in results:
         found.append(result)
