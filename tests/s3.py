@@ -81,7 +81,7 @@ class StoreProxy:
     """An HTTP proxy in front of the S3 server that answers some requests itself with an error, as a real store
     does under load or without permission: `rules` maps a method, or "METHOD text" (a request of that method whose
     path holds the text), to (how many of its requests, status, S3 error code); every other request is forwarded.
-    Counts what it answered itself in `answered` (by rule)."""
+    Counts what it answered itself in `answered` (by rule), and every request it saw in `seen` (by method)."""
 
     def __init__(self, upstream: str, rules: dict[str, tuple[int, int, str]]) -> None:
         import http.client
@@ -91,6 +91,7 @@ class StoreProxy:
 
         self.rules = {method: list(rule) for method, rule in rules.items()}
         self.answered: dict[str, int] = {}
+        self.seen: dict[str, int] = {}
         target = urllib.parse.urlsplit(upstream)
         proxy = self
 
@@ -101,6 +102,7 @@ class StoreProxy:
                 pass
 
             def _any(self) -> None:
+                proxy.seen[self.command] = proxy.seen.get(self.command, 0) + 1
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 key = next((key for key in proxy.rules if key == self.command

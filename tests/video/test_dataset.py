@@ -30,3 +30,30 @@ def test_videos_at_a_url_open_ahead_together_and_a_changed_one_is_still_refused(
         assert decoder.decode(good, [0, 1]).shape == (3, 2, 64, 64)
     finally:
         decoder.close()
+
+
+def test_a_changed_file_check_of_an_object_costs_no_request_of_its_own(s3: Any, s3_endpoint: str, demo_data: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.s3 import StoreProxy
+    from vaecache.urls import set_data_storage_options
+
+    make_bucket(s3, "one-head")
+    url = upload(s3, demo_data, "one-head", "data")
+    videos = [f"{url}/scene_000/cam_0.mp4", f"{url}/scene_000/cam_1.mp4", f"{url}/scene_001/cam_0.mp4"]
+    identities = [url_stat(video) for video in videos]
+    counting = StoreProxy(s3_endpoint, {})
+    decoder = ViewDecoder(64, 64)
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", counting.endpoint)
+        set_data_storage_options({})  # a decode worker's own client: nothing listed, nothing cached
+        decoder.open_ahead([(video, identity, None) for video, identity in zip(videos[:2], identities)])
+        decoder.check(videos[2], identity=identities[2])
+        for video, identity in zip(videos, identities):
+            decoder.check(video, identity=identity)
+        assert counting.seen["HEAD"] == 3  # the HEAD each open makes is the check
+        with pytest.raises(VideoDecodeError, match=r"cam_0\.mp4: changed since it was probed \(size"):
+            ViewDecoder(64, 64).check(videos[0], identity=(identities[0][0] + 1, identities[0][1]))
+    finally:
+        decoder.close()
+        counting.close()
+        set_data_storage_options({})

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 import numpy as np
 import torch
@@ -16,7 +16,7 @@ from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS
 from vaecache.urls import is_url
 from vaecache.video.backends import PYAV, Backend, ForeignReader, open_camera
 from vaecache.video.frames import FrameList, FrameSequence, files_identity, is_image_source
-from vaecache.video.identity import source_stat
+from vaecache.video.identity import identity_on_open, source_stat
 from vaecache.video.reader import VideoReader
 from vaecache.video.resize import resize_fit, to_model_range
 from vaecache.video.sync import synchronized_frames
@@ -79,21 +79,24 @@ class ViewDecoder:
 
         def unchanged(source: str) -> bool:
             identity = todo[source][0]
+            if identity is None or identity_on_open(source):
+                return True  # judged from the reader below
             try:
-                if identity is not None:
-                    check_identity(source, *identity)
+                check_identity(source, *identity)
                 return True
             except Exception:
                 return False
 
-        # the changed-file check (a HEAD) and the open (ranged GETs) side by side: a reader of a changed object is
-        # closed unused, and `check` refuses the object by name
+        # a tar member's or an episode's changed-file check (a HEAD of its file) and the open (ranged GETs) side by
+        # side; a whole object is judged from the request that opened it. A reader of a changed object is closed
+        # unused, and `check` refuses the object by name.
         with ThreadPoolExecutor(max_workers=2 * len(todo), thread_name_prefix="vaecache-open") as pool:
             checks = [pool.submit(unchanged, source) for source in todo]
             readers = list(pool.map(open_one, todo))
-            for index, check in enumerate(checks):
-                if not check.result() and readers[index] is not None:
-                    readers[index].close()  # type: ignore[union-attr]
+            for index, (check, source) in enumerate(zip(checks, todo)):
+                reader = readers[index]
+                if reader is not None and (not check.result() or _changed(todo[source][0], reader)):
+                    reader.close()
                     readers[index] = None
         for source, reader in zip(todo, readers):
             if reader is not None:
@@ -115,13 +118,17 @@ class ViewDecoder:
               identity: tuple[int, int] | None = None, fps: float | None = None) -> None:
         """Open `path` (VideoDecodeError when it cannot be, or its frames exceed the budget), and refuse it unless
         it has `expect` = (frames, width, height) as planned and, where an index recorded it, `identity` =
-        (size, mtime_ns): a file rewritten since it was probed is refused before it is opened, even with the same
-        frame count and size."""
+        (size, mtime_ns): a file rewritten since it was probed is refused, even with the same frame count and size:
+        before it is opened, or, for a whole object at a URL, by the request that opens it, before a frame is decoded
+        (so that its check costs no request of its own)."""
         key = path.key if isinstance(path, FrameList) else path
-        if identity is not None and key not in self._readers and not isinstance(path, FrameList):
-            check_identity(path, *identity)
+        judge = identity if key not in self._readers and not isinstance(path, FrameList) else None
+        if judge is not None and not identity_on_open(path):
+            check_identity(path, *judge)  # type: ignore[arg-type]  # not a FrameList here
         try:
             reader = self._reader(path, fps)
+            if _changed(judge, reader):
+                raise_changed(path, judge, reader.opened_identity)  # type: ignore[arg-type,union-attr]
             if expect is not None:
                 reader.check_probe(*expect)
         except VideoDecodeError:
@@ -143,14 +150,26 @@ class ViewDecoder:
 def check_identity(path: str, size: int, mtime_ns: int) -> None:
     """VideoDecodeError naming both values unless `path` (a video, a frame folder or glob) still has the size and
     mtime its probe recorded."""
-    import datetime as _dt
-
     try:
-        found_size, found_mtime = source_stat(path)
+        found = source_stat(path)
     except (OSError, VideoDecodeError):
         return  # opening it names the problem
-    if (found_size, found_mtime) == (size, mtime_ns):
-        return
+    if found != (size, mtime_ns):
+        raise_changed(path, (size, mtime_ns), found)
+
+
+def _changed(identity: tuple[int, int] | None, reader: Any) -> bool:
+    """Whether the reader of an object opened at a URL found another version than the probe recorded."""
+    found = getattr(reader, "opened_identity", None)
+    return identity is not None and found is not None and tuple(found) != tuple(identity)
+
+
+def raise_changed(path: str, recorded: tuple[int, int], found: tuple[int, int]) -> NoReturn:
+    """VideoDecodeError naming what changed between the probe's (size, mtime_ns) and the one found."""
+    import datetime as _dt
+
+    size, mtime_ns = recorded
+    found_size, found_mtime = found
 
     def when(ns: int) -> str:
         return _dt.datetime.fromtimestamp(ns / 1e9, _dt.timezone.utc).isoformat(timespec="microseconds")

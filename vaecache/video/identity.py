@@ -10,7 +10,7 @@ from typing import Any
 from vaecache.urls import is_url, url_stat
 from vaecache.video.frames import files_identity, frame_files, is_image_source
 from vaecache.video.members import member_identity, member_of
-from vaecache.video.spans import file_of
+from vaecache.video.spans import file_of, span_of
 
 
 def source_stat(source: Any) -> tuple[int, int]:
@@ -27,4 +27,11 @@ def source_stat(source: Any) -> tuple[int, int]:
     return stat.st_size, stat.st_mtime_ns
 
 
-__all__ = ["source_stat"]
+def identity_on_open(source: Any) -> bool:
+    """Whether opening `source` tells its identity without a request of its own: a whole video object at a URL,
+    whose reader learns it from the request that opens it (VideoReader.opened_identity)."""
+    return (isinstance(source, str) and is_url(source) and not is_image_source(source) and member_of(source) is None
+            and span_of(source) is None)
+
+
+__all__ = ["identity_on_open", "source_stat"]

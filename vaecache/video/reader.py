@@ -32,7 +32,7 @@ from av.video.reformatter import VideoReformatter
 
 from vaecache.errors import FrameBudgetError, VideoDecodeError, first_line
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS, frame_budget_problem
-from vaecache.urls import is_url, open_url
+from vaecache.urls import is_url, mtime_ns, open_url
 from vaecache.video.frames import checked_request
 from vaecache.video.members import member_of, open_member
 
@@ -188,6 +188,15 @@ class VideoReader:
     def pixel_format(self) -> str | None:
         """The decoded pixel format (yuv420p, yuv420p10le, ...), None where the stream does not say."""
         return self._stream.codec_context.pix_fmt
+
+    @property
+    def opened_identity(self) -> tuple[int, int] | None:
+        """(size, mtime_ns) of the object at a URL as it was opened, from the request that opened it (every read
+        of it is conditional on that version's ETag); None for a file on disk or in a tar."""
+        if self._url_file is None:
+            return None
+        details = self._url_file.details
+        return int(details.get("size") or 0), mtime_ns(details)
 
     def check_probe(self, frames: int, width: int, height: int) -> None:
         """Refuse a video that is not what its probe (an index, the probe cache) says: it changed since."""
