@@ -9,7 +9,8 @@ requests in flight at the same time are held side by side (one thread per client
 hides the delay as it would against a real store. Bandwidth is not limited: bodies are streamed at loopback
 speed.
 
-Standard library only: a ThreadingHTTPServer on a free loopback port speaking HTTP/1.1 with keep-alive towards the
+Standard library only: in a process of its own (a remote store's delay costs the client neither CPU nor its
+interpreter lock), a ThreadingHTTPServer on a free loopback port speaking HTTP/1.1 with keep-alive towards the
 client (botocore and aiohttp reuse connections), one http.client connection to the upstream server per client
 connection (reused while the upstream keeps it open), request and response bodies streamed in 64 KiB pieces
 (Content-Length bodies as they are, chunked request bodies passed through verbatim, responses without a length
@@ -27,12 +28,17 @@ import contextlib
 import http.client
 import http.server
 import select
+import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.parse
+import urllib.request
 from typing import Iterator
 
 PIECE = 64 * 1024
+COUNT_PATH = "/--proxy-requests"  # no bucket can be named so
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
                         "te", "trailer", "upgrade", "transfer-encoding", "expect"})
 
@@ -87,6 +93,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         return conn
 
     def _proxy(self) -> None:
+        if self.path == COUNT_PATH:  # the parent asking how many requests were forwarded; not forwarded itself
+            self._send_count()
+            return
         self.server.count()
         if self.server.latency_ms > 0:
             time.sleep(self.server.latency_ms / 1000)
@@ -172,6 +181,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         finally:
             response.close()
 
+    def _send_count(self) -> None:
+        data = str(self.server.requests).encode()
+        self.send_response_only(200, "OK")
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def _fail(self, exc: BaseException) -> None:
         body = f"s3 latency proxy: upstream {self.server.upstream[0]}:{self.server.upstream[1]} failed: {exc}\n"
         data = body.encode()
@@ -188,19 +205,45 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             pass
 
 
+class ProxyProcess:
+    """A DelayingProxy running in its own process: `endpoint`, `latency_ms`, `requests` (asked of it)."""
+
+    def __init__(self, endpoint: str, latency_ms: float) -> None:
+        self.endpoint, self.latency_ms = endpoint, latency_ms
+
+    @property
+    def requests(self) -> int:
+        with urllib.request.urlopen(self.endpoint + COUNT_PATH, timeout=30) as answer:
+            return int(answer.read())
+
+
 @contextlib.contextmanager
-def delaying_proxy(upstream: str, latency_ms: float) -> Iterator[DelayingProxy]:
-    """Run a DelayingProxy in front of `upstream` (http://host:port) on a free loopback port while the block runs."""
-    proxy = DelayingProxy(upstream, latency_ms)
-    thread = threading.Thread(target=proxy.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True,
-                              name="s3-latency-proxy")
-    thread.start()
+def delaying_proxy(upstream: str, latency_ms: float) -> Iterator[ProxyProcess]:
+    """Run a DelayingProxy in front of `upstream` (http://host:port) on a free loopback port while the block runs,
+    in a process of its own: a remote store's round trip costs the client no CPU and no hold of its interpreter
+    lock, and the proxy's copying of every body in Python would take both from a run in the same process."""
+    child = subprocess.Popen([sys.executable, __file__, "--serve", upstream, str(latency_ms)],
+                             stdout=subprocess.PIPE, text=True)
     try:
-        yield proxy
+        assert child.stdout is not None
+        endpoint = child.stdout.readline().strip()
+        if not endpoint.startswith("http://"):
+            raise RuntimeError(f"the latency proxy did not start (exit {child.poll()})")
+        yield ProxyProcess(endpoint, latency_ms)
     finally:
-        proxy.shutdown()
+        child.terminate()
+        child.wait(timeout=30)
+
+
+def _serve(upstream: str, latency_ms: float) -> None:
+    """The proxy's process: print its endpoint, then serve until terminated."""
+    proxy = DelayingProxy(upstream, latency_ms)
+    print(proxy.endpoint, flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        proxy.serve_forever(poll_interval=0.1)
+    finally:
         proxy.server_close()
-        thread.join(timeout=10)
 
 
 def _selftest(latency_ms: float = 30.0) -> None:
@@ -244,6 +287,7 @@ def _selftest(latency_ms: float = 30.0) -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
-    _selftest(float(sys.argv[1]) if len(sys.argv) > 1 else 30.0)
+    if sys.argv[1:2] == ["--serve"]:
+        _serve(sys.argv[2], float(sys.argv[3]))
+    else:
+        _selftest(float(sys.argv[1]) if len(sys.argv) > 1 else 30.0)
