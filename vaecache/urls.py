@@ -183,7 +183,9 @@ def set_data_storage_options(options: dict[str, Any]) -> None:
 
 def data_filesystem(url: str) -> tuple[Any, str]:
     """(filesystem, path in it) for a source at `url`: one per process and protocol, however many threads ask at once
-    (a client costs a tenth of a second of CPU to make)."""
+    (a client costs a tenth of a second of CPU to make). A process forked after DATA was listed (a decode worker)
+    starts from that listing: the size and ETag an object is opened with come from it, as in the parent that
+    planned from it, instead of a HEAD per object (a read of an object changed since still fails, on its ETag)."""
     protocol = url.split("://", 1)[0]
     key = (os.getpid(), protocol)
     fs = _DATA_FILESYSTEMS.get(key)
@@ -192,6 +194,12 @@ def data_filesystem(url: str) -> tuple[Any, str]:
             fs = _DATA_FILESYSTEMS.get(key)
             if fs is None:
                 fs, _ = open_filesystem(url, _DATA_OPTIONS)
+                inherited = [other for other in _DATA_FILESYSTEMS if other[0] != key[0]]
+                parent = next((_DATA_FILESYSTEMS[other] for other in inherited if other[1] == protocol), None)
+                if parent is not None:
+                    fs.dircache.update(parent.dircache)
+                for other in inherited:  # the parent's clients are not this process's to use
+                    del _DATA_FILESYSTEMS[other]
                 _DATA_FILESYSTEMS[key] = fs
     return fs, fs._strip_protocol(url)
 

@@ -57,3 +57,45 @@ def test_a_changed_file_check_of_an_object_costs_no_request_of_its_own(s3: Any, 
         decoder.close()
         counting.close()
         set_data_storage_options({})
+
+
+def _open_and_read(video: str, identity: tuple[int, int]) -> str:
+    decoder = ViewDecoder(64, 64)
+    try:
+        decoder.check(video, identity=identity)
+        return f"read {decoder.decode(video, [0, 1]).shape[1]} frames"
+    except VideoDecodeError as exc:
+        return str(exc)
+    finally:
+        decoder.close()
+
+
+def test_a_decode_worker_opens_objects_as_listed_without_a_head_and_refuses_a_changed_one(
+        s3: Any, s3_endpoint: str, demo_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing
+
+    from tests.s3 import StoreProxy
+    from vaecache.sources.urlpath import UrlPath
+    from vaecache.urls import set_data_storage_options
+
+    make_bucket(s3, "as-listed")
+    url = upload(s3, demo_data, "as-listed", "data")
+    counting = StoreProxy(s3_endpoint, {})
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", counting.endpoint)
+        set_data_storage_options({})
+        assert UrlPath(url).exists()  # the run's listing, as discovery makes it before the workers start
+        same, changed = f"{url}/scene_000/cam_0.mp4", f"{url}/scene_000/cam_1.mp4"
+        identities = {video: url_stat(video) for video in (same, changed)}
+        s3.pipe_file("as-listed/data/scene_000/cam_1.mp4", (demo_data / "scene_001" / "cam_0.mp4").read_bytes())
+        before = dict(counting.seen)
+        with multiprocessing.get_context("fork").Pool(1) as worker:  # a DataLoader worker is forked so
+            assert worker.apply(_open_and_read, (same, identities[same])) == "read 2 frames"
+            refused = worker.apply(_open_and_read, (changed, identities[changed]))
+            assert refused.endswith("scene_000/cam_1.mp4: changed since it was listed (the store no longer has the "
+                                    "version it was planned from): its frames may not be the ones planned; run again")
+        assert counting.seen.get("HEAD", 0) == before.get("HEAD", 0)  # size and ETag as listed
+        assert counting.seen["GET"] > before.get("GET", 0)
+    finally:
+        counting.close()
+        set_data_storage_options({})

@@ -78,7 +78,7 @@ class VideoReader:
             raise VideoDecodeError(path, f"not a readable video ({first_line(exc, 200)})") from None
         except OSError as exc:  # an object at a URL that cannot be read, or changed while it was read
             self.close()
-            raise VideoDecodeError(path, f"cannot read ({first_line(exc, 200)})") from None
+            raise VideoDecodeError(path, _read_problem(exc, "cannot read")) from None
         if not self._container.streams.video:
             self.close()
             raise VideoDecodeError(path, "not a readable video (no video stream)")
@@ -296,8 +296,8 @@ class VideoReader:
                                               f"({first_line(exc, 200)})") from None
         except OSError as exc:  # an object at a URL: a read that failed after retries, or one changed since listed
             self._frames = None
-            raise VideoDecodeError(self.path, f"reading frames {frames[0]}..{frames[-1]} failed "
-                                              f"({first_line(exc, 200)})") from None
+            raise VideoDecodeError(self.path, _read_problem(exc, f"reading frames {frames[0]}..{frames[-1]} "
+                                                                 "failed")) from None
         if self.rotation:
             array = np.ascontiguousarray(np.rot90(array, k=self.rotation // 90, axes=(1, 2)))
         return array
@@ -424,6 +424,15 @@ class VideoReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _read_problem(exc: OSError, doing: str) -> str:
+    """Why a read of an object at a URL failed: changed since it was listed (every read is conditional on the
+    listed ETag, and the store refused it: fsspec's FileExpired), or `doing` and the error."""
+    if type(exc).__name__ == "FileExpired":
+        return ("changed since it was listed (the store no longer has the version it was planned from): its frames "
+                "may not be the ones planned; run again")
+    return f"{doing} ({first_line(exc, 200)})"
 
 
 def _open_object(path: str) -> Any:
