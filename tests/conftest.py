@@ -45,6 +45,10 @@ _quiet_diffusers()
 # One intra-op thread: on a shared 2-core runner, OpenMP's two spinning threads contend with the decode
 # workers, the shard-writer thread and other jobs, and a 3-clip encode went from ~0.3 s to 10+ s. Every
 # comparison in this suite is between runs of this same process, so the thread count is the same for both.
+# OMP_NUM_THREADS too, so that an encode run in this process keeps the one thread (without it, an encode gives the
+# VAE this machine's cores minus its decode workers, and a reference computed beside it would differ in the last
+# bits wherever a forward holds several views); tests of that budget unset it.
+os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from vaecache.distributed.context import resolve_device
-from vaecache.encode.numerics import cores_per_rank, decode_thread_budget
+from vaecache.encode.numerics import cores_per_rank, decode_thread_budget, torch_threads_kept
 from vaecache.encode.startup import StartRequest, start_notes, start_up
 from vaecache.errors import UsageError, VideoDecodeError
 from vaecache.planning.clips import Clip
@@ -45,6 +45,11 @@ MEASURE_TRIES = 5
 def build_plan(cfg: PlanConfig) -> PlanReport:
     """Plan the job described by `cfg` through the start-up encode runs; with cfg.measure, encode one real clip to
     time it."""
+    with torch_threads_kept():
+        return _build_plan(cfg)
+
+
+def _build_plan(cfg: PlanConfig) -> PlanReport:
     device = resolve_device(cfg.device)
     # each rank's share of this machine's cores when the planned ranks share it, as an encode gives them
     rank_cores = cores_per_rank(min(cfg.world_size, len(os.sched_getaffinity(0))))

@@ -4,9 +4,10 @@ decode workers."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -46,6 +47,18 @@ def cpu_thread_budget(ctx: DistContext, workers: int, recorded: int | None = Non
     threads = recorded or fitting
     torch.set_num_threads(threads)
     return threads
+
+
+@contextlib.contextmanager
+def torch_threads_kept() -> Iterator[None]:
+    """torch's intra-op thread count as it was found, once the block ends: an encode or a plan run inside a
+    longer-lived process (a notebook, a test session) sets its own count and then leaves the caller's alone."""
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 def _cores_per_rank(ctx: DistContext) -> int:

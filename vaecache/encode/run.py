@@ -26,7 +26,7 @@ from vaecache.distributed.liveness import set_doing
 from vaecache.encode.encode_run import EncodeRun, Reporting
 from vaecache.encode.fingerprint import run_fingerprint
 from vaecache.encode.loop import encode_share, marking_done
-from vaecache.encode.numerics import cpu_thread_budget, rank_decode_threads, run_numerics
+from vaecache.encode.numerics import cpu_thread_budget, rank_decode_threads, run_numerics, torch_threads_kept
 from vaecache.encode.startup import StartRequest, start_notes, start_up
 from vaecache.encode.summary import EncodeSummary
 from vaecache.errors import OutputError, UsageError
@@ -68,7 +68,8 @@ def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None 
     started = time.perf_counter()
     out = open_out(open_store(cfg.out, dict(cfg.storage_options)))  # a URL's work folder is removed at the end
     try:
-        return _start_and_run(EncodeRun(cfg, ctx, out, started, Reporting(on_progress, meter, on_failure)))
+        with torch_threads_kept():
+            return _start_and_run(EncodeRun(cfg, ctx, out, started, Reporting(on_progress, meter, on_failure)))
     finally:
         out.close()
 
