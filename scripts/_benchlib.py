@@ -188,6 +188,23 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def pid_cpu_seconds(pid: int) -> float:
+    """user+sys CPU so far of another running process (Linux /proc; 0.0 where it cannot be read)."""
+    import os
+
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
+
+class Endpoint(str):
+    """A server's URL that also names its process (`pid`), so a benchmark can charge the server its own CPU."""
+
+    pid: int
+
+
 def maxrss_mb(who: int = resource.RUSAGE_SELF) -> float:
     """Lifetime peak RSS (Linux reports KiB)."""
     return resource.getrusage(who).ru_maxrss / 1024
@@ -310,10 +327,10 @@ def progress(message: str) -> None:
 
 
 @contextlib.contextmanager
-def s3_server(log_file: Path) -> Iterator[str]:
+def s3_server(log_file: Path) -> Iterator[Endpoint]:
     """moto's standalone S3 server (a real S3-protocol server process, `moto[server]` from the test extras) on a
     free loopback port, its request log in `log_file`; the AWS environment of this process points at it while the
-    block runs. Yields the endpoint URL."""
+    block runs. Yields the endpoint URL (its `pid`: the server's process)."""
     import os
     import socket
     import subprocess
@@ -342,7 +359,9 @@ def s3_server(log_file: Path) -> Iterator[str]:
                     raise SystemExit(f"moto's S3 server did not start on {endpoint} "
                                      "(pip install 'moto[server]')") from None
                 time.sleep(0.2)
-        yield endpoint
+        served = Endpoint(endpoint)
+        served.pid = server.pid
+        yield served
     finally:
         server.terminate()
         server.wait(timeout=30)

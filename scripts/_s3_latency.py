@@ -206,10 +206,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 class ProxyProcess:
-    """A DelayingProxy running in its own process: `endpoint`, `latency_ms`, `requests` (asked of it)."""
+    """A DelayingProxy running in its own process: `endpoint`, `latency_ms`, `pid`, `requests` (asked of it)."""
 
-    def __init__(self, endpoint: str, latency_ms: float) -> None:
-        self.endpoint, self.latency_ms = endpoint, latency_ms
+    def __init__(self, endpoint: str, latency_ms: float, pid: int) -> None:
+        self.endpoint, self.latency_ms, self.pid = endpoint, latency_ms, pid
 
     @property
     def requests(self) -> int:
@@ -229,7 +229,7 @@ def delaying_proxy(upstream: str, latency_ms: float) -> Iterator[ProxyProcess]:
         endpoint = child.stdout.readline().strip()
         if not endpoint.startswith("http://"):
             raise RuntimeError(f"the latency proxy did not start (exit {child.poll()})")
-        yield ProxyProcess(endpoint, latency_ms)
+        yield ProxyProcess(endpoint, latency_ms, child.pid)
     finally:
         child.terminate()
         child.wait(timeout=30)

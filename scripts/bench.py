@@ -301,11 +301,11 @@ def _stages(start: float, marks: list[float], encodes: list[tuple[float, float]]
 
 
 def _upload_to_s3(stack: contextlib.ExitStack, data: Path, tmp: Path,
-                  latency_ms: float = 0.0) -> tuple[Any, Path, int, Any]:
+                  latency_ms: float = 0.0) -> tuple[Any, Path, int, Any, int]:
     """Start the S3 server (kept running by `stack`) and upload DATA once, straight to the server; with
     `latency_ms` > 0 then start the delaying proxy in front of it and point the AWS environment at the proxy, so
     the runs that follow (DATA and OUT) go through it. Returns DATA's URL, the server's log, the log's end and the
-    proxy (None without one)."""
+    proxy (None without one) and the server's pid."""
     from vaecache.urls import Url, open_filesystem
 
     log = tmp / "s3-server.log"
@@ -319,7 +319,7 @@ def _upload_to_s3(stack: contextlib.ExitStack, data: Path, tmp: Path,
 
         proxy = stack.enter_context(delaying_proxy(endpoint, latency_ms))
         stack.enter_context(_environ(AWS_ENDPOINT_URL_S3=proxy.endpoint))
-    return Url("s3://bench/data"), log, log.stat().st_size, proxy  # Url: run_vaecache reads its manifest by URL
+    return Url("s3://bench/data"), log, log.stat().st_size, proxy, endpoint.pid  # Url: run_vaecache reads by URL
 
 
 @contextlib.contextmanager
@@ -511,7 +511,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         modes = MODES + (("vaecache_s3",) if args.s3 else ())
         s3 = contextlib.ExitStack()
         if args.s3:
-            data_url, s3_log, log_at, proxy = _upload_to_s3(s3, data, tmp, args.s3_latency_ms)
+            data_url, s3_log, log_at, proxy, s3_pid = _upload_to_s3(s3, data, tmp, args.s3_latency_ms)
         runners: dict[str, Callable[[int], dict[str, Any]]] = {
             "encode_only": lambda r: run_encode_only(vae, decoded, device),
             "vaecache": lambda r: run_vaecache(args, data, tmp / f"out-vaecache-{r}", height, width, first_views),
@@ -522,8 +522,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 nonlocal log_at
                 _, log_at = bl.s3_requests(s3_log, log_at)
                 proxied = proxy.requests if proxy else 0
+                store_pids = [s3_pid, *([proxy.pid] if proxy else [])]
+                store_cpu = sum(bl.pid_cpu_seconds(pid) for pid in store_pids)
                 found = run_vaecache(args, data_url, data_url.replace("/data", f"/out-{repeat}"), height, width,
                                      first_views)
+                found["store_cpu_s"] = bl.rnd(sum(bl.pid_cpu_seconds(pid) for pid in store_pids) - store_cpu, 4)
                 found["requests"], log_at = bl.s3_requests(s3_log, log_at)
                 if proxy:
                     found["requests_via_proxy"] = proxy.requests - proxied
@@ -621,6 +624,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result["s3_latency_ms"] = args.s3_latency_ms
             result["s3_vs_disk"] = bl.rnd(vps["vaecache_s3"] / vps["vaecache"], 3)
             result["s3_efficiency"] = bl.rnd(vps["vaecache_s3"] / vps["encode_only"], 3)
+            result["s3_store_cpu_ms_per_view"] = bl.rnd(
+                1000 * bl.median([run["store_cpu_s"] / run["views"] for run in runs["vaecache_s3"]]), 3)
             result["s3_requests_per_clip"] = {
                 kind: bl.rnd(bl.median([run["requests"].get(kind, 0) for run in runs["vaecache_s3"]]) / clips, 3)
                 for kind in kinds}
@@ -631,7 +636,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "shards, commit records, lock, tables, manifest, logs) by method, median over repeats, per clip; "
                 "LIST is a GET with a listing query. moto answers from memory: a real store's latency is not in it, "
                 "unless s3_latency_ms > 0: then the run's requests went through a proxy that held each one that "
-                "many ms before forwarding it (runs' requests_via_proxy: how many; the upload before went direct).")
+                "many ms before forwarding it (runs' requests_via_proxy: how many; the upload before went direct). "
+                "s3_store_cpu_ms_per_view: the CPU the server and the proxy (local processes here, on the same "
+                "cores as the run; a real store's is not the client's) spent during a run, per view, median; it is "
+                "not in the run's own CPU ms/view, but it took cores from it.")
         if args.overhead:
             result["overhead"] = run_overhead(args, tmp)
     finally:
@@ -647,7 +655,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"speedup vs naive = {result['speedup_vs_naive']}")
     if "s3_vs_disk" in result:
         human += (f"\nS3 (vaecache_s3 / vaecache on disk) = {result['s3_vs_disk']}   "
-                  f"added latency {result['s3_latency_ms']:g} ms/request   requests per clip: "
+                  f"added latency {result['s3_latency_ms']:g} ms/request   server+proxy CPU "
+                  f"{result['s3_store_cpu_ms_per_view']} ms/view   requests per clip: "
                   + ", ".join(f"{kind} {count}" for kind, count in result["s3_requests_per_clip"].items()))
     if "overhead" in result:
         human += "\n\n" + bl.table(

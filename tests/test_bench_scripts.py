@@ -43,6 +43,7 @@ def test_bench_prints_documented_keys(capsys, tmp_path):
     assert isinstance(printed["s3_vs_disk"], float) and printed["s3_vs_disk"] > 0
     requests = printed["s3_requests_per_clip"]
     assert requests["GET range"] > 0 and requests["PUT"] > 0 and requests["LIST"] > 0
+    assert printed["s3_store_cpu_ms_per_view"] > 0  # moto answered the run's requests with CPU of its own
     assert all(isinstance(v, float) and v > 0 for v in printed["views_per_s"].values())
     for key in ("efficiency", "speedup_vs_naive", "peak_rss_mb"):
         assert isinstance(printed[key], float), key
