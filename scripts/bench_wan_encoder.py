@@ -11,7 +11,8 @@ A torch.profiler table of one reference and one fast encode shows where the time
 again in a fresh process and compares bits.
 
 The VAE is the published Wan 2.1 config with seeded random weights (real compute and memory); the input is
-gpu_check.py's smooth random video. The JSON is written to --out after every step; a table goes to stderr.
+the smooth random video of scripts/_vae_shapes.py. The JSON is written to --out after every step; a table goes
+to stderr.
 
     python scripts/bench_wan_encoder.py --device cuda --out wan_encoder.json --shapes 33x480x832,81x480x832
     python scripts/bench_wan_encoder.py --smoke --device cpu        # tiny config, the same code paths
@@ -33,6 +34,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _benchlib as bl  # noqa: E402
+from _vae_shapes import PUBLISHED, TINY, smooth_clip  # noqa: E402
 
 SEED = 20261126
 
@@ -60,11 +62,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def build_vae(family: str, smoke: bool, device: Any) -> Any:
-    import gpu_check
     import torch
     from diffusers import AutoencoderKLWan
 
-    _, config = (gpu_check.TINY if smoke else gpu_check.PUBLISHED)[family]
+    _, config = (TINY if smoke else PUBLISHED)[family]
     torch.manual_seed(SEED)
     with torch.device(device):
         vae = AutoencoderKLWan(**config)
@@ -253,12 +254,11 @@ def conv_microbench(bench: Bench) -> dict[str, Any]:
 
 
 def measure_shape(bench: Bench, vae: Any, shape: tuple[int, int, int]) -> dict[str, Any]:
-    import gpu_check
     import torch
 
     args = bench.args
     frames, height, width = shape
-    x32 = gpu_check.smooth_clip(1, frames, height, width).to(bench.device)
+    x32 = smooth_clip(1, frames, height, width).to(bench.device)
     result: dict[str, Any] = {"shape": [1, 3, frames, height, width]}
     key = f"{frames}x{height}x{width}"
     bench.results.setdefault("fast_encode", {}).setdefault(args.family, {})[key] = result
@@ -369,7 +369,6 @@ def release(bench: Bench) -> None:
 
 
 def child(args: argparse.Namespace) -> None:
-    import gpu_check
     import torch
     from safetensors.torch import save_file
 
@@ -381,9 +380,9 @@ def child(args: argparse.Namespace) -> None:
     exact_cuda_numerics(device)
     vae = build_vae(args.family, args.smoke, device).to(torch.bfloat16)
     frames, height, width = parse_shape(shape)
-    x = gpu_check.smooth_clip(1, frames, height, width).to(device).to(torch.bfloat16)
+    x = smooth_clip(1, frames, height, width).to(device).to(torch.bfloat16)
     encoder = fast_encoder(vae, variant)
-    encoder.moments(gpu_check.smooth_clip(2, 9, height // 2, width // 2).to(device).to(torch.bfloat16))
+    encoder.moments(smooth_clip(2, 9, height // 2, width // 2).to(device).to(torch.bfloat16))
     save_file({"moments": encoder.moments(x).cpu().contiguous()}, out)
 
 
