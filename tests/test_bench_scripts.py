@@ -173,7 +173,7 @@ def test_bench_spatial_prints_documented_keys():
         for key in ("peak_added_bytes_max_rank", "seconds_per_view", "max_abs_vs_g1", "latent_scale", "bitwise_vs_g1",
                     "memory_vs_g1", "latency_vs_g1"):
             assert key in row, key
-    split = printed["rows"][1]  # issue 17's exactness target: within 1e-6 of the latent's scale
+    split = printed["rows"][1]  # the spatial split's accuracy target: within 1e-6 of the latent's scale
     assert split["max_abs_vs_g1"] <= 1e-6 * split["latent_scale"]
 
 

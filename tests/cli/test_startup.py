@@ -25,7 +25,7 @@ DEFERRED = ("numpy", "pyarrow", "safetensors", "fsspec", "PIL", "tomllib", "vaec
             "vaecache.encode", "vaecache.sources", "vaecache.decode.preview", "vaecache.training", "vaecache.meter",
             "vaecache.settings.commands", "vaecache.settings.loader", "vaecache.settings.clip",
             "vaecache.settings.buckets", "vaecache.settings.vae_specs", "vaecache.distributed.mesh")
-"""Light, but only a command that runs needs them: building the app and rendering --help load none (issue 40)."""
+"""Light, but only a command that runs needs them: building the app and rendering --help load none."""
 
 # Runs the real console-script entry point in a fresh interpreter and reports which heavy modules it loaded.
 _PROBE = """

@@ -1,5 +1,5 @@
 """Size and length buckets end to end: real videos of five aspect ratios in one folder, three size buckets and two
-frame buckets (issue 15). Each video's latents must equal a one-size run of that video at its bucket's size."""
+frame buckets. Each video's latents must equal a one-size run of that video at its bucket's size."""
 
 from __future__ import annotations
 

@@ -18,10 +18,10 @@ from vaecache.parallel.spatial import halo_memory_format, plan_bands
 WORKER = Path(__file__).with_name("_spatial_worker.py")
 REPO = Path(__file__).resolve().parents[2]
 RELATIVE_TOLERANCE = 1e-6
-"""Max |split - unsplit| as a fraction of max |unsplit| (issue 17's target). Not 0 for these tiny models: the
-CPU attention kernel blocks queries by their count, so a band's queries at the mid-block can differ from the
-whole frame's in the last bit (measured up to 5.3e-7 of the scale); every convolution runs the whole frame's
-kernel (UnsplitKernels). The first case is bitwise and is asserted so."""
+"""Max |split - unsplit| as a fraction of max |unsplit| (the spatial split's accuracy target). Not 0 for these
+tiny models: the CPU attention kernel blocks queries by their count, so a band's queries at the mid-block can differ
+from the whole frame's in the last bit (measured up to 5.3e-7 of the scale); every convolution runs the whole
+frame's kernel (UnsplitKernels). The first case is bitwise and is asserted so."""
 
 
 @pytest.mark.parametrize(("latent_height", "group"), [(8, 2), (5, 2), (7, 3), (9, 4), (4, 4)])

@@ -1,5 +1,5 @@
 """Buckets without video: the nearest-aspect assignment (ties, rotation, multi-camera), frame-bucket policies,
-fit geometry and its per-clip records, option parsing and the one-message frame-rule check (issue 15)."""
+fit geometry and its per-clip records, option parsing and the one-message frame-rule check."""
 
 from __future__ import annotations
 

@@ -387,8 +387,8 @@ def test_everything_runs_without_decord(wide_video: Path, tmp_path: Path) -> Non
 
 def test_encode_with_and_without_workers_stores_equal_tensors(layout_videos: dict, tmp_path: Path, encode_cli,
                                                               cache_io) -> None:
-    """Worker processes open fresh readers that seek; --workers 0 continues one reader forward (issue 12:
-    27 of 78 clips differed on open-GOP h264). Both must store the same latents, bit for bit."""
+    """Worker processes open fresh readers that seek; --workers 0 continues one reader forward (once
+    27 of 78 clips differed between the two on open-GOP h264). Both must store the same latents, bit for bit."""
     data = tmp_path / "data"
     data.mkdir()
     for name in ("h264-open-gop", "hevc-bframes"):
