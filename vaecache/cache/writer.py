@@ -88,7 +88,8 @@ _STATS_CHUNK = 1 << 18
 
 
 STATS_RTOL = 1e-6
-"""The relative tolerance verify checks a recorded statistic to (the sums are float64, but their order may differ)."""
+"""The relative tolerance verify checks a recorded statistic to: the sums are float64 reductions, and recomputing
+them may differ in the last bits with the order of summation (the thread count)."""
 
 
 def tensor_stats(tensor: torch.Tensor) -> dict[str, float]:

@@ -19,13 +19,12 @@ def condition_set_names(manifest: dict[str, Any]) -> list[str]:
 
 
 class ConditionSet:
-    """One condition set of a finished cache: `mean(clip)` the stored posterior mean, `pipeline(clip)` the tensor
-    the pipeline builds from it (mask and normalized latents)."""
+    """One condition set of a finished cache: `stored(clip)` the stored tensor (the posterior mean, or the image
+    features), `pipeline(clip)` the tensor the pipeline builds from it (mask and normalized latents)."""
 
     def __init__(self, store: Any, manifest: dict[str, Any], kind: str, verify: str = "size") -> None:
         import pyarrow.parquet as pq
 
-        self.verify = verify
         entries = manifest.get("conditions") or {}
         if kind not in entries:
             raise KeyError(f"{store.location}: no condition set {kind!r} (sets: "

@@ -34,7 +34,6 @@ from vaecache.verify.conditions import check_condition_sets
 from vaecache.verify.text import check_text_sets
 
 MAX_EXAMPLES = 5
-"""Recorded stats are float64 reductions; recomputing them may differ in the last bits with thread count."""
 
 
 @dataclass

@@ -428,7 +428,7 @@ class VideoReader:
 
 def _read_problem(exc: OSError, doing: str) -> str:
     """Why a read of an object at a URL failed: changed since it was listed (every read is conditional on the
-    listed ETag, and the store refused it: fsspec's FileExpired), or `doing` and the error."""
+    listed ETag, and the store refused it: s3fs's FileExpired), or `doing` and the error."""
     if type(exc).__name__ == "FileExpired":
         return ("changed since it was listed (the store no longer has the version it was planned from): its frames "
                 "may not be the ones planned; run again")
