@@ -121,7 +121,9 @@ def test_the_writer_refuses_a_shard_whose_record_json_cannot_hold_and_writes_not
     import torch
 
     from tests.cache.test_writer import UNTILED, _clip
+    from vaecache.cache.commits import open_out
     from vaecache.cache.io import AppendLog
+    from vaecache.cache.store import open_store
     from vaecache.cache.writer import ShardWriter
     from vaecache.errors import OutputError
 
@@ -130,7 +132,8 @@ def test_the_writer_refuses_a_shard_whose_record_json_cannot_hold_and_writes_not
     clip = dataclasses.replace(_clip(0), fps=float("nan"))  # not metadata: no rule stores it as null
     with pytest.raises(OutputError, match=r"shards/.*: a clip record JSON cannot write .*"
                                           r"nothing of this shard was written"):
-        with ShardWriter(tmp_path, rank=0, attempt=0, shard_size=2**20, progress=progress) as writer:
+        with ShardWriter(open_out(open_store(tmp_path)), rank=0, attempt=0, shard_size=2**20,
+                         progress=progress) as writer:
             writer.add(clip, {"mean": torch.ones(4)}, [UNTILED])
     progress.close()
     assert list((tmp_path / "shards").iterdir()) == [] and (tmp_path / "progress.jsonl").read_bytes() == b""

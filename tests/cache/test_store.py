@@ -113,3 +113,24 @@ def test_a_file_url_is_the_local_folder_it_names(tmp_path: Path) -> None:
     assert open_store(f"file://localhost{tmp_path}").folder == tmp_path  # type: ignore[attr-defined]
     with pytest.raises(UsageError, match=r"file://host/x: a file:// URL names a path on this machine"):
         open_store("file://host/x")
+
+
+@pytest.mark.parametrize("protocol", ["DiskOut", "ObjectOut"])
+def test_both_commit_protocols_offer_every_operation_a_run_asks_of_out(protocol: str) -> None:
+    """A run and the shard writer hold OUT as a CacheOut: each protocol must take every operation with the same
+    parameters, or a run on the other store fails at its first call of it (hours in)."""
+    import inspect
+
+    from vaecache.cache import commits
+
+    implementation = {"DiskOut": commits.DiskOut, "ObjectOut": commits.ObjectOut}[protocol]
+    operations = [name for name, member in vars(commits.CacheOut).items()
+                  if callable(member) and not name.startswith("_")]
+    assert len(operations) > 15
+    for name in operations:
+        wanted = inspect.signature(getattr(commits.CacheOut, name))
+        found = inspect.signature(getattr(implementation, name))
+        assert list(found.parameters) == list(wanted.parameters), (protocol, name, found, wanted)
+        assert [p.default for p in found.parameters.values()] == [p.default for p in wanted.parameters.values()]
+    for attribute in commits.CacheOut.__annotations__:
+        assert attribute in ("store", "folder")

@@ -14,9 +14,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from vaecache.cache.commits import open_out
 from vaecache.cache.io import AppendLog
 from vaecache.cache.layout import CLIPS, FAILURES
 from vaecache.cache.manifest import read_manifest, write_manifest_last
+from vaecache.cache.store import open_store
 from vaecache.cache.table import CLIP_TABLE, FAILURE_TABLE, write_table
 from vaecache.cache.writer import ShardWriter
 from vaecache.errors import ManifestError, UsageError
@@ -204,7 +206,8 @@ def test_identical_shards_have_identical_bytes(tmp_path: Path) -> None:
         out = tmp_path / str(attempt)
         (out / "shards").mkdir(parents=True)
         progress = AppendLog(out / "progress.jsonl")
-        with ShardWriter(out, rank=0, attempt=0, shard_size=2**20, progress=progress) as writer:
+        with ShardWriter(open_out(open_store(out)), rank=0, attempt=0, shard_size=2**20,
+                         progress=progress) as writer:
             writer.add(_clip(0), {"mean": torch.ones(4)}, [UNTILED])
         progress.close()
         digests.add(_sha256(out / "shards" / "a000-r00000-000000.safetensors"))
@@ -231,7 +234,8 @@ def _clip(i: int) -> Clip:
 def test_shard_writer_rolls_commits_and_logs(tmp_path: Path) -> None:
     (tmp_path / "shards").mkdir()
     progress = AppendLog(tmp_path / "progress.jsonl")
-    with ShardWriter(tmp_path, rank=3, attempt=1, shard_size=3 * 16 * 4, progress=progress) as writer:
+    with ShardWriter(open_out(open_store(tmp_path)), rank=3, attempt=1, shard_size=3 * 16 * 4,
+                     progress=progress) as writer:
         for i in range(5):
             writer.add(_clip(i), {"mean": torch.full((4, 4), float(i))}, [UNTILED])
     progress.close()
@@ -254,7 +258,8 @@ def test_a_shard_is_committed_after_commit_every_seconds_whatever_its_size(tmp_p
     (tmp_path / "shards").mkdir()
     progress = AppendLog(tmp_path / "progress.jsonl")
     now = [0.0]
-    with ShardWriter(tmp_path, rank=0, attempt=0, shard_size=2**30, progress=progress, commit_every_s=300.0,
+    with ShardWriter(open_out(open_store(tmp_path)), rank=0, attempt=0, shard_size=2**30, progress=progress,
+                     commit_every_s=300.0,
                      clock=lambda: now[0]) as writer:
         for i, t in enumerate((10.0, 200.0, 310.0, 400.0, 650.0)):  # a shard at 310 s, the next at 650 s
             now[0] = t

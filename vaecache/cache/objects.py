@@ -344,9 +344,9 @@ class ObjectOut(FolderOut):
             finally:
                 pushed.result()
 
-    def mirror(self, local: Path) -> Callable[[], None]:
-        """A function that PUTs the work folder's file `local` as the object of the same name."""
-        name = Path(local).relative_to(self.work).as_posix()
+    def mirror(self, path: Path) -> Callable[[], None]:
+        """A function that PUTs the work folder's file `path` as the object of the same name."""
+        name = Path(path).relative_to(self.work).as_posix()
         return lambda: self.put_file(name)
 
     def close(self) -> None:

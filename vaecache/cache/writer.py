@@ -21,8 +21,7 @@ import math
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import torch
 from safetensors.torch import save as safetensors_save
@@ -30,14 +29,15 @@ from safetensors.torch import save as safetensors_save
 from vaecache import faults
 from vaecache.cache.io import NON_FINITE_KEY, AppendLog, replace_non_finite
 from vaecache.cache.layout import FORMAT_NAME, FORMAT_VERSION, SHARDS_DIR, rows_name, shard_name
-from vaecache.cache.outdir import DiskOut
 from vaecache.cache.progress import progress_line
 from vaecache.cache.provenance import IdentityMemo
-from vaecache.cache.store import LocalStore
 from vaecache.cache.table import RowLog
 from vaecache.errors import OutputError
 from vaecache.settings.buckets import fit_geometry
 from vaecache.settings.dtypes import recorded_name
+
+if TYPE_CHECKING:
+    from vaecache.cache.commits import CacheOut
 
 
 class ClipLike(Protocol):
@@ -123,11 +123,11 @@ class ShardWriter:
     the encoder instead of growing memory.
     """
 
-    def __init__(self, out: Any, rank: int, attempt: int, shard_size: int, progress: AppendLog,
+    def __init__(self, out: CacheOut, rank: int, attempt: int, shard_size: int, progress: AppendLog,
                  max_pending: int = 2, hash_sources: bool = False, fit: str | None = None,
                  commit_every_s: float = 0.0, clock: Any = time.monotonic) -> None:
-        self.out = out if not isinstance(out, (str, Path)) else DiskOut(LocalStore(out))
-        """OUT's commit protocol (outdir.DiskOut or objects.ObjectOut); a folder is taken as OUT on disk."""
+        self.out = out
+        """OUT's commit protocol (commits.CacheOut): the writer does not know which store it writes to."""
         self.folder = self.out.folder / SHARDS_DIR
         self._identities = IdentityMemo(hash_sources)
         self.rank, self.attempt, self.shard_size = rank, attempt, shard_size

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
+    from vaecache.cache.commits import CacheOut
     from vaecache.distributed.context import DistContext
     from vaecache.encode.startup import StartUp
     from vaecache.meter import Advance, MeterFactory
@@ -29,13 +30,13 @@ class Reporting:
 
 @dataclass(frozen=True)
 class EncodeRun:
-    """One rank's encode. `out` is OUT's commit protocol (vaecache.cache.commits: DiskOut or ObjectOut); the disk
-    code runs in `folder` (OUT itself, or this rank's work folder for OUT in object storage). `start`, `stop` and
-    `decoder` are filled in as the run gets there (dataclasses.replace)."""
+    """One rank's encode. `out` is OUT's commit protocol (vaecache.cache.commits.CacheOut: DiskOut or ObjectOut);
+    the disk code runs in `folder` (OUT itself, or this rank's work folder for OUT in object storage). `start`,
+    `stop` and `decoder` are filled in as the run gets there (dataclasses.replace)."""
 
     cfg: EncodeConfig
     ctx: DistContext
-    out: Any
+    out: CacheOut
     started: float
     """time.perf_counter() when the command started."""
     reporting: Reporting = Reporting()
