@@ -70,7 +70,7 @@ def test_dataset_in_two_dataloader_workers_equals_the_shard_bytes(caption_cache:
     dataset = LatentDataset(caption_cache, verify="sha256")
     sampler = dataset.batch_sampler(batch_size=1, shuffle=False)
     # This process ran encodes: a PyAV decoder left as cyclic garbage would hang a forked worker's collector
-    # (see vaecache/encode/loop.py:encode_share). A trainer that decodes no video has none; collect here, and fail,
+    # (see vaecache/encode/loop.py:workers_started). A trainer that decodes no video has none; collect here, and fail,
     # never hang.
     gc.collect()
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=2, collate_fn=collate_latents,

@@ -173,3 +173,48 @@ def test_a_complete_cache_on_a_read_only_mount_is_confirmed_complete(run_cli, de
         assert result.exit_code == 1 and "on a read-only filesystem" in result.output
     finally:
         subprocess.run(["umount", str(mounted)], capture_output=True)
+
+
+_GARBAGE_THEN_ENCODE = """
+import gc, os, sys
+import av
+from vaecache.cli.app import main
+
+def leave_a_threaded_decoder_as_cyclic_garbage(video):
+    container = av.open(video)
+    stream = container.streams.video[0]
+    stream.thread_type, stream.thread_count = "AUTO", 4
+    for index, _ in enumerate(container.decode(stream)):
+        if index == 3:
+            break
+    cycle = {"container": container}
+    cycle["itself"] = cycle
+
+# Garbage survives in a long-lived generation until a full collection, which a child may run at any time. Made
+# certain here: this process collects nothing until it forks, and a forked child collects at every allocation.
+gc.disable()
+os.register_at_fork(after_in_child=lambda: (gc.set_threshold(1, 1, 1), gc.enable()))
+leave_a_threaded_decoder_as_cyclic_garbage(sys.argv[1])
+sys.argv = ["vaecache", *sys.argv[2:]]
+main()
+"""
+
+
+def test_decode_workers_fork_past_a_decoder_left_as_cyclic_garbage(demo_data: Path, tmp_path: Path) -> None:
+    """A forked worker's collector that freed the parent's garbage decoder would wait forever on FFmpeg threads that
+    do not exist in the child: the encode must finish."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ENCODE_ARGS, read_clips, subprocess_env
+
+    video = sorted(demo_data.rglob("*.mp4"))[0]
+    out = tmp_path / "out"
+    command = [sys.executable, "-c", _GARBAGE_THEN_ENCODE, str(video), "encode", str(demo_data), "--out", str(out),
+               *map(str, ENCODE_ARGS), "--workers", "1"]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the encode hung: a forked decode worker's collector freed the parent's garbage decoder")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(read_clips(out)) > 0

@@ -10,7 +10,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -129,10 +129,6 @@ def encode_share(run: EncodeRun, job: JobPlan, prepared: PreparedOut,
     counters = RankCounters()
     dataset = ViewBatchDataset(work.batches, view_indices, cfg.clip.height, cfg.clip.width, cfg.clip.fit, decoder,
                                cfg.clip.sampling.max_frame_pixels)
-    if cfg.workers:
-        # Workers are forked. A decoder left as cyclic garbage here (FFmpeg frame threads and all) would be
-        # freed by the child's collector, which then waits forever to join threads that do not exist there.
-        gc.collect()
     loader = torch.utils.data.DataLoader(
         dataset,
         batch_size=None, shuffle=False, num_workers=cfg.workers, pin_memory=ctx.device.type == "cuda",
@@ -145,7 +141,7 @@ def encode_share(run: EncodeRun, job: JobPlan, prepared: PreparedOut,
     sink = _BatchSink(cfg, ctx, vae, writer, failures, counters)
     loop_started = time.perf_counter()
     try:
-        for item in views_on_device_ahead(loader, ctx.device):
+        for item in views_on_device_ahead(workers_started(loader), ctx.device):
             batch, sp_plan = work.batches[item["index"]], sp_plans[item["index"]]
             # Ranks of one SP group must stop at the same batch, or the all_gather below would hang.
             if ctx.sp_any(stop.requested):
@@ -190,6 +186,18 @@ def encode_share(run: EncodeRun, job: JobPlan, prepared: PreparedOut,
     for part in ctx.all_gather_object(counters):
         part.add_to(summary)
     return summary
+
+
+def workers_started(loader: torch.utils.data.DataLoader) -> Iterator[Any]:
+    """The loader's iterator, its decode workers forked with every object this process holds out of the children's
+    garbage collector. A decoder left here as cyclic garbage (FFmpeg frame threads and all) would otherwise be freed
+    by a child's collector, which then waits forever to join threads that do not exist there. This process collects
+    it as before once the workers are forked; unlike a gc.collect() before the fork it costs nothing."""
+    gc.freeze()
+    try:
+        return iter(loader)
+    finally:
+        gc.unfreeze()
 
 
 def planned_buckets(cfg: EncodeConfig, job: JobPlan) -> list[dict[str, Any]]:
