@@ -307,6 +307,32 @@ def test_each_resume_hashes_only_the_shards_it_has_not_hashed(crashed_copy: Path
     assert hashed == [shards[1].name] and list(damaged) == [f"shards/{shards[1].name}"]
 
 
+@pytest.mark.parametrize("guess", ["right", "refuted"])
+def test_the_decode_starts_while_out_is_prepared_only_where_nothing_is_done(
+        guess: str, data, reference, crashed_copy: Path, tmp_path: Path, cache_io, monkeypatch) -> None:
+    """Into an OUT that looked empty the decode workers start before OUT is prepared; on a resume after prepare.
+    A guess that prepare refutes (another job committed in between) is dropped: the resume is the same."""
+    from vaecache.cache.outdir import DiskOut
+    from vaecache.encode import loop
+
+    events: list[str] = []
+    started, prepare = loop.DecodeFeed.__init__, DiskOut.prepare
+    monkeypatch.setattr(loop.DecodeFeed, "__init__", lambda self, *a: (events.append("decode"), started(self, *a))[1])
+    monkeypatch.setattr(DiskOut, "prepare", lambda self, *a, **k: (events.append("prepare"), prepare(self, *a, **k))[1])
+    if guess == "refuted":
+        monkeypatch.setattr(DiskOut, "looked_empty", lambda self: True)
+    fresh = tmp_path / "fresh"
+    assert encode_here(data, fresh, "--shard-size", "1", "--workers", "1").exit_code == 0
+    assert events == ["decode", "prepare"]
+    events.clear()
+    resumed = encode_here(data, crashed_copy, "--shard-size", "1", "--workers", "1")
+    assert resumed.exit_code == 0, resumed.output
+    assert events == (["prepare", "decode"] if guess == "right" else ["decode", "prepare", "decode"])
+    assert "attempt 1, 3 clips already committed" in (crashed_copy / "logs" / "rank-00000.log").read_text()
+    cache_io.same_tensors(cache_io.tensors(crashed_copy), reference)
+    cache_io.same_tensors(cache_io.tensors(fresh), reference)
+
+
 def test_encode_again_repairs_a_cache_that_verify_failed(data, reference, crashed_copy: Path, cache_io) -> None:
     out = crashed_copy
     resumed = encode_here(data, out, "--shard-size", "1")  # the resume recorded shards 0-2 as hashed

@@ -39,6 +39,10 @@ class CacheOut(Protocol):
     def recorded_cpu_threads(self) -> int | None:
         """The CPU thread count the run record names (a CPU resume computes with it)."""
 
+    def looked_empty(self) -> bool:
+        """OUT held no run, no manifest and no commit when this process looked: a guess that nothing in it is done,
+        which a run may act on early (`prepare` decides)."""
+
     def probes_folder(self) -> Path:
         """The folder of per-rank probe-cache files."""
 

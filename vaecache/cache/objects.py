@@ -97,6 +97,8 @@ class ObjectOut(FolderOut):
         self.folder = self.work
         """Where the disk code runs: this process's work folder."""
         self.lock = ObjectLock(self.store)
+        self._held_a_run: bool | None = None
+        """Whether OUT held a run record, a manifest or commit records when `pull_start` listed it."""
 
     def where(self, name: str = "") -> Url:
         return self.store.where(name)
@@ -111,11 +113,16 @@ class ObjectOut(FolderOut):
         """Every rank, before start-up: OUT usable, then run.json (the CPU threads a resume computes with) and every
         rank's probe records (no video is probed twice)."""
         found = check_object_out(self.store)  # one listing of OUT's top level says what there is to fetch
+        self._held_a_run = bool({RUN, MANIFEST, PROGRESS_DIR} & found)
         for folder in (PROGRESS_DIR, LOGS_DIR, PROBES_DIR):  # what every rank appends to, as in OUT on disk
             (self.work / folder).mkdir(parents=True, exist_ok=True)
         names = ([RUN] if RUN in found else []) + (list(self.store.listing(PROBES_DIR)) if PROBES_DIR in found else [])
         for name, data in self.store.read_many(names).items():
             self._write_local(name, data)
+
+    def looked_empty(self) -> bool:
+        """OUT held no run when `pull_start` listed it (False before that)."""
+        return self._held_a_run is False
 
     # --- the lock ------------------------------------------------------------------------------------------------
 

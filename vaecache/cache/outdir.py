@@ -381,6 +381,10 @@ class DiskOut(FolderOut):
         if self.folder.exists() and not self.folder.is_dir():
             raise UsageError(f"{self.folder}: --out exists and is not a folder")
 
+    def looked_empty(self) -> bool:
+        """OUT holds no run record, manifest or progress log now (a guess prepare confirms or refutes)."""
+        return not any((self.folder / name).exists() for name in (RUN, MANIFEST, PROGRESS_DIR))
+
     def prepare(self, fingerprint: dict[str, Any], overwrite: bool, job_id: str | None,
                 sources: dict[str, dict[str, Any]] | None, committed: CommittedIds | None,
                 allow_other_numerics: bool = False, extra_numerics: Sequence[dict[str, Any]] = ()) -> PreparedOut:

@@ -100,9 +100,10 @@ class FailureLog:
 
 def encode_share(run: EncodeRun, job: JobPlan, prepared: PreparedOut,
                  begin_again: Callable[[int, DoneMaskBuilder], PreparedOut],
-                 on_progress: Callable[[int, int], None] | None) -> EncodeSummary:
+                 on_progress: Callable[[int, int], None] | None, feed: DecodeFeed | None = None) -> EncodeSummary:
     """This rank's share of the encode: its logs in `run.folder`, its shards, commits and failure logs through OUT's
-    commit protocol (`run.out`)."""
+    commit protocol (`run.out`). `feed`: this rank's share of `job` (which nothing committed may shrink), its decode
+    started while OUT was prepared; None: started here. Either is closed here."""
     cfg, ctx, stop = run.cfg, run.ctx, run.stop
     vae, num_scenes, decoder = run.start.vae, run.start.scenes, run.decoder  # type: ignore[union-attr]
     assert stop is not None and decoder is not None
@@ -117,23 +118,15 @@ def encode_share(run: EncodeRun, job: JobPlan, prepared: PreparedOut,
         prepared, done = ctx.on_rank0(lambda: marking_done(job, lambda mark: begin_again(attempt, mark)))
         # begin_changes repairs the progress logs: a shard it dropped must be encoded again
         job = dataclasses.replace(job, done=done)
-    work = job.rank_work(rank)
+    feed = feed if feed is not None else DecodeFeed(run, job)
+    work, sp_plans, encoder = feed.work, feed.sp_plans, feed.encoder
     failures = FailureLog(run.out.failure_log_file(rank), run.reporting.on_failure,
                           run.out.mirror(run.out.failure_log_file(rank)))
     if rank == 0:
         for skip in job.skipped:
             failures.append(failure_record(skip.scene_id, skip.reason, path=skip.path, camera=skip.camera))
             log.warning("skipped scene %s: %s%s", skip.scene_id, skip.reason, f" ({skip.path})" if skip.path else "")
-    encoder = encoder_for(cfg.sp_mode)
-    view_indices, sp_plans = encoder.layout(work, [len(batch_views(batch)) for batch in work.batches])
     counters = RankCounters()
-    dataset = ViewBatchDataset(work.batches, view_indices, cfg.clip.height, cfg.clip.width, cfg.clip.fit, decoder,
-                               cfg.clip.sampling.max_frame_pixels)
-    loader = torch.utils.data.DataLoader(
-        dataset,
-        batch_size=None, shuffle=False, num_workers=cfg.workers, pin_memory=ctx.device.type == "cuda",
-        prefetch_factor=4 if cfg.workers else None, worker_init_fn=ignore_stop_signals,
-    )
     progress_log = run.out.progress_log(rank) if mesh.is_writer else None
     writer = (ShardWriter(run.out, rank, prepared.attempt, cfg.shard_size, progress_log, hash_sources=cfg.hash_sources,
                           fit=cfg.clip.fit if cfg.clip.bucketed else None, commit_every_s=cfg.commit_every_s)
@@ -141,7 +134,7 @@ def encode_share(run: EncodeRun, job: JobPlan, prepared: PreparedOut,
     sink = _BatchSink(cfg, ctx, vae, writer, failures, counters)
     loop_started = time.perf_counter()
     try:
-        for item in views_on_device_ahead(workers_started(loader), ctx.device):
+        for item in views_on_device_ahead(feed.take(), ctx.device):
             batch, sp_plan = work.batches[item["index"]], sp_plans[item["index"]]
             # Ranks of one SP group must stop at the same batch, or the all_gather below would hang.
             if ctx.sp_any(stop.requested):
@@ -170,7 +163,7 @@ def encode_share(run: EncodeRun, job: JobPlan, prepared: PreparedOut,
             writer.abort()
         raise
     finally:
-        dataset.close()
+        feed.close()
         failures.close()
         if progress_log is not None:
             progress_log.close()
@@ -186,6 +179,37 @@ def encode_share(run: EncodeRun, job: JobPlan, prepared: PreparedOut,
     for part in ctx.all_gather_object(counters):
         part.add_to(summary)
     return summary
+
+
+class DecodeFeed:
+    """A rank's share and the decode of it, under way: the DataLoader's workers are forked when it is made, so a run
+    can start them while OUT is prepared. `take()` hands the batches over once; `close()` ends the workers."""
+
+    def __init__(self, run: EncodeRun, job: JobPlan) -> None:
+        cfg, ctx = run.cfg, run.ctx
+        self.work = job.rank_work(ctx.info.rank)
+        self.encoder = encoder_for(cfg.sp_mode)
+        view_indices, self.sp_plans = self.encoder.layout(self.work,
+                                                          [len(batch_views(batch)) for batch in self.work.batches])
+        self._dataset = ViewBatchDataset(self.work.batches, view_indices, cfg.clip.height, cfg.clip.width,
+                                         cfg.clip.fit, run.decoder, cfg.clip.sampling.max_frame_pixels)
+        loader = torch.utils.data.DataLoader(
+            self._dataset,
+            batch_size=None, shuffle=False, num_workers=cfg.workers, pin_memory=ctx.device.type == "cuda",
+            prefetch_factor=4 if cfg.workers else None, worker_init_fn=ignore_stop_signals,
+        )
+        self._batches: Iterator[Any] | None = workers_started(loader)
+
+    def take(self) -> Iterator[Any]:
+        batches, self._batches = self._batches, None
+        if batches is None:
+            raise RuntimeError("a DecodeFeed's batches are taken once")
+        return batches
+
+    def close(self) -> None:
+        """The workers ended (where the batches were never taken; else with the last reference to them)."""
+        self._batches = None
+        self._dataset.close()
 
 
 def workers_started(loader: torch.utils.data.DataLoader) -> Iterator[Any]:

@@ -25,7 +25,7 @@ from vaecache.distributed.context import DistContext
 from vaecache.distributed.liveness import set_doing
 from vaecache.encode.encode_run import EncodeRun, Reporting
 from vaecache.encode.fingerprint import run_fingerprint
-from vaecache.encode.loop import encode_share, marking_done
+from vaecache.encode.loop import DecodeFeed, encode_share, marking_done
 from vaecache.encode.numerics import cpu_thread_budget, rank_decode_threads, run_numerics, torch_threads_kept
 from vaecache.encode.startup import StartRequest, start_notes, start_up
 from vaecache.encode.summary import EncodeSummary
@@ -110,7 +110,7 @@ def _start_and_run(run: EncodeRun) -> EncodeSummary:
 def _run_encode(run: EncodeRun) -> EncodeSummary:
     cfg, ctx, start = run.cfg, run.ctx, run.start
     assert start is not None
-    rank, world = ctx.info.rank, ctx.info.world_size
+    rank = ctx.info.rank
     mesh, vae = ctx.mesh, start.vae
     threads = cpu_thread_budget(ctx, cfg.workers, None if cfg.overwrite else run.out.recorded_cpu_threads())
     decoder = dataclasses.replace(start.backend, threads=rank_decode_threads(ctx, cfg.workers, threads))
@@ -131,8 +131,26 @@ def _run_encode(run: EncodeRun) -> EncodeSummary:
         other_numerics.append(theirs)
     fingerprint = run_fingerprint(cfg, vae, decoder, numerics, start.images)
     sources = source_identities(start.sources(), cfg.hash_sources) if rank == 0 else None  # what OUT is made from
+    # Into an OUT that held no run (or --overwrite) nothing is committed: the decode starts while OUT is prepared (a
+    # lock and a run record, round trips in object storage). Prepare decides; a guess it refutes is dropped.
+    feed = DecodeFeed(run, start.job) if cfg.overwrite or run.out.looked_empty() else None
+    try:
+        return _prepare_and_encode(run, fingerprint, sources, other_numerics, feed)
+    finally:
+        if feed is not None:
+            feed.close()
+
+
+def _prepare_and_encode(run: EncodeRun, fingerprint: dict[str, Any], sources: dict[str, dict[str, Any]] | None,
+                        other_numerics: list[dict[str, Any]], feed: DecodeFeed | None) -> EncodeSummary:
+    cfg, ctx, start = run.cfg, run.ctx, run.start
+    assert start is not None
+    rank, world, mesh = ctx.info.rank, ctx.info.world_size, ctx.mesh
     prepared, done = ctx.on_rank0(lambda: marking_done(start.job, lambda mark: run.out.prepare(
         fingerprint, cfg.overwrite, ctx.info.job_id, sources, mark, cfg.allow_other_numerics, other_numerics)))
+    if feed is not None and (prepared.complete or done.count):
+        feed.close()
+        feed = None
 
     def begin_again(attempt: int, mark: DoneMaskBuilder) -> PreparedOut:
         return run.out.begin_again(attempt, fingerprint, sources, mark, other_numerics)
@@ -149,8 +167,9 @@ def _run_encode(run: EncodeRun) -> EncodeSummary:
     try:
         log.info("vaecache %s: world %d = DP %d x SP %d, device %s (%d torch threads), %d decode workers "
                  "(%s, %d FFmpeg threads per video), attempt %d, %d clips already committed", vaecache.__version__,
-                 world, mesh.dp_size, mesh.sp_size, ctx.device, threads, cfg.workers, decoder.choice,
-                 decoder.threads, prepared.attempt, prepared.committed_clips)
+                 world, mesh.dp_size, mesh.sp_size, ctx.device, torch.get_num_threads(), cfg.workers,
+                 run.decoder.choice, run.decoder.threads, prepared.attempt,  # type: ignore[union-attr]
+                 prepared.committed_clips)
         label = "encode" if mesh.dp_size == 1 else f"encode (rank 0's share of {mesh.dp_size} DP groups)"
         with meter_phase(run.reporting.meter, label, "clips") as advance:
             def report(done: int, total: int) -> None:
@@ -158,7 +177,7 @@ def _run_encode(run: EncodeRun) -> EncodeSummary:
                 if run.reporting.on_progress is not None:
                     run.reporting.on_progress(done, total)
 
-            summary = encode_share(run, job, prepared, begin_again, report)
+            summary = encode_share(run, job, prepared, begin_again, report, feed)
         if probes_done is not None:
             probes_done.result()
         summary.wall_s = time.perf_counter() - run.started
