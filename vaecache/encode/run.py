@@ -160,9 +160,8 @@ def _prepare_and_encode(run: EncodeRun, fingerprint: dict[str, Any], sources: di
     write_probe_records(probes, start.probe_records)
     publish_probes = run.out.mirror(probes)
     # PUT while the encode starts (a round trip off the start-up); waited for before the summary
-    probes_put = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="vaecache-probes")
-                  if publish_probes is not None and probes.is_file() else None)
-    probes_done = probes_put.submit(publish_probes) if probes_put is not None else None  # type: ignore[arg-type]
+    probes_put = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vaecache-probes")
+    probes_done = probes_put.submit(publish_probes) if publish_probes is not None and probes.is_file() else None
     handler = setup_logging(run.out, rank, world)
     try:
         log.info("vaecache %s: world %d = DP %d x SP %d, device %s (%d torch threads), %d decode workers "
@@ -205,8 +204,7 @@ def _prepare_and_encode(run: EncodeRun, fingerprint: dict[str, Any], sources: di
         log.info("done: %d clips, %d views in %.1f s", summary.clips, summary.views, summary.wall_s)
         return summary
     finally:
-        if probes_put is not None:
-            probes_put.shutdown(wait=True)
+        probes_put.shutdown(wait=True)
         log.removeHandler(handler)
         handler.close()
         run.out.end_run(rank, prepared.attempt, run.out.log_file(rank), holds_lock=rank == 0)
