@@ -132,5 +132,3 @@ def test_both_commit_protocols_offer_every_operation_a_run_asks_of_out(protocol:
         found = inspect.signature(getattr(implementation, name))
         assert list(found.parameters) == list(wanted.parameters), (protocol, name, found, wanted)
         assert [p.default for p in found.parameters.values()] == [p.default for p in wanted.parameters.values()]
-    for attribute in commits.CacheOut.__annotations__:
-        assert attribute in ("store", "folder")

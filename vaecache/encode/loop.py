@@ -102,8 +102,9 @@ def encode_share(run: EncodeRun, job: JobPlan, prepared: PreparedOut,
                  begin_again: Callable[[int, DoneMaskBuilder], PreparedOut],
                  on_progress: Callable[[int, int], None] | None, feed: DecodeFeed | None = None) -> EncodeSummary:
     """This rank's share of the encode: its logs in `run.folder`, its shards, commits and failure logs through OUT's
-    commit protocol (`run.out`). `feed`: this rank's share of `job` (which nothing committed may shrink), its decode
-    started while OUT was prepared; None: started here. Either is closed here."""
+    commit protocol (`run.out`). `feed`: the decode of this rank's share of `job`, started while OUT was prepared
+    (given only where prepare found nothing committed, so the share is the one it would be now); None: started
+    here. Either is closed here."""
     cfg, ctx, stop = run.cfg, run.ctx, run.stop
     vae, num_scenes, decoder = run.start.vae, run.start.scenes, run.decoder  # type: ignore[union-attr]
     assert stop is not None and decoder is not None
