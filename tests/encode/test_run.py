@@ -203,6 +203,8 @@ main()
 def test_decode_workers_fork_past_a_decoder_left_as_cyclic_garbage(demo_data: Path, tmp_path: Path) -> None:
     """A forked worker's collector that freed the parent's garbage decoder would wait forever on FFmpeg threads that
     do not exist in the child: the encode must finish."""
+    import os
+    import signal
     import subprocess
     import sys
 
@@ -212,9 +214,14 @@ def test_decode_workers_fork_past_a_decoder_left_as_cyclic_garbage(demo_data: Pa
     out = tmp_path / "out"
     command = [sys.executable, "-c", _GARBAGE_THEN_ENCODE, str(video), "encode", str(demo_data), "--out", str(out),
                *map(str, ENCODE_ARGS), "--workers", "1"]
+    # a session of its own: a hung worker outlives its killed parent, and is killed with the whole group
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=subprocess_env(), start_new_session=True)
     try:
-        done = subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), timeout=120)
+        output, _ = child.communicate(timeout=120)
     except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
         pytest.fail("the encode hung: a forked decode worker's collector freed the parent's garbage decoder")
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert child.returncode == 0, output
     assert len(read_clips(out)) > 0
