@@ -106,8 +106,8 @@ def encode_share(run: EncodeRun, job: JobPlan, prepared: PreparedOut,
     (given only where prepare found nothing committed, so the share is the one it would be now); None: started
     here. Either is closed here."""
     cfg, ctx, stop = run.cfg, run.ctx, run.stop
-    vae, num_scenes, decoder = run.start.vae, run.start.scenes, run.decoder  # type: ignore[union-attr]
-    assert stop is not None and decoder is not None
+    vae, num_scenes = run.start.vae, run.start.scenes  # type: ignore[union-attr]
+    assert stop is not None
     rank, mesh = ctx.info.rank, ctx.mesh
     todo = job.todo
     if prepared.complete and not todo:
@@ -188,6 +188,7 @@ class DecodeFeed:
 
     def __init__(self, run: EncodeRun, job: JobPlan) -> None:
         cfg, ctx = run.cfg, run.ctx
+        assert run.decoder is not None, "the run's decode backend is resolved before its decode starts"
         self.work = job.rank_work(ctx.info.rank)
         self.encoder = encoder_for(cfg.sp_mode)
         view_indices, self.sp_plans = self.encoder.layout(self.work,
