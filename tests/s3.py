@@ -81,7 +81,8 @@ class StoreProxy:
     """An HTTP proxy in front of the S3 server that answers some requests itself with an error, as a real store
     does under load or without permission: `rules` maps a method, or "METHOD text" (a request of that method whose
     path holds the text), to (how many of its requests, status, S3 error code); every other request is forwarded.
-    Counts what it answered itself in `answered` (by rule), and every request it saw in `seen` (by method)."""
+    Counts what it answered itself in `answered` (by rule), and every request it saw in `seen` (by method); `paths`
+    lists each request's method and path."""
 
     def __init__(self, upstream: str, rules: dict[str, tuple[int, int, str]]) -> None:
         import http.client
@@ -92,6 +93,7 @@ class StoreProxy:
         self.rules = {method: list(rule) for method, rule in rules.items()}
         self.answered: dict[str, int] = {}
         self.seen: dict[str, int] = {}
+        self.paths: list[tuple[str, str]] = []
         target = urllib.parse.urlsplit(upstream)
         proxy = self
 
@@ -103,6 +105,7 @@ class StoreProxy:
 
             def _any(self) -> None:
                 proxy.seen[self.command] = proxy.seen.get(self.command, 0) + 1
+                proxy.paths.append((self.command, self.path))
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 key = next((key for key in proxy.rules if key == self.command

@@ -107,6 +107,31 @@ def test_one_listing_answers_from_one_request_and_follows_this_process_s_writes(
     assert store.listing("shards") == {"shards/s.safetensors": 5} and store.listing("progress") == {}
 
 
+def test_out_s_top_level_is_one_request_even_where_it_holds_nothing(s3: Any, s3_endpoint: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.s3 import StoreProxy
+    from vaecache.cache.objects import check_object_out
+    from vaecache.errors import OutputError
+
+    make_bucket(s3, "top-level")
+    s3.pipe_file("top-level/full/run.json", b"{}")
+    counting = StoreProxy(s3_endpoint, {})
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", counting.endpoint)
+        full, empty, no_bucket = (open_store(url) for url in ("s3://top-level/full", "s3://top-level/empty",
+                                                              "s3://no-such-bucket-here/out"))
+        assert full.entries() == {"run.json"}
+        listed = len(counting.paths)
+        with pytest.raises(FileNotFoundError):
+            empty.entries()
+        assert [path.split("&")[0] for _, path in counting.paths[listed:]] == ["/top-level?list-type=2"]
+        assert check_object_out(empty) == set()
+        with pytest.raises(OutputError, match=r"s3://no-such-bucket-here/out: no such bucket"):
+            check_object_out(no_bucket)
+    finally:
+        counting.close()
+
+
 def test_a_file_url_is_the_local_folder_it_names(tmp_path: Path) -> None:
     store = open_store(f"file://{tmp_path}/my%20cache")
     assert isinstance(store, LocalStore) and store.folder == tmp_path / "my cache"

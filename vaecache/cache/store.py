@@ -401,11 +401,26 @@ class ObjectStore(Store):
             return {name.split("/", 1)[0] for name in self._listed}
         try:
             self.fs.invalidate_cache()
-            return {path.rstrip("/").rsplit("/", 1)[-1] for path in self.fs.ls(self.root, detail=False)}
+            return {path.rstrip("/").rsplit("/", 1)[-1] for path in self._top_level()}
         except FileNotFoundError:
             raise
         except Exception as exc:
             raise self._error("", "list", exc) from None
+
+    def _top_level(self) -> list[str]:
+        """The paths right under OUT (FileNotFoundError where there are none). s3fs's `ls` of an empty prefix lists
+        its parent too, to tell a missing prefix from an object of that name: a round trip more at the start of
+        every run into a new OUT, which here would only be taken for an empty one. So the one-level listing that
+        `ls` makes first (s3fs's `_lsdir`, s3fs/core.py) is asked alone where the filesystem has one."""
+        lsdir = getattr(self.fs, "_lsdir", None)
+        if lsdir is None or not getattr(self.fs, "async_impl", False):
+            return self.fs.ls(self.root, detail=False)
+        from fsspec.asyn import sync
+
+        found = sync(self.fs.loop, lsdir, self.root, refresh=True)
+        if not found:
+            raise FileNotFoundError(str(self.url))
+        return [info["name"] for info in found]
 
     def bucket_exists(self) -> bool:
         try:
