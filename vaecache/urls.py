@@ -8,7 +8,7 @@ import datetime as _dt
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 
 def is_url(location: object) -> bool:
@@ -166,9 +166,18 @@ must not cross a fork (DataLoader workers)."""
 _DATA_FILESYSTEMS_LOCK = threading.Lock()
 
 
+HELD_BYTES_BUDGET = 64 << 20
+"""The most bytes of whole objects a process holds for their next open (`hold_object`)."""
+_HELD: dict[str, bytes] = {}
+"""URL -> the whole object, as a reader of it in this process read it (its listed version), for its next open."""
+_HELD_LOCK = threading.Lock()
+_held_bytes = 0
+
+
 def _new_lock_after_fork() -> None:
-    global _DATA_FILESYSTEMS_LOCK
+    global _DATA_FILESYSTEMS_LOCK, _HELD_LOCK
     _DATA_FILESYSTEMS_LOCK = threading.Lock()  # a thread of the parent may have held it as the parent forked
+    _HELD_LOCK = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_new_lock_after_fork)
@@ -179,6 +188,7 @@ def set_data_storage_options(options: dict[str, Any]) -> None:
     _DATA_OPTIONS.clear()
     _DATA_OPTIONS.update(options)
     _DATA_FILESYSTEMS.clear()
+    hold_only(())
 
 
 def data_filesystem(url: str) -> tuple[Any, str]:
@@ -245,16 +255,65 @@ def url_sha256(url: str, block: int = 8 << 20) -> str:
     return digest.hexdigest()
 
 
-def open_url(url: str, block_size: int = 4 << 20) -> Any:
+def open_url(url: str, block_size: int = 4 << 20, held: bool = False) -> Any:
     """The object at `url` as a seekable binary file (what av.open takes): ranged GETs of `block_size` bytes with
-    read-ahead, so probing reads a video's header and index, not the whole object."""
+    read-ahead, so probing reads a video's header and index, not the whole object. With `held`, an object this
+    process holds (`hold_object`) is read from those bytes, without a request, and no longer held."""
     fs, path = data_filesystem(url)
+    data = _take_held(url) if held else None
     try:
+        if data is not None:
+            handle = fs.open(path, "rb", block_size=block_size, cache_type="all", cache_options={"data": data})
+            if handle.size == len(data):
+                return handle
+            handle.close()  # listed at another size: read it from the store, which refuses a changed object
         return fs.open(path, "rb", block_size=block_size, cache_type="readahead")
     except OSError:
         raise
     except Exception as exc:  # botocore's credential errors are no OSError
         raise OSError(storage_problem(exc)) from None
+
+
+def whole_object(handle: Any) -> bytes | None:
+    """The whole object an open file from `open_url` has read ahead (an object no bigger than one read-ahead block,
+    read from its start), taken from its cache without a request; None where it holds less."""
+    import fsspec.caching
+
+    cache = getattr(handle, "cache", None)
+    size = getattr(handle, "size", None)
+    if not isinstance(cache, fsspec.caching.ReadAheadCache) or not size or cache.start != 0 or cache.end < size:
+        return None
+    return bytes(cache.cache[:size])
+
+
+def hold_object(url: str, data: bytes) -> bool:
+    """Hold the whole object at `url` (`data`: as a reader read it, its listed version: every read of an object is
+    conditional on the ETag it was listed with) for its next `open_url(..., held=True)` in this process or in one
+    forked from it, which then makes no request. Probing reads a small video whole; the decode worker that opens it
+    for its first batch reads it from here, not from the store again. False where HELD_BYTES_BUDGET is spent."""
+    global _held_bytes
+    with _HELD_LOCK:
+        if url in _HELD or _held_bytes + len(data) > HELD_BYTES_BUDGET:
+            return False
+        _HELD[url] = data
+        _held_bytes += len(data)
+        return True
+
+
+def _take_held(url: str) -> bytes | None:
+    global _held_bytes
+    with _HELD_LOCK:
+        data = _HELD.pop(url, None)
+        _held_bytes -= len(data) if data is not None else 0
+        return data
+
+
+def hold_only(urls: Collection[str]) -> None:
+    """Hold no object but those at `urls` (none: every held object let go)."""
+    global _held_bytes
+    with _HELD_LOCK:
+        for url in [url for url in _HELD if url not in urls]:
+            _held_bytes -= len(_HELD.pop(url))
 
 
 def open_location(location: Any, block_size: int = 4 << 20) -> Any:

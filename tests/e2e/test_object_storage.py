@@ -39,6 +39,29 @@ def test_an_encode_from_s3_to_s3_equals_the_encode_on_disk(s3, demo_data: Path, 
     assert f"{data}/scene_001/cam_1.mp4: size" in changed.output
 
 
+def test_the_first_batch_decodes_the_videos_probing_read_whole_without_reading_them_again(
+        s3, s3_endpoint: str, demo_data: Path, good_cache: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from collections import Counter
+
+    from tests.s3 import StoreProxy
+
+    data = upload(s3, demo_data, "held", "videos")
+    counting = StoreProxy(s3_endpoint, {})
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", counting.endpoint)
+        result = invoke(["encode", data, "--out", tmp_path / "out", *ENCODE_ARGS, "--workers", "1"])
+    finally:
+        counting.close()
+    assert result.exit_code == 0, result.output
+    assert_same_tensors(load_tensors(tmp_path / "out"), load_tensors(good_cache))
+    reads = Counter(path.split("?")[0].removeprefix("/held/videos/") for method, path in counting.paths
+                    if method == "GET" and path.endswith(".mp4"))
+    assert reads == {"scene_000/cam_0.mp4": 1, "scene_000/cam_1.mp4": 1,  # probed; the worker's first batch
+                     "scene_001/cam_0.mp4": 2, "scene_001/cam_1.mp4": 2, "scene_002/cam_0.mp4": 2,
+                     "scene_002/cam_1.mp4": 2}
+
+
 def test_a_bad_object_is_a_skipped_input_naming_its_url(s3, demo_data: Path, tmp_path: Path) -> None:
     data = upload(s3, demo_data, "bad-object", "videos")
     s3.pipe_file("bad-object/videos/scene_001/cam_0.mp4", b"not a video at all")

@@ -99,3 +99,38 @@ def test_a_decode_worker_opens_objects_as_listed_without_a_head_and_refuses_a_ch
     finally:
         counting.close()
         set_data_storage_options({})
+
+
+def test_a_held_object_opens_once_without_a_request_and_holding_keeps_to_its_budget(
+        s3: Any, s3_endpoint: str, demo_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import vaecache.urls as urls
+    from tests.s3 import StoreProxy
+    from vaecache.sources.probing import probe_file
+    from vaecache.sources.urlpath import UrlPath
+
+    make_bucket(s3, "held-once")
+    url = upload(s3, demo_data, "held-once", "data")
+    video, other = f"{url}/scene_000/cam_0.mp4", f"{url}/scene_001/cam_0.mp4"
+    counting = StoreProxy(s3_endpoint, {})
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", counting.endpoint)
+        urls.set_data_storage_options({})
+        assert UrlPath(url).exists()  # the run's listing
+        probe_file(video)  # a small video: read whole, and held
+        size = len(urls._HELD[video])
+        before = counting.seen.get("GET", 0)
+        with urls.open_url(video, held=True) as handle:
+            assert handle.read() == (demo_data / "scene_000" / "cam_0.mp4").read_bytes()
+        assert counting.seen.get("GET", 0) == before and video not in urls._HELD  # no request; held once
+        with urls.open_url(video, held=True) as handle:
+            handle.read()
+        assert counting.seen["GET"] == before + 1
+
+        monkeypatch.setattr(urls, "HELD_BYTES_BUDGET", size)
+        assert urls.hold_object(video, b"v" * size)
+        assert not urls.hold_object(other, b"o")  # over the budget
+        urls.hold_only([other])
+        assert urls._HELD == {} and urls.hold_object(other, b"o" * size)  # letting go gives the budget back
+    finally:
+        urls.set_data_storage_options({})
+        counting.close()

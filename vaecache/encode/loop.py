@@ -200,7 +200,10 @@ class DecodeFeed:
             batch_size=None, shuffle=False, num_workers=cfg.workers, pin_memory=ctx.device.type == "cuda",
             prefetch_factor=4 if cfg.workers else None, worker_init_fn=ignore_stop_signals,
         )
+        self._dataset.hold_first(max(cfg.workers, 1))  # the first batch of each decode worker
         self._batches: Iterator[Any] | None = workers_started(loader)
+        if cfg.workers:
+            self._dataset.hold_first(0)  # the workers were forked holding them: this process lets them go
 
     def take(self) -> Iterator[Any]:
         batches, self._batches = self._batches, None

@@ -21,7 +21,7 @@ from vaecache.meter import Advance
 from vaecache.settings.clip import FRAME_SYNC, SyncConfig
 from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
 from vaecache.sources.scene import CameraProbe, Scene, SceneProbe
-from vaecache.urls import is_url
+from vaecache.urls import hold_object, is_url
 from vaecache.video.frames import FrameList
 from vaecache.video.identity import source_stat
 
@@ -35,6 +35,7 @@ def probe_file(path: str | FrameList, frame_rate: float | None = None) -> Camera
     The frame count is that of a straight decode from the start (see vaecache.video.reader.VideoReader); size and
     mtime are read before the file is opened, so a file changed while it is probed looks changed later."""
     from vaecache.video.backends import open_camera
+    from vaecache.video.reader import VideoReader
 
     name = path.key if isinstance(path, FrameList) else path
     try:
@@ -44,6 +45,9 @@ def probe_file(path: str | FrameList, frame_rate: float | None = None) -> Camera
     with open_camera(path, fps=frame_rate) as reader:
         if identity is None:
             identity = source_stat(path)
+        read_whole = reader.whole_object() if isinstance(reader, VideoReader) else None
+        if read_whole is not None:  # a small video at a URL: the decode of the first batches reads these bytes
+            hold_object(name, read_whole)
         width, height = reader.frame_size
         fps = reader.fps()
         times = reader.times_ns()

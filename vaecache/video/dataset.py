@@ -13,7 +13,7 @@ import torch
 
 from vaecache.errors import DatasetError, VideoDecodeError
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS
-from vaecache.urls import is_url
+from vaecache.urls import hold_only, is_url
 from vaecache.video.backends import PYAV, Backend, ForeignReader, open_camera
 from vaecache.video.frames import FrameList, FrameSequence, files_identity, is_image_source
 from vaecache.video.identity import identity_on_open, source_stat
@@ -209,6 +209,18 @@ class ViewBatchDataset(torch.utils.data.Dataset):
             self._decoder.close()
             self._decoder = None
 
+    def sources(self, index: int) -> list[Any]:
+        """The sources of the views this rank decodes of batch `index`."""
+        views = [(clip, camera) for clip in self.batches[index] for camera in range(len(clip.cameras))]
+        return [views[view][0].source(views[view][1]) for view in self.view_indices[index]]
+
+    def hold_first(self, batches: int) -> None:
+        """Of the small videos at URLs that probing read whole (urls.hold_object), keep held only those the first
+        `batches` batches read: a decode worker's first batch then opens them without a request. Each batch lets go
+        of what its process held once it is decoded."""
+        hold_only({source for index in range(min(batches, len(self.batches))) for source in self.sources(index)
+                   if isinstance(source, str)})
+
     def _opened(self, clip: Any, camera: int) -> Reader:
         """Camera `camera` of `clip`, checked against its probe (ViewDecoder.check; a failure condemns the source)."""
         assert self._decoder is not None
@@ -284,6 +296,7 @@ class ViewBatchDataset(torch.utils.data.Dataset):
         stacked = torch.stack([t if t is not None else torch.zeros_like(template) for t in out])
         for clip_index in errors:
             readings.pop(clip_index, None)
+        hold_only(())  # what this process was held for its first batch (urls.hold_object), used or not, let go
         return {"index": index, "views": stacked, "errors": errors, "readings": readings}
 
 

@@ -32,7 +32,7 @@ from av.video.reformatter import VideoReformatter
 
 from vaecache.errors import FrameBudgetError, VideoDecodeError, first_line
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS, frame_budget_problem
-from vaecache.urls import is_url, mtime_ns, open_url
+from vaecache.urls import is_url, mtime_ns, open_url, whole_object
 from vaecache.video.frames import checked_request
 from vaecache.video.members import member_of, open_member
 
@@ -197,6 +197,11 @@ class VideoReader:
             return None
         details = self._url_file.details
         return int(details.get("size") or 0), mtime_ns(details)
+
+    def whole_object(self) -> bytes | None:
+        """The whole object at a URL where this reader has read all of it ahead (one read-ahead block holds it),
+        without a request; None for a larger object and for a file on disk or in a tar."""
+        return whole_object(self._url_file) if self._url_file is not None else None
 
     def check_probe(self, frames: int, width: int, height: int) -> None:
         """Refuse a video that is not what its probe (an index, the probe cache) says: it changed since."""
@@ -439,7 +444,7 @@ def _open_object(path: str) -> Any:
     """An object in object storage opened for ranged reads, checked there and not empty (VideoDecodeError naming it
     otherwise)."""
     try:
-        handle = open_url(path)
+        handle = open_url(path, held=True)
     except FileNotFoundError:
         raise VideoDecodeError(path, "no such object") from None
     except IsADirectoryError:
