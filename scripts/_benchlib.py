@@ -327,10 +327,11 @@ def progress(message: str) -> None:
 
 
 @contextlib.contextmanager
-def s3_server(log_file: Path) -> Iterator[Endpoint]:
+def s3_server(log_file: Path, nice: int = 0) -> Iterator[Endpoint]:
     """moto's standalone S3 server (a real S3-protocol server process, `moto[server]` from the test extras) on a
     free loopback port, its request log in `log_file`; the AWS environment of this process points at it while the
-    block runs. Yields the endpoint URL (its `pid`: the server's process)."""
+    block runs. `nice` > 0: the server runs at that lower CPU priority (nice(1)). Yields the endpoint URL (its
+    `pid`: the server's process)."""
     import os
     import socket
     import subprocess
@@ -343,7 +344,8 @@ def s3_server(log_file: Path) -> Iterator[Endpoint]:
         port = probe.getsockname()[1]
     endpoint = f"http://127.0.0.1:{port}"
     log = open(log_file, "wb")
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+    server = subprocess.Popen([*(["nice", "-n", str(nice)] if nice else []),
+                               sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                               stdout=subprocess.DEVNULL, stderr=log)
     saved = {name: os.environ.get(name) for name in S3_ENV}
     os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",

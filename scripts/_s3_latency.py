@@ -218,11 +218,13 @@ class ProxyProcess:
 
 
 @contextlib.contextmanager
-def delaying_proxy(upstream: str, latency_ms: float) -> Iterator[ProxyProcess]:
+def delaying_proxy(upstream: str, latency_ms: float, nice: int = 0) -> Iterator[ProxyProcess]:
     """Run a DelayingProxy in front of `upstream` (http://host:port) on a free loopback port while the block runs,
     in a process of its own: a remote store's round trip costs the client no CPU and no hold of its interpreter
-    lock, and the proxy's copying of every body in Python would take both from a run in the same process."""
-    child = subprocess.Popen([sys.executable, __file__, "--serve", upstream, str(latency_ms)],
+    lock, and the proxy's copying of every body in Python would take both from a run in the same process. `nice` >
+    0: it runs at that lower CPU priority (nice(1))."""
+    child = subprocess.Popen([*(["nice", "-n", str(nice)] if nice else []),
+                              sys.executable, __file__, "--serve", upstream, str(latency_ms)],
                              stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None

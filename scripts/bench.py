@@ -23,6 +23,8 @@ real store's round trip would (moto alone answers from memory on loopback); the 
     python scripts/bench.py --overhead --overhead-ranks 1,2,4
     python scripts/bench.py --repeats 3 --workers 1 --s3                # object storage
     python scripts/bench.py --repeats 3 --workers 1 --s3 --s3-latency-ms 30   # ... 30 ms per request
+    python scripts/bench.py --repeats 3 --workers 1 --s3 --s3-latency-ms 30 --s3-store-nice 19  # ... the store
+        # at the lowest CPU priority: it shares this machine's cores with the run, which a remote store does not
 """
 
 from __future__ import annotations
@@ -90,6 +92,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--s3-latency-ms", type=float, default=0.0, metavar="MS",
                    help="with --s3: the vaecache run talks to moto through a proxy that holds every request MS ms "
                         "before forwarding it (a real store adds ~10-50 ms per request; default 0: no proxy)")
+    p.add_argument("--s3-store-nice", type=int, default=0, metavar="N",
+                   help="with --s3: run moto and the proxy at nice N (1-19; default 0: the run's priority). They share "
+                        "this machine's cores with the run, which a remote store does not: at a low priority they "
+                        "take only what the run leaves idle (their answers then wait for it)")
     p.add_argument("--overhead-ranks", default="1,2,4")
     p.add_argument("--overhead-scenes", type=int, default=16)
     p.add_argument("--overhead-workers", type=int, default=0)
@@ -98,6 +104,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--s3-latency-ms must be a number >= 0")
     if args.s3_latency_ms and not args.s3:
         p.error("--s3-latency-ms needs --s3")
+    if not 0 <= args.s3_store_nice <= 19:
+        p.error("--s3-store-nice must be 0 to 19")
+    if args.s3_store_nice and not args.s3:
+        p.error("--s3-store-nice needs --s3")
     return args
 
 
@@ -301,15 +311,15 @@ def _stages(start: float, marks: list[float], encodes: list[tuple[float, float]]
 
 
 def _upload_to_s3(stack: contextlib.ExitStack, data: Path, tmp: Path,
-                  latency_ms: float = 0.0) -> tuple[Any, Path, int, Any, int]:
-    """Start the S3 server (kept running by `stack`) and upload DATA once, straight to the server; with
-    `latency_ms` > 0 then start the delaying proxy in front of it and point the AWS environment at the proxy, so
-    the runs that follow (DATA and OUT) go through it. Returns DATA's URL, the server's log, the log's end and the
-    proxy (None without one) and the server's pid."""
+                  latency_ms: float = 0.0, nice: int = 0) -> tuple[Any, Path, int, Any, int]:
+    """Start the S3 server (kept running by `stack`; at nice `nice`, as the proxy) and upload DATA once, straight to
+    the server; with `latency_ms` > 0 then start the delaying proxy in front of it and point the AWS environment at
+    the proxy, so the runs that follow (DATA and OUT) go through it. Returns DATA's URL, the server's log, the log's
+    end and the proxy (None without one) and the server's pid."""
     from vaecache.urls import Url, open_filesystem
 
     log = tmp / "s3-server.log"
-    endpoint = stack.enter_context(bl.s3_server(log))
+    endpoint = stack.enter_context(bl.s3_server(log, nice))
     fs, _ = open_filesystem("s3://bench")
     fs.mkdir("bench")
     fs.put(str(data), "bench/data", recursive=True)
@@ -317,7 +327,7 @@ def _upload_to_s3(stack: contextlib.ExitStack, data: Path, tmp: Path,
     if latency_ms > 0:
         from _s3_latency import delaying_proxy
 
-        proxy = stack.enter_context(delaying_proxy(endpoint, latency_ms))
+        proxy = stack.enter_context(delaying_proxy(endpoint, latency_ms, nice))
         stack.enter_context(_environ(AWS_ENDPOINT_URL_S3=proxy.endpoint))
     return Url("s3://bench/data"), log, log.stat().st_size, proxy, endpoint.pid  # Url: run_vaecache reads by URL
 
@@ -511,7 +521,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         modes = MODES + (("vaecache_s3",) if args.s3 else ())
         s3 = contextlib.ExitStack()
         if args.s3:
-            data_url, s3_log, log_at, proxy, s3_pid = _upload_to_s3(s3, data, tmp, args.s3_latency_ms)
+            data_url, s3_log, log_at, proxy, s3_pid = _upload_to_s3(s3, data, tmp, args.s3_latency_ms,
+                                                                    args.s3_store_nice)
         runners: dict[str, Callable[[int], dict[str, Any]]] = {
             "encode_only": lambda r: run_encode_only(vae, decoded, device),
             "vaecache": lambda r: run_vaecache(args, data, tmp / f"out-vaecache-{r}", height, width, first_views),
@@ -622,6 +633,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             clips = result["config"]["clips"]
             kinds = sorted({kind for run in runs["vaecache_s3"] for kind in run["requests"]})
             result["s3_latency_ms"] = args.s3_latency_ms
+            result["s3_store_nice"] = args.s3_store_nice
             result["s3_vs_disk"] = bl.rnd(vps["vaecache_s3"] / vps["vaecache"], 3)
             result["s3_efficiency"] = bl.rnd(vps["vaecache_s3"] / vps["encode_only"], 3)
             result["s3_store_cpu_ms_per_view"] = bl.rnd(
@@ -639,7 +651,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "many ms before forwarding it (runs' requests_via_proxy: how many; the upload before went direct). "
                 "s3_store_cpu_ms_per_view: the CPU the server and the proxy (local processes here, on the same "
                 "cores as the run; a real store's is not the client's) spent during a run, per view, median; it is "
-                "not in the run's own CPU ms/view, but it took cores from it.")
+                "not in the run's own CPU ms/view, but it took cores from it. s3_store_nice > 0: the server and "
+                "the proxy ran at that nice value, so they took mostly what the run left idle.")
         if args.overhead:
             result["overhead"] = run_overhead(args, tmp)
     finally:
@@ -655,7 +668,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"speedup vs naive = {result['speedup_vs_naive']}")
     if "s3_vs_disk" in result:
         human += (f"\nS3 (vaecache_s3 / vaecache on disk) = {result['s3_vs_disk']}   "
-                  f"added latency {result['s3_latency_ms']:g} ms/request   server+proxy CPU "
+                  f"added latency {result['s3_latency_ms']:g} ms/request   server+proxy at nice "
+                  f"{result['s3_store_nice']}, CPU "
                   f"{result['s3_store_cpu_ms_per_view']} ms/view   requests per clip: "
                   + ", ".join(f"{kind} {count}" for kind, count in result["s3_requests_per_clip"].items()))
     if "overhead" in result:
