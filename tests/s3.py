@@ -82,9 +82,11 @@ class StoreProxy:
     does under load or without permission: `rules` maps a method, or "METHOD text" (a request of that method whose
     path holds the text), to (how many of its requests, status, S3 error code); every other request is forwarded.
     Counts what it answered itself in `answered` (by rule), and every request it saw in `seen` (by method); `paths`
-    lists each request's method and path."""
+    lists each request's method and path. `holds` maps "METHOD text" to seconds such a request is held before it is
+    forwarded; `times` lists (method, path, arrived, answered) on time.monotonic()."""
 
-    def __init__(self, upstream: str, rules: dict[str, tuple[int, int, str]]) -> None:
+    def __init__(self, upstream: str, rules: dict[str, tuple[int, int, str]],
+                 holds: dict[str, float] | None = None) -> None:
         import http.client
         import http.server
         import threading
@@ -94,6 +96,8 @@ class StoreProxy:
         self.answered: dict[str, int] = {}
         self.seen: dict[str, int] = {}
         self.paths: list[tuple[str, str]] = []
+        self.holds = dict(holds or {})
+        self.times: list[tuple[str, str, float, float]] = []
         target = urllib.parse.urlsplit(upstream)
         proxy = self
 
@@ -106,6 +110,11 @@ class StoreProxy:
             def _any(self) -> None:
                 proxy.seen[self.command] = proxy.seen.get(self.command, 0) + 1
                 proxy.paths.append((self.command, self.path))
+                arrived = time.monotonic()
+                for held, seconds in proxy.holds.items():
+                    method, _, text = held.partition(" ")
+                    if method == self.command and text in self.path:
+                        time.sleep(seconds)
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 key = next((key for key in proxy.rules if key == self.command
@@ -138,6 +147,7 @@ class StoreProxy:
                 if self.command != "HEAD":
                     self.wfile.write(data)
                 upstream_connection.close()
+                proxy.times.append((self.command, self.path, arrived, time.monotonic()))
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _any
 

@@ -1,6 +1,7 @@
 """Locations that are URLs (object storage through fsspec) rather than local paths, and opening them: the
-filesystem of a URL, its errors in one line, a source object's size and mtime, and the object as a file. Light (the
-CLI imports it): fsspec is imported only to open a URL."""
+filesystem of a URL, its errors in one line, a source object's size and mtime, the object as a file, and the small
+objects a process read whole held for their next open. Light (the CLI imports it): fsspec is imported only to open
+a URL."""
 
 from __future__ import annotations
 

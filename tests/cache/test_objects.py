@@ -424,6 +424,43 @@ def test_a_throttled_request_is_retried_and_a_refused_one_is_one_line(s3, s3_end
     assert len([line for line in result.output.splitlines() if line.startswith("error:")]) == 1
 
 
+def test_the_last_commit_record_is_put_beside_the_tables_and_the_manifest_waits_for_it(
+        s3, s3_endpoint: str, demo_data: Path, good_cache: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.s3 import StoreProxy
+
+    make_bucket(s3, "beside")
+    slow = StoreProxy(s3_endpoint, {}, holds={"PUT /progress/commits/": 1.0})
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", slow.endpoint)
+        result = _encode_here("s3://beside/cache", demo_data)
+    finally:
+        slow.close()
+    assert result.exit_code == 0, result.output
+    puts = {path.split("?")[0].removeprefix("/beside/cache/"): (arrived, answered)
+            for method, path, arrived, answered in slow.times if method == "PUT"}
+    commit, shard = puts["progress/commits/a000-r00000-000000.json"], puts["shards/a000-r00000-000000.safetensors"]
+    assert shard[1] <= commit[0]  # the shard is there before its commit record is asked for
+    assert puts["clips.parquet"][0] < commit[1]  # the tables went while the commit record's PUT was held
+    assert commit[1] <= puts["manifest.json"][0]  # and the manifest only once it was there
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
+    _same_cache(s3, "s3://beside/cache", good_cache, tmp_path)
+
+    make_bucket(s3, "refused-commit")
+    denied = StoreProxy(s3_endpoint, {"PUT /progress/commits/": (10**6, 403, "AccessDenied")})
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", denied.endpoint)
+        result = _encode_here("s3://refused-commit/cache", demo_data)
+    finally:
+        denied.close()
+    assert result.exit_code == 1
+    assert "error: s3://refused-commit/cache/progress/commits/a000-r00000-000000.json: cannot write (access denied" \
+        in result.output
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
+    assert "manifest.json" not in _objects(s3, "s3://refused-commit/cache")
+    assert invoke(["verify", "s3://refused-commit/cache"]).exit_code != 0
+
+
 def test_an_unreadable_commit_record_stops_the_resume_and_deletes_nothing(s3, s3_endpoint: str, demo_data: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.s3 import StoreProxy

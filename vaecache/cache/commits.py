@@ -76,7 +76,11 @@ class CacheOut(Protocol):
         """A shard's bytes, whole or not at all."""
 
     def commit(self, file: str, line: str) -> None:
-        """A written shard committed (`line`: its progress line)."""
+        """A written shard committed (`line`: its progress line); in object storage the commit record's PUT may still
+        be under way when this returns (`settle`)."""
+
+    def settle(self) -> None:
+        """Every commit this process made is there (finalize settles before the manifest)."""
 
     def leave_torn_shard(self, file: str, data: bytes) -> None:
         """Fault injection: what a write cut short leaves."""

@@ -6,8 +6,9 @@ interrupted multipart upload leaves no object). So, under OUT's URL:
 - a shard is PUT under a name no other attempt uses (``shards/aAAA-rRRRRR-SSSSSS.safetensors``), then its commit
   record, ``progress/commits/aAAA-rRRRRR-SSSSSS.json``: the progress line the writer appends on disk (the shard
   record with its size and sha256, the clip ids, the clip records). A shard counts only once its commit record
-  exists. A resume lists the commit records; every other shard object (a crash between the two PUTs) is a stray,
-  deleted by the next encode or ``vaecache verify --repair``;
+  exists. The commit record's PUT runs while the writer goes on (one at a time); finalize waits for the last one
+  before the manifest. A resume lists the commit records; every other shard object (a crash between the two PUTs)
+  is a stray, deleted by the next encode or ``vaecache verify --repair``;
 - each rank's failure records and probe records are one object per rank, PUT whole (the failures once, when the
   rank's share is done: a rerun records them afresh);
 - ``run.json`` is PUT by rank 0 as it prepares OUT; ``clips.parquet``, ``failures.parquet`` and then
@@ -33,7 +34,7 @@ import logging
 import re
 import shutil
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -99,6 +100,9 @@ class ObjectOut(FolderOut):
         self.lock = ObjectLock(self.store)
         self._held_a_run: bool | None = None
         """Whether OUT held a run record, a manifest or commit records when `pull_start` listed it."""
+        self._commit_puts: ThreadPoolExecutor | None = None
+        self._commit_put: Future[None] | None = None
+        """The last commit record's PUT, under way (`commit`) until `settle`."""
 
     def where(self, name: str = "") -> Url:
         return self.store.where(name)
@@ -165,8 +169,21 @@ class ObjectOut(FolderOut):
         self.store.write(file, data)
 
     def commit(self, file: str, line: str) -> None:
-        """PUT the shard's commit record: its progress line."""
-        self.store.write(commit_name(file.rsplit("/", 1)[-1]), (line + "\n").encode())
+        """PUT the shard's commit record (its progress line), one at a time: the previous one's PUT is waited for
+        first, this one's is under way when this returns. The shard counts once it is there: `settle` waits for it,
+        and so does `publish`, beside the tables, before the manifest. A crash before it is there leaves the shard a
+        stray, as a crash between the shard's PUT and its commit record's always has."""
+        self.settle()
+        if self._commit_puts is None:
+            self._commit_puts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vaecache-commit")
+        self._commit_put = self._commit_puts.submit(self.store.write, commit_name(file.rsplit("/", 1)[-1]),
+                                                    (line + "\n").encode())
+
+    def settle(self) -> None:
+        """Every commit record `commit` put under way is there (its PUT's error raised)."""
+        pending, self._commit_put = self._commit_put, None
+        if pending is not None:
+            pending.result()
 
     def leave_torn_shard(self, file: str, data: bytes) -> None:
         """A crash mid-write (fault injection): a store without atomic PUTs would leave a cut object."""
@@ -177,6 +194,7 @@ class ObjectOut(FolderOut):
         writer, its work folder holds them already (the records found when OUT was prepared, under the lock, and the
         lines it appended beside each commit record it PUT): no request is made."""
         if not only_writer:
+            self.settle()
             self.pull_records(finished=False)
 
     # --- verify: the commits counted, the stray objects named and repaired -----------------------------------------
@@ -320,10 +338,12 @@ class ObjectOut(FolderOut):
 
     def publish(self) -> None:
         """Finalize, rank 0: the clip table and the failure table (together, while the lock is read back: a lock that
-        is no longer this job's is refused before the manifest), then the manifest last."""
+        is no longer this job's is refused before the manifest, and while the last commit record's PUT ends), then
+        the manifest last."""
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="vaecache-lock") as pool:
             held = pool.submit(self.lock.still_held)
             self.store.write_many({name: (self.work / name).read_bytes() for name in (CLIPS, FAILURES)})
+            self.settle()
             if not held.result():
                 holder = self.lock.holder() or {}
                 raise OutputError(f"{self.where(LOCK)}: the lock is no longer this job's (now host "
@@ -340,7 +360,13 @@ class ObjectOut(FolderOut):
             log.warning("%s", exc)
 
     def end_run(self, rank: int, attempt: int, log_file: Path, holds_lock: bool) -> None:
-        """The end of a rank's run: its log PUT and, on rank 0, the lock released, side by side."""
+        """The end of a rank's run: its log PUT and, on rank 0, the lock released, side by side; a commit record
+        still under way (a run that failed before finalize) first ends, so no write of this job follows the lock's
+        release."""
+        try:
+            self.settle()
+        except OutputError as exc:  # the run failed already; that shard is a stray for the next encode
+            log.warning("%s", exc)
         if not holds_lock:
             self.push_log(rank, attempt, log_file)
             return
@@ -357,6 +383,8 @@ class ObjectOut(FolderOut):
         return lambda: self.put_file(name)
 
     def close(self) -> None:
+        if self._commit_puts is not None:
+            self._commit_puts.shutdown(wait=True)
         shutil.rmtree(self.work, ignore_errors=True)
 
 

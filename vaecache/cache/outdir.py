@@ -403,6 +403,9 @@ class DiskOut(FolderOut):
     def commit(self, file: str, line: str) -> None:
         """On disk the shard's commit is its progress line, which the writer appends next."""
 
+    def settle(self) -> None:
+        """Every commit is there once the writer appended its line."""
+
     def leave_torn_shard(self, file: str, data: bytes) -> None:
         """A crash mid-write (fault injection): a cut temp file, as an interrupted write leaves one."""
         path = self.folder / file

@@ -278,6 +278,7 @@ class ShardWriter:
             self._rows.append(json.loads(line)["clips"])
             self.progress.append_line(line)
             if faults.should_fail("crash-after-commit", number, self.rank):
+                self.out.settle()
                 faults.crash()
             self.committed.append(shard)
             self.bytes_written += len(data)
@@ -295,8 +296,9 @@ class ShardWriter:
                 raise OutputError(str(error)) from None
             raise OutputError(f"rank {self.rank}: writing a shard failed: {error}") from error
 
-    def close(self) -> list[dict[str, Any]]:
-        """Commit what is buffered and wait for the disk; raise the first write error."""
+    def close(self, settle: bool = True) -> list[dict[str, Any]]:
+        """Commit what is buffered and wait for the disk; raise the first write error. Without `settle`, the last
+        commit may still be under way (CacheOut.settle): finalize settles it beside the tables."""
         try:
             self.flush()
             for future in self._futures:
@@ -305,6 +307,8 @@ class ShardWriter:
             self._pool.shutdown(wait=True)
             self._close_rows()
         self._raise_pending()
+        if settle:
+            self.out.settle()
         return self.committed
 
     def _close_rows(self) -> None:

@@ -156,7 +156,9 @@ def encode_share(run: EncodeRun, job: JobPlan, prepared: PreparedOut,
             if on_progress is not None:
                 on_progress(len(batch), len(work.clips))
         if writer is not None:
-            writer.close()
+            # A lone rank's finalize waits for its last commit record beside the tables; other ranks' commit records
+            # are there before rank 0 lists them, and a stopped run's before it ends.
+            writer.close(settle=ctx.info.world_size > 1 or counters.stopped is not None)
         failures.publish()
         loop_s = time.perf_counter() - loop_started
     except BaseException:
