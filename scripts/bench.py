@@ -635,6 +635,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result["s3_latency_ms"] = args.s3_latency_ms
             result["s3_store_nice"] = args.s3_store_nice
             result["s3_vs_disk"] = bl.rnd(vps["vaecache_s3"] / vps["vaecache"], 3)
+            result["s3_wall_vs_disk"] = bl.rnd(wall_vps["vaecache_s3"] / wall_vps["vaecache"], 3)
+            pairs = list(zip(runs["vaecache"], runs["vaecache_s3"]))  # the two runs of one repeat, back to back
+            result["s3_vs_disk_paired"] = bl.rnd(bl.median(
+                [(s3["steady_views"] / s3["steady_s"]) / (disk["steady_views"] / disk["steady_s"])
+                 for disk, s3 in pairs]), 3)
+            result["s3_wall_vs_disk_paired"] = bl.rnd(bl.median(
+                [(s3["views"] / s3["wall_s"]) / (disk["views"] / disk["wall_s"]) for disk, s3 in pairs]), 3)
             result["s3_efficiency"] = bl.rnd(vps["vaecache_s3"] / vps["encode_only"], 3)
             result["s3_store_cpu_ms_per_view"] = bl.rnd(
                 1000 * bl.median([run["store_cpu_s"] / run["views"] for run in runs["vaecache_s3"]]), 3)
@@ -643,7 +650,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 for kind in kinds}
             result["notes"].append(
                 "vaecache_s3: run_encode with DATA and OUT at s3:// URLs on moto's S3 server (a local process, "
-                "loopback); s3_vs_disk = its steady views/s over vaecache's on disk, measured in the same repeats. "
+                "loopback); s3_vs_disk = its steady views/s over vaecache's on disk, measured in the same repeats "
+                "(s3_wall_vs_disk: wall views/s); the _paired figures are the median over repeats of each repeat's "
+                "own ratio (its two runs ran back to back), which a slow spell of the machine moves less. "
                 "s3_requests_per_clip: the server's logged requests of a whole run (listing, probing, decoding, "
                 "shards, commit records, lock, tables, manifest, logs) by method, median over repeats, per clip; "
                 "LIST is a GET with a listing query. moto answers from memory: a real store's latency is not in it, "
@@ -667,7 +676,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     human += (f"\nefficiency (vaecache / encode_only) = {result['efficiency']}   "
               f"speedup vs naive = {result['speedup_vs_naive']}")
     if "s3_vs_disk" in result:
-        human += (f"\nS3 (vaecache_s3 / vaecache on disk) = {result['s3_vs_disk']}   "
+        human += (f"\nS3 (vaecache_s3 / vaecache on disk) = {result['s3_vs_disk']} steady, "
+                  f"{result['s3_wall_vs_disk']} wall (per repeat, median: {result['s3_vs_disk_paired']}, "
+                  f"{result['s3_wall_vs_disk_paired']})   "
                   f"added latency {result['s3_latency_ms']:g} ms/request   server+proxy at nice "
                   f"{result['s3_store_nice']}, CPU "
                   f"{result['s3_store_cpu_ms_per_view']} ms/view   requests per clip: "

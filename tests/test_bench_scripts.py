@@ -40,7 +40,9 @@ def test_bench_prints_documented_keys(capsys, tmp_path):
     printed = printed_json(capsys)
     assert printed == json.loads(json.dumps(result))
     assert set(printed["views_per_s"]) == {"encode_only", "vaecache", "naive", "vaecache_s3"}
-    assert isinstance(printed["s3_vs_disk"], float) and printed["s3_vs_disk"] > 0
+    for key in ("s3_vs_disk", "s3_wall_vs_disk", "s3_vs_disk_paired", "s3_wall_vs_disk_paired"):
+        assert isinstance(printed[key], float) and printed[key] > 0, key
+    assert printed["s3_store_nice"] == 0
     requests = printed["s3_requests_per_clip"]
     assert requests["GET range"] > 0 and requests["PUT"] > 0 and requests["LIST"] > 0
     assert printed["s3_store_cpu_ms_per_view"] > 0  # moto answered the run's requests with CPU of its own
