@@ -46,7 +46,7 @@ def probe_file(path: str | FrameList, frame_rate: float | None = None) -> Camera
         if identity is None:
             identity = source_stat(path)
         read_whole = reader.whole_object() if isinstance(reader, VideoReader) else None
-        if read_whole is not None:  # a small video at a URL: the decode of the first batches reads these bytes
+        if read_whole is not None:  # a small video at a URL: a decode worker's first batch reads these bytes
             hold_object(name, read_whole)
         width, height = reader.frame_size
         fps = reader.fps()
