@@ -5,11 +5,12 @@ a URL."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import threading
 from pathlib import Path
-from typing import Any, Collection
+from typing import Any, Collection, Iterator
 
 
 def is_url(location: object) -> bool:
@@ -173,6 +174,8 @@ _HELD: dict[str, bytes] = {}
 """URL -> the whole object, as a reader of it in this process read it (its listed version), for its next open."""
 _HELD_LOCK = threading.Lock()
 _held_bytes = 0
+_holding = 0
+"""How many `holding_objects` blocks are running: `hold_object` holds nothing outside one."""
 
 
 def _new_lock_after_fork() -> None:
@@ -291,14 +294,29 @@ def hold_object(url: str, data: bytes) -> bool:
     """Hold the whole object at `url` (`data`: as a reader read it, its listed version: every read of an object is
     conditional on the ETag it was listed with) for its next `open_url(..., held=True)` in this process or in one
     forked from it, which then makes no request. Probing reads a small video whole; the decode worker that opens it
-    for its first batch reads it from here, not from the store again. False where HELD_BYTES_BUDGET is spent."""
+    for its first batch reads it from here, not from the store again. False outside `holding_objects` (probing for
+    `plan`, `index` or verify, which read nothing again) and where HELD_BYTES_BUDGET is spent."""
     global _held_bytes
     with _HELD_LOCK:
-        if url in _HELD or _held_bytes + len(data) > HELD_BYTES_BUDGET:
+        if not _holding or url in _HELD or _held_bytes + len(data) > HELD_BYTES_BUDGET:
             return False
         _HELD[url] = data
         _held_bytes += len(data)
         return True
+
+
+@contextlib.contextmanager
+def holding_objects() -> Iterator[None]:
+    """While the block runs, `hold_object` holds what it is given: an encode's start-up, whose decode workers open
+    the videos it probes again. What was held stays held after it (`hold_only` lets go)."""
+    global _holding
+    with _HELD_LOCK:
+        _holding += 1
+    try:
+        yield
+    finally:
+        with _HELD_LOCK:
+            _holding -= 1
 
 
 def _take_held(url: str) -> bytes | None:

@@ -116,7 +116,10 @@ def test_a_held_object_opens_once_without_a_request_and_holding_keeps_to_its_bud
         monkeypatch.setenv("AWS_ENDPOINT_URL_S3", counting.endpoint)
         urls.set_data_storage_options({})
         assert UrlPath(url).exists()  # the run's listing
-        probe_file(video)  # a small video: read whole, and held
+        probe_file(video)  # outside an encode's start-up (plan, index, verify): nothing is held
+        assert urls._HELD == {}
+        with urls.holding_objects():
+            probe_file(video)  # a small video: read whole, and held
         size = len(urls._HELD[video])
         before = counting.seen.get("GET", 0)
         with urls.open_url(video, held=True) as handle:
@@ -127,10 +130,11 @@ def test_a_held_object_opens_once_without_a_request_and_holding_keeps_to_its_bud
         assert counting.seen["GET"] == before + 1
 
         monkeypatch.setattr(urls, "HELD_BYTES_BUDGET", size)
-        assert urls.hold_object(video, b"v" * size)
-        assert not urls.hold_object(other, b"o")  # over the budget
-        urls.hold_only([other])
-        assert urls._HELD == {} and urls.hold_object(other, b"o" * size)  # letting go gives the budget back
+        with urls.holding_objects():
+            assert urls.hold_object(video, b"v" * size)
+            assert not urls.hold_object(other, b"o")  # over the budget
+            urls.hold_only([other])
+            assert urls._HELD == {} and urls.hold_object(other, b"o" * size)  # letting go gives the budget back
     finally:
         urls.set_data_storage_options({})
         counting.close()

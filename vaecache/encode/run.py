@@ -37,6 +37,7 @@ from vaecache.settings.commands import EncodeConfig
 from vaecache.settings.dtypes import recorded_name
 from vaecache.sources.probing import write_probe_records
 from vaecache.stop import StopRequest
+from vaecache.urls import holding_objects
 from vaecache.vae.load import CUDA_NUMERICS
 
 log = logging.getLogger("vaecache")
@@ -93,9 +94,10 @@ def _start_and_run(run: EncodeRun) -> EncodeSummary:
                     run.cfg, clip=dataclasses.replace(run.cfg.clip, encoder_impl=recorded_impl)))
             return run.cfg
 
-        start = start_up(StartRequest(run.cfg, ctx.device, ctx.info.world_size, ctx.mesh.sp_size,
-                                      on_error=run.cfg.on_error, probe_cache=run.out.probes_folder(),
-                                      out_ready=out_ready), ctx, run.reporting.meter)
+        with holding_objects():  # the small videos probing reads whole, for each decode worker's first batch
+            start = start_up(StartRequest(run.cfg, ctx.device, ctx.info.world_size, ctx.mesh.sp_size,
+                                          on_error=run.cfg.on_error, probe_cache=run.out.probes_folder(),
+                                          out_ready=out_ready), ctx, run.reporting.meter)
     cfg = run.cfg
     # What --views-per-forward all came to for this dataset: recorded, and compared on resume.
     cfg = dataclasses.replace(cfg, clip=dataclasses.replace(cfg.clip, views_per_forward=start.job.views_per_forward))
