@@ -19,7 +19,7 @@ import pytest
 from typer.testing import Result
 
 from tests.conftest import ENCODE_ARGS, assert_same_tensors, invoke, load_tensors, read_clips, subprocess_env
-from tests.s3 import download, make_bucket, upload
+from tests.s3 import StoreProxy, download, make_bucket, upload
 from vaecache import LatentCache
 from vaecache.cache import lock as lock_module
 from vaecache.cache.objects import ObjectOut
@@ -43,6 +43,18 @@ def _encode_here(url: str, data: Path, *extra: object) -> Result:
     """The same encode in this process (CliRunner on the CLI: same exit code, output on `.output`), without a ~4 s
     interpreter and torch start: for every run that need not crash or be killed."""
     return invoke(["encode", data, "--out", url, *ENCODE_ARGS, *extra], env={"VAECACHE_FAULT": None})
+
+
+def _encode_behind(proxy: StoreProxy, monkeypatch: pytest.MonkeyPatch, s3_endpoint: str, url: str, data: Path,
+                   *extra: object) -> Result:
+    """`_encode_here` with the store reached through `proxy`, which is closed after; the store is reached direct
+    again when it returns."""
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
+        return _encode_here(url, data, *extra)
+    finally:
+        proxy.close()
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
 
 
 def _same_cache(s3, url: str, local: Path, tmp_path: Path) -> None:
@@ -398,27 +410,16 @@ def test_two_ranks_under_torchrun_commit_into_s3_and_equal_one_process(s3, demo_
 def test_a_throttled_request_is_retried_and_a_refused_one_is_one_line(s3, s3_endpoint: str, demo_data: Path,
                                                                         good_cache: Path, tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.s3 import StoreProxy
-
     make_bucket(s3, "throttled")
     slow = StoreProxy(s3_endpoint, {"PUT": (3, 503, "SlowDown")})  # S3's answer to too many requests
-    try:
-        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", slow.endpoint)
-        result = invoke(["encode", demo_data, "--out", "s3://throttled/cache", *ENCODE_ARGS])
-        assert result.exit_code == 0, result.output
-        assert slow.answered == {"PUT": 3}  # each retried with backoff, and the run went on
-    finally:
-        slow.close()
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
+    result = _encode_behind(slow, monkeypatch, s3_endpoint, "s3://throttled/cache", demo_data)
+    assert result.exit_code == 0, result.output
+    assert slow.answered == {"PUT": 3}  # each retried with backoff, and the run went on
     _same_cache(s3, "s3://throttled/cache", good_cache, tmp_path)
 
     make_bucket(s3, "refused")
     denied = StoreProxy(s3_endpoint, {"PUT": (10**6, 403, "AccessDenied")})
-    try:
-        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", denied.endpoint)
-        result = invoke(["encode", demo_data, "--out", "s3://refused/cache", *ENCODE_ARGS])
-    finally:
-        denied.close()
+    result = _encode_behind(denied, monkeypatch, s3_endpoint, "s3://refused/cache", demo_data)
     assert result.exit_code == 1
     assert "error: s3://refused/cache/.lock: cannot write (access denied (" in result.output
     assert len([line for line in result.output.splitlines() if line.startswith("error:")]) == 1
@@ -427,15 +428,9 @@ def test_a_throttled_request_is_retried_and_a_refused_one_is_one_line(s3, s3_end
 def test_the_last_commit_record_is_put_beside_the_tables_and_the_manifest_waits_for_it(
         s3, s3_endpoint: str, demo_data: Path, good_cache: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.s3 import StoreProxy
-
     make_bucket(s3, "beside")
     slow = StoreProxy(s3_endpoint, {}, holds={"PUT /progress/commits/": 1.0})
-    try:
-        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", slow.endpoint)
-        result = _encode_here("s3://beside/cache", demo_data)
-    finally:
-        slow.close()
+    result = _encode_behind(slow, monkeypatch, s3_endpoint, "s3://beside/cache", demo_data)
     assert result.exit_code == 0, result.output
     puts = {path.split("?")[0].removeprefix("/beside/cache/"): (arrived, answered)
             for method, path, arrived, answered in slow.times if method == "PUT"}
@@ -443,39 +438,28 @@ def test_the_last_commit_record_is_put_beside_the_tables_and_the_manifest_waits_
     assert shard[1] <= commit[0]  # the shard is there before its commit record is asked for
     assert puts["clips.parquet"][0] < commit[1]  # the tables went while the commit record's PUT was held
     assert commit[1] <= puts["manifest.json"][0]  # and the manifest only once it was there
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
     _same_cache(s3, "s3://beside/cache", good_cache, tmp_path)
 
     make_bucket(s3, "refused-commit")
     denied = StoreProxy(s3_endpoint, {"PUT /progress/commits/": (10**6, 403, "AccessDenied")})
-    try:
-        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", denied.endpoint)
-        result = _encode_here("s3://refused-commit/cache", demo_data)
-    finally:
-        denied.close()
+    result = _encode_behind(denied, monkeypatch, s3_endpoint, "s3://refused-commit/cache", demo_data)
     assert result.exit_code == 1
     assert "error: s3://refused-commit/cache/progress/commits/a000-r00000-000000.json: cannot write (access denied" \
         in result.output
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
+    assert len([line for line in result.output.splitlines() if line.startswith("error:")]) == 1
     assert "manifest.json" not in _objects(s3, "s3://refused-commit/cache")
     assert invoke(["verify", "s3://refused-commit/cache"]).exit_code != 0
 
 
 def test_an_unreadable_commit_record_stops_the_resume_and_deletes_nothing(s3, s3_endpoint: str, demo_data: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.s3 import StoreProxy
-
     make_bucket(s3, "unreadable")
     url = "s3://unreadable/cache"
     assert _encode(url, demo_data, "--shard-size", "50000",
                    env={"VAECACHE_FAULT": "crash-before-record:2"}).returncode == 137
     before = _objects(s3, url)
     denied = StoreProxy(s3_endpoint, {"GET /progress/commits/": (10**6, 403, "AccessDenied")})
-    try:
-        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", denied.endpoint)
-        result = invoke(["encode", demo_data, "--out", url, *ENCODE_ARGS, "--shard-size", "50000"])
-    finally:
-        denied.close()
+    result = _encode_behind(denied, monkeypatch, s3_endpoint, url, demo_data, "--shard-size", "50000")
     assert result.exit_code == 1 and denied.answered
     assert "progress/commits/a000-r00000-000000.json: cannot read (access denied" in result.output
     after = _objects(s3, url)
