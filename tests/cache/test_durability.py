@@ -333,6 +333,28 @@ def test_the_decode_starts_while_out_is_prepared_only_where_nothing_is_done(
     cache_io.same_tensors(cache_io.tensors(fresh), reference)
 
 
+def test_the_last_shard_is_handed_to_the_writer_before_the_decode_workers_end(
+        data, reference, tmp_path: Path, cache_io, monkeypatch) -> None:
+    """After the last batch the writer starts on the last shard at once: its write (a PUT over object storage) runs
+    while the DataLoader shuts its workers down, not after. The shards are the same ones."""
+    from vaecache.cache.writer import ShardWriter
+    from vaecache.encode import loop
+
+    events: list[str] = []
+    take, flush = loop.DecodeFeed.take, ShardWriter.flush
+
+    def taken(self):
+        yield from take(self)
+        events.append("decoded all")
+
+    monkeypatch.setattr(loop.DecodeFeed, "take", taken)
+    monkeypatch.setattr(ShardWriter, "flush", lambda self: (events.append("flush"), flush(self))[1])
+    out = tmp_path / "out"
+    assert encode_here(data, out, "--workers", "1").exit_code == 0
+    assert events[:2] == ["flush", "decoded all"]
+    cache_io.same_tensors(cache_io.tensors(out), reference)
+
+
 def test_encode_again_repairs_a_cache_that_verify_failed(data, reference, crashed_copy: Path, cache_io) -> None:
     out = crashed_copy
     resumed = encode_here(data, out, "--shard-size", "1")  # the resume recorded shards 0-2 as hashed

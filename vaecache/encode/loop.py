@@ -135,7 +135,7 @@ def encode_share(run: EncodeRun, job: JobPlan, prepared: PreparedOut,
     sink = _BatchSink(cfg, ctx, vae, writer, failures, counters)
     loop_started = time.perf_counter()
     try:
-        for item in views_on_device_ahead(feed.take(), ctx.device):
+        for taken, item in enumerate(views_on_device_ahead(feed.take(), ctx.device), start=1):
             batch, sp_plan = work.batches[item["index"]], sp_plans[item["index"]]
             # Ranks of one SP group must stop at the same batch, or the all_gather below would hang.
             if ctx.sp_any(stop.requested):
@@ -143,18 +143,19 @@ def encode_share(run: EncodeRun, job: JobPlan, prepared: PreparedOut,
                 break
             if mesh.sp_size == 1 and len(item["errors"]) == len(batch):  # nothing decoded: no forward to run
                 sink.commit(batch, None, 0, BatchOutcome(dict(item["errors"]), {}, {}))
-                if on_progress is not None:
-                    on_progress(len(batch), len(work.clips))
-                continue
-            set_doing(f"encoding clip {batch[0].clip_id} (batch {item['index'] + 1} of {len(work.batches)})")
-            result = encoder.encode(vae, item["views"], ctx.sp_group)
-            moments = result.mean if result.logvar is None else torch.cat([result.mean, result.logvar], dim=1)
-            moments = gather_views(moments, sp_plan, ctx.sp_group)
-            outcome = _batch_outcome(ctx, sp_plan, batch, item["errors"], item["readings"], result)
-            counters.backoffs.extend(result.backoffs)
-            sink.commit(batch, moments, result.mean.shape[1], outcome)
+            else:
+                set_doing(f"encoding clip {batch[0].clip_id} (batch {item['index'] + 1} of {len(work.batches)})")
+                result = encoder.encode(vae, item["views"], ctx.sp_group)
+                moments = result.mean if result.logvar is None else torch.cat([result.mean, result.logvar], dim=1)
+                moments = gather_views(moments, sp_plan, ctx.sp_group)
+                outcome = _batch_outcome(ctx, sp_plan, batch, item["errors"], item["readings"], result)
+                counters.backoffs.extend(result.backoffs)
+                sink.commit(batch, moments, result.mean.shape[1], outcome)
             if on_progress is not None:
                 on_progress(len(batch), len(work.clips))
+            if taken == len(work.batches) and writer is not None:
+                # the last shards written while the decode workers end (the loader's next step), not after
+                writer.flush()
         if writer is not None:
             # A lone rank's finalize waits for its last commit record beside the tables; other ranks' commit records
             # are there before rank 0 lists them, and a stopped run's before it ends.
