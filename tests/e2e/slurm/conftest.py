@@ -5,7 +5,9 @@
 * unset or ``local`` (the default): only a single-node cluster the tests start themselves on this machine with
   ``.ci/slurm/start_local_slurm.sh`` (as root; it apt-installs slurmctld, slurmd and munge when missing) and stop at
   the end of the session with ``.ci/slurm/stop_local_slurm.sh`` (by pidfile). Where a cluster already answers
-  ``sinfo`` (a login node) nothing is submitted to it: the tests are skipped, saying how to use it;
+  ``sinfo`` (a login node) nothing is submitted to it: the tests are skipped, saying how to use it. The one
+  exception is a cluster a test session started and never stopped (killed before its teardown: the session's pid,
+  which the start recorded, is gone): that one is stopped by pidfile and started afresh;
 * ``existing``: the cluster that answers ``sinfo`` (jobs go to its default partition);
 * ``off``: skipped.
 
@@ -33,6 +35,10 @@ REPO = Path(__file__).resolve().parents[3]
 SCRIPTS = REPO / "scripts" / "slurm"
 START = REPO / ".ci" / "slurm" / "start_local_slurm.sh"
 STOP = REPO / ".ci" / "slurm" / "stop_local_slurm.sh"
+
+LOCAL_DIR = Path(os.environ.get("SLURM_LOCAL_DIR", "/tmp/local-slurm"))  # where the start script keeps its state
+SESSION_FILE = LOCAL_DIR / "test-session.pid"
+"""The pid of the test session that started the local cluster, written after the start, removed after the stop."""
 
 COMMON_ARGS = ["--vae", "builtin:tiny", "--size", "64x64", "--workers", "0", "--no-progress"]
 ENCODE_ARGS = [*COMMON_ARGS, "--num-frames", "9"]
@@ -83,6 +89,22 @@ def _sinfo_answers() -> bool:
     return proc.returncode == 0 and bool(proc.stdout.strip())
 
 
+def left_over_by() -> int | None:
+    """The pid of the test session that started the local cluster and is gone without stopping it; None where no
+    session file is there or its session still runs (another pytest on this machine: its cluster is not ours)."""
+    try:
+        pid = int(SESSION_FILE.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return pid
+    except PermissionError:
+        return None
+    return None
+
+
 @dataclass
 class Cluster:
     started_here: bool
@@ -92,9 +114,11 @@ class Cluster:
 SLURM_CHOICES = ("local", "existing", "off")
 
 
-def cluster_plan(choice: str, running: bool, root: bool) -> tuple[str, str]:
-    """("existing" | "start" | "none", reason): what the session does with VAECACHE_TEST_SLURM=`choice`, a cluster
-    answering `sinfo` or not, as root or not. "none" skips (or fails under CI) with the reason."""
+def cluster_plan(choice: str, running: bool, root: bool, left_over: int | None = None) -> tuple[str, str]:
+    """("existing" | "start" | "restart" | "none", reason): what the session does with VAECACHE_TEST_SLURM=`choice`,
+    a cluster answering `sinfo` or not, as root or not, and `left_over`: the pid of a gone test session that started
+    the local cluster and never stopped it. "none" skips (or fails under CI) with the reason; "restart" stops the
+    left-over cluster by its pidfiles first."""
     if choice not in SLURM_CHOICES:
         return "none", f"VAECACHE_TEST_SLURM must be one of {', '.join(SLURM_CHOICES)}, got {choice!r}"
     if choice == "off":
@@ -103,6 +127,9 @@ def cluster_plan(choice: str, running: bool, root: bool) -> tuple[str, str]:
         if running:
             return "existing", "VAECACHE_TEST_SLURM=existing"
         return "none", "VAECACHE_TEST_SLURM=existing, but no SLURM cluster answers `sinfo` here"
+    if running and left_over is not None and root:
+        return "restart", (f"the local cluster test session {left_over} started (and never stopped) answers `sinfo`: "
+                           "stopping it by its pidfiles and starting afresh")
     if running:
         return "none", ("a SLURM cluster already answers `sinfo` here (a login node?): the tests submit only to a "
                         "cluster they start themselves; set VAECACHE_TEST_SLURM=existing to submit these test jobs "
@@ -117,7 +144,13 @@ def cluster_plan(choice: str, running: bool, root: bool) -> tuple[str, str]:
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Cluster:
     choice = os.environ.get("VAECACHE_TEST_SLURM", "local") or "local"
-    action, reason = cluster_plan(choice, choice != "off" and _sinfo_answers(), os.geteuid() == 0)
+    action, reason = cluster_plan(choice, choice != "off" and _sinfo_answers(), os.geteuid() == 0, left_over_by())
+    if action == "restart":
+        stop = subprocess.run(["bash", str(STOP)], capture_output=True, text=True, timeout=300)
+        print(f"\n{reason} (exit {stop.returncode}):\n{stop.stdout}{stop.stderr}")
+        SESSION_FILE.unlink(missing_ok=True)
+        if _sinfo_answers():
+            _no_cluster(f"{reason}, but a cluster still answers `sinfo` after {STOP.relative_to(REPO)}")
     if action == "none":
         _no_cluster(reason)
     if action == "existing":
@@ -139,11 +172,13 @@ def slurm_cluster() -> Cluster:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
         _no_cluster(f"{START.relative_to(REPO)} failed (exit {proc.returncode}):\n{tail}")
     print(f"\nstarted a local SLURM cluster in {elapsed:.1f} s:\n{proc.stdout}")
+    SESSION_FILE.write_text(f"{os.getpid()}\n")
     try:
         yield Cluster(started_here=True, start_s=elapsed)
     finally:
         stop = subprocess.run(["bash", str(STOP)], capture_output=True, text=True, timeout=300)
         print(f"\nstopped the local SLURM cluster (exit {stop.returncode}):\n{stop.stdout}{stop.stderr}")
+        SESSION_FILE.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")
