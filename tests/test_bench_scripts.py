@@ -150,6 +150,21 @@ def test_bench_scale_plans_index_lines_of_tar_members_and_time_ranges(capsys, tm
     assert result["plan"]["source"] == source and result["plan"]["clips"] == 30  # the clip count is checked inside
 
 
+def test_bench_read_reads_a_video_at_a_url_three_ways_with_the_same_frames(capsys):
+    import vaecache.urls as urls
+
+    settings = (urls.READ_BLOCK, urls.BLOCKS_KEPT)
+    result = load_script("bench_read").main(["--repeats", "1", "--frames", "40", "--size", "96x128",
+                                             "--block-mb", "0.0625", "--latency-ms", "5"])
+    printed = printed_json(capsys)
+    assert printed == result and printed["identical"] == {"disk": True, "s3_prefetch": True, "s3_foreground": True}
+    assert printed["video"]["blocks"] > 2 and all(fps > 0 for fps in printed["frames_per_s"].values())
+    # each block once with the blocks kept; read ahead in the foreground, the decode fetches them again
+    assert printed["gets_per_read"]["s3_prefetch"] == printed["video"]["blocks"]
+    assert printed["gets_per_read"]["s3_foreground"] > printed["video"]["blocks"]
+    assert (urls.READ_BLOCK, urls.BLOCKS_KEPT) == settings  # put back for what runs after it in this process
+
+
 def test_bench_decode_prints_frames_per_second_and_identity_per_backend(capsys):
     result = load_script("bench_decode").main(["--repeats", "1", "--frames", "24", "--size", "32x64",
                                                 "--clip-frames", "5"])

@@ -253,16 +253,33 @@ def url_sha256(url: str, block: int = 8 << 20) -> str:
     import hashlib
 
     digest = hashlib.sha256()
-    with open_url(url, block) as handle:
+    with open_url(url, block, sequential=True) as handle:
         while chunk := handle.read(block):
             digest.update(chunk)
     return digest.hexdigest()
 
 
-def open_url(url: str, block_size: int = 4 << 20, held: bool = False) -> Any:
-    """The object at `url` as a seekable binary file (what av.open takes): ranged GETs of `block_size` bytes with
-    read-ahead, so probing reads a video's header and index, not the whole object. With `held`, an object this
-    process holds (`hold_object`) is read from those bytes, without a request, and no longer held."""
+READ_BLOCK = 4 << 20
+"""Bytes per ranged GET of an object opened for reading (`open_url`): a small video is read whole by one."""
+BLOCKS_KEPT = 8
+"""Blocks a sequential reader of an object larger than one block keeps (`open_url(..., sequential=True)`), the
+least recently read dropped first; the next block's GET runs in the background while the reader works through this
+one (fsspec's BackgroundBlockCache). A video's index pass only demuxes, faster than blocks arrive, so it still waits
+for each; its decode goes through the same bytes again and finds them here, decoding one block while the next is
+fetched where it does not. Each block of a video up to 8 blocks (32 MiB) is fetched once per open; that is also the
+most an open video holds. 0: read ahead in the foreground, as for a smaller object (every block waits for its GET)."""
+
+
+def open_url(url: str, block_size: int | None = None, held: bool = False, sequential: bool = False) -> Any:
+    """The object at `url` as a seekable binary file (what av.open takes): ranged GETs of `block_size` bytes
+    (READ_BLOCK where not given) with read-ahead, so a reader of a tar's headers reads those, not the whole object.
+    With `held`, an object this process holds (`hold_object`) is read from those bytes, without a request, and no
+    longer held. With `sequential` (a reader that goes through the object from front to back, seeking now and then:
+    a video's index pass and its decode), an object larger than one block has its next block fetched while the
+    current one is read (BLOCKS_KEPT)."""
+    import fsspec.caching
+
+    block_size = block_size or READ_BLOCK
     fs, path = data_filesystem(url)
     data = _take_held(url) if held else None
     try:
@@ -271,7 +288,12 @@ def open_url(url: str, block_size: int = 4 << 20, held: bool = False) -> Any:
             if handle.size == len(data):
                 return handle
             handle.close()  # listed at another size: read it from the store, which refuses a changed object
-        return fs.open(path, "rb", block_size=block_size, cache_type="readahead")
+        handle = fs.open(path, "rb", block_size=block_size, cache_type="readahead")
+        if (sequential and BLOCKS_KEPT and isinstance(getattr(handle, "cache", None), fsspec.caching.ReadAheadCache)
+                and handle.size > block_size):  # nothing was read yet: no request lost
+            handle.cache = fsspec.caching.BackgroundBlockCache(block_size, handle._fetch_range, handle.size,
+                                                               maxblocks=BLOCKS_KEPT)
+        return handle
     except OSError:
         raise
     except Exception as exc:  # botocore's credential errors are no OSError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from fractions import Fraction
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pytest
@@ -411,3 +411,35 @@ def test_a_seek_that_lands_after_its_target_still_gives_exact_frames(layout_vide
         reader._keyframes = [replace(key, seek_ts=key.pts + 4) for key in reader._keyframes]  # aim too late
         for frames in random_windows(72, 2, random.Random(11), 12):
             _assert_frames(name, reader.read(frames), references[name], frames)
+
+
+@pytest.mark.parametrize("prefetch", [3, 0])
+def test_a_video_at_a_url_over_many_blocks_is_read_frame_exactly_with_the_next_block_fetched_behind(
+        prefetch: int, s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A video larger than one read block is read with the next block's GET under way while this one is decoded,
+    its blocks kept (or, with BLOCKS_KEPT = 0, ahead in the foreground): the frames are the same, in any order of
+    windows, and an object replaced while open is refused as before."""
+    import fsspec.caching
+
+    import vaecache.urls as urls
+    from tests.s3 import make_bucket
+
+    path = write_video(tmp_path / "video.mp4", LAYOUTS["h264-open-gop"], frames=72, height=192, width=288)
+    make_bucket(s3, "blocks")
+    s3.put(str(path), "blocks/video.mp4")
+    monkeypatch.setattr(urls, "READ_BLOCK", 64 << 10)  # PyAV reads 32 KiB at a time: blocks larger than that
+    monkeypatch.setattr(urls, "BLOCKS_KEPT", prefetch)
+    assert path.stat().st_size > 3 * urls.READ_BLOCK
+    reference = sequential_frames(path)
+    urls.set_data_storage_options({})
+    try:
+        with open_video("s3://blocks/video.mp4") as reader:
+            cache = reader._url_file.cache
+            assert isinstance(cache, fsspec.caching.BackgroundBlockCache if prefetch else fsspec.caching.ReadAheadCache)
+            for frames in random_windows(72, 2, random.Random(11), 8):
+                _assert_frames("h264 at a URL", reader.read(frames), reference, frames)
+            s3.pipe("blocks/video.mp4", path.read_bytes()[::-1])  # replaced while open: a block fetched now fails
+            with pytest.raises(VideoDecodeError, match="changed since it was listed"):
+                reader.read([0, 1])
+    finally:
+        urls.set_data_storage_options({})

@@ -444,7 +444,7 @@ def _open_object(path: str) -> Any:
     """An object in object storage opened for ranged reads, checked there and not empty (VideoDecodeError naming it
     otherwise)."""
     try:
-        handle = open_url(path, held=True)
+        handle = open_url(path, held=True, sequential=True)
     except FileNotFoundError:
         raise VideoDecodeError(path, "no such object") from None
     except IsADirectoryError:
