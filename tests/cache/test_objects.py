@@ -387,18 +387,51 @@ def test_a_cache_written_on_disk_and_copied_to_s3_is_read_and_verified_but_not_r
     assert "manifest.json" in _objects(s3, url)
 
 
+def test_a_finalize_that_lists_the_commit_records_reads_none_it_holds(s3, s3_endpoint: str, demo_data: Path,
+                                                                      sharded_cache: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 of a multi-rank run rebuilds its logs from the commit records before finalize. Of a resume, it read the
+    earlier attempt's records when it prepared OUT, under the lock it still holds, and wrote its own: it reads each
+    record once in all (here a one-process resume finalizing as rank 0 of several would)."""
+    from vaecache.cache.objects import ObjectOut
+
+    make_bucket(s3, "held-records")
+    url = "s3://held-records/cache"
+    crashed = _encode(url, demo_data, "--shard-size", "50000", env={"VAECACHE_FAULT": "crash-after-commit:1"})
+    assert crashed.returncode == 137, crashed.stderr
+    before_finalize = ObjectOut.before_finalize
+    monkeypatch.setattr(ObjectOut, "before_finalize", lambda self, only_writer: before_finalize(self, False))
+    counting = StoreProxy(s3_endpoint, {})
+    resumed = _encode_behind(counting, monkeypatch, s3_endpoint, url, demo_data, "--shard-size", "50000")
+    assert resumed.exit_code == 0, resumed.output
+    _same_cache(s3, url, sharded_cache, tmp_path)
+    commits = sorted(name for name in _objects(s3, url) if name.startswith("progress/commits/"))
+    read = sorted(path.split("/cache/", 1)[1] for method, path in counting.paths
+                  if method == "GET" and "/cache/progress/commits/" in path)
+    assert len(commits) > 1 and read == commits[:1]  # the first attempt's, once, as OUT was prepared
+
+
 @pytest.mark.slow
-def test_two_ranks_under_torchrun_commit_into_s3_and_equal_one_process(s3, demo_data: Path, good_cache: Path,
-                                                                        tmp_path: Path) -> None:
+def test_two_ranks_under_torchrun_commit_into_s3_and_equal_one_process(s3, s3_endpoint: str, demo_data: Path,
+                                                                        good_cache: Path, tmp_path: Path) -> None:
     from tests.conftest import torchrun_cmd
 
     data = upload(s3, demo_data, "two-ranks", "videos")
     url = "s3://two-ranks/cache"
-    result = subprocess.run(torchrun_cmd(2, "encode", data, "--out", url, *ENCODE_ARGS, "--shard-size", "1"),
-                            capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    counting = StoreProxy(s3_endpoint, {})
+    try:
+        result = subprocess.run(torchrun_cmd(2, "encode", data, "--out", url, *ENCODE_ARGS, "--shard-size", "1"),
+                                capture_output=True, text=True, timeout=300,
+                                env=subprocess_env(AWS_ENDPOINT_URL_S3=counting.endpoint))
+    finally:
+        counting.close()
     assert result.returncode == 0, result.stderr[-3000:]
     commits = sorted(name for name in _objects(s3, url) if name.startswith("progress/commits/"))
     assert {name.split("-")[1] for name in commits} == {"r00000", "r00001"}  # each rank committed its own
+    # finalize reads the other rank's commit records, once each; rank 0's own it has
+    read = sorted(path.split("/cache/", 1)[1] for method, path in counting.paths
+                  if method == "GET" and "/cache/progress/commits/" in path)
+    assert read == [name for name in commits if "-r00001-" in name]
     copy = download(s3, url, tmp_path / "copy")
     assert_same_tensors(load_tensors(copy), load_tensors(good_cache))
     verified = subprocess.run(torchrun_cmd(2, "verify", url, "--no-progress"), capture_output=True, text=True,

@@ -38,6 +38,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from vaecache.cache.io import whole_lines
 from vaecache.cache.layout import (
     CLIPS,
     FAILURES,
@@ -190,12 +191,22 @@ class ObjectOut(FolderOut):
         self.store.write(file, data[: len(data) // 2])
 
     def before_finalize(self, only_writer: bool) -> None:
-        """Rank 0: the work folder's logs rebuilt from every rank's commit records. Where this process was the only
-        writer, its work folder holds them already (the records found when OUT was prepared, under the lock, and the
-        lines it appended beside each commit record it PUT): no request is made."""
+        """Rank 0: the work folder's logs rebuilt from every rank's commit records. Its work folder holds most of
+        them already: the records found when OUT was prepared, under the lock this job still holds, and the lines it
+        appended beside each commit record it PUT. Where this process was the only writer that is all of them, and
+        no request is made; else one listing, and a GET for each record of another rank's this attempt."""
         if not only_writer:
             self.settle()
-            self.pull_records(finished=False)
+            self.pull_records(finished=False, held=self._held_records())
+
+    def _held_records(self) -> dict[str, bytes]:
+        """Commit record name -> its line, for each line of the work folder's progress logs."""
+        held = {}
+        for log in (self.work / PROGRESS_DIR).glob("rank-*.jsonl"):
+            for offset, line in whole_lines(log):
+                shard, _ = progress_line_head(log, offset, line)
+                held[commit_name(str(shard.get("file", "")).rsplit("/", 1)[-1])] = line
+        return held
 
     # --- verify: the commits counted, the stray objects named and repaired -----------------------------------------
     # Stray: a shard object without a commit record, or one the manifest does not list; a commit record of a shard
@@ -257,9 +268,10 @@ class ObjectOut(FolderOut):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
 
-    def pull_records(self, *, finished: bool) -> None:
+    def pull_records(self, *, finished: bool, held: dict[str, bytes] | None = None) -> None:
         """Rank 0: rebuild the work folder's progress logs (one per rank, lines in commit order) and failure logs
-        from the objects; with `finished`, also the manifest and the failure table of a finished cache."""
+        from the objects; with `finished`, also the manifest and the failure table of a finished cache. `held`: the
+        bytes of commit records this process has (named as listed), not fetched again; only a listed one is kept."""
         progress = self.work / PROGRESS_DIR
         progress.mkdir(parents=True, exist_ok=True)
         for old in [*progress.glob("rank-*.jsonl"), *progress.glob("failures-rank-*.jsonl")]:
@@ -271,7 +283,9 @@ class ObjectOut(FolderOut):
                              "grow it on disk and copy it again, or --overwrite to start over here")
         commits = [name for name in listed if committed_shard(name) is not None]
         failures = [name for name in listed if _FAILURE_LOG.fullmatch(name)]
-        contents = self.store.read_many(commits + failures)
+        held = held or {}
+        contents = self.store.read_many([name for name in commits if name not in held] + failures)
+        contents.update((name, held[name]) for name in commits if name in held)
         logs: dict[int, list[bytes]] = {}
         for name in commits:  # a rank's commits sort in its commit order: attempt, then sequence
             data = contents.get(name)
