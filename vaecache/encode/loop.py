@@ -134,8 +134,9 @@ def encode_share(run: EncodeRun, job: JobPlan, prepared: PreparedOut,
               if progress_log else None)
     sink = _BatchSink(cfg, ctx, vae, writer, failures, counters)
     loop_started = time.perf_counter()
+    taken = 0
     try:
-        for taken, item in enumerate(views_on_device_ahead(feed.take(), ctx.device), start=1):
+        for taken, item in enumerate(views_on_device_ahead(feed.take(), ctx.device, len(work.batches)), start=1):
             batch, sp_plan = work.batches[item["index"]], sp_plans[item["index"]]
             # Ranks of one SP group must stop at the same batch, or the all_gather below would hang.
             if ctx.sp_any(stop.requested):
@@ -156,6 +157,8 @@ def encode_share(run: EncodeRun, job: JobPlan, prepared: PreparedOut,
             if taken == len(work.batches) and writer is not None:
                 # the last shards written while the decode workers end (the loader's next step), not after
                 writer.flush()
+        if counters.stopped is None and taken != len(work.batches):  # the last one is not asked for more
+            raise RuntimeError(f"rank {rank}: the decode gave {taken} of the share's {len(work.batches)} batches")
         if writer is not None:
             # A lone rank's finalize waits for its last commit record beside the tables; other ranks' commit records
             # are there before rank 0 lists them, and a stopped run's before it ends.

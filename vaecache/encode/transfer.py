@@ -18,16 +18,18 @@ Batch = dict[str, Any]
 """A ViewBatchDataset item: "views" (V, C, T, H, W) on the host, and its index, errors and timings."""
 
 
-def views_on_device_ahead(batches: Iterable[Batch], device: torch.device) -> Iterator[Batch]:
+def views_on_device_ahead(batches: Iterable[Batch], device: torch.device, count: int | None = None) -> Iterator[Batch]:
     """The batches in order, each with "views" on `device`, copied one batch ahead on a side stream (CUDA).
 
-    On any other device the batches pass through unchanged (the VAE runner moves the views itself)."""
+    On any other device the batches pass through unchanged (the VAE runner moves the views itself). `count`: how many
+    batches there are; the last is handed over as soon as it is taken, without asking `batches` for one more (a
+    DataLoader ends its workers before it says it has no more, which would then come before the last batch)."""
     if device.type != "cuda":
         yield from batches
         return
     side = torch.cuda.Stream(device)
     ahead: tuple[Batch, torch.Tensor, torch.cuda.Event] | None = None
-    for batch in batches:
+    for taken, batch in enumerate(batches, start=1):
         with torch.cuda.stream(side):
             views = batch["views"].to(device, non_blocking=True)
             copied = torch.cuda.Event()
@@ -35,6 +37,8 @@ def views_on_device_ahead(batches: Iterable[Batch], device: torch.device) -> Ite
         if ahead is not None:
             yield _ready(*ahead)
         ahead = (batch, views, copied)
+        if taken == count:
+            break
     if ahead is not None:
         yield _ready(*ahead)
 
