@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import os
 import threading
 from pathlib import Path
@@ -253,7 +254,7 @@ def url_sha256(url: str, block: int = 8 << 20) -> str:
     import hashlib
 
     digest = hashlib.sha256()
-    with open_url(url, block, sequential=True) as handle:
+    with open_url(url, block) as handle:
         while chunk := handle.read(block):
             digest.update(chunk)
     return digest.hexdigest()
@@ -267,7 +268,17 @@ least recently read dropped first; the next block's GET runs in the background w
 one (fsspec's BackgroundBlockCache). A video's index pass only demuxes, faster than blocks arrive, so it still waits
 for each; its decode goes through the same bytes again and finds them here, decoding one block while the next is
 fetched where it does not. Each block of a video up to 8 blocks (32 MiB) is fetched once per open; that is also the
-most an open video holds. 0: read ahead in the foreground, as for a smaller object (every block waits for its GET)."""
+most an open video holds. Closing it waits for a GET still under way (one round trip at most). 0: read ahead in the
+foreground, as for a smaller object (every block waits for its GET)."""
+
+
+@functools.cache
+def _background_closes() -> bool:
+    """Whether fsspec closes a BackgroundBlockCache with its file (2026.7 on): its fetch thread and blocks end with
+    the file. An older fsspec keeps both until a garbage collection: there, read ahead in the foreground."""
+    import fsspec.caching
+
+    return "close" in vars(fsspec.caching.BackgroundBlockCache)
 
 
 def open_url(url: str, block_size: int | None = None, held: bool = False, sequential: bool = False) -> Any:
@@ -290,7 +301,7 @@ def open_url(url: str, block_size: int | None = None, held: bool = False, sequen
             handle.close()  # listed at another size: read it from the store, which refuses a changed object
         handle = fs.open(path, "rb", block_size=block_size, cache_type="readahead")
         if (sequential and BLOCKS_KEPT and isinstance(getattr(handle, "cache", None), fsspec.caching.ReadAheadCache)
-                and handle.size > block_size):  # nothing was read yet: no request lost
+                and handle.size > block_size and _background_closes()):  # nothing was read yet: no request lost
             handle.cache = fsspec.caching.BackgroundBlockCache(block_size, handle._fetch_range, handle.size,
                                                                maxblocks=BLOCKS_KEPT)
         return handle

@@ -3,6 +3,7 @@ by name when it is read."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -138,3 +139,33 @@ def test_a_held_object_opens_once_without_a_request_and_holding_keeps_to_its_bud
     finally:
         urls.set_data_storage_options({})
         counting.close()
+
+
+def test_episodes_opened_ahead_are_read_on_by_the_thread_that_asked(s3: Any, tmp_path: Path) -> None:
+    """Episodes (one file holding many, LeRobot v3.0) at URLs are opened side by side in a pool; each episode's
+    reader is its file's shared one, kept per thread. The pool's threads end: their readers become this thread's,
+    which reads on with them, instead of staying open where nobody reads them."""
+    import threading
+
+    from tests.videos import LAYOUTS, write_video
+    from vaecache.urls import set_data_storage_options
+    from vaecache.video import spans
+
+    for name in ("a", "b"):
+        write_video(tmp_path / "episodes" / f"{name}.mp4", LAYOUTS["h264-open-gop"], frames=24)
+    url = upload(s3, tmp_path / "episodes", "episodes", "files")
+    episodes = [f"{url}/{name}.mp4#from_ns=0&frames=8&fps=24.0" for name in ("a", "b")]
+    set_data_storage_options({})
+    decoder = ViewDecoder(64, 64)
+    try:
+        decoder.open_ahead([(episode, None, None) for episode in episodes])
+        assert list(decoder._readers) == episodes
+        mine = (os.getpid(), threading.get_ident())
+        assert [key for key in spans._readers if key[0] == os.getpid() and key != mine] == []
+        assert sorted(spans._readers[mine]) == [f"{url}/a.mp4", f"{url}/b.mp4"]
+        held = dict(spans._readers[mine])
+        assert decoder.decode(episodes[0], [0, 1]).shape == (3, 2, 64, 64)
+        assert spans._readers[mine][f"{url}/a.mp4"] is held[f"{url}/a.mp4"]  # read on, not opened again
+    finally:
+        decoder.close()
+        set_data_storage_options({})

@@ -443,3 +443,26 @@ def test_a_video_at_a_url_over_many_blocks_is_read_frame_exactly_with_the_next_b
                 reader.read([0, 1])
     finally:
         urls.set_data_storage_options({})
+
+
+def test_an_fsspec_that_does_not_close_the_background_cache_reads_ahead_in_the_foreground(
+        s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before fsspec 2026.7 a file's close left the background cache's thread and blocks to the garbage collector:
+    there a large object is read as before."""
+    import fsspec.caching
+
+    import vaecache.urls as urls
+    from tests.s3 import make_bucket
+
+    make_bucket(s3, "old-fsspec")
+    s3.pipe("old-fsspec/object", bytes(range(256)) * 1024)
+    urls.set_data_storage_options({})
+    try:
+        with urls.open_url("s3://old-fsspec/object", 64 << 10, sequential=True) as handle:
+            assert isinstance(handle.cache, fsspec.caching.BackgroundBlockCache)
+        monkeypatch.setattr(urls, "_background_closes", lambda: False)
+        with urls.open_url("s3://old-fsspec/object", 64 << 10, sequential=True) as handle:
+            assert isinstance(handle.cache, fsspec.caching.ReadAheadCache)
+            assert handle.read() == bytes(range(256)) * 1024
+    finally:
+        urls.set_data_storage_options({})

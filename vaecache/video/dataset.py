@@ -4,6 +4,7 @@ know of how they were read; failures reported, not raised)."""
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn, Sequence
@@ -19,6 +20,7 @@ from vaecache.video.frames import FrameList, FrameSequence, files_identity, is_i
 from vaecache.video.identity import identity_on_open, source_stat
 from vaecache.video.reader import VideoReader
 from vaecache.video.resize import resize_fit, to_model_range
+from vaecache.video.spans import adopt_readers
 from vaecache.video.sync import synchronized_frames
 
 Reader = VideoReader | ForeignReader | FrameSequence
@@ -71,7 +73,10 @@ class ViewDecoder:
         if len(todo) < 2:
             return
 
+        openers: set[int] = set()
+
         def open_one(source: str) -> Reader | None:
+            openers.add(threading.get_ident())
             try:
                 return open_camera(source, self.backend, self.max_pixels, todo[source][1])
             except Exception:  # refused again, by name, when `check` opens it
@@ -98,6 +103,7 @@ class ViewDecoder:
                 if reader is not None and (not check.result() or _changed(todo[source][0], reader)):
                     reader.close()
                     readers[index] = None
+        adopt_readers(sorted(openers))  # an episode's reader is its file's, shared per thread: this one's now
         for source, reader in zip(todo, readers):
             if reader is not None:
                 self._readers[source] = reader

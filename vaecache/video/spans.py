@@ -82,6 +82,23 @@ def _shared_reader(path: str, threads: int, max_pixels: int | None) -> Any:
     return reader
 
 
+def adopt_readers(threads: Sequence[int]) -> None:
+    """Take over the shared readers that `threads` left, ended threads of this process that opened episodes ahead
+    for this one (vaecache.video.dataset.ViewDecoder.open_ahead): this thread reads on with them, where no one else
+    would and nothing would close them. Of a file it holds a reader of already, the other one is closed."""
+    mine = _readers.setdefault((os.getpid(), threading.get_ident()), OrderedDict())
+    for thread in threads:
+        if thread == threading.get_ident():
+            continue
+        for path, reader in _readers.pop((os.getpid(), thread), OrderedDict()).items():
+            if path in mine:
+                reader.close()
+            else:
+                mine[path] = reader
+    while len(mine) > _SHARED_READERS:
+        mine.popitem(last=False)[1].close()
+
+
 def _evict(path: str) -> None:
     """Close this thread's shared reader of `path` (after it failed: the next episode opens the file afresh)."""
     reader = _readers.get((os.getpid(), threading.get_ident()), OrderedDict()).pop(path, None)

@@ -172,8 +172,8 @@ def slurm_cluster() -> Cluster:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
         _no_cluster(f"{START.relative_to(REPO)} failed (exit {proc.returncode}):\n{tail}")
     print(f"\nstarted a local SLURM cluster in {elapsed:.1f} s:\n{proc.stdout}")
-    SESSION_FILE.write_text(f"{os.getpid()}\n")
     try:
+        SESSION_FILE.write_text(f"{os.getpid()}\n")
         yield Cluster(started_here=True, start_s=elapsed)
     finally:
         stop = subprocess.run(["bash", str(STOP)], capture_output=True, text=True, timeout=300)
