@@ -205,7 +205,7 @@ class ObjectOut(FolderOut):
         for log in (self.work / PROGRESS_DIR).glob("rank-*.jsonl"):
             for offset, line in whole_lines(log):
                 shard, _ = progress_line_head(log, offset, line)
-                held[commit_name(str(shard.get("file", "")).rsplit("/", 1)[-1])] = line
+                held[commit_name(shard["file"].rsplit("/", 1)[-1])] = line
         return held
 
     # --- verify: the commits counted, the stray objects named and repaired -----------------------------------------
