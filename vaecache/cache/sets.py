@@ -8,7 +8,9 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TypeVar
+
+T = TypeVar("T")
 
 
 def generation_of(inputs: dict[str, Any], pairs: Iterable[tuple[str, str]]) -> str:
@@ -142,6 +144,34 @@ class SetShards:
                 self._handles.pop(next(iter(self._handles)))
             handle = self._handles[shard] = self.store.shard(name)
         return handle
+
+
+def loaded_on_every_rank(ctx: Any, load: Callable[[], T], what: str) -> T:
+    """`load()` run on every rank, and every rank told at once when one of them failed: each rank's outcome is
+    gathered, so a rank whose model does not load (a damaged file on its node's disk) makes the whole job exit with
+    that rank's one line, instead of leaving the others in the next collective until its timeout."""
+    if ctx is None or ctx.info.world_size == 1:
+        return load()
+    from vaecache.errors import UsageError, VaecacheError, first_line
+
+    failure: tuple[int, str] | None = None
+    own: BaseException | None = None
+    loaded: Any = None
+    try:
+        loaded = load()
+    except VaecacheError as exc:
+        own, failure = exc, (exc.exit_code, str(exc))
+    except Exception as exc:  # noqa: BLE001  # the others must hear of it too
+        own, failure = exc, (1, f"{type(exc).__name__}: {first_line(exc)}")
+    outcomes = ctx.all_gather_object(failure)
+    if own is not None:
+        raise own
+    for rank, outcome in enumerate(outcomes):
+        if outcome is not None:
+            code, message = outcome
+            raise (UsageError if code == UsageError.exit_code else VaecacheError)(
+                f"rank {rank} could not load its {what}: {message}")
+    return loaded
 
 
 def same_on_every_rank(ctx: Any, fingerprint: dict[str, Any], what: str) -> None:

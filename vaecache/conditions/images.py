@@ -30,13 +30,13 @@ the fingerprint.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from vaecache.errors import UsageError, VaeSpecError
+from vaecache.errors import UsageError, VaeSpecError, first_line
+from vaecache.weights import WeightsError, load_pretrained, read_json_file
 
 CONVENTIONS = {
     "wan-diffusers": ("clip", "diffusers WanImageToVideoPipeline.encode_image (pipelines/wan/pipeline_wan_i2v.py)"),
@@ -68,9 +68,9 @@ class ImageEncoder:
         family = CONVENTIONS[convention][0]
         weights = sorted(model_dir.glob("*.safetensors"))
         model_class = transformers.CLIPVisionModel if family == "clip" else transformers.SiglipVisionModel
-        self.model = model_class.from_pretrained(str(model_dir), local_files_only=True, use_safetensors=True,
-                                                 torch_dtype=torch.float32).to(self.device).eval()
-        self.processor = transformers.AutoImageProcessor.from_pretrained(str(processor_dir), local_files_only=True)
+        self.model = load_pretrained(model_class, model_dir, use_safetensors=True,
+                                     torch_dtype=torch.float32).to(self.device).eval()
+        self.processor = load_processor(processor_dir)
         digest = hashlib.sha256()
         for path in weights:
             with open(path, "rb") as handle:
@@ -130,10 +130,10 @@ def image_encoder_folders(spec: str, convention: str) -> tuple[Path, Path]:
     them before any video is read): present, a config of the convention's model type, safetensors weights."""
     check_image_options(spec, convention)
     model_dir, processor_dir = _folders(spec)
-    try:
-        config = json.loads((model_dir / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise VaeSpecError(f"--image-encoder {spec}: {model_dir / 'config.json'} does not read ({exc})") from None
+    config = read_json_file(model_dir / "config.json", "the image encoder's config")
+    read_json_file(processor_dir / "preprocessor_config.json", "the image processor's settings")
+    if not isinstance(config, dict):
+        raise VaeSpecError(f"{model_dir / 'config.json'}: the image encoder's config is not a JSON object")
     family = CONVENTIONS[convention][0]
     model_type = str(config.get("model_type", ""))
     if not model_type.startswith(family):
@@ -143,6 +143,20 @@ def image_encoder_folders(spec: str, convention: str) -> tuple[Path, Path]:
     if not any(model_dir.glob("*.safetensors")):
         raise VaeSpecError(f"{model_dir}: no .safetensors weights (pickled weights are not loaded)")
     return model_dir, processor_dir
+
+
+def load_processor(folder: Path) -> Any:
+    """The image processor of `folder` (its preprocessor_config.json checked first): a WeightsError naming the file
+    when transformers cannot build one from it."""
+    import transformers
+
+    settings = folder / "preprocessor_config.json"
+    read_json_file(settings, "the image processor's settings")
+    try:
+        return transformers.AutoImageProcessor.from_pretrained(str(folder), local_files_only=True)
+    except Exception as exc:  # noqa: BLE001  # transformers raises many kinds for settings it cannot use
+        raise WeightsError(f"{settings}: not an image processor's settings transformers can use "
+                           f"({first_line(exc, 200)})") from None
 
 
 def _folders(spec: str) -> tuple[Path, Path]:

@@ -31,6 +31,7 @@ from vaecache.cache.sets import (
     delete_unlisted,
     file_entry,
     generation_of,
+    loaded_on_every_rank,
     pack_shards,
     parquet_bytes,
     same_on_every_rank,
@@ -183,12 +184,13 @@ def embed_conditions(request: ConditionRequest, ctx: Any = None) -> list[Conditi
         spec = request.vae or (manifest.get("settings") or {}).get("vae_spec")
         vae = image = None
         if any(kind in LATENT_KINDS for kind in request.kinds):
-            vae = load_recorded_vae(store.location, manifest, spec, device,
-                                    allow_pickle_weights=request.allow_pickle_weights)
+            vae = loaded_on_every_rank(ctx, lambda: load_recorded_vae(
+                store.location, manifest, spec, device, allow_pickle_weights=request.allow_pickle_weights), "VAE")
         if "image-features" in request.kinds:
             from vaecache.conditions.images import ImageEncoder
 
-            image = ImageEncoder(_absolute(request.image_encoder), request.image_convention, device)
+            image = loaded_on_every_rank(ctx, lambda: ImageEncoder(_absolute(request.image_encoder),
+                                                                   request.image_convention, device), "image encoder")
             same_on_every_rank(ctx, json.loads(json.dumps(image.fingerprint())), "image encoder")
         latents = LatentCache(request.out, verify="none", storage_options=dict(request.storage_options))
         records = list(latents.records())

@@ -88,6 +88,10 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
     settings = request.settings
     # a typo costs nothing: refused before any video is probed
     check_vae_spec(settings.vae, settings.vae_config, settings.allow_pickle_weights)
+    if getattr(settings, "text_encoder", None):
+        from vaecache.text.encoder import text_encoder_folders
+
+        text_encoder_folders(settings.text_encoder)  # the embed after the encode: its folders exist
     set_data_storage_options(dict(settings.storage_options))
     backend = resolve_decoder(settings.clip.decoder, request.device, settings.workers)
     sampling = settings.clip.sampling

@@ -23,9 +23,10 @@ from typing import Any
 
 import torch
 
-from vaecache.errors import UsageError, VaeSpecError
+from vaecache.errors import UsageError, VaeSpecError, first_line
 from vaecache.settings.dtypes import recorded_name, torch_dtype
 from vaecache.text.families import TextFamily, check_text_spec, family_for_pipeline, generic_family
+from vaecache.weights import load_pretrained, read_json_file, weights_sha256
 
 ENCODER_ONLY = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel", "umt5": "UMT5EncoderModel"}
 """transformers model types whose checkpoints hold an encoder-decoder: their encoder-only class."""
@@ -154,6 +155,54 @@ def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_
     if compute_dtype == "fp16":
         raise UsageError("--compute-dtype fp16 is not supported: T5 overflows in fp16 unless some layers stay in fp32, "
                          "as transformers' own loading keeps them; compute in fp32 or bf16 (and store fp16 if wanted)")
+    folders = text_encoder_folders(spec, length, layer)
+    family = folders.family
+    model_config = _read_config(folders.model, spec)
+    check_text_shape(model_config, family, batch, spec)
+    check_layer(model_config, layer, spec)
+    pooled_config = None
+    if folders.pooled is not None:
+        pooled_config = _read_config(folders.pooled[0], spec)
+        check_text_shape(pooled_config, generic_family(family.pooled_length), batch, spec)
+    model, identity = _load_model(folders.model, model_config, spec, allow_pickle_weights)
+    tokenizer = _load_tokenizer(folders.tokenizer, spec)
+    check_vocabulary(tokenizer, model, folders.tokenizer, folders.model)
+    identity["tokenizer_sha256"] = _tokenizer_hashes(folders.tokenizer)
+    compute = torch_dtype(compute_dtype)
+    device = torch.device(device)
+    model.to(device=device, dtype=compute).eval().requires_grad_(False)
+    pooled = None
+    if folders.pooled is not None:  # HunyuanVideo: text_encoder_2 (CLIP-L) and tokenizer_2 beside the LLM
+        pooled_dir, pooled_tokenizer_dir = folders.pooled
+        pooled_model, pooled_identity = _load_model(pooled_dir, pooled_config, spec, allow_pickle_weights)
+        pooled_tokenizer = _load_tokenizer(pooled_tokenizer_dir, spec)
+        check_vocabulary(pooled_tokenizer, pooled_model, pooled_tokenizer_dir, pooled_dir)
+        pooled_model.to(device=device, dtype=compute).eval().requires_grad_(False)
+        pooled = (pooled_tokenizer, pooled_model)
+        identity["pooled_encoder"] = {**pooled_identity, "tokenizer_sha256": _tokenizer_hashes(pooled_tokenizer_dir)}
+    return TextEncoder(spec=folders.resolved, family=family, tokenizer=tokenizer, model=model, device=device,
+                       compute_dtype=compute, dtype=torch_dtype(dtype), layer=layer, batch=batch, identity=identity,
+                       pooled=pooled)
+
+
+@dataclass(frozen=True)
+class TextFolders:
+    """Where a --text-encoder SPEC's parts are, checked to exist (nothing loaded)."""
+
+    family: TextFamily
+    model: Path
+    tokenizer: Path
+    resolved: str
+    """The spec with its folder made absolute (what the set records)."""
+    pooled: tuple[Path, Path] | None = None
+    """(encoder, tokenizer) of the second encoder (HunyuanVideo's text_encoder_2, tokenizer_2)."""
+
+
+def text_encoder_folders(spec: str, length: int | None = None, layer: int | None = None) -> TextFolders:
+    """The folders a --text-encoder SPEC names, checked without loading a weight (encode checks them before the first
+    video is read): the pipeline's model_index.json and family, the encoder's and tokenizer's folders. A UsageError
+    or VaeSpecError (one line, naming the spec and the path) otherwise."""
+    check_text_spec(spec)
     kind, _, rest = spec.partition(":")
     if kind == "diffusers":
         location, _, sub = rest.partition("#")
@@ -162,10 +211,8 @@ def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_
         if not index.is_file():
             raise VaeSpecError(f"--text-encoder {spec}: {root} has no model_index.json (a diffusers pipeline folder "
                                "names its pipeline there); use transformers:PATH for a bare encoder folder")
-        try:
-            class_name = json.loads(index.read_text()).get("_class_name", "")
-        except (OSError, ValueError, AttributeError) as exc:
-            raise VaeSpecError(f"--text-encoder {spec}: {index} does not parse ({exc})") from None
+        contents = read_json_file(index, "the pipeline's model_index.json")
+        class_name = contents.get("_class_name", "") if isinstance(contents, dict) else ""
         try:
             family = family_for_pipeline(str(class_name), f"--text-encoder {spec}")
         except ValueError as exc:
@@ -174,45 +221,82 @@ def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_
             raise UsageError(f"--text-length/--text-layer apply to transformers:PATH; {spec} is a {class_name}, "
                              f"whose length is {family.length}")
         model_dir, tokenizer_dir = root / (sub or "text_encoder"), root / "tokenizer"
-    elif kind == "transformers":
-        sub = ""
+        resolved = f"diffusers:{root.resolve()}" + (f"#{sub}" if sub else "")
+    else:
         model_dir = _local_folder(rest, spec)
         if length is None:
             raise UsageError(f"--text-encoder {spec}: a transformers:PATH encoder needs --text-length N (the tokens "
                              "each prompt is padded or truncated to)")
         family = generic_family(length)
         tokenizer_dir = model_dir / "tokenizer" if (model_dir / "tokenizer").is_dir() else model_dir
-    else:
-        raise UsageError(f"--text-encoder must be diffusers:PATH[#SUBFOLDER] or transformers:PATH, got {spec!r}")
+        resolved = f"transformers:{model_dir.resolve()}"
     for folder, what in ((model_dir, "encoder"), (tokenizer_dir, "tokenizer")):
         if not folder.is_dir():
             raise VaeSpecError(f"--text-encoder {spec}: no {what} folder {folder}")
-    model, identity = _load_model(model_dir, spec, allow_pickle_weights)
-    tokenizer = _load_tokenizer(tokenizer_dir, spec)
-    identity["tokenizer_sha256"] = _tokenizer_hashes(tokenizer_dir)
-    compute = torch_dtype(compute_dtype)
-    device = torch.device(device)
-    model.to(device=device, dtype=compute).eval().requires_grad_(False)
     pooled = None
-    if family.pooled_length:  # HunyuanVideo: text_encoder_2 (CLIP-L) and tokenizer_2 beside the LLM
-        pooled_dir, pooled_tokenizer_dir = root / "text_encoder_2", root / "tokenizer_2"
-        for folder, what in ((pooled_dir, "text_encoder_2"), (pooled_tokenizer_dir, "tokenizer_2")):
+    if family.pooled_length:
+        pooled = (root / "text_encoder_2", root / "tokenizer_2")
+        for folder in pooled:
             if not folder.is_dir():
-                raise VaeSpecError(f"--text-encoder {spec}: no {what} folder {folder} (a {class_name} folder holds "
-                                   "the CLIP-L encoder there)")
-        pooled_model, pooled_identity = _load_model(pooled_dir, spec, allow_pickle_weights)
-        pooled_model.to(device=device, dtype=compute).eval().requires_grad_(False)
-        pooled = (_load_tokenizer(pooled_tokenizer_dir, spec), pooled_model)
-        identity["pooled_encoder"] = {**pooled_identity, "tokenizer_sha256": _tokenizer_hashes(pooled_tokenizer_dir)}
-    if layer is not None:
-        layers = getattr(model.config, "num_layers", None) or getattr(model.config, "num_hidden_layers", None)
-        if layers is not None and not -(layers + 1) <= layer <= layers:
-            raise UsageError(f"--text-layer {layer}: {spec} has hidden states 0..{layers}")
-    resolved = f"diffusers:{root.resolve()}" + (f"#{sub}" if sub else "") if kind == "diffusers" \
-        else f"transformers:{model_dir.resolve()}"
-    return TextEncoder(spec=resolved, family=family, tokenizer=tokenizer, model=model, device=device,
-                       compute_dtype=compute, dtype=torch_dtype(dtype), layer=layer, batch=batch, identity=identity,
-                       pooled=pooled)
+                raise VaeSpecError(f"--text-encoder {spec}: no {folder.name} folder {folder} (a {class_name} folder "
+                                   "holds the CLIP-L encoder there)")
+    for folder in (model_dir,) + (pooled[:1] if pooled else ()):
+        if not (folder / "config.json").is_file():
+            raise VaeSpecError(f"--text-encoder {spec}: {folder} has no config.json (not a transformers model folder)")
+    return TextFolders(family, model_dir, tokenizer_dir, resolved, pooled)
+
+
+MEMORY_SHARE = 0.5
+"""The largest share of the device's memory one batch's activations may be estimated to take (check_text_shape)."""
+
+
+def check_text_shape(config: Any, family: TextFamily, batch: int, spec: str) -> None:
+    """--text-length and --text-batch within what the encoder can run: no more tokens than its position embeddings
+    hold (where it has them: CLIP, Llama; T5's relative positions have no such limit), and one batch's activations
+    (every layer's widest output and its attention scores, in fp32) within half the machine's memory, so that a
+    typo (--text-length 1000000000) is one line, not a native abort in the tokenizer or an out-of-memory kill."""
+    tokens = family.length + family.crop_start
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and positions > 0 and tokens > positions:
+        raise UsageError(f"--text-encoder {spec}: {tokens} tokens a prompt, but {type(config).__name__} holds "
+                         f"{positions} positions (--text-length at most {positions - family.crop_start})")
+    width = max(int(getattr(config, name, 0) or 0) for name in ("d_model", "hidden_size", "d_ff", "intermediate_size"))
+    heads = int(getattr(config, "num_heads", 0) or getattr(config, "num_attention_heads", 0) or 1)
+    estimate = batch * (tokens * max(width, 1) + heads * tokens * tokens) * 4
+    memory = _machine_memory()
+    if memory and estimate > memory * MEMORY_SHARE:
+        raise UsageError(f"--text-encoder {spec}: a batch of {batch} prompts of {tokens} tokens needs about "
+                         f"{estimate / 2**30:.1f} GiB for one layer's activations, more than half this machine's "
+                         f"{memory / 2**30:.1f} GiB: lower --text-batch (or --text-length)")
+
+
+def _machine_memory() -> int:
+    """Physical memory in bytes (0 where the platform does not say)."""
+    import os
+
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return 0
+
+
+def check_layer(config: Any, layer: int | None, spec: str) -> None:
+    if layer is None:
+        return
+    layers = getattr(config, "num_layers", None) or getattr(config, "num_hidden_layers", None)
+    if layers is not None and not -(layers + 1) <= layer <= layers:
+        raise UsageError(f"--text-layer {layer}: {spec} has hidden states 0..{layers}")
+
+
+def check_vocabulary(tokenizer: Any, model: torch.nn.Module, tokenizer_dir: Path, model_dir: Path) -> None:
+    """Every id the tokenizer can give has a row in the encoder's embedding: a tokenizer of another model would
+    otherwise fail with an IndexError on the first prompt that uses such a token (or, on CUDA, a device assert)."""
+    embeddings = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    size = len(tokenizer)
+    if isinstance(rows, int) and size > rows:
+        raise VaeSpecError(f"{tokenizer_dir}: the tokenizer has {size} tokens, but the encoder in {model_dir} embeds "
+                           f"{rows}: they are not one model's")
 
 
 def _tokenizer_hashes(folder: Path) -> dict[str, str]:
@@ -228,30 +312,30 @@ def _local_folder(location: str, spec: str) -> Path:
     raise VaeSpecError(f"--text-encoder {spec}: no such folder {path}{hint}")
 
 
-def _load_model(folder: Path, spec: str, allow_pickle_weights: bool) -> tuple[torch.nn.Module, dict[str, Any]]:
-    import transformers
+def _read_config(folder: Path, spec: str) -> Any:
     from transformers import AutoConfig
+
+    read_json_file(folder / "config.json", "the encoder's config")  # a damaged file: one line, before transformers
+    try:
+        return AutoConfig.from_pretrained(folder, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001  # transformers raises many kinds for a config it cannot use
+        raise VaeSpecError(f"--text-encoder {spec}: {folder / 'config.json'}: not a transformers config it can use "
+                           f"({first_line(exc, 200)})") from None
+
+
+def _load_model(folder: Path, config: Any, spec: str,
+                allow_pickle_weights: bool) -> tuple[torch.nn.Module, dict[str, Any]]:
+    import transformers
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
-
-    from vaecache.vae.model import weights_sha256
-
-    try:
-        config = AutoConfig.from_pretrained(folder, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise VaeSpecError(f"--text-encoder {spec}: {folder}: no readable transformers config "
-                           f"({str(exc).splitlines()[0]})") from None
     class_name = ENCODER_ONLY.get(config.model_type, "AutoModel")
     cls = getattr(transformers, class_name)
     if not allow_pickle_weights and not any(folder.glob("*.safetensors")):
         raise VaeSpecError(f"--text-encoder {spec}: {folder} holds no .safetensors weights (pickled weights load "
                            "only with --allow-pickle-weights)")
-    try:
-        model = cls.from_pretrained(folder, local_files_only=True, use_safetensors=None if allow_pickle_weights
-                                    else True)
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise VaeSpecError(f"--text-encoder {spec}: cannot load {folder} ({str(exc).splitlines()[0]})") from None
+    model = load_pretrained(cls, folder, allow_pickle_weights=allow_pickle_weights, config=config,
+                            use_safetensors=None if allow_pickle_weights else True)
     settings = {k: v for k, v in model.config.to_dict().items() if k not in VOLATILE_CONFIG_KEYS}
     identity = {"class": type(model).__name__, "config": json.loads(json.dumps(settings, sort_keys=True, default=str)),
                 "weights_sha256": weights_sha256(model), "transformers": transformers.__version__}
@@ -266,9 +350,9 @@ def _load_tokenizer(folder: Path, spec: str) -> Any:
                            "tokenizer_config.json or spiece.model)")
     try:
         return AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001  # tokenizers raises its own kinds for a damaged file
         raise VaeSpecError(f"--text-encoder {spec}: cannot load the tokenizer in {folder} "
-                           f"({str(exc).splitlines()[0]})") from None
+                           f"({first_line(exc, 200)})") from None
 
 
 def _sha256(path: Path) -> str:
@@ -286,4 +370,4 @@ def _version(name: str) -> str | None:
         return None
 
 
-__all__ = ["TextEmbedding", "TextEncoder", "load_text_encoder"]
+__all__ = ["TextEmbedding", "TextEncoder", "TextFolders", "load_text_encoder", "text_encoder_folders"]

@@ -36,6 +36,7 @@ from vaecache.cache.sets import (
     delete_unlisted,
     file_entry,
     generation_of,
+    loaded_on_every_rank,
     pack_shards,
     parquet_bytes,
     same_on_every_rank,
@@ -256,9 +257,10 @@ def embed_cache(request: EmbedRequest, ctx: Any = None) -> EmbedSummary:
 
         manifest, existing, source = ctx.on_rank0(prepare) if ctx is not None else prepare()
         device = ctx.device if ctx is not None else _device(request.device)
-        encoder = load_text_encoder(request.text_encoder, device, compute_dtype=request.compute_dtype,
-                                    dtype=request.dtype, length=request.length, layer=request.layer,
-                                    batch=request.batch, allow_pickle_weights=request.allow_pickle_weights)
+        encoder = loaded_on_every_rank(ctx, lambda: load_text_encoder(
+            request.text_encoder, device, compute_dtype=request.compute_dtype, dtype=request.dtype,
+            length=request.length, layer=request.layer, batch=request.batch,
+            allow_pickle_weights=request.allow_pickle_weights), "text encoder")
         fingerprint = encoder.fingerprint()
         same_on_every_rank(ctx, fingerprint, "text encoder")
         clip_keys: list[tuple[str, str]] = []  # rank 0's: (clip, prompt key) of every clip, for the tables

@@ -16,9 +16,10 @@ from vaecache.settings.clip import ENCODER_IMPL_CHOICES
 from vaecache.settings.dtypes import check_dtype_name, torch_dtype
 from vaecache.settings.vae_specs import check_vae_spec
 from vaecache.vae.families import FAMILIES, SUPPORTED, Family
-from vaecache.vae.model import CHANNELS_LAST, VaeModel, weights_sha256
+from vaecache.vae.model import CHANNELS_LAST, VaeModel
 from vaecache.vae.rules import FrameRule
 from vaecache.vae.runner import VaeRunner, oom_hook_from_env
+from vaecache.weights import check_finite, load_pretrained, weights_sha256
 
 log = logging.getLogger("vaecache")
 
@@ -260,6 +261,7 @@ def _builtin_small(spec: str) -> VaeModel:
         torch.manual_seed(BUILTIN_TINY_SEED)
         module = AutoencoderKLWan(**config)
     module.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=True)
+    check_finite(module.state_dict(), str(path))
     return _family_model(module, FAMILIES["AutoencoderKLWan"], spec, untrained=False)
 
 
@@ -292,12 +294,9 @@ def _load_diffusers(location: str, spec: str, allow_pickle_weights: bool) -> Vae
                            "this folder")
     import diffusers
 
-    try:
-        module = getattr(diffusers, family_name).from_pretrained(
-            str(path), torch_dtype=torch.float32, low_cpu_mem_usage=False,
-            use_safetensors=has_safetensors or not allow_pickle_weights)
-    except Exception as exc:  # diffusers raises many types for broken folders
-        raise VaeSpecError(f"{path}: could not load {family_name} ({first_line(exc)[:200]})") from None
+    module = load_pretrained(getattr(diffusers, family_name), path, allow_pickle_weights=allow_pickle_weights,
+                             torch_dtype=torch.float32, low_cpu_mem_usage=False,
+                             use_safetensors=has_safetensors or not allow_pickle_weights)
     return _family_model(module, FAMILIES[family_name], spec)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,6 +9,7 @@ import torch
 
 from vaecache.settings.dtypes import recorded_name
 from vaecache.vae.rules import FrameRule
+from vaecache.weights import weights_sha256
 
 CHANNELS_LAST = {5: torch.channels_last_3d, 4: torch.channels_last}
 """The channels-last memory format of a tensor of this many dimensions (Conv3d and Conv2d weights, inputs)."""
@@ -88,17 +88,6 @@ def fingerprint(model: VaeModel) -> dict[str, Any]:
         **({"encoder_impl": model.encoder_impl} if model.encoder_impl != "reference" else {}),
         **({"encoder_variant": model.encoder_variant} if model.encoder_variant else {}),
     }
-
-
-def weights_sha256(module: torch.nn.Module) -> str:
-    """sha256 over every parameter and buffer (name, dtype, shape, bytes) in name order."""
-    digest = hashlib.sha256()
-    state = module.state_dict()
-    for name in sorted(state):
-        tensor = state[name].detach().to("cpu").contiguous()
-        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
-    return digest.hexdigest()
 
 
 __all__ = ["VaeModel", "fingerprint", "weights_sha256"]

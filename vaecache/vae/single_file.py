@@ -17,22 +17,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-import os
 from pathlib import Path
 from typing import Any, Iterable
 
 from vaecache.errors import VaeSpecError, first_line
+from vaecache.weights import check_finite, safetensors_header
 
 SAFE_SUFFIXES = (".safetensors", ".sft")
 PICKLE_SUFFIXES = (".pth", ".pt", ".ckpt", ".bin")
 SUFFIXES = SAFE_SUFFIXES + PICKLE_SUFFIXES
 CONFIGS = Path(__file__).resolve().parent / "configs"
-SAFETENSORS_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
-                      "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8}
-"""The safetensors dtypes torch reads, and the bytes of one element."""
-JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
-              bool: "a boolean", type(None): "null"}
 
 
 def detect_family(keys: Iterable[str], path: Path | None = None) -> str:
@@ -94,72 +88,6 @@ def read_pickle(path: Path, allow_pickle_weights: bool) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise VaeSpecError(f"{path}: not a state dict of tensors")
     return state
-
-
-def safetensors_header(path: Path) -> dict[str, Any]:
-    """The JSON header of a safetensors file (8-byte little-endian length, then the JSON): names, dtypes, shapes, read
-    without torch or the tensors. Checked as safetensors itself checks it (every entry {dtype, shape, data_offsets}
-    whose bytes fit its shape, the entries tiling the data exactly; "__metadata__" strings only), so that whatever
-    is wrong is one line naming the file."""
-    try:
-        with open(path, "rb") as handle:
-            prefix = handle.read(8)
-            size = int.from_bytes(prefix, "little")
-            if len(prefix) < 8 or not 2 <= size <= 100 << 20:
-                raise ValueError(f"a header of {size} bytes" if len(prefix) == 8 else "shorter than 8 bytes")
-            text = handle.read(size)
-            if len(text) < size:
-                raise ValueError(f"the header is cut short ({len(text)} of {size} bytes)")
-            header = json.loads(text, parse_constant=_no_constant)
-            data_size = os.fstat(handle.fileno()).st_size - 8 - size
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise VaeSpecError(f"{path}: not a readable safetensors file ({first_line(exc, 200)})") from None
-    problem = _header_problem(header, data_size)
-    if problem:
-        raise VaeSpecError(f"{path}: not a readable safetensors file ({problem})")
-    return header
-
-
-def _no_constant(name: str) -> None:
-    raise ValueError(f"{name} in the header, which is not JSON")
-
-
-def _header_problem(header: Any, data_size: int) -> str | None:
-    """What is wrong with a parsed safetensors header, or None."""
-    if not isinstance(header, dict):
-        return f"the header is {JSON_TYPES.get(type(header), 'a value')}, not a JSON object"
-    spans = []
-    for name, entry in header.items():
-        if name == "__metadata__":
-            if not isinstance(entry, dict) or not all(isinstance(value, str) for value in entry.values()):
-                return "__metadata__ is not an object of strings"
-            continue
-        if not isinstance(entry, dict):
-            return f"the entry {name!r} is {JSON_TYPES.get(type(entry), 'a value')}, not an object"
-        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if dtype not in SAFETENSORS_DTYPES:
-            return f"{name!r} has dtype {repr(dtype)[:40]}, not one of {', '.join(SAFETENSORS_DTYPES)}"
-        if not _counts(shape):
-            return f"{name!r} has shape {repr(shape)[:60]}, not a list of non-negative integers"
-        if not _counts(offsets) or len(offsets) != 2 or offsets[0] > offsets[1]:
-            return f"{name!r} has data_offsets {repr(offsets)[:60]}, not [begin, end]"
-        needed = math.prod(shape) * SAFETENSORS_DTYPES[dtype]
-        if offsets[1] - offsets[0] != needed:
-            return f"{name!r} is {dtype} of shape {shape}, {needed} bytes, but its data_offsets hold " \
-                   f"{offsets[1] - offsets[0]}"
-        spans.append((offsets[0], offsets[1], name))
-    end = 0
-    for begin, stop, name in sorted(spans):
-        if begin != end:
-            return f"{name!r} starts at byte {begin} of the data, not {end} (tensors overlap or leave a hole)"
-        end = stop
-    if end != data_size:
-        return f"the tensors hold {end} bytes of data, the file {data_size}"
-    return None
-
-
-def _counts(value: Any) -> bool:
-    return isinstance(value, list) and all(type(item) is int and item >= 0 for item in value)
 
 
 def check_single_file(path: Path, vae_config: Path | None, allow_pickle_weights: bool) -> None:
@@ -253,6 +181,7 @@ def load_single_file(path: Path, config_path: Path | None, allow_pickle_weights:
                            f"({first_line(exc, 200)})") from None
     _check_complete(path, family, given, module.state_dict(), tensors, converted)
     module.load_state_dict(converted, strict=True)
+    check_finite(module.state_dict(), str(path))
     return module.to(torch.float32).eval(), family, file_sha256(path)
 
 
