@@ -356,3 +356,57 @@ def test_ranks_that_loaded_different_encoders_are_refused_before_anything_is_wri
     with pytest.raises(UsageError, match="rank 1 loaded another text encoder than rank 0 .*weights_sha256"):
         same_on_every_rank(ctx({"weights_sha256": "a"}, {"weights_sha256": "b"}), {"weights_sha256": "a"},
                            "text encoder")
+
+
+def test_a_captions_file_naming_a_clip_twice_or_a_line_without_a_caption_is_refused(cache, wan_text, run_cli,
+                                                                                    tmp_path):
+    spec = ["--text-encoder", f"diffusers:{wan_text}"]
+    ids = LatentCache(cache).ids()
+    pairs = ", ".join(f'"{clip}": "words"' for clip in ids)
+    mapping = tmp_path / "captions.json"
+    mapping.write_text("{" + pairs + f', "{ids[1]}": "other words"' + "}")
+    result = run_cli(["embed", cache, *spec, "--captions", mapping])
+    assert result.exit_code == 2 and f"{mapping}: clip {ids[1]} is captioned twice" in result.output
+    lines = tmp_path / "captions.jsonl"
+    lines.write_text(json.dumps({"id": ids[0], "caption": "words"}) + "\n" + json.dumps({"id": ids[1]}) + "\n")
+    result = run_cli(["embed", cache, *spec, "--captions", lines])
+    assert result.exit_code == 2 and f'{lines}:2: clip {ids[1]} has no "caption"' in result.output
+    assert not (cache / "text").exists()
+
+
+def test_null_or_empty_captions_are_the_empty_prompt_and_the_summary_names_their_clips(cache, wan_text, run_cli,
+                                                                                       tmp_path):
+    ids = LatentCache(cache).ids()
+    captions = tmp_path / "captions.json"
+    captions.write_text(json.dumps({ids[0]: None, ids[1]: "", **{clip: "words" for clip in ids[2:]}}))
+    result = run_cli(["embed", cache, "--text-encoder", f"diffusers:{wan_text}", "--captions", captions])
+    assert result.exit_code == 0, result.output
+    assert f"2 clip(s) have no caption (missing, null or empty) and the empty prompt, e.g. {ids[0]}, {ids[1]}" \
+        in result.output.replace("\n", " ")
+    latents = LatentCache(cache)
+    _, empty_mask = latents.text_embedding(ids[0], "default")
+    assert torch.equal(latents.text_embedding(ids[1], "default")[0], latents.text_embedding(ids[0], "default")[0])
+    assert int(empty_mask.sum()) == 1  # the empty prompt: </s> alone
+
+
+def test_a_caption_field_no_clip_has_is_refused_naming_it(cache, wan_text, run_cli):
+    result = run_cli(["embed", cache, "--text-encoder", f"diffusers:{wan_text}", "--caption-field", "captoin"])
+    assert result.exit_code == 2
+    assert "--caption-field 'captoin': no clip's metadata has it (the first clip's has: caption, nested, score, tags" \
+        in result.output.replace("\n", " ")
+    assert not (cache / "text").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_a_captions_path_that_is_not_a_regular_file_is_one_line_not_a_hang(cache, wan_text, run_cli, tmp_path, kind):
+    import os
+
+    path = tmp_path / "captions.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path = "/dev/zero"
+    result = run_cli(["embed", cache, "--text-encoder", f"diffusers:{wan_text}", "--captions", path])
+    assert result.exit_code == 2 and f"{path}: --captions is not a regular file" in result.output.replace("\n", " ")

@@ -136,6 +136,9 @@ def _print_text_summary(summary) -> None:
                          f"{summary.prompts} distinct prompts ({summary.empty_clips} clips with the empty prompt), "
                          f"{summary.files} files, {human_bytes(summary.bytes)}, {summary.seconds:.1f} s"),
                   soft_wrap=True)
+    if summary.empty_clips:
+        console.print(escape(f"  {summary.empty_clips} clip(s) have no caption (missing, null or empty) and the empty "
+                             f"prompt, e.g. {', '.join(summary.empty_examples)}"), soft_wrap=True)
     if summary.truncated_prompts:
         console.print(escape(f"  {summary.truncated_prompts} prompt(s) were longer than the encoder's length and "
                              f"truncated, e.g. clip(s) {', '.join(summary.truncated_examples)}"), soft_wrap=True)

@@ -263,14 +263,14 @@ def check_text_shape(config: Any, family: TextFamily, batch: int, spec: str) -> 
     width = max(int(getattr(config, name, 0) or 0) for name in ("d_model", "hidden_size", "d_ff", "intermediate_size"))
     heads = int(getattr(config, "num_heads", 0) or getattr(config, "num_attention_heads", 0) or 1)
     estimate = batch * (tokens * max(width, 1) + heads * tokens * tokens) * 4
-    memory = _machine_memory()
+    memory = machine_memory()
     if memory and estimate > memory * MEMORY_SHARE:
         raise UsageError(f"--text-encoder {spec}: a batch of {batch} prompts of {tokens} tokens needs about "
                          f"{estimate / 2**30:.1f} GiB for one layer's activations, more than half this machine's "
                          f"{memory / 2**30:.1f} GiB: lower --text-batch (or --text-length)")
 
 
-def _machine_memory() -> int:
+def machine_memory() -> int:
     """Physical memory in bytes (0 where the platform does not say)."""
     import os
 

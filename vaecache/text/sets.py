@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import itertools
 import json
 import re
 import time
@@ -41,7 +42,7 @@ from vaecache.cache.sets import (
     parquet_bytes,
     same_on_every_rank,
 )
-from vaecache.errors import DatasetError, ManifestError, UsageError
+from vaecache.errors import DatasetError, ManifestError, UsageError, first_line
 
 SET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 EMBEDDINGS_PREFIX = "embeddings-"
@@ -109,6 +110,8 @@ class EmbedSummary:
     prompts: int = 0
     """Distinct cleaned prompts (each embedded and stored once)."""
     empty_clips: int = 0
+    empty_examples: list[str] = field(default_factory=list)
+    """The first clips (at most five, in table order) whose caption was missing, null or empty."""
     truncated_prompts: int = 0
     truncated_examples: list[str] = field(default_factory=list)
     """Clip ids whose caption was cut to the family's length (the first few)."""
@@ -129,10 +132,13 @@ class EmbedSummary:
 def clip_captions(records: Iterable[dict[str, Any]], caption_field: str,
                   captions: dict[str, str | None] | None) -> Iterator[tuple[str, str]]:
     """(clip id, caption) for every clip, in table order, as the records stream by: from `captions` (clip id ->
-    text) where given, else from each clip's metadata[caption_field]; a clip without one gets the empty prompt. A
-    caption that is not text, or a captions mapping that misses a clip or names one the cache lacks, is a
+    text) where given, else from each clip's metadata[caption_field]; a clip without one (no such key, null or "")
+    gets the empty prompt. A caption that is not text, a --caption-field that no clip's metadata has (a typo would
+    embed every clip as the empty prompt), or a captions mapping that misses a clip or names one the cache lacks, is a
     DatasetError naming them (raised once the records are read: nothing is written before)."""
     seen = 0
+    field_found = False
+    first_fields: list[str] | None = None
     matched: set[str] = set()  # with a captions file only (as large as the file's mapping)
     missing: list[str] = []
     for record in records:
@@ -151,10 +157,19 @@ def clip_captions(records: Iterable[dict[str, Any]], caption_field: str,
             metadata = record.get("metadata") or {}
             if isinstance(metadata, str):
                 metadata = json.loads(metadata)
-            text = metadata.get(caption_field) if isinstance(metadata, dict) else None
+            if not isinstance(metadata, dict):
+                metadata = {}
+            if first_fields is None:
+                first_fields = sorted(metadata)
+            field_found = field_found or caption_field in metadata
+            text = metadata.get(caption_field)
         if text is not None and not isinstance(text, str):
             raise DatasetError(f"clip {clip}: its {caption_field!r} is {type(text).__name__}, not text")
         yield clip, text or ""
+    if captions is None and seen and not field_found:
+        fields = ", ".join(first_fields or []) or "none"
+        raise DatasetError(f"--caption-field {caption_field!r}: no clip's metadata has it (the first clip's has: "
+                           f"{fields[:200]})")
     if missing:
         named = [clip for clip in missing if clip]
         raise DatasetError(f"the captions file has no caption for {len(missing)} clip(s) of the cache: "
@@ -185,19 +200,23 @@ def plan_prompts(pairs: Iterable[tuple[str, str]], clean: Any, clip_keys: list[t
     return cleaned
 
 
+class _Pairs(list):
+    """A JSON object as its (key, value) pairs, in file order (json's object_pairs_hook): duplicates kept to be
+    named."""
+
+
 def read_captions_file(path: Path) -> tuple[dict[str, str | None], dict[str, Any]]:
     """A --captions FILE: a JSON object {clip id: caption} or JSON Lines {"id": ..., "caption": ...}. Returns the
-    mapping and the file's identity (name, bytes, sha256: recorded with the set)."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise DatasetError(f"{path}: cannot read the captions file ({exc.strerror or exc})") from None
+    mapping and the file's identity (name, bytes, sha256: recorded with the set). Read whole, so only a regular file
+    of at most half the machine's memory (a FIFO would block, /dev/zero never end); a clip named twice, in either
+    form, or a line without "caption" is a DatasetError naming the file, the line and the clip."""
+    data = _read_bounded(path)
     identity = {"kind": "file", "path": str(path.resolve()), "bytes": len(data),
                 "sha256": hashlib.sha256(data).hexdigest()}
     try:
         text = data.decode("utf-8")
+        mapping: dict[str, Any] = {}
         if path.suffix == ".jsonl":
-            mapping: dict[str, Any] = {}
             for number, line in enumerate(text.splitlines(), 1):
                 if not line.strip():
                     continue
@@ -206,17 +225,48 @@ def read_captions_file(path: Path) -> tuple[dict[str, str | None], dict[str, Any
                     raise DatasetError(f"{path}:{number}: each line must be an object with a text \"id\"")
                 if row["id"] in mapping:
                     raise DatasetError(f"{path}:{number}: clip {row['id']} is captioned twice")
-                mapping[row["id"]] = row.get("caption")
+                if "caption" not in row:
+                    raise DatasetError(f"{path}:{number}: clip {row['id']} has no \"caption\" (null or \"\" for the "
+                                       "empty prompt)")
+                mapping[row["id"]] = row["caption"]
         else:
-            mapping = json.loads(text)
-            if not isinstance(mapping, dict):
+            parsed = json.loads(text, object_pairs_hook=_Pairs)
+            if not isinstance(parsed, _Pairs):
                 raise DatasetError(f"{path}: a captions file is a JSON object {{clip id: caption}} (or .jsonl lines)")
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DatasetError(f"{path}: the captions file does not parse ({exc})") from None
+            for clip, caption in parsed:
+                if clip in mapping:
+                    raise DatasetError(f"{path}: clip {clip} is captioned twice")
+                mapping[clip] = dict(caption) if isinstance(caption, _Pairs) else caption
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise DatasetError(f"{path}: the captions file does not parse ({first_line(exc, 200)})") from None
     for clip, caption in mapping.items():
         if caption is not None and not isinstance(caption, str):
             raise DatasetError(f"{path}: the caption of clip {clip} is {type(caption).__name__}, not text")
     return mapping, identity
+
+
+def _read_bounded(path: Path) -> bytes:
+    import stat
+
+    from vaecache.text.encoder import machine_memory
+
+    try:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise DatasetError(f"{path}: --captions is not a regular file (a pipe, a device or a folder), so it "
+                               "cannot be read whole")
+        limit = machine_memory() // 2 or 1 << 34
+        if info.st_size > limit:
+            raise DatasetError(f"{path}: the captions file is {info.st_size} bytes, more than half this machine's "
+                               f"memory ({limit} bytes): split it, or caption the clips in their metadata")
+        with open(path, "rb") as handle:
+            data = handle.read(info.st_size + 1)
+    except OSError as exc:
+        raise DatasetError(f"{path}: cannot read the captions file ({exc.strerror or exc})") from None
+    if len(data) != info.st_size:
+        raise DatasetError(f"{path}: the captions file changed while it was read ({info.st_size} bytes, then "
+                           f"{len(data)})")
+    return data
 
 
 # ----------------------------------------------------------------------------- writing
@@ -326,12 +376,15 @@ def embed_cache(request: EmbedRequest, ctx: Any = None) -> EmbedSummary:
             updated = {**manifest, "text": {**(manifest.get("text") or {}), name: record}}
             store.write(MANIFEST, (json.dumps(updated, indent=2) + "\n").encode())
             delete_unlisted(store, f"{TEXT_DIR}/{name}", record)
-            return {"record": record, "examples": [clip for clip, key in clip_keys if key in truncated][:5]}
+            empty = prompt_key("")
+            return {"record": record, "examples": [clip for clip, key in clip_keys if key in truncated][:5],
+                    "empty_examples": list(itertools.islice((clip for clip, key in clip_keys if key == empty), 5))}
 
         done = ctx.on_rank0(finish) if ctx is not None else finish()
     record = done["record"]
     summary.empty_clips, summary.truncated_prompts = record["empty_prompt_clips"], record["truncated_prompts"]
     summary.truncated_examples = done["examples"]
+    summary.empty_examples = done["empty_examples"]
     summary.truncated_pooled_prompts = int(record.get("truncated_pooled_prompts") or 0)
     summary.files = len(record["shards"]) + len(record["tables"])
     summary.bytes = sum(s["bytes"] for s in record["shards"]) + sum(t["bytes"] for t in record["tables"].values())
