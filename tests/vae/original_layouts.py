@@ -125,3 +125,98 @@ def ldm_vae_original(state: dict[str, Any], levels: int) -> dict[str, Any]:
                 value = value[:, :, None, None]  # a 1x1 convolution in the original model
         out[new] = value
     return out
+
+
+_WAN22_RESIDUAL = {value: key for key, value in {
+    "residual.0.gamma": "norm1.gamma", "residual.2.weight": "conv1.weight", "residual.2.bias": "conv1.bias",
+    "residual.3.gamma": "norm2.gamma", "residual.6.weight": "conv2.weight", "residual.6.bias": "conv2.bias",
+    "shortcut.weight": "conv_shortcut.weight", "shortcut.bias": "conv_shortcut.bias"}.items()}
+
+
+def wan22_original(state: dict[str, Any]) -> dict[str, Any]:
+    """A diffusers AutoencoderKLWan with is_residual (Wan 2.2 TI2V's VAE) in Wan-Video/Wan2.2 wan/modules/vae2_2.py
+    WanVAE_'s keys: each level a Down_ResidualBlock (`encoder.downsamples.L.downsamples.I`, its resample after its
+    residual blocks) or Up_ResidualBlock. The inverse of diffusers' scripts/convert_wan_to_diffusers.py
+    `convert_vae_22` (checked by running vaecache's copy of it, single_file.convert_wan22_vae)."""
+    blocks: dict[str, int] = {}
+    for key in state:
+        if m := re.match(r"^(encoder\.down|decoder\.up)_blocks\.(\d+)\.resnets\.(\d+)\.", key):
+            name = f"{m[1]}_blocks.{m[2]}"
+            blocks[name] = max(blocks.get(name, 0), int(m[3]) + 1)
+    fixed = {"quant_conv.weight": "conv1.weight", "quant_conv.bias": "conv1.bias",
+             "post_quant_conv.weight": "conv2.weight", "post_quant_conv.bias": "conv2.bias"}
+    out = {}
+    for key, value in state.items():
+        new = key
+        if key in fixed:
+            new = fixed[key]
+        elif m := re.match(r"^(encoder|decoder)\.conv_in\.(weight|bias)$", key):
+            new = f"{m[1]}.conv1.{m[2]}"
+        elif m := re.match(r"^(encoder|decoder)\.norm_out\.gamma$", key):
+            new = f"{m[1]}.head.0.gamma"
+        elif m := re.match(r"^(encoder|decoder)\.conv_out\.(weight|bias)$", key):
+            new = f"{m[1]}.head.2.{m[2]}"
+        elif m := re.match(r"^(encoder|decoder)\.mid_block\.resnets\.(\d)\.(.+)$", key):
+            new = f"{m[1]}.middle.{2 * int(m[2])}.{_WAN22_RESIDUAL[m[3]]}"
+        elif m := re.match(r"^(encoder|decoder)\.mid_block\.attentions\.0\.(.+)$", key):
+            new = f"{m[1]}.middle.1.{m[2]}"
+        elif m := re.match(r"^(encoder\.down|decoder\.up)_blocks\.(\d+)\.resnets\.(\d+)\.(.+)$", key):
+            kind = m[1].partition(".")[2]
+            new = f"{m[1]}samples.{m[2]}.{kind}samples.{m[3]}.{_WAN22_RESIDUAL[m[4]]}"
+        elif m := re.match(r"^(encoder\.down|decoder\.up)_blocks\.(\d+)\.(?:down|up)sampler\.(.+)$", key):
+            kind = m[1].partition(".")[2]
+            new = f"{m[1]}samples.{m[2]}.{kind}samples.{blocks[f'{m[1]}_blocks.{m[2]}']}.{m[3]}"
+        out[new] = value
+    return out
+
+
+# diffusers' convert_ltx_vae_checkpoint_to_diffusers (loaders/single_file_utils.py): VAE_KEYS_RENAME_DICT, updated by
+# VAE_091_RENAME_DICT or VAE_095_RENAME_DICT, as original block -> diffusers block, per release.
+_LTX_ENCODER_090 = {"down_blocks.0": "down_blocks.0", "down_blocks.1": "down_blocks.0.downsamplers.0",
+                    "down_blocks.2": "down_blocks.0.conv_out", "down_blocks.3": "down_blocks.1",
+                    "down_blocks.4": "down_blocks.1.downsamplers.0", "down_blocks.5": "down_blocks.1.conv_out",
+                    "down_blocks.6": "down_blocks.2", "down_blocks.7": "down_blocks.2.downsamplers.0",
+                    "down_blocks.8": "down_blocks.3", "down_blocks.9": "mid_block"}
+_LTX_ENCODER_095 = {"down_blocks.0": "down_blocks.0", "down_blocks.1": "down_blocks.0.downsamplers.0",
+                    "down_blocks.2": "down_blocks.1", "down_blocks.3": "down_blocks.1.downsamplers.0",
+                    "down_blocks.4": "down_blocks.2", "down_blocks.5": "down_blocks.2.downsamplers.0",
+                    "down_blocks.6": "down_blocks.3", "down_blocks.7": "down_blocks.3.downsamplers.0",
+                    "down_blocks.8": "mid_block"}
+_LTX_DECODER_090 = {"up_blocks.0": "mid_block", "up_blocks.1": "up_blocks.0", "up_blocks.2": "up_blocks.1.upsamplers.0",
+                    "up_blocks.3": "up_blocks.1", "up_blocks.4": "up_blocks.2.conv_in",
+                    "up_blocks.5": "up_blocks.2.upsamplers.0", "up_blocks.6": "up_blocks.2",
+                    "up_blocks.7": "up_blocks.3.conv_in", "up_blocks.8": "up_blocks.3.upsamplers.0",
+                    "up_blocks.9": "up_blocks.3"}
+_LTX_DECODER_091 = {"up_blocks.0": "mid_block", "up_blocks.1": "up_blocks.0.upsamplers.0", "up_blocks.2": "up_blocks.0",
+                    "up_blocks.3": "up_blocks.1.upsamplers.0", "up_blocks.4": "up_blocks.1",
+                    "up_blocks.5": "up_blocks.2.upsamplers.0", "up_blocks.6": "up_blocks.2",
+                    "up_blocks.7": "up_blocks.3.upsamplers.0", "up_blocks.8": "up_blocks.3"}
+LTX_RELEASES = {"0.9.0": (_LTX_ENCODER_090, _LTX_DECODER_090), "0.9.1": (_LTX_ENCODER_090, _LTX_DECODER_091),
+                "0.9.5": (_LTX_ENCODER_095, _LTX_DECODER_091)}
+
+
+def ltx_original(state: dict[str, Any], release: str) -> dict[str, Any]:
+    """A diffusers AutoencoderKLLTXVideo state dict in the original checkpoint's keys of an LTX-Video release (0.9.0,
+    0.9.1, 0.9.5: 0.9.7 and 0.9.8 have 0.9.5's VAE), under `vae.`: the inverse of diffusers'
+    convert_ltx_vae_checkpoint_to_diffusers for that release (checked by running it)."""
+    encoder, decoder = LTX_RELEASES[release]
+    inverse = {f"encoder.{new}": f"encoder.{old}" for old, new in encoder.items()}
+    inverse.update({f"decoder.{new}": f"decoder.{old}" for old, new in decoder.items()})
+    out = {}
+    for key, value in state.items():
+        if key == "latents_mean":
+            new = "per_channel_statistics.mean-of-means"
+        elif key == "latents_std":
+            new = "per_channel_statistics.std-of-means"
+        else:
+            new = key
+            for block in sorted(inverse, key=len, reverse=True):
+                if key.startswith(block + "."):
+                    new = inverse[block] + key[len(block):]
+                    break
+            new = (new.replace(".resnets.", ".res_blocks.").replace("conv_shortcut.conv.", "conv_shortcut.")
+                   .replace(".norm3.", ".norm3.norm."))
+            if re.match(r"^decoder\.(time_embedder|scale_shift_table)", new):
+                new = "decoder.last_" + new.removeprefix("decoder.")
+        out[f"vae.{new}"] = value
+    return out

@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import save_file
 
 from tests.conftest import assert_same_tensors, invoke, load_tensors, read_manifest
-from tests.vae.original_layouts import ldm_vae_original, ltx090_original, wan21_original
+from tests.vae.original_layouts import ldm_vae_original, ltx090_original, ltx_original, wan21_original, wan22_original
 from vaecache.errors import VaeSpecError
-from vaecache.vae.single_file import detect_family, safetensors_header, shipped_config
+from vaecache.vae.single_file import CONFIGS, detect_family, safetensors_header, shipped_config, shipped_config_name
 
 ARGS = ("--num-frames", "5", "--size", "32x32", "--workers", "0", "--no-progress")
 
@@ -60,7 +60,8 @@ def test_what_a_checkpoint_is_decides_the_answer(wan_files, demo_data, tmp_path)
         assert result.exit_code == 2 and not (tmp_path / "o").exists(), result.output
         return result.output
 
-    assert "only the Wan 2.1 VAE's config is shipped" in refused(str(wan_files / "Wan2.1_VAE.safetensors"))
+    assert "the configs shipped are Wan 2.1's (z_dim 16, base_dim 96) and Wan 2.2 TI2V-5B's" in refused(
+        str(wan_files / "Wan2.1_VAE.safetensors"))
     assert "--allow-pickle-weights" in refused(str(wan_files / "Wan2.1_VAE.pth"), "--vae-config",
                                                str(wan_files / "folder"))
     hub = refused("Wan-AI/Wan2.1-T2V-1.3B-Diffusers")
@@ -229,8 +230,8 @@ def _folder_module(folder, family):
 def test_a_complete_checkpoint_loads_every_weight_from_the_file(wan_files, single):
     from vaecache.vae.single_file import load_single_file
 
-    module, family, _ = load_single_file(wan_files / single, wan_files / "folder", True)
-    again, _, _ = load_single_file(wan_files / single, wan_files / "folder", True)
+    module, family, _, _ = load_single_file(wan_files / single, wan_files / "folder", True)
+    again = load_single_file(wan_files / single, wan_files / "folder", True).module
     reference = _folder_module(wan_files / "folder", family)
     assert_same_tensors(module.state_dict(), reference.state_dict())
     assert_same_tensors(again.state_dict(), reference.state_dict())
@@ -254,7 +255,7 @@ def test_the_vae_of_a_whole_model_checkpoint_loads_and_known_leftovers_are_not_u
                 torch.ones(8), "model.diffusion_model.transformer_blocks.0.attn1.to_q.weight": torch.zeros(4, 4)})
     save_file(ltx, tmp_path / "ltx-whole.safetensors")
     for single, folder in (("sd-whole", "kl"), ("sd-trained", "kl"), ("ltx-whole", "ltx")):
-        module, family, _ = load_single_file(tmp_path / f"{single}.safetensors", ltx_and_kl_files / folder, False)
+        module, family, _, _ = load_single_file(tmp_path / f"{single}.safetensors", ltx_and_kl_files / folder, False)
         assert_same_tensors(module.state_dict(), _folder_module(ltx_and_kl_files / folder, family).state_dict())
 
 
@@ -295,3 +296,134 @@ def test_what_is_not_a_vae_checkpoint_is_refused_naming_the_file(tmp_path):
     save_file({"encoder.conv_in.weight": torch.zeros(2), "encoder.down_blocks.0.resnets.0.conv1.weight":
                torch.zeros(2)}, path)
     assert "a diffusers model's weights file on its own" in _refused(path)
+
+
+# Tiny configs with each release's structure: 0.9.1's decoder (timestep conditioning, noise injection, residual
+# upsamplers), 0.9.5's encoder (LTXVideo095DownBlock3D by kind; its last width 2048, which is how diffusers' converter
+# tells 0.9.5 and later apart, so the last level has no residual block to keep it small).
+LTX_TINY = {
+    "0.9.1": dict(latent_channels=8, block_out_channels=(8, 16, 32, 32), decoder_block_out_channels=(16, 32, 64),
+                  layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1),
+                  spatio_temporal_scaling=(True, True, True, False), decoder_spatio_temporal_scaling=(True, True, True),
+                  decoder_inject_noise=(True, True, True, False), upsample_residual=(True, True, True),
+                  upsample_factor=(2, 2, 2), timestep_conditioning=True, patch_size=4),
+    "0.9.5": dict(latent_channels=8, block_out_channels=(8, 16, 32, 256, 2048),
+                  down_block_types=("LTXVideo095DownBlock3D",) * 4,
+                  downsample_type=("spatial", "temporal", "spatiotemporal", "spatiotemporal"),
+                  decoder_block_out_channels=(16, 32, 64), layers_per_block=(1, 1, 1, 1, 0),
+                  decoder_layers_per_block=(1, 1, 1, 1), spatio_temporal_scaling=(True,) * 4,
+                  decoder_spatio_temporal_scaling=(True,) * 3, decoder_inject_noise=(False,) * 4,
+                  upsample_residual=(True,) * 3, upsample_factor=(2, 2, 2), timestep_conditioning=True, patch_size=4,
+                  spatial_compression_ratio=32, temporal_compression_ratio=8),
+}
+
+
+@pytest.mark.parametrize("release", ["0.9.1", "0.9.5"])
+def test_timestep_conditioned_ltx_releases_load_as_folders_and_single_files_to_the_same_latents(
+        demo_data, tmp_path, release):
+    """0.9.1 and later carry a 0-dim decoder.timestep_scale_multiplier, which the weights hash once failed on."""
+    from diffusers import AutoencoderKLLTXVideo
+    from diffusers.loaders.single_file_utils import convert_ltx_vae_checkpoint_to_diffusers
+
+    torch.manual_seed(7)
+    module = AutoencoderKLLTXVideo(**LTX_TINY[release])
+    module.latents_mean.copy_(torch.linspace(-1, 1, 8))
+    module.latents_std.copy_(torch.linspace(0.5, 2, 8))
+    assert module.state_dict()["decoder.timestep_scale_multiplier"].dim() == 0
+    module.save_pretrained(tmp_path / "folder")
+    original = {k: v.contiguous() for k, v in ltx_original(module.state_dict(), release).items()}
+    assert set(convert_ltx_vae_checkpoint_to_diffusers(dict(original))) == set(module.state_dict())  # the helper
+    save_file(original, tmp_path / f"ltx-video-{release}.safetensors")
+    args = ("--num-frames", "9", "--size", "64x64", "--workers", "0", "--no-progress")
+    for spec, out, extra in ((f"diffusers:{tmp_path / 'folder'}", "folder", ()),
+                             (str(tmp_path / f"ltx-video-{release}.safetensors"), "file",
+                              ("--vae-config", str(tmp_path / "folder")))):
+        result = invoke(["encode", demo_data, "--out", tmp_path / f"out-{out}", *args, "--vae", spec, *extra])
+        assert result.exit_code == 0, result.output
+    assert_same_tensors(load_tensors(tmp_path / "out-folder"), load_tensors(tmp_path / "out-file"))
+    assert read_manifest(tmp_path / "out-folder")["vae"]["weights_sha256"] == \
+        read_manifest(tmp_path / "out-file")["vae"]["weights_sha256"]
+
+
+RELEASES = [  # (shipped config, original layout, extra keys of a whole checkpoint)
+    ("wan2.1_vae.json", wan21_original, {}),
+    ("wan2.2_vae.json", wan22_original, {}),
+    ("ltx-video-0.9.0_vae.json", lambda state: ltx_original(state, "0.9.0"), {}),
+    ("ltx-video-0.9.1_vae.json", lambda state: ltx_original(state, "0.9.1"), {}),
+    ("ltx-video-0.9.5_vae.json", lambda state: ltx_original(state, "0.9.5"), {}),
+    ("ltx-video-0.9.5_vae.json", lambda state: ltx_original(state, "0.9.5"),  # 0.9.7's whole checkpoint
+     {"model.diffusion_model.transformer_blocks.47.scale_shift_table": (2, 4096)}),
+]
+
+
+@pytest.mark.parametrize("name, original, extra", RELEASES)
+def test_each_release_is_told_from_its_keys_and_its_shipped_config_takes_every_tensor(name, original, extra):
+    """At the released sizes, on the meta device (no memory): the release's original layout is told apart, and
+    converted it is exactly the keys and shapes of the module its shipped config builds."""
+    import diffusers
+    from diffusers.loaders.single_file_model import SINGLE_FILE_LOADABLE_CLASSES
+
+    from vaecache.vae.single_file import convert_wan22_vae, is_wan22_layout
+
+    config = json.loads((CONFIGS / name).read_text())
+    family = config["_class_name"]
+    with torch.device("meta"):
+        module = getattr(diffusers, family).from_config(config)
+    state = module.state_dict()
+    layout = original(state)
+    shapes = {key: tuple(value.shape) for key, value in layout.items()} | extra
+    assert detect_family(shapes) == family
+    assert shipped_config_name(family, shapes) == name
+    convert = convert_wan22_vae if is_wan22_layout(layout) else SINGLE_FILE_LOADABLE_CLASSES[family][
+        "checkpoint_mapping_fn"]
+    converted = convert(config=dict(module.config), checkpoint=dict(layout))
+    assert set(converted) == set(state)
+    assert all(tuple(converted[key].shape) == tuple(state[key].shape) for key in state)
+
+
+def test_wan22_checkpoint_gives_the_latents_of_its_diffusers_folder(demo_data, tmp_path):
+    """Wan 2.2 TI2V's VAE as Wan2.2_VAE.pth / wan2.2_vae.safetensors hold it (a tiny one: the shipped config is for
+    the released size), and its refusal without --vae-config names the shipped configs' sizes."""
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(11)
+    module = AutoencoderKLWan(base_dim=16, decoder_base_dim=24, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+                              temperal_downsample=[False, True, True], is_residual=True, in_channels=12,
+                              out_channels=12, patch_size=2, scale_factor_spatial=16, scale_factor_temporal=4,
+                              latents_mean=[0.1, -0.2, 0.3, 0.0], latents_std=[1.5, 2.0, 0.5, 1.0])
+    module.save_pretrained(tmp_path / "folder")
+    original = {k: v.contiguous() for k, v in wan22_original(module.state_dict()).items()}
+    save_file(original, tmp_path / "wan2.2_vae.safetensors")
+    torch.save(original, tmp_path / "Wan2.2_VAE.pth")
+    args = ("--num-frames", "5", "--size", "32x32", "--workers", "0", "--no-progress")
+    for spec, out, extra in ((f"diffusers:{tmp_path / 'folder'}", "folder", ()),
+                             (str(tmp_path / "wan2.2_vae.safetensors"), "file",
+                              ("--vae-config", str(tmp_path / "folder"))),
+                             (str(tmp_path / "Wan2.2_VAE.pth"), "pickle",
+                              ("--vae-config", str(tmp_path / "folder"), "--allow-pickle-weights"))):
+        result = invoke(["encode", demo_data, "--out", tmp_path / f"out-{out}", *args, "--vae", spec, *extra])
+        assert result.exit_code == 0, result.output
+    folder = load_tensors(tmp_path / "out-folder")
+    assert_same_tensors(folder, load_tensors(tmp_path / "out-file"))
+    assert_same_tensors(folder, load_tensors(tmp_path / "out-pickle"))
+    refused = invoke(["encode", demo_data, "--out", tmp_path / "refused", *args, "--vae",
+                      str(tmp_path / "wan2.2_vae.safetensors")])
+    assert refused.exit_code == 2 and "Wan 2.2 TI2V-5B's (z_dim 48, base_dim 160)" in refused.output
+
+
+def test_an_sd_checkpoint_with_ema_copies_loads_and_the_record_names_them(ltx_and_kl_files, tmp_path):
+    """vae-ft-mse-840000-ema-pruned.ckpt and its kin carry LitEma's model_ema.* beside the weights: ldm and diffusers
+    ignore them, and so does vaecache, naming them in the recorded config."""
+    from safetensors.torch import load_file
+
+    from vaecache.vae.load import load_vae
+
+    state = load_file(ltx_and_kl_files / "sd-vae.safetensors")
+    state.update({"model_ema.decay": torch.tensor(0.9999), "model_ema.num_updates": torch.tensor(840000),
+                  "model_ema.encoderconv_inweight": state["encoder.conv_in.weight"].clone()})
+    torch.save({"state_dict": state}, tmp_path / "vae-ft-mse-ema.ckpt")
+    runner = load_vae(str(tmp_path / "vae-ft-mse-ema.ckpt"), vae_config=str(ltx_and_kl_files / "kl"),
+                      allow_pickle_weights=True)
+    assert runner.model.config["single_file_skipped"] == {"model_ema.": 3}
+    plain = load_vae(str(ltx_and_kl_files / "sd-vae.safetensors"), vae_config=str(ltx_and_kl_files / "kl"))
+    assert runner.model.weights_sha256 == plain.model.weights_sha256 and "single_file_skipped" not in plain.model.config

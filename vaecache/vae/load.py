@@ -301,13 +301,16 @@ def _load_diffusers(location: str, spec: str, allow_pickle_weights: bool) -> Vae
 
 
 def _load_file(path: Path, spec: str, vae_config: str | None, allow_pickle_weights: bool) -> VaeModel:
-    """One checkpoint file (vaecache.vae.single_file); the file's sha256 joins the recorded config."""
+    """One checkpoint file (vaecache.vae.single_file); the file's sha256 joins the recorded config, and so do the
+    known leftovers it dropped that say which weights were not used (an EMA copy)."""
     from vaecache.vae.single_file import load_single_file
 
-    module, family, sha256 = load_single_file(path, Path(vae_config).expanduser() if vae_config else None,
-                                              allow_pickle_weights)
-    model = _family_model(module, FAMILIES[family], spec)
-    return replace(model, config={**model.config, "single_file_sha256": sha256})
+    loaded = load_single_file(path, Path(vae_config).expanduser() if vae_config else None, allow_pickle_weights)
+    model = _family_model(loaded.module, FAMILIES[loaded.family], spec)
+    recorded = {**model.config, "single_file_sha256": loaded.sha256}
+    if loaded.skipped:
+        recorded["single_file_skipped"] = loaded.skipped
+    return replace(model, config=recorded)
 
 
 def _load_python(target: str, spec: str) -> VaeModel:

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from vaecache.errors import VaeSpecError, first_line
 from vaecache.weights import check_finite, safetensors_header
@@ -36,6 +37,8 @@ def detect_family(keys: Iterable[str], path: Path | None = None) -> str:
     found = {key.removeprefix("vae.").removeprefix("first_stage_model.") for key in keys}
     if "encoder.downsamples.0.residual.0.gamma" in found and "decoder.upsamples.0.residual.0.gamma" in found:
         return "AutoencoderKLWan"  # Wan-Video/Wan2.1 wan/modules/vae.py WanVAE_
+    if is_wan22_layout(found):
+        return "AutoencoderKLWan"  # Wan-Video/Wan2.2 wan/modules/vae2_2.py WanVAE_ (Down_/Up_ResidualBlock)
     if any(key.startswith("per_channel_statistics") for key in found):
         return "AutoencoderKLLTXVideo"  # Lightricks/LTX-Video ltx_video/models/autoencoders/causal_video_autoencoder.py
     if "encoder.down.0.block.0.norm1.weight" in found and "decoder.up.0.block.0.norm1.weight" in found:
@@ -102,20 +105,54 @@ def check_single_file(path: Path, vae_config: Path | None, allow_pickle_weights:
     load_config(vae_config, detect_family(keys, path), shapes, path)
 
 
-def shipped_config(family: str, shapes: dict[str, Any]) -> dict[str, Any] | None:
-    """The published config of the family whose shapes the checkpoint has, or None (then --vae-config)."""
+def is_wan22_layout(keys: Iterable[str]) -> bool:
+    """Wan 2.2's VAE (the TI2V-5B one, `Wan2.2_VAE.pth`): each level a Down_ResidualBlock / Up_ResidualBlock whose
+    blocks sit one level deeper than Wan 2.1's (`encoder.downsamples.0.downsamples.0.residual.0.gamma`)."""
+    found = set(keys)
+    return ("encoder.downsamples.0.downsamples.0.residual.0.gamma" in found
+            and "decoder.upsamples.0.upsamples.0.residual.0.gamma" in found)
+
+
+def shipped_config_name(family: str, shapes: dict[str, Any]) -> str | None:
+    """The file under vaecache/vae/configs/ of the published model whose layout and shapes the checkpoint has, or
+    None (then --vae-config).
+
+    Wan: 2.1 (z_dim 16, base_dim 96) and 2.2's TI2V-5B VAE (z_dim 48, base_dim 160: diffusers'
+    scripts/convert_wan_to_diffusers.py `vae22_diffusers_config`). LTX-Video: each release told from its VAE's keys as
+    diffusers' `infer_diffusers_model_type` tells them (loaders/single_file_utils.py: the encoder's last width 2048 is
+    0.9.5 and later, a decoder time embedder 0.9.1, else 0.9.0), with the config diffusers'
+    scripts/convert_ltx_to_diffusers.py `get_vae_config` gives that release (0.9.7 and 0.9.8 share 0.9.5's VAE)."""
+    def shape(key: str) -> tuple[int, ...] | None:
+        found = shapes.get(key) or shapes.get(f"vae.{key}")
+        return tuple(found) if found else None
+
     if family == "AutoencoderKLWan":
-        conv = shapes.get("conv1.weight") or shapes.get("vae.conv1.weight")
-        first = shapes.get("encoder.conv1.weight") or shapes.get("vae.encoder.conv1.weight")
-        if conv and first and conv[0] == 32 and first[0] == 96:  # z_dim 16, base_dim 96: the Wan 2.1 VAE
-            return json.loads((CONFIGS / "wan2.1_vae.json").read_text())
+        conv, first = shape("conv1.weight"), shape("encoder.conv1.weight")
+        if conv and first and conv[0] == 32 and first[0] == 96 and not is_wan22_layout(shapes):
+            return "wan2.1_vae.json"
+        if conv and first and conv[0] == 96 and first[0] == 160 and is_wan22_layout(shapes):
+            return "wan2.2_vae.json"
+    if family == "AutoencoderKLLTXVideo":
+        last = shapes.get("vae.encoder.conv_out.conv.weight")
+        if last and len(last) > 1 and last[1] == 2048:
+            return "ltx-video-0.9.5_vae.json"
+        if "vae.decoder.last_time_embedder.timestep_embedder.linear_1.weight" in shapes:
+            return "ltx-video-0.9.1_vae.json"
+        if "vae.decoder.up_blocks.9.res_blocks.0.conv1.conv.weight" in shapes:
+            return "ltx-video-0.9.0_vae.json"
     return None
 
 
+def shipped_config(family: str, shapes: dict[str, Any]) -> dict[str, Any] | None:
+    """The published config of the family whose shapes the checkpoint has, or None (then --vae-config)."""
+    name = shipped_config_name(family, shapes)
+    return json.loads((CONFIGS / name).read_text()) if name else None
+
+
 NO_SHIPPED_CONFIG = {
-    "AutoencoderKLWan": "only the Wan 2.1 VAE's config is shipped (z_dim 16, base_dim 96); this file has other shapes",
-    "AutoencoderKLLTXVideo": "LTX-Video's VAE configs differ between releases (0.9.0, 0.9.1, 0.9.5, ...) with the same "
-                             "keys",
+    "AutoencoderKLWan": "the configs shipped are Wan 2.1's (z_dim 16, base_dim 96) and Wan 2.2 TI2V-5B's (z_dim 48, "
+                        "base_dim 160); this file has other shapes",
+    "AutoencoderKLLTXVideo": "its keys are not those of a released LTX-Video VAE (0.9.0, 0.9.1, 0.9.5 to 0.9.8)",
     "AutoencoderKL": "SD 1.x, SD 2.x and SDXL VAEs have the same shapes but other scaling factors, and a latent scaled "
                      "wrongly trains wrongly",
 }
@@ -148,10 +185,20 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def load_single_file(path: Path, config_path: Path | None, allow_pickle_weights: bool) -> tuple[Any, str, str]:
-    """(diffusers module, family, the file's sha256): the checkpoint converted with diffusers' conversion function
-    for its family and loaded strictly: a tensor missing from the file, left over in its VAE part or of the wrong
-    shape is a VaeSpecError naming the file and the first such tensor."""
+class SingleFile(NamedTuple):
+    module: Any
+    """The diffusers module, fp32, eval."""
+    family: str
+    sha256: str
+    """The file's sha256 (recorded as single_file_sha256)."""
+    skipped: dict[str, int]
+    """Known leftovers dropped that the record names (RECORDED_LEFTOVERS: prefix -> tensors)."""
+
+
+def load_single_file(path: Path, config_path: Path | None, allow_pickle_weights: bool) -> SingleFile:
+    """The checkpoint converted with diffusers' conversion function for its family (Wan 2.2's VAE: convert_wan22_vae)
+    and loaded strictly: a tensor missing from the file, left over in its VAE part or of the wrong shape, or a weight
+    that is not finite, is a VaeSpecError naming the file and the first such tensor."""
     import diffusers
     import torch
     from diffusers.loaders.single_file_model import SINGLE_FILE_LOADABLE_CLASSES
@@ -161,14 +208,16 @@ def load_single_file(path: Path, config_path: Path | None, allow_pickle_weights:
         (list(state), {key: tuple(getattr(value, "shape", ())) for key, value in state.items()})
     family = detect_family(keys, path)
     config = load_config(config_path, family, shapes, path)
-    given = f"--vae-config {config_path}" if config_path else "the shipped config"
+    given = f"--vae-config {config_path}" if config_path else \
+        f"the shipped config {shipped_config_name(family, shapes)} (another size: pass --vae-config)"
     try:
         with torch.random.fork_rng(devices=[]):  # every tensor is overwritten from the file below
             module = getattr(diffusers, family).from_config(dict(config))
     except Exception as exc:  # noqa: BLE001  # diffusers raises many kinds for a config it cannot build
         raise VaeSpecError(f"{path}: {given} does not build a {family} ({first_line(exc, 200)})") from None
     tensors = _vae_tensors(path, family, keys, state)
-    convert = SINGLE_FILE_LOADABLE_CLASSES[family]["checkpoint_mapping_fn"]
+    convert = convert_wan22_vae if family == "AutoencoderKLWan" and is_wan22_layout(keys) else \
+        SINGLE_FILE_LOADABLE_CLASSES[family]["checkpoint_mapping_fn"]
     try:
         # the module's config (the given one with diffusers' defaults filled in: what the SD converter's level count
         # must match); a copy of the tensors, which the LTX converter pops
@@ -179,10 +228,10 @@ def load_single_file(path: Path, config_path: Path | None, allow_pickle_weights:
     except Exception as exc:  # noqa: BLE001
         raise VaeSpecError(f"{path}: diffusers' {convert.__name__} cannot convert it "
                            f"({first_line(exc, 200)})") from None
-    _check_complete(path, family, given, module.state_dict(), tensors, converted)
+    skipped = _check_complete(path, family, given, module.state_dict(), tensors, converted)
     module.load_state_dict(converted, strict=True)
     check_finite(module.state_dict(), str(path))
-    return module.to(torch.float32).eval(), family, file_sha256(path)
+    return SingleFile(module.to(torch.float32).eval(), family, file_sha256(path), skipped)
 
 
 def _vae_tensors(path: Path, family: str, keys: list[str], state: dict[str, Any] | None) -> dict[str, Any]:
@@ -210,10 +259,14 @@ def _vae_tensors(path: Path, family: str, keys: list[str], state: dict[str, Any]
     return {key: state[key] for key in keys}
 
 
-LEFTOVERS = {"AutoencoderKLLTXVideo": "per_channel_statistics.", "AutoencoderKL": "loss."}
+LEFTOVERS = {"AutoencoderKLLTXVideo": ("per_channel_statistics.",), "AutoencoderKL": ("loss.", "model_ema.")}
 """Tensors of a family's original checkpoints that its model does not use, dropped on purpose: LTX-Video's
 channel index and mean of stds (its converter removes them), the LDM autoencoder's training loss (LPIPS, its
-discriminator, logvar)."""
+discriminator, logvar) and its LitEma copies (`model_ema.decay`, `model_ema.num_updates` and the shadow weights:
+ldm's `instantiate_from_config` loading and diffusers' `convert_ldm_vae_checkpoint` read the model's own weights)."""
+RECORDED_LEFTOVERS = ("model_ema.",)
+"""Dropped tensors the recorded VAE config names (`single_file_skipped`: prefix -> count): an EMA copy beside the
+weights says which weights were not used."""
 
 
 def _check_complete(path: Path, family: str, given: Any, expected: dict[str, Any], tensors: dict[str, Any],
@@ -223,14 +276,15 @@ def _check_complete(path: Path, family: str, given: Any, expected: dict[str, Any
     a converter drops what it does not map (an SD level the config does not have) without a word."""
     missing = [key for key in expected if key not in converted]
     if missing:
-        raise VaeSpecError(f"{path}: an incomplete {family} checkpoint (a weight would be left random): no tensor for "
-                           f"{missing[0]} (diffusers' name), {len(missing)} of {len(expected)} missing")
+        raise VaeSpecError(f"{path}: an incomplete {family} checkpoint for {given} (a weight would be left random): "
+                           f"no tensor for {missing[0]} (diffusers' name), {len(missing)} of {len(expected)} missing")
     objects = {id(value) for value in converted.values()}
     memory = {value.data_ptr() for value in converted.values() if value.numel()}  # an SD attention weight is a view
-    leftover = LEFTOVERS.get(family)
-    dropped = [key for key, value in tensors.items()
-               if id(value) not in objects and not (value.numel() and value.data_ptr() in memory)
-               and not (leftover and key.removeprefix("vae.").removeprefix("first_stage_model.").startswith(leftover))]
+    unused = [key for key, value in tensors.items()
+              if id(value) not in objects and not (value.numel() and value.data_ptr() in memory)]
+    skipped = {prefix: [key for key in unused if _bare(key).startswith(prefix)] for prefix in LEFTOVERS.get(family, ())}
+    known = {key for keys in skipped.values() for key in keys}
+    dropped = [key for key in unused if key not in known]
     unknown = dropped + [key for key in converted if key not in expected]
     if unknown:
         raise VaeSpecError(f"{path}: tensors the {family} of {given} has no place for: {unknown[0]}, "
@@ -241,3 +295,49 @@ def _check_complete(path: Path, family: str, given: Any, expected: dict[str, Any
         raise VaeSpecError(f"{path}: tensors of other shapes than the {family} of {given}: {first} (diffusers' "
                            f"name) is {list(converted[first].shape)}, not {list(expected[first].shape)}, "
                            f"{len(wrong)} differ")
+    return {prefix: len(keys) for prefix, keys in skipped.items() if keys and prefix in RECORDED_LEFTOVERS}
+
+
+def _bare(key: str) -> str:
+    return key.removeprefix("vae.").removeprefix("first_stage_model.")
+
+
+_WAN22_RESIDUAL = {"residual.0.gamma": "norm1.gamma", "residual.2.weight": "conv1.weight",
+                   "residual.2.bias": "conv1.bias", "residual.3.gamma": "norm2.gamma",
+                   "residual.6.weight": "conv2.weight", "residual.6.bias": "conv2.bias",
+                   "shortcut.weight": "conv_shortcut.weight", "shortcut.bias": "conv_shortcut.bias"}
+_WAN22_TOP = {"conv1.weight": "quant_conv.weight", "conv1.bias": "quant_conv.bias",
+              "conv2.weight": "post_quant_conv.weight", "conv2.bias": "post_quant_conv.bias"}
+
+
+def wan22_key(key: str) -> str:
+    """One tensor name of Wan 2.2's VAE (Wan-Video/Wan2.2 wan/modules/vae2_2.py WanVAE_) in AutoencoderKLWan's
+    (is_residual): the renaming of diffusers' scripts/convert_wan_to_diffusers.py `convert_vae_22`, which is nothing
+    but a renaming (diffusers' single-file loading has no Wan 2.2 VAE conversion)."""
+    if key in _WAN22_TOP:
+        return _WAN22_TOP[key]
+    if m := re.fullmatch(r"(encoder|decoder)\.conv1\.(weight|bias)", key):
+        return f"{m[1]}.conv_in.{m[2]}"
+    if m := re.fullmatch(r"(encoder|decoder)\.head\.0\.gamma", key):
+        return f"{m[1]}.norm_out.gamma"
+    if m := re.fullmatch(r"(encoder|decoder)\.head\.2\.(weight|bias)", key):
+        return f"{m[1]}.conv_out.{m[2]}"
+    if (m := re.fullmatch(r"(encoder|decoder)\.middle\.([02])\.(.+)", key)) and m[3] in _WAN22_RESIDUAL:
+        return f"{m[1]}.mid_block.resnets.{int(m[2]) // 2}.{_WAN22_RESIDUAL[m[3]]}"
+    if m := re.fullmatch(r"(encoder|decoder)\.middle\.1\.(.+)", key):
+        return f"{m[1]}.mid_block.attentions.0.{m[2]}"
+    if m := re.fullmatch(r"(encoder\.down|decoder\.up)samples\.(\d+)\.(?:down|up)samples\.(\d+)\.(.+)", key):
+        side, level, index, rest = m[1], m[2], m[3], m[4]
+        blocks = f"{side}_blocks.{level}"
+        if rest in _WAN22_RESIDUAL:
+            return f"{blocks}.resnets.{index}.{_WAN22_RESIDUAL[rest]}"
+        if rest.startswith(("resample.", "time_conv.")):
+            return f"{blocks}.{side.partition('.')[2]}sampler.{rest}"
+    return key
+
+
+def convert_wan22_vae(config: dict[str, Any], checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """Wan 2.2's VAE checkpoint in AutoencoderKLWan's names (wan22_key); a "vae." prefix, as some tools save it, is
+    dropped first. `config` is unused: the renaming does not depend on it (the signature of diffusers' converters)."""
+    del config
+    return {wan22_key(key.removeprefix("vae.")): value for key, value in checkpoint.items()}
