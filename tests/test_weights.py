@@ -191,3 +191,11 @@ def test_a_missing_text_encoder_is_refused_before_encode_reads_a_video(demo_data
                       "--size", "32x32", "--text-encoder", f"diffusers:{model_index.parent}"])
     assert result.exit_code == 2 and "no encoder folder" in one_line(result), result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_image_encoder_is_refused_before_encode_prepares_out(demo_data, run_cli, tmp_path):
+    result = run_cli(["encode", demo_data, "--out", tmp_path / "out", "--vae", "builtin:tiny", "--num-frames", "5",
+                      "--size", "32x32", "--condition", "image-features", "--image-encoder",
+                      f"diffusers:{tmp_path / 'missing'}"])
+    assert result.exit_code == 2 and "is not a folder" in one_line(result), result.output
+    assert not (tmp_path / "out").exists()

@@ -88,10 +88,7 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
     settings = request.settings
     # a typo costs nothing: refused before any video is probed
     check_vae_spec(settings.vae, settings.vae_config, settings.allow_pickle_weights)
-    if getattr(settings, "text_encoder", None):
-        from vaecache.text.encoder import text_encoder_folders
-
-        text_encoder_folders(settings.text_encoder)  # the embed after the encode: its folders exist
+    check_embedder_folders(settings)
     set_data_storage_options(dict(settings.storage_options))
     backend = resolve_decoder(settings.clip.decoder, request.device, settings.workers)
     sampling = settings.clip.sampling
@@ -132,6 +129,19 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
     return StartUp(job, len(found.scenes), vae, backend, tuple(probed.records), found.scenes,
                    dict(found.left_out_cameras), found.scenes[0].cameras if found.scenes else (),
                    probed.probes if request.keep_probes else {}, has_image_cameras(found.scenes))
+
+
+def check_embedder_folders(settings: Any) -> None:
+    """The encoders of the sets the encode adds once it is done (--text-encoder, --image-encoder): their folders,
+    configs and weights files present, checked before any video is probed (a typo must not cost the whole encode)."""
+    if getattr(settings, "text_encoder", None):
+        from vaecache.text.encoder import text_encoder_folders
+
+        text_encoder_folders(settings.text_encoder)
+    if "image-features" in (getattr(settings, "condition", None) or ""):
+        from vaecache.conditions.images import image_encoder_folders
+
+        image_encoder_folders(settings.image_encoder, settings.image_convention)
 
 
 def check_conditions(settings: Any, vae: VaeRunner) -> None:
