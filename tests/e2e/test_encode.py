@@ -142,3 +142,33 @@ def test_two_ranks_name_their_skipped_inputs_once_each(torchrun, tmp_path):
     assert subjects == sorted(str(data / f"scene_{s:03d}" / "cam_0.mp4") + " (cam_0)" for s in (1, 2)), named
     live = [line for line in named if line.startswith("rank ")]
     assert len(live) == 2 and len(named) == 2, named  # each by its own rank, as it happened, and not again at the end
+
+
+def test_a_rank_whose_vae_does_not_load_stops_every_rank_at_once_with_its_line(data, tmp_path, procs):
+    """Rank 1's copy of the VAE fails to load (as a damaged file on its node's disk would): rank 0 is told by name at
+    once, not left in the next collective until the timeout."""
+    import subprocess
+
+    (tmp_path / "one_rank_vae.py").write_text(
+        "import os\n"
+        "import torch\n\n\n"
+        "class Pool(torch.nn.Module):\n"
+        "    vaecache_spatial_factor = 4\n"
+        "    vaecache_has_logvar = False\n\n"
+        "    def encode(self, x):\n"
+        "        return torch.nn.functional.avg_pool3d(x, (1, 4, 4))\n\n\n"
+        "def make():\n"
+        "    if os.environ.get('RANK') == '1':\n"
+        "        raise RuntimeError('/node1/vae.safetensors: not a readable safetensors file')\n"
+        "    return Pool()\n")
+    env = procs.env(PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    started = time.monotonic()
+    result = subprocess.run(procs.torchrun_cmd(2, "encode", data, "--out", tmp_path / "out", "--vae",
+                                               "python:one_rank_vae:make", "--num-frames", "9", "--size", "64x64",
+                                               "--no-progress", "--workers", "0", "--store", "mean",
+                                               "--timeout", "120"),
+                            capture_output=True, text=True, env=env, timeout=180)
+    assert result.returncode != 0
+    assert ("rank 1 could not load its VAE: RuntimeError: /node1/vae.safetensors: not a readable safetensors file"
+            in result.stderr), result.stderr[-3000:]
+    assert time.monotonic() - started < 90

@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from vaecache.cache.sets import loaded_on_every_rank
 from vaecache.distributed.liveness import set_doing
 from vaecache.errors import InputError, UsageError
 from vaecache.meter import MeterFactory, meter_phase
@@ -114,12 +115,14 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
         raise InputError(f"{first.path or first.scene_id}: {first.reason} (scene {first.scene_id}; --on-error fail)")
     set_doing(f"loading the VAE {settings.vae}")
     clip = settings.clip
-    vae = load_vae(settings.vae, request.device, clip.dtype, tiling=clip.tiling,
-                   views_per_forward=job.views_per_forward, allow_pickle_weights=settings.allow_pickle_weights,
-                   compiled=clip.compiled, channels_last=clip.channels_last, vae_config=settings.vae_config,
-                   # spatial mode runs diffusers' encoder band by band: auto is the reference there
-                   encoder_impl="reference" if settings.sp_mode == "spatial" and clip.encoder_impl == "auto"
-                   else clip.encoder_impl)
+    # every rank hears at once of a rank whose copy of the VAE does not load (a damaged file on its node's disk)
+    vae = loaded_on_every_rank(ctx, lambda: load_vae(
+        settings.vae, request.device, clip.dtype, tiling=clip.tiling, views_per_forward=job.views_per_forward,
+        allow_pickle_weights=settings.allow_pickle_weights, compiled=clip.compiled,
+        channels_last=clip.channels_last, vae_config=settings.vae_config,
+        # spatial mode runs diffusers' encoder band by band: auto is the reference there
+        encoder_impl="reference" if settings.sp_mode == "spatial" and clip.encoder_impl == "auto"
+        else clip.encoder_impl), "VAE")
     vae.model.rule.check_buckets(clip.sampling.lengths, clip.sizes)
     if clip.store != "mean" and not vae.model.has_logvar:
         raise UsageError(f"--store {clip.store} needs the posterior log-variance, and {settings.vae} gives only a "
