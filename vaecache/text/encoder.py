@@ -247,7 +247,7 @@ def text_encoder_folders(spec: str, length: int | None = None, layer: int | None
 
 
 MEMORY_SHARE = 0.5
-"""The largest share of the device's memory one batch's activations may be estimated to take (check_text_shape)."""
+"""The largest share of the machine's memory one batch's activations may be estimated to take (check_text_shape)."""
 
 
 def check_text_shape(config: Any, family: TextFamily, batch: int, spec: str) -> None:
