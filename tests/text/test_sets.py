@@ -410,3 +410,77 @@ def test_a_captions_path_that_is_not_a_regular_file_is_one_line_not_a_hang(cache
         path = "/dev/zero"
     result = run_cli(["embed", cache, "--text-encoder", f"diffusers:{wan_text}", "--captions", path])
     assert result.exit_code == 2 and f"{path}: --captions is not a regular file" in result.output.replace("\n", " ")
+
+
+def _rewrite_table(cache, entry, table, edit):
+    """The set's `table` (clips or prompts) rewritten by `edit` and its hash in the manifest recomputed, as a forger
+    (or a careless tool) would."""
+    import hashlib
+
+    import pyarrow.parquet as pq
+
+    file = cache / entry["tables"][table]["file"]
+    pq.write_table(edit(pq.read_table(file)), file)
+    data = file.read_bytes()
+    entry["tables"][table].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+
+
+def test_verify_proves_each_clip_is_linked_to_its_own_caption_and_each_prompt_to_its_text(cache, wan_text, run_cli,
+                                                                                           tmp_path):
+    """Round 5's forgeries with every hash recomputed: a clip pointed at another caption's prompt, and a prompt's stored
+    text edited, are named by verify (the links are recomputed from the clips' own metadata, not the hashes)."""
+    import pyarrow as pa
+
+    assert run_cli(["embed", cache, "--text-encoder", f"diffusers:{wan_text}"]).exit_code == 0
+    assert run_cli(["verify", cache]).exit_code == 0
+    manifest = json.loads((cache / "manifest.json").read_text())
+    entry = manifest["text"]["default"]
+
+    def remap(table):
+        keys = table.column("key").to_pylist()
+        other = next(key for key in keys if key != keys[0])
+        return table.set_column(1, "key", pa.array([other] + keys[1:], pa.string()))
+
+    _rewrite_table(cache, entry, "clips", remap)
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    first = LatentCache(cache).ids()[0]
+    bad = run_cli(["verify", cache])
+    assert bad.exit_code == 1 and f"clip {first} is linked to prompt" in bad.output.replace("\n", " ")
+    assert "but its own caption is prompt" in bad.output.replace("\n", " ")
+
+    def edit_text(table):
+        texts = table.column("text").to_pylist()
+        return table.set_column(table.schema.get_field_index("text"), "text",
+                                pa.array([texts[0].upper()] + texts[1:], pa.string()))
+
+    _rewrite_table(cache, entry, "prompts", edit_text)
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    bad = run_cli(["verify", cache])
+    assert bad.exit_code == 1 and "stored text does not hash to its key" in bad.output.replace("\n", " ")
+
+
+def test_a_captions_file_set_proves_its_links_while_the_file_is_at_hand_and_says_so_when_not(cache, wan_text, run_cli,
+                                                                                              tmp_path):
+    import pyarrow as pa
+
+    ids = LatentCache(cache).ids()
+    captions = tmp_path / "captions.json"
+    captions.write_text(json.dumps({clip: f"caption {i % 2}" for i, clip in enumerate(ids)}))
+    spec = ["--text-encoder", f"diffusers:{wan_text}", "--captions", captions]
+    assert run_cli(["embed", cache, *spec]).exit_code == 0
+    manifest = json.loads((cache / "manifest.json").read_text())
+    entry = manifest["text"]["default"]
+
+    def swap(table):
+        keys = table.column("key").to_pylist()
+        return table.set_column(1, "key", pa.array([keys[1], keys[0]] + keys[2:], pa.string()))
+
+    _rewrite_table(cache, entry, "clips", swap)
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    report_file = tmp_path / "report.json"
+    bad = run_cli(["verify", cache, "--json", report_file])
+    assert bad.exit_code == 1 and f"clip {ids[0]} is linked to prompt" in bad.output.replace("\n", " ")
+    captions.rename(tmp_path / "moved.json")
+    unproven = run_cli(["verify", cache, "--json", report_file])
+    (row,) = [c for c in json.loads(report_file.read_text())["checks"] if c["name"] == "text set default"]
+    assert "clip-to-caption links not proven: its captions file" in row["note"], unproven.output

@@ -129,12 +129,13 @@ class EmbedSummary:
 # ----------------------------------------------------------------------------- captions
 
 
-def clip_captions(records: Iterable[dict[str, Any]], caption_field: str,
-                  captions: dict[str, str | None] | None) -> Iterator[tuple[str, str]]:
+def clip_captions(records: Iterable[dict[str, Any]], caption_field: str, captions: dict[str, str | None] | None,
+                  require_field: bool = True) -> Iterator[tuple[str, str]]:
     """(clip id, caption) for every clip, in table order, as the records stream by: from `captions` (clip id ->
     text) where given, else from each clip's metadata[caption_field]; a clip without one (no such key, null or "")
     gets the empty prompt. A caption that is not text, a --caption-field that no clip's metadata has (a typo would
-    embed every clip as the empty prompt), or a captions mapping that misses a clip or names one the cache lacks, is a
+    embed every clip as the empty prompt; unless not `require_field`: verify rereads sets embedded before this
+    check), or a captions mapping that misses a clip or names one the cache lacks, is a
     DatasetError naming them (raised once the records are read: nothing is written before)."""
     seen = 0
     field_found = False
@@ -166,7 +167,7 @@ def clip_captions(records: Iterable[dict[str, Any]], caption_field: str,
         if text is not None and not isinstance(text, str):
             raise DatasetError(f"clip {clip}: its {caption_field!r} is {type(text).__name__}, not text")
         yield clip, text or ""
-    if captions is None and seen and not field_found:
+    if captions is None and seen and not field_found and require_field:
         fields = ", ".join(first_fields or []) or "none"
         raise DatasetError(f"--caption-field {caption_field!r}: no clip's metadata has it (the first clip's has: "
                            f"{fields[:200]})")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+from pathlib import Path
 from typing import Any
 
 from safetensors.torch import load as safetensors_load
@@ -119,6 +120,64 @@ def _check_set(cache: Any, name: str, entry: Any, ids: list[str], quick: bool, c
         if pooled_hidden:
             for key in sorted(set(tokens) - pooled_keys)[:5]:
                 check.fail(f"text set {name}: prompt {key[:12]} has no pooled output in its shard")
+        texts = dict(zip(prompts.column("key").to_pylist(), prompts.column("text").to_pylist()))
+        _check_links(cache, name, entry, key_of, texts, check)
+
+
+def _check_links(cache: Any, name: str, entry: dict[str, Any], key_of: dict[str, str], texts: dict[str, Any],
+                 check: Any) -> None:
+    """What ties a set to its clips, proven from what the cache holds rather than from the recorded hashes (which a
+    forger can recompute): each prompt's stored text hashes to its key, and each clip's key is the key of its own
+    caption, cleaned by the recorded family's cleaning: read again from the clip's recorded metadata, or from the
+    captions file where it is still at hand with its recorded sha256 (else a note says the links were not proven)."""
+    from vaecache.text.families import CLEANINGS
+    from vaecache.text.sets import clip_captions, plan_prompts, prompt_key, read_captions_file
+
+    for key, text in sorted(texts.items()):
+        if not isinstance(text, str) or prompt_key(text) != key:
+            check.fail(f"text set {name}: prompt {key[:12]}'s stored text does not hash to its key (the text or "
+                       "the key was changed)")
+    fingerprint = entry.get("fingerprint") or {}
+    cleaning, source = fingerprint.get("cleaning"), entry.get("captions") or {}
+    unproven = None
+    if cleaning not in CLEANINGS:
+        unproven = f"its cleaning {cleaning!r} is not one this vaecache knows"
+    elif cleaning == "wan" and fingerprint.get("ftfy") != _installed("ftfy"):
+        unproven = f"it was cleaned with ftfy {fingerprint.get('ftfy')}, and ftfy {_installed('ftfy')} is installed"
+    captions = None
+    if unproven is None and source.get("kind") == "file":
+        path = Path(str(source.get("path")))
+        try:
+            same = path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == source.get("sha256")
+        except OSError:
+            same = False
+        if same:
+            captions = read_captions_file(path)[0]
+        else:
+            unproven = f"its captions file {path} is not at hand as it was recorded"
+    elif unproven is None and source.get("kind") != "clip metadata":
+        unproven = f"its captions source {source.get('kind')!r} is not one this vaecache knows"
+    if unproven is not None:
+        check.note = (check.note + "; " if check.note else "") + f"clip-to-caption links not proven: {unproven}"
+        return
+    derived: list[tuple[str, str]] = []
+    plan_prompts(clip_captions(cache.clip_records(), str(source.get("field") or "caption"), captions,
+                               require_field=False), CLEANINGS[cleaning], derived)
+    wrong = [(clip, key) for clip, key in derived if clip in key_of and key_of[clip] != key]
+    for clip, key in wrong[:5]:
+        check.fail(f"text set {name}: clip {clip} is linked to prompt {key_of[clip][:12]}, but its own caption is "
+                   f"prompt {key[:12]}")
+    if len(wrong) > 5:
+        check.fail(f"text set {name}: {len(wrong) - 5} more clips are linked to another caption's prompt")
+
+
+def _installed(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def check_text_reembed(cache: Any, count: int, seed: int, device: Any, tolerance: float | None,
