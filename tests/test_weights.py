@@ -193,9 +193,9 @@ def test_a_missing_text_encoder_is_refused_before_encode_reads_a_video(demo_data
     assert not (tmp_path / "out").exists()
 
 
-def test_a_missing_image_encoder_is_refused_before_encode_prepares_out(demo_data, run_cli, tmp_path):
-    result = run_cli(["encode", demo_data, "--out", tmp_path / "out", "--vae", "builtin:tiny", "--num-frames", "5",
+def test_a_missing_image_encoder_is_refused_before_encode_loads_the_vae(demo_data, run_cli, tmp_path, loud_vae):
+    result = run_cli(["encode", demo_data, "--out", tmp_path / "out", "--vae", loud_vae, "--num-frames", "5",
                       "--size", "32x32", "--condition", "image-features", "--image-encoder",
                       f"diffusers:{tmp_path / 'missing'}"])
     assert result.exit_code == 2 and "is not a folder" in one_line(result), result.output
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists() and not (tmp_path / "vae-was-loaded").exists()
