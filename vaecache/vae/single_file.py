@@ -108,7 +108,7 @@ def check_single_file(path: Path, vae_config: Path | None, allow_pickle_weights:
 def is_wan22_layout(keys: Iterable[str]) -> bool:
     """Wan 2.2's VAE (the TI2V-5B one, `Wan2.2_VAE.pth`): each level a Down_ResidualBlock / Up_ResidualBlock whose
     blocks sit one level deeper than Wan 2.1's (`encoder.downsamples.0.downsamples.0.residual.0.gamma`)."""
-    found = set(keys)
+    found = {key.removeprefix("vae.") for key in keys}
     return ("encoder.downsamples.0.downsamples.0.residual.0.gamma" in found
             and "decoder.upsamples.0.upsamples.0.residual.0.gamma" in found)
 
