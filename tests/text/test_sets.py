@@ -484,3 +484,18 @@ def test_a_captions_file_set_proves_its_links_while_the_file_is_at_hand_and_says
     unproven = run_cli(["verify", cache, "--json", report_file])
     (row,) = [c for c in json.loads(report_file.read_text())["checks"] if c["name"] == "text set default"]
     assert "clip-to-caption links not proven: its captions file" in row["note"], unproven.output
+
+
+def test_an_edited_fingerprint_length_fails_verify_before_a_reader_trips_on_it(cache, wan_text, run_cli):
+    import hashlib
+
+    assert run_cli(["embed", cache, "--text-encoder", f"diffusers:{wan_text}"]).exit_code == 0
+    manifest = json.loads((cache / "manifest.json").read_text())
+    entry = manifest["text"]["default"]
+    entry["fingerprint"]["length"] = 2
+    entry["fingerprint_sha256"] = hashlib.sha256(json.dumps(entry["fingerprint"], sort_keys=True).encode()).hexdigest()
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    bad = run_cli(["verify", cache])
+    output = bad.output.replace("\n", " ")
+    assert bad.exit_code == 1 and "its fingerprint's length 2 differs from its batch shape [8, 512]" in output
+    assert "tokens, more than the set's length 2" in output

@@ -80,6 +80,7 @@ def _check_set(cache: Any, name: str, entry: Any, ids: list[str], quick: bool, c
     for clip in [clip for clip in key_of if clip not in known][:5]:
         check.fail(f"text set {name}: embeds clip {clip}, which the cache does not hold")
     tokens = dict(zip(prompts.column("key").to_pylist(), prompts.column("tokens").to_pylist()))
+    _check_declared_length(name, fingerprint, tokens, check)
     shard_of = dict(zip(prompts.column("key").to_pylist(), prompts.column("shard").to_pylist()))
     for key in sorted({key for key in key_of.values() if key not in tokens})[:5]:
         check.fail(f"text set {name}: prompt {key[:12]} (of clip "
@@ -122,6 +123,21 @@ def _check_set(cache: Any, name: str, entry: Any, ids: list[str], quick: bool, c
                 check.fail(f"text set {name}: prompt {key[:12]} has no pooled output in its shard")
         texts = dict(zip(prompts.column("key").to_pylist(), prompts.column("text").to_pylist()))
         _check_links(cache, name, entry, key_of, texts, check)
+
+
+def _check_declared_length(name: str, fingerprint: dict[str, Any], tokens: dict[str, Any], check: Any) -> None:
+    """The fingerprint's length is what every reader pads to: it must be a positive integer, agree with the recorded
+    batch shape, and hold every prompt's token count (else LatentCache fails on the clip, or pads it wrongly)."""
+    length, shape = fingerprint.get("length"), fingerprint.get("batch_shape")
+    if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+        check.fail(f"text set {name}: its fingerprint's length {length!r} is not a positive integer")
+        return
+    if isinstance(shape, list) and len(shape) == 2 and shape[1] != length:
+        check.fail(f"text set {name}: its fingerprint's length {length} differs from its batch shape {shape}")
+    longer = sorted(key for key, count in tokens.items() if not isinstance(count, int) or count > length)
+    for key in longer[:5]:
+        check.fail(f"text set {name}: prompt {key[:12]} has {tokens[key]} tokens, more than the set's length "
+                   f"{length}")
 
 
 def _check_links(cache: Any, name: str, entry: dict[str, Any], key_of: dict[str, str], texts: dict[str, Any],
