@@ -499,3 +499,38 @@ def test_an_edited_fingerprint_length_fails_verify_before_a_reader_trips_on_it(c
     output = bad.output.replace("\n", " ")
     assert bad.exit_code == 1 and "its fingerprint's length 2 differs from its batch shape [8, 512]" in output
     assert "tokens, more than the set's length 2" in output
+
+
+def test_rows_altered_or_swapped_between_prompts_fail_verify_by_their_recorded_stats(cache, run_cli, tmp_path):
+    """Two prompts' rows swapped in the shard (LTX-Video's family stores every row of its length, so both have one
+    shape), every hash recomputed: shapes, dtype and finiteness all hold, and the per-prompt stats the prompt table
+    records name both."""
+    import hashlib
+
+    import pyarrow.parquet as pq
+    from safetensors.torch import load, save
+
+    ids = LatentCache(cache).ids()
+    captions = cache.parent / "captions.json"
+    captions.write_text(json.dumps({clip: ["red car", "blue car"][i % 2] for i, clip in enumerate(ids)}))
+    ltx = build_wan_text_folder(tmp_path / "ltx", pipeline="LTXPipeline")
+    spec = ["--text-encoder", f"diffusers:{ltx}", "--captions", captions, "--text-batch", "2"]
+    assert run_cli(["embed", cache, *spec]).exit_code == 0
+    manifest = json.loads((cache / "manifest.json").read_text())
+    entry = manifest["text"]["default"]
+    prompts = pq.read_table(cache / entry["tables"]["prompts"]["file"])
+    assert {"min", "max", "mean", "std"} <= set(prompts.column_names)
+    (shard_entry,) = entry["shards"]
+    shard = cache / shard_entry["file"]
+    tensors = load(shard.read_bytes())
+    first, second = sorted(tensors)
+    assert tensors[first].shape == tensors[second].shape == (128, 32)
+    tensors[first], tensors[second] = tensors[second], tensors[first]
+    shard.write_bytes(save(tensors, metadata={"vaecache_text_set": "default"}))
+    shard_entry.update(sha256=hashlib.sha256(shard.read_bytes()).hexdigest(), bytes=shard.stat().st_size)
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    bad = run_cli(["verify", cache])
+    output = bad.output.replace("\n", " ")
+    assert bad.exit_code == 1
+    for key in (first, second):
+        assert f"prompt {key[:12]}'s rows do not match the stats its prompt table records" in output

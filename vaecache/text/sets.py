@@ -60,6 +60,11 @@ def check_set_name(name: str) -> str:
     return name
 
 
+STAT_NAMES = ("min", "max", "mean", "std")
+"""Per-prompt statistics of its stored rows (and of its pooled output: pooled_min, ...), columns of the prompt table
+(cache.writer.tensor_stats); sets embedded before they were recorded have none."""
+
+
 def prompt_key(cleaned: str) -> str:
     return hashlib.sha256(cleaned.encode("utf-8")).hexdigest()
 
@@ -401,8 +406,11 @@ def _device(name: str) -> torch.device:
 
 def _write_shard(store: Any, folder: str, number: int, keys: list[str], cleaned: dict[str, str],
                  encoder: Any) -> dict[str, Any]:
-    """Embed one shard's prompts and write it; its manifest entry and its prompt rows."""
+    """Embed one shard's prompts and write it; its manifest entry and its prompt rows (with each prompt's stats,
+    which verify recomputes from the stored bytes: a row altered or two prompts' rows swapped are named)."""
     from safetensors.torch import save
+
+    from vaecache.cache.writer import tensor_stats
 
     file = f"{folder}/{EMBEDDINGS_PREFIX}{number:05d}.safetensors"
     embeddings = encoder.embed([cleaned[key] for key in keys])
@@ -415,9 +423,10 @@ def _write_shard(store: Any, folder: str, number: int, keys: list[str], cleaned:
     store.write(file, data)
     return {"entry": file_entry(file, data, tensors=len(keys)),
             "keys": keys, "texts": [cleaned[key] for key in keys], "tokens": [e.tokens for e in embeddings],
-            "truncated": [e.truncated for e in embeddings],
+            "truncated": [e.truncated for e in embeddings], "stats": [tensor_stats(e.rows) for e in embeddings],
             **({"pooled_tokens": [e.pooled_tokens for e in embeddings],
-                "pooled_truncated": [e.pooled_truncated for e in embeddings]}
+                "pooled_truncated": [e.pooled_truncated for e in embeddings],
+                "pooled_stats": [tensor_stats(e.pooled) for e in embeddings]}
                if embeddings and embeddings[0].pooled is not None else {})}
 
 
@@ -443,6 +452,10 @@ def _write_tables(store: Any, folder: str, results: list[dict[str, Any]],
     if pooled:
         columns.update(pooled_tokens=pa.array(rows["pooled_tokens"], pa.int32()),
                        pooled_truncated=pa.array(rows["pooled_truncated"], pa.bool_()))
+    for prefix in ("",) + (("pooled_",) if pooled else ()):
+        stats = [stat for result in results for stat in result[f"{prefix}stats"]]
+        columns.update({f"{prefix}{stat}": pa.array([row[stat] for row in stats], pa.float64())
+                        for stat in STAT_NAMES})
     tables = {}
     for table_name, table in ((PROMPTS_TABLE, pa.table(columns)),
             (CLIPS_TABLE, pa.table({"id": pa.array([c for c, _ in clip_keys], pa.string()),

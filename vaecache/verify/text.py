@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,8 @@ def _check_set(cache: Any, name: str, entry: Any, ids: list[str], quick: bool, c
     for key in sorted({key for key in key_of.values() if key not in tokens})[:5]:
         check.fail(f"text set {name}: prompt {key[:12]} (of clip "
                    f"{next(c for c, k in key_of.items() if k == key)}) is not in its prompt table")
+    stats_of = _recorded_stats(prompts, "", check)
+    pooled_stats_of = _recorded_stats(prompts, "pooled_", None) if stats_of is not None else None
     stored_keys: set[str] = set()
     pooled_keys: set[str] = set()
     pooled_hidden = int((fingerprint.get("pooled") or {}).get("hidden_size") or 0)
@@ -103,6 +106,9 @@ def _check_set(cache: Any, name: str, entry: Any, ids: list[str], quick: bool, c
                 elif tensor.shape != (pooled_hidden,) or not tensor.isfinite().all():
                     check.fail(f"{store.where(file)}: prompt {base[:12]}'s pooled output has shape "
                                f"{tuple(tensor.shape)} (expected ({pooled_hidden},)) or non-finite values")
+                elif pooled_stats_of is not None and not _same_stats(tensor, pooled_stats_of.get(base)):
+                    check.fail(f"{store.where(file)}: prompt {base[:12]}'s pooled output does not match the stats its "
+                               "prompt table records (altered, or another prompt's)")
                 continue
             stored_keys.add(key)
             if shard_of.get(key) != file:
@@ -115,6 +121,9 @@ def _check_set(cache: Any, name: str, entry: Any, ids: list[str], quick: bool, c
                 check.fail(f"{store.where(file)}: prompt {key[:12]} is {tensor.dtype}, the set stores {stored}")
             elif not tensor.isfinite().all():
                 check.fail(f"{store.where(file)}: prompt {key[:12]} holds non-finite values")
+            elif stats_of is not None and not _same_stats(tensor, stats_of.get(key)):
+                check.fail(f"{store.where(file)}: prompt {key[:12]}'s rows do not match the stats its prompt table "
+                           "records (altered, or another prompt's)")
     if not quick:
         for key in sorted(set(tokens) - stored_keys)[:5]:
             check.fail(f"text set {name}: prompt {key[:12]} is in the prompt table and in no shard")
@@ -123,6 +132,32 @@ def _check_set(cache: Any, name: str, entry: Any, ids: list[str], quick: bool, c
                 check.fail(f"text set {name}: prompt {key[:12]} has no pooled output in its shard")
         texts = dict(zip(prompts.column("key").to_pylist(), prompts.column("text").to_pylist()))
         _check_links(cache, name, entry, key_of, texts, check)
+
+
+def _recorded_stats(prompts: Any, prefix: str, check: Any) -> dict[str, dict[str, float]] | None:
+    """Each prompt's recorded stats (columns `prefix` + min, max, mean, std), or None for a set embedded before they
+    were recorded (a note on `check`, when given, says its rows were checked without them)."""
+    from vaecache.text.sets import STAT_NAMES
+
+    names = [f"{prefix}{stat}" for stat in STAT_NAMES]
+    if not all(name in prompts.column_names for name in names):
+        if check is not None:
+            check.note = (check.note + "; " if check.note else "") + \
+                "no per-prompt stats recorded (embedded before they were): rows checked for shape and finiteness only"
+        return None
+    columns = [prompts.column(name).to_pylist() for name in names]
+    return {key: dict(zip(STAT_NAMES, values))
+            for key, *values in zip(prompts.column("key").to_pylist(), *columns)}
+
+
+def _same_stats(tensor: Any, recorded: dict[str, float] | None) -> bool:
+    from vaecache.cache.writer import STATS_RTOL, tensor_stats
+
+    if not recorded:
+        return False
+    found = tensor_stats(tensor)
+    return all(isinstance(recorded.get(stat), float)
+               and math.isclose(found[stat], recorded[stat], rel_tol=STATS_RTOL, abs_tol=1e-9) for stat in found)
 
 
 def _check_declared_length(name: str, fingerprint: dict[str, Any], tokens: dict[str, Any], check: Any) -> None:
