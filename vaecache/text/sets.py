@@ -363,7 +363,7 @@ def embed_cache(request: EmbedRequest, ctx: Any = None) -> EmbedSummary:
         results = sorted((result for part in parts for result in part), key=lambda r: r["entry"]["file"])
 
         def finish() -> dict[str, Any]:
-            entry = _write_tables(store, folder, results, clip_keys)
+            entry = _write_tables(store, folder, results, clip_keys, captions)
             counts: dict[str, int] = {}
             for _, key in clip_keys:
                 counts[key] = counts.get(key, 0) + 1
@@ -430,8 +430,10 @@ def _write_shard(store: Any, folder: str, number: int, keys: list[str], cleaned:
                if embeddings and embeddings[0].pooled is not None else {})}
 
 
-def _write_tables(store: Any, folder: str, results: list[dict[str, Any]],
-                  clip_keys: list[tuple[str, str]]) -> dict[str, Any]:
+def _write_tables(store: Any, folder: str, results: list[dict[str, Any]], clip_keys: list[tuple[str, str]],
+                  captions: dict[str, str | None] | None = None) -> dict[str, Any]:
+    """The prompt table and the clip table; with a --captions file the clip table keeps each clip's caption as the
+    file gave it, so that verify can prove the clip's link to its prompt once the file is gone."""
     import pyarrow as pa
 
     pooled = any("pooled_tokens" in result for result in results)
@@ -459,7 +461,9 @@ def _write_tables(store: Any, folder: str, results: list[dict[str, Any]],
     tables = {}
     for table_name, table in ((PROMPTS_TABLE, pa.table(columns)),
             (CLIPS_TABLE, pa.table({"id": pa.array([c for c, _ in clip_keys], pa.string()),
-                                    "key": pa.array([k for _, k in clip_keys], pa.string())}))):
+                                    "key": pa.array([k for _, k in clip_keys], pa.string()),
+                                    **({"caption": pa.array([captions[c] for c, _ in clip_keys], pa.string())}
+                                       if captions is not None else {})}))):
         data = parquet_bytes(table)
         file = f"{folder}/{table_name}"
         store.write(file, data)

@@ -131,7 +131,9 @@ def _check_set(cache: Any, name: str, entry: Any, ids: list[str], quick: bool, c
             for key in sorted(set(tokens) - pooled_keys)[:5]:
                 check.fail(f"text set {name}: prompt {key[:12]} has no pooled output in its shard")
         texts = dict(zip(prompts.column("key").to_pylist(), prompts.column("text").to_pylist()))
-        _check_links(cache, name, entry, key_of, texts, check)
+        stored_captions = (dict(zip(clips.column("id").to_pylist(), clips.column("caption").to_pylist()))
+                           if "caption" in clips.column_names else None)
+        _check_links(cache, name, entry, key_of, texts, check, stored_captions)
 
 
 def _recorded_stats(prompts: Any, prefix: str, check: Any) -> dict[str, dict[str, float]] | None:
@@ -176,11 +178,12 @@ def _check_declared_length(name: str, fingerprint: dict[str, Any], tokens: dict[
 
 
 def _check_links(cache: Any, name: str, entry: dict[str, Any], key_of: dict[str, str], texts: dict[str, Any],
-                 check: Any) -> None:
+                 check: Any, stored_captions: dict[str, Any] | None = None) -> None:
     """What ties a set to its clips, proven from what the cache holds rather than from the recorded hashes (which a
     forger can recompute): each prompt's stored text hashes to its key, and each clip's key is the key of its own
-    caption, cleaned by the recorded family's cleaning: read again from the clip's recorded metadata, or from the
-    captions file where it is still at hand with its recorded sha256 (else a note says the links were not proven)."""
+    caption, cleaned by the recorded family's cleaning: read again from the clip's recorded metadata, or for a
+    --captions set from the captions its clip table keeps (`stored_captions`), else from the captions file where it
+    is still at hand with its recorded sha256 (else a note says the links were not proven)."""
     from vaecache.text.families import CLEANINGS
     from vaecache.text.sets import clip_captions, plan_prompts, prompt_key, read_captions_file
 
@@ -196,7 +199,9 @@ def _check_links(cache: Any, name: str, entry: dict[str, Any], key_of: dict[str,
     elif cleaning == "wan" and fingerprint.get("ftfy") != _installed("ftfy"):
         unproven = f"it was cleaned with ftfy {fingerprint.get('ftfy')}, and ftfy {_installed('ftfy')} is installed"
     captions = None
-    if unproven is None and source.get("kind") == "file":
+    if unproven is None and source.get("kind") == "file" and stored_captions is not None:
+        captions = stored_captions
+    elif unproven is None and source.get("kind") == "file":
         path = Path(str(source.get("path")))
         try:
             same = path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == source.get("sha256")
