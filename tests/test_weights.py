@@ -6,6 +6,7 @@ any row is written."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -67,8 +68,6 @@ def test_a_text_encoder_whose_weights_are_not_the_models_is_refused_before_any_r
     before = files_of(cache)
     result = run_cli(["embed", cache, "--text-encoder", f"diffusers:{wan_text}"])
     assert result.exit_code == 2, result.output
-    import re
-
     assert re.search(message, one_line(result)), result.output
     assert files_of(cache) == before  # no set, no manifest entry
 
