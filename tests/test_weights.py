@@ -198,3 +198,20 @@ def test_a_missing_image_encoder_is_refused_before_encode_loads_the_vae(demo_dat
                       f"diffusers:{tmp_path / 'missing'}"])
     assert result.exit_code == 2 and "is not a folder" in one_line(result), result.output
     assert not (tmp_path / "out").exists() and not (tmp_path / "vae-was-loaded").exists()
+
+
+def test_a_base_model_read_from_a_checkpoint_with_a_task_head_loads_and_a_stray_tensor_of_its_own_does_not(tmp_path):
+    """transformers:PATH with a causal LM's folder: AutoModel builds the base model, and the head (lm_head) is not
+    its, as transformers' own loading has it; a tensor under the base model's own names is still refused."""
+    from transformers import AutoModel, LlamaConfig, LlamaForCausalLM
+
+    LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(tmp_path / "llm")
+    from vaecache.weights import load_pretrained
+
+    assert type(load_pretrained(AutoModel, tmp_path / "llm")).__name__ == "LlamaModel"
+    weights = tmp_path / "llm" / "model.safetensors"
+    edit_weights(weights, lambda s: s.update({"model.layers.0.extra.weight": torch.zeros(2)}))
+    with pytest.raises(WeightsError, match=f"{weights}: tensors the LlamaModel has no place for: "
+                                           "model.layers.0.extra.weight"):
+        load_pretrained(AutoModel, tmp_path / "llm")

@@ -137,15 +137,22 @@ def check_finite(state: Mapping[str, Any], where: str) -> None:
                                "the file is damaged or was saved from a diverged model")
 
 
-def check_loading_info(info: Mapping[str, Any], where: str, model: str) -> None:
+def check_loading_info(info: Mapping[str, Any], where: str, model: str, parts: Iterable[str] | None = None) -> None:
     """The loading report of transformers' or diffusers' from_pretrained(output_loading_info=True) (missing_keys,
     unexpected_keys, mismatched_keys as (key, file shape, model shape)) turned into one refusal naming `where` and the
-    first key, or nothing when every weight of the model came from the files and every tensor of the files was used."""
+    first key, or nothing when every weight of the model came from the files and every tensor of the files was used.
+
+    `parts`: the top-level names of the model's own modules and weights, where the files may hold more than the model
+    (a transformers base model read from a checkpoint with a task head: a causal LM's `lm_head`, a VLM's `visual`):
+    then only an unexpected tensor under one of the model's own parts is refused."""
     missing = sorted(info.get("missing_keys") or ())
     if missing:
         raise WeightsError(f"{where}: an incomplete {model} checkpoint (a weight would be left random): no tensor for "
                            f"{missing[0]}, {len(missing)} missing")
     unexpected = sorted(info.get("unexpected_keys") or ())
+    if parts is not None:
+        own = set(parts)
+        unexpected = [key for key in unexpected if key.split(".")[0] in own]
     if unexpected:
         raise WeightsError(f"{where}: tensors the {model} has no place for: {unexpected[0]}, {len(unexpected)} unknown")
     mismatched = sorted(info.get("mismatched_keys") or (), key=lambda item: item[0])
@@ -190,7 +197,13 @@ def load_pretrained(cls: Any, folder: Path, *, allow_pickle_weights: bool = Fals
         raise WeightsError(f"{where}: cannot load {name} ({first_line(exc, 200)})") from None
     except Exception as exc:  # noqa: BLE001  # safetensors' and the libraries' own error types
         raise WeightsError(f"{where}: cannot load {name} ({type(exc).__name__}: {first_line(exc, 200)})") from None
-    check_loading_info(info, where, name)
+    parts = None
+    if _is_transformers(cls):  # a base model may be read from a checkpoint that also holds a task head
+        parts = [child for child, _ in module.named_children()] + \
+            [weight for weight, _ in module.named_parameters(recurse=False)] + \
+            [buffer for buffer, _ in module.named_buffers(recurse=False)] + \
+            [str(getattr(module, "base_model_prefix", "") or "")]  # a head checkpoint's `model.` is the base model
+    check_loading_info(info, where, type(module).__name__, parts)
     check_finite(module.state_dict(), where)
     return module
 

@@ -541,3 +541,64 @@ def test_rows_altered_or_swapped_between_prompts_fail_verify_by_their_recorded_s
     assert bad.exit_code == 1
     for key in (first, second):
         assert f"prompt {key[:12]}'s rows do not match the stats its prompt table records" in output
+
+
+def test_a_prompt_of_no_tokens_embeds_and_verifies(cache, run_cli, tmp_path):
+    """An encoder whose tokenizer adds no special token stores the empty prompt as 0 rows: its stats are zeros."""
+    from tokenizers import Tokenizer, processors
+    from transformers import PreTrainedTokenizerFast
+
+    wan = build_wan_text_folder(tmp_path / "plain")
+    raw = Tokenizer.from_file(str(wan / "tokenizer" / "tokenizer.json"))
+    raw.post_processor = processors.TemplateProcessing(single="$A", special_tokens=[])
+    PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", unk_token="<unk>").save_pretrained(
+        wan / "text_encoder")
+    ids = LatentCache(cache).ids()
+    captions = tmp_path / "captions.json"
+    captions.write_text(json.dumps({clip: "" if i == 0 else "red car" for i, clip in enumerate(ids)}))
+    result = run_cli(["embed", cache, "--text-encoder", f"transformers:{wan / 'text_encoder'}", "--text-length", "16",
+                      "--captions", captions])
+    assert result.exit_code == 0, result.output
+    rows, mask = LatentCache(cache).text_embedding(ids[0], "default")
+    assert not mask.any() and not rows.any()
+    assert run_cli(["verify", cache]).exit_code == 0
+
+
+def test_verify_of_a_set_behind_its_cache_still_proves_the_links_of_the_clips_it_holds(cache, wan_text, run_cli,
+                                                                                       tmp_path):
+    """A set missing a clip (as after an encode added one) and with another clip remapped: both are named; the
+    missing one does not stop the link check of the rest."""
+    import pyarrow as pa
+
+    ids = LatentCache(cache).ids()
+    captions = tmp_path / "captions.json"
+    captions.write_text(json.dumps({clip: f"caption {i}" for i, clip in enumerate(ids)}))
+    assert run_cli(["embed", cache, "--text-encoder", f"diffusers:{wan_text}", "--captions", captions]).exit_code == 0
+    manifest = json.loads((cache / "manifest.json").read_text())
+    entry = manifest["text"]["default"]
+
+    def drop_first_and_remap_second(table):
+        keys = table.column("key").to_pylist()
+        rest = table.slice(1)
+        return rest.set_column(1, "key", pa.array([keys[2]] + keys[2:], pa.string()))
+
+    _rewrite_table(cache, entry, "clips", drop_first_and_remap_second)
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    output = run_cli(["verify", cache]).output.replace("\n", " ")
+    assert f"clip {ids[0]} has no embedding" in output
+    assert f"clip {ids[1]} is linked to prompt" in output
+
+
+def test_encode_with_a_text_encoder_over_a_dataset_without_captions_embeds_the_empty_prompt(demo_data, wan_text,
+                                                                                           run_cli, tmp_path):
+    """encode has no --caption-field: a dataset without captions is embedded as the empty prompt, as before, while
+    `vaecache embed` names a field no clip has."""
+    import tests.conftest as shared
+
+    out = tmp_path / "out"
+    result = run_cli(["encode", demo_data, "--out", out, *shared.ENCODE_ARGS, "--text-encoder",
+                      f"diffusers:{wan_text}"])
+    assert result.exit_code == 0, result.output
+    assert "text set 'default' added: 3 clips, 1 distinct prompts" in result.output
+    refused = run_cli(["embed", out, "--text-encoder", f"diffusers:{wan_text}", "--set", "other"])
+    assert refused.exit_code == 2 and "--caption-field 'caption': no clip's metadata has it" in refused.output

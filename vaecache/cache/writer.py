@@ -95,9 +95,12 @@ them may differ in the last bits with the order of summation (the thread count).
 def tensor_stats(tensor: torch.Tensor) -> dict[str, float]:
     """Summary values recorded per tensor at encode time; verify recomputes them from the stored bytes.
 
-    min/max are exact in the stored dtype; mean and population std are accumulated in float64."""
+    min/max are exact in the stored dtype; mean and population std are accumulated in float64. An empty tensor (a
+    prompt of no tokens, with a tokenizer that adds none) has zeros."""
     flat = tensor.detach().to("cpu").reshape(-1)
     count = flat.numel()
+    if count == 0:
+        return {"min": 0.0, "max": 0.0, "mean": 0.0, "std": 0.0}
     low, high = (float(v) for v in torch.aminmax(flat))
     if not (math.isfinite(low) and math.isfinite(high)):
         return {"min": low, "max": high, "mean": float("nan"), "std": float("nan")}

@@ -99,6 +99,7 @@ def encode(
             from vaecache.text.sets import EmbedRequest, embed_cache
 
             embedded = embed_cache(EmbedRequest(out=str(cfg.out), text_encoder=cfg.text_encoder, device=cfg.device,
+                                                require_caption_field=False,
                                                 allow_pickle_weights=cfg.allow_pickle_weights,
                                                 storage_options=cfg.storage_options), ctx=ctx)
         conditioned = []

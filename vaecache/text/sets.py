@@ -78,6 +78,9 @@ class EmbedRequest:
     set_name: str = "default"
     caption_field: str = "caption"
     captions: Path | None = None
+    require_caption_field: bool = True
+    """A caption field no clip's metadata has is refused (a typo); encode's embed, which has no --caption-field,
+    embeds a dataset without captions as the empty prompt instead."""
     replace: bool = False
     dtype: str = "fp32"
     compute_dtype: str = "fp32"
@@ -134,14 +137,25 @@ class EmbedSummary:
 # ----------------------------------------------------------------------------- captions
 
 
+def record_caption(record: dict[str, Any], caption_field: str) -> tuple[Any, bool]:
+    """(its caption or None, whether its metadata has the field) of one clip record: metadata[caption_field], the
+    metadata a JSON object or its text."""
+    metadata = record.get("metadata") or {}
+    if isinstance(metadata, str):
+        metadata = json.loads(metadata)
+    if not isinstance(metadata, dict):
+        return None, False
+    return metadata.get(caption_field), caption_field in metadata
+
+
 def clip_captions(records: Iterable[dict[str, Any]], caption_field: str, captions: dict[str, str | None] | None,
                   require_field: bool = True) -> Iterator[tuple[str, str]]:
     """(clip id, caption) for every clip, in table order, as the records stream by: from `captions` (clip id ->
     text) where given, else from each clip's metadata[caption_field]; a clip without one (no such key, null or "")
     gets the empty prompt. A caption that is not text, a --caption-field that no clip's metadata has (a typo would
-    embed every clip as the empty prompt; unless not `require_field`: verify rereads sets embedded before this
-    check), or a captions mapping that misses a clip or names one the cache lacks, is a
-    DatasetError naming them (raised once the records are read: nothing is written before)."""
+    embed every clip as the empty prompt; unless not `require_field`: encode's embed, which has no --caption-field,
+    embeds a dataset without captions as the empty prompt), or a captions mapping that misses a clip or names one
+    the cache lacks, is a DatasetError naming them (raised once the records are read: nothing is written before)."""
     seen = 0
     field_found = False
     first_fields: list[str] | None = None
@@ -160,15 +174,12 @@ def clip_captions(records: Iterable[dict[str, Any]], caption_field: str, caption
                 continue
             text = captions[clip]
         else:
-            metadata = record.get("metadata") or {}
-            if isinstance(metadata, str):
-                metadata = json.loads(metadata)
-            if not isinstance(metadata, dict):
-                metadata = {}
+            text, has_field = record_caption(record, caption_field)
             if first_fields is None:
-                first_fields = sorted(metadata)
-            field_found = field_found or caption_field in metadata
-            text = metadata.get(caption_field)
+                metadata = record.get("metadata") or {}
+                metadata = json.loads(metadata) if isinstance(metadata, str) else metadata
+                first_fields = sorted(metadata) if isinstance(metadata, dict) else []
+            field_found = field_found or has_field
         if text is not None and not isinstance(text, str):
             raise DatasetError(f"clip {clip}: its {caption_field!r} is {type(text).__name__}, not text")
         yield clip, text or ""
@@ -324,8 +335,8 @@ def embed_cache(request: EmbedRequest, ctx: Any = None) -> EmbedSummary:
         def plan() -> tuple[dict[str, str], str, int]:
             """Rank 0 reads the records; the other ranks need only the distinct prompts and the generation (what
             is broadcast), not a list as long as the cache."""
-            cleaned = plan_prompts(clip_captions(CacheReader(store).clip_records(), request.caption_field, captions),
-                                   encoder.clean, clip_keys)
+            cleaned = plan_prompts(clip_captions(CacheReader(store).clip_records(), request.caption_field, captions,
+                                                 request.require_caption_field), encoder.clean, clip_keys)
             generation = generation_of({"fingerprint": fingerprint, "captions": source,
                                         "shard_bytes": request.shard_bytes}, clip_keys)
             return cleaned, generation, len(clip_keys)
