@@ -99,13 +99,6 @@ def _counts(value: Any) -> bool:
     return isinstance(value, list) and all(type(item) is int and item >= 0 for item in value)
 
 
-def check_safetensors_files(files: Iterable[Path]) -> None:
-    """Every safetensors file's header read and checked against the file's size before a library opens it (a file
-    cut short by a failed download is one line naming it, not a SafetensorError from deep inside a loader)."""
-    for path in files:
-        safetensors_header(path)
-
-
 def weights_sha256(module: Any) -> str:
     """sha256 over every parameter and persistent buffer (name, dtype, shape, bytes) in name order. A 0-dim tensor
     (LTX-Video 0.9.1's decoder.timestep_scale_multiplier) is hashed as its one element."""
@@ -186,7 +179,9 @@ def load_pretrained(cls: Any, folder: Path, *, allow_pickle_weights: bool = Fals
     file and the key) for whatever is wrong with the files."""
     files = weights_files(folder, allow_pickle_weights)
     where = describe_files(folder, files)
-    check_safetensors_files(path for path in files if path.suffix == ".safetensors")
+    for path in files:  # a file cut short by a failed download: one line naming it, not a SafetensorError
+        if path.suffix == ".safetensors":
+            safetensors_header(path)
     name = getattr(cls, "__name__", str(cls))
     options: dict[str, Any] = {"output_loading_info": True, "ignore_mismatched_sizes": True, **kwargs}
     if _is_transformers(cls):
@@ -226,5 +221,5 @@ def read_json_file(path: Path, what: str, limit: int = 16 << 20) -> Any:
         raise WeightsError(f"{path}: {what} does not parse ({first_line(exc, 200)})") from None
 
 
-__all__ = ["SAFETENSORS_DTYPES", "WeightsError", "check_finite", "check_loading_info", "check_safetensors_files",
+__all__ = ["SAFETENSORS_DTYPES", "WeightsError", "check_finite", "check_loading_info",
            "load_pretrained", "read_json_file", "safetensors_header", "weights_files", "weights_sha256"]

@@ -26,26 +26,34 @@ _RESIDUAL = {"norm1.gamma": "residual.0.gamma", "conv1.weight": "residual.2.weig
              "conv_shortcut.weight": "shortcut.weight", "conv_shortcut.bias": "shortcut.bias"}
 
 
+_WAN_QUANT = {"quant_conv.weight": "conv1.weight", "quant_conv.bias": "conv1.bias",
+              "post_quant_conv.weight": "conv2.weight", "post_quant_conv.bias": "conv2.bias"}
+
+
+def _wan_shared(key: str) -> str | None:
+    """A diffusers AutoencoderKLWan key outside the down and up blocks in WanVAE_'s name (the same in Wan 2.1's and
+    Wan 2.2's code), or None for a block's key."""
+    if key in _WAN_QUANT:
+        return _WAN_QUANT[key]
+    if m := re.match(r"^(encoder|decoder)\.conv_in\.(weight|bias)$", key):
+        return f"{m[1]}.conv1.{m[2]}"
+    if m := re.match(r"^(encoder|decoder)\.norm_out\.gamma$", key):
+        return f"{m[1]}.head.0.gamma"
+    if m := re.match(r"^(encoder|decoder)\.conv_out\.(weight|bias)$", key):
+        return f"{m[1]}.head.2.{m[2]}"
+    if m := re.match(r"^(encoder|decoder)\.mid_block\.resnets\.(\d)\.(.+)$", key):
+        return f"{m[1]}.middle.{2 * int(m[2])}.{_RESIDUAL[m[3]]}"
+    if m := re.match(r"^(encoder|decoder)\.mid_block\.attentions\.0\.(.+)$", key):
+        return f"{m[1]}.middle.1.{m[2]}"
+    return None
+
+
 def wan21_original(state: dict[str, Any]) -> dict[str, Any]:
     """A diffusers AutoencoderKLWan (Wan 2.1 layout: 4 levels, num_res_blocks 2) state dict in WanVAE_'s keys."""
     out = {}
     for key, value in state.items():
-        new = key
-        fixed = {"quant_conv.weight": "conv1.weight", "quant_conv.bias": "conv1.bias",
-                 "post_quant_conv.weight": "conv2.weight", "post_quant_conv.bias": "conv2.bias"}
-        if key in fixed:
-            new = fixed[key]
-        elif m := re.match(r"^(encoder|decoder)\.conv_in\.(weight|bias)$", key):
-            new = f"{m[1]}.conv1.{m[2]}"
-        elif m := re.match(r"^(encoder|decoder)\.norm_out\.gamma$", key):
-            new = f"{m[1]}.head.0.gamma"
-        elif m := re.match(r"^(encoder|decoder)\.conv_out\.(weight|bias)$", key):
-            new = f"{m[1]}.head.2.{m[2]}"
-        elif m := re.match(r"^(encoder|decoder)\.mid_block\.resnets\.(\d)\.(.+)$", key):
-            new = f"{m[1]}.middle.{2 * int(m[2])}.{_RESIDUAL[m[3]]}"
-        elif m := re.match(r"^(encoder|decoder)\.mid_block\.attentions\.0\.(.+)$", key):
-            new = f"{m[1]}.middle.1.{m[2]}"
-        elif m := re.match(r"^encoder\.down_blocks\.(\d+)\.(.+)$", key):
+        new = _wan_shared(key) or key
+        if m := re.match(r"^encoder\.down_blocks\.(\d+)\.(.+)$", key):
             new = f"encoder.downsamples.{m[1]}.{_RESIDUAL.get(m[2], m[2])}"
         elif m := re.match(r"^decoder\.up_blocks\.(\d)\.resnets\.(\d)\.(.+)$", key):
             new = f"decoder.upsamples.{4 * int(m[1]) + int(m[2])}.{_RESIDUAL[m[3]]}"
@@ -127,12 +135,6 @@ def ldm_vae_original(state: dict[str, Any], levels: int) -> dict[str, Any]:
     return out
 
 
-_WAN22_RESIDUAL = {value: key for key, value in {
-    "residual.0.gamma": "norm1.gamma", "residual.2.weight": "conv1.weight", "residual.2.bias": "conv1.bias",
-    "residual.3.gamma": "norm2.gamma", "residual.6.weight": "conv2.weight", "residual.6.bias": "conv2.bias",
-    "shortcut.weight": "conv_shortcut.weight", "shortcut.bias": "conv_shortcut.bias"}.items()}
-
-
 def wan22_original(state: dict[str, Any]) -> dict[str, Any]:
     """A diffusers AutoencoderKLWan with is_residual (Wan 2.2 TI2V's VAE) in Wan-Video/Wan2.2 wan/modules/vae2_2.py
     WanVAE_'s keys: each level a Down_ResidualBlock (`encoder.downsamples.L.downsamples.I`, its resample after its
@@ -143,26 +145,12 @@ def wan22_original(state: dict[str, Any]) -> dict[str, Any]:
         if m := re.match(r"^(encoder\.down|decoder\.up)_blocks\.(\d+)\.resnets\.(\d+)\.", key):
             name = f"{m[1]}_blocks.{m[2]}"
             blocks[name] = max(blocks.get(name, 0), int(m[3]) + 1)
-    fixed = {"quant_conv.weight": "conv1.weight", "quant_conv.bias": "conv1.bias",
-             "post_quant_conv.weight": "conv2.weight", "post_quant_conv.bias": "conv2.bias"}
     out = {}
     for key, value in state.items():
-        new = key
-        if key in fixed:
-            new = fixed[key]
-        elif m := re.match(r"^(encoder|decoder)\.conv_in\.(weight|bias)$", key):
-            new = f"{m[1]}.conv1.{m[2]}"
-        elif m := re.match(r"^(encoder|decoder)\.norm_out\.gamma$", key):
-            new = f"{m[1]}.head.0.gamma"
-        elif m := re.match(r"^(encoder|decoder)\.conv_out\.(weight|bias)$", key):
-            new = f"{m[1]}.head.2.{m[2]}"
-        elif m := re.match(r"^(encoder|decoder)\.mid_block\.resnets\.(\d)\.(.+)$", key):
-            new = f"{m[1]}.middle.{2 * int(m[2])}.{_WAN22_RESIDUAL[m[3]]}"
-        elif m := re.match(r"^(encoder|decoder)\.mid_block\.attentions\.0\.(.+)$", key):
-            new = f"{m[1]}.middle.1.{m[2]}"
-        elif m := re.match(r"^(encoder\.down|decoder\.up)_blocks\.(\d+)\.resnets\.(\d+)\.(.+)$", key):
+        new = _wan_shared(key) or key
+        if m := re.match(r"^(encoder\.down|decoder\.up)_blocks\.(\d+)\.resnets\.(\d+)\.(.+)$", key):
             kind = m[1].partition(".")[2]
-            new = f"{m[1]}samples.{m[2]}.{kind}samples.{m[3]}.{_WAN22_RESIDUAL[m[4]]}"
+            new = f"{m[1]}samples.{m[2]}.{kind}samples.{m[3]}.{_RESIDUAL[m[4]]}"
         elif m := re.match(r"^(encoder\.down|decoder\.up)_blocks\.(\d+)\.(?:down|up)sampler\.(.+)$", key):
             kind = m[1].partition(".")[2]
             new = f"{m[1]}samples.{m[2]}.{kind}samples.{blocks[f'{m[1]}_blocks.{m[2]}']}.{m[3]}"

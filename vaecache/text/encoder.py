@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,13 @@ import torch
 
 from vaecache.errors import UsageError, VaeSpecError, first_line
 from vaecache.settings.dtypes import recorded_name, torch_dtype
-from vaecache.text.families import TextFamily, check_text_spec, family_for_pipeline, generic_family
+from vaecache.text.families import (
+    TextFamily,
+    check_text_spec,
+    family_for_pipeline,
+    generic_family,
+    installed_version,
+)
 from vaecache.weights import load_pretrained, read_json_file, weights_sha256
 
 ENCODER_ONLY = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel", "umt5": "UMT5EncoderModel"}
@@ -74,7 +79,7 @@ class TextEncoder:
         """Everything that decides the stored rows (the manifest's set fingerprint)."""
         return {**self._identity, "family": self.family.name, "reference": self.family.reference,
                 "length": self.family.length, "layer": self.layer, "cleaning": self.family.cleaning,
-                "ftfy": _version("ftfy") if self.family.cleaning == "wan" else None,
+                "ftfy": installed_version("ftfy") if self.family.cleaning == "wan" else None,
                 "compute_dtype": recorded_name(self.compute_dtype), "stored_dtype": recorded_name(self.dtype),
                 "batch_shape": [self.batch, self.family.length], "hidden_size": self.hidden_size,
                 "attention_mask_into_encoder": self.family.masked,
@@ -361,13 +366,6 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 __all__ = ["TextEmbedding", "TextEncoder", "TextFolders", "load_text_encoder", "text_encoder_folders"]

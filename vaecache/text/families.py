@@ -123,6 +123,16 @@ def family_for_pipeline(class_name: str, where: str) -> TextFamily:
     raise ValueError(f"{where}: no text-encoder family for pipeline {class_name!r} ({supported})")
 
 
+def installed_version(name: str) -> str | None:
+    """The installed version of package `name`, or None (ftfy's is recorded with a Wan set: its cleaning is ftfy's)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 TEXT_PACKAGES = ("transformers", "tokenizers", "ftfy")
 
 

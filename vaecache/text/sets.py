@@ -137,15 +137,15 @@ class EmbedSummary:
 # ----------------------------------------------------------------------------- captions
 
 
-def record_caption(record: dict[str, Any], caption_field: str) -> tuple[Any, bool]:
-    """(its caption or None, whether its metadata has the field) of one clip record: metadata[caption_field], the
-    metadata a JSON object or its text."""
+def record_caption(record: dict[str, Any], caption_field: str) -> tuple[Any, dict[str, Any]]:
+    """(its caption or None, its metadata) of one clip record: metadata[caption_field], the metadata a JSON object or
+    its text (anything else holds no caption)."""
     metadata = record.get("metadata") or {}
     if isinstance(metadata, str):
         metadata = json.loads(metadata)
     if not isinstance(metadata, dict):
-        return None, False
-    return metadata.get(caption_field), caption_field in metadata
+        metadata = {}
+    return metadata.get(caption_field), metadata
 
 
 def clip_captions(records: Iterable[dict[str, Any]], caption_field: str, captions: dict[str, str | None] | None,
@@ -174,12 +174,10 @@ def clip_captions(records: Iterable[dict[str, Any]], caption_field: str, caption
                 continue
             text = captions[clip]
         else:
-            text, has_field = record_caption(record, caption_field)
+            text, metadata = record_caption(record, caption_field)
             if first_fields is None:
-                metadata = record.get("metadata") or {}
-                metadata = json.loads(metadata) if isinstance(metadata, str) else metadata
-                first_fields = sorted(metadata) if isinstance(metadata, dict) else []
-            field_found = field_found or has_field
+                first_fields = sorted(metadata)
+            field_found = field_found or caption_field in metadata
         if text is not None and not isinstance(text, str):
             raise DatasetError(f"clip {clip}: its {caption_field!r} is {type(text).__name__}, not text")
         yield clip, text or ""

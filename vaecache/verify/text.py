@@ -187,7 +187,7 @@ def _check_links(cache: Any, name: str, entry: dict[str, Any], key_of: dict[str,
     import functools
 
     from vaecache.errors import DatasetError
-    from vaecache.text.families import CLEANINGS
+    from vaecache.text.families import CLEANINGS, installed_version
     from vaecache.text.sets import prompt_key, read_captions_file, record_caption
 
     for key, text in sorted(texts.items()):
@@ -199,20 +199,22 @@ def _check_links(cache: Any, name: str, entry: dict[str, Any], key_of: dict[str,
     unproven = None
     if cleaning not in CLEANINGS:
         unproven = f"its cleaning {cleaning!r} is not one this vaecache knows"
-    elif cleaning == "wan" and fingerprint.get("ftfy") != _installed("ftfy"):
-        unproven = f"it was cleaned with ftfy {fingerprint.get('ftfy')}, and ftfy {_installed('ftfy')} is installed"
+    elif cleaning == "wan" and fingerprint.get("ftfy") != installed_version("ftfy"):
+        unproven = f"it was cleaned with ftfy {fingerprint.get('ftfy')}, and ftfy {installed_version('ftfy')} is " \
+                   "installed"
     captions = None
     if unproven is None and source.get("kind") == "file" and stored_captions is not None:
         captions = stored_captions
     elif unproven is None and source.get("kind") == "file":
         path = Path(str(source.get("path")))
         try:
-            same = path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == source.get("sha256")
-            captions = read_captions_file(path)[0] if same else None
-        except (OSError, DatasetError) as exc:  # a file an older vaecache read more leniently
-            same, unproven = False, f"its captions file {path} does not read as this vaecache reads it ({exc})"
-        if not same and unproven is None:
-            unproven = f"its captions file {path} is not at hand as it was recorded"
+            mapping, identity = read_captions_file(path)
+            if identity["sha256"] == source.get("sha256"):
+                captions = mapping
+            else:
+                unproven = f"its captions file {path} changed since the set was made"
+        except DatasetError as exc:  # gone, or a file an older vaecache read more leniently
+            unproven = f"its captions file {path} is not at hand as it was recorded ({exc})"
     elif unproven is None and source.get("kind") != "clip metadata":
         unproven = f"its captions source {source.get('kind')!r} is not one this vaecache knows"
     if unproven is not None:
@@ -246,15 +248,6 @@ def _check_links(cache: Any, name: str, entry: dict[str, Any], key_of: dict[str,
                            f"is prompt {key[:12]}")
     if wrong > 5:
         check.fail(f"text set {name}: {wrong - 5} more clips are linked to another caption's prompt")
-
-
-def _installed(name: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def check_text_reembed(cache: Any, count: int, seed: int, device: Any, tolerance: float | None,
