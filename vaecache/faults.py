@@ -8,9 +8,10 @@ Shard faults, ``<point>:<k>[@<rank>]``: rank <rank> (default: every rank) fails 
   crash-before-record  os._exit(137) after shard k was renamed into place but before its progress line
   enospc               shard k's write fails with OSError(ENOSPC), as on a full disk
   crash-after-probe    `vaecache index`: os._exit(137) once the k-th scene this rank probed is durable
-  crash-after-text-shard  `vaecache embed`: os._exit(137) once this rank's k-th embeddings shard is written
-  crash-after-condition-shard  `vaecache embed --condition`: os._exit(137) once this rank's k-th condition shard
-                       (of every kind asked) is written
+  crash-after-set-shard:<kind>  `vaecache embed` (and any embed of a set kind, vaecache.cache.kinds): os._exit(137)
+                       once this rank's k-th shard of that kind (of every set it writes) is written and committed,
+                       e.g. ``crash-after-set-shard:text:2``, ``crash-after-set-shard:conditions:1@0``
+  crash-after-text-shard, crash-after-condition-shard  the same for the kinds text and conditions (older names)
 os._exit skips every cleanup handler, like a SIGKILL or a node failure.
 
 Out-of-memory faults, ``oom:COUNT[>K][:untiled]`` (every rank): the VAE runner raises
@@ -36,7 +37,8 @@ FAULT_ENV = "VAECACHE_FAULT"
 POINTS = ("crash-after-commit", "crash-mid-write", "crash-before-record", "enospc", "crash-after-probe",
           "crash-after-text-shard", "crash-after-condition-shard")
 OOM = "oom"
-_GRAMMAR = f"<point>:<k>[@<rank>] (point: {', '.join(POINTS)}) or oom:COUNT[>K][:untiled], separated by ','"
+_GRAMMAR = (f"<point>:<k>[@<rank>] (point: {', '.join(POINTS)}, crash-after-set-shard:<kind>) or "
+            "oom:COUNT[>K][:untiled], separated by ','")
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class ShardFault:
     rank: int | None = None
 
     def __post_init__(self) -> None:
-        if self.point not in POINTS:
+        if self.point not in POINTS and not self.point.startswith(SET_SHARD + ":"):
             raise UsageError(f"{FAULT_ENV}: unknown fault point {self.point!r}; expected {_GRAMMAR}")
         if self.shard_number < 1 or (self.rank is not None and self.rank < 0):
             raise UsageError(f"{FAULT_ENV}: shard number must be >= 1 and rank >= 0 in {self}")
@@ -87,6 +89,9 @@ class OomInjector:
 
 
 _SHARD = re.compile(r"([a-z-]+):(\d+)(?:@(\d+))?")
+SET_SHARD = "crash-after-set-shard"
+_SET_SHARD = re.compile(SET_SHARD + r":([A-Za-z0-9][A-Za-z0-9._-]*):(\d+)(?:@(\d+))?")
+_SET_ALIASES = {"crash-after-text-shard": "text", "crash-after-condition-shard": "conditions"}
 _OOM = re.compile(r"oom:(\*|\d+)(?:>(\d+))?(:untiled)?")
 
 
@@ -103,6 +108,11 @@ def parse(text: str) -> tuple[ShardFault | OomFault, ...]:
                                  "e.g. 'oom:2', 'oom:*>1' or 'oom:*:untiled'")
             count = None if match.group(1) == "*" else int(match.group(1))
             faults.append(OomFault(count, int(match.group(2) or 0), bool(match.group(3))))
+            continue
+        match = _SET_SHARD.fullmatch(item)
+        if match:
+            rank = match.group(3)
+            faults.append(ShardFault(f"{SET_SHARD}:{match.group(1)}", int(match.group(2)), int(rank) if rank else None))
             continue
         match = _SHARD.fullmatch(item)
         if not match or match.group(1) not in POINTS:
@@ -122,6 +132,12 @@ def should_fail(point: str, shard_number: int, rank: int) -> bool:
                and (fault.rank is None or fault.rank == rank) for fault in from_env())
 
 
+def should_fail_set(kind: str, shard_number: int, rank: int) -> bool:
+    """`crash-after-set-shard:<kind>` (or its older name for text and conditions) at this rank's shard number."""
+    return any(should_fail(point, shard_number, rank) for point in
+               (f"{SET_SHARD}:{kind}", *(old for old, named in _SET_ALIASES.items() if named == kind)))
+
+
 def oom_injector() -> OomInjector | None:
     """The out-of-memory injector the environment asks for (at most one oom fault), or None."""
     ooms = [fault for fault in from_env() if isinstance(fault, OomFault)]
@@ -139,4 +155,4 @@ def disk_full(path: str) -> OSError:
 
 
 __all__ = ["FAULT_ENV", "OOM", "POINTS", "OomFault", "OomInjector", "ShardFault", "crash", "disk_full",
-           "from_env", "oom_injector", "parse", "should_fail"]
+           "from_env", "oom_injector", "parse", "should_fail", "should_fail_set"]

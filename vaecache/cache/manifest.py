@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vaecache.cache.io import atomic_write_json, read_json
+from vaecache.cache.io import atomic_write_bytes, read_json
 from vaecache.cache.layout import CLIPS, FAILURES, FORMAT_NAME, FORMAT_VERSION, MANIFEST, SUPPORTED_VERSIONS
 from vaecache.cache.table import WrittenTable
 from vaecache.errors import ManifestError, OutputError
@@ -42,8 +42,24 @@ def write_manifest_last(out: Path, header: dict[str, Any], shards: list[dict[str
         "clips": {"file": CLIPS, "count": clips.count, "sha256": clips.sha256},
         "failures": {"file": FAILURES, "count": failures.count, "sha256": failures.sha256},
     }
-    atomic_write_json(out / MANIFEST, manifest)
+    write_manifest(out, manifest)
     return manifest
+
+
+def manifest_bytes(manifest: dict[str, Any]) -> bytes:
+    return (json.dumps(manifest, indent=2, sort_keys=False) + "\n").encode()
+
+
+def write_manifest(out: Any, manifest: dict[str, Any]) -> None:
+    """The one writer of manifest.json, whole or not at all, whatever wrote the tensors it lists: an encode's
+    finalize (OUT's folder, or the work folder an object store's OUT publishes from) and every set's embed (OUT's
+    store). Its caller holds OUT's lock."""
+    from vaecache.cache.store import Store
+
+    if isinstance(out, Store):
+        out.write(MANIFEST, manifest_bytes(manifest))
+    else:
+        atomic_write_bytes(Path(out) / MANIFEST, manifest_bytes(manifest))
 
 
 def read_manifest(out: Any) -> dict[str, Any]:

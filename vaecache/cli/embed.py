@@ -114,10 +114,12 @@ def _print_condition_summary(summary) -> None:
         console.print(escape(f"condition set {summary.kind!r} of {summary.out} is up to date ({summary.clips} clips, "
                              f"{summary.views} views): nothing written"), soft_wrap=True)
         return
-    verb = "replaced" if summary.replaced else "updated" if summary.updated else "added"
+    verb = ("repaired" if summary.repaired and not (summary.replaced or summary.updated) else
+            "replaced" if summary.replaced else "updated" if summary.updated else "added")
     console.print(escape(f"{verb} condition set {summary.kind!r} in {summary.out}: {summary.clips} clips, "
                          f"{summary.views} views, {summary.files} files, {human_bytes(summary.bytes)}, "
                          f"{summary.seconds:.1f} s"), soft_wrap=True)
+    _print_work(summary, "clip(s)")
     for event in summary.backoffs[:3]:
         console.print(escape(f"  {event}"), soft_wrap=True)
     if summary.tiled_clips:
@@ -131,14 +133,30 @@ def _print_text_summary(summary) -> None:
         console.print(escape(f"text set {summary.set_name!r} of {summary.out} is up to date ({summary.clips} clips, "
                              f"{summary.prompts} distinct prompts): nothing written"), soft_wrap=True)
         return
-    verb = "replaced" if summary.replaced else "updated" if summary.updated else "added"
+    verb = ("repaired" if summary.repaired and not (summary.replaced or summary.updated) else
+            "replaced" if summary.replaced else "updated" if summary.updated else "added")
     console.print(escape(f"{verb} text set {summary.set_name!r} in {summary.out}: {summary.clips} clips, "
                          f"{summary.prompts} distinct prompts ({summary.empty_clips} clips with the empty prompt), "
                          f"{summary.files} files, {human_bytes(summary.bytes)}, {summary.seconds:.1f} s"),
                   soft_wrap=True)
+    _print_work(summary, "prompt(s)")
     if summary.empty_clips:
         console.print(escape(f"  {summary.empty_clips} clip(s) have no caption (missing, null or empty) and the empty "
                              f"prompt, e.g. {', '.join(summary.empty_examples)}"), soft_wrap=True)
     if summary.truncated_prompts:
         console.print(escape(f"  {summary.truncated_prompts} prompt(s) were longer than the encoder's length and "
                              f"truncated, e.g. clip(s) {', '.join(summary.truncated_examples)}"), soft_wrap=True)
+
+
+def _print_work(summary, items: str) -> None:
+    """What ran the encoder, and what was kept, copied or repaired instead."""
+    parts = [f"{summary.computed} {items} computed"]
+    if summary.copied:
+        parts.append(f"{summary.copied} copied from the set before")
+    if summary.resumed:
+        parts.append(f"{summary.resumed} shard(s) an interrupted run committed kept")
+    console.print(escape("  " + ", ".join(parts)), soft_wrap=True)
+    if summary.repaired:
+        console.print(escape(f"  {len(summary.repaired)} shard(s) missing or damaged, computed again: "
+                             f"{', '.join(summary.repaired[:3])}{' ...' if len(summary.repaired) > 3 else ''}"),
+                      soft_wrap=True)

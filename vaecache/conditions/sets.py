@@ -6,8 +6,9 @@ OUT/conditions/<kind>/<generation>/
   conditions-00000.safetensors  one tensor per clip, named by its clip id: (cameras, C, latent frames, h, w), the
                                 VAE's posterior mean of each camera's condition video, in the VAE's dtype (what the
                                 pipeline's `retrieve_latents(..., "argmax")` returns)
-  clips.parquet                 id, shard, frames, the tensor's min/max/mean/std, and per camera tiled and
-                                units_per_forward (the out-of-memory backoff): every clip, in the clip table's order
+  clips.parquet                 id, shard, frames, the tensor's min/max/mean/std, per camera tiled and
+                                units_per_forward (the out-of-memory backoff), and inputs (the sha256 of what the
+                                clip's frames are: clip_inputs): every clip, in the clip table's order
 
 The frames are the clip's as encode saw them (LatentCache.source_frames: its sources, frame indices, resize and
 fit, decode backend); the VAE is the cache's own, loaded with its recorded settings and fingerprint-checked, and it
@@ -25,15 +26,12 @@ from typing import Any
 
 import torch
 
-from vaecache import faults
+from vaecache.cache.kinds import ComputedItem, SetKind, SetPlan, register
 from vaecache.cache.layout import CONDITIONS_DIR, MANIFEST
 from vaecache.cache.sets import (
-    delete_unlisted,
-    file_entry,
     generation_of,
     loaded_on_every_rank,
     pack_shards,
-    parquet_bytes,
     same_on_every_rank,
 )
 from vaecache.conditions.kinds import (
@@ -99,6 +97,14 @@ class ConditionSummary:
     tiled_clips: list[str] = field(default_factory=list)
     """Clips whose condition the out-of-memory backoff encoded with the VAE's tiling (other latents than the
     pipeline's untiled encode; recorded per camera in the set's clip table)."""
+    computed: int = 0
+    """Clips whose condition was computed (the rest were committed already, or copied from the set before)."""
+    copied: int = 0
+    """Clips copied from the set before: the cache grew, the VAE or image encoder and the clip's frames the same."""
+    resumed: int = 0
+    """Shards an interrupted embed had committed, kept."""
+    repaired: list[str] = field(default_factory=list)
+    """Shards of the listed set found missing or damaged, computed again."""
 
 
 def condition_fingerprint(manifest: dict[str, Any], kind: str, dtype: torch.dtype) -> dict[str, Any]:
@@ -150,162 +156,186 @@ def latent_shape(record: dict[str, Any]) -> list[int]:
     return list(entry.get("shape") or [])
 
 
+class ConditionKind(SetKind):
+    """Image-to-video condition sets as a kind of set (vaecache.cache.kinds): one set per condition kind, one item
+    per clip (its tensor named by its clip id), linked to the clip by the hash of what its frames are."""
+
+    name = CONDITIONS_DIR
+    what = "condition set"
+    shard_prefix = SHARD_PREFIX
+    item_table = CLIPS_TABLE.removesuffix(".parquet")
+    item_column = "id"
+    metadata_key = "vaecache_condition"
+    export_member = "condition.safetensors"
+
+    def job(self, request: ConditionRequest, store: Any, manifest: dict[str, Any], ctx: Any, device: Any,
+            given: Any) -> ConditionJob:
+        return ConditionJob(request, store, manifest, ctx, device)
+
+    def refusal(self, where: str, name: str) -> str:
+        return (f"{where}: the cache already holds condition set {name!r}, made with another VAE or image encoder; "
+                "--replace replaces it")
+
+    def readers(self, store: Any, manifest: dict[str, Any], verify: str) -> list[Any]:
+        from vaecache.conditions.reader import ConditionSet, condition_set_names
+
+        return [ConditionSet(store, manifest, kind, verify) for kind in condition_set_names(manifest)]
+
+    def decode(self, stored: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
+        from vaecache.conditions.kinds import pipeline_condition
+
+        return {f"condition/{kind}": pipeline_condition(stored[f"condition/{kind}"], kind, int(fact["frames"]),
+                                                        int(fact["temporal_factor"]), fact["latents_mean"],
+                                                        fact["latents_std"])
+                for kind, fact in sorted(facts.items())}
+
+    def verify_sets(self, cache: Any, quick: bool, check_type: type) -> list[Any]:
+        from vaecache.verify.conditions import check_condition_sets
+
+        return check_condition_sets(cache, quick, check_type)
+
+    def reencode_sets(self, cache: Any, options: Any, ctx: Any, check_type: type) -> list[Any]:
+        from vaecache.distributed.context import resolve_device
+        from vaecache.verify.conditions import check_condition_reencode
+        from vaecache.verify.recheck import REENCODE_TOLERANCE
+
+        device = ctx.device if ctx is not None else resolve_device(options.device)
+        return check_condition_reencode(cache, options.reencode, options.seed, device, options.tolerance,
+                                        REENCODE_TOLERANCE, check_type, options.vae, options.allow_pickle_weights)
+
+
+class ConditionJob:
+    """One `vaecache embed --condition`: the cache's VAE and/or the image encoder loaded on every rank, which all
+    read the clip records (each decodes its shards' frames)."""
+
+    def __init__(self, request: ConditionRequest, store: Any, manifest: dict[str, Any], ctx: Any,
+                 device: Any) -> None:
+        from vaecache.encode.fingerprint import load_recorded_vae
+        from vaecache.training import LatentCache
+
+        self.request, self.manifest, self.device = request, manifest, device
+        if any(kind in LATENT_KINDS for kind in request.kinds):
+            check_condition_vae(manifest.get("vae") or {}, str(store.where(MANIFEST)))
+        spec = request.vae or (manifest.get("settings") or {}).get("vae_spec")
+        self.vae = self.image = None
+        if any(kind in LATENT_KINDS for kind in request.kinds):
+            self.vae = loaded_on_every_rank(ctx, lambda: load_recorded_vae(
+                store.location, manifest, spec, device, allow_pickle_weights=request.allow_pickle_weights), "VAE")
+        if "image-features" in request.kinds:
+            from vaecache.conditions.images import ImageEncoder
+
+            self.image = loaded_on_every_rank(ctx, lambda: ImageEncoder(
+                _absolute(request.image_encoder), request.image_convention, device), "image encoder")
+            same_on_every_rank(ctx, json.loads(json.dumps(self.image.fingerprint())), "image encoder")
+        self.latents = LatentCache(request.out, verify="none", storage_options=dict(request.storage_options))
+        self.records = list(self.latents.records())
+        self.by_id = {record["id"]: record for record in self.records}
+        self.inputs = dict(clip_inputs(self.records))
+
+    def plans(self) -> list[SetPlan]:
+        shards = shard_cut(self.records, self.request.shard_bytes)
+        views = sum(len(record["cameras"]) for record in self.records)
+        columns = (("id", "string"), ("shard", "string"), ("frames", "int32"),
+                   *((stat, "float64") for stat in ("min", "max", "mean", "std")),
+                   ("tiled", "list<bool>"), ("units_per_forward", "list<int32>"), ("inputs", "string"))
+        plans = []
+        for kind in self.request.kinds:
+            fingerprint = (image_fingerprint(self.manifest, self.image) if kind == "image-features"
+                           else condition_fingerprint(self.manifest, kind, self.vae.model.dtype))
+            plans.append(SetPlan(kind, fingerprint, set_generation(fingerprint, self.request.shard_bytes, self.records),
+                                 shards, columns, summary={"clips": len(self.records), "views": views}))
+        return plans
+
+    def follows(self, prior: dict[str, Any], plan: SetPlan) -> bool:
+        """The same VAE or image encoder: the set follows the cache's clips (an encode added some)."""
+        return prior.get("fingerprint") == plan.fingerprint
+
+    def reusable(self, prior: dict[str, Any], plan: SetPlan, item: str, facts: dict[str, Any]) -> bool:
+        """The clip's frames are what they were (sets written before the inputs column are computed again)."""
+        return facts.get("inputs") is not None and facts.get("inputs") == self.inputs.get(item)
+
+    def compute(self, number: int, todo: dict[str, list[str]]) -> tuple[dict[str, dict[str, ComputedItem]],
+                                                                        list[str]]:
+        """The conditions of one shard's clips: each clip's frames decoded once for every kind asked. Per clip and
+        kind: its tensor's stats (verify recomputes them) and, for the VAE's kinds, what the runner's out-of-memory
+        backoff did per camera (tiled, units per forward), as a latent clip's record keeps them."""
+        from vaecache.cache.writer import tensor_stats
+
+        wanted = {clip for clips in todo.values() for clip in clips}
+        found: dict[str, dict[str, ComputedItem]] = {kind: {} for kind in todo}
+        backoffs: list[str] = []
+        for record in (record for record in self.records if record["id"] in wanted):
+            frames = self.latents.source_frames(record)
+            for kind in (kind for kind in todo if record["id"] in todo[kind]):
+                if kind == "image-features":
+                    tensor = self.image.features(frames)
+                    views: list[dict[str, Any]] = \
+                        [{"tiled": False, "units_per_forward": len(record["cameras"])}] * len(record["cameras"])
+                else:
+                    result = self.vae.encode_views(condition_video(frames, kind, record["id"]))
+                    if result.failed:
+                        view, reason = next(iter(sorted(result.failed.items())))
+                        raise VaecacheError(f"clip {record['id']} ({record['cameras'][view]}): its {kind} condition "
+                                            f"did not encode ({reason})")
+                    backoffs.extend(result.backoffs)
+                    tensor = result.mean.cpu().contiguous()
+                    views = [result.view_settings(view) for view in range(len(record["cameras"]))]
+                found[kind][record["id"]] = ComputedItem(
+                    {record["id"]: tensor},
+                    {"frames": len(record["frames"]), **tensor_stats(tensor), "tiled": [v["tiled"] for v in views],
+                     "units_per_forward": [int(v["units_per_forward"]) for v in views],
+                     "inputs": self.inputs[record["id"]]})
+        return found, backoffs
+
+    def extra_tables(self, plan: SetPlan, facts: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
+        return []
+
+    def record(self, plan: SetPlan, facts: dict[str, dict[str, Any]],
+               files: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        kind, vae = plan.name, self.vae
+        record = {
+            "generation": plan.generation, "fingerprint": plan.fingerprint,
+            "fingerprint_sha256": hashlib.sha256(json.dumps(plan.fingerprint, sort_keys=True).encode()).hexdigest(),
+            "clips": len(self.records), "views": plan.summary["views"], "shard_bytes": self.request.shard_bytes,
+            **({"image_encoder": self.image.spec} if kind == "image-features" else {}),
+            "numerics": {"device": self.device.type, "torch": torch.__version__,
+                         **({"encoder_impl": vae.model.encoder_impl, "encoder_variant": vae.model.encoder_variant}
+                            if vae is not None and kind != "image-features" else {})},
+            **files,
+            "tiled_clips": sorted(clip for clip, row in facts.items() if any(row["tiled"]))}
+        return record, {}
+
+
+CONDITIONS = register(ConditionKind())
+
+
 def embed_conditions(request: ConditionRequest, ctx: Any = None) -> list[ConditionSummary]:
     """Add (or with `replace`, replace) the condition sets `request.kinds` to the finished cache at `request.out`,
     under OUT's lock (held by rank 0). Latents, the clip table and other sets are not touched.
 
     Clips are cut into shards by bytes in clip-table order; shard s is computed by rank s % world, each clip's
-    frames decoded once for every kind asked, so the files do not depend on the world size. Rank 0 writes each
-    set's clip table and the manifest last. Every rank returns the same summaries."""
-    from contextlib import ExitStack
-
-    from vaecache.cache.lock import held_lock
-    from vaecache.cache.reader import CacheReader
-    from vaecache.cache.store import open_store
-    from vaecache.distributed.context import resolve_device
-    from vaecache.encode.fingerprint import load_recorded_vae
-    from vaecache.training import LatentCache
+    frames decoded once for every kind asked, so the files do not depend on the world size. Committed shards are
+    kept, a deleted or damaged one computed again, and a clip the set already held with the same frames copied
+    from it (vaecache.cache.sets.embed_sets). Every rank returns the same summaries."""
+    from vaecache.cache.sets import embed_sets
 
     started = time.perf_counter()
-    rank, world = (ctx.info.rank, ctx.info.world_size) if ctx is not None else (0, 1)
-    store = open_store(request.out, dict(request.storage_options))
-    summaries = {kind: ConditionSummary(kind, str(store.location)) for kind in request.kinds}
-    with ExitStack() as stack:
-        def prepare() -> dict[str, Any]:
-            store.check_present()
-            stack.enter_context(held_lock(store, ctx.info.job_id if ctx is not None else None))
-            cache = CacheReader(store)
-            if any(kind in LATENT_KINDS for kind in request.kinds):
-                check_condition_vae(cache.manifest.get("vae") or {}, str(store.where(MANIFEST)))
-            return cache.manifest
-
-        manifest = ctx.on_rank0(prepare) if ctx is not None else prepare()
-        device = ctx.device if ctx is not None else resolve_device(request.device)
-        spec = request.vae or (manifest.get("settings") or {}).get("vae_spec")
-        vae = image = None
-        if any(kind in LATENT_KINDS for kind in request.kinds):
-            vae = loaded_on_every_rank(ctx, lambda: load_recorded_vae(
-                store.location, manifest, spec, device, allow_pickle_weights=request.allow_pickle_weights), "VAE")
-        if "image-features" in request.kinds:
-            from vaecache.conditions.images import ImageEncoder
-
-            image = loaded_on_every_rank(ctx, lambda: ImageEncoder(_absolute(request.image_encoder),
-                                                                   request.image_convention, device), "image encoder")
-            same_on_every_rank(ctx, json.loads(json.dumps(image.fingerprint())), "image encoder")
-        latents = LatentCache(request.out, verify="none", storage_options=dict(request.storage_options))
-        records = list(latents.records())
-        by_id = {record["id"]: record for record in records}
-        shards = shard_cut(records, request.shard_bytes)
-        existing = manifest.get("conditions") or {}
-        todo: dict[str, tuple[dict[str, Any], str]] = {}
-        for kind in request.kinds:
-            fingerprint = (image_fingerprint(manifest, image) if kind == "image-features"
-                           else condition_fingerprint(manifest, kind, vae.model.dtype))
-            generation = set_generation(fingerprint, request.shard_bytes, records)
-            summaries[kind].clips = len(records)
-            summaries[kind].views = sum(len(record["cameras"]) for record in records)
-            old = existing.get(kind)
-            if old is not None and old.get("generation") == generation:
-                def mend(kind: str = kind, old: dict[str, Any] = old) -> None:
-                    delete_unlisted(store, f"{CONDITIONS_DIR}/{kind}", old)
-
-                ctx.on_rank0(mend) if ctx is not None else mend()
-                summaries[kind].unchanged = True
-                continue
-            # the same VAE or image encoder: the set follows the cache's clips (an encode added some)
-            follows = old is not None and old.get("fingerprint") == fingerprint
-            if old is not None and not request.replace and not follows:
-                raise UsageError(f"{store.where(MANIFEST)}: the cache already holds condition set {kind!r}, made "
-                                 "with another VAE or image encoder; --replace replaces it")
-            summaries[kind].replaced = old is not None and request.replace
-            summaries[kind].updated = old is not None and not request.replace
-            todo[kind] = (fingerprint, generation)
-        written: list[dict[str, Any]] = []
-        if todo:
-            mine = [(number, part) for number, part in enumerate(shards) if number % world == rank]
-            for count, (number, part) in enumerate(mine, 1):
-                written.extend(_write_shards(store, latents, {"vae": vae, "image": image}, todo, number,
-                                             [by_id[c] for c in part]))
-                if faults.should_fail("crash-after-condition-shard", count, rank):
-                    faults.crash()
-        parts = ctx.all_gather_object(written) if ctx is not None else [written]
-        results = sorted((result for part in parts for result in part), key=lambda r: r["entry"]["file"])
-
-        def finish() -> dict[str, Any]:
-            records_by_kind = {}
-            for kind, (fingerprint, generation) in todo.items():
-                mine = [result for result in results if result["kind"] == kind]
-                records_by_kind[kind] = {
-                    "generation": generation, "fingerprint": fingerprint,
-                    "fingerprint_sha256": hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest(),
-                    "clips": len(records), "views": summaries[kind].views, "shard_bytes": request.shard_bytes,
-                    **({"image_encoder": image.spec} if kind == "image-features" else {}),
-                    "numerics": {"device": device.type, "torch": torch.__version__,
-                                 **({"encoder_impl": vae.model.encoder_impl,
-                                     "encoder_variant": vae.model.encoder_variant}
-                                    if vae is not None and kind != "image-features" else {})},
-                    **_write_table(store, f"{CONDITIONS_DIR}/{kind}/{generation}", mine, records)}
-            if records_by_kind:
-                updated = {**manifest, "conditions": {**existing, **records_by_kind}}
-                store.write(MANIFEST, (json.dumps(updated, indent=2) + "\n").encode())
-                for kind, record in records_by_kind.items():
-                    delete_unlisted(store, f"{CONDITIONS_DIR}/{kind}", record)
-            return records_by_kind
-
-        done = ctx.on_rank0(finish) if ctx is not None else finish()
-    backoffs = [event for result in results for event in result.get("backoffs", [])]
-    for kind, record in done.items():
-        summary = summaries[kind]
-        summary.files = len(record["shards"]) + len(record["tables"])
-        summary.bytes = sum(s["bytes"] for s in record["shards"]) + sum(t["bytes"] for t in record["tables"].values())
-        summary.backoffs = backoffs
-        summary.tiled_clips = list(record.get("tiled_clips") or [])
-    for summary in summaries.values():
+    summaries = []
+    for outcome in embed_sets(CONDITIONS, request, ctx):
+        summary = ConditionSummary(outcome.name, outcome.extra["out"], clips=outcome.extra["clips"],
+                                   views=outcome.extra["views"], unchanged=outcome.unchanged,
+                                   replaced=outcome.replaced, updated=outcome.updated, computed=outcome.computed,
+                                   copied=outcome.copied, resumed=outcome.resumed, repaired=outcome.repaired)
+        if not outcome.unchanged:
+            record = outcome.record
+            summary.files = len(record["shards"]) + len(record["tables"])
+            summary.bytes = (sum(s["bytes"] for s in record["shards"])
+                             + sum(t["bytes"] for t in record["tables"].values()))
+            summary.backoffs = outcome.events
+            summary.tiled_clips = list(record.get("tiled_clips") or [])
         summary.seconds = time.perf_counter() - started
-    return [summaries[kind] for kind in request.kinds]
-
-
-def _write_shards(store: Any, latents: Any, encoders: dict[str, Any], todo: dict[str, tuple[dict[str, Any], str]],
-                  number: int, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Shard `number` of every kind in `todo`: each clip's frames decoded once, each kind's condition computed. Per
-    clip and kind: its tensor's stats (verify recomputes them) and, for the VAE's kinds, what the runner's
-    out-of-memory backoff did per camera (tiled, units per forward), as a latent clip's record keeps them."""
-    from safetensors.torch import save
-
-    from vaecache.cache.writer import tensor_stats
-
-    tensors: dict[str, dict[str, torch.Tensor]] = {kind: {} for kind in todo}
-    facts: dict[str, dict[str, dict[str, Any]]] = {kind: {} for kind in todo}
-    backoffs: list[str] = []
-    for record in records:
-        frames = latents.source_frames(record)
-        for kind in todo:
-            if kind == "image-features":
-                tensor = encoders["image"].features(frames)
-                views: list[dict[str, Any]] = [{"tiled": False, "units_per_forward": len(record["cameras"])}] * \
-                    len(record["cameras"])
-            else:
-                result = encoders["vae"].encode_views(condition_video(frames, kind, record["id"]))
-                if result.failed:
-                    view, reason = next(iter(sorted(result.failed.items())))
-                    raise VaecacheError(f"clip {record['id']} ({record['cameras'][view]}): its {kind} condition did "
-                                        f"not encode ({reason})")
-                backoffs.extend(result.backoffs)
-                tensor = result.mean.cpu().contiguous()
-                views = [result.view_settings(view) for view in range(len(record["cameras"]))]
-            tensors[kind][record["id"]] = tensor
-            facts[kind][record["id"]] = {"stats": tensor_stats(tensor), "tiled": [v["tiled"] for v in views],
-                                         "units_per_forward": [int(v["units_per_forward"]) for v in views]}
-    results = []
-    for kind, (_, generation) in todo.items():
-        file = f"{CONDITIONS_DIR}/{kind}/{generation}/{SHARD_PREFIX}{number:05d}.safetensors"
-        # one metadata key: safetensors writes a header's metadata in hash-map order (see text sets)
-        data = save(tensors[kind], metadata={"vaecache_condition": kind})
-        store.write(file, data)
-        results.append({"kind": kind, "entry": file_entry(file, data, tensors=len(tensors[kind])),
-                        "clips": [record["id"] for record in records], "facts": facts[kind],
-                        "backoffs": [] if results else backoffs})
-    return results
+        summaries.append(summary)
+    return summaries
 
 
 def _absolute(spec: str | None) -> str:
@@ -314,29 +344,6 @@ def _absolute(spec: str | None) -> str:
 
     kind, _, location = str(spec).partition(":")
     return f"{kind}:{Path(location).expanduser().absolute()}"
-
-
-def _write_table(store: Any, folder: str, results: list[dict[str, Any]],
-                 records: list[dict[str, Any]]) -> dict[str, Any]:
-    import pyarrow as pa
-
-    shard_of = {clip: result["entry"]["file"] for result in results for clip in result["clips"]}
-    facts = {clip: fact for result in results for clip, fact in result["facts"].items()}
-    ids = [r["id"] for r in records]
-    table = pa.table({"id": pa.array(ids, pa.string()),
-                      "shard": pa.array([shard_of[clip] for clip in ids], pa.string()),
-                      "frames": pa.array([len(r["frames"]) for r in records], pa.int32()),
-                      **{stat: pa.array([facts[clip]["stats"][stat] for clip in ids], pa.float64())
-                         for stat in ("min", "max", "mean", "std")},
-                      "tiled": pa.array([facts[clip]["tiled"] for clip in ids], pa.list_(pa.bool_())),
-                      "units_per_forward": pa.array([facts[clip]["units_per_forward"] for clip in ids],
-                                                    pa.list_(pa.int32()))})
-    data = parquet_bytes(table)
-    file = f"{folder}/{CLIPS_TABLE}"
-    store.write(file, data)
-    return {"shards": [result["entry"] for result in results],
-            "tables": {"clips": file_entry(file, data, rows=table.num_rows)},
-            "tiled_clips": sorted(clip for clip in ids if any(facts[clip]["tiled"]))}
 
 
 __all__ = ["ConditionRequest", "ConditionSummary", "condition_fingerprint", "embed_conditions"]

@@ -30,16 +30,13 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from vaecache import faults
+from vaecache.cache.kinds import ComputedItem, SetKind, SetPlan, register
 from vaecache.cache.layout import MANIFEST, TEXT_DIR
 from vaecache.cache.sets import (
     SetShards,
-    delete_unlisted,
-    file_entry,
     generation_of,
     loaded_on_every_rank,
     pack_shards,
-    parquet_bytes,
     same_on_every_rank,
 )
 from vaecache.errors import DatasetError, ManifestError, UsageError, first_line
@@ -132,6 +129,14 @@ class EmbedSummary:
     replaced: bool = False
     updated: bool = False
     """Rewritten for the cache's current clips with the same encoder and captions source (no --replace needed)."""
+    computed: int = 0
+    """Prompts the encoder ran on (the rest were committed already, or copied from the set before)."""
+    copied: int = 0
+    """Prompts copied from the set before: the cache grew, the encoder is the same."""
+    resumed: int = 0
+    """Shards an interrupted embed had committed, kept."""
+    repaired: list[str] = field(default_factory=list)
+    """Shards of the listed set found missing or damaged, computed again."""
 
 
 # ----------------------------------------------------------------------------- captions
@@ -287,197 +292,199 @@ def _read_bounded(path: Path) -> bytes:
 # ----------------------------------------------------------------------------- writing
 
 
+class TextKind(SetKind):
+    """Text-embedding sets as a kind of set (vaecache.cache.kinds): one item per distinct cleaned prompt, keyed by the
+    sha256 of its text; the clip table links every clip to its prompt."""
+
+    name = TEXT_DIR
+    what = "text set"
+    shard_prefix = EMBEDDINGS_PREFIX
+    item_table = PROMPTS_TABLE.removesuffix(".parquet")
+    item_column = "key"
+    metadata_key = "vaecache_text_set"
+    export_member = "text.safetensors"
+
+    def job(self, request: EmbedRequest, store: Any, manifest: dict[str, Any], ctx: Any, device: Any,
+            given: Any) -> TextJob:
+        return TextJob(request, store, ctx, device, given)
+
+    def refusal(self, where: str, name: str) -> str:
+        return (f"{where}: the cache already holds text set {name!r}, made with another encoder or other captions; "
+                "--replace replaces it, --set NAME adds another")
+
+    def readers(self, store: Any, manifest: dict[str, Any], verify: str) -> list[Any]:
+        return [TextSet(store, manifest, name, verify) for name in text_set_names(manifest)]
+
+    def decode(self, stored: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
+        tensors: dict[str, Any] = {}
+        for name, fact in sorted(facts.items()):
+            tensors[f"text/{name}"], tensors[f"text_mask/{name}"] = pipeline_tensor(
+                stored[f"text/{name}"], int(fact["length"]), int(fact["tokens"]))
+            if f"text_pooled/{name}" in stored:
+                tensors[f"text_pooled/{name}"] = stored[f"text_pooled/{name}"]
+        return tensors
+
+    def verify_sets(self, cache: Any, quick: bool, check_type: type) -> list[Any]:
+        from vaecache.verify.text import check_text_sets
+
+        return check_text_sets(cache, quick, check_type)
+
+    def reencode_sets(self, cache: Any, options: Any, ctx: Any, check_type: type) -> list[Any]:
+        from vaecache.distributed.context import resolve_device
+        from vaecache.verify.recheck import REENCODE_TOLERANCE
+        from vaecache.verify.text import check_text_reembed
+
+        device = ctx.device if ctx is not None else resolve_device(options.device)
+        return check_text_reembed(cache, options.reencode, options.seed, device, options.tolerance,
+                                  REENCODE_TOLERANCE, check_type, options.allow_pickle_weights)
+
+
+class TextJob:
+    """One `vaecache embed --text-encoder`: the encoder loaded on every rank; rank 0 reads the clips' captions."""
+
+    def __init__(self, request: EmbedRequest, store: Any, ctx: Any, device: Any, given: Any) -> None:
+        from vaecache.text.encoder import load_text_encoder
+
+        self.request, self.store, self.ctx, self.device = request, store, ctx, device
+        self.captions, self.source = given if given is not None else (None, None)
+        self.encoder = loaded_on_every_rank(ctx, lambda: load_text_encoder(
+            request.text_encoder, device, compute_dtype=request.compute_dtype, dtype=request.dtype,
+            length=request.length, layer=request.layer, batch=request.batch,
+            allow_pickle_weights=request.allow_pickle_weights), "text encoder")
+        self.fingerprint = self.encoder.fingerprint()
+        same_on_every_rank(ctx, self.fingerprint, "text encoder")
+        self.clip_keys: list[tuple[str, str]] = []  # rank 0's: (clip, prompt key) of every clip, for the tables
+        self.cleaned: dict[str, str] = {}
+
+    def plans(self) -> list[SetPlan]:
+        from vaecache.cache.reader import CacheReader
+
+        def plan() -> tuple[dict[str, str], str, int]:
+            """Rank 0 reads the records; the other ranks need only the distinct prompts and the generation (what
+            is broadcast), not a list as long as the cache."""
+            cleaned = plan_prompts(clip_captions(CacheReader(self.store).clip_records(), self.request.caption_field,
+                                                 self.captions, self.request.require_caption_field),
+                                   self.encoder.clean, self.clip_keys)
+            generation = generation_of({"fingerprint": self.fingerprint, "captions": self.source,
+                                        "shard_bytes": self.request.shard_bytes}, self.clip_keys)
+            return cleaned, generation, len(self.clip_keys)
+
+        self.cleaned, generation, clip_count = self.ctx.on_rank0(plan) if self.ctx is not None else plan()
+        keys = sorted(self.cleaned)
+        row_bytes = self.encoder.hidden_size * torch.empty((), dtype=self.encoder.dtype).element_size()
+        tokens = self.encoder.token_counts([self.cleaned[key] for key in keys])
+        shards = pack_shards(keys, [count * row_bytes for count in tokens], self.encoder.batch,
+                             self.request.shard_bytes)
+        pooled = self.encoder.pooled_model is not None
+        columns = (("key", "string"), ("text", "string"), ("tokens", "int32"), ("truncated", "bool"),
+                   ("shard", "string"),
+                   *((("pooled_tokens", "int32"), ("pooled_truncated", "bool")) if pooled else ()),
+                   *((f"{prefix}{stat}", "float64") for prefix in ("", *(("pooled_",) if pooled else ()))
+                     for stat in STAT_NAMES))
+        return [SetPlan(self.request.set_name, self.fingerprint, generation, shards, columns,
+                        summary={"clips": clip_count, "prompts": len(keys)})]
+
+    def follows(self, prior: dict[str, Any], plan: SetPlan) -> bool:
+        """The same encoder and captions source: the set follows the cache's clips (an encode added some)."""
+        return prior.get("fingerprint") == plan.fingerprint and prior.get("captions") == self.source
+
+    def reusable(self, prior: dict[str, Any], plan: SetPlan, item: str, facts: dict[str, Any]) -> bool:
+        return True  # a prompt's key is the hash of its text, and its rows do not depend on its batch's others
+
+    def compute(self, number: int, todo: dict[str, list[str]]) -> tuple[dict[str, dict[str, ComputedItem]],
+                                                                        list[str]]:
+        """Embed the prompts of one shard: each prompt's rows (and pooled output), its table row with the stats of
+        what is stored (verify recomputes them from the bytes: a row altered or two prompts' rows swapped are
+        named)."""
+        from vaecache.cache.writer import tensor_stats
+
+        found: dict[str, dict[str, ComputedItem]] = {}
+        for name, keys in todo.items():
+            embeddings = self.encoder.embed([self.cleaned[key] for key in keys])
+            found[name] = {}
+            for key, e in zip(keys, embeddings):
+                tensors = {key: e.rows.contiguous()}
+                facts: dict[str, Any] = {"text": self.cleaned[key], "tokens": e.tokens, "truncated": e.truncated}
+                if e.pooled is not None:
+                    tensors[f"{key}{POOLED_SUFFIX}"] = e.pooled.contiguous()
+                    facts.update(pooled_tokens=e.pooled_tokens, pooled_truncated=e.pooled_truncated)
+                facts.update(tensor_stats(e.rows))
+                if e.pooled is not None:
+                    facts.update({f"pooled_{stat}": value for stat, value in tensor_stats(e.pooled).items()})
+                found[name][key] = ComputedItem(tensors, facts)
+        return found, []
+
+    def extra_tables(self, plan: SetPlan, facts: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
+        """The clip table; with a --captions file it keeps each clip's caption as the file gave it, so that verify
+        can prove the clip's link to its prompt once the file is gone."""
+        import pyarrow as pa
+
+        captions = self.captions
+        table = pa.table({"id": pa.array([c for c, _ in self.clip_keys], pa.string()),
+                          "key": pa.array([k for _, k in self.clip_keys], pa.string()),
+                          **({"caption": pa.array([captions[c] for c, _ in self.clip_keys], pa.string())}
+                             if captions is not None else {})})
+        return [(CLIPS_TABLE.removesuffix(".parquet"), table)]
+
+    def record(self, plan: SetPlan, facts: dict[str, dict[str, Any]],
+               files: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        counts: dict[str, int] = {}
+        for _, key in self.clip_keys:
+            counts[key] = counts.get(key, 0) + 1
+        truncated = {key for key, row in facts.items() if row["truncated"]}
+        truncated_pooled = {key for key, row in facts.items() if row.get("pooled_truncated")}
+        record = {
+            "generation": plan.generation, "fingerprint": self.fingerprint,
+            "fingerprint_sha256": hashlib.sha256(json.dumps(self.fingerprint, sort_keys=True).encode()).hexdigest(),
+            "spec": self.encoder.spec, "captions": self.source, "clips": len(self.clip_keys), "prompts": len(facts),
+            "empty_prompt_clips": counts.get(prompt_key(""), 0), "truncated_prompts": len(truncated),
+            **({"truncated_pooled_prompts": len(truncated_pooled)} if self.encoder.pooled_model is not None else {}),
+            "numerics": {"device": self.device.type, "torch": torch.__version__},
+            **files,
+        }
+        empty = prompt_key("")
+        return record, {"examples": [clip for clip, key in self.clip_keys if key in truncated][:5],
+                        "empty_examples": list(itertools.islice(
+                            (clip for clip, key in self.clip_keys if key == empty), 5))}
+
+
+TEXT = register(TextKind())
+
+
 def embed_cache(request: EmbedRequest, ctx: Any = None) -> EmbedSummary:
     """Add (or with `replace`, replace) the embedding set `request.set_name` to the finished cache at
     `request.out`, under OUT's lock (held by rank 0). Latents and the clip table are not touched.
 
     Under torchrun (`ctx` from vaecache.distributed.distributed) the shards are split across the ranks: shard s
     holds the prompts of a fixed run of batches in key order and rank s % world embeds and writes it, so the
-    files do not depend on the world size; rank 0 then writes both tables and the manifest. Every rank returns
-    the same summary."""
-    from contextlib import ExitStack
-
-    from vaecache.cache.lock import held_lock
-    from vaecache.cache.reader import CacheReader
-    from vaecache.cache.store import open_store
-    from vaecache.text.encoder import load_text_encoder
+    files do not depend on the world size; rank 0 then writes both tables and the manifest. Committed shards are
+    kept, a deleted or damaged one computed again, and a prompt the set already held copied from it
+    (vaecache.cache.sets.embed_sets). Every rank returns the same summary."""
+    from vaecache.cache.sets import embed_sets
 
     started = time.perf_counter()
-    rank, world = (ctx.info.rank, ctx.info.world_size) if ctx is not None else (0, 1)
-    store = open_store(request.out, dict(request.storage_options))
-    name = request.set_name
-    summary = EmbedSummary(name, str(store.location))
-    with ExitStack() as stack:
-        captions: dict[str, str | None] | None = None  # rank 0 alone reads the records and the captions file
 
-        def prepare() -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any]]:
-            nonlocal captions
-            store.check_present()
-            source = {"kind": "clip metadata", "field": request.caption_field}
-            if request.captions is not None:
-                captions, source = read_captions_file(request.captions)
-            stack.enter_context(held_lock(store, ctx.info.job_id if ctx is not None else None))
-            cache = CacheReader(store)
-            return cache.manifest, (cache.manifest.get("text") or {}).get(name), source
+    def read_source() -> tuple[dict[str, str | None] | None, dict[str, Any]]:
+        if request.captions is not None:
+            return read_captions_file(request.captions)
+        return None, {"kind": "clip metadata", "field": request.caption_field}
 
-        manifest, existing, source = ctx.on_rank0(prepare) if ctx is not None else prepare()
-        device = ctx.device if ctx is not None else _device(request.device)
-        encoder = loaded_on_every_rank(ctx, lambda: load_text_encoder(
-            request.text_encoder, device, compute_dtype=request.compute_dtype, dtype=request.dtype,
-            length=request.length, layer=request.layer, batch=request.batch,
-            allow_pickle_weights=request.allow_pickle_weights), "text encoder")
-        fingerprint = encoder.fingerprint()
-        same_on_every_rank(ctx, fingerprint, "text encoder")
-        clip_keys: list[tuple[str, str]] = []  # rank 0's: (clip, prompt key) of every clip, for the tables
-
-        def plan() -> tuple[dict[str, str], str, int]:
-            """Rank 0 reads the records; the other ranks need only the distinct prompts and the generation (what
-            is broadcast), not a list as long as the cache."""
-            cleaned = plan_prompts(clip_captions(CacheReader(store).clip_records(), request.caption_field, captions,
-                                                 request.require_caption_field), encoder.clean, clip_keys)
-            generation = generation_of({"fingerprint": fingerprint, "captions": source,
-                                        "shard_bytes": request.shard_bytes}, clip_keys)
-            return cleaned, generation, len(clip_keys)
-
-        cleaned, generation, clip_count = ctx.on_rank0(plan) if ctx is not None else plan()
-        keys = sorted(cleaned)
-        summary.clips, summary.prompts = clip_count, len(keys)
-        if existing is not None:
-            if existing.get("generation") == generation:
-                # what a crash after the manifest's write left of the generation before goes now
-                if ctx is not None:
-                    ctx.on_rank0(lambda: delete_unlisted(store, f"{TEXT_DIR}/{name}", existing))
-                else:
-                    delete_unlisted(store, f"{TEXT_DIR}/{name}", existing)
-                summary.unchanged = True
-                summary.seconds = time.perf_counter() - started
-                return summary
-            # the same encoder and captions source: the set follows the cache's clips (an encode added some)
-            follows = existing.get("fingerprint") == fingerprint and existing.get("captions") == source
-            if not request.replace and not follows:
-                raise UsageError(f"{store.where(MANIFEST)}: the cache already holds text set {name!r}, made with "
-                                 "another encoder or other captions; --replace replaces it, --set NAME adds another")
-            summary.replaced, summary.updated = request.replace, not request.replace
-        folder = f"{TEXT_DIR}/{name}/{generation}"
-        row_bytes = encoder.hidden_size * torch.empty((), dtype=encoder.dtype).element_size()
-        tokens = encoder.token_counts([cleaned[key] for key in keys])
-        shards = pack_shards(keys, [count * row_bytes for count in tokens], encoder.batch, request.shard_bytes)
-        mine = [(number, part) for number, part in enumerate(shards) if number % world == rank]
-        written = []
-        for count, (number, part) in enumerate(mine, 1):
-            written.append(_write_shard(store, folder, number, part, cleaned, encoder))
-            if faults.should_fail("crash-after-text-shard", count, rank):
-                faults.crash()
-        parts = ctx.all_gather_object(written) if ctx is not None else [written]
-        results = sorted((result for part in parts for result in part), key=lambda r: r["entry"]["file"])
-
-        def finish() -> dict[str, Any]:
-            entry = _write_tables(store, folder, results, clip_keys, captions)
-            counts: dict[str, int] = {}
-            for _, key in clip_keys:
-                counts[key] = counts.get(key, 0) + 1
-            truncated = {key for result in results for key, cut in zip(result["keys"], result["truncated"]) if cut}
-            truncated_pooled = {key for result in results
-                                for key, cut in zip(result["keys"], result.get("pooled_truncated") or []) if cut}
-            record = {
-                "generation": generation, "fingerprint": fingerprint,
-                "fingerprint_sha256": hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest(),
-                "spec": encoder.spec, "captions": source, "clips": len(clip_keys), "prompts": len(keys),
-                "empty_prompt_clips": counts.get(prompt_key(""), 0), "truncated_prompts": len(truncated),
-                **({"truncated_pooled_prompts": len(truncated_pooled)} if encoder.pooled_model is not None else {}),
-                "numerics": {"device": device.type, "torch": torch.__version__},
-                **entry,
-            }
-            updated = {**manifest, "text": {**(manifest.get("text") or {}), name: record}}
-            store.write(MANIFEST, (json.dumps(updated, indent=2) + "\n").encode())
-            delete_unlisted(store, f"{TEXT_DIR}/{name}", record)
-            empty = prompt_key("")
-            return {"record": record, "examples": [clip for clip, key in clip_keys if key in truncated][:5],
-                    "empty_examples": list(itertools.islice((clip for clip, key in clip_keys if key == empty), 5))}
-
-        done = ctx.on_rank0(finish) if ctx is not None else finish()
-    record = done["record"]
-    summary.empty_clips, summary.truncated_prompts = record["empty_prompt_clips"], record["truncated_prompts"]
-    summary.truncated_examples = done["examples"]
-    summary.empty_examples = done["empty_examples"]
-    summary.truncated_pooled_prompts = int(record.get("truncated_pooled_prompts") or 0)
-    summary.files = len(record["shards"]) + len(record["tables"])
-    summary.bytes = sum(s["bytes"] for s in record["shards"]) + sum(t["bytes"] for t in record["tables"].values())
+    [outcome] = embed_sets(TEXT, request, ctx, before_lock=read_source)
+    summary = EmbedSummary(request.set_name, outcome.extra["out"], clips=outcome.extra["clips"],
+                           prompts=outcome.extra["prompts"], unchanged=outcome.unchanged, replaced=outcome.replaced,
+                           updated=outcome.updated, computed=outcome.computed, copied=outcome.copied,
+                           resumed=outcome.resumed, repaired=outcome.repaired)
+    if not outcome.unchanged:
+        record = outcome.record
+        summary.empty_clips, summary.truncated_prompts = record["empty_prompt_clips"], record["truncated_prompts"]
+        summary.truncated_examples = outcome.extra["examples"]
+        summary.empty_examples = outcome.extra["empty_examples"]
+        summary.truncated_pooled_prompts = int(record.get("truncated_pooled_prompts") or 0)
+        summary.files = len(record["shards"]) + len(record["tables"])
+        summary.bytes = (sum(s["bytes"] for s in record["shards"])
+                         + sum(t["bytes"] for t in record["tables"].values()))
     summary.seconds = time.perf_counter() - started
     return summary
-
-
-def _device(name: str) -> torch.device:
-    from vaecache.distributed.context import resolve_device
-
-    return resolve_device(name)
-
-
-def _write_shard(store: Any, folder: str, number: int, keys: list[str], cleaned: dict[str, str],
-                 encoder: Any) -> dict[str, Any]:
-    """Embed one shard's prompts and write it; its manifest entry and its prompt rows (with each prompt's stats,
-    which verify recomputes from the stored bytes: a row altered or two prompts' rows swapped are named)."""
-    from safetensors.torch import save
-
-    from vaecache.cache.writer import tensor_stats
-
-    file = f"{folder}/{EMBEDDINGS_PREFIX}{number:05d}.safetensors"
-    embeddings = encoder.embed([cleaned[key] for key in keys])
-    # one metadata key: safetensors writes a header's metadata in hash-map order, so two keys are two byte orders
-    # and the same set would not be the same bytes
-    tensors = {key: e.rows.contiguous() for key, e in zip(keys, embeddings)}
-    tensors.update({f"{key}{POOLED_SUFFIX}": e.pooled.contiguous() for key, e in zip(keys, embeddings)
-                    if e.pooled is not None})
-    data = save(tensors, metadata={"vaecache_text_set": folder.split("/")[1]})
-    store.write(file, data)
-    return {"entry": file_entry(file, data, tensors=len(keys)),
-            "keys": keys, "texts": [cleaned[key] for key in keys], "tokens": [e.tokens for e in embeddings],
-            "truncated": [e.truncated for e in embeddings], "stats": [tensor_stats(e.rows) for e in embeddings],
-            **({"pooled_tokens": [e.pooled_tokens for e in embeddings],
-                "pooled_truncated": [e.pooled_truncated for e in embeddings],
-                "pooled_stats": [tensor_stats(e.pooled) for e in embeddings]}
-               if embeddings and embeddings[0].pooled is not None else {})}
-
-
-def _write_tables(store: Any, folder: str, results: list[dict[str, Any]], clip_keys: list[tuple[str, str]],
-                  captions: dict[str, str | None] | None = None) -> dict[str, Any]:
-    """The prompt table and the clip table; with a --captions file the clip table keeps each clip's caption as the
-    file gave it, so that verify can prove the clip's link to its prompt once the file is gone."""
-    import pyarrow as pa
-
-    pooled = any("pooled_tokens" in result for result in results)
-    rows: dict[str, list[Any]] = {"key": [], "text": [], "tokens": [], "truncated": [], "shard": [],
-                                  "pooled_tokens": [], "pooled_truncated": []}
-    for result in results:
-        rows["key"].extend(result["keys"])
-        rows["text"].extend(result["texts"])
-        rows["tokens"].extend(result["tokens"])
-        rows["truncated"].extend(result["truncated"])
-        rows["shard"].extend([result["entry"]["file"]] * len(result["keys"]))
-        if pooled:
-            rows["pooled_tokens"].extend(result["pooled_tokens"])
-            rows["pooled_truncated"].extend(result["pooled_truncated"])
-    columns = {"key": pa.array(rows["key"], pa.string()), "text": pa.array(rows["text"], pa.string()),
-               "tokens": pa.array(rows["tokens"], pa.int32()), "truncated": pa.array(rows["truncated"], pa.bool_()),
-               "shard": pa.array(rows["shard"], pa.string())}
-    if pooled:
-        columns.update(pooled_tokens=pa.array(rows["pooled_tokens"], pa.int32()),
-                       pooled_truncated=pa.array(rows["pooled_truncated"], pa.bool_()))
-    for prefix in ("",) + (("pooled_",) if pooled else ()):
-        stats = [stat for result in results for stat in result[f"{prefix}stats"]]
-        columns.update({f"{prefix}{stat}": pa.array([row[stat] for row in stats], pa.float64())
-                        for stat in STAT_NAMES})
-    tables = {}
-    for table_name, table in ((PROMPTS_TABLE, pa.table(columns)),
-            (CLIPS_TABLE, pa.table({"id": pa.array([c for c, _ in clip_keys], pa.string()),
-                                    "key": pa.array([k for _, k in clip_keys], pa.string()),
-                                    **({"caption": pa.array([captions[c] for c, _ in clip_keys], pa.string())}
-                                       if captions is not None else {})}))):
-        data = parquet_bytes(table)
-        file = f"{folder}/{table_name}"
-        store.write(file, data)
-        tables[table_name.split(".")[0]] = file_entry(file, data, rows=table.num_rows)
-    return {"shards": [result["entry"] for result in results], "tables": tables}
 
 
 # ----------------------------------------------------------------------------- reading

@@ -1,0 +1,94 @@
+"""What every kind of set gets from the one set machinery (vaecache.cache.sets.embed_sets): a deleted or damaged
+shard of a listed set is repaired by the next embed, and a cache that grew computes only its new items, copying the
+rest, into the very files a run from scratch writes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tests.conftest import caption_metadata, encode_ok
+from tests.text.tiny_text import build_wan_text_folder
+
+
+@pytest.fixture(scope="module")
+def wan_text(tmp_path_factory):
+    return build_wan_text_folder(tmp_path_factory.mktemp("text") / "wan")
+
+
+def files_of(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def set_records(out):
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {kind: manifest.get(kind) for kind in ("text", "conditions")}
+
+
+TEXT = ["--text-batch", "1", "--shard-size", "1KiB"]
+CONDITIONS = ["--condition", "first-frame", "--shard-size", "1KiB"]
+
+
+@pytest.mark.parametrize("damage", ["deleted", "flipped"])
+def test_a_listed_sets_missing_or_damaged_shard_is_repaired_by_the_next_embed(caption_cache, wan_text, run_cli,
+                                                                              tmp_path, damage):
+    cache = shutil.copytree(caption_cache, tmp_path / "cache")
+    text = ["--text-encoder", f"diffusers:{wan_text}", *TEXT]
+    assert run_cli(["embed", cache, *text]).exit_code == 0
+    assert run_cli(["embed", cache, *CONDITIONS]).exit_code == 0
+    whole = files_of(cache)
+    for kind in ("text", "conditions"):
+        shard = sorted((cache / kind).rglob("*-00001.safetensors"))[0]
+        if damage == "deleted":
+            shard.unlink()
+        else:  # the same size, one byte other: only its sha256 tells
+            data = bytearray(shard.read_bytes())
+            data[-1] ^= 0xFF
+            shard.write_bytes(bytes(data))
+        assert run_cli(["verify", cache]).exit_code == 1
+    repaired = run_cli(["embed", cache, *text])
+    assert repaired.exit_code == 0, repaired.output
+    assert "repaired text set 'default'" in repaired.output and "1 prompt(s) computed" in repaired.output
+    assert "1 shard(s) missing or damaged, computed again" in repaired.output
+    fixed = run_cli(["embed", cache, *CONDITIONS])
+    assert fixed.exit_code == 0 and "repaired condition set 'first-frame'" in fixed.output
+    assert "1 clip(s) computed" in fixed.output
+    assert files_of(cache) == whole
+    assert run_cli(["verify", cache]).exit_code == 0
+    again = run_cli(["embed", cache, *text])
+    assert again.exit_code == 0 and "up to date" in again.output and files_of(cache) == whole
+
+
+def test_a_grown_cache_computes_only_its_new_items_into_the_files_a_run_from_scratch_writes(demo_data, wan_text,
+                                                                                            run_cli, tmp_path):
+    scenes = sorted(demo_data.iterdir())
+    lines = [json.dumps({"id": scene.name, "cameras": {v.stem: str(v) for v in sorted(scene.glob("*.mp4"))},
+                         **caption_metadata(scene.name)}) + "\n" for scene in scenes]
+    text = ["--text-encoder", f"diffusers:{wan_text}", *TEXT]
+    index = tmp_path / "index.jsonl"
+    index.write_text("".join(lines[:2]))  # the dataset before it grew
+    grown = tmp_path / "grown"
+    encode_ok(index, grown)
+    assert run_cli(["embed", grown, *text]).exit_code == 0
+    assert run_cli(["embed", grown, *CONDITIONS]).exit_code == 0
+    index.write_text("".join(lines))  # one more scene, at the same path
+    encode_ok(index, grown)
+    assert set_records(grown)["text"]["default"]["clips"] == 2  # listed, behind the cache until the next embed
+    updated = run_cli(["embed", grown, *text])
+    assert updated.exit_code == 0, updated.output
+    assert "updated text set 'default'" in updated.output
+    assert "1 prompt(s) computed, 2 copied from the set before" in updated.output
+    conditioned = run_cli(["embed", grown, *CONDITIONS])
+    assert conditioned.exit_code == 0, conditioned.output
+    assert "1 clip(s) computed, 2 copied from the set before" in conditioned.output
+
+    scratch = tmp_path / "scratch"
+    encode_ok(index, scratch)
+    assert run_cli(["embed", scratch, *text]).exit_code == 0
+    assert run_cli(["embed", scratch, *CONDITIONS]).exit_code == 0
+    for kind in ("text", "conditions"):
+        assert files_of(grown / kind) == files_of(scratch / kind)
+    assert set_records(grown) == set_records(scratch)
+    assert run_cli(["verify", grown]).exit_code == 0

@@ -1,0 +1,233 @@
+"""A kind of tensor set added to a finished cache is a declaration: a `SetKind` names its folder and manifest key,
+its shard files, its per-item table, and says how one shard's tensors are computed (its `SetJob`), how verify
+checks its sets, and what a reader and the WebDataset export add to a clip's item. Everything else (the lock,
+shards split across ranks, commits, resume and repair, rows copied from the set before, the tables, the one
+manifest write, the fault hook) is vaecache.cache.sets.embed_sets, the same for every kind.
+
+The built-in kinds are text (vaecache.text.sets) and conditions (vaecache.conditions.sets). Another kind is a class
+in any importable module that calls `register(...)` at import; `embed_sets` records that module in the manifest
+(`"kinds": {name: module}`), so verify, LatentCache, the exports, subprocesses and DataLoader workers import it from
+the cache alone. docs/architecture.md walks through tests/cache/latent_mean.py, a kind declared outside the package.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Protocol
+
+from vaecache.errors import ManifestError, UsageError
+
+KINDS_RECORD = "kinds"
+"""manifest.json's record of the kinds declared outside vaecache: {kind name: the module that registers it}."""
+BUILTIN_MODULES = {"text": "vaecache.text.sets", "conditions": "vaecache.conditions.sets"}
+COLUMN_TYPES = ("string", "int32", "int64", "float64", "bool", "list<bool>", "list<int32>", "list<float64>")
+SHARD_COLUMN = "shard"
+
+
+def arrow_type(name: str) -> Any:
+    import pyarrow as pa
+
+    scalar = {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64(), "float64": pa.float64(),
+              "bool": pa.bool_()}
+    if name.startswith("list<"):
+        return pa.list_(scalar[name[5:-1]])
+    return scalar[name]
+
+
+@dataclass
+class SetPlan:
+    """One set an embed writes: its name (manifest[kind][name], OUT/<kind>/<name>/), what decides its bytes
+    (fingerprint; the generation hashes it with every item's input), its items cut into shards (in the order of its
+    item table), and that table's columns as (name, type), the item column and `shard` among them."""
+
+    name: str
+    fingerprint: dict[str, Any]
+    generation: str
+    shards: list[list[str]]
+    columns: tuple[tuple[str, str], ...]
+    summary: dict[str, Any] = field(default_factory=dict)
+    """What the run's summary shows of the plan (counts); JSON-able."""
+
+    def __post_init__(self) -> None:
+        for column, kind in self.columns:
+            if kind not in COLUMN_TYPES:
+                raise ValueError(f"set {self.name}: column {column!r} has type {kind!r}; the types are "
+                                 f"{', '.join(COLUMN_TYPES)}")
+
+    @property
+    def items(self) -> list[str]:
+        return [item for shard in self.shards for item in shard]
+
+
+@dataclass
+class ComputedItem:
+    """One item as a shard holds it: its tensors (named `item` or `item/<part>`) and its item-table row (every column
+    but the item and the shard)."""
+
+    tensors: dict[str, Any]
+    facts: dict[str, Any]
+
+
+class SetJob(Protocol):
+    """One embed's work for one kind, made on every rank by `SetKind.job` (models loaded there)."""
+
+    def plans(self) -> list[SetPlan]:
+        """The sets this embed writes, the same on every rank."""
+
+    def follows(self, prior: dict[str, Any], plan: SetPlan) -> bool:
+        """The listed set `prior` was made from the same inputs but the cache's clips (an encode added some): it is
+        brought up to date without --replace."""
+
+    def reusable(self, prior: dict[str, Any], plan: SetPlan, item: str, facts: dict[str, Any]) -> bool:
+        """An item of `prior` (its table row `facts`) holds what this plan would compute for it: copied, not
+        computed."""
+
+    def compute(self, number: int, todo: dict[str, list[str]]) -> tuple[dict[str, dict[str, ComputedItem]],
+                                                                        list[str]]:
+        """Shard `number`'s items of each set in `todo` (set name -> items) computed: per set, per item; and what
+        the run should tell (out-of-memory backoffs)."""
+
+    def extra_tables(self, plan: SetPlan, facts: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
+        """Tables written after the item table, as (name without .parquet, pyarrow table); rank 0."""
+
+    def record(self, plan: SetPlan, facts: dict[str, dict[str, Any]],
+               files: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The set's manifest record, `files` ({"shards": [...], "tables": {...}}) placed in it, and what the
+        summary shows (JSON-able); rank 0."""
+
+
+class SetKind:
+    """A declaration of a kind of set. Subclasses set the class attributes and implement `job`; the readers,
+    verify and export hooks have generic defaults a kind may override."""
+
+    name: str = ""
+    """The manifest's key and OUT's folder: manifest[name][set], OUT/<name>/<set>/<generation>/."""
+    what: str = "set"
+    """How messages name one set: "text set", "condition set"."""
+    shard_prefix: str = "shard-"
+    item_table: str = "items"
+    """The per-item table's name (without .parquet): one row per item, its shard and its facts."""
+    item_column: str = "id"
+    metadata_key: str = "vaecache_set"
+    """The shard's one safetensors metadata key; its value the set's name."""
+    export_member: str = ""
+    """The WebDataset member holding the kind's stored tensors of a clip (default <name>.safetensors)."""
+
+    # --- embed
+    def job(self, request: Any, store: Any, manifest: dict[str, Any], ctx: Any, device: Any, given: Any) -> SetJob:
+        """The embed's work, made on every rank (`given`: what `embed_sets`' before_lock read on rank 0, None on the
+        others)."""
+        raise NotImplementedError
+
+    def refusal(self, where: str, name: str) -> str:
+        """The message for a listed set made from other inputs, without --replace."""
+        return (f"{where}: the cache already holds {self.what} {name!r}, made from other inputs; --replace "
+                "replaces it")
+
+    # --- read
+    def readers(self, store: Any, manifest: dict[str, Any], verify: str) -> list[Any]:
+        """One reader per listed set; each has `name`, `item(clip) -> {tensor name: tensor}` (what LatentCache's
+        item adds), `stored(clip)` and `export_facts(clip)` (what the WebDataset export writes)."""
+        from vaecache.cache.sets import ItemSet
+
+        return [ItemSet(store, manifest, self, name, verify) for name in set_names(manifest, self)]
+
+    def decode(self, stored: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
+        """A WebDataset sample's tensors of this kind as LatentCache's item has them (`facts`: set -> export_facts)."""
+        return dict(stored)
+
+    # --- verify
+    def verify_sets(self, cache: Any, quick: bool, check_type: type) -> list[Any]:
+        from vaecache.cache.sets import verify_item_sets
+
+        return verify_item_sets(cache, self, quick, check_type)
+
+    def reencode_sets(self, cache: Any, options: Any, ctx: Any, check_type: type) -> list[Any]:
+        """verify --reencode's checks of this kind (default: none)."""
+        return []
+
+
+_REGISTERED: dict[str, SetKind] = {}
+
+
+def register(kind: SetKind) -> SetKind:
+    """Declare `kind` (at import of its module). A name is one kind: registering another class under a taken name is
+    refused."""
+    if not kind.name or "/" in kind.name or kind.name.startswith("."):
+        raise UsageError(f"a set kind needs a plain folder name, got {kind.name!r}")
+    from vaecache.cache.layout import OWNED_ENTRIES
+
+    held = _REGISTERED.get(kind.name)
+    if held is not None and type(held) is not type(kind):
+        raise UsageError(f"set kind {kind.name!r} is declared twice ({type(held).__module__} and "
+                         f"{type(kind).__module__})")
+    if held is None and kind.name not in BUILTIN_MODULES and kind.name in OWNED_ENTRIES:
+        raise UsageError(f"set kind {kind.name!r}: the name of an entry of the cache's own layout")
+    _REGISTERED[kind.name] = kind
+    return kind
+
+
+def kind_named(name: str, module: str | None = None) -> SetKind:
+    """The kind `name`, its module imported first (a built-in's, or `module`)."""
+    if name not in _REGISTERED:
+        source = BUILTIN_MODULES.get(name) or module
+        if source is None:
+            raise UsageError(f"no set kind {name!r} is declared (kinds: {', '.join(sorted(_REGISTERED)) or 'none'})")
+        try:
+            importlib.import_module(source)
+        except ImportError as exc:
+            raise ManifestError(f"set kind {name!r}: its module {source} does not import ({exc})") from None
+        if name not in _REGISTERED:
+            raise ManifestError(f"set kind {name!r}: its module {source} does not register it")
+    return _REGISTERED[name]
+
+
+def cache_kinds(manifest: dict[str, Any]) -> list[SetKind]:
+    """Every kind a cache's manifest may hold sets of: the built-in ones, then those it records, in name order."""
+    recorded = manifest.get(KINDS_RECORD) or {}
+    if not isinstance(recorded, dict):
+        raise ManifestError(f"manifest.json: \"{KINDS_RECORD}\" is not an object of kind names and modules")
+    names = [*BUILTIN_MODULES, *sorted(name for name in recorded if name not in BUILTIN_MODULES)]
+    return [kind_named(name, recorded.get(name)) for name in names]
+
+
+def set_names(manifest: dict[str, Any], kind: SetKind) -> list[str]:
+    sets = manifest.get(kind.name) or {}
+    return sorted(sets) if isinstance(sets, dict) else []
+
+
+def module_record(kind: SetKind) -> dict[str, str]:
+    """What the manifest records of `kind`: nothing for a built-in, else its module."""
+    if kind.name in BUILTIN_MODULES:
+        return {}
+    return {kind.name: type(kind).__module__}
+
+
+@dataclass
+class SetOutcome:
+    """What one embed did to one set (the same on every rank)."""
+
+    name: str
+    record: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    unchanged: bool = False
+    replaced: bool = False
+    updated: bool = False
+    computed: int = 0
+    """Items the encoder ran on."""
+    copied: int = 0
+    """Items copied from the set before (a grown cache, the same encoder)."""
+    resumed: int = 0
+    """Shards an interrupted run had committed, kept."""
+    repaired: list[str] = field(default_factory=list)
+    """Shards of the listed set found missing or damaged and computed again."""
+    events: list[str] = field(default_factory=list)
+
+
+def kinds_of(names: Iterable[str]) -> list[SetKind]:
+    return [kind_named(name) for name in names]
+
+
+__all__ = ["ComputedItem", "SetJob", "SetKind", "SetOutcome", "SetPlan", "cache_kinds", "kind_named", "register",
+           "set_names"]
