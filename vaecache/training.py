@@ -105,8 +105,7 @@ class LatentCache:
         self._ids: list[str] | None = None
         self._handles: dict[str, Any] = {}
         self._checked: set[str] = set()
-        self._text: dict[str, Any] | None = None
-        self._conditions: dict[str, Any] | None = None
+        self._sets: dict[str, dict[str, Any]] | None = None
 
     @property
     def text_sets(self) -> list[str]:
@@ -116,16 +115,23 @@ class LatentCache:
 
         return text_set_names(self.manifest)
 
+    def sets(self) -> dict[str, dict[str, Any]]:
+        """Every set of the cache, by kind (vaecache.cache.kinds: text, conditions and any kind the manifest records)
+        and name, each opened on first use: `sets()[kind][name].item(clip)` is what an item carries of it."""
+        if self._sets is None:
+            from vaecache.cache.kinds import cache_kinds
+
+            self._sets = {kind.name: {reader.name: reader
+                                      for reader in kind.readers(self.store, self.manifest, self.verify)}
+                          for kind in cache_kinds(self.manifest)}
+        return self._sets
+
     def text_embedding(self, clip_id: str, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """A clip's embedding in set `name`: (the padded tensor, its mask)."""
-        if self._text is None:
-            from vaecache.text.sets import TextSet
-
-            self._text = {set_name: TextSet(self.store, self.manifest, set_name, self.verify)
-                          for set_name in self.text_sets}
-        if name not in self._text:
-            raise KeyError(f"{self.out}: no text set {name!r} (sets: {', '.join(self._text) or 'none'})")
-        return self._text[name].padded(clip_id)
+        texts = self.sets()["text"]
+        if name not in texts:
+            raise KeyError(f"{self.out}: no text set {name!r} (sets: {', '.join(texts) or 'none'})")
+        return texts[name].padded(clip_id)
 
     @property
     def condition_sets(self) -> list[str]:
@@ -141,14 +147,10 @@ class LatentCache:
         """A clip's condition of `kind`: the pipeline's tensor (first-frame, first-last: the mask and the normalized
         latents; image-features: the features as stored), or with `normalized=False` the stored tensor (the
         posterior mean of the condition video, (cameras, C, F, h, w); the features)."""
-        if self._conditions is None:
-            from vaecache.conditions.reader import ConditionSet
-
-            self._conditions = {kind: ConditionSet(self.store, self.manifest, kind, self.verify)
-                                for kind in self.condition_sets}
-        if kind not in self._conditions:
-            raise KeyError(f"{self.out}: no condition set {kind!r} (sets: {', '.join(self._conditions) or 'none'})")
-        conditions = self._conditions[kind]
+        sets = self.sets()["conditions"]
+        if kind not in sets:
+            raise KeyError(f"{self.out}: no condition set {kind!r} (sets: {', '.join(sets) or 'none'})")
+        conditions = sets[kind]
         return conditions.pipeline(clip_id) if normalized else conditions.stored(clip_id)
 
     def _load_rows(self) -> Any:
@@ -255,12 +257,9 @@ class LatentCache:
     def __getitem__(self, key: int | str) -> LatentItem:
         record = self.record(key)
         tensors = self.tensors_of(record)
-        for name in self.text_sets:
-            tensors[f"text/{name}"], tensors[f"text_mask/{name}"] = self.text_embedding(record["id"], name)
-            if self._text[name].pooled_hidden_size:  # HunyuanVideo: CLIP-L's pooled output
-                tensors[f"text_pooled/{name}"] = self._text[name].pooled(record["id"])
-        for kind in self.condition_sets:
-            tensors[f"condition/{kind}"] = self.condition(record["id"], kind)
+        for readers in self.sets().values():
+            for reader in readers.values():
+                tensors.update(reader.item(record["id"]))
         return LatentItem(record["id"], tensors, record)
 
     def source_frames(self, key: int | str | dict[str, Any]) -> torch.Tensor:

@@ -152,7 +152,8 @@ def test_a_killed_condition_embed_leaves_nothing_verify_accepts_and_a_rerun_equa
     args = ["--condition", "first-frame", "--shard-size", "1KiB"]
     whole, killed = (shutil.copytree(good_cache, tmp_path / name) for name in ("whole", "killed"))
     assert run_cli(["embed", whole, *args]).exit_code == 0
-    crashed = run_vaecache("embed", killed, *args, env={"VAECACHE_FAULT": f"crash-after-set-shard:conditions:{crash_at}"})
+    crashed = run_vaecache("embed", killed, *args,
+                           env={"VAECACHE_FAULT": f"crash-after-set-shard:conditions:{crash_at}"})
     assert crashed.returncode == 137, crashed.stderr[-2000:]
     assert "conditions" not in json.loads((killed / "manifest.json").read_text())  # the cache as it was ...
     assert run_cli(["verify", killed]).exit_code == 1  # ... with files verify names

@@ -112,7 +112,17 @@ class SetKind:
     metadata_key: str = "vaecache_set"
     """The shard's one safetensors metadata key; its value the set's name."""
     export_member: str = ""
-    """The WebDataset member holding the kind's stored tensors of a clip (default <name>.safetensors)."""
+    """The WebDataset member holding the kind's tensors of a clip (default <name>.safetensors)."""
+    sets_key: str = ""
+    """The key naming the kind's sets in verify's summary and in a WebDataset sample's json (default <name>_sets)."""
+    export_description: str = ""
+    """What the WebDataset member holds, for the export's export.json."""
+
+    def member(self) -> str:
+        return self.export_member or f"{self.name}.safetensors"
+
+    def summary_key(self) -> str:
+        return self.sets_key or f"{self.name}_sets"
 
     # --- embed
     def job(self, request: Any, store: Any, manifest: dict[str, Any], ctx: Any, device: Any, given: Any) -> SetJob:
@@ -138,6 +148,11 @@ class SetKind:
         return dict(stored)
 
     # --- verify
+    def check_item(self, clip: str, tensors: dict[str, Any], row: dict[str, Any]) -> str | None:
+        """verify's check of one clip's tensors (named `clip`, `clip/<part>`) against its table row: a problem, or
+        None (default: nothing more than the generic checks)."""
+        return None
+
     def verify_sets(self, cache: Any, quick: bool, check_type: type) -> list[Any]:
         from vaecache.cache.sets import verify_item_sets
 

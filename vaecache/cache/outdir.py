@@ -115,7 +115,8 @@ the committed clips go to `committed` (repair_progress). `extra_numerics` (other
     if carried and (out / MANIFEST).exists():
         log.warning("%s: %s stay listed, made for the clips before this run: run vaecache embed again to add the "
                     "new clips (until then verify names each clip without one)", out,
-                    ", ".join(f"{kind} set {name}" for kind, sets in sorted(carried.items()) for name in sorted(sets)))
+                    ", ".join(f"{kind} set {name}" for kind, sets in sorted(carried.items()) if kind != "kinds"
+                              for name in sorted(sets)))
     (out / MANIFEST).unlink(missing_ok=True)
     kept, discarded, damaged = repair_progress(out, committed, shard_problems)
     for file, problem in sorted(damaged.items()):
@@ -126,15 +127,22 @@ the committed clips go to `committed` (repair_progress). `extra_numerics` (other
 CARRIED_SETS = "carried_sets"
 """run.json's record of the finished manifest's text and condition sets while a run that adds clips is under way
 (the manifest is gone until finalize), so that finalize lists them again, a crash and resume included."""
-SET_KINDS = ("text", "conditions")
 
 
 def carried_sets(out: Path, recorded: dict[str, Any]) -> dict[str, Any]:
-    """The text and condition sets the next manifest lists again: the finished manifest's, or, once it is gone (a
-    resumed run), what run.json recorded of them."""
+    """The sets of every kind (vaecache.cache.kinds) the next manifest lists again, with the record of the kinds
+    declared outside vaecache: the finished manifest's, or, once it is gone (a resumed run), what run.json recorded
+    of them."""
+    from vaecache.cache.kinds import BUILTIN_MODULES, KINDS_RECORD
+
     if (out / MANIFEST).exists():
         manifest = read_json(out / MANIFEST, "manifest")
-        return {kind: manifest[kind] for kind in SET_KINDS if isinstance(manifest.get(kind), dict) and manifest[kind]}
+        declared = manifest.get(KINDS_RECORD) if isinstance(manifest.get(KINDS_RECORD), dict) else {}
+        carried = {kind: manifest[kind] for kind in [*BUILTIN_MODULES, *declared]
+                   if isinstance(manifest.get(kind), dict) and manifest[kind]}
+        if carried and declared:
+            carried[KINDS_RECORD] = declared
+        return carried
     found = recorded.get(CARRIED_SETS)
     return dict(found) if isinstance(found, dict) else {}
 

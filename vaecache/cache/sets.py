@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 from typing import Any, Callable, Iterable, TypeVar
 
 T = TypeVar("T")
@@ -531,3 +532,127 @@ def item_table(kind: Any, plan: Any, shards: list[dict[str, Any]]) -> Any:
                 values[name].append(item if name == kind.item_column else shard["entry"]["file"]
                                     if name == SHARD_COLUMN_NAME else facts[name])
     return pa.table({name: pa.array(values[name], arrow_type(kind_type)) for name, kind_type in plan.columns})
+
+
+# ----------------------------------------------------------------------------- reading and verifying any kind
+
+
+def read_item_table(store: Any, kind: Any, name: str, record: dict[str, Any]) -> Any:
+    """A set's item table (pyarrow), its entry a file of the set's folder; a ManifestError naming it otherwise."""
+    import pyarrow.parquet as pq
+
+    from vaecache.cache.layout import MANIFEST
+    from vaecache.errors import ManifestError
+
+    entry = (record.get("tables") or {}).get(kind.item_table)
+    file = entry.get("file") if isinstance(entry, dict) else None
+    if not isinstance(file, str) or not file.startswith(f"{kind.name}/{name}/"):
+        raise ManifestError(f"{store.where(MANIFEST)}: {kind.what} {name!r}: its {kind.item_table} table entry "
+                            f"{entry!r} is not a file of {kind.name}/{name}/")
+    try:
+        return pq.read_table(io.BytesIO(store.read(store.checked_name(file, f"{kind.what} {name}"))))
+    except FileNotFoundError as exc:
+        raise ManifestError(f"{store.location}: {kind.what} {name!r}: its {kind.item_table} table is missing "
+                            f"({exc})") from None
+
+
+class ItemSet:
+    """One set of a kind whose items are the cache's clips (the default reader of vaecache.cache.kinds.SetKind):
+    `item(clip)` gives its tensors as `<kind>/<set>` (the tensor named by the clip) and `<kind>/<set>/<part>` (one
+    named `<clip>/<part>`); the WebDataset export writes the same tensors and the table row as the clip's facts."""
+
+    def __init__(self, store: Any, manifest: dict[str, Any], kind: Any, name: str, verify: str = "size") -> None:
+        self.store, self.kind, self.name = store, kind, name
+        self.entry = (manifest.get(kind.name) or {})[name]
+        table = read_item_table(store, kind, name, self.entry)
+        self._rows = {row.pop(kind.item_column): row for row in table.to_pylist()}
+        self._shards = SetShards(store, self.entry, verify, f"{kind.what} {name!r}")
+
+    def clips(self) -> list[str]:
+        return list(self._rows)
+
+    def item(self, clip: str) -> dict[str, Any]:
+        row = self._rows.get(clip)
+        if row is None:
+            raise KeyError(f"clip {clip} has no item in {self.kind.what} {self.name!r}")
+        handle = self._shards.open(row[SHARD_COLUMN_NAME], f"clip {clip}")
+        return {f"{self.kind.name}/{self.name}{name[len(clip):]}": handle.get_tensor(name)
+                for name in handle.keys() if name == clip or name.startswith(f"{clip}/")}
+
+    def export_tensors(self, clip: str) -> dict[str, Any]:
+        return {name: tensor.contiguous() for name, tensor in self.item(clip).items()}
+
+    def export_facts(self, clip: str) -> dict[str, Any]:
+        return {key: value for key, value in self._rows[clip].items() if key != SHARD_COLUMN_NAME}
+
+
+def verify_item_sets(cache: Any, kind: Any, quick: bool, check_type: type) -> list[Any]:
+    """verify's checks of every set of a kind whose items are the cache's clips: the files as the manifest lists
+    them, every clip of the cache in the item table once and no other, each clip's tensor in the shard the table names
+    (a removed one named, whatever the recorded hashes say), finite, its statistics where the table records them, and
+    the kind's own check of one item (`kind.check_item(clip, tensors, row) -> problem or None`)."""
+    import pyarrow.parquet as pq
+    from safetensors.torch import load as safetensors_load
+
+    from vaecache.cache.writer import STATS_RTOL, tensor_stats
+    from vaecache.errors import VaecacheError
+
+    sets = cache.manifest.get(kind.name) or {}
+    rows = []
+    unlisted = unlisted_sets(cache.store, kind.name, sets)
+    if unlisted:
+        orphan = check_type(f"{kind.what}s")
+        for name in unlisted:
+            orphan.fail(f"{cache.store.where(kind.name + '/' + name)}: a {kind.what} the manifest does not list (an "
+                        "interrupted first embed): embed it again, or delete the folder")
+        rows.append(orphan)
+    ids = list(cache.clip_ids()) if sets else []
+    for name in sorted(sets):
+        check = check_type(f"{kind.what} {name}" + (" (size only, --quick)" if quick else ""))
+        try:
+            entry = sets[name]
+            contents = check_set_files(cache.store, f"{kind.what} {name}", f"{kind.name}/{name}/", entry, quick, check)
+            table_file = ((entry.get("tables") or {}).get(kind.item_table) or {}).get("file")
+            if table_file not in contents:
+                rows.append(check)
+                continue
+            table = pq.read_table(io.BytesIO(contents[table_file])).to_pylist()
+            held = [row[kind.item_column] for row in table]
+            missing = [clip for clip in ids if clip not in set(held)]
+            for clip in missing[:5]:
+                check.fail(f"{kind.what} {name}: clip {clip} has no item")
+            for clip in sorted(set(held) - set(ids))[:5]:
+                check.fail(f"{kind.what} {name}: holds clip {clip}, which the cache does not hold")
+            if len(held) != len(set(held)):
+                check.fail(f"{kind.what} {name}: a clip is listed twice")
+            tensors: dict[str, dict[str, Any]] = {}
+            for file, data in contents.items():
+                if file.endswith(".safetensors"):
+                    tensors[file] = safetensors_load(data)
+            for row in table if not quick else []:
+                clip, shard = row[kind.item_column], row[SHARD_COLUMN_NAME]
+                found = {tensor: value for tensor, value in tensors.get(shard, {}).items()
+                         if tensor == clip or tensor.startswith(f"{clip}/")}
+                if clip not in found:
+                    check.fail(f"{cache.store.where(shard)}: holds no tensor for clip {clip}, which the set's "
+                               f"{kind.item_table} table places there")
+                    continue
+                if not all(value.isfinite().all() for value in found.values()):
+                    check.fail(f"{cache.store.where(shard)}: clip {clip}'s tensor holds non-finite values")
+                    continue
+                if all(row.get(stat) is not None for stat in ("min", "max", "mean", "std")):
+                    now = tensor_stats(found[clip])
+                    if any(not math.isclose(now[stat], row[stat], rel_tol=STATS_RTOL, abs_tol=1e-12)
+                           for stat in now):
+                        check.fail(f"{cache.store.where(shard)}: clip {clip}'s tensor does not match the statistics "
+                                   "its table records (altered, or another clip's)")
+                        continue
+                problem = kind.check_item(clip, found, row)
+                if problem:
+                    check.fail(f"{cache.store.where(shard)}: clip {clip}: {problem}")
+                    continue
+                check.ok()
+        except (KeyError, TypeError, ValueError, OSError, VaecacheError) as exc:
+            check.fail(f"{kind.what} {name}: {type(exc).__name__}: {exc}")
+        rows.append(check)
+    return rows

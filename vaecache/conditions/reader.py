@@ -65,6 +65,22 @@ class ConditionSet:
         except Exception as exc:  # safetensors raises its own error type for a missing tensor
             raise ManifestError(f"{self.store.where(shard)}: holds no condition for clip {clip} ({exc})") from None
 
+    @property
+    def name(self) -> str:
+        return self.kind
+
+    def item(self, clip: str) -> dict[str, torch.Tensor]:
+        """What LatentCache's item holds of this set: condition/<kind>, the pipeline's tensor."""
+        return {f"condition/{self.kind}": self.pipeline(clip)}
+
+    def export_tensors(self, clip: str) -> dict[str, torch.Tensor]:
+        """The stored tensor a WebDataset sample carries; `decode` builds the pipeline's tensor from it."""
+        return {f"condition/{self.kind}": self.stored(clip).contiguous()}
+
+    def export_facts(self, clip: str) -> dict[str, Any]:
+        return {"frames": int(self._frames_of[clip]), "temporal_factor": self.temporal_factor,
+                "latents_mean": self.latents_mean, "latents_std": self.latents_std}
+
     def pipeline(self, clip: str) -> torch.Tensor:
         """The tensor the pipeline uses: for first-frame and first-last, (cameras, temporal_factor + C, latent frames,
         h, w) float32, `cat([mask, latent_condition])` as WanImageToVideoPipeline.prepare_latents returns it for each

@@ -167,6 +167,10 @@ class ConditionKind(SetKind):
     item_column = "id"
     metadata_key = "vaecache_condition"
     export_member = "condition.safetensors"
+    sets_key = "condition_sets"
+    export_description = ("each condition set's stored posterior mean of the clip's condition videos "
+                          "(condition/<kind>, (cameras, C, F, H, W)); json's condition_sets gives what rebuilds the "
+                          "pipeline's tensor")
 
     def job(self, request: ConditionRequest, store: Any, manifest: dict[str, Any], ctx: Any, device: Any,
             given: Any) -> ConditionJob:

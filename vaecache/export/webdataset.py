@@ -105,12 +105,11 @@ def export_webdataset(cache_dir: Path | str, target: Path, verify: str = "size",
     if energon == "on" and not energon_available():
         raise ExportError("--energon on: Megatron-Energon is not installed (pip install 'vaecache[energon]')")
     cache = LatentCache(cache_dir, verify=verify, storage_options=storage_options)  # a folder or a URL
-    from vaecache.text.sets import TextSet
+    from vaecache.cache.kinds import cache_kinds, module_record
 
-    texts = [TextSet(cache.store, cache.manifest, name, cache.verify) for name in cache.text_sets]
-    from vaecache.conditions.reader import ConditionSet
-
-    conditions = [ConditionSet(cache.store, cache.manifest, kind, cache.verify) for kind in cache.condition_sets]
+    kinds = [(kind, list(cache.sets()[kind.name].values())) for kind in cache_kinds(cache.manifest)]
+    kinds = [(kind, readers) for kind, readers in kinds if readers]
+    declared = {name: module for kind, _ in kinds for name, module in module_record(kind).items()}
     size = 0
     with staging(target) as folder:
         index = ExportIndex(folder / EXPORT_INDEX)
@@ -136,23 +135,14 @@ def export_webdataset(cache_dir: Path | str, target: Path, verify: str = "size",
                 data = safetensors_bytes(cache.tensors_of(record), {"clip": record["id"]})
                 extra = {**record, "latent_shape": shape}
                 sample = {"__key__": key, "latents.safetensors": data}
-                if texts:  # each set's stored rows; decode_sample pads them as the pipeline does
-                    extra["text_sets"] = {t.name: {"length": t.length, "tokens": t.tokens(record["id"])}
-                                          for t in texts}
-                    stored = {f"text/{t.name}": t.rows(record["id"]).contiguous() for t in texts}
-                    stored.update({f"text_pooled/{t.name}": t.pooled(record["id"]).contiguous() for t in texts
-                                   if t.pooled_hidden_size})
-                    sample["text.safetensors"] = safetensors_bytes(stored, {"clip": record["id"]})
-                    size += len(sample["text.safetensors"])
-                if conditions:  # each set's stored mean; decode_sample builds the pipeline's tensor from it
-                    extra["condition_sets"] = {c.kind: {"frames": len(record["frames"]),
-                                                        "temporal_factor": c.temporal_factor,
-                                                        "latents_mean": c.latents_mean, "latents_std": c.latents_std}
-                                               for c in conditions}
-                    sample["condition.safetensors"] = safetensors_bytes(
-                        {f"condition/{c.kind}": c.stored(record["id"]).contiguous() for c in conditions},
-                        {"clip": record["id"]})
-                    size += len(sample["condition.safetensors"])
+                for kind, readers in kinds:  # each set's stored tensors; decode_sample rebuilds the item's
+                    extra[kind.summary_key()] = {reader.name: reader.export_facts(record["id"]) for reader in readers}
+                    stored = {name: tensor for reader in readers
+                              for name, tensor in reader.export_tensors(record["id"]).items()}
+                    sample[kind.member()] = safetensors_bytes(stored, {"clip": record["id"]})
+                    size += len(sample[kind.member()])
+                if declared:
+                    extra["set_kinds"] = declared
                 body = json.dumps(extra, sort_keys=True, ensure_ascii=False).encode()
                 sample["json"] = body
                 writer.write(sample)
@@ -177,14 +167,8 @@ def export_webdataset(cache_dir: Path | str, target: Path, verify: str = "size",
             "sample": {"latents.safetensors": "the clip's stored tensors by key (mean, logvar, sample), "
                                               "(cameras, C, F, H, W)",
                        "json": "the clip record, plus latent_shape: each stored tensor's shape by key",
-                       **({"text.safetensors": "each text set's stored rows of the clip's prompt (text/<set>; "
-                                               "HunyuanVideo's pooled output text_pooled/<set>); "
-                                               "json's text_sets gives each set's length and token count"}
-                          if texts else {}),
-                       **({"condition.safetensors": "each condition set's stored posterior mean of the clip's "
-                                                    "condition videos (condition/<kind>, (cameras, C, F, H, W)); "
-                                                    "json's condition_sets gives what rebuilds the pipeline's tensor"}
-                          if conditions else {})}})
+                       **{kind.member(): kind.export_description or f"the clip's {kind.name} sets' tensors"
+                          for kind, _ in kinds}}})
     notes = [f"{len(written)} tar(s), one latent shape each ({len(clips_of)} shape(s)); group batches by "
              "latent_shape when a shuffle buffer mixes tars"]
     notes.append("prepared for Megatron-Energon (DIR/.nv-meta, CrudeWebdataset)" if prepare else
@@ -199,24 +183,17 @@ def decode_sample(sample: dict[str, Any]) -> dict[str, Any]:
     parsed (Energon's default decoder)."""
     from safetensors.torch import load
 
-    from vaecache.text.sets import pipeline_tensor
+    from vaecache.cache.kinds import BUILTIN_MODULES, kind_named
 
     record = dict(sample["json"]) if isinstance(sample["json"], dict) else json.loads(sample["json"])
     shape = record.pop("latent_shape", None)
-    texts: dict[str, Any] = {}  # text/<set>, text_mask/<set>, condition/<kind>: as LatentCache gives them
-    stored = load(sample["text.safetensors"]) if "text.safetensors" in sample else {}
-    for name, facts in sorted((record.pop("text_sets", None) or {}).items()):
-        texts[f"text/{name}"], texts[f"text_mask/{name}"] = pipeline_tensor(stored[f"text/{name}"],
-                                                                            int(facts["length"]), int(facts["tokens"]))
-        if f"text_pooled/{name}" in stored:
-            texts[f"text_pooled/{name}"] = stored[f"text_pooled/{name}"]
-    from vaecache.conditions.kinds import pipeline_condition
-
-    means = load(sample["condition.safetensors"]) if "condition.safetensors" in sample else {}
-    for kind, facts in sorted((record.pop("condition_sets", None) or {}).items()):
-        texts[f"condition/{kind}"] = pipeline_condition(means[f"condition/{kind}"], kind, int(facts["frames"]),
-                                                        int(facts["temporal_factor"]), facts["latents_mean"],
-                                                        facts["latents_std"])
+    declared = record.pop("set_kinds", None) or {}
+    texts: dict[str, Any] = {}  # text/<set>, text_mask/<set>, condition/<kind>, ...: as LatentCache gives them
+    for name in [*BUILTIN_MODULES, *sorted(declared)]:
+        kind = kind_named(name, declared.get(name))
+        facts = record.pop(kind.summary_key(), None)
+        if facts:
+            texts.update(kind.decode(load(sample[kind.member()]), facts))
     return {"__key__": sample["__key__"], **load(sample["latents.safetensors"]), **texts, "record": record,
             "latent_shape": tuple((key, tuple(dims)) for key, dims in sorted((shape or {}).items()))}
 

@@ -303,6 +303,9 @@ class TextKind(SetKind):
     item_column = "key"
     metadata_key = "vaecache_text_set"
     export_member = "text.safetensors"
+    sets_key = "text_sets"
+    export_description = ("each text set's stored rows of the clip's prompt (text/<set>; HunyuanVideo's pooled output "
+                          "text_pooled/<set>); json's text_sets gives each set's length and token count")
 
     def job(self, request: EmbedRequest, store: Any, manifest: dict[str, Any], ctx: Any, device: Any,
             given: Any) -> TextJob:
@@ -574,6 +577,24 @@ class TextSet:
     def pooled_tokens(self, clip: str) -> int:
         """The clip's prompt's token count for the pooled encoder (its attention mask's ones)."""
         return int(self._pooled_tokens_of.get(self.key(clip)) or 0)
+
+    def item(self, clip: str) -> dict[str, torch.Tensor]:
+        """What LatentCache's item holds of this set: text/<set> and text_mask/<set> as the pipeline returns them,
+        and text_pooled/<set> where the family has a pooled output."""
+        tensors = dict(zip((f"text/{self.name}", f"text_mask/{self.name}"), self.padded(clip)))
+        if self.pooled_hidden_size:
+            tensors[f"text_pooled/{self.name}"] = self.pooled(clip)
+        return tensors
+
+    def export_tensors(self, clip: str) -> dict[str, torch.Tensor]:
+        """The stored rows (and pooled output) a WebDataset sample carries; `decode` pads them again."""
+        tensors = {f"text/{self.name}": self.rows(clip).contiguous()}
+        if self.pooled_hidden_size:
+            tensors[f"text_pooled/{self.name}"] = self.pooled(clip).contiguous()
+        return tensors
+
+    def export_facts(self, clip: str) -> dict[str, Any]:
+        return {"length": self.length, "tokens": self.tokens(clip)}
 
     def padded(self, clip: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(length, hidden) as the pipeline returns it (Wan: zero rows after the prompt's; LTX-Video, CogVideoX:

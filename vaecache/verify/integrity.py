@@ -30,8 +30,6 @@ from vaecache.cache.v1 import iter_v1_clip_records
 from vaecache.cache.writer import STATS_RTOL, tensor_stats
 from vaecache.errors import ClipTableError, ManifestError, OutputError, ShardHeaderError, UnsafePathError
 from vaecache.settings.dtypes import SAFETENSORS_NAMES
-from vaecache.verify.conditions import check_condition_sets
-from vaecache.verify.text import check_text_sets
 
 MAX_EXAMPLES = 5
 
@@ -213,13 +211,35 @@ def _verify(store: Any, commits: Any, quick: bool, threads: int | None, ctx: Any
     }
     declared_check = check_declarations(manifest, seen, listed_count, listed_bytes, len(failures))
     checks = [manifest_check, clips_check, shard_check, orphan_check, tensor_check, value_check, failures_check,
-              declared_check, *check_text_sets(cache, quick, Check), *check_condition_sets(cache, quick, Check)]
-    summary["text_sets"] = sorted(manifest.get("text") or {}) if isinstance(manifest.get("text"), dict) else []
-    summary["condition_sets"] = (sorted(manifest.get("conditions") or {})
-                                 if isinstance(manifest.get("conditions"), dict) else [])
+              declared_check, *check_sets(cache, quick, summary)]
     if commits.check_name:
         checks.append(_stray_check(stray_check, commits.problems(set(cache.shard_files())), deleted))
     return VerifyReport(str(store.location), complete=True, checks=checks, summary=summary, repaired=deleted)
+
+
+def check_sets(cache: CacheReader, quick: bool, summary: dict[str, Any]) -> list[Check]:
+    """Every kind's checks of its sets (vaecache.cache.kinds), each kind's set names added to `summary`."""
+    from vaecache.cache.kinds import cache_kinds
+    from vaecache.errors import VaecacheError
+
+    try:
+        kinds = cache_kinds(cache.manifest)
+    except VaecacheError as exc:
+        check = Check("set kinds")
+        check.fail(str(exc))
+        return [check]
+    checks = []
+    for kind in kinds:
+        sets = cache.manifest.get(kind.name) or {}
+        if not isinstance(sets, dict):
+            bad = Check(f"{kind.what}s")
+            bad.fail(f"{cache.store.where('manifest.json')}: \"{kind.name}\" is not an object")
+            checks.append(bad)
+            sets = {}
+        else:
+            checks.extend(kind.verify_sets(cache, quick, Check))
+        summary[kind.summary_key()] = sorted(sets)
+    return checks
 
 
 def _stray_check(check: Check, found: StrayFindings, deleted: list[str]) -> Check:

@@ -50,23 +50,13 @@ def verify(out: Any, options: VerifyOptions, ctx: Any = None,
     if options.reencode:
         report.checks.append(check_reencode(cache.out, cache.manifest, cache, int(report.summary["clips"]), options,
                                             ctx))
-        if cache.manifest.get("text") and (ctx is None or ctx.info.rank == 0):
-            from vaecache.distributed.context import resolve_device
-            from vaecache.verify.integrity import Check
-            from vaecache.verify.text import check_text_reembed
-
-            device = ctx.device if ctx is not None else resolve_device(options.device)
-            report.checks.extend(check_text_reembed(cache, options.reencode, options.seed, device, options.tolerance,
-                                                    REENCODE_TOLERANCE, Check, options.allow_pickle_weights))
-        if cache.manifest.get("conditions") and (ctx is None or ctx.info.rank == 0):
-            from vaecache.distributed.context import resolve_device
-            from vaecache.verify.conditions import check_condition_reencode
+        if ctx is None or ctx.info.rank == 0:
+            from vaecache.cache.kinds import cache_kinds
             from vaecache.verify.integrity import Check
 
-            device = ctx.device if ctx is not None else resolve_device(options.device)
-            report.checks.extend(check_condition_reencode(cache, options.reencode, options.seed, device,
-                                                          options.tolerance, REENCODE_TOLERANCE, Check, options.vae,
-                                                          options.allow_pickle_weights))
+            for kind in cache_kinds(cache.manifest):
+                if cache.manifest.get(kind.name):
+                    report.checks.extend(kind.reencode_sets(cache, options, ctx, Check))
     return report
 
 
