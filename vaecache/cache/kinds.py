@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Protocol
+from typing import Any, Protocol
 
 from vaecache.errors import ManifestError, UsageError
 
@@ -148,9 +148,10 @@ class SetKind:
         return dict(stored)
 
     # --- verify
-    def check_item(self, clip: str, tensors: dict[str, Any], row: dict[str, Any]) -> str | None:
-        """verify's check of one clip's tensors (named `clip`, `clip/<part>`) against its table row: a problem, or
-        None (default: nothing more than the generic checks)."""
+    def check_item(self, cache: Any, clip: str, tensors: dict[str, Any], row: dict[str, Any]) -> str | None:
+        """verify's check of one clip's tensors (named `clip`, `clip/<part>`) against its table row and the cache
+        (`cache.clip_record(clip)`): what links the item to its clip; a problem, or None (default: nothing more than
+        the generic checks)."""
         return None
 
     def verify_sets(self, cache: Any, quick: bool, check_type: type) -> list[Any]:
@@ -240,9 +241,43 @@ class SetOutcome:
     events: list[str] = field(default_factory=list)
 
 
-def kinds_of(names: Iterable[str]) -> list[SetKind]:
-    return [kind_named(name) for name in names]
+@dataclass(frozen=True)
+class SetRequest:
+    """`vaecache embed OUT --kind MODULE`: the sets of a kind declared outside vaecache (the module registers it)."""
+
+    out: str
+    module: str
+    set_name: str = "default"
+    replace: bool = False
+    shard_bytes: int = 256 << 20
+    device: str = "auto"
+    storage_options: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.shard_bytes < 1:
+            raise UsageError(f"--shard-size must be at least 1 byte, got {self.shard_bytes}")
+        if not self.module or not all(part.isidentifier() for part in self.module.split(".")):
+            raise UsageError(f"--kind must name a Python module (dotted), got {self.module!r}")
+
+    def kind(self) -> SetKind:
+        """The one kind `module` registers (imported here)."""
+        try:
+            importlib.import_module(self.module)
+        except ImportError as exc:
+            raise UsageError(f"--kind {self.module}: the module does not import ({exc})") from None
+        declared = [kind for kind in _REGISTERED.values() if type(kind).__module__ == self.module]
+        if len(declared) != 1:
+            raise UsageError(f"--kind {self.module}: the module must register exactly one set kind "
+                             f"(vaecache.cache.kinds.register), it registers {len(declared)}")
+        return declared[0]
 
 
-__all__ = ["ComputedItem", "SetJob", "SetKind", "SetOutcome", "SetPlan", "cache_kinds", "kind_named", "register",
-           "set_names"]
+def embed_kind(request: SetRequest, ctx: Any = None) -> list[SetOutcome]:
+    """The sets of the kind `request.module` declares, embedded by the one set machinery."""
+    from vaecache.cache.sets import embed_sets
+
+    return embed_sets(request.kind(), request, ctx)
+
+
+__all__ = ["ComputedItem", "SetJob", "SetKind", "SetOutcome", "SetPlan", "SetRequest", "cache_kinds", "embed_kind",
+           "kind_named", "register", "set_names"]

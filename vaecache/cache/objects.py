@@ -30,6 +30,7 @@ deleted at the end.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import re
 import shutil
@@ -346,8 +347,14 @@ class ObjectOut(FolderOut):
             found = self.store.entries()
         except FileNotFoundError:
             return
+        declared = set()
+        try:
+            manifest = json.loads(self.store.read_if_present(MANIFEST) or b"{}")
+            declared = {name for name in (manifest.get("kinds") or {}) if isinstance(name, str)}
+        except (ValueError, AttributeError, OutputError):
+            pass  # a manifest that does not read records no kind: their folders stay, as anything foreign does
         for name in found:
-            if name in OWNED_ENTRIES and name != LOCK:
+            if (name in OWNED_ENTRIES or name in declared) and name != LOCK:
                 self.store.delete_tree(name)
 
     def publish(self) -> None:

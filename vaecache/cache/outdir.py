@@ -147,6 +147,23 @@ def carried_sets(out: Path, recorded: dict[str, Any]) -> dict[str, Any]:
     return dict(found) if isinstance(found, dict) else {}
 
 
+def declared_kinds(out: Path) -> list[str]:
+    """The folders of the kinds of set declared outside vaecache that OUT's manifest (or, while a run that adds clips
+    is under way, run.json) records: --overwrite removes them with the rest of the cache."""
+    from vaecache.cache.kinds import KINDS_RECORD
+
+    names: set[str] = set()
+    for name, where in ((MANIFEST, ()), (RUN, (CARRIED_SETS,))):
+        try:
+            found: Any = read_json(out / name, name)
+            for key in where:
+                found = found.get(key) or {}
+            names.update(kind for kind in (found.get(KINDS_RECORD) or {}) if isinstance(kind, str))
+        except (OSError, ValueError, AttributeError, ManifestError):
+            continue
+    return sorted(name for name in names if "/" not in name and not name.startswith("."))
+
+
 def changed_sources(recorded: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]]) -> list[str]:
     """Sources both runs saw whose identity differs (the rule of provenance.identity_change). Sources that are
     new (a grown dataset) or gone are not changes here."""
@@ -245,7 +262,7 @@ def prepare_out(out: Path, fingerprint: dict[str, Any], overwrite: bool, job_id:
         acquire_lock(out, job_id)
     try:
         if overwrite:
-            for name in OWNED_ENTRIES:
+            for name in (*OWNED_ENTRIES, *declared_kinds(out)):
                 if name == LOCK:
                     continue
                 target = out / name

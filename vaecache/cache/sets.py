@@ -647,7 +647,7 @@ def verify_item_sets(cache: Any, kind: Any, quick: bool, check_type: type) -> li
                         check.fail(f"{cache.store.where(shard)}: clip {clip}'s tensor does not match the statistics "
                                    "its table records (altered, or another clip's)")
                         continue
-                problem = kind.check_item(clip, found, row)
+                problem = kind.check_item(cache, clip, found, row)
                 if problem:
                     check.fail(f"{cache.store.where(shard)}: clip {clip}: {problem}")
                     continue
@@ -656,3 +656,24 @@ def verify_item_sets(cache: Any, kind: Any, quick: bool, check_type: type) -> li
             check.fail(f"{kind.what} {name}: {type(exc).__name__}: {exc}")
         rows.append(check)
     return rows
+
+
+def unrecorded_set_folders(store: Any, known: set[str]) -> list[str]:
+    """Folders at OUT's top level outside `known` (the layout's own entries and the kinds the manifest records) that
+    hold what an embed of a kind leaves before its first manifest names it: a shard or a commit record under
+    <folder>/<set>/<generation>/."""
+    from vaecache.cache.store import LocalStore
+
+    try:
+        top = ({path.name for path in store.folder.iterdir() if path.is_dir()} if isinstance(store, LocalStore)
+               else store.entries())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found = []
+    for entry in sorted(top - known):
+        for name in store.listing(entry):
+            parts = name.split("/")
+            if len(parts) >= 4 and (parts[3] == COMMITS_DIR or parts[-1].endswith(".safetensors")):
+                found.append(entry)
+                break
+    return found

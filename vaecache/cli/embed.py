@@ -37,8 +37,12 @@ def embed(
                                                    "framepack-diffusers (SigLIP, last_hidden_state)."),
     vae: Optional[str] = typer.Option(None, "--vae", help="--condition: another path to the cache's VAE (its "
                                       "fingerprint must be the recorded one; default the recorded --vae)."),
-    set_name: Optional[str] = typer.Option(None, "--set", help="The text set's name (default: default; a cache "
-                                           "holds several)."),
+    kind: Optional[str] = typer.Option(None, "--kind", help="MODULE: the sets of a kind of tensor declared outside "
+                                       "vaecache (a module that registers one vaecache.cache.kinds.SetKind; "
+                                       "docs/architecture.md); the module is recorded, so verify and the readers "
+                                       "import it."),
+    set_name: Optional[str] = typer.Option(None, "--set", help="The text set's (or --kind's set's) name (default: "
+                                           "default; a cache holds several)."),
     caption_field: Optional[str] = typer.Option(None, "--caption-field", help="The key of each clip's metadata that "
                                                 "holds its caption (default: caption; clips without it get the empty "
                                                 "prompt)."),
@@ -66,6 +70,7 @@ def embed(
     """Embed the clips' captions with a text encoder into a named set (--text-encoder), and/or their image-to-video
     conditions (--condition), in a finished cache; latents untouched. Under torchrun or SLURM the shards are split
     across the ranks (the same files at any world size)."""
+    from vaecache.cache.kinds import SetRequest, embed_kind
     from vaecache.conditions.sets import ConditionRequest, embed_conditions
     from vaecache.distributed.context import distributed
     from vaecache.errors import UsageError
@@ -73,21 +78,22 @@ def embed(
     from vaecache.text.sets import EmbedRequest, embed_cache
     from vaecache.urls import parse_storage_options
 
-    text_only = {"--set": set_name, "--caption-field": caption_field, "--captions": captions, "--dtype": dtype,
+    text_only = {"--set": None if kind is not None else set_name, "--caption-field": caption_field,
+                 "--captions": captions, "--dtype": dtype,
                  "--compute-dtype": compute_dtype, "--text-batch": text_batch, "--text-length": text_length,
                  "--text-layer": text_layer}
     given = [flag for flag, value in text_only.items() if value is not None]
     if text_encoder is None and given:
         raise UsageError(f"{', '.join(given)} appl{'y' if len(given) > 1 else 'ies'} to --text-encoder (the text set)")
-    kinds = [kind.strip() for kind in (condition or "").split(",")]
+    kinds = [part.strip() for part in (condition or "").split(",")]
     if "image-features" not in kinds and (image_encoder is not None or image_convention is not None):
         raise UsageError(f"{'--image-encoder' if image_encoder is not None else '--image-convention'} applies to "
                          "--condition image-features")
     if vae is not None and not {"first-frame", "first-last"} & set(kinds):
         raise UsageError("--vae applies to --condition first-frame or first-last (the kinds the cache's VAE encodes)")
-    if text_encoder is None and condition is None:
+    if text_encoder is None and condition is None and kind is None:
         raise UsageError("embed needs --text-encoder SPEC (caption embeddings) and/or --condition KIND "
-                         "(image-to-video conditions)")
+                         "(image-to-video conditions), or --kind MODULE")
     storage = tuple(parse_storage_options(storage_option))
     request = None if text_encoder is None else EmbedRequest(
         out=out, text_encoder=text_encoder, set_name=set_name or "default", caption_field=caption_field or "caption",
@@ -98,15 +104,22 @@ def embed(
         out=out, kinds=condition, replace=replace, shard_bytes=parse_bytes(shard_size), device=device, vae=vae,
         allow_pickle_weights=allow_pickle_weights, storage_options=storage, image_encoder=image_encoder,
         image_convention=image_convention or "wan-diffusers")
+    declared = None if kind is None else SetRequest(
+        out=out, module=kind, set_name=set_name or "default", replace=replace, shard_bytes=parse_bytes(shard_size),
+        device=device, storage_options=storage)
+    declared_kind = declared.kind() if declared is not None else None
     with distributed(device=device) as ctx:  # under torchrun the shards are split across the ranks
         summary = embed_cache(request, ctx=ctx) if request is not None else None
         condition_summaries = embed_conditions(conditions, ctx=ctx) if conditions is not None else []
+        outcomes = embed_kind(declared, ctx=ctx) if declared is not None else []
         if ctx.info.rank != 0:
             return
     if summary is not None:
         _print_text_summary(summary)
     for done in condition_summaries:
         _print_condition_summary(done)
+    for outcome in outcomes:
+        _print_kind_summary(declared_kind, outcome)
 
 
 def _print_condition_summary(summary) -> None:
@@ -146,6 +159,20 @@ def _print_text_summary(summary) -> None:
     if summary.truncated_prompts:
         console.print(escape(f"  {summary.truncated_prompts} prompt(s) were longer than the encoder's length and "
                              f"truncated, e.g. clip(s) {', '.join(summary.truncated_examples)}"), soft_wrap=True)
+
+
+def _print_kind_summary(kind, outcome) -> None:
+    what = f"{kind.what} {outcome.name!r}"
+    if outcome.unchanged:
+        console.print(escape(f"{what} of {outcome.extra['out']} is up to date: nothing written"), soft_wrap=True)
+        return
+    verb = ("repaired" if outcome.repaired and not (outcome.replaced or outcome.updated) else
+            "replaced" if outcome.replaced else "updated" if outcome.updated else "added")
+    record = outcome.record
+    size = sum(s["bytes"] for s in record["shards"]) + sum(t["bytes"] for t in record["tables"].values())
+    console.print(escape(f"{verb} {what} in {outcome.extra['out']}: {len(record['shards'])} shard(s), "
+                         f"{human_bytes(size)}"), soft_wrap=True)
+    _print_work(outcome, "item(s)")
 
 
 def _print_work(summary, items: str) -> None:

@@ -239,6 +239,16 @@ def check_sets(cache: CacheReader, quick: bool, summary: dict[str, Any]) -> list
         else:
             checks.extend(kind.verify_sets(cache, quick, Check))
         summary[kind.summary_key()] = sorted(sets)
+    from vaecache.cache.layout import OWNED_ENTRIES
+    from vaecache.cache.sets import unrecorded_set_folders
+
+    unrecorded = unrecorded_set_folders(cache.store, {*OWNED_ENTRIES, *(kind.name for kind in kinds)})
+    if unrecorded:
+        check = Check("unrecorded sets")
+        for folder in unrecorded:
+            check.fail(f"{cache.store.where(folder)}: the shards of a kind of set the manifest does not record (an "
+                       "interrupted first embed of it): run that embed again, or delete the folder")
+        checks.append(check)
     return checks
 
 
