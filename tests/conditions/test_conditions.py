@@ -99,6 +99,32 @@ def test_verify_names_a_removed_condition_with_every_hash_recomputed(cache, run_
         LatentCache(cache)[clip]
 
 
+def test_verify_proves_each_conditions_link_to_its_clips_frames_with_every_hash_recomputed(cache, run_cli):
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    assert run_cli(["embed", cache, "--condition", "first-frame"]).exit_code == 0
+    manifest = json.loads((cache / "manifest.json").read_text())
+    entry = manifest["conditions"]["first-frame"]
+    table_file = cache / entry["tables"]["clips"]["file"]
+    table = pq.read_table(table_file)
+    assert table.column_names[-1] == "inputs"
+    inputs = table.column("inputs").to_pylist()
+    forged = table.set_column(table.column_names.index("inputs"), "inputs",
+                              pa.array([inputs[1], inputs[0], *inputs[2:]], pa.string()))
+    buffer = io.BytesIO()
+    pq.write_table(forged, buffer)
+    table_file.write_bytes(buffer.getvalue())
+    entry["tables"]["clips"].update(bytes=len(buffer.getvalue()), sha256=hashlib.sha256(buffer.getvalue()).hexdigest())
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    bad = run_cli(["verify", cache])
+    first = table.column("id").to_pylist()[0]
+    assert bad.exit_code == 1
+    assert f"clip {first}'s condition was made from other frames than the clip's" in bad.output
+
+
 def test_verify_reencode_recomputes_conditions_and_names_a_changed_one(cache, run_cli, tmp_path):
     import pyarrow.parquet as pq
     from safetensors.torch import load, save

@@ -79,10 +79,11 @@ def _check_set(cache: Any, kind: str, entry: Any, records: list[dict[str, Any]],
 
     from vaecache.cache.reader import shard_header
     from vaecache.cache.writer import STATS_RTOL, tensor_stats
-    from vaecache.conditions.sets import latent_shape
+    from vaecache.conditions.sets import clip_inputs, latent_shape
 
     shapes = {record["id"]: latent_shape(record) for record in records}
     frame_counts = {record["id"]: len(record["frames"]) for record in records}
+    inputs = dict(clip_inputs(records))
 
     store = cache.store
     if not isinstance(entry, dict) or not isinstance(entry.get("generation"), str):
@@ -112,6 +113,9 @@ def _check_set(cache: Any, kind: str, entry: Any, records: list[dict[str, Any]],
         if clip in frame_counts and row.get("frames") != frame_counts[clip]:
             check.fail(f"condition set {kind}: clip {clip} is listed with {row.get('frames')} frames, the clip has "
                        f"{frame_counts[clip]}")
+        elif clip in inputs and "inputs" in row and row["inputs"] != inputs[clip]:
+            check.fail(f"condition set {kind}: clip {clip}'s condition was made from other frames than the clip's "
+                       "(its inputs hash differs: another clip's row, or the clip changed)")
     missing = [clip for clip in shapes if clip not in shard_of]
     for clip in missing[:5]:
         check.fail(f"condition set {kind}: clip {clip} has no condition")
