@@ -135,3 +135,13 @@ def test_overwrite_removes_the_declared_kinds_sets_with_the_rest_of_the_cache(de
     assert not (cache / "latent-mean").exists()
     assert "kinds" not in json.loads((cache / "manifest.json").read_text())
     assert run_cli(["verify", cache]).exit_code == 0
+
+
+def test_inspect_lists_every_kinds_sets_from_the_manifest(cache, run_cli):
+    assert run_cli(["embed", cache, *KIND]).exit_code == 0
+    assert run_cli(["embed", cache, "--condition", "first-frame"]).exit_code == 0
+    shown = run_cli(["inspect", cache])
+    assert shown.exit_code == 0, shown.output
+    assert "conditions set first-frame: 3 clips, 1 shard(s)" in shown.output
+    assert "latent-mean set default: 3 clips, 3 shard(s)" in shown.output
+    assert "(declared by tests.cache.latent_mean)" in shown.output

@@ -68,7 +68,29 @@ def inspect_cache(out: Path | str, with_failures: bool = False,
                   **{f"{k}_table": v for k, v in tables.items()}},
         "failures": {"count": len(failures), "by_reason": reason_counts(failures),
                      **({"records": failures} if with_failures else {})},
+        "sets": set_summaries(manifest),
     }
+
+
+def set_summaries(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every set the manifest lists, by kind (the built-in ones and those it records; vaecache.cache.kinds) and name:
+    clips, shards and bytes, from the manifest alone (no kind's module is imported)."""
+    from vaecache.cache.kinds import BUILTIN_MODULES, KINDS_RECORD
+
+    declared = manifest.get(KINDS_RECORD) if isinstance(manifest.get(KINDS_RECORD), dict) else {}
+    found: dict[str, dict[str, Any]] = {}
+    for kind in [*BUILTIN_MODULES, *sorted(declared)]:
+        sets = manifest.get(kind)
+        if not isinstance(sets, dict) or not sets:
+            continue
+        found[kind] = {}
+        for name, record in sorted(sets.items()):
+            record = record if isinstance(record, dict) else {}
+            files = [*(record.get("shards") or []), *(record.get("tables") or {}).values()]
+            found[kind][name] = {"clips": record.get("clips"), "shards": len(record.get("shards") or []),
+                                 "bytes": sum(int(f.get("bytes", 0)) for f in files if isinstance(f, dict)),
+                                 **({"module": declared[kind]} if kind in declared else {})}
+    return found
 
 
 def inspect_clip(out: Path | str, clip_id: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -95,4 +117,4 @@ def inspect_clip(out: Path | str, clip_id: str, storage_options: dict[str, Any] 
     return {"out": str(reader.out), "clip": clip_id, "record": record, "tensors": tensors}
 
 
-__all__ = ["inspect_cache", "inspect_clip", "latent_shapes"]
+__all__ = ["inspect_cache", "inspect_clip", "latent_shapes", "set_summaries"]

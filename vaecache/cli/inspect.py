@@ -40,6 +40,11 @@ def _summary_lines(info: dict[str, Any]) -> list[str]:
         lines.append(f"buckets: {json.dumps(info['buckets'])}")
     lines.append(f"{failures['count']} failures"
                  + "".join(f"\n  {n} {reason}" for reason, n in failures["by_reason"].items()))
+    for kind, sets in (info.get("sets") or {}).items():
+        for name, facts in sets.items():
+            lines.append(f"{kind} set {name}: {facts['clips']} clips, {facts['shards']} shard(s), "
+                         f"{human_bytes(facts['bytes'])}" + (f" (declared by {facts['module']})"
+                                                             if facts.get("module") else ""))
     return lines
 
 
