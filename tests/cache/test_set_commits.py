@@ -92,3 +92,27 @@ def test_a_grown_cache_computes_only_its_new_items_into_the_files_a_run_from_scr
         assert files_of(grown / kind) == files_of(scratch / kind)
     assert set_records(grown) == set_records(scratch)
     assert run_cli(["verify", grown]).exit_code == 0
+
+
+def test_in_s3_a_killed_embed_resumes_and_a_deleted_shard_object_is_repaired(s3, caption_cache, wan_text, run_cli,
+                                                                            tmp_path):
+    from tests.conftest import run_vaecache
+    from tests.s3 import download, upload
+
+    whole = shutil.copytree(caption_cache, tmp_path / "whole")
+    text = ["--text-encoder", f"diffusers:{wan_text}", *TEXT]
+    assert run_cli(["embed", whole, *text]).exit_code == 0
+    url = upload(s3, caption_cache, "set-commits")
+    crashed = run_vaecache("embed", url, *text, env={"VAECACHE_FAULT": "crash-after-set-shard:text:2"})
+    assert crashed.returncode == 137, crashed.stderr[-2000:]
+    resumed = run_cli(["embed", url, *text])
+    assert resumed.exit_code == 0 and "2 shard(s) an interrupted run committed kept" in resumed.output
+    prefix = "set-commits/cache"
+    (shard,) = [key for key in s3.find(f"{prefix}/text") if key.endswith("embeddings-00001.safetensors")]
+    s3.rm(shard)
+    assert run_cli(["verify", url]).exit_code == 1
+    repaired = run_cli(["embed", url, *text])
+    assert repaired.exit_code == 0 and "repaired text set 'default'" in repaired.output
+    fetched = download(s3, url, tmp_path / "fetched")
+    assert files_of(fetched / "text") == files_of(whole / "text")
+    assert run_cli(["verify", url]).exit_code == 0
