@@ -50,9 +50,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from vaecache.conditions.kinds import condition_video
     from vaecache.demodata import DemoDataSpec, write_demo_dataset
-    from vaecache.encode.fingerprint import load_recorded_vae
     from vaecache.settings.buckets import parse_size
     from vaecache.training import LatentCache
+    from vaecache.vae.recorded import load_recorded_vae
 
     args = parse_args(argv)
     height, width = parse_size(args.size)

@@ -111,9 +111,7 @@ class LatentCache:
     def text_sets(self) -> list[str]:
         """The names of the cache's text-embedding sets (vaecache embed); each item carries `text/<set>`
         (length, hidden) zero-padded as the pipeline returns it, and `text_mask/<set>` (length,) bool."""
-        from vaecache.text.sets import text_set_names
-
-        return text_set_names(self.manifest)
+        return sorted(self.sets().get("text") or {})
 
     def sets(self) -> dict[str, dict[str, Any]]:
         """Every set of the cache, by kind (vaecache.cache.kinds: text, conditions and any kind the manifest records)
@@ -139,9 +137,7 @@ class LatentCache:
         `condition/<kind>`: for first-frame and first-last (cameras, temporal_factor + C, latent frames, h, w)
         float32, the frame mask then the normalized condition latents, as WanImageToVideoPipeline.prepare_latents
         returns them per camera; for image-features (cameras, tokens, hidden) as stored."""
-        from vaecache.conditions.reader import condition_set_names
-
-        return condition_set_names(self.manifest)
+        return sorted(self.sets().get("conditions") or {})
 
     def condition(self, clip_id: str, kind: str, normalized: bool = True) -> torch.Tensor:
         """A clip's condition of `kind`: the pipeline's tensor (first-frame, first-last: the mask and the normalized

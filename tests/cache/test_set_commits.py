@@ -1,4 +1,4 @@
-"""What every kind of set gets from the one set machinery (vaecache.cache.sets.embed_sets): a deleted or damaged
+"""What every kind of set gets from the one set machinery (vaecache.cache.embedding.embed_sets): a deleted or damaged
 shard of a listed set is repaired by the next embed, and a cache that grew computes only its new items, copying the
 rest, into the very files a run from scratch writes."""
 

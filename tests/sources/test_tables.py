@@ -14,10 +14,11 @@ import pytest
 from tests.conftest import ENCODE_ARGS, assert_same_tensors, invoke, load_tensors, read_clips, read_failures
 from tests.videos import LAYOUTS, write_video
 from vaecache.errors import DatasetError, UsageError
+from vaecache.settings.options import parse_columns
 from vaecache.sources.discover import discover
 from vaecache.sources.probing import frames_in_time
 from vaecache.sources.scene import CameraProbe, SourceOptions
-from vaecache.sources.tables import parse_columns, parse_seconds, scenes_from_table
+from vaecache.sources.tables import parse_seconds, scenes_from_table
 from vaecache.video.reader import VideoReader
 
 

@@ -75,7 +75,8 @@ def inspect_cache(out: Path | str, with_failures: bool = False,
 def set_summaries(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Every set the manifest lists, by kind (the built-in ones and those it records; vaecache.cache.kinds) and name:
     clips, shards and bytes, from the manifest alone (no kind's module is imported)."""
-    from vaecache.cache.kinds import BUILTIN_MODULES, KINDS_RECORD
+    from vaecache.cache.layout import BUILTIN_SET_KINDS as BUILTIN_MODULES
+    from vaecache.cache.layout import KINDS_RECORD
 
     declared = manifest.get(KINDS_RECORD) if isinstance(manifest.get(KINDS_RECORD), dict) else {}
     found: dict[str, dict[str, Any]] = {}

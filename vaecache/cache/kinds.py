@@ -2,7 +2,7 @@
 its shard files, its per-item table, and says how one shard's tensors are computed (its `SetJob`), how verify
 checks its sets, and what a reader and the WebDataset export add to a clip's item. Everything else (the lock,
 shards split across ranks, commits, resume and repair, rows copied from the set before, the tables, the one
-manifest write, the fault hook) is vaecache.cache.sets.embed_sets, the same for every kind.
+manifest write, the fault hook) is vaecache.cache.embedding.embed_sets, the same for every kind.
 
 The built-in kinds are text (vaecache.text.sets) and conditions (vaecache.conditions.sets). Another kind is a class
 in any importable module that calls `register(...)` at import; `embed_sets` records that module in the manifest
@@ -16,11 +16,10 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from vaecache.cache.layout import BUILTIN_SET_KINDS as BUILTIN_MODULES
+from vaecache.cache.layout import KINDS_RECORD
 from vaecache.errors import ManifestError, UsageError
 
-KINDS_RECORD = "kinds"
-"""manifest.json's record of the kinds declared outside vaecache: {kind name: the module that registers it}."""
-BUILTIN_MODULES = {"text": "vaecache.text.sets", "conditions": "vaecache.conditions.sets"}
 COLUMN_TYPES = ("string", "int32", "int64", "float64", "bool", "list<bool>", "list<int32>", "list<float64>")
 SHARD_COLUMN = "shard"
 
@@ -272,12 +271,5 @@ class SetRequest:
         return declared[0]
 
 
-def embed_kind(request: SetRequest, ctx: Any = None) -> list[SetOutcome]:
-    """The sets of the kind `request.module` declares, embedded by the one set machinery."""
-    from vaecache.cache.sets import embed_sets
-
-    return embed_sets(request.kind(), request, ctx)
-
-
-__all__ = ["ComputedItem", "SetJob", "SetKind", "SetOutcome", "SetPlan", "SetRequest", "cache_kinds", "embed_kind",
+__all__ = ["ComputedItem", "SetJob", "SetKind", "SetOutcome", "SetPlan", "SetRequest", "cache_kinds",
            "kind_named", "register", "set_names"]

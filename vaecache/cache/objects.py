@@ -43,6 +43,7 @@ from vaecache.cache.io import whole_lines
 from vaecache.cache.layout import (
     CLIPS,
     FAILURES,
+    KINDS_RECORD,
     LOCK,
     LOGS_DIR,
     MANIFEST,
@@ -350,7 +351,7 @@ class ObjectOut(FolderOut):
         declared = set()
         try:
             manifest = json.loads(self.store.read_if_present(MANIFEST) or b"{}")
-            declared = {name for name in (manifest.get("kinds") or {}) if isinstance(name, str)}
+            declared = {name for name in (manifest.get(KINDS_RECORD) or {}) if isinstance(name, str)}
         except (ValueError, AttributeError, OutputError):
             pass  # a manifest that does not read records no kind: their folders stay, as anything foreign does
         for name in found:

@@ -13,6 +13,8 @@ from typing import Any, Callable, Sequence
 
 from vaecache.cache.io import AppendLog, atomic_write_bytes, atomic_write_json, read_json
 from vaecache.cache.layout import (
+    BUILTIN_SET_KINDS,
+    KINDS_RECORD,
     LOCK,
     LOGS_DIR,
     MANIFEST,
@@ -133,12 +135,10 @@ def carried_sets(out: Path, recorded: dict[str, Any]) -> dict[str, Any]:
     """The sets of every kind (vaecache.cache.kinds) the next manifest lists again, with the record of the kinds
     declared outside vaecache: the finished manifest's, or, once it is gone (a resumed run), what run.json recorded
     of them."""
-    from vaecache.cache.kinds import BUILTIN_MODULES, KINDS_RECORD
-
     if (out / MANIFEST).exists():
         manifest = read_json(out / MANIFEST, "manifest")
         declared = manifest.get(KINDS_RECORD) if isinstance(manifest.get(KINDS_RECORD), dict) else {}
-        carried = {kind: manifest[kind] for kind in [*BUILTIN_MODULES, *declared]
+        carried = {kind: manifest[kind] for kind in [*BUILTIN_SET_KINDS, *declared]
                    if isinstance(manifest.get(kind), dict) and manifest[kind]}
         if carried and declared:
             carried[KINDS_RECORD] = declared
@@ -150,8 +150,6 @@ def carried_sets(out: Path, recorded: dict[str, Any]) -> dict[str, Any]:
 def declared_kinds(out: Path) -> list[str]:
     """The folders of the kinds of set declared outside vaecache that OUT's manifest (or, while a run that adds clips
     is under way, run.json) records: --overwrite removes them with the rest of the cache."""
-    from vaecache.cache.kinds import KINDS_RECORD
-
     names: set[str] = set()
     for name, where in ((MANIFEST, ()), (RUN, (CARRIED_SETS,))):
         try:

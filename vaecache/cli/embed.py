@@ -70,12 +70,15 @@ def embed(
     """Embed the clips' captions with a text encoder into a named set (--text-encoder), and/or their image-to-video
     conditions (--condition), in a finished cache; latents untouched. Under torchrun or SLURM the shards are split
     across the ranks (the same files at any world size)."""
-    from vaecache.cache.kinds import SetRequest, embed_kind
-    from vaecache.conditions.sets import ConditionRequest, embed_conditions
+    from vaecache.cache.embedding import embed_kind
+    from vaecache.cache.kinds import SetRequest
+    from vaecache.conditions.embed import embed_conditions
+    from vaecache.conditions.sets import ConditionRequest
     from vaecache.distributed.context import distributed
     from vaecache.errors import UsageError
     from vaecache.settings.options import parse_bytes
-    from vaecache.text.sets import EmbedRequest, embed_cache
+    from vaecache.text.embed import embed_cache
+    from vaecache.text.sets import EmbedRequest
     from vaecache.urls import parse_storage_options
 
     text_only = {"--set": None if kind is not None else set_name, "--caption-field": caption_field,

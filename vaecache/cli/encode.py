@@ -96,7 +96,8 @@ def encode(
             label, unit, console, enabled=is_rank0 and cfg.progress), on_failure=live)
         embedded = None
         if cfg.text_encoder and not summary.stopped and summary.exit_code in (EXIT_OK, EXIT_PARTIAL):
-            from vaecache.text.sets import EmbedRequest, embed_cache
+            from vaecache.text.embed import embed_cache
+            from vaecache.text.sets import EmbedRequest
 
             embedded = embed_cache(EmbedRequest(out=str(cfg.out), text_encoder=cfg.text_encoder, device=cfg.device,
                                                 require_caption_field=False,
@@ -104,7 +105,8 @@ def encode(
                                                 storage_options=cfg.storage_options), ctx=ctx)
         conditioned = []
         if cfg.condition and not summary.stopped and summary.exit_code in (EXIT_OK, EXIT_PARTIAL):
-            from vaecache.conditions.sets import ConditionRequest, embed_conditions
+            from vaecache.conditions.embed import embed_conditions
+            from vaecache.conditions.sets import ConditionRequest
 
             conditioned = embed_conditions(ConditionRequest(
                 out=str(cfg.out), kinds=cfg.condition, device=cfg.device, vae=cfg.vae,

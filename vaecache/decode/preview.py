@@ -258,11 +258,11 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
     check_output(output, settings.overwrite)
 
     from vaecache.distributed.context import resolve_device
-    from vaecache.encode.fingerprint import load_recorded_vae
     from vaecache.settings.clip import ClipSettings
     from vaecache.training import LatentCache
     from vaecache.urls import set_data_storage_options
     from vaecache.vae.latent_decode import decode_mode, iter_decoded
+    from vaecache.vae.recorded import load_recorded_vae
     from vaecache.video.backends import backend_for_record
     from vaecache.video.dataset import ViewDecoder, recorded_views
 

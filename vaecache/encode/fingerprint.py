@@ -1,51 +1,15 @@
-"""What identifies a run's latents: the run fingerprint (settings, VAE, decoder, numerics) and the VAE it
-records."""
+"""What identifies a run's latents: the run fingerprint (settings, VAE, decoder, numerics); the VAE's part and the
+loading of a recorded VAE are vaecache.vae.recorded's."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from vaecache.cache.layout import FORMAT_VERSION
-from vaecache.cache.outdir import describe_differences, upgraded_fingerprint
-from vaecache.errors import UsageError
-from vaecache.settings.clip import ClipSettings
 from vaecache.settings.commands import EncodeConfig
-from vaecache.vae.load import load_vae
+from vaecache.vae.recorded import run_fingerprint_vae_part
 from vaecache.vae.runner import VaeRunner
 from vaecache.video.backends import Backend
-
-
-def load_recorded_vae(out: Path, manifest: dict[str, Any], spec: str, device: Any,
-                      allow_pickle_weights: bool = False) -> VaeRunner:
-    """The VAE that encoded OUT, loaded with the recorded settings (dtype, tiling, views per forward) from `spec`
-    (the recorded spec, or a --vae override); a UsageError unless its fingerprint is the recorded one.
-    `verify --reencode` and `vaecache decode` load through here."""
-
-    clip_settings = ClipSettings.from_record(manifest.get("settings", {}))
-    vae = load_vae(spec, device, clip_settings.dtype, tiling=clip_settings.tiling,
-                   allow_pickle_weights=allow_pickle_weights, vae_config=manifest.get("settings", {}).get("vae_config"),
-                   views_per_forward=(clip_settings.views_per_forward
-                                      if isinstance(clip_settings.views_per_forward, int) else 1),
-                   compiled=clip_settings.compiled, channels_last=clip_settings.channels_last,
-                   encoder_impl=manifest.get("vae", {}).get("encoder_impl", "reference"))
-    # encoder_variant depends on the device (compiled kernels on CUDA, eager on CPU): decode and --reencode on
-    # another machine load the same VAE; the re-encode's tolerance covers the rounding
-    machine = ("spec", "encoder_variant")
-    recorded = upgraded_fingerprint({"vae": {k: v for k, v in manifest.get("vae", {}).items()
-                                             if k not in machine}})["vae"]
-    given = {k: v for k, v in run_fingerprint_vae_part(vae).items() if k not in machine}
-    if recorded != given:
-        diffs = describe_differences(recorded, given)
-        raise UsageError(f"--vae {spec} does not match the VAE recorded in {out}/manifest.json "
-                         f"({'; '.join(diffs[:3])})")
-    return vae
-
-
-def run_fingerprint_vae_part(vae: VaeRunner) -> dict[str, Any]:
-    """The VAE's identity as recorded (JSON round-tripped, so it compares equal to a stored copy)."""
-    return json.loads(json.dumps({k: v for k, v in vae.model.fingerprint().items() if k != "spec"}))
 
 
 def run_fingerprint(cfg: EncodeConfig, vae: VaeRunner, decoder: Backend, numerics: dict[str, Any],

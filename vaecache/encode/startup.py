@@ -18,12 +18,12 @@ from vaecache.meter import MeterFactory, meter_phase
 from vaecache.parallel.encoders import encoder_for
 from vaecache.planning.jobs import JobPlan, plan_job, sp_repeats_advice
 from vaecache.settings.clip import SyncConfig
-from vaecache.settings.vae_specs import check_vae_spec
 from vaecache.sources.discover import discover
 from vaecache.sources.probing import probe_dataset
 from vaecache.sources.scene import Discovery, Scene, SceneProbe, SourceOptions
 from vaecache.urls import set_data_storage_options
 from vaecache.vae import VaeRunner, load_vae
+from vaecache.vae.specs import check_vae_spec
 from vaecache.video.backends import Backend, resolve_decoder
 
 log = logging.getLogger("vaecache")
@@ -135,14 +135,25 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
 
 
 def check_embedder_folders(settings: Any) -> None:
-    """The encoders of the sets the encode adds once it is done (--text-encoder, --image-encoder): their folders,
-    configs and weights files present, checked before any video is probed (a typo must not cost the whole encode)."""
+    """The sets the encode adds once it is done (--text-encoder, --condition, --image-encoder): each option checked
+    by the kind or family that owns it, and the encoders' folders, configs and weights files present, before any
+    video is probed (a typo must not cost the whole encode)."""
     if getattr(settings, "text_encoder", None):
         from vaecache.text.encoder import text_encoder_folders
+        from vaecache.text.families import check_text_spec
 
+        check_text_spec(settings.text_encoder)
         text_encoder_folders(settings.text_encoder)
+    if getattr(settings, "condition", None) is not None:
+        from vaecache.conditions.kinds import parse_condition_kinds
+
+        kinds = parse_condition_kinds(settings.condition)
+        if not kinds:
+            raise UsageError("--condition: name at least one kind (first-frame, first-last, image-features)")
     if "image-features" in (getattr(settings, "condition", None) or ""):
-        from vaecache.conditions.images import image_encoder_folders
+        from vaecache.conditions.images import check_image_options, image_encoder_folders
+
+        check_image_options(settings.image_encoder, settings.image_convention)
 
         image_encoder_folders(settings.image_encoder, settings.image_convention)
 

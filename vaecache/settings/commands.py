@@ -83,20 +83,6 @@ class EncodeConfig:
     def __post_init__(self) -> None:
         if isinstance(self.probe_workers, bool) or not isinstance(self.probe_workers, int) or self.probe_workers < 1:
             raise UsageError(f"--probe-workers must be an integer >= 1, got {self.probe_workers!r}")
-        if self.text_encoder is not None:
-            from vaecache.text.families import check_text_spec
-
-            check_text_spec(self.text_encoder)
-        if self.condition is not None:
-            from vaecache.conditions.kinds import parse_condition_kinds
-
-            kinds = parse_condition_kinds(self.condition)
-            if not kinds:
-                raise UsageError("--condition: name at least one kind (first-frame, first-last, image-features)")
-            if "image-features" in kinds:
-                from vaecache.conditions.images import check_image_options
-
-                check_image_options(self.image_encoder, self.image_convention)
         if self.image_encoder is not None and "image-features" not in (self.condition or ""):
             raise UsageError("--image-encoder applies to --condition image-features")
         if not self.vae:

@@ -17,6 +17,9 @@ RECORDED_NAMES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16":
 """CLI name (``--dtype``) -> the name manifests and clip records use (torch's, without ``torch.``)."""
 DTYPE_CHOICES: tuple[str, ...] = tuple(RECORDED_NAMES)
 """The names ``--dtype`` accepts."""
+REENCODE_TOLERANCE: dict[str, float] = {"float32": 1e-6, "float16": 1e-3, "bfloat16": 8e-3}
+"""`verify --reencode`'s default tolerance by stored dtype: max abs difference over max abs stored value (latents,
+text rows, conditions)."""
 SAFETENSORS_NAMES: dict[str, str] = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 """Recorded name -> the dtype a safetensors header states."""
 

@@ -51,11 +51,28 @@ def parse_cameras(value: str | list[str]) -> tuple[str, ...]:
     return tuple(value)
 
 
-def parse_columns(value: str | list[str] | None) -> tuple[tuple[str, str], ...]:
-    """--column ROLE=NAME,... (or a TOML list of them) -> ((role, column), ...): sources.tables.parse_columns."""
-    from vaecache.sources.tables import parse_columns
+COLUMN_ROLES = ("path", "id", "start", "end", "start_frame", "end_frame", "ranges")
+"""The roles --column gives a metadata table's columns (vaecache.sources.tables reads them)."""
 
-    return parse_columns(value)
+
+def parse_columns(values: str | list[str] | tuple[str, ...] | None) -> tuple[tuple[str, str], ...]:
+    """--column ROLE=NAME (repeatable, or comma-separated) -> ((role, column), ...), checked."""
+    if values is None:
+        return ()
+    items = [values] if isinstance(values, str) else list(values)
+    found: dict[str, str] = {}
+    for item in (part.strip() for value in items for part in str(value).split(",")):
+        if not item:
+            continue
+        role, sep, column = (piece.strip() for piece in item.partition("="))
+        if not sep or not role or not column:
+            raise UsageError(f"--column takes ROLE=COLUMN (e.g. path=video_path), got {item!r}")
+        if role not in COLUMN_ROLES:
+            raise UsageError(f"--column: unknown role {role!r} (roles: {', '.join(COLUMN_ROLES)})")
+        if role in found and found[role] != column:
+            raise UsageError(f"--column: role {role!r} given twice ({found[role]!r} and {column!r})")
+        found[role] = column
+    return tuple(sorted(found.items()))
 
 
 @dataclass(frozen=True)

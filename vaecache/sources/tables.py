@@ -30,36 +30,16 @@ import posixpath
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from vaecache.errors import DatasetError, UsageError
+from vaecache.errors import DatasetError
+from vaecache.settings.options import COLUMN_ROLES
 from vaecache.sources.jsonl import resolved_in
 from vaecache.sources.scene import SINGLE_CAMERA, LayoutScenes, Scene, SourceOptions
 from vaecache.urls import folder_of
 
-ROLES = ("path", "id", "start", "end", "start_frame", "end_frame", "ranges")
 PANDA_RANGES = "timestamp"
 """Panda-70M's column of clip ranges: the `ranges` column when a table has it and no `ranges` column."""
 SUFFIXES = (".csv", ".tsv", ".parquet")
 PARQUET_BATCH_ROWS = 16384
-
-
-def parse_columns(values: str | Sequence[str] | None) -> tuple[tuple[str, str], ...]:
-    """--column ROLE=NAME (repeatable, or comma-separated) -> ((role, column), ...), checked."""
-    if values is None:
-        return ()
-    items = [values] if isinstance(values, str) else list(values)
-    found: dict[str, str] = {}
-    for item in (part.strip() for value in items for part in str(value).split(",")):
-        if not item:
-            continue
-        role, sep, column = (piece.strip() for piece in item.partition("="))
-        if not sep or not role or not column:
-            raise UsageError(f"--column takes ROLE=COLUMN (e.g. path=video_path), got {item!r}")
-        if role not in ROLES:
-            raise UsageError(f"--column: unknown role {role!r} (roles: {', '.join(ROLES)})")
-        if role in found and found[role] != column:
-            raise UsageError(f"--column: role {role!r} given twice ({found[role]!r} and {column!r})")
-        found[role] = column
-    return tuple(sorted(found.items()))
 
 
 def parse_seconds(value: Any, where: str) -> float:
@@ -189,7 +169,7 @@ class _Roles:
         if missing:
             raise DatasetError(f"{table}: no column {', '.join(map(repr, missing))} (named by --column; the table has "
                                f"{', '.join(map(repr, header))})")
-        self.column = {role: named.get(role, role) for role in ROLES}
+        self.column = {role: named.get(role, role) for role in COLUMN_ROLES}
         self.guessed_ranges = "ranges" not in named and "ranges" not in header and PANDA_RANGES in header
         if self.guessed_ranges:
             self.column["ranges"] = PANDA_RANGES

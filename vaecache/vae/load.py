@@ -14,11 +14,11 @@ import torch
 from vaecache.errors import UsageError, VaeSpecError, first_line
 from vaecache.settings.clip import ENCODER_IMPL_CHOICES
 from vaecache.settings.dtypes import check_dtype_name, torch_dtype
-from vaecache.settings.vae_specs import check_vae_spec
 from vaecache.vae.families import FAMILIES, SUPPORTED, Family
 from vaecache.vae.model import CHANNELS_LAST, VaeModel
 from vaecache.vae.rules import FrameRule
 from vaecache.vae.runner import VaeRunner, oom_hook_from_env
+from vaecache.vae.specs import check_vae_spec
 from vaecache.weights import check_finite, load_pretrained, weights_sha256
 
 log = logging.getLogger("vaecache")

@@ -80,11 +80,11 @@ class PixelDecoder(torch.nn.Module):
                    **options: Any) -> PixelDecoder:
         """The VAE recorded in cache ``out`` (a folder or a URL; or ``vae``, which must match the recorded
         fingerprint), loaded with the recorded dtype; ``options`` are the constructor's (chunk_frames, checkpoint)."""
+        from vaecache.cache.reader import CacheReader
         from vaecache.distributed.context import resolve_device
-        from vaecache.encode.fingerprint import load_recorded_vae
-        from vaecache.training import LatentCache
+        from vaecache.vae.recorded import load_recorded_vae
 
-        cache = LatentCache(out, verify="size", storage_options=storage_options)
+        cache = CacheReader(out, storage_options)
         spec = vae or (cache.manifest.get("settings") or {}).get("vae_spec")
         runner = load_recorded_vae(cache.out, cache.manifest, spec, resolve_device(str(device)),
                                    allow_pickle_weights=allow_pickle_weights)

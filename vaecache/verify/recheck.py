@@ -13,14 +13,13 @@ import torch
 from vaecache.cache.layout import PROBES_DIR
 from vaecache.cache.reader import CacheReader
 from vaecache.cache.store import Store, open_store
-from vaecache.encode.fingerprint import load_recorded_vae
 from vaecache.errors import ClipTableError, VaecacheError
 from vaecache.settings.clip import ClipSettings
 from vaecache.settings.commands import VerifyOptions
-from vaecache.settings.dtypes import RECORDED_NAMES
+from vaecache.settings.dtypes import RECORDED_NAMES, REENCODE_TOLERANCE
+from vaecache.vae.recorded import load_recorded_vae
 from vaecache.verify.integrity import Check, VerifyReport, check_sources, verify_cache
 
-REENCODE_TOLERANCE = {"float32": 1e-6, "float16": 1e-3, "bfloat16": 8e-3}
 """Default --reencode tolerance: max abs difference over max abs stored value, per stored dtype. On the
 machine and device that encoded, a deterministic VAE re-encodes to exactly 0 (a thread count other than the
 encode's may move fp32 by a few ulps, hence not 0); a VAE that adds noise fails. Another GPU model, driver
@@ -43,8 +42,8 @@ def verify(out: Any, options: VerifyOptions, ctx: Any = None,
         except ClipTableError:
             failures = []  # the integrity checks name the table that does not read
         report.checks.extend(check_dataset(cache.manifest, cache, failures, options.dataset, options.threads))
+        from vaecache.text.checks import check_caption_files
         from vaecache.verify.integrity import Check
-        from vaecache.verify.text import check_caption_files
 
         report.checks.extend(check_caption_files(cache.manifest, Check))
     if options.reencode:

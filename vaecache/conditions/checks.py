@@ -229,7 +229,7 @@ def _encoder(kind: str, entry: dict[str, Any], cache: Any, spec: str | None, dev
             raise VaecacheError(f"the image encoder at {image.spec} is not the recorded one ({'; '.join(differs[:3])})")
         return lambda frames, clip: image.features(frames)
     if "vae" not in loaded:
-        from vaecache.encode.fingerprint import load_recorded_vae
+        from vaecache.vae.recorded import load_recorded_vae
 
         loaded["vae"] = load_recorded_vae(cache.store.location, cache.manifest, spec, device,
                                           allow_pickle_weights=allow_pickle_weights)
