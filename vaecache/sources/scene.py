@@ -312,7 +312,7 @@ class SourceOptions:
     nuscenes_version: str | None = None
     """--nuscenes-version: which v1.0-* tables of a nuScenes root (None: the only one there)."""
     columns: tuple[tuple[str, str], ...] = ()
-    """--column ROLE=NAME: which column of a metadata table plays which role (settings.options.parse_columns; sources.tables reads them)."""
+    """--column ROLE=NAME: which column of a metadata table plays which role (settings.options.parse_columns)."""
     lerobot_state: bool = False
     """--lerobot-state: each clip record of a LeRobot dataset carries its frames' state/action columns."""
 
