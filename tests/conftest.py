@@ -52,6 +52,67 @@ os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
 
 
+# The quick tier (`-m "not slow"`, README: Development) leaves out what costs a process or a server: a test is marked
+# slow here, at collection, when it sits under tests/e2e/ (torchrun, SLURM), is marked `slurm`, uses the S3 server
+# (the `s3` and `s3_endpoint` fixtures, asked for by name or by getfixturevalue), or starts a process: its code, a
+# function of its module it calls, or one of its fixtures calls one of SPAWNS. Nothing is marked by hand, so a new
+# test of one of these kinds joins the slow tier by what it does.
+SLOW_FIXTURES = {"s3", "s3_endpoint"}
+SPAWNS = ("run_vaecache(", "run_torchrun(", "torchrun_cmd(", "subprocess.run(", "subprocess.Popen(", ".Process(",
+          "multiprocessing_context=", 'getfixturevalue("s3")')
+
+
+def _source(function: Any) -> str:
+    import inspect
+
+    try:
+        return inspect.getsource(inspect.unwrap(function))
+    except (OSError, TypeError):
+        return ""
+
+
+def spawns_processes(item: pytest.Item) -> bool:
+    """The test, one of its fixtures, or a function of their modules that these call (three calls deep), starts a
+    process or asks for the S3 server."""
+    import re
+    import sys
+
+    function = getattr(item, "function", None)
+    if function is None:
+        return False
+    module = getattr(item, "module", None)
+    todo = [function, *(definition.func for definitions in item._fixtureinfo.name2fixturedefs.values()
+                        for definition in definitions
+                        if getattr(definition.func, "__module__", "").startswith("tests"))]
+    if "getfixturevalue(" in _source(function):  # a fixture named at run time: any of its module's may be the one
+        todo += [value._get_wrapped_function() for value in vars(module).values()
+                 if hasattr(value, "_get_wrapped_function")]
+    seen: set[Any] = set()
+    for _ in range(3):
+        found = []
+        for candidate in todo:
+            if candidate in seen:
+                continue
+            seen.add(candidate)
+            source = _source(candidate)
+            if any(call in source for call in SPAWNS):
+                return True
+            home = sys.modules.get(getattr(candidate, "__module__", ""))
+            found += [getattr(home, name) for name in set(re.findall(r"\b([A-Za-z_]\w*)\(", source))
+                      if callable(getattr(home, name, None)) and not isinstance(getattr(home, name), type)
+                      and getattr(getattr(home, name), "__module__", "") == getattr(home, "__name__", None)]
+        todo = found
+    return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        if (path.startswith("tests/e2e/") or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
+                or item.get_closest_marker("slurm") is not None or spawns_processes(item)):
+            item.add_marker(pytest.mark.slow)
+
+
 # pytest-xdist: CI runs the suite as `-n 2 --dist loadgroup`. Tests that must share one worker are named here by file:
 # the SLURM tests start one local cluster per pytest session (tests/e2e/slurm/conftest.py, stopped at its end) and
 # submit the jobs of every selected test together, so two workers would start two clusters on the same daemons'
