@@ -116,3 +116,41 @@ def test_in_s3_a_killed_embed_resumes_and_a_deleted_shard_object_is_repaired(s3,
     fetched = download(s3, url, tmp_path / "fetched")
     assert files_of(fetched / "text") == files_of(whole / "text")
     assert run_cli(["verify", url]).exit_code == 0
+
+
+def test_a_grown_cache_computes_what_a_damaged_shard_of_the_set_before_held(demo_data, wan_text, run_cli, tmp_path):
+    scenes = sorted(demo_data.iterdir())
+    lines = [json.dumps({"id": scene.name, "cameras": {v.stem: str(v) for v in sorted(scene.glob("*.mp4"))},
+                         **caption_metadata(scene.name)}) + "\n" for scene in scenes]
+    text = ["--text-encoder", f"diffusers:{wan_text}", *TEXT]
+    index = tmp_path / "index.jsonl"
+    index.write_text("".join(lines[:2]))
+    grown = tmp_path / "grown"
+    encode_ok(index, grown)
+    assert run_cli(["embed", grown, *text]).exit_code == 0
+    shard = sorted((grown / "text").rglob("embeddings-00000.safetensors"))[0]
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF  # the same size: only its sha256 tells
+    shard.write_bytes(bytes(data))
+    index.write_text("".join(lines))
+    encode_ok(index, grown)
+    updated = run_cli(["embed", grown, *text])
+    assert updated.exit_code == 0, updated.output
+    assert "2 prompt(s) computed, 1 copied from the set before" in updated.output
+    scratch = tmp_path / "scratch"
+    encode_ok(index, scratch)
+    assert run_cli(["embed", scratch, *text]).exit_code == 0
+    assert files_of(grown / "text") == files_of(scratch / "text")
+
+
+def test_a_listed_sets_damaged_item_table_is_repaired_by_the_next_embed(caption_cache, wan_text, run_cli, tmp_path):
+    cache = shutil.copytree(caption_cache, tmp_path / "cache")
+    text = ["--text-encoder", f"diffusers:{wan_text}", *TEXT]
+    assert run_cli(["embed", cache, *text]).exit_code == 0
+    whole = files_of(cache)
+    table = sorted((cache / "text").rglob("prompts.parquet"))[0]
+    table.write_bytes(b"not parquet")
+    assert run_cli(["verify", cache]).exit_code == 1
+    repaired = run_cli(["embed", cache, *text])
+    assert repaired.exit_code == 0 and "repaired text set 'default'" in repaired.output, repaired.output
+    assert files_of(cache) == whole

@@ -103,6 +103,7 @@ def _survey(store: Any, kind: Any, job: Any, plans: list[Any], manifest: dict[st
         status = {"replaced": False, "updated": False}
         committed: dict[int, dict[str, Any]] = {}
         reuse: dict[str, list[Any]] = {}
+        prior_shards: dict[str, dict[str, Any]] = {}
         if isinstance(prior, dict):
             same = prior.get("generation") == plan.generation
             if not same:
@@ -119,8 +120,10 @@ def _survey(store: Any, kind: Any, job: Any, plans: list[Any], manifest: dict[st
                 wanted = set(plan.items)
                 reuse = {item: [row[0], row[1]] for item, row in rows.items()
                          if item in wanted and job.reusable(prior, plan, item, row[1])}
+                prior_shards = {entry["file"]: entry for entry in prior.get("shards") or []
+                                if isinstance(entry, dict) and isinstance(entry.get("file"), str)}
         committed.update(_recorded_commits(store, kind, plan))
-        surveyed[plan.name] = {"status": status, "committed": committed, "reuse": reuse,
+        surveyed[plan.name] = {"status": status, "committed": committed, "reuse": reuse, "prior_shards": prior_shards,
                                "listed": isinstance(prior, dict) and prior.get("generation") == plan.generation}
     return surveyed
 
@@ -209,7 +212,8 @@ def _compute_own_shards(store: Any, kind: Any, job: Any, plans: list[Any], surve
     from vaecache import faults
 
     by_name = {plan.name: plan for plan in plans}
-    copier = _Copier(store)
+    copier = _Copier(store, {file: entry for plan in plans
+                             for file, entry in survey[plan.name]["prior_shards"].items()})
     written: list[dict[str, Any]] = []
     count = 0
     for number in range(max((len(plan.shards) for plan in plans), default=0)):
@@ -262,15 +266,17 @@ class _Copier:
     """Items copied out of the listed set's shards: each shard's sha256 checked against its manifest entry the first
     time (a damaged one copies nothing: its items are computed)."""
 
-    def __init__(self, store: Any) -> None:
-        self.store = store
+    def __init__(self, store: Any, listed: dict[str, dict[str, Any]]) -> None:
+        self.store, self.listed = store, listed
         self._handles: dict[str, Any] = {}
 
     def copy(self, item: str, shard: str, facts: dict[str, Any]) -> Any:
         handle = self._handles.get(shard, False)
         if handle is False:
             try:
-                handle = self.store.shard(self.store.checked_name(shard, "a set's shard"))
+                entry = self.listed.get(shard)
+                handle = (self.store.shard(self.store.checked_name(shard, "a set's shard"))
+                          if entry is not None and _intact(self.store, entry) else None)
             except Exception:  # noqa: BLE001  # what does not open is computed instead
                 handle = None
             while len(self._handles) >= MAX_OPEN_SET_SHARDS:
@@ -296,8 +302,7 @@ def _finish(store: Any, kind: Any, job: Any, plans: list[Any], manifest: dict[st
         mine = {part["number"]: part for part in written if part["set"] == plan.name}
         committed = survey[plan.name]["committed"]
         listed = survey[plan.name]["listed"]
-        repaired = sorted(part["entry"]["file"] for number, part in mine.items()
-                          if committed.get(number, {}).get("from") == "listed")
+        repaired = sorted(part["entry"]["file"] for part in mine.values()) if listed else []
         resumed = sum(1 for number, commit in committed.items()
                       if commit["from"] == "record" and number not in mine)
         result = {"unchanged": listed and not mine, "computed": sum(p["computed"] for p in mine.values()),
