@@ -145,3 +145,23 @@ def test_inspect_lists_every_kinds_sets_from_the_manifest(cache, run_cli):
     assert "conditions set first-frame: 3 clips, 1 shard(s)" in shown.output
     assert "latent-mean set default: 3 clips, 3 shard(s)" in shown.output
     assert "(declared by tests.cache.latent_mean)" in shown.output
+
+
+@pytest.mark.parametrize("name", ["vae", "shards", "kinds", "progress", "a/b", ""])
+def test_a_kind_may_not_take_a_name_of_the_caches_own_layout_or_manifest(name):
+    from vaecache.cache.kinds import SetKind, register
+    from vaecache.errors import UsageError
+
+    class Clashing(SetKind):
+        pass
+
+    Clashing.name = name
+    with pytest.raises(UsageError, match="set kind"):
+        register(Clashing())
+
+
+def test_embed_kind_names_a_module_that_does_not_import_or_declares_no_kind(cache, run_cli):
+    missing = run_cli(["embed", cache, "--kind", "tests.cache.no_such_module"])
+    assert missing.exit_code == 2 and "--kind tests.cache.no_such_module: the module does not import" in missing.output
+    none = run_cli(["embed", cache, "--kind", "tests.cache.test_set_kinds"])
+    assert none.exit_code == 2 and "must register exactly one set kind" in none.output

@@ -4,7 +4,7 @@ checks its sets, and what a reader and the WebDataset export add to a clip's ite
 shards split across ranks, commits, resume and repair, rows copied from the set before, the tables, the one
 manifest write, the fault hook) is vaecache.cache.embedding.embed_sets, the same for every kind.
 
-The built-in kinds are text (vaecache.text.sets) and conditions (vaecache.conditions.sets). Another kind is a class
+The built-in kinds are text (vaecache.text.embed) and conditions (vaecache.conditions.embed). Another kind is a class
 in any importable module that calls `register(...)` at import; `embed_sets` records that module in the manifest
 (`"kinds": {name: module}`), so verify, LatentCache, the exports, subprocesses and DataLoader workers import it from
 the cache alone. docs/architecture.md walks through tests/cache/latent_mean.py, a kind declared outside the package.
@@ -21,7 +21,6 @@ from vaecache.cache.layout import KINDS_RECORD
 from vaecache.errors import ManifestError, UsageError
 
 COLUMN_TYPES = ("string", "int32", "int64", "float64", "bool", "list<bool>", "list<int32>", "list<float64>")
-SHARD_COLUMN = "shard"
 
 
 def arrow_type(name: str) -> Any:
@@ -34,7 +33,7 @@ def arrow_type(name: str) -> Any:
     return scalar[name]
 
 
-@dataclass
+@dataclass(frozen=True)
 class SetPlan:
     """One set an embed writes: its name (manifest[kind][name], OUT/<kind>/<name>/), what decides its bytes
     (fingerprint; the generation hashes it with every item's input), its items cut into shards (in the order of its
@@ -59,7 +58,7 @@ class SetPlan:
         return [item for shard in self.shards for item in shard]
 
 
-@dataclass
+@dataclass(frozen=True)
 class ComputedItem:
     """One item as a shard holds it: its tensors (named `item` or `item/<part>`) and its item-table row (every column
     but the item and the shard)."""
@@ -137,7 +136,7 @@ class SetKind:
     # --- read
     def readers(self, store: Any, manifest: dict[str, Any], verify: str) -> list[Any]:
         """One reader per listed set; each has `name`, `item(clip) -> {tensor name: tensor}` (what LatentCache's
-        item adds), `stored(clip)` and `export_facts(clip)` (what the WebDataset export writes)."""
+        item adds), `export_tensors(clip)` and `export_facts(clip)` (what the WebDataset export writes)."""
         from vaecache.cache.sets import ItemSet
 
         return [ItemSet(store, manifest, self, name, verify) for name in set_names(manifest, self)]
@@ -148,9 +147,9 @@ class SetKind:
 
     # --- verify
     def check_item(self, cache: Any, clip: str, tensors: dict[str, Any], row: dict[str, Any]) -> str | None:
-        """verify's check of one clip's tensors (named `clip`, `clip/<part>`) against its table row and the cache
-        (`cache.clip_record(clip)`): what links the item to its clip; a problem, or None (default: nothing more than
-        the generic checks)."""
+        """verify's check of one clip's tensors (named `clip`, `clip/<part>`) against its table row and the cache (a
+        CacheReader: `cache.clip_records()`): what links the item to its clip; a problem, or None (default: nothing
+        more than the generic checks)."""
         return None
 
     def verify_sets(self, cache: Any, quick: bool, check_type: type) -> list[Any]:
@@ -164,6 +163,10 @@ class SetKind:
 
 
 _REGISTERED: dict[str, SetKind] = {}
+MANIFEST_FIELDS = ("format", "format_version", "created_at", "producer", "vae", "fingerprint_sha256", "frame_rule",
+                   "settings", "latent", "planned_clips", "oom_backoffs", "counts", "shards", "clips", "failures",
+                   "buckets", KINDS_RECORD)
+"""The manifest's own top-level keys: a kind's sets are listed under its name there, so no kind may take one."""
 
 
 def register(kind: SetKind) -> SetKind:
@@ -177,8 +180,9 @@ def register(kind: SetKind) -> SetKind:
     if held is not None and type(held) is not type(kind):
         raise UsageError(f"set kind {kind.name!r} is declared twice ({type(held).__module__} and "
                          f"{type(kind).__module__})")
-    if held is None and kind.name not in BUILTIN_MODULES and kind.name in OWNED_ENTRIES:
-        raise UsageError(f"set kind {kind.name!r}: the name of an entry of the cache's own layout")
+    if held is None and kind.name not in BUILTIN_MODULES and (kind.name in OWNED_ENTRIES or
+                                                              kind.name in MANIFEST_FIELDS):
+        raise UsageError(f"set kind {kind.name!r}: the name of an entry of the cache's own layout or manifest")
     _REGISTERED[kind.name] = kind
     return kind
 
