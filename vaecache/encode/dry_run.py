@@ -32,7 +32,7 @@ from vaecache.planning.report import (
     fits_views_per_forward,
     pipeline_eta,
 )
-from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS, STORED_KEYS
+from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS, STORED_KEYS, ClipSettings
 from vaecache.settings.commands import PlanConfig
 from vaecache.settings.dtypes import recorded_name
 from vaecache.vae import VaeRunner
@@ -61,26 +61,27 @@ def _build_plan(cfg: PlanConfig) -> PlanReport:
     backend = replace(backend, threads=decode_thread_budget(rank_cores, cfg.workers,
                                                             threads if device.type == "cpu" else 1))
     model = vae.model
-    cfg = replace(cfg, clip=replace(cfg.clip, views_per_forward=job.views_per_forward))  # "auto" resolved
+    clip_settings = start.clip  # what start-up resolved ("auto" views per forward)
     clips, skipped = job.clips, list(job.skipped)
 
-    shape = list(vae.latent_shape(cfg.clip.sampling.num_frames, cfg.clip.height, cfg.clip.width))
-    stored = list(STORED_KEYS[cfg.clip.store])
+    shape = list(vae.latent_shape(clip_settings.sampling.num_frames, clip_settings.height, clip_settings.width))
+    stored = list(STORED_KEYS[clip_settings.store])
     element = torch.empty((), dtype=model.dtype).element_size() * len(stored)
     bytes_per_view = math.prod(shape) * element
     views = clips.views()
-    histogram = bucket_histogram(clips, cfg.clip.fit, lambda b: list(vae.latent_shape(b.num_frames, b.height, b.width)),
-                                 element) if cfg.clip.bucketed else []
+    histogram = bucket_histogram(clips, clip_settings.fit,
+                                 lambda b: list(vae.latent_shape(b.num_frames, b.height, b.width)),
+                                 element) if clip_settings.bucketed else []
     fingerprint = model.fingerprint()
     report = PlanReport(
-        config={**_config_json(cfg, device), "decoder": backend.name},
+        config={**_config_json(cfg, clip_settings, device), "decoder": backend.name},
         vae={"spec": cfg.vae, "family": model.family, "untrained": model.untrained, "rule": model.rule.to_json(),
              "latent_channels": vae.latent_channels, "normalization": model.normalization,
              **{k: fingerprint[k] for k in ("precision", "tiling", "views_per_forward", "per_frame")}},
         scenes=SceneRows(clips, probes),
         skipped=[{"scene": s.scene_id, "path": s.path, "reason": s.reason} for s in skipped],
         clips=len(clips), cameras=clips[0].num_views if clips else len(start.cameras),
-        views=views, frames=views * cfg.clip.sampling.num_frames,
+        views=views, frames=views * clip_settings.sampling.num_frames,
         latent_shape=shape, stored=stored, dtype=recorded_name(model.dtype),
         bytes_per_view=bytes_per_view, total_bytes=bytes_per_view * views,
         shares=dp_shares(job, cfg.clip_ids), buckets=histogram,
@@ -106,9 +107,9 @@ def _build_plan(cfg: PlanConfig) -> PlanReport:
         for clip in clips[:MEASURE_TRIES]:
             try:
                 size = ((clip.bucket.height, clip.bucket.width) if clip.bucket is not None
-                        else (cfg.clip.height, cfg.clip.width))
-                report.measurement = measure_clip(vae, clip, *size, fit=cfg.clip.fit, backend=backend,
-                                                  max_pixels=cfg.clip.sampling.max_frame_pixels)
+                        else (clip_settings.height, clip_settings.width))
+                report.measurement = measure_clip(vae, clip, *size, fit=clip_settings.fit, backend=backend,
+                                                  max_pixels=clip_settings.sampling.max_frame_pixels)
                 break
             except VideoDecodeError as exc:
                 report.notes.append(f"clip {clip.clip_id} does not decode ({exc}); measuring another")
@@ -230,9 +231,9 @@ def _peak_rss() -> int:
     return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB, macOS bytes
 
 
-def _config_json(cfg: PlanConfig, device: torch.device) -> dict[str, Any]:
+def _config_json(cfg: PlanConfig, clip: ClipSettings, device: torch.device) -> dict[str, Any]:
     return {
-        "data": str(cfg.data), "vae": cfg.vae, **cfg.clip.to_record(), "world_size": cfg.world_size,
+        "data": str(cfg.data), "vae": cfg.vae, **clip.to_record(), "world_size": cfg.world_size,
         "sp_size": cfg.sp_size, "dp_size": cfg.world_size // cfg.sp_size, "batch_size": cfg.batch_size,
         "device": str(device), "memory_budget": cfg.memory_budget,
     }

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from vaecache.distributed.context import DistContext
     from vaecache.encode.startup import StartUp
     from vaecache.meter import Advance, MeterFactory
+    from vaecache.settings.clip import ClipSettings
     from vaecache.settings.commands import EncodeConfig
     from vaecache.stop import StopRequest
     from vaecache.video.backends import Backend
@@ -48,6 +49,12 @@ class EncodeRun:
     @property
     def folder(self) -> Path:
         return self.out.folder
+
+    @property
+    def clip(self) -> ClipSettings:
+        """The clip settings this run encodes with and records: start-up's resolution of `cfg.clip`."""
+        assert self.start is not None, "the clip settings are known once start-up is done"
+        return self.start.clip
 
 
 __all__ = ["EncodeRun", "Reporting"]

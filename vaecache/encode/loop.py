@@ -27,6 +27,7 @@ from vaecache.parallel.encoders import encoder_for
 from vaecache.parallel.views import SPPlan, gather_views
 from vaecache.planning.clips import Clip, DoneMask, DoneMaskBuilder
 from vaecache.planning.jobs import JobPlan, batch_views
+from vaecache.settings.clip import ClipSettings
 from vaecache.settings.commands import EncodeConfig
 from vaecache.settings.dtypes import recorded_name
 from vaecache.stop import ignore_stop_signals
@@ -130,9 +131,9 @@ def encode_share(run: EncodeRun, job: JobPlan, prepared: PreparedOut,
     counters = RankCounters()
     progress_log = run.out.progress_log(rank) if mesh.is_writer else None
     writer = (ShardWriter(run.out, rank, prepared.attempt, cfg.shard_size, progress_log, hash_sources=cfg.hash_sources,
-                          fit=cfg.clip.fit if cfg.clip.bucketed else None, commit_every_s=cfg.commit_every_s)
+                          fit=run.clip.fit if run.clip.bucketed else None, commit_every_s=cfg.commit_every_s)
               if progress_log else None)
-    sink = _BatchSink(cfg, ctx, vae, writer, failures, counters)
+    sink = _BatchSink(cfg, run.clip, ctx, vae, writer, failures, counters)
     loop_started = time.perf_counter()
     taken = 0
     try:
@@ -179,7 +180,8 @@ def encode_share(run: EncodeRun, job: JobPlan, prepared: PreparedOut,
     summary = EncodeSummary(run.out.store.location, world_size=ctx.info.world_size, sp_size=mesh.sp_size,
                             untrained_vae=vae.model.untrained, resumed_clips=prepared.committed_clips,
                             planned_clips=len(job.clips), scenes=num_scenes,
-                            startup_s=loop_started - run.started, encode_s=loop_s, buckets=planned_buckets(cfg, job))
+                            startup_s=loop_started - run.started, encode_s=loop_s,
+                            buckets=planned_buckets(run.clip, job))
     set_doing("waiting for the other ranks to finish their shares")
     # Every rank gathers, stopped or not: a DP group that finished waits here for one that stopped, and all
     # of them learn that the job stopped (no finalize, exit 75) instead of waiting in finalize for it.
@@ -199,8 +201,8 @@ class DecodeFeed:
         self.encoder = encoder_for(cfg.sp_mode)
         view_indices, self.sp_plans = self.encoder.layout(self.work,
                                                           [len(batch_views(batch)) for batch in self.work.batches])
-        self._dataset = ViewBatchDataset(self.work.batches, view_indices, cfg.clip.height, cfg.clip.width,
-                                         cfg.clip.fit, run.decoder, cfg.clip.sampling.max_frame_pixels)
+        self._dataset = ViewBatchDataset(self.work.batches, view_indices, run.clip.height, run.clip.width,
+                                         run.clip.fit, run.decoder, run.clip.sampling.max_frame_pixels)
         loader = torch.utils.data.DataLoader(
             self._dataset,
             batch_size=None, shuffle=False, num_workers=cfg.workers, pin_memory=ctx.device.type == "cuda",
@@ -235,9 +237,9 @@ def workers_started(loader: torch.utils.data.DataLoader) -> Iterator[Any]:
         gc.unfreeze()
 
 
-def planned_buckets(cfg: EncodeConfig, job: JobPlan) -> list[dict[str, Any]]:
+def planned_buckets(clip: ClipSettings, job: JobPlan) -> list[dict[str, Any]]:
     """A bucketed run's buckets with the clips and views planned in each (committed ones included)."""
-    if not cfg.clip.bucketed or not hasattr(job.clips, "bucket_counts"):
+    if not clip.bucketed or not hasattr(job.clips, "bucket_counts"):
         return []
     return [{**bucket.to_record(), "clips": clips, "views": views}
             for bucket, clips, views in job.clips.bucket_counts()]
@@ -297,6 +299,8 @@ class _BatchSink:
     """Where a gathered batch goes: its clips to the shard writer (writer ranks), its failures to the failure log."""
 
     cfg: EncodeConfig
+    clip: ClipSettings
+    """The clip settings the run encodes with (EncodeRun.clip)."""
     ctx: DistContext
     vae: VaeRunner
     writer: ShardWriter | None
@@ -331,7 +335,7 @@ class _BatchSink:
             if writer is not None:
                 assert moments is not None  # a batch with a clip to store was encoded
                 clip_moments = moments[view_start - clip.num_views:view_start]
-                tensors = clip_tensors(clip, clip_moments, channels, cfg.clip.store, cfg.clip.seed,
+                tensors = clip_tensors(clip, clip_moments, channels, self.clip.store, self.clip.seed,
                                        self.vae.model.dtype)
                 overflowing = overflowing_cameras(clip, tensors)
                 if overflowing:

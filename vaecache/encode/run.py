@@ -84,27 +84,19 @@ def _start_and_run(run: EncodeRun) -> EncodeSummary:
         if pulled is None:
             run.out.pull_start()
 
-        def out_ready() -> EncodeConfig:
-            nonlocal run
+        def out_ready() -> str | None:
             if pulled is not None:
                 pulled.result()
-            recorded_impl = None if run.cfg.overwrite else run.out.recorded_encoder_impl()
-            if run.cfg.clip.encoder_impl == "auto" and recorded_impl is not None:
-                run = dataclasses.replace(run, cfg=dataclasses.replace(
-                    run.cfg, clip=dataclasses.replace(run.cfg.clip, encoder_impl=recorded_impl)))
-            return run.cfg
+            return None if run.cfg.overwrite else run.out.recorded_encoder_impl()
 
         with holding_objects():  # the small videos probing reads whole, for each decode worker's first batch
             start = start_up(StartRequest(run.cfg, ctx.device, ctx.info.world_size, ctx.mesh.sp_size,
                                           on_error=run.cfg.on_error, probe_cache=run.out.probes_folder(),
                                           out_ready=out_ready), ctx, run.reporting.meter)
-    cfg = run.cfg
-    # What --views-per-forward all came to for this dataset: recorded, and compared on resume.
-    cfg = dataclasses.replace(cfg, clip=dataclasses.replace(cfg.clip, views_per_forward=start.job.views_per_forward))
     # From here on stop signals are caught, so one arriving while OUT is prepared or the manifest is
     # written cannot kill the rank between commits; the encode loop polls the flag.
     with StopRequest() as stop:
-        summary = _run_encode(dataclasses.replace(run, cfg=cfg, start=start, stop=stop))
+        summary = _run_encode(dataclasses.replace(run, start=start, stop=stop))
     summary.out = run.cfg.out
     return summary
 
@@ -131,7 +123,7 @@ def _run_encode(run: EncodeRun) -> EncodeSummary:
                              "would differ in the last bits; run every rank on the same kind of device and torch "
                              "(on CPU the same OMP_NUM_THREADS), or --allow-other-numerics to accept that (recorded)")
         other_numerics.append(theirs)
-    fingerprint = run_fingerprint(cfg, vae, decoder, numerics, start.images)
+    fingerprint = run_fingerprint(cfg, run.clip, vae, decoder, numerics, start.images)
     sources = source_identities(start.sources(), cfg.hash_sources) if rank == 0 else None  # what OUT is made from
     # Into an OUT that held no run (or --overwrite) nothing is committed: the decode starts while OUT is prepared (a
     # lock and a run record, round trips in object storage). Prepare decides; a guess it refutes is dropped.
@@ -224,22 +216,22 @@ def _finalize(run: EncodeRun, summary: EncodeSummary,
                   **({"numerics_history": history} if (history := run.out.numerics_history()) else {}),
                   **({"cuda_numerics": CUDA_NUMERICS} if vae.model.device.type == "cuda" else {})},  # set by load_vae
         vae=vae.model.fingerprint(), fingerprint=fingerprint, frame_rule=vae.model.rule.to_json(),
-        settings={**cfg.clip.to_record(), "decoder": fingerprint["decoder"], "data": str(cfg.data),
+        settings={**run.clip.to_record(), "decoder": fingerprint["decoder"], "data": str(cfg.data),
                   "batch_size": cfg.batch_size,
                   "sp_size": cfg.sp_size, "sp_mode": cfg.sp_mode, "world_size": summary.world_size,
-                  "shard_size": cfg.shard_size, "max_frame_pixels": cfg.clip.sampling.max_frame_pixels,
+                  "shard_size": cfg.shard_size, "max_frame_pixels": run.clip.sampling.max_frame_pixels,
                   "vae_spec": cfg.vae,
                   # how DATA was read, for `verify --dataset` (recorded only when given: older caches stay equal)
                   **({"nuscenes_version": cfg.nuscenes_version} if cfg.nuscenes_version else {}),
                   **({"columns": [list(pair) for pair in cfg.columns]} if cfg.columns else {}),
                   **({"lerobot_state": True} if cfg.lerobot_state else {}),
                   **({"vae_config": cfg.vae_config} if cfg.vae_config else {})},
-        store=list(STORED_KEYS[cfg.clip.store]), dtype=recorded_name(vae.model.dtype),
+        store=list(STORED_KEYS[run.clip.store]), dtype=recorded_name(vae.model.dtype),
         planned_clips=summary.planned_clips,
         oom_backoffs=len(summary.backoffs))
-    if cfg.clip.bucketed:  # finalize counts the clips of each; the per-view shape comes from the VAE
+    if run.clip.bucketed:  # finalize counts the clips of each; the per-view shape comes from the VAE
         header["buckets"] = [{**bucket.to_record(),
                               "view_shape": list(vae.latent_shape(bucket.num_frames, bucket.height, bucket.width))}
-                             for bucket in cfg.clip.buckets()]
+                             for bucket in run.clip.buckets()]
     manifest, failures = run.out.finalize(header, only_writer=run.ctx.info.world_size == 1)
     return failures, manifest["latent"]["shape"] or {}

@@ -17,7 +17,7 @@ from vaecache.errors import InputError, UsageError
 from vaecache.meter import MeterFactory, meter_phase
 from vaecache.parallel.encoders import encoder_for
 from vaecache.planning.jobs import JobPlan, plan_job, sp_repeats_advice
-from vaecache.settings.clip import SyncConfig
+from vaecache.settings.clip import ClipSettings, SyncConfig
 from vaecache.sources.discover import discover
 from vaecache.sources.probing import probe_dataset
 from vaecache.sources.scene import Discovery, Scene, SceneProbe, SourceOptions
@@ -47,9 +47,9 @@ class StartRequest:
     """A folder of per-rank probe-cache files (OUT/probes) that spares opening videos probed before."""
     keep_probes: bool = False
     """Keep every scene's probe in StartUp.probes (plan lists scenes; encode plans from them and lets them go)."""
-    out_ready: Callable[[], Any] | None = None
+    out_ready: Callable[[], str | None] | None = None
     """Called once DATA is listed, before the probe cache is read: waits for OUT's records (fetched meanwhile) and
-    returns the settings to go on with (encode: the encoder implementation a resume recorded)."""
+    returns the encoder implementation a run of OUT recorded (None: none), which `--encoder-impl auto` resumes with."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,10 @@ class StartUp:
     discovered: Sequence[Scene]
     """Every scene DATA holds (skipped ones too)."""
     left_out_cameras: dict[str, int]
+    clip: ClipSettings
+    """The clip settings the run encodes with and records, as start-up resolved them from the ones asked: the encoder
+    implementation a resume recorded (where `--encoder-impl auto` was asked) and what `--views-per-forward` came to
+    for this dataset. The settings asked are left as they were."""
     cameras: tuple[str, ...] = ()
     """The chosen camera set (the first scene's cameras)."""
     probes: dict[str, SceneProbe] = field(default_factory=dict)
@@ -97,8 +101,7 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
                                                          settings.nuscenes_version, settings.columns,
                                                          settings.lerobot_state))
     sync = resolved_sync(sampling.sync, found)
-    if request.out_ready is not None:
-        settings = request.out_ready()
+    recorded_impl = request.out_ready() if request.out_ready is not None else None
     cache = request.probe_cache
     with meter_phase(meter, "probe", "scenes") as advance:
         probed = probe_dataset(found.scenes, ctx, workers=settings.probe_workers, advance=advance, sync=sync,
@@ -115,6 +118,8 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
         raise InputError(f"{first.path or first.scene_id}: {first.reason} (scene {first.scene_id}; --on-error fail)")
     set_doing(f"loading the VAE {settings.vae}")
     clip = settings.clip
+    if clip.encoder_impl == "auto" and recorded_impl is not None:
+        clip = dataclasses.replace(clip, encoder_impl=recorded_impl)
     # every rank hears at once of a rank whose copy of the VAE does not load (a damaged file on its node's disk)
     vae = loaded_on_every_rank(ctx, lambda: load_vae(
         settings.vae, request.device, clip.dtype, tiling=clip.tiling, views_per_forward=job.views_per_forward,
@@ -130,7 +135,8 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
     encoder.check(clip, vae.model, request.sp_size, settings.vae)
     check_conditions(settings, vae)
     return StartUp(job, len(found.scenes), vae, backend, tuple(probed.records), found.scenes,
-                   dict(found.left_out_cameras), found.scenes[0].cameras if found.scenes else (),
+                   dict(found.left_out_cameras), dataclasses.replace(clip, views_per_forward=job.views_per_forward),
+                   found.scenes[0].cameras if found.scenes else (),
                    probed.probes if request.keep_probes else {}, has_image_cameras(found.scenes))
 
 
