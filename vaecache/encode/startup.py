@@ -7,7 +7,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
@@ -29,15 +29,45 @@ from vaecache.video.backends import Backend, resolve_decoder
 log = logging.getLogger("vaecache")
 
 
+class StartSettings(Protocol):
+    """What start-up reads of the settings encode and plan share (EncodeConfig and PlanConfig both answer it):
+    where DATA is and how it is read, the VAE, the clip settings, the shape of a batch, the decode workers per rank
+    (the decoder backend is resolved for them). The sets an encode adds afterwards (text_encoder, condition,
+    image_encoder, image_convention) are read where present: PlanConfig has none."""
+
+    @property
+    def data(self) -> Any: ...
+    @property
+    def vae(self) -> str: ...
+    @property
+    def vae_config(self) -> str | None: ...
+    @property
+    def clip(self) -> ClipSettings: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def sp_mode(self) -> str: ...
+    @property
+    def workers(self) -> int: ...
+    @property
+    def probe_workers(self) -> int: ...
+    @property
+    def allow_pickle_weights(self) -> bool: ...
+    @property
+    def nuscenes_version(self) -> str | None: ...
+    @property
+    def columns(self) -> tuple[tuple[str, str], ...]: ...
+    @property
+    def lerobot_state(self) -> bool: ...
+    @property
+    def storage_options(self) -> tuple[tuple[str, Any], ...]: ...
+
+
 @dataclass(frozen=True)
 class StartRequest:
-    """What encode and plan both start from: their settings (EncodeConfig or PlanConfig: the data, the VAE and
-    clip settings, how DATA is read) and the shape of the job."""
+    """What encode and plan both start from: their settings and the shape of the job."""
 
-    settings: Any
-    """EncodeConfig or PlanConfig: data, vae, clip, batch_size, sp_mode, workers (decode workers per rank: the
-    decoder backend is resolved for them), allow_pickle_weights, probe_workers, nuscenes_version, columns,
-    lerobot_state, vae_config, storage_options."""
+    settings: StartSettings
     device: torch.device
     world_size: int = 1
     sp_size: int = 1
