@@ -195,8 +195,6 @@ def musubi_image_latent(spec: MusubiArch, condition: torch.Tensor, num_frames: i
 def musubi_condition_set(cache: Any, spec: MusubiArch, condition: str, where: Path | str) -> Any:
     """The ConditionSet whose first-frame latents the export writes as musubi's `latents_image`, or None ("none",
     or "auto" without a first-frame set); an ExportError where musubi has no convention for what is asked."""
-    from vaecache.conditions.reader import ConditionSet
-
     kinds = [kind for kind in cache.condition_sets if kind != "image-features"]
     if condition == "none" or (condition == "auto" and "first-frame" not in kinds):
         return None
@@ -212,18 +210,16 @@ def musubi_condition_set(cache: Any, spec: MusubiArch, condition: str, where: Pa
     if spec.short != "wan":
         raise ExportError(f"{where}: musubi-tuner's {spec.full} caching stores no first-frame latents_image vaecache "
                           "writes (its Wan I2V one is); pass --condition none")
-    return ConditionSet(cache.store, cache.manifest, kind, cache.verify)
+    return cache.sets()["conditions"][kind]  # the kind's reader, as LatentCache's items read it
 
 
 def musubi_image_features(cache: Any, spec: MusubiArch, condition: str, where: Path | str) -> tuple[Any, str]:
     """The image-features ConditionSet written as musubi's Wan I2V `clip_<dtype>` (or None), and a note for the
     summary: features are written under "auto" only, and only in musubi's own convention (in another they are
     another computation than musubi's CLIP, so they are left out, saying how to add them)."""
-    from vaecache.conditions.reader import ConditionSet
-
     if condition != "auto" or "image-features" not in cache.condition_sets or spec.short != "wan":
         return None, ""
-    features = ConditionSet(cache.store, cache.manifest, "image-features", cache.verify)
+    features = cache.sets()["conditions"]["image-features"]
     convention = ((features.entry.get("fingerprint") or {}).get("image_encoder") or {}).get("convention")
     if convention != "wan-musubi":
         return None, (f"the cache's image-features ({convention} convention) are not written: musubi-tuner reads CLIP "
@@ -372,15 +368,13 @@ MUSUBI_TEXT_FAMILY = {"wan": "wan", "hv": "hunyuanvideo"}
 def musubi_text_set(cache: Any, spec: MusubiArch, text_set: str, where: Path | str) -> Any:
     """The TextSet to export as musubi text-encoder caches, or None ("none", or "auto" without exactly one set); an
     ExportError where musubi keeps no such cache for the architecture or the set is not the family's."""
-    from vaecache.text.sets import TextSet
-
     names = cache.text_sets
     if text_set == "none" or (text_set == "auto" and len(names) != 1):
         return None
     name = names[0] if text_set == "auto" else text_set
     if name not in names:
         raise ExportError(f"{where}: no text set {name!r} (sets: {', '.join(names) or 'none'})")
-    texts = TextSet(cache.store, cache.manifest, name, cache.verify)
+    texts = cache.sets()["text"][name]  # the kind's reader, as LatentCache's items read it
     if MUSUBI_TEXT_FAMILY.get(spec.short) != texts.family:
         raise ExportError(f"{where}: text set {name!r} ({texts.family or 'unknown'} family) cannot be exported for "
                           f"--arch {spec.short}: musubi-tuner's text caches vaecache writes are Wan's (varlen_t5, "
