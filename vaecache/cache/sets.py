@@ -197,6 +197,18 @@ def same_on_every_rank(ctx: Any, fingerprint: dict[str, Any], what: str) -> None
                              "must read the same files")
 
 
+def unlisted_set_checks(cache: Any, directory: str, what: str, sets: dict[str, Any], check_type: type) -> list[Any]:
+    """verify's row naming each set folder under `directory` the manifest does not list (none where all are)."""
+    unlisted = unlisted_sets(cache.store, directory, sets)
+    if not unlisted:
+        return []
+    orphan = check_type(f"{what}s")
+    for name in unlisted:
+        orphan.fail(f"{cache.store.where(directory + '/' + name)}: a {what} the manifest does not list (an "
+                    "interrupted first embed): embed it again, or delete the folder")
+    return [orphan]
+
+
 def unlisted_sets(store: Any, directory: str, sets: dict[str, Any]) -> list[str]:
     """Set folders under `directory` the manifest does not list."""
     return sorted({name.split("/")[1] for name in store.listing(directory)
@@ -270,14 +282,7 @@ def verify_item_sets(cache: Any, kind: Any, quick: bool, check_type: type) -> li
     from vaecache.errors import VaecacheError
 
     sets = cache.manifest.get(kind.name) or {}
-    rows = []
-    unlisted = unlisted_sets(cache.store, kind.name, sets)
-    if unlisted:
-        orphan = check_type(f"{kind.what}s")
-        for name in unlisted:
-            orphan.fail(f"{cache.store.where(kind.name + '/' + name)}: a {kind.what} the manifest does not list (an "
-                        "interrupted first embed): embed it again, or delete the folder")
-        rows.append(orphan)
+    rows = unlisted_set_checks(cache, kind.name, kind.what, sets, check_type)
     ids = list(cache.clip_ids()) if sets else []
     for name in sorted(sets):
         check = check_type(f"{kind.what} {name}" + (" (size only, --quick)" if quick else ""))

@@ -11,26 +11,15 @@ import json
 from typing import Any
 
 from vaecache.cache.layout import CONDITIONS_DIR
-from vaecache.cache.sets import check_set_files, unlisted_sets
+from vaecache.cache.sets import check_set_files, unlisted_set_checks
 from vaecache.errors import VaecacheError
 from vaecache.settings.dtypes import SAFETENSORS_NAMES
 
 
 def check_condition_sets(cache: Any, quick: bool, check_type: type) -> list[Any]:
     """One report row per set (`check_type` is integrity.Check)."""
-    sets = cache.manifest.get("conditions") or {}
-    if not isinstance(sets, dict):
-        bad = check_type("condition sets")
-        bad.fail(f"{cache.store.where('manifest.json')}: \"conditions\" is not an object")
-        return [bad]
-    rows = []
-    unlisted = unlisted_sets(cache.store, CONDITIONS_DIR, sets)
-    if unlisted:
-        orphan = check_type("condition sets")
-        for name in unlisted:
-            orphan.fail(f"{cache.store.where(CONDITIONS_DIR + '/' + name)}: a condition set the manifest does not list "
-                        "(an interrupted first embed --condition): run it again, or delete the folder")
-        rows.append(orphan)
+    sets = cache.manifest.get(CONDITIONS_DIR) or {}
+    rows = unlisted_set_checks(cache, CONDITIONS_DIR, "condition set", sets, check_type)
     records: list[dict[str, Any]] | None = None
     for kind in sorted(sets):
         if records is None:

@@ -14,7 +14,7 @@ from typing import Any
 from safetensors.torch import load as safetensors_load
 
 from vaecache.cache.layout import TEXT_DIR
-from vaecache.cache.sets import check_set_files, unlisted_sets
+from vaecache.cache.sets import check_set_files, unlisted_set_checks
 from vaecache.errors import VaecacheError
 from vaecache.settings.dtypes import SAFETENSORS_NAMES, canonical_dtype_name
 from vaecache.text.sets import POOLED_SUFFIX
@@ -22,20 +22,9 @@ from vaecache.text.sets import POOLED_SUFFIX
 
 def check_text_sets(cache: Any, quick: bool, check_type: type) -> list[Any]:
     """One report row per set (`check_type` is integrity.Check)."""
-    sets = cache.manifest.get("text") or {}
-    if not isinstance(sets, dict):
-        bad = check_type("text sets")
-        bad.fail(f"{cache.store.where('manifest.json')}: \"text\" is not an object")
-        return [bad]
+    sets = cache.manifest.get(TEXT_DIR) or {}
     ids: list[str] | None = None
-    rows = []
-    unlisted = unlisted_sets(cache.store, TEXT_DIR, sets)
-    if unlisted:
-        orphan = check_type("text sets")
-        for name in unlisted:
-            orphan.fail(f"{cache.store.where(TEXT_DIR + '/' + name)}: a text set the manifest does not list (an "
-                        "interrupted first embed): embed it again, or delete the folder")
-        rows.append(orphan)
+    rows = unlisted_set_checks(cache, TEXT_DIR, "text set", sets, check_type)
     for name in sorted(sets):
         if ids is None:
             ids = list(cache.clip_ids())
