@@ -144,3 +144,22 @@ def test_ltx_and_cogvideox_rows_equal_their_pipelines_every_row_bit_for_bit(tmp_
     assert [e.truncated for e in ours] == [False, False, True]
     assert encoder.fingerprint()["storage"] == "every row of the length"
     assert not encoder.fingerprint()["attention_mask_into_encoder"]
+
+
+def test_the_batch_bound_is_the_gpus_memory_on_a_cuda_device(monkeypatch):
+    """The real GPU is not here: its properties are injected (an 8 GiB card)."""
+    from types import SimpleNamespace
+
+    from transformers import T5Config
+
+    from vaecache.errors import UsageError
+    from vaecache.text.encoder import check_text_shape, device_memory, machine_memory
+    from vaecache.text.families import generic_family
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(total_memory=8 << 30))
+    assert device_memory("cuda:0") == (8 << 30, "the GPU's (cuda:0)")
+    config = T5Config(d_model=4096, d_ff=10240, num_heads=64)
+    assert device_memory("cpu") == (machine_memory(), "this machine's")
+    with pytest.raises(UsageError, match=r"more than half the GPU's \(cuda:0\) 8.0 GiB"):
+        check_text_shape(config, generic_family(512), 64, "transformers:x", "cuda:0")

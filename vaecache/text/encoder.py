@@ -163,12 +163,12 @@ def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_
     folders = text_encoder_folders(spec, length, layer)
     family = folders.family
     model_config = _read_config(folders.model, spec)
-    check_text_shape(model_config, family, batch, spec)
+    check_text_shape(model_config, family, batch, spec, device)
     check_layer(model_config, layer, spec)
     pooled_config = None
     if folders.pooled is not None:
         pooled_config = _read_config(folders.pooled[0], spec)
-        check_text_shape(pooled_config, generic_family(family.pooled_length), batch, spec)
+        check_text_shape(pooled_config, generic_family(family.pooled_length), batch, spec, device)
     model, identity = _load_model(folders.model, model_config, spec, allow_pickle_weights)
     tokenizer = _load_tokenizer(folders.tokenizer, spec)
     check_vocabulary(tokenizer, model, folders.tokenizer, folders.model)
@@ -252,14 +252,25 @@ def text_encoder_folders(spec: str, length: int | None = None, layer: int | None
 
 
 MEMORY_SHARE = 0.5
-"""The largest share of the machine's memory one batch's activations may be estimated to take (check_text_shape)."""
+"""The largest share of the device's memory one batch's activations may be estimated to take (check_text_shape)."""
 
 
-def check_text_shape(config: Any, family: TextFamily, batch: int, spec: str) -> None:
+def device_memory(device: torch.device | str = "cpu") -> tuple[int, str]:
+    """(bytes, what they are) of the memory a batch computes in: a CUDA device's own, else the machine's."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return int(torch.cuda.get_device_properties(index).total_memory), f"the GPU's (cuda:{index})"
+    return machine_memory(), "this machine's"
+
+
+def check_text_shape(config: Any, family: TextFamily, batch: int, spec: str,
+                     device: torch.device | str = "cpu") -> None:
     """--text-length and --text-batch within what the encoder can run: no more tokens than its position embeddings
     hold (where it has them: CLIP, Llama; T5's relative positions have no such limit), and one batch's activations
-    (every layer's widest output and its attention scores, in fp32) within half the machine's memory, so that a
-    typo (--text-length 1000000000) is one line, not a native abort in the tokenizer or an out-of-memory kill."""
+    (every layer's widest output and its attention scores, in fp32) within half the memory of the device it runs on
+    (a GPU's own, else the machine's), so that a typo (--text-length 1000000000) is one line, not a native abort in
+    the tokenizer or an out-of-memory kill."""
     tokens = family.length + family.crop_start
     positions = getattr(config, "max_position_embeddings", None)
     if isinstance(positions, int) and positions > 0 and tokens > positions:
@@ -268,10 +279,10 @@ def check_text_shape(config: Any, family: TextFamily, batch: int, spec: str) -> 
     width = max(int(getattr(config, name, 0) or 0) for name in ("d_model", "hidden_size", "d_ff", "intermediate_size"))
     heads = int(getattr(config, "num_heads", 0) or getattr(config, "num_attention_heads", 0) or 1)
     estimate = batch * (tokens * max(width, 1) + heads * tokens * tokens) * 4
-    memory = machine_memory()
+    memory, whose = device_memory(device)
     if memory and estimate > memory * MEMORY_SHARE:
         raise UsageError(f"--text-encoder {spec}: a batch of {batch} prompts of {tokens} tokens needs about "
-                         f"{estimate / 2**30:.1f} GiB for one layer's activations, more than half this machine's "
+                         f"{estimate / 2**30:.1f} GiB for one layer's activations, more than half {whose} "
                          f"{memory / 2**30:.1f} GiB: lower --text-batch (or --text-length)")
 
 
