@@ -7,7 +7,7 @@ from typing import Any
 
 from vaecache.cache.layout import FORMAT_VERSION
 from vaecache.settings.clip import ClipSettings
-from vaecache.settings.commands import EncodeConfig
+from vaecache.settings.commands import EncodeConfig, reading_record
 from vaecache.vae.recorded import run_fingerprint_vae_part
 from vaecache.vae.runner import VaeRunner
 from vaecache.video.backends import Backend
@@ -29,9 +29,7 @@ def run_fingerprint(cfg: EncodeConfig, clip: ClipSettings, vae: VaeRunner, decod
         fingerprint["parallel"] = {"mode": "spatial", "sp_size": cfg.sp_size}
     # how DATA is read decides the scenes (a table's --column ids) and what records carry: a resume must read it alike
     # (only when given, so caches of other layouts keep their fingerprint)
-    reading = {**({"nuscenes_version": cfg.nuscenes_version} if cfg.nuscenes_version else {}),
-               **({"columns": [list(pair) for pair in cfg.columns]} if cfg.columns else {}),
-               **({"lerobot_state": True} if cfg.lerobot_state else {})}
+    reading = reading_record(cfg)
     if reading:
         fingerprint["reading"] = reading
     return fingerprint

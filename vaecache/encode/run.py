@@ -33,7 +33,7 @@ from vaecache.errors import OutputError, UsageError
 from vaecache.meter import Advance, MeterFactory, meter_phase
 from vaecache.planning.clips import DoneMaskBuilder
 from vaecache.settings.clip import STORED_KEYS
-from vaecache.settings.commands import EncodeConfig
+from vaecache.settings.commands import EncodeConfig, reading_record
 from vaecache.settings.dtypes import recorded_name
 from vaecache.sources.probing import write_probe_records
 from vaecache.stop import StopRequest
@@ -222,9 +222,7 @@ def _finalize(run: EncodeRun, summary: EncodeSummary,
                   "shard_size": cfg.shard_size, "max_frame_pixels": run.clip.sampling.max_frame_pixels,
                   "vae_spec": cfg.vae,
                   # how DATA was read, for `verify --dataset` (recorded only when given: older caches stay equal)
-                  **({"nuscenes_version": cfg.nuscenes_version} if cfg.nuscenes_version else {}),
-                  **({"columns": [list(pair) for pair in cfg.columns]} if cfg.columns else {}),
-                  **({"lerobot_state": True} if cfg.lerobot_state else {}),
+                  **reading_record(cfg),
                   **({"vae_config": cfg.vae_config} if cfg.vae_config else {})},
         store=list(STORED_KEYS[run.clip.store]), dtype=recorded_name(vae.model.dtype),
         planned_clips=summary.planned_clips,

@@ -183,3 +183,12 @@ class PlanConfig:
         if self.workers < 0:
             raise UsageError(f"--workers must be >= 0, got {self.workers}")
         make_mesh(0, self.world_size, self.sp_size)  # sp_size must divide world_size
+
+
+def reading_record(settings: EncodeConfig | PlanConfig) -> dict[str, Any]:
+    """How DATA is read, as the run fingerprint and the manifest's settings record it: the nuScenes version, a
+    table's --column roles and --lerobot-state, each only where given (so caches of other layouts keep their
+    records)."""
+    return {**({"nuscenes_version": settings.nuscenes_version} if settings.nuscenes_version else {}),
+            **({"columns": [list(pair) for pair in settings.columns]} if settings.columns else {}),
+            **({"lerobot_state": True} if settings.lerobot_state else {})}
