@@ -150,7 +150,6 @@ def _prior_rows(store: Any, kind: Any, prior: dict[str, Any]) -> dict[str, tuple
     return found
 
 
-
 def _listed_commits(kind: Any, prior: dict[str, Any], rows: dict[str, tuple[str, dict[str, Any]]]) -> dict[int, Any]:
     """The listed set's shards as commits: each shard's manifest entry, items and rows (from its item table)."""
     by_shard: dict[str, list[str]] = {}
@@ -177,9 +176,10 @@ def _shard_number(kind: Any, file: Any) -> int | None:
 
 
 def _recorded_commits(store: Any, kind: Any, plan: Any) -> dict[int, Any]:
-    """The commit records an interrupted run of this generation left (a record that does not parse is ignored: its
-    shard is computed again)."""
+    """The commit records an interrupted run of this generation left (a record that does not parse, or lacks a row or
+    a column the plan's table needs, is ignored: its shard is computed again)."""
     folder = f"{set_folder(kind, plan)}/{COMMITS_DIR}"
+    needed = {name for name, _ in plan.columns} - {kind.item_column, SHARD_COLUMN_NAME}
     commits = {}
     for name in sorted(store.listing(folder)):
         number = _shard_number(kind, name.removesuffix(".json") + ".safetensors")
@@ -187,7 +187,10 @@ def _recorded_commits(store: Any, kind: Any, plan: Any) -> dict[int, Any]:
             continue
         try:
             record = json.loads(store.read(name))
-            if record.get("entry", {}).get("file") != shard_file(kind, plan, number):
+            items, facts = record.get("items"), record.get("facts")
+            if record.get("entry", {}).get("file") != shard_file(kind, plan, number) or \
+                    not isinstance(items, list) or not isinstance(facts, list) or len(items) != len(facts) or \
+                    not all(isinstance(row, dict) and needed <= row.keys() for row in facts):
                 continue
         except (OSError, ValueError, AttributeError):
             continue
