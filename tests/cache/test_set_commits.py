@@ -154,3 +154,31 @@ def test_a_listed_sets_damaged_item_table_is_repaired_by_the_next_embed(caption_
     repaired = run_cli(["embed", cache, *text])
     assert repaired.exit_code == 0 and "repaired text set 'default'" in repaired.output, repaired.output
     assert files_of(cache) == whole
+
+
+def test_a_set_written_before_a_column_existed_stays_up_to_date_and_is_repaired_whole(good_cache, run_cli, tmp_path):
+    import hashlib
+    import io
+
+    import pyarrow.parquet as pq
+
+    fresh, old = (shutil.copytree(good_cache, tmp_path / name) for name in ("fresh", "old"))
+    for cache in (fresh, old):
+        assert run_cli(["embed", cache, *CONDITIONS]).exit_code == 0
+    manifest = json.loads((old / "manifest.json").read_text())
+    entry = manifest["conditions"]["first-frame"]["tables"]["clips"]
+    table = pq.read_table(old / entry["file"]).drop(["inputs"])  # as vaecache wrote it before `inputs`
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, compression="zstd", write_page_checksum=True)
+    (old / entry["file"]).write_bytes(buffer.getvalue())
+    entry.update(bytes=len(buffer.getvalue()), sha256=hashlib.sha256(buffer.getvalue()).hexdigest())
+    (old / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    before = files_of(old)
+    again = run_cli(["embed", old, *CONDITIONS])
+    assert again.exit_code == 0 and "up to date" in again.output and files_of(old) == before
+    sorted((old / "conditions").rglob("conditions-00001.safetensors"))[0].unlink()
+    repaired = run_cli(["embed", old, *CONDITIONS])
+    assert repaired.exit_code == 0 and "repaired condition set 'first-frame'" in repaired.output, repaired.output
+    assert "3 clip(s) computed" in repaired.output  # whole: its table is written again with every column
+    assert files_of(old / "conditions") == files_of(fresh / "conditions")
+    assert set_records(old) == set_records(fresh)

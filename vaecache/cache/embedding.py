@@ -114,12 +114,18 @@ def _survey(store: Any, kind: Any, job: Any, plans: list[Any], manifest: dict[st
                     raise UsageError(kind.refusal(str(store.where(MANIFEST)), plan.name))
                 status = {"replaced": replace, "updated": not replace}
             rows = _prior_rows(store, kind, prior)
+            needed = {name for name, _ in plan.columns} - {kind.item_column, SHARD_COLUMN_NAME}
             if same:
-                committed.update(_listed_commits(kind, prior, rows))
+                listed_commits = _listed_commits(kind, prior, rows)
+                legacy = any(not needed <= row.keys() for _, row in rows.values())
+                # a set written before a column of its table existed is up to date while every shard is intact;
+                # else it is computed whole, so that its table can be written with every column
+                if not legacy or all(_intact(store, commit["entry"]) for commit in listed_commits.values()):
+                    committed.update(listed_commits)
             elif prior.get("fingerprint") == plan.fingerprint:
                 wanted = set(plan.items)
                 reuse = {item: [row[0], row[1]] for item, row in rows.items()
-                         if item in wanted and job.reusable(prior, plan, item, row[1])}
+                         if item in wanted and needed <= row[1].keys() and job.reusable(prior, plan, item, row[1])}
                 prior_shards = {entry["file"]: entry for entry in prior.get("shards") or []
                                 if isinstance(entry, dict) and isinstance(entry.get("file"), str)}
         committed.update(_recorded_commits(store, kind, plan))
