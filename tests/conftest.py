@@ -8,6 +8,7 @@ a `shutil.copytree` of it (see `cache_copy`).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -59,7 +60,10 @@ torch.set_num_threads(1)
 # test of one of these kinds joins the slow tier by what it does.
 SLOW_FIXTURES = {"s3", "s3_endpoint"}
 SPAWNS = ("run_vaecache(", "run_torchrun(", "torchrun_cmd(", "subprocess.run(", "subprocess.Popen(", ".Process(",
-          "multiprocessing_context=", 'getfixturevalue("s3")')
+          "multiprocessing_context=", 'getfixturevalue("s3")', "run_timed(")
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = re.compile(r'load_script\("(\w+)"\)')
+"""A benchmark script a test runs in-process (tests/test_bench_scripts.py): its own code is read for SPAWNS too."""
 
 
 def _source(function: Any) -> str:
@@ -74,9 +78,6 @@ def _source(function: Any) -> str:
 def spawns_processes(item: pytest.Item) -> bool:
     """The test, one of its fixtures, or a function of their modules that these call (three calls deep), starts a
     process or asks for the S3 server."""
-    import re
-    import sys
-
     function = getattr(item, "function", None)
     if function is None:
         return False
@@ -95,6 +96,8 @@ def spawns_processes(item: pytest.Item) -> bool:
                 continue
             seen.add(candidate)
             source = _source(candidate)
+            scripts = [ROOT / "scripts" / f"{name}.py" for name in SCRIPT.findall(source)]
+            source += "".join(script.read_text() for script in scripts if script.is_file())
             if any(call in source for call in SPAWNS):
                 return True
             home = sys.modules.get(getattr(candidate, "__module__", ""))

@@ -274,6 +274,16 @@ def test_bench_text_prints_both_ways_and_the_dedupe(capsys):
     assert planned["clips"] == 600 and planned["distinct_prompts"] == 7 and planned["seconds"] > 0
 
 
+def test_bench_sets_prints_the_grown_scratch_and_rerun_embeds(capsys):
+    result = load_script("bench_sets").main(["--smoke"])
+    assert printed_json(capsys) == result
+    for name in ("text", "condition"):
+        assert (result["grown"][name]["computed"], result["grown"][name]["copied"]) == (2, 2)
+        assert (result["scratch"][name]["computed"], result["scratch"][name]["copied"]) == (4, 0)
+        assert result["rerun"][name]["up_to_date"] and result["grown_vs_scratch"][name] > 0
+    assert result["equal_to_scratch"] is True
+
+
 def test_bench_conditions_prints_both_commands_and_the_stages(capsys, tmp_path):
     result = load_script("bench_conditions").main(["--vae", "builtin:tiny", "--scenes", "1", "--frames", "5",
                                                    "--size", "32x32", "--repeats", "1", "--tmp", str(tmp_path)])
