@@ -120,7 +120,10 @@ def _survey(store: Any, kind: Any, job: Any, plans: list[Any], manifest: dict[st
                 legacy = any(not needed <= row.keys() for _, row in rows.values())
                 # a set written before a column of its table existed is up to date while every shard is intact;
                 # else it is computed whole, so that its table can be written with every column
-                if not legacy or all(_intact(store, commit["entry"]) for commit in listed_commits.values()):
+                if legacy and all(_intact(store, commit["entry"]) for commit in listed_commits.values()):
+                    for commit in listed_commits.values():
+                        commit["checked"] = True  # hashed here: its owner need not read it again
+                if not legacy or all(commit.get("checked") for commit in listed_commits.values()):
                     committed.update(listed_commits)
             elif prior.get("fingerprint") == plan.fingerprint:
                 wanted = set(plan.items)
@@ -233,7 +236,8 @@ def _compute_own_shards(store: Any, kind: Any, job: Any, plans: list[Any], surve
             if number >= len(plan.shards):
                 continue
             commit = survey[plan.name]["committed"].get(number)
-            if commit is not None and commit["items"] == plan.shards[number] and _intact(store, commit["entry"]):
+            if commit is not None and commit["items"] == plan.shards[number] and \
+                    (commit.get("checked") or _intact(store, commit["entry"])):
                 continue
             todo[plan.name] = plan.shards[number]
         if not todo:

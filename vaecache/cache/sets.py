@@ -295,12 +295,13 @@ def verify_item_sets(cache: Any, kind: Any, quick: bool, check_type: type) -> li
                 continue
             table = pq.read_table(io.BytesIO(contents[table_file])).to_pylist()
             held = [row[kind.item_column] for row in table]
-            missing = [clip for clip in ids if clip not in set(held)]
+            held_set = set(held)
+            missing = [clip for clip in ids if clip not in held_set]
             for clip in missing[:5]:
                 check.fail(f"{kind.what} {name}: clip {clip} has no item")
-            for clip in sorted(set(held) - set(ids))[:5]:
+            for clip in sorted(held_set - set(ids))[:5]:
                 check.fail(f"{kind.what} {name}: holds clip {clip}, which the cache does not hold")
-            if len(held) != len(set(held)):
+            if len(held) != len(held_set):
                 check.fail(f"{kind.what} {name}: a clip is listed twice")
             tensors: dict[str, dict[str, Any]] = {}
             for file, data in contents.items():
