@@ -231,12 +231,14 @@ def run_vaecache(args: argparse.Namespace, data: Path, out: Path, height: int, w
     from vaecache.settings.clip import ClipSettings, SamplingConfig
     from vaecache.settings.commands import EncodeConfig
     from vaecache.settings.options import parse_bytes
+    from vaecache.settings.parts import DecodeConfig, OutConfig, ParallelConfig, SourceConfig, VaeConfig
 
     clip = ClipSettings(SamplingConfig(num_frames=args.num_frames), height, width, dtype=args.dtype, store=args.store,
                         views_per_forward=views_per_forward(args))
-    cfg = EncodeConfig(data=data, out=out, vae=args.vae, clip=clip, device=args.device, batch_size=args.batch_size,
-                       workers=args.workers, shard_size=parse_bytes(args.shard_size), overwrite=True, progress=False,
-                       commit_every_s=0.0)
+    cfg = EncodeConfig(SourceConfig(data), VaeConfig(args.vae), clip,
+                       OutConfig(out, shard_size=parse_bytes(args.shard_size), overwrite=True, commit_every_s=0.0),
+                       decode=DecodeConfig(workers=args.workers),
+                       parallel=ParallelConfig(device=args.device, batch_size=args.batch_size), progress=False)
     marks: list[float] = []
     encodes: list[tuple[float, float]] = []
     start = time.perf_counter()

@@ -96,6 +96,7 @@ def worker(args: argparse.Namespace) -> None:
     from vaecache.settings.buckets import parse_size
     from vaecache.settings.clip import ClipSettings, SamplingConfig
     from vaecache.settings.commands import EncodeConfig
+    from vaecache.settings.parts import DecodeConfig, OutConfig, ParallelConfig, SourceConfig, VaeConfig
     from vaecache.sources.discover import discover_scenes
     from vaecache.sources.probing import probe_scene
     from vaecache.vae import load_vae
@@ -159,9 +160,11 @@ def worker(args: argparse.Namespace) -> None:
                         out_dir = data.parent / f"out-sp{sp}-r{repeat}"
                         clip = ClipSettings(SamplingConfig(num_frames=args.num_frames), height, width,
                                             dtype=args.dtype, store=args.store, views_per_forward=1)
-                        cfg = EncodeConfig(data=data, out=out_dir, vae=args.vae, clip=clip, device=args.device,
-                                           batch_size=args.batch_size, workers=args.workers, sp_size=sp,
-                                           overwrite=True, progress=False)
+                        cfg = EncodeConfig(SourceConfig(data), VaeConfig(args.vae), clip,
+                                           OutConfig(out_dir, overwrite=True),
+                                           decode=DecodeConfig(workers=args.workers),
+                                           parallel=ParallelConfig(device=args.device, batch_size=args.batch_size,
+                                                                   sp_size=sp), progress=False)
                         marks: list[float] = []
                         world.barrier()
                         start = time.perf_counter()

@@ -74,6 +74,7 @@ def build_cache(args: argparse.Namespace, tmp: Path) -> Path:
     from vaecache.settings.clip import ClipSettings, SamplingConfig
     from vaecache.settings.commands import EncodeConfig
     from vaecache.settings.options import parse_bytes
+    from vaecache.settings.parts import DecodeConfig, OutConfig, ParallelConfig, SourceConfig, VaeConfig
 
     height, width = parse_size(args.size)
     scenes = max(1, math.ceil(args.target_mb * 1e6 / (view_bytes(args) * args.cameras)))
@@ -84,8 +85,9 @@ def build_cache(args: argparse.Namespace, tmp: Path) -> Path:
                                           height=height, width=width, seed=0))
     store = "mean" if args.vae.startswith("python:_null_vae") else "mean-logvar"
     clip = ClipSettings(SamplingConfig(num_frames=args.num_frames), height, width, store=store)
-    cfg = EncodeConfig(data=data, out=out, vae=args.vae, clip=clip, workers=0, shard_size=parse_bytes(args.shard_size),
-                       overwrite=True, progress=False, device="cpu")
+    cfg = EncodeConfig(SourceConfig(data), VaeConfig(args.vae), clip,
+                       OutConfig(out, shard_size=parse_bytes(args.shard_size), overwrite=True),
+                       decode=DecodeConfig(workers=0), parallel=ParallelConfig(device="cpu"), progress=False)
     with distributed(sp_size=1, device="cpu", environ={}) as ctx:
         summary = run_encode(cfg, ctx)
     if summary.exit_code != 0:

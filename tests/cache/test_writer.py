@@ -23,8 +23,7 @@ from vaecache.cache.table import CLIP_TABLE, FAILURE_TABLE, write_table
 from vaecache.cache.writer import ShardWriter
 from vaecache.errors import ManifestError, UsageError
 from vaecache.planning.clips import Clip
-from vaecache.settings.clip import ClipSettings, SamplingConfig
-from vaecache.settings.commands import EncodeConfig
+from vaecache.settings.parts import OutConfig
 
 SCENES = ["scene_000", "scene_001", "scene_002"]
 LATENT = [2, 16, 3, 8, 8]
@@ -271,8 +270,7 @@ def test_a_shard_is_committed_after_commit_every_seconds_whatever_its_size(tmp_p
     logged = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
     assert committed_before_close == 2 and [len(entry["clips"]) for entry in logged] == [3, 2]
     with pytest.raises(UsageError, match="--commit-every must be seconds >= 0"):
-        EncodeConfig(data=tmp_path, out=tmp_path / "o", vae="builtin:tiny",
-                     clip=ClipSettings(SamplingConfig(5), 32, 32), commit_every_s=-1.0)
+        OutConfig(tmp_path / "o", commit_every_s=-1.0)
 
 
 def test_manifest_records_both_tables_counts_and_hashes(tmp_path: Path) -> None:

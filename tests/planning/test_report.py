@@ -20,6 +20,7 @@ from vaecache.settings.clip import ClipSettings, SamplingConfig
 from vaecache.settings.commands import PlanConfig
 from vaecache.settings.loader import clip_settings as pop_clip_options
 from vaecache.settings.loader import load_toml
+from vaecache.settings.parts import SourceConfig, VaeConfig
 from vaecache.vae import FAMILIES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -126,8 +127,8 @@ def test_memory_fit_from_measured_peak_per_view() -> None:
 
 
 def test_build_plan_without_measuring(data: Path) -> None:
-    cfg = PlanConfig(data=data, vae="builtin:tiny", clip=ClipSettings(SamplingConfig(9, max_clips_per_scene=1), 32, 32),
-                     memory_budget=2**30, measure=False)
+    cfg = PlanConfig(SourceConfig(data), VaeConfig("builtin:tiny"),
+                     ClipSettings(SamplingConfig(9, max_clips_per_scene=1), 32, 32), memory_budget=2**30, measure=False)
     report = build_plan(cfg)
     assert report.clips == 3 and report.latent_shape == [16, 3, 4, 4] and report.measurement is None
     assert any("--memory-budget needs a measurement" in note for note in report.notes)

@@ -13,7 +13,7 @@ from vaecache.errors import FrameRuleError, UsageError, VaeSpecError
 from vaecache.settings.buckets import parse_size
 from vaecache.settings.clip import ClipSettings, SamplingConfig
 from vaecache.settings.commands import EncodeConfig
-from vaecache.settings.loader import load_toml
+from vaecache.settings.loader import PARTS, ROUTES, load_toml
 from vaecache.settings.options import parse_bytes
 from vaecache.vae import VaeRunner, load_vae
 
@@ -27,12 +27,16 @@ _CLIP_FIELDS = {f.name for f in fields(ClipSettings)}
 
 
 def _config(**overrides: object) -> EncodeConfig:
-    """An EncodeConfig from flat settings: ClipSettings fields go to its clip settings, the rest to the run."""
-    base: dict = dict(data=Path("d"), out=Path("o"), vae="builtin:tiny", sampling=SamplingConfig(9),
-                      height=64, width=64)
+    """An EncodeConfig from flat settings: ClipSettings fields go to its clip settings, the rest to the part the
+    loader routes them to (settings.loader.ROUTES)."""
+    base: dict = dict(out=Path("o"), vae="builtin:tiny", sampling=SamplingConfig(9), height=64, width=64)
     base.update(overrides)
     clip = ClipSettings(**{k: v for k, v in base.items() if k in _CLIP_FIELDS})
-    return EncodeConfig(clip=clip, **{k: v for k, v in base.items() if k not in _CLIP_FIELDS})
+    parts: dict[str, dict] = {"source": {"location": Path("d")}}
+    for setting, value in base.items():
+        for part, name in ROUTES.get(setting, ()):
+            parts.setdefault(part, {})[name] = value
+    return EncodeConfig(clip=clip, **{part: PARTS[part](**given) for part, given in parts.items()})
 
 
 # --------------------------------------------------------------------------- flag parsing
@@ -75,9 +79,15 @@ def test_parse_bytes_rejects_with_a_usage_error(text: str | int) -> None:
     ({"dtype": "fp64"}, "--dtype must be one of fp32, bf16, fp16"),
     ({"store": "logvar"}, "--store must be one of mean-logvar, mean, sample"),
     ({"on_error": "ignore"}, "--on-error must be one of skip, fail"),
-    ({"batch_size": 0}, "--batch-size must be >= 1"),
-    ({"workers": -1}, "--workers must be >= 0"),
-    ({"sp_size": 0}, "--sp-size must be >= 1"),
+    ({"batch_size": 0}, "--batch-size must be an integer >= 1"),
+    ({"workers": -1}, "--workers must be an integer >= 0"),
+    ({"sp_size": 0}, "--sp-size must be an integer >= 1"),
+    ({"decoder": "ffmpeg"}, "--decoder must be one of auto, pyav"),
+    ({"sp_mode": "rows"}, "--sp-mode must be one of views, spatial"),
+    ({"commit_every_s": -1.0}, "--commit-every must be seconds >= 0"),
+    ({"liveness_timeout_s": -1.0}, "--liveness-timeout must be >= 0"),
+    ({"probe_workers": 0}, "--probe-workers must be an integer >= 1"),
+    ({"image_encoder": "diffusers:/m"}, "--image-encoder applies to --condition image-features"),
     ({"shard_size": 0}, "--shard-size must be >= 1 byte"),
     ({"timeout_s": 0}, "--timeout must be > 0"),
     ({"cameras": ("a", "b", "a")}, "lists a camera twice"),
@@ -192,7 +202,7 @@ EXAMPLE_CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob(
 @pytest.mark.parametrize("path", EXAMPLE_CONFIGS, ids=[p.name for p in EXAMPLE_CONFIGS])
 def test_example_configs_build(path: Path) -> None:
     cfg = build_config(Path("data"), {"out": Path("out")}, path)
-    assert cfg.vae and cfg.clip.sampling.num_frames >= 1 and cfg.clip.height >= 1
+    assert cfg.vae.spec and cfg.clip.sampling.num_frames >= 1 and cfg.clip.height >= 1
 
 
 def test_flags_win_over_the_config_file(tmp_path: Path) -> None:
@@ -200,20 +210,20 @@ def test_flags_win_over_the_config_file(tmp_path: Path) -> None:
     path.write_text('vae = "diffusers:/models/wan"\nnum_frames = 17\nsize = "64x64"\nbatch_size = 4\n'
                     'cameras = ["b", "a"]\nshard_size = "1MiB"\n')
     cfg = build_config(Path("d"), {"out": Path("o"), "vae": "builtin:tiny", "num_frames": 9, "batch_size": None}, path)
-    assert cfg.vae == "builtin:tiny"
+    assert cfg.vae.spec == "builtin:tiny"
     assert cfg.clip.sampling.num_frames == 9
-    assert cfg.batch_size == 4  # unset flag: the file's value
-    assert cfg.clip.cameras == ("b", "a") and cfg.shard_size == 2**20
+    assert cfg.parallel.batch_size == 4  # unset flag: the file's value
+    assert cfg.clip.cameras == ("b", "a") and cfg.out.shard_size == 2**20
     assert (cfg.clip.height, cfg.clip.width) == (64, 64)
     from_file = build_config(Path("d"), {"out": Path("o")}, path)
-    assert from_file.vae == "diffusers:/models/wan"
+    assert from_file.vae.spec == "diffusers:/models/wan"
 
 
 def test_config_file_can_name_the_output_folder(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text('out = "cache"\nvae = "builtin:tiny"\nnum_frames = 9\nsize = "64x64"\n')
-    assert build_config(Path("d"), {}, path).out == Path("cache")
-    assert build_config(Path("d"), {"out": Path("flag")}, path).out == Path("flag")
+    assert build_config(Path("d"), {}, path).out.location == Path("cache")
+    assert build_config(Path("d"), {"out": Path("flag")}, path).out.location == Path("flag")
 
 
 @pytest.mark.parametrize(("out", "vae", "options", "match"), [
@@ -308,7 +318,8 @@ def test_plan_reads_a_config_with_every_key_encode_accepts(demo_data: Path, tmp_
     assert result.exit_code == 0, result.output
     assert "unexpected" not in result.output
     cfg = build_config(demo_data, {}, config)
-    assert (cfg.liveness_timeout_s, cfg.timeout_s, cfg.shard_size, cfg.probe_workers) == (30.0, 600, 2**20, 2)
+    assert (cfg.parallel.liveness_timeout_s, cfg.parallel.timeout_s, cfg.out.shard_size,
+            cfg.source.probe_workers) == (30.0, 600, 2**20, 2)
 
 
 def test_every_flag_of_encode_and_plan_comes_from_the_option_table() -> None:

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from tests.videos import LAYOUTS, cut_with_edit_list, random_windows, sequential_frames, write_video
+from vaecache.cli.encode import build_config
 from vaecache.errors import UsageError, VideoDecodeError
-from vaecache.settings.clip import ClipSettings, SamplingConfig
+from vaecache.settings.parts import DecodeConfig
 from vaecache.video.backends import (
     AUTO_ORDER,
     DECORD_DECODER,
@@ -160,12 +161,14 @@ def test_view_decoder_uses_its_backend(streams: dict) -> None:
     assert np.array_equal(other.decode(path, clip).numpy(), pyav.numpy())
 
 
-def test_decoder_setting_is_validated_and_kept_out_of_the_latents_record() -> None:
-    sampling = SamplingConfig(num_frames=5)
+def test_decoder_setting_is_validated_and_kept_out_of_the_latents_record(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="--decoder must be one of auto, pyav, decord, torchcodec, got 'nvdec'"):
-        ClipSettings(sampling=sampling, height=32, width=32, decoder="nvdec")
-    record = ClipSettings(sampling=sampling, height=32, width=32, decoder="decord").to_record()
-    assert record == ClipSettings(sampling=sampling, height=32, width=32).to_record()  # recorded as "decoder" instead
+        DecodeConfig(decoder="nvdec")
+    flags = {"out": tmp_path / "o", "vae": "builtin:tiny", "num_frames": 5, "size": "32x32"}
+    decord = build_config(tmp_path, {**flags, "decoder": "decord"}, None)
+    assert decord.decode.decoder == "decord"
+    # the clip settings' record is the latents' record: the decoder is recorded as "decoder" instead
+    assert decord.clip.to_record() == build_config(tmp_path, flags, None).clip.to_record()
 
 
 def test_encode_with_decord_stores_pyavs_latents_under_its_own_fingerprint(demo_data: Path, tmp_path: Path,
@@ -211,8 +214,8 @@ def test_decoder_comes_from_the_toml_config_and_the_flag_wins(tmp_path: Path) ->
 
     config = tmp_path / "encode.toml"
     config.write_text('vae = "builtin:tiny"\nnum-frames = 5\nsize = "32x32"\ndecoder = "decord"\n')
-    assert build_config(tmp_path, {"out": tmp_path / "out"}, config).clip.decoder == "decord"
-    assert build_config(tmp_path, {"out": tmp_path / "out", "decoder": "pyav"}, config).clip.decoder == "pyav"
+    assert build_config(tmp_path, {"out": tmp_path / "out"}, config).decode.decoder == "decord"
+    assert build_config(tmp_path, {"out": tmp_path / "out", "decoder": "pyav"}, config).decode.decoder == "pyav"
     config.write_text('vae = "builtin:tiny"\nnum-frames = 5\nsize = "32x32"\ndecoder = "ffmpeg"\n')
     with pytest.raises(UsageError, match="--decoder must be one of"):
         build_config(tmp_path, {"out": tmp_path / "out"}, config)

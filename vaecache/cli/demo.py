@@ -48,6 +48,7 @@ def demo(
     from vaecache.encode.run import run_encode
     from vaecache.settings.clip import ClipSettings, SamplingConfig
     from vaecache.settings.commands import EncodeConfig
+    from vaecache.settings.parts import DecodeConfig, OutConfig, SourceConfig, VaeConfig
     from vaecache.training import LatentCache
     from vaecache.verify.integrity import verify_cache
 
@@ -56,9 +57,9 @@ def demo(
     write_demo_dataset(data, spec)
     console.print(f"1/4 demo data: {spec.scenes} scenes x {spec.cameras} cameras of {spec.frames} frames in {data}",
                   markup=False)
-    cfg = EncodeConfig(data=data, out=out, vae="builtin:small",
-                       clip=ClipSettings(SamplingConfig(num_frames=9), 64, 64), workers=0, overwrite=True,
-                       progress=False)
+    cfg = EncodeConfig(SourceConfig(data), VaeConfig("builtin:small"),
+                       ClipSettings(SamplingConfig(num_frames=9), 64, 64), OutConfig(out, overwrite=True),
+                       decode=DecodeConfig(workers=0), progress=False)
     console.print("2/4 encoding with builtin:small (a tiny Wan VAE trained on demo-style footage; these scenes "
                   "were held out of its training), the same as:")
     console.print("    " + shlex.join(["vaecache", "encode", str(data), "--out", str(out), "--vae", "builtin:small",

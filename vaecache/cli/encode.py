@@ -45,12 +45,13 @@ def build_config(data: Path, flags: dict[str, Any], config_file: Path | None) ->
 
 def check_usage_before_start(cfg: EncodeConfig, environ: dict[str, str] | None = None) -> None:
     """What can be refused without torch: the dataset path and the SP size against the ranks launched."""
-    check_dataset_exists(cfg.data)
+    check_dataset_exists(cfg.source.location)
     _, world = launcher_rank_world(environ)
-    if cfg.sp_size > 1 and world == 1:
-        raise UsageError(f"--sp-size {cfg.sp_size} needs {cfg.sp_size} ranks (or a multiple): "
-                         f"torchrun --nproc-per-node {cfg.sp_size} -m vaecache encode ... "
-                         f"(or srun --ntasks {cfg.sp_size} vaecache encode ...)")
+    sp_size = cfg.parallel.sp_size
+    if sp_size > 1 and world == 1:
+        raise UsageError(f"--sp-size {sp_size} needs {sp_size} ranks (or a multiple): "
+                         f"torchrun --nproc-per-node {sp_size} -m vaecache encode ... "
+                         f"(or srun --ntasks {sp_size} vaecache encode ...)")
 
 
 def summary_json(summary: EncodeSummary) -> dict[str, Any]:
@@ -82,36 +83,38 @@ def encode(
     from vaecache.encode.run import run_encode
     from vaecache.meter import meter
 
-    with distributed(sp_size=cfg.sp_size, device=cfg.device, timeout_s=cfg.timeout_s,
-                     liveness_timeout_s=cfg.liveness_timeout_s) as ctx:
+    parallel = cfg.parallel
+    with distributed(sp_size=parallel.sp_size, device=parallel.device, timeout_s=parallel.timeout_s,
+                     liveness_timeout_s=parallel.liveness_timeout_s) as ctx:
         is_rank0 = ctx.info.rank == 0
-        if is_rank0 and cfg.vae == "builtin:tiny":
+        if is_rank0 and cfg.vae.spec == "builtin:tiny":
             console.print("[yellow]note:[/yellow] builtin:tiny is an untrained VAE with random weights "
                           "(for demos and tests; its latents mean nothing to a real model)")
-        elif is_rank0 and cfg.vae == "builtin:small":
+        elif is_rank0 and cfg.vae.spec == "builtin:small":
             console.print("[yellow]note:[/yellow] builtin:small is a small VAE trained only on synthetic demo "
                           "footage (for demos and tests, not for real video)")
-        live = LiveFailures(cfg.out, ctx.info.rank, ctx.info.world_size)
+        live = LiveFailures(cfg.out.location, ctx.info.rank, ctx.info.world_size)
         summary = run_encode(cfg, ctx, meter=lambda label, unit: meter(
             label, unit, console, enabled=is_rank0 and cfg.progress), on_failure=live)
         embedded = None
-        if cfg.text_encoder and not summary.stopped and summary.exit_code in (EXIT_OK, EXIT_PARTIAL):
+        if cfg.text.encoder and not summary.stopped and summary.exit_code in (EXIT_OK, EXIT_PARTIAL):
             from vaecache.text.embed import embed_cache
             from vaecache.text.sets import EmbedRequest
 
-            embedded = embed_cache(EmbedRequest(out=str(cfg.out), text_encoder=cfg.text_encoder, device=cfg.device,
-                                                require_caption_field=False,
-                                                allow_pickle_weights=cfg.allow_pickle_weights,
-                                                storage_options=cfg.storage_options), ctx=ctx)
+            embedded = embed_cache(EmbedRequest(out=str(cfg.out.location), text_encoder=cfg.text.encoder,
+                                                device=parallel.device, require_caption_field=False,
+                                                allow_pickle_weights=cfg.vae.allow_pickle_weights,
+                                                storage_options=cfg.out.storage_options), ctx=ctx)
         conditioned = []
-        if cfg.condition and not summary.stopped and summary.exit_code in (EXIT_OK, EXIT_PARTIAL):
+        if cfg.conditions.kinds and not summary.stopped and summary.exit_code in (EXIT_OK, EXIT_PARTIAL):
             from vaecache.conditions.embed import embed_conditions
             from vaecache.conditions.sets import ConditionRequest
 
             conditioned = embed_conditions(ConditionRequest(
-                out=str(cfg.out), kinds=cfg.condition, device=cfg.device, vae=cfg.vae,
-                allow_pickle_weights=cfg.allow_pickle_weights, storage_options=cfg.storage_options,
-                image_encoder=cfg.image_encoder, image_convention=cfg.image_convention), ctx=ctx)
+                out=str(cfg.out.location), kinds=cfg.conditions.kinds, device=parallel.device, vae=cfg.vae.spec,
+                allow_pickle_weights=cfg.vae.allow_pickle_weights, storage_options=cfg.out.storage_options,
+                image_encoder=cfg.conditions.image_encoder, image_convention=cfg.conditions.image_convention),
+                ctx=ctx)
     if summary.stopped:
         stopped = (f"rank {ctx.info.rank} stopped by {summary.stopped}: committed shards are kept; rerun the same "
                    "command to resume")

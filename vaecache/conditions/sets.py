@@ -34,10 +34,28 @@ from vaecache.conditions.kinds import (
     parse_condition_kinds,
 )
 from vaecache.errors import UsageError
+from vaecache.settings.parts import ConditionsConfig
 
 SHARD_PREFIX = "conditions-"
 CLIPS_TABLE = "clips.parquet"
 DEFAULT_SHARD_BYTES = 256 << 20
+
+
+def check_condition_request(conditions: ConditionsConfig) -> tuple[str, ...]:
+    """encode --condition: the kinds (returned), and the image encoder's options, folders, config and weights files,
+    checked at start-up before any video is probed (a typo must not cost the whole encode). Once the VAE is loaded,
+    start-up checks it has the pipeline the latent kinds follow (kinds.check_condition_vae)."""
+    if conditions.kinds is None:
+        return ()
+    kinds = parse_condition_kinds(conditions.kinds)
+    if not kinds:
+        raise UsageError("--condition: name at least one kind (first-frame, first-last, image-features)")
+    if "image-features" in kinds:
+        from vaecache.conditions.images import check_image_options, image_encoder_folders
+
+        check_image_options(conditions.image_encoder, conditions.image_convention)
+        image_encoder_folders(conditions.image_encoder, conditions.image_convention)  # type: ignore[arg-type]
+    return kinds
 
 
 @dataclass(frozen=True)

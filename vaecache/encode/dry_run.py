@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from vaecache.distributed.context import resolve_device
-from vaecache.encode.numerics import cores_per_rank, decode_thread_budget, torch_threads_kept
-from vaecache.encode.startup import StartRequest, start_notes, start_up
+from vaecache.encode.numerics import torch_threads_kept
+from vaecache.encode.startup import StartRequest, start_up
 from vaecache.errors import UsageError, VideoDecodeError
 from vaecache.planning.clips import Clip
 from vaecache.planning.report import (
@@ -50,16 +50,13 @@ def build_plan(cfg: PlanConfig) -> PlanReport:
 
 
 def _build_plan(cfg: PlanConfig) -> PlanReport:
-    device = resolve_device(cfg.device)
-    # each rank's share of this machine's cores when the planned ranks share it, as an encode gives them
-    rank_cores = cores_per_rank(min(cfg.world_size, len(os.sched_getaffinity(0))))
-    threads = encode_threads(device, rank_cores, cfg.workers)
+    device = resolve_device(cfg.parallel.device)
     started = time.perf_counter()
-    start = start_up(StartRequest(cfg, device, cfg.world_size, cfg.sp_size, keep_probes=True))
+    # each rank's share of this machine's cores when the planned ranks share it, as an encode gives them
+    start = start_up(StartRequest(cfg.source, cfg.vae, cfg.clip, cfg.decode, cfg.parallel, device, cfg.world_size,
+                                  ranks_on_node=min(cfg.world_size, len(os.sched_getaffinity(0))), keep_probes=True))
     startup_s = time.perf_counter() - started
     job, vae, backend, probes = start.job, start.vae, start.backend, start.probes
-    backend = replace(backend, threads=decode_thread_budget(rank_cores, cfg.workers,
-                                                            threads if device.type == "cpu" else 1))
     model = vae.model
     clip_settings = start.clip  # what start-up resolved ("auto" views per forward)
     clips, skipped = job.clips, list(job.skipped)
@@ -75,7 +72,7 @@ def _build_plan(cfg: PlanConfig) -> PlanReport:
     fingerprint = model.fingerprint()
     report = PlanReport(
         config={**_config_json(cfg, clip_settings, device), "decoder": backend.name},
-        vae={"spec": cfg.vae, "family": model.family, "untrained": model.untrained, "rule": model.rule.to_json(),
+        vae={"spec": cfg.vae.spec, "family": model.family, "untrained": model.untrained, "rule": model.rule.to_json(),
              "latent_channels": vae.latent_channels, "normalization": model.normalization,
              **{k: fingerprint[k] for k in ("precision", "tiling", "views_per_forward", "per_frame")}},
         scenes=SceneRows(clips, probes),
@@ -91,9 +88,10 @@ def _build_plan(cfg: PlanConfig) -> PlanReport:
         report.total_bytes = sum(b["bytes"] for b in histogram)
         for name in report.empty_buckets:
             report.notes.append(f"bucket {name} is empty: no scene was assigned to it")
-    report.notes.extend(start_notes(job, cfg.batch_size, cfg.sp_size, cfg.sp_mode, device))
+    report.notes.extend(start.notes)
     if model.untrained:
-        report.notes.append(f"{cfg.vae} is an untrained VAE with random weights: timings only, latents mean nothing")
+        report.notes.append(f"{cfg.vae.spec} is an untrained VAE with random weights: timings only, latents mean "
+                            "nothing")
     if model.dtype_note:
         report.notes.append(model.dtype_note)
     idle = sum(1 for s in report.shares if s.clips == 0)
@@ -118,7 +116,7 @@ def _build_plan(cfg: PlanConfig) -> PlanReport:
                              f"(last: {report.notes[-1]}); use --no-measure to plan without measuring")
         critical = max(s.views_per_rank for s in report.shares)
         report.measurement = replace(report.measurement, torch_threads=torch.get_num_threads())
-        report.eta = pipeline_eta(startup_s, critical, report.measurement, cfg.workers)
+        report.eta = pipeline_eta(startup_s, critical, report.measurement, cfg.decode.workers)
         report.eta_s = report.eta.total_s
         eta = report.eta
         pace = (f"max(encode {eta.encode_s_per_view:.3g} s, decode {eta.decode_s_per_view:.3g} s / {eta.workers} "
@@ -145,15 +143,6 @@ def _build_plan(cfg: PlanConfig) -> PlanReport:
     elif cfg.memory_budget is not None:
         report.notes.append("--memory-budget needs a measurement; drop --no-measure")
     return report
-
-
-def encode_threads(device: torch.device, rank_cores: int, workers: int) -> int:
-    """On CPU, set the torch threads one rank of the planned launch gets from an encode (numerics.cpu_thread_budget:
-    its share of this machine's cores minus its decode workers; OMP_NUM_THREADS wins), so the measured clip runs as
-    it will there. Returns the thread count."""
-    if device.type == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
-        torch.set_num_threads(max(1, rank_cores - workers))
-    return torch.get_num_threads()
 
 
 def decode_clip(clip: Clip, height: int, width: int, fit: str = "cover", backend: Backend = PYAV,
@@ -233,7 +222,8 @@ def _peak_rss() -> int:
 
 def _config_json(cfg: PlanConfig, clip: ClipSettings, device: torch.device) -> dict[str, Any]:
     return {
-        "data": str(cfg.data), "vae": cfg.vae, **clip.to_record(), "world_size": cfg.world_size,
-        "sp_size": cfg.sp_size, "dp_size": cfg.world_size // cfg.sp_size, "batch_size": cfg.batch_size,
+        "data": str(cfg.source.location), "vae": cfg.vae.spec, **clip.to_record(), "world_size": cfg.world_size,
+        "sp_size": cfg.parallel.sp_size, "dp_size": cfg.world_size // cfg.parallel.sp_size,
+        "batch_size": cfg.parallel.batch_size,
         "device": str(device), "memory_budget": cfg.memory_budget,
     }

@@ -1,5 +1,6 @@
-"""One rank's encode as one object, handed down instead of threaded arguments: the settings, the rank's context,
-OUT (its commit protocol, over its store), what start-up found, the stop flag and whom to report to."""
+"""One rank's encode as one object, handed down instead of threaded arguments: the rank's context, OUT (its commit
+protocol, over its store), what start-up found and resolved, the parts of the settings the encode loop reads, the
+stop flag and whom to report to."""
 
 from __future__ import annotations
 
@@ -13,9 +14,8 @@ if TYPE_CHECKING:
     from vaecache.encode.startup import StartUp
     from vaecache.meter import Advance, MeterFactory
     from vaecache.settings.clip import ClipSettings
-    from vaecache.settings.commands import EncodeConfig
+    from vaecache.settings.parts import OutConfig
     from vaecache.stop import StopRequest
-    from vaecache.video.backends import Backend
 
 
 @dataclass(frozen=True)
@@ -31,20 +31,24 @@ class Reporting:
 
 @dataclass(frozen=True)
 class EncodeRun:
-    """One rank's encode. `out` is OUT's commit protocol (vaecache.cache.commits.CacheOut: DiskOut or ObjectOut);
-    the disk code runs in `folder` (OUT itself, or this rank's work folder for OUT in object storage). `start`,
-    `stop` and `decoder` are filled in as the run gets there (dataclasses.replace)."""
+    """One rank's encode, once start-up is done. `out` is OUT's commit protocol (vaecache.cache.commits.CacheOut:
+    DiskOut or ObjectOut); the disk code runs in `folder` (OUT itself, or this rank's work folder for OUT in object
+    storage)."""
 
-    cfg: EncodeConfig
     ctx: DistContext
     out: CacheOut
+    start: StartUp
+    stop: StopRequest
     started: float
     """time.perf_counter() when the command started."""
+    writing: OutConfig
+    """How shards are written and committed (size, interval, source hashing)."""
+    on_error: str
+    """--on-error: "fail" stops at the first input that cannot be used."""
+    workers: int
+    """Decode worker processes of this rank."""
+    sp_mode: str
     reporting: Reporting = Reporting()
-    start: StartUp | None = None
-    stop: StopRequest | None = None
-    decoder: Backend | None = None
-    """The resolved decode backend with this rank's FFmpeg threads."""
 
     @property
     def folder(self) -> Path:
@@ -52,8 +56,7 @@ class EncodeRun:
 
     @property
     def clip(self) -> ClipSettings:
-        """The clip settings this run encodes with and records: start-up's resolution of `cfg.clip`."""
-        assert self.start is not None, "the clip settings are known once start-up is done"
+        """The clip settings this run encodes with and records: start-up's resolution of the ones asked."""
         return self.start.clip
 
 

@@ -28,7 +28,6 @@ from vaecache.parallel.views import SPPlan, gather_views
 from vaecache.planning.clips import Clip, DoneMask, DoneMaskBuilder
 from vaecache.planning.jobs import JobPlan, batch_views
 from vaecache.settings.clip import ClipSettings
-from vaecache.settings.commands import EncodeConfig
 from vaecache.settings.dtypes import recorded_name
 from vaecache.stop import ignore_stop_signals
 from vaecache.vae import VaeRunner
@@ -106,9 +105,8 @@ def encode_share(run: EncodeRun, job: JobPlan, prepared: PreparedOut,
     commit protocol (`run.out`). `feed`: the decode of this rank's share of `job`, started while OUT was prepared
     (given only where prepare found nothing committed, so the share is the one it would be now); None: started
     here. Either is closed here."""
-    cfg, ctx, stop = run.cfg, run.ctx, run.stop
-    vae, num_scenes = run.start.vae, run.start.scenes  # type: ignore[union-attr]
-    assert stop is not None
+    ctx, stop, writing = run.ctx, run.stop, run.writing
+    vae, num_scenes = run.start.vae, run.start.scenes
     rank, mesh = ctx.info.rank, ctx.mesh
     todo = job.todo
     if prepared.complete and not todo:
@@ -130,10 +128,11 @@ def encode_share(run: EncodeRun, job: JobPlan, prepared: PreparedOut,
             log.warning("skipped scene %s: %s%s", skip.scene_id, skip.reason, f" ({skip.path})" if skip.path else "")
     counters = RankCounters()
     progress_log = run.out.progress_log(rank) if mesh.is_writer else None
-    writer = (ShardWriter(run.out, rank, prepared.attempt, cfg.shard_size, progress_log, hash_sources=cfg.hash_sources,
-                          fit=run.clip.fit if run.clip.bucketed else None, commit_every_s=cfg.commit_every_s)
+    writer = (ShardWriter(run.out, rank, prepared.attempt, writing.shard_size, progress_log,
+                          hash_sources=writing.hash_sources, fit=run.clip.fit if run.clip.bucketed else None,
+                          commit_every_s=writing.commit_every_s)
               if progress_log else None)
-    sink = _BatchSink(cfg, run.clip, ctx, vae, writer, failures, counters)
+    sink = _BatchSink(run.on_error, run.clip, ctx, vae, writer, failures, counters)
     loop_started = time.perf_counter()
     taken = 0
     try:
@@ -195,22 +194,21 @@ class DecodeFeed:
     can start them while OUT is prepared. `take()` hands the batches over once; `close()` ends the workers."""
 
     def __init__(self, run: EncodeRun, job: JobPlan) -> None:
-        cfg, ctx = run.cfg, run.ctx
-        assert run.decoder is not None, "the run's decode backend is resolved before its decode starts"
+        ctx, workers = run.ctx, run.workers
         self.work = job.rank_work(ctx.info.rank)
-        self.encoder = encoder_for(cfg.sp_mode)
+        self.encoder = encoder_for(run.sp_mode)
         view_indices, self.sp_plans = self.encoder.layout(self.work,
                                                           [len(batch_views(batch)) for batch in self.work.batches])
         self._dataset = ViewBatchDataset(self.work.batches, view_indices, run.clip.height, run.clip.width,
-                                         run.clip.fit, run.decoder, run.clip.sampling.max_frame_pixels)
+                                         run.clip.fit, run.start.backend, run.clip.sampling.max_frame_pixels)
         loader = torch.utils.data.DataLoader(
             self._dataset,
-            batch_size=None, shuffle=False, num_workers=cfg.workers, pin_memory=ctx.device.type == "cuda",
-            prefetch_factor=4 if cfg.workers else None, worker_init_fn=ignore_stop_signals,
+            batch_size=None, shuffle=False, num_workers=workers, pin_memory=ctx.device.type == "cuda",
+            prefetch_factor=4 if workers else None, worker_init_fn=ignore_stop_signals,
         )
-        self._dataset.hold_first(max(cfg.workers, 1))  # the first batch of each decode worker
+        self._dataset.hold_first(max(workers, 1))  # the first batch of each decode worker
         self._batches: Iterator[Any] | None = workers_started(loader)
-        if cfg.workers:
+        if workers:
             self._dataset.hold_first(0)  # the workers were forked holding them: this process lets them go
 
     def take(self) -> Iterator[Any]:
@@ -298,7 +296,8 @@ def _batch_outcome(ctx: DistContext, plan: SPPlan, batch: tuple[Clip, ...],
 class _BatchSink:
     """Where a gathered batch goes: its clips to the shard writer (writer ranks), its failures to the failure log."""
 
-    cfg: EncodeConfig
+    on_error: str
+    """--on-error: "fail" raises at the first clip that cannot be stored."""
     clip: ClipSettings
     """The clip settings the run encodes with (EncodeRun.clip)."""
     ctx: DistContext
@@ -312,7 +311,7 @@ class _BatchSink:
     def commit(self, batch: tuple[Clip, ...], moments: torch.Tensor | None, channels: int,
                outcome: BatchOutcome) -> None:
         errors, settings = outcome.errors, outcome.settings
-        cfg, writer, counters = self.cfg, self.writer, self.counters
+        writer, counters = self.writer, self.counters
         view_start = 0
         for clip_index, clip in enumerate(batch):
             view_start += clip.num_views
@@ -329,7 +328,7 @@ class _BatchSink:
                         self.failures.append(failure_record(clip.scene_id, reason, path=path, camera=camera))
                         log.warning("scene %s failed: %s: %s (none of its clips is encoded)", clip.scene_id, path,
                                     reason)
-                if cfg.on_error == "fail":
+                if self.on_error == "fail":
                     raise InputError(f"{path}: {reason}")
                 continue
             if writer is not None:
@@ -344,7 +343,7 @@ class _BatchSink:
                     self.failures.append(failure_record(clip.scene_id, reason, clip=clip.clip_id,
                                                         camera=overflowing[0]))
                     log.warning("clip %s failed: %s", clip.clip_id, reason)
-                    if cfg.on_error == "fail":
+                    if self.on_error == "fail":
                         raise InputError(f"clip {clip.clip_id}: {reason}")
                     continue
                 used = [settings[view_start - clip.num_views + c] for c in range(clip.num_views)]

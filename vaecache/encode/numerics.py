@@ -7,11 +7,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 
+from vaecache.cache.outdir import describe_differences
 from vaecache.distributed.context import DistContext
+from vaecache.errors import UsageError
 
 log = logging.getLogger("vaecache")
 
@@ -32,21 +35,51 @@ def run_numerics(device: torch.device, threads: int) -> dict[str, Any]:
     return numerics
 
 
-def cpu_thread_budget(ctx: DistContext, workers: int, recorded: int | None = None) -> int:
-    """On CPU, give the VAE the cores this rank can use minus its decode workers; OMP_NUM_THREADS wins, then
-    the count `recorded` by the cache being resumed (another count would change the latents' last bits).
+def peer_numerics(ctx: DistContext, numerics: dict[str, Any], allow_other: bool) -> list[dict[str, Any]]:
+    """Every rank's numerics, gathered: the ones other than this rank's (none unless `allow_other`: a rank computing
+    with other numerics is a UsageError naming it, since its latents would differ in the last bits)."""
+    others: list[dict[str, Any]] = []
+    for peer, theirs in enumerate(ctx.all_gather_object(numerics)):
+        if theirs == numerics or theirs in others:
+            continue
+        if not allow_other:
+            differ = "; ".join(describe_differences(numerics, theirs))
+            raise UsageError(f"rank {peer} computes with other numerics than rank {ctx.info.rank} ({differ}): its "
+                             "latents would differ in the last bits; run every rank on the same kind of device and "
+                             "torch (on CPU the same OMP_NUM_THREADS), or --allow-other-numerics to accept that "
+                             "(recorded)")
+        others.append(theirs)
+    return others
+
+
+@dataclass(frozen=True)
+class ThreadBudget:
+    """A rank's share of its machine's cores: the torch intra-op threads of the encode, and the FFmpeg threads per
+    video each of its decode workers opens."""
+
+    torch: int
+    decode: int
+
+
+def thread_budget(device: torch.device, ranks_on_node: int, workers: int, recorded: int | None = None,
+                  warn: bool = True) -> ThreadBudget:
+    """On CPU, give the VAE the cores this rank can use (this machine's, shared by `ranks_on_node` ranks) minus its
+    decode workers, and set torch's thread count to it; OMP_NUM_THREADS wins, then the count `recorded` by the cache
+    being resumed (another count would change the latents' last bits; `warn`: say so). The decode workers share
+    what the encode leaves (decode_thread_budget).
 
     torch's default (every core) plus decode workers oversubscribes the machine, and busy-waiting
     OpenMP threads then slow the encode several-fold as soon as anything else runs."""
-    if ctx.device.type != "cpu" or os.environ.get("OMP_NUM_THREADS"):
-        return torch.get_num_threads()
-    fitting = max(1, _cores_per_rank(ctx) - workers)
-    if recorded and recorded != fitting and ctx.info.rank == 0:
-        log.warning("resuming with %d torch threads per rank, as the cache records (this machine would give %d): "
-                    "another count changes the latents' last bits", recorded, fitting)
-    threads = recorded or fitting
-    torch.set_num_threads(threads)
-    return threads
+    cores = cores_per_rank(ranks_on_node)
+    if device.type == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
+        fitting = max(1, cores - workers)
+        if recorded and recorded != fitting and warn:
+            log.warning("resuming with %d torch threads per rank, as the cache records (this machine would give %d): "
+                        "another count changes the latents' last bits", recorded, fitting)
+        torch.set_num_threads(recorded or fitting)
+    threads = torch.get_num_threads()
+    # On CUDA the main thread only launches kernels and copies: one core.
+    return ThreadBudget(threads, decode_thread_budget(cores, workers, threads if device.type == "cpu" else 1))
 
 
 @contextlib.contextmanager
@@ -59,10 +92,6 @@ def torch_threads_kept() -> Iterator[None]:
     finally:
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)
-
-
-def _cores_per_rank(ctx: DistContext) -> int:
-    return cores_per_rank(ctx.info.local_world_size)
 
 
 def cores_per_rank(ranks_on_node: int) -> int:
@@ -79,8 +108,3 @@ def decode_thread_budget(cores: int, workers: int, main_threads: int) -> int:
     if not workers:
         return max(1, cores)
     return max(1, (cores - main_threads) // workers)
-
-
-def rank_decode_threads(ctx: DistContext, workers: int, encode_threads: int) -> int:
-    # On CUDA the main thread only launches kernels and copies: one core.
-    return decode_thread_budget(_cores_per_rank(ctx), workers, encode_threads if ctx.device.type == "cpu" else 1)

@@ -7,20 +7,32 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from vaecache.cache.sets import loaded_on_every_rank
+from vaecache.conditions.kinds import LATENT_KINDS, check_condition_vae
+from vaecache.conditions.sets import check_condition_request
 from vaecache.distributed.liveness import set_doing
+from vaecache.encode.numerics import peer_numerics, run_numerics, thread_budget
 from vaecache.errors import InputError, UsageError
 from vaecache.meter import MeterFactory, meter_phase
 from vaecache.parallel.encoders import encoder_for
-from vaecache.planning.jobs import JobPlan, plan_job, sp_repeats_advice
-from vaecache.settings.clip import ClipSettings, SyncConfig
+from vaecache.planning.jobs import JobPlan, plan_job, plan_notes
+from vaecache.settings.clip import ClipSettings
+from vaecache.settings.parts import (
+    ConditionsConfig,
+    DecodeConfig,
+    ParallelConfig,
+    SourceConfig,
+    TextConfig,
+    VaeConfig,
+)
 from vaecache.sources.discover import discover
 from vaecache.sources.probing import probe_dataset
-from vaecache.sources.scene import Discovery, Scene, SceneProbe, SourceOptions
+from vaecache.sources.scene import Scene, SceneProbe, SourceOptions
+from vaecache.text.encoder import check_text_encoder
 from vaecache.urls import set_data_storage_options
 from vaecache.vae import VaeRunner, load_vae
 from vaecache.vae.specs import check_vae_spec
@@ -29,78 +41,68 @@ from vaecache.video.backends import Backend, resolve_decoder
 log = logging.getLogger("vaecache")
 
 
-class StartSettings(Protocol):
-    """What start-up reads of the settings encode and plan share (EncodeConfig and PlanConfig both answer it):
-    where DATA is and how it is read, the VAE, the clip settings, the shape of a batch, the decode workers per rank
-    (the decoder backend is resolved for them). The sets an encode adds afterwards (text_encoder, condition,
-    image_encoder, image_convention) are read where present: PlanConfig has none."""
+@dataclass(frozen=True)
+class Recorded:
+    """What a run of OUT recorded that a resume computes alike with (none: a new OUT, or --overwrite)."""
 
-    @property
-    def data(self) -> Any: ...
-    @property
-    def vae(self) -> str: ...
-    @property
-    def vae_config(self) -> str | None: ...
-    @property
-    def clip(self) -> ClipSettings: ...
-    @property
-    def batch_size(self) -> int: ...
-    @property
-    def sp_mode(self) -> str: ...
-    @property
-    def workers(self) -> int: ...
-    @property
-    def probe_workers(self) -> int: ...
-    @property
-    def allow_pickle_weights(self) -> bool: ...
-    @property
-    def nuscenes_version(self) -> str | None: ...
-    @property
-    def columns(self) -> tuple[tuple[str, str], ...]: ...
-    @property
-    def lerobot_state(self) -> bool: ...
-    @property
-    def storage_options(self) -> tuple[tuple[str, Any], ...]: ...
+    encoder_impl: str | None = None
+    """The encoder implementation, which `--encoder-impl auto` resumes with."""
+    cpu_threads: int | None = None
+    """The torch threads per rank of a CPU run (another count would change the latents' last bits)."""
 
 
 @dataclass(frozen=True)
 class StartRequest:
-    """What encode and plan both start from: their settings and the shape of the job."""
+    """What encode and plan both start from: the parts of their settings start-up reads (the sets an encode adds
+    afterwards, `text` and `conditions`, are checked here too; plan has none) and the shape of the job."""
 
-    settings: StartSettings
+    source: SourceConfig
+    vae: VaeConfig
+    clip: ClipSettings
+    decode: DecodeConfig
+    parallel: ParallelConfig
     device: torch.device
     world_size: int = 1
-    sp_size: int = 1
-    on_error: str = "skip"
-    """"fail": the first scene that cannot be used stops the start (InputError)."""
+    ranks_on_node: int = 1
+    """The ranks sharing this machine's cores (each gets its share, for the encode and its decode workers)."""
+    text: TextConfig = TextConfig()
+    conditions: ConditionsConfig = ConditionsConfig()
     probe_cache: Path | None = None
     """A folder of per-rank probe-cache files (OUT/probes) that spares opening videos probed before."""
     keep_probes: bool = False
     """Keep every scene's probe in StartUp.probes (plan lists scenes; encode plans from them and lets them go)."""
-    out_ready: Callable[[], str | None] | None = None
+    out_ready: Callable[[], Recorded] | None = None
     """Called once DATA is listed, before the probe cache is read: waits for OUT's records (fetched meanwhile) and
-    returns the encoder implementation a run of OUT recorded (None: none), which `--encoder-impl auto` resumes with."""
+    returns what a run of OUT recorded."""
 
 
 @dataclass(frozen=True)
 class StartUp:
-    """What start-up found before OUT is touched."""
+    """What start-up found before OUT is touched, and what it resolved: the settings asked are left as they were."""
 
     job: JobPlan
     """The job plan, the scenes that cannot be used (job.skipped) included."""
     scenes: int
     vae: VaeRunner
     backend: Backend
-    """The resolved --decoder (its threads set later, by the rank's thread budget)."""
+    """The resolved --decoder, with the FFmpeg threads per video of this rank's budget."""
+    threads: int
+    """The torch intra-op threads this rank computes with (set by start-up on CPU)."""
+    numerics: dict[str, Any]
+    """What decides the last bits of this rank's latents besides the settings (encode.numerics.run_numerics)."""
+    other_numerics: list[dict[str, Any]]
+    """Other ranks' numerics where --allow-other-numerics lets them differ (none for plan)."""
     probe_records: tuple[dict[str, Any], ...]
     """This rank's new probe-cache records, written to OUT/probes once OUT is prepared."""
     discovered: Sequence[Scene]
     """Every scene DATA holds (skipped ones too)."""
     left_out_cameras: dict[str, int]
     clip: ClipSettings
-    """The clip settings the run encodes with and records, as start-up resolved them from the ones asked: the encoder
-    implementation a resume recorded (where `--encoder-impl auto` was asked) and what `--views-per-forward` came to
-    for this dataset. The settings asked are left as they were."""
+    """The clip settings the run encodes with and records: the encoder implementation a resume recorded (where
+    `--encoder-impl auto` was asked) and what `--views-per-forward` came to for this dataset."""
+    notes: tuple[str, ...]
+    """What a user should know about this plan before it runs (planning.jobs.plan_notes): encode logs them, plan
+    lists them."""
     cameras: tuple[str, ...] = ()
     """The chosen camera set (the first scene's cameras)."""
     probes: dict[str, SceneProbe] = field(default_factory=dict)
@@ -120,113 +122,61 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
     """Everything that can be checked without the VAE first (the decoder, DATA, the probes, the plan), then the
     VAE and what the settings need of it. Under several ranks (`ctx`) every rank plans alike (probing.probe_dataset
     shares the probes)."""
-    settings = request.settings
+    source, vae_config, clip, parallel = request.source, request.vae, request.clip, request.parallel
     # a typo costs nothing: refused before any video is probed
-    check_vae_spec(settings.vae, settings.vae_config, settings.allow_pickle_weights)
-    check_embedder_folders(settings)
-    set_data_storage_options(dict(settings.storage_options))
-    backend = resolve_decoder(settings.clip.decoder, request.device, settings.workers)
-    sampling = settings.clip.sampling
-    found = discover(settings.data, options=SourceOptions(settings.clip.cameras, sampling.frame_rate,
-                                                         settings.nuscenes_version, settings.columns,
-                                                         settings.lerobot_state))
-    sync = resolved_sync(sampling.sync, found)
-    recorded_impl = request.out_ready() if request.out_ready is not None else None
+    check_vae_spec(vae_config.spec, vae_config.config, vae_config.allow_pickle_weights)
+    check_text_encoder(request.text.encoder)
+    condition_kinds = check_condition_request(request.conditions)
+    set_data_storage_options(dict(source.storage_options))
+    backend = resolve_decoder(request.decode.decoder, request.device, request.decode.workers)
+    sampling = clip.sampling
+    found = discover(source.location, options=SourceOptions(clip.cameras, sampling.frame_rate,
+                                                           source.nuscenes_version, source.columns,
+                                                           source.lerobot_state))
+    sampling = dataclasses.replace(sampling, sync=found.resolved_sync(sampling.sync))
+    recorded = request.out_ready() if request.out_ready is not None else Recorded()
+    rank = ctx.info.rank if ctx is not None else 0
+    threads = thread_budget(request.device, request.ranks_on_node, request.decode.workers, recorded.cpu_threads,
+                            warn=rank == 0)
+    numerics = run_numerics(request.device, threads.torch)
+    # every rank computes with the same numerics, or its latents would differ in the last bits
+    other_numerics = peer_numerics(ctx, numerics, parallel.allow_other_numerics) if ctx is not None else []
     cache = request.probe_cache
     with meter_phase(meter, "probe", "scenes") as advance:
-        probed = probe_dataset(found.scenes, ctx, workers=settings.probe_workers, advance=advance, sync=sync,
+        probed = probe_dataset(found.scenes, ctx, workers=source.probe_workers, advance=advance, sync=sampling.sync,
                                cache_paths=(lambda: cache.glob("rank-*.jsonl")) if cache is not None else tuple)
-    encoder = encoder_for(settings.sp_mode)
-    job = plan_job(found.scenes, probed.probes, dataclasses.replace(sampling, sync=sync), request.world_size,
-                   request.sp_size,
-                   settings.batch_size, sizes=settings.clip.sizes,
-                   views_per_forward=encoder.views_per_forward(settings.clip.views_per_forward),
+    encoder = encoder_for(parallel.sp_mode)
+    job = plan_job(found.scenes, probed.probes, sampling, request.world_size, parallel.sp_size, parallel.batch_size,
+                   sizes=clip.sizes, views_per_forward=encoder.views_per_forward(clip.views_per_forward),
                    device_type=request.device.type)
     job = dataclasses.replace(job, skipped=(*found.rejected, *job.skipped))
-    if job.skipped and request.on_error == "fail":
+    notes = plan_notes(job, parallel, request.device.type, threads.torch)
+    if job.skipped and source.on_error == "fail":
         first = job.skipped[0]
         raise InputError(f"{first.path or first.scene_id}: {first.reason} (scene {first.scene_id}; --on-error fail)")
-    set_doing(f"loading the VAE {settings.vae}")
-    clip = settings.clip
-    if clip.encoder_impl == "auto" and recorded_impl is not None:
-        clip = dataclasses.replace(clip, encoder_impl=recorded_impl)
+    set_doing(f"loading the VAE {vae_config.spec}")
+    if clip.encoder_impl == "auto" and recorded.encoder_impl is not None:
+        clip = dataclasses.replace(clip, encoder_impl=recorded.encoder_impl)
     # every rank hears at once of a rank whose copy of the VAE does not load (a damaged file on its node's disk)
     vae = loaded_on_every_rank(ctx, lambda: load_vae(
-        settings.vae, request.device, clip.dtype, tiling=clip.tiling, views_per_forward=job.views_per_forward,
-        allow_pickle_weights=settings.allow_pickle_weights, compiled=clip.compiled,
-        channels_last=clip.channels_last, vae_config=settings.vae_config,
+        vae_config.spec, request.device, clip.dtype, tiling=clip.tiling, views_per_forward=job.views_per_forward,
+        allow_pickle_weights=vae_config.allow_pickle_weights, compiled=clip.compiled,
+        channels_last=clip.channels_last, vae_config=vae_config.config,
         # spatial mode runs diffusers' encoder band by band: auto is the reference there
-        encoder_impl="reference" if settings.sp_mode == "spatial" and clip.encoder_impl == "auto"
+        encoder_impl="reference" if parallel.sp_mode == "spatial" and clip.encoder_impl == "auto"
         else clip.encoder_impl), "VAE")
     vae.model.rule.check_buckets(clip.sampling.lengths, clip.sizes)
     if clip.store != "mean" and not vae.model.has_logvar:
-        raise UsageError(f"--store {clip.store} needs the posterior log-variance, and {settings.vae} gives only a "
+        raise UsageError(f"--store {clip.store} needs the posterior log-variance, and {vae_config.spec} gives only a "
                          "mean; use --store mean")
-    encoder.check(clip, vae.model, request.sp_size, settings.vae)
-    check_conditions(settings, vae)
-    return StartUp(job, len(found.scenes), vae, backend, tuple(probed.records), found.scenes,
-                   dict(found.left_out_cameras), dataclasses.replace(clip, views_per_forward=job.views_per_forward),
+    encoder.check(clip, vae.model, parallel.sp_size, vae_config.spec)
+    if any(kind in LATENT_KINDS for kind in condition_kinds):  # encode --condition: the VAE must have the pipeline
+        check_condition_vae(vae.model.fingerprint(), f"--vae {vae_config.spec}")
+    return StartUp(job, len(found.scenes), vae, dataclasses.replace(backend, threads=threads.decode), threads.torch,
+                   numerics, other_numerics, tuple(probed.records), found.scenes, dict(found.left_out_cameras),
+                   dataclasses.replace(clip, views_per_forward=job.views_per_forward), tuple(notes),
                    found.scenes[0].cameras if found.scenes else (),
                    probed.probes if request.keep_probes else {}, has_image_cameras(found.scenes))
-
-
-def check_embedder_folders(settings: Any) -> None:
-    """The sets the encode adds once it is done (--text-encoder, --condition, --image-encoder): each option checked
-    by the kind or family that owns it, and the encoders' folders, configs and weights files present, before any
-    video is probed (a typo must not cost the whole encode)."""
-    if getattr(settings, "text_encoder", None):
-        from vaecache.text.encoder import text_encoder_folders
-        from vaecache.text.families import check_text_spec
-
-        check_text_spec(settings.text_encoder)
-        text_encoder_folders(settings.text_encoder)
-    if getattr(settings, "condition", None) is not None:
-        from vaecache.conditions.kinds import parse_condition_kinds
-
-        kinds = parse_condition_kinds(settings.condition)
-        if not kinds:
-            raise UsageError("--condition: name at least one kind (first-frame, first-last, image-features)")
-    if "image-features" in (getattr(settings, "condition", None) or ""):
-        from vaecache.conditions.images import check_image_options, image_encoder_folders
-
-        check_image_options(settings.image_encoder, settings.image_convention)
-
-        image_encoder_folders(settings.image_encoder, settings.image_convention)
-
-
-def check_conditions(settings: Any, vae: VaeRunner) -> None:
-    """encode --condition: what the condition pass after the encode needs, checked before any video is read (a VAE
-    without an image-to-video pipeline, a missing image encoder must not be found out after hours of encoding)."""
-    condition = getattr(settings, "condition", None)
-    if not condition:
-        return
-    from vaecache.conditions.kinds import LATENT_KINDS, check_condition_vae, parse_condition_kinds
-
-    kinds = parse_condition_kinds(condition)
-    if any(kind in LATENT_KINDS for kind in kinds):
-        check_condition_vae(vae.model.fingerprint(), f"--vae {settings.vae}")
-    if "image-features" in kinds:
-        from vaecache.conditions.images import image_encoder_folders
-
-        image_encoder_folders(settings.image_encoder, settings.image_convention)
-
-
-def resolved_sync(sync: SyncConfig, found: Discovery) -> SyncConfig:
-    """--sync timestamps with its reference camera named: --sync-reference, else the layout's, else the first of
-    the chosen cameras. A --sync-reference that is not one of them is a UsageError."""
-    if sync.mode != "timestamps":
-        if found.reference_camera is not None and found.scenes:
-            raise UsageError(f"the cameras of this dataset are paired by time (reference {found.reference_camera}); "
-                             "pass --sync timestamps")
-        return sync
-    cameras = found.scenes[0].cameras if found.scenes else ()
-    if sync.reference is not None:
-        if cameras and sync.reference not in cameras:
-            raise UsageError(f"--sync-reference {sync.reference} is not one of the cameras encoded "
-                             f"({', '.join(cameras)})")
-        return sync
-    reference = found.reference_camera if found.reference_camera in cameras else (cameras[0] if cameras else None)
-    return dataclasses.replace(sync, reference=reference)
 
 
 def has_image_cameras(scenes: Sequence[Scene]) -> bool:
@@ -235,20 +185,3 @@ def has_image_cameras(scenes: Sequence[Scene]) -> bool:
 
     return any((scene.listing is not None and scene.listing.lists_frames) or any(map(is_image_source, scene.paths))
                for scene in scenes)
-
-
-def start_notes(job: JobPlan, batch_size: int, sp_size: int, sp_mode: str, device: torch.device,
-                threads: int | None = None) -> list[str]:
-    """What a user should know about this plan before it runs: an SP group that would encode repeats, and views
-    batched on CPU (whose bits depend on the thread count). Encode logs them, plan lists them."""
-    notes = []
-    advice = sp_repeats_advice(batch_size, job.clips.views_per_clip(), job.views_per_forward,
-                               sp_size) if sp_mode == "views" else None
-    if advice:
-        notes.append(advice)
-    if job.views_per_forward > 1 and device.type == "cpu":
-        per_rank = f" ({threads} per rank here)" if threads is not None else ""
-        notes.append(f"{job.views_per_forward} views per forward on CPU: oneDNN gives a batched forward other bits "
-                     f"for another intra-op thread count{per_rank}, so every run of one cache needs the same threads "
-                     "per rank (OMP_NUM_THREADS) to match bit for bit")
-    return notes

@@ -19,7 +19,7 @@ import torch
 
 from vaecache.errors import UsageError
 from vaecache.parallel.views import SPPlan, plan_sp
-from vaecache.settings.commands import SP_MODE_CHOICES
+from vaecache.settings.parts import SP_MODE_CHOICES
 
 if TYPE_CHECKING:
     from vaecache.vae.model import VaeModel

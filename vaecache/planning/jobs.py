@@ -13,6 +13,7 @@ from vaecache.errors import UsageError
 from vaecache.parallel import SPPlan, plan_sp
 from vaecache.planning.clips import Clip, DoneMask, PlannedClips, plan_clips
 from vaecache.settings.clip import SamplingConfig
+from vaecache.settings.parts import ParallelConfig
 from vaecache.sources.scene import Skipped
 
 if TYPE_CHECKING:
@@ -251,3 +252,19 @@ def plan_job(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling: S
     return JobPlan(clips, tuple(skipped), world_size, sp_size, batch_size,
                    done if isinstance(done, DoneMask) else frozenset(done),
                    resolve_views_per_forward(views_per_forward, views_per_clip, device_type))
+
+
+def plan_notes(job: JobPlan, parallel: ParallelConfig, device_type: str, threads: int | None = None) -> list[str]:
+    """What a user should know about this plan before it runs: an SP group that would encode repeats, and views
+    batched on CPU (whose bits depend on the thread count). Encode logs them, plan lists them."""
+    notes = []
+    advice = sp_repeats_advice(parallel.batch_size, job.clips.views_per_clip(), job.views_per_forward,
+                               parallel.sp_size) if parallel.sp_mode == "views" else None
+    if advice:
+        notes.append(advice)
+    if job.views_per_forward > 1 and device_type == "cpu":
+        per_rank = f" ({threads} per rank here)" if threads is not None else ""
+        notes.append(f"{job.views_per_forward} views per forward on CPU: oneDNN gives a batched forward other bits "
+                     f"for another intra-op thread count{per_rank}, so every run of one cache needs the same threads "
+                     "per rank (OMP_NUM_THREADS) to match bit for bit")
+    return notes

@@ -16,8 +16,6 @@ from vaecache.settings.dtypes import DTYPE_CHOICES
 STORED_KEYS: dict[str, tuple[str, ...]] = {"mean-logvar": ("mean", "logvar"), "mean": ("mean",), "sample": ("sample",)}
 """--store -> the tensors stored per clip."""
 STORE_CHOICES = tuple(STORED_KEYS)
-DECODER_CHOICES = ("auto", "pyav", "decord", "torchcodec")
-"""--decoder values (vaecache.video.backends resolves them; kept here so config loads without torch or av)."""
 ENCODER_IMPL_CHOICES = ("auto", "fast", "reference")
 """--encoder-impl values (vaecache.vae.load.resolve_encoder_impl resolves them for the loaded VAE)."""
 DEFAULT_MAX_FRAME_PIXELS = 8192 * 8192
@@ -179,9 +177,6 @@ class ClipSettings:
     fit: str = "cover"
     """How a frame is made the bucket's size: cover (resize to cover, centre-crop), contain (resize to fit,
     pad with mid grey), stretch (resize, aspect not kept)."""
-    decoder: str = "auto"
-    """--decoder: auto | pyav | decord | torchcodec. Not in to_record(): the run fingerprint records the resolved
-    backend's own name (vaecache.video.backends.Backend.name), so caches decoded differently never mix."""
     encoder_impl: str = "auto"
     """--encoder-impl: auto | fast | reference. Not in to_record(): the VAE fingerprint records the implementation
     it resolved to (vaecache.vae.load.resolve_encoder_impl), so a resume never mixes the two."""
@@ -196,8 +191,6 @@ class ClipSettings:
                              f"{self.height}x{self.width}")
         if self.fit not in FIT_CHOICES:
             raise UsageError(f"--fit must be one of {', '.join(FIT_CHOICES)}, got {self.fit!r}")
-        if self.decoder not in DECODER_CHOICES:
-            raise UsageError(f"--decoder must be one of {', '.join(DECODER_CHOICES)}, got {self.decoder!r}")
         if self.encoder_impl not in ENCODER_IMPL_CHOICES:
             raise UsageError(f"--encoder-impl must be one of {', '.join(ENCODER_IMPL_CHOICES)}, "
                              f"got {self.encoder_impl!r}")

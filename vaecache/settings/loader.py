@@ -19,6 +19,15 @@ from vaecache.settings.clip import ClipSettings, SamplingConfig, SyncConfig, par
 from vaecache.settings.commands import EncodeConfig, PlanConfig
 from vaecache.settings.dtypes import canonical_dtype_name
 from vaecache.settings.options import BY_SETTING, ENCODE, PLAN, check_toml_value, option_named, unknown_keys_message
+from vaecache.settings.parts import (
+    ConditionsConfig,
+    DecodeConfig,
+    OutConfig,
+    ParallelConfig,
+    SourceConfig,
+    TextConfig,
+    VaeConfig,
+)
 from vaecache.settings.vae_specs import resolve_vae_spec
 from vaecache.urls import location
 
@@ -28,6 +37,30 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 COMMANDS = {ENCODE: EncodeConfig, PLAN: PlanConfig}
+PARTS = {"source": SourceConfig, "vae": VaeConfig, "decode": DecodeConfig, "parallel": ParallelConfig,
+         "out": OutConfig, "text": TextConfig, "conditions": ConditionsConfig}
+"""The parts of encode's and plan's settings (vaecache.settings.parts) besides the clip settings."""
+ROUTES: dict[str, tuple[tuple[str, str], ...]] = {
+    "out": (("out", "location"),),
+    "storage_options": (("source", "storage_options"), ("out", "storage_options")),
+    "vae": (("vae", "spec"),), "vae_config": (("vae", "config"),),
+    "allow_pickle_weights": (("vae", "allow_pickle_weights"),),
+    "nuscenes_version": (("source", "nuscenes_version"),), "columns": (("source", "columns"),),
+    "lerobot_state": (("source", "lerobot_state"),), "probe_workers": (("source", "probe_workers"),),
+    "on_error": (("source", "on_error"),),
+    "decoder": (("decode", "decoder"),), "workers": (("decode", "workers"),),
+    "device": (("parallel", "device"),), "batch_size": (("parallel", "batch_size"),),
+    "sp_size": (("parallel", "sp_size"),), "sp_mode": (("parallel", "sp_mode"),),
+    "timeout_s": (("parallel", "timeout_s"),), "liveness_timeout_s": (("parallel", "liveness_timeout_s"),),
+    "allow_other_numerics": (("parallel", "allow_other_numerics"),),
+    "shard_size": (("out", "shard_size"),), "commit_every_s": (("out", "commit_every_s"),),
+    "overwrite": (("out", "overwrite"),), "hash_sources": (("out", "hash_sources"),),
+    "text_encoder": (("text", "encoder"),),
+    "condition": (("conditions", "kinds"),), "image_encoder": (("conditions", "image_encoder"),),
+    "image_convention": (("conditions", "image_convention"),),
+}
+"""A setting -> the (part, field)s it sets; the clip settings go to ClipSettings by field name, and a setting of
+neither kind (world_size, memory_budget, measure, progress) is the command's own field."""
 SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingConfig)) - {"num_frames", "frame_buckets",
                                                                                    "sync"}
 CLIP_FIELDS = frozenset(f.name for f in dataclasses.fields(ClipSettings)) - {
@@ -87,8 +120,16 @@ def load_settings(command: str, data: Path, flags: dict[str, Any], config_file: 
         rest["vae"] = resolve_vae_spec(rest["vae"])
     if rest.get("vae_config"):
         rest["vae_config"] = str(Path(rest["vae_config"]).expanduser().absolute())
-    return COMMANDS[command](data=location(data), clip=clip, **rest, **(extra or {}))
-
+    parts: dict[str, dict[str, Any]] = {"source": {"location": location(data)}}
+    own: dict[str, Any] = {}
+    for setting, value in rest.items():
+        for part, name in ROUTES.get(setting, ()):
+            parts.setdefault(part, {})[name] = value
+        if setting not in ROUTES:
+            own[setting] = value
+    fields = {f.name for f in dataclasses.fields(COMMANDS[command])}
+    built = {part: PARTS[part](**given) for part, given in parts.items() if part in fields}
+    return COMMANDS[command](clip=clip, **built, **own, **(extra or {}))
 
 def clip_settings(values: dict[str, Any]) -> ClipSettings:
     """Take the clip settings (what changes the stored latents) out of `values`, by field name."""

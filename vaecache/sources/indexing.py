@@ -25,7 +25,7 @@ from vaecache import faults
 from vaecache.cache.io import FILE_MODE, NON_FINITE_KEY, fsync_dir, replace_non_finite
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, OutputError, UsageError
 from vaecache.meter import Advance
-from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
+from vaecache.settings.options import DEFAULT_PROBE_WORKERS
 from vaecache.sources.discover import discover
 from vaecache.sources.jsonl import index_line_text
 from vaecache.sources.lerobot import EpisodeRows

@@ -19,7 +19,7 @@ from vaecache.cache.io import cut_torn_tail, loads, whole_lines
 from vaecache.errors import DatasetError, FrameBudgetError, OutputError, VideoDecodeError
 from vaecache.meter import Advance
 from vaecache.settings.clip import FRAME_SYNC, SyncConfig
-from vaecache.settings.commands import DEFAULT_PROBE_WORKERS
+from vaecache.settings.options import DEFAULT_PROBE_WORKERS
 from vaecache.sources.scene import CameraProbe, Scene, SceneProbe
 from vaecache.urls import hold_object, is_url
 from vaecache.video.frames import FrameList

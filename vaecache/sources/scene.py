@@ -4,6 +4,7 @@ implements (Layout)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -13,6 +14,7 @@ from typing import Any, NamedTuple, Protocol, Sequence
 
 from vaecache.cache.layout import id_problem
 from vaecache.errors import DatasetError, UsageError
+from vaecache.settings.clip import SyncConfig
 from vaecache.video.frames import FrameList
 
 PROBE_FIELDS: dict[str, type | tuple[type, ...]] = {
@@ -285,6 +287,24 @@ class Discovery:
     writes the scenes back)."""
     reference_camera: str | None = None
     """The layout's reference camera for --sync timestamps (Layout.reference_camera)."""
+
+    def resolved_sync(self, sync: SyncConfig) -> SyncConfig:
+        """--sync timestamps with its reference camera named: --sync-reference, else the layout's, else the first of
+        the chosen cameras. A --sync-reference that is not one of them, or frame sync of cameras the layout pairs by
+        time, is a UsageError."""
+        if sync.mode != "timestamps":
+            if self.reference_camera is not None and self.scenes:
+                raise UsageError(f"the cameras of this dataset are paired by time (reference {self.reference_camera}); "
+                                 "pass --sync timestamps")
+            return sync
+        cameras = self.scenes[0].cameras if self.scenes else ()
+        if sync.reference is not None:
+            if cameras and sync.reference not in cameras:
+                raise UsageError(f"--sync-reference {sync.reference} is not one of the cameras encoded "
+                                 f"({', '.join(cameras)})")
+            return sync
+        reference = self.reference_camera if self.reference_camera in cameras else (cameras[0] if cameras else None)
+        return dataclasses.replace(sync, reference=reference)
 
 
 class LayoutScenes(NamedTuple):

@@ -255,6 +255,13 @@ MEMORY_SHARE = 0.5
 """The largest share of the device's memory one batch's activations may be estimated to take (check_text_shape)."""
 
 
+def check_text_encoder(spec: str | None) -> None:
+    """encode --text-encoder: the spec's family and its folders, config and weights files present, checked at
+    start-up before any video is probed (nothing to check where none is given)."""
+    if spec:
+        text_encoder_folders(spec)
+
+
 def device_memory(device: torch.device | str = "cpu") -> tuple[int, str]:
     """(bytes, what they are) of the memory a batch computes in: a CUDA device's own, else the machine's."""
     device = torch.device(device)

@@ -71,7 +71,6 @@ def check_coverage(manifest: dict[str, Any], cache: CacheReader, failures: list[
     cached clips with no source any more. Clips recorded as failures count as accounted for."""
     import dataclasses
 
-    from vaecache.encode.startup import resolved_sync
     from vaecache.planning.jobs import plan_job
     from vaecache.sources.discover import discover
     from vaecache.sources.probing import DEFAULT_PROBE_WORKERS, probe_dataset
@@ -85,7 +84,7 @@ def check_coverage(manifest: dict[str, Any], cache: CacheReader, failures: list[
         clip_settings.cameras, sampling.frame_rate, recorded.get("nuscenes_version"),
         tuple(tuple(pair) for pair in recorded.get("columns") or ()), bool(recorded.get("lerobot_state"))))
     scenes = found.scenes
-    sync = resolved_sync(sampling.sync, found)
+    sync = found.resolved_sync(sampling.sync)
     # the encode's own probing: its probe cache in OUT answers for every file that kept its size and mtime
     with tempfile.TemporaryDirectory(prefix="vaecache-probes-") as folder:
         probes = probe_dataset(scenes, workers=threads or DEFAULT_PROBE_WORKERS, sync=sync,

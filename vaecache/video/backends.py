@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from vaecache.errors import UsageError, VideoDecodeError, first_line
-from vaecache.settings.clip import DECODER_CHOICES
+from vaecache.settings.parts import DECODER_CHOICES
 from vaecache.urls import is_url
 from vaecache.video.frames import FrameList, FrameSequence, is_image_source
 from vaecache.video.members import member_of
