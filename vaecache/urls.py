@@ -5,13 +5,13 @@ a URL."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import functools
 import os
 import threading
+import weakref
 from pathlib import Path
-from typing import Any, Collection, Iterator
+from typing import Any, Collection
 
 
 def is_url(location: object) -> bool:
@@ -163,59 +163,112 @@ def storage_problem(exc: BaseException) -> str:
 
 
 _DATA_OPTIONS: dict[str, Any] = {}
-_DATA_FILESYSTEMS: dict[tuple[int, str], Any] = {}
-"""(pid, protocol) -> the filesystem this process reads DATA's objects with: one per process, since fsspec instances
-must not cross a fork (DataLoader workers)."""
+"""The fsspec options a client for DATA's objects is opened with where neither DATA's listing nor a parent process
+opened one (set_data_storage_options: commands that read recorded sources without listing DATA)."""
+_DATA_FILESYSTEMS: dict[tuple[int, str], tuple[Any, dict[str, Any]]] = {}
+"""(pid, protocol) -> the filesystem this process reads DATA's objects with, and its options: one per process, since
+fsspec instances must not cross a fork (DataLoader workers)."""
 _DATA_FILESYSTEMS_LOCK = threading.Lock()
 
 
 HELD_BYTES_BUDGET = 64 << 20
-"""The most bytes of whole objects a process holds for their next open (`hold_object`)."""
-_HELD: dict[str, bytes] = {}
-"""URL -> the whole object, as a reader of it in this process read it (its listed version), for its next open."""
-_HELD_LOCK = threading.Lock()
-_held_bytes = 0
-_holding = 0
-"""How many `holding_objects` blocks are running: `hold_object` holds nothing outside one."""
+"""The most bytes of whole objects a HeldObjects holds for their next open."""
 
 
-def _new_lock_after_fork() -> None:
-    global _DATA_FILESYSTEMS_LOCK, _HELD_LOCK
+class HeldObjects:
+    """Whole objects held for their next open (`open_url(url, held=...)`) in this process or one forked from it,
+    which then makes no request: an encode's start-up probes a small video by reading it whole, and the decode
+    worker that opens it for its first batch reads these bytes instead of the store. Each is held as its reader read
+    it (its listed version: every read of an object is conditional on the ETag it was listed with), at most
+    `budget` bytes in all. An encode makes one and hands it to its probing and its decode; plan, index and verify
+    read nothing again and hold nothing."""
+
+    _instances: weakref.WeakSet[HeldObjects] = weakref.WeakSet()
+
+    def __init__(self, budget: int = HELD_BYTES_BUDGET) -> None:
+        self.budget = budget
+        self._objects: dict[str, bytes] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+        HeldObjects._instances.add(self)
+
+    def hold(self, url: str, data: bytes) -> bool:
+        """Hold `data` as the object at `url`; False where it is held already or the budget is spent."""
+        with self._lock:
+            if url in self._objects or self._bytes + len(data) > self.budget:
+                return False
+            self._objects[url] = data
+            self._bytes += len(data)
+            return True
+
+    def take(self, url: str) -> bytes | None:
+        """The object at `url`, no longer held (None: not held)."""
+        with self._lock:
+            data = self._objects.pop(url, None)
+            self._bytes -= len(data) if data is not None else 0
+            return data
+
+    def keep_only(self, urls: Collection[str]) -> None:
+        """Hold no object but those at `urls` (none: every held object let go)."""
+        with self._lock:
+            for url in [url for url in self._objects if url not in urls]:
+                self._bytes -= len(self._objects.pop(url))
+
+    @property
+    def held_bytes(self) -> int:
+        return self._bytes
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()  # a thread of the parent may have held it as the parent forked
+
+
+def _new_locks_after_fork() -> None:
+    global _DATA_FILESYSTEMS_LOCK
     _DATA_FILESYSTEMS_LOCK = threading.Lock()  # a thread of the parent may have held it as the parent forked
-    _HELD_LOCK = threading.Lock()
+    for held in list(HeldObjects._instances):
+        held._after_fork()
 
 
-os.register_at_fork(after_in_child=_new_lock_after_fork)
+os.register_at_fork(after_in_child=_new_locks_after_fork)
 
 
 def set_data_storage_options(options: dict[str, Any]) -> None:
-    """The fsspec options sources at URLs are opened with in this process (and the workers it forks)."""
+    """The fsspec options of the clients for DATA's objects this process (and the workers it forks) opens from now
+    on without a listing of DATA: `verify` and `decode`, which read the sources a cache records, and `index`, whose
+    ranks but rank 0 probe objects of a listing they did not take. Every rank of an encode and a plan lists DATA and
+    passes its options with the listing instead (`data_filesystem(url, options)`)."""
     _DATA_OPTIONS.clear()
     _DATA_OPTIONS.update(options)
     _DATA_FILESYSTEMS.clear()
-    hold_only(())
 
 
-def data_filesystem(url: str) -> tuple[Any, str]:
+def data_filesystem(url: str, options: dict[str, Any] | None = None) -> tuple[Any, str]:
     """(filesystem, path in it) for a source at `url`: one per process and protocol, however many threads ask at once
-    (a client costs a tenth of a second of CPU to make). A process forked after DATA was listed (a decode worker)
-    starts from that listing: the size and ETag an object is opened with come from it, as in the parent that
-    planned from it, instead of a HEAD per object (a read of an object changed since still fails, on its ETag)."""
+    (a client costs a tenth of a second of CPU to make). `options`, given where DATA is listed
+    (vaecache.sources.urlpath), opens this process's client with them; every later read of DATA's objects here, and
+    in the processes forked from here, goes through that client. A process forked after DATA was listed (a decode
+    worker) opens its own with the same options and starts from that listing: the size and ETag an object is opened
+    with come from it, as in the parent that planned from it, instead of a HEAD per object (a read of an object
+    changed since still fails, on its ETag)."""
     protocol = url.split("://", 1)[0]
     key = (os.getpid(), protocol)
-    fs = _DATA_FILESYSTEMS.get(key)
-    if fs is None:
+    wanted = dict(options) if options is not None else None
+    entry = _DATA_FILESYSTEMS.get(key)
+    if entry is None or (wanted is not None and entry[1] != wanted):
         with _DATA_FILESYSTEMS_LOCK:
-            fs = _DATA_FILESYSTEMS.get(key)
-            if fs is None:
-                fs, _ = open_filesystem(url, _DATA_OPTIONS)
+            entry = _DATA_FILESYSTEMS.get(key)
+            if entry is None or (wanted is not None and entry[1] != wanted):
                 inherited = [other for other in _DATA_FILESYSTEMS if other[0] != key[0]]
                 parent = next((_DATA_FILESYSTEMS[other] for other in inherited if other[1] == protocol), None)
-                if parent is not None:
-                    fs.dircache.update(parent.dircache)
+                if wanted is None:
+                    wanted = parent[1] if parent is not None else dict(_DATA_OPTIONS)
+                fs, _ = open_filesystem(url, wanted)
+                if parent is not None and parent[1] == wanted:
+                    fs.dircache.update(parent[0].dircache)
                 for other in inherited:  # the parent's clients are not this process's to use
                     del _DATA_FILESYSTEMS[other]
-                _DATA_FILESYSTEMS[key] = fs
+                entry = _DATA_FILESYSTEMS[key] = (fs, wanted)
+    fs = entry[0]
     return fs, fs._strip_protocol(url)
 
 
@@ -281,18 +334,18 @@ def _background_closes() -> bool:
     return "close" in vars(fsspec.caching.BackgroundBlockCache)
 
 
-def open_url(url: str, block_size: int | None = None, held: bool = False, sequential: bool = False) -> Any:
+def open_url(url: str, block_size: int | None = None, held: HeldObjects | None = None, sequential: bool = False) -> Any:
     """The object at `url` as a seekable binary file (what av.open takes): ranged GETs of `block_size` bytes
     (READ_BLOCK where not given) with read-ahead, so a reader of a tar's headers reads those, not the whole object.
-    With `held`, an object this process holds (`hold_object`) is read from those bytes, without a request, and no
-    longer held. With `sequential` (a reader that goes through the object from front to back, seeking now and then:
-    a video's index pass and its decode), an object larger than one block has its next block fetched while the
-    current one is read (BLOCKS_KEPT)."""
+    An object `held` holds is read from those bytes, without a request, and no longer held. With `sequential` (a
+    reader that goes through the object from front to back, seeking now and then: a video's index pass and its
+    decode), an object larger than one block has its next block fetched while the current one is read
+    (BLOCKS_KEPT)."""
     import fsspec.caching
 
     block_size = block_size or READ_BLOCK
     fs, path = data_filesystem(url)
-    data = _take_held(url) if held else None
+    data = held.take(url) if held is not None else None
     try:
         if data is not None:
             handle = fs.open(path, "rb", block_size=block_size, cache_type="all", cache_options={"data": data})
@@ -321,51 +374,6 @@ def whole_object(handle: Any) -> bytes | None:
     if not isinstance(cache, fsspec.caching.ReadAheadCache) or not size or cache.start != 0 or cache.end < size:
         return None
     return bytes(cache.cache[:size])
-
-
-def hold_object(url: str, data: bytes) -> bool:
-    """Hold the whole object at `url` (`data`: as a reader read it, its listed version: every read of an object is
-    conditional on the ETag it was listed with) for its next `open_url(..., held=True)` in this process or in one
-    forked from it, which then makes no request. Probing reads a small video whole; the decode worker that opens it
-    for its first batch reads it from here, not from the store again. False outside `holding_objects` (probing for
-    `plan`, `index` or verify, which read nothing again) and where HELD_BYTES_BUDGET is spent."""
-    global _held_bytes
-    with _HELD_LOCK:
-        if not _holding or url in _HELD or _held_bytes + len(data) > HELD_BYTES_BUDGET:
-            return False
-        _HELD[url] = data
-        _held_bytes += len(data)
-        return True
-
-
-@contextlib.contextmanager
-def holding_objects() -> Iterator[None]:
-    """While the block runs, `hold_object` holds what it is given: an encode's start-up, whose decode workers open
-    the videos it probes again. What was held stays held after it (`hold_only` lets go)."""
-    global _holding
-    with _HELD_LOCK:
-        _holding += 1
-    try:
-        yield
-    finally:
-        with _HELD_LOCK:
-            _holding -= 1
-
-
-def _take_held(url: str) -> bytes | None:
-    global _held_bytes
-    with _HELD_LOCK:
-        data = _HELD.pop(url, None)
-        _held_bytes -= len(data) if data is not None else 0
-        return data
-
-
-def hold_only(urls: Collection[str]) -> None:
-    """Hold no object but those at `urls` (none: every held object let go)."""
-    global _held_bytes
-    with _HELD_LOCK:
-        for url in [url for url in _HELD if url not in urls]:
-            _held_bytes -= len(_HELD.pop(url))
 
 
 def open_location(location: Any, block_size: int = 4 << 20) -> Any:

@@ -206,7 +206,8 @@ def test_the_ranges_of_one_video_open_it_once(videos, monkeypatch):
 
     opened = []
     real = probing.probe_file
-    monkeypatch.setattr(probing, "probe_file", lambda source, rate=None: opened.append(source) or real(source, rate))
+    monkeypatch.setattr(probing, "probe_file",
+                        lambda source, rate=None, held=None: opened.append(source) or real(source, rate, held))
     table = write_csv(videos / "many.csv", [{"path": "videos/a.mp4", "start": str(s), "end": str(s + 0.5)}
                                             for s in (0.0, 0.5, 1.0, 1.5, 2.0)])
     scenes = discover(table).scenes

@@ -117,25 +117,24 @@ def test_a_held_object_opens_once_without_a_request_and_holding_keeps_to_its_bud
         monkeypatch.setenv("AWS_ENDPOINT_URL_S3", counting.endpoint)
         urls.set_data_storage_options({})
         assert UrlPath(url).exists()  # the run's listing
-        probe_file(video)  # outside an encode's start-up (plan, index, verify): nothing is held
-        assert urls._HELD == {}
-        with urls.holding_objects():
-            probe_file(video)  # a small video: read whole, and held
-        size = len(urls._HELD[video])
+        probe_file(video)  # with nothing to hold in (plan, index, verify): nothing is held
+        held = urls.HeldObjects()
+        probe_file(video, held=held)  # a small video: read whole, and held
+        size = held.held_bytes
+        assert size == (demo_data / "scene_000" / "cam_0.mp4").stat().st_size
         before = counting.seen.get("GET", 0)
-        with urls.open_url(video, held=True) as handle:
+        with urls.open_url(video, held=held) as handle:
             assert handle.read() == (demo_data / "scene_000" / "cam_0.mp4").read_bytes()
-        assert counting.seen.get("GET", 0) == before and video not in urls._HELD  # no request; held once
-        with urls.open_url(video, held=True) as handle:
+        assert counting.seen.get("GET", 0) == before and held.held_bytes == 0  # no request; held once
+        with urls.open_url(video, held=held) as handle:
             handle.read()
         assert counting.seen["GET"] == before + 1
 
-        monkeypatch.setattr(urls, "HELD_BYTES_BUDGET", size)
-        with urls.holding_objects():
-            assert urls.hold_object(video, b"v" * size)
-            assert not urls.hold_object(other, b"o")  # over the budget
-            urls.hold_only([other])
-            assert urls._HELD == {} and urls.hold_object(other, b"o" * size)  # letting go gives the budget back
+        budgeted = urls.HeldObjects(budget=size)
+        assert budgeted.hold(video, b"v" * size)
+        assert not budgeted.hold(other, b"o")  # over the budget
+        budgeted.keep_only([other])
+        assert budgeted.held_bytes == 0 and budgeted.hold(other, b"o" * size)  # letting go gives the budget back
     finally:
         urls.set_data_storage_options({})
         counting.close()

@@ -3,7 +3,6 @@ after crashes, and DiskOut: OUT on disk as a run and verify use it (objects.Obje
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -11,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from vaecache.cache.differences import describe_differences
 from vaecache.cache.io import AppendLog, atomic_write_bytes, atomic_write_json, read_json
 from vaecache.cache.layout import (
     BUILTIN_SET_KINDS,
@@ -69,22 +69,6 @@ class PreparedOut:
         if min(self.attempt, self.committed_clips, self.discarded_files) < 0:
             raise ValueError(f"attempt, committed_clips and discarded_files must be >= 0, got {self.attempt}, "
                              f"{self.committed_clips}, {self.discarded_files}")
-
-
-def describe_differences(recorded: dict[str, Any], wanted: dict[str, Any], prefix: str = "") -> list[str]:
-    diffs = []
-    for key in sorted(set(recorded) | set(wanted)):
-        old, new = recorded.get(key), wanted.get(key)
-        if isinstance(old, dict) and isinstance(new, dict):
-            diffs.extend(describe_differences(old, new, f"{prefix}{key}."))
-        elif old != new:
-            diffs.append(f"{prefix}{key}: {_short(old)} -> {_short(new)}")
-    return diffs
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _is_complete(out: Path) -> bool:
@@ -481,5 +465,5 @@ def _read_only(out: Path) -> bool:
 
 
 __all__ = ["DiskOut", "FolderOut", "PreparedOut", "ShardProblems", "StrayFindings", "begin_changes",
-           "describe_differences", "numerics_history", "prepare_out", "recorded_cpu_threads",
+           "numerics_history", "prepare_out", "recorded_cpu_threads",
            "recorded_numerics_history"]

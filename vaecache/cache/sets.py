@@ -186,7 +186,7 @@ def same_on_every_rank(ctx: Any, fingerprint: dict[str, Any], what: str) -> None
     disk): a UsageError on every rank naming the first rank that differs and how, before anything is written."""
     if ctx is None or ctx.info.world_size == 1:
         return
-    from vaecache.cache.outdir import describe_differences
+    from vaecache.cache.differences import describe_differences
     from vaecache.errors import UsageError
 
     prints = ctx.all_gather_object(fingerprint)

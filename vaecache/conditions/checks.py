@@ -208,7 +208,7 @@ def _encoder(kind: str, entry: dict[str, Any], cache: Any, spec: str | None, dev
     from vaecache.conditions.kinds import condition_video
 
     if kind == "image-features":
-        from vaecache.cache.outdir import describe_differences
+        from vaecache.cache.differences import describe_differences
         from vaecache.conditions.images import ImageEncoder
 
         recorded = (entry.get("fingerprint") or {}).get("image_encoder") or {}

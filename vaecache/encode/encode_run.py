@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from vaecache.settings.clip import ClipSettings
     from vaecache.settings.parts import OutConfig
     from vaecache.stop import StopRequest
+    from vaecache.urls import HeldObjects
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class EncodeRun:
     workers: int
     """Decode worker processes of this rank."""
     sp_mode: str
+    held: HeldObjects | None
+    """The small videos at URLs probing read whole, for the decode workers' first batches."""
     reporting: Reporting = Reporting()
 
     @property

@@ -200,7 +200,8 @@ class DecodeFeed:
         view_indices, self.sp_plans = self.encoder.layout(self.work,
                                                           [len(batch_views(batch)) for batch in self.work.batches])
         self._dataset = ViewBatchDataset(self.work.batches, view_indices, run.clip.height, run.clip.width,
-                                         run.clip.fit, run.start.backend, run.clip.sampling.max_frame_pixels)
+                                         run.clip.fit, run.start.backend, run.clip.sampling.max_frame_pixels,
+                                         run.held)
         loader = torch.utils.data.DataLoader(
             self._dataset,
             batch_size=None, shuffle=False, num_workers=workers, pin_memory=ctx.device.type == "cuda",

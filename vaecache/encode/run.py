@@ -22,7 +22,7 @@ from vaecache.encode.summary import EncodeSummary
 from vaecache.meter import Advance, MeterFactory
 from vaecache.settings.commands import EncodeConfig
 from vaecache.stop import StopRequest
-from vaecache.urls import holding_objects
+from vaecache.urls import HeldObjects
 
 log = logging.getLogger("vaecache")
 
@@ -38,6 +38,7 @@ def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None 
     (an input that produced no clip) this rank writes, as it writes it."""
     started = time.perf_counter()
     overwrite = cfg.out.overwrite
+    held = HeldObjects()  # the small videos probing reads whole, for each decode worker's first batch
     out = open_out(open_store(cfg.out.location, dict(cfg.out.storage_options)))  # a URL's work folder goes at the end
     try:
         with torch_threads_kept():
@@ -55,11 +56,10 @@ def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None 
                     return Recorded() if overwrite else Recorded(out.recorded_encoder_impl(),
                                                                  out.recorded_cpu_threads())
 
-                with holding_objects():  # the small videos probing reads whole, for each decode worker's first batch
-                    start = start_up(StartRequest(
-                        cfg.source, cfg.vae, cfg.clip, cfg.decode, cfg.parallel, ctx.device, ctx.info.world_size,
-                        ctx.info.local_world_size, cfg.text, cfg.conditions, probe_cache=out.probes_folder(),
-                        out_ready=out_ready), ctx, meter)
+                start = start_up(StartRequest(
+                    cfg.source, cfg.vae, cfg.clip, cfg.decode, cfg.parallel, ctx.device, ctx.info.world_size,
+                    ctx.info.local_world_size, cfg.text, cfg.conditions, probe_cache=out.probes_folder(), held=held,
+                    out_ready=out_ready), ctx, meter)
             for note in start.notes if ctx.info.rank == 0 else ():
                 log.warning("%s", note)
             records = run_records(cfg, start, ctx.info.world_size)
@@ -69,7 +69,7 @@ def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None 
             # written cannot kill the rank between commits; the encode loop polls the flag.
             with StopRequest() as stop:
                 run = EncodeRun(ctx, out, start, stop, started, cfg.out, cfg.source.on_error, cfg.decode.workers,
-                                cfg.parallel.sp_mode, Reporting(on_progress, meter, on_failure))
+                                cfg.parallel.sp_mode, held, Reporting(on_progress, meter, on_failure))
                 summary = encode_into(run, Preparation(records, sources, overwrite, cfg.parallel.allow_other_numerics))
     finally:
         out.close()

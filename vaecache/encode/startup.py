@@ -33,7 +33,7 @@ from vaecache.sources.discover import discover
 from vaecache.sources.probing import probe_dataset
 from vaecache.sources.scene import Scene, SceneProbe, SourceOptions
 from vaecache.text.encoder import check_text_encoder
-from vaecache.urls import set_data_storage_options
+from vaecache.urls import HeldObjects
 from vaecache.vae import VaeRunner, load_vae
 from vaecache.vae.specs import check_vae_spec
 from vaecache.video.backends import Backend, resolve_decoder
@@ -71,6 +71,9 @@ class StartRequest:
     """A folder of per-rank probe-cache files (OUT/probes) that spares opening videos probed before."""
     keep_probes: bool = False
     """Keep every scene's probe in StartUp.probes (plan lists scenes; encode plans from them and lets them go)."""
+    held: HeldObjects | None = None
+    """Where probing holds the small videos at URLs it reads whole, for the decode workers' first batches (encode's;
+    plan reads nothing again)."""
     out_ready: Callable[[], Recorded] | None = None
     """Called once DATA is listed, before the probe cache is read: waits for OUT's records (fetched meanwhile) and
     returns what a run of OUT recorded."""
@@ -127,12 +130,11 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
     check_vae_spec(vae_config.spec, vae_config.config, vae_config.allow_pickle_weights)
     check_text_encoder(request.text.encoder)
     condition_kinds = check_condition_request(request.conditions)
-    set_data_storage_options(dict(source.storage_options))
     backend = resolve_decoder(request.decode.decoder, request.device, request.decode.workers)
     sampling = clip.sampling
     found = discover(source.location, options=SourceOptions(clip.cameras, sampling.frame_rate,
                                                            source.nuscenes_version, source.columns,
-                                                           source.lerobot_state))
+                                                           source.lerobot_state, source.storage_options))
     sampling = dataclasses.replace(sampling, sync=found.resolved_sync(sampling.sync))
     recorded = request.out_ready() if request.out_ready is not None else Recorded()
     rank = ctx.info.rank if ctx is not None else 0
@@ -144,7 +146,8 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
     cache = request.probe_cache
     with meter_phase(meter, "probe", "scenes") as advance:
         probed = probe_dataset(found.scenes, ctx, workers=source.probe_workers, advance=advance, sync=sampling.sync,
-                               cache_paths=(lambda: cache.glob("rank-*.jsonl")) if cache is not None else tuple)
+                               cache_paths=(lambda: cache.glob("rank-*.jsonl")) if cache is not None else tuple,
+                               held=request.held)
     encoder = encoder_for(parallel.sp_mode)
     job = plan_job(found.scenes, probed.probes, sampling, request.world_size, parallel.sp_size, parallel.batch_size,
                    sizes=clip.sizes, views_per_forward=encoder.views_per_forward(clip.views_per_forward),

@@ -32,7 +32,7 @@ def discover(data: Path, cameras: Sequence[str] | None = None, options: SourceOp
     if is_url(data):  # object storage: the layouts walk it through UrlPath, from one listing
         from vaecache.sources.urlpath import UrlPath
 
-        data = UrlPath(str(data))  # type: ignore[assignment]
+        data = UrlPath(str(data), storage_options=options.storage_options)  # type: ignore[assignment]
         if not data.exists() and not is_brace_pattern(str(data)):
             raise DatasetError(f"{data}: no objects under this URL")
     else:

@@ -21,19 +21,20 @@ from vaecache.meter import Advance
 from vaecache.settings.clip import FRAME_SYNC, SyncConfig
 from vaecache.settings.options import DEFAULT_PROBE_WORKERS
 from vaecache.sources.scene import CameraProbe, Scene, SceneProbe
-from vaecache.urls import hold_object, is_url
+from vaecache.urls import HeldObjects, is_url
 from vaecache.video.frames import FrameList
 from vaecache.video.identity import source_stat
 
 log = logging.getLogger("vaecache")
 
 
-def probe_file(path: str | FrameList, frame_rate: float | None = None) -> CameraProbe:
+def probe_file(path: str | FrameList, frame_rate: float | None = None, held: HeldObjects | None = None) -> CameraProbe:
     """Open one camera (a video, or an image sequence at `frame_rate` where its frames carry no times) and read
     what planning needs. Raises VideoDecodeError (naming the file) when it cannot.
 
     The frame count is that of a straight decode from the start (see vaecache.video.reader.VideoReader); size and
-    mtime are read before the file is opened, so a file changed while it is probed looks changed later."""
+    mtime are read before the file is opened, so a file changed while it is probed looks changed later. A small
+    video at a URL the probe read whole is held in `held` (an encode's decode worker opens it again)."""
     from vaecache.video.backends import open_camera
     from vaecache.video.reader import VideoReader
 
@@ -46,8 +47,8 @@ def probe_file(path: str | FrameList, frame_rate: float | None = None) -> Camera
         if identity is None:
             identity = source_stat(path)
         read_whole = reader.whole_object() if isinstance(reader, VideoReader) else None
-        if read_whole is not None:  # a small video at a URL: a decode worker's first batch reads these bytes
-            hold_object(name, read_whole)
+        if read_whole is not None and held is not None:  # a decode worker's first batch reads these bytes
+            held.hold(name, read_whole)
         width, height = reader.frame_size
         fps = reader.fps()
         times = reader.times_ns()
@@ -66,7 +67,8 @@ def probe_scene(scene: Scene, sync: SyncConfig = FRAME_SYNC) -> SceneProbe:
     return judge_scene(scene, open_scene(scene), sync)
 
 
-def open_scene(scene: Scene, recent: RecentProbes | None = None) -> list[CameraProbe | VideoDecodeError]:
+def open_scene(scene: Scene, recent: RecentProbes | None = None,
+               held: HeldObjects | None = None) -> list[CameraProbe | VideoDecodeError]:
     """Probe each camera in camera order, up to the first missing camera or unreadable source. `recent`: the last
     sources probed, so that the scenes of one video (a table's clip ranges) open it once."""
     sources = []
@@ -81,7 +83,7 @@ def open_scene(scene: Scene, recent: RecentProbes | None = None) -> list[CameraP
         result = recent.get(key) if recent is not None else None
         if result is None:
             try:
-                result = probe_file(source, scene.frame_rate)
+                result = probe_file(source, scene.frame_rate, held)
             except VideoDecodeError as exc:
                 result = exc
             if recent is not None:
@@ -361,26 +363,26 @@ def probe_from_cache(scene: Scene, cache: ProbeCache, sync: SyncConfig | None = 
 # --------------------------------------------------------------------------- the probing driver
 
 
-def probe_in_pool(scenes: Sequence[Scene],
-                  workers: int) -> Iterator[tuple[Scene, list[CameraProbe | VideoDecodeError]]]:
-    """Each scene with what opening its cameras found (open_scene), in the order given; `workers` threads, at
-    most 4 x workers scenes in flight."""
+def probe_in_pool(scenes: Sequence[Scene], workers: int,
+                  held: HeldObjects | None = None) -> Iterator[tuple[Scene, list[CameraProbe | VideoDecodeError]]]:
+    """Each scene with what opening its cameras found (open_scene, holding in `held` the small videos it reads
+    whole), in the order given; `workers` threads, at most 4 x workers scenes in flight."""
     recent = RecentProbes()
     if workers <= 1:
-        yield from ((scene, open_scene(scene, recent)) for scene in scenes)
+        yield from ((scene, open_scene(scene, recent, held)) for scene in scenes)
         return
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vaecache-probe") as pool:
         pending: deque[tuple[Scene, Future[list[CameraProbe | VideoDecodeError]]]] = deque()
         queue = iter(scenes)
         for scene in queue:
-            pending.append((scene, pool.submit(open_scene, scene, recent)))
+            pending.append((scene, pool.submit(open_scene, scene, recent, held)))
             if len(pending) >= 4 * workers:
                 break
         while pending:
             scene, future = pending.popleft()
             following = next(queue, None)
             if following is not None:
-                pending.append((following, pool.submit(open_scene, following, recent)))
+                pending.append((following, pool.submit(open_scene, following, recent, held)))
             yield scene, future.result()
 
 
@@ -422,7 +424,8 @@ def probe_dataset(scenes: Sequence[Scene], ctx: Any = None, *, workers: int = DE
                   cache_paths: Callable[[], Iterable[Path]] = tuple, gather: bool = True,
                   trust_index_probes: bool = True,
                   on_scene: Callable[[Scene, list[dict[str, Any]]], None] | None = None,
-                  advance: Advance | None = None, sync: SyncConfig = FRAME_SYNC) -> Probed:
+                  advance: Advance | None = None, sync: SyncConfig = FRAME_SYNC,
+                  held: HeldObjects | None = None) -> Probed:
     """Probe the scenes that need it, across ranks: `vaecache index`, `encode` and `plan` all probe through here.
 
     Scenes whose index line gives their probe are skipped (no video opened) unless not `trust_index_probes`
@@ -432,7 +435,8 @@ def probe_dataset(scenes: Sequence[Scene], ctx: Any = None, *, workers: int = DE
     node cannot read, an mtime another sees late, would plan differently). Each rank then opens its round-robin
     share of the rest in a pool of `workers` threads, in order; `on_scene(scene, records)` sees each scene's new
     probe-cache records as it is done (an index run appends them to its partial file). With `gather`, every rank
-    ends with every probe (encode and plan plan from them); without, each holds its own share's."""
+    ends with every probe (encode and plan plan from them); without, each holds its own share's. `held` (an
+    encode's) holds the small videos at URLs probing reads whole, for the decode workers' first batches."""
     rank, world = (ctx.info.rank, ctx.info.world_size) if ctx is not None else (0, 1)
 
     def from_cache() -> tuple[dict[str, SceneProbe], list[int]]:
@@ -442,7 +446,7 @@ def probe_dataset(scenes: Sequence[Scene], ctx: Any = None, *, workers: int = DE
     result = Probed(probes=known, cached=len(known))
     share = [scenes[position] for position in unknown[rank::world]]
     mine: list[SceneProbe] = []
-    for scene, found in probe_in_pool(share, workers):
+    for scene, found in probe_in_pool(share, workers, held):
         probe = judge_scene(scene, found, sync)
         mine.append(probe)
         records = probe_records(scene, found)

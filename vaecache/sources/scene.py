@@ -335,6 +335,9 @@ class SourceOptions:
     """--column ROLE=NAME: which column of a metadata table plays which role (settings.options.parse_columns)."""
     lerobot_state: bool = False
     """--lerobot-state: each clip record of a LeRobot dataset carries its frames' state/action columns."""
+    storage_options: tuple[tuple[str, Any], ...] | None = None
+    """--storage-option: the fsspec options DATA at a URL is listed and read with (None: those the process was given
+    before, urls.set_data_storage_options)."""
 
     def __post_init__(self) -> None:
         if self.frame_rate is not None and not 0 < self.frame_rate < math.inf:

@@ -25,9 +25,11 @@ class UrlListing:
     """Every object under DATA's URL (keys relative to it) with its size and mtime, and the folders their keys
     imply; listed once, when first asked (reading an object by name lists nothing)."""
 
-    def __init__(self, url: Url) -> None:
+    def __init__(self, url: Url, storage_options: tuple[tuple[str, Any], ...] | None = None) -> None:
+        """`storage_options`: the fsspec options DATA is listed and read with, in this process and the ones forked
+        from it (None: those it was given before: urls.data_filesystem)."""
         self.url = url
-        self.fs, self.root = data_filesystem(url)
+        self.fs, self.root = data_filesystem(url, dict(storage_options) if storage_options is not None else None)
         self.root = self.root.rstrip("/")
         self._files: dict[str, ObjectStat] | None = None
         self._folders: set[str] = {""}
@@ -81,8 +83,10 @@ class UrlPath:
     """A path under DATA's URL with the pathlib interface the layouts use. Never a local path: it has no
     __fspath__, so a layout that would open it as a file fails loudly instead of reading something else."""
 
-    def __init__(self, url: str, listing: UrlListing | None = None, key: str = "") -> None:
-        self._listing = listing if listing is not None else UrlListing(Url(str(url).rstrip("/")))
+    def __init__(self, url: str, listing: UrlListing | None = None, key: str = "",
+                 storage_options: tuple[tuple[str, Any], ...] | None = None) -> None:
+        self._listing = (listing if listing is not None
+                         else UrlListing(Url(str(url).rstrip("/")), storage_options))
         self._key = key.strip("/")
 
     # --- naming ------------------------------------------------------------------------------------------------

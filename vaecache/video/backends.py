@@ -11,7 +11,7 @@ import torch
 
 from vaecache.errors import UsageError, VideoDecodeError, first_line
 from vaecache.settings.parts import DECODER_CHOICES
-from vaecache.urls import is_url
+from vaecache.urls import HeldObjects, is_url
 from vaecache.video.frames import FrameList, FrameSequence, is_image_source
 from vaecache.video.members import member_of
 from vaecache.video.reader import DECODER, VideoReader
@@ -19,22 +19,25 @@ from vaecache.video.spans import SpanReader, span_of
 
 
 def open_camera(source: str | FrameList, backend: Backend | None = None, max_pixels: int | None = None,
-                fps: float | None = None) -> VideoReader | ForeignReader | FrameSequence:
+                fps: float | None = None,
+                held: HeldObjects | None = None) -> VideoReader | ForeignReader | FrameSequence:
     """A frame-exact reader of one camera: an image sequence (a FrameList, a folder, a glob; Pillow whatever the
     --decoder, at `fps` where its frames carry no times) or a video file (open_video)."""
     if is_image_source(source):
         return FrameSequence(source, fps, max_pixels)
-    return open_video(source, backend, max_pixels)  # type: ignore[arg-type]  # not a FrameList here
+    return open_video(source, backend, max_pixels, held)  # type: ignore[arg-type]  # not a FrameList here
 
 
-def open_video(path: str, backend: Backend | None = None,
-               max_pixels: int | None = None) -> VideoReader | ForeignReader | SpanReader:
+def open_video(path: str, backend: Backend | None = None, max_pixels: int | None = None,
+               held: HeldObjects | None = None) -> VideoReader | ForeignReader | SpanReader:
     """A frame-exact reader of `path` (PyAV unless `backend` says otherwise); every failure is a VideoDecodeError
-    naming the file. With `max_pixels`, frames larger than that are refused before any is decoded."""
+    naming the file. With `max_pixels`, frames larger than that are refused before any is decoded. An object at a
+    URL that `held` holds is read from its bytes (urls.HeldObjects)."""
     span = span_of(path)
     if backend is None or backend.choice == "pyav":
         threads = backend.threads if backend is not None else 0
-        return SpanReader(span, threads, max_pixels) if span is not None else VideoReader(path, threads, max_pixels)
+        return (SpanReader(span, threads, max_pixels) if span is not None
+                else VideoReader(path, threads, max_pixels, held))
     if member_of(path) is not None or span is not None or is_url(path):
         raise VideoDecodeError(path, f"--decoder {backend.choice} cannot read a video inside a tar, one episode of "
                                      "a file or an object at a URL; use --decoder pyav (what auto picks)")

@@ -14,7 +14,7 @@ import torch
 
 from vaecache.errors import DatasetError, VideoDecodeError
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS
-from vaecache.urls import hold_only, is_url
+from vaecache.urls import HeldObjects, is_url
 from vaecache.video.backends import PYAV, Backend, ForeignReader, open_camera
 from vaecache.video.frames import FrameList, FrameSequence, files_identity, is_image_source
 from vaecache.video.identity import identity_on_open, source_stat
@@ -31,8 +31,11 @@ class ViewDecoder:
     the next clip of a file continues where the last one stopped."""
 
     def __init__(self, height: int, width: int, cache_size: int = 8, fit: str = "cover",
-                 backend: Backend = PYAV, max_pixels: int = DEFAULT_MAX_FRAME_PIXELS) -> None:
+                 backend: Backend = PYAV, max_pixels: int = DEFAULT_MAX_FRAME_PIXELS,
+                 held: HeldObjects | None = None) -> None:
         self.height, self.width, self.fit, self.backend, self.max_pixels = height, width, fit, backend, max_pixels
+        self.held = held
+        """The small objects probing read whole, for their first open (urls.HeldObjects)."""
         self._readers: OrderedDict[str, Reader] = OrderedDict()
         self._cache_size = cache_size
 
@@ -41,7 +44,7 @@ class ViewDecoder:
         key = path.key if isinstance(path, FrameList) else path
         reader = self._readers.pop(key, None)
         if reader is None:
-            reader = open_camera(path, self.backend, self.max_pixels, fps)
+            reader = open_camera(path, self.backend, self.max_pixels, fps, self.held)
         self._readers[key] = reader
         while len(self._readers) > self._cache_size:
             self._readers.popitem(last=False)[1].close()
@@ -198,10 +201,13 @@ class ViewBatchDataset(torch.utils.data.Dataset):
     later clip of it then fails at once, without opening it again, and the caller records its scene once."""
 
     def __init__(self, batches: Sequence[Sequence[Any]], view_indices: Sequence[Sequence[int]], height: int, width: int,
-                 fit: str = "cover", backend: Backend = PYAV, max_pixels: int = DEFAULT_MAX_FRAME_PIXELS) -> None:
+                 fit: str = "cover", backend: Backend = PYAV, max_pixels: int = DEFAULT_MAX_FRAME_PIXELS,
+                 held: HeldObjects | None = None) -> None:
         self.batches = [list(b) for b in batches]
         self.view_indices = [list(v) for v in view_indices]
         self.height, self.width, self.fit, self.backend, self.max_pixels = height, width, fit, backend, max_pixels
+        self.held = held
+        """The small videos at URLs probing read whole, for the first batches' opens (urls.HeldObjects)."""
         self._decoder: ViewDecoder | None = None
         self._condemned: dict[str, str] = {}
         """Path -> why the whole file failed (in this process)."""
@@ -221,11 +227,13 @@ class ViewBatchDataset(torch.utils.data.Dataset):
         return [views[view][0].source(views[view][1]) for view in self.view_indices[index]]
 
     def hold_first(self, batches: int) -> None:
-        """Of the small videos at URLs that probing read whole (urls.hold_object), keep held only those the first
+        """Of the small videos at URLs that probing read whole (`held`), keep held only those the first
         `batches` batches read: a decode worker's first batch then opens them without a request. Each batch lets go
         of what its process held once it is decoded."""
-        hold_only({source for index in range(min(batches, len(self.batches))) for source in self.sources(index)
-                   if isinstance(source, str)})
+        if self.held is None:
+            return
+        self.held.keep_only({source for index in range(min(batches, len(self.batches)))
+                             for source in self.sources(index) if isinstance(source, str)})
 
     def _opened(self, clip: Any, camera: int) -> Reader:
         """Camera `camera` of `clip`, checked against its probe (ViewDecoder.check; a failure condemns the source)."""
@@ -261,7 +269,7 @@ class ViewBatchDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         if self._decoder is None:
             self._decoder = ViewDecoder(self.height, self.width, fit=self.fit, backend=self.backend,
-                                        max_pixels=self.max_pixels)
+                                        max_pixels=self.max_pixels, held=self.held)
         batch = self.batches[index]
         bucket = getattr(batch[0], "bucket", None)  # a batch never mixes buckets (planning.jobs.batched)
         size = (bucket.height, bucket.width) if bucket is not None else (self.height, self.width)
@@ -302,7 +310,8 @@ class ViewBatchDataset(torch.utils.data.Dataset):
         stacked = torch.stack([t if t is not None else torch.zeros_like(template) for t in out])
         for clip_index in errors:
             readings.pop(clip_index, None)
-        hold_only(())  # what this process was held for its first batch (urls.hold_object), used or not, let go
+        if self.held is not None:
+            self.held.keep_only(())  # what this process was held for its first batch, used or not, let go
         return {"index": index, "views": stacked, "errors": errors, "readings": readings}
 
 

@@ -32,7 +32,7 @@ from av.video.reformatter import VideoReformatter
 
 from vaecache.errors import FrameBudgetError, VideoDecodeError, first_line
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS, frame_budget_problem
-from vaecache.urls import is_url, mtime_ns, open_url, whole_object
+from vaecache.urls import HeldObjects, is_url, mtime_ns, open_url, whole_object
 from vaecache.video.frames import checked_request
 from vaecache.video.members import member_of, open_member
 
@@ -54,10 +54,12 @@ class _Keyframe:
 class VideoReader:
     """One video file, read frame-exactly with PyAV; consecutive reads continue forward without seeking."""
 
-    def __init__(self, path: str, threads: int = 0, max_pixels: int | None = None) -> None:
+    def __init__(self, path: str, threads: int = 0, max_pixels: int | None = None,
+                 held: HeldObjects | None = None) -> None:
         """`max_pixels`: refuse (VideoDecodeError) a stream of larger frames before decoding anything; None checks
         only where opening must decode (a file without timestamps is counted frame by frame) against the
-        default budget: probing a file reads its packets, never its pixels."""
+        default budget: probing a file reads its packets, never its pixels. An object at a URL that `held` holds is
+        read from its bytes (urls.HeldObjects)."""
         self.path = path
         self._threads = threads
         self._max_pixels = max_pixels
@@ -65,7 +67,7 @@ class VideoReader:
         self._member_file: Any = None
         self._url_file: Any = None
         if self._member is None and is_url(path):
-            self._url_file = _open_object(path)  # its size comes with it: no request of its own
+            self._url_file = _open_object(path, held)  # its size comes with it: no request of its own
         elif self._member is None:
             _check_file(path)
         try:
@@ -440,11 +442,11 @@ def _read_problem(exc: OSError, doing: str) -> str:
     return f"{doing} ({first_line(exc, 200)})"
 
 
-def _open_object(path: str) -> Any:
+def _open_object(path: str, held: HeldObjects | None = None) -> Any:
     """An object in object storage opened for ranged reads, checked there and not empty (VideoDecodeError naming it
     otherwise)."""
     try:
-        handle = open_url(path, held=True, sequential=True)
+        handle = open_url(path, held=held, sequential=True)
     except FileNotFoundError:
         raise VideoDecodeError(path, "no such object") from None
     except IsADirectoryError:
