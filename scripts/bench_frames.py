@@ -1,15 +1,14 @@
 """Image-sequence decoding: FrameSequence (what a decode worker runs per camera) against a plain Pillow loop over the
 same JPEG files, frames/s in one process, the two measured alternately in one run (median of --repeats).
 
-    python scripts/bench_frames.py [--frames 240] [--size 900x1600] [--repeats 5] [--json]
+    python scripts/bench_frames.py [--frames 240] [--size 900x1600] [--repeats 5]
 
-Prints a table, or JSON with --json. The target: FrameSequence >= 0.9x the plain loop.
+Prints a table (stderr) and JSON (stdout), the machine named. The target: FrameSequence >= 0.9x the plain loop.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -19,7 +18,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import _benchlib as bl  # noqa: E402
 
 from vaecache.video.frames import FrameSequence  # noqa: E402
 
@@ -57,7 +59,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--frames", type=int, default=238)
     parser.add_argument("--size", default="900x1600", help="HxW of the JPEG frames (nuScenes: 900x1600)")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     height, width = map(int, args.size.split("x"))
     with tempfile.TemporaryDirectory() as tmp:
@@ -68,17 +69,14 @@ def main(argv: list[str] | None = None) -> dict:
         for _ in range(args.repeats):
             plain.append(plain_loop(paths))
             ours.append(frame_sequence(folder, args.frames))
-    result = {"frames": args.frames, "size": args.size, "repeats": args.repeats,
+    result = {"machine": bl.machine_info("cpu"), "frames": args.frames, "size": args.size, "repeats": args.repeats,
               "plain_pillow_fps": statistics.median(plain), "frame_sequence_fps": statistics.median(ours)}
     result["ratio"] = result["frame_sequence_fps"] / result["plain_pillow_fps"]
-    if args.json:
-        print(json.dumps(result))
-        return result
-    print(f"| JPEG {args.size}, {args.frames} frames | frames/s (median of {args.repeats}) |")
-    print("|---|---|")
-    print(f"| plain Pillow loop | {result['plain_pillow_fps']:.1f} |")
-    print(f"| FrameSequence (17-frame clips) | {result['frame_sequence_fps']:.1f} |")
-    print(f"| ratio | {result['ratio']:.3f} |")
+    bl.emit(result, bl.table(f"JPEG {args.size}, {args.frames} frames: frames/s (median of {args.repeats})",
+                             ["reader", "frames/s"],
+                             [["plain Pillow loop", result["plain_pillow_fps"]],
+                              ["FrameSequence (17-frame clips)", result["frame_sequence_fps"]],
+                              ["ratio", result["ratio"]]]))
     return result
 
 

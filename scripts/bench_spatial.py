@@ -7,8 +7,8 @@ spatial_encode on the same random-weight VAE (the published Wan 2.1 VAE config f
 compute and memory). Memory is what the encode adds on top of the loaded model: on CUDA
 torch.cuda.max_memory_allocated minus memory before; on CPU the peak resident set (VmHWM, reset after a warm-up
 encode) minus the resident set before, with glibc's mmap threshold fixed so that freed tensors are returned at once.
-G=1 is the unsplit diffusers encode; later G are compared with it (max abs difference). Prints a table and one JSON
-object.
+G=1 is the unsplit diffusers encode; later G are compared with it (max abs difference). Prints a table (stderr) and
+one JSON object (stdout), the machine named.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import _benchlib as bl
 
 MODELS = {
     "tiny": {"base_dim": 8, "z_dim": 16, "dim_mult": [1, 2, 2, 2], "num_res_blocks": 1,
@@ -140,15 +141,13 @@ def main() -> None:
     for row in rows:
         row["memory_vs_g1"] = row["peak_added_bytes_max_rank"] / base["peak_added_bytes_max_rank"]
         row["latency_vs_g1"] = row["seconds_per_view"] / base["seconds_per_view"]
-    report = {"model": args.model, "size": args.size, "frames": args.frames, "mkldnn": not args.no_mkldnn,
-              "machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-              "torch": torch.__version__, "rows": rows}
-    print(f"{'G':>3} {'peak added MiB':>15} {'x G=1':>7} {'s/view':>8} {'x G=1':>7} {'max|diff|/scale':>16}")
-    for row in rows:
-        print(f"{row['group']:>3} {row['peak_added_bytes_max_rank'] / 2**20:>15.1f} {row['memory_vs_g1']:>7.2f} "
-              f"{row['seconds_per_view']:>8.2f} {row['latency_vs_g1']:>7.2f} "
-              f"{row['max_abs_vs_g1'] / row['latent_scale']:>16.2e}")
-    print(json.dumps(report))
+    report = {"machine": bl.machine_info(rows[0]["device"]), "model": args.model, "size": args.size,
+              "frames": args.frames, "mkldnn": not args.no_mkldnn, "rows": rows}
+    bl.emit(report, bl.table(f"{args.model} {args.size}x{args.frames}: one view split into bands over G ranks",
+                             ["G", "peak added MiB", "x G=1", "s/view", "x G=1", "max|diff|/scale"],
+                             [[row["group"], row["peak_added_bytes_max_rank"] / 2**20, row["memory_vs_g1"],
+                               row["seconds_per_view"], row["latency_vs_g1"],
+                               row["max_abs_vs_g1"] / row["latent_scale"]] for row in rows]))
 
 
 if __name__ == "__main__":

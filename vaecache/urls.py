@@ -244,26 +244,25 @@ def set_data_storage_options(options: dict[str, Any]) -> None:
 
 def data_filesystem(url: str, options: dict[str, Any] | None = None) -> tuple[Any, str]:
     """(filesystem, path in it) for a source at `url`: one per process and protocol, however many threads ask at once
-    (a client costs a tenth of a second of CPU to make). `options`, given where DATA is listed
-    (vaecache.sources.urlpath), opens this process's client with them; every later read of DATA's objects here, and
-    in the processes forked from here, goes through that client. A process forked after DATA was listed (a decode
-    worker) opens its own with the same options and starts from that listing: the size and ETag an object is opened
-    with come from it, as in the parent that planned from it, instead of a HEAD per object (a read of an object
-    changed since still fails, on its ETag)."""
+    (a client costs a tenth of a second of CPU to make). `options`, given where DATA is listed (a run's discovery:
+    vaecache.sources.urlpath), opens this process's client afresh with them (and the AWS environment as it is now);
+    every later read of DATA's objects here, and in the processes forked from here, goes through that client. A
+    process forked after DATA was listed (a decode worker) opens its own with the same options and starts from that
+    listing: the size and ETag an object is opened with come from it, as in the parent that planned from it, instead
+    of a HEAD per object (a read of an object changed since still fails, on its ETag)."""
     protocol = url.split("://", 1)[0]
     key = (os.getpid(), protocol)
-    wanted = dict(options) if options is not None else None
-    entry = _DATA_FILESYSTEMS.get(key)
-    if entry is None or (wanted is not None and entry[1] != wanted):
+    entry = _DATA_FILESYSTEMS.get(key) if options is None else None
+    if entry is None:
         with _DATA_FILESYSTEMS_LOCK:
-            entry = _DATA_FILESYSTEMS.get(key)
-            if entry is None or (wanted is not None and entry[1] != wanted):
+            entry = _DATA_FILESYSTEMS.get(key) if options is None else None
+            if entry is None:
                 inherited = [other for other in _DATA_FILESYSTEMS if other[0] != key[0]]
                 parent = next((_DATA_FILESYSTEMS[other] for other in inherited if other[1] == protocol), None)
-                if wanted is None:
-                    wanted = parent[1] if parent is not None else dict(_DATA_OPTIONS)
+                wanted = dict(options) if options is not None else (
+                    parent[1] if parent is not None else dict(_DATA_OPTIONS))
                 fs, _ = open_filesystem(url, wanted)
-                if parent is not None and parent[1] == wanted:
+                if options is None and parent is not None:
                     fs.dircache.update(parent[0].dircache)
                 for other in inherited:  # the parent's clients are not this process's to use
                     del _DATA_FILESYSTEMS[other]

@@ -68,6 +68,8 @@ def encode_into(run: EncodeRun, preparation: Preparation) -> EncodeSummary:
     finally:
         if feed is not None:
             feed.close()
+
+
 def _prepare_and_encode(run: EncodeRun, preparation: Preparation, feed: DecodeFeed | None) -> EncodeSummary:
     ctx, start = run.ctx, run.start
     fingerprint, sources = preparation.records.fingerprint, preparation.sources

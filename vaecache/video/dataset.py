@@ -81,7 +81,7 @@ class ViewDecoder:
         def open_one(source: str) -> Reader | None:
             openers.add(threading.get_ident())
             try:
-                return open_camera(source, self.backend, self.max_pixels, todo[source][1])
+                return open_camera(source, self.backend, self.max_pixels, todo[source][1], self.held)
             except Exception:  # refused again, by name, when `check` opens it
                 return None
 
