@@ -76,6 +76,10 @@ class FrameBudgetError(VideoDecodeError):
     the file, so it is never cached (another run may allow them)."""
 
 
+class AudioMissingError(VaecacheError):
+    """A clip's audio cannot be cut: its video has no audio track, or the track does not cover the clip's window."""
+
+
 class SourceChangedError(VaecacheError):
     """A clip's source file changed since its clip was encoded (size, mtime or sha256): its latents are stale."""
 

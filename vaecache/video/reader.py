@@ -154,6 +154,13 @@ class VideoReader:
         first = self._pts[0]
         return [float((self._pts[index] - first) * self.time_base) for index in frames]
 
+    def frame_time(self, index: int) -> Fraction:
+        """Frame `index`'s presentation time in seconds, exact, the stream's start offset included (on the
+        container's clock: a clip's audio is cut from it); index / the nominal rate when read sequentially."""
+        if self._pts is None:
+            return Fraction(index) / self._nominal_rate()
+        return Fraction(self._pts[index]) * self.time_base
+
     def times_ns(self) -> list[int]:
         """Every frame's presentation time in ns, the stream's start offset included (a camera that started later
         says so here); evenly spaced from 0 when read sequentially. Timestamp sync matches cameras by these."""

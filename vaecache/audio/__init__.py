@@ -1,0 +1,1 @@
+"""Sound: a clip's audio cut exactly to its frames (track.py)."""

@@ -1,0 +1,166 @@
+"""A clip's sound, cut exactly: the audio stream of a camera's video decoded at its own rate, as FFmpeg decodes it
+(the encoder's priming skipped and the container's edit list applied, as `ffmpeg -i X -map 0:a -c:a pcm_f32le`
+writes it), and the samples of the clip's window taken by sample index.
+
+The window of a clip is its first frame's presentation time `t_first` (on the container's clock, the video
+stream's start and edit list honoured as frame-exact decode honours them) and its duration, the clip's frames over
+its frame rate (the rate of its latents: the source's rate over the frame stride). Its first sample is
+round((t_first - t_audio_start) * rate), on the audio stream's own clock at its source rate; its length is
+int(duration * rate) samples, as LTX-2's trainer counts them (`process_videos.py:_extract_audio`). A window the
+track does not cover, and a video without an audio track, raise AudioMissingError naming the file: never silent
+zeros."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import torch
+
+from vaecache.errors import AudioMissingError
+from vaecache.urls import is_url
+
+
+@dataclass(frozen=True)
+class ClipAudio:
+    """The samples of one clip's window: (channels, count) float32 at the stream's own rate, in FFmpeg's channel
+    order for `layout`."""
+
+    samples: torch.Tensor
+    rate: int
+    layout: str
+    first_sample: int
+    """Index of the window's first sample in the decoded track (0: the stream's first sample after priming)."""
+    start_s: float
+    """The clip's first frame time the window starts at, in seconds on the container's clock."""
+    path: str
+
+    @property
+    def duration_s(self) -> float:
+        return self.samples.shape[1] / self.rate
+
+
+@dataclass(frozen=True)
+class AudioWindow:
+    """Where a clip's sound lies: its first frame's presentation time (exact, on the container's clock) and how many
+    seconds it lasts (the clip's frames over the clip's frame rate)."""
+
+    start: Fraction
+    duration_s: float
+
+    @classmethod
+    def of_clip(cls, start: Fraction, frames: int, clip_rate: float) -> AudioWindow:
+        if frames < 1 or not 0 < clip_rate < math.inf:
+            raise ValueError(f"a clip window needs frames >= 1 and a positive rate, got {frames} at {clip_rate}")
+        return cls(start, frames / clip_rate)
+
+
+def _open_container(path: str) -> tuple[Any, Any]:
+    """(container, the file object it reads or None) for a local video, an object at a URL or a video in a tar."""
+    import av
+
+    from vaecache.video.members import member_of, open_member
+
+    member = member_of(path)
+    if member is not None:
+        handle = open_member(member)
+    elif is_url(path):
+        from vaecache.urls import open_url
+
+        handle = open_url(path, sequential=True)
+    else:
+        handle = None
+    try:
+        return (av.open(handle) if handle is not None else av.open(path)), handle
+    except Exception:
+        if handle is not None:
+            handle.close()
+        raise
+
+
+def has_audio(path: str) -> bool:
+    """Whether the video at `path` holds an audio stream (AudioMissingError naming it where it does not open)."""
+    import av
+
+    try:
+        container, handle = _open_container(path)
+    except (av.error.FFmpegError, OSError) as exc:
+        raise AudioMissingError(f"{path}: cannot be opened for its audio ({exc})") from None
+    try:
+        return bool(container.streams.audio)
+    finally:
+        container.close()
+        if handle is not None:
+            handle.close()
+
+
+def cut_audio(path: str, window: AudioWindow) -> ClipAudio:
+    """The samples of `window` from the first audio stream of the video at `path`, decoded from its start (each
+    sample's index is its count from the stream's first decoded sample, as FFmpeg writes them out) and converted to
+    float32 by FFmpeg's own resampler (an integer format gives what `-c:a pcm_f32le` gives). AudioMissingError
+    where the video has no audio stream, or its stream does not cover the window: it starts later, ends earlier
+    (at the stream's stated duration where the container states one, so an encoder's trailing padding is never
+    taken for sound) or decodes to nothing."""
+    import av
+
+    try:
+        container, handle = _open_container(path)
+    except (av.error.FFmpegError, OSError) as exc:
+        raise AudioMissingError(f"{path}: cannot be opened for its audio ({exc})") from None
+    try:
+        if not container.streams.audio:
+            raise AudioMissingError(f"{path}: has no audio track")
+        stream = container.streams.audio[0]
+        rate = int(stream.rate)
+        layout = stream.layout.name
+        resampler = av.AudioResampler(format="fltp", layout=layout, rate=rate)
+        count = int(window.duration_s * rate)
+        first: int | None = None
+        track_start: Fraction | None = None
+        taken: list[torch.Tensor] = []
+        decoded = 0
+        stated = (Fraction(stream.duration) * stream.time_base) if stream.duration else None
+        try:
+            for frame in _decoded(container, stream, resampler):
+                if track_start is None:
+                    track_start = Fraction(frame.pts) * frame.time_base if frame.pts is not None else Fraction(0)
+                    first = round((window.start - track_start) * rate)
+                    if first < 0:
+                        raise AudioMissingError(
+                            f"{path}: its audio starts at {float(track_start):.6f} s, after the clip's window "
+                            f"[{float(window.start):.6f}, {float(window.start) + window.duration_s:.6f}) s")
+                assert first is not None
+                block = torch.from_numpy(frame.to_ndarray())
+                lo, hi = max(first - decoded, 0), min(first + count - decoded, block.shape[1])
+                if lo < hi:
+                    taken.append(block[:, lo:hi])
+                decoded += block.shape[1]
+                if decoded >= first + count:
+                    break
+        except av.error.FFmpegError as exc:
+            raise AudioMissingError(f"{path}: its audio does not decode ({exc})") from None
+        if track_start is None or first is None:
+            raise AudioMissingError(f"{path}: its audio track decodes to no samples")
+        available = decoded
+        if stated is not None:
+            available = min(available, round(stated * rate))
+        if first + count > available:
+            end = float(track_start) + available / rate
+            raise AudioMissingError(
+                f"{path}: its audio ends at {end:.6f} s, before the end of the clip's window "
+                f"[{float(window.start):.6f}, {float(window.start) + window.duration_s:.6f}) s")
+        samples = torch.cat(taken, dim=1) if taken else torch.zeros(len(stream.layout.channels), 0)
+        return ClipAudio(samples.contiguous(), rate, layout, first, float(window.start), path)
+    finally:
+        container.close()
+        if handle is not None:
+            handle.close()
+
+
+def _decoded(container: Any, stream: Any, resampler: Any) -> Any:
+    """The stream's frames in float32 planar, FFmpeg's conversion, in decode order."""
+    for frame in container.decode(stream):
+        yield from resampler.resample(frame)
+    yield from resampler.resample(None)
