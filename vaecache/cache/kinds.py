@@ -4,7 +4,8 @@ checks its sets, and what a reader and the WebDataset export add to a clip's ite
 shards split across ranks, commits, resume and repair, rows copied from the set before, the tables, the one
 manifest write, the fault hook) is vaecache.cache.embedding.embed_sets, the same for every kind.
 
-The built-in kinds are text (vaecache.text.embed) and conditions (vaecache.conditions.embed). Another kind is a class
+The built-in kinds are text (vaecache.text.embed), conditions (vaecache.conditions.embed) and audio
+(vaecache.audio.embed). Another kind is a class
 in any importable module that calls `register(...)` at import; `embed_sets` records that module in the manifest
 (`"kinds": {name: module}`), so verify, LatentCache, the exports, subprocesses and DataLoader workers import it from
 the cache alone. docs/architecture.md walks through tests/cache/latent_mean.py, a kind declared outside the package.
@@ -144,6 +145,11 @@ class SetKind:
     def decode(self, stored: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
         """A WebDataset sample's tensors of this kind as LatentCache's item has them (`facts`: set -> export_facts)."""
         return dict(stored)
+
+    def left_out(self, row: dict[str, Any]) -> str | None:
+        """Why the clip of this item-table row holds no tensor (its item recorded but left out, e.g. a clip without
+        sound under `--audio-missing skip`), or None: it holds one (default)."""
+        return None
 
     # --- verify
     def check_item(self, cache: Any, clip: str, tensors: dict[str, Any], row: dict[str, Any]) -> str | None:

@@ -47,12 +47,15 @@ TEXT_DIR = "text"
 """Text-embedding sets added to a finished cache (vaecache.text.sets)."""
 CONDITIONS_DIR = "conditions"
 """Image-to-video condition sets added to a finished cache (vaecache.conditions.sets)."""
-BUILTIN_SET_KINDS = {TEXT_DIR: "vaecache.text.embed", CONDITIONS_DIR: "vaecache.conditions.embed"}
+AUDIO_DIR = "audio"
+"""Audio latent sets added to a finished cache (vaecache.audio.embed)."""
+BUILTIN_SET_KINDS = {TEXT_DIR: "vaecache.text.embed", CONDITIONS_DIR: "vaecache.conditions.embed",
+                     AUDIO_DIR: "vaecache.audio.embed"}
 """The kinds of set vaecache declares (vaecache.cache.kinds), by their folder, with the module that registers each."""
 KINDS_RECORD = "kinds"
 """manifest.json's record of the kinds of set declared outside vaecache: {kind name: the module that registers it}."""
 OWNED_ENTRIES = (MANIFEST, CLIPS, FAILURES, CLIPS_V1, FAILURES_V1, RUN, SHARDS_DIR, PROGRESS_DIR, LOGS_DIR, LOCK,
-                 PROBES_DIR, TEXT_DIR, CONDITIONS_DIR)
+                 PROBES_DIR, TEXT_DIR, CONDITIONS_DIR, AUDIO_DIR)
 """Everything vaecache may create in OUT (anything else there means OUT is not a cache)."""
 
 

@@ -259,6 +259,8 @@ class ItemSet:
         row = self._rows.get(clip)
         if row is None:
             raise KeyError(f"clip {clip} has no item in {self.kind.what} {self.name!r}")
+        if self.kind.left_out(row):
+            return {}
         handle = self._shards.open(row[SHARD_COLUMN_NAME], f"clip {clip}")
         return {f"{self.kind.name}/{self.name}{name[len(clip):]}": handle.get_tensor(name)
                 for name in handle.keys() if name == clip or name.startswith(f"{clip}/")}
@@ -311,6 +313,13 @@ def verify_item_sets(cache: Any, kind: Any, quick: bool, check_type: type) -> li
                 clip, shard = row[kind.item_column], row[SHARD_COLUMN_NAME]
                 found = {tensor: value for tensor, value in tensors.get(shard, {}).items()
                          if tensor == clip or tensor.startswith(f"{clip}/")}
+                if kind.left_out(row):
+                    if found:
+                        check.fail(f"{cache.store.where(shard)}: holds a tensor for clip {clip}, which its row says "
+                                   f"was left out ({kind.left_out(row)})")
+                    else:
+                        check.ok()
+                    continue
                 if clip not in found:
                     check.fail(f"{cache.store.where(shard)}: holds no tensor for clip {clip}, which the set's "
                                f"{kind.item_table} table places there")

@@ -41,8 +41,17 @@ def embed(
                                        "vaecache (a module that registers one vaecache.cache.kinds.SetKind; "
                                        "docs/architecture.md); the module is recorded, so verify and the readers "
                                        "import it."),
-    set_name: Optional[str] = typer.Option(None, "--set", help="The text set's (or --kind's set's) name (default: "
-                                           "default; a cache holds several)."),
+    audio_vae: Optional[str] = typer.Option(None, "--audio-vae", help="diffusers:PATH[#SUBFOLDER] (a folder holding "
+                                            "an AutoencoderKLLTX2Audio, e.g. an LTX-2 pipeline's #audio_vae): each "
+                                            "clip's sound, cut exactly to its frames, encoded into an audio set."),
+    audio_camera: Optional[str] = typer.Option(None, "--audio-camera", help="--audio-vae: whose video's sound "
+                                               "(default: the first camera whose video has an audio track)."),
+    audio_missing: Optional[str] = typer.Option(None, "--audio-missing", help="--audio-vae: a clip without sound "
+                                                "(no track, or one not covering its window): skip (default: its row "
+                                                "records why, no tensor) | silence (the latents of silence, its row "
+                                                "saying why)."),
+    set_name: Optional[str] = typer.Option(None, "--set", help="The text set's (or --kind's, or --audio-vae's set's) "
+                                           "name (default: default; a cache holds several)."),
     caption_field: Optional[str] = typer.Option(None, "--caption-field", help="The key of each clip's metadata that "
                                                 "holds its caption (default: caption; clips without it get the empty "
                                                 "prompt)."),
@@ -67,9 +76,11 @@ def embed(
                                               "holds only pickled .bin weights."),
     storage_option: StorageOption = None,
 ) -> None:
-    """Embed the clips' captions with a text encoder into a named set (--text-encoder), and/or their image-to-video
-    conditions (--condition), in a finished cache; latents untouched. Under torchrun or SLURM the shards are split
+    """Embed the clips' captions with a text encoder into a named set (--text-encoder), their image-to-video
+    conditions (--condition), and/or their sound with an audio VAE (--audio-vae), in a finished cache; latents
+    untouched. Under torchrun or SLURM the shards are split
     across the ranks (the same files at any world size)."""
+    from vaecache.audio.embed import AUDIO, AudioRequest, embed_audio
     from vaecache.cache.embedding import embed_kind
     from vaecache.cache.kinds import SetRequest
     from vaecache.conditions.embed import embed_conditions
@@ -81,7 +92,8 @@ def embed(
     from vaecache.text.sets import EmbedRequest
     from vaecache.urls import parse_storage_options
 
-    text_only = {"--set": None if kind is not None else set_name, "--caption-field": caption_field,
+    text_only = {"--set": None if kind is not None or audio_vae is not None else set_name,
+                 "--caption-field": caption_field,
                  "--captions": captions, "--dtype": dtype,
                  "--compute-dtype": compute_dtype, "--text-batch": text_batch, "--text-length": text_length,
                  "--text-layer": text_layer}
@@ -94,9 +106,14 @@ def embed(
                          "--condition image-features")
     if vae is not None and not {"first-frame", "first-last"} & set(kinds):
         raise UsageError("--vae applies to --condition first-frame or first-last (the kinds the cache's VAE encodes)")
-    if text_encoder is None and condition is None and kind is None:
+    if audio_vae is None and (audio_camera is not None or audio_missing is not None):
+        raise UsageError(f"{'--audio-camera' if audio_camera is not None else '--audio-missing'} applies to "
+                         "--audio-vae")
+    if set_name is not None and sum(given is not None for given in (text_encoder, kind, audio_vae)) > 1:
+        raise UsageError("--set names one set: give it with one of --text-encoder, --kind and --audio-vae")
+    if text_encoder is None and condition is None and kind is None and audio_vae is None:
         raise UsageError("embed needs --text-encoder SPEC (caption embeddings) and/or --condition KIND "
-                         "(image-to-video conditions), or --kind MODULE")
+                         "(image-to-video conditions), --audio-vae SPEC (audio latents), or --kind MODULE")
     storage = tuple(parse_storage_options(storage_option))
     request = None if text_encoder is None else EmbedRequest(
         out=out, text_encoder=text_encoder, set_name=set_name or "default", caption_field=caption_field or "caption",
@@ -111,10 +128,15 @@ def embed(
         out=out, module=kind, set_name=set_name or "default", replace=replace, shard_bytes=parse_bytes(shard_size),
         device=device, storage_options=storage)
     declared_kind = declared.kind() if declared is not None else None
+    sound = None if audio_vae is None else AudioRequest(
+        out=out, audio_vae=audio_vae, camera=audio_camera, missing=audio_missing or "skip",
+        set_name=set_name or "default", replace=replace, shard_bytes=parse_bytes(shard_size), device=device,
+        allow_pickle_weights=allow_pickle_weights, storage_options=storage)
     with distributed(device=device) as ctx:  # under torchrun the shards are split across the ranks
         summary = embed_cache(request, ctx=ctx) if request is not None else None
         condition_summaries = embed_conditions(conditions, ctx=ctx) if conditions is not None else []
         outcomes = embed_kind(declared, ctx=ctx) if declared is not None else []
+        audio_outcomes = embed_audio(sound, ctx=ctx) if sound is not None else []
         if ctx.info.rank != 0:
             return
     if summary is not None:
@@ -123,6 +145,12 @@ def embed(
         _print_condition_summary(done)
     for outcome in outcomes:
         _print_kind_summary(declared_kind, outcome)
+    for outcome in audio_outcomes:
+        _print_kind_summary(AUDIO, outcome)
+        left = {key: value for key, value in outcome.extra.items() if key in ("skipped", "silenced") and value}
+        if left:
+            console.print(escape("  clips without sound: " + ", ".join(f"{count} {what}" for what, count in
+                                                                        left.items())), soft_wrap=True)
 
 
 def _print_condition_summary(summary) -> None:

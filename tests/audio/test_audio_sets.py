@@ -1,0 +1,135 @@
+"""`vaecache embed OUT --audio-vae SPEC`: each clip's sound, cut to its frames, encoded by a tiny random
+AutoencoderKLLTX2Audio (diffusers' own class, saved with save_pretrained) into an audio set on the set machinery:
+read by LatentCache beside the video latents, verified, a clip without sound skipped or silenced with its reason."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+from tests.conftest import run_vaecache
+from vaecache.audio.latents import audio_posterior_mean
+from vaecache.audio.mel import MelSpec, clip_mel
+from vaecache.training import LatentCache
+
+
+@pytest.fixture(scope="module")
+def audio_vae(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from diffusers import AutoencoderKLLTX2Audio
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLLTX2Audio(base_channels=16, ch_mult=(1, 2, 4), num_res_blocks=1, latent_channels=8,
+                                 mel_bins=64, output_channels=2)
+    vae.latents_mean.copy_(torch.randn(16) * 0.1)
+    vae.latents_std.copy_(torch.rand(16) + 0.5)
+    folder = tmp_path_factory.mktemp("audio-vae") / "audio_vae"
+    vae.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def sound_cache(cache_with_sound: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(cache_with_sound, tmp_path / "cache"))
+
+
+def test_each_clip_holds_the_audio_vaes_mean_of_its_sound_and_one_without_sound_is_skipped_by_name(
+        sound_cache: Path, audio_vae: Path, run_cli: Callable) -> None:
+    from diffusers import AutoencoderKLLTX2Audio
+
+    result = run_cli(["embed", sound_cache, "--audio-vae", f"diffusers:{audio_vae}"])
+    assert result.exit_code == 0, result.output
+    assert "added audio set 'default'" in result.output and "clips without sound: 2 skipped" in result.output
+    manifest = json.loads((sound_cache / "manifest.json").read_text())
+    record = manifest["audio"]["default"]
+    assert (record["clips"], record["skipped"], record["silenced"]) == (len(list(LatentCache(sound_cache).ids())), 2, 0)
+    assert record["fingerprint"]["mel"]["n_fft"] == 1024 and len(record["normalization"]["latents_std"]) == 16
+    cache = LatentCache(sound_cache)
+    vae = AutoencoderKLLTX2Audio.from_pretrained(audio_vae).eval()
+    spec = MelSpec.ltx2(dict(vae.config))
+    held = skipped = 0
+    for index, clip in enumerate(cache.ids()):
+        item = cache[index].tensors
+        if cache.record(clip)["frames"][0] == 0:  # the sound starts 0.228 s in: the first clip of a scene has none
+            assert "audio/default" not in item
+            skipped += 1
+            continue
+        sound = cache.source_audio(clip)
+        expected = audio_posterior_mean(vae, clip_mel(sound.samples, sound.rate, spec))[0]
+        assert torch.equal(item["audio/default"], expected), clip
+        assert item["audio/default"].shape[0] == 8 and item["mean"].shape[0] == 2  # beside the video latents
+        held += 1
+    assert skipped == 2 and held >= 6
+    table = __import__("pyarrow.parquet", fromlist=["x"]).read_table(
+        sound_cache / record["tables"]["clips"]["file"]).to_pylist()
+    reasons = [row["audio"] for row in table if row["audio"]]
+    assert len(reasons) == 2 and all("skipped: " in r and "its audio starts at 0.228000 s" in r for r in reasons)
+    assert {row["camera"] for row in table if not row["audio"]} == {"cam_1"}
+    assert run_cli(["verify", sound_cache]).exit_code == 0
+    again = run_cli(["embed", sound_cache, "--audio-vae", f"diffusers:{audio_vae}"])
+    assert again.exit_code == 0 and "is up to date" in again.output
+
+
+def test_silence_stands_in_for_missing_sound_with_its_reason(sound_cache: Path, audio_vae: Path,
+                                                             run_cli: Callable) -> None:
+    result = run_cli(["embed", sound_cache, "--audio-vae", f"diffusers:{audio_vae}", "--audio-missing", "silence",
+                      "--set", "quiet"])
+    assert result.exit_code == 0, result.output
+    record = json.loads((sound_cache / "manifest.json").read_text())["audio"]["quiet"]
+    assert (record["skipped"], record["silenced"]) == (0, 2)
+    cache = LatentCache(sound_cache)
+    first = next(index for index, clip in enumerate(cache.ids()) if cache.record(clip)["frames"][0] == 0)
+    silence, sound = cache[first].tensors["audio/quiet"], cache[first + 1].tensors["audio/quiet"]
+    assert silence.shape == sound.shape  # silence of the window's length
+    assert run_cli(["verify", sound_cache]).exit_code == 0
+
+
+def test_verify_names_a_removed_audio_tensor_with_every_hash_recomputed(sound_cache: Path, audio_vae: Path,
+                                                                       run_cli: Callable) -> None:
+    from safetensors.torch import load, save
+
+    assert run_cli(["embed", sound_cache, "--audio-vae", f"diffusers:{audio_vae}", "--shard-size", "1"]).exit_code == 0
+    manifest = json.loads((sound_cache / "manifest.json").read_text())
+    entry = next(shard for shard in manifest["audio"]["default"]["shards"]
+                 if load((sound_cache / shard["file"]).read_bytes()))
+    shard = sound_cache / entry["file"]
+    (clip,) = load(shard.read_bytes())
+    forged = save({}, metadata={"vaecache_audio": "default"})
+    shard.write_bytes(forged)
+    entry.update(bytes=len(forged), sha256=hashlib.sha256(forged).hexdigest())
+    (sound_cache / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    report = run_cli(["verify", sound_cache])
+    assert report.exit_code == 1 and f"holds no tensor for clip {clip}" in report.output
+
+
+def test_a_killed_audio_embed_resumes_to_the_bytes_of_an_uninterrupted_one(cache_with_sound: Path, audio_vae: Path,
+                                                                          run_cli: Callable, tmp_path: Path) -> None:
+    whole, killed = (Path(shutil.copytree(cache_with_sound, tmp_path / name)) for name in ("whole", "killed"))
+    args = ["--audio-vae", f"diffusers:{audio_vae}", "--shard-size", "1"]
+    assert run_cli(["embed", whole, *args]).exit_code == 0
+    crashed = run_vaecache("embed", killed, *args, env={"VAECACHE_FAULT": "crash-after-set-shard:audio:2"})
+    assert crashed.returncode == 137, crashed.stderr[-2000:]
+    assert run_cli(["verify", killed]).exit_code == 1  # what the dead process left is named
+    resumed = run_cli(["embed", killed, *args])
+    assert resumed.exit_code == 0 and "2 shard(s) an interrupted run committed kept" in resumed.output
+    files = sorted(str(p.relative_to(whole / "audio")) for p in (whole / "audio").rglob("*") if p.is_file())
+    assert files == sorted(str(p.relative_to(killed / "audio")) for p in (killed / "audio").rglob("*") if p.is_file())
+    assert all((whole / "audio" / f).read_bytes() == (killed / "audio" / f).read_bytes() for f in files)
+    assert (killed / "manifest.json").read_bytes() == (whole / "manifest.json").read_bytes()
+
+
+def test_an_audio_vae_of_another_class_or_no_folder_is_refused_by_name(sound_cache: Path, tmp_path: Path,
+                                                                      run_cli: Callable) -> None:
+    (tmp_path / "wan").mkdir()
+    (tmp_path / "wan" / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKLWan"}))
+    result = run_cli(["embed", sound_cache, "--audio-vae", f"diffusers:{tmp_path / 'wan'}"])
+    assert result.exit_code == 2 and "is a AutoencoderKLWan; the audio VAEs are AutoencoderKLLTX2Audio" in result.output
+    result = run_cli(["embed", sound_cache, "--audio-vae", f"diffusers:{tmp_path / 'none'}"])
+    assert result.exit_code == 2 and "has no config.json" in result.output
+    result = run_cli(["embed", sound_cache, "--audio-missing", "silence", "--text-encoder", "diffusers:/x"])
+    assert result.exit_code == 2 and "--audio-missing applies to --audio-vae" in result.output

@@ -1,0 +1,247 @@
+"""Audio latent sets as a kind of set on the one set machinery (vaecache.cache.kinds, vaecache.cache.embedding): what
+`vaecache embed OUT --audio-vae SPEC` computes for each clip of a finished cache, and how verify and the readers see
+it. Everything else (the lock, shards across ranks, commits, resume and repair, copying into a grown cache, the
+tables, the one manifest write) is the machinery's.
+
+Each clip's item is the posterior mean of the audio VAE over the clip's sound (vaecache.audio.track: cut exactly to
+its frames; vaecache.audio.mel: folded, resampled and turned into the log-mel the VAE takes), (C, T, F) in the VAE's
+dtype. The set's record holds the VAE's normalization constants as LTX-2 applies them (over the packed C x F
+features: vaecache.audio.latents.normalize_audio_latents). A clip whose video has no sound, or whose sound does not
+cover its window, follows `--audio-missing`: `skip` (its row records why and it holds no tensor) or `silence` (the
+latents of silence of the window's length, its row saying why)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vaecache.cache.kinds import ComputedItem, SetKind, SetPlan, register
+from vaecache.cache.layout import AUDIO_DIR
+from vaecache.cache.sets import generation_of, loaded_on_every_rank, pack_shards, same_on_every_rank
+from vaecache.errors import AudioMissingError, UsageError, VaeSpecError
+
+MISSING_CHOICES = ("skip", "silence")
+AUDIO_VAE_CLASSES = ("AutoencoderKLLTX2Audio",)
+"""The audio VAEs vaecache loads (diffusers' classes); MMAudio's (Kandinsky 6) is next."""
+
+
+@dataclass(frozen=True)
+class AudioRequest:
+    """`vaecache embed OUT --audio-vae SPEC`: an audio latent set of the clips of a finished cache."""
+
+    out: str
+    audio_vae: str
+    """diffusers:PATH[#SUBFOLDER]: a folder holding an AutoencoderKLLTX2Audio (an LTX-2 pipeline's audio_vae)."""
+    camera: str | None = None
+    """Whose video's sound (default: the first camera whose video has an audio track)."""
+    missing: str = "skip"
+    set_name: str = "default"
+    replace: bool = False
+    shard_bytes: int = 256 << 20
+    device: str = "auto"
+    n_fft: int = 1024
+    """The STFT size of the mel (LTX-2's checkpoint: preprocessing.stft.filter_length)."""
+    allow_pickle_weights: bool = False
+    storage_options: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.missing not in MISSING_CHOICES:
+            raise UsageError(f"--audio-missing must be one of {', '.join(MISSING_CHOICES)}, got {self.missing!r}")
+        if self.shard_bytes < 1:
+            raise UsageError(f"--shard-size must be at least 1 byte, got {self.shard_bytes}")
+        if not self.audio_vae.startswith("diffusers:"):
+            raise UsageError(f"--audio-vae must be diffusers:PATH[#SUBFOLDER] (a folder holding an "
+                             f"{' or '.join(AUDIO_VAE_CLASSES)}), got {self.audio_vae!r}")
+
+
+def audio_vae_folder(spec: str) -> Path:
+    """The folder a --audio-vae spec names, its config's class one vaecache loads (VaeSpecError naming it otherwise)."""
+    location, _, sub = spec.removeprefix("diffusers:").partition("#")
+    folder = Path(location).expanduser().absolute() / sub if sub else Path(location).expanduser().absolute()
+    config = folder / "config.json"
+    if not config.is_file():
+        raise VaeSpecError(f"--audio-vae {spec}: {folder} has no config.json (give the folder of the audio VAE, "
+                           "or the pipeline's folder with #audio_vae)")
+    try:
+        name = json.loads(config.read_text()).get("_class_name")
+    except (OSError, ValueError) as exc:
+        raise VaeSpecError(f"--audio-vae {spec}: {config} cannot be read ({exc})") from None
+    if name not in AUDIO_VAE_CLASSES:
+        raise VaeSpecError(f"--audio-vae {spec}: {config} is a {name or 'classless config'}; the audio VAEs are "
+                           f"{', '.join(AUDIO_VAE_CLASSES)}")
+    return folder
+
+
+def load_audio_vae(spec: str, device: torch.device, allow_pickle_weights: bool = False) -> Any:
+    """The audio VAE a spec names, loaded strictly (a missing or misshapen weight is an error), in eval mode."""
+    import diffusers
+
+    from vaecache.weights import load_pretrained
+
+    folder = audio_vae_folder(spec)
+    cls = getattr(diffusers, json.loads((folder / "config.json").read_text())["_class_name"])
+    return load_pretrained(cls, folder, allow_pickle_weights=allow_pickle_weights).to(device).eval()
+
+
+def audio_vae_fingerprint(vae: Any) -> dict[str, Any]:
+    from vaecache.weights import weights_sha256
+
+    config = {key: value for key, value in dict(vae.config).items() if not key.startswith("_") or key == "_class_name"}
+    return {"class": type(vae).__name__, "config": json.loads(json.dumps(config, default=str)),
+            "weights_sha256": weights_sha256(vae), "dtype": str(next(vae.parameters()).dtype).removeprefix("torch.")}
+
+
+def audio_inputs(record: dict[str, Any], camera: str | None) -> str:
+    """What links an item to its clip: the clip's sources, their recorded identity, its frames and rate, and the
+    camera asked for."""
+    return hashlib.sha256(json.dumps(
+        [record.get("sources"), record.get("source_identity"), record.get("frames"), record.get("camera_frames"),
+         record.get("fps"), record.get("cameras"), camera], sort_keys=True, default=str).encode()).hexdigest()
+
+
+class AudioKind(SetKind):
+    """Audio latent sets (vaecache.cache.kinds): one item per clip (its tensor named by its clip id), linked to the
+    clip by the hash of its sources, frames and rate; a clip left out under `--audio-missing skip` holds none."""
+
+    name = AUDIO_DIR
+    what = "audio set"
+    shard_prefix = "audio-"
+    item_table = "clips"
+    item_column = "id"
+    metadata_key = "vaecache_audio"
+    export_member = "audio.safetensors"
+    export_description = ("each audio set's posterior mean of the audio VAE over the clip's sound (audio/<set>, "
+                          "(C, T, F)); the set's record holds LTX-2's normalization constants")
+
+    def job(self, request: AudioRequest, store: Any, manifest: dict[str, Any], ctx: Any, device: Any,
+            given: Any) -> AudioJob:
+        return AudioJob(request, manifest, ctx, device)
+
+    def refusal(self, where: str, name: str) -> str:
+        return (f"{where}: the cache already holds audio set {name!r}, made with another audio VAE, mel or camera; "
+                "--replace replaces it")
+
+    def left_out(self, row: dict[str, Any]) -> str | None:
+        note = row.get("audio") or ""
+        return note if note.startswith("skipped") else None
+
+    def check_item(self, cache: Any, clip: str, tensors: dict[str, Any], row: dict[str, Any]) -> str | None:
+        records = getattr(cache, "_audio_records", None)
+        if records is None:
+            records = cache._audio_records = {record["id"]: record for record in cache.clip_records()}
+        if row.get("inputs") != audio_inputs(records[clip], row.get("camera_asked") or None):
+            return "made from other sources, frames or rate than the clip's"
+        if tensors[clip].dim() != 3:
+            return f"a tensor of shape {tuple(tensors[clip].shape)}, not (C, T, F)"
+        return None
+
+
+class AudioJob:
+    """One `vaecache embed --audio-vae`: the audio VAE loaded on every rank, which all read the clip records (each
+    cuts and encodes its shards' clips)."""
+
+    def __init__(self, request: AudioRequest, manifest: dict[str, Any], ctx: Any, device: Any) -> None:
+        from vaecache.audio.mel import MelSpec
+        from vaecache.settings.clip import ClipSettings
+        from vaecache.training import LatentCache
+
+        self.request, self.device = request, device
+        self.vae = loaded_on_every_rank(ctx, lambda: load_audio_vae(request.audio_vae, device,
+                                                                    request.allow_pickle_weights), "audio VAE")
+        self.mel = MelSpec.ltx2(dict(self.vae.config), n_fft=request.n_fft)
+        self.fingerprint = {"kind": AUDIO_DIR, "vae": audio_vae_fingerprint(self.vae), "mel": self.mel.to_record(),
+                            "camera": request.camera, "missing": request.missing,
+                            "stored": "posterior mean (C, T, F) in the VAE's dtype"}
+        same_on_every_rank(ctx, self.fingerprint, "audio VAE")
+        self.latents = LatentCache(request.out, verify="none", storage_options=dict(request.storage_options))
+        self.records = {record["id"]: record for record in self.latents.records()}
+        self.stride = ClipSettings.from_record(manifest.get("settings") or {}).sampling.frame_stride
+
+    def plans(self) -> list[SetPlan]:
+        ids = list(self.records)
+        sizes = [self._bytes(self.records[clip]) for clip in ids]
+        pairs = [(clip, audio_inputs(self.records[clip], self.request.camera)) for clip in ids]
+        generation = generation_of({"fingerprint": self.fingerprint, "shard_bytes": self.request.shard_bytes}, pairs)
+        columns = (("id", "string"), ("shard", "string"),
+                   *((stat, "float64") for stat in ("min", "max", "mean", "std")),
+                   ("camera", "string"), ("camera_asked", "string"), ("rate", "int32"), ("first_sample", "int64"),
+                   ("samples", "int64"), ("audio", "string"), ("inputs", "string"))
+        return [SetPlan(self.request.set_name, self.fingerprint, generation,
+                        pack_shards(ids, sizes, 1, self.request.shard_bytes), columns, summary={"clips": len(ids)})]
+
+    def _bytes(self, record: dict[str, Any]) -> int:
+        """A clip's latents' bytes, estimated from its duration (what shards are cut by)."""
+        seconds = len(record["frames"]) * self.stride / float(record.get("fps") or 1.0)
+        frames = seconds * self.mel.sample_rate / self.mel.hop_length / 4
+        return int(frames * int(self.vae.config.latent_channels) * self.mel.mel_bins / 4 * 4) + 1
+
+    def follows(self, prior: dict[str, Any], plan: SetPlan) -> bool:
+        return prior.get("fingerprint") == plan.fingerprint
+
+    def reusable(self, prior: dict[str, Any], plan: SetPlan, item: str, facts: dict[str, Any]) -> bool:
+        return facts.get("inputs") == audio_inputs(self.records[item], self.request.camera)
+
+    def compute(self, number: int, todo: dict[str, list[str]]) -> tuple[dict[str, dict[str, ComputedItem]],
+                                                                        list[str]]:
+        found: dict[str, dict[str, ComputedItem]] = {}
+        for name, clips in todo.items():
+            found[name] = {clip: self._item(clip) for clip in clips}
+        return found, []
+
+    def _item(self, clip: str) -> ComputedItem:
+        from vaecache.audio.latents import audio_posterior_mean
+        from vaecache.audio.mel import clip_mel
+        from vaecache.cache.writer import tensor_stats
+
+        record = self.records[clip]
+        facts: dict[str, Any] = {"camera_asked": self.request.camera or "", "inputs": audio_inputs(
+            record, self.request.camera)}
+        try:
+            sound = self.latents.source_audio(record, self.request.camera)
+        except AudioMissingError as exc:
+            if self.request.missing == "skip":
+                return ComputedItem({}, {**facts, "min": None, "max": None, "mean": None, "std": None, "camera": "",
+                                         "rate": 0, "first_sample": 0, "samples": 0, "audio": f"skipped: {exc}"})
+            seconds = len(record["frames"]) * self.stride / float(record["fps"])
+            count = int(seconds * self.mel.sample_rate)
+            mel = clip_mel(torch.zeros(self.mel.channels, count), self.mel.sample_rate, self.mel)
+            mean = audio_posterior_mean(self.vae, mel)[0].contiguous().cpu()
+            return ComputedItem({clip: mean}, {**facts, **tensor_stats(mean), "camera": "",
+                                               "rate": self.mel.sample_rate, "first_sample": 0, "samples": count,
+                                               "audio": f"silence: {exc}"})
+        mean = audio_posterior_mean(self.vae, clip_mel(sound.samples, sound.rate, self.mel))[0].contiguous().cpu()
+        camera = record["cameras"][record["sources"].index(sound.path)]
+        return ComputedItem({clip: mean}, {**facts, **tensor_stats(mean), "camera": camera, "rate": sound.rate,
+                                           "first_sample": sound.first_sample, "samples": sound.samples.shape[1],
+                                           "audio": ""})
+
+    def extra_tables(self, plan: SetPlan, facts: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
+        return []
+
+    def record(self, plan: SetPlan, facts: dict[str, dict[str, Any]],
+               files: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        skipped = sum(1 for row in facts.values() if (row.get("audio") or "").startswith("skipped"))
+        silenced = sum(1 for row in facts.values() if (row.get("audio") or "").startswith("silence"))
+        normalization = {"latents_mean": self.vae.latents_mean.float().tolist(),
+                         "latents_std": self.vae.latents_std.float().tolist(),
+                         "over": "channels x mel bins, packed (LTX-2: vaecache.audio.latents.normalize_audio_latents)"}
+        record = {"generation": plan.generation, "fingerprint": plan.fingerprint, "clips": len(facts),
+                  "skipped": skipped, "silenced": silenced, "normalization": normalization, **files}
+        return record, {"clips": len(facts), "skipped": skipped, "silenced": silenced}
+
+
+AUDIO = register(AudioKind())
+
+
+def embed_audio(request: AudioRequest, ctx: Any = None) -> list[Any]:
+    """Add (or with `replace`, replace) the audio set `request.set_name` to the finished cache at `request.out`:
+    each clip's sound cut to its frames, encoded by the audio VAE (vaecache.cache.embedding.embed_sets: shards split
+    across ranks, committed, resumed, repaired, copied into a grown cache). Every rank returns the same outcomes."""
+    from vaecache.cache.embedding import embed_sets
+
+    return embed_sets(AUDIO, request, ctx)
