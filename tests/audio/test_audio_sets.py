@@ -133,3 +133,21 @@ def test_an_audio_vae_of_another_class_or_no_folder_is_refused_by_name(sound_cac
     assert result.exit_code == 2 and "has no config.json" in result.output
     result = run_cli(["embed", sound_cache, "--audio-missing", "silence", "--text-encoder", "diffusers:/x"])
     assert result.exit_code == 2 and "--audio-missing applies to --audio-vae" in result.output
+
+
+def test_encode_with_an_audio_vae_adds_the_audio_set_embed_would_add(cache_with_sound: Path, audio_vae: Path,
+                                                                    run_cli: Callable, tmp_path: Path) -> None:
+    data = cache_with_sound.parent / "data"
+    args = ["--vae", "builtin:tiny", "--num-frames", "9", "--size", "32x32", "--frame-stride", "2",
+            "--window-stride", "11", "--workers", "0", "--no-progress"]
+    result = run_cli(["encode", data, "--out", tmp_path / "out", *args, "--audio-vae", f"diffusers:{audio_vae}"])
+    assert result.exit_code == 0, result.output
+    assert "audio set 'default' added" in result.output and "2 skipped" in result.output
+    embedded = Path(shutil.copytree(cache_with_sound, tmp_path / "embedded"))
+    assert run_cli(["embed", embedded, "--audio-vae", f"diffusers:{audio_vae}"]).exit_code == 0
+    ours, theirs = (json.loads((folder / "manifest.json").read_text())["audio"]["default"]
+                    for folder in (tmp_path / "out", embedded))
+    assert [s["sha256"] for s in ours["shards"]] == [s["sha256"] for s in theirs["shards"]]
+    refused = run_cli(["encode", data, "--out", tmp_path / "never", *args, "--audio-vae", f"diffusers:{tmp_path}"])
+    assert refused.exit_code == 2 and "has no config.json" in refused.output
+    assert not (tmp_path / "never" / "manifest.json").exists()

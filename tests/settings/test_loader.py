@@ -301,7 +301,8 @@ def _every_encode_key(tmp_path: Path) -> Path:
               "column": ["path=video_path", "ranges=timestamp"], "lerobot_state": False, "commit_every": 120.0,
               "storage_option": ["anon=false"], "text_encoder": "diffusers:./wan21",
               "condition": "first-frame,image-features", "image_encoder": "diffusers:./wan21",
-              "image_convention": "wan-musubi"}
+              "image_convention": "wan-musubi", "audio_vae": "diffusers:./ltx2#audio_vae", "audio_camera": "cam_1",
+              "audio_missing": "silence"}
     from vaecache.settings.options import ENCODE, options_of
 
     # every one but --vae-config, which goes with a single-file --vae (tests/vae/test_single_file.py), no other

@@ -115,6 +115,14 @@ def encode(
                 allow_pickle_weights=cfg.vae.allow_pickle_weights, storage_options=cfg.out.storage_options,
                 image_encoder=cfg.conditions.image_encoder, image_convention=cfg.conditions.image_convention),
                 ctx=ctx)
+        sounded = []
+        if cfg.audio.vae and not summary.stopped and summary.exit_code in (EXIT_OK, EXIT_PARTIAL):
+            from vaecache.audio.embed import AudioRequest, embed_audio
+
+            sounded = embed_audio(AudioRequest(
+                out=str(cfg.out.location), audio_vae=cfg.audio.vae, camera=cfg.audio.camera,
+                missing=cfg.audio.missing, device=parallel.device, allow_pickle_weights=cfg.vae.allow_pickle_weights,
+                storage_options=cfg.out.storage_options), ctx=ctx)
     if summary.stopped:
         stopped = (f"rank {ctx.info.rank} stopped by {summary.stopped}: committed shards are kept; rerun the same "
                    "command to resume")
@@ -138,6 +146,12 @@ def encode(
             state = "up to date" if done.unchanged else "replaced" if done.replaced else "added"
             console.print(escape(f"condition set {done.kind!r} {state}: {done.clips} clips, {done.views} views"),
                           soft_wrap=True)
+        for outcome in sounded:
+            state = ("up to date" if outcome.unchanged else "replaced" if outcome.replaced else
+                     "updated" if outcome.updated else "added")
+            console.print(escape(f"audio set {outcome.name!r} {state}: {outcome.extra['clips']} clips, "
+                                 f"{outcome.extra.get('skipped', 0)} skipped, {outcome.extra.get('silenced', 0)} "
+                                 "silenced (without sound)"), soft_wrap=True)
     if is_rank0 and json_file is not None:
         write_json(json_file, summary_json(summary))
     if summary.exit_code == EXIT_PARTIAL:  # torchrun reports any nonzero exit as a failure: say what it is

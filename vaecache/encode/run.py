@@ -58,8 +58,8 @@ def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None 
 
                 start = start_up(StartRequest(
                     cfg.source, cfg.vae, cfg.clip, cfg.decode, cfg.parallel, ctx.device, ctx.info.world_size,
-                    ctx.info.local_world_size, cfg.text, cfg.conditions, probe_cache=out.probes_folder(), held=held,
-                    out_ready=out_ready), ctx, meter)
+                    ctx.info.local_world_size, cfg.text, cfg.conditions, cfg.audio, probe_cache=out.probes_folder(),
+                    held=held, out_ready=out_ready), ctx, meter)
             for note in start.notes if ctx.info.rank == 0 else ():
                 log.warning("%s", note)
             records = run_records(cfg, start, ctx.info.world_size)

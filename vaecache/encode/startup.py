@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from vaecache.audio.embed import audio_vae_folder
 from vaecache.cache.sets import loaded_on_every_rank
 from vaecache.conditions.kinds import LATENT_KINDS, check_condition_vae
 from vaecache.conditions.sets import check_condition_request
@@ -22,6 +23,7 @@ from vaecache.parallel.encoders import encoder_for
 from vaecache.planning.jobs import JobPlan, plan_job, plan_notes
 from vaecache.settings.clip import ClipSettings
 from vaecache.settings.parts import (
+    AudioConfig,
     ConditionsConfig,
     DecodeConfig,
     ParallelConfig,
@@ -67,6 +69,7 @@ class StartRequest:
     """The ranks sharing this machine's cores (each gets its share, for the encode and its decode workers)."""
     text: TextConfig = TextConfig()
     conditions: ConditionsConfig = ConditionsConfig()
+    audio: AudioConfig = AudioConfig()
     probe_cache: Path | None = None
     """A folder of per-rank probe-cache files (OUT/probes) that spares opening videos probed before."""
     keep_probes: bool = False
@@ -130,6 +133,8 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
     check_vae_spec(vae_config.spec, vae_config.config, vae_config.allow_pickle_weights)
     check_text_encoder(request.text.encoder)
     condition_kinds = check_condition_request(request.conditions)
+    if request.audio.vae is not None:
+        audio_vae_folder(request.audio.vae)
     backend = resolve_decoder(request.decode.decoder, request.device, request.decode.workers)
     sampling = clip.sampling
     found = discover(source.location, options=SourceOptions(clip.cameras, sampling.frame_rate,

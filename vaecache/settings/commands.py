@@ -11,6 +11,7 @@ from vaecache.distributed.mesh import make_mesh
 from vaecache.errors import UsageError
 from vaecache.settings.clip import ClipSettings
 from vaecache.settings.parts import (
+    AudioConfig,
     ConditionsConfig,
     DecodeConfig,
     OutConfig,
@@ -35,6 +36,7 @@ class EncodeConfig:
     parallel: ParallelConfig = ParallelConfig()
     text: TextConfig = TextConfig()
     conditions: ConditionsConfig = ConditionsConfig()
+    audio: AudioConfig = AudioConfig()
     progress: bool = True
     """A progress display on rank 0 (the CLI's)."""
 

@@ -20,6 +20,7 @@ from vaecache.settings.commands import EncodeConfig, PlanConfig
 from vaecache.settings.dtypes import canonical_dtype_name
 from vaecache.settings.options import BY_SETTING, ENCODE, PLAN, check_toml_value, option_named, unknown_keys_message
 from vaecache.settings.parts import (
+    AudioConfig,
     ConditionsConfig,
     DecodeConfig,
     OutConfig,
@@ -38,7 +39,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 COMMANDS = {ENCODE: EncodeConfig, PLAN: PlanConfig}
 PARTS = {"source": SourceConfig, "vae": VaeConfig, "decode": DecodeConfig, "parallel": ParallelConfig,
-         "out": OutConfig, "text": TextConfig, "conditions": ConditionsConfig}
+         "out": OutConfig, "text": TextConfig, "conditions": ConditionsConfig, "audio": AudioConfig}
 """The parts of encode's and plan's settings (vaecache.settings.parts) besides the clip settings."""
 ROUTES: dict[str, tuple[tuple[str, str], ...]] = {
     "out": (("out", "location"),),
@@ -58,6 +59,7 @@ ROUTES: dict[str, tuple[tuple[str, str], ...]] = {
     "text_encoder": (("text", "encoder"),),
     "condition": (("conditions", "kinds"),), "image_encoder": (("conditions", "image_encoder"),),
     "image_convention": (("conditions", "image_convention"),),
+    "audio_vae": (("audio", "vae"),), "audio_camera": (("audio", "camera"),), "audio_missing": (("audio", "missing"),),
 }
 """A setting -> the (part, field)s it sets; the clip settings go to ClipSettings by field name, and a setting of
 neither kind (world_size, memory_budget, measure, progress) is the command's own field."""

@@ -213,6 +213,13 @@ OPTIONS: tuple[Option, ...] = (
            "| transformers:PATH (as `vaecache embed` takes it).", frozenset({ENCODE})),
     Option("image_convention", "--image-convention", str, "--condition image-features: wan-diffusers (default) | "
            "wan-musubi | framepack-diffusers (as `vaecache embed` takes it).", frozenset({ENCODE})),
+    Option("audio_vae", "--audio-vae", str, "Once the cache is finished, cut each clip's sound to its frames and "
+           "encode it with this audio VAE (diffusers:PATH[#audio_vae], an AutoencoderKLLTX2Audio) into the audio set "
+           "\"default\", as `vaecache embed OUT --audio-vae SPEC` does.", frozenset({ENCODE})),
+    Option("audio_camera", "--audio-camera", str, "--audio-vae: whose video's sound (default: the first camera "
+           "with an audio track).", frozenset({ENCODE})),
+    Option("audio_missing", "--audio-missing", str, "--audio-vae: a clip without sound, skip (default) | silence "
+           "(as `vaecache embed` takes it).", frozenset({ENCODE})),
     Option("hash_sources", "--hash-sources", bool, "Record each source video's sha256 (besides size and mtime): a "
            "resume then tells changed content from a touched file.", frozenset({ENCODE})),
     Option("allow_other_numerics", "--allow-other-numerics", bool, "Resume OUT on other numerics than it records "

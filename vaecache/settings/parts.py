@@ -178,6 +178,26 @@ class TextConfig:
     encoder: str | None = None
 
 
+AUDIO_MISSING_CHOICES = ("skip", "silence")
+
+
+@dataclass(frozen=True)
+class AudioConfig:
+    """encode --audio-vae: once the cache is finished, each clip's sound cut to its frames and encoded by the audio VAE
+    into the audio set "default" (vaecache.audio.embed), from `camera`'s video, a clip without sound following
+    `missing`. The VAE's folder is checked at start-up."""
+
+    vae: str | None = None
+    camera: str | None = None
+    missing: str = "skip"
+
+    def __post_init__(self) -> None:
+        if self.missing not in AUDIO_MISSING_CHOICES:
+            raise UsageError(f"--audio-missing must be one of {', '.join(AUDIO_MISSING_CHOICES)}, got {self.missing!r}")
+        if self.vae is None and self.camera is not None:
+            raise UsageError("--audio-camera applies to --audio-vae")
+
+
 @dataclass(frozen=True)
 class ConditionsConfig:
     """encode --condition KIND[,KIND]: once the cache is finished, add its image-to-video condition sets
