@@ -24,7 +24,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for key, (cls, config) in FAMILY_CONFIGS.items():
         torch.manual_seed(1234)
         module = getattr(diffusers, cls)(**config)
-        if key == "ltx":  # LTX keeps its normalization constants as buffers, not config
+        if key in ("ltx", "ltx2"):  # LTX keeps its normalization constants as buffers, not config
             module.latents_mean.copy_(LTX_MEAN)
             module.latents_std.copy_(LTX_STD)
         module.save_pretrained(root / key)

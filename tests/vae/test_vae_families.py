@@ -102,6 +102,7 @@ def test_normalization_constants_per_family(models: dict[str, Path]) -> None:
     assert (ltx["latents_mean"] == pytest.approx(LTX_MEAN.tolist())
             and ltx["latents_std"] == pytest.approx(LTX_STD.tolist()))
     assert ltx["scaling_factor"] == 1.0 and ltx["formula"] == "(z - latents_mean) * scaling_factor / latents_std"
+    assert _load(models, "ltx2").model.normalization == ltx  # LTX-2's video VAE: the same per-channel constants
     assert _load(models, "cogvideox").model.normalization == {"scaling_factor": 0.7, "formula": "z * scaling_factor"}
     assert _load(models, "hunyuan").model.normalization == {"scaling_factor": 0.5, "formula": "z * scaling_factor"}
     assert _load(models, "kl").model.normalization == {"scaling_factor": 0.3, "shift_factor": 0.1,

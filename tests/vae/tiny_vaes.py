@@ -30,6 +30,11 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
         layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1, 1),
         decoder_spatio_temporal_scaling=(True, True, False, False), decoder_inject_noise=(False,) * 5,
         upsample_residual=(False,) * 4, upsample_factor=(1,) * 4, patch_size=2, patch_size_t=1)),
+    "ltx2": ("AutoencoderKLLTX2Video", dict(
+        latent_channels=8, block_out_channels=(8, 8, 16, 16), downsample_type=("spatial", "temporal",
+                                                                              "spatiotemporal", "spatiotemporal"),
+        spatio_temporal_scaling=(True, True, True, False), layers_per_block=(1, 1, 1, 1, 1),
+        decoder_block_out_channels=(8, 16, 16), decoder_layers_per_block=(1, 1, 1, 1), patch_size=2)),
     "kl": ("AutoencoderKL", dict(
         block_out_channels=(8, 8), down_block_types=("DownEncoderBlock2D",) * 2,
         up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, norm_num_groups=4, sample_size=16,
@@ -41,6 +46,7 @@ RULES = {
     "hunyuan": (4, 4, 4, True, 9, 7, "5 and 9"),
     "cogvideox": (4, 4, 8, True, 9, 13, "9 and 17"),
     "ltx": (4, 8, 4, True, 9, 12, "9 and 13"),
+    "ltx2": (4, 8, 4, True, 9, 12, "9 and 13"),
     "kl": (1, 2, 1, False, 3, None, None),
 }
 LTX_MEAN = torch.linspace(-1, 1, 8)

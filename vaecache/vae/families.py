@@ -90,6 +90,22 @@ def _ltx_rule(config: dict[str, Any]) -> FrameRule:
     return FrameRule(2 ** temporal, patch * 2 ** spatial, causal=True, label="AutoencoderKLLTXVideo")
 
 
+def _ltx2_rule(config: dict[str, Any]) -> FrameRule:
+    # LTX2VideoEncoder3d: patchify by patch_size (space) and patch_size_t (time), then each LTX2VideoDownBlock3D with
+    # spatio_temporal_scaling halves space and/or time by its downsample_type (conv and spatiotemporal both, spatial,
+    # temporal): LTX-2's (spatial, temporal, spatiotemporal, spatiotemporal) give 32x space and 8x time.
+    if int(config.get("patch_size_t", 1)) != 1:
+        raise VaeSpecError("AutoencoderKLLTX2Video with patch_size_t != 1 is not supported")
+    count = len(config.get("block_out_channels", (256, 512, 1024, 2048)))
+    scaling = config.get("spatio_temporal_scaling", (True,) * count)
+    scaling = [scaling] * count if isinstance(scaling, bool) else list(scaling)
+    kinds = list(config.get("downsample_type", ("spatial", "temporal", "spatiotemporal", "spatiotemporal")))
+    spatial = sum(1 for i in range(count) if scaling[i] and kinds[i] in ("conv", "spatiotemporal", "spatial"))
+    temporal = sum(1 for i in range(count) if scaling[i] and kinds[i] in ("conv", "spatiotemporal", "temporal"))
+    return FrameRule(2 ** temporal, int(config.get("patch_size", 4)) * 2 ** spatial, causal=True,
+                     label="AutoencoderKLLTX2Video")
+
+
 def _image_rule(config: dict[str, Any]) -> FrameRule:
     # Encoder (2D): every block but the last halves space. Frames are encoded one by one: any count.
     return FrameRule(1, 2 ** (len(config.get("block_out_channels", (64,))) - 1), label="AutoencoderKL")
@@ -155,6 +171,9 @@ FAMILIES: dict[str, Family] = {
         Family("AutoencoderKLLTXVideo", _ltx_rule, "latent_channels", _ltx_normalization, fp16="refuse",
                fp16_reason="LTX-Video's VAE gives corrupted output in fp16 (Lightricks/LTX-Video#126); "
                            "use --dtype bf16 (the dtype it was trained in) or fp32"),
+        Family("AutoencoderKLLTX2Video", _ltx2_rule, "latent_channels", _ltx_normalization, fp16="refuse",
+               fp16_reason="LTX-2's video VAE runs in bf16 or fp32 (its pipeline's dtype); fp16 is untested there: "
+                           "use --dtype bf16 or fp32"),
         Family("AutoencoderKL", _image_rule, "latent_channels", _scale_normalization, per_frame=True, fp16="upcast",
                fp16_reason="the SD/SDXL VAEs overflow in fp16, and diffusers' pipelines run them in fp32 when "
                            "config.force_upcast is set"),
