@@ -1,4 +1,5 @@
-"""`vaecache export`: a finished cache into musubi-tuner's latent cache or WebDataset tars (streaming, atomic)."""
+"""`vaecache export`: a finished cache into musubi-tuner's latent cache, WebDataset tars or LTX-2's trainer's
+precomputed folder (streaming, atomic)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from vaecache.errors import UsageError
 def export(
     out: str = typer.Argument(..., metavar="OUT", help="A folder written by vaecache encode, or its URL "
                               "(s3://bucket/prefix)."),
-    format: str = typer.Option(..., "--format", help="musubi (musubi-tuner's latent cache) | webdataset (tar shards)."),
+    format: str = typer.Option(..., "--format", help="musubi (musubi-tuner's latent cache) | webdataset (tar shards) | "
+                               "ltx2 (LTX-2's trainer's .precomputed folder)."),
     dest: Path = typer.Option(..., "--out", "-o", help="Folder to create (must not exist); written beside it as "
                               ".NAME.tmp-PID and renamed when complete."),
     arch: Optional[str] = typer.Option(None, "--arch", help="musubi: architecture short name (wan, hv, k5; fp, hv15 "
@@ -34,11 +36,14 @@ def export(
     condition: str = typer.Option("auto", "--condition", help="musubi: the image-to-video condition written as "
                                   "musubi's Wan I2V latents_image: auto (the cache's first-frame set, if it has one) | "
                                   "first-frame | none (musubi has no first-last convention: refused)."),
+    audio_set: str = typer.Option("auto", "--audio-set", help="ltx2: the audio set (vaecache embed --audio-vae) "
+                                  "written as audio_latents: NAME | auto (the cache's only set, if it has one) | "
+                                  "none."),
     storage_option: StorageOption = None,
 ) -> None:
-    """Export a cache to the layout a trainer reads: musubi-tuner or WebDataset (Megatron-Energon)."""
+    """Export a cache to the layout a trainer reads: musubi-tuner, WebDataset (Megatron-Energon) or LTX-2's trainer."""
     from vaecache.cache.layout import VERIFY_MODES  # the cache and export packages load when export runs
-    from vaecache.export import ENERGON_MODES, EXPORT_FORMATS, export_musubi, export_webdataset
+    from vaecache.export import ENERGON_MODES, EXPORT_FORMATS, export_ltx2, export_musubi, export_webdataset
 
     if format not in EXPORT_FORMATS:
         raise UsageError(f"--format must be one of {', '.join(EXPORT_FORMATS)}, got {format!r}")
@@ -54,6 +59,8 @@ def export(
         raise UsageError("--text-set applies to --format musubi only")
     if condition != "auto" and format != "musubi":
         raise UsageError("--condition applies to --format musubi only")
+    if audio_set != "auto" and format != "ltx2":
+        raise UsageError("--audio-set applies to --format ltx2 only")
     if samples_per_tar < 1:
         raise UsageError(f"--samples-per-tar must be >= 1, got {samples_per_tar}")
     from vaecache.cache.store import open_store
@@ -66,12 +73,15 @@ def export(
     if format == "musubi":
         summary = export_musubi(cache.location, dest, arch=arch, verify=verify, storage_options=options,
                                 text_set=text_set, condition=condition)
+    elif format == "ltx2":
+        summary = export_ltx2(cache.location, dest, audio_set=audio_set, verify=verify, storage_options=options)
     else:
         summary = export_webdataset(cache.location, dest, verify=verify, samples_per_tar=samples_per_tar,
                                     energon=energon, storage_options=options)
     renamed = f", {summary.renamed} names mapped to safe ones (see index.jsonl)" if summary.renamed else ""
+    unit = "tar shards" if format == "webdataset" else "files"
     console.print(escape(f"exported {summary.clips} clips as {summary.format} to {summary.out}: {summary.files} "
-                         f"{'files' if format == 'musubi' else 'tar shards'}, {human_bytes(summary.bytes)}{renamed}"),
+                         f"{unit}, {human_bytes(summary.bytes)}{renamed}"),
                   soft_wrap=True)
     for note in summary.notes:
         console.print(escape(f"  {note}"), soft_wrap=True)

@@ -1,0 +1,93 @@
+"""`vaecache export --format ltx2`: LTX-2's trainer's .precomputed folder, each file loaded as its
+PrecomputedDataset loads it (torch.load(..., weights_only=True)), its latents normalized as ltx-core's encoders
+return them, a clip without sound without an audio file, and a dataset.jsonl naming each sample for its
+process_captions.py. scripts/check_ltx2_export.py runs LTX-2's own dataset class over an export (docs/exports.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+from tests.audio.sound import write_video_with_sound
+from vaecache.audio.latents import normalize_audio_latents
+from vaecache.training import LatentCache
+
+
+@pytest.fixture(scope="module")
+def ltx2_cache(tmp_path_factory: pytest.TempPathFactory, run_cli: Callable) -> Path:
+    from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video
+
+    root = tmp_path_factory.mktemp("ltx2")
+    torch.manual_seed(0)
+    video = AutoencoderKLLTX2Video(block_out_channels=(8, 8, 16, 16), decoder_block_out_channels=(8, 16, 16),
+                                   layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1),
+                                   latent_channels=8, patch_size=4)
+    video.latents_mean.copy_(torch.randn(8) * 0.1)
+    video.latents_std.copy_(torch.rand(8) + 0.5)
+    video.save_pretrained(root / "video_vae")
+    # LTX-2's statistics are over latent channels x mel bins / 4 = 8 x 16 = 128 features: its base_channels
+    audio = AutoencoderKLLTX2Audio(base_channels=128, ch_mult=(1, 1, 1), num_res_blocks=1, latent_channels=8,
+                                   mel_bins=64)
+    audio.latents_mean.copy_(torch.randn(128) * 0.1)
+    audio.latents_std.copy_(torch.rand(128) + 0.5)
+    audio.save_pretrained(root / "audio_vae")
+    (root / "data").mkdir()
+    write_video_with_sound(root / "data" / "talk.mp4", rate=48000, audio_offset=12000, seconds=2.0, fps=25)
+    (root / "data" / "talk.txt").write_text("a person talks")
+    result = run_cli(["encode", root / "data", "--out", root / "out", "--vae", f"diffusers:{root / 'video_vae'}",
+                      "--num-frames", "9", "--size", "64x64", "--window-stride", "12", "--workers", "0",
+                      "--no-progress", "--audio-vae", f"diffusers:{root / 'audio_vae'}"])
+    assert result.exit_code == 0, result.output
+    return root / "out"
+
+
+def test_each_sample_is_what_ltx2s_trainer_loads_normalized_as_its_encoders_return_latents(
+        ltx2_cache: Path, run_cli: Callable, tmp_path: Path) -> None:
+    result = run_cli(["export", ltx2_cache, "--format", "ltx2", "--out", tmp_path / "ltx2"])
+    assert result.exit_code == 0, result.output
+    cache = LatentCache(ltx2_cache)
+    manifest = json.loads((ltx2_cache / "manifest.json").read_text())
+    constants = manifest["audio"]["default"]["normalization"]
+    lines = [json.loads(line) for line in (tmp_path / "ltx2" / "dataset.jsonl").read_text().splitlines()]
+    assert len(lines) == len(cache) and all(line["caption"] == "a person talks" for line in lines)
+    with_sound = 0
+    for position, clip in enumerate(cache.ids()):
+        assert lines[position]["media_path"] == f"{clip}.mp4"
+        saved = torch.load(tmp_path / "ltx2" / ".precomputed" / "latents" / f"{clip}.pt", map_location="cpu",
+                           weights_only=True)
+        expected = cache.normalize(cache[position].tensors["mean"].float())[0]
+        assert torch.equal(saved["latents"], expected)
+        assert (saved["num_frames"], saved["height"], saved["width"], saved["fps"]) == (2, 2, 2, 25.0)
+        sound_file = tmp_path / "ltx2" / ".precomputed" / "audio_latents" / f"{clip}.pt"
+        item = cache[position].tensors
+        if "audio/default" not in item:  # the sound starts 0.228 s in: the first clip has none, and no file
+            assert not sound_file.exists()
+            continue
+        sound = torch.load(sound_file, map_location="cpu", weights_only=True)
+        normalized = normalize_audio_latents(item["audio/default"].float()[None],
+                                             torch.tensor(constants["latents_mean"]),
+                                             torch.tensor(constants["latents_std"]))[0]
+        assert torch.equal(sound["latents"], normalized)
+        assert (sound["num_time_steps"], sound["frequency_bins"]) == tuple(normalized.shape[1:])
+        assert sound["duration"] == pytest.approx(9 / 25, abs=1 / 48000)
+        with_sound += 1
+    assert with_sound == len(cache) - 1
+
+
+def test_only_a_cache_of_ltx2s_video_vae_is_exported(good_cache: Path, run_cli: Callable, tmp_path: Path) -> None:
+    result = run_cli(["export", good_cache, "--format", "ltx2", "--out", tmp_path / "ltx2"])
+    assert result.exit_code == 2 and "LTX-2's trainer trains on the latents of its video VAE" in result.output
+    assert not (tmp_path / "ltx2").exists()
+    result = run_cli(["export", good_cache, "--format", "musubi", "--audio-set", "x", "--out", tmp_path / "m"])
+    assert result.exit_code == 2 and "--audio-set applies to --format ltx2 only" in result.output
+
+
+def test_without_an_audio_set_the_export_holds_latents_only(ltx2_cache: Path, run_cli: Callable,
+                                                             tmp_path: Path) -> None:
+    assert run_cli(["export", ltx2_cache, "--format", "ltx2", "--audio-set", "none",
+                    "--out", tmp_path / "plain"]).exit_code == 0
+    assert not (tmp_path / "plain" / ".precomputed" / "audio_latents").exists()

@@ -1,0 +1,142 @@
+"""`vaecache export OUT --format ltx2 --out DIR`: a cache of LTX-2's video VAE (and an audio set of its audio VAE)
+as LTX-2's trainer reads it (github Lightricks/LTX-2, `packages/ltx-trainer`): `DIR/.precomputed/latents/<name>.pt`
+and `DIR/.precomputed/audio_latents/<name>.pt`, the files `scripts/process_videos.py` writes and
+`src/ltx_trainer/datasets.py:PrecomputedDataset` loads (`torch.load(..., weights_only=True)`).
+
+- **latents**: `{"latents": (C, F, H, W), "num_frames", "height", "width", "fps"}`, the latents normalized as
+  ltx-core's video encoder returns them (per channel, `(z - latents_mean) * scaling_factor / latents_std`, the
+  cache's recorded formula), `fps` the clip's own rate (the source's over the frame stride: process_videos'
+  `effective_fps`).
+- **audio_latents**: `{"latents": (C, T, F), "num_time_steps", "frequency_bins", "duration"}`, normalized as
+  ltx-core's audio encoder returns them (over the packed channels x mel bins), `duration` the clip's sound in seconds.
+  A clip without sound (skipped by the audio set) gets no audio file, as process_videos writes none for a video
+  without an audio track; PrecomputedDataset then leaves the sample out where audio latents are asked for.
+- **the captions**: `DIR/dataset.jsonl` lists each sample as `{"media_path": "<name>.mp4", "caption"}` (the clip's
+  metadata caption), so that LTX-2's own `scripts/process_captions.py DIR/dataset.jsonl --output-dir
+  DIR/.precomputed/conditions` writes the Gemma conditions under the same names (its `_embedding_output_path`).
+  vaecache has no Gemma text set yet.
+
+A multi-camera cache gives one sample per camera (LTX-2 is a single-view model), named `<clip>/<camera>`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vaecache.errors import ExportError
+from vaecache.export.common import (
+    EXPORT_INDEX,
+    ExportIndex,
+    ExportSummary,
+    finish,
+    safe_name,
+    source_of,
+    staging,
+    write_new_file,
+)
+
+PRECOMPUTED = ".precomputed"
+FAMILY = "AutoencoderKLLTX2Video"
+
+
+def _pt_bytes(data: dict[str, Any]) -> bytes:
+    """torch.save's bytes of a dict of tensors and numbers (what the trainer's weights_only load takes)."""
+    buffer = io.BytesIO()
+    torch.save(data, buffer)
+    return buffer.getvalue()
+
+
+def export_ltx2(cache_dir: Any, target: Path, audio_set: str = "auto", verify: str = "sha256",
+                storage_options: dict[str, Any] | None = None) -> ExportSummary:
+    """Write the LTX-2 trainer's precomputed folder for the cache at `cache_dir` into the new folder `target`."""
+    from vaecache.audio.latents import normalize_audio_latents
+    from vaecache.settings.clip import ClipSettings
+    from vaecache.training import LatentCache
+
+    cache = LatentCache(cache_dir, verify=verify, storage_options=storage_options)
+    family = (cache.manifest.get("vae") or {}).get("family")
+    if family != FAMILY:
+        raise ExportError(f"{cache.out}: its VAE is {family or 'unrecorded'}; LTX-2's trainer trains on the latents "
+                          f"of its video VAE ({FAMILY})")
+    audio_sets = cache.sets().get("audio") or {}
+    if audio_set == "auto":
+        chosen = next(iter(audio_sets)) if len(audio_sets) == 1 else None
+        if len(audio_sets) > 1:
+            raise ExportError(f"{cache.out}: holds audio sets {', '.join(sorted(audio_sets))}; name one with "
+                              "--audio-set (or none)")
+    elif audio_set == "none":
+        chosen = None
+    elif audio_set not in audio_sets:
+        held = ", ".join(sorted(audio_sets)) or "none"
+        raise ExportError(f"{cache.out}: has no audio set {audio_set!r} (sets: {held})")
+    else:
+        chosen = audio_set
+    audio = audio_sets.get(chosen) if chosen is not None else None
+    constants = ((cache.manifest.get("audio") or {}).get(chosen) or {}).get("normalization") if chosen else None
+    stride = ClipSettings.from_record(cache.manifest.get("settings") or {}).sampling.frame_stride
+    files = size = clips = 0
+    with staging(target) as folder:
+        latents_dir, audio_dir = folder / PRECOMPUTED / "latents", folder / PRECOMPUTED / "audio_latents"
+        latents_dir.mkdir(parents=True)
+        if audio is not None:
+            audio_dir.mkdir(parents=True)
+        index = ExportIndex(folder / EXPORT_INDEX)
+        lines = []
+        for position, clip in enumerate(cache.ids()):
+            record = cache.record(clip)
+            item = cache[position]
+            stored = item.tensors.get("mean", item.tensors.get("sample"))
+            if stored is None:
+                raise ExportError(f"{cache.out}: clip {clip} stores neither mean nor sample")
+            latents = cache.normalize(stored.float())
+            facts = audio.export_facts(clip) if audio is not None else {}
+            sound = audio.item(clip).get(f"audio/{chosen}") if audio is not None else None
+            metadata = record.get("metadata") if isinstance(record.get("metadata"), dict) else {}
+            caption = metadata.get("caption")
+            cameras = list(record["cameras"])
+            for view, camera in enumerate(cameras):
+                parts = [safe_name(part) for part in clip.split("/")]
+                if len(cameras) > 1:
+                    parts.append(safe_name(camera))
+                name = "/".join(parts)
+                renamed = name != "/".join([*clip.split("/"), *([camera] if len(cameras) > 1 else [])])
+                video = latents[view].contiguous()
+                data = _pt_bytes({"latents": video, "num_frames": int(video.shape[1]), "height": int(video.shape[2]),
+                                  "width": int(video.shape[3]), "fps": float(record["fps"]) / stride})
+                path = latents_dir / f"{name}.pt"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_new_file(path, data)
+                files, size = files + 1, size + len(data)
+                if sound is not None and constants is not None:
+                    mean = torch.tensor(constants["latents_mean"])
+                    std = torch.tensor(constants["latents_std"])
+                    try:
+                        normalized = normalize_audio_latents(sound.float()[None], mean, std)[0].contiguous()
+                    except ValueError as exc:
+                        raise ExportError(f"{cache.out}: audio set {chosen!r}: {exc}") from None
+                    audio_bytes = _pt_bytes({"latents": normalized, "num_time_steps": int(normalized.shape[1]),
+                                             "frequency_bins": int(normalized.shape[2]),
+                                             "duration": int(facts["samples"]) / int(facts["rate"])})
+                    audio_path = audio_dir / f"{name}.pt"
+                    audio_path.parent.mkdir(parents=True, exist_ok=True)
+                    write_new_file(audio_path, audio_bytes)
+                    files, size = files + 1, size + len(audio_bytes)
+                index.add(renamed=renamed, clip=clip, camera=camera, name=name,
+                          audio=sound is not None)
+                lines.append({"media_path": f"{name}.mp4", "caption": caption if isinstance(caption, str) else ""})
+            clips += 1
+        write_new_file(folder / "dataset.jsonl", "".join(json.dumps(line, ensure_ascii=False) + "\n"
+                                                         for line in lines).encode())
+        notes = ["LTX-2's trainer: PrecomputedDataset(DIR, [\"latents\", \"audio_latents\", \"conditions\"]) after "
+                 "its scripts/process_captions.py DIR/dataset.jsonl --output-dir DIR/.precomputed/conditions "
+                 "(Gemma text conditions, under the same names)"]
+        if audio is None:
+            notes.append("no audio set: latents only (vaecache embed OUT --audio-vae SPEC adds one)")
+        finish(folder, index, {"format": "ltx2", "source": source_of(cache), "clips": clips, "samples": len(lines),
+                               "audio_set": chosen, "notes": notes})
+    return ExportSummary(str(target), "ltx2", clips, files, size, index.renamed, tuple(notes))
