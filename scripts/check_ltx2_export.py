@@ -9,7 +9,7 @@ rich and einops) and:
 1. builds its `PrecomputedDataset(EXPORT, ["latents", "audio_latents"])`, as a training run with audio does, and
    `PrecomputedDataset(EXPORT, ["latents"])`, as a video-only run does;
 2. reads every sample through its `__getitem__` and checks each against the cache the export came from: the video
-   latents equal `LatentCache.normalize` of the clip's stored mean (ltx-core's encoder's normalized output),
+   latents equal ltx-core's encoder's normalization of the clip's stored mean (`vaecache.export.ltx2.ltx_normalized`),
    `num_frames`/`height`/`width` their shape, `fps` the clip's rate; the audio latents equal LTX-2's normalization
    of the clip's audio set item over the packed features; a clip the audio set skipped is left out by the trainer
    where audio latents are asked for, and kept where they are not.
@@ -33,6 +33,7 @@ if str(ROOT) not in sys.path:
 
 from vaecache import LatentCache  # noqa: E402
 from vaecache.audio.latents import normalize_audio_latents  # noqa: E402
+from vaecache.export.ltx2 import ltx_normalized  # noqa: E402
 from vaecache.settings.clip import ClipSettings  # noqa: E402
 
 
@@ -71,7 +72,7 @@ def check(export: Path, ltx_src: Path, cache_dir: Path | None = None) -> dict[st
             item = cache[position].tensors
             view = list(cache.record(entry["clip"])["cameras"]).index(entry["camera"])
             video = sample["latents"]
-            expected = cache.normalize(item["mean"].float())[view]
+            expected = ltx_normalized(item["mean"], cache.normalization)[view]
             if not torch.equal(video["latents"], expected):
                 problems.append(f"{name}: video latents differ from the cache's normalized mean")
             if (video["num_frames"], video["height"], video["width"]) != tuple(expected.shape[1:]):

@@ -292,3 +292,11 @@ def test_bench_conditions_prints_both_commands_and_the_stages(capsys, tmp_path):
     assert result["workload"]["views"] == 2 and result["encode_s"] > 0 and result["embed_condition_s"] > 0
     assert set(result["per_view"]) == {"decode_s", "latent_encode_s", "condition_encode_s"}
     assert 0 < result["second_pass_over_trainer"] < 1
+
+
+def test_bench_audio_prints_each_stage_beside_the_video_encode(capsys):
+    result = load_script("bench_audio").main(["--smoke"])
+    assert printed_json(capsys) == json.loads(json.dumps(result))
+    assert set(result["seconds_per_clip"]) == {"audio_cut", "mel", "audio_encode", "video_encode"}
+    assert all(value > 0 for value in result["seconds_per_clip"].values()) and result["sound_over_video"] > 0
+    assert result["audio_latent_shape"][:2] == [1, 8] and result["machine"]["cores"] >= 1

@@ -21,6 +21,7 @@ STREAMS = {
     "aac-mono-48k-starting-late": {"rate": 48000, "layout": "mono", "audio_offset": 24000},
     "aac-5.1-48k": {"rate": 48000, "layout": "5.1"},
     "pcm-s16-16k-starting-late": {"rate": 16000, "codec": "pcm_s16le", "audio_offset": 8000},  # FFmpeg's s16 -> f32
+    "opus-stereo-48k": {"rate": 48000, "layout": "stereo", "codec": "libopus"},  # pre-skip through the edit list
 }
 WINDOWS = [(0, 9, 1), (13, 17, 1), (20, 5, 2), (37, 9, 1), (45, 9, 1)]
 """(first frame, frames, frame stride): clips at any offset, one with a stride, one running past the audio's end."""

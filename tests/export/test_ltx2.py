@@ -14,6 +14,7 @@ import torch
 
 from tests.audio.sound import write_video_with_sound
 from vaecache.audio.latents import normalize_audio_latents
+from vaecache.export.ltx2 import ltx_normalized
 from vaecache.training import LatentCache
 
 
@@ -59,7 +60,7 @@ def test_each_sample_is_what_ltx2s_trainer_loads_normalized_as_its_encoders_retu
         assert lines[position]["media_path"] == f"{clip}.mp4"
         saved = torch.load(tmp_path / "ltx2" / ".precomputed" / "latents" / f"{clip}.pt", map_location="cpu",
                            weights_only=True)
-        expected = cache.normalize(cache[position].tensors["mean"].float())[0]
+        expected = ltx_normalized(cache[position].tensors["mean"], cache.normalization)[0]
         assert torch.equal(saved["latents"], expected)
         assert (saved["num_frames"], saved["height"], saved["width"], saved["fps"]) == (2, 2, 2, 25.0)
         sound_file = tmp_path / "ltx2" / ".precomputed" / "audio_latents" / f"{clip}.pt"
@@ -91,3 +92,22 @@ def test_without_an_audio_set_the_export_holds_latents_only(ltx2_cache: Path, ru
     assert run_cli(["export", ltx2_cache, "--format", "ltx2", "--audio-set", "none",
                     "--out", tmp_path / "plain"]).exit_code == 0
     assert not (tmp_path / "plain" / ".precomputed" / "audio_latents").exists()
+
+
+def test_a_bf16_cache_exports_bf16_latents_in_ltx_cores_arithmetic(ltx2_cache: Path, run_cli: Callable,
+                                                                   tmp_path: Path) -> None:
+    """LTX-2's trainer encodes video in bf16 and ltx-core normalizes in bf16: a cache encoded in bf16 exports that."""
+    root = ltx2_cache.parent
+    result = run_cli(["encode", root / "data", "--out", tmp_path / "bf16", "--vae", f"diffusers:{root / 'video_vae'}",
+                      "--num-frames", "9", "--size", "64x64", "--window-stride", "12", "--workers", "0",
+                      "--dtype", "bf16", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert run_cli(["export", tmp_path / "bf16", "--format", "ltx2", "--out", tmp_path / "ltx2"]).exit_code == 0
+    cache = LatentCache(tmp_path / "bf16")
+    clip = cache.ids()[0]
+    saved = torch.load(tmp_path / "ltx2" / ".precomputed" / "latents" / f"{clip}.pt", weights_only=True)
+    stored = cache[0].tensors["mean"]
+    mean = torch.tensor(cache.normalization["latents_mean"]).view(1, -1, 1, 1, 1).to(torch.bfloat16)
+    std = torch.tensor(cache.normalization["latents_std"]).view(1, -1, 1, 1, 1).to(torch.bfloat16)
+    assert stored.dtype == saved["latents"].dtype == torch.bfloat16
+    assert torch.equal(saved["latents"], ((stored - mean) / std)[0])  # PerChannelStatistics.normalize, in bf16

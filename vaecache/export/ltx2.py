@@ -4,9 +4,9 @@ and `DIR/.precomputed/audio_latents/<name>.pt`, the files `scripts/process_video
 `src/ltx_trainer/datasets.py:PrecomputedDataset` loads (`torch.load(..., weights_only=True)`).
 
 - **latents**: `{"latents": (C, F, H, W), "num_frames", "height", "width", "fps"}`, the latents normalized as
-  ltx-core's video encoder returns them (per channel, `(z - latents_mean) * scaling_factor / latents_std`, the
-  cache's recorded formula), `fps` the clip's own rate (the source's over the frame stride: process_videos'
-  `effective_fps`).
+  ltx-core's video encoder returns them (`ltx_normalized`: per channel, in its arithmetic and the cache's stored
+  dtype, bf16 for a cache encoded in bf16 as the trainer encodes), `fps` the clip's own rate (the source's over the
+  frame stride: process_videos' `effective_fps`). Audio latents are float32, as the trainer's audio VAE computes.
 - **audio_latents**: `{"latents": (C, T, F), "num_time_steps", "frequency_bins", "duration"}`, normalized as
   ltx-core's audio encoder returns them (over the packed channels x mel bins), `duration` the clip's sound in seconds.
   A clip without sound (skipped by the audio set) gets no audio file, as process_videos writes none for a video
@@ -44,6 +44,19 @@ PRECOMPUTED = ".precomputed"
 FAMILY = "AutoencoderKLLTX2Video"
 
 
+def ltx_normalized(stored: torch.Tensor, normalization: dict[str, Any]) -> torch.Tensor:
+    """(cameras, C, F, H, W) stored means -> what ltx-core's video encoder returns, in its arithmetic and the stored
+    dtype (bf16 where the cache was encoded in bf16, as LTX-2's trainer encodes): `(z - mean-of-means) /
+    std-of-means` per channel (`PerChannelStatistics.normalize`), times the config's scaling_factor where it is not
+    1 (diffusers' `(z - latents_mean) * scaling_factor / latents_std`)."""
+    mean = torch.tensor(normalization["latents_mean"]).view(1, -1, 1, 1, 1).to(stored)
+    std = torch.tensor(normalization["latents_std"]).view(1, -1, 1, 1, 1).to(stored)
+    scale = float(normalization.get("scaling_factor", 1.0))
+    if scale == 1.0:
+        return (stored - mean) / std
+    return (stored - mean) * scale / std
+
+
 def _pt_bytes(data: dict[str, Any]) -> bytes:
     """torch.save's bytes of a dict of tensors and numbers (what the trainer's weights_only load takes)."""
     buffer = io.BytesIO()
@@ -63,6 +76,10 @@ def export_ltx2(cache_dir: Any, target: Path, audio_set: str = "auto", verify: s
     if family != FAMILY:
         raise ExportError(f"{cache.out}: its VAE is {family or 'unrecorded'}; LTX-2's trainer trains on the latents "
                           f"of its video VAE ({FAMILY})")
+    normalization = (cache.manifest.get("vae") or {}).get("normalization") or {}
+    if not normalization.get("latents_mean") or not normalization.get("latents_std"):
+        raise ExportError(f"{cache.out}: records no latents_mean/latents_std for its VAE (LTX-2's trainer trains on "
+                          "normalized latents)")
     audio_sets = cache.sets().get("audio") or {}
     if audio_set == "auto":
         chosen = next(iter(audio_sets)) if len(audio_sets) == 1 else None
@@ -93,7 +110,7 @@ def export_ltx2(cache_dir: Any, target: Path, audio_set: str = "auto", verify: s
             stored = item.tensors.get("mean", item.tensors.get("sample"))
             if stored is None:
                 raise ExportError(f"{cache.out}: clip {clip} stores neither mean nor sample")
-            latents = cache.normalize(stored.float())
+            latents = ltx_normalized(stored, normalization)
             facts = audio.export_facts(clip) if audio is not None else {}
             sound = audio.item(clip).get(f"audio/{chosen}") if audio is not None else None
             metadata = record.get("metadata") if isinstance(record.get("metadata"), dict) else {}
