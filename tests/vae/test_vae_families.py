@@ -84,7 +84,12 @@ def test_encode_cli_stores_the_family_latents(models: dict[str, Path], data_root
         assert manifest["vae"]["normalization"] == {"scaling_factor": 0.5, "formula": "z * scaling_factor"}
     (clip,) = cache_io.clips(out)
     tensors = cache_io.tensors(out)
-    mean, logvar = _reference_together(_load(models, key), views[:, :, :frames])
+    vae = _load(models, key)
+    if FAMILIES[vae.model.family].one_view_per_forward:  # --views-per-forward all comes to 1, as recorded
+        assert manifest["settings"]["views_per_forward"] == 1
+        mean, logvar = _reference(vae, views[:, :, :frames])
+    else:
+        mean, logvar = _reference_together(vae, views[:, :, :frames])
     assert torch.equal(tensors[clip["tensors"]["mean"]["name"]], mean)
     assert torch.equal(tensors[clip["tensors"]["logvar"]["name"]], logvar)
 
@@ -105,6 +110,8 @@ def test_normalization_constants_per_family(models: dict[str, Path]) -> None:
     assert _load(models, "ltx2").model.normalization == ltx  # LTX-2's video VAE: the same per-channel constants
     assert _load(models, "cogvideox").model.normalization == {"scaling_factor": 0.7, "formula": "z * scaling_factor"}
     assert _load(models, "hunyuan").model.normalization == {"scaling_factor": 0.5, "formula": "z * scaling_factor"}
+    assert _load(models, "hunyuan15").model.normalization == {"scaling_factor": 1.03682,
+                                                              "formula": "z * scaling_factor"}
     assert _load(models, "kl").model.normalization == {"scaling_factor": 0.3, "shift_factor": 0.1,
                                                  "formula": "(z - shift_factor) * scaling_factor"}
 
@@ -113,3 +120,14 @@ def test_unsupported_class_lists_supported_ones(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKLMochi"}))
     with pytest.raises(VaeSpecError, match="'AutoencoderKLMochi' is not supported; supported: " + ", ".join(FAMILIES)):
         load_vae(f"diffusers:{tmp_path}")
+
+
+def test_a_family_that_encodes_one_view_per_forward_refuses_more_by_name(models: dict[str, Path], data_root: Path,
+                                                                         tmp_path: Path, run_cli: Any) -> None:
+    result = run_cli(["encode", data_root, "--out", tmp_path / "cache", "--vae", f"diffusers:{models['hunyuan15']}",
+                      "--num-frames", "5", "--size", f"{SIZE}x{SIZE}", "--workers", "0", "--no-progress",
+                      "--views-per-forward", "2"])
+    assert result.exit_code == 2
+    assert "--views-per-forward 2: AutoencoderKLHunyuanVideo15 encodes one view per forward" in result.output
+    assert not (tmp_path / "cache" / "manifest.json").exists()
+

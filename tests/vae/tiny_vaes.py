@@ -19,6 +19,9 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
         block_out_channels=(8, 8, 8), down_block_types=("HunyuanVideoDownBlock3D",) * 3,
         up_block_types=("HunyuanVideoUpBlock3D",) * 3, latent_channels=4, layers_per_block=1, norm_num_groups=4,
         spatial_compression_ratio=4, temporal_compression_ratio=4, scaling_factor=0.5)),
+    "hunyuan15": ("AutoencoderKLHunyuanVideo15", dict(
+        block_out_channels=(8, 8, 16), layers_per_block=1, latent_channels=4, spatial_compression_ratio=4,
+        temporal_compression_ratio=2, scaling_factor=1.03682)),
     "cogvideox": ("AutoencoderKLCogVideoX", dict(
         block_out_channels=(8, 8, 8), down_block_types=("CogVideoXDownBlock3D",) * 3,
         up_block_types=("CogVideoXUpBlock3D",) * 3, latent_channels=4, layers_per_block=1, norm_num_groups=4,
@@ -44,6 +47,7 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
 RULES = {
     "wan": (2, 4, 4, True, 5, 10, "9 and 13"),
     "hunyuan": (4, 4, 4, True, 9, 7, "5 and 9"),
+    "hunyuan15": (2, 4, 2, True, 5, 4, "3 and 5"),
     "cogvideox": (4, 4, 8, True, 9, 13, "9 and 17"),
     "ltx": (4, 8, 4, True, 9, 12, "9 and 13"),
     "ltx2": (4, 8, 4, True, 9, 12, "9 and 13"),

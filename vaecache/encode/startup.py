@@ -37,7 +37,7 @@ from vaecache.sources.scene import Scene, SceneProbe, SourceOptions
 from vaecache.text.encoder import check_text_encoder
 from vaecache.urls import HeldObjects
 from vaecache.vae import VaeRunner, load_vae
-from vaecache.vae.specs import check_vae_spec
+from vaecache.vae.specs import check_vae_spec, spec_family
 from vaecache.video.backends import Backend, resolve_decoder
 
 log = logging.getLogger("vaecache")
@@ -131,6 +131,7 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
     source, vae_config, clip, parallel = request.source, request.vae, request.clip, request.parallel
     # a typo costs nothing: refused before any video is probed
     check_vae_spec(vae_config.spec, vae_config.config, vae_config.allow_pickle_weights)
+    views_asked = one_view_family_views(vae_config.spec, clip.views_per_forward)
     check_text_encoder(request.text.encoder)
     condition_kinds = check_condition_request(request.conditions)
     if request.audio.vae is not None:
@@ -155,7 +156,7 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
                                held=request.held)
     encoder = encoder_for(parallel.sp_mode)
     job = plan_job(found.scenes, probed.probes, sampling, request.world_size, parallel.sp_size, parallel.batch_size,
-                   sizes=clip.sizes, views_per_forward=encoder.views_per_forward(clip.views_per_forward),
+                   sizes=clip.sizes, views_per_forward=encoder.views_per_forward(views_asked),
                    device_type=request.device.type)
     job = dataclasses.replace(job, skipped=(*found.rejected, *job.skipped))
     notes = plan_notes(job, parallel, request.device.type, threads.torch)
@@ -193,3 +194,18 @@ def has_image_cameras(scenes: Sequence[Scene]) -> bool:
 
     return any((scene.listing is not None and scene.listing.lists_frames) or any(map(is_image_source, scene.paths))
                for scene in scenes)
+
+
+def one_view_family_views(spec: str, asked: int | str) -> int | str:
+    """--views-per-forward for a VAE family that encodes one view per forward (vae.families.Family
+    .one_view_per_forward): 1 for auto and all (recorded as 1: what was run), a larger K refused naming why."""
+    from vaecache.vae.families import FAMILIES
+
+    family = FAMILIES.get(spec_family(spec) or "")
+    if family is None or not family.one_view_per_forward:
+        return asked
+    if isinstance(asked, int) and asked > 1:
+        raise UsageError(f"--views-per-forward {asked}: {family.name} encodes one view per forward "
+                         f"({family.one_view_per_forward})")
+    return 1
+

@@ -66,6 +66,22 @@ def _hunyuan_rule(config: dict[str, Any]) -> FrameRule:
     return FrameRule(2 ** temporal, 2 ** spatial, causal=True, label="AutoencoderKLHunyuanVideo")
 
 
+def _hunyuan15_rule(config: dict[str, Any]) -> FrameRule:
+    # HunyuanVideo15Encoder3D builds log2(spatial_compression_ratio) spatial downsamples, the last
+    # log2(temporal_compression_ratio) of them temporal too (causal: 1 + tk frames map to 1 + k); HunyuanVideo 1.5:
+    # 16x space, 4x time, read from the config as the encoder reads them.
+    temporal = int(config.get("temporal_compression_ratio", 4))
+    spatial = int(config.get("spatial_compression_ratio", 16))
+    blocks = len(config.get("block_out_channels", (128, 256, 512, 1024, 1024)))
+    if spatial < 1 or spatial & (spatial - 1) or temporal < 1 or temporal & (temporal - 1) or temporal > spatial:
+        raise VaeSpecError(f"AutoencoderKLHunyuanVideo15 compression {spatial}x space, {temporal}x time: both must be "
+                           "powers of 2, time at most space")
+    if spatial.bit_length() - 1 > blocks:
+        raise VaeSpecError(f"AutoencoderKLHunyuanVideo15 spatial_compression_ratio {spatial} needs "
+                           f"{spatial.bit_length() - 1} encoder blocks, the config has {blocks}")
+    return FrameRule(temporal, spatial, causal=True, label="AutoencoderKLHunyuanVideo15")
+
+
 def _ltx_rule(config: dict[str, Any]) -> FrameRule:
     # LTXVideoEncoder3d: patchify by patch_size (space) and patch_size_t (time), then each scaling
     # block halves space and/or time: LTXVideoDownBlock3D both; LTXVideo095DownBlock3D per
@@ -159,12 +175,18 @@ class Family:
     fp16: str = "ok"
     """"ok"; "upcast": compute in fp32 when config.force_upcast is set; "refuse"."""
     fp16_reason: str = ""
+    one_view_per_forward: str = ""
+    """Why the family encodes one view per forward whatever --views-per-forward asks (empty: it batches views)."""
 
 
 FAMILIES: dict[str, Family] = {
     family.name: family for family in (
         Family("AutoencoderKLWan", _wan_rule, "z_dim", _wan_normalization),
         Family("AutoencoderKLHunyuanVideo", _hunyuan_rule, "latent_channels", _scale_normalization),
+        Family("AutoencoderKLHunyuanVideo15", _hunyuan15_rule, "latent_channels", _scale_normalization,
+               one_view_per_forward="diffusers' HunyuanVideo15 causal attention (autoencoder_kl_hunyuanvideo15.py, "
+                                    "0.42) builds its mask for a batch it cannot broadcast: a forward of 2 or more "
+                                    "views fails"),
         Family("AutoencoderKLCogVideoX", _cogvideox_rule, "latent_channels", _scale_normalization, fp16="upcast",
                fp16_reason="CogVideoX models other than 2B were trained in bf16 and give NaNs in fp16 "
                            "(zai-org/CogVideo#559, #637); its config sets force_upcast"),

@@ -57,4 +57,20 @@ def check_vae_spec(spec: str, vae_config: str | None = None, allow_pickle_weight
                           allow_pickle_weights)
 
 
-__all__ = ["check_vae_spec"]
+def spec_family(spec: str) -> str | None:
+    """The diffusers class a `diffusers:FOLDER[#subfolder]` spec's config.json names, read without loading anything
+    (None: another kind of spec, or a config that does not say)."""
+    import json
+
+    parts = path_part(spec)
+    if parts is None or parts[0] != "diffusers:":
+        return None
+    folder = Path(parts[1]).expanduser() / parts[2].lstrip("#") if parts[2] else Path(parts[1]).expanduser()
+    try:
+        name = json.loads((folder / "config.json").read_text()).get("_class_name")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) else None
+
+
+__all__ = ["check_vae_spec", "spec_family"]
