@@ -147,8 +147,9 @@ class AudioJob:
 
     def __init__(self, request: AudioRequest, manifest: dict[str, Any], ctx: Any, device: Any) -> None:
         from vaecache.audio.mel import MelSpec
+        from vaecache.cache.reader import CacheReader
+        from vaecache.cache.store import open_store
         from vaecache.settings.clip import ClipSettings
-        from vaecache.training import LatentCache
 
         self.request, self.device = request, device
         self.vae = loaded_on_every_rank(ctx, lambda: load_audio_vae(request.audio_vae, device,
@@ -158,8 +159,8 @@ class AudioJob:
                             "camera": request.camera, "missing": request.missing,
                             "stored": "posterior mean (C, T, F) in the VAE's dtype"}
         same_on_every_rank(ctx, self.fingerprint, "audio VAE")
-        self.latents = LatentCache(request.out, verify="none", storage_options=dict(request.storage_options))
-        self.records = {record["id"]: record for record in self.latents.records()}
+        reader = CacheReader(open_store(request.out, dict(request.storage_options)))
+        self.records = {record["id"]: record for record in reader.clip_records()}
         self.stride = ClipSettings.from_record(manifest.get("settings") or {}).sampling.frame_stride
 
     def plans(self) -> list[SetPlan]:
@@ -196,13 +197,14 @@ class AudioJob:
     def _item(self, clip: str) -> ComputedItem:
         from vaecache.audio.latents import audio_posterior_mean
         from vaecache.audio.mel import clip_mel
+        from vaecache.audio.track import record_audio
         from vaecache.cache.writer import tensor_stats
 
         record = self.records[clip]
         facts: dict[str, Any] = {"camera_asked": self.request.camera or "", "inputs": audio_inputs(
             record, self.request.camera)}
         try:
-            sound = self.latents.source_audio(record, self.request.camera)
+            sound = record_audio(record, self.stride, self.request.camera)
         except AudioMissingError as exc:
             if self.request.missing == "skip":
                 return ComputedItem({}, {**facts, "min": None, "max": None, "mean": None, "std": None, "camera": "",

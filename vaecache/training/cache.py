@@ -15,7 +15,6 @@ from vaecache.cache.layout import SHARDS_DIR, VERIFY_MODES
 from vaecache.cache.reader import CacheReader, record_problem
 from vaecache.cache.table import CLIP_TABLE
 from vaecache.errors import (
-    AudioMissingError,
     IncompleteCacheError,
     NormalizationError,
     OutputError,
@@ -295,40 +294,12 @@ class LatentCache:
         `camera`: whose video's audio (default: the first camera whose video has an audio track). A source changed
         since the clip was encoded raises SourceChangedError; no audio track, or one that does not cover the window,
         AudioMissingError naming the file."""
-        from vaecache.audio.track import AudioWindow, cut_audio, has_audio
-        from vaecache.cache.provenance import identity_change, source_identity
+        from vaecache.audio.track import record_audio
         from vaecache.settings.clip import ClipSettings
-        from vaecache.video.frames import is_image_source
-        from vaecache.video.reader import VideoReader
-        from vaecache.video.spans import span_of
 
         record = key if isinstance(key, dict) else self.record(key)
-        cameras, sources = list(record["cameras"]), list(record["sources"])
-        if camera is not None and camera not in cameras:
-            raise KeyError(f"clip {record['id']} has no camera {camera!r} (cameras: {', '.join(cameras)})")
-        files = record.get("frame_files") if isinstance(record.get("frame_files"), dict) else {}
-        chosen = [cameras.index(camera)] if camera is not None else list(range(len(cameras)))
-        videos = [c for c in chosen if not files.get(cameras[c]) and not is_image_source(sources[c])]
-        for c in videos:
-            if span_of(sources[c]) is not None:
-                raise AudioMissingError(f"{sources[c]}: the audio of one episode of a file is not read yet "
-                                        f"(clip {record['id']})")
-        position = next((c for c in videos if has_audio(sources[c])), None)
-        if position is None:
-            raise AudioMissingError(f"{', '.join(str(sources[c]) for c in chosen)}: no audio track "
-                                    f"(clip {record['id']}{', an image sequence' if not videos else ''})")
-        path = sources[position]
-        recorded = (record.get("source_identity") or [None] * len(cameras))[position]
-        if recorded:
-            change = identity_change(recorded, source_identity(path, bool(recorded.get("sha256"))))
-            if change is not None:
-                raise SourceChangedError(f"{path} ({cameras[position]} of clip {record['id']}): {change} since it "
-                                         "was encoded; its latents no longer match it")
-        frames = (record.get("camera_frames") or {}).get(cameras[position]) or record["frames"]
         stride = ClipSettings.from_record(self.manifest.get("settings") or {}).sampling.frame_stride
-        with VideoReader(path) as video:
-            start = video.frame_time(frames[0])
-        return cut_audio(path, AudioWindow.of_clip(start, len(frames), float(record["fps"]) / stride))
+        return record_audio(record, stride, camera)
 
     def tensors_of(self, record: dict[str, Any]) -> dict[str, torch.Tensor]:
         """A clip's stored tensors, read from its (lazily opened, checked once) shard."""
