@@ -120,7 +120,7 @@ class AudioKind(SetKind):
 
     def job(self, request: AudioRequest, store: Any, manifest: dict[str, Any], ctx: Any, device: Any,
             given: Any) -> AudioJob:
-        return AudioJob(request, manifest, ctx, device)
+        return AudioJob(request, store, manifest, ctx, device)
 
     def refusal(self, where: str, name: str) -> str:
         return (f"{where}: the cache already holds audio set {name!r}, made with another audio VAE, mel or camera; "
@@ -145,10 +145,9 @@ class AudioJob:
     """One `vaecache embed --audio-vae`: the audio VAE loaded on every rank, which all read the clip records (each
     cuts and encodes its shards' clips)."""
 
-    def __init__(self, request: AudioRequest, manifest: dict[str, Any], ctx: Any, device: Any) -> None:
+    def __init__(self, request: AudioRequest, store: Any, manifest: dict[str, Any], ctx: Any, device: Any) -> None:
         from vaecache.audio.mel import MelSpec
         from vaecache.cache.reader import CacheReader
-        from vaecache.cache.store import open_store
         from vaecache.settings.clip import ClipSettings
 
         self.request, self.device = request, device
@@ -159,8 +158,7 @@ class AudioJob:
                             "camera": request.camera, "missing": request.missing,
                             "stored": "posterior mean (C, T, F) in the VAE's dtype"}
         same_on_every_rank(ctx, self.fingerprint, "audio VAE")
-        reader = CacheReader(open_store(request.out, dict(request.storage_options)))
-        self.records = {record["id"]: record for record in reader.clip_records()}
+        self.records = {record["id"]: record for record in CacheReader(store).clip_records()}
         self.stride = ClipSettings.from_record(manifest.get("settings") or {}).sampling.frame_stride
 
     def plans(self) -> list[SetPlan]:
