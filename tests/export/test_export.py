@@ -293,12 +293,46 @@ def test_musubi_hunyuan_and_kandinsky5_exports(hunyuan_cache: Path, tmp_path: Pa
     assert manifest["tensor"] == "posterior mean, (C, F, H, W)"
 
 
+def test_musubi_hunyuan_video_1_5_export_is_the_raw_mean_musubi_caches(demo_data: Path, tmp_path: Path,
+                                                                      run_cli) -> None:
+    """hv15: musubi-tuner's hv_1_5_cache_latents.py stores vae.encode(...)[0].mode() unscaled, keyed
+    latents_{F}x{H}x{W}_{dtype}, and its trainer scales by 1.03682: the export is the stored mean itself."""
+    from diffusers import AutoencoderKLHunyuanVideo15
+
+    torch.manual_seed(0)
+    AutoencoderKLHunyuanVideo15(block_out_channels=(8, 16, 64), layers_per_block=1, latent_channels=32,
+                                spatial_compression_ratio=4, temporal_compression_ratio=4,
+                                scaling_factor=1.03682).save_pretrained(tmp_path / "vae")
+    result = run_cli(["encode", demo_data, "--out", tmp_path / "cache", "--vae", f"diffusers:{tmp_path / 'vae'}",
+                      "--num-frames", "5", "--size", "32x32", "--workers", "0", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    result = run_cli(["export", tmp_path / "cache", "--format", "musubi", "-o", tmp_path / "hv15"])
+    assert result.exit_code == 0, result.output
+    cache = LatentCache(tmp_path / "cache")
+    files = _musubi_files(tmp_path / "hv15")
+    index = [json.loads(line) for line in (tmp_path / "hv15" / "index.jsonl").read_text().splitlines()]
+    assert files and all(name.endswith("_hv15.safetensors") for name in files)
+    for entry in (e for e in index if e["file"] in files):
+        item = cache[cache.ids().index(entry["clip"])]
+        mean = item.mean[item.cameras.index(entry["camera"])]
+        (key, latent), = files[entry["file"]].items()
+        assert key == "latents_2x8x8_float32" and torch.equal(latent, mean)
+    assert json.loads((tmp_path / "hv15" / "export.json").read_text())["architecture_full"] == "hunyuan_video_1_5"
+    edited = tmp_path / "cache" / "manifest.json"
+    manifest = json.loads(edited.read_text())
+    manifest["vae"]["normalization"]["scaling_factor"] = 1.0
+    edited.write_text(json.dumps(manifest))
+    result = run_cli(["export", tmp_path / "cache", "--format", "musubi", "-o", tmp_path / "other", "--verify", "none"])
+    assert result.exit_code == 2 and "not HunyuanVideo 1.5's 1.03682" in result.output
+
+
 def test_musubi_refuses_what_it_cannot_export_before_writing(good_cache: Path, hunyuan_cache: Path, tmp_path: Path,
                                                              run_cli) -> None:
     cases = [
         (good_cache, "fp", "FramePack's training batches also need image_embeddings"),
         (good_cache, "qi", "Qwen-Image is an image architecture"),
-        (good_cache, "hv15", "HunyuanVideo 1.5 trains on its own VAE"),
+        (good_cache, "hv15", "--arch hv15 trains on AutoencoderKLHunyuanVideo15 latents, this cache holds "
+                             "AutoencoderKLWan"),
         (good_cache, "hv", "--arch hv trains on AutoencoderKLHunyuanVideo latents, this cache holds AutoencoderKLWan"),
         (good_cache, "k5", "--arch k5 trains on AutoencoderKLHunyuanVideo latents"),
         (hunyuan_cache, "wan",

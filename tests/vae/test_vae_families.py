@@ -131,3 +131,13 @@ def test_a_family_that_encodes_one_view_per_forward_refuses_more_by_name(models:
     assert "--views-per-forward 2: AutoencoderKLHunyuanVideo15 encodes one view per forward" in result.output
     assert not (tmp_path / "cache" / "manifest.json").exists()
 
+
+
+def test_a_hunyuan15_config_its_encoder_cannot_run_is_refused_by_name() -> None:
+    from vaecache.errors import VaeSpecError
+
+    with pytest.raises(VaeSpecError, match="last block's 16 channels cannot hold 2 x 32 latent channels"):
+        FAMILIES["AutoencoderKLHunyuanVideo15"].rule({"block_out_channels": (8, 8, 16), "latent_channels": 32,
+                                                      "spatial_compression_ratio": 4, "temporal_compression_ratio": 2})
+    rule = FAMILIES["AutoencoderKLHunyuanVideo15"].rule({})  # the release's: 16x space, 4x time
+    assert (rule.temporal_factor, rule.spatial_factor, rule.causal) == (4, 16, True)

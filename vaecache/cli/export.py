@@ -22,9 +22,9 @@ def export(
                                "ltx2 (LTX-2's trainer's .precomputed folder)."),
     dest: Path = typer.Option(..., "--out", "-o", help="Folder to create (must not exist); written beside it as "
                               ".NAME.tmp-PID and renamed when complete."),
-    arch: Optional[str] = typer.Option(None, "--arch", help="musubi: architecture short name (wan, hv, k5; fp, hv15 "
+    arch: Optional[str] = typer.Option(None, "--arch", help="musubi: architecture short name (wan, hv, k5, hv15; fp "
                                        "and qi are refused with the reason); default from the VAE family (Wan: wan, "
-                                       "HunyuanVideo: hv)."),
+                                       "HunyuanVideo: hv, HunyuanVideo 1.5: hv15)."),
     samples_per_tar: int = typer.Option(1000, "--samples-per-tar", help="webdataset: clips per tar shard (each tar "
                                         "holds one latent shape)."),
     energon: str = typer.Option("auto", "--energon", help="webdataset: prepare DIR for Megatron-Energon with its own "

@@ -45,6 +45,9 @@ WAN_LATENTS_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.074
                    3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160)
 """The Wan 2.1 VAE's per-channel statistics musubi-tuner hard-codes (wan/modules/vae.py:663-698, WanVAE.__init__);
 its Wan caching normalizes with these whatever the weights, so a cache recording others is refused."""
+HUNYUAN15_SCALING_FACTOR = 1.03682
+"""HunyuanVideo 1.5's VAE scaling factor, musubi-tuner's hunyuan_video_1_5/hunyuan_video_1_5_vae.py:835
+(VAE_SCALING_FACTOR), which its hv15 trainer multiplies the cached latents by (hv_1_5_train_network.py:369-371)."""
 HUNYUAN_SCALING_FACTOR = 0.476986
 """HunyuanVideo's scaling factor, musubi-tuner's hunyuan_model/vae.py:21 (SCALING_FACTOR) and the default of
 kandinsky5/models/vae.py's AutoencoderKLHunyuanVideo config."""
@@ -124,13 +127,17 @@ MUSUBI_ARCHITECTURES: dict[str, MusubiArch] = {arch.short: arch for arch in (
                "encoder and FramePack's section layout (latent_indices, latents_clean, clean_latent_indices: "
                "fpack_cache_latents.py), which a VAE cache does not hold; cache FramePack latents with musubi-tuner's "
                "fpack_cache_latents.py"),
-    MusubiArch("hv15", "hunyuan_video_1_5", refused="HunyuanVideo 1.5 trains on its own VAE (32 channels, 16x spatial "
-               "compression: hunyuan_video_1_5/hunyuan_video_1_5_vae.py), a family vaecache does not load"),
+    MusubiArch("hv15", "hunyuan_video_1_5", "AutoencoderKLHunyuanVideo15", 32, latents=_raw_latents,
+               convention="the raw posterior mean in the stored dtype: musubi-tuner's HunyuanVideo 1.5 caching stores "
+                          "vae.encode(...)[0].mode() unscaled (hv_1_5_cache_latents.py:41-44) and its trainer "
+                          "multiplies by VAE_SCALING_FACTOR (hv_1_5_train_network.py:369-371); its I2V latents_image "
+                          "and siglip features are not exported yet (no HunyuanVideo 1.5 condition set)"),
     MusubiArch("qi", "qwen_image", refused="Qwen-Image is an image architecture: musubi-tuner reads its latents as an "
                "image dataset (one frame per item), not a video dataset"),
 )}
 """musubi-tuner's architectures by short name (dataset/architectures.py); the exportable ones name their VAE."""
-MUSUBI_ARCH_OF_FAMILY = {"AutoencoderKLWan": "wan", "AutoencoderKLHunyuanVideo": "hv"}
+MUSUBI_ARCH_OF_FAMILY = {"AutoencoderKLWan": "wan", "AutoencoderKLHunyuanVideo": "hv",
+                         "AutoencoderKLHunyuanVideo15": "hv15"}
 """The default --arch per VAE family. Kandinsky 5 also trains on HunyuanVideo latents: pass --arch k5."""
 
 
@@ -160,6 +167,9 @@ def musubi_arch(vae: dict[str, Any], channels: int, arch: str | None, where: Pat
         raise ExportError(f"{where}: the VAE records latents_mean/latents_std other than the Wan 2.1 statistics "
                           "musubi-tuner normalizes Wan latents with (wan/modules/vae.py); it is not the VAE musubi's "
                           "Wan models were trained on")
+    if family == "AutoencoderKLHunyuanVideo15" and normalization.get("scaling_factor") != HUNYUAN15_SCALING_FACTOR:
+        raise ExportError(f"{where}: the VAE records scaling_factor {normalization.get('scaling_factor')}, not "
+                          f"HunyuanVideo 1.5's {HUNYUAN15_SCALING_FACTOR} that musubi-tuner's hv15 training assumes")
     if family == "AutoencoderKLHunyuanVideo" and normalization.get("scaling_factor") != HUNYUAN_SCALING_FACTOR:
         raise ExportError(f"{where}: the VAE records scaling_factor {normalization.get('scaling_factor')}, not "
                           f"HunyuanVideo's {HUNYUAN_SCALING_FACTOR} that musubi-tuner's {spec.full} training assumes")

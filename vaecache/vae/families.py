@@ -76,6 +76,10 @@ def _hunyuan15_rule(config: dict[str, Any]) -> FrameRule:
     if spatial < 1 or spatial & (spatial - 1) or temporal < 1 or temporal & (temporal - 1) or temporal > spatial:
         raise VaeSpecError(f"AutoencoderKLHunyuanVideo15 compression {spatial}x space, {temporal}x time: both must be "
                            "powers of 2, time at most space")
+    widest, latent = int(config.get("block_out_channels", (1024,))[-1]), int(config.get("latent_channels", 32))
+    if widest < 2 * latent:  # the encoder's output groups its last block's channels by 2 x latent_channels
+        raise VaeSpecError(f"AutoencoderKLHunyuanVideo15: its last block's {widest} channels cannot hold "
+                           f"2 x {latent} latent channels (the encoder fails on every input)")
     if spatial.bit_length() - 1 > blocks:
         raise VaeSpecError(f"AutoencoderKLHunyuanVideo15 spatial_compression_ratio {spatial} needs "
                            f"{spatial.bit_length() - 1} encoder blocks, the config has {blocks}")
