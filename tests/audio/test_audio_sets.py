@@ -151,3 +151,28 @@ def test_encode_with_an_audio_vae_adds_the_audio_set_embed_would_add(cache_with_
     refused = run_cli(["encode", data, "--out", tmp_path / "never", *args, "--audio-vae", f"diffusers:{tmp_path}"])
     assert refused.exit_code == 2 and "has no config.json" in refused.output
     assert not (tmp_path / "never" / "manifest.json").exists()
+
+
+def test_verify_reencode_cuts_and_encodes_audio_again_and_names_an_altered_item(sound_cache: Path, audio_vae: Path,
+                                                                               run_cli: Callable) -> None:
+    from safetensors.torch import load, save
+
+    assert run_cli(["embed", sound_cache, "--audio-vae", f"diffusers:{audio_vae}", "--shard-size", "1"]).exit_code == 0
+    report = run_cli(["verify", sound_cache, "--reencode", "3"])
+    assert report.exit_code == 0, report.output
+    assert "re-encode 3 clip(s) of audio set default" in report.output
+    # one value of one stored item moved, every hash and statistic recomputed: only the re-encode can tell
+    manifest = json.loads((sound_cache / "manifest.json").read_text())
+    entry = next(shard for shard in manifest["audio"]["default"]["shards"]
+                 if load((sound_cache / shard["file"]).read_bytes()))
+    shard = sound_cache / entry["file"]
+    (clip, tensor), = load(shard.read_bytes()).items()
+    tensor = tensor.clone()
+    tensor.view(-1)[0] += 1e-3 * float(tensor.abs().max())
+    forged = save({clip: tensor}, metadata={"vaecache_audio": "default"})
+    shard.write_bytes(forged)
+    entry.update(bytes=len(forged), sha256=hashlib.sha256(forged).hexdigest())
+    (sound_cache / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    count = len(list(LatentCache(sound_cache).ids()))
+    report = run_cli(["verify", sound_cache, "--reencode", str(count), "--quick"])
+    assert report.exit_code == 1 and f"audio set default: clip {clip} re-encodes" in report.output, report.output

@@ -23,7 +23,7 @@ import torch
 from vaecache.cache.kinds import ComputedItem, SetKind, SetPlan, register
 from vaecache.cache.layout import AUDIO_DIR
 from vaecache.cache.sets import generation_of, loaded_on_every_rank, pack_shards, same_on_every_rank
-from vaecache.errors import AudioMissingError, UsageError, VaeSpecError
+from vaecache.errors import AudioMissingError, UsageError, VaecacheError, VaeSpecError
 
 MISSING_CHOICES = ("skip", "silence")
 AUDIO_VAE_CLASSES = ("AutoencoderKLLTX2Audio",)
@@ -88,6 +88,12 @@ def load_audio_vae(spec: str, device: torch.device, allow_pickle_weights: bool =
     return load_pretrained(cls, folder, allow_pickle_weights=allow_pickle_weights).to(device).eval()
 
 
+def absolute_audio_spec(spec: str) -> str:
+    """The spec with its folder made absolute: what the set records, so verify --reencode finds the VAE again."""
+    location, sep, sub = spec.removeprefix("diffusers:").partition("#")
+    return f"diffusers:{Path(location).expanduser().absolute()}{sep}{sub}"
+
+
 def audio_vae_fingerprint(vae: Any) -> dict[str, Any]:
     from vaecache.weights import weights_sha256
 
@@ -129,6 +135,13 @@ class AudioKind(SetKind):
     def left_out(self, row: dict[str, Any]) -> str | None:
         note = row.get("audio") or ""
         return note if note.startswith("skipped") else None
+
+    def reencode_sets(self, cache: Any, options: Any, ctx: Any, check_type: type) -> list[Any]:
+        from vaecache.distributed.context import resolve_device
+
+        device = ctx.device if ctx is not None else resolve_device(options.device)
+        return check_audio_reencode(cache, options.reencode, options.seed, device, options.tolerance, check_type,
+                                    options.allow_pickle_weights)
 
     def check_item(self, cache: Any, clip: str, tensors: dict[str, Any], row: dict[str, Any]) -> str | None:
         records = getattr(cache, "_audio_records", None)
@@ -231,8 +244,70 @@ class AudioJob:
                          "latents_std": self.vae.latents_std.float().tolist(),
                          "over": "channels x mel bins, packed (LTX-2: vaecache.audio.latents.normalize_audio_latents)"}
         record = {"generation": plan.generation, "fingerprint": plan.fingerprint, "clips": len(facts),
-                  "skipped": skipped, "silenced": silenced, "normalization": normalization, **files}
+                  "skipped": skipped, "silenced": silenced, "normalization": normalization,
+                  "audio_vae": absolute_audio_spec(self.request.audio_vae), **files}
         return record, {"clips": len(facts), "skipped": skipped, "silenced": silenced}
+
+
+def check_audio_reencode(cache: Any, count: int, seed: int, device: Any, tolerance: float | None, check_type: type,
+                         allow_pickle_weights: bool = False) -> list[Any]:
+    """`verify --reencode K`: for each audio set, K of its clips with sound (chosen by `seed`) cut and encoded again
+    with the audio VAE the set records (its fingerprint must be the recorded one), compared with the stored tensors:
+    exact unless `tolerance` (a fraction of the stored max) is given, as the same machine computes the same bits."""
+    import random
+
+    from vaecache.audio.latents import audio_posterior_mean
+    from vaecache.audio.mel import clip_mel
+    from vaecache.audio.track import record_audio
+    from vaecache.cache.differences import describe_differences
+    from vaecache.settings.clip import ClipSettings
+
+    sets = cache.manifest.get(AUDIO_DIR) or {}
+    rows = []
+    records = {record["id"]: record for record in cache.clip_records()} if sets else {}
+    stride = ClipSettings.from_record(cache.manifest.get("settings") or {}).sampling.frame_stride
+    for name in sorted(sets):
+        entry = sets[name]
+        check = check_type(f"re-encode {count} clip(s) of audio set {name}")
+        rows.append(check)
+        fingerprint = entry.get("fingerprint") or {}
+        try:
+            vae = load_audio_vae(str(entry.get("audio_vae")), device, allow_pickle_weights)
+            differs = describe_differences(fingerprint.get("vae") or {}, audio_vae_fingerprint(vae))
+            if differs:
+                raise VaecacheError(f"the audio VAE at {entry.get('audio_vae')} is not the recorded one "
+                                    f"({'; '.join(differs[:3])})")
+        except (VaecacheError, OSError, ValueError, ImportError, RuntimeError) as exc:
+            check.fail(f"audio set {name}: cannot load its audio VAE ({exc})")
+            continue
+        from vaecache.audio.mel import MelSpec
+
+        spec = MelSpec(**{key: value for key, value in (fingerprint.get("mel") or {}).items()})
+        reader = next(r for r in AUDIO.readers(cache.store, cache.manifest, "size") if r.name == name)
+        clips = sorted(clip for clip in reader.clips() if reader.item(clip))
+        limit = tolerance if tolerance is not None else 0.0
+        worst = 0.0
+        for clip in random.Random(seed).sample(clips, min(count, len(clips))):
+            stored = next(iter(reader.item(clip).values())).float()
+            try:
+                sound = record_audio(records[clip], stride, fingerprint.get("camera"))
+            except VaecacheError as exc:
+                check.fail(f"audio set {name}: clip {clip}: its sound does not cut as recorded ({exc})")
+                continue
+            fresh = audio_posterior_mean(vae, clip_mel(sound.samples, sound.rate, spec))[0].cpu().float()
+            if fresh.shape != stored.shape:
+                check.fail(f"audio set {name}: clip {clip} re-encodes to shape {tuple(fresh.shape)}, stored "
+                           f"{tuple(stored.shape)}")
+                continue
+            relative = float((fresh - stored).abs().max()) / (float(stored.abs().max()) or 1.0)
+            worst = max(worst, relative)
+            if relative > limit:
+                check.fail(f"audio set {name}: clip {clip} re-encodes {relative:.3g} of the stored max away "
+                           f"(tolerance {limit:g})")
+            else:
+                check.ok()
+        check.note = f"max difference {worst:.3g} of the stored max (tolerance {limit:g})"
+    return rows
 
 
 AUDIO = register(AudioKind())
