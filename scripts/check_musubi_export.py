@@ -8,7 +8,8 @@ its modules from CHECKOUT/src (an environment where musubi-tuner's own requireme
 1. for every exported latent file, runs musubi's own caching function for the export's architecture (for a Wan
    export with I2V latents_image, with i2v on and the condition video's mean as its VAE's second answer)
    (`wan_cache_latents.encode_and_save_batch`, `cache_latents.encode_and_save_batch` for hv,
-   `kandinsky5_cache_latents.encode_and_save_batch`) with a stand-in VAE that returns vaecache's posterior mean
+   `kandinsky5_cache_latents.encode_and_save_batch`, `hv_1_5_cache_latents.encode_and_save_batch` for hv15)
+   with a stand-in VAE that returns vaecache's posterior mean
    of that clip and camera (for Wan: musubi's real `WanVAE`, whose encoder is replaced, so its normalization,
    reciprocal and dtypes run as written), and compares the file musubi writes with the exported one: every
    tensor bitwise (`torch.equal`), every metadata field;
@@ -48,6 +49,7 @@ from vaecache import LatentCache  # noqa: E402
 from vaecache.cache.layout import inside  # noqa: E402
 
 ARCH_SCRIPTS = {"wan": "musubi_tuner.wan_cache_latents", "hv": "musubi_tuner.cache_latents",
+                "hv15": "musubi_tuner.hv_1_5_cache_latents",
                 "k5": "musubi_tuner.kandinsky5_cache_latents"}
 
 
@@ -138,6 +140,12 @@ def musubi_cached(arch: str, modules: dict[str, Any], mean: torch.Tensor, item: 
         script.encode_and_save_batch(_sampling_vae(mean, None), [item])
     elif arch == "k5":
         script.encode_and_save_batch(_sampling_vae(mean, float(normalization["scaling_factor"])), [item])
+    elif arch == "hv15":
+        # hv_1_5_cache_latents.py:41-44: latent = vae.encode(content)[0].mode(), under autocast to the VAE's dtype
+        posterior = types.SimpleNamespace(mode=lambda: mean.unsqueeze(0))
+        vae = types.SimpleNamespace(device=torch.device("cpu"), dtype=mean.dtype,
+                                    encode=lambda contents: (posterior,))
+        script.encode_and_save_batch(vae, None, [item], i2v=False)
     else:
         raise SystemExit(f"architecture {arch!r} is not one vaecache exports")
 
@@ -157,6 +165,10 @@ def write_text_encoder_caches(arch: str, dataset: Any, cache_io: Any) -> int:
         for item in batch:
             if arch == "wan":
                 cache_io.save_text_encoder_output_cache_wan(item, torch.randn(7, 16, generator=generator).bfloat16())
+            elif arch == "hv15":
+                cache_io.save_text_encoder_output_cache_hunyuan_video_1_5(
+                    item, torch.randn(9, 16, generator=generator).bfloat16(),
+                    torch.randn(5, 16, generator=generator).bfloat16())
             elif arch == "hv":
                 cache_io.save_text_encoder_output_cache(item, torch.randn(8, 16, generator=generator).half(),
                                                         torch.ones(8, dtype=torch.bool), True)
