@@ -284,7 +284,7 @@ def check_audio_reencode(cache: Any, count: int, seed: int, device: Any, toleran
 
         spec = MelSpec(**{key: value for key, value in (fingerprint.get("mel") or {}).items()})
         reader = next(r for r in AUDIO.readers(cache.store, cache.manifest, "size") if r.name == name)
-        clips = sorted(clip for clip in reader.clips() if reader.item(clip))
+        clips = sorted(clip for clip in reader.clips() if not AUDIO.left_out(reader.export_facts(clip)))
         limit = tolerance if tolerance is not None else 0.0
         worst = 0.0
         for clip in random.Random(seed).sample(clips, min(count, len(clips))):
