@@ -345,6 +345,31 @@ def verify_item_sets(cache: Any, kind: Any, quick: bool, check_type: type) -> li
     return rows
 
 
+class Recomputed:
+    """verify --reencode's comparison, for one set's check, of items computed again with what stored them: each item
+    within `limit` of the stored max (`compare`), and the worst difference as the check's note (`finish`)."""
+
+    def __init__(self, check: Any, limit: float) -> None:
+        self.check, self.limit, self.worst = check, limit, 0.0
+
+    def compare(self, subject: str, verb: str, fresh: Any, stored: Any) -> None:
+        """`subject` ("text set NAME: prompt KEY") that `verb` ("re-embeds") to another shape, or too far from the
+        stored item, fails the check; else it counts as one item that holds."""
+        if fresh.shape != stored.shape:
+            self.check.fail(f"{subject} {verb} to shape {tuple(fresh.shape)}, stored {tuple(stored.shape)}")
+            return
+        stored = stored.float()
+        relative = float((fresh.float() - stored).abs().max()) / (float(stored.abs().max()) or 1.0)
+        self.worst = max(self.worst, relative)
+        if relative > self.limit:
+            self.check.fail(f"{subject} {verb} {relative:.3g} of the stored max away (tolerance {self.limit:g})")
+        else:
+            self.check.ok()
+
+    def finish(self) -> None:
+        self.check.note = f"max difference {self.worst:.3g} of the stored max (tolerance {self.limit:g})"
+
+
 def unrecorded_set_folders(store: Any, known: set[str]) -> list[str]:
     """Folders at OUT's top level outside `known` (the layout's own entries and the kinds the manifest records) that
     hold what an embed of a kind leaves before its first manifest names it: a shard or a commit record under

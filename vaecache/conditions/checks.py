@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from vaecache.cache.layout import CONDITIONS_DIR
-from vaecache.cache.sets import check_set_files, unlisted_set_checks
+from vaecache.cache.sets import Recomputed, check_set_files, unlisted_set_checks
 from vaecache.errors import VaecacheError
 from vaecache.settings.dtypes import SAFETENSORS_NAMES
 
@@ -177,27 +177,16 @@ def check_condition_reencode(cache: Any, count: int, seed: int, device: Any, tol
         limit = tolerance if tolerance is not None else tolerances.get(stored_dtype, 0.0)
         conditions = ConditionSet(cache.store, cache.manifest, kind)
         clips = sorted(conditions.clips())
-        worst = 0.0
+        recomputed = Recomputed(check, limit)
         for clip in random.Random(seed).sample(clips, min(count, len(clips))):
             try:
                 frames = latents.source_frames(clip)
             except VaecacheError as exc:
                 check.fail(f"condition set {kind}: clip {clip}: its sources do not decode as recorded ({exc})")
                 continue
-            fresh, stored = encode(frames, clip).cpu().float(), conditions.stored(clip).float()
-            if fresh.shape != stored.shape:
-                check.fail(f"condition set {kind}: clip {clip} re-encodes to shape {tuple(fresh.shape)}, stored "
-                           f"{tuple(stored.shape)}")
-                continue
-            scale = float(stored.abs().max()) or 1.0
-            relative = float((fresh - stored).abs().max()) / scale
-            worst = max(worst, relative)
-            if relative > limit:
-                check.fail(f"condition set {kind}: clip {clip} re-encodes {relative:.3g} of the stored max away "
-                           f"(tolerance {limit:g})")
-            else:
-                check.ok()
-        check.note = f"max difference {worst:.3g} of the stored max (tolerance {limit:g})"
+            recomputed.compare(f"condition set {kind}: clip {clip}", "re-encodes", encode(frames, clip).cpu(),
+                               conditions.stored(clip))
+        recomputed.finish()
     return rows
 
 

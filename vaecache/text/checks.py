@@ -14,7 +14,7 @@ from typing import Any
 from safetensors.torch import load as safetensors_load
 
 from vaecache.cache.layout import TEXT_DIR
-from vaecache.cache.sets import check_set_files, unlisted_set_checks
+from vaecache.cache.sets import Recomputed, check_set_files, unlisted_set_checks
 from vaecache.errors import VaecacheError
 from vaecache.settings.dtypes import SAFETENSORS_NAMES, canonical_dtype_name
 from vaecache.text.sets import POOLED_SUFFIX
@@ -279,22 +279,10 @@ def check_text_reembed(cache: Any, count: int, seed: int, device: Any, tolerance
         chosen = random.Random(seed).sample(keys, min(count, len(keys)))
         fresh = encoder.embed([texts.prompt_text(key) for key in chosen])
         limit = tolerance if tolerance is not None else tolerances.get(fingerprint.get("stored_dtype", ""), 0.0)
-        worst = 0.0
+        recomputed = Recomputed(check, limit)
         for key, embedding in zip(chosen, fresh):
-            stored = texts.key_rows(key)
-            if stored.shape != embedding.rows.shape:
-                check.fail(f"text set {name}: prompt {key[:12]} re-embeds to shape {tuple(embedding.rows.shape)}, "
-                           f"stored {tuple(stored.shape)}")
-                continue
-            scale = float(stored.float().abs().max()) or 1.0
-            relative = float((stored.float() - embedding.rows.float()).abs().max()) / scale
-            worst = max(worst, relative)
-            if relative > limit:
-                check.fail(f"text set {name}: prompt {key[:12]} re-embeds {relative:.3g} of the stored max away "
-                           f"(tolerance {limit:g})")
-            else:
-                check.ok()
-        check.note = f"max difference {worst:.3g} of the stored max (tolerance {limit:g})"
+            recomputed.compare(f"text set {name}: prompt {key[:12]}", "re-embeds", embedding.rows, texts.key_rows(key))
+        recomputed.finish()
     return rows
 
 
