@@ -47,3 +47,24 @@ def test_a_camera_without_sound_and_a_window_before_the_sound_are_refused_by_nam
         cache.source_audio(first_clip)
     with pytest.raises(KeyError, match="no camera 'cam_9'"):
         cache.source_audio(first_clip, camera="cam_9")
+
+
+def test_an_embeds_clips_of_one_video_open_it_for_its_track_and_index_it_once(cache_with_sound: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from vaecache.audio import track
+    from vaecache.audio.track import AudioSources, record_audio
+    from vaecache.video import reader
+
+    opened, indexed = [], []
+    real_has_audio, real_reader = track.has_audio, reader.VideoReader
+    monkeypatch.setattr(track, "has_audio", lambda path: opened.append(path) or real_has_audio(path))
+    monkeypatch.setattr(reader, "VideoReader", lambda path, *a, **k: indexed.append(path) or real_reader(path, *a, **k))
+    cache = LatentCache(cache_with_sound)
+    sources = AudioSources()
+    records = [record for record in cache.records() if record["frames"][0] > 0]  # clips with sound
+    cuts = [record_audio(record, 2, None, sources) for record in records]
+    scenes = {record["scene"] for record in records}
+    assert len(records) > len(scenes) and all(cut.samples.numel() for cut in cuts)
+    assert sorted(indexed) == sorted({record["sources"][1] for record in records})  # once per video with sound
+    assert len(opened) == len(set(opened)) == 2 * len(scenes)  # each camera's video asked for its track once
+    assert torch.equal(cuts[0].samples, cache.source_audio(records[0]).samples)  # as without the memo

@@ -160,6 +160,7 @@ class AudioJob:
 
     def __init__(self, request: AudioRequest, store: Any, manifest: dict[str, Any], ctx: Any, device: Any) -> None:
         from vaecache.audio.mel import MelSpec
+        from vaecache.audio.track import AudioSources
         from vaecache.cache.reader import CacheReader
         from vaecache.settings.clip import ClipSettings
 
@@ -173,6 +174,7 @@ class AudioJob:
         same_on_every_rank(ctx, self.fingerprint, "audio VAE")
         self.records = {record["id"]: record for record in CacheReader(store).clip_records()}
         self.stride = ClipSettings.from_record(manifest.get("settings") or {}).sampling.frame_stride
+        self.sources = AudioSources()  # each video's track and frame times, asked once for all its clips
 
     def plans(self) -> list[SetPlan]:
         ids = list(self.records)
@@ -215,7 +217,7 @@ class AudioJob:
         facts: dict[str, Any] = {"camera_asked": self.request.camera or "", "inputs": audio_inputs(
             record, self.request.camera)}
         try:
-            sound = record_audio(record, self.stride, self.request.camera)
+            sound = record_audio(record, self.stride, self.request.camera, self.sources)
         except AudioMissingError as exc:
             if self.request.missing == "skip":
                 return ComputedItem({}, {**facts, "min": None, "max": None, "mean": None, "std": None, "camera": "",
@@ -258,7 +260,7 @@ def check_audio_reencode(cache: Any, count: int, seed: int, device: Any, toleran
 
     from vaecache.audio.latents import audio_posterior_mean
     from vaecache.audio.mel import clip_mel
-    from vaecache.audio.track import record_audio
+    from vaecache.audio.track import AudioSources, record_audio
     from vaecache.cache.differences import describe_differences
     from vaecache.settings.clip import ClipSettings
 
@@ -286,9 +288,10 @@ def check_audio_reencode(cache: Any, count: int, seed: int, device: Any, toleran
         reader = next(r for r in AUDIO.readers(cache.store, cache.manifest, "size") if r.name == name)
         clips = sorted(clip for clip in reader.clips() if not AUDIO.left_out(reader.export_facts(clip)))
         recomputed = Recomputed(check, tolerance if tolerance is not None else 0.0)
+        sources = AudioSources()
         for clip in random.Random(seed).sample(clips, min(count, len(clips))):
             try:
-                sound = record_audio(records[clip], stride, fingerprint.get("camera"))
+                sound = record_audio(records[clip], stride, fingerprint.get("camera"), sources)
             except VaecacheError as exc:
                 check.fail(f"audio set {name}: clip {clip}: its sound does not cut as recorded ({exc})")
                 continue

@@ -166,33 +166,65 @@ def _decoded(container: Any, stream: Any, resampler: Any) -> Any:
     yield from resampler.resample(None)
 
 
-def record_audio(record: dict[str, Any], frame_stride: int = 1, camera: str | None = None) -> ClipAudio:
+class AudioSources:
+    """What the clips of one video ask of it again and again, asked once: whether it holds an audio stream, and its
+    frames' presentation times (an index of its packets). An audio embed keeps one for its clips; the last
+    `videos` videos are kept."""
+
+    def __init__(self, videos: int = 8) -> None:
+        from collections import OrderedDict
+
+        self.videos = videos
+        self._sound: dict[str, bool] = {}
+        self._times: OrderedDict[str, list[Fraction]] = OrderedDict()
+
+    def has_audio(self, path: str) -> bool:
+        if path not in self._sound:
+            self._sound[path] = has_audio(path)
+        return self._sound[path]
+
+    def frame_time(self, path: str, index: int) -> Fraction:
+        times = self._times.pop(path, None)
+        if times is None:
+            from vaecache.video.reader import VideoReader
+
+            with VideoReader(path) as video:
+                times = [video.frame_time(frame) for frame in range(len(video))]
+        self._times[path] = times
+        while len(self._times) > self.videos:
+            self._times.popitem(last=False)
+        return times[index]
+
+
+def record_audio(record: dict[str, Any], frame_stride: int = 1, camera: str | None = None,
+                 sources: AudioSources | None = None) -> ClipAudio:
     """The sound of the clip a cache's record describes (what LatentCache.source_audio gives): from `camera`'s video
     (default: the first camera whose video has an audio track), the window of its own frames (`camera_frames` with
     --sync timestamps) at the clip's rate (the record's fps over `frame_stride`). A source changed since the clip was
     encoded raises SourceChangedError; an image sequence, one episode of a file (not read for sound yet), no track or
-    one that does not cover the window, AudioMissingError naming the file."""
+    one that does not cover the window, AudioMissingError naming the file. `sources`: what earlier clips of the same
+    videos found (a new one where not given)."""
     from vaecache.cache.provenance import identity_change, source_identity
     from vaecache.errors import SourceChangedError
     from vaecache.video.frames import is_image_source
-    from vaecache.video.reader import VideoReader
     from vaecache.video.spans import span_of
 
-    cameras, sources = list(record["cameras"]), list(record["sources"])
+    sources = sources if sources is not None else AudioSources()
+    cameras, paths = list(record["cameras"]), list(record["sources"])
     if camera is not None and camera not in cameras:
         raise KeyError(f"clip {record['id']} has no camera {camera!r} (cameras: {', '.join(cameras)})")
     files = record.get("frame_files") if isinstance(record.get("frame_files"), dict) else {}
     chosen = [cameras.index(camera)] if camera is not None else list(range(len(cameras)))
-    videos = [c for c in chosen if not files.get(cameras[c]) and not is_image_source(sources[c])]
+    videos = [c for c in chosen if not files.get(cameras[c]) and not is_image_source(paths[c])]
     for c in videos:
-        if span_of(sources[c]) is not None:
-            raise AudioMissingError(f"{sources[c]}: the audio of one episode of a file is not read yet "
+        if span_of(paths[c]) is not None:
+            raise AudioMissingError(f"{paths[c]}: the audio of one episode of a file is not read yet "
                                     f"(clip {record['id']})")
-    position = next((c for c in videos if has_audio(sources[c])), None)
+    position = next((c for c in videos if sources.has_audio(paths[c])), None)
     if position is None:
-        raise AudioMissingError(f"{', '.join(str(sources[c]) for c in chosen)}: no audio track "
+        raise AudioMissingError(f"{', '.join(str(paths[c]) for c in chosen)}: no audio track "
                                 f"(clip {record['id']}{', an image sequence' if not videos else ''})")
-    path = sources[position]
+    path = paths[position]
     recorded = (record.get("source_identity") or [None] * len(cameras))[position]
     if recorded:
         change = identity_change(recorded, source_identity(path, bool(recorded.get("sha256"))))
@@ -200,7 +232,6 @@ def record_audio(record: dict[str, Any], frame_stride: int = 1, camera: str | No
             raise SourceChangedError(f"{path} ({cameras[position]} of clip {record['id']}): {change} since it was "
                                      "encoded; its latents no longer match it")
     frames = (record.get("camera_frames") or {}).get(cameras[position]) or record["frames"]
-    with VideoReader(path) as video:
-        start = video.frame_time(frames[0])
+    start = sources.frame_time(path, frames[0])
     return cut_audio(path, AudioWindow.of_clip(start, len(frames), float(record["fps"]) / frame_stride))
 
