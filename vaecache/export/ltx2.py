@@ -96,6 +96,8 @@ def export_ltx2(cache_dir: Any, target: Path, audio_set: str = "auto", verify: s
     audio = audio_sets.get(chosen) if chosen is not None else None
     constants = ((cache.manifest.get("audio") or {}).get(chosen) or {}).get("normalization") if chosen else None
     stride = ClipSettings.from_record(cache.manifest.get("settings") or {}).sampling.frame_stride
+    audio_mean = torch.tensor(constants["latents_mean"]) if constants else None
+    audio_std = torch.tensor(constants["latents_std"]) if constants else None
     files = size = clips = 0
     with staging(target) as folder:
         latents_dir, audio_dir = folder / PRECOMPUTED / "latents", folder / PRECOMPUTED / "audio_latents"
@@ -111,8 +113,17 @@ def export_ltx2(cache_dir: Any, target: Path, audio_set: str = "auto", verify: s
             if stored is None:
                 raise ExportError(f"{cache.out}: clip {clip} stores neither mean nor sample")
             latents = ltx_normalized(stored, normalization)
-            facts = audio.export_facts(clip) if audio is not None else {}
-            sound = audio.item(clip).get(f"audio/{chosen}") if audio is not None else None
+            sound = item.tensors.get(f"audio/{chosen}") if audio is not None else None  # none: a clip it skipped
+            audio_bytes = None
+            if sound is not None and audio_mean is not None and audio_std is not None:
+                try:
+                    normalized = normalize_audio_latents(sound.float()[None], audio_mean, audio_std)[0].contiguous()
+                except ValueError as exc:
+                    raise ExportError(f"{cache.out}: audio set {chosen!r}: {exc}") from None
+                facts = audio.export_facts(clip)  # type: ignore[union-attr]
+                audio_bytes = _pt_bytes({"latents": normalized, "num_time_steps": int(normalized.shape[1]),
+                                         "frequency_bins": int(normalized.shape[2]),
+                                         "duration": int(facts["samples"]) / int(facts["rate"])})
             metadata = record.get("metadata") if isinstance(record.get("metadata"), dict) else {}
             caption = metadata.get("caption")
             cameras = list(record["cameras"])
@@ -129,16 +140,7 @@ def export_ltx2(cache_dir: Any, target: Path, audio_set: str = "auto", verify: s
                 path.parent.mkdir(parents=True, exist_ok=True)
                 write_new_file(path, data)
                 files, size = files + 1, size + len(data)
-                if sound is not None and constants is not None:
-                    mean = torch.tensor(constants["latents_mean"])
-                    std = torch.tensor(constants["latents_std"])
-                    try:
-                        normalized = normalize_audio_latents(sound.float()[None], mean, std)[0].contiguous()
-                    except ValueError as exc:
-                        raise ExportError(f"{cache.out}: audio set {chosen!r}: {exc}") from None
-                    audio_bytes = _pt_bytes({"latents": normalized, "num_time_steps": int(normalized.shape[1]),
-                                             "frequency_bins": int(normalized.shape[2]),
-                                             "duration": int(facts["samples"]) / int(facts["rate"])})
+                if audio_bytes is not None:  # the clip's sound, the same for each of its cameras
                     audio_path = audio_dir / f"{name}.pt"
                     audio_path.parent.mkdir(parents=True, exist_ok=True)
                     write_new_file(audio_path, audio_bytes)
