@@ -92,6 +92,10 @@ def test_without_an_audio_set_the_export_holds_latents_only(ltx2_cache: Path, ru
     assert run_cli(["export", ltx2_cache, "--format", "ltx2", "--audio-set", "none",
                     "--out", tmp_path / "plain"]).exit_code == 0
     assert not (tmp_path / "plain" / ".precomputed" / "audio_latents").exists()
+    latents = tmp_path / "plain" / ".precomputed" / "latents"
+    written = sorted(str(path.relative_to(latents).with_suffix("")) for path in latents.rglob("*.pt"))
+    assert written == sorted(LatentCache(ltx2_cache).ids())  # every clip's latents still (<scene>/<window>.pt)
+    assert json.loads((tmp_path / "plain" / "export.json").read_text())["audio_set"] is None
 
 
 def test_a_bf16_cache_exports_bf16_latents_in_ltx_cores_arithmetic(ltx2_cache: Path, run_cli: Callable,
