@@ -5,7 +5,6 @@ stop flag and whom to report to."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
@@ -33,8 +32,8 @@ class Reporting:
 @dataclass(frozen=True)
 class EncodeRun:
     """One rank's encode, once start-up is done. `out` is OUT's commit protocol (vaecache.cache.commits.CacheOut:
-    DiskOut or ObjectOut); the disk code runs in `folder` (OUT itself, or this rank's work folder for OUT in object
-    storage)."""
+    DiskOut or ObjectOut); the disk code runs in `out.folder` (OUT itself, or this rank's work folder for OUT in
+    object storage)."""
 
     ctx: DistContext
     out: CacheOut
@@ -52,10 +51,6 @@ class EncodeRun:
     held: HeldObjects | None
     """The small videos at URLs probing read whole, for the decode workers' first batches."""
     reporting: Reporting = Reporting()
-
-    @property
-    def folder(self) -> Path:
-        return self.out.folder
 
     @property
     def clip(self) -> ClipSettings:

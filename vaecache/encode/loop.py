@@ -101,7 +101,7 @@ class FailureLog:
 def encode_share(run: EncodeRun, job: JobPlan, prepared: PreparedOut,
                  begin_again: Callable[[int, DoneMaskBuilder], PreparedOut],
                  on_progress: Callable[[int, int], None] | None, feed: DecodeFeed | None = None) -> EncodeSummary:
-    """This rank's share of the encode: its logs in `run.folder`, its shards, commits and failure logs through OUT's
+    """This rank's share of the encode: its logs in `run.out.folder`, its shards, commits and failure logs through OUT's
     commit protocol (`run.out`). `feed`: the decode of this rank's share of `job`, started while OUT was prepared
     (given only where prepare found nothing committed, so the share is the one it would be now); None: started
     here. Either is closed here."""
