@@ -7,12 +7,15 @@ code is copied here: this script imports `ltx_trainer.datasets` from CHECKOUT/pa
 rich and einops) and:
 
 1. builds its `PrecomputedDataset(EXPORT, ["latents", "audio_latents"])`, as a training run with audio does, and
-   `PrecomputedDataset(EXPORT, ["latents"])`, as a video-only run does;
+   `PrecomputedDataset(EXPORT, ["latents"])`, as a video-only run does; where the export holds conditions (an LTX-2
+   text set), also `PrecomputedDataset(EXPORT, {"latents": "latent_conditions", "conditions": "text_conditions",
+   "audio_latents": "audio_latents"})` read through a torch DataLoader, as its training strategies read it;
 2. reads every sample through its `__getitem__` and checks each against the cache the export came from: the video
    latents equal ltx-core's encoder's normalization of the clip's stored mean (`vaecache.export.ltx2.ltx_normalized`),
    `num_frames`/`height`/`width` their shape, `fps` the clip's rate; the audio latents equal LTX-2's normalization
    of the clip's audio set item over the packed features; a clip the audio set skipped is left out by the trainer
-   where audio latents are asked for, and kept where they are not.
+   where audio latents are asked for, and kept where they are not; the text conditions equal the text set's video and
+   audio features and left-padded mask of the sample's own clip (`vaecache.export.ltx2.ltx2_conditions`).
 
 It prints a table and JSON (`--json FILE`) and exits 1 if anything differs.
 """
@@ -33,7 +36,7 @@ if str(ROOT) not in sys.path:
 
 from vaecache import LatentCache  # noqa: E402
 from vaecache.audio.latents import normalize_audio_latents  # noqa: E402
-from vaecache.export.ltx2 import ltx_normalized  # noqa: E402
+from vaecache.export.ltx2 import ltx2_conditions, ltx_normalized  # noqa: E402
 from vaecache.settings.clip import ClipSettings  # noqa: E402
 
 
@@ -59,14 +62,22 @@ def check(export: Path, ltx_src: Path, cache_dir: Path | None = None) -> dict[st
     names = {json.loads(line)["name"]: json.loads(line) for line in (export / "index.jsonl").read_text().splitlines()}
     problems: list[str] = []
     result: dict[str, Any] = {"export": str(export), "samples": len(names), "checked": {}}
-    sources = {"video+audio": ["latents", "audio_latents"], "video": ["latents"]} if audio_name else {
+    text_name = record.get("text_set")
+    texts = cache.sets()["text"][text_name] if text_name else None
+    sources: dict[str, Any] = {"video+audio": ["latents", "audio_latents"], "video": ["latents"]} if audio_name else {
         "video": ["latents"]}
+    if text_name:
+        sources["video+audio+text"] = {"latents": "latent_conditions", "conditions": "text_conditions",
+                                       **({"audio_latents": "audio_latents"} if audio_name else {})}
     for label, wanted in sources.items():
         dataset = PrecomputedDataset(str(export), wanted)
+        keys = wanted if isinstance(wanted, dict) else {source: source for source in wanted}
+        loader = torch.utils.data.DataLoader(dataset, batch_size=1, shuffle=False,
+                                             collate_fn=lambda batch: batch[0])  # the strategies' per-sample view
         seen = 0
-        for index in range(len(dataset)):
-            sample = dataset[index]
-            name = str(dataset.sample_files["latents"][index].with_suffix(""))
+        for index, sample in enumerate(loader):
+            sample = {source: sample[key] for source, key in keys.items()}
+            name = str(dataset.sample_files[keys["latents"]][index].with_suffix(""))
             entry = names[name]
             position = cache.ids().index(entry["clip"])
             item = cache[position].tensors
@@ -88,6 +99,13 @@ def check(export: Path, ltx_src: Path, cache_dir: Path | None = None) -> dict[st
                                                          torch.tensor(constants["latents_std"]))[0]
                     if not torch.equal(sample["audio_latents"]["latents"], normalized):
                         problems.append(f"{name}: audio latents differ from the audio set's normalized mean")
+            if "conditions" in wanted:
+                expected_text = ltx2_conditions(texts, entry["clip"])
+                read = sample["conditions"]
+                if read.keys() != expected_text.keys() or any(
+                        read[key].dtype != tensor.dtype or not torch.equal(read[key], tensor)
+                        for key, tensor in expected_text.items()):
+                    problems.append(f"{name}: text conditions differ from text set {text_name!r}'s for its clip")
             seen += 1
         expected_count = sum(1 for entry in names.values() if entry.get("audio")) if "audio_latents" in wanted else len(
             names)

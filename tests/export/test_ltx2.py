@@ -115,3 +115,45 @@ def test_a_bf16_cache_exports_bf16_latents_in_ltx_cores_arithmetic(ltx2_cache: P
     std = torch.tensor(cache.normalization["latents_std"]).view(1, -1, 1, 1, 1).to(torch.bfloat16)
     assert stored.dtype == saved["latents"].dtype == torch.bfloat16
     assert torch.equal(saved["latents"], ((stored - mean) / std)[0])  # PerChannelStatistics.normalize, in bf16
+
+
+def test_an_ltx2_text_set_exports_as_the_conditions_process_captions_saves(ltx2_cache: Path, run_cli: Callable,
+                                                                           tmp_path: Path) -> None:
+    """A Gemma text set (vaecache embed of an LTX2Pipeline folder) becomes .precomputed/conditions/<name>.pt, what
+    LTX-2's process_captions.py saves for the sample's caption (ltx-core's own tokenizer and feature extractor,
+    tests/text/ltx_core_reference.py), beside the same sample's latents and audio latents."""
+    import shutil
+
+    from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
+    from transformers import AutoTokenizer, Gemma3ForConditionalGeneration
+
+    from tests.text import ltx_core_reference as ltx_core
+    from tests.text.tiny_text import build_ltx2_text_folder
+
+    text = build_ltx2_text_folder(tmp_path / "text", version=2)
+    cache_dir = tmp_path / "cache"
+    shutil.copytree(ltx2_cache, cache_dir)
+    result = run_cli(["embed", cache_dir, "--text-encoder", f"diffusers:{text}", "--set", "gemma"])
+    assert result.exit_code == 0, result.output
+    assert run_cli(["verify", cache_dir]).exit_code == 0
+    result = run_cli(["export", cache_dir, "--format", "ltx2", "--out", tmp_path / "ltx2"])
+    assert result.exit_code == 0, result.output
+    with torch.no_grad():
+        saved_by_ltx = ltx_core.process_captions_item(
+            Gemma3ForConditionalGeneration.from_pretrained(text / "text_encoder").eval().model,
+            AutoTokenizer.from_pretrained(text / "tokenizer"),
+            ltx_core.feature_extractor(LTX2TextConnectors.from_pretrained(text / "connectors").eval()),
+            "a person talks")
+    precomputed = tmp_path / "ltx2" / ".precomputed"
+    cache = LatentCache(cache_dir)
+    for clip in cache.ids():
+        conditions = torch.load(precomputed / "conditions" / f"{clip}.pt", map_location="cpu", weights_only=True)
+        assert conditions.keys() == saved_by_ltx.keys()
+        for key, tensor in saved_by_ltx.items():
+            assert conditions[key].dtype == tensor.dtype and torch.equal(conditions[key], tensor), key
+        assert (precomputed / "latents" / f"{clip}.pt").is_file()
+    assert json.loads((tmp_path / "ltx2" / "export.json").read_text())["text_set"] == "gemma"
+    result = run_cli(["export", cache_dir, "--format", "ltx2", "--text-set", "none", "--out", tmp_path / "plain"])
+    assert result.exit_code == 0 and not (tmp_path / "plain" / ".precomputed" / "conditions").exists()
+    result = run_cli(["export", cache_dir, "--format", "ltx2", "--text-set", "other", "--out", tmp_path / "x"])
+    assert result.exit_code == 2 and "has no text set 'other' (sets: gemma)" in result.output

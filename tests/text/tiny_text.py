@@ -98,3 +98,40 @@ def build_hunyuan_text_folder(root: Path, seed: int = 0) -> Path:
         "text_encoder_2": ["transformers", "CLIPTextModel"], "tokenizer_2": ["transformers", "PreTrainedTokenizerFast"],
     }))
     return root
+
+
+def build_ltx2_text_folder(root: Path, seed: int = 0, version: int = 1, bos_from_tokenizer: bool = True,
+                           pipeline: str = "LTX2Pipeline") -> Path:
+    """root/{model_index.json, text_encoder/ (a Gemma 3 with its vision tower), tokenizer/, connectors/ (an
+    LTX2TextConnectors)}: LTX2Pipeline's text parts, tiny and random. `version` 1: LTX-2.0's one text_proj_in without
+    a bias; 2: LTX-2.3's per-modality projections with biases. `bos_from_tokenizer` False: a tokenizer that does not
+    put <bos> first (as Gemma 4's), which ltx-core's tokenizer then prepends."""
+    import transformers
+    from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
+
+    root.mkdir(parents=True, exist_ok=True)
+    special = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    _train_tokenizer(root / "tokenizer", special, "<bos> $A" if bos_from_tokenizer else "$A", "<pad>",
+                     bos_token="<bos>", eos_token="<eos>")
+    torch.manual_seed(seed)
+    transformers.Gemma3ForConditionalGeneration(transformers.Gemma3Config(
+        text_config=dict(vocab_size=160, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=2048,
+                         sliding_window=16, pad_token_id=0, bos_token_id=2, eos_token_id=1),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14),
+        mm_tokens_per_image=4)).eval().save_pretrained(root / "text_encoder", safe_serialization=True)
+    audio_width = 16 if version == 2 else 32  # V1's connectors both take its one projection's 32 features
+    LTX2TextConnectors(
+        caption_channels=32, text_proj_in_factor=4, video_connector_num_attention_heads=2,
+        video_connector_attention_head_dim=16, video_connector_num_layers=1, video_connector_num_learnable_registers=8,
+        audio_connector_num_attention_heads=2, audio_connector_attention_head_dim=audio_width // 2,
+        audio_connector_num_layers=1, audio_connector_num_learnable_registers=8,
+        per_modality_projections=version == 2, video_hidden_dim=32, audio_hidden_dim=audio_width,
+        proj_bias=version == 2).eval().save_pretrained(root / "connectors")
+    (root / "model_index.json").write_text(json.dumps({
+        "_class_name": pipeline, "_diffusers_version": "0.42.1",
+        "text_encoder": ["transformers", "Gemma3ForConditionalGeneration"],
+        "tokenizer": ["transformers", "PreTrainedTokenizerFast"], "connectors": ["ltx2", "LTX2TextConnectors"],
+    }))
+    return root

@@ -32,7 +32,8 @@ def export(
     verify: str = typer.Option("size", "--verify", help="Check each shard when first read: size | sha256 | none."),
     text_set: str = typer.Option("auto", "--text-set", help="musubi: the text set (vaecache embed) written as "
                                  "musubi's text-encoder caches: NAME | auto (the cache's only set, if it has one) | "
-                                 "none."),
+                                 "none. ltx2: the LTX-2 text set written as conditions: NAME | auto (the cache's only "
+                                 "set of the ltx2 family, if it has one) | none."),
     condition: str = typer.Option("auto", "--condition", help="musubi: the image-to-video condition written as "
                                   "musubi's Wan I2V latents_image: auto (the cache's first-frame set, if it has one) | "
                                   "first-frame | none (musubi has no first-last convention: refused)."),
@@ -55,8 +56,8 @@ def export(
         raise UsageError(f"--energon must be one of {', '.join(ENERGON_MODES)}, got {energon!r}")
     if energon != "auto" and format != "webdataset":
         raise UsageError("--energon applies to --format webdataset only")
-    if text_set != "auto" and format != "musubi":
-        raise UsageError("--text-set applies to --format musubi only")
+    if text_set != "auto" and format not in ("musubi", "ltx2"):
+        raise UsageError("--text-set applies to --format musubi and ltx2 only")
     if condition != "auto" and format != "musubi":
         raise UsageError("--condition applies to --format musubi only")
     if audio_set != "auto" and format != "ltx2":
@@ -74,7 +75,8 @@ def export(
         summary = export_musubi(cache.location, dest, arch=arch, verify=verify, storage_options=options,
                                 text_set=text_set, condition=condition)
     elif format == "ltx2":
-        summary = export_ltx2(cache.location, dest, audio_set=audio_set, verify=verify, storage_options=options)
+        summary = export_ltx2(cache.location, dest, audio_set=audio_set, text_set=text_set, verify=verify,
+                              storage_options=options)
     else:
         summary = export_webdataset(cache.location, dest, verify=verify, samples_per_tar=samples_per_tar,
                                     energon=energon, storage_options=options)

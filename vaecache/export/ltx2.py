@@ -11,10 +11,14 @@ and `DIR/.precomputed/audio_latents/<name>.pt`, the files `scripts/process_video
   ltx-core's audio encoder returns them (over the packed channels x mel bins), `duration` the clip's sound in seconds.
   A clip without sound (skipped by the audio set) gets no audio file, as process_videos writes none for a video
   without an audio track; PrecomputedDataset then leaves the sample out where audio latents are asked for.
+- **conditions** (from a text set of the ltx2 family, `vaecache embed --text-encoder diffusers:LTX2-FOLDER`):
+  `{"video_prompt_embeds": (1024, D), "audio_prompt_embeds": (1024, D'), "prompt_attention_mask": (1024,) int64}`,
+  what `scripts/process_captions.py` saves (`embedding_data`), in the set's stored dtype (LTX-2's trainer computes
+  and saves bf16: `embed --text-dtype bf16 --compute-dtype bf16` for its numbers), left-padded.
 - **the captions**: `DIR/dataset.jsonl` lists each sample as `{"media_path": "<name>.mp4", "caption"}` (the clip's
   metadata caption), so that LTX-2's own `scripts/process_captions.py DIR/dataset.jsonl --output-dir
-  DIR/.precomputed/conditions` writes the Gemma conditions under the same names (its `_embedding_output_path`).
-  vaecache has no Gemma text set yet.
+  DIR/.precomputed/conditions` can write the Gemma conditions under the same names (its `_embedding_output_path`)
+  where the cache holds no LTX-2 text set.
 
 A multi-camera cache gives one sample per camera (LTX-2 is a single-view model), named `<clip>/<camera>`.
 """
@@ -64,8 +68,38 @@ def _pt_bytes(data: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
+def ltx2_text_set(cache: Any, text_set: str) -> Any:
+    """The TextSet written as conditions: `text_set` NAME, "auto" (the cache's only set of the ltx2 family) or
+    "none"; an ExportError naming the sets otherwise."""
+    texts = cache.sets().get("text") or {}
+    ltx2 = sorted(name for name, reader in texts.items() if reader.family == "ltx2")
+    if text_set == "none" or (text_set == "auto" and not ltx2):
+        return None
+    if text_set == "auto":
+        if len(ltx2) > 1:
+            raise ExportError(f"{cache.out}: holds LTX-2 text sets {', '.join(ltx2)}; name one with --text-set "
+                              "(or none)")
+        return texts[ltx2[0]]
+    if text_set not in texts:
+        raise ExportError(f"{cache.out}: has no text set {text_set!r} (sets: {', '.join(sorted(texts)) or 'none'})")
+    if texts[text_set].family != "ltx2":
+        raise ExportError(f"{cache.out}: text set {text_set!r} is of the {texts[text_set].family or 'unknown'} "
+                          "family; LTX-2's trainer takes Gemma features of an LTX-2 set (vaecache embed "
+                          "--text-encoder diffusers:LTX2-PIPELINE-FOLDER)")
+    return texts[text_set]
+
+
+def ltx2_conditions(texts: Any, clip: str) -> dict[str, torch.Tensor]:
+    """A clip's conditions file as scripts/process_captions.py saves it: its prompt's video and audio features and
+    the left-padded attention mask (int64, as the tokenizer returns it)."""
+    item = texts.item(clip)
+    return {"video_prompt_embeds": item[f"text/{texts.name}"].contiguous(),
+            "prompt_attention_mask": item[f"text_mask/{texts.name}"].long(),
+            "audio_prompt_embeds": item[f"text_audio/{texts.name}"].contiguous()}
+
+
 def export_ltx2(cache_dir: Any, target: Path, audio_set: str = "auto", verify: str = "sha256",
-                storage_options: dict[str, Any] | None = None) -> ExportSummary:
+                storage_options: dict[str, Any] | None = None, text_set: str = "auto") -> ExportSummary:
     """Write the LTX-2 trainer's precomputed folder for the cache at `cache_dir` into the new folder `target`."""
     from vaecache.audio.latents import normalize_audio_latents
     from vaecache.settings.clip import ClipSettings
@@ -94,6 +128,7 @@ def export_ltx2(cache_dir: Any, target: Path, audio_set: str = "auto", verify: s
     else:
         chosen = audio_set
     audio = audio_sets.get(chosen) if chosen is not None else None
+    texts = ltx2_text_set(cache, text_set)
     constants = ((cache.manifest.get("audio") or {}).get(chosen) or {}).get("normalization") if chosen else None
     stride = ClipSettings.from_record(cache.manifest.get("settings") or {}).sampling.frame_stride
     audio_mean = torch.tensor(constants["latents_mean"]) if constants else None
@@ -102,8 +137,11 @@ def export_ltx2(cache_dir: Any, target: Path, audio_set: str = "auto", verify: s
     with staging(target) as folder:
         latents_dir, audio_dir = folder / PRECOMPUTED / "latents", folder / PRECOMPUTED / "audio_latents"
         latents_dir.mkdir(parents=True)
+        conditions_dir = folder / PRECOMPUTED / "conditions"
         if audio is not None:
             audio_dir.mkdir(parents=True)
+        if texts is not None:
+            conditions_dir.mkdir(parents=True)
         index = ExportIndex(folder / EXPORT_INDEX)
         lines = []
         for position, clip in enumerate(cache.ids()):
@@ -124,6 +162,7 @@ def export_ltx2(cache_dir: Any, target: Path, audio_set: str = "auto", verify: s
                 audio_bytes = _pt_bytes({"latents": normalized, "num_time_steps": int(normalized.shape[1]),
                                          "frequency_bins": int(normalized.shape[2]),
                                          "duration": int(facts["samples"]) / int(facts["rate"])})
+            text_bytes = _pt_bytes(ltx2_conditions(texts, clip)) if texts is not None else None
             metadata = record.get("metadata") if isinstance(record.get("metadata"), dict) else {}
             caption = metadata.get("caption")
             cameras = list(record["cameras"])
@@ -145,17 +184,28 @@ def export_ltx2(cache_dir: Any, target: Path, audio_set: str = "auto", verify: s
                     audio_path.parent.mkdir(parents=True, exist_ok=True)
                     write_new_file(audio_path, audio_bytes)
                     files, size = files + 1, size + len(audio_bytes)
+                if text_bytes is not None:  # the clip's prompt, the same for each of its cameras
+                    text_path = conditions_dir / f"{name}.pt"
+                    text_path.parent.mkdir(parents=True, exist_ok=True)
+                    write_new_file(text_path, text_bytes)
+                    files, size = files + 1, size + len(text_bytes)
                 index.add(renamed=renamed, clip=clip, camera=camera, name=name,
                           audio=sound is not None)
                 lines.append({"media_path": f"{name}.mp4", "caption": caption if isinstance(caption, str) else ""})
             clips += 1
         write_new_file(folder / "dataset.jsonl", "".join(json.dumps(line, ensure_ascii=False) + "\n"
                                                          for line in lines).encode())
-        notes = ["LTX-2's trainer: PrecomputedDataset(DIR, [\"latents\", \"audio_latents\", \"conditions\"]) after "
-                 "its scripts/process_captions.py DIR/dataset.jsonl --output-dir DIR/.precomputed/conditions "
-                 "(Gemma text conditions, under the same names)"]
+        if texts is not None:
+            notes = [f"LTX-2's trainer: PrecomputedDataset(DIR, [\"latents\", \"audio_latents\", \"conditions\"]); "
+                     f"conditions from text set {texts.name!r}"]
+        else:
+            notes = ["LTX-2's trainer: PrecomputedDataset(DIR, [\"latents\", \"audio_latents\", \"conditions\"]) "
+                     "after its scripts/process_captions.py DIR/dataset.jsonl --output-dir DIR/.precomputed/conditions "
+                     "(Gemma text conditions, under the same names), or vaecache embed OUT --text-encoder "
+                     "diffusers:LTX2-FOLDER and export again"]
         if audio is None:
             notes.append("no audio set: latents only (vaecache embed OUT --audio-vae SPEC adds one)")
         finish(folder, index, {"format": "ltx2", "source": source_of(cache), "clips": clips, "samples": len(lines),
-                               "audio_set": chosen, "notes": notes})
+                               "audio_set": chosen, "text_set": texts.name if texts is not None else None,
+                               "notes": notes})
     return ExportSummary(str(target), "ltx2", clips, files, size, index.renamed, tuple(notes))

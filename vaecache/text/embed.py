@@ -25,6 +25,7 @@ from vaecache.text.sets import (
     EmbedSummary,
     TextSet,
     clip_captions,
+    feature_tensors,
     pipeline_tensor,
     plan_prompts,
     prompt_key,
@@ -62,8 +63,9 @@ class TextKind(SetKind):
     def decode(self, stored: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
         tensors: dict[str, Any] = {}
         for name, fact in sorted(facts.items()):
-            tensors[f"text/{name}"], tensors[f"text_mask/{name}"] = pipeline_tensor(
-                stored[f"text/{name}"], int(fact["length"]), int(fact["tokens"]))
+            embeds, tensors[f"text_mask/{name}"] = pipeline_tensor(
+                stored[f"text/{name}"], int(fact["length"]), int(fact["tokens"]), str(fact.get("padding", "right")))
+            tensors.update(feature_tensors(name, embeds, fact.get("features")))
             if f"text_pooled/{name}" in stored:
                 tensors[f"text_pooled/{name}"] = stored[f"text_pooled/{name}"]
         return tensors

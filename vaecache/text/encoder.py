@@ -4,6 +4,7 @@ SPEC:
   diffusers:PATH[#SUBFOLDER]  a diffusers pipeline folder: model_index.json names the pipeline (its family,
                               vaecache.text.families), SUBFOLDER (default text_encoder) holds the encoder and
                               PATH/tokenizer the tokenizer
+                              (LTX2Pipeline: also PATH/connectors, LTX-2's feature extractor)
   transformers:PATH           any transformers encoder folder with its tokenizer files (in PATH, or PATH/tokenizer),
                               at --text-length tokens, hidden layer --text-layer (default: the last hidden state)
 
@@ -31,6 +32,7 @@ from vaecache.text.families import (
     generic_family,
     installed_version,
 )
+from vaecache.text.ltx2 import Ltx2Projection, load_projection, ltx2_features, ltx2_token_ids
 from vaecache.weights import load_pretrained, read_json_file, weights_sha256
 
 ENCODER_ONLY = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel", "umt5": "UMT5EncoderModel"}
@@ -60,8 +62,10 @@ class TextEncoder:
 
     def __init__(self, *, spec: str, family: TextFamily, tokenizer: Any, model: torch.nn.Module, device: torch.device,
                  compute_dtype: torch.dtype, dtype: torch.dtype, layer: int | None, batch: int,
-                 identity: dict[str, Any], pooled: tuple[Any, torch.nn.Module] | None = None) -> None:
+                 identity: dict[str, Any], pooled: tuple[Any, torch.nn.Module] | None = None,
+                 projection: Ltx2Projection | None = None) -> None:
         self.spec, self.family, self.tokenizer, self.model = spec, family, tokenizer, model
+        self.projection = projection
         self.device, self.compute_dtype, self.dtype = device, compute_dtype, dtype
         self.layer, self.batch = (family.layer if layer is None else layer), batch
         self.pooled_tokenizer, self.pooled_model = pooled or (None, None)
@@ -69,6 +73,9 @@ class TextEncoder:
 
     @property
     def hidden_size(self) -> int:
+        """The width of a stored row (LTX-2: its video and audio features side by side)."""
+        if self.projection is not None:
+            return self.projection.stored_width
         config = self.model.config
         return int(getattr(config, "d_model", None) or getattr(config, "hidden_size"))
 
@@ -88,7 +95,12 @@ class TextEncoder:
                 **({"template": self.family.template, "crop_start": self.family.crop_start}
                    if self.family.template else {}),
                 **({"pooled": {"length": self.family.pooled_length, "hidden_size": self.pooled_hidden_size}}
-                   if self.pooled_model is not None else {})}
+                   if self.pooled_model is not None else {}),
+                **({"padding": self.family.padding} if self.family.padding != "right" else {}),
+                **({"features": {"extractor": f"V{self.projection.version}", "layers": self.projection.layers,
+                                 "video_width": self.projection.video_width,
+                                 "audio_width": self.projection.audio_width}}
+                   if self.projection is not None else {})}
 
     @property
     def pooled_hidden_size(self) -> int:
@@ -116,6 +128,8 @@ class TextEncoder:
         return found
 
     def _embed_batch(self, prompts: list[str]) -> list[TextEmbedding]:
+        if self.projection is not None:
+            return self._ltx2_batch(prompts)
         family = self.family
         length, crop = family.length, family.crop_start
         texts = [family.template.format(p) for p in prompts] if family.template else prompts
@@ -133,6 +147,16 @@ class TextEncoder:
         pooled = self._pooled_batch(prompts)
         return [TextEmbedding(hidden[i, :length if family.full_length else n].to(self.dtype).cpu().clone(),
                               int(n), len(full[i]) > length + crop, *pooled[i]) for i, n in enumerate(counts)]
+
+    def _ltx2_batch(self, prompts: list[str]) -> list[TextEmbedding]:
+        """LTX-2's features of each prompt (vaecache.text.ltx2): every row of the 1024, left-padded."""
+        ids, mask, truncated = ltx2_token_ids(self.tokenizer, prompts, self.family.length)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        hidden = self.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+        features = ltx2_features(tuple(h.to(self.compute_dtype) for h in hidden), mask, self.projection)
+        counts = mask.gt(0).sum(dim=1).tolist()
+        return [TextEmbedding(features[i].to(self.dtype).cpu().clone(), int(n), truncated[i])
+                for i, n in enumerate(counts)]
 
     def _pooled_batch(self, prompts: list[str]) -> list[tuple[torch.Tensor | None, int, bool]]:
         """The second encoder's pooled output of each prompt, its token count and truncation (HunyuanVideo's CLIP-L:
@@ -185,9 +209,13 @@ def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_
         pooled_model.to(device=device, dtype=compute).eval().requires_grad_(False)
         pooled = (pooled_tokenizer, pooled_model)
         identity["pooled_encoder"] = {**pooled_identity, "tokenizer_sha256": _tokenizer_hashes(pooled_tokenizer_dir)}
+    projection = None
+    if folders.features is not None:  # LTX-2: the feature extractor's weights in connectors/
+        projection = load_projection(folders.features, spec, text_config(model_config)).to(device, compute)
+        identity["feature_extractor"] = projection.record
     return TextEncoder(spec=folders.resolved, family=family, tokenizer=tokenizer, model=model, device=device,
                        compute_dtype=compute, dtype=torch_dtype(dtype), layer=layer, batch=batch, identity=identity,
-                       pooled=pooled)
+                       pooled=pooled, projection=projection)
 
 
 @dataclass(frozen=True)
@@ -201,6 +229,8 @@ class TextFolders:
     """The spec with its folder made absolute (what the set records)."""
     pooled: tuple[Path, Path] | None = None
     """(encoder, tokenizer) of the second encoder (HunyuanVideo's text_encoder_2, tokenizer_2)."""
+    features: Path | None = None
+    """LTX-2's connectors/ folder, which holds its text feature extractor."""
 
 
 def text_encoder_folders(spec: str, length: int | None = None, layer: int | None = None) -> TextFolders:
@@ -248,7 +278,13 @@ def text_encoder_folders(spec: str, length: int | None = None, layer: int | None
     for folder in (model_dir,) + (pooled[:1] if pooled else ()):
         if not (folder / "config.json").is_file():
             raise VaeSpecError(f"--text-encoder {spec}: {folder} has no config.json (not a transformers model folder)")
-    return TextFolders(family, model_dir, tokenizer_dir, resolved, pooled)
+    features = None
+    if family.features == "ltx2":
+        features = root / "connectors"
+        if not (features / "config.json").is_file():
+            raise VaeSpecError(f"--text-encoder {spec}: no {features / 'config.json'} (a {class_name} folder holds "
+                               "LTX-2's text feature extractor in connectors/)")
+    return TextFolders(family, model_dir, tokenizer_dir, resolved, pooled, features)
 
 
 MEMORY_SHARE = 0.5
@@ -279,13 +315,15 @@ def check_text_shape(config: Any, family: TextFamily, batch: int, spec: str,
     (a GPU's own, else the machine's), so that a typo (--text-length 1000000000) is one line, not a native abort in
     the tokenizer or an out-of-memory kill."""
     tokens = family.length + family.crop_start
+    config = text_config(config)
     positions = getattr(config, "max_position_embeddings", None)
     if isinstance(positions, int) and positions > 0 and tokens > positions:
         raise UsageError(f"--text-encoder {spec}: {tokens} tokens a prompt, but {type(config).__name__} holds "
                          f"{positions} positions (--text-length at most {positions - family.crop_start})")
     width = max(int(getattr(config, name, 0) or 0) for name in ("d_model", "hidden_size", "d_ff", "intermediate_size"))
     heads = int(getattr(config, "num_heads", 0) or getattr(config, "num_attention_heads", 0) or 1)
-    estimate = batch * (tokens * max(width, 1) + heads * tokens * tokens) * 4
+    stacked = int(getattr(config, "num_hidden_layers", 0) or 0) + 1 if family.features else 1  # LTX-2 stacks them all
+    estimate = batch * (tokens * max(width, 1) * stacked + heads * tokens * tokens) * 4
     memory, whose = device_memory(device)
     if memory and estimate > memory * MEMORY_SHARE:
         raise UsageError(f"--text-encoder {spec}: a batch of {batch} prompts of {tokens} tokens needs about "
@@ -301,6 +339,12 @@ def machine_memory() -> int:
         return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
     except (AttributeError, ValueError, OSError):
         return 0
+
+
+def text_config(config: Any) -> Any:
+    """The language model's config of a multimodal one (Gemma 3's text_config), else the config itself."""
+    getter = getattr(config, "get_text_config", None)
+    return getter() if callable(getter) else config
 
 
 def check_layer(config: Any, layer: int | None, spec: str) -> None:

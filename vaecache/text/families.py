@@ -31,6 +31,7 @@ LTX_PIPELINES = ("LTXPipeline", "LTXImageToVideoPipeline")
 COGVIDEOX_PIPELINES = ("CogVideoXPipeline", "CogVideoXImageToVideoPipeline", "CogVideoXVideoToVideoPipeline",
                        "CogVideoXFunControlPipeline")
 HUNYUAN_PIPELINES = ("HunyuanVideoPipeline",)
+LTX2_PIPELINES = ("LTX2Pipeline", "LTX2ImageToVideoPipeline", "LTX2ConditionPipeline")
 NOT_YET = {
     "LTXConditionPipeline": "ltx-video (its own prompt embedding)",
     "HunyuanVideoImageToVideoPipeline": "hunyuanvideo image-to-video (a LLaVA template with the image)",
@@ -59,12 +60,19 @@ class TextFamily:
     """The hidden state stored (an index into hidden_states), else the last hidden state."""
     pooled_length: int = 0
     """A second encoder's pooled output is stored too (HunyuanVideo's CLIP-L), at this many tokens; 0: none."""
+    padding: str = "right"
+    """Where the padding tokens go ("left": LTX-2's Gemma; the mask marks the last `tokens` rows)."""
+    features: str = ""
+    """"ltx2": the stored rows are LTX-2's feature extractor output of every hidden state (vaecache.text.ltx2), not
+    one hidden state."""
 
     def __post_init__(self) -> None:
         if self.length < 1:
             raise ValueError(f"text family {self.name}: length must be >= 1, got {self.length}")
         if self.cleaning not in CLEANINGS:
             raise ValueError(f"text family {self.name}: unknown cleaning {self.cleaning!r}")
+        if self.padding not in ("left", "right"):
+            raise ValueError(f"text family {self.name}: padding must be left or right, got {self.padding!r}")
 
     def clean(self, text: str) -> str:
         return CLEANINGS[self.cleaning](text)
@@ -108,14 +116,24 @@ HUNYUAN = TextFamily("hunyuanvideo", 256, "none", "diffusers HunyuanVideoPipelin
                      template=HUNYUAN_TEMPLATE, crop_start=95, layer=-3, pooled_length=77)
 
 
+LTX2 = TextFamily("ltx2", 1024, "strip", "LTX-2's trainer (Lightricks/LTX-2 400fd31, ltx-trainer "
+                   "scripts/process_captions.py): ltx-core's LTXGemmaTokenizer (strip, <bos> first, left padding to "
+                   "1024), every Gemma hidden state, the checkpoint's feature extractor (V1 or V2) before the "
+                   "connectors; diffusers LTX2Pipeline._get_gemma_prompt_embeds then LTX2TextConnectors' "
+                   "normalization and text_proj_in", masked=True, full_length=True, padding="left", features="ltx2")
+"""LTX-2 (diffusers' LTX2Pipeline folder: text_encoder/ a Gemma 3, tokenizer/, connectors/ the feature extractor's
+weights); vaecache.text.ltx2 holds its arithmetic."""
+
+
 def family_for_pipeline(class_name: str, where: str) -> TextFamily:
     """The family of a diffusers pipeline folder's model_index.json `_class_name`; a ValueError naming what is
     supported otherwise."""
     for names, family in ((WAN_PIPELINES, WAN), (LTX_PIPELINES, LTX), (COGVIDEOX_PIPELINES, COGVIDEOX),
-                          (HUNYUAN_PIPELINES, HUNYUAN)):
+                          (HUNYUAN_PIPELINES, HUNYUAN), (LTX2_PIPELINES, LTX2)):
         if class_name in names:
             return family
-    supported = (f"supported: {', '.join(WAN_PIPELINES + LTX_PIPELINES + COGVIDEOX_PIPELINES + HUNYUAN_PIPELINES)}; "
+    every = WAN_PIPELINES + LTX_PIPELINES + COGVIDEOX_PIPELINES + HUNYUAN_PIPELINES + LTX2_PIPELINES
+    supported = (f"supported: {', '.join(every)}; "
                  "any other encoder as transformers:PATH with --text-length")
     if class_name in NOT_YET:
         raise ValueError(f"{where}: {class_name} ({NOT_YET[class_name]}) text embeddings are not reproduced yet "

@@ -325,6 +325,9 @@ class TextSet:
                                   if "pooled_tokens" in prompts.column_names else {})
         self._shards = SetShards(store, self.entry, verify, f"text set {name!r}")
         self.family = str(fingerprint.get("family") or "")
+        self.padding = str(fingerprint.get("padding") or "right")
+        self.features = fingerprint.get("features") if isinstance(fingerprint.get("features"), dict) else None
+        """LTX-2's: {"extractor", "layers", "video_width", "audio_width"}; else None."""
 
     def key(self, clip: str) -> str:
         try:
@@ -376,8 +379,10 @@ class TextSet:
 
     def item(self, clip: str) -> dict[str, torch.Tensor]:
         """What LatentCache's item holds of this set: text/<set> and text_mask/<set> as the pipeline returns them,
-        and text_pooled/<set> where the family has a pooled output."""
-        tensors = dict(zip((f"text/{self.name}", f"text_mask/{self.name}"), self.padded(clip)))
+        text_pooled/<set> where the family has a pooled output, and for LTX-2 text/<set> its video features and
+        text_audio/<set> its audio features (what its trainer calls video_prompt_embeds and audio_prompt_embeds)."""
+        embeds, mask = self.padded(clip)
+        tensors = {**feature_tensors(self.name, embeds, self.features), f"text_mask/{self.name}": mask}
         if self.pooled_hidden_size:
             tensors[f"text_pooled/{self.name}"] = self.pooled(clip)
         return tensors
@@ -390,22 +395,39 @@ class TextSet:
         return tensors
 
     def export_facts(self, clip: str) -> dict[str, Any]:
-        return {"length": self.length, "tokens": self.tokens(clip)}
+        return {"length": self.length, "tokens": self.tokens(clip),
+                **({"padding": self.padding} if self.padding != "right" else {}),
+                **({"features": self.features} if self.features else {})}
 
     def padded(self, clip: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(length, hidden) as the pipeline returns it (Wan: zero rows after the prompt's; LTX-Video, CogVideoX:
         every row as stored) and the (length,) bool mask of the prompt's tokens."""
-        return pipeline_tensor(self.rows(clip), self.length, self.tokens(clip))
+        return pipeline_tensor(self.rows(clip), self.length, self.tokens(clip), self.padding)
 
 
-def pipeline_tensor(rows: torch.Tensor, length: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pipeline_tensor(rows: torch.Tensor, length: int, tokens: int,
+                    padding: str = "right") -> tuple[torch.Tensor, torch.Tensor]:
     """Stored rows as the pipeline returns them: (length, hidden), zero rows after the stored ones, and the
-    (length,) bool mask of the prompt's `tokens`."""
+    (length,) bool mask of the prompt's `tokens`: the first ones, or with `padding` "left" (LTX-2) the last."""
     embeds = rows.new_zeros((length, rows.shape[1]))
     embeds[:rows.shape[0]] = rows
     mask = torch.zeros(length, dtype=torch.bool)
-    mask[:tokens] = True
+    if padding == "left":
+        mask[length - tokens:] = tokens > 0
+    else:
+        mask[:tokens] = True
     return embeds, mask
+
+
+def feature_tensors(name: str, embeds: torch.Tensor, features: dict[str, Any] | None) -> dict[str, torch.Tensor]:
+    """text/<set> (and, LTX-2, text_audio/<set>) of a prompt's padded rows: LTX-2's sets hold the video features and
+    the audio features side by side (vaecache.text.ltx2); V1's audio features are its video features."""
+    if not features:
+        return {f"text/{name}": embeds}
+    from vaecache.text.ltx2 import split_features
+
+    video, audio = split_features(embeds, int(features["video_width"]), int(features["audio_width"]))
+    return {f"text/{name}": video, f"text_audio/{name}": audio}
 
 
 def _entry_file(store: Any, name: str, entry: Any) -> str:
@@ -416,6 +438,7 @@ def _entry_file(store: Any, name: str, entry: Any) -> str:
     return store.checked_name(file, f"text set {name}")
 
 
-__all__ = ["EmbedRequest", "EmbedSummary", "TextSet", "clip_captions", "pack_shards", "pipeline_tensor",
+__all__ = ["EmbedRequest", "EmbedSummary", "TextSet", "clip_captions", "feature_tensors", "pack_shards",
+           "pipeline_tensor",
            "plan_prompts", "prompt_key",
            "read_captions_file", "text_set_names"]
