@@ -208,3 +208,38 @@ def ltx_original(state: dict[str, Any], release: str) -> dict[str, Any]:
                 new = "decoder.last_" + new.removeprefix("decoder.")
         out[f"vae.{new}"] = value
     return out
+
+
+def ltx2_original(state: dict[str, Any]) -> dict[str, Any]:
+    """A diffusers AutoencoderKLLTX2Video state dict in LTX-2's own checkpoint keys (ltx-core's video VAE: the
+    encoder's and decoder's blocks numbered flat, each level's resnets then its resampler, the encoder's mid block
+    last and the decoder's first, `res_blocks`, `per_channel_statistics`), under `vae.`: the inverse of diffusers'
+    scripts/convert_ltx2_to_diffusers.py renaming (vaecache.vae.ltx2_file.VIDEO_RENAMES; checked by running it)."""
+    levels = 1 + max(int(m[1]) for key in state if (m := re.match(r"^encoder\.down_blocks\.(\d+)\.", key)))
+    out = {}
+    for key, value in state.items():
+        new = {"latents_mean": "per_channel_statistics.mean-of-means",
+               "latents_std": "per_channel_statistics.std-of-means"}.get(key, key)
+        if m := re.match(r"^encoder\.down_blocks\.(\d+)\.(resnets|downsamplers\.0)\.(.*)$", key):
+            level = int(m[1])
+            new = (f"encoder.down_blocks.{2 * level}.res_blocks.{m[3]}" if m[2] == "resnets"
+                   else f"encoder.down_blocks.{2 * level + 1}.{m[3]}")
+        elif m := re.match(r"^encoder\.mid_block\.resnets\.(.*)$", key):
+            new = f"encoder.down_blocks.{2 * levels}.res_blocks.{m[1]}"
+        elif m := re.match(r"^decoder\.mid_block\.resnets\.(.*)$", key):
+            new = f"decoder.up_blocks.0.res_blocks.{m[1]}"
+        elif m := re.match(r"^decoder\.up_blocks\.(\d+)\.(resnets|upsamplers\.0)\.(.*)$", key):
+            level = int(m[1])
+            new = (f"decoder.up_blocks.{2 * level + 2}.res_blocks.{m[3]}" if m[2] == "resnets"
+                   else f"decoder.up_blocks.{2 * level + 1}.{m[3]}")
+        out[f"vae.{new}"] = value
+    return out
+
+
+def ltx2_audio_original(state: dict[str, Any]) -> dict[str, Any]:
+    """A diffusers AutoencoderKLLTX2Audio state dict in LTX-2's checkpoint keys: ltx-core's names are diffusers'
+    (its layers were kept), the statistics `per_channel_statistics.*`, under `audio_vae.` (the inverse of diffusers'
+    convert_ltx2_audio_vae_to_diffusers)."""
+    names = {"latents_mean": "per_channel_statistics.mean-of-means",
+             "latents_std": "per_channel_statistics.std-of-means"}
+    return {f"audio_vae.{names.get(key, key)}": value for key, value in state.items()}

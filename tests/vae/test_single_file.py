@@ -11,7 +11,14 @@ import torch
 from safetensors.torch import save_file
 
 from tests.conftest import assert_same_tensors, invoke, load_tensors, read_manifest
-from tests.vae.original_layouts import ldm_vae_original, ltx090_original, ltx_original, wan21_original, wan22_original
+from tests.vae.original_layouts import (
+    ldm_vae_original,
+    ltx090_original,
+    ltx2_original,
+    ltx_original,
+    wan21_original,
+    wan22_original,
+)
 from vaecache.errors import VaeSpecError
 from vaecache.vae.single_file import CONFIGS, detect_family, safetensors_header, shipped_config, shipped_config_name
 
@@ -353,6 +360,10 @@ RELEASES = [  # (shipped config, original layout, extra keys of a whole checkpoi
     ("ltx-video-0.9.5_vae.json", lambda state: ltx_original(state, "0.9.5"), {}),
     ("ltx-video-0.9.5_vae.json", lambda state: ltx_original(state, "0.9.5"),  # 0.9.7's whole checkpoint
      {"model.diffusion_model.transformer_blocks.47.scale_shift_table": (2, 4096)}),
+    ("ltx-2.0_vae.json", ltx2_original, {}),  # LTX-2's video VAE alone: 0.9.5's encoder, no timestep conditioning
+    ("ltx-2.0_vae.json", ltx2_original,  # LTX-2's whole checkpoint: its audio VAE beside
+     {"audio_vae.encoder.conv_in.conv.weight": (128, 2, 3, 3), "model.diffusion_model.scale_shift_table": (2, 4096)}),
+    ("ltx-2.3_vae.json", ltx2_original, {}),
 ]
 
 
@@ -372,10 +383,12 @@ def test_each_release_is_told_from_its_keys_and_its_shipped_config_takes_every_t
     state = module.state_dict()
     layout = original(state)
     shapes = {key: tuple(value.shape) for key, value in layout.items()} | extra
-    assert detect_family(shapes) == family
+    from vaecache.vae.ltx2_file import convert_ltx2_video_vae
+
+    assert detect_family(shapes, None, shapes) == family
     assert shipped_config_name(family, shapes) == name
-    convert = convert_wan22_vae if is_wan22_layout(layout) else SINGLE_FILE_LOADABLE_CLASSES[family][
-        "checkpoint_mapping_fn"]
+    convert = convert_wan22_vae if is_wan22_layout(layout) else convert_ltx2_video_vae if \
+        family == "AutoencoderKLLTX2Video" else SINGLE_FILE_LOADABLE_CLASSES[family]["checkpoint_mapping_fn"]
     converted = convert(config=dict(module.config), checkpoint=dict(layout))
     assert set(converted) == set(state)
     assert all(tuple(converted[key].shape) == tuple(state[key].shape) for key in state)

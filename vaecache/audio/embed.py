@@ -16,7 +16,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -36,7 +36,8 @@ class AudioRequest:
 
     out: str
     audio_vae: str
-    """diffusers:PATH[#SUBFOLDER]: a folder holding an AutoencoderKLLTX2Audio (an LTX-2 pipeline's audio_vae)."""
+    """diffusers:PATH[#SUBFOLDER]: a folder holding an AutoencoderKLLTX2Audio (an LTX-2 pipeline's audio_vae); or
+    PATH.safetensors: an LTX-2 checkpoint file holding its audio VAE (vaecache.vae.ltx2_file)."""
     camera: str | None = None
     """Whose video's sound (default: the first camera whose video has an audio track)."""
     missing: str = "skip"
@@ -45,7 +46,8 @@ class AudioRequest:
     shard_bytes: int = 256 << 20
     device: str = "auto"
     n_fft: int = 1024
-    """The STFT size of the mel (LTX-2's checkpoint: preprocessing.stft.filter_length)."""
+    """The STFT size of the mel (LTX-2's checkpoint: preprocessing.stft.filter_length; a checkpoint file's own
+    metadata overrides it)."""
     allow_pickle_weights: bool = False
     storage_options: tuple[tuple[str, Any], ...] = ()
 
@@ -54,9 +56,34 @@ class AudioRequest:
             raise UsageError(f"--audio-missing must be one of {', '.join(MISSING_CHOICES)}, got {self.missing!r}")
         if self.shard_bytes < 1:
             raise UsageError(f"--shard-size must be at least 1 byte, got {self.shard_bytes}")
-        if not self.audio_vae.startswith("diffusers:"):
-            raise UsageError(f"--audio-vae must be diffusers:PATH[#SUBFOLDER] (a folder holding an "
-                             f"{' or '.join(AUDIO_VAE_CLASSES)}), got {self.audio_vae!r}")
+        check_audio_spec_form(self.audio_vae)
+
+
+FILE_SUFFIXES = (".safetensors", ".sft")
+
+
+def check_audio_spec_form(spec: str) -> None:
+    if not spec.startswith("diffusers:") and not spec.lower().endswith(FILE_SUFFIXES):
+        raise UsageError(f"--audio-vae must be diffusers:PATH[#SUBFOLDER] (a folder holding an "
+                         f"{' or '.join(AUDIO_VAE_CLASSES)}) or an LTX-2 checkpoint file PATH.safetensors, got "
+                         f"{spec!r}")
+
+
+def check_audio_vae(spec: str) -> None:
+    """What can be known of a --audio-vae before any video is read: a folder's config class, or a checkpoint file's
+    header holding `audio_vae.*` tensors (a VaeSpecError naming it otherwise)."""
+    check_audio_spec_form(spec)
+    if spec.startswith("diffusers:"):
+        audio_vae_folder(spec)
+        return
+    from vaecache.weights import safetensors_header
+
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise VaeSpecError(f"--audio-vae {spec}: no such file")
+    if not any(key.startswith("audio_vae.") for key in safetensors_header(path)):
+        raise VaeSpecError(f"--audio-vae {path}: no audio_vae.* tensors: not an LTX-2 checkpoint holding its audio "
+                           "VAE")
 
 
 def audio_vae_folder(spec: str) -> Path:
@@ -77,19 +104,35 @@ def audio_vae_folder(spec: str) -> Path:
     return folder
 
 
-def load_audio_vae(spec: str, device: torch.device, allow_pickle_weights: bool = False) -> Any:
+class AudioVae(NamedTuple):
+    module: Any
+    """The diffusers module, in eval mode, on the device."""
+    n_fft: int | None
+    """The STFT size a checkpoint file's metadata gives (None: a diffusers folder, whose config has none)."""
+
+
+def load_audio_vae(spec: str, device: torch.device, allow_pickle_weights: bool = False) -> AudioVae:
     """The audio VAE a spec names, loaded strictly (a missing or misshapen weight is an error), in eval mode."""
     import diffusers
 
     from vaecache.weights import load_pretrained
 
+    check_audio_spec_form(spec)
+    if not spec.startswith("diffusers:"):
+        from vaecache.vae.ltx2_file import load_audio_single_file
+
+        loaded = load_audio_single_file(Path(spec).expanduser())
+        return AudioVae(loaded.module.to(device).eval(), loaded.n_fft)
     folder = audio_vae_folder(spec)
     cls = getattr(diffusers, json.loads((folder / "config.json").read_text())["_class_name"])
-    return load_pretrained(cls, folder, allow_pickle_weights=allow_pickle_weights).to(device).eval()
+    return AudioVae(load_pretrained(cls, folder, allow_pickle_weights=allow_pickle_weights).to(device).eval(), None)
 
 
 def absolute_audio_spec(spec: str) -> str:
-    """The spec with its folder made absolute: what the set records, so verify --reencode finds the VAE again."""
+    """The spec with its folder (or file) made absolute: what the set records, so verify --reencode finds the VAE
+    again."""
+    if not spec.startswith("diffusers:"):
+        return str(Path(spec).expanduser().absolute())
     location, sep, sub = spec.removeprefix("diffusers:").partition("#")
     return f"diffusers:{Path(location).expanduser().absolute()}{sep}{sub}"
 
@@ -165,9 +208,10 @@ class AudioJob:
         from vaecache.settings.clip import ClipSettings
 
         self.request, self.device = request, device
-        self.vae = loaded_on_every_rank(ctx, lambda: load_audio_vae(request.audio_vae, device,
-                                                                    request.allow_pickle_weights), "audio VAE")
-        self.mel = MelSpec.ltx2(dict(self.vae.config), n_fft=request.n_fft)
+        loaded = loaded_on_every_rank(ctx, lambda: load_audio_vae(request.audio_vae, device,
+                                                                  request.allow_pickle_weights), "audio VAE")
+        self.vae = loaded.module
+        self.mel = MelSpec.ltx2(dict(self.vae.config), n_fft=loaded.n_fft or request.n_fft)
         self.fingerprint = {"kind": AUDIO_DIR, "vae": audio_vae_fingerprint(self.vae), "mel": self.mel.to_record(),
                             "camera": request.camera, "missing": request.missing,
                             "stored": "posterior mean (C, T, F) in the VAE's dtype"}
@@ -274,7 +318,7 @@ def check_audio_reencode(cache: Any, count: int, seed: int, device: Any, toleran
         rows.append(check)
         fingerprint = entry.get("fingerprint") or {}
         try:
-            vae = load_audio_vae(str(entry.get("audio_vae")), device, allow_pickle_weights)
+            vae = load_audio_vae(str(entry.get("audio_vae")), device, allow_pickle_weights).module
             differs = describe_differences(fingerprint.get("vae") or {}, audio_vae_fingerprint(vae))
             if differs:
                 raise VaecacheError(f"the audio VAE at {entry.get('audio_vae')} is not the recorded one "

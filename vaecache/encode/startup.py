@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from vaecache.audio.embed import audio_vae_folder
+from vaecache.audio.embed import check_audio_vae
 from vaecache.cache.sets import loaded_on_every_rank
 from vaecache.conditions.kinds import LATENT_KINDS, check_condition_vae
 from vaecache.conditions.sets import check_condition_request
@@ -135,7 +135,7 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
     check_text_encoder(request.text.encoder)
     condition_kinds = check_condition_request(request.conditions)
     if request.audio.vae is not None:
-        audio_vae_folder(request.audio.vae)
+        check_audio_vae(request.audio.vae)
     backend = resolve_decoder(request.decode.decoder, request.device, request.decode.workers)
     sampling = clip.sampling
     found = discover(source.location, options=SourceOptions(clip.cameras, sampling.frame_rate,

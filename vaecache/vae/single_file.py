@@ -1,6 +1,7 @@
 """A VAE held as one file, the way most users have it (`Wan2.1_VAE.pth`, ComfyUI's `wan_2.1_vae.safetensors`,
 LTX-Video's and SD's single-file checkpoints): the family told from the keys, the config the family published
-(shipped in vaecache/vae/configs/) or --vae-config, converted with diffusers' own single-file loading
+(shipped in vaecache/vae/configs/) or --vae-config, converted with diffusers' own single-file loading (LTX-2's:
+vaecache.vae.ltx2_file)
 (`from_single_file`, diffusers/loaders/single_file_model.py SINGLE_FILE_LOADABLE_CLASSES: AutoencoderKLWan,
 AutoencoderKLLTXVideo and AutoencoderKL in the pinned diffusers; each family's key mapping is
 diffusers/loaders/single_file_utils.py `convert_wan_vae_to_diffusers`, `convert_ltx_vae_checkpoint_to_diffusers`,
@@ -30,17 +31,25 @@ SUFFIXES = SAFE_SUFFIXES + PICKLE_SUFFIXES
 CONFIGS = Path(__file__).resolve().parent / "configs"
 
 
-def detect_family(keys: Iterable[str], path: Path | None = None) -> str:
-    """The VAE family a checkpoint's keys are laid out for (its original code's module names), or a VaeSpecError
-    saying what the file (`path`, named in the message) is."""
+def detect_family(keys: Iterable[str], path: Path | None = None, shapes: dict[str, Any] | None = None) -> str:
+    """The VAE family a checkpoint's keys (and `shapes`, where given) are laid out for (its original code's module
+    names), or a VaeSpecError saying what the file (`path`, named in the message) is."""
+    from vaecache.vae.ltx2_file import AUDIO_PREFIX, is_ltx2_checkpoint
+
     where = f"{path}: " if path is not None else ""
+    keys = list(keys)
     found = {key.removeprefix("vae.").removeprefix("first_stage_model.") for key in keys}
     if "encoder.downsamples.0.residual.0.gamma" in found and "decoder.upsamples.0.residual.0.gamma" in found:
         return "AutoencoderKLWan"  # Wan-Video/Wan2.1 wan/modules/vae.py WanVAE_
     if is_wan22_layout(found):
         return "AutoencoderKLWan"  # Wan-Video/Wan2.2 wan/modules/vae2_2.py WanVAE_ (Down_/Up_ResidualBlock)
     if any(key.startswith("per_channel_statistics") for key in found):
+        if is_ltx2_checkpoint(keys, shapes or {}):
+            return "AutoencoderKLLTX2Video"  # Lightricks/LTX-2 ltx_core/model/video_vae (vaecache.vae.ltx2_file)
         return "AutoencoderKLLTXVideo"  # Lightricks/LTX-Video ltx_video/models/autoencoders/causal_video_autoencoder.py
+    if keys and all(key.startswith(AUDIO_PREFIX) for key in keys):
+        raise VaeSpecError(f"{where}LTX-2's audio VAE alone (audio_vae.*): pass it as --audio-vae, with the video "
+                           "VAE as --vae")
     if "encoder.down.0.block.0.norm1.weight" in found and "decoder.up.0.block.0.norm1.weight" in found:
         return "AutoencoderKL"  # the LDM/SD first-stage model (ldm/modules/diffusionmodules/model.py)
     if "encoder.down.0.block.0.conv1.conv.weight" in found:
@@ -55,8 +64,8 @@ def detect_family(keys: Iterable[str], path: Path | None = None) -> str:
         raise VaeSpecError(f"{where}a diffusers model's weights file on its own: pass the folder that holds it "
                            "with its config.json (--vae diffusers:FOLDER)")
     sample = ", ".join(sorted(found)[:3])
-    raise VaeSpecError(f"{where}not a VAE checkpoint vaecache knows (keys {sample}, ...): single files of Wan 2.1, "
-                       "LTX-Video and SD-style AutoencoderKL are read")
+    raise VaeSpecError(f"{where}not a VAE checkpoint vaecache knows (keys {sample}, ...): single files of Wan 2.1 "
+                       "and 2.2, LTX-Video, LTX-2 and SD-style AutoencoderKL are read")
 
 
 def read_keys(path: Path, allow_pickle_weights: bool) -> tuple[list[str], dict[str, Any]]:
@@ -102,7 +111,7 @@ def check_single_file(path: Path, vae_config: Path | None, allow_pickle_weights:
             read_keys(path, False)  # refuses the pickle, naming the flag; with it, reading one needs torch
         return
     keys, shapes = read_keys(path, allow_pickle_weights)
-    load_config(vae_config, detect_family(keys, path), shapes, path)
+    load_config(vae_config, detect_family(keys, path, shapes), shapes, path)
 
 
 def is_wan22_layout(keys: Iterable[str]) -> bool:
@@ -132,6 +141,10 @@ def shipped_config_name(family: str, shapes: dict[str, Any]) -> str | None:
             return "wan2.1_vae.json"
         if conv and first and conv[0] == 96 and first[0] == 160 and is_wan22_layout(shapes):
             return "wan2.2_vae.json"
+    if family == "AutoencoderKLLTX2Video":
+        from vaecache.vae.ltx2_file import video_config_name
+
+        return video_config_name(shapes)
     if family == "AutoencoderKLLTXVideo":
         last = shapes.get("vae.encoder.conv_out.conv.weight")
         if last and len(last) > 1 and last[1] == 2048:
@@ -153,9 +166,15 @@ NO_SHIPPED_CONFIG = {
     "AutoencoderKLWan": "the configs shipped are Wan 2.1's (z_dim 16, base_dim 96) and Wan 2.2 TI2V-5B's (z_dim 48, "
                         "base_dim 160); this file has other shapes",
     "AutoencoderKLLTXVideo": "its keys are not those of a released LTX-Video VAE (0.9.0, 0.9.1, 0.9.5 to 0.9.8)",
+    "AutoencoderKLLTX2Video": "its shapes are not those of a released LTX-2 video VAE (2.0, 2.3)",
     "AutoencoderKL": "SD 1.x, SD 2.x and SDXL VAEs have the same shapes but other scaling factors, and a latent scaled "
                      "wrongly trains wrongly",
 }
+
+
+SIBLINGS = {("AutoencoderKLLTXVideo", "AutoencoderKLLTX2Video")}
+"""(detected, given) families whose checkpoints can have the same keys: LTX-2's video VAE alone, at a size no release
+has, keeps LTX-Video's key layout; --vae-config's class then says which it is."""
 
 
 def load_config(given: Path | None, family: str, shapes: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -167,7 +186,7 @@ def load_config(given: Path | None, family: str, shapes: dict[str, Any], path: P
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise VaeSpecError(f"{file}: --vae-config is not a readable config.json ({exc})") from None
         named = config.get("_class_name") if isinstance(config, dict) else None
-        if named != family:
+        if named != family and (family, named) not in SIBLINGS:
             raise VaeSpecError(f"{file}: --vae-config is for {named!r}, the checkpoint {path.name} is a {family}")
         return config
     config = shipped_config(family, shapes)
@@ -206,8 +225,9 @@ def load_single_file(path: Path, config_path: Path | None, allow_pickle_weights:
     state = None if path.suffix.lower() in SAFE_SUFFIXES else read_pickle(path, allow_pickle_weights)
     keys, shapes = read_keys(path, allow_pickle_weights) if state is None else \
         (list(state), {key: tuple(getattr(value, "shape", ())) for key, value in state.items()})
-    family = detect_family(keys, path)
+    family = detect_family(keys, path, shapes)
     config = load_config(config_path, family, shapes, path)
+    family = str(config.get("_class_name") or family)  # a sibling the given config names (SIBLINGS)
     given = f"--vae-config {config_path}" if config_path else \
         f"the shipped config {shipped_config_name(family, shapes)} (another size: pass --vae-config)"
     try:
@@ -216,8 +236,12 @@ def load_single_file(path: Path, config_path: Path | None, allow_pickle_weights:
     except Exception as exc:  # noqa: BLE001  # diffusers raises many kinds for a config it cannot build
         raise VaeSpecError(f"{path}: {given} does not build a {family} ({first_line(exc, 200)})") from None
     tensors = _vae_tensors(path, family, keys, state)
-    convert = convert_wan22_vae if family == "AutoencoderKLWan" and is_wan22_layout(keys) else \
-        SINGLE_FILE_LOADABLE_CLASSES[family]["checkpoint_mapping_fn"]
+    if family == "AutoencoderKLWan" and is_wan22_layout(keys):
+        convert = convert_wan22_vae
+    elif family == "AutoencoderKLLTX2Video":
+        from vaecache.vae.ltx2_file import convert_ltx2_video_vae as convert
+    else:
+        convert = SINGLE_FILE_LOADABLE_CLASSES[family]["checkpoint_mapping_fn"]
     try:
         # the module's config (the given one with diffusers' defaults filled in: what the SD converter's level count
         # must match); a copy of the tensors, which the LTX converter pops
@@ -228,7 +252,7 @@ def load_single_file(path: Path, config_path: Path | None, allow_pickle_weights:
     except Exception as exc:  # noqa: BLE001
         raise VaeSpecError(f"{path}: diffusers' {convert.__name__} cannot convert it "
                            f"({first_line(exc, 200)})") from None
-    skipped = _check_complete(path, family, given, module.state_dict(), tensors, converted)
+    skipped = check_complete(path, family, given, module.state_dict(), tensors, converted)
     module.load_state_dict(converted, strict=True)
     check_finite(module.state_dict(), str(path))
     return SingleFile(module.to(torch.float32).eval(), family, file_sha256(path), skipped)
@@ -242,6 +266,8 @@ def _vae_tensors(path: Path, family: str, keys: list[str], state: dict[str, Any]
 
     if family == "AutoencoderKLLTXVideo":
         keys = [key for key in keys if "vae." in key]  # convert_ltx_vae_checkpoint_to_diffusers
+    elif family == "AutoencoderKLLTX2Video":
+        keys = [key for key in keys if key.startswith("vae.")] or keys  # a whole LTX-2 file, or its video VAE alone
     elif family == "AutoencoderKL":  # convert_ldm_vae_checkpoint: the last prefix any key has, else none
         prefix = next((p for p in reversed(LDM_VAE_KEYS) if any(key.startswith(p) for key in keys)), "")
         keys = [key for key in keys if key.startswith(prefix)]
@@ -259,8 +285,10 @@ def _vae_tensors(path: Path, family: str, keys: list[str], state: dict[str, Any]
     return {key: state[key] for key in keys}
 
 
-LEFTOVERS = {"AutoencoderKLLTXVideo": ("per_channel_statistics.",), "AutoencoderKL": ("loss.", "model_ema.")}
-"""Tensors of a family's original checkpoints that its model does not use, dropped on purpose: LTX-Video's
+LEFTOVERS = {"AutoencoderKLLTXVideo": ("per_channel_statistics.",),
+             "AutoencoderKLLTX2Video": ("per_channel_statistics.",),
+             "AutoencoderKLLTX2Audio": ("per_channel_statistics.",), "AutoencoderKL": ("loss.", "model_ema.")}
+"""Tensors of a family's original checkpoints that its model does not use, dropped on purpose: LTX-Video's (and LTX-2's)
 channel index and mean of stds (its converter removes them), the LDM autoencoder's training loss (LPIPS, its
 discriminator, logvar) and its LitEma copies (`model_ema.decay`, `model_ema.num_updates` and the shadow weights:
 ldm's `instantiate_from_config` loading and diffusers' `convert_ldm_vae_checkpoint` read the model's own weights)."""
@@ -269,7 +297,7 @@ RECORDED_LEFTOVERS = ("model_ema.",)
 weights says which weights were not used."""
 
 
-def _check_complete(path: Path, family: str, given: Any, expected: dict[str, Any], tensors: dict[str, Any],
+def check_complete(path: Path, family: str, given: Any, expected: dict[str, Any], tensors: dict[str, Any],
                     converted: dict[str, Any]) -> None:
     """Every parameter and persistent buffer of the module (`expected`) in the converted checkpoint with its shape,
     and every tensor of the file's VAE part used: diffusers' loader keeps a missing one's random initial value, and
@@ -299,7 +327,7 @@ def _check_complete(path: Path, family: str, given: Any, expected: dict[str, Any
 
 
 def _bare(key: str) -> str:
-    return key.removeprefix("vae.").removeprefix("first_stage_model.")
+    return key.removeprefix("audio_vae.").removeprefix("vae.").removeprefix("first_stage_model.")
 
 
 _WAN22_RESIDUAL = {"residual.0.gamma": "norm1.gamma", "residual.2.weight": "conv1.weight",
