@@ -135,3 +135,49 @@ def build_ltx2_text_folder(root: Path, seed: int = 0, version: int = 1, bos_from
         "tokenizer": ["transformers", "PreTrainedTokenizerFast"], "connectors": ["ltx2", "LTX2TextConnectors"],
     }))
     return root
+
+
+QWEN_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+"""Qwen2.5's chat template for messages of text (Qwen2.5-VL's adds image and video parts, which prompts have
+none of)."""
+
+
+def build_hunyuan15_text_folder(root: Path, seed: int = 0) -> Path:
+    """root/{model_index.json, text_encoder/ (a Qwen2_5_VLTextModel), tokenizer/ (a byte-level BPE trained here, with
+    Qwen's chat tokens and template), text_encoder_2/ (a T5 encoder of ByT5's vocabulary), tokenizer_2/ (ByT5's, which
+    needs no files but its config)}: HunyuanVideo15Pipeline's text parts, tiny and random."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    root.mkdir(parents=True, exist_ok=True)
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS + ["system user assistant helpful Describe the video detailing aspects",
+                                      'a sign that reads "OPEN" and a poster saying “SALE”'],
+                            trainers.BpeTrainer(vocab_size=300, special_tokens=special,
+                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|endoftext|>", eos_token="<|im_end|>",
+                                         chat_template=QWEN_CHAT_TEMPLATE).save_pretrained(root / "tokenizer")
+    transformers.ByT5Tokenizer().save_pretrained(root / "tokenizer_2")
+    torch.manual_seed(seed)
+    transformers.Qwen2_5_VLTextModel(transformers.Qwen2_5_VLTextConfig(
+        vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=2048, rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]},
+        pad_token_id=0, bos_token_id=None, eos_token_id=2)).eval().save_pretrained(root / "text_encoder",
+                                                                             safe_serialization=True)
+    transformers.T5EncoderModel(transformers.T5Config(
+        vocab_size=384, d_model=24, d_kv=8, d_ff=48, num_layers=2, num_heads=3, relative_attention_num_buckets=8,
+        relative_attention_max_distance=32, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)).eval() \
+        .save_pretrained(root / "text_encoder_2", safe_serialization=True)
+    (root / "model_index.json").write_text(json.dumps({
+        "_class_name": "HunyuanVideo15Pipeline", "_diffusers_version": "0.42.1",
+        "text_encoder": ["transformers", "Qwen2_5_VLTextModel"], "tokenizer": ["transformers", "Qwen2Tokenizer"],
+        "text_encoder_2": ["transformers", "T5EncoderModel"], "tokenizer_2": ["transformers", "ByT5Tokenizer"],
+    }))
+    return root

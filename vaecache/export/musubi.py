@@ -385,6 +385,11 @@ def musubi_text_set(cache: Any, spec: MusubiArch, text_set: str, where: Path | s
     if name not in names:
         raise ExportError(f"{where}: no text set {name!r} (sets: {', '.join(names) or 'none'})")
     texts = cache.sets()["text"][name]  # the kind's reader, as LatentCache's items read it
+    if spec.short == "hv15" and texts.family == "hunyuanvideo-1.5":
+        raise ExportError(f"{where}: text set {name!r} holds diffusers' HunyuanVideo 1.5 conditioning, which is not "
+                          "musubi-tuner's: its hunyuan_video_1_5_text_encoder.py uses another system-message layout "
+                          "and crop, and ByT5 at 128 tokens with another glyph order, so its text caches would differ; "
+                          "pass --text-set none and run musubi's hv_1_5_cache_text_encoder_outputs.py")
     if MUSUBI_TEXT_FAMILY.get(spec.short) != texts.family:
         raise ExportError(f"{where}: text set {name!r} ({texts.family or 'unknown'} family) cannot be exported for "
                           f"--arch {spec.short}: musubi-tuner's text caches vaecache writes are Wan's (varlen_t5, "

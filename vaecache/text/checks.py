@@ -17,7 +17,7 @@ from vaecache.cache.layout import TEXT_DIR
 from vaecache.cache.sets import Recomputed, check_set_files, unlisted_set_checks
 from vaecache.errors import VaecacheError
 from vaecache.settings.dtypes import SAFETENSORS_NAMES, canonical_dtype_name
-from vaecache.text.sets import POOLED_SUFFIX
+from vaecache.text.sets import GLYPH_SUFFIX, POOLED_SUFFIX
 
 
 def check_text_sets(cache: Any, quick: bool, check_type: type) -> list[Any]:
@@ -77,9 +77,14 @@ def _check_set(cache: Any, name: str, entry: Any, ids: list[str], quick: bool, c
                    f"{next(c for c, k in key_of.items() if k == key)}) is not in its prompt table")
     stats_of = _recorded_stats(prompts, "", check)
     pooled_stats_of = _recorded_stats(prompts, "pooled_", None) if stats_of is not None else None
+    glyph_stats_of = _recorded_stats(prompts, "glyph_", None) if stats_of is not None else None
     stored_keys: set[str] = set()
     pooled_keys: set[str] = set()
+    glyph_keys: set[str] = set()
     pooled_hidden = int((fingerprint.get("pooled") or {}).get("hidden_size") or 0)
+    glyph_hidden = int((fingerprint.get("glyph") or {}).get("hidden_size") or 0)
+    glyph_tokens = (dict(zip(prompts.column("key").to_pylist(), prompts.column("glyph_tokens").to_pylist()))
+                    if "glyph_tokens" in prompts.column_names else {})
     for shard in entry.get("shards") or []:
         file = shard.get("file")
         if file not in contents:
@@ -97,6 +102,20 @@ def _check_set(cache: Any, name: str, entry: Any, ids: list[str], quick: bool, c
                                f"{tuple(tensor.shape)} (expected ({pooled_hidden},)) or non-finite values")
                 elif pooled_stats_of is not None and not _same_stats(tensor, pooled_stats_of.get(base)):
                     check.fail(f"{store.where(file)}: prompt {base[:12]}'s pooled output does not match the stats its "
+                               "prompt table records (altered, or another prompt's)")
+                continue
+            if key.endswith(GLYPH_SUFFIX):
+                base = key[:-len(GLYPH_SUFFIX)]
+                glyph_keys.add(base)
+                expected = (glyph_tokens.get(base), glyph_hidden)
+                if shard_of.get(base) != file:
+                    check.fail(f"{store.where(file)}: holds the glyph rows of prompt {base[:12]}, which its prompt "
+                               "table places elsewhere")
+                elif tuple(tensor.shape) != expected or not tensor.isfinite().all():
+                    check.fail(f"{store.where(file)}: prompt {base[:12]}'s glyph rows have shape "
+                               f"{tuple(tensor.shape)} (expected {expected}) or non-finite values")
+                elif glyph_stats_of is not None and not _same_stats(tensor, glyph_stats_of.get(base)):
+                    check.fail(f"{store.where(file)}: prompt {base[:12]}'s glyph rows do not match the stats its "
                                "prompt table records (altered, or another prompt's)")
                 continue
             stored_keys.add(key)
@@ -119,6 +138,9 @@ def _check_set(cache: Any, name: str, entry: Any, ids: list[str], quick: bool, c
         if pooled_hidden:
             for key in sorted(set(tokens) - pooled_keys)[:5]:
                 check.fail(f"text set {name}: prompt {key[:12]} has no pooled output in its shard")
+        if glyph_hidden:
+            for key in sorted(set(tokens) - glyph_keys)[:5]:
+                check.fail(f"text set {name}: prompt {key[:12]} has no glyph rows in its shard")
         texts = dict(zip(prompts.column("key").to_pylist(), prompts.column("text").to_pylist()))
         stored_captions = (dict(zip(clips.column("id").to_pylist(), clips.column("caption").to_pylist()))
                            if "caption" in clips.column_names else None)
@@ -282,6 +304,9 @@ def check_text_reembed(cache: Any, count: int, seed: int, device: Any, tolerance
         recomputed = Recomputed(check, limit)
         for key, embedding in zip(chosen, fresh):
             recomputed.compare(f"text set {name}: prompt {key[:12]}", "re-embeds", embedding.rows, texts.key_rows(key))
+            if embedding.glyph is not None:
+                recomputed.compare(f"text set {name}: prompt {key[:12]}'s glyph rows", "re-embeds", embedding.glyph,
+                                   texts.key_tensor(f"{key}{GLYPH_SUFFIX}", key))
         recomputed.finish()
     return rows
 

@@ -18,6 +18,7 @@ from vaecache.cache.sets import generation_of, loaded_on_every_rank, pack_shards
 from vaecache.text.sets import (
     CLIPS_TABLE,
     EMBEDDINGS_PREFIX,
+    GLYPH_SUFFIX,
     POOLED_SUFFIX,
     PROMPTS_TABLE,
     STAT_NAMES,
@@ -47,7 +48,8 @@ class TextKind(SetKind):
     export_member = "text.safetensors"
     sets_key = "text_sets"
     export_description = ("each text set's stored rows of the clip's prompt (text/<set>; HunyuanVideo's pooled output "
-                          "text_pooled/<set>); json's text_sets gives each set's length and token count")
+                          "text_pooled/<set>; HunyuanVideo 1.5's glyph rows text_glyph/<set>); json's text_sets gives "
+                          "each set's length and token count")
 
     def job(self, request: EmbedRequest, store: Any, manifest: dict[str, Any], ctx: Any, device: Any,
             given: Any) -> TextJob:
@@ -68,6 +70,9 @@ class TextKind(SetKind):
             tensors.update(feature_tensors(name, embeds, fact.get("features")))
             if f"text_pooled/{name}" in stored:
                 tensors[f"text_pooled/{name}"] = stored[f"text_pooled/{name}"]
+            if f"text_glyph/{name}" in stored:
+                tensors[f"text_glyph/{name}"], tensors[f"text_glyph_mask/{name}"] = pipeline_tensor(
+                    stored[f"text_glyph/{name}"], int(fact["glyph_length"]), int(fact["glyph_tokens"]))
         return tensors
 
     def verify_sets(self, cache: Any, quick: bool, check_type: type) -> list[Any]:
@@ -122,10 +127,13 @@ class TextJob:
         shards = pack_shards(keys, [count * row_bytes for count in tokens], self.encoder.batch,
                              self.request.shard_bytes)
         pooled = self.encoder.pooled_model is not None
+        glyph = self.encoder.glyph_model is not None
         columns = (("key", "string"), ("text", "string"), ("tokens", "int32"), ("truncated", "bool"),
                    ("shard", "string"),
                    *((("pooled_tokens", "int32"), ("pooled_truncated", "bool")) if pooled else ()),
-                   *((f"{prefix}{stat}", "float64") for prefix in ("", *(("pooled_",) if pooled else ()))
+                   *((("glyph_tokens", "int32"), ("glyph_truncated", "bool")) if glyph else ()),
+                   *((f"{prefix}{stat}", "float64")
+                     for prefix in ("", *(("pooled_",) if pooled else ()), *(("glyph_",) if glyph else ()))
                      for stat in STAT_NAMES))
         return [SetPlan(self.request.set_name, self.fingerprint, generation, shards, columns,
                         summary={"clips": clip_count, "prompts": len(keys)})]
@@ -154,9 +162,14 @@ class TextJob:
                 if e.pooled is not None:
                     tensors[f"{key}{POOLED_SUFFIX}"] = e.pooled.contiguous()
                     facts.update(pooled_tokens=e.pooled_tokens, pooled_truncated=e.pooled_truncated)
+                if e.glyph is not None:
+                    tensors[f"{key}{GLYPH_SUFFIX}"] = e.glyph.contiguous()
+                    facts.update(glyph_tokens=e.glyph_tokens, glyph_truncated=e.glyph_truncated)
                 facts.update(tensor_stats(e.rows))
                 if e.pooled is not None:
                     facts.update({f"pooled_{stat}": value for stat, value in tensor_stats(e.pooled).items()})
+                if e.glyph is not None:
+                    facts.update({f"glyph_{stat}": value for stat, value in tensor_stats(e.glyph).items()})
                 found[name][key] = ComputedItem(tensors, facts)
         return found, []
 
@@ -179,12 +192,16 @@ class TextJob:
             counts[key] = counts.get(key, 0) + 1
         truncated = {key for key, row in facts.items() if row["truncated"]}
         truncated_pooled = {key for key, row in facts.items() if row.get("pooled_truncated")}
+        truncated_glyph = {key for key, row in facts.items() if row.get("glyph_truncated")}
         record = {
             "generation": plan.generation, "fingerprint": self.fingerprint,
             "fingerprint_sha256": hashlib.sha256(json.dumps(self.fingerprint, sort_keys=True).encode()).hexdigest(),
             "spec": self.encoder.spec, "captions": self.source, "clips": len(self.clip_keys), "prompts": len(facts),
             "empty_prompt_clips": counts.get(prompt_key(""), 0), "truncated_prompts": len(truncated),
             **({"truncated_pooled_prompts": len(truncated_pooled)} if self.encoder.pooled_model is not None else {}),
+            **({"truncated_glyph_prompts": len(truncated_glyph),
+                "glyph_prompts": sum(1 for row in facts.values() if row.get("glyph_tokens"))}
+               if self.encoder.glyph_model is not None else {}),
             "numerics": {"device": self.device.type, "torch": torch.__version__},
             **files,
         }

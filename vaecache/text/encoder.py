@@ -55,6 +55,11 @@ class TextEmbedding:
     """(hidden,) the second encoder's pooled output in the stored dtype (HunyuanVideo's CLIP-L), else None."""
     pooled_tokens: int = 0
     pooled_truncated: bool = False
+    glyph: torch.Tensor | None = None
+    """(glyph tokens, hidden) the glyph encoder's rows of the prompt's quoted text, trimmed to its mask, in the stored
+    dtype (HunyuanVideo 1.5's ByT5; no rows where the prompt quotes nothing), else None."""
+    glyph_tokens: int = 0
+    glyph_truncated: bool = False
 
 
 class TextEncoder:
@@ -63,9 +68,10 @@ class TextEncoder:
     def __init__(self, *, spec: str, family: TextFamily, tokenizer: Any, model: torch.nn.Module, device: torch.device,
                  compute_dtype: torch.dtype, dtype: torch.dtype, layer: int | None, batch: int,
                  identity: dict[str, Any], pooled: tuple[Any, torch.nn.Module] | None = None,
-                 projection: Ltx2Projection | None = None) -> None:
+                 projection: Ltx2Projection | None = None, glyph: tuple[Any, torch.nn.Module] | None = None) -> None:
         self.spec, self.family, self.tokenizer, self.model = spec, family, tokenizer, model
         self.projection = projection
+        self.glyph_tokenizer, self.glyph_model = glyph or (None, None)
         self.device, self.compute_dtype, self.dtype = device, compute_dtype, dtype
         self.layer, self.batch = (family.layer if layer is None else layer), batch
         self.pooled_tokenizer, self.pooled_model = pooled or (None, None)
@@ -97,10 +103,18 @@ class TextEncoder:
                 **({"pooled": {"length": self.family.pooled_length, "hidden_size": self.pooled_hidden_size}}
                    if self.pooled_model is not None else {}),
                 **({"padding": self.family.padding} if self.family.padding != "right" else {}),
+                **({"chat_system": self.family.chat_system, "crop_start": self.family.crop_start}
+                   if self.family.chat_system else {}),
+                **({"glyph": {"length": self.family.glyph_length, "hidden_size": self.glyph_hidden_size}}
+                   if self.glyph_model is not None else {}),
                 **({"features": {"extractor": f"V{self.projection.version}", "layers": self.projection.layers,
                                  "video_width": self.projection.video_width,
                                  "audio_width": self.projection.audio_width}}
                    if self.projection is not None else {})}
+
+    @property
+    def glyph_hidden_size(self) -> int:
+        return int(self.glyph_model.config.d_model) if self.glyph_model is not None else 0
 
     @property
     def pooled_hidden_size(self) -> int:
@@ -132,10 +146,13 @@ class TextEncoder:
             return self._ltx2_batch(prompts)
         family = self.family
         length, crop = family.length, family.crop_start
-        texts = [family.template.format(p) for p in prompts] if family.template else prompts
-        inputs = self.tokenizer(texts, padding="max_length", max_length=length + crop, truncation=True,
-                                add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
-        full = self.tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
+        if family.chat_system is not None:
+            inputs, full = self._chat_tokens(prompts)
+        else:
+            texts = [family.template.format(p) for p in prompts] if family.template else prompts
+            inputs = self.tokenizer(texts, padding="max_length", max_length=length + crop, truncation=True,
+                                    add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
+            full = self.tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
         ids, mask = inputs.input_ids.to(self.device), inputs.attention_mask.to(self.device)
         output = self.model(input_ids=ids, attention_mask=mask if family.masked else None,
                             output_hidden_states=self.layer is not None)
@@ -145,8 +162,42 @@ class TextEncoder:
             hidden, mask = hidden[:, crop:], mask[:, crop:]
         counts = mask.gt(0).sum(dim=1).tolist()
         pooled = self._pooled_batch(prompts)
+        glyphs = [self._glyph_rows(prompt) for prompt in prompts] if self.glyph_model is not None else \
+            [(None, 0, False)] * len(prompts)
         return [TextEmbedding(hidden[i, :length if family.full_length else n].to(self.dtype).cpu().clone(),
-                              int(n), len(full[i]) > length + crop, *pooled[i]) for i, n in enumerate(counts)]
+                              int(n), len(full[i]) > length + crop, *pooled[i], *glyphs[i])
+                for i, n in enumerate(counts)]
+
+    def _chat_tokens(self, prompts: list[str]) -> tuple[Any, list[list[int]]]:
+        """The prompts in the tokenizer's chat template after the family's system message, tokenized at length +
+        crop_start (and untruncated, to tell truncation): diffusers' HunyuanVideo15Pipeline._get_mllm_prompt_embeds
+        with format_text_input (an empty prompt as one space)."""
+        family = self.family
+        conversations = [[{"role": "system", "content": family.chat_system},
+                          {"role": "user", "content": p if p else " "}] for p in prompts]
+        inputs = self.tokenizer.apply_chat_template(
+            conversations, add_generation_prompt=True, tokenize=True, return_dict=True, padding="max_length",
+            max_length=family.length + family.crop_start, truncation=True, return_tensors="pt")
+        full = self.tokenizer.apply_chat_template(conversations, add_generation_prompt=True, tokenize=True,
+                                                  return_dict=True, truncation=False)["input_ids"]
+        return inputs, full
+
+    def _glyph_rows(self, prompt: str) -> tuple[torch.Tensor, int, bool]:
+        """The glyph encoder's rows of the prompt's quoted text (diffusers' _get_byt5_prompt_embeds, one prompt at
+        a time as it runs them), trimmed to its mask, its token count and truncation; no rows where it quotes none."""
+        from vaecache.text.families import extract_glyph_texts
+
+        length = self.family.glyph_length
+        glyph_text = extract_glyph_texts(prompt)
+        if glyph_text is None:
+            return torch.zeros((0, self.glyph_hidden_size), dtype=self.dtype), 0, False
+        inputs = self.glyph_tokenizer(glyph_text, padding="max_length", max_length=length, truncation=True,
+                                      add_special_tokens=True, return_tensors="pt")
+        whole = len(self.glyph_tokenizer(glyph_text, add_special_tokens=True, truncation=False)["input_ids"])
+        rows = self.glyph_model(input_ids=inputs.input_ids.to(self.device),
+                                attention_mask=inputs.attention_mask.float().to(self.device))[0]
+        count = int(inputs.attention_mask.sum())
+        return rows[0, :count].to(self.compute_dtype).to(self.dtype).cpu().clone(), count, whole > length
 
     def _ltx2_batch(self, prompts: list[str]) -> list[TextEmbedding]:
         """LTX-2's features of each prompt (vaecache.text.ltx2): every row of the 1024, left-padded."""
@@ -193,6 +244,10 @@ def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_
     if folders.pooled is not None:
         pooled_config = _read_config(folders.pooled[0], spec)
         check_text_shape(pooled_config, generic_family(family.pooled_length), batch, spec, device)
+    glyph_config = None
+    if folders.glyph is not None:
+        glyph_config = _read_config(folders.glyph[0], spec)
+        check_text_shape(glyph_config, generic_family(family.glyph_length), 1, spec, device)
     model, identity = _load_model(folders.model, model_config, spec, allow_pickle_weights)
     tokenizer = _load_tokenizer(folders.tokenizer, spec)
     check_vocabulary(tokenizer, model, folders.tokenizer, folders.model)
@@ -209,13 +264,22 @@ def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_
         pooled_model.to(device=device, dtype=compute).eval().requires_grad_(False)
         pooled = (pooled_tokenizer, pooled_model)
         identity["pooled_encoder"] = {**pooled_identity, "tokenizer_sha256": _tokenizer_hashes(pooled_tokenizer_dir)}
+    glyph = None
+    if folders.glyph is not None:  # HunyuanVideo 1.5: text_encoder_2 (ByT5) and tokenizer_2 beside Qwen2.5-VL
+        glyph_dir, glyph_tokenizer_dir = folders.glyph
+        glyph_model, glyph_identity = _load_model(glyph_dir, glyph_config, spec, allow_pickle_weights)
+        glyph_tokenizer = _load_tokenizer(glyph_tokenizer_dir, spec)
+        check_vocabulary(glyph_tokenizer, glyph_model, glyph_tokenizer_dir, glyph_dir)
+        glyph_model.to(device=device, dtype=compute).eval().requires_grad_(False)
+        glyph = (glyph_tokenizer, glyph_model)
+        identity["glyph_encoder"] = {**glyph_identity, "tokenizer_sha256": _tokenizer_hashes(glyph_tokenizer_dir)}
     projection = None
     if folders.features is not None:  # LTX-2: the feature extractor's weights in connectors/
         projection = load_projection(folders.features, spec, text_config(model_config)).to(device, compute)
         identity["feature_extractor"] = projection.record
     return TextEncoder(spec=folders.resolved, family=family, tokenizer=tokenizer, model=model, device=device,
                        compute_dtype=compute, dtype=torch_dtype(dtype), layer=layer, batch=batch, identity=identity,
-                       pooled=pooled, projection=projection)
+                       pooled=pooled, projection=projection, glyph=glyph)
 
 
 @dataclass(frozen=True)
@@ -231,6 +295,8 @@ class TextFolders:
     """(encoder, tokenizer) of the second encoder (HunyuanVideo's text_encoder_2, tokenizer_2)."""
     features: Path | None = None
     """LTX-2's connectors/ folder, which holds its text feature extractor."""
+    glyph: tuple[Path, Path] | None = None
+    """(encoder, tokenizer) of the glyph encoder (HunyuanVideo 1.5's text_encoder_2 ByT5, tokenizer_2)."""
 
 
 def text_encoder_folders(spec: str, length: int | None = None, layer: int | None = None) -> TextFolders:
@@ -268,14 +334,15 @@ def text_encoder_folders(spec: str, length: int | None = None, layer: int | None
     for folder, what in ((model_dir, "encoder"), (tokenizer_dir, "tokenizer")):
         if not folder.is_dir():
             raise VaeSpecError(f"--text-encoder {spec}: no {what} folder {folder}")
-    pooled = None
-    if family.pooled_length:
-        pooled = (root / "text_encoder_2", root / "tokenizer_2")
-        for folder in pooled:
+    pooled = glyph = None
+    if family.pooled_length or family.glyph_length:
+        second = (root / "text_encoder_2", root / "tokenizer_2")
+        for folder in second:
             if not folder.is_dir():
                 raise VaeSpecError(f"--text-encoder {spec}: no {folder.name} folder {folder} (a {class_name} folder "
-                                   "holds the CLIP-L encoder there)")
-    for folder in (model_dir,) + (pooled[:1] if pooled else ()):
+                                   f"holds the {'CLIP-L' if family.pooled_length else 'ByT5'} encoder there)")
+        pooled, glyph = (second, None) if family.pooled_length else (None, second)
+    for folder in (model_dir,) + tuple(pair[0] for pair in (pooled, glyph) if pair):
         if not (folder / "config.json").is_file():
             raise VaeSpecError(f"--text-encoder {spec}: {folder} has no config.json (not a transformers model folder)")
     features = None
@@ -284,7 +351,7 @@ def text_encoder_folders(spec: str, length: int | None = None, layer: int | None
         if not (features / "config.json").is_file():
             raise VaeSpecError(f"--text-encoder {spec}: no {features / 'config.json'} (a {class_name} folder holds "
                                "LTX-2's text feature extractor in connectors/)")
-    return TextFolders(family, model_dir, tokenizer_dir, resolved, pooled, features)
+    return TextFolders(family, model_dir, tokenizer_dir, resolved, pooled, features, glyph)
 
 
 MEMORY_SHARE = 0.5

@@ -32,6 +32,7 @@ COGVIDEOX_PIPELINES = ("CogVideoXPipeline", "CogVideoXImageToVideoPipeline", "Co
                        "CogVideoXFunControlPipeline")
 HUNYUAN_PIPELINES = ("HunyuanVideoPipeline",)
 LTX2_PIPELINES = ("LTX2Pipeline", "LTX2ImageToVideoPipeline", "LTX2ConditionPipeline")
+HUNYUAN15_PIPELINES = ("HunyuanVideo15Pipeline", "HunyuanVideo15ImageToVideoPipeline")
 NOT_YET = {
     "LTXConditionPipeline": "ltx-video (its own prompt embedding)",
     "HunyuanVideoImageToVideoPipeline": "hunyuanvideo image-to-video (a LLaVA template with the image)",
@@ -65,6 +66,12 @@ class TextFamily:
     features: str = ""
     """"ltx2": the stored rows are LTX-2's feature extractor output of every hidden state (vaecache.text.ltx2), not
     one hidden state."""
+    chat_system: str | None = None
+    """The prompt goes into the tokenizer's chat template after this system message (HunyuanVideo 1.5's Qwen2.5-VL:
+    `apply_chat_template` with the generation prompt) before tokenizing; `crop_start` rows are then dropped."""
+    glyph_length: int = 0
+    """A second encoder's rows of the prompt's quoted glyph text are stored too (HunyuanVideo 1.5's ByT5), at this many
+    tokens; 0: none."""
 
     def __post_init__(self) -> None:
         if self.length < 1:
@@ -125,14 +132,43 @@ LTX2 = TextFamily("ltx2", 1024, "strip", "LTX-2's trainer (Lightricks/LTX-2 400f
 weights); vaecache.text.ltx2 holds its arithmetic."""
 
 
+HUNYUAN15_SYSTEM = ("You are a helpful assistant. Describe the video by detailing the following aspects: \
+        1. The main content and theme of the video. \
+        2. The color, shape, size, texture, quantity, text, and spatial relationships of the objects. \
+        3. Actions, events, behaviors temporal relationships, physical movement changes of the objects. \
+        4. background environment, light, style and atmosphere. \
+        5. camera angles, movements, and transitions used in the video.")
+"""diffusers' HunyuanVideo15Pipeline.system_message (0.42.1, `pipeline_hunyuan_video1_5.py`: its `__init__`), the
+eight spaces of each continued line included, as the pipeline's backslash continuations write them."""
+HUNYUAN15 = TextFamily("hunyuanvideo-1.5", 1000, "none", "diffusers HunyuanVideo15Pipeline.encode_prompt: "
+                       "_get_mllm_prompt_embeds (the system message and the prompt through the tokenizer's chat "
+                       "template, 1000 + 108 tokens, hidden_states[-3], the first 108 rows cropped) and "
+                       "_get_byt5_prompt_embeds (the quoted glyph text, extract_glyph_texts, through ByT5 at 256 "
+                       "tokens)", masked=True, crop_start=108, layer=-3, chat_system=HUNYUAN15_SYSTEM,
+                       glyph_length=256)
+"""HunyuanVideo 1.5: Qwen2.5-VL's rows trimmed to the mask (the transformer zeroes the padded ones before they are
+used: `transformer_hunyuan_video15.py`, its text reordering) and ByT5's rows of the glyph text trimmed to its mask
+(none where the prompt quotes no text: the pipeline's zero rows and zero mask)."""
+
+
+def extract_glyph_texts(prompt: str) -> str | None:
+    """diffusers' pipeline_hunyuan_video1_5.extract_glyph_texts: the texts quoted with "…" or “…”, deduplicated in
+    order where there are several, formatted `Text "x". Text "y". `; None where there are none."""
+    matches = re.findall(r"\"(.*?)\"|“(.*?)”", prompt)
+    result = [match[0] or match[1] for match in matches]
+    result = list(dict.fromkeys(result)) if len(result) > 1 else result
+    return ". ".join(f'Text "{text}"' for text in result) + ". " if result else None
+
+
 def family_for_pipeline(class_name: str, where: str) -> TextFamily:
     """The family of a diffusers pipeline folder's model_index.json `_class_name`; a ValueError naming what is
     supported otherwise."""
     for names, family in ((WAN_PIPELINES, WAN), (LTX_PIPELINES, LTX), (COGVIDEOX_PIPELINES, COGVIDEOX),
-                          (HUNYUAN_PIPELINES, HUNYUAN), (LTX2_PIPELINES, LTX2)):
+                          (HUNYUAN_PIPELINES, HUNYUAN), (LTX2_PIPELINES, LTX2), (HUNYUAN15_PIPELINES, HUNYUAN15)):
         if class_name in names:
             return family
-    every = WAN_PIPELINES + LTX_PIPELINES + COGVIDEOX_PIPELINES + HUNYUAN_PIPELINES + LTX2_PIPELINES
+    every = WAN_PIPELINES + LTX_PIPELINES + COGVIDEOX_PIPELINES + HUNYUAN_PIPELINES + LTX2_PIPELINES + \
+        HUNYUAN15_PIPELINES
     supported = (f"supported: {', '.join(every)}; "
                  "any other encoder as transformers:PATH with --text-length")
     if class_name in NOT_YET:

@@ -4,7 +4,9 @@ verify. Everything goes through OUT's store (vaecache.cache.store), so a folder 
 OUT/text/<set>/<generation>/
   embeddings-00000.safetensors  one tensor per distinct cleaned prompt, named by the sha256 of its text:
                                 (tokens, hidden) in the stored dtype, rows trimmed to the attention mask
-                                HunyuanVideo's sets also hold `<sha256>/pooled`: CLIP-L's pooled output, (hidden,)
+                                HunyuanVideo's sets also hold `<sha256>/pooled`: CLIP-L's pooled output, (hidden,);
+                                HunyuanVideo 1.5's `<sha256>/glyph`: ByT5's rows of its quoted text, (glyph tokens,
+                                hidden), none where it quotes nothing
   prompts.parquet               key, text (cleaned), tokens, truncated, shard (and pooled_tokens, pooled_truncated)
   clips.parquet                 id, key: every clip of the cache, in the clip table's order
 
@@ -42,6 +44,8 @@ CLIPS_TABLE = "clips.parquet"
 DEFAULT_SHARD_BYTES = 256 << 20
 POOLED_SUFFIX = "/pooled"
 """A prompt's pooled output is stored beside its rows as `<sha256>/pooled` (HunyuanVideo's CLIP-L)."""
+GLYPH_SUFFIX = "/glyph"
+"""A prompt's glyph rows are stored beside its rows as `<sha256>/glyph` (HunyuanVideo 1.5's ByT5)."""
 
 
 def check_set_name(name: str) -> str:
@@ -323,6 +327,11 @@ class TextSet:
         self._pooled_tokens_of = (dict(zip(prompts.column("key").to_pylist(),
                                            prompts.column("pooled_tokens").to_pylist()))
                                   if "pooled_tokens" in prompts.column_names else {})
+        self.glyph_hidden_size = int((fingerprint.get("glyph") or {}).get("hidden_size") or 0)
+        self.glyph_length = int((fingerprint.get("glyph") or {}).get("length") or 0)
+        self._glyph_tokens_of = (dict(zip(prompts.column("key").to_pylist(),
+                                          prompts.column("glyph_tokens").to_pylist()))
+                                 if "glyph_tokens" in prompts.column_names else {})
         self._shards = SetShards(store, self.entry, verify, f"text set {name!r}")
         self.family = str(fingerprint.get("family") or "")
         self.padding = str(fingerprint.get("padding") or "right")
@@ -343,6 +352,10 @@ class TextSet:
 
     def key_rows(self, key: str) -> torch.Tensor:
         return self._handle(key).get_tensor(key)
+
+    def key_tensor(self, name: str, key: str) -> torch.Tensor:
+        """The tensor `name` stored in the shard of prompt `key` (its rows, or `<key>/glyph`)."""
+        return self._handle(key).get_tensor(name)
 
     def _handle(self, key: str) -> Any:
         """The (cached) handle of the shard holding prompt `key`."""
@@ -373,18 +386,37 @@ class TextSet:
                                 "is in no shard")
         return self._handle(key).get_tensor(f"{key}{POOLED_SUFFIX}")
 
+    def glyph(self, clip: str) -> torch.Tensor:
+        """The glyph encoder's rows of the clip's prompt's quoted text (HunyuanVideo 1.5's ByT5), (glyph tokens,
+        hidden): none where it quotes nothing."""
+        key = self.key(clip)
+        if not self.glyph_hidden_size:
+            raise KeyError(f"text set {self.name!r} ({self.family} family) stores no glyph rows")
+        if key not in self._shard_of:
+            raise ManifestError(f"{self.store.location}: text set {self.name!r}: prompt {key[:12]} of clip {clip} "
+                                "is in no shard")
+        return self._handle(key).get_tensor(f"{key}{GLYPH_SUFFIX}")
+
+    def glyph_tokens(self, clip: str) -> int:
+        return int(self._glyph_tokens_of.get(self.key(clip)) or 0)
+
     def pooled_tokens(self, clip: str) -> int:
         """The clip's prompt's token count for the pooled encoder (its attention mask's ones)."""
         return int(self._pooled_tokens_of.get(self.key(clip)) or 0)
 
     def item(self, clip: str) -> dict[str, torch.Tensor]:
         """What LatentCache's item holds of this set: text/<set> and text_mask/<set> as the pipeline returns them,
-        text_pooled/<set> where the family has a pooled output, and for LTX-2 text/<set> its video features and
-        text_audio/<set> its audio features (what its trainer calls video_prompt_embeds and audio_prompt_embeds)."""
+        text_pooled/<set> where the family has a pooled output, text_glyph/<set> and text_glyph_mask/<set> where it
+        has glyph rows (HunyuanVideo 1.5's ByT5, zero rows to its length as the pipeline's mask leaves them unused),
+        and for LTX-2 text/<set> its video features and text_audio/<set> its audio features (what its trainer calls
+        video_prompt_embeds and audio_prompt_embeds)."""
         embeds, mask = self.padded(clip)
         tensors = {**feature_tensors(self.name, embeds, self.features), f"text_mask/{self.name}": mask}
         if self.pooled_hidden_size:
             tensors[f"text_pooled/{self.name}"] = self.pooled(clip)
+        if self.glyph_hidden_size:
+            tensors[f"text_glyph/{self.name}"], tensors[f"text_glyph_mask/{self.name}"] = pipeline_tensor(
+                self.glyph(clip), self.glyph_length, self.glyph_tokens(clip))
         return tensors
 
     def export_tensors(self, clip: str) -> dict[str, torch.Tensor]:
@@ -392,12 +424,16 @@ class TextSet:
         tensors = {f"text/{self.name}": self.rows(clip).contiguous()}
         if self.pooled_hidden_size:
             tensors[f"text_pooled/{self.name}"] = self.pooled(clip).contiguous()
+        if self.glyph_hidden_size:
+            tensors[f"text_glyph/{self.name}"] = self.glyph(clip).contiguous()
         return tensors
 
     def export_facts(self, clip: str) -> dict[str, Any]:
         return {"length": self.length, "tokens": self.tokens(clip),
                 **({"padding": self.padding} if self.padding != "right" else {}),
-                **({"features": self.features} if self.features else {})}
+                **({"features": self.features} if self.features else {}),
+                **({"glyph_length": self.glyph_length, "glyph_tokens": self.glyph_tokens(clip)}
+                   if self.glyph_hidden_size else {})}
 
     def padded(self, clip: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(length, hidden) as the pipeline returns it (Wan: zero rows after the prompt's; LTX-Video, CogVideoX:
