@@ -34,7 +34,10 @@ def embed(
                                                    "wan-diffusers (default: CLIP processor, hidden_states[-2], fp32) "
                                                    "| wan-musubi (bicubic squash to the image size, "
                                                    "hidden_states[-2], fp16: what musubi's export needs) | "
-                                                   "framepack-diffusers (SigLIP, last_hidden_state)."),
+                                                   "framepack-diffusers (SigLIP, last_hidden_state) | "
+                                                   "hunyuanvideo15-diffusers (SigLIP on the 8-bit frame, "
+                                                   "last_hidden_state, fp32) | hunyuanvideo15-musubi (the same, "
+                                                   "fp16: musubi's siglip)."),
     vae: Optional[str] = typer.Option(None, "--vae", help="--condition: another path to the cache's VAE (its "
                                       "fingerprint must be the recorded one; default the recorded --vae)."),
     kind: Optional[str] = typer.Option(None, "--kind", help="MODULE: the sets of a kind of tensor declared outside "

@@ -82,9 +82,13 @@ def _check_set(cache: Any, kind: str, entry: Any, records: list[dict[str, Any]],
     stored = SAFETENSORS_NAMES.get(fingerprint.get("stored_dtype", ""))
     view_shape = list((fingerprint.get("image_encoder") or {}).get("view_shape") or [])
 
+    first_frame_alone = fingerprint.get("pipeline") == "hunyuanvideo-1.5"
+
     def expected(clip: str) -> list[int]:
         latent = shapes[clip]
-        return latent if kind != "image-features" else latent[:1] + view_shape
+        if kind == "image-features":
+            return latent[:1] + view_shape
+        return latent[:2] + [1] + latent[3:] if first_frame_alone else latent
     contents = check_set_files(store, f"condition set {kind}", f"{CONDITIONS_DIR}/{kind}/", entry, quick, check)
     table_file = ((entry.get("tables") or {}).get("clips") or {}).get("file")
     if table_file not in contents:
@@ -194,7 +198,7 @@ def _encoder(kind: str, entry: dict[str, Any], cache: Any, spec: str | None, dev
              allow_pickle_weights: bool, loaded: dict[str, Any]) -> Any:
     """(frames, clip) -> the condition computed again: by the image encoder recorded with the set (its fingerprint
     must be the recorded one), or by the cache's VAE (kept in `loaded`)."""
-    from vaecache.conditions.kinds import condition_video
+    from vaecache.conditions.kinds import condition_pipeline, condition_video
 
     if kind == "image-features":
         from vaecache.cache.differences import describe_differences
@@ -212,4 +216,5 @@ def _encoder(kind: str, entry: dict[str, Any], cache: Any, spec: str | None, dev
         loaded["vae"] = load_recorded_vae(cache.store.location, cache.manifest, spec, device,
                                           allow_pickle_weights=allow_pickle_weights)
     runner = loaded["vae"]
-    return lambda frames, clip: runner.encode_views(condition_video(frames, kind, clip)).mean
+    pipeline = condition_pipeline(cache.manifest.get("vae") or {})
+    return lambda frames, clip: runner.encode_views(condition_video(frames, kind, clip, pipeline)).mean

@@ -15,7 +15,7 @@ import torch
 from vaecache.cache.kinds import ComputedItem, SetKind, SetPlan, register
 from vaecache.cache.layout import CONDITIONS_DIR, MANIFEST
 from vaecache.cache.sets import loaded_on_every_rank, same_on_every_rank
-from vaecache.conditions.kinds import LATENT_KINDS, check_condition_vae, condition_video
+from vaecache.conditions.kinds import LATENT_KINDS, check_condition_vae, condition_pipeline, condition_video
 from vaecache.conditions.sets import (
     CLIPS_TABLE,
     SHARD_PREFIX,
@@ -65,7 +65,8 @@ class ConditionKind(SetKind):
 
         return {f"condition/{kind}": pipeline_condition(stored[f"condition/{kind}"], kind, int(fact["frames"]),
                                                         int(fact["temporal_factor"]), fact["latents_mean"],
-                                                        fact["latents_std"])
+                                                        fact["latents_std"], fact.get("pipeline", "wan"),
+                                                        float(fact.get("scaling_factor", 1.0)))
                 for kind, fact in sorted(facts.items())}
 
     def verify_sets(self, cache: Any, quick: bool, check_type: type) -> list[Any]:
@@ -94,7 +95,8 @@ class ConditionJob:
 
         self.request, self.manifest, self.device = request, manifest, device
         if any(kind in LATENT_KINDS for kind in request.kinds):
-            check_condition_vae(manifest.get("vae") or {}, str(store.where(MANIFEST)))
+            check_condition_vae(manifest.get("vae") or {}, str(store.where(MANIFEST)), request.kinds)
+        self.pipeline = condition_pipeline(manifest.get("vae") or {})
         spec = request.vae or (manifest.get("settings") or {}).get("vae_spec")
         self.vae = self.image = None
         if any(kind in LATENT_KINDS for kind in request.kinds):
@@ -151,7 +153,7 @@ class ConditionJob:
                     views: list[dict[str, Any]] = \
                         [{"tiled": False, "units_per_forward": len(record["cameras"])}] * len(record["cameras"])
                 else:
-                    result = self.vae.encode_views(condition_video(frames, kind, record["id"]))
+                    result = self.vae.encode_views(condition_video(frames, kind, record["id"], self.pipeline))
                     if result.failed:
                         view, reason = next(iter(sorted(result.failed.items())))
                         raise VaecacheError(f"clip {record['id']} ({record['cameras'][view]}): its {kind} condition "

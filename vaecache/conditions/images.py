@@ -22,6 +22,15 @@ Local files only, safetensors weights. Conventions (`--image-convention`), each 
                   pipeline_hunyuan_video_framepack.py, 0.42.1: 446-453): the [-1, 1] frame (the pipeline's
                   video_processor output, which encode's frame is) mapped to [0, 1], the SigLIP image processor
                   with do_rescale=False, `last_hidden_state`.
+  hunyuanvideo15-diffusers  diffusers HunyuanVideo15ImageToVideoPipeline._get_image_embeds (pipelines/
+                  hunyuan_video1_5/pipeline_hunyuan_video1_5_image2video.py, 0.42.1: 391-402): the SigLIP image
+                  processor (`do_resize=True`, `do_convert_rgb=True`) on the image, `last_hidden_state`; the pipeline
+                  takes the user's image, here the clip's first frame as encode saw it as an 8-bit RGB image.
+                  Stored as computed (float32).
+  hunyuanvideo15-musubi  musubi-tuner's HunyuanVideo 1.5 I2V caching (hv_1_5_cache_latents.py:78-84 and
+                  frame_pack/clip_vision.py hf_clip_vision_encode, commit 30c658c): the same processor on the 8-bit
+                  frame, `last_hidden_state`, stored in float16 as musubi's `siglip_float16`; musubi computes it in
+                  float16, so the same weights give its values to within that rounding, not bit for bit.
 
 The processor's settings and backend (transformers falls back to a PIL processor without torchvision) are part of
 the fingerprint.
@@ -43,7 +52,13 @@ CONVENTIONS = {
     "wan-musubi": ("clip", "musubi-tuner wan_cache_latents.py + wan/modules/clip.py CLIPModel.visual"),
     "framepack-diffusers": ("siglip", "diffusers HunyuanVideoFramepackPipeline.encode_image "
                                       "(pipelines/hunyuan_video/pipeline_hunyuan_video_framepack.py)"),
+    "hunyuanvideo15-diffusers": ("siglip", "diffusers HunyuanVideo15ImageToVideoPipeline._get_image_embeds "
+                                           "(pipelines/hunyuan_video1_5/pipeline_hunyuan_video1_5_image2video.py)"),
+    "hunyuanvideo15-musubi": ("siglip", "musubi-tuner hv_1_5_cache_latents.py + frame_pack/clip_vision.py "
+                                        "hf_clip_vision_encode"),
 }
+LAST_HIDDEN_STATE = ("framepack-diffusers", "hunyuanvideo15-diffusers", "hunyuanvideo15-musubi")
+"""The conventions whose features are the encoder's last_hidden_state (the others: hidden_states[-2])."""
 VOLATILE_CONFIG_KEYS = ("transformers_version", "_name_or_path", "torch_dtype", "dtype", "architectures")
 
 
@@ -86,7 +101,7 @@ class ImageEncoder:
 
     @property
     def stored_dtype(self) -> torch.dtype:
-        return torch.float16 if self.convention == "wan-musubi" else torch.float32
+        return torch.float16 if self.convention in ("wan-musubi", "hunyuanvideo15-musubi") else torch.float32
 
     def view_shape(self) -> list[int]:
         """(tokens, hidden) of one view's features."""
@@ -96,7 +111,7 @@ class ImageEncoder:
 
     def fingerprint(self) -> dict[str, Any]:
         return {**self._identity, "convention": self.convention, "reference": CONVENTIONS[self.convention][1],
-                "layer": "last_hidden_state" if self.convention == "framepack-diffusers" else "hidden_states[-2]",
+                "layer": "last_hidden_state" if self.convention in LAST_HIDDEN_STATE else "hidden_states[-2]",
                 "compute_dtype": "float32", "stored_dtype": str(self.stored_dtype).removeprefix("torch."),
                 "frame": "first", "view_shape": self.view_shape()}
 
@@ -104,13 +119,18 @@ class ImageEncoder:
     def features(self, frames: torch.Tensor) -> torch.Tensor:
         """(views, 3, T, H, W) frames in [-1, 1] as encode saw them -> (views, tokens, hidden) of the first frame."""
         first = frames[:, :, 0]
-        if self.convention == "wan-diffusers":
+        if self.convention in ("wan-diffusers", "hunyuanvideo15-diffusers", "hunyuanvideo15-musubi"):
             from PIL import Image
 
             images = [Image.fromarray(((view + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)
                                       .permute(1, 2, 0).numpy()) for view in first]
-            pixels = self.processor(images=images, return_tensors="pt").to(self.device)
-            out = self.model(**pixels, output_hidden_states=True).hidden_states[-2]
+            if self.convention == "wan-diffusers":
+                pixels = self.processor(images=images, return_tensors="pt").to(self.device)
+                out = self.model(**pixels, output_hidden_states=True).hidden_states[-2]
+            else:
+                pixels = self.processor.preprocess(images=images, do_resize=True, return_tensors="pt",
+                                                   do_convert_rgb=True).to(self.device)
+                out = self.model(**pixels).last_hidden_state
         elif self.convention == "wan-musubi":
             size = (int(self.model.config.image_size),) * 2
             x = torch.nn.functional.interpolate(first.to(self.device), size=size, mode="bicubic", align_corners=False)

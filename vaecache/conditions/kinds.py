@@ -10,6 +10,14 @@ The reference is diffusers' `WanImageToVideoPipeline.prepare_latents` (diffusers
   first latent frame stands for one frame), folded into `temporal_factor` channels of the latent frame count;
 - the condition the transformer sees: `cat([mask, latent_condition], dim=1)`.
 
+HunyuanVideo 1.5's is diffusers' `HunyuanVideo15ImageToVideoPipeline.prepare_cond_latents_and_mask`
+(pipelines/hunyuan_video1_5/pipeline_hunyuan_video1_5_image2video.py, 0.42: `_get_image_latents` and lines 594-632):
+the first frame encoded alone (one frame: `image_tensor.unsqueeze(2)`, `retrieve_latents(..., "argmax")`), times the
+VAE's scaling_factor, at latent frame 0 of the clip's latent frames and zeros after (`latent_condition`), and a
+one-channel mask, 1 on latent frame 0 (`latent_mask`); the transformer takes `cat([latents, latent_condition,
+latent_mask], dim=1)`, so the condition is `cat([latent_condition, latent_mask], dim=1)`. first-frame only (the
+pipeline takes no last image).
+
 A cache stores the posterior mean (the only input that depends on weights and frames); the mask and the
 normalization are rebuilt from the recorded frame count, temporal factor and constants, bit for bit.
 """
@@ -24,8 +32,13 @@ CONDITION_KINDS = ("first-frame", "first-last", "image-features")
 LATENT_KINDS = ("first-frame", "first-last")
 """The kinds encoded with the cache's VAE; image-features come from an image encoder (vaecache.conditions.images)."""
 REFERENCE = "diffusers WanImageToVideoPipeline.prepare_latents (pipelines/wan/pipeline_wan_i2v.py)"
-SUPPORTED_FAMILIES = ("AutoencoderKLWan",)
-"""VAE families with an image-to-video pipeline vaecache reproduces."""
+HUNYUAN15_REFERENCE = ("diffusers HunyuanVideo15ImageToVideoPipeline.prepare_cond_latents_and_mask "
+                       "(pipelines/hunyuan_video1_5/pipeline_hunyuan_video1_5_image2video.py)")
+WAN, HUNYUAN15 = "wan", "hunyuanvideo-1.5"
+PIPELINES = {"AutoencoderKLWan": (WAN, REFERENCE, LATENT_KINDS),
+             "AutoencoderKLHunyuanVideo15": (HUNYUAN15, HUNYUAN15_REFERENCE, ("first-frame",))}
+"""VAE family -> (the image-to-video pipeline whose condition vaecache reproduces, its reference, the kinds it has)."""
+SUPPORTED_FAMILIES = tuple(PIPELINES)
 
 
 def parse_condition_kinds(text: str | tuple[str, ...] | None) -> tuple[str, ...]:
@@ -40,12 +53,29 @@ def parse_condition_kinds(text: str | tuple[str, ...] | None) -> tuple[str, ...]
     return tuple(kind for kind in CONDITION_KINDS if kind in kinds)
 
 
-def check_condition_vae(vae: dict, where: str) -> None:
-    """Refuse a cache whose VAE has no image-to-video pipeline vaecache follows, naming the supported ones."""
+def condition_pipeline(vae: dict) -> str:
+    """The image-to-video pipeline a cache's VAE record conditions for ("wan" for any family without one: the
+    refusal is check_condition_vae's)."""
+    return PIPELINES.get(str(vae.get("family")), (WAN,))[0]
+
+
+def check_condition_vae(vae: dict, where: str, kinds: tuple[str, ...] = LATENT_KINDS) -> None:
+    """Refuse a cache whose VAE has no image-to-video pipeline vaecache follows for `kinds`, naming the supported
+    ones."""
     family = vae.get("family")
     if family not in SUPPORTED_FAMILIES:
         raise UsageError(f"{where}: its VAE is {family or 'unrecorded'}; image-to-video conditions follow "
-                         f"{REFERENCE}, for the VAE families {', '.join(SUPPORTED_FAMILIES)}")
+                         f"{REFERENCE} and {HUNYUAN15_REFERENCE}, for the VAE families "
+                         f"{', '.join(SUPPORTED_FAMILIES)}")
+    pipeline, reference, known = PIPELINES[family]
+    unknown = [kind for kind in kinds if kind in LATENT_KINDS and kind not in known]
+    if unknown:
+        raise UsageError(f"{where}: its VAE is {family}, whose image-to-video pipeline ({reference}) has no "
+                         f"{', '.join(unknown)} condition; its kinds: {', '.join(known)}")
+    if pipeline == HUNYUAN15:
+        if not (vae.get("normalization") or {}).get("scaling_factor"):
+            raise UsageError(f"{where}: records no scaling_factor for its VAE (the pipeline scales the image latent)")
+        return
     config = vae.get("config") or {}
     if config.get("patch_size"):
         raise UsageError(f"{where}: a Wan 2.2 TI2V VAE (patch_size {config['patch_size']}): its pipeline conditions "
@@ -56,10 +86,15 @@ def check_condition_vae(vae: dict, where: str) -> None:
                          "condition as the pipeline does)")
 
 
-def condition_video(frames: torch.Tensor, kind: str, clip: str = "") -> torch.Tensor:
-    """(views, 3, T, H, W) frames as encode saw them -> the pipeline's `video_condition` for each view."""
+def condition_video(frames: torch.Tensor, kind: str, clip: str = "", pipeline: str = WAN) -> torch.Tensor:
+    """(views, 3, T, H, W) frames as encode saw them -> what the pipeline encodes for each view: Wan's
+    `video_condition`; HunyuanVideo 1.5's first frame alone."""
     views, channels, count, height, width = frames.shape
     first = frames[:, :, :1]
+    if pipeline == HUNYUAN15:
+        if kind != "first-frame":
+            raise UsageError(f"HunyuanVideo 1.5's image-to-video pipeline has no {kind} condition")
+        return first
     if kind == "first-frame":
         return torch.cat([first, first.new_zeros(views, channels, count - 1, height, width)], dim=2)
     if kind == "first-last":
@@ -95,18 +130,37 @@ def normalized_condition(mean: torch.Tensor, latents_mean: list[float], latents_
     return (mean.to(torch.float32) - shift) * reciprocal
 
 
+def hunyuan15_condition(mean: torch.Tensor, num_frames: int, temporal_factor: int,
+                        scaling_factor: float) -> torch.Tensor:
+    """(views, C, 1, h, w) stored posterior mean of the first frame -> `cat([latent_condition, latent_mask], dim=1)`,
+    (views, C + 1, latent frames, h, w) float32: the image latent times scaling_factor (in the stored dtype, as the
+    pipeline scales it in the VAE's) at latent frame 0 and zeros after, the mask 1 on latent frame 0."""
+    views, channels, _, height, width = mean.shape
+    frames = (num_frames - 1) // temporal_factor + 1
+    condition = torch.zeros(views, channels, frames, height, width, dtype=torch.float32, device=mean.device)
+    condition[:, :, :1] = (mean[:, :, :1] * scaling_factor).to(torch.float32)
+    mask = torch.zeros(views, 1, frames, height, width, dtype=torch.float32, device=mean.device)
+    mask[:, :, 0] = 1.0
+    return torch.concat([condition, mask], dim=1)
+
+
 def pipeline_condition(mean: torch.Tensor, kind: str, num_frames: int, temporal_factor: int,
-                       latents_mean: list[float], latents_std: list[float]) -> torch.Tensor:
-    """(views, C, F, H, W) stored posterior mean -> `cat([mask, latent_condition], dim=1)`: (views,
-    temporal_factor + C, F, H, W) float32, the tensor prepare_latents returns for each view. image-features are
-    stored as the pipeline uses them and returned unchanged."""
+                       latents_mean: list[float], latents_std: list[float], pipeline: str = WAN,
+                       scaling_factor: float = 1.0) -> torch.Tensor:
+    """(views, C, F, H, W) stored posterior mean -> Wan's `cat([mask, latent_condition], dim=1)`: (views,
+    temporal_factor + C, F, H, W) float32, the tensor prepare_latents returns for each view; HunyuanVideo 1.5's
+    `cat([latent_condition, latent_mask], dim=1)` (hunyuan15_condition). image-features are stored as the pipeline
+    uses them and returned unchanged."""
     if kind not in LATENT_KINDS:
         return mean
+    if pipeline == HUNYUAN15:
+        return hunyuan15_condition(mean, num_frames, temporal_factor, scaling_factor)
     latent = normalized_condition(mean, latents_mean, latents_std)
     views, _, _, height, width = latent.shape
     mask = condition_mask(kind, num_frames, temporal_factor, height, width).to(latent.device)
     return torch.concat([mask.unsqueeze(0).expand(views, -1, -1, -1, -1), latent], dim=1)
 
 
-__all__ = ["CONDITION_KINDS", "LATENT_KINDS", "REFERENCE", "SUPPORTED_FAMILIES", "check_condition_vae",
-           "condition_mask", "condition_video", "normalized_condition", "parse_condition_kinds", "pipeline_condition"]
+__all__ = ["CONDITION_KINDS", "HUNYUAN15", "LATENT_KINDS", "PIPELINES", "REFERENCE", "SUPPORTED_FAMILIES", "WAN",
+           "check_condition_vae", "condition_mask", "condition_pipeline", "condition_video", "hunyuan15_condition",
+           "normalized_condition", "parse_condition_kinds", "pipeline_condition"]

@@ -35,6 +35,8 @@ class ConditionSet:
         self.latents_mean = list(normalization.get("latents_mean") or [])
         self.latents_std = list(normalization.get("latents_std") or [])
         self.temporal_factor = int((fingerprint.get("frame_rule") or {}).get("temporal_factor") or 1)
+        self.pipeline_name = str(fingerprint.get("pipeline") or "wan")
+        self.scaling_factor = float(normalization.get("scaling_factor") or 1.0)
         table = (self.entry.get("tables") or {}).get("clips")
         file = table.get("file") if isinstance(table, dict) else None
         if not isinstance(file, str) or not file.startswith(f"{CONDITIONS_DIR}/{kind}/"):
@@ -79,14 +81,18 @@ class ConditionSet:
 
     def export_facts(self, clip: str) -> dict[str, Any]:
         return {"frames": int(self._frames_of[clip]), "temporal_factor": self.temporal_factor,
-                "latents_mean": self.latents_mean, "latents_std": self.latents_std}
+                "latents_mean": self.latents_mean, "latents_std": self.latents_std,
+                **({"pipeline": self.pipeline_name, "scaling_factor": self.scaling_factor}
+                   if self.pipeline_name != "wan" else {})}
 
     def pipeline(self, clip: str) -> torch.Tensor:
         """The tensor the pipeline uses: for first-frame and first-last, (cameras, temporal_factor + C, latent frames,
         h, w) float32, `cat([mask, latent_condition])` as WanImageToVideoPipeline.prepare_latents returns it for each
-        camera; for image-features the stored features (cameras, tokens, hidden) in the convention's dtype."""
+        camera (a HunyuanVideo 1.5 cache: (cameras, C + 1, latent frames, h, w), `cat([latent_condition,
+        latent_mask])` of prepare_cond_latents_and_mask); for image-features the stored features (cameras, tokens,
+        hidden) in the convention's dtype."""
         return pipeline_condition(self.stored(clip), self.kind, int(self._frames_of[clip]), self.temporal_factor,
-                                  self.latents_mean, self.latents_std)
+                                  self.latents_mean, self.latents_std, self.pipeline_name, self.scaling_factor)
 
 
 __all__ = ["ConditionSet", "condition_set_names"]

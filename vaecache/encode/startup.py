@@ -180,7 +180,7 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
                          "mean; use --store mean")
     encoder.check(clip, vae.model, parallel.sp_size, vae_config.spec)
     if any(kind in LATENT_KINDS for kind in condition_kinds):  # encode --condition: the VAE must have the pipeline
-        check_condition_vae(vae.model.fingerprint(), f"--vae {vae_config.spec}")
+        check_condition_vae(vae.model.fingerprint(), f"--vae {vae_config.spec}", condition_kinds)
     return StartUp(job, len(found.scenes), vae, dataclasses.replace(backend, threads=threads.decode), threads.torch,
                    numerics, other_numerics, tuple(probed.records), found.scenes, dict(found.left_out_cameras),
                    dataclasses.replace(clip, views_per_forward=job.views_per_forward), tuple(notes),

@@ -1,0 +1,112 @@
+"""HunyuanVideo 1.5's image-to-video condition: the first frame encoded alone, scaled, at latent frame 0 with a
+one-channel mask (bit for bit diffusers' HunyuanVideo15ImageToVideoPipeline.prepare_cond_latents_and_mask on the
+frame the cache says encode saw), and its SigLIP features (diffusers' _get_image_embeds); verified, re-encoded."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from tests.conditions.tiny_image import build_siglip_folder
+from vaecache.training import LatentCache
+
+ARGS = ("--num-frames", "5", "--size", "32x32", "--workers", "0", "--no-progress")
+
+
+@pytest.fixture(scope="module")
+def hv15_cache(tmp_path_factory, demo_data, run_cli):
+    from diffusers import AutoencoderKLHunyuanVideo15
+
+    from tests.vae.tiny_vaes import FAMILY_CONFIGS
+
+    root = tmp_path_factory.mktemp("hv15-conditions")
+    torch.manual_seed(0)
+    AutoencoderKLHunyuanVideo15(**FAMILY_CONFIGS["hunyuan15"][1]).save_pretrained(root / "vae")
+    result = run_cli(["encode", demo_data, "--out", root / "cache", "--vae", f"diffusers:{root / 'vae'}", *ARGS])
+    assert result.exit_code == 0, result.output
+    return root
+
+
+class FrameAsProcessed:
+    """Stands in for the pipeline's video_processor: `preprocess` returns the frame as encode saw it (the pipeline
+    resizes the user's image to the latents' size; the cache's frame is that already)."""
+
+    def __init__(self, frame: torch.Tensor) -> None:
+        self.frame = frame
+
+    def preprocess(self, image, height, width):
+        return self.frame[None]
+
+
+def diffusers_hv15_condition(vae, frame: torch.Tensor, latent_frames: int) -> torch.Tensor:
+    """diffusers' own prepare_cond_latents_and_mask (unbound, with the attributes it reads) on one camera's first
+    frame (3, H, W): cat([latent_condition, latent_mask], dim=1)[0], as the transformer takes it beside the latents."""
+    from diffusers.pipelines.hunyuan_video1_5.pipeline_hunyuan_video1_5_image2video import (
+        HunyuanVideo15ImageToVideoPipeline,
+    )
+
+    pipeline = types.SimpleNamespace(vae=vae, video_processor=FrameAsProcessed(frame),
+                                     _get_image_latents=HunyuanVideo15ImageToVideoPipeline._get_image_latents)
+    channels, height, width = vae.config.latent_channels, frame.shape[1] // 4, frame.shape[2] // 4
+    latents = torch.zeros(1, channels, latent_frames, height, width)
+    with torch.no_grad():
+        condition, mask = HunyuanVideo15ImageToVideoPipeline.prepare_cond_latents_and_mask(
+            pipeline, latents, None, 1, frame.shape[1], frame.shape[2], torch.float32, torch.device("cpu"))
+    return torch.cat([condition, mask], dim=1)[0]
+
+
+def test_the_first_frame_condition_is_the_pipelines_per_camera(hv15_cache, run_cli, tmp_path):
+    import shutil
+
+    from diffusers import AutoencoderKLHunyuanVideo15
+
+    cache = shutil.copytree(hv15_cache / "cache", tmp_path / "cache")
+    result = run_cli(["embed", cache, "--condition", "first-frame"])
+    assert result.exit_code == 0, result.output
+    vae = AutoencoderKLHunyuanVideo15.from_pretrained(hv15_cache / "vae").eval()
+    latents = LatentCache(cache)
+    for item in latents:
+        frames = latents.source_frames(item.id)
+        condition = item["condition/first-frame"]
+        assert condition.shape == (len(item.cameras), 5, *item.mean.shape[2:]) and condition.dtype == torch.float32
+        for view in range(len(item.cameras)):
+            expected = diffusers_hv15_condition(vae, frames[view, :, 0], item.mean.shape[2])
+            assert torch.equal(condition[view], expected)
+    assert run_cli(["verify", cache, "--reencode", "2"]).exit_code == 0
+    refused = run_cli(["embed", cache, "--condition", "first-last"])
+    assert refused.exit_code == 2 and "has no first-last condition" in refused.output
+
+
+def test_siglip_features_equal_diffusers_get_image_embeds(hv15_cache, run_cli, tmp_path):
+    import shutil
+
+    from diffusers.pipelines.hunyuan_video1_5.pipeline_hunyuan_video1_5_image2video import (
+        HunyuanVideo15ImageToVideoPipeline,
+    )
+    from PIL import Image
+    from transformers import SiglipImageProcessor, SiglipVisionModel
+
+    siglip = build_siglip_folder(tmp_path / "siglip")
+    cache = shutil.copytree(hv15_cache / "cache", tmp_path / "cache")
+    for convention in ("hunyuanvideo15-diffusers", "hunyuanvideo15-musubi"):
+        result = run_cli(["embed", cache, "--condition", "image-features", "--image-encoder",
+                          f"transformers:{siglip}", "--image-convention", convention, "--replace"])
+        assert result.exit_code == 0, result.output
+        model = SiglipVisionModel.from_pretrained(siglip).eval()
+        processor = SiglipImageProcessor.from_pretrained(siglip)
+        latents = LatentCache(cache)
+        for item in latents:
+            frames = latents.source_frames(item.id)
+            features = item["condition/image-features"]
+            for view in range(len(item.cameras)):
+                image = Image.fromarray(((frames[view, :, 0] + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)
+                                        .permute(1, 2, 0).numpy())
+                with torch.no_grad():
+                    expected = HunyuanVideo15ImageToVideoPipeline._get_image_embeds(model, processor, image, "cpu")[0]
+                if convention == "hunyuanvideo15-diffusers":
+                    assert features.dtype == torch.float32 and torch.equal(features[view], expected)
+                else:  # musubi's siglip_float16: the same features, as musubi stores them
+                    assert features.dtype == torch.float16 and torch.equal(features[view], expected.half())
+    assert run_cli(["verify", cache]).exit_code == 0
