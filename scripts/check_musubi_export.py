@@ -6,7 +6,9 @@ musubi-tuner is not on the package index and none of its code is copied into vae
 its modules from CHECKOUT/src (an environment where musubi-tuner's own requirements are installed) and:
 
 1. for every exported latent file, runs musubi's own caching function for the export's architecture (for a Wan
-   export with I2V latents_image, with i2v on and the condition video's mean as its VAE's second answer)
+   export with I2V latents_image, with i2v on and the condition video's mean as its VAE's second answer; for an hv15
+   one with latents_image and siglip, with i2v on, the first frame's one-frame mean as its VAE's second answer and
+   the image-features set's features as what its SigLIP returned)
    (`wan_cache_latents.encode_and_save_batch`, `cache_latents.encode_and_save_batch` for hv,
    `kandinsky5_cache_latents.encode_and_save_batch`, `hv_1_5_cache_latents.encode_and_save_batch` for hv15)
    with a stand-in VAE that returns vaecache's posterior mean
@@ -141,11 +143,21 @@ def musubi_cached(arch: str, modules: dict[str, Any], mean: torch.Tensor, item: 
     elif arch == "k5":
         script.encode_and_save_batch(_sampling_vae(mean, float(normalization["scaling_factor"])), [item])
     elif arch == "hv15":
-        # hv_1_5_cache_latents.py:41-44: latent = vae.encode(content)[0].mode(), under autocast to the VAE's dtype
-        posterior = types.SimpleNamespace(mode=lambda: mean.unsqueeze(0))
-        vae = types.SimpleNamespace(device=torch.device("cpu"), dtype=mean.dtype,
-                                    encode=lambda contents: (posterior,))
-        script.encode_and_save_batch(vae, None, [item], i2v=False)
+        # hv_1_5_cache_latents.py:41-44: latent = vae.encode(content)[0].mode(), under autocast to the VAE's dtype;
+        # with i2v (48-84) it encodes the first frame alone next (the condition set's one-frame mean), and its SigLIP
+        # image encoder gives the first frame's last_hidden_state (the image-features set's)
+        answers = iter([mean] + ([condition] if condition is not None else []))
+        vae = types.SimpleNamespace(device=torch.device("cpu"), dtype=mean.dtype, encode=lambda contents: (
+            types.SimpleNamespace(mode=lambda answer=next(answers): answer.unsqueeze(0)),))
+        assets = None
+        if features is not None:  # frame_pack/clip_vision.py hf_clip_vision_encode calls these two
+            def image_encoder(**inputs: Any) -> Any:
+                return types.SimpleNamespace(last_hidden_state=features.unsqueeze(0))
+
+            image_encoder.device, image_encoder.dtype = torch.device("cpu"), features.dtype  # type: ignore[attr-defined]
+            processed = types.SimpleNamespace(to=lambda **kwargs: {})
+            assets = (types.SimpleNamespace(preprocess=lambda images, return_tensors: processed), image_encoder)
+        script.encode_and_save_batch(vae, assets, [item], i2v=condition is not None)
     else:
         raise SystemExit(f"architecture {arch!r} is not one vaecache exports")
 

@@ -23,7 +23,8 @@ def hv15_cache(tmp_path_factory, demo_data, run_cli):
 
     root = tmp_path_factory.mktemp("hv15-conditions")
     torch.manual_seed(0)
-    AutoencoderKLHunyuanVideo15(**FAMILY_CONFIGS["hunyuan15"][1]).save_pretrained(root / "vae")
+    AutoencoderKLHunyuanVideo15(**{**FAMILY_CONFIGS["hunyuan15"][1], "block_out_channels": (8, 16, 64),
+                                   "latent_channels": 32}).save_pretrained(root / "vae")  # musubi's 32 channels
     result = run_cli(["encode", demo_data, "--out", root / "cache", "--vae", f"diffusers:{root / 'vae'}", *ARGS])
     assert result.exit_code == 0, result.output
     return root
@@ -70,7 +71,7 @@ def test_the_first_frame_condition_is_the_pipelines_per_camera(hv15_cache, run_c
     for item in latents:
         frames = latents.source_frames(item.id)
         condition = item["condition/first-frame"]
-        assert condition.shape == (len(item.cameras), 5, *item.mean.shape[2:]) and condition.dtype == torch.float32
+        assert condition.shape == (len(item.cameras), 33, *item.mean.shape[2:]) and condition.dtype == torch.float32
         for view in range(len(item.cameras)):
             expected = diffusers_hv15_condition(vae, frames[view, :, 0], item.mean.shape[2])
             assert torch.equal(condition[view], expected)
@@ -110,3 +111,39 @@ def test_siglip_features_equal_diffusers_get_image_embeds(hv15_cache, run_cli, t
                 else:  # musubi's siglip_float16: the same features, as musubi stores them
                     assert features.dtype == torch.float16 and torch.equal(features[view], expected.half())
     assert run_cli(["verify", cache]).exit_code == 0
+
+
+def test_the_musubi_hv15_export_carries_latents_image_and_siglip_as_musubi_caches_them(hv15_cache, run_cli,
+                                                                                      tmp_path):
+    """hv_1_5_cache_latents.py with --i2v (30c658c, lines 48-84): latents_image is the first frame's raw one-frame
+    latent at latent frame 0 of float32 zeros, then a float32 mask channel 1 on latent frame 0; siglip_float16 the
+    first frame's SigLIP last_hidden_state. scripts/check_musubi_export.py runs musubi's own function on it."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file
+
+    siglip = build_siglip_folder(tmp_path / "siglip")
+    cache = shutil.copytree(hv15_cache / "cache", tmp_path / "cache")
+    for args in (["--condition", "first-frame"],
+                 ["--condition", "image-features", "--image-encoder", f"transformers:{siglip}", "--image-convention",
+                  "hunyuanvideo15-musubi"]):
+        result = run_cli(["embed", cache, *args])
+        assert result.exit_code == 0, result.output
+    result = run_cli(["export", cache, "--format", "musubi", "-o", tmp_path / "musubi"])
+    assert result.exit_code == 0, result.output
+    assert "siglip_<dtype>" in result.output
+    latents = LatentCache(cache)
+    conditions, features = latents.sets()["conditions"]["first-frame"], latents.sets()["conditions"]["image-features"]
+    index = [json.loads(line) for line in (tmp_path / "musubi" / "index.jsonl").read_text().splitlines()]
+    for entry in (e for e in index if "file" in e):
+        item = latents[entry["clip"]]
+        view = item.cameras.index(entry["camera"])
+        tensors = load_file(tmp_path / "musubi" / entry["file"])
+        frames, height, width = item.mean.shape[2:]
+        image = tensors[f"latents_image_{frames}x{height}x{width}_float32"]
+        expected = torch.zeros(33, frames, height, width)
+        expected[:32, 0:1] = conditions.stored(entry["clip"])[view]
+        expected[32, 0] = 1.0
+        assert torch.equal(image, expected)
+        assert torch.equal(tensors["siglip_float16"], features.stored(entry["clip"])[view])

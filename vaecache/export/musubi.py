@@ -130,8 +130,10 @@ MUSUBI_ARCHITECTURES: dict[str, MusubiArch] = {arch.short: arch for arch in (
     MusubiArch("hv15", "hunyuan_video_1_5", "AutoencoderKLHunyuanVideo15", 32, latents=_raw_latents,
                convention="the raw posterior mean in the stored dtype: musubi-tuner's HunyuanVideo 1.5 caching stores "
                           "vae.encode(...)[0].mode() unscaled (hv_1_5_cache_latents.py:41-44) and its trainer "
-                          "multiplies by VAE_SCALING_FACTOR (hv_1_5_train_network.py:369-371); its I2V latents_image "
-                          "and siglip features are not exported yet (no HunyuanVideo 1.5 condition set)"),
+                          "multiplies by VAE_SCALING_FACTOR (hv_1_5_train_network.py:369-371); with a first-frame set "
+                          "its I2V latents_image (the first frame's raw latent at latent frame 0, zeros after, and a "
+                          "mask channel, float32) and with hunyuanvideo15-musubi image features its siglip_float16, "
+                          "as hv_1_5_cache_latents.py caches them"),
     MusubiArch("qi", "qwen_image", refused="Qwen-Image is an image architecture: musubi-tuner reads its latents as an "
                "image dataset (one frame per item), not a video dataset"),
 )}
@@ -191,10 +193,21 @@ def musubi_image_latent(spec: MusubiArch, condition: torch.Tensor, num_frames: i
                         normalization: dict[str, Any], dtype: torch.dtype) -> torch.Tensor:
     """One camera's `latents_image` as musubi-tuner's Wan I2V caching stores it (wan_cache_latents.py:48-79,
     encode_and_save_batch with i2v): the frame mask in the VAE's dtype, then the condition video's latent normalized
-    by musubi's WanVAE (as the latents are: _wan_latents), concatenated on channels: (4 + C, F, H, W)."""
+    by musubi's WanVAE (as the latents are: _wan_latents), concatenated on channels: (4 + C, F, H, W). HunyuanVideo
+    1.5's (hv_1_5_cache_latents.py:48-76): the first frame's raw one-frame latent at latent frame 0 of a float32 zero
+    tensor of the clip's latent frames, then a float32 mask channel, 1 on latent frame 0: (C + 1, F, H, W)."""
     import torch
 
     from vaecache.conditions.kinds import condition_mask
+
+    if spec.short == "hv15":
+        channels, _, height, width = condition.shape
+        frames = (num_frames - 1) // temporal_factor + 1
+        latent = torch.zeros(channels, frames, height, width, dtype=torch.float32)
+        latent[:, 0:1] = condition[:, :1]
+        mask = torch.zeros(1, frames, height, width)
+        mask[:, 0:1] = 1.0
+        return torch.concat([latent, mask], dim=0).contiguous()
 
     latent = spec.latents(condition.to(dtype), normalization)["latents"]  # type: ignore[misc]
     _, _, height, width = latent.shape
@@ -217,27 +230,31 @@ def musubi_condition_set(cache: Any, spec: MusubiArch, condition: str, where: Pa
     if kind not in kinds:
         raise ExportError(f"{where}: no condition set {kind!r} (sets: {', '.join(kinds) or 'none'}): vaecache embed "
                           f"{where} --condition {kind} adds it")
-    if spec.short != "wan":
+    if spec.short not in ("wan", "hv15"):
         raise ExportError(f"{where}: musubi-tuner's {spec.full} caching stores no first-frame latents_image vaecache "
-                          "writes (its Wan I2V one is); pass --condition none")
+                          "writes (its Wan and HunyuanVideo 1.5 I2V ones are); pass --condition none")
     return cache.sets()["conditions"][kind]  # the kind's reader, as LatentCache's items read it
 
 
 def musubi_image_features(cache: Any, spec: MusubiArch, condition: str, where: Path | str) -> tuple[Any, str]:
-    """The image-features ConditionSet written as musubi's Wan I2V `clip_<dtype>` (or None), and a note for the
-    summary: features are written under "auto" only, and only in musubi's own convention (in another they are
-    another computation than musubi's CLIP, so they are left out, saying how to add them)."""
-    if condition != "auto" or "image-features" not in cache.condition_sets or spec.short != "wan":
+    """The image-features ConditionSet written as musubi's Wan I2V `clip_<dtype>` or HunyuanVideo 1.5 I2V
+    `siglip_<dtype>` (or None), and a note for the summary: features are written under "auto" only, and only in
+    musubi's own convention (in another they are another computation than musubi's, so they are left out, saying
+    how to add them)."""
+    ours = {"wan": ("wan-musubi", "CLIP", "clip", "Wan 2.1"), "hv15": ("hunyuanvideo15-musubi", "SigLIP", "siglip",
+                                                                       "HunyuanVideo 1.5")}
+    if condition != "auto" or "image-features" not in cache.condition_sets or spec.short not in ours:
         return None, ""
+    wanted, encoder, key, model = ours[spec.short]
     features = cache.sets()["conditions"]["image-features"]
     convention = ((features.entry.get("fingerprint") or {}).get("image_encoder") or {}).get("convention")
-    if convention != "wan-musubi":
-        return None, (f"the cache's image-features ({convention} convention) are not written: musubi-tuner reads CLIP "
-                      "features as its own caching makes them (vaecache embed OUT --condition image-features "
-                      "--image-convention wan-musubi --replace adds those)")
+    if convention != wanted:
+        return None, (f"the cache's image-features ({convention} convention) are not written: musubi-tuner reads "
+                      f"{encoder} features as its own caching makes them (vaecache embed OUT --condition "
+                      f"image-features --image-convention {wanted} --replace adds those)")
     if "first-frame" not in cache.condition_sets:
-        return features, ("CLIP features (clip_<dtype>) written without latents_image: musubi-tuner's Wan 2.1 I2V "
-                          "training needs both (vaecache embed OUT --condition first-frame adds them)")
+        return features, (f"{encoder} features ({key}_<dtype>) written without latents_image: musubi-tuner's {model} "
+                          "I2V training needs both (vaecache embed OUT --condition first-frame adds them)")
     return features, ""
 
 
@@ -311,7 +328,10 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
                     _, frames_l, _, _ = image.shape
                     tensors[f"latents_image_{frames_l}x{height_l}x{width_l}_"
                             f"{str(latent.dtype).removeprefix('torch.')}"] = image
-                if clip_features is not None:  # cache_io.py save_latent_cache_wan: named by the latent's dtype
+                if clip_features is not None and spec.short == "hv15":  # save_latent_cache_hunyuan_video_1_5
+                    tensors[f"siglip_{str(clip_features.dtype).removeprefix('torch.')}"] = \
+                        clip_features[view].contiguous()
+                elif clip_features is not None:  # cache_io.py save_latent_cache_wan: named by the latent's dtype
                     tensors[f"clip_{str(latent.dtype).removeprefix('torch.')}"] = clip_features[view].contiguous()
                 data = safetensors_bytes(tensors,
                                          {"architecture": spec.full, "width": str(width), "height": str(height),
@@ -348,17 +368,25 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
             "source": source_of(cache), "clips": len(cache), "files": files, "bytes": size,
             "renamed": index.renamed, "captioned_clips": captions,
             **({"text_set": texts.name, "text_caches": len(te_items)} if texts is not None else {}),
-            **({"condition_set": conditions.kind, "image_latents": "latents_image: the first-frame mask (4 channels) "
-                "then the condition latents normalized as the latents are, as musubi-tuner's Wan I2V caching stores "
-                "them (wan_cache_latents.py)"} if conditions is not None else {}),
-            **({"image_features": "clip_<dtype>: CLIP features of the first frame in musubi's convention, float16"}
+            **({"condition_set": conditions.kind, "image_latents": (
+                "latents_image: the first frame's raw one-frame latent at latent frame 0, zeros after, then a mask "
+                "channel 1 on latent frame 0, float32, as musubi-tuner's HunyuanVideo 1.5 I2V caching stores them "
+                "(hv_1_5_cache_latents.py)" if spec.short == "hv15" else
+                "latents_image: the first-frame mask (4 channels) then the condition latents normalized as the "
+                "latents are, as musubi-tuner's Wan I2V caching stores them (wan_cache_latents.py)")}
+               if conditions is not None else {}),
+            **({"image_features": "siglip_<dtype>: SigLIP features of the first frame in musubi's convention, float16"
+                if spec.short == "hv15" else
+                "clip_<dtype>: CLIP features of the first frame in musubi's convention, float16"}
                if image_features is not None else {})})
     notes = [f"latents as musubi-tuner's {spec.full} caching stores them: {spec.convention}"]
     if conditions is not None:
+        encoder, key, convention, model = (("SigLIP", "siglip", "hunyuanvideo15-musubi", "HunyuanVideo 1.5")
+                                           if spec.short == "hv15" else ("CLIP", "clip", "wan-musubi", "Wan 2.1"))
         notes.append("I2V latents_image of condition set 'first-frame' in every latent file" +
-                     (" with the first frame's CLIP features (clip_<dtype>): musubi's Wan I2V caching step is not "
-                      "needed" if image_features is not None else " (no CLIP features: add them with vaecache "
-                      "embed --condition image-features --image-convention wan-musubi for Wan 2.1 I2V)"))
+                     (f" with the first frame's {encoder} features ({key}_<dtype>): musubi's {model} I2V caching step "
+                      "is not needed" if image_features is not None else f" (no {encoder} features: add them with "
+                      f"vaecache embed --condition image-features --image-convention {convention} for {model} I2V)"))
     if features_note:
         notes.append(features_note)
     if texts is not None:
