@@ -99,6 +99,12 @@ def test_families_from_keys_and_the_shipped_config_from_shapes():
         "AutoencoderKLLTXVideo"
     assert detect_family(["first_stage_model.encoder.down.0.block.0.norm1.weight",
                           "first_stage_model.decoder.up.0.block.0.norm1.weight"]) == "AutoencoderKL"
+    with pytest.raises(VaeSpecError, match="HunyuanVideo 1.5 VAE in its release layout.*"
+                                           "scripts/convert_hunyuan_video1_5_to_diffusers.py"):
+        detect_family(["encoder.conv_in.conv.weight", "encoder.down.0.block.0.norm1.gamma",
+                       "encoder.down.0.block.0.conv1.conv.weight", "decoder.up.0.block.0.norm1.gamma"])
+    with pytest.raises(VaeSpecError, match="CogVideoX VAE in its original"):
+        detect_family(["encoder.down.0.block.0.conv1.conv.weight", "encoder.down.0.block.0.norm1.norm_layer.weight"])
     with pytest.raises(VaeSpecError, match="HunyuanVideo VAE checkpoint: diffusers has no single-file loader"):
         detect_family(["encoder.down_blocks.0.resnets.0.conv1.conv.weight"])
     with pytest.raises(VaeSpecError, match="a diffusers model's weights file on its own"):

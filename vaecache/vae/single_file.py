@@ -7,9 +7,10 @@ AutoencoderKLLTXVideo and AutoencoderKL in the pinned diffusers; each family's k
 diffusers/loaders/single_file_utils.py `convert_wan_vae_to_diffusers`, `convert_ltx_vae_checkpoint_to_diffusers`,
 `convert_ldm_vae_checkpoint`), then loaded strictly: every parameter and persistent buffer of the module the config
 builds comes from the file, and no tensor of the file's VAE part is left unused (diffusers' loader leaves a missing
-weight at its random initial value and drops unknown tensors with a warning). HunyuanVideo and CogVideoX single
-files are refused: diffusers has no single-file loader for them (convert with diffusers'
-scripts/convert_hunyuan_video_to_diffusers.py or convert_cogvideox_to_diffusers.py and pass the folder).
+weight at its random initial value and drops unknown tensors with a warning). HunyuanVideo (1, 1.5) and CogVideoX
+single files are refused: diffusers has no single-file loader for them (convert with diffusers'
+scripts/convert_hunyuan_video_to_diffusers.py, convert_hunyuan_video1_5_to_diffusers.py or
+convert_cogvideox_to_diffusers.py and pass the folder).
 
 Only safetensors is read unless --allow-pickle-weights (a .pth/.pt/.ckpt is a pickle, which can run code).
 """
@@ -52,6 +53,10 @@ def detect_family(keys: Iterable[str], path: Path | None = None, shapes: dict[st
                            "VAE as --vae")
     if "encoder.down.0.block.0.norm1.weight" in found and "decoder.up.0.block.0.norm1.weight" in found:
         return "AutoencoderKL"  # the LDM/SD first-stage model (ldm/modules/diffusionmodules/model.py)
+    if "encoder.down.0.block.0.norm1.gamma" in found:  # HunyuanVideo 1.5's RMS norms, in its release's layout
+        raise VaeSpecError(f"{where}a HunyuanVideo 1.5 VAE in its release layout (tencent/HunyuanVideo-1.5): diffusers "
+                           "has no single-file loader for it; convert it with diffusers' "
+                           "scripts/convert_hunyuan_video1_5_to_diffusers.py and pass --vae diffusers:FOLDER")
     if "encoder.down.0.block.0.conv1.conv.weight" in found:
         raise VaeSpecError(f"{where}a CogVideoX VAE in its original (SAT) layout: diffusers has no single-file "
                            "loader for it; convert it with diffusers' scripts/convert_cogvideox_to_diffusers.py and "
