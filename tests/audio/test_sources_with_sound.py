@@ -59,3 +59,51 @@ def test_the_sound_of_an_object_in_s3_is_cut_by_ranged_reads(s3: Any, tmp_path: 
     assert records and all(record["sources"][0].startswith("s3://sound/videos/") for record in records)
     for record in records:
         assert torch.equal(cache.source_audio(record).samples, _expected(video, record)), record["id"]
+
+
+def test_the_sound_of_a_lerobot_episode_is_cut_from_its_file_at_the_episodes_frame_times(tmp_path: Path,
+                                                                                         run_cli: Callable) -> None:
+    """A LeRobot v3.0 camera file holds episodes one after another: each clip's sound starts at the time of the file
+    frame its first frame is (the episode's from_timestamp plus its own time, the frame LeRobotDataset picks), on the
+    file's track, cut by sample index from what FFmpeg decodes of the whole file."""
+    import subprocess
+
+    import av
+    import imageio_ffmpeg
+
+    from tests.sources.lerobot_fixture import CAMERAS, write_lerobot
+
+    root = write_lerobot(tmp_path / "robot", [["pick"] * 24, ["place"] * 27], fps=10)
+    top = root / "videos" / CAMERAS[0] / "chunk-000" / "file-000.mp4"
+    with av.open(str(top)) as container:
+        seconds = float(container.duration) / 1e6 + 0.5
+    silent = top.with_name("silent.mp4")
+    top.rename(silent)
+    subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-i", str(silent), "-f", "lavfi", "-i",
+                    f"anoisesrc=sample_rate=48000:amplitude=0.3:duration={seconds}", "-map", "0:v", "-map", "1:a",
+                    "-c:v", "copy", "-c:a", "aac", str(top)], check=True)
+    silent.unlink()
+    result = run_cli(["encode", root, "--out", tmp_path / "out", "--vae", "builtin:tiny", "--num-frames", "9",
+                      "--size", "32x32", "--window-stride", "7", "--workers", "0", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    cache = LatentCache(tmp_path / "out")
+    reference, rate, start = ffmpeg_samples(top)
+    with av.open(str(top)) as container:
+        stream = container.streams.video[0]
+        times = sorted(Fraction(packet.pts) * stream.time_base for packet in container.demux(stream)
+                       if packet.pts is not None)
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(root / "meta" / "episodes" / "chunk-000" / "file-000.parquet").to_pylist()
+    episodes = {row["episode_index"]: row[f"videos/{CAMERAS[0]}/from_timestamp"] for row in table}
+    seen = []
+    for record in cache.records():
+        episode = int(record["scene"].rsplit("_", 1)[-1])
+        wanted = Fraction(episodes[episode]).limit_denominator(10**6) + Fraction(record["frames"][0], 10)
+        first_time = min(times, key=lambda t: abs(t - wanted))  # the frame LeRobotDataset picks
+        first = round((first_time - Fraction(start).limit_denominator(rate)) * rate)
+        count = int(len(record["frames"]) / 10 * rate)
+        assert torch.equal(cache.source_audio(record).samples,
+                           torch.from_numpy(reference[:, first:first + count])), record["id"]
+        seen.append(episode)
+    assert sorted(set(seen)) == [0, 1] and len(seen) >= 4 and episodes[1] > 0  # the second starts inside the file

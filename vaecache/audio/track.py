@@ -177,11 +177,25 @@ class AudioSources:
         self.videos = videos
         self._sound: dict[str, bool] = {}
         self._times: OrderedDict[str, list[Fraction]] = OrderedDict()
+        self._episodes: OrderedDict[str, list[int]] = OrderedDict()
 
     def has_audio(self, path: str) -> bool:
         if path not in self._sound:
             self._sound[path] = has_audio(path)
         return self._sound[path]
+
+    def file_frame(self, span: Any, index: int) -> int:
+        """The frame of the file that frame `index` of a LeRobot episode (vaecache.video.spans.EpisodeSpan) is: the
+        one of nearest time, as the episode's reader picks it."""
+        from vaecache.video.spans import SpanReader
+
+        frames = self._episodes.pop(span.reference, None)
+        if frames is None:
+            frames = SpanReader(span).file_frames()
+        self._episodes[span.reference] = frames
+        while len(self._episodes) > self.videos:
+            self._episodes.popitem(last=False)
+        return frames[index]
 
     def frame_time(self, path: str, index: int) -> Fraction:
         times = self._times.pop(path, None)
@@ -201,13 +215,14 @@ def record_audio(record: dict[str, Any], frame_stride: int = 1, camera: str | No
     """The sound of the clip a cache's record describes (what LatentCache.source_audio gives): from `camera`'s video
     (default: the first camera whose video has an audio track), the window of its own frames (`camera_frames` with
     --sync timestamps) at the clip's rate (the record's fps over `frame_stride`). A source changed since the clip was
-    encoded raises SourceChangedError; an image sequence, one episode of a file (not read for sound yet), no track or
-    one that does not cover the window, AudioMissingError naming the file. `sources`: what earlier clips of the same
-    videos found (a new one where not given)."""
+    encoded raises SourceChangedError; an image sequence, no track or one that does not cover the window,
+    AudioMissingError naming the file. One episode of a file (a LeRobot v3 camera file) is cut from the file's track
+    from the time of the file frame its first frame is. `sources`: what earlier clips of the same videos found (a new
+    one where not given)."""
     from vaecache.cache.provenance import identity_change, source_identity
     from vaecache.errors import SourceChangedError
     from vaecache.video.frames import is_image_source
-    from vaecache.video.spans import span_of
+    from vaecache.video.spans import file_of, span_of
 
     sources = sources if sources is not None else AudioSources()
     cameras, paths = list(record["cameras"]), list(record["sources"])
@@ -216,11 +231,7 @@ def record_audio(record: dict[str, Any], frame_stride: int = 1, camera: str | No
     files = record.get("frame_files") if isinstance(record.get("frame_files"), dict) else {}
     chosen = [cameras.index(camera)] if camera is not None else list(range(len(cameras)))
     videos = [c for c in chosen if not files.get(cameras[c]) and not is_image_source(paths[c])]
-    for c in videos:
-        if span_of(paths[c]) is not None:
-            raise AudioMissingError(f"{paths[c]}: the audio of one episode of a file is not read yet "
-                                    f"(clip {record['id']})")
-    position = next((c for c in videos if sources.has_audio(paths[c])), None)
+    position = next((c for c in videos if sources.has_audio(file_of(paths[c]))), None)
     if position is None:
         raise AudioMissingError(f"{', '.join(str(paths[c]) for c in chosen)}: no audio track "
                                 f"(clip {record['id']}{', an image sequence' if not videos else ''})")
@@ -232,6 +243,10 @@ def record_audio(record: dict[str, Any], frame_stride: int = 1, camera: str | No
             raise SourceChangedError(f"{path} ({cameras[position]} of clip {record['id']}): {change} since it was "
                                      "encoded; its latents no longer match it")
     frames = (record.get("camera_frames") or {}).get(cameras[position]) or record["frames"]
-    start = sources.frame_time(path, frames[0])
-    return cut_audio(path, AudioWindow.of_clip(start, len(frames), float(record["fps"]) / frame_stride))
+    span = span_of(path)
+    if span is not None:  # an episode of a file: its first frame's time in the file, on the file's track
+        start = sources.frame_time(span.path, sources.file_frame(span, frames[0]))
+    else:
+        start = sources.frame_time(path, frames[0])
+    return cut_audio(file_of(path), AudioWindow.of_clip(start, len(frames), float(record["fps"]) / frame_stride))
 

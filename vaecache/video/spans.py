@@ -182,6 +182,10 @@ class SpanReader:
     def check_request(self, frames: Sequence[int]) -> list[int]:
         return checked_request(frames, len(self), self.path)
 
+    def file_frames(self) -> list[int]:
+        """The frame of the file each of the episode's frames is."""
+        return list(self._frames)
+
     def read(self, frames: Sequence[int]) -> np.ndarray:
         frames = self.check_request(frames)
         try:
