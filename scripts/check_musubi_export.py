@@ -23,7 +23,9 @@ its modules from CHECKOUT/src (an environment where musubi-tuner's own requireme
 4. with `--text-encoder FOLDER` (what `vaecache embed` read): musubi's own Wan text-encoder caching
    (`wan_cache_text_encoder_outputs.encode_and_save_batch`) on the same UMT5 weights, converted to Wan's names and
    loaded into a `T5Encoder` of the same config, with a `HuggingfaceTokenizer` of the same tokenizer files, for
-   every exported `<item>_wan_te.safetensors`, compared within `--text-tolerance`.
+   every exported `<item>_wan_te.safetensors`, compared within `--text-tolerance`; for hv15, its
+   `hv_1_5_cache_text_encoder_outputs.encode_and_save_batch` with the folder's Qwen2.5-VL and ByT5 injected, for
+   every `<item>_hv15_te.safetensors`.
 
 It prints a table and JSON (`--json FILE`) and exits 1 if anything differs.
 """
@@ -313,7 +315,7 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
             problems.append(f"musubi's training saw {result['rows']} latent files, the export holds {result['files']} "
                             "(an item without its text-encoder cache is skipped by musubi)")
     if args.text_encoder is not None:
-        result["text"] = musubi_text_check(args, export, problems)
+        result["text"] = (musubi_hv15_text_check if arch == "hv15" else musubi_text_check)(args, export, problems)
     result["ok"] = not problems
     return result
 
@@ -336,6 +338,62 @@ def wan_t5_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if match:
             renamed[f"blocks.{match[1]}.{parts[match[2]]}.weight"] = value
     return renamed
+
+
+def musubi_hv15_text_check(args: argparse.Namespace, export: Path, problems: list[str]) -> dict[str, Any]:
+    """4. musubi's own HunyuanVideo 1.5 text-encoder caching (hv_1_5_cache_text_encoder_outputs.encode_and_save_batch:
+    get_qwen_prompt_embeds with its PROMPT_TEMPLATE_VIDEO and marker crop, get_glyph_prompt_embeds with ByT5 at 128
+    tokens) on the folder's own Qwen2.5-VL text model and ByT5 encoder, injected (its loaders build Qwen2.5-VL-7B and
+    fetch google/byt5-small from the Hub), computing in fp32; every exported `<item>_hv15_te.safetensors` compared
+    with the file it writes for the item's caption. A prompt without glyph text: musubi stores ByT5's rows [:0] of
+    its zero tensor, whose width it hard-codes (1472, ByT5-small's), so empty entries are compared by row count."""
+    from musubi_tuner import hv_1_5_cache_text_encoder_outputs as hv15_te
+    from musubi_tuner.dataset.image_video_dataset import ItemInfo
+    from transformers import AutoTokenizer, ByT5Tokenizer, Qwen2_5_VLTextModel, T5EncoderModel
+
+    folder = args.text_encoder
+    vlm = Qwen2_5_VLTextModel.from_pretrained(str(folder / "text_encoder"), torch_dtype=torch.float32).eval()
+    byt5 = T5EncoderModel.from_pretrained(str(folder / "text_encoder_2"), torch_dtype=torch.float32).eval()
+    tokenizer, tokenizer_2 = AutoTokenizer.from_pretrained(str(folder / "tokenizer")), \
+        ByT5Tokenizer.from_pretrained(str(folder / "tokenizer_2"))
+    captions = {Path(entry["video_path"]).stem: entry["caption"]
+                for entry in map(json.loads, (export / "videos.jsonl").read_text().splitlines())}
+    checked = {"files": 0, "within_tolerance": 0, "worst_relative": 0.0, "tolerance": args.text_tolerance,
+               "empty_glyph_entries": 0}
+    with tempfile.TemporaryDirectory(prefix="vaecache-musubi-text-") as scratch_name:
+        for exported in sorted((export / "cache").glob("*_hv15_te.safetensors")):
+            item_key = exported.name.removesuffix("_hv15_te.safetensors")
+            item = ItemInfo(item_key, captions[item_key], (0, 0), (0, 0))
+            item.text_encoder_output_cache_path = str(Path(scratch_name) / exported.name)
+            hv15_te.encode_and_save_batch(tokenizer, vlm, tokenizer_2, byt5, [item], torch.device("cpu"), None)
+            theirs, their_metadata = load_file(Path(item.text_encoder_output_cache_path))
+            ours, our_metadata = load_file(exported)
+            checked["files"] += 1
+            if sorted(theirs) != sorted(ours):
+                problems.append(f"{exported.name}: keys {sorted(ours)}, musubi's {sorted(theirs)}")
+                continue
+            fine = True
+            for key in theirs:
+                if theirs[key].shape[0] == ours[key].shape[0] == 0:
+                    checked["empty_glyph_entries"] += 1
+                    continue
+                if theirs[key].shape != ours[key].shape:
+                    problems.append(f"{exported.name}: {key} is {tuple(ours[key].shape)}, musubi's "
+                                    f"{tuple(theirs[key].shape)}")
+                    fine = False
+                    continue
+                relative = float((theirs[key].float() - ours[key].float()).abs().max()
+                                 / ours[key].float().abs().max().clamp_min(1e-30))
+                checked["worst_relative"] = max(checked["worst_relative"], relative)
+                if relative > args.text_tolerance:
+                    problems.append(f"{exported.name}: {key} differs from musubi's own caching by {relative:.3g} of "
+                                    f"its max (tolerance {args.text_tolerance:g})")
+                    fine = False
+            if their_metadata != our_metadata:
+                problems.append(f"{exported.name}: metadata {our_metadata} differs from musubi's {their_metadata}")
+                fine = False
+            checked["within_tolerance"] += fine
+    return checked
 
 
 def musubi_text_check(args: argparse.Namespace, export: Path, problems: list[str]) -> dict[str, Any]:
@@ -398,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
             ("latent files equal to musubi's own caching", f"{result['files_equal']} / {result['files']}"),
             ("text-encoder caches written by musubi", str(result.get("text_encoder_caches", 0))),
             ("training batches / rows equal", f"{result['batches']} / {result['rows_equal']} of {result['rows']}"),
-            *([("text caches within tolerance of musubi's T5 caching",
+            *([("text caches within tolerance of musubi's own text caching",
                 f"{result['text']['within_tolerance']} / {result['text']['files']} (worst "
                 f"{result['text']['worst_relative']:.2g} of the max)")] if "text" in result else []),
             ("verdict", "OK" if result["ok"] else "DIFFERS")]

@@ -147,3 +147,47 @@ def test_the_musubi_hv15_export_carries_latents_image_and_siglip_as_musubi_cache
         expected[32, 0] = 1.0
         assert torch.equal(image, expected)
         assert torch.equal(tensors["siglip_float16"], features.stored(entry["clip"])[view])
+
+
+def test_the_musubi_hv15_export_writes_musubis_text_caches_from_a_musubi_convention_set(hv15_cache, run_cli,
+                                                                                       tmp_path):
+    """A text set embedded with --text-convention musubi becomes <item>_hv15_te.safetensors as musubi's
+    save_text_encoder_output_cache_hunyuan_video_1_5 writes it (varlen_vl_embed_<dtype>, varlen_byt5_embed_<dtype>);
+    a set of diffusers' convention is refused for hv15, naming the flag."""
+    import json
+    import shutil
+
+    from safetensors import safe_open
+
+    from tests.text.tiny_text import build_hunyuan15_text_folder
+
+    text = build_hunyuan15_text_folder(tmp_path / "text")
+    cache = shutil.copytree(hv15_cache / "cache", tmp_path / "cache")
+    latents = LatentCache(cache)
+    scenes = sorted({latents.record(clip)["scene"] for clip in latents.ids()})  # musubi: one caption per item
+    captions = {clip: (f'{scene} with a sign reading "STOP"' if scenes.index(scene) % 2 else f"a quiet {scene}")
+                for clip in latents.ids() for scene in [latents.record(clip)["scene"]]}
+    (tmp_path / "captions.json").write_text(json.dumps(captions))
+    result = run_cli(["embed", cache, "--text-encoder", f"diffusers:{text}", "--set", "pipeline", "--captions",
+                      tmp_path / "captions.json"])
+    assert result.exit_code == 0, result.output
+    refused = run_cli(["export", cache, "--format", "musubi", "--text-set", "pipeline", "-o", tmp_path / "no"])
+    assert refused.exit_code == 2 and "--text-convention musubi" in refused.output
+    result = run_cli(["embed", cache, "--text-encoder", f"diffusers:{text}", "--set", "musubi", "--captions",
+                      tmp_path / "captions.json", "--text-convention", "musubi"])
+    assert result.exit_code == 0, result.output
+    result = run_cli(["export", cache, "--format", "musubi", "--text-set", "musubi", "-o", tmp_path / "musubi"])
+    assert result.exit_code == 0, result.output
+    texts = LatentCache(cache).sets()["text"]["musubi"]
+    index = [json.loads(line) for line in (tmp_path / "musubi" / "index.jsonl").read_text().splitlines()]
+    for entry in index:
+        path = tmp_path / "musubi" / "cache" / f"{entry['item']}_hv15_te.safetensors"
+        with safe_open(str(path), "pt") as handle:
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+            metadata = handle.metadata()
+        assert sorted(tensors) == ["varlen_byt5_embed_float32", "varlen_vl_embed_float32"]
+        assert metadata["architecture"] == "hunyuan_video_1_5"
+        assert torch.equal(tensors["varlen_vl_embed_float32"], texts.rows(entry["clip"]))
+        assert torch.equal(tensors["varlen_byt5_embed_float32"], texts.glyph(entry["clip"]))
+        assert metadata["caption1"] == captions[entry["clip"]]
+    assert any(texts.glyph(clip).shape[0] for clip in latents.ids())

@@ -9,7 +9,8 @@ import shutil
 import pytest
 import torch
 
-from tests.text.tiny_text import build_hunyuan15_text_folder
+from tests.text.tiny_text import build_hunyuan15_text_folder, build_wan_text_folder
+from vaecache.errors import UsageError
 from vaecache.text.encoder import load_text_encoder
 from vaecache.text.families import HUNYUAN15_SYSTEM
 
@@ -113,3 +114,61 @@ def test_a_set_reads_back_padded_verifies_and_reembeds(caption_cache, hunyuan15_
     save_file({k: v for k, v in state.items() if k != removed}, shard)
     result = run_cli(["verify", cache])
     assert result.exit_code == 1 and removed[:12] in result.output
+
+
+def musubi_hv15_reference(folder, prompt):
+    """musubi-tuner's hv_1_5_cache_text_encoder_outputs.encode_and_save_batch for one prompt, as its
+    hunyuan_video_1_5_text_encoder.py (30c658c) writes it: get_qwen_tokens (PROMPT_TEMPLATE_VIDEO.format(prompt),
+    the crop found after the tokens of "<|im_start|>user\\n" in the template filled with "a photo of a cat",
+    max_length 1024 + crop, padding to the longest), hidden_states[-3] cropped, rows [:mask.sum()];
+    get_byt5_text_tokens (straight-quoted then curly-quoted texts, `Text "x". ` each, 128 tokens; nothing for an
+    empty prompt) and the rows [:mask.sum()]. scripts/check_musubi_export.py runs musubi's own code."""
+    import re
+
+    from transformers import AutoTokenizer, ByT5Tokenizer, Qwen2_5_VLTextModel, T5EncoderModel
+
+    from vaecache.text.families import MUSUBI_HUNYUAN15_TEMPLATE
+
+    tokenizer = AutoTokenizer.from_pretrained(folder / "tokenizer")
+    example = tokenizer(MUSUBI_HUNYUAN15_TEMPLATE.format("a photo of a cat"), max_length=1024 + 256, padding=True,
+                        truncation=True, return_tensors="pt").input_ids[0].tolist()
+    marker = tokenizer("<|im_start|>user\n", add_special_tokens=False)["input_ids"]
+    drop = next(i + len(marker) for i in range(len(example) - len(marker) + 1) if example[i:i + len(marker)] == marker)
+    tokens = tokenizer([MUSUBI_HUNYUAN15_TEMPLATE.format(prompt)], max_length=1024 + drop, padding=True,
+                       truncation=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = Qwen2_5_VLTextModel.from_pretrained(folder / "text_encoder").eval()(
+            input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, output_hidden_states=True
+        ).hidden_states[-3][:, drop:]
+    rows = hidden[0, :int(tokens.attention_mask[0, drop:].sum())]
+    texts = (re.findall(r"\"(.*?)\"", prompt) + re.findall(r"“(.*?)”", prompt)) if prompt else []
+    if not texts:
+        return rows, None
+    glyph = ByT5Tokenizer.from_pretrained(folder / "tokenizer_2")(
+        "".join(f'Text "{text}". ' for text in texts), padding="max_length", max_length=128, truncation=True,
+        add_special_tokens=True, return_tensors="pt")
+    with torch.no_grad():
+        byt5 = T5EncoderModel.from_pretrained(folder / "text_encoder_2").eval()(
+            glyph.input_ids, attention_mask=glyph.attention_mask.float())[0]
+    return rows, byt5[0, :int(glyph.attention_mask.sum())]
+
+
+def test_the_musubi_convention_is_musubis_own_embedding(hunyuan15_text):
+    """--text-convention musubi: rows within float rounding of musubi's (it pads to the longest prompt, vaecache to
+    the fixed length: the causal model's rows are the same arithmetic over another sequence length)."""
+    encoder = load_text_encoder(f"diffusers:{hunyuan15_text}", batch=2, convention="musubi")
+    assert encoder.fingerprint()["family"] == "hunyuanvideo-1.5-musubi"
+    assert encoder.fingerprint()["glyph"] == {"length": 128, "hidden_size": 24, "order": "musubi"}
+    prompts = PROMPTS[:3] + ['first “curly” then "straight"']
+    for prompt, embedding in zip(prompts, encoder.embed(prompts)):
+        rows, glyph = musubi_hv15_reference(hunyuan15_text, prompt)
+        assert embedding.rows.shape == rows.shape
+        assert float((embedding.rows - rows).abs().max()) <= 1e-5 * float(rows.abs().max())
+        if glyph is None:
+            assert embedding.glyph.shape[0] == 0
+        else:
+            assert embedding.glyph.shape == glyph.shape
+            assert float((embedding.glyph - glyph).abs().max()) <= 1e-5 * float(glyph.abs().max())
+    wan = build_wan_text_folder(hunyuan15_text.parent / "wan")
+    with pytest.raises(UsageError, match="--text-convention musubi applies to HunyuanVideo 1.5"):
+        load_text_encoder(f"diffusers:{wan}", convention="musubi")

@@ -399,7 +399,7 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
     return ExportSummary(str(target), "musubi", len(cache), files, size, index.renamed, tuple(notes))
 
 
-MUSUBI_TEXT_FAMILY = {"wan": "wan", "hv": "hunyuanvideo"}
+MUSUBI_TEXT_FAMILY = {"wan": "wan", "hv": "hunyuanvideo", "hv15": "hunyuanvideo-1.5-musubi"}
 """The text-set family whose embeddings each musubi architecture's text-encoder cache holds."""
 
 
@@ -417,12 +417,13 @@ def musubi_text_set(cache: Any, spec: MusubiArch, text_set: str, where: Path | s
         raise ExportError(f"{where}: text set {name!r} holds diffusers' HunyuanVideo 1.5 conditioning, which is not "
                           "musubi-tuner's: its hunyuan_video_1_5_text_encoder.py uses another system-message layout "
                           "and crop, and ByT5 at 128 tokens with another glyph order, so its text caches would differ; "
-                          "pass --text-set none and run musubi's hv_1_5_cache_text_encoder_outputs.py")
+                          "embed a set with --text-convention musubi (or pass --text-set none)")
     if MUSUBI_TEXT_FAMILY.get(spec.short) != texts.family:
         raise ExportError(f"{where}: text set {name!r} ({texts.family or 'unknown'} family) cannot be exported for "
                           f"--arch {spec.short}: musubi-tuner's text caches vaecache writes are Wan's (varlen_t5, "
-                          "from a wan set) and HunyuanVideo's (llm and clipL, from a hunyuanvideo set); pass "
-                          "--text-set none")
+                          "from a wan set), HunyuanVideo's (llm and clipL, from a hunyuanvideo set) and HunyuanVideo "
+                          "1.5's (varlen_vl_embed and varlen_byt5_embed, from a set embedded with --text-convention "
+                          "musubi); pass --text-set none")
     return texts
 
 
@@ -452,7 +453,10 @@ def musubi_text_tensors(spec: MusubiArch, texts: Any, clip: str) -> dict[str, to
     save_text_encoder_output_cache_wan, `varlen_t5_<dtype>` (the prompt's rows); HunyuanVideo's
     save_text_encoder_output_cache, called for the LLM and for CLIP-L: `llm_<dtype>` (every row of the 256, as its
     TextEncoder.encode crops them), `llm_mask` (the cropped attention mask, int64 as the tokenizer returns it),
-    `clipL_<dtype>` (the pooled output) and `clipL_mask` (CLIP's attention mask over its 77 tokens)."""
+    `clipL_<dtype>` (the pooled output) and `clipL_mask` (CLIP's attention mask over its 77 tokens); HunyuanVideo
+    1.5's save_text_encoder_output_cache_hunyuan_video_1_5: `varlen_vl_embed_<dtype>` (Qwen2.5-VL's rows trimmed to
+    the mask, as hv_1_5_cache_text_encoder_outputs.py trims them) and `varlen_byt5_embed_<dtype>` (ByT5's rows of the
+    glyph text trimmed to its mask: none where the prompt quotes nothing)."""
     import torch
 
     def dtype_name(tensor: torch.Tensor) -> str:
@@ -461,6 +465,10 @@ def musubi_text_tensors(spec: MusubiArch, texts: Any, clip: str) -> dict[str, to
     if spec.short == "wan":
         rows = texts.rows(clip)
         return {f"varlen_t5_{dtype_name(rows)}": rows.contiguous()}
+    if spec.short == "hv15":
+        rows, glyph = texts.rows(clip), texts.glyph(clip)
+        return {f"varlen_vl_embed_{dtype_name(rows)}": rows.contiguous(),
+                f"varlen_byt5_embed_{dtype_name(glyph)}": glyph.contiguous()}
     embeds, mask = texts.padded(clip)
     pooled = texts.pooled(clip)
     clip_mask = torch.zeros(texts.pooled_length, dtype=torch.int64)

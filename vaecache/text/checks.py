@@ -17,6 +17,7 @@ from vaecache.cache.layout import TEXT_DIR
 from vaecache.cache.sets import Recomputed, check_set_files, unlisted_set_checks
 from vaecache.errors import VaecacheError
 from vaecache.settings.dtypes import SAFETENSORS_NAMES, canonical_dtype_name
+from vaecache.text.families import family_named
 from vaecache.text.sets import GLYPH_SUFFIX, POOLED_SUFFIX
 
 
@@ -288,7 +289,8 @@ def check_text_reembed(cache: Any, count: int, seed: int, device: Any, tolerance
                                         length=fingerprint.get("length") if generic else None,
                                         layer=fingerprint.get("layer") if generic else None,
                                         batch=int((fingerprint.get("batch_shape") or [8])[0]),
-                                        allow_pickle_weights=allow_pickle_weights)
+                                        allow_pickle_weights=allow_pickle_weights,
+                                        convention=family_named(str(fingerprint.get("family") or "")))
         except (VaecacheError, KeyError, OSError) as exc:
             check.fail(f"text set {name}: cannot load its encoder {entry.get('spec')!r} ({exc})")
             continue

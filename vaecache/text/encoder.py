@@ -15,6 +15,7 @@ which other prompts share its batch's run, how many ranks there are, or a resume
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -105,7 +106,8 @@ class TextEncoder:
                 **({"padding": self.family.padding} if self.family.padding != "right" else {}),
                 **({"chat_system": self.family.chat_system, "crop_start": self.family.crop_start}
                    if self.family.chat_system else {}),
-                **({"glyph": {"length": self.family.glyph_length, "hidden_size": self.glyph_hidden_size}}
+                **({"glyph": {"length": self.family.glyph_length, "hidden_size": self.glyph_hidden_size,
+                             **({"order": self.family.glyph_order} if self.family.glyph_order != "diffusers" else {})}}
                    if self.glyph_model is not None else {}),
                 **({"features": {"extractor": f"V{self.projection.version}", "layers": self.projection.layers,
                                  "video_width": self.projection.video_width,
@@ -185,10 +187,10 @@ class TextEncoder:
     def _glyph_rows(self, prompt: str) -> tuple[torch.Tensor, int, bool]:
         """The glyph encoder's rows of the prompt's quoted text (diffusers' _get_byt5_prompt_embeds, one prompt at
         a time as it runs them), trimmed to its mask, its token count and truncation; no rows where it quotes none."""
-        from vaecache.text.families import extract_glyph_texts
+        from vaecache.text.families import extract_glyph_texts, musubi_glyph_texts
 
         length = self.family.glyph_length
-        glyph_text = extract_glyph_texts(prompt)
+        glyph_text = (musubi_glyph_texts if self.family.glyph_order == "musubi" else extract_glyph_texts)(prompt)
         if glyph_text is None:
             return torch.zeros((0, self.glyph_hidden_size), dtype=self.dtype), 0, False
         inputs = self.glyph_tokenizer(glyph_text, padding="max_length", max_length=length, truncation=True,
@@ -226,7 +228,7 @@ class TextEncoder:
 
 def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_dtype: str = "fp32",
                       dtype: str = "fp32", length: int | None = None, layer: int | None = None, batch: int = 8,
-                      allow_pickle_weights: bool = False) -> TextEncoder:
+                      allow_pickle_weights: bool = False, convention: str = "pipeline") -> TextEncoder:
     """The encoder of a --text-encoder SPEC on `device`, computing in `compute_dtype`, storing `dtype`. A
     UsageError or VaeSpecError (one line, naming the spec) for what cannot be loaded."""
     if batch < 1:
@@ -235,7 +237,7 @@ def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_
     if compute_dtype == "fp16":
         raise UsageError("--compute-dtype fp16 is not supported: T5 overflows in fp16 unless some layers stay in fp32, "
                          "as transformers' own loading keeps them; compute in fp32 or bf16 (and store fp16 if wanted)")
-    folders = text_encoder_folders(spec, length, layer)
+    folders = text_encoder_folders(spec, length, layer, convention)
     family = folders.family
     model_config = _read_config(folders.model, spec)
     check_text_shape(model_config, family, batch, spec, device)
@@ -251,6 +253,9 @@ def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_
     model, identity = _load_model(folders.model, model_config, spec, allow_pickle_weights)
     tokenizer = _load_tokenizer(folders.tokenizer, spec)
     check_vocabulary(tokenizer, model, folders.tokenizer, folders.model)
+    if family.crop_marker is not None:  # musubi's HunyuanVideo 1.5: the crop found in the template tokenized
+        family = dataclasses.replace(family, crop_start=marker_crop(tokenizer, family, spec))
+        check_text_shape(model_config, family, batch, spec, device)
     identity["tokenizer_sha256"] = _tokenizer_hashes(folders.tokenizer)
     compute = torch_dtype(compute_dtype)
     device = torch.device(device)
@@ -299,7 +304,20 @@ class TextFolders:
     """(encoder, tokenizer) of the glyph encoder (HunyuanVideo 1.5's text_encoder_2 ByT5, tokenizer_2)."""
 
 
-def text_encoder_folders(spec: str, length: int | None = None, layer: int | None = None) -> TextFolders:
+def marker_crop(tokenizer: Any, family: TextFamily, spec: str) -> int:
+    """musubi's get_qwen_tokens crop: the tokens of the template filled with "a photo of a cat", up to and including
+    the first run of the marker's own tokens."""
+    ids = tokenizer(family.template.format("a photo of a cat"))["input_ids"]
+    marker = tokenizer(family.crop_marker, add_special_tokens=False)["input_ids"]
+    for start in range(len(ids) - len(marker) + 1):
+        if ids[start:start + len(marker)] == marker:
+            return start + len(marker)
+    raise VaeSpecError(f"--text-encoder {spec}: the tokenizer does not find {family.crop_marker!r} in the template "
+                       "tokenized (musubi's crop)")
+
+
+def text_encoder_folders(spec: str, length: int | None = None, layer: int | None = None,
+                         convention: str = "pipeline") -> TextFolders:
     """The folders a --text-encoder SPEC names, checked without loading a weight (encode checks them before the first
     video is read): the pipeline's model_index.json and family, the encoder's and tokenizer's folders. A UsageError
     or VaeSpecError (one line, naming the spec and the path) otherwise."""
@@ -315,7 +333,7 @@ def text_encoder_folders(spec: str, length: int | None = None, layer: int | None
         contents = read_json_file(index, "the pipeline's model_index.json")
         class_name = contents.get("_class_name", "") if isinstance(contents, dict) else ""
         try:
-            family = family_for_pipeline(str(class_name), f"--text-encoder {spec}")
+            family = family_for_pipeline(str(class_name), f"--text-encoder {spec}", convention)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         if length is not None or layer is not None:
@@ -328,6 +346,8 @@ def text_encoder_folders(spec: str, length: int | None = None, layer: int | None
         if length is None:
             raise UsageError(f"--text-encoder {spec}: a transformers:PATH encoder needs --text-length N (the tokens "
                              "each prompt is padded or truncated to)")
+        if convention != "pipeline":
+            raise UsageError(f"--text-convention {convention} applies to a pipeline folder (diffusers:PATH)")
         family = generic_family(length)
         tokenizer_dir = model_dir / "tokenizer" if (model_dir / "tokenizer").is_dir() else model_dir
         resolved = f"transformers:{model_dir.resolve()}"

@@ -72,6 +72,12 @@ class TextFamily:
     glyph_length: int = 0
     """A second encoder's rows of the prompt's quoted glyph text are stored too (HunyuanVideo 1.5's ByT5), at this many
     tokens; 0: none."""
+    glyph_order: str = "diffusers"
+    """How the quoted texts are gathered: "diffusers" (extract_glyph_texts: in order, deduplicated where several) or
+    "musubi" (straight-quoted ones, then curly-quoted ones, none dropped; nothing for an empty prompt)."""
+    crop_marker: str | None = None
+    """The template's rows are cropped up to and including these tokens, found in the template tokenized (musubi's
+    HunyuanVideo 1.5 `<|im_start|>user\n`); `crop_start` is then that count, set when the tokenizer is loaded."""
 
     def __post_init__(self) -> None:
         if self.length < 1:
@@ -151,6 +157,36 @@ used: `transformer_hunyuan_video15.py`, its text reordering) and ByT5's rows of 
 (none where the prompt quotes no text: the pipeline's zero rows and zero mask)."""
 
 
+MUSUBI_HUNYUAN15_TEMPLATE = (
+    "<|im_start|>system\nYou are a helpful assistant. Describe the video by detailing the following aspects: \n"
+    "1. The main content and theme of the video. \n"
+    "2. The color, shape, size, texture, quantity, text, and spatial relationships of the objects. \n"
+    "3. Actions, events, behaviors temporal relationships, physical movement changes of the objects. \n"
+    "4. background environment, light, style and atmosphere. \n"
+    "5. camera angles, movements, and transitions used in the video.<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
+    "<|im_start|>assistant\n")
+"""musubi-tuner's PROMPT_TEMPLATE_VIDEO (hunyuan_video_1_5/hunyuan_video_1_5_text_encoder.py, commit 30c658c)."""
+HUNYUAN15_MUSUBI = TextFamily("hunyuanvideo-1.5-musubi", 1024, "none", "musubi-tuner "
+                              "hv_1_5_cache_text_encoder_outputs.py encode_and_save_batch (30c658c): "
+                              "hunyuan_video_1_5_text_encoder.get_qwen_prompt_embeds "
+                              "(PROMPT_TEMPLATE_VIDEO, cropped after <|im_start|>user\n, 1024 tokens, "
+                              "hidden_states[-3]) and get_glyph_prompt_embeds (ByT5 at 128 tokens)", masked=True,
+                              template=MUSUBI_HUNYUAN15_TEMPLATE, layer=-3, glyph_length=128, glyph_order="musubi",
+                              crop_marker="<|im_start|>user\n")
+"""musubi-tuner's HunyuanVideo 1.5 text conditioning, what its hv15 text caches hold (`--text-convention musubi`):
+not diffusers' (another system-message layout, a crop found from the template, ByT5 at 128 tokens, another glyph
+order)."""
+
+
+def musubi_glyph_texts(prompt: str) -> str | None:
+    """musubi's get_byt5_text_tokens' glyph text: the straight-quoted texts, then the curly-quoted ones, each as
+    `Text "x". `; None for an empty prompt or one that quotes nothing."""
+    if not prompt:
+        return None
+    texts = re.findall(r"\"(.*?)\"", prompt) + re.findall(r"“(.*?)”", prompt)
+    return "".join(f'Text "{text}". ' for text in texts) if texts else None
+
+
 def extract_glyph_texts(prompt: str) -> str | None:
     """diffusers' pipeline_hunyuan_video1_5.extract_glyph_texts: the texts quoted with "…" or “…”, deduplicated in
     order where there are several, formatted `Text "x". Text "y". `; None where there are none."""
@@ -160,9 +196,32 @@ def extract_glyph_texts(prompt: str) -> str | None:
     return ". ".join(f'Text "{text}"' for text in result) + ". " if result else None
 
 
-def family_for_pipeline(class_name: str, where: str) -> TextFamily:
-    """The family of a diffusers pipeline folder's model_index.json `_class_name`; a ValueError naming what is
-    supported otherwise."""
+TEXT_CONVENTIONS = ("pipeline", "musubi")
+"""--text-convention: the pipeline's own embedding (diffusers'), or musubi-tuner's where its trainer embeds otherwise
+(HunyuanVideo 1.5)."""
+MUSUBI_FAMILIES = {"hunyuanvideo-1.5": HUNYUAN15_MUSUBI}
+
+
+def family_for_pipeline(class_name: str, where: str, convention: str = "pipeline") -> TextFamily:
+    """The family of a diffusers pipeline folder's model_index.json `_class_name` in a --text-convention; a
+    ValueError naming what is supported otherwise."""
+    family = _pipeline_family(class_name, where)
+    if convention == "pipeline":
+        return family
+    if convention != "musubi":
+        raise ValueError(f"--text-convention must be one of {', '.join(TEXT_CONVENTIONS)}, got {convention!r}")
+    if family.name not in MUSUBI_FAMILIES:
+        raise ValueError(f"{where}: --text-convention musubi applies to HunyuanVideo 1.5 (musubi-tuner embeds the "
+                         f"other architectures' prompts as the pipelines do), not {class_name}")
+    return MUSUBI_FAMILIES[family.name]
+
+
+def family_named(name: str) -> str:
+    """The --text-convention a recorded family name was embedded in."""
+    return "musubi" if name.endswith("-musubi") else "pipeline"
+
+
+def _pipeline_family(class_name: str, where: str) -> TextFamily:
     for names, family in ((WAN_PIPELINES, WAN), (LTX_PIPELINES, LTX), (COGVIDEOX_PIPELINES, COGVIDEOX),
                           (HUNYUAN_PIPELINES, HUNYUAN), (LTX2_PIPELINES, LTX2), (HUNYUAN15_PIPELINES, HUNYUAN15)):
         if class_name in names:

@@ -86,10 +86,15 @@ class EmbedRequest:
     layer: int | None = None
     allow_pickle_weights: bool = False
     storage_options: tuple[tuple[str, Any], ...] = ()
+    convention: str = "pipeline"
+    """--text-convention: the pipeline's embedding, or musubi-tuner's (HunyuanVideo 1.5)."""
 
     def __post_init__(self) -> None:
         from vaecache.settings.dtypes import check_dtype_name
-        from vaecache.text.families import check_text_spec
+        from vaecache.text.families import TEXT_CONVENTIONS, check_text_spec
+
+        if self.convention not in TEXT_CONVENTIONS:
+            raise UsageError(f"--text-convention must be one of {', '.join(TEXT_CONVENTIONS)}, got {self.convention!r}")
 
         check_text_spec(self.text_encoder)
         check_set_name(self.set_name)
