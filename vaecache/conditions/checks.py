@@ -82,7 +82,7 @@ def _check_set(cache: Any, kind: str, entry: Any, records: list[dict[str, Any]],
     stored = SAFETENSORS_NAMES.get(fingerprint.get("stored_dtype", ""))
     view_shape = list((fingerprint.get("image_encoder") or {}).get("view_shape") or [])
 
-    first_frame_alone = fingerprint.get("pipeline") == "hunyuanvideo-1.5"
+    first_frame_alone = fingerprint.get("pipeline") in ("hunyuanvideo-1.5", "wan-ti2v")
 
     def expected(clip: str) -> list[int]:
         latent = shapes[clip]

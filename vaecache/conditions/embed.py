@@ -61,13 +61,17 @@ class ConditionKind(SetKind):
         return [ConditionSet(store, manifest, kind, verify) for kind in condition_set_names(manifest)]
 
     def decode(self, stored: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
-        from vaecache.conditions.kinds import pipeline_condition
+        from vaecache.conditions.kinds import pipeline_condition, pipeline_masks
 
-        return {f"condition/{kind}": pipeline_condition(stored[f"condition/{kind}"], kind, int(fact["frames"]),
-                                                        int(fact["temporal_factor"]), fact["latents_mean"],
-                                                        fact["latents_std"], fact.get("pipeline", "wan"),
-                                                        float(fact.get("scaling_factor", 1.0)))
-                for kind, fact in sorted(facts.items())}
+        tensors: dict[str, Any] = {}
+        for kind, fact in sorted(facts.items()):
+            stored_tensor, pipeline = stored[f"condition/{kind}"], fact.get("pipeline", "wan")
+            tensors[f"condition/{kind}"] = pipeline_condition(
+                stored_tensor, kind, int(fact["frames"]), int(fact["temporal_factor"]), fact["latents_mean"],
+                fact["latents_std"], pipeline, float(fact.get("scaling_factor", 1.0)))
+            tensors.update(pipeline_masks(stored_tensor, kind, int(fact["frames"]), int(fact["temporal_factor"]),
+                                          pipeline))
+        return tensors
 
     def verify_sets(self, cache: Any, quick: bool, check_type: type) -> list[Any]:
         from vaecache.conditions.checks import check_condition_sets

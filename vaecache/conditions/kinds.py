@@ -18,6 +18,13 @@ one-channel mask, 1 on latent frame 0 (`latent_mask`); the transformer takes `ca
 latent_mask], dim=1)`, so the condition is `cat([latent_condition, latent_mask], dim=1)`. first-frame only (the
 pipeline takes no last image).
 
+Wan 2.2 TI2V's (a Wan VAE with `patch_size`, the TI2V-5B one) is the same function's `expand_timesteps` branch
+(lines 428-470): `video_condition` is the image alone (one frame), `latent_condition` its posterior mean normalized
+as above, and the mask `first_frame_mask` is 1 everywhere but 0 on latent frame 0 (inverted from Wan 2.1's): the
+pipeline writes the condition over the first latent frame, `(1 - mask) * condition + mask * latents`. `LatentCache`
+gives `condition/<kind>` the normalized one-frame latent and `condition_mask/<kind>` that mask. first-frame only (the
+branch takes no last image).
+
 A cache stores the posterior mean (the only input that depends on weights and frames); the mask and the
 normalization are rebuilt from the recorded frame count, temporal factor and constants, bit for bit.
 """
@@ -34,7 +41,9 @@ LATENT_KINDS = ("first-frame", "first-last")
 REFERENCE = "diffusers WanImageToVideoPipeline.prepare_latents (pipelines/wan/pipeline_wan_i2v.py)"
 HUNYUAN15_REFERENCE = ("diffusers HunyuanVideo15ImageToVideoPipeline.prepare_cond_latents_and_mask "
                        "(pipelines/hunyuan_video1_5/pipeline_hunyuan_video1_5_image2video.py)")
-WAN, HUNYUAN15 = "wan", "hunyuanvideo-1.5"
+WAN, WAN_TI2V, HUNYUAN15 = "wan", "wan-ti2v", "hunyuanvideo-1.5"
+WAN_TI2V_REFERENCE = ("diffusers WanImageToVideoPipeline.prepare_latents with expand_timesteps "
+                      "(pipelines/wan/pipeline_wan_i2v.py, Wan 2.2 TI2V)")
 PIPELINES = {"AutoencoderKLWan": (WAN, REFERENCE, LATENT_KINDS),
              "AutoencoderKLHunyuanVideo15": (HUNYUAN15, HUNYUAN15_REFERENCE, ("first-frame",))}
 """VAE family -> (the image-to-video pipeline whose condition vaecache reproduces, its reference, the kinds it has)."""
@@ -55,8 +64,17 @@ def parse_condition_kinds(text: str | tuple[str, ...] | None) -> tuple[str, ...]
 
 def condition_pipeline(vae: dict) -> str:
     """The image-to-video pipeline a cache's VAE record conditions for ("wan" for any family without one: the
-    refusal is check_condition_vae's)."""
-    return PIPELINES.get(str(vae.get("family")), (WAN,))[0]
+    refusal is check_condition_vae's); a Wan VAE with patch_size is Wan 2.2 TI2V's."""
+    pipeline = PIPELINES.get(str(vae.get("family")), (WAN,))[0]
+    return WAN_TI2V if pipeline == WAN and (vae.get("config") or {}).get("patch_size") else pipeline
+
+
+def pipeline_reference(vae: dict) -> tuple[str, tuple[str, ...]]:
+    """(the reference, the latent kinds) of the pipeline a cache's VAE record conditions for."""
+    if condition_pipeline(vae) == WAN_TI2V:
+        return WAN_TI2V_REFERENCE, ("first-frame",)
+    _, reference, kinds = PIPELINES[str(vae.get("family"))]
+    return reference, kinds
 
 
 def check_condition_vae(vae: dict, where: str, kinds: tuple[str, ...] = LATENT_KINDS) -> None:
@@ -67,7 +85,8 @@ def check_condition_vae(vae: dict, where: str, kinds: tuple[str, ...] = LATENT_K
         raise UsageError(f"{where}: its VAE is {family or 'unrecorded'}; image-to-video conditions follow "
                          f"{REFERENCE} and {HUNYUAN15_REFERENCE}, for the VAE families "
                          f"{', '.join(SUPPORTED_FAMILIES)}")
-    pipeline, reference, known = PIPELINES[family]
+    pipeline = condition_pipeline(vae)
+    reference, known = pipeline_reference(vae)
     unknown = [kind for kind in kinds if kind in LATENT_KINDS and kind not in known]
     if unknown:
         raise UsageError(f"{where}: its VAE is {family}, whose image-to-video pipeline ({reference}) has no "
@@ -76,11 +95,6 @@ def check_condition_vae(vae: dict, where: str, kinds: tuple[str, ...] = LATENT_K
         if not (vae.get("normalization") or {}).get("scaling_factor"):
             raise UsageError(f"{where}: records no scaling_factor for its VAE (the pipeline scales the image latent)")
         return
-    config = vae.get("config") or {}
-    if config.get("patch_size"):
-        raise UsageError(f"{where}: a Wan 2.2 TI2V VAE (patch_size {config['patch_size']}): its pipeline conditions "
-                         "on the first latent frame alone (expand_timesteps), which vaecache does not build; "
-                         f"{', '.join(CONDITION_KINDS)} follow Wan 2.1 / Wan 2.2 A14B's prepare_latents")
     if not (vae.get("normalization") or {}).get("latents_std"):
         raise UsageError(f"{where}: records no latents_mean/latents_std for its VAE (needed to normalize the "
                          "condition as the pipeline does)")
@@ -91,9 +105,9 @@ def condition_video(frames: torch.Tensor, kind: str, clip: str = "", pipeline: s
     `video_condition`; HunyuanVideo 1.5's first frame alone."""
     views, channels, count, height, width = frames.shape
     first = frames[:, :, :1]
-    if pipeline == HUNYUAN15:
+    if pipeline in (HUNYUAN15, WAN_TI2V):
         if kind != "first-frame":
-            raise UsageError(f"HunyuanVideo 1.5's image-to-video pipeline has no {kind} condition")
+            raise UsageError(f"the {pipeline} image-to-video pipeline has no {kind} condition")
         return first
     if kind == "first-frame":
         return torch.cat([first, first.new_zeros(views, channels, count - 1, height, width)], dim=2)
@@ -120,6 +134,25 @@ def condition_mask(kind: str, num_frames: int, temporal_factor: int, height: int
     mask = torch.concat([first, mask[:, :, 1:, :]], dim=2)
     mask = mask.view(1, -1, temporal_factor, height, width).transpose(1, 2)
     return mask[0]
+
+
+def ti2v_mask(num_frames: int, temporal_factor: int, height: int, width: int) -> torch.Tensor:
+    """Wan 2.2 TI2V's `first_frame_mask` for one view: (1, latent frames, height, width) float32, 0 on latent frame 0
+    and 1 elsewhere."""
+    mask = torch.ones(1, (num_frames - 1) // temporal_factor + 1, height, width)
+    mask[:, 0] = 0
+    return mask
+
+
+def pipeline_masks(mean: torch.Tensor, kind: str, num_frames: int, temporal_factor: int,
+                   pipeline: str) -> dict[str, torch.Tensor]:
+    """What the pipeline returns beside the condition, where it returns the mask apart (Wan 2.2 TI2V):
+    `condition_mask/<kind>`, (views, 1, latent frames, h, w); else nothing (the mask is inside the condition)."""
+    if pipeline != WAN_TI2V or kind not in LATENT_KINDS:
+        return {}
+    views, _, _, height, width = mean.shape
+    mask = ti2v_mask(num_frames, temporal_factor, height, width).to(mean.device)
+    return {f"condition_mask/{kind}": mask.unsqueeze(0).expand(views, -1, -1, -1, -1).contiguous()}
 
 
 def normalized_condition(mean: torch.Tensor, latents_mean: list[float], latents_std: list[float]) -> torch.Tensor:
@@ -155,6 +188,8 @@ def pipeline_condition(mean: torch.Tensor, kind: str, num_frames: int, temporal_
         return mean
     if pipeline == HUNYUAN15:
         return hunyuan15_condition(mean, num_frames, temporal_factor, scaling_factor)
+    if pipeline == WAN_TI2V:
+        return normalized_condition(mean, latents_mean, latents_std)
     latent = normalized_condition(mean, latents_mean, latents_std)
     views, _, _, height, width = latent.shape
     mask = condition_mask(kind, num_frames, temporal_factor, height, width).to(latent.device)
@@ -162,5 +197,6 @@ def pipeline_condition(mean: torch.Tensor, kind: str, num_frames: int, temporal_
 
 
 __all__ = ["CONDITION_KINDS", "HUNYUAN15", "LATENT_KINDS", "PIPELINES", "REFERENCE", "SUPPORTED_FAMILIES", "WAN",
-           "check_condition_vae", "condition_mask", "condition_pipeline", "condition_video", "hunyuan15_condition",
-           "normalized_condition", "parse_condition_kinds", "pipeline_condition"]
+           "WAN_TI2V", "check_condition_vae", "condition_mask", "condition_pipeline", "condition_video",
+           "hunyuan15_condition", "normalized_condition", "parse_condition_kinds", "pipeline_condition",
+           "pipeline_masks", "pipeline_reference", "ti2v_mask"]

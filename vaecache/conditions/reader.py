@@ -10,7 +10,7 @@ import torch
 
 from vaecache.cache.layout import CONDITIONS_DIR, MANIFEST
 from vaecache.cache.sets import SetShards
-from vaecache.conditions.kinds import pipeline_condition
+from vaecache.conditions.kinds import pipeline_condition, pipeline_masks
 from vaecache.errors import ManifestError
 
 
@@ -72,8 +72,14 @@ class ConditionSet:
         return self.kind
 
     def item(self, clip: str) -> dict[str, torch.Tensor]:
-        """What LatentCache's item holds of this set: condition/<kind>, the pipeline's tensor."""
-        return {f"condition/{self.kind}": self.pipeline(clip)}
+        """What LatentCache's item holds of this set: condition/<kind>, the pipeline's tensor (and, for Wan 2.2 TI2V,
+        condition_mask/<kind>, the mask its pipeline returns apart)."""
+        stored = self.stored(clip)
+        frames = int(self._frames_of[clip])
+        return {f"condition/{self.kind}": pipeline_condition(stored, self.kind, frames, self.temporal_factor,
+                                                             self.latents_mean, self.latents_std, self.pipeline_name,
+                                                             self.scaling_factor),
+                **pipeline_masks(stored, self.kind, frames, self.temporal_factor, self.pipeline_name)}
 
     def export_tensors(self, clip: str) -> dict[str, torch.Tensor]:
         """The stored tensor a WebDataset sample carries; `decode` builds the pipeline's tensor from it."""
@@ -89,8 +95,9 @@ class ConditionSet:
         """The tensor the pipeline uses: for first-frame and first-last, (cameras, temporal_factor + C, latent frames,
         h, w) float32, `cat([mask, latent_condition])` as WanImageToVideoPipeline.prepare_latents returns it for each
         camera (a HunyuanVideo 1.5 cache: (cameras, C + 1, latent frames, h, w), `cat([latent_condition,
-        latent_mask])` of prepare_cond_latents_and_mask); for image-features the stored features (cameras, tokens,
-        hidden) in the convention's dtype."""
+        latent_mask])` of prepare_cond_latents_and_mask; a Wan 2.2 TI2V cache: (cameras, C, 1, h, w), the normalized
+        latent_condition its expand_timesteps branch returns, whose mask `item` gives apart); for image-features the
+        stored features (cameras, tokens, hidden) in the convention's dtype."""
         return pipeline_condition(self.stored(clip), self.kind, int(self._frames_of[clip]), self.temporal_factor,
                                   self.latents_mean, self.latents_std, self.pipeline_name, self.scaling_factor)
 

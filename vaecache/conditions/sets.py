@@ -120,12 +120,13 @@ class ConditionSummary:
 def condition_fingerprint(manifest: dict[str, Any], kind: str, dtype: torch.dtype) -> dict[str, Any]:
     """What decides a set's bytes: the kind and reference, the cache's VAE (as recorded, with its encode
     settings), the frame rule, the stored dtype."""
-    from vaecache.conditions.kinds import HUNYUAN15, PIPELINES, condition_pipeline
+    from vaecache.conditions.kinds import WAN, condition_pipeline, pipeline_reference
 
     vae = {k: v for k, v in (manifest.get("vae") or {}).items() if k not in ("spec", "encoder_variant")}
     settings = manifest.get("settings") or {}
-    if condition_pipeline(vae) == HUNYUAN15:  # (Wan's sets keep the record they always had)
-        return {"kind": kind, "reference": PIPELINES[vae["family"]][1], "pipeline": HUNYUAN15, "vae": vae,
+    pipeline = condition_pipeline(vae)
+    if pipeline != WAN:  # (Wan 2.1's sets keep the record they always had)
+        return {"kind": kind, "reference": pipeline_reference(vae)[0], "pipeline": pipeline, "vae": vae,
                 "vae_settings": {k: settings.get(k) for k in ("dtype", "tiling", "views_per_forward", "decoder")},
                 "frame_rule": manifest.get("frame_rule"), "stored_dtype": str(dtype).removeprefix("torch."),
                 "stored": "posterior mean of the first frame encoded alone, (cameras, C, 1, h, w)"}
