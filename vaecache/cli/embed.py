@@ -34,6 +34,8 @@ def embed(
                                                    "wan-diffusers (default: CLIP processor, hidden_states[-2], fp32) "
                                                    "| wan-musubi (bicubic squash to the image size, "
                                                    "hidden_states[-2], fp16: what musubi's export needs) | "
+                                                   "wan-flf2v-diffusers (CLIP on the first and last frames as one "
+                                                   "two-image batch: FLF2V's pair) | "
                                                    "framepack-diffusers (SigLIP, last_hidden_state) | "
                                                    "hunyuanvideo15-diffusers (SigLIP on the 8-bit frame, "
                                                    "last_hidden_state, fp32) | hunyuanvideo15-musubi (the same, "

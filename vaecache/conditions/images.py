@@ -22,6 +22,10 @@ Local files only, safetensors weights. Conventions (`--image-convention`), each 
                   pipeline_hunyuan_video_framepack.py, 0.42.1: 446-453): the [-1, 1] frame (the pipeline's
                   video_processor output, which encode's frame is) mapped to [0, 1], the SigLIP image processor
                   with do_rescale=False, `last_hidden_state`.
+  wan-flf2v-diffusers  diffusers WanImageToVideoPipeline.encode_image([image, last_image]) (the FLF2V call,
+                  pipeline_wan_i2v.py, 0.42.1: 700-703): the CLIP processor on the first and the last frame as one
+                  two-image batch, `hidden_states[-2]`: (2, tokens, hidden) per camera, each camera's pair its own
+                  batch as the pipeline's is. Stored as computed (float32).
   hunyuanvideo15-diffusers  diffusers HunyuanVideo15ImageToVideoPipeline._get_image_embeds (pipelines/
                   hunyuan_video1_5/pipeline_hunyuan_video1_5_image2video.py, 0.42.1: 391-402): the SigLIP image
                   processor (`do_resize=True`, `do_convert_rgb=True`) on the image, `last_hidden_state`; the pipeline
@@ -50,6 +54,8 @@ from vaecache.weights import WeightsError, load_pretrained, read_json_file
 CONVENTIONS = {
     "wan-diffusers": ("clip", "diffusers WanImageToVideoPipeline.encode_image (pipelines/wan/pipeline_wan_i2v.py)"),
     "wan-musubi": ("clip", "musubi-tuner wan_cache_latents.py + wan/modules/clip.py CLIPModel.visual"),
+    "wan-flf2v-diffusers": ("clip", "diffusers WanImageToVideoPipeline.encode_image([image, last_image]) "
+                                    "(pipelines/wan/pipeline_wan_i2v.py, FLF2V)"),
     "framepack-diffusers": ("siglip", "diffusers HunyuanVideoFramepackPipeline.encode_image "
                                       "(pipelines/hunyuan_video/pipeline_hunyuan_video_framepack.py)"),
     "hunyuanvideo15-diffusers": ("siglip", "diffusers HunyuanVideo15ImageToVideoPipeline._get_image_embeds "
@@ -104,26 +110,33 @@ class ImageEncoder:
         return torch.float16 if self.convention in ("wan-musubi", "hunyuanvideo15-musubi") else torch.float32
 
     def view_shape(self) -> list[int]:
-        """(tokens, hidden) of one view's features."""
+        """(tokens, hidden) of one view's features; (2, tokens, hidden) for the FLF2V pair."""
         config = self.model.config
         patches = (int(config.image_size) // int(config.patch_size)) ** 2
-        return [patches + (1 if CONVENTIONS[self.convention][0] == "clip" else 0), int(config.hidden_size)]
+        shape = [patches + (1 if CONVENTIONS[self.convention][0] == "clip" else 0), int(config.hidden_size)]
+        return [2, *shape] if self.convention == "wan-flf2v-diffusers" else shape
 
     def fingerprint(self) -> dict[str, Any]:
         return {**self._identity, "convention": self.convention, "reference": CONVENTIONS[self.convention][1],
                 "layer": "last_hidden_state" if self.convention in LAST_HIDDEN_STATE else "hidden_states[-2]",
                 "compute_dtype": "float32", "stored_dtype": str(self.stored_dtype).removeprefix("torch."),
-                "frame": "first", "view_shape": self.view_shape()}
+                "frame": "first and last" if self.convention == "wan-flf2v-diffusers" else "first",
+                "view_shape": self.view_shape()}
 
     @torch.no_grad()
     def features(self, frames: torch.Tensor) -> torch.Tensor:
-        """(views, 3, T, H, W) frames in [-1, 1] as encode saw them -> (views, tokens, hidden) of the first frame."""
+        """(views, 3, T, H, W) frames in [-1, 1] as encode saw them -> (views, tokens, hidden) of the first frame
+        ((views, 2, tokens, hidden) of the first and last frames for the FLF2V convention)."""
         first = frames[:, :, 0]
+        if self.convention == "wan-flf2v-diffusers":
+            pairs = []
+            for view in range(frames.shape[0]):  # each camera's pair its own two-image batch, as the pipeline's
+                images = [eight_bit_image(frames[view, :, index]) for index in (0, -1)]
+                pixels = self.processor(images=images, return_tensors="pt").to(self.device)
+                pairs.append(self.model(**pixels, output_hidden_states=True).hidden_states[-2])
+            return torch.stack(pairs).to(self.stored_dtype).cpu().contiguous()
         if self.convention in ("wan-diffusers", "hunyuanvideo15-diffusers", "hunyuanvideo15-musubi"):
-            from PIL import Image
-
-            images = [Image.fromarray(((view + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)
-                                      .permute(1, 2, 0).numpy()) for view in first]
+            images = [eight_bit_image(view) for view in first]
             if self.convention == "wan-diffusers":
                 pixels = self.processor(images=images, return_tensors="pt").to(self.device)
                 out = self.model(**pixels, output_hidden_states=True).hidden_states[-2]
@@ -143,6 +156,13 @@ class ImageEncoder:
             pixels = self.processor(images=image, return_tensors="pt", do_rescale=False).to(device=self.device)
             out = self.model(**pixels).last_hidden_state
         return out.to(self.stored_dtype).cpu().contiguous()
+
+
+def eight_bit_image(frame: torch.Tensor) -> Any:
+    """A (3, H, W) frame in [-1, 1] as the 8-bit RGB PIL image a pipeline takes: round((x + 1) * 127.5)."""
+    from PIL import Image
+
+    return Image.fromarray(((frame + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).numpy())
 
 
 def image_encoder_folders(spec: str, convention: str) -> tuple[Path, Path]:

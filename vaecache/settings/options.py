@@ -212,8 +212,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("image_encoder", "--image-encoder", str, "--condition image-features: the image encoder, diffusers:PATH "
            "| transformers:PATH (as `vaecache embed` takes it).", frozenset({ENCODE})),
     Option("image_convention", "--image-convention", str, "--condition image-features: wan-diffusers (default) | "
-           "wan-musubi | framepack-diffusers | hunyuanvideo15-diffusers | hunyuanvideo15-musubi (as `vaecache embed` "
-           "takes it).", frozenset({ENCODE})),
+           "wan-musubi | wan-flf2v-diffusers | framepack-diffusers | hunyuanvideo15-diffusers | hunyuanvideo15-musubi "
+           "(as `vaecache embed` takes it).", frozenset({ENCODE})),
     Option("audio_vae", "--audio-vae", str, "Once the cache is finished, cut each clip's sound to its frames and "
            "encode it with this audio VAE (diffusers:PATH[#audio_vae], an AutoencoderKLLTX2Audio; or LTX-2's release "
            "file PATH.safetensors) into the audio set \"default\", as `vaecache embed OUT --audio-vae SPEC` does.",
