@@ -224,7 +224,10 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
 
         placeholder = types.ModuleType("torchvision")
         placeholder.transforms = types.ModuleType("torchvision.transforms")  # type: ignore[attr-defined]
-        sys.modules.update({"torchvision": placeholder, "torchvision.transforms": placeholder.transforms})
+        # kandinsky5/models/text_embedders.py imports torchvision.transforms.functional, for image edits only
+        placeholder.transforms.functional = types.ModuleType("torchvision.transforms.functional")  # type: ignore
+        sys.modules.update({"torchvision": placeholder, "torchvision.transforms": placeholder.transforms,
+                            "torchvision.transforms.functional": placeholder.transforms.functional})
     modules = {arch: importlib.import_module(ARCH_SCRIPTS[arch])}
     if arch == "wan":
         modules["wan_vae"] = importlib.import_module("musubi_tuner.wan.modules.vae")
@@ -315,7 +318,8 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
             problems.append(f"musubi's training saw {result['rows']} latent files, the export holds {result['files']} "
                             "(an item without its text-encoder cache is skipped by musubi)")
     if args.text_encoder is not None:
-        result["text"] = (musubi_hv15_text_check if arch == "hv15" else musubi_text_check)(args, export, problems)
+        result["text"] = (musubi_own_text_check if arch in ("hv15", "k5") else musubi_text_check)(
+            args, export, problems, arch)
     result["ok"] = not problems
     return result
 
@@ -340,32 +344,64 @@ def wan_t5_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return renamed
 
 
-def musubi_hv15_text_check(args: argparse.Namespace, export: Path, problems: list[str]) -> dict[str, Any]:
-    """4. musubi's own HunyuanVideo 1.5 text-encoder caching (hv_1_5_cache_text_encoder_outputs.encode_and_save_batch:
-    get_qwen_prompt_embeds with its PROMPT_TEMPLATE_VIDEO and marker crop, get_glyph_prompt_embeds with ByT5 at 128
-    tokens) on the folder's own Qwen2.5-VL text model and ByT5 encoder, injected (its loaders build Qwen2.5-VL-7B and
-    fetch google/byt5-small from the Hub), computing in fp32; every exported `<item>_hv15_te.safetensors` compared
-    with the file it writes for the item's caption. A prompt without glyph text: musubi stores ByT5's rows [:0] of
-    its zero tensor, whose width it hard-codes (1472, ByT5-small's), so empty entries are compared by row count."""
-    from musubi_tuner import hv_1_5_cache_text_encoder_outputs as hv15_te
-    from musubi_tuner.dataset.image_video_dataset import ItemInfo
-    from transformers import AutoTokenizer, ByT5Tokenizer, Qwen2_5_VLTextModel, T5EncoderModel
+def musubi_caching(arch: str, folder: Path) -> Any:
+    """(item) -> musubi's own text-encoder caching of `item` for `arch`, with the folder's tiny modules injected
+    where musubi's loaders build the production models:
+    hv15: hv_1_5_cache_text_encoder_outputs.encode_and_save_batch (get_qwen_prompt_embeds with its
+    PROMPT_TEMPLATE_VIDEO and marker crop, get_glyph_prompt_embeds with ByT5 at 128 tokens) on the folder's Qwen2.5-VL
+    text model and ByT5 encoder (its loaders build Qwen2.5-VL-7B and fetch google/byt5-small from the Hub);
+    k5: kandinsky5_cache_text_encoder_outputs.encode_and_save_batch with its Kandinsky5TextEmbedder made of its own
+    Qwen2_5_VLTextEmbedder (the folder's Qwen2_5_VLForConditionalGeneration, and the text part of a processor: the
+    folder's tokenizer) and ClipTextEmbedder (the folder's CLIP text model and tokenizer), as get_text_embedder
+    builds them from checkpoints. fp32 throughout."""
+    from transformers import AutoTokenizer
 
-    folder = args.text_encoder
-    vlm = Qwen2_5_VLTextModel.from_pretrained(str(folder / "text_encoder"), torch_dtype=torch.float32).eval()
-    byt5 = T5EncoderModel.from_pretrained(str(folder / "text_encoder_2"), torch_dtype=torch.float32).eval()
-    tokenizer, tokenizer_2 = AutoTokenizer.from_pretrained(str(folder / "tokenizer")), \
-        ByT5Tokenizer.from_pretrained(str(folder / "tokenizer_2"))
+    if arch == "hv15":
+        from musubi_tuner import hv_1_5_cache_text_encoder_outputs as hv15_te
+        from transformers import ByT5Tokenizer, Qwen2_5_VLTextModel, T5EncoderModel
+
+        vlm = Qwen2_5_VLTextModel.from_pretrained(str(folder / "text_encoder"), torch_dtype=torch.float32).eval()
+        byt5 = T5EncoderModel.from_pretrained(str(folder / "text_encoder_2"), torch_dtype=torch.float32).eval()
+        tokenizer, tokenizer_2 = AutoTokenizer.from_pretrained(str(folder / "tokenizer")), \
+            ByT5Tokenizer.from_pretrained(str(folder / "tokenizer_2"))
+        return lambda item: hv15_te.encode_and_save_batch(tokenizer, vlm, tokenizer_2, byt5, [item],
+                                                          torch.device("cpu"), None)
+    from musubi_tuner import kandinsky5_cache_text_encoder_outputs as k5_te
+    from musubi_tuner.kandinsky5.models import text_embedders
+    from transformers import CLIPTextModel, Qwen2_5_VLForConditionalGeneration
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder / "tokenizer"))
+    qwen = text_embedders.Qwen2_5_VLTextEmbedder.__new__(text_embedders.Qwen2_5_VLTextEmbedder)
+    qwen.model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(folder / "text_encoder"),
+                                                                    torch_dtype=torch.float32).eval()
+    qwen.processor = lambda images=None, videos=None, **kwargs: tokenizer(**kwargs)
+    qwen.max_length = 512
+    clip = text_embedders.ClipTextEmbedder.__new__(text_embedders.ClipTextEmbedder)
+    clip.model = CLIPTextModel.from_pretrained(str(folder / "text_encoder_2"), torch_dtype=torch.float32).eval()
+    clip.tokenizer, clip.max_length = AutoTokenizer.from_pretrained(str(folder / "tokenizer_2")), 77
+    embedder = text_embedders.Kandinsky5TextEmbedder.__new__(text_embedders.Kandinsky5TextEmbedder)
+    embedder.embedder, embedder.clip_embedder = qwen, clip
+    return lambda item: k5_te.encode_and_save_batch(embedder, [item], torch.device("cpu"))
+
+
+def musubi_own_text_check(args: argparse.Namespace, export: Path, problems: list[str], arch: str) -> dict[str, Any]:
+    """4. musubi's own text-encoder caching for hv15 and k5 (musubi_caching) on the folder's weights; every exported
+    `<item>_<arch>_te.safetensors` compared with the file it writes for the item's caption, within --text-tolerance.
+    A prompt without glyph text (hv15): musubi stores ByT5's rows [:0] of its zero tensor, whose width it hard-codes
+    (1472, ByT5-small's), so empty entries are compared by row count."""
+    from musubi_tuner.dataset.image_video_dataset import ItemInfo
+
+    cache_item = musubi_caching(arch, args.text_encoder)
     captions = {Path(entry["video_path"]).stem: entry["caption"]
                 for entry in map(json.loads, (export / "videos.jsonl").read_text().splitlines())}
     checked = {"files": 0, "within_tolerance": 0, "worst_relative": 0.0, "tolerance": args.text_tolerance,
                "empty_glyph_entries": 0}
     with tempfile.TemporaryDirectory(prefix="vaecache-musubi-text-") as scratch_name:
-        for exported in sorted((export / "cache").glob("*_hv15_te.safetensors")):
-            item_key = exported.name.removesuffix("_hv15_te.safetensors")
-            item = ItemInfo(item_key, captions[item_key], (0, 0), (0, 0))
+        for exported in sorted((export / "cache").glob(f"*_{arch}_te.safetensors")):
+            item_key = exported.name.removesuffix(f"_{arch}_te.safetensors")
+            item = ItemInfo(item_key, captions[item_key], (0, 0), (0, 0), frame_count=2)  # a video item
             item.text_encoder_output_cache_path = str(Path(scratch_name) / exported.name)
-            hv15_te.encode_and_save_batch(tokenizer, vlm, tokenizer_2, byt5, [item], torch.device("cpu"), None)
+            cache_item(item)
             theirs, their_metadata = load_file(Path(item.text_encoder_output_cache_path))
             ours, our_metadata = load_file(exported)
             checked["files"] += 1
@@ -376,6 +412,11 @@ def musubi_hv15_text_check(args: argparse.Namespace, export: Path, problems: lis
             for key in theirs:
                 if theirs[key].shape[0] == ours[key].shape[0] == 0:
                     checked["empty_glyph_entries"] += 1
+                    continue
+                if theirs[key].dtype == torch.bool or ours[key].dtype == torch.bool:  # k5's attention_mask
+                    if not torch.equal(theirs[key], ours[key]):
+                        problems.append(f"{exported.name}: {key} differs from musubi's")
+                        fine = False
                     continue
                 if theirs[key].shape != ours[key].shape:
                     problems.append(f"{exported.name}: {key} is {tuple(ours[key].shape)}, musubi's "
@@ -396,7 +437,7 @@ def musubi_hv15_text_check(args: argparse.Namespace, export: Path, problems: lis
     return checked
 
 
-def musubi_text_check(args: argparse.Namespace, export: Path, problems: list[str]) -> dict[str, Any]:
+def musubi_text_check(args: argparse.Namespace, export: Path, problems: list[str], arch: str = "wan") -> dict[str, Any]:
     """4. musubi's own Wan text-encoder caching (wan_cache_text_encoder_outputs.encode_and_save_batch: its
     T5EncoderModel, HuggingfaceTokenizer with its own cleaning, 512 tokens, rows trimmed to the prompt) on the same
     UMT5 weights, converted to Wan's names and loaded into a T5Encoder of the same config, computing in fp32; every

@@ -181,3 +181,41 @@ def build_hunyuan15_text_folder(root: Path, seed: int = 0) -> Path:
         "text_encoder_2": ["transformers", "T5EncoderModel"], "tokenizer_2": ["transformers", "ByT5Tokenizer"],
     }))
     return root
+
+
+def build_kandinsky5_text_folder(root: Path, seed: int = 0, pipeline: str = "Kandinsky5T2VPipeline") -> Path:
+    """root/{model_index.json, text_encoder/ (a Qwen2_5_VLForConditionalGeneration with a tiny vision tower),
+    tokenizer/ (the byte-level BPE of build_hunyuan15_text_folder), text_encoder_2/ (a CLIP text model), tokenizer_2/}:
+    Kandinsky 5's text parts, tiny and random."""
+    import transformers
+
+    hv15 = build_hunyuan15_text_folder(root / "hv15-parts", seed)
+    root.mkdir(parents=True, exist_ok=True)
+    import shutil
+
+    shutil.copytree(hv15 / "tokenizer", root / "tokenizer")
+    clip_special = ["<pad>", "<unk>", "<|startoftext|>", "<|endoftext|>"]
+    _train_tokenizer(root / "tokenizer_2", clip_special, "<|startoftext|> $A <|endoftext|>", "<pad>",
+                     bos_token="<|startoftext|>", eos_token="<|endoftext|>")
+    shutil.rmtree(hv15)
+    torch.manual_seed(seed)
+    transformers.Qwen2_5_VLForConditionalGeneration(transformers.Qwen2_5_VLConfig(
+        text_config=dict(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                         rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]}, pad_token_id=0,
+                         bos_token_id=None, eos_token_id=2),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, fullatt_block_indexes=[0]),
+        image_token_id=301, video_token_id=302, vision_start_token_id=303)).eval().save_pretrained(
+        root / "text_encoder", safe_serialization=True)
+    transformers.CLIPTextModel(transformers.CLIPTextConfig(
+        vocab_size=150, hidden_size=24, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=77, pad_token_id=0, bos_token_id=2, eos_token_id=3)).eval().save_pretrained(
+        root / "text_encoder_2", safe_serialization=True)
+    (root / "model_index.json").write_text(json.dumps({
+        "_class_name": pipeline, "_diffusers_version": "0.42.1",
+        "text_encoder": ["transformers", "Qwen2_5_VLForConditionalGeneration"],
+        "tokenizer": ["transformers", "Qwen2VLProcessor"], "text_encoder_2": ["transformers", "CLIPTextModel"],
+        "tokenizer_2": ["transformers", "CLIPTokenizer"],
+    }))
+    return root

@@ -399,7 +399,7 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
     return ExportSummary(str(target), "musubi", len(cache), files, size, index.renamed, tuple(notes))
 
 
-MUSUBI_TEXT_FAMILY = {"wan": "wan", "hv": "hunyuanvideo", "hv15": "hunyuanvideo-1.5-musubi"}
+MUSUBI_TEXT_FAMILY = {"wan": "wan", "hv": "hunyuanvideo", "hv15": "hunyuanvideo-1.5-musubi", "k5": "kandinsky5-musubi"}
 """The text-set family whose embeddings each musubi architecture's text-encoder cache holds."""
 
 
@@ -413,6 +413,11 @@ def musubi_text_set(cache: Any, spec: MusubiArch, text_set: str, where: Path | s
     if name not in names:
         raise ExportError(f"{where}: no text set {name!r} (sets: {', '.join(names) or 'none'})")
     texts = cache.sets()["text"][name]  # the kind's reader, as LatentCache's items read it
+    if spec.short == "k5" and texts.family == "kandinsky5":
+        raise ExportError(f"{where}: text set {name!r} holds diffusers' Kandinsky 5 conditioning, which is not "
+                          "musubi-tuner's: its kandinsky5/models/text_embedders.py uses the authors' template ('promt "
+                          "engineer'), crop 129 and the caption as given, so its text caches would differ; embed a "
+                          "set with --text-convention musubi (or pass --text-set none)")
     if spec.short == "hv15" and texts.family == "hunyuanvideo-1.5":
         raise ExportError(f"{where}: text set {name!r} holds diffusers' HunyuanVideo 1.5 conditioning, which is not "
                           "musubi-tuner's: its hunyuan_video_1_5_text_encoder.py uses another system-message layout "
@@ -422,8 +427,8 @@ def musubi_text_set(cache: Any, spec: MusubiArch, text_set: str, where: Path | s
         raise ExportError(f"{where}: text set {name!r} ({texts.family or 'unknown'} family) cannot be exported for "
                           f"--arch {spec.short}: musubi-tuner's text caches vaecache writes are Wan's (varlen_t5, "
                           "from a wan set), HunyuanVideo's (llm and clipL, from a hunyuanvideo set) and HunyuanVideo "
-                          "1.5's (varlen_vl_embed and varlen_byt5_embed, from a set embedded with --text-convention "
-                          "musubi); pass --text-set none")
+                          "1.5's and Kandinsky 5's (from sets embedded with --text-convention musubi); pass "
+                          "--text-set none")
     return texts
 
 
@@ -456,7 +461,9 @@ def musubi_text_tensors(spec: MusubiArch, texts: Any, clip: str) -> dict[str, to
     `clipL_<dtype>` (the pooled output) and `clipL_mask` (CLIP's attention mask over its 77 tokens); HunyuanVideo
     1.5's save_text_encoder_output_cache_hunyuan_video_1_5: `varlen_vl_embed_<dtype>` (Qwen2.5-VL's rows trimmed to
     the mask, as hv_1_5_cache_text_encoder_outputs.py trims them) and `varlen_byt5_embed_<dtype>` (ByT5's rows of the
-    glyph text trimmed to its mask: none where the prompt quotes nothing)."""
+    glyph text trimmed to its mask: none where the prompt quotes nothing); Kandinsky 5's
+    save_text_encoder_output_cache_kandinsky5: `text_embeds_<dtype>` (the rows trimmed to the mask),
+    `pooled_embed_<dtype>` (CLIP's pooled output) and `attention_mask` (bool, one per row, as its caching keeps it)."""
     import torch
 
     def dtype_name(tensor: torch.Tensor) -> str:
@@ -465,6 +472,11 @@ def musubi_text_tensors(spec: MusubiArch, texts: Any, clip: str) -> dict[str, to
     if spec.short == "wan":
         rows = texts.rows(clip)
         return {f"varlen_t5_{dtype_name(rows)}": rows.contiguous()}
+    if spec.short == "k5":  # save_text_encoder_output_cache_kandinsky5: the rows, the pooled output, a bool mask
+        rows, pooled = texts.rows(clip), texts.pooled(clip)
+        return {f"text_embeds_{dtype_name(rows)}": rows.contiguous(),
+                f"pooled_embed_{dtype_name(pooled)}": pooled.contiguous(),
+                "attention_mask": torch.ones(rows.shape[0], dtype=torch.bool)}
     if spec.short == "hv15":
         rows, glyph = texts.rows(clip), texts.glyph(clip)
         return {f"varlen_vl_embed_{dtype_name(rows)}": rows.contiguous(),

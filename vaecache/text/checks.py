@@ -174,6 +174,12 @@ def _same_stats(tensor: Any, recorded: dict[str, float] | None) -> bool:
                and math.isclose(found[stat], recorded[stat], rel_tol=STATS_RTOL, abs_tol=1e-9) for stat in found)
 
 
+def recorded_batch(fingerprint: dict[str, Any]) -> int:
+    """The prompts per forward a set records (1 where each prompt ran alone, 8 where it records none)."""
+    first = (fingerprint.get("batch_shape") or [8])[0]
+    return first if isinstance(first, int) and not isinstance(first, bool) and first > 0 else 1
+
+
 def _check_declared_length(name: str, fingerprint: dict[str, Any], tokens: dict[str, Any], check: Any) -> None:
     """The fingerprint's length is what every reader pads to: it must be a positive integer, agree with the recorded
     batch shape, and hold every prompt's token count (else LatentCache fails on the clip, or pads it wrongly)."""
@@ -288,7 +294,7 @@ def check_text_reembed(cache: Any, count: int, seed: int, device: Any, tolerance
             encoder = load_text_encoder(str(entry.get("spec")), device, compute_dtype=compute, dtype=stored_dtype,
                                         length=fingerprint.get("length") if generic else None,
                                         layer=fingerprint.get("layer") if generic else None,
-                                        batch=int((fingerprint.get("batch_shape") or [8])[0]),
+                                        batch=recorded_batch(fingerprint),
                                         allow_pickle_weights=allow_pickle_weights,
                                         convention=family_named(str(fingerprint.get("family") or "")))
         except (VaecacheError, KeyError, OSError) as exc:

@@ -84,6 +84,7 @@ class TextEncoder:
         if self.projection is not None:
             return self.projection.stored_width
         config = self.model.config
+        config = text_config(config)
         return int(getattr(config, "d_model", None) or getattr(config, "hidden_size"))
 
     def clean(self, text: str) -> str:
@@ -95,13 +96,16 @@ class TextEncoder:
                 "length": self.family.length, "layer": self.layer, "cleaning": self.family.cleaning,
                 "ftfy": installed_version("ftfy") if self.family.cleaning == "wan" else None,
                 "compute_dtype": recorded_name(self.compute_dtype), "stored_dtype": recorded_name(self.dtype),
-                "batch_shape": [self.batch, self.family.length], "hidden_size": self.hidden_size,
+                "batch_shape": (["each prompt alone, unpadded"] if self.family.alone
+                                else [self.batch, self.family.length]),
+                "hidden_size": self.hidden_size,
                 "attention_mask_into_encoder": self.family.masked,
                 "storage": "every row of the length" if self.family.full_length
                 else "rows trimmed to the attention mask",
                 **({"template": self.family.template, "crop_start": self.family.crop_start}
                    if self.family.template else {}),
-                **({"pooled": {"length": self.family.pooled_length, "hidden_size": self.pooled_hidden_size}}
+                **({"pooled": {"length": self.family.pooled_length, "hidden_size": self.pooled_hidden_size,
+                              **({"masked": True} if self.family.pooled_masked else {})}}
                    if self.pooled_model is not None else {}),
                 **({"padding": self.family.padding} if self.family.padding != "right" else {}),
                 **({"chat_system": self.family.chat_system, "crop_start": self.family.crop_start}
@@ -138,10 +142,33 @@ class TextEncoder:
     def embed(self, prompts: list[str]) -> list[TextEmbedding]:
         """The rows of each (already cleaned) prompt, computed in batches of `batch` prompts."""
         found: list[TextEmbedding] = []
+        if self.family.alone:  # each prompt by itself (Kandinsky 5): no batch, no padding
+            return [self._alone(prompt) for prompt in prompts]
         for start in range(0, len(prompts), self.batch):
             chunk = prompts[start:start + self.batch]
             found.extend(self._embed_batch(chunk + [""] * (self.batch - len(chunk)))[:len(chunk)])
         return found
+
+    def _alone(self, prompt: str) -> TextEmbedding:
+        """One prompt by itself, as Kandinsky5T2VPipeline._encode_prompt_qwen runs a batch of one: the template
+        filled, its text cut where its tokens pass crop + length (the tokens past length - 2 of the prompt's,
+        decoded, removed from the text's end), tokenized to at most crop + length, run without an attention mask,
+        hidden_states[layer] from crop on (every row the prompt's: nothing is padded)."""
+        family = self.family
+        crop, allowed = family.crop_start, family.crop_start + family.length
+        text = family.template.format(prompt)
+        ids = self.tokenizer([text], return_tensors="pt", padding="longest")["input_ids"]
+        truncated = ids.shape[-1] > allowed
+        if truncated:
+            removed = self.tokenizer.decode(ids[0][crop:-2][family.length - 2:])
+            if len(removed) > 0:
+                text = text[:-len(removed)]
+        inputs = self.tokenizer([text], max_length=allowed, truncation=True, return_tensors="pt", padding=True)
+        hidden = self.model(input_ids=inputs.input_ids.to(self.device), output_hidden_states=True).hidden_states
+        rows = hidden[self.layer][0, crop:].to(self.compute_dtype)
+        count = int(inputs.attention_mask[0, crop:].sum())
+        pooled = self._pooled_batch([prompt])[0]
+        return TextEmbedding(rows[:count].to(self.dtype).cpu().clone(), count, truncated, *pooled)
 
     def _embed_batch(self, prompts: list[str]) -> list[TextEmbedding]:
         if self.projection is not None:
@@ -220,7 +247,8 @@ class TextEncoder:
         inputs = self.pooled_tokenizer(prompts, padding="max_length", max_length=length, truncation=True,
                                        return_tensors="pt")
         full = self.pooled_tokenizer(prompts, truncation=False)["input_ids"]
-        pooled = self.pooled_model(inputs.input_ids.to(self.device), output_hidden_states=False).pooler_output
+        mask = {"attention_mask": inputs.attention_mask.to(self.device)} if self.family.pooled_masked else {}
+        pooled = self.pooled_model(inputs.input_ids.to(self.device), output_hidden_states=False, **mask).pooler_output
         counts = inputs.attention_mask.gt(0).sum(dim=1).tolist()
         return [(pooled[i].to(self.dtype).cpu().clone(), int(n), len(full[i]) > length)
                 for i, n in enumerate(counts)]

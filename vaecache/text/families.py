@@ -33,6 +33,7 @@ COGVIDEOX_PIPELINES = ("CogVideoXPipeline", "CogVideoXImageToVideoPipeline", "Co
 HUNYUAN_PIPELINES = ("HunyuanVideoPipeline",)
 LTX2_PIPELINES = ("LTX2Pipeline", "LTX2ImageToVideoPipeline", "LTX2ConditionPipeline")
 HUNYUAN15_PIPELINES = ("HunyuanVideo15Pipeline", "HunyuanVideo15ImageToVideoPipeline")
+KANDINSKY5_PIPELINES = ("Kandinsky5T2VPipeline", "Kandinsky5I2VPipeline")
 NOT_YET = {
     "LTXConditionPipeline": "ltx-video (its own prompt embedding)",
     "HunyuanVideoImageToVideoPipeline": "hunyuanvideo image-to-video (a LLaVA template with the image)",
@@ -75,6 +76,12 @@ class TextFamily:
     glyph_order: str = "diffusers"
     """How the quoted texts are gathered: "diffusers" (extract_glyph_texts: in order, deduplicated where several) or
     "musubi" (straight-quoted ones, then curly-quoted ones, none dropped; nothing for an empty prompt)."""
+    alone: bool = False
+    """Each prompt runs by itself, unpadded (Kandinsky 5: its encoder sees no attention mask, so a batch's padding
+    would change a prompt's rows; the issue's "as one prompt alone gives it"), its text cut as the pipeline cuts it
+    (`_encode_prompt_qwen`: the decoded tokens past the length removed from the text's end)."""
+    pooled_masked: bool = False
+    """The pooled encoder gets the attention mask too (Kandinsky 5's `text_encoder_2(**inputs)`)."""
     crop_marker: str | None = None
     """The template's rows are cropped up to and including these tokens, found in the template tokenized (musubi's
     HunyuanVideo 1.5 `<|im_start|>user\n`); `crop_start` is then that count, set when the tokenizer is loaded."""
@@ -187,6 +194,41 @@ def musubi_glyph_texts(prompt: str) -> str | None:
     return "".join(f'Text "{text}". ' for text in texts) if texts else None
 
 
+KANDINSKY5_TEMPLATE = "\n".join([
+    "<|im_start|>system\nYou are a prompt engineer. Describe the video in detail.",
+    "Describe how the camera moves or shakes, describe the zoom and view angle, whether it follows the objects.",
+    "Describe the location of the video, main characters or objects and their action.",
+    "Describe the dynamism of the video and presented actions.",
+    "Name the visual style of the video: whether it is a professional footage, user generated content, some kind of "
+    "animation, video game or scren content.",
+    "Describe the visual effects, postprocessing and transitions if they are presented in the video.",
+    "Pay attention to the order of key actions shown in the scene.<|im_end|>",
+    "<|im_start|>user\n{}<|im_end|>",
+])
+"""diffusers' Kandinsky5T2VPipeline.prompt_template (0.42.1, `pipeline_kandinsky.py`: its `__init__`; the I2V
+pipeline's is the same)."""
+KANDINSKY5 = TextFamily("kandinsky5", 512, "wan", "diffusers Kandinsky5T2VPipeline.encode_prompt: prompt_clean, "
+                        "_encode_prompt_qwen (prompt_template, its text truncation at 512 tokens, no attention mask, "
+                        "hidden_states[-1], the first 128 rows cropped; one prompt alone) and _encode_prompt_clip "
+                        "(CLIP pooler_output at 77 tokens)", masked=False, template=KANDINSKY5_TEMPLATE, crop_start=128,
+                        layer=-1, pooled_length=77, alone=True, pooled_masked=True)
+"""Kandinsky 5 (T2V, I2V): Qwen2.5-VL's rows of the prompt alone (every row is the prompt's: no padding), its length
+the pipeline's cu_seqlens, and CLIP-L's pooled output."""
+MUSUBI_KANDINSKY5_TEMPLATE = "\n".join([
+    "<|im_start|>system\nYou are a promt engineer. Describe the video in detail.",
+    *KANDINSKY5_TEMPLATE.split("\n")[2:]])
+"""musubi-tuner's Qwen2_5_VLTextEmbedder.PROMPT_TEMPLATE["template"]["video"] (kandinsky5/models/text_embedders.py,
+commit 30c658c: the Kandinsky 5 authors' own, "promt" as they spell it)."""
+KANDINSKY5_MUSUBI = TextFamily("kandinsky5-musubi", 512, "none", "musubi-tuner kandinsky5_cache_text_encoder_outputs"
+                               ".py encode_and_save_batch (30c658c): Qwen2_5_VLTextEmbedder (its video template, "
+                               "crop 129, padded to 512 + 129 without an attention mask, hidden_states[-1], rows "
+                               "trimmed to the mask) and ClipTextEmbedder (pooler_output at 77 tokens)", masked=False,
+                               template=MUSUBI_KANDINSKY5_TEMPLATE, crop_start=129, layer=-1, pooled_length=77,
+                               pooled_masked=True)
+"""musubi-tuner's Kandinsky 5 text conditioning (`--text-convention musubi`), what its k5 text caches hold: the
+authors' template and crop, the prompt as given."""
+
+
 def extract_glyph_texts(prompt: str) -> str | None:
     """diffusers' pipeline_hunyuan_video1_5.extract_glyph_texts: the texts quoted with "…" or “…”, deduplicated in
     order where there are several, formatted `Text "x". Text "y". `; None where there are none."""
@@ -199,7 +241,7 @@ def extract_glyph_texts(prompt: str) -> str | None:
 TEXT_CONVENTIONS = ("pipeline", "musubi")
 """--text-convention: the pipeline's own embedding (diffusers'), or musubi-tuner's where its trainer embeds otherwise
 (HunyuanVideo 1.5)."""
-MUSUBI_FAMILIES = {"hunyuanvideo-1.5": HUNYUAN15_MUSUBI}
+MUSUBI_FAMILIES = {"hunyuanvideo-1.5": HUNYUAN15_MUSUBI, "kandinsky5": KANDINSKY5_MUSUBI}
 
 
 def family_for_pipeline(class_name: str, where: str, convention: str = "pipeline") -> TextFamily:
@@ -211,8 +253,9 @@ def family_for_pipeline(class_name: str, where: str, convention: str = "pipeline
     if convention != "musubi":
         raise ValueError(f"--text-convention must be one of {', '.join(TEXT_CONVENTIONS)}, got {convention!r}")
     if family.name not in MUSUBI_FAMILIES:
-        raise ValueError(f"{where}: --text-convention musubi applies to HunyuanVideo 1.5 (musubi-tuner embeds the "
-                         f"other architectures' prompts as the pipelines do), not {class_name}")
+        raise ValueError(f"{where}: --text-convention musubi applies to HunyuanVideo 1.5 and Kandinsky 5 "
+                         "(musubi-tuner embeds the other architectures' prompts as the pipelines do), not "
+                         f"{class_name}")
     return MUSUBI_FAMILIES[family.name]
 
 
@@ -223,11 +266,12 @@ def family_named(name: str) -> str:
 
 def _pipeline_family(class_name: str, where: str) -> TextFamily:
     for names, family in ((WAN_PIPELINES, WAN), (LTX_PIPELINES, LTX), (COGVIDEOX_PIPELINES, COGVIDEOX),
-                          (HUNYUAN_PIPELINES, HUNYUAN), (LTX2_PIPELINES, LTX2), (HUNYUAN15_PIPELINES, HUNYUAN15)):
+                          (HUNYUAN_PIPELINES, HUNYUAN), (LTX2_PIPELINES, LTX2), (HUNYUAN15_PIPELINES, HUNYUAN15),
+                          (KANDINSKY5_PIPELINES, KANDINSKY5)):
         if class_name in names:
             return family
     every = WAN_PIPELINES + LTX_PIPELINES + COGVIDEOX_PIPELINES + HUNYUAN_PIPELINES + LTX2_PIPELINES + \
-        HUNYUAN15_PIPELINES
+        HUNYUAN15_PIPELINES + KANDINSKY5_PIPELINES
     supported = (f"supported: {', '.join(every)}; "
                  "any other encoder as transformers:PATH with --text-length")
     if class_name in NOT_YET:
