@@ -40,6 +40,11 @@ def embed(
                                                    "hunyuanvideo15-diffusers (SigLIP on the 8-bit frame, "
                                                    "last_hidden_state, fp32) | hunyuanvideo15-musubi (the same, "
                                                    "fp16: musubi's siglip)."),
+    condition_pipeline: Optional[str] = typer.Option(None, "--condition-pipeline", help="first-frame/first-last: "
+                                                     "the image-to-video pipeline they follow: auto (default: the "
+                                                     "VAE family's own: Wan 2.1/2.2, Wan 2.2 TI2V, HunyuanVideo 1.5) | "
+                                                     "kandinsky5 (a HunyuanVideo VAE cache: Kandinsky 5 I2V's image "
+                                                     "latent)."),
     vae: Optional[str] = typer.Option(None, "--vae", help="--condition: another path to the cache's VAE (its "
                                       "fingerprint must be the recorded one; default the recorded --vae)."),
     kind: Optional[str] = typer.Option(None, "--kind", help="MODULE: the sets of a kind of tensor declared outside "
@@ -115,6 +120,8 @@ def embed(
                          "--condition image-features")
     if vae is not None and not {"first-frame", "first-last"} & set(kinds):
         raise UsageError("--vae applies to --condition first-frame or first-last (the kinds the cache's VAE encodes)")
+    if condition_pipeline is not None and not {"first-frame", "first-last"} & set(kinds):
+        raise UsageError("--condition-pipeline applies to --condition first-frame or first-last")
     if audio_vae is None and (audio_camera is not None or audio_missing is not None):
         raise UsageError(f"{'--audio-camera' if audio_camera is not None else '--audio-missing'} applies to "
                          "--audio-vae")
@@ -133,7 +140,7 @@ def embed(
     conditions = None if condition is None else ConditionRequest(
         out=out, kinds=condition, replace=replace, shard_bytes=parse_bytes(shard_size), device=device, vae=vae,
         allow_pickle_weights=allow_pickle_weights, storage_options=storage, image_encoder=image_encoder,
-        image_convention=image_convention or "wan-diffusers")
+        image_convention=image_convention or "wan-diffusers", pipeline=condition_pipeline or "auto")
     declared = None if kind is None else SetRequest(
         out=out, module=kind, set_name=set_name or "default", replace=replace, shard_bytes=parse_bytes(shard_size),
         device=device, storage_options=storage)

@@ -43,7 +43,8 @@ def _check_stale(manifest: dict[str, Any], kind: str, entry: Any, records: list[
         return
     fingerprint = entry["fingerprint"]
     if kind != "image-features":
-        now = condition_fingerprint(manifest, kind, torch_dtype_of(fingerprint.get("stored_dtype")))
+        now = condition_fingerprint(manifest, kind, torch_dtype_of(fingerprint.get("stored_dtype")),
+                                    fingerprint.get("pipeline"))
         if json.loads(json.dumps(now)) != fingerprint:
             check.fail(f"condition set {kind}: made with another VAE or frame rule than the cache's now (stale: "
                        f"vaecache embed OUT --condition {kind} --replace)")
@@ -82,7 +83,7 @@ def _check_set(cache: Any, kind: str, entry: Any, records: list[dict[str, Any]],
     stored = SAFETENSORS_NAMES.get(fingerprint.get("stored_dtype", ""))
     view_shape = list((fingerprint.get("image_encoder") or {}).get("view_shape") or [])
 
-    first_frame_alone = fingerprint.get("pipeline") in ("hunyuanvideo-1.5", "wan-ti2v")
+    first_frame_alone = fingerprint.get("pipeline") in ("hunyuanvideo-1.5", "wan-ti2v", "kandinsky5")
 
     def expected(clip: str) -> list[int]:
         latent = shapes[clip]
@@ -216,5 +217,5 @@ def _encoder(kind: str, entry: dict[str, Any], cache: Any, spec: str | None, dev
         loaded["vae"] = load_recorded_vae(cache.store.location, cache.manifest, spec, device,
                                           allow_pickle_weights=allow_pickle_weights)
     runner = loaded["vae"]
-    pipeline = condition_pipeline(cache.manifest.get("vae") or {})
+    pipeline = condition_pipeline(cache.manifest.get("vae") or {}, (entry.get("fingerprint") or {}).get("pipeline"))
     return lambda frames, clip: runner.encode_views(condition_video(frames, kind, clip, pipeline)).mean

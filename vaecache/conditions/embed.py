@@ -99,8 +99,8 @@ class ConditionJob:
 
         self.request, self.manifest, self.device = request, manifest, device
         if any(kind in LATENT_KINDS for kind in request.kinds):
-            check_condition_vae(manifest.get("vae") or {}, str(store.where(MANIFEST)), request.kinds)
-        self.pipeline = condition_pipeline(manifest.get("vae") or {})
+            check_condition_vae(manifest.get("vae") or {}, str(store.where(MANIFEST)), request.kinds, request.pipeline)
+        self.pipeline = condition_pipeline(manifest.get("vae") or {}, request.pipeline)
         spec = request.vae or (manifest.get("settings") or {}).get("vae_spec")
         self.vae = self.image = None
         if any(kind in LATENT_KINDS for kind in request.kinds):
@@ -126,7 +126,7 @@ class ConditionJob:
         plans = []
         for kind in self.request.kinds:
             fingerprint = (image_fingerprint(self.manifest, self.image) if kind == "image-features"
-                           else condition_fingerprint(self.manifest, kind, self.vae.model.dtype))
+                           else condition_fingerprint(self.manifest, kind, self.vae.model.dtype, self.pipeline))
             plans.append(SetPlan(kind, fingerprint, set_generation(fingerprint, self.request.shard_bytes, self.records),
                                  shards, columns, summary={"clips": len(self.records), "views": views}))
         return plans

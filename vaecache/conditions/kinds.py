@@ -25,6 +25,13 @@ pipeline writes the condition over the first latent frame, `(1 - mask) * conditi
 gives `condition/<kind>` the normalized one-frame latent and `condition_mask/<kind>` that mask. first-frame only (the
 branch takes no last image).
 
+Kandinsky 5's (a HunyuanVideo VAE cache, asked with `--condition-pipeline kandinsky5`: the VAE is HunyuanVideo's too,
+whose own I2V condition is another) is `Kandinsky5I2VPipeline.prepare_latents`'s image latent
+(pipelines/kandinsky5/pipeline_kandinsky_i2v.py, 0.42: lines 695-703): the first frame encoded alone times the VAE's
+scaling_factor, which the pipeline writes over the first latent frame. The pipeline draws a posterior sample; a cache
+stores the mean, and `LatentCache` gives the mean times scaling_factor, (cameras, C, 1, h, w) float32, channels first
+(the pipeline's latents are channels last).
+
 A cache stores the posterior mean (the only input that depends on weights and frames); the mask and the
 normalization are rebuilt from the recorded frame count, temporal factor and constants, bit for bit.
 """
@@ -41,13 +48,19 @@ LATENT_KINDS = ("first-frame", "first-last")
 REFERENCE = "diffusers WanImageToVideoPipeline.prepare_latents (pipelines/wan/pipeline_wan_i2v.py)"
 HUNYUAN15_REFERENCE = ("diffusers HunyuanVideo15ImageToVideoPipeline.prepare_cond_latents_and_mask "
                        "(pipelines/hunyuan_video1_5/pipeline_hunyuan_video1_5_image2video.py)")
-WAN, WAN_TI2V, HUNYUAN15 = "wan", "wan-ti2v", "hunyuanvideo-1.5"
+WAN, WAN_TI2V, HUNYUAN15, KANDINSKY5 = "wan", "wan-ti2v", "hunyuanvideo-1.5", "kandinsky5"
+KANDINSKY5_REFERENCE = ("diffusers Kandinsky5I2VPipeline.prepare_latents's image latent "
+                        "(pipelines/kandinsky5/pipeline_kandinsky_i2v.py), its posterior mean")
+ASKED_PIPELINES = {KANDINSKY5: ("AutoencoderKLHunyuanVideo", KANDINSKY5_REFERENCE, ("first-frame",))}
+"""--condition-pipeline NAME -> (the VAE family it conditions with, its reference, its kinds): pipelines a cache's
+VAE does not tell, because another pipeline shares the VAE."""
+CONDITION_PIPELINES = ("auto", *ASKED_PIPELINES)
 WAN_TI2V_REFERENCE = ("diffusers WanImageToVideoPipeline.prepare_latents with expand_timesteps "
                       "(pipelines/wan/pipeline_wan_i2v.py, Wan 2.2 TI2V)")
 PIPELINES = {"AutoencoderKLWan": (WAN, REFERENCE, LATENT_KINDS),
              "AutoencoderKLHunyuanVideo15": (HUNYUAN15, HUNYUAN15_REFERENCE, ("first-frame",))}
 """VAE family -> (the image-to-video pipeline whose condition vaecache reproduces, its reference, the kinds it has)."""
-SUPPORTED_FAMILIES = tuple(PIPELINES)
+SUPPORTED_FAMILIES = (*PIPELINES, *(family for family, _, _ in ASKED_PIPELINES.values()))
 
 
 def parse_condition_kinds(text: str | tuple[str, ...] | None) -> tuple[str, ...]:
@@ -62,36 +75,53 @@ def parse_condition_kinds(text: str | tuple[str, ...] | None) -> tuple[str, ...]
     return tuple(kind for kind in CONDITION_KINDS if kind in kinds)
 
 
-def condition_pipeline(vae: dict) -> str:
-    """The image-to-video pipeline a cache's VAE record conditions for ("wan" for any family without one: the
-    refusal is check_condition_vae's); a Wan VAE with patch_size is Wan 2.2 TI2V's."""
+def condition_pipeline(vae: dict, asked: str | None = "auto") -> str:
+    """The image-to-video pipeline a cache's VAE record conditions for: the one `asked` (--condition-pipeline), else
+    the VAE family's own ("wan" for any family without one: the refusal is check_condition_vae's; a Wan VAE with
+    patch_size is Wan 2.2 TI2V's)."""
+    if asked not in (None, "auto"):
+        return str(asked)
     pipeline = PIPELINES.get(str(vae.get("family")), (WAN,))[0]
     return WAN_TI2V if pipeline == WAN and (vae.get("config") or {}).get("patch_size") else pipeline
 
 
-def pipeline_reference(vae: dict) -> tuple[str, tuple[str, ...]]:
+def pipeline_reference(vae: dict, asked: str | None = "auto") -> tuple[str, tuple[str, ...]]:
     """(the reference, the latent kinds) of the pipeline a cache's VAE record conditions for."""
-    if condition_pipeline(vae) == WAN_TI2V:
+    pipeline = condition_pipeline(vae, asked)
+    if pipeline == WAN_TI2V:
         return WAN_TI2V_REFERENCE, ("first-frame",)
+    if pipeline in ASKED_PIPELINES:
+        return ASKED_PIPELINES[pipeline][1:]
     _, reference, kinds = PIPELINES[str(vae.get("family"))]
     return reference, kinds
 
 
-def check_condition_vae(vae: dict, where: str, kinds: tuple[str, ...] = LATENT_KINDS) -> None:
-    """Refuse a cache whose VAE has no image-to-video pipeline vaecache follows for `kinds`, naming the supported
-    ones."""
+def check_condition_vae(vae: dict, where: str, kinds: tuple[str, ...] = LATENT_KINDS,
+                        asked: str | None = "auto") -> None:
+    """Refuse a cache whose VAE has no image-to-video pipeline vaecache follows for `kinds` (or not the one `asked`
+    with --condition-pipeline), naming the supported ones."""
     family = vae.get("family")
+    if asked not in (None, *CONDITION_PIPELINES):
+        raise UsageError(f"--condition-pipeline must be one of {', '.join(CONDITION_PIPELINES)}, got {asked!r}")
+    if asked in ASKED_PIPELINES and family != ASKED_PIPELINES[asked][0]:
+        raise UsageError(f"{where}: --condition-pipeline {asked} conditions with a {ASKED_PIPELINES[asked][0]} "
+                         f"cache; its VAE is {family or 'unrecorded'}")
     if family not in SUPPORTED_FAMILIES:
         raise UsageError(f"{where}: its VAE is {family or 'unrecorded'}; image-to-video conditions follow "
                          f"{REFERENCE} and {HUNYUAN15_REFERENCE}, for the VAE families "
                          f"{', '.join(SUPPORTED_FAMILIES)}")
-    pipeline = condition_pipeline(vae)
-    reference, known = pipeline_reference(vae)
+    if family not in PIPELINES and asked in (None, "auto"):
+        choices = [name for name, (owner, _, _) in ASKED_PIPELINES.items() if owner == family]
+        raise UsageError(f"{where}: its VAE is {family}, which more than one image-to-video pipeline uses: name the "
+                         f"one with --condition-pipeline ({', '.join(choices)}; HunyuanVideo's own I2V condition is "
+                         "not reproduced)")
+    pipeline = condition_pipeline(vae, asked)
+    reference, known = pipeline_reference(vae, asked)
     unknown = [kind for kind in kinds if kind in LATENT_KINDS and kind not in known]
     if unknown:
         raise UsageError(f"{where}: its VAE is {family}, whose image-to-video pipeline ({reference}) has no "
                          f"{', '.join(unknown)} condition; its kinds: {', '.join(known)}")
-    if pipeline == HUNYUAN15:
+    if pipeline in (HUNYUAN15, KANDINSKY5):
         if not (vae.get("normalization") or {}).get("scaling_factor"):
             raise UsageError(f"{where}: records no scaling_factor for its VAE (the pipeline scales the image latent)")
         return
@@ -105,7 +135,7 @@ def condition_video(frames: torch.Tensor, kind: str, clip: str = "", pipeline: s
     `video_condition`; HunyuanVideo 1.5's first frame alone."""
     views, channels, count, height, width = frames.shape
     first = frames[:, :, :1]
-    if pipeline in (HUNYUAN15, WAN_TI2V):
+    if pipeline in (HUNYUAN15, WAN_TI2V, KANDINSKY5):
         if kind != "first-frame":
             raise UsageError(f"the {pipeline} image-to-video pipeline has no {kind} condition")
         return first
@@ -190,13 +220,15 @@ def pipeline_condition(mean: torch.Tensor, kind: str, num_frames: int, temporal_
         return hunyuan15_condition(mean, num_frames, temporal_factor, scaling_factor)
     if pipeline == WAN_TI2V:
         return normalized_condition(mean, latents_mean, latents_std)
+    if pipeline == KANDINSKY5:  # image_latents * scaling_factor, in the VAE's dtype, then the latents' (float32)
+        return (mean * scaling_factor).to(torch.float32)
     latent = normalized_condition(mean, latents_mean, latents_std)
     views, _, _, height, width = latent.shape
     mask = condition_mask(kind, num_frames, temporal_factor, height, width).to(latent.device)
     return torch.concat([mask.unsqueeze(0).expand(views, -1, -1, -1, -1), latent], dim=1)
 
 
-__all__ = ["CONDITION_KINDS", "HUNYUAN15", "LATENT_KINDS", "PIPELINES", "REFERENCE", "SUPPORTED_FAMILIES", "WAN",
-           "WAN_TI2V", "check_condition_vae", "condition_mask", "condition_pipeline", "condition_video",
-           "hunyuan15_condition", "normalized_condition", "parse_condition_kinds", "pipeline_condition",
-           "pipeline_masks", "pipeline_reference", "ti2v_mask"]
+__all__ = ["ASKED_PIPELINES", "CONDITION_KINDS", "CONDITION_PIPELINES", "HUNYUAN15", "KANDINSKY5", "LATENT_KINDS",
+           "PIPELINES", "REFERENCE", "SUPPORTED_FAMILIES", "WAN", "WAN_TI2V", "check_condition_vae", "condition_mask",
+           "condition_pipeline", "condition_video", "hunyuan15_condition", "normalized_condition",
+           "parse_condition_kinds", "pipeline_condition", "pipeline_masks", "pipeline_reference", "ti2v_mask"]

@@ -74,8 +74,15 @@ class ConditionRequest:
     image_encoder: str | None = None
     """image-features: the image encoder's spec (vaecache.conditions.images)."""
     image_convention: str = "wan-diffusers"
+    pipeline: str = "auto"
+    """--condition-pipeline: the image-to-video pipeline the latent kinds follow (auto: the VAE family's own)."""
 
     def __post_init__(self) -> None:
+        from vaecache.conditions.kinds import CONDITION_PIPELINES
+
+        if self.pipeline not in CONDITION_PIPELINES:
+            raise UsageError(f"--condition-pipeline must be one of {', '.join(CONDITION_PIPELINES)}, got "
+                             f"{self.pipeline!r}")
         kinds = parse_condition_kinds(self.kinds)
         if not kinds:
             raise UsageError("--condition: name at least one kind")
@@ -117,16 +124,17 @@ class ConditionSummary:
     """Shards of the listed set found missing or damaged, computed again."""
 
 
-def condition_fingerprint(manifest: dict[str, Any], kind: str, dtype: torch.dtype) -> dict[str, Any]:
+def condition_fingerprint(manifest: dict[str, Any], kind: str, dtype: torch.dtype,
+                          pipeline: str | None = "auto") -> dict[str, Any]:
     """What decides a set's bytes: the kind and reference, the cache's VAE (as recorded, with its encode
     settings), the frame rule, the stored dtype."""
     from vaecache.conditions.kinds import WAN, condition_pipeline, pipeline_reference
 
     vae = {k: v for k, v in (manifest.get("vae") or {}).items() if k not in ("spec", "encoder_variant")}
     settings = manifest.get("settings") or {}
-    pipeline = condition_pipeline(vae)
-    if pipeline != WAN:  # (Wan 2.1's sets keep the record they always had)
-        return {"kind": kind, "reference": pipeline_reference(vae)[0], "pipeline": pipeline, "vae": vae,
+    resolved = condition_pipeline(vae, pipeline)
+    if resolved != WAN:  # (Wan 2.1's sets keep the record they always had)
+        return {"kind": kind, "reference": pipeline_reference(vae, pipeline)[0], "pipeline": resolved, "vae": vae,
                 "vae_settings": {k: settings.get(k) for k in ("dtype", "tiling", "views_per_forward", "decoder")},
                 "frame_rule": manifest.get("frame_rule"), "stored_dtype": str(dtype).removeprefix("torch."),
                 "stored": "posterior mean of the first frame encoded alone, (cameras, C, 1, h, w)"}
