@@ -410,7 +410,8 @@ def test_image_feature_options_are_refused_in_one_line(cache, clip_folder, run_c
             (["--condition", "image-features", "--image-encoder", str(clip_folder)],
              "--image-encoder must be diffusers:PATH or transformers:PATH"),
             (["--condition", "image-features", "--image-encoder", f"diffusers:{clip_folder}", "--image-convention",
-              "hunyuan"], "--image-convention must be one of wan-diffusers, wan-musubi, wan-flf2v-diffusers, framepack-diffusers"),
+              "hunyuan"], "--image-convention must be one of wan-diffusers, wan-musubi, wan-flf2v-diffusers, "
+                          "framepack-diffusers"),
             (["--condition", "image-features", "--image-encoder", f"diffusers:{clip_folder}", "--image-convention",
               "framepack-diffusers"], "needs a SigLIP vision model, this is clip_vision_model"),
             (["--condition", "first-frame", "--image-encoder", f"diffusers:{clip_folder}"],

@@ -72,6 +72,16 @@ def _train_tokenizer(folder: Path, special: list[str], template: str, pad: str, 
     PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=pad, unk_token="<unk>", **tokens).save_pretrained(folder)
 
 
+def save_clip_text(folder: Path) -> None:
+    """A tiny CLIP text model (CLIP-L's layout, width 24), as HunyuanVideo's and Kandinsky 5's text_encoder_2."""
+    import transformers
+
+    transformers.CLIPTextModel(transformers.CLIPTextConfig(
+        vocab_size=150, hidden_size=24, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=77, pad_token_id=0, bos_token_id=2, eos_token_id=3)).eval().save_pretrained(
+        folder, safe_serialization=True)
+
+
 def build_hunyuan_text_folder(root: Path, seed: int = 0) -> Path:
     """root/{model_index.json, text_encoder/ (a Llama), tokenizer/ (with Llama 3's header tokens), text_encoder_2/
     (a CLIP text model), tokenizer_2/}: HunyuanVideoPipeline's layout, tiny and random."""
@@ -88,10 +98,7 @@ def build_hunyuan_text_folder(root: Path, seed: int = 0) -> Path:
         vocab_size=150, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0)).eval().save_pretrained(
         root / "text_encoder", safe_serialization=True)
-    transformers.CLIPTextModel(transformers.CLIPTextConfig(
-        vocab_size=150, hidden_size=24, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        max_position_embeddings=77, pad_token_id=0, bos_token_id=2, eos_token_id=3)).eval().save_pretrained(
-        root / "text_encoder_2", safe_serialization=True)
+    save_clip_text(root / "text_encoder_2")
     (root / "model_index.json").write_text(json.dumps({
         "_class_name": "HunyuanVideoPipeline", "_diffusers_version": "0.42.1",
         "text_encoder": ["transformers", "LlamaModel"], "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
@@ -208,10 +215,7 @@ def build_kandinsky5_text_folder(root: Path, seed: int = 0, pipeline: str = "Kan
                            patch_size=14, spatial_merge_size=2, temporal_patch_size=2, fullatt_block_indexes=[0]),
         image_token_id=301, video_token_id=302, vision_start_token_id=303)).eval().save_pretrained(
         root / "text_encoder", safe_serialization=True)
-    transformers.CLIPTextModel(transformers.CLIPTextConfig(
-        vocab_size=150, hidden_size=24, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        max_position_embeddings=77, pad_token_id=0, bos_token_id=2, eos_token_id=3)).eval().save_pretrained(
-        root / "text_encoder_2", safe_serialization=True)
+    save_clip_text(root / "text_encoder_2")
     (root / "model_index.json").write_text(json.dumps({
         "_class_name": pipeline, "_diffusers_version": "0.42.1",
         "text_encoder": ["transformers", "Qwen2_5_VLForConditionalGeneration"],

@@ -288,24 +288,13 @@ def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_
     compute = torch_dtype(compute_dtype)
     device = torch.device(device)
     model.to(device=device, dtype=compute).eval().requires_grad_(False)
-    pooled = None
-    if folders.pooled is not None:  # HunyuanVideo: text_encoder_2 (CLIP-L) and tokenizer_2 beside the LLM
-        pooled_dir, pooled_tokenizer_dir = folders.pooled
-        pooled_model, pooled_identity = _load_model(pooled_dir, pooled_config, spec, allow_pickle_weights)
-        pooled_tokenizer = _load_tokenizer(pooled_tokenizer_dir, spec)
-        check_vocabulary(pooled_tokenizer, pooled_model, pooled_tokenizer_dir, pooled_dir)
-        pooled_model.to(device=device, dtype=compute).eval().requires_grad_(False)
-        pooled = (pooled_tokenizer, pooled_model)
-        identity["pooled_encoder"] = {**pooled_identity, "tokenizer_sha256": _tokenizer_hashes(pooled_tokenizer_dir)}
-    glyph = None
-    if folders.glyph is not None:  # HunyuanVideo 1.5: text_encoder_2 (ByT5) and tokenizer_2 beside Qwen2.5-VL
-        glyph_dir, glyph_tokenizer_dir = folders.glyph
-        glyph_model, glyph_identity = _load_model(glyph_dir, glyph_config, spec, allow_pickle_weights)
-        glyph_tokenizer = _load_tokenizer(glyph_tokenizer_dir, spec)
-        check_vocabulary(glyph_tokenizer, glyph_model, glyph_tokenizer_dir, glyph_dir)
-        glyph_model.to(device=device, dtype=compute).eval().requires_grad_(False)
-        glyph = (glyph_tokenizer, glyph_model)
-        identity["glyph_encoder"] = {**glyph_identity, "tokenizer_sha256": _tokenizer_hashes(glyph_tokenizer_dir)}
+    pooled = glyph = None
+    if folders.pooled is not None:  # HunyuanVideo, Kandinsky 5: text_encoder_2 (CLIP-L) beside the LLM
+        pooled, identity["pooled_encoder"] = _load_second_encoder(folders.pooled, pooled_config, spec,
+                                                                  allow_pickle_weights, device, compute)
+    if folders.glyph is not None:  # HunyuanVideo 1.5: text_encoder_2 (ByT5) beside Qwen2.5-VL
+        glyph, identity["glyph_encoder"] = _load_second_encoder(folders.glyph, glyph_config, spec,
+                                                                allow_pickle_weights, device, compute)
     projection = None
     if folders.features is not None:  # LTX-2: the feature extractor's weights in connectors/
         projection = load_projection(folders.features, spec, text_config(model_config)).to(device, compute)
@@ -330,6 +319,19 @@ class TextFolders:
     """LTX-2's connectors/ folder, which holds its text feature extractor."""
     glyph: tuple[Path, Path] | None = None
     """(encoder, tokenizer) of the glyph encoder (HunyuanVideo 1.5's text_encoder_2 ByT5, tokenizer_2)."""
+
+
+def _load_second_encoder(folders: tuple[Path, Path], config: Any, spec: str, allow_pickle_weights: bool,
+                         device: torch.device, compute: torch.dtype) -> tuple[tuple[Any, torch.nn.Module],
+                                                                              dict[str, Any]]:
+    """A second encoder beside the first ((encoder folder, tokenizer folder): HunyuanVideo's and Kandinsky 5's CLIP-L,
+    HunyuanVideo 1.5's ByT5), loaded strictly onto the device: ((tokenizer, model), its identity)."""
+    model_dir, tokenizer_dir = folders
+    model, identity = _load_model(model_dir, config, spec, allow_pickle_weights)
+    tokenizer = _load_tokenizer(tokenizer_dir, spec)
+    check_vocabulary(tokenizer, model, tokenizer_dir, model_dir)
+    model.to(device=device, dtype=compute).eval().requires_grad_(False)
+    return (tokenizer, model), {**identity, "tokenizer_sha256": _tokenizer_hashes(tokenizer_dir)}
 
 
 def marker_crop(tokenizer: Any, family: TextFamily, spec: str) -> int:
