@@ -91,7 +91,7 @@ def test_the_release_file_gives_the_latents_and_audio_latents_of_the_diffusers_f
 def test_the_files_stft_size_reaches_the_mel(release: Path, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    from vaecache.vae.ltx2_file import load_audio_single_file
+    from vaecache.audio.release_file import load_audio_single_file
 
     changed = tmp_path / "ltx-2-512.safetensors"
     save_file(load_file(release / "ltx-2-tiny.safetensors"), changed,
@@ -101,7 +101,7 @@ def test_the_files_stft_size_reaches_the_mel(release: Path, tmp_path: Path) -> N
 
 
 def _refused_audio(path: Path) -> str:
-    from vaecache.vae.ltx2_file import load_audio_single_file
+    from vaecache.audio.release_file import load_audio_single_file
 
     with pytest.raises(VaeSpecError) as caught:
         load_audio_single_file(path)

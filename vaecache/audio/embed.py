@@ -119,7 +119,7 @@ def load_audio_vae(spec: str, device: torch.device, allow_pickle_weights: bool =
 
     check_audio_spec_form(spec)
     if not spec.startswith("diffusers:"):
-        from vaecache.vae.ltx2_file import load_audio_single_file
+        from vaecache.audio.release_file import load_audio_single_file
 
         loaded = load_audio_single_file(Path(spec).expanduser())
         return AudioVae(loaded.module.to(device).eval(), loaded.n_fft)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, NamedTuple
 
 from vaecache.errors import VaeSpecError, first_line
+from vaecache.vae.ltx2_file import AUDIO_PREFIX, convert_ltx2_video_vae, is_ltx2_checkpoint, video_config_name
 from vaecache.weights import check_finite, safetensors_header
 
 SAFE_SUFFIXES = (".safetensors", ".sft")
@@ -35,8 +36,6 @@ CONFIGS = Path(__file__).resolve().parent / "configs"
 def detect_family(keys: Iterable[str], path: Path | None = None, shapes: dict[str, Any] | None = None) -> str:
     """The VAE family a checkpoint's keys (and `shapes`, where given) are laid out for (its original code's module
     names), or a VaeSpecError saying what the file (`path`, named in the message) is."""
-    from vaecache.vae.ltx2_file import AUDIO_PREFIX, is_ltx2_checkpoint
-
     where = f"{path}: " if path is not None else ""
     keys = list(keys)
     found = {key.removeprefix("vae.").removeprefix("first_stage_model.") for key in keys}
@@ -147,8 +146,6 @@ def shipped_config_name(family: str, shapes: dict[str, Any]) -> str | None:
         if conv and first and conv[0] == 96 and first[0] == 160 and is_wan22_layout(shapes):
             return "wan2.2_vae.json"
     if family == "AutoencoderKLLTX2Video":
-        from vaecache.vae.ltx2_file import video_config_name
-
         return video_config_name(shapes)
     if family == "AutoencoderKLLTXVideo":
         last = shapes.get("vae.encoder.conv_out.conv.weight")
@@ -244,7 +241,7 @@ def load_single_file(path: Path, config_path: Path | None, allow_pickle_weights:
     if family == "AutoencoderKLWan" and is_wan22_layout(keys):
         convert = convert_wan22_vae
     elif family == "AutoencoderKLLTX2Video":
-        from vaecache.vae.ltx2_file import convert_ltx2_video_vae as convert
+        convert = convert_ltx2_video_vae
     else:
         convert = SINGLE_FILE_LOADABLE_CLASSES[family]["checkpoint_mapping_fn"]
     try:
