@@ -53,7 +53,7 @@ from vaecache import LatentCache  # noqa: E402
 from vaecache.cache.layout import inside  # noqa: E402
 
 ARCH_SCRIPTS = {"wan": "musubi_tuner.wan_cache_latents", "hv": "musubi_tuner.cache_latents",
-                "hv15": "musubi_tuner.hv_1_5_cache_latents",
+                "hv15": "musubi_tuner.hv_1_5_cache_latents", "fp": "musubi_tuner.fpack_cache_latents",
                 "k5": "musubi_tuner.kandinsky5_cache_latents"}
 
 
@@ -130,7 +130,7 @@ def _sampling_vae(mean: torch.Tensor, scaling_factor: float | None) -> Any:
 
 def musubi_cached(arch: str, modules: dict[str, Any], mean: torch.Tensor, item: Any,
                   normalization: dict[str, Any], condition: torch.Tensor | None = None,
-                  features: torch.Tensor | None = None) -> None:
+                  features: torch.Tensor | None = None, fp_mode: str = "inverted") -> None:
     """Run musubi's own caching of `item` for `arch` with vaecache's mean as what its VAE returned (and, for Wan
     I2V, the condition video's mean as what it returned for that, and the first frame's CLIP features as what its
     CLIPModel.visual returned)."""
@@ -144,6 +144,21 @@ def musubi_cached(arch: str, modules: dict[str, Any], mean: torch.Tensor, item: 
         script.encode_and_save_batch(_sampling_vae(mean, None), [item])
     elif arch == "k5":
         script.encode_and_save_batch(_sampling_vae(mean, float(normalization["scaling_factor"])), [item])
+    elif arch == "fp":
+        # fpack_cache_latents.py encode_and_save_batch: hunyuan.vae_encode (the VAE's sample times its scaling factor;
+        # vaecache's mean answers) and hf_clip_vision_encode (the image-features set's features answer); every section
+        posterior = types.SimpleNamespace(sample=lambda: mean.unsqueeze(0))
+        vae = types.SimpleNamespace(device=torch.device("cpu"), dtype=mean.dtype,
+                                    config=types.SimpleNamespace(scaling_factor=float(normalization["scaling_factor"])),
+                                    encode=lambda contents: types.SimpleNamespace(latent_dist=posterior))
+
+        def image_encoder(**inputs: Any) -> Any:
+            return types.SimpleNamespace(last_hidden_state=features.unsqueeze(0))
+
+        image_encoder.device, image_encoder.dtype = torch.device("cpu"), features.dtype  # type: ignore[attr-defined]
+        processed = types.SimpleNamespace(to=lambda **kwargs: {})
+        extractor = types.SimpleNamespace(preprocess=lambda images, return_tensors: processed)
+        script.encode_and_save_batch(vae, extractor, image_encoder, [item], vanilla_sampling=fp_mode == "f1")
     elif arch == "hv15":
         # hv_1_5_cache_latents.py:41-44: latent = vae.encode(content)[0].mode(), under autocast to the VAE's dtype;
         # with i2v (48-84) it encodes the first frame alone next (the condition set's one-frame mean), and its SigLIP
@@ -162,6 +177,13 @@ def musubi_cached(arch: str, modules: dict[str, Any], mean: torch.Tensor, item: 
         script.encode_and_save_batch(vae, assets, [item], i2v=condition is not None)
     else:
         raise SystemExit(f"architecture {arch!r} is not one vaecache exports")
+
+
+def batch_key(key: str) -> str:
+    """The key musubi's BucketBatchManager gives a cached tensor in a batch (dataset/bucket.py: the dtype suffix
+    removed, and a latent's FxHxW)."""
+    key = key.rsplit("_", 1)[0]
+    return key.rsplit("_", 1)[0] if key.startswith("latents_") else key
 
 
 def load_file(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -258,14 +280,19 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
             condition = (cache.condition(entry["clip"], info["condition_set"], normalized=False)[view]
                          if info.get("condition_set") else None)
             features = (cache.condition(entry["clip"], "image-features", normalized=False)[view]
-                        if info.get("image_features") else None)
+                        if info.get("image_features") or arch == "fp" else None)
             tensors, metadata = load_file(exported_path)
             width, height = int(metadata["width"]), int(metadata["height"])
             frames = int(metadata["frame_count"])
+            base = name if "section" not in entry else \
+                name.replace(f"-{entry['section']:04d}_", "_", 1)  # musubi appends the section itself
             item = ItemInfo(entry["item"], "", (width, height), (width, height, frames), frame_count=frames,
                             content=np.zeros((frames, height, width, 3), dtype=np.uint8),
-                            latent_cache_path=str(expected_dir / name))
-            musubi_cached(arch, modules, latent, item, normalization, condition, features)
+                            latent_cache_path=str(expected_dir / base))
+            item.fp_latent_window_size = int(info.get("fp_latent_window_size") or 9)
+            if not (expected_dir / name).exists():  # an fp clip's sections are written by one call
+                musubi_cached(arch, modules, latent, item, normalization, condition, features,
+                              str(info.get("fp_mode") or "inverted"))
             theirs, their_metadata = load_file(expected_dir / name)
             expected[name] = theirs
             result["files"] += 1
@@ -306,7 +333,7 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
                 for row, item in enumerate(items):
                     result["rows"] += 1
                     theirs = expected[Path(item.latent_cache_path).name]
-                    wanted = {key.rsplit("_", 2)[0]: value for key, value in theirs.items()}
+                    wanted = {batch_key(key): value for key, value in theirs.items()}
                     mismatched = [key for key, value in wanted.items()
                                   if key not in batch or not torch.equal(batch[key][row], value)]
                     if mismatched:
@@ -318,7 +345,7 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
             problems.append(f"musubi's training saw {result['rows']} latent files, the export holds {result['files']} "
                             "(an item without its text-encoder cache is skipped by musubi)")
     if args.text_encoder is not None:
-        result["text"] = (musubi_own_text_check if arch in ("hv15", "k5") else musubi_text_check)(
+        result["text"] = (musubi_own_text_check if arch in ("hv15", "k5", "fp") else musubi_text_check)(
             args, export, problems, arch)
     result["ok"] = not problems
     return result
@@ -350,6 +377,8 @@ def musubi_caching(arch: str, folder: Path) -> Any:
     hv15: hv_1_5_cache_text_encoder_outputs.encode_and_save_batch (get_qwen_prompt_embeds with its
     PROMPT_TEMPLATE_VIDEO and marker crop, get_glyph_prompt_embeds with ByT5 at 128 tokens) on the folder's Qwen2.5-VL
     text model and ByT5 encoder (its loaders build Qwen2.5-VL-7B and fetch google/byt5-small from the Hub);
+    fp: fpack_cache_text_encoder_outputs.encode_and_save_batch on the folder's Llama and CLIP-L (a HunyuanVideo
+    pipeline folder's), as its load_text_encoder1/2 would load them;
     k5: kandinsky5_cache_text_encoder_outputs.encode_and_save_batch with its Kandinsky5TextEmbedder made of its own
     Qwen2_5_VLTextEmbedder (the folder's Qwen2_5_VLForConditionalGeneration, and the text part of a processor: the
     folder's tokenizer) and ClipTextEmbedder (the folder's CLIP text model and tokenizer), as get_text_embedder
@@ -366,6 +395,16 @@ def musubi_caching(arch: str, folder: Path) -> Any:
             ByT5Tokenizer.from_pretrained(str(folder / "tokenizer_2"))
         return lambda item: hv15_te.encode_and_save_batch(tokenizer, vlm, tokenizer_2, byt5, [item],
                                                           torch.device("cpu"), None)
+    if arch == "fp":
+        from musubi_tuner import fpack_cache_text_encoder_outputs as fp_te
+        from transformers import CLIPTextModel, LlamaModel
+
+        llama = LlamaModel.from_pretrained(str(folder / "text_encoder"), torch_dtype=torch.float32).eval()
+        clip_l = CLIPTextModel.from_pretrained(str(folder / "text_encoder_2"), torch_dtype=torch.float32).eval()
+        tokenizer, tokenizer_2 = AutoTokenizer.from_pretrained(str(folder / "tokenizer")), \
+            AutoTokenizer.from_pretrained(str(folder / "tokenizer_2"))
+        return lambda item: fp_te.encode_and_save_batch(tokenizer, llama, tokenizer_2, clip_l, [item],
+                                                        torch.device("cpu"))
     from musubi_tuner import kandinsky5_cache_text_encoder_outputs as k5_te
     from musubi_tuner.kandinsky5.models import text_embedders
     from transformers import CLIPTextModel, Qwen2_5_VLForConditionalGeneration

@@ -329,7 +329,8 @@ def test_musubi_hunyuan_video_1_5_export_is_the_raw_mean_musubi_caches(demo_data
 def test_musubi_refuses_what_it_cannot_export_before_writing(good_cache: Path, hunyuan_cache: Path, tmp_path: Path,
                                                              run_cli) -> None:
     cases = [
-        (good_cache, "fp", "FramePack's training batches also need image_embeddings"),
+        (good_cache, "fp", "--arch fp trains on AutoencoderKLHunyuanVideo latents, this cache holds AutoencoderKLWan"),
+        (hunyuan_cache, "fp", "has 5 frames; FramePack with window 9"),
         (good_cache, "qi", "Qwen-Image is an image architecture"),
         (good_cache, "hv15", "--arch hv15 trains on AutoencoderKLHunyuanVideo15 latents, this cache holds "
                              "AutoencoderKLWan"),

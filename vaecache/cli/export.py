@@ -22,9 +22,14 @@ def export(
                                "ltx2 (LTX-2's trainer's .precomputed folder)."),
     dest: Path = typer.Option(..., "--out", "-o", help="Folder to create (must not exist); written beside it as "
                               ".NAME.tmp-PID and renamed when complete."),
-    arch: Optional[str] = typer.Option(None, "--arch", help="musubi: architecture short name (wan, hv, k5, hv15; fp "
-                                       "and qi are refused with the reason); default from the VAE family (Wan: wan, "
+    arch: Optional[str] = typer.Option(None, "--arch", help="musubi: architecture short name (wan, hv, k5, fp, hv15; "
+                                       "qi is refused with the reason); default from the VAE family (Wan: wan, "
                                        "HunyuanVideo: hv, HunyuanVideo 1.5: hv15)."),
+    fp_latent_window_size: int = typer.Option(9, "--fp-latent-window-size", help="musubi --arch fp: latent frames "
+                                              "per FramePack section (musubi's fp_latent_window_size); a clip must "
+                                              "have sections * 4 * window + 1 frames."),
+    fp_mode: str = typer.Option("inverted", "--fp-mode", help="musubi --arch fp: inverted (musubi's default "
+                                "sampling) | f1 (its --f1, vanilla sampling)."),
     samples_per_tar: int = typer.Option(1000, "--samples-per-tar", help="webdataset: clips per tar shard (each tar "
                                         "holds one latent shape)."),
     energon: str = typer.Option("auto", "--energon", help="webdataset: prepare DIR for Megatron-Energon with its own "
@@ -56,6 +61,8 @@ def export(
         raise UsageError(f"--energon must be one of {', '.join(ENERGON_MODES)}, got {energon!r}")
     if energon != "auto" and format != "webdataset":
         raise UsageError("--energon applies to --format webdataset only")
+    if (fp_latent_window_size != 9 or fp_mode != "inverted") and (format != "musubi" or arch != "fp"):
+        raise UsageError("--fp-latent-window-size and --fp-mode apply to --format musubi --arch fp only")
     if text_set != "auto" and format not in ("musubi", "ltx2"):
         raise UsageError("--text-set applies to --format musubi and ltx2 only")
     if condition != "auto" and format != "musubi":
@@ -73,7 +80,8 @@ def export(
     note_untrained_vae(cache)
     if format == "musubi":
         summary = export_musubi(cache.location, dest, arch=arch, verify=verify, storage_options=options,
-                                text_set=text_set, condition=condition)
+                                text_set=text_set, condition=condition, fp_window=fp_latent_window_size,
+                                fp_mode=fp_mode)
     elif format == "ltx2":
         summary = export_ltx2(cache.location, dest, audio_set=audio_set, text_set=text_set, verify=verify,
                               storage_options=options)

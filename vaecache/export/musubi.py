@@ -77,6 +77,11 @@ def _raw_latents(mean: torch.Tensor, normalization: dict[str, Any]) -> dict[str,
     return {"latents": mean}
 
 
+def _scaled_latents(mean: torch.Tensor, normalization: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """FramePack's `hunyuan.vae_encode`: the latent times the VAE's scaling_factor, in the stored dtype."""
+    return {"latents": mean * float(normalization["scaling_factor"])}
+
+
 def _kandinsky5_latents(mean: torch.Tensor, normalization: dict[str, Any]) -> dict[str, torch.Tensor]:
     # kandinsky5_cache_latents.py:60: scaling_factor = getattr(vae.config, "scaling_factor", 1.0) (a Python float);
     # :70: latents = latents * scaling_factor, in the VAE's dtype; kandinsky5_train_network.py:717-719
@@ -123,10 +128,11 @@ MUSUBI_ARCHITECTURES: dict[str, MusubiArch] = {arch.short: arch for arch in (
                convention="latent * scaling_factor (the mean, or the sample export.json `tensor` names), plus the "
                           "first and last latent frames as latents_image, as kandinsky5_cache_latents.py caches them; "
                           "its trainer does not rescale"),
-    MusubiArch("fp", "framepack", refused="FramePack's training batches also need image_embeddings from a SigLIP image "
-               "encoder and FramePack's section layout (latent_indices, latents_clean, clean_latent_indices: "
-               "fpack_cache_latents.py), which a VAE cache does not hold; cache FramePack latents with musubi-tuner's "
-               "fpack_cache_latents.py"),
+    MusubiArch("fp", "framepack", "AutoencoderKLHunyuanVideo", 16, latents=_scaled_latents, samples=True,
+               convention="FramePack's sections (vaecache.export.framepack): latent * scaling_factor cut into "
+                          "--fp-latent-window-size sections as fpack_cache_latents.py cuts them (--fp-mode inverted "
+                          "or f1), each with its clean latents and indices and the first frame's SigLIP "
+                          "image_embeddings; its trainer does not rescale"),
     MusubiArch("hv15", "hunyuan_video_1_5", "AutoencoderKLHunyuanVideo15", 32, latents=_raw_latents,
                convention="the raw posterior mean in the stored dtype: musubi-tuner's HunyuanVideo 1.5 caching stores "
                           "vae.encode(...)[0].mode() unscaled (hv_1_5_cache_latents.py:41-44) and its trainer "
@@ -258,6 +264,64 @@ def musubi_image_features(cache: Any, spec: MusubiArch, condition: str, where: P
     return features, ""
 
 
+FRAMEPACK_CONVENTIONS = ("hunyuanvideo15-musubi", "framepack-diffusers")
+"""Image-features conventions FramePack's image_embeddings are taken from: musubi's own computation (the SigLIP
+processor on the 8-bit first frame, fp16: hf_clip_vision_encode), or diffusers' FramePack pipeline's (float frame, fp32:
+within rounding of musubi's)."""
+
+
+def framepack_inputs(cache: Any, window: int, mode: str, where: Path | str) -> Any:
+    """The image-features set FramePack's image_embeddings come from, every clip's frame count checked against the
+    sections (an ExportError naming the first clip that cannot be cut, and the counts that can)."""
+    from vaecache.export.framepack import FP_MODES, aligned_frames, framepack_sections_of
+
+    if mode not in FP_MODES:
+        raise ExportError(f"--fp-mode must be one of {', '.join(FP_MODES)} (musubi's --one_frame reads control images "
+                          f"from its own dataset configuration: not exported), got {mode!r}")
+    if window < 1:
+        raise ExportError(f"--fp-latent-window-size must be >= 1, got {window}")
+    for record in cache.records():
+        count = len(record["frames"])
+        sections = framepack_sections_of(count, window)
+        if sections < 1 or aligned_frames(sections, window) != count:
+            near = aligned_frames(max(sections, 1), window)
+            raise ExportError(f"{where}: clip {record['id']} has {count} frames; FramePack with window {window} cuts "
+                              f"clips of {window * 4 + 1}, {window * 8 + 1}, ... frames (sections * {window * 4} + 1; "
+                              f"musubi trims a longer clip before encoding, which latents already encoded cannot be): "
+                              f"encode with --num-frames {near}")
+    if "image-features" not in cache.condition_sets:
+        raise ExportError(f"{where}: FramePack's sections carry the first frame's SigLIP image_embeddings: vaecache "
+                          "embed OUT --condition image-features --image-encoder SIGLIP --image-convention "
+                          "hunyuanvideo15-musubi adds them (musubi's own computation)")
+    features = cache.sets()["conditions"]["image-features"]
+    convention = ((features.entry.get("fingerprint") or {}).get("image_encoder") or {}).get("convention")
+    if convention not in FRAMEPACK_CONVENTIONS:
+        raise ExportError(f"{where}: the cache's image-features are {convention}'s, not SigLIP's in a FramePack "
+                          f"convention ({', '.join(FRAMEPACK_CONVENTIONS)})")
+    return features
+
+
+def _write_latent_file(folder: Path, name: str, spec: MusubiArch, latent: torch.Tensor,
+                       normalization: dict[str, Any], metadata: dict[str, str], image_latents: Any,
+                       clip_features: Any, view: int, count: int, temporal: int, files: int,
+                       size: int) -> tuple[int, int]:
+    """One camera's latent file (musubi_tensors, and the I2V latents_image and image features where the cache has
+    them, under the architecture's keys); returns the files and bytes written so far."""
+    _, _, height_l, width_l = latent.shape
+    tensors = musubi_tensors(spec, latent, normalization)
+    if image_latents is not None:
+        image = musubi_image_latent(spec, image_latents[view], count, temporal, normalization, latent.dtype)
+        _, frames_l, _, _ = image.shape
+        tensors[f"latents_image_{frames_l}x{height_l}x{width_l}_{str(latent.dtype).removeprefix('torch.')}"] = image
+    if clip_features is not None and spec.short == "hv15":  # save_latent_cache_hunyuan_video_1_5
+        tensors[f"siglip_{str(clip_features.dtype).removeprefix('torch.')}"] = clip_features[view].contiguous()
+    elif clip_features is not None:  # cache_io.py save_latent_cache_wan: named by the latent's dtype
+        tensors[f"clip_{str(latent.dtype).removeprefix('torch.')}"] = clip_features[view].contiguous()
+    data = safetensors_bytes(tensors, metadata)
+    write_new_file(folder / "cache" / name, data)
+    return files + 1, size + len(data)
+
+
 def musubi_item(scene: str, camera: str) -> str:
     """The musubi item name of one camera of a scene: musubi-tuner names latent and text-encoder caches after
     the basename of the video (item_key), so DIR/videos/<item>.<ext> links to that camera's source."""
@@ -267,7 +331,7 @@ def musubi_item(scene: str, camera: str) -> str:
 def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, verify: str = "size",
                   on_clip: Callable[[int, int], None] | None = None,
                   storage_options: dict[str, Any] | None = None, text_set: str = "auto",
-                  condition: str = "auto") -> ExportSummary:
+                  condition: str = "auto", fp_window: int = 9, fp_mode: str = "inverted") -> ExportSummary:
     """Write musubi-tuner's latent cache for every clip and camera (see docs/exports.md, "Export to musubi-tuner").
     Everything is checked before the first file is written: the architecture against the cache's VAE, the
     stored tensor, the sizes musubi's buckets would stack together. With a text set (`text_set`: its name, "auto":
@@ -291,8 +355,11 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
         raise ExportError(f"{cache_dir}: manifest.json records no frame_rule.spatial_factor (pixel size unknown)")
     normalization = vae.get("normalization") or {}
     texts = musubi_text_set(cache, spec, text_set, cache_dir)
-    conditions = musubi_condition_set(cache, spec, condition, cache_dir)
-    image_features, features_note = musubi_image_features(cache, spec, condition, cache_dir)
+    if spec.short == "fp":
+        conditions, image_features, features_note = None, framepack_inputs(cache, fp_window, fp_mode, cache_dir), ""
+    else:
+        conditions = musubi_condition_set(cache, spec, condition, cache_dir)
+        image_features, features_note = musubi_image_features(cache, spec, condition, cache_dir)
     temporal = int((cache.manifest.get("frame_rule") or {}).get("temporal_factor") or 1)
     te_items: dict[str, tuple[str, str]] = {}  # item -> (prompt key, first clip) of the text caches written
     buckets = [b for b in cache.manifest.get("buckets") or [] if b.get("clips")]
@@ -321,25 +388,28 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
                 sizes.add((width, height))
                 counts.add(count)
                 item = musubi_item(record["scene"], camera)
-                name = f"{item}_{record['frames'][0]:05d}-{count:03d}_{width:04d}x{height:04d}_{spec.short}.safetensors"
-                tensors = musubi_tensors(spec, latent, normalization)
-                if image_latents is not None:
-                    image = musubi_image_latent(spec, image_latents[view], count, temporal, normalization, latent.dtype)
-                    _, frames_l, _, _ = image.shape
-                    tensors[f"latents_image_{frames_l}x{height_l}x{width_l}_"
-                            f"{str(latent.dtype).removeprefix('torch.')}"] = image
-                if clip_features is not None and spec.short == "hv15":  # save_latent_cache_hunyuan_video_1_5
-                    tensors[f"siglip_{str(clip_features.dtype).removeprefix('torch.')}"] = \
-                        clip_features[view].contiguous()
-                elif clip_features is not None:  # cache_io.py save_latent_cache_wan: named by the latent's dtype
-                    tensors[f"clip_{str(latent.dtype).removeprefix('torch.')}"] = clip_features[view].contiguous()
-                data = safetensors_bytes(tensors,
-                                         {"architecture": spec.full, "width": str(width), "height": str(height),
-                                          "frame_count": str(count), "format_version": MUSUBI_FORMAT_VERSION})
-                write_new_file(folder / "cache" / name, data)
-                files, size = files + 1, size + len(data)
-                index.add(clip=record["id"], scene=record["scene"], camera=camera, file=f"cache/{name}", item=item,
-                          renamed=item != f"{record['scene']}-{camera}")
+                metadata = {"architecture": spec.full, "width": str(width), "height": str(height),
+                            "frame_count": str(count), "format_version": MUSUBI_FORMAT_VERSION}
+                if spec.short == "fp":  # one file per section (fpack_cache_latents.py)
+                    from vaecache.export.framepack import framepack_file_tensors, framepack_sections
+
+                    scaled = spec.latents(latent, normalization)["latents"]  # type: ignore[misc]
+                    for section, stems in framepack_sections(scaled, fp_window, fp_mode):
+                        name = (f"{item}_{record['frames'][0]:05d}-{count:03d}-{section:04d}_{width:04d}x{height:04d}_"
+                                "fp.safetensors")
+                        data = safetensors_bytes(framepack_file_tensors(stems, clip_features[view]), metadata)
+                        write_new_file(folder / "cache" / name, data)
+                        files, size = files + 1, size + len(data)
+                        index.add(clip=record["id"], scene=record["scene"], camera=camera, file=f"cache/{name}",
+                                  item=item, renamed=item != f"{record['scene']}-{camera}", section=section)
+                else:
+                    name = (f"{item}_{record['frames'][0]:05d}-{count:03d}_{width:04d}x{height:04d}_"
+                            f"{spec.short}.safetensors")
+                    files, size = _write_latent_file(folder, name, spec, latent, normalization, metadata,
+                                                     image_latents, clip_features, view, count, temporal,
+                                                     files, size)
+                    index.add(clip=record["id"], scene=record["scene"], camera=camera, file=f"cache/{name}",
+                              item=item, renamed=item != f"{record['scene']}-{camera}")
                 if texts is not None:
                     written = _write_text_cache(folder, texts, spec, item, record["id"], te_items)
                     files, size = files + bool(written), size + written
@@ -358,13 +428,15 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
         videos.flush()
         os.fsync(videos.fileno())
         videos.close()
-        (folder / "dataset.toml").write_text(musubi_dataset_toml(Path(target).absolute(), sizes, counts))
+        (folder / "dataset.toml").write_text(musubi_dataset_toml(Path(target).absolute(), sizes, counts,
+                                                                 fp_window if spec.short == "fp" else None))
         finish(folder, index, {
             "format": "vaecache-export", "kind": "musubi", "architecture": spec.short, "architecture_full": spec.full,
             "vae_family": spec.family, "convention": spec.convention, "tensor": f"posterior {key}, (C, F, H, W)",
             **({"note": f"musubi-tuner's {spec.full} caching stores a posterior sample; this export stores the "
                         f"{key}"} if spec.samples else {}),
             "normalization": {k: v for k, v in normalization.items() if k != "formula"},
+            **({"fp_latent_window_size": fp_window, "fp_mode": fp_mode} if spec.short == "fp" else {}),
             "source": source_of(cache), "clips": len(cache), "files": files, "bytes": size,
             "renamed": index.renamed, "captioned_clips": captions,
             **({"text_set": texts.name, "text_caches": len(te_items)} if texts is not None else {}),
@@ -399,7 +471,8 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
     return ExportSummary(str(target), "musubi", len(cache), files, size, index.renamed, tuple(notes))
 
 
-MUSUBI_TEXT_FAMILY = {"wan": "wan", "hv": "hunyuanvideo", "hv15": "hunyuanvideo-1.5-musubi", "k5": "kandinsky5-musubi"}
+MUSUBI_TEXT_FAMILY = {"wan": "wan", "hv": "hunyuanvideo", "hv15": "hunyuanvideo-1.5-musubi", "k5": "kandinsky5-musubi",
+                      "fp": "hunyuanvideo"}
 """The text-set family whose embeddings each musubi architecture's text-encoder cache holds."""
 
 
@@ -472,6 +545,10 @@ def musubi_text_tensors(spec: MusubiArch, texts: Any, clip: str) -> dict[str, to
     if spec.short == "wan":
         rows = texts.rows(clip)
         return {f"varlen_t5_{dtype_name(rows)}": rows.contiguous()}
+    if spec.short == "fp":  # save_text_encoder_output_cache_framepack, from a HunyuanVideo set
+        from vaecache.export.framepack import framepack_text_tensors
+
+        return framepack_text_tensors(texts, clip)
     if spec.short == "k5":  # save_text_encoder_output_cache_kandinsky5: the rows, the pooled output, a bool mask
         rows, pooled = texts.rows(clip), texts.pooled(clip)
         return {f"text_embeds_{dtype_name(rows)}": rows.contiguous(),
@@ -517,7 +594,8 @@ def musubi_buckets(sizes: set[tuple[int, int]], cache_dir: Path) -> dict[tuple[i
     return seen
 
 
-def musubi_dataset_toml(target: Path, sizes: set[tuple[int, int]], frames: set[int]) -> str:
+def musubi_dataset_toml(target: Path, sizes: set[tuple[int, int]], frames: set[int],
+                        fp_window: int | None = None) -> str:
     """A musubi-tuner dataset config over the export: captions from videos.jsonl, latents in cache/.
 
     musubi's training groups cached latents by the bucket its BucketSelector gives their file's size: one
@@ -532,4 +610,5 @@ def musubi_dataset_toml(target: Path, sizes: set[tuple[int, int]], frames: set[i
             + ("bucket_no_upscale = true\n" if several else "")
             + f"\n[[datasets]]\nvideo_jsonl_file = {json.dumps(str(target / 'videos.jsonl'))}\n"
             f"cache_directory = {json.dumps(str(target / 'cache'))}\n"
-            f"target_frames = [{', '.join(str(f) for f in sorted(frames))}]\nframe_extraction = \"head\"\n")
+            f"target_frames = [{', '.join(str(f) for f in sorted(frames))}]\nframe_extraction = \"head\"\n"
+            + (f"fp_latent_window_size = {fp_window}\n" if fp_window is not None else ""))

@@ -140,7 +140,8 @@ class TextEncoder:
 
     @torch.no_grad()
     def embed(self, prompts: list[str]) -> list[TextEmbedding]:
-        """The rows of each (already cleaned) prompt, computed in batches of `batch` prompts."""
+        """The rows of each (already cleaned) prompt, computed in batches of `batch` prompts (each prompt alone where
+        the family runs it so: Kandinsky 5)."""
         found: list[TextEmbedding] = []
         if self.family.alone:  # each prompt by itself (Kandinsky 5): no batch, no padding
             return [self._alone(prompt) for prompt in prompts]
