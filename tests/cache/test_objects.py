@@ -498,3 +498,73 @@ def test_an_unreadable_commit_record_stops_the_resume_and_deletes_nothing(s3, s3
     after = _objects(s3, url)
     assert {k: v for k, v in after.items() if k.startswith(("shards/", "progress/"))} == \
         {k: v for k, v in before.items() if k.startswith(("shards/", "progress/"))}  # nothing taken for a stray
+
+
+def _commit_gets(proxy: StoreProxy) -> list[str]:
+    return sorted(path.split("/cache/", 1)[1] for method, path in proxy.paths
+                  if method == "GET" and "/cache/progress/commits/" in path)
+
+
+def test_a_finished_cache_holds_its_commit_records_in_one_compacted_object_a_rerun_reads(
+        s3, s3_endpoint: str, demo_data: Path, good_cache: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """finalize PUTs progress/compacted/final.jsonl, every commit record's line: a rerun of the finished cache reads
+    it and no commit record (one GET where there were as many as shards)."""
+    make_bucket(s3, "compacted")
+    url = "s3://compacted/cache"
+    assert _encode_here(url, demo_data, "--shard-size", "1").exit_code == 0
+    objects = _objects(s3, url)
+    commits = sorted(name for name in objects if name.startswith("progress/commits/"))
+    assert [name for name in objects if name.startswith("progress/compacted/")] == ["progress/compacted/final.jsonl"]
+    final = s3.cat_file("compacted/cache/progress/compacted/final.jsonl")
+    assert sorted(b"".join(s3.cat_file(f"compacted/cache/{name}") for name in commits).splitlines()) == \
+        sorted(final.splitlines()) and len(commits) > 2
+    counting = StoreProxy(s3_endpoint, {})
+    again = _encode_behind(counting, monkeypatch, s3_endpoint, url, demo_data, "--shard-size", "1")
+    assert again.exit_code == 0, again.output
+    assert _commit_gets(counting) == []
+    _same_cache(s3, url, good_cache, tmp_path)
+
+
+def test_a_resume_reads_each_process_compacted_object_and_only_the_records_after_it(
+        s3, s3_endpoint: str, demo_data: Path, good_cache: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that ends before finalize (its final compaction left out, its manifest gone) leaves its own compacted
+    object every COMPACT_EVERY commits: the resume GETs that object and the records after it, not every record; a
+    record deleted since (a repair) is not taken back from the compacted object; a compacted object that does not
+    read is skipped, its records read one by one; the cache is the same."""
+    from vaecache.cache import objects
+
+    make_bucket(s3, "compacting")
+    url = "s3://compacting/cache"
+    every, compact_all = objects.COMPACT_EVERY, ObjectOut.compact_all
+    monkeypatch.setattr(objects, "COMPACT_EVERY", 2)
+    monkeypatch.setattr(ObjectOut, "compact_all", lambda self: None)
+    assert _encode_here(url, demo_data, "--shard-size", "1").exit_code == 0
+    monkeypatch.setattr(objects, "COMPACT_EVERY", every)
+    monkeypatch.setattr(ObjectOut, "compact_all", compact_all)
+    s3.rm("compacting/cache/manifest.json")  # as though the run had stopped before finalize
+    objects_now = _objects(s3, url)
+    commits = sorted(name for name in objects_now if name.startswith("progress/commits/"))
+    compacted = [name for name in objects_now if name.startswith("progress/compacted/")]
+    assert len(commits) >= 3 and len(compacted) == 1  # the process's last one; its earlier ones deleted
+    covered = len(s3.cat_file(f"compacting/cache/{compacted[0]}").splitlines())
+    assert covered == len(commits) - len(commits) % 2
+    counting = StoreProxy(s3_endpoint, {})
+    resumed = _encode_behind(counting, monkeypatch, s3_endpoint, url, demo_data, "--shard-size", "1")
+    assert resumed.exit_code == 0, resumed.output
+    assert _commit_gets(counting) == commits[covered:]  # only the records after the compacted object
+    _same_cache(s3, url, good_cache, tmp_path)
+
+    work = ObjectOut(url)  # a record gone since it was compacted is not committed; a damaged compaction is skipped
+    try:
+        s3.pipe("compacting/cache/progress/compacted/final.jsonl", b"not a progress line\n")
+        s3.pipe("compacting/cache/progress/compacted/a000-r00000-000002.jsonl",
+                s3.cat_file(f"compacting/cache/{commits[0]}"))
+        s3.rm(f"compacting/cache/{commits[0]}")
+        work.pull_records(finished=False)
+        lines = b"".join(path.read_bytes() for path in sorted((work.work / "progress").glob("rank-*.jsonl")))
+        assert len(lines.splitlines()) == len(commits) - 1
+        assert s3.cat_file(f"compacting/cache/{commits[1]}") in lines
+    finally:
+        work.close()

@@ -9,6 +9,13 @@ interrupted multipart upload leaves no object). So, under OUT's URL:
   exists. The commit record's PUT runs while the writer goes on (one at a time); finalize waits for the last one
   before the manifest. A resume lists the commit records; every other shard object (a crash between the two PUTs)
   is a stray, deleted by the next encode or ``vaecache verify --repair``;
+- commit records are also gathered into *compacted* objects, so that a resume reads a few objects rather than one
+  per shard: each process PUTs ``progress/compacted/aAAA-rRRRRR-SSSSSS.jsonl`` (every record it committed so far,
+  in commit order) every COMPACT_EVERY commits, deleting its previous one, and finalize PUTs
+  ``progress/compacted/final.jsonl`` (every committed record) and deletes the others. The records stay the truth: a
+  line of a compacted object counts only where its commit record is listed (a repair or a resume that dropped a
+  record leaves its line behind, unused), and a compacted object that does not read is skipped, its records then
+  fetched one by one;
 - each rank's failure records and probe records are one object per rank, PUT whole (the failures once, when the
   rank's share is done: a rerun records them afresh);
 - ``run.json`` is PUT by rank 0 as it prepares OUT; ``clips.parquet``, ``failures.parquet`` and then
@@ -58,13 +65,17 @@ from vaecache.cache.lock import ObjectLock
 from vaecache.cache.outdir import FolderOut, PreparedOut, StrayFindings, begin_changes, prepare_out
 from vaecache.cache.progress import CommittedIds, committed_shards, progress_counts, progress_line_head
 from vaecache.cache.store import ObjectStore
-from vaecache.errors import OutputError, UsageError
+from vaecache.errors import OutputError, UsageError, VaecacheError
 from vaecache.urls import Url
 
 log = logging.getLogger("vaecache")
 
 COMMITS_DIR = f"{PROGRESS_DIR}/commits"
 COMMIT_SUFFIX = ".json"
+COMPACTED_DIR = f"{PROGRESS_DIR}/compacted"
+FINAL_COMPACTED = f"{COMPACTED_DIR}/final.jsonl"
+COMPACT_EVERY = 256
+"""Commits between a process's compacted objects: a resume GETs at most this many records per process beside them."""
 _COMMIT_NAME = re.compile(r"a([0-9]{3,})-r([0-9]{5,})-([0-9]{6,})\.json")
 _FAILURE_LOG = re.compile(rf"{PROGRESS_DIR}/failures-rank-[0-9]{{5,}}\.jsonl")
 _DISK_LOG = re.compile(rf"{PROGRESS_DIR}/rank-[0-9]{{5,}}\.jsonl")
@@ -106,6 +117,11 @@ class ObjectOut(FolderOut):
         self._commit_puts: ThreadPoolExecutor | None = None
         self._commit_put: Future[None] | None = None
         """The last commit record's PUT, under way (`commit`) until `settle`."""
+        self.compact_every = COMPACT_EVERY
+        self._committed: list[bytes] = []
+        """This process's commit records (their lines), in commit order: what its compacted objects hold."""
+        self._compacted: str | None = None
+        """This process's last compacted object (deleted when the next one is there)."""
 
     def where(self, name: str = "") -> Url:
         return self.store.where(name)
@@ -179,8 +195,21 @@ class ObjectOut(FolderOut):
         self.settle()
         if self._commit_puts is None:
             self._commit_puts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vaecache-commit")
-        self._commit_put = self._commit_puts.submit(self.store.write, commit_name(file.rsplit("/", 1)[-1]),
-                                                    (line + "\n").encode())
+        record, data = commit_name(file.rsplit("/", 1)[-1]), (line + "\n").encode()
+        self._committed.append(data)
+        due = len(self._committed) % self.compact_every == 0
+        self._commit_put = self._commit_puts.submit(self._put_commit, record, data, due)
+
+    def _put_commit(self, record: str, data: bytes, compact: bool) -> None:
+        """The commit record's PUT; with `compact`, then this process's compacted object of every record it committed
+        so far (after the record: it never holds a line whose record is not there), its previous one deleted."""
+        self.store.write(record, data)
+        if compact:
+            name = f"{COMPACTED_DIR}/{record.rsplit('/', 1)[-1].removesuffix(COMMIT_SUFFIX)}.jsonl"
+            self.store.write(name, b"".join(self._committed[:self._committed.index(data) + 1]))
+            if self._compacted is not None:
+                self.store.delete([self._compacted])
+            self._compacted = name
 
     def settle(self) -> None:
         """Every commit record `commit` put under way is there (its PUT's error raised)."""
@@ -200,6 +229,15 @@ class ObjectOut(FolderOut):
         if not only_writer:
             self.settle()
             self.pull_records(finished=False, held=self._held_records())
+        self.compact_all()
+
+    def compact_all(self) -> None:
+        """Rank 0 before finalize: every committed record (the work folder's progress logs, rebuilt from the objects)
+        in one compacted object, and the processes' own compacted objects deleted: the next run reads one object."""
+        progress = self.work / PROGRESS_DIR
+        lines = b"".join(path.read_bytes() for path in sorted(progress.glob("rank-*.jsonl")))
+        self.store.write(FINAL_COMPACTED, lines)
+        self.store.delete([name for name in self.store.listing(COMPACTED_DIR) if name != FINAL_COMPACTED])
 
     def _held_records(self) -> dict[str, bytes]:
         """Commit record name -> its line, for each line of the work folder's progress logs."""
@@ -285,7 +323,8 @@ class ObjectOut(FolderOut):
                              "grow it on disk and copy it again, or --overwrite to start over here")
         commits = [name for name in listed if committed_shard(name) is not None]
         failures = [name for name in listed if _FAILURE_LOG.fullmatch(name)]
-        held = held or {}
+        held = {**compacted_records(self.store, [name for name in listed if name.startswith(f"{COMPACTED_DIR}/")]),
+                **(held or {})}
         contents = self.store.read_many([name for name in commits if name not in held] + failures)
         contents.update((name, held[name]) for name in commits if name in held)
         logs: dict[int, list[bytes]] = {}
@@ -410,6 +449,26 @@ class ObjectOut(FolderOut):
         shutil.rmtree(self.work, ignore_errors=True)
 
 
+def compacted_records(store: ObjectStore, names: list[str]) -> dict[str, bytes]:
+    """Commit record name -> its line, from the compacted objects `names` (read side by side). One that does not
+    read as progress lines is skipped with a warning: its records are then fetched one by one."""
+    found: dict[str, bytes] = {}
+    for name, data in store.read_many(names).items():
+        lines: dict[str, bytes] = {}
+        try:
+            for line in data.splitlines(keepends=True):
+                if not line.startswith(_LINE_HEAD) or not line.endswith(b"\n"):
+                    raise OutputError("not a progress line")
+                shard, _ = progress_line_head(store.where(name), 0, line)  # type: ignore[arg-type]
+                lines[commit_name(str(shard["file"]).rsplit("/", 1)[-1])] = line
+        except (VaecacheError, ValueError, KeyError, TypeError) as exc:
+            log.warning("%s: not a compacted object of commit records (%s); its records are read one by one",
+                        store.where(name), exc)
+            continue
+        found.update(lines)
+    return found
+
+
 def check_object_out(store: ObjectStore) -> set[str]:
     """The bucket exists and OUT's prefix can be listed (one listing of OUT's top level; whether the bucket exists is
     asked side by side and its answer read only when that listing is empty), and OUT's URL holds a vaecache output
@@ -450,5 +509,5 @@ def _why_stray(name: str, listed: set[str] | None) -> str:
     return f"{name}: shard object without a commit record (a crash between the shard and its commit)"
 
 
-__all__ = ["COMMITS_DIR", "ObjectOut", "check_object_out", "commit_name", "committed_shard",
-           "disk_progress_logs", "stray_objects"]
+__all__ = ["COMMITS_DIR", "COMPACTED_DIR", "COMPACT_EVERY", "ObjectOut", "check_object_out", "commit_name",
+           "compacted_records", "committed_shard", "disk_progress_logs", "stray_objects"]
