@@ -9,10 +9,10 @@ interrupted multipart upload leaves no object). So, under OUT's URL:
   exists. The commit record's PUT runs while the writer goes on (one at a time); finalize waits for the last one
   before the manifest. A resume lists the commit records; every other shard object (a crash between the two PUTs)
   is a stray, deleted by the next encode or ``vaecache verify --repair``;
-- commit records are also gathered into *compacted* objects, so that a resume reads a few objects rather than one
-  per shard: each process PUTs ``progress/compacted/aAAA-rRRRRR-SSSSSS.jsonl`` (every record it committed so far,
-  in commit order) every COMPACT_EVERY commits, deleting its previous one, and finalize PUTs
-  ``progress/compacted/final.jsonl`` (every committed record) and deletes the others. The records stay the truth: a
+- commit records are also gathered into *compacted* objects, so that a resume reads one object per COMPACT_EVERY
+  shards rather than one per shard: each process PUTs ``progress/compacted/aAAA-rRRRRR-SSSSSS.jsonl`` (the records it
+  committed since its previous one, in commit order; named by the last) every COMPACT_EVERY commits, and finalize
+  PUTs ``progress/compacted/final.jsonl`` (every committed record) and deletes the others. The records stay the truth: a
   line of a compacted object counts only where its commit record is listed (a repair or a resume that dropped a
   record leaves its line behind, unused), and a compacted object that does not read is skipped, its records then
   fetched one by one;
@@ -75,7 +75,8 @@ COMMIT_SUFFIX = ".json"
 COMPACTED_DIR = f"{PROGRESS_DIR}/compacted"
 FINAL_COMPACTED = f"{COMPACTED_DIR}/final.jsonl"
 COMPACT_EVERY = 256
-"""Commits between a process's compacted objects: a resume GETs at most this many records per process beside them."""
+"""Commit records in one of a process's compacted objects: a resume GETs one object per this many of them, and at most
+this many - 1 records per process one by one."""
 _COMMIT_NAME = re.compile(r"a([0-9]{3,})-r([0-9]{5,})-([0-9]{6,})\.json")
 _FAILURE_LOG = re.compile(rf"{PROGRESS_DIR}/failures-rank-[0-9]{{5,}}\.jsonl")
 _DISK_LOG = re.compile(rf"{PROGRESS_DIR}/rank-[0-9]{{5,}}\.jsonl")
@@ -118,10 +119,8 @@ class ObjectOut(FolderOut):
         self._commit_put: Future[None] | None = None
         """The last commit record's PUT, under way (`commit`) until `settle`."""
         self.compact_every = COMPACT_EVERY
-        self._committed: list[bytes] = []
-        """This process's commit records (their lines), in commit order: what its compacted objects hold."""
-        self._compacted: str | None = None
-        """This process's last compacted object (deleted when the next one is there)."""
+        self._chunk: list[bytes] = []
+        """This process's commit records (their lines) since its last compacted object, in commit order."""
 
     def where(self, name: str = "") -> Url:
         return self.store.where(name)
@@ -196,20 +195,19 @@ class ObjectOut(FolderOut):
         if self._commit_puts is None:
             self._commit_puts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vaecache-commit")
         record, data = commit_name(file.rsplit("/", 1)[-1]), (line + "\n").encode()
-        self._committed.append(data)
-        due = len(self._committed) % self.compact_every == 0
-        self._commit_put = self._commit_puts.submit(self._put_commit, record, data, due)
+        self._chunk.append(data)
+        chunk = None
+        if len(self._chunk) >= self.compact_every:
+            chunk, self._chunk = self._chunk, []
+        self._commit_put = self._commit_puts.submit(self._put_commit, record, data, chunk)
 
-    def _put_commit(self, record: str, data: bytes, compact: bool) -> None:
-        """The commit record's PUT; with `compact`, then this process's compacted object of every record it committed
-        so far (after the record: it never holds a line whose record is not there), its previous one deleted."""
+    def _put_commit(self, record: str, data: bytes, chunk: list[bytes] | None) -> None:
+        """The commit record's PUT; with `chunk`, then the compacted object of the records since the previous one
+        (after the record: it never holds a line whose record is not there), named by this record."""
         self.store.write(record, data)
-        if compact:
-            name = f"{COMPACTED_DIR}/{record.rsplit('/', 1)[-1].removesuffix(COMMIT_SUFFIX)}.jsonl"
-            self.store.write(name, b"".join(self._committed[:self._committed.index(data) + 1]))
-            if self._compacted is not None:
-                self.store.delete([self._compacted])
-            self._compacted = name
+        if chunk:
+            self.store.write(f"{COMPACTED_DIR}/{record.rsplit('/', 1)[-1].removesuffix(COMMIT_SUFFIX)}.jsonl",
+                             b"".join(chunk))
 
     def settle(self) -> None:
         """Every commit record `commit` put under way is there (its PUT's error raised)."""
