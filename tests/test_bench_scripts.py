@@ -300,3 +300,12 @@ def test_bench_audio_prints_each_stage_beside_the_video_encode(capsys):
     assert set(result["seconds_per_clip"]) == {"audio_cut", "mel", "audio_encode", "video_encode"}
     assert all(value > 0 for value in result["seconds_per_clip"].values()) and result["sound_over_video"] > 0
     assert result["audio_latent_shape"][:2] == [1, 8] and result["machine"]["cores"] >= 1
+
+
+def test_bench_commits_counts_the_requests_a_resume_makes_per_way_of_storing_commit_records(capsys):
+    assert load_script("bench_commits").main(["--smoke"]) == 0
+    printed = printed_json(capsys)
+    gets = {run["mode"]: run["gets"] for run in printed["runs"]}
+    # 200 records: one GET each; compacted every 256 there is no compacted object yet; finalize's is one
+    assert gets == {"records only": 200, "crash-resume": 200, "finished": 1}
+    assert all(run["same_logs"] for run in printed["runs"]) and printed["machine"]["cores_usable"] >= 1
