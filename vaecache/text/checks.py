@@ -95,29 +95,14 @@ def _check_set(cache: Any, name: str, entry: Any, ids: list[str], quick: bool, c
             if key.endswith(POOLED_SUFFIX):
                 base = key[:-len(POOLED_SUFFIX)]
                 pooled_keys.add(base)
-                if shard_of.get(base) != file:
-                    check.fail(f"{store.where(file)}: holds the pooled output of prompt {base[:12]}, which its prompt "
-                               "table places elsewhere")
-                elif tensor.shape != (pooled_hidden,) or not tensor.isfinite().all():
-                    check.fail(f"{store.where(file)}: prompt {base[:12]}'s pooled output has shape "
-                               f"{tuple(tensor.shape)} (expected ({pooled_hidden},)) or non-finite values")
-                elif pooled_stats_of is not None and not _same_stats(tensor, pooled_stats_of.get(base)):
-                    check.fail(f"{store.where(file)}: prompt {base[:12]}'s pooled output does not match the stats its "
-                               "prompt table records (altered, or another prompt's)")
+                _check_beside(check, store.where(file), file, shard_of.get(base), base, "pooled output", tensor,
+                              (pooled_hidden,), pooled_stats_of)
                 continue
             if key.endswith(GLYPH_SUFFIX):
                 base = key[:-len(GLYPH_SUFFIX)]
                 glyph_keys.add(base)
-                expected = (glyph_tokens.get(base), glyph_hidden)
-                if shard_of.get(base) != file:
-                    check.fail(f"{store.where(file)}: holds the glyph rows of prompt {base[:12]}, which its prompt "
-                               "table places elsewhere")
-                elif tuple(tensor.shape) != expected or not tensor.isfinite().all():
-                    check.fail(f"{store.where(file)}: prompt {base[:12]}'s glyph rows have shape "
-                               f"{tuple(tensor.shape)} (expected {expected}) or non-finite values")
-                elif glyph_stats_of is not None and not _same_stats(tensor, glyph_stats_of.get(base)):
-                    check.fail(f"{store.where(file)}: prompt {base[:12]}'s glyph rows do not match the stats its "
-                               "prompt table records (altered, or another prompt's)")
+                _check_beside(check, store.where(file), file, shard_of.get(base), base, "glyph rows", tensor,
+                              (glyph_tokens.get(base), glyph_hidden), glyph_stats_of)
                 continue
             stored_keys.add(key)
             if shard_of.get(key) != file:
@@ -146,6 +131,20 @@ def _check_set(cache: Any, name: str, entry: Any, ids: list[str], quick: bool, c
         stored_captions = (dict(zip(clips.column("id").to_pylist(), clips.column("caption").to_pylist()))
                            if "caption" in clips.column_names else None)
         _check_links(cache, name, entry, key_of, texts, check, stored_captions)
+
+
+def _check_beside(check: Any, where: Any, file: str, placed: str | None, base: str, what: str, tensor: Any,
+                  expected: tuple[Any, ...], stats_of: dict[str, dict[str, float]] | None) -> None:
+    """A tensor stored beside a prompt's rows (its pooled output, its glyph rows): in the shard the prompt table
+    places the prompt in, of the `expected` shape, finite, and matching the stats the table records for it."""
+    if placed != file:
+        check.fail(f"{where}: holds the {what} of prompt {base[:12]}, which its prompt table places elsewhere")
+    elif tuple(tensor.shape) != expected or not tensor.isfinite().all():
+        check.fail(f"{where}: prompt {base[:12]}: {what} of shape {tuple(tensor.shape)} (expected {expected}) or "
+                   "with non-finite values")
+    elif stats_of is not None and not _same_stats(tensor, stats_of.get(base)):
+        check.fail(f"{where}: prompt {base[:12]}: {what} not matching the stats its prompt table records (altered, "
+                   "or another prompt's)")
 
 
 def _recorded_stats(prompts: Any, prefix: str, check: Any) -> dict[str, dict[str, float]] | None:
