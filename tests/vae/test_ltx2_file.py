@@ -149,3 +149,24 @@ def test_an_audio_vae_file_without_its_tensors_is_refused_before_any_video_is_re
     assert not (tmp_path / "out").exists()
     result = run_cli(["embed", tmp_path / "nothing", "--audio-vae", release / "audio_vae" / "config.json"])
     assert result.exit_code == 2 and "--audio-vae must be diffusers:PATH[#SUBFOLDER]" in result.output
+
+
+def test_a_timestep_conditioned_decoder_is_never_taken_for_ltx2s_with_or_without_the_vae_prefix() -> None:
+    """LTX-Video 0.9.5's VAE has LTX-2.0's encoder; its decoder's 0-dim timestep_scale_multiplier tells it apart,
+    whether the file's keys carry `vae.` or not."""
+    import diffusers
+
+    from tests.vae.original_layouts import ltx_original
+    from vaecache.vae.ltx2_file import video_config_name
+    from vaecache.vae.single_file import CONFIGS
+
+    config = json.loads((CONFIGS / "ltx-video-0.9.5_vae.json").read_text())
+    with torch.device("meta"):
+        module = diffusers.AutoencoderKLLTXVideo.from_config(config)
+    prefixed = {key: tuple(value.shape) for key, value in ltx_original(module.state_dict(), "0.9.5").items()}
+    assert prefixed["vae.decoder.timestep_scale_multiplier"] == ()
+    bare = {key.removeprefix("vae."): shape for key, shape in prefixed.items()}
+    assert video_config_name(prefixed) is None and video_config_name(bare) is None
+    without = {key: shape for key, shape in bare.items() if "timestep" not in key and "time_embedder" not in key
+               and "scale_shift_table" not in key}
+    assert video_config_name(without) == "ltx-2.0_vae.json"

@@ -52,8 +52,10 @@ VIDEO_PREFIX, AUDIO_PREFIX = "vae.", "audio_vae."
 
 
 def _shape(shapes: dict[str, Any], key: str) -> tuple[int, ...] | None:
-    found = shapes.get(f"{VIDEO_PREFIX}{key}") or shapes.get(key)
-    return tuple(found) if found else None
+    """The shape of `key` under `vae.` or bare, or None where the file has neither (a 0-dim tensor's shape is ())."""
+    found = shapes.get(f"{VIDEO_PREFIX}{key}")
+    found = shapes.get(key) if found is None else found
+    return tuple(found) if found is not None else None
 
 
 def video_config_name(shapes: dict[str, Any]) -> str | None:
@@ -65,8 +67,7 @@ def video_config_name(shapes: dict[str, Any]) -> str | None:
     if not last or len(last) < 2:
         return None
     fourth = _shape(shapes, "decoder.up_blocks.8.res_blocks.0.conv1.conv.weight") is not None
-    conditioned = _shape(shapes, "decoder.timestep_scale_multiplier") is not None or \
-        f"{VIDEO_PREFIX}decoder.timestep_scale_multiplier" in shapes
+    conditioned = _shape(shapes, "decoder.timestep_scale_multiplier") is not None
     if last[1] == 2048 and not fourth and not conditioned and \
             _shape(shapes, "decoder.up_blocks.6.res_blocks.0.conv1.conv.weight") is not None:
         return "ltx-2.0_vae.json"
