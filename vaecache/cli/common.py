@@ -23,7 +23,7 @@ from vaecache.errors import EXIT_FAILED, EXIT_INTERRUPTED, DatasetError, UsageEr
 
 F = TypeVar("F", bound=Callable[..., Any])
 console = Console(stderr=True, highlight=False, soft_wrap=True)
-QUIET_RANK_EXIT_DELAY_S = 2.0
+QUIET_RANK_EXIT_DELAY_S = 10.0  # rank 0 can still be importing torch on a loaded node; its exit ends the wait
 """How long a rank that leaves a usage error for rank 0 to print waits before it exits."""
 
 
