@@ -333,7 +333,8 @@ def _background_closes() -> bool:
     return "close" in vars(fsspec.caching.BackgroundBlockCache)
 
 
-def open_url(url: str, block_size: int | None = None, held: HeldObjects | None = None, sequential: bool = False) -> Any:
+def open_url(url: str, block_size: int | None = None, held: HeldObjects | None = None, sequential: bool = False,
+             planned: list[tuple[int, int]] | None = None, whole_if_small: bool = True) -> Any:
     """The object at `url` as a seekable binary file (what av.open takes): ranged GETs of `block_size` bytes
     (READ_BLOCK where not given) with read-ahead, so a reader of a tar's headers reads those, not the whole object.
     An object `held` holds is read from those bytes, without a request, and no longer held. With `sequential` (a
@@ -351,6 +352,12 @@ def open_url(url: str, block_size: int | None = None, held: HeldObjects | None =
             if handle.size == len(data):
                 return handle
             handle.close()  # listed at another size: read it from the store, which refuses a changed object
+        if planned is not None:
+            handle = fs.open(path, "rb", block_size=block_size, cache_type="none")  # nothing is read by opening
+            if not (whole_if_small and handle.size <= block_size):
+                handle.cache = PlannedReads(block_size, handle._fetch_range, handle.size, planned)
+                return handle
+            handle.close()
         handle = fs.open(path, "rb", block_size=block_size, cache_type="readahead")
         if (sequential and BLOCKS_KEPT and isinstance(getattr(handle, "cache", None), fsspec.caching.ReadAheadCache)
                 and handle.size > block_size and _background_closes()):  # nothing was read yet: no request lost
@@ -361,6 +368,98 @@ def open_url(url: str, block_size: int | None = None, held: HeldObjects | None =
         raise
     except Exception as exc:  # botocore's credential errors are no OSError
         raise OSError(storage_problem(exc)) from None
+
+
+PLANNED_READ_AHEAD = 16 << 10
+"""The least a PlannedReads fetches past a read outside its plan (the decoder's look-ahead past a clip's GOPs); more
+where the object's frames are larger (PlannedReads.read_ahead)."""
+
+
+class PlannedReads:
+    """The read cache (fsspec's interface: `_fetch`) of an object whose reader knows which bytes it will read: the
+    container's header and index (`planned` at open), then each clip's GOPs (`plan`, before the clip is decoded).
+
+    A read inside a planned range fetches the rest of that range, up to `blocksize` bytes per GET; a read outside
+    every planned range fetches `read_ahead` bytes past it. Fetched bytes are kept, at most BLOCKS_KEPT
+    blocks' worth, the oldest dropped first, so a clip decoded again, or the container reopened, reads no byte twice
+    while they last. `fetches` counts the GETs and `fetched_bytes` their bytes."""
+
+    name = "vaecache-planned"
+
+    def __init__(self, blocksize: int, fetcher: Any, size: int, planned: Collection[tuple[int, int]] = ()) -> None:
+        self.blocksize, self.fetcher, self.size = blocksize, fetcher, size
+        self.hit_count = self.miss_count = self.fetches = self.fetched_bytes = 0
+        self.read_ahead = PLANNED_READ_AHEAD
+        """Bytes fetched past a read outside the plan (at least)."""
+        self._planned: list[tuple[int, int]] = []
+        self._pieces: list[tuple[int, bytes]] = []  # (start, bytes), sorted by start, never overlapping
+        self._order: list[int] = []  # piece starts, oldest first
+        self._kept = 0
+        for start, end in planned:
+            self.plan(start, end)
+
+    def plan(self, start: int, end: int) -> None:
+        """Bytes [start, end) will be read."""
+        from vaecache.video.timeline import merged
+
+        self._planned = merged([*self._planned, (max(0, start), min(self.size, end))])
+
+    def _fetch(self, start: int | None, stop: int | None) -> bytes:
+        import bisect
+
+        start = 0 if start is None else start
+        stop = self.size if stop is None else min(stop, self.size)
+        if start >= stop:
+            return b""
+        out = bytearray()
+        position = start
+        missed = False
+        while position < stop:
+            index = bisect.bisect_right(self._pieces, position, key=lambda piece: piece[0]) - 1
+            if index >= 0 and position < self._pieces[index][0] + len(self._pieces[index][1]):
+                piece_start, data = self._pieces[index]
+                take = data[position - piece_start: stop - piece_start]
+                out += take
+                position += len(take)
+                continue
+            missed = True
+            following = self._pieces[index + 1][0] if index + 1 < len(self._pieces) else self.size
+            end = self._fetch_end(position, stop, following)
+            data = self.fetcher(position, end)
+            if not data:
+                break
+            self.fetches += 1
+            self.fetched_bytes += len(data)
+            self._keep(position, data)
+        self.miss_count += missed
+        self.hit_count += not missed
+        return bytes(out)
+
+    def _fetch_end(self, position: int, stop: int, following: int) -> int:
+        """Where a GET from `position` ends: the planned range's end (a block at most), or a read-ahead past `stop`;
+        never past the next kept piece."""
+        import bisect
+
+        index = bisect.bisect_right(self._planned, position, key=lambda part: part[0]) - 1
+        if index >= 0 and position < self._planned[index][1]:
+            end = max(stop, min(self._planned[index][1], position + self.blocksize))
+        else:
+            end = max(stop, position + self.read_ahead)
+        return min(end, following, self.size)
+
+    def _keep(self, start: int, data: bytes) -> None:
+        import bisect
+
+        bisect.insort(self._pieces, (start, data), key=lambda piece: piece[0])
+        self._order.append(start)
+        self._kept += len(data)
+        while self._kept > BLOCKS_KEPT * self.blocksize and len(self._order) > 1:
+            oldest = self._order.pop(0)
+            index = bisect.bisect_left(self._pieces, oldest, key=lambda piece: piece[0])
+            self._kept -= len(self._pieces.pop(index)[1])
+
+    def _log_stats(self) -> str:
+        return f" , {self.name}: {self.fetches} GETs, {self.fetched_bytes} bytes"
 
 
 def whole_object(handle: Any) -> bytes | None:

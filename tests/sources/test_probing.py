@@ -18,6 +18,7 @@ from vaecache.errors import DatasetError
 from vaecache.sources import probing as sources
 from vaecache.sources.discover import discover_scenes
 from vaecache.sources.probing import probe_scene
+from vaecache.video.reader import VideoReader
 
 PLAN_ARGS = ("--vae", "builtin:tiny", "--num-frames", "9", "--size", "64x64", "--no-measure")
 
@@ -51,9 +52,12 @@ def test_index_records_what_probing_finds_per_camera_sorted_by_scene(demo_data: 
         probe = probe_scene(scene)
         for camera, path, rotation in zip(scene.cameras, scene.paths, probe.rotations):
             stat = os.stat(path)
+            with VideoReader(path) as reader:
+                timeline = reader.timeline.to_json()  # the frame index a decode worker seeks by without demuxing
+            assert timeline["pts"] == [0, 1024, 17]  # constant frame rate: an affine rule, not a list
             assert line["probe"][camera] == {"frames": 17, "fps": 10.0, "width": 64, "height": 64, "codec": "h264",
                                              "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "rotation": rotation,
-                                             "start_ns": 0, "end_ns": 1_600_000_000}
+                                             "start_ns": 0, "end_ns": 1_600_000_000, "timeline": timeline}
     assert sorted(p.name for p in demo_index.parent.iterdir()) == ["index.jsonl"]  # nothing rejected: no file
 
 

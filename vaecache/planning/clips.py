@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from vaecache.settings.clip import SyncConfig
     from vaecache.sources.scene import FrameMetadata, Listing, Scene, SceneProbe
     from vaecache.video.frames import FrameList
+    from vaecache.video.timeline import Timeline
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,9 @@ class Clip:
     sync: SyncConfig | None = None
     """With --sync timestamps (reference resolved): `frames` are the reference camera's, and every other camera
     takes its frames nearest their times (vaecache.video.sync). None: every camera uses `frames`."""
+    timelines: tuple[Timeline | None, ...] = ()
+    """Per camera, the frame index its probe recorded (vaecache.video.timeline): its reader demuxes nothing to
+    seek, and reads only the clip's bytes of an object at a URL. Empty: none recorded."""
 
     @property
     def frame_metadata(self) -> FrameMetadata | None:
@@ -118,7 +122,8 @@ def plan_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling:
 
     With `sizes` ((H, W) buckets) every clip carries its Bucket: the scene's size is the one nearest in log
     aspect to its cameras' displayed sizes (buckets.nearest_size), its lengths those scene_lengths gives."""
-    usable: list[tuple[Scene, int, float, tuple[tuple[int, int, int], ...], tuple[tuple[int, int], ...]]] = []
+    usable: list[tuple[Scene, int, float, tuple[tuple[int, int, int], ...], tuple[tuple[int, int], ...],
+                       tuple[Timeline | None, ...]]] = []
     counts, stops, size_index = array("q"), array("q"), array("H")
     skipped: list[Skipped] = []
     shared: dict[Any, Any] = {}  # per camera geometry: (expect, displayed, size index)
@@ -169,7 +174,8 @@ def plan_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling:
                                    frame_budget_problem(camera.width, camera.height, sampling.max_frame_pixels),
                                    scene.cameras[geometry[3]]))
             continue
-        usable.append((scene, start, fps, geometry[0], geometry[1]))
+        timelines = tuple(c.timeline for c in cameras) if any(c.timeline is not None for c in cameras) else ()
+        usable.append((scene, start, fps, geometry[0], geometry[1], timelines))
         counts.append(count)
         stops.append(stop)
         size_index.append(geometry[2])
@@ -394,7 +400,7 @@ class PlannedClips(Sequence[Clip]):
         return sum(self.scene_at(p)[1] * len(scene.cameras) for p, (scene, *_) in enumerate(self._scenes))
 
     def _scene_clips(self, position: int) -> list[Clip]:
-        scene, start, fps, expect, displayed = self._scenes[position]
+        scene, start, fps, expect, displayed, timelines = self._scenes[position]
         identity = tuple((probe.size, probe.mtime_ns) for probe in scene.probed) if scene.probed else ()
         flags = self._done_flags
         at = self._planned_ends[position] - self._window_counts[position]
@@ -410,7 +416,7 @@ class PlannedClips(Sequence[Clip]):
                 clips.append(Clip(clip_id_for(scene.scene_id, frames), scene.scene_id, scene.cameras,
                                   scene.paths, frames, fps, expect, bucket,  # type: ignore[arg-type]  # no None path
                                   displayed if bucket is not None else (), scene.metadata, identity,
-                                  scene.listing, scene.frame_rate, sync))
+                                  scene.listing, scene.frame_rate, sync, timelines))
             at += count
         return clips
 

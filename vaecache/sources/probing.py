@@ -56,7 +56,8 @@ def probe_file(path: str | FrameList, frame_rate: float | None = None, held: Hel
             raise VideoDecodeError(name, f"the stream reports a {width}x{height} frame size at {fps:g} fps "
                                          "(damaged or truncated?)")
         return CameraProbe(len(reader), fps, width, height, reader.codec, identity[0], identity[1], reader.rotation,
-                           times[0] if times else None, times[-1] if times else None)
+                           times[0] if times else None, times[-1] if times else None,
+                           reader.timeline if isinstance(reader, VideoReader) else None)
 
 
 def probe_scene(scene: Scene, sync: SyncConfig = FRAME_SYNC) -> SceneProbe:

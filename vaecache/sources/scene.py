@@ -16,12 +16,13 @@ from vaecache.cache.layout import id_problem
 from vaecache.errors import DatasetError, UsageError
 from vaecache.settings.clip import SyncConfig
 from vaecache.video.frames import FrameList
+from vaecache.video.timeline import Timeline
 
 PROBE_FIELDS: dict[str, type | tuple[type, ...]] = {
     "frames": int, "fps": (int, float), "width": int, "height": int, "codec": str, "size": int, "mtime_ns": int,
-    "rotation": int, "start_ns": int, "end_ns": int}
+    "rotation": int, "start_ns": int, "end_ns": int, "timeline": dict}
 """What `vaecache index` records per camera, and the JSON type of each (see CameraProbe)."""
-_OPTIONAL_PROBE_FIELDS = {"rotation": 0, "start_ns": None, "end_ns": None}
+_OPTIONAL_PROBE_FIELDS = {"rotation": 0, "start_ns": None, "end_ns": None, "timeline": None}
 
 SINGLE_CAMERA = "video"
 """The camera name of a scene that is one video (a folder of videos, a "path" index line) unless --cameras names it."""
@@ -49,6 +50,10 @@ class CameraProbe:
     it tells `--sync timestamps` where the cameras of a scene overlap. None: the camera has no frame times."""
     end_ns: int | None = None
     """The last frame's time in ns."""
+    timeline: Timeline | None = None
+    """The video's frame index (vaecache.video.timeline): a reader opened with it demuxes nothing to seek, and reads
+    only a clip's bytes of an object at a URL. None: an image sequence, a video read by a straight decode, or a
+    probe recorded before timelines were (its reader indexes the video by demuxing it, as then)."""
 
     def __post_init__(self) -> None:
         if (self.frames < 1 or not 0 <= self.fps < math.inf or self.width < 1 or self.height < 1 or self.size < 1
@@ -62,6 +67,8 @@ class CameraProbe:
                  "codec": self.codec, "size": self.size, "mtime_ns": self.mtime_ns, "rotation": self.rotation}
         if self.start_ns is not None:
             found["start_ns"], found["end_ns"] = self.start_ns, self.end_ns
+        if self.timeline is not None:
+            found["timeline"] = self.timeline.to_json()
         return found
 
     @classmethod
@@ -76,13 +83,15 @@ class CameraProbe:
             rotation = raw.get("rotation", 0)
             start_ns, end_ns = raw.get("start_ns"), raw.get("end_ns")
             timed = type(start_ns) is type(end_ns) is int
+            timeline = raw.get("timeline")
             if (type(frames) is type(width) is type(height) is type(size) is type(mtime_ns) is type(rotation) is int
                     and type(fps) in (float, int) and type(codec) is str
-                    and len(raw) == 7 + ("rotation" in raw) + 2 * timed  # nothing unknown, both times or neither
+                    and len(raw) == 7 + ("rotation" in raw) + 2 * timed + ("timeline" in raw)  # nothing unknown
                     and frames > 0 and 0 <= fps < math.inf and width > 0 and height > 0 and size > 0
                     and not rotation % 90 and (not timed or end_ns >= start_ns)):
                 return _new_camera_probe(frames, float(fps), width, height, sys.intern(codec), size, mtime_ns, rotation,
-                                         start_ns if timed else None, end_ns if timed else None)
+                                         start_ns if timed else None, end_ns if timed else None,
+                                         Timeline.from_json(timeline, where) if timeline is not None else None)
         except KeyError:
             pass
         for name, kind in PROBE_FIELDS.items():
@@ -100,7 +109,8 @@ class CameraProbe:
                                f"(known: {', '.join(PROBE_FIELDS)})")
         try:
             return cls(raw["frames"], float(raw["fps"]), raw["width"], raw["height"], raw["codec"], raw["size"],
-                       raw["mtime_ns"], raw.get("rotation", 0), raw.get("start_ns"), raw.get("end_ns"))
+                       raw["mtime_ns"], raw.get("rotation", 0), raw.get("start_ns"), raw.get("end_ns"),
+                       Timeline.from_json(raw["timeline"], where) if "timeline" in raw else None)
         except DatasetError:
             raise DatasetError(f"{where}: probe values out of range (frames, width, height and size must be "
                                f"positive, fps finite and >= 0, rotation a multiple of 90, start_ns <= end_ns, both "

@@ -22,6 +22,7 @@ from vaecache.video.reader import VideoReader
 from vaecache.video.resize import resize_fit, to_model_range
 from vaecache.video.spans import adopt_readers
 from vaecache.video.sync import synchronized_frames
+from vaecache.video.timeline import Timeline
 
 Reader = VideoReader | ForeignReader | FrameSequence
 
@@ -39,12 +40,14 @@ class ViewDecoder:
         self._readers: OrderedDict[str, Reader] = OrderedDict()
         self._cache_size = cache_size
 
-    def _reader(self, path: str | FrameList, fps: float | None = None) -> Reader:
-        """The open reader of a camera source (a path, or a FrameList named by its key)."""
+    def _reader(self, path: str | FrameList, fps: float | None = None, timeline: Timeline | None = None,
+                clip_frames: int | None = None) -> Reader:
+        """The open reader of a camera source (a path, or a FrameList named by its key); one opened here gets the
+        source's `timeline` and `clip_frames` (open_camera)."""
         key = path.key if isinstance(path, FrameList) else path
         reader = self._readers.pop(key, None)
         if reader is None:
-            reader = open_camera(path, self.backend, self.max_pixels, fps, self.held)
+            reader = open_camera(path, self.backend, self.max_pixels, fps, self.held, timeline, clip_frames)
         self._readers[key] = reader
         while len(self._readers) > self._cache_size:
             self._readers.popitem(last=False)[1].close()
@@ -63,15 +66,16 @@ class ViewDecoder:
         """The reader of a camera source, opened once and kept among the last few."""
         return self._reader(path, fps)
 
-    def open_ahead(self, sources: Sequence[tuple[Any, tuple[int, int] | None, float | None]]) -> None:
-        """Open the videos at URLs among `sources` ((source, identity or None, fps)) side by side, then keep them as
+    def open_ahead(self, sources: Sequence[tuple[Any, ...]]) -> None:
+        """Open the videos at URLs among `sources` ((source, identity or None, fps[, timeline or None, clip frames]))
+        side by side, then keep them as
         `opened` does: each costs a store's round trips (a HEAD for its changed-file check, ranged GETs for its
         header), which one camera after another would add up. A source whose check or open fails here is left for
         `check` to refuse, naming the problem, exactly as without this."""
-        todo: dict[str, tuple[tuple[int, int] | None, float | None]] = {}
-        for source, identity, fps in sources:
+        todo: dict[str, tuple[tuple[int, int] | None, float | None, Timeline | None, int | None]] = {}
+        for source, identity, fps, *rest in sources:
             if isinstance(source, str) and is_url(source) and source not in self._readers and source not in todo:
-                todo[source] = (identity, fps)
+                todo[source] = (identity, fps, *rest, None, None)[:4]  # type: ignore[assignment]
         todo = dict(list(todo.items())[: self._cache_size])
         if len(todo) < 2:
             return
@@ -81,7 +85,7 @@ class ViewDecoder:
         def open_one(source: str) -> Reader | None:
             openers.add(threading.get_ident())
             try:
-                return open_camera(source, self.backend, self.max_pixels, todo[source][1], self.held)
+                return open_camera(source, self.backend, self.max_pixels, todo[source][1], self.held, *todo[source][2:])
             except Exception:  # refused again, by name, when `check` opens it
                 return None
 
@@ -124,18 +128,20 @@ class ViewDecoder:
             raise
 
     def check(self, path: str | FrameList, expect: tuple[int, int, int] | None = None,
-              identity: tuple[int, int] | None = None, fps: float | None = None) -> None:
+              identity: tuple[int, int] | None = None, fps: float | None = None, timeline: Timeline | None = None,
+              clip_frames: int | None = None) -> None:
         """Open `path` (VideoDecodeError when it cannot be, or its frames exceed the budget), and refuse it unless
         it has `expect` = (frames, width, height) as planned and, where an index recorded it, `identity` =
         (size, mtime_ns): a file rewritten since it was probed is refused, even with the same frame count and size:
         before it is opened, or, for a whole object at a URL, by the request that opens it, before a frame is decoded
-        (so that its check costs no request of its own)."""
+        (so that its check costs no request of its own). A reader opened here gets `timeline` and `clip_frames`
+        (open_camera)."""
         key = path.key if isinstance(path, FrameList) else path
         judge = identity if key not in self._readers and not isinstance(path, FrameList) else None
         if judge is not None and not identity_on_open(path):
             check_identity(path, *judge)  # type: ignore[arg-type]  # not a FrameList here
         try:
-            reader = self._reader(path, fps)
+            reader = self._reader(path, fps, timeline, clip_frames)
             if _changed(judge, reader):
                 raise_changed(path, judge, reader.opened_identity)  # type: ignore[arg-type,union-attr]
             if expect is not None:
@@ -243,7 +249,8 @@ class ViewBatchDataset(torch.utils.data.Dataset):
             raise _Condemned(path, self._condemned[path])
         try:
             self._decoder.check(clip.source(camera), clip.expect[camera] if clip.expect else None,
-                                clip.identity[camera] if clip.identity else None, clip.frame_rate)
+                                clip.identity[camera] if clip.identity else None, clip.frame_rate,
+                                *_timeline_of(clip, camera))
         except VideoDecodeError as exc:
             self._condemned[path] = exc.reason
             raise _Condemned(exc.path, exc.reason) from None
@@ -277,7 +284,7 @@ class ViewBatchDataset(torch.utils.data.Dataset):
         # sources, which imports this module)
         views = [(clip_index, camera) for clip_index, clip in enumerate(batch) for camera in range(len(clip.cameras))]
         self._decoder.open_ahead([(batch[clip].source(camera), batch[clip].identity[camera] if batch[clip].identity
-                                   else None, batch[clip].frame_rate)
+                                   else None, batch[clip].frame_rate, *_timeline_of(batch[clip], camera))
                                   for clip, camera in (views[view] for view in self.view_indices[index])
                                   if batch[clip].paths[camera] not in self._condemned])
         decoded: dict[int, torch.Tensor] = {}  # a view listed twice (SP padding) is decoded once
@@ -313,6 +320,12 @@ class ViewBatchDataset(torch.utils.data.Dataset):
         if self.held is not None:
             self.held.keep_only(())  # what this process was held for its first batch, used or not, let go
         return {"index": index, "views": stacked, "errors": errors, "readings": readings}
+
+
+def _timeline_of(clip: Any, camera: int) -> tuple[Timeline | None, int]:
+    """A clip's camera's timeline (None where its probe recorded none) and the frames the clip spans."""
+    timelines = getattr(clip, "timelines", ())
+    return (timelines[camera] if timelines else None), clip.frames[-1] - clip.frames[0] + 1
 
 
 def with_clip_metadata(clip: Any, found: dict[str, Any]) -> dict[str, Any]:

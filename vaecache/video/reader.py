@@ -21,7 +21,6 @@ from __future__ import annotations
 import bisect
 import errno
 import itertools
-from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -32,9 +31,10 @@ from av.video.reformatter import VideoReformatter
 
 from vaecache.errors import FrameBudgetError, VideoDecodeError, first_line
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS, frame_budget_problem
-from vaecache.urls import HeldObjects, is_url, mtime_ns, open_url, whole_object
+from vaecache.urls import PLANNED_READ_AHEAD, HeldObjects, PlannedReads, is_url, mtime_ns, open_url, whole_object
 from vaecache.video.frames import checked_request
 from vaecache.video.members import member_of, open_member
+from vaecache.video.timeline import Keyframe, Timeline, gop_bytes, merged
 
 DECODER = "pyav-pts/1"
 """Names this way of decoding in the run fingerprint (vaecache 0.1.0 caches decoded with decord)."""
@@ -42,36 +42,37 @@ EVEN_SPACING_TOLERANCE = 0.5
 """A clip's frame intervals may differ from their mean by at most this fraction of the video's frame duration."""
 
 
-@dataclass(frozen=True)
-class _Keyframe:
-    position: int
-    """Index of the keyframe in presentation order (its frame number)."""
-    seek_ts: int
-    """Timestamp to seek to (dts where known: the demuxers index by it)."""
-    pts: int
-
-
 class VideoReader:
     """One video file, read frame-exactly with PyAV; consecutive reads continue forward without seeking."""
 
     def __init__(self, path: str, threads: int = 0, max_pixels: int | None = None,
-                 held: HeldObjects | None = None) -> None:
+                 held: HeldObjects | None = None, timeline: Timeline | None = None,
+                 clip_frames: int | None = None) -> None:
         """`max_pixels`: refuse (VideoDecodeError) a stream of larger frames before decoding anything; None checks
         only where opening must decode (a file without timestamps is counted frame by frame) against the
         default budget: probing a file reads its packets, never its pixels. An object at a URL that `held` holds is
-        read from its bytes (urls.HeldObjects)."""
+        read from its bytes (urls.HeldObjects).
+
+        `timeline`: the video's frame index as its probe recorded it (vaecache.video.timeline): no packet is demuxed
+        to find the frames, and an object at a URL is read in ranges, its container's header and index and then
+        each clip's GOPs, where it is larger than one read-ahead block or holds RANGED_MIN_CLIPS clips of
+        `clip_frames` frames (a smaller one is read whole by its first GET, as without a timeline)."""
         self.path = path
         self._threads = threads
         self._max_pixels = max_pixels
         self._member = member_of(path)  # a video inside a tar (a WebDataset shard), read in place
         self._member_file: Any = None
         self._url_file: Any = None
+        self._head: list[tuple[int, int]] = []
+        self._ranged = False
+        self._span_end: int | None = None
         if self._member is None and is_url(path):
-            self._url_file = _open_object(path, held)  # its size comes with it: no request of its own
+            self._url_file = _open_object(path, held, timeline, clip_frames)  # its size comes with it
+            self._ranged = isinstance(getattr(self._url_file, "cache", None), PlannedReads)
         elif self._member is None:
             _check_file(path)
         try:
-            self._container = self._open()
+            self._container = self._open(record=self._url_file is not None and timeline is None)
         except PermissionError:
             self.close()
             raise VideoDecodeError(path, "permission denied") from None
@@ -97,14 +98,18 @@ class VideoReader:
         self._next_index = 0
         self._from_start = True
         self._count = 0
+        self._timeline = timeline
         try:
-            self._pts, self._keyframes = self._index()
-            self.sequential = self._pts is None
-            if self.sequential:
-                self._count_sequentially()
-            if len(self) == 0:
-                raise VideoDecodeError(path, "video has no frames")
-            self.rotation = self._read_rotation()
+            if timeline is not None:
+                self._from_timeline(timeline)
+            else:
+                self._pts, self._keyframes = self._index()
+                self.sequential = self._pts is None
+                if self.sequential:
+                    self._count_sequentially()
+                if len(self) == 0:
+                    raise VideoDecodeError(path, "video has no frames")
+                self.rotation = self._read_rotation()
         except av.FFmpegError as exc:
             self.close()
             raise VideoDecodeError(path, f"not a readable video ({first_line(exc, 200)})") from None
@@ -114,23 +119,54 @@ class VideoReader:
 
     # ------------------------------------------------------------------ index
 
-    def _index(self) -> tuple[list[int] | None, list[_Keyframe]]:
-        """Presentation-ordered pts of every shown frame and the keyframes, from packets alone.
+    def _from_timeline(self, timeline: Timeline) -> None:
+        """The frame index from the probe's timeline: nothing demuxed, nothing decoded."""
+        try:
+            self._pts, self._keyframes = timeline.pts(), timeline.keyframes()
+        except ValueError as exc:
+            raise VideoDecodeError(self.path, f"its recorded frame index is damaged ({exc}); run `vaecache index` "
+                                              "again") from None
+        self.sequential = False
+        self.rotation = timeline.rotation
+        if self._ranged:  # past a clip's GOPs the decoder looks ahead a few frames: about 8 frames' bytes
+            cache = self._url_file.cache
+            cache.read_ahead = min(cache.blocksize, max(PLANNED_READ_AHEAD, 8 * cache.size // len(self._pts)))
+
+    def _index(self) -> tuple[list[int] | None, list[Keyframe]]:
+        """Presentation-ordered pts of every shown frame and the keyframes, from packets alone; each keyframe with
+        its GOP's bytes where the container gives packet positions (timeline.Keyframe).
 
         Packets flagged discard (before an edit list's start) are never shown, so they are not frames."""
         entries = []
         for packet in self._container.demux(self._stream):
             if packet.size == 0 or packet.is_discard:
                 continue
-            entries.append((packet.pts, packet.dts, packet.is_keyframe))
+            entries.append((packet.pts, packet.dts, packet.is_keyframe, packet.pos, packet.size))
         pts = [entry[0] for entry in entries]
         if any(p is None for p in pts) or len(set(pts)) != len(pts):
             return None, []
         ordered = sorted(pts)
         position = {p: i for i, p in enumerate(ordered)}
-        keyframes = sorted((_Keyframe(position[p], d if d is not None else p, p) for p, d, key in entries if key),
-                           key=lambda k: k.position)
+        starts = sorted((position[p], d if d is not None else p, p, pos if pos is not None and pos >= 0 else -1)
+                        for p, d, key, pos, _ in entries if key)
+        frames = [start[0] for start in starts]
+        ends = [-1] * len(starts)
+        if frames and all(start[3] >= 0 for start in starts) and all(e[3] is not None and e[3] >= 0 for e in entries):
+            for p, _, _, pos, size in entries:  # a frame's bytes belong to the GOP it is shown in
+                gop = bisect.bisect_right(frames, position[p]) - 1
+                if gop >= 0:
+                    ends[gop] = max(ends[gop], pos + size)
+        keyframes = [Keyframe(frame, seek_ts, p, pos if ends[i] > pos >= 0 else -1, ends[i] if ends[i] > pos >= 0
+                              else -1) for i, (frame, seek_ts, p, pos) in enumerate(starts)]
         return ordered, keyframes
+
+    @property
+    def timeline(self) -> Timeline | None:
+        """This video's frame index for its probe (vaecache.video.timeline), with the byte ranges opening it read
+        (an object at a URL); None for a video read by a straight decode (no usable timestamps)."""
+        if self._timeline is None and not self.sequential and self._pts is not None:
+            self._timeline = Timeline.build(self._pts, self._keyframes, self._head, self.rotation)
+        return self._timeline if not self.sequential else None
 
     def _check_budget(self, max_pixels: int) -> None:
         problem = frame_budget_problem(*self.frame_size, max_pixels)
@@ -244,11 +280,18 @@ class VideoReader:
         self._stream.thread_type = "AUTO"
         self._stream.thread_count = self._threads
 
-    def _open(self) -> Any:
-        """A new container on the file (or the tar member's bytes)."""
+    def _open(self, record: bool = False) -> Any:
+        """A new container on the file (or the tar member's bytes). With `record` (an object at a URL), the byte
+        ranges opening it reads are kept for its timeline."""
         if self._member is None and is_url(self.path):
             self._url_file.seek(0)  # a restart reads the object again from its start: the read-ahead may hold it
-            return av.open(self._url_file)
+            if not record:
+                return av.open(self._url_file, buffer_size=URL_IO_BUFFER)
+            recorder = _RecordingReads(self._url_file)
+            container = av.open(recorder, buffer_size=URL_IO_BUFFER)
+            recorder.recording = False
+            self._head = merged(recorder.ranges)
+            return container
         if self._member is None:
             return av.open(self.path)
         if self._member_file is not None:
@@ -302,6 +345,8 @@ class VideoReader:
     def read(self, frames: Sequence[int]) -> np.ndarray:
         """(T, H, W, 3) uint8 RGB of the given frame numbers (ascending), upright."""
         frames = self.check_request(frames)
+        if self._ranged:
+            self._plan_bytes(frames)
         try:
             array = self._read_sequential(frames) if self.sequential else self._read_by_pts(frames)
         except av.FFmpegError as exc:
@@ -315,6 +360,14 @@ class VideoReader:
         if self.rotation:
             array = np.ascontiguousarray(np.rot90(array, k=self.rotation // 90, axes=(1, 2)))
         return array
+
+    def _plan_bytes(self, frames: list[int]) -> None:
+        """Tell the ranged reads of an object at a URL the bytes this read decodes (timeline.gop_bytes): fetched in
+        GETs of up to a read-ahead block, the read-ahead past them small."""
+        span = gop_bytes(self._keyframes, frames[0], frames[-1])
+        self._span_end = span[1] if span is not None else None
+        if span is not None:
+            self._url_file.cache.plan(*span)
 
     def _read_by_pts(self, frames: list[int]) -> np.ndarray:
         assert self._pts is not None
@@ -362,14 +415,14 @@ class VideoReader:
         """Whether a keyframe lies between the decoder's position and frame `index` (seeking is then cheaper)."""
         assert self._pts is not None
         current = 0 if self._last_pts is None else bisect.bisect_right(self._pts, self._last_pts)
-        return any(current < key.position <= index for key in self._keyframes)
+        return any(current < key.frame <= index for key in self._keyframes)
 
     def _seek_before(self, index: int) -> None:
         """Position the decoder on a keyframe at or before frame `index`, checked on the first packet it reads.
 
         Demuxers seek by their own index (dts, cues, or a faulty AVI index) and may land after the target;
         then an earlier keyframe is tried, and in the end a fresh decode from the start."""
-        candidates = [key for key in self._keyframes if key.position <= index]
+        candidates = [key for key in self._keyframes if key.frame <= index]
         for key in reversed(candidates[-3:]):
             try:
                 self._container.seek(key.seek_ts, stream=self._stream, backward=True)
@@ -381,7 +434,10 @@ class VideoReader:
             if first is None or first.pts is None or not first.is_keyframe:
                 continue
             landed = bisect.bisect_left(self._pts, first.pts)  # type: ignore[arg-type]
-            if landed < len(self._pts) and self._pts[landed] == first.pts and landed <= key.position:  # type: ignore[index]
+            if landed < len(self._pts) and self._pts[landed] == first.pts and landed <= key.frame:  # type: ignore[index]
+                if self._ranged and first.pos is not None and first.pos >= 0 and self._span_end is not None:
+                    # a demuxer may land on an earlier keyframe (mov seeks to a sync sample before an open GOP's)
+                    self._url_file.cache.plan(first.pos, self._span_end)
                 self._frames = self._decode_packets(first, packets)
                 self._last_pts = None
                 self._from_start = False
@@ -449,11 +505,28 @@ def _read_problem(exc: OSError, doing: str) -> str:
     return f"{doing} ({first_line(exc, 200)})"
 
 
-def _open_object(path: str, held: HeldObjects | None = None) -> Any:
+URL_IO_BUFFER = 4 << 10
+"""Bytes FFmpeg asks of an object at a URL per read: what opening it reads (its timeline's `head`) and how far a seek
+may be read through instead of jumped over are multiples of it (PyAV's default, 32 KiB, read eight times as much of
+a clip's surroundings; the bytes come from vaecache's read cache, not one GET each)."""
+RANGED_MIN_CLIPS = 8
+"""A video at a URL with a timeline that holds at least this many clips is read in ranges however small it is (a
+decode worker reads its clip's GOPs, not the object); a smaller one with fewer is read whole by its first GET."""
+
+
+def _open_object(path: str, held: HeldObjects | None = None, timeline: Timeline | None = None,
+                 clip_frames: int | None = None) -> Any:
     """An object in object storage opened for ranged reads, checked there and not empty (VideoDecodeError naming it
-    otherwise)."""
+    otherwise). With a timeline that has byte ranges, its reads are planned (urls.PlannedReads: the container's
+    header and index, then each clip's GOPs); without, read ahead from front to back."""
+    plan: list[tuple[int, int]] | None = None
+    whole_if_small = True
+    if timeline is not None and timeline.has_bytes:
+        plan = list(timeline.head)
+        count = timeline.frame_count()
+        whole_if_small = not (clip_frames and count and count >= RANGED_MIN_CLIPS * clip_frames)
     try:
-        handle = open_url(path, held=held, sequential=True)
+        handle = open_url(path, held=held, sequential=plan is None, planned=plan, whole_if_small=whole_if_small)
     except FileNotFoundError:
         raise VideoDecodeError(path, "no such object") from None
     except IsADirectoryError:
@@ -464,6 +537,34 @@ def _open_object(path: str, held: HeldObjects | None = None) -> Any:
         handle.close()
         raise VideoDecodeError(path, "empty object (0 bytes)")
     return handle
+
+
+class _RecordingReads:
+    """A file whose reads are kept as byte ranges while `recording` (what opening a container reads)."""
+
+    def __init__(self, file: Any) -> None:
+        self._file = file
+        self.recording = True
+        self.ranges: list[tuple[int, int]] = []
+
+    def read(self, size: int = -1) -> bytes:
+        start = self._file.tell()
+        data = self._file.read(size)
+        if self.recording and data:
+            self.ranges.append((start, start + len(data)))
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
 
 
 def _check_file(path: str) -> None:
