@@ -4,6 +4,7 @@ on resume, and a bad object is a skipped input naming its URL."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -321,3 +322,38 @@ def test_an_object_changed_after_the_listing_is_not_read_as_the_listed_one(s3, d
     assert url_stat(video) == listed  # identity as listed: the run plans from one consistent view
     with pytest.raises(VideoDecodeError, match="scene_000/cam_0.mp4: changed since it was listed"):
         VideoReader(video)  # S3 answers the read on the listed ETag with 412: never the other bytes
+
+
+def test_a_long_video_at_a_url_is_read_in_ranges_and_encodes_like_the_file_on_disk(s3, s3_endpoint: str,
+                                                                                    tmp_path: Path,
+                                                                                    monkeypatch: pytest.MonkeyPatch
+                                                                                    ) -> None:
+    """One 480-frame video holding 53 clips of 9 frames, indexed (`vaecache index` records its timeline: the bytes
+    opening it reads, its keyframes and their GOPs' bytes): the encode of the index opens nothing to probe, its decode
+    worker reads ranges of the object (its header and index, then each batch's GOPs), and the latents are those of
+    the same file on disk, bit for bit."""
+    from tests.s3 import StoreProxy
+    from tests.videos import LAYOUTS, write_video
+
+    local = tmp_path / "data"
+    local.mkdir()
+    write_video(local / "long.mp4", LAYOUTS["h264-open-gop"], frames=480, height=64, width=64)
+    args = (*ENCODE_ARGS, "--workers", "1", "--batch-size", "4")
+    on_disk = invoke(["encode", local, "--out", tmp_path / "disk", *args])
+    assert on_disk.exit_code == 0, on_disk.output
+    data = upload(s3, local, "ranged", "videos")
+    index = tmp_path / "index.jsonl"
+    assert invoke(["index", data, "-o", index, "--no-progress"]).exit_code == 0
+    timeline = json.loads(index.read_text())["probe"]["timeline"]
+    assert timeline["head"] and timeline["pts"] == [0, 512, 480]
+    counting = StoreProxy(s3_endpoint, {})
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", counting.endpoint)
+        result = invoke(["encode", index, "--out", tmp_path / "url", *args])
+    finally:
+        counting.close()
+    assert result.exit_code == 0, result.output
+    assert len(read_clips(tmp_path / "url")) == 53
+    assert_same_tensors(load_tensors(tmp_path / "url"), load_tensors(tmp_path / "disk"))
+    ranges = [path for method, path in counting.paths if method == "GET" and path.split("?")[0].endswith("long.mp4")]
+    assert len(ranges) > 3  # a header, an index and the GOPs, not one GET of the whole object

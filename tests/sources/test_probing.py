@@ -172,6 +172,23 @@ def test_a_probed_index_is_planned_without_opening_a_video_and_decoding_refuses_
     assert not (out / "probes").exists()  # nothing was probed, so nothing was cached
 
 
+def test_an_index_written_before_timelines_encodes_as_one_with_them(demo_index: Path, tmp_path: Path, run_cli,
+                                                                   good_cache: Path) -> None:
+    """Probes without a `timeline` (an index or probe cache of an older vaecache) still plan and encode: their readers
+    index the videos by demuxing them, as then, and the latents are the same."""
+    from tests.conftest import assert_same_tensors, load_tensors
+
+    def older(line: dict[str, Any]) -> dict[str, Any]:
+        for probe in line["probe"].values():
+            del probe["timeline"]
+        return line
+
+    for name, index in (("with", demo_index), ("without", _rewrite(demo_index, tmp_path / "older.jsonl", older))):
+        result = run_cli(["encode", index, "--out", tmp_path / name, *ENCODE_ARGS])
+        assert result.exit_code == 0, result.output
+        assert_same_tensors(load_tensors(tmp_path / name), load_tensors(good_cache))
+
+
 def test_a_killed_index_run_resumes_without_probing_the_finished_scenes_again(data: Path, tmp_path: Path, procs,
                                                                               run_cli) -> None:
     index = tmp_path / "index.jsonl"

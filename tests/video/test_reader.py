@@ -319,7 +319,11 @@ def test_rotation_metadata_is_applied(tmp_path: Path) -> None:
     assert probe_scene(scene).rotations == (90,)
     with open_video(str(path)) as reader:
         got = reader.read([0, 5, 17])
+        timeline = reader.timeline
     assert got.shape == (3, 96, 64, 3)
+    assert timeline.rotation == 90
+    with open_video(str(path), timeline=timeline) as recorded:  # the rotation comes from the timeline: no frame read
+        assert recorded.rotation == 90 and np.array_equal(recorded.read([0, 5, 17]), got)
     for array, index in zip(got, (0, 5, 17)):
         assert np.array_equal(array, np.rot90(reference[index], k=1))
     try:
@@ -464,5 +468,125 @@ def test_an_fsspec_that_does_not_close_the_background_cache_reads_ahead_in_the_f
         with urls.open_url("s3://old-fsspec/object", 64 << 10, sequential=True) as handle:
             assert isinstance(handle.cache, fsspec.caching.ReadAheadCache)
             assert handle.read() == bytes(range(256)) * 1024
+    finally:
+        urls.set_data_storage_options({})
+
+
+# --------------------------------------------------------------------------- the frame index from the probe
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_a_reader_given_its_probes_timeline_demuxes_nothing_and_reads_every_frame_exactly(
+        name: str, layout_videos: dict, references: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every stream layout (open-GOP h264, HEVC and MPEG-4 with B-frames, mkv, webm, LeRobot's AV1): the timeline
+    as an index stores it (JSON) gives the same frame numbering, times and pixels as the packet index it came from,
+    read in random windows by one reader and by a fresh reader per clip, and no packet is demuxed to find them."""
+    import json
+
+    from vaecache.video.reader import VideoReader
+    from vaecache.video.timeline import Timeline
+
+    path = str(layout_videos[name])
+    with open_video(path) as reader:
+        indexed = (len(reader), reader.times_ns(), reader.fps(), reader.rotation)
+        stored = Timeline.from_json(json.loads(json.dumps(reader.timeline.to_json())), "index.jsonl:1")
+
+    def no_index(self: VideoReader) -> None:
+        raise AssertionError(f"{self.path} was demuxed to index it")
+
+    monkeypatch.setattr(VideoReader, "_index", no_index)
+    monkeypatch.setattr(VideoReader, "_read_rotation", no_index)
+    rng = random.Random(name)
+    with open_video(path, timeline=stored) as reader:
+        assert (len(reader), reader.times_ns(), reader.fps(), reader.rotation) == indexed
+        for frames in random_windows(72, 2, rng, 10):
+            _assert_frames(name, reader.read(frames), references[name], frames)
+    for frames in random_windows(72, 1, rng, 5):
+        with open_video(path, timeline=stored) as fresh:
+            _assert_frames(name, fresh.read(frames), references[name], frames)
+
+
+def test_a_damaged_timeline_is_a_decode_error_naming_the_video(layout_videos: dict) -> None:
+    from vaecache.video.timeline import Timeline
+
+    path = str(layout_videos["h264-mkv"])
+    with open_video(path) as reader:
+        good = reader.timeline
+    damaged = Timeline(None, good.pts_packed[:-4] + "AAAA", good.keys_packed)
+    with pytest.raises(VideoDecodeError, match="recorded frame index is damaged .*run `vaecache index` again"):
+        open_video(path, timeline=damaged)
+
+
+def _long_video(tmp_path: Path) -> Path:
+    """480 frames (20 s at 24 fps), open-GOP h264 with a keyframe every 12: 40 GOPs, 30 clips of 16 frames."""
+    return write_video(tmp_path / "long.mp4", LAYOUTS["h264-open-gop"], frames=480, height=96, width=128)
+
+
+def test_one_clip_of_a_long_object_reads_its_header_index_and_gops_not_the_object(
+        s3: Any, s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A video at a URL holding 30 clips, its probe's timeline given: a worker decoding one clip GETs the container's
+    header and index (ftyp, moov), the GOPs the clip's frames are decoded from (from the keyframe the demuxer seeks
+    to) and at most one read-ahead block past them; the object's other bytes are never asked for, and the frames are
+    those of a straight decode of the file."""
+    import vaecache.urls as urls
+    from tests.s3 import StoreProxy, make_bucket
+    from vaecache.video.timeline import gop_bytes
+
+    path = _long_video(tmp_path)
+    make_bucket(s3, "long")
+    s3.put(str(path), "long/long.mp4")
+    reference = sequential_frames(path)
+    size = path.stat().st_size
+    urls.set_data_storage_options({})
+    with open_video("s3://long/long.mp4") as probing:
+        timeline = probing.timeline
+    moov = max(end - start for start, end in timeline.head)
+    assert timeline.head[-1][1] == size and moov < size / 20  # this file keeps its index at its end
+    keys = timeline.keyframes()
+    counting = StoreProxy(s3_endpoint, {})
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", counting.endpoint)
+    try:
+        for clip in ([*range(100, 116)], [*range(300, 332, 2)], [*range(464, 480)]):
+            urls.set_data_storage_options({})  # a fresh worker
+            counting.paths.clear()
+            with open_video("s3://long/long.mp4", timeline=timeline, clip_frames=clip[-1] - clip[0] + 1) as reader:
+                _assert_frames("one clip at a URL", reader.read(clip), reference, clip)
+                cache = reader._url_file.cache
+                fetched, read_ahead = cache.fetched_bytes, cache.read_ahead
+            # mov seeks to the sync sample before an open GOP's keyframe: from at most one GOP earlier
+            first_gop = max(i for i, key in enumerate(keys) if key.frame <= clip[0])
+            span = gop_bytes(keys, clip[0], clip[-1])
+            head = sum(end - start for start, end in timeline.head)
+            budget = head + span[1] - keys[max(0, first_gop - 1)].byte_start + read_ahead
+            assert fetched <= budget, (clip, fetched, budget)
+            assert fetched < size / 4, (clip, fetched, size)
+            gets = [p for method, p in counting.paths if method == "GET"]
+            assert len(gets) == cache.fetches <= 6, gets
+    finally:
+        counting.close()
+        urls.set_data_storage_options({})
+
+
+def test_a_small_object_with_few_clips_is_read_whole_by_one_get(s3: Any, s3_endpoint: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A timeline does not split a small object holding fewer than 8 clips into ranged GETs: its first GET reads it
+    whole, as without one (one round trip, not one per range)."""
+    import fsspec.caching
+
+    import vaecache.urls as urls
+    from tests.s3 import make_bucket
+
+    path = _long_video(tmp_path)
+    make_bucket(s3, "few")
+    s3.put(str(path), "few/long.mp4")
+    urls.set_data_storage_options({})
+    try:
+        with open_video("s3://few/long.mp4") as probing:
+            timeline = probing.timeline
+        with open_video("s3://few/long.mp4", timeline=timeline, clip_frames=120) as reader:  # 4 clips of 120
+            assert isinstance(reader._url_file.cache, fsspec.caching.ReadAheadCache)
+            assert np.array_equal(reader.read([0, 119])[1], sequential_frames(path)[119])
+        with open_video("s3://few/long.mp4", timeline=timeline, clip_frames=60) as reader:  # 8 clips of 60
+            assert isinstance(reader._url_file.cache, urls.PlannedReads)
     finally:
         urls.set_data_storage_options({})

@@ -1,0 +1,73 @@
+"""A video's frame index as its probe keeps it: packed and read back exactly, refused by name when it is not one,
+and the bytes a clip's decode reads found from its keyframes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from vaecache.errors import DatasetError
+from vaecache.video.timeline import Keyframe, Timeline, gop_bytes, merged, pack, unpack
+
+
+def test_packed_lists_read_back_exactly_and_a_regular_one_packs_small() -> None:
+    rng = np.random.default_rng(0)
+    irregular = np.cumsum(rng.integers(1, 5000, size=(500, 4)), axis=0)
+    assert np.array_equal(unpack(pack(irregular), 4), irregular)
+    regular = np.arange(0, 108_000 * 512, 512)  # one hour at 30 fps: deltas all alike
+    assert np.array_equal(unpack(pack(regular)), regular)
+    assert len(pack(regular)) < 2000
+    with pytest.raises(ValueError, match="not packed"):
+        unpack("not base64!")
+
+
+def test_a_constant_frame_rate_is_an_affine_rule_and_any_other_the_list() -> None:
+    keys = [Keyframe(0, -1024, 0, 48, 900), Keyframe(12, 11264, 12288, 900, 2000)]
+    constant = Timeline.build([1024 * i for i in range(24)], keys, [(0, 4096), (4000, 4200), (9000, 9500)], 90)
+    assert constant.pts_rule == (0, 1024, 24) and constant.pts_packed is None
+    assert constant.head == ((0, 4200), (9000, 9500))  # overlapping ranges joined
+    varying = Timeline.build([0, 33, 67, 100, 133, 167, 200, 233, 267, 300, 333, 367, 400, 433], keys[:1])
+    assert varying.pts_rule is None and varying.pts() == [0, 33, 67, 100, 133, 167, 200, 233, 267, 300, 333, 367,
+                                                         400, 433]
+    for timeline in (constant, varying):
+        again = Timeline.from_json(json.loads(json.dumps(timeline.to_json())), "index.jsonl:1")
+        assert again == timeline and again.pts() == timeline.pts() and again.keyframes() == timeline.keyframes()
+    assert constant.keyframes()[1] == Keyframe(12, 11264, 12288, 900, 2000) and constant.has_bytes
+    assert not Timeline.build([0, 1], [Keyframe(0, 0, 0)]).has_bytes  # a container without packet positions
+
+
+@pytest.mark.parametrize(("raw", "problem"), [
+    ({"v": 2, "pts": [0, 1, 3], "keys": "x"}, "version 1"),
+    ({"v": 1, "pts": [0, 1], "keys": "x"}, r"pts is \[first, step, count\]"),
+    ({"v": 1, "pts": [0, 1, 3], "keys": 5}, "keys is a packed list"),
+    ({"v": 1, "pts": [0, 1, 3], "keys": "x", "head": [[5, 2]]}, "head ranges"),
+    ({"v": 1, "pts": [0, 0, 3], "keys": "x"}, "positive step"),
+    ({"v": 1, "pts": [0, 1, 3], "keys": "x", "more": 1}, "version 1 with"),
+])
+def test_a_timeline_that_is_not_one_is_refused_naming_the_line(raw: dict, problem: str) -> None:
+    message = f"^index.jsonl:7: probe field \"timeline\" is not a frame index .*{problem}"
+    with pytest.raises(DatasetError, match=message):
+        Timeline.from_json(raw, "index.jsonl:7")
+
+
+def test_damaged_packed_lists_are_found_where_they_are_unpacked() -> None:
+    good = Timeline.build(list(range(10)), [Keyframe(0, 0, 0, 10, 20), Keyframe(5, 5, 5, 20, 30)])
+    unordered = Timeline((0, 1, 10), None, pack(np.array([[5, 5, 20, 30], [0, 0, 10, 20]])))
+    with pytest.raises(ValueError, match="ascending order"):
+        unordered.keyframes()
+    outside = Timeline((0, 1, 3), None, good.keys_packed)  # keyframe 5 of a 3-frame video
+    with pytest.raises(ValueError, match="frame numbers of the video"):
+        outside.keyframes()
+    with pytest.raises(ValueError, match="not packed"):
+        Timeline(None, "AAAA", good.keys_packed).pts()
+
+
+def test_a_clips_bytes_run_from_its_first_frames_keyframe_to_the_end_of_its_last_gop() -> None:
+    keys = [Keyframe(0, 0, 0, 100, 900), Keyframe(12, 12, 12, 850, 1700), Keyframe(24, 24, 24, 1650, 2600)]
+    assert gop_bytes(keys, 3, 8) == (100, 900)
+    assert gop_bytes(keys, 12, 12) == (850, 1700)
+    assert gop_bytes(keys, 10, 25) == (100, 2600)
+    assert gop_bytes([Keyframe(0, 0, 0)], 0, 3) is None
+    assert merged([(5, 9), (0, 2), (2, 4), (8, 12), (20, 20)]) == [(0, 4), (5, 12)]
