@@ -18,6 +18,18 @@ are compared with the disk read's (`identical`). Blocks are --block-mb (vaecache
 bodies at loopback speed, so what the proxy models is each request's round trip, not a bandwidth.
 
     python scripts/bench_read.py [--repeats 5] [--frames 150] [--size 480x640] [--latency-ms 30] [--block-mb 4]
+
+`--workload clips`: one video holding --clips clips of --clip-frames frames (the same half-noise h264, a keyframe
+every --gop frames), and a decode worker's view of it: each of --sample clips spread over the video read by a
+fresh reader (open, read the clip, close), four ways: `disk` and `s3` without a timeline (the reader demuxes every
+packet to index the video, so at a URL it reads the object whole: before vaecache 0.6), `disk_timeline` and
+`s3_timeline` with the probe's timeline (vaecache.video.timeline: nothing demuxed; at a URL the container's header
+and index, the clip's GOPs and one read-ahead block). Per clip: seconds (median over clips and --repeats), GETs and
+bytes fetched; `s3_vs_disk` the wall-clock ratio of each pair, measured side by side. The timeline's own size is
+reported as index bytes per clip, with a one-hour 30 fps video (a keyframe every 2 s) for scale.
+
+    python scripts/bench_read.py --workload clips [--clips 200] [--clip-frames 16] [--size 144x192] [--gop 30]
+        [--sample 20] [--latency-ms 30]
 """
 
 from __future__ import annotations
@@ -41,14 +53,14 @@ import _benchlib as bl  # noqa: E402
 WAYS = ("disk", "s3_prefetch", "s3_foreground")
 
 
-def write_video(path: Path, frames: int, height: int, width: int) -> Path:
-    """h264 at CRF 10, GOP 30; the right half of every frame seeded noise (megabytes a second), the left a level
-    that steps with the frame index (every frame distinct)."""
+def write_video(path: Path, frames: int, height: int, width: int, gop: int = 30) -> Path:
+    """h264 at CRF 10, a keyframe every `gop` frames; the right half of every frame seeded noise (megabytes a
+    second), the left a level that steps with the frame index (every frame distinct)."""
     rng = np.random.default_rng(0)
     with av.open(str(path), "w") as container:
         stream = container.add_stream("libx264", rate=30, options={"crf": "10", "preset": "veryfast"})
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        stream.codec_context.gop_size = 30
+        stream.codec_context.gop_size = gop
         for index in range(frames):
             frame = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
             frame[:, : width // 2] = (index * 7) % 256
@@ -73,15 +85,23 @@ def read_all(location: str, frames: int, clip_frames: int) -> tuple[float, str]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--workload", choices=("stream", "clips"), default="stream")
+    parser.add_argument("--repeats", type=int, default=None, help="default 5 (stream), 1 (clips)")
     parser.add_argument("--frames", type=int, default=150)
-    parser.add_argument("--size", default="480x640", help="HxW of the video")
-    parser.add_argument("--clip-frames", type=int, default=17)
+    parser.add_argument("--size", default=None, help="HxW of the video (default 480x640; clips: 144x192)")
+    parser.add_argument("--clip-frames", type=int, default=None, help="default 17 (stream), 16 (clips)")
+    parser.add_argument("--clips", type=int, default=200, help="clips: clips the video holds")
+    parser.add_argument("--gop", type=int, default=30, help="clips: frames per GOP")
+    parser.add_argument("--sample", type=int, default=20, help="clips: clips read, each by a fresh reader")
     parser.add_argument("--latency-ms", type=float, default=30.0)
     parser.add_argument("--block-mb", type=float, default=4.0, help="bytes per ranged GET (vaecache.urls.READ_BLOCK)")
     parser.add_argument("--tmp", type=Path, default=None)
     args = parser.parse_args(argv)
-    height, width = (int(v) for v in args.size.lower().split("x"))
+    if args.workload == "clips":
+        return clips_main(args)
+    args.repeats = args.repeats or 5
+    args.clip_frames = args.clip_frames or 17
+    height, width = (int(v) for v in (args.size or "480x640").lower().split("x"))
 
     import vaecache.urls as urls
 
@@ -154,6 +174,129 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     human = bl.table(f"one {size / 1e6:.1f} MB video ({result['video']['blocks']} blocks of "
                      f"{block / (1 << 20):g} MiB), {args.latency_ms:g} ms per request",
                      ("way", "frames/s", "vs disk", "GETs per read", "identical"), rows)
+    bl.emit(result, human)
+    return result
+
+
+WAYS_BY_CLIP = ("disk", "disk_timeline", "s3", "s3_timeline")
+
+
+def hour_timeline_bytes() -> int:
+    """JSON bytes of the timeline of a one-hour 30 fps video with a keyframe every 2 s (GOPs of uneven bytes)."""
+    import json
+
+    from vaecache.video.timeline import Keyframe, Timeline
+
+    rng = np.random.default_rng(0)
+    frames, gop = 108_000, 60
+    starts = np.cumsum(rng.integers(200_000, 400_000, size=frames // gop)) + 48
+    keys = [Keyframe(i * gop, i * gop * 512 - 1024, i * gop * 512, int(start), int(start) + 300_000)
+            for i, start in enumerate(starts)]
+    timeline = Timeline.build([512 * i for i in range(frames)], keys, [(0, 4144), (int(starts[-1]) + 400_000,
+                                                                                  int(starts[-1]) + 2_400_000)])
+    return len(json.dumps(timeline.to_json(), separators=(",", ":")))
+
+
+def read_clip(location: str, frames: list[int], timeline: Any) -> tuple[float, str, int]:
+    """(seconds, sha256 of the frames, bytes fetched): a fresh reader opens the video and reads one clip."""
+    from vaecache.video.backends import open_video
+
+    started = time.perf_counter()
+    with open_video(location, timeline=timeline, clip_frames=frames[-1] - frames[0] + 1) as reader:
+        digest = hashlib.sha256(reader.read(frames).tobytes()).hexdigest()
+        cache = getattr(reader._url_file, "cache", None)
+        fetched = getattr(cache, "fetched_bytes", None) if cache is not None else 0
+        if fetched is None:
+            fetched = cache.total_requested_bytes
+    return time.perf_counter() - started, digest, fetched
+
+
+def clips_main(args: argparse.Namespace) -> dict[str, Any]:
+    import json
+
+    import vaecache.urls as urls
+
+    repeats = args.repeats or 1
+    clip_frames = args.clip_frames or 16
+    height, width = (int(v) for v in (args.size or "144x192").lower().split("x"))
+    frames = args.clips * clip_frames
+    step = max(1, args.clips // args.sample)
+    sampled = [list(range(c * clip_frames, (c + 1) * clip_frames)) for c in range(0, args.clips, step)][:args.sample]
+    with contextlib.ExitStack() as stack:
+        stack.callback(setattr, urls, "READ_BLOCK", urls.READ_BLOCK)  # main() runs in-process in the tests
+        urls.READ_BLOCK = max(1 << 16, int(args.block_mb * (1 << 20)))
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=args.tmp)))
+        bl.progress(f"writing {frames} frames of {width}x{height} (h264, CRF 10, half noise, GOP {args.gop})")
+        video = write_video(tmp / "video.mp4", frames, height, width, args.gop)
+        size = video.stat().st_size
+        log = tmp / "s3-server.log"
+        endpoint = stack.enter_context(bl.s3_server(log))
+        fs, _ = urls.open_filesystem("s3://bench")
+        fs.mkdir("bench")
+        fs.put(str(video), "bench/video.mp4")
+        if args.latency_ms > 0:
+            from _s3_latency import delaying_proxy
+
+            proxy = stack.enter_context(delaying_proxy(endpoint, args.latency_ms))
+            saved = os.environ["AWS_ENDPOINT_URL_S3"]
+            os.environ["AWS_ENDPOINT_URL_S3"] = proxy.endpoint
+            stack.callback(os.environ.__setitem__, "AWS_ENDPOINT_URL_S3", saved)
+        urls.set_data_storage_options({})
+        stack.callback(urls.set_data_storage_options, {})
+        from vaecache.video.backends import open_video
+
+        with open_video("s3://bench/video.mp4") as probing:  # as `vaecache index` records it
+            timeline = probing.timeline
+        where = {"disk": str(video), "disk_timeline": str(video), "s3": "s3://bench/video.mp4",
+                 "s3_timeline": "s3://bench/video.mp4"}
+        given = {"disk": None, "disk_timeline": timeline, "s3": None, "s3_timeline": timeline}
+        reference = {tuple(clip): read_clip(str(video), clip, None)[1] for clip in sampled}
+        times: dict[str, list[float]] = {way: [] for way in WAYS_BY_CLIP}
+        gets: dict[str, list[int]] = {way: [] for way in WAYS_BY_CLIP}
+        fetched: dict[str, list[int]] = {way: [] for way in WAYS_BY_CLIP}
+        identical = dict.fromkeys(WAYS_BY_CLIP, True)
+        for repeat in range(repeats):
+            order = WAYS_BY_CLIP[repeat % 4:] + WAYS_BY_CLIP[:repeat % 4]
+            for number, clip in enumerate(sampled):
+                bl.progress(f"repeat {repeat + 1}/{repeats}, clip {number + 1}/{len(sampled)}: {', '.join(order)}")
+                for way in order:
+                    start = bl.s3_requests(log, 0)[1]
+                    seconds, digest, count = read_clip(where[way], clip, given[way])
+                    times[way].append(seconds)
+                    fetched[way].append(count)
+                    gets[way].append(bl.s3_requests(log, start)[0].get("GET range", 0) if way.startswith("s3") else 0)
+                    identical[way] = identical[way] and digest == reference[tuple(clip)]
+    per_clip_s = {way: bl.median(times[way]) for way in WAYS_BY_CLIP}
+    timeline_bytes = len(json.dumps(timeline.to_json(), separators=(",", ":")))
+    hour = hour_timeline_bytes()
+    result = {
+        "seconds_per_clip": {way: bl.rnd(per_clip_s[way], 4) for way in WAYS_BY_CLIP},
+        "s3_vs_disk": {"without_timeline": bl.rnd(per_clip_s["s3"] / per_clip_s["disk"]),
+                       "with_timeline": bl.rnd(per_clip_s["s3_timeline"] / per_clip_s["disk_timeline"])},
+        "timeline_speedup": {"disk": bl.rnd(per_clip_s["disk"] / per_clip_s["disk_timeline"]),
+                             "s3": bl.rnd(per_clip_s["s3"] / per_clip_s["s3_timeline"])},
+        "gets_per_clip": {way: bl.median(gets[way]) for way in ("s3", "s3_timeline")},
+        "bytes_per_clip": {way: int(bl.median(fetched[way])) for way in ("s3", "s3_timeline")},
+        "identical": identical,
+        "video": {"bytes": size, "frames": frames, "clips": args.clips, "clip_frames": clip_frames, "gop": args.gop,
+                  "size": [height, width], "gop_bytes_mean": int(size / max(1, frames // args.gop)),
+                  "head_bytes": sum(end - start for start, end in timeline.head)},
+        "index_bytes_per_clip": {"this_video": bl.rnd(timeline_bytes / args.clips, 1),
+                                 "one_hour_30fps_200_clips": bl.rnd(hour / 200, 1), "one_hour_timeline": hour,
+                                 "at_10m_clips_mb": bl.rnd(hour / 200 * 10_000_000 / 1e6, 1)},
+        "sampled_clips": len(sampled),
+        "latency_ms": args.latency_ms,
+        "block_bytes": urls.READ_BLOCK,
+        "repeats": repeats,
+        "machine": bl.machine_info(),
+        "timed": "per sampled clip and way, a fresh reader: open, read the clip's frames, close; the median",
+    }
+    rows = [(way, result["seconds_per_clip"][way], result["gets_per_clip"].get(way, "-"),
+             result["bytes_per_clip"].get(way, "-"), identical[way]) for way in WAYS_BY_CLIP]
+    human = bl.table(f"one {size / 1e6:.1f} MB video of {args.clips} clips x {clip_frames} frames, a fresh reader per "
+                     f"clip, {args.latency_ms:g} ms per request (s3/disk: {result['s3_vs_disk']['without_timeline']}x "
+                     f"before, {result['s3_vs_disk']['with_timeline']}x with timelines)",
+                     ("way", "s per clip", "GETs per clip", "bytes per clip", "identical"), rows)
     bl.emit(result, human)
     return result
 

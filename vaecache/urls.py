@@ -404,6 +404,29 @@ class PlannedReads:
 
         self._planned = merged([*self._planned, (max(0, start), min(self.size, end))])
 
+    def fetch_planned(self) -> None:
+        """GET every planned range not kept yet (up to a block of each) side by side: one round trip, not one per
+        range (a container's header at its start and its index at its end)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        wanted = [(start, min(end, start + self.blocksize)) for start, end in self._planned
+                  if not self._kept_at(start)]
+        if len(wanted) < 2:
+            return
+        with ThreadPoolExecutor(max_workers=len(wanted), thread_name_prefix="vaecache-ranges") as pool:
+            found = list(pool.map(lambda part: self.fetcher(*part), wanted))
+        for (start, _), data in zip(wanted, found):
+            if data:
+                self.fetches += 1
+                self.fetched_bytes += len(data)
+                self._keep(start, data)
+
+    def _kept_at(self, position: int) -> bool:
+        import bisect
+
+        index = bisect.bisect_right(self._pieces, position, key=lambda piece: piece[0]) - 1
+        return index >= 0 and position < self._pieces[index][0] + len(self._pieces[index][1])
+
     def _fetch(self, start: int | None, stop: int | None) -> bytes:
         import bisect
 

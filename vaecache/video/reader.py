@@ -66,9 +66,16 @@ class VideoReader:
         self._head: list[tuple[int, int]] = []
         self._ranged = False
         self._span_end: int | None = None
+        self._seek_by_pts = True
         if self._member is None and is_url(path):
             self._url_file = _open_object(path, held, timeline, clip_frames)  # its size comes with it
             self._ranged = isinstance(getattr(self._url_file, "cache", None), PlannedReads)
+            if self._ranged:
+                try:
+                    self._url_file.cache.fetch_planned()  # the container's header and index in one round trip
+                except OSError as exc:
+                    self.close()
+                    raise VideoDecodeError(path, _read_problem(exc, "cannot read")) from None
         elif self._member is None:
             _check_file(path)
         try:
@@ -362,12 +369,13 @@ class VideoReader:
         return array
 
     def _plan_bytes(self, frames: list[int]) -> None:
-        """Tell the ranged reads of an object at a URL the bytes this read decodes (timeline.gop_bytes): fetched in
-        GETs of up to a read-ahead block, the read-ahead past them small."""
+        """Tell the ranged reads of an object at a URL the bytes this read decodes (timeline.gop_bytes) and the
+        decoder's look-ahead past them (PlannedReads.read_ahead): fetched by GETs of up to a read block."""
         span = gop_bytes(self._keyframes, frames[0], frames[-1])
-        self._span_end = span[1] if span is not None else None
+        cache = self._url_file.cache
+        self._span_end = span[1] + cache.read_ahead if span is not None else None  # and the decoder's look-ahead
         if span is not None:
-            self._url_file.cache.plan(*span)
+            cache.plan(span[0], self._span_end)
 
     def _read_by_pts(self, frames: list[int]) -> np.ndarray:
         assert self._pts is not None
@@ -420,24 +428,32 @@ class VideoReader:
     def _seek_before(self, index: int) -> None:
         """Position the decoder on a keyframe at or before frame `index`, checked on the first packet it reads.
 
-        Demuxers seek by their own index (dts, cues, or a faulty AVI index) and may land after the target;
-        then an earlier keyframe is tried, and in the end a fresh decode from the start."""
+        A keyframe is sought by its pts, where mp4, mkv, webm, HEVC and AV1 land on it exactly, then (or, once pts
+        overshot in this file, only) by its dts, where an AVI index lands (by pts it landed 3 frames late); by dts
+        the others land a GOP early, decoding it for nothing. Demuxers may still land after the target; then an
+        earlier keyframe is tried, and in the end a fresh decode from the start."""
         candidates = [key for key in self._keyframes if key.frame <= index]
         for key in reversed(candidates[-3:]):
-            try:
-                self._container.seek(key.seek_ts, stream=self._stream, backward=True)
-            except av.FFmpegError:
-                break
-            self._stream.codec_context.flush_buffers()
-            packets = self._container.demux(self._stream)
-            first = next((p for p in packets if p.size and not p.is_discard), None)
-            if first is None or first.pts is None or not first.is_keyframe:
-                continue
-            landed = bisect.bisect_left(self._pts, first.pts)  # type: ignore[arg-type]
-            if landed < len(self._pts) and self._pts[landed] == first.pts and landed <= key.frame:  # type: ignore[index]
+            targets = [key.pts, key.seek_ts] if self._seek_by_pts and key.pts != key.seek_ts else [key.seek_ts]
+            for target in targets:
+                try:
+                    self._container.seek(target, stream=self._stream, backward=True)
+                except av.FFmpegError:
+                    self._restart()
+                    self._frames = self._decoded()
+                    return
+                self._stream.codec_context.flush_buffers()
+                packets = self._container.demux(self._stream)
+                first = next((p for p in packets if p.size and not p.is_discard), None)
+                if first is None or first.pts is None or not first.is_keyframe:
+                    continue
+                landed = bisect.bisect_left(self._pts, first.pts)  # type: ignore[arg-type]
+                if landed >= len(self._pts) or self._pts[landed] != first.pts or landed > key.frame:  # type: ignore[index]
+                    if target == key.pts and target != key.seek_ts:
+                        self._seek_by_pts = False  # this demuxer overshoots by pts: by dts from now on
+                    continue
                 if self._ranged and first.pos is not None and first.pos >= 0 and self._span_end is not None:
-                    # a demuxer may land on an earlier keyframe (mov seeks to a sync sample before an open GOP's)
-                    self._url_file.cache.plan(first.pos, self._span_end)
+                    self._url_file.cache.plan(first.pos, self._span_end)  # landed before the keyframe planned
                 self._frames = self._decode_packets(first, packets)
                 self._last_pts = None
                 self._from_start = False
