@@ -202,7 +202,7 @@ def read_clip(location: str, frames: list[int], timeline: Any) -> tuple[float, s
     from vaecache.video.backends import open_video
 
     started = time.perf_counter()
-    with open_video(location, timeline=timeline, clip_frames=frames[-1] - frames[0] + 1) as reader:
+    with open_video(location, timeline=timeline, clip=(frames[0], frames[-1])) as reader:
         digest = hashlib.sha256(reader.read(frames).tobytes()).hexdigest()
         cache = getattr(reader._url_file, "cache", None)
         fetched = getattr(cache, "fetched_bytes", None) if cache is not None else 0
@@ -281,9 +281,9 @@ def clips_main(args: argparse.Namespace) -> dict[str, Any]:
         "video": {"bytes": size, "frames": frames, "clips": args.clips, "clip_frames": clip_frames, "gop": args.gop,
                   "size": [height, width], "gop_bytes_mean": int(size / max(1, frames // args.gop)),
                   "head_bytes": sum(end - start for start, end in timeline.head)},
-        "index_bytes_per_clip": {"this_video": bl.rnd(timeline_bytes / args.clips, 1),
-                                 "one_hour_30fps_200_clips": bl.rnd(hour / 200, 1), "one_hour_timeline": hour,
-                                 "at_10m_clips_mb": bl.rnd(hour / 200 * 10_000_000 / 1e6, 1)},
+        "index_bytes_per_clip": {"this_video": bl.rnd(timeline_bytes / args.clips),
+                                 "one_hour_30fps_200_clips": bl.rnd(hour / 200), "one_hour_timeline": hour,
+                                 "at_10m_clips_mb": bl.rnd(hour / 200 * 10_000_000 / 1e6)},
         "sampled_clips": len(sampled),
         "latency_ms": args.latency_ms,
         "block_bytes": urls.READ_BLOCK,

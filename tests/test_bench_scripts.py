@@ -166,6 +166,17 @@ def test_bench_read_reads_a_video_at_a_url_three_ways_with_the_same_frames(capsy
     assert (urls.READ_BLOCK, urls.BLOCKS_KEPT) == settings  # put back for what runs after it in this process
 
 
+def test_bench_read_clips_reads_one_clip_of_a_long_video_with_and_without_its_timeline(capsys):
+    result = load_script("bench_read").main(["--workload", "clips", "--clips", "16", "--clip-frames", "8",
+                                             "--size", "48x64", "--gop", "8", "--sample", "3", "--latency-ms", "0"])
+    printed = printed_json(capsys)
+    assert printed == result and printed["identical"] == dict.fromkeys(("disk", "disk_timeline", "s3", "s3_timeline"),
+                                                                       True)
+    # the object read whole without a timeline; with it, its header and index and the clip's GOPs
+    assert printed["bytes_per_clip"]["s3"] >= printed["video"]["bytes"] > 4 * printed["bytes_per_clip"]["s3_timeline"]
+    assert printed["gets_per_clip"]["s3_timeline"] == 3 and printed["index_bytes_per_clip"]["this_video"] > 0
+
+
 def test_bench_decode_prints_frames_per_second_and_identity_per_backend(capsys):
     result = load_script("bench_decode").main(["--repeats", "1", "--frames", "24", "--size", "32x64",
                                                 "--clip-frames", "5"])

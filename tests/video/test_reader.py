@@ -549,7 +549,7 @@ def test_one_clip_of_a_long_object_reads_its_header_index_and_gops_not_the_objec
         for clip in ([*range(100, 116)], [*range(300, 332, 2)], [*range(464, 480)]):
             urls.set_data_storage_options({})  # a fresh worker
             counting.paths.clear()
-            with open_video("s3://long/long.mp4", timeline=timeline, clip_frames=clip[-1] - clip[0] + 1) as reader:
+            with open_video("s3://long/long.mp4", timeline=timeline, clip=(clip[0], clip[-1])) as reader:
                 _assert_frames("one clip at a URL", reader.read(clip), reference, clip)
                 cache = reader._url_file.cache
                 fetched, read_ahead = cache.fetched_bytes, cache.read_ahead
@@ -583,10 +583,10 @@ def test_a_small_object_with_few_clips_is_read_whole_by_one_get(s3: Any, s3_endp
     try:
         with open_video("s3://few/long.mp4") as probing:
             timeline = probing.timeline
-        with open_video("s3://few/long.mp4", timeline=timeline, clip_frames=120) as reader:  # 4 clips of 120
+        with open_video("s3://few/long.mp4", timeline=timeline, clip=(0, 119)) as reader:  # 4 clips of 120
             assert isinstance(reader._url_file.cache, fsspec.caching.ReadAheadCache)
             assert np.array_equal(reader.read([0, 119])[1], sequential_frames(path)[119])
-        with open_video("s3://few/long.mp4", timeline=timeline, clip_frames=60) as reader:  # 8 clips of 60
+        with open_video("s3://few/long.mp4", timeline=timeline, clip=(0, 59)) as reader:  # 8 clips of 60
             assert isinstance(reader._url_file.cache, urls.PlannedReads)
     finally:
         urls.set_data_storage_options({})

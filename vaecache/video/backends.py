@@ -21,28 +21,28 @@ from vaecache.video.timeline import Timeline
 
 def open_camera(source: str | FrameList, backend: Backend | None = None, max_pixels: int | None = None,
                 fps: float | None = None, held: HeldObjects | None = None, timeline: Timeline | None = None,
-                clip_frames: int | None = None) -> VideoReader | ForeignReader | FrameSequence:
+                clip: tuple[int, int] | None = None) -> VideoReader | ForeignReader | FrameSequence:
     """A frame-exact reader of one camera: an image sequence (a FrameList, a folder, a glob; Pillow whatever the
     --decoder, at `fps` where its frames carry no times) or a video file (open_video)."""
     if is_image_source(source):
         return FrameSequence(source, fps, max_pixels)
     return open_video(source, backend, max_pixels, held, timeline,  # type: ignore[arg-type]  # not a FrameList
-                      clip_frames)
+                      clip)
 
 
 def open_video(path: str, backend: Backend | None = None, max_pixels: int | None = None,
                held: HeldObjects | None = None, timeline: Timeline | None = None,
-               clip_frames: int | None = None) -> VideoReader | ForeignReader | SpanReader:
+               clip: tuple[int, int] | None = None) -> VideoReader | ForeignReader | SpanReader:
     """A frame-exact reader of `path` (PyAV unless `backend` says otherwise); every failure is a VideoDecodeError
     naming the file. With `max_pixels`, frames larger than that are refused before any is decoded. An object at a
     URL that `held` holds is read from its bytes (urls.HeldObjects). `timeline` (its probe's frame index) and
-    `clip_frames` (the frames a clip spans) go to the PyAV reader (VideoReader): no packet is demuxed to seek, and
-    an object at a URL is read in ranges."""
+    `clip` (the first and last frame of the clip it is opened for) go to the PyAV reader (VideoReader): no packet is
+    demuxed to seek, and an object at a URL is read in ranges."""
     span = span_of(path)
     if backend is None or backend.choice == "pyav":
         threads = backend.threads if backend is not None else 0
         return (SpanReader(span, threads, max_pixels) if span is not None
-                else VideoReader(path, threads, max_pixels, held, timeline, clip_frames))
+                else VideoReader(path, threads, max_pixels, held, timeline, clip))
     if member_of(path) is not None or span is not None or is_url(path):
         raise VideoDecodeError(path, f"--decoder {backend.choice} cannot read a video inside a tar, one episode of "
                                      "a file or an object at a URL; use --decoder pyav (what auto picks)")

@@ -41,13 +41,13 @@ class ViewDecoder:
         self._cache_size = cache_size
 
     def _reader(self, path: str | FrameList, fps: float | None = None, timeline: Timeline | None = None,
-                clip_frames: int | None = None) -> Reader:
+                clip: tuple[int, int] | None = None) -> Reader:
         """The open reader of a camera source (a path, or a FrameList named by its key); one opened here gets the
-        source's `timeline` and `clip_frames` (open_camera)."""
+        source's `timeline` and the first and last frame of the `clip` it is opened for (open_camera)."""
         key = path.key if isinstance(path, FrameList) else path
         reader = self._readers.pop(key, None)
         if reader is None:
-            reader = open_camera(path, self.backend, self.max_pixels, fps, self.held, timeline, clip_frames)
+            reader = open_camera(path, self.backend, self.max_pixels, fps, self.held, timeline, clip)
         self._readers[key] = reader
         while len(self._readers) > self._cache_size:
             self._readers.popitem(last=False)[1].close()
@@ -72,7 +72,7 @@ class ViewDecoder:
         `opened` does: each costs a store's round trips (a HEAD for its changed-file check, ranged GETs for its
         header), which one camera after another would add up. A source whose check or open fails here is left for
         `check` to refuse, naming the problem, exactly as without this."""
-        todo: dict[str, tuple[tuple[int, int] | None, float | None, Timeline | None, int | None]] = {}
+        todo: dict[str, tuple[tuple[int, int] | None, float | None, Timeline | None, tuple[int, int] | None]] = {}
         for source, identity, fps, *rest in sources:
             if isinstance(source, str) and is_url(source) and source not in self._readers and source not in todo:
                 todo[source] = (identity, fps, *rest, None, None)[:4]  # type: ignore[assignment]
@@ -129,19 +129,19 @@ class ViewDecoder:
 
     def check(self, path: str | FrameList, expect: tuple[int, int, int] | None = None,
               identity: tuple[int, int] | None = None, fps: float | None = None, timeline: Timeline | None = None,
-              clip_frames: int | None = None) -> None:
+              clip: tuple[int, int] | None = None) -> None:
         """Open `path` (VideoDecodeError when it cannot be, or its frames exceed the budget), and refuse it unless
         it has `expect` = (frames, width, height) as planned and, where an index recorded it, `identity` =
         (size, mtime_ns): a file rewritten since it was probed is refused, even with the same frame count and size:
         before it is opened, or, for a whole object at a URL, by the request that opens it, before a frame is decoded
-        (so that its check costs no request of its own). A reader opened here gets `timeline` and `clip_frames`
+        (so that its check costs no request of its own). A reader opened here gets `timeline` and `clip`
         (open_camera)."""
         key = path.key if isinstance(path, FrameList) else path
         judge = identity if key not in self._readers and not isinstance(path, FrameList) else None
         if judge is not None and not identity_on_open(path):
             check_identity(path, *judge)  # type: ignore[arg-type]  # not a FrameList here
         try:
-            reader = self._reader(path, fps, timeline, clip_frames)
+            reader = self._reader(path, fps, timeline, clip)
             if _changed(judge, reader):
                 raise_changed(path, judge, reader.opened_identity)  # type: ignore[arg-type,union-attr]
             if expect is not None:
@@ -322,10 +322,11 @@ class ViewBatchDataset(torch.utils.data.Dataset):
         return {"index": index, "views": stacked, "errors": errors, "readings": readings}
 
 
-def _timeline_of(clip: Any, camera: int) -> tuple[Timeline | None, int]:
-    """A clip's camera's timeline (None where its probe recorded none) and the frames the clip spans."""
+def _timeline_of(clip: Any, camera: int) -> tuple[Timeline | None, tuple[int, int]]:
+    """A clip's camera's timeline (None where its probe recorded none) and the clip's first and last frame (the
+    reference camera's: with --sync timestamps another camera's are near them)."""
     timelines = getattr(clip, "timelines", ())
-    return (timelines[camera] if timelines else None), clip.frames[-1] - clip.frames[0] + 1
+    return (timelines[camera] if timelines else None), (clip.frames[0], clip.frames[-1])
 
 
 def with_clip_metadata(clip: Any, found: dict[str, Any]) -> dict[str, Any]:

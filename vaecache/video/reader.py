@@ -47,7 +47,7 @@ class VideoReader:
 
     def __init__(self, path: str, threads: int = 0, max_pixels: int | None = None,
                  held: HeldObjects | None = None, timeline: Timeline | None = None,
-                 clip_frames: int | None = None) -> None:
+                 clip: tuple[int, int] | None = None) -> None:
         """`max_pixels`: refuse (VideoDecodeError) a stream of larger frames before decoding anything; None checks
         only where opening must decode (a file without timestamps is counted frame by frame) against the
         default budget: probing a file reads its packets, never its pixels. An object at a URL that `held` holds is
@@ -55,8 +55,9 @@ class VideoReader:
 
         `timeline`: the video's frame index as its probe recorded it (vaecache.video.timeline): no packet is demuxed
         to find the frames, and an object at a URL is read in ranges, its container's header and index and then
-        each clip's GOPs, where it is larger than one read-ahead block or holds RANGED_MIN_CLIPS clips of
-        `clip_frames` frames (a smaller one is read whole by its first GET, as without a timeline)."""
+        each clip's GOPs, where it is larger than one read-ahead block or holds RANGED_MIN_CLIPS clips as long as
+        `clip`, the first and last frame of the clip it is opened for (a smaller one is read whole by its first GET,
+        as without a timeline). That clip's GOPs are fetched beside the header and index: one round trip."""
         self.path = path
         self._threads = threads
         self._max_pixels = max_pixels
@@ -68,14 +69,11 @@ class VideoReader:
         self._span_end: int | None = None
         self._seek_by_pts = True
         if self._member is None and is_url(path):
-            self._url_file = _open_object(path, held, timeline, clip_frames)  # its size comes with it
+            self._url_file = _open_object(path, held, timeline, clip)  # its size comes with it
             self._ranged = isinstance(getattr(self._url_file, "cache", None), PlannedReads)
             if self._ranged:
-                try:
-                    self._url_file.cache.fetch_planned()  # the container's header and index in one round trip
-                except OSError as exc:
-                    self.close()
-                    raise VideoDecodeError(path, _read_problem(exc, "cannot read")) from None
+                assert timeline is not None
+                self._fetch_first(timeline, clip)
         elif self._member is None:
             _check_file(path)
         try:
@@ -108,7 +106,8 @@ class VideoReader:
         self._timeline = timeline
         try:
             if timeline is not None:
-                self._from_timeline(timeline)
+                if not self._ranged:  # a ranged reader took it before opening
+                    self._from_timeline(timeline)
             else:
                 self._pts, self._keyframes = self._index()
                 self.sequential = self._pts is None
@@ -135,9 +134,23 @@ class VideoReader:
                                               "again") from None
         self.sequential = False
         self.rotation = timeline.rotation
-        if self._ranged:  # past a clip's GOPs the decoder looks ahead a few frames: about 8 frames' bytes
+
+    def _fetch_first(self, timeline: Timeline, clip: tuple[int, int] | None) -> None:
+        """Before the container is opened: the read-ahead past a clip (about 8 frames' bytes, the decoder's look-ahead),
+        and the container's header and index and the first clip's bytes fetched side by side."""
+        try:
+            self._from_timeline(timeline)
             cache = self._url_file.cache
             cache.read_ahead = min(cache.blocksize, max(PLANNED_READ_AHEAD, 8 * cache.size // len(self._pts)))
+            if clip is not None and 0 <= clip[0] <= clip[1] < len(self._pts):
+                self._plan_bytes(list(clip))
+            cache.fetch_planned()
+        except VideoDecodeError:
+            self.close()
+            raise
+        except OSError as exc:
+            self.close()
+            raise VideoDecodeError(self.path, _read_problem(exc, "cannot read")) from None
 
     def _index(self) -> tuple[list[int] | None, list[Keyframe]]:
         """Presentation-ordered pts of every shown frame and the keyframes, from packets alone; each keyframe with
@@ -531,7 +544,7 @@ decode worker reads its clip's GOPs, not the object); a smaller one with fewer i
 
 
 def _open_object(path: str, held: HeldObjects | None = None, timeline: Timeline | None = None,
-                 clip_frames: int | None = None) -> Any:
+                 clip: tuple[int, int] | None = None) -> Any:
     """An object in object storage opened for ranged reads, checked there and not empty (VideoDecodeError naming it
     otherwise). With a timeline that has byte ranges, its reads are planned (urls.PlannedReads: the container's
     header and index, then each clip's GOPs); without, read ahead from front to back."""
@@ -540,7 +553,7 @@ def _open_object(path: str, held: HeldObjects | None = None, timeline: Timeline 
     if timeline is not None and timeline.has_bytes:
         plan = list(timeline.head)
         count = timeline.frame_count()
-        whole_if_small = not (clip_frames and count and count >= RANGED_MIN_CLIPS * clip_frames)
+        whole_if_small = not (clip and count and count >= RANGED_MIN_CLIPS * (clip[1] - clip[0] + 1))
     try:
         handle = open_url(path, held=held, sequential=plan is None, planned=plan, whole_if_small=whole_if_small)
     except FileNotFoundError:
