@@ -56,6 +56,7 @@ class DelayingProxy(http.server.ThreadingHTTPServer):
         self.upstream = (parsed.hostname, parsed.port or 80)
         self.latency_ms = float(latency_ms)
         self.requests = 0
+        self.get_bytes = 0
         self._count_lock = threading.Lock()
         super().__init__(("127.0.0.1", 0), _Handler)
         self.endpoint = f"http://127.0.0.1:{self.server_address[1]}"
@@ -63,6 +64,10 @@ class DelayingProxy(http.server.ThreadingHTTPServer):
     def count(self) -> None:
         with self._count_lock:
             self.requests += 1
+
+    def count_bytes(self, size: int) -> None:
+        with self._count_lock:
+            self.get_bytes += size
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -171,6 +176,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 piece = response.read(PIECE)
                 if not piece:
                     break
+                if self.command == "GET":
+                    self.server.count_bytes(len(piece))
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
             if chunked:
                 self.wfile.write(b"0\r\n\r\n")
@@ -182,7 +189,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             response.close()
 
     def _send_count(self) -> None:
-        data = str(self.server.requests).encode()
+        data = f"{self.server.requests} {self.server.get_bytes}".encode()
         self.send_response_only(200, "OK")
         self.send_header("Content-Type", "text/plain")
         self.send_header("Content-Length", str(len(data)))
@@ -206,15 +213,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 class ProxyProcess:
-    """A DelayingProxy running in its own process: `endpoint`, `latency_ms`, `pid`, `requests` (asked of it)."""
+    """A DelayingProxy running in its own process: `endpoint`, `latency_ms`, `pid`, `requests` and `get_bytes` (the
+    body bytes of the GETs it answered), asked of it."""
 
     def __init__(self, endpoint: str, latency_ms: float, pid: int) -> None:
         self.endpoint, self.latency_ms, self.pid = endpoint, latency_ms, pid
 
+    def _counts(self) -> list[int]:
+        with urllib.request.urlopen(self.endpoint + COUNT_PATH, timeout=30) as answer:
+            return [int(value) for value in answer.read().split()]
+
     @property
     def requests(self) -> int:
-        with urllib.request.urlopen(self.endpoint + COUNT_PATH, timeout=30) as answer:
-            return int(answer.read())
+        return self._counts()[0]
+
+    @property
+    def get_bytes(self) -> int:
+        return self._counts()[1]
 
 
 @contextlib.contextmanager

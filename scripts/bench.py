@@ -25,12 +25,21 @@ real store's round trip would (moto alone answers from memory on loopback); the 
     python scripts/bench.py --repeats 3 --workers 1 --s3 --s3-latency-ms 30   # ... 30 ms per request
     python scripts/bench.py --repeats 3 --workers 1 --s3 --s3-latency-ms 30 --s3-store-nice 19  # ... the store
         # at the lowest CPU priority: it shares this machine's cores with the run, which a remote store does not
+    python scripts/bench.py --repeats 3 --workers 1 --s3 --s3-latency-ms 30 --s3-index --scenes 2 --cameras 1 \
+        --frames 3400 --num-frames 17          # 200-clip videos, from an index with and without timelines
+
+``--s3-index``: vaecache_s3 encodes from a `vaecache index` of DATA's URL written before the timing (how a large
+dataset is run: nothing probed), whose probes carry each video's frame index (`timeline`: a decode worker reads a
+clip's GOPs, not the object); a fifth mode, vaecache_s3_old, from the same index with the timelines removed (an
+index written before them: each video indexed by demuxing it, the object read whole). With a proxy, GET body bytes
+per clip are reported too (``s3_get_bytes_per_clip``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import json
 import shutil
@@ -96,6 +105,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="with --s3: run moto and the proxy at nice N (1-19; default 0: the run's priority). They share "
                         "this machine's cores with the run, which a remote store does not: at a low priority they "
                         "take only what the run leaves idle (their answers then wait for it)")
+    p.add_argument("--s3-index", action="store_true",
+                   help="with --s3: encode DATA's URL from an index written before the timing, with (vaecache_s3) and "
+                        "without (vaecache_s3_old) its frame-index timelines")
     p.add_argument("--overhead-ranks", default="1,2,4")
     p.add_argument("--overhead-scenes", type=int, default=16)
     p.add_argument("--overhead-workers", type=int, default=0)
@@ -108,6 +120,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--s3-store-nice must be 0 to 19")
     if args.s3_store_nice and not args.s3:
         p.error("--s3-store-nice needs --s3")
+    if args.s3_index and not args.s3:
+        p.error("--s3-index needs --s3")
     return args
 
 
@@ -334,6 +348,24 @@ def _upload_to_s3(stack: contextlib.ExitStack, data: Path, tmp: Path,
     return Url("s3://bench/data"), log, log.stat().st_size, proxy, endpoint.pid  # Url: run_vaecache reads by URL
 
 
+def _indexes(data_url: Any, tmp: Path) -> tuple[Path, Path]:
+    """`vaecache index` of DATA's URL (through the proxy, if any), and a copy of it with every probe's timeline
+    removed (an index written before timelines)."""
+    import subprocess
+
+    index, old = tmp / "index-s3.jsonl", tmp / "index-s3-old.jsonl"
+    subprocess.run([sys.executable, "-m", "vaecache", "index", str(data_url), "-o", str(index), "--no-progress"],
+                   check=True, stdout=subprocess.DEVNULL)
+    with open(old, "w") as out:
+        for line in index.read_text().splitlines():
+            record = json.loads(line)
+            probes = record.get("probe", {})
+            for probe in (probes.values() if "frames" not in probes else [probes]):
+                probe.pop("timeline", None)
+            out.write(json.dumps(record) + "\n")
+    return index, old
+
+
 @contextlib.contextmanager
 def _environ(**values: str) -> Iterator[None]:
     """os.environ with `values` set while the block runs, restored afterwards."""
@@ -520,32 +552,39 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         mean_logvar(vae.encode_views(decoded[0]))  # warm-up outside every measurement (allocator, kernels)
 
         first_views = decoded[0].shape[0]
-        modes = MODES + (("vaecache_s3",) if args.s3 else ())
+        s3_modes = ("vaecache_s3", "vaecache_s3_old") if args.s3_index else ("vaecache_s3",)
+        modes = MODES + (s3_modes if args.s3 else ())
         s3 = contextlib.ExitStack()
         if args.s3:
             data_url, s3_log, log_at, proxy, s3_pid = _upload_to_s3(s3, data, tmp, args.s3_latency_ms,
                                                                     args.s3_store_nice)
+            sources = {"vaecache_s3": data_url}
+            if args.s3_index:
+                bl.progress("indexing DATA's URL (before the timing)")
+                sources["vaecache_s3"], sources["vaecache_s3_old"] = _indexes(data_url, tmp)
         runners: dict[str, Callable[[int], dict[str, Any]]] = {
             "encode_only": lambda r: run_encode_only(vae, decoded, device),
             "vaecache": lambda r: run_vaecache(args, data, tmp / f"out-vaecache-{r}", height, width, first_views),
             "naive": lambda r: run_naive(args, data, tmp / f"out-naive-{r}", height, width, device),
         }
         if args.s3:
-            def run_s3(repeat: int) -> dict[str, Any]:
+            def run_s3(repeat: int, mode: str) -> dict[str, Any]:
                 nonlocal log_at
                 _, log_at = bl.s3_requests(s3_log, log_at)
-                proxied = proxy.requests if proxy else 0
+                proxied, fetched = (proxy.requests, proxy.get_bytes) if proxy else (0, 0)
                 store_pids = [s3_pid, *([proxy.pid] if proxy else [])]
                 store_cpu = sum(bl.pid_cpu_seconds(pid) for pid in store_pids)
-                found = run_vaecache(args, data_url, data_url.replace("/data", f"/out-{repeat}"), height, width,
-                                     first_views)
+                found = run_vaecache(args, sources[mode], data_url.replace("/data", f"/out-{mode}-{repeat}"), height,
+                                     width, first_views)
                 found["store_cpu_s"] = bl.rnd(sum(bl.pid_cpu_seconds(pid) for pid in store_pids) - store_cpu, 4)
                 found["requests"], log_at = bl.s3_requests(s3_log, log_at)
                 if proxy:
                     found["requests_via_proxy"] = proxy.requests - proxied
+                    found["get_bytes"] = proxy.get_bytes - fetched
                 return found
 
-            runners["vaecache_s3"] = run_s3
+            for mode in s3_modes:
+                runners[mode] = functools.partial(run_s3, mode=mode)
         runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
         for repeat in range(args.repeats):
             order = modes[repeat % len(modes):] + modes[:repeat % len(modes)]
@@ -650,6 +689,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result["s3_requests_per_clip"] = {
                 kind: bl.rnd(bl.median([run["requests"].get(kind, 0) for run in runs["vaecache_s3"]]) / clips, 3)
                 for kind in kinds}
+            if proxy:
+                result["s3_get_bytes_per_clip"] = {mode: round(bl.median([run["get_bytes"] for run in runs[mode]])
+                                                               / clips) for mode in s3_modes}
+            if args.s3_index:
+                result["s3_old_vs_disk"] = bl.rnd(vps["vaecache_s3_old"] / vps["vaecache"], 3)
+                result["s3_vs_s3_old"] = bl.rnd(vps["vaecache_s3"] / vps["vaecache_s3_old"], 3)
+                result["s3_old_requests_per_clip"] = {
+                    kind: bl.rnd(bl.median([run["requests"].get(kind, 0) for run in runs["vaecache_s3_old"]])
+                                 / clips, 3)
+                    for kind in sorted({kind for run in runs["vaecache_s3_old"] for kind in run["requests"]})}
+                result["notes"].append(
+                    "--s3-index: vaecache_s3 encoded from a `vaecache index` of DATA's URL written before the timing "
+                    "(its probes carry each video's frame index: a decode worker reads a clip's GOPs, not the "
+                    "object), vaecache_s3_old from the same index with the timelines removed (each video indexed by "
+                    "demuxing it: the object read whole); s3_old_vs_disk and s3_vs_s3_old as s3_vs_disk.")
             result["notes"].append(
                 "vaecache_s3: run_encode with DATA and OUT at s3:// URLs on moto's S3 server (a local process, "
                 "loopback); s3_vs_disk = its steady views/s over vaecache's on disk, measured in the same repeats "
@@ -677,6 +731,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      ("mode", "views/s (steady)", "ms/view", "CPU ms/view", "views/s (wall)", "peak PSS MB"), rows)
     human += (f"\nefficiency (vaecache / encode_only) = {result['efficiency']}   "
               f"speedup vs naive = {result['speedup_vs_naive']}")
+    if "s3_vs_s3_old" in result:
+        human += (f"\nfrom an index: with timelines / without = {result['s3_vs_s3_old']} steady; without / disk = "
+                  f"{result['s3_old_vs_disk']}; GET bytes per clip "
+                  + ", ".join(f"{mode} {count}" for mode, count in result.get("s3_get_bytes_per_clip", {}).items())
+                  + "; requests per clip without: "
+                  + ", ".join(f"{kind} {count}" for kind, count in result["s3_old_requests_per_clip"].items()))
     if "s3_vs_disk" in result:
         human += (f"\nS3 (vaecache_s3 / vaecache on disk) = {result['s3_vs_disk']} steady, "
                   f"{result['s3_wall_vs_disk']} wall (per repeat, median: {result['s3_vs_disk_paired']}, "

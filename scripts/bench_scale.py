@@ -142,14 +142,17 @@ def write_video(path: Path, frames: int = 8) -> None:
 
 def write_index(path: Path, video: Path, scenes: int, clips_per_scene: float, source: str = "video") -> int:
     """`scenes` lines referencing `video`; frame counts cycle so scenes give 0..2x clips_per_scene clips
-    (mean clips_per_scene). Returns the clip count a plan of NUM_FRAMES-frame clips gives.
+    (mean clips_per_scene), each line's probe with the video's frame index (`timeline`) as `vaecache index` writes
+    it, its frame rule as long as the line. Returns the clip count a plan of NUM_FRAMES-frame clips gives.
 
     `source`: what each line names, as `vaecache index` writes it: "video" the file; "tar-member" the video inside a
     WebDataset shard (TAR#NAME@OFFSET+SIZE); "seconds" the file with a clip range in seconds (a metadata table's row),
     the range covering the frames the line's probe gives, so the clip count is the same."""
     from vaecache.sources.probing import probe_file
+    from vaecache.video.timeline import Timeline
 
     probe = probe_file(str(video)).to_json()
+    timeline = Timeline.from_json(probe["timeline"], "probe") if "timeline" in probe else None
     named = video.name
     if source == "tar-member":
         import tarfile
@@ -172,6 +175,9 @@ def write_index(path: Path, video: Path, scenes: int, clips_per_scene: float, so
             fields = {**probe, "frames": frames, "mtime_ns": probe["mtime_ns"] + i}
             if "start_ns" in probe:  # the times of `frames` frames at the video's rate
                 fields["end_ns"] = probe["start_ns"] + round((frames - 1) * 1e9 / probe["fps"])
+            if timeline is not None:  # its frame index, as long as the line says
+                fields["timeline"] = Timeline((*timeline.pts_rule[:2], frames), None, timeline.keys_packed,
+                                              timeline.head, timeline.rotation).to_json()
             line = {"id": f"scene_{i:08d}", "path": named, "probe": fields}
             if source == "seconds":  # [0, the time just past the last frame): every frame of the probe
                 line["seconds"] = [0.0, round(frames / probe["fps"], 6)]

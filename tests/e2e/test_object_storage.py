@@ -344,8 +344,10 @@ def test_a_long_video_at_a_url_is_read_in_ranges_and_encodes_like_the_file_on_di
     data = upload(s3, local, "ranged", "videos")
     index = tmp_path / "index.jsonl"
     assert invoke(["index", data, "-o", index, "--no-progress"]).exit_code == 0
-    timeline = json.loads(index.read_text())["probe"]["timeline"]
-    assert timeline["head"] and timeline["pts"] == [0, 512, 480]
+    from vaecache.video.timeline import Timeline
+
+    timeline = Timeline.from_json(json.loads(index.read_text())["probe"]["timeline"], "index")
+    assert timeline.head and timeline.pts_rule == (0, 512, 480)
     counting = StoreProxy(s3_endpoint, {})
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL_S3", counting.endpoint)

@@ -33,23 +33,33 @@ def test_a_constant_frame_rate_is_an_affine_rule_and_any_other_the_list() -> Non
                                                          400, 433]
     for timeline in (constant, varying):
         again = Timeline.from_json(json.loads(json.dumps(timeline.to_json())), "index.jsonl:1")
+        assert again.text.startswith("v1|0,1024,24|" if timeline is constant else "v1|*")
         assert again == timeline and again.pts() == timeline.pts() and again.keyframes() == timeline.keyframes()
     assert constant.keyframes()[1] == Keyframe(12, 11264, 12288, 900, 2000) and constant.has_bytes
     assert not Timeline.build([0, 1], [Keyframe(0, 0, 0)]).has_bytes  # a container without packet positions
 
 
-@pytest.mark.parametrize(("raw", "problem"), [
-    ({"v": 2, "pts": [0, 1, 3], "keys": "x"}, "version 1"),
-    ({"v": 1, "pts": [0, 1], "keys": "x"}, r"pts is \[first, step, count\]"),
-    ({"v": 1, "pts": [0, 1, 3], "keys": 5}, "keys is a packed list"),
-    ({"v": 1, "pts": [0, 1, 3], "keys": "x", "head": [[5, 2]]}, "head ranges"),
-    ({"v": 1, "pts": [0, 0, 3], "keys": "x"}, "positive step"),
-    ({"v": 1, "pts": [0, 1, 3], "keys": "x", "more": 1}, "version 1 with"),
-])
-def test_a_timeline_that_is_not_one_is_refused_naming_the_line(raw: dict, problem: str) -> None:
-    message = f"^index.jsonl:7: probe field \"timeline\" is not a frame index .*{problem}"
+@pytest.mark.parametrize("raw", [{"v": 1, "pts": [0, 1, 3], "keys": "x"}, "v2|0,1,3|x||0", "v1|0,1,3|x|0", 7])
+def test_a_timeline_that_is_not_one_is_refused_naming_the_line(raw: object) -> None:
+    message = '^index.jsonl:7: probe field "timeline" is not a frame index \\(version 1 is the text "v1|PTS|'
     with pytest.raises(DatasetError, match=message):
         Timeline.from_json(raw, "index.jsonl:7")
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("v1|0,0,3|x||0", "positive step"),
+    ("v1|0,1|x||0", r"\[first, step, count\]"),
+    ("v1|0,1,3|x|5,2|0", "head is pairs"),
+    ("v1|0,1,3|x|0,4,9|0", "head is pairs"),
+    ("v1|0,1,3|x||45", "rotation a multiple of 90"),
+    ("v1|a,1,3|x||0", "integers"),
+])
+def test_a_damaged_timeline_is_found_where_it_is_used(text: str, problem: str) -> None:
+    """The form is checked as an index is read (cheaply: a million lines); the parts where a reader uses them."""
+    timeline = Timeline.from_json(text, "index.jsonl:7")
+    with pytest.raises(ValueError, match=problem):
+        timeline.pts()
+    assert timeline.frame_count() is None and not timeline.has_bytes
 
 
 def test_damaged_packed_lists_are_found_where_they_are_unpacked() -> None:

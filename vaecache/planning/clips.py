@@ -25,7 +25,7 @@ from vaecache.sources.scene import Skipped, source_of
 
 if TYPE_CHECKING:
     from vaecache.settings.clip import SyncConfig
-    from vaecache.sources.scene import FrameMetadata, Listing, Scene, SceneProbe
+    from vaecache.sources.scene import CameraProbe, FrameMetadata, Listing, Scene, SceneProbe
     from vaecache.video.frames import FrameList
     from vaecache.video.timeline import Timeline
 
@@ -123,7 +123,7 @@ def plan_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling:
     With `sizes` ((H, W) buckets) every clip carries its Bucket: the scene's size is the one nearest in log
     aspect to its cameras' displayed sizes (buckets.nearest_size), its lengths those scene_lengths gives."""
     usable: list[tuple[Scene, int, float, tuple[tuple[int, int, int], ...], tuple[tuple[int, int], ...],
-                       tuple[Timeline | None, ...]]] = []
+                       Sequence[CameraProbe]]] = []
     counts, stops, size_index = array("q"), array("q"), array("H")
     skipped: list[Skipped] = []
     shared: dict[Any, Any] = {}  # per camera geometry: (expect, displayed, size index)
@@ -174,8 +174,7 @@ def plan_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling:
                                    frame_budget_problem(camera.width, camera.height, sampling.max_frame_pixels),
                                    scene.cameras[geometry[3]]))
             continue
-        timelines = tuple(c.timeline for c in cameras) if any(c.timeline is not None for c in cameras) else ()
-        usable.append((scene, start, fps, geometry[0], geometry[1], timelines))
+        usable.append((scene, start, fps, geometry[0], geometry[1], cameras))  # the probes: a reference, no copy
         counts.append(count)
         stops.append(stop)
         size_index.append(geometry[2])
@@ -400,7 +399,10 @@ class PlannedClips(Sequence[Clip]):
         return sum(self.scene_at(p)[1] * len(scene.cameras) for p, (scene, *_) in enumerate(self._scenes))
 
     def _scene_clips(self, position: int) -> list[Clip]:
-        scene, start, fps, expect, displayed, timelines = self._scenes[position]
+        scene, start, fps, expect, displayed, cameras = self._scenes[position]
+        timelines = tuple(probe.timeline for probe in cameras)
+        if not any(timelines):
+            timelines = ()
         identity = tuple((probe.size, probe.mtime_ns) for probe in scene.probed) if scene.probed else ()
         flags = self._done_flags
         at = self._planned_ends[position] - self._window_counts[position]

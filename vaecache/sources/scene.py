@@ -20,7 +20,7 @@ from vaecache.video.timeline import Timeline
 
 PROBE_FIELDS: dict[str, type | tuple[type, ...]] = {
     "frames": int, "fps": (int, float), "width": int, "height": int, "codec": str, "size": int, "mtime_ns": int,
-    "rotation": int, "start_ns": int, "end_ns": int, "timeline": dict}
+    "rotation": int, "start_ns": int, "end_ns": int, "timeline": str}
 """What `vaecache index` records per camera, and the JSON type of each (see CameraProbe)."""
 _OPTIONAL_PROBE_FIELDS = {"rotation": 0, "start_ns": None, "end_ns": None, "timeline": None}
 

@@ -4,10 +4,13 @@ with it demuxes no packet to find its frames and, for an object at a URL, reads 
 It holds every frame's presentation timestamp, as an affine rule (start, step, count) where the stream is constant
 frame rate, the packed list where it is not; the keyframes (frame number, the timestamp a seek asks for, and the
 byte range from the keyframe's packet to the end of the last packet of a frame shown before the next keyframe: its
-GOP's bytes); and the byte ranges opening the container read (its header and index: an mp4's `ftyp` and `moov`).
-Lists are packed as base64 of zlib-compressed little-endian int64 deltas: a one-hour 30 fps video with a keyframe
-every two seconds keeps about 9 KB (scripts/bench_read.py --timeline-only). The packed text is kept as read and
-unpacked only by the reader that uses it, so an index of ten million clips costs its planner the strings.
+GOP's bytes); the byte ranges opening the container read (its header and index: an mp4's `ftyp` and `moov`); and
+the display rotation. A probe records it as one text, `v1|PTS|KEYS|HEAD|ROTATION`: PTS `FIRST,STEP,COUNT` or
+`*PACKED`, KEYS `PACKED` (rows of KEY_COLUMNS), HEAD `START,END,START,END...` (empty: none recorded), ROTATION
+degrees. PACKED is base64 of zlib-compressed little-endian int64 deltas, row by row: a one-hour 30 fps video with a
+keyframe every two seconds keeps about 15 KB (scripts/bench_read.py --workload clips). The text is kept as read and
+checked and unpacked only by the reader that uses it, so a planner of a million probed videos holds a million short
+strings, and an index line's timeline costs its parse one JSON string.
 
 A Timeline belongs to one version of one file: the probe that carries it has the file's size and mtime (an object's
 reads are conditional on its ETag), and a changed file is refused before its timeline is used. Pure: no I/O.
@@ -17,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import bisect
-import functools
 import zlib
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -27,7 +29,8 @@ import numpy as np
 from vaecache.errors import DatasetError
 
 TIMELINE_VERSION = 1
-"""The layout of a probe's `timeline` (its "v"); a reader refuses a version it does not know and probes again."""
+"""The layout of a probe's `timeline` (its `v1|` prefix): an index line with another is refused naming the line, a
+probe-cache record with another is probed again."""
 KEY_COLUMNS = ("frame", "seek_ts", "byte_start", "byte_end")
 """Per keyframe, packed in this order; byte_start / byte_end -1: the container gave no byte positions."""
 
@@ -64,26 +67,88 @@ class Keyframe:
     """End of the last packet of a frame shown from it to the next keyframe; -1 unknown."""
 
 
-@dataclass(frozen=True)
 class Timeline:
-    """One video's frame index (see the module docstring). Build with `Timeline.build`, read with `from_json`."""
+    """One video's frame index (see the module docstring). Build with `Timeline.build`, read with `from_json`.
 
-    pts_rule: tuple[int, int, int] | None
-    """(first pts, step, frame count) of a constant-frame-rate stream; None where `pts_packed` lists them."""
-    pts_packed: str | None
-    keys_packed: str
-    head: tuple[tuple[int, int], ...] = ()
-    """Byte ranges [start, end) opening the container read (recorded for objects at URLs; empty otherwise)."""
-    rotation: int = 0
-    """Counter-clockwise display rotation in degrees, as the reader found it on the first frame."""
+    Held as one short text (`text`: the pts rule or packed list, the packed keyframes, the head ranges, the
+    rotation), its parts unpacked on first use: a planner of a million probed videos holds a million of these."""
 
-    def __post_init__(self) -> None:
-        if (self.pts_rule is None) == (self.pts_packed is None):
+    __slots__ = ("text", "_parts")
+
+    def __init__(self, pts_rule: tuple[int, int, int] | None, pts_packed: str | None, keys_packed: str,
+                 head: Sequence[tuple[int, int]] = (), rotation: int = 0) -> None:
+        if (pts_rule is None) == (pts_packed is None):
             raise DatasetError("a timeline has a pts rule or a pts list, exactly one")
-        if self.pts_rule is not None and (self.pts_rule[2] < 1 or (self.pts_rule[2] > 1 and self.pts_rule[1] < 1)):
-            raise DatasetError(f"timeline pts rule {self.pts_rule}: needs a frame count >= 1 and a positive step")
-        if self.rotation % 90 or any(not 0 <= a < b for a, b in self.head):
+        if pts_rule is not None and (pts_rule[2] < 1 or (pts_rule[2] > 1 and pts_rule[1] < 1)):
+            raise DatasetError(f"timeline pts rule {tuple(pts_rule)}: needs a frame count >= 1 and a positive step")
+        if rotation % 90 or any(not 0 <= a < b for a, b in head) or "|" in keys_packed + (pts_packed or ""):
             raise DatasetError("a timeline's rotation is a multiple of 90 and its head ranges [start, end) ascending")
+        pts = ",".join(map(str, pts_rule)) if pts_rule is not None else f"*{pts_packed}"
+        ranges = ",".join(str(value) for part in head for value in part)
+        self.text = f"v{TIMELINE_VERSION}|{pts}|{keys_packed}|{ranges}|{rotation}"
+        self._parts: tuple[Any, ...] | None = None
+
+    @classmethod
+    def _of_text(cls, text: str) -> Timeline:
+        found = object.__new__(cls)
+        found.text, found._parts = text, None
+        return found
+
+    def _unpacked(self) -> tuple[Any, ...]:
+        """(rule, packed pts, packed keys, head, rotation), checked; ValueError naming what is wrong."""
+        if self._parts is None:
+            _, pts, keys, head, rotation = self.text.split("|")
+            try:
+                rule = tuple(int(v) for v in pts.split(",")) if not pts.startswith("*") else None
+                flat = [int(v) for v in head.split(",")] if head else []
+                turn = int(rotation)
+            except ValueError:
+                raise ValueError("pts, head and rotation are integers") from None
+            if rule is not None and (len(rule) != 3 or rule[2] < 1 or (rule[2] > 1 and rule[1] < 1)):
+                raise ValueError(f"pts rule {rule}: [first, step, count] with a count >= 1 and a positive step")
+            ranges = tuple(zip(flat[::2], flat[1::2]))
+            if len(flat) % 2 or turn % 90 or any(not 0 <= a < b for a, b in ranges):
+                raise ValueError("head is pairs [start, end) and rotation a multiple of 90")
+            self._parts = (rule, pts[1:] if rule is None else None, keys, ranges, turn)
+        return self._parts
+
+    @property
+    def pts_rule(self) -> tuple[int, int, int] | None:
+        """(first pts, step, frame count) of a constant-frame-rate stream; None where `pts_packed` lists them."""
+        return self._unpacked()[0]
+
+    @property
+    def pts_packed(self) -> str | None:
+        return self._unpacked()[1]
+
+    @property
+    def keys_packed(self) -> str:
+        return self._unpacked()[2]
+
+    @property
+    def head(self) -> tuple[tuple[int, int], ...]:
+        """Byte ranges [start, end) opening the container read (recorded for objects at URLs; empty otherwise)."""
+        return self._unpacked()[3]
+
+    @property
+    def rotation(self) -> int:
+        """Counter-clockwise display rotation in degrees, as the reader found it on the first frame."""
+        return self._unpacked()[4]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Timeline) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+    def __repr__(self) -> str:
+        return f"Timeline({self.text[:80]!r})"
+
+    def __getstate__(self) -> str:
+        return self.text
+
+    def __setstate__(self, text: str) -> None:
+        self.text, self._parts = text, None
 
     @classmethod
     def build(cls, pts: Sequence[int], keyframes: Sequence[Keyframe], head: Sequence[tuple[int, int]] = (),
@@ -99,12 +164,12 @@ class Timeline:
                 rule = (int(values[0]), step, len(values))
         keys = np.array([(k.frame, k.seek_ts, k.byte_start, k.byte_end) for k in keyframes],
                         dtype=np.int64).reshape(-1, len(KEY_COLUMNS))
-        return cls(rule, None if rule is not None else pack(values), pack(keys), tuple(merged(head)), rotation)
+        return cls(rule, None if rule is not None else pack(values), pack(keys), merged(head), rotation)
 
     # ------------------------------------------------------------------ unpacked on use
 
-    @functools.cached_property
     def _pts(self) -> list[int]:
+        """ValueError where a part is damaged."""
         if self.pts_rule is not None:
             first, step, count = self.pts_rule
             return list(range(first, first + step * count, step)) if count > 1 else [first]
@@ -112,17 +177,15 @@ class Timeline:
 
     def pts(self) -> list[int]:
         """Every shown frame's pts, ascending (ValueError when the packed list is damaged or not ascending)."""
-        found = self._pts
+        found = self._pts()
         if not found or any(b <= a for a, b in zip(found, found[1:])):
             raise ValueError("the frame times are not strictly ascending")
         return found
 
     def frame_count(self) -> int | None:
-        """How many frames the video has (None where the packed list is damaged)."""
-        if self.pts_rule is not None:
-            return self.pts_rule[2]
+        """How many frames the video has (None where the timeline is damaged)."""
         try:
-            return len(self._pts)
+            return self.pts_rule[2] if self.pts_rule is not None else len(self._pts())
         except ValueError:
             return None
 
@@ -138,44 +201,30 @@ class Timeline:
     @property
     def has_bytes(self) -> bool:
         """Whether the keyframes carry byte ranges (a container that gives packet positions)."""
-        return all(row[2] >= 0 and row[3] > row[2] for row in unpack(self.keys_packed, len(KEY_COLUMNS)).tolist())
+        try:
+            rows = unpack(self.keys_packed, len(KEY_COLUMNS)).tolist()
+        except ValueError:
+            return False
+        return bool(rows) and all(row[2] >= 0 and row[3] > row[2] for row in rows)
 
     # ------------------------------------------------------------------ JSON
 
-    def to_json(self) -> dict[str, Any]:
-        found: dict[str, Any] = {"v": TIMELINE_VERSION}
-        found["pts"] = list(self.pts_rule) if self.pts_rule is not None else self.pts_packed
-        found["keys"] = self.keys_packed
-        if self.head:
-            found["head"] = [list(part) for part in self.head]
-        if self.rotation:
-            found["rotation"] = self.rotation
-        return found
+    def to_json(self) -> str:
+        """The timeline as a probe records it: `v1|PTS|KEYS|HEAD|ROTATION` (see the module docstring)."""
+        return self.text
 
     @classmethod
     def from_json(cls, raw: Any, where: str) -> Timeline:
-        """Check one probe's `timeline` by its shape (the packed lists are unpacked only where used); a wrong one is a
-        DatasetError naming `where`."""
-        try:
-            if not isinstance(raw, dict) or raw.get("v") != TIMELINE_VERSION or set(raw) - {"v", "pts", "keys",
-                                                                                               "head", "rotation"}:
-                raise ValueError(f"version {TIMELINE_VERSION} with v, pts, keys and optionally head, rotation")
-            pts, keys = raw["pts"], raw["keys"]
-            head = raw.get("head", [])
-            rotation = raw.get("rotation", 0)
-            rule = None
-            if isinstance(pts, list):
-                if len(pts) != 3 or not all(type(value) is int for value in pts):
-                    raise ValueError("pts is [first, step, count] or a packed list")
-                rule = (pts[0], pts[1], pts[2])
-            elif not isinstance(pts, str):
-                raise ValueError("pts is [first, step, count] or a packed list")
-            if not isinstance(keys, str) or type(rotation) is not int or not isinstance(head, list) or not all(
-                    isinstance(part, list) and len(part) == 2 and all(type(v) is int for v in part) for part in head):
-                raise ValueError("keys is a packed list, head a list of [start, end], rotation an integer")
-            return cls(rule, None if rule is not None else pts, keys, tuple((a, b) for a, b in head), rotation)
-        except (ValueError, KeyError, DatasetError) as exc:
-            raise DatasetError(f"{where}: probe field \"timeline\" is not a frame index ({exc})") from None
+        """A probe's `timeline`, checked by its form only (its parts are checked, and its packed lists unpacked, where
+        a reader uses it: a damaged one is then a decode failure naming the video); a wrong form is a DatasetError
+        naming `where`."""
+        if type(raw) is not str or not raw.startswith(_PREFIX) or raw.count("|") != 4:
+            raise DatasetError(f"{where}: probe field \"timeline\" is not a frame index (version {TIMELINE_VERSION} "
+                               f"is the text \"v{TIMELINE_VERSION}|PTS|KEYS|HEAD|ROTATION\"), got {raw!r:.80}")
+        return cls._of_text(raw)
+
+
+_PREFIX = f"v{TIMELINE_VERSION}|"
 
 
 def merged(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
