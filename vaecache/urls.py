@@ -352,13 +352,10 @@ def open_url(url: str, block_size: int | None = None, held: HeldObjects | None =
             if handle.size == len(data):
                 return handle
             handle.close()  # listed at another size: read it from the store, which refuses a changed object
-        if planned is not None:
-            handle = fs.open(path, "rb", block_size=block_size, cache_type="none")  # nothing is read by opening
-            if not (whole_if_small and handle.size <= block_size):
-                handle.cache = PlannedReads(block_size, handle._fetch_range, handle.size, planned)
-                return handle
-            handle.close()
         handle = fs.open(path, "rb", block_size=block_size, cache_type="readahead")
+        if planned is not None and not (whole_if_small and handle.size <= block_size):  # nothing was read yet
+            handle.cache = PlannedReads(block_size, handle._fetch_range, handle.size, planned)
+            return handle
         if (sequential and BLOCKS_KEPT and isinstance(getattr(handle, "cache", None), fsspec.caching.ReadAheadCache)
                 and handle.size > block_size and _background_closes()):  # nothing was read yet: no request lost
             handle.cache = fsspec.caching.BackgroundBlockCache(block_size, handle._fetch_range, handle.size,
@@ -459,15 +456,16 @@ class PlannedReads:
         return bytes(out)
 
     def _fetch_end(self, position: int, stop: int, following: int) -> int:
-        """Where a GET from `position` ends: the planned range's end (a block at most), or a read-ahead past `stop`;
-        never past the next kept piece."""
+        """Where a GET from `position` ends: the planned range's end (a block at most), or a read-ahead past `stop`
+        (up to the next planned range); never past the next kept piece."""
         import bisect
 
         index = bisect.bisect_right(self._planned, position, key=lambda part: part[0]) - 1
         if index >= 0 and position < self._planned[index][1]:
             end = max(stop, min(self._planned[index][1], position + self.blocksize))
-        else:
-            end = max(stop, position + self.read_ahead)
+        else:  # up to the next planned range at most: that one is fetched whole by its own GET
+            planned = self._planned[index + 1][0] if index + 1 < len(self._planned) else self.size
+            end = max(stop, min(position + self.read_ahead, planned))
         return min(end, following, self.size)
 
     def _keep(self, start: int, data: bytes) -> None:

@@ -80,4 +80,5 @@ def test_a_clips_bytes_run_from_its_first_frames_keyframe_to_the_end_of_its_last
     assert gop_bytes(keys, 12, 12) == (850, 1700)
     assert gop_bytes(keys, 10, 25) == (100, 2600)
     assert gop_bytes([Keyframe(0, 0, 0)], 0, 3) is None
+    assert gop_bytes([], 0, 3) is None  # a reader that fell back to counting frames has no keyframes
     assert merged([(5, 9), (0, 2), (2, 4), (8, 12), (20, 20)]) == [(0, 4), (5, 12)]

@@ -305,8 +305,8 @@ class VideoReader:
         ranges opening it reads are kept for its timeline."""
         if self._member is None and is_url(self.path):
             self._url_file.seek(0)  # a restart reads the object again from its start: the read-ahead may hold it
-            if not record:
-                return av.open(self._url_file, buffer_size=URL_IO_BUFFER)
+            if not record:  # ranged reads ask for what the probe's open asked for
+                return av.open(self._url_file, buffer_size=URL_IO_BUFFER) if self._ranged else av.open(self._url_file)
             recorder = _RecordingReads(self._url_file)
             container = av.open(recorder, buffer_size=URL_IO_BUFFER)
             recorder.recording = False
@@ -535,9 +535,10 @@ def _read_problem(exc: OSError, doing: str) -> str:
 
 
 URL_IO_BUFFER = 4 << 10
-"""Bytes FFmpeg asks of an object at a URL per read: what opening it reads (its timeline's `head`) and how far a seek
-may be read through instead of jumped over are multiples of it (PyAV's default, 32 KiB, read eight times as much of
-a clip's surroundings; the bytes come from vaecache's read cache, not one GET each)."""
+"""Bytes FFmpeg asks per read of an object at a URL that a probe opens (recording what opening it reads: its
+timeline's `head`) or that is read in planned ranges: the head and how far a seek may be read through instead of
+jumped over are multiples of it (PyAV's default, 32 KiB, read eight times as much of a clip's surroundings; the
+bytes come from vaecache's read cache, not one GET each)."""
 RANGED_MIN_CLIPS = 8
 """A video at a URL with a timeline that holds at least this many clips is read in ranges however small it is (a
 decode worker reads its clip's GOPs, not the object); a smaller one with fewer is read whole by its first GET."""

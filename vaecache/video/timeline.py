@@ -247,6 +247,6 @@ def gop_bytes(keyframes: Sequence[Keyframe], first: int, last: int) -> tuple[int
     lo = max(0, bisect.bisect_right(frames, first) - 1)
     hi = max(lo, bisect.bisect_right(frames, last) - 1)
     span = keyframes[lo:hi + 1]
-    if any(key.byte_start < 0 or key.byte_end <= key.byte_start for key in span):
+    if not span or any(key.byte_start < 0 or key.byte_end <= key.byte_start for key in span):
         return None
     return span[0].byte_start, max(key.byte_end for key in span)
