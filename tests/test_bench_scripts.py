@@ -57,6 +57,20 @@ def test_bench_prints_documented_keys(capsys, tmp_path):
     assert {"wall_ms_per_clip", "cpu_ms_per_clip", "rank_ms_per_clip", "fixed_cpu_s"} <= set(one_rank)
 
 
+def test_bench_s3_index_encodes_an_index_with_and_without_timelines(capsys, tmp_path):
+    result = load_script("bench").main([*TINY, "--frames", "48", "--num-frames", "5", "--workers", "0",
+                                        "--scenes", "1", "--cameras", "1", "--s3", "--s3-latency-ms", "1",
+                                        "--s3-index", "--tmp", str(tmp_path)])
+    printed = printed_json(capsys)
+    assert printed == json.loads(json.dumps(result))
+    assert {"vaecache_s3", "vaecache_s3_old"} <= set(printed["views_per_s"])
+    assert printed["s3_vs_s3_old"] > 0 and printed["s3_old_vs_disk"] > 0
+    # 9 clips of one object: with timelines the worker reads its clips' ranges, without it the whole object once
+    fetched = printed["s3_get_bytes_per_clip"]
+    assert 0 < fetched["vaecache_s3"] and 0 < fetched["vaecache_s3_old"]
+    assert printed["s3_old_requests_per_clip"]["GET range"] > 0
+
+
 def test_bench_reads_jpeg_folders_with_every_mode(capsys, tmp_path):
     result = load_script("bench").main([*TINY, "--frames", "5", "--num-frames", "5", "--workers", "0",
                                         "--input", "jpeg", "--tmp", str(tmp_path)])
