@@ -8,13 +8,15 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import ENCODE_ARGS, assert_same_tensors, invoke, load_tensors, read_clips, read_failures
 from tests.s3 import download, make_bucket, upload
 
 
 def _without_provenance(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in record.items() if k not in ("sources", "source_identity", "shard")} for record in records]
+    provenance = ("sources", "source_identity", "source_timelines", "shard")
+    return [{k: v for k, v in record.items() if k not in provenance} for record in records]
 
 
 def test_an_encode_from_s3_to_s3_equals_the_encode_on_disk(s3, demo_data: Path, good_cache: Path,
@@ -359,3 +361,25 @@ def test_a_long_video_at_a_url_is_read_in_ranges_and_encodes_like_the_file_on_di
     assert_same_tensors(load_tensors(tmp_path / "url"), load_tensors(tmp_path / "disk"))
     ranges = [path for method, path in counting.paths if method == "GET" and path.split("?")[0].endswith("long.mp4")]
     assert len(ranges) > 3  # a header, an index and the GOPs, not one GET of the whole object
+
+    # each clip record keeps its source's frame index around its frames: a re-read of the clip (a pixel loss's
+    # targets, verify --reencode, decode) seeks by it, demuxing nothing, and reads the clip's ranges of the object
+    from vaecache.training import LatentCache
+    from vaecache.urls import set_data_storage_options
+    from vaecache.video.reader import VideoReader
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)  # the counting proxy is gone
+    set_data_storage_options({})
+    records = read_clips(tmp_path / "url")
+    kept = [Timeline.from_json(record["source_timelines"][0], "record") for record in records]
+    assert all(t.head == timeline.head and t.pts_rule == timeline.pts_rule for t in kept)
+    assert all(len(t.keyframes()) <= 4 for t in kept)  # the clip's keyframes, not the video's 40
+    on_disk = LatentCache(tmp_path / "disk").source_frames(records[30]["id"])
+
+    def no_index(self: VideoReader) -> None:
+        raise AssertionError(f"{self.path} was demuxed to index it")
+
+    monkeypatch.setattr(VideoReader, "_index", no_index)
+    assert torch.equal(LatentCache(tmp_path / "url").source_frames(records[30]["id"]), on_disk)
+    checked = invoke(["verify", tmp_path / "url", "--reencode", "3", "--seed", "2"])
+    assert checked.exit_code == 0, checked.output

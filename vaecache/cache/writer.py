@@ -181,6 +181,7 @@ class ShardWriter:
             "cameras": list(clip.cameras),
             "sources": list(clip.paths),
             **({"source_identity": identity} if identity is not None else {}),
+            **_source_timelines(clip, reading),
             "frames": list(clip.frames),
             "fps": clip.fps if clip.fps else None,  # an image sequence of unknown rate
             **({"times": [round(float(t), 6) for t in times]} if times is not None else {}),
@@ -333,3 +334,21 @@ class _OpenShard:
         self.tensors: dict[str, torch.Tensor] = {}
         self.records: list[dict[str, Any]] = []
         self.bytes = 0
+
+
+def _source_timelines(clip: ClipLike, reading: dict[str, Any]) -> dict[str, Any]:
+    """{"source_timelines": per camera, its probe's frame index cut to the keyframes of the frames this clip took
+    (vaecache.video.timeline.Timeline.for_frames; None for a camera without one)}, or nothing where the clip has
+    none: what a re-read of the clip (verify --reencode, decode, LatentCache.source_frames) seeks by."""
+    timelines = getattr(clip, "timelines", ())
+    if not timelines:
+        return {}
+    per_camera = reading.get("camera_frames") or {}
+    found: list[str | None] = []
+    for camera, timeline in zip(clip.cameras, timelines):
+        frames = per_camera.get(camera) or clip.frames
+        try:
+            found.append(timeline.for_frames(frames[0], frames[-1]).to_json() if timeline is not None else None)
+        except ValueError:  # damaged: its decode failed already, naming it
+            found.append(None)
+    return {"source_timelines": found}

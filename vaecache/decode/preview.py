@@ -264,7 +264,7 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
     from vaecache.vae.latent_decode import decode_mode, iter_decoded
     from vaecache.vae.recorded import load_recorded_vae
     from vaecache.video.backends import backend_for_record
-    from vaecache.video.dataset import ViewDecoder, recorded_views
+    from vaecache.video.dataset import ViewDecoder, recorded_timelines, recorded_views
 
     store.check_present()
     set_data_storage_options(storage_options)  # the recorded sources at URLs are read as encode read them
@@ -280,6 +280,7 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
     latents = tensors[latent_key]  # (cameras, c, t, h, w), raw: what the decoder takes
     cameras, frames = list(record["cameras"]), list(record["frames"])
     views = recorded_views(record)  # per camera: its source and its own frames (image files, synced frames)
+    timelines = recorded_timelines(record)  # and its frame index around them, where encode recorded it
     manifest = cache.manifest
     clip_settings = ClipSettings.from_record(manifest.get("settings", {}))
     bucket = record.get("bucket") if isinstance(record.get("bucket"), dict) else None
@@ -322,8 +323,9 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
             if tuple(decoded[0].shape[-2:]) != (height, width):
                 raise VaecacheError(f"{model.spec} decoded {tuple(decoded[0].shape[-2:])} frames; clip {clip_id!r} "
                                     f"is {height}x{width}")
-            sources = [source.decode(path, list(wanted[done:done + count]), (height, width)).permute(1, 0, 2, 3)
-                       for path, wanted in views]
+            sources = [source.decode(path, list(wanted[done:done + count]), (height, width),
+                                     timeline=timeline).permute(1, 0, 2, 3)
+                       for (path, wanted), timeline in zip(views, timelines)]
             for score, src, dec in zip(scores, sources, decoded):
                 score.add(src, dec)
             writer.write(grid_frames(sources, decoded))

@@ -264,7 +264,7 @@ class LatentCache:
         from vaecache.cache.provenance import frames_identity, identity_change, source_identity
         from vaecache.settings.clip import ClipSettings
         from vaecache.video.backends import backend_for_record
-        from vaecache.video.dataset import ViewDecoder, recorded_views
+        from vaecache.video.dataset import ViewDecoder, recorded_timelines, recorded_views
 
         record = key if isinstance(key, dict) else self.record(key)
         files = record.get("frame_files") if isinstance(record.get("frame_files"), dict) else {}
@@ -283,7 +283,8 @@ class LatentCache:
         decoder = ViewDecoder(*size, fit=clip.fit, backend=backend_for_record(settings.get("decoder")),
                               max_pixels=clip.sampling.max_frame_pixels)
         try:
-            return torch.stack([decoder.decode(source, frames, size) for source, frames in recorded_views(record)])
+            return torch.stack([decoder.decode(source, frames, size, timeline=timeline) for (source, frames), timeline
+                                in zip(recorded_views(record), recorded_timelines(record))])
         finally:
             decoder.close()
 

@@ -133,7 +133,7 @@ def check_reencode(out: Any, manifest: dict[str, Any], cache: CacheReader, count
     from vaecache.encode.loop import clip_tensors
     from vaecache.planning.clips import Clip
     from vaecache.video.backends import backend_for_record
-    from vaecache.video.dataset import ViewDecoder, recorded_views
+    from vaecache.video.dataset import ViewDecoder, recorded_timelines, recorded_views
 
     settings = manifest.get("settings", {})
     clip_settings = ClipSettings.from_record(settings)
@@ -162,7 +162,8 @@ def check_reencode(out: Any, manifest: dict[str, Any], cache: CacheReader, count
         bucket = record.get("bucket") if isinstance(record.get("bucket"), dict) else None
         size = (bucket["height"], bucket["width"]) if bucket else None
         try:
-            views = torch.stack([decoder.decode(source, frames, size) for source, frames in recorded_views(record)])
+            views = torch.stack([decoder.decode(source, frames, size, timeline=timeline) for (source, frames), timeline
+                                 in zip(recorded_views(record), recorded_timelines(record))])
         except VaecacheError as exc:
             results.append((record["id"], None, f"source does not decode any more ({exc})"))
             continue

@@ -117,10 +117,13 @@ class ViewDecoder:
                 while len(self._readers) > self._cache_size:
                     self._readers.popitem(last=False)[1].close()
 
-    def frames(self, path: str | FrameList, frames: Sequence[int], fps: float | None = None) -> np.ndarray:
-        """(T, H, W, 3) uint8 RGB, upright, exactly the frames asked for."""
+    def frames(self, path: str | FrameList, frames: Sequence[int], fps: float | None = None,
+               timeline: Timeline | None = None) -> np.ndarray:
+        """(T, H, W, 3) uint8 RGB, upright, exactly the frames asked for; a reader opened here gets `timeline` (the
+        source's frame index: a clip record's, vaecache.video.timeline)."""
         try:
-            return self._reader(path, fps).read(frames)
+            clip = (frames[0], frames[-1]) if timeline is not None and len(frames) else None
+            return self._reader(path, fps, timeline, clip).read(frames)
         except VideoDecodeError:
             stale = self._readers.pop(path.key if isinstance(path, FrameList) else path, None)
             if stale is not None:
@@ -153,10 +156,10 @@ class ViewDecoder:
             raise
 
     def decode(self, path: str | FrameList, frames: Sequence[int], size: tuple[int, int] | None = None,
-               fps: float | None = None) -> torch.Tensor:
-        """(C, T, H, W) float in [-1, 1], at `size` (H, W; default the decoder's own)."""
+               fps: float | None = None, timeline: Timeline | None = None) -> torch.Tensor:
+        """(C, T, H, W) float in [-1, 1], at `size` (H, W; default the decoder's own); see `frames`."""
         height, width = size or (self.height, self.width)
-        array = self.frames(path, frames, fps)
+        array = self.frames(path, frames, fps, timeline)
         tensor = torch.from_numpy(np.ascontiguousarray(array)).permute(0, 3, 1, 2)
         tensor = to_model_range(resize_fit(tensor, height, width, self.fit))
         return tensor.permute(1, 0, 2, 3).contiguous()
@@ -372,6 +375,22 @@ def recorded_views(record: dict[str, Any]) -> list[tuple[Any, list[int]]]:
         else:
             views.append((path, list(frames.get(camera, record["frames"]))))
     return views
+
+
+def recorded_timelines(record: dict[str, Any]) -> list[Timeline | None]:
+    """Per camera of a clip record, the frame index of its source around the clip's frames (`source_timelines`, what
+    encode recorded from the probe; None where it recorded none: an image sequence, a cache written before them, a
+    value that is not one, whose reader then indexes the video as before)."""
+    found = record.get("source_timelines")
+    if not isinstance(found, list) or len(found) != len(record["cameras"]):
+        return [None] * len(record["cameras"])
+    timelines: list[Timeline | None] = []
+    for text in found:
+        try:
+            timelines.append(Timeline.from_json(text, "") if text is not None else None)
+        except DatasetError:
+            timelines.append(None)
+    return timelines
 
 
 class _Condemned(VideoDecodeError):

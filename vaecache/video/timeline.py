@@ -198,6 +198,18 @@ class Timeline:
             raise ValueError("the keyframes are not frame numbers of the video in ascending order")
         return [Keyframe(frame, seek_ts, pts[frame], start, end) for frame, seek_ts, start, end in keys]
 
+    def for_frames(self, first: int, last: int) -> Timeline:
+        """This timeline with only the keyframes a read of frames `first`..`last` seeks to (the one at or before
+        `first`, the two before it, as the reader may step back, through the last at or before `last`): what a clip
+        record keeps, the video's full index being its probe's. ValueError where it is damaged."""
+        keys = self.keyframes()
+        frames = [key.frame for key in keys]
+        lo = max(0, bisect.bisect_right(frames, first) - 3)
+        hi = max(lo + 1, bisect.bisect_right(frames, last))
+        rows = np.array([(k.frame, k.seek_ts, k.byte_start, k.byte_end) for k in keys[lo:hi]], dtype=np.int64)
+        rule, packed, _, head, rotation = self._unpacked()
+        return Timeline(rule, packed, pack(rows.reshape(-1, len(KEY_COLUMNS))), head, rotation)
+
     @property
     def has_bytes(self) -> bool:
         """Whether the keyframes carry byte ranges (a container that gives packet positions)."""
