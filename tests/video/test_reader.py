@@ -480,7 +480,8 @@ def test_a_reader_given_its_probes_timeline_demuxes_nothing_and_reads_every_fram
         name: str, layout_videos: dict, references: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every stream layout (open-GOP h264, HEVC and MPEG-4 with B-frames, mkv, webm, LeRobot's AV1): the timeline
     as an index stores it (JSON) gives the same frame numbering, times and pixels as the packet index it came from,
-    read in random windows by one reader and by a fresh reader per clip, and no packet is demuxed to find them."""
+    read in random windows by one reader and by a fresh reader per clip (with the whole timeline, and with a clip
+    record's cut of it), and no packet is demuxed to find them."""
     import json
 
     from vaecache.video.reader import VideoReader
@@ -503,6 +504,9 @@ def test_a_reader_given_its_probes_timeline_demuxes_nothing_and_reads_every_fram
             _assert_frames(name, reader.read(frames), references[name], frames)
     for frames in random_windows(72, 1, rng, 5):
         with open_video(path, timeline=stored) as fresh:
+            _assert_frames(name, fresh.read(frames), references[name], frames)
+        # a clip record's cut of it (the keyframes its frames are decoded from) reads them as exactly
+        with open_video(path, timeline=stored.for_frames(frames[0], frames[-1])) as fresh:
             _assert_frames(name, fresh.read(frames), references[name], frames)
 
 

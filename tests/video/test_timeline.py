@@ -82,3 +82,13 @@ def test_a_clips_bytes_run_from_its_first_frames_keyframe_to_the_end_of_its_last
     assert gop_bytes([Keyframe(0, 0, 0)], 0, 3) is None
     assert gop_bytes([], 0, 3) is None  # a reader that fell back to counting frames has no keyframes
     assert merged([(5, 9), (0, 2), (2, 4), (8, 12), (20, 20)]) == [(0, 4), (5, 12)]
+
+
+def test_a_clip_record_keeps_the_keyframes_its_frames_are_decoded_from() -> None:
+    keys = [Keyframe(frame, frame - 1, frame, 100 * frame + 48, 100 * frame + 1248) for frame in range(0, 120, 12)]
+    timeline = Timeline.build(list(range(120)), keys, [(0, 4096), (20_000, 21_000)], 180)
+    cut = timeline.for_frames(50, 70)  # in GOPs 48 and 60: their keyframes and the two before 48, which a seek
+    assert [key.frame for key in cut.keyframes()] == [24, 36, 48, 60]  # that lands late steps back to
+    assert (cut.pts_rule, cut.head, cut.rotation) == (timeline.pts_rule, timeline.head, 180)
+    assert gop_bytes(cut.keyframes(), 50, 70) == gop_bytes(keys, 50, 70)
+    assert [key.frame for key in timeline.for_frames(0, 5).keyframes()] == [0]

@@ -177,10 +177,12 @@ class Timeline:
 
     def pts(self) -> list[int]:
         """Every shown frame's pts, ascending (ValueError when the packed list is damaged or not ascending)."""
-        found = self._pts()
-        if not found or any(b <= a for a, b in zip(found, found[1:])):
+        if self.pts_rule is not None:
+            return self._pts()  # a checked rule ascends
+        values = unpack(self.pts_packed)  # type: ignore[arg-type]
+        if not len(values) or (np.diff(values) <= 0).any():
             raise ValueError("the frame times are not strictly ascending")
-        return found
+        return values.tolist()
 
     def frame_count(self) -> int | None:
         """How many frames the video has (None where the timeline is damaged)."""
@@ -189,26 +191,32 @@ class Timeline:
         except ValueError:
             return None
 
+    def _key_rows(self, count: int) -> np.ndarray:
+        """The packed keyframes as rows of KEY_COLUMNS, checked against a video of `count` frames."""
+        rows = unpack(self.keys_packed, len(KEY_COLUMNS)).reshape(-1, len(KEY_COLUMNS))
+        if not len(rows) or rows[0, 0] < 0 or rows[-1, 0] >= count or (np.diff(rows[:, 0]) <= 0).any():
+            raise ValueError("the keyframes are not frame numbers of the video in ascending order")
+        return rows
+
     def keyframes(self) -> list[Keyframe]:
         """The keyframes in frame order (ValueError when damaged: out of range, unordered)."""
         pts = self.pts()
-        keys = unpack(self.keys_packed, len(KEY_COLUMNS)).tolist()
-        if not keys or any(not 0 <= row[0] < len(pts) for row in keys) or any(
-                b[0] <= a[0] for a, b in zip(keys, keys[1:])):
-            raise ValueError("the keyframes are not frame numbers of the video in ascending order")
-        return [Keyframe(frame, seek_ts, pts[frame], start, end) for frame, seek_ts, start, end in keys]
+        return [Keyframe(frame, seek_ts, pts[frame], start, end)
+                for frame, seek_ts, start, end in self._key_rows(len(pts)).tolist()]
 
     def for_frames(self, first: int, last: int) -> Timeline:
         """This timeline with only the keyframes a read of frames `first`..`last` seeks to (the one at or before
         `first`, the two before it, as the reader may step back, through the last at or before `last`): what a clip
-        record keeps, the video's full index being its probe's. ValueError where it is damaged."""
-        keys = self.keyframes()
-        frames = [key.frame for key in keys]
-        lo = max(0, bisect.bisect_right(frames, first) - 3)
-        hi = max(lo + 1, bisect.bisect_right(frames, last))
-        rows = np.array([(k.frame, k.seek_ts, k.byte_start, k.byte_end) for k in keys[lo:hi]], dtype=np.int64)
+        record keeps, the video's full index being its probe's. ValueError where it is damaged. Unpacks the
+        keyframes only (no frame list): a writer cuts one per clip."""
+        count = self.frame_count()
+        if count is None:
+            raise ValueError("the frame times are damaged")
+        rows = self._key_rows(count)
+        lo = max(0, int(np.searchsorted(rows[:, 0], first, side="right")) - 3)
+        hi = max(lo + 1, int(np.searchsorted(rows[:, 0], last, side="right")))
         rule, packed, _, head, rotation = self._unpacked()
-        return Timeline(rule, packed, pack(rows.reshape(-1, len(KEY_COLUMNS))), head, rotation)
+        return Timeline(rule, packed, pack(rows[lo:hi]), head, rotation)
 
     @property
     def has_bytes(self) -> bool:
