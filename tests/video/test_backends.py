@@ -88,6 +88,9 @@ def test_random_and_strided_windows_are_frame_n_of_a_sequential_decode(choice: s
         frames = list(range(start, start + 16, 2))
         with open_video(str(path), backend) as fresh:  # a new reader for each clip, as a DataLoader worker opens
             _check(choice, fresh.read(frames), reference, frames)
+            timeline = getattr(fresh, "index", fresh).timeline
+        with open_video(str(path), backend, timeline=timeline) as recorded:  # the probe's frame index given
+            _check(choice, recorded.read(frames), reference, frames)
 
 
 def test_decords_own_seeking_returns_neighbouring_frames(streams: dict) -> None:

@@ -47,8 +47,8 @@ def open_video(path: str, backend: Backend | None = None, max_pixels: int | None
         raise VideoDecodeError(path, f"--decoder {backend.choice} cannot read a video inside a tar, one episode of "
                                      "a file or an object at a URL; use --decoder pyav (what auto picks)")
     if backend.choice == "decord":
-        return DecordReader(path, max_pixels)
-    return TorchcodecReader(path, backend.device, max_pixels)
+        return DecordReader(path, max_pixels, timeline)
+    return TorchcodecReader(path, backend.device, max_pixels, timeline)
 
 
 FOREIGN_COLOUR_TOLERANCE = 3.0
@@ -153,12 +153,13 @@ def backend_for_record(name: str | None) -> Backend:
 
 class ForeignReader:
     """A backend other than PyAV: frame numbering, frame count, times, the even-spacing check and the rotation
-    all come from a PyAV VideoReader of the same file (its packet index; no frame is decoded by PyAV but the
-    first), so every backend reads the same frame n and refuses the same clips. Subclasses fetch the pixels."""
+    all come from a PyAV VideoReader of the same file (its packet index, or the probe's timeline of it; no frame is
+    decoded by PyAV but the first), so every backend reads the same frame n and refuses the same clips. Subclasses
+    fetch the pixels."""
 
-    def __init__(self, path: str, max_pixels: int | None = None) -> None:
+    def __init__(self, path: str, max_pixels: int | None = None, timeline: Timeline | None = None) -> None:
         self.path = path
-        self.index = VideoReader(path, max_pixels=max_pixels)
+        self.index = VideoReader(path, max_pixels=max_pixels, timeline=timeline)  # with one: nothing demuxed
 
     def __len__(self) -> int:
         return len(self.index)
@@ -219,8 +220,8 @@ class DecordReader(ForeignReader):
     decord applies the display rotation itself, the same way as VideoReader (checked by shape here for 90 and
     270 degrees, and by the tests for all three)."""
 
-    def __init__(self, path: str, max_pixels: int | None = None) -> None:
-        super().__init__(path, max_pixels)
+    def __init__(self, path: str, max_pixels: int | None = None, timeline: Timeline | None = None) -> None:
+        super().__init__(path, max_pixels, timeline)
         import decord
 
         try:
@@ -283,8 +284,9 @@ class TorchcodecReader(ForeignReader):
     torchcodec applies the display rotation itself; on opening, its frame 0 must have PyAV's upright shape and
     lie within FOREIGN_COLOUR_TOLERANCE of PyAV's frame 0, or the file is refused (sideways, or other colours)."""
 
-    def __init__(self, path: str, device: str = "cpu", max_pixels: int | None = None) -> None:
-        super().__init__(path, max_pixels)
+    def __init__(self, path: str, device: str = "cpu", max_pixels: int | None = None,
+                 timeline: Timeline | None = None) -> None:
+        super().__init__(path, max_pixels, timeline)
         if self.index.sequential:
             self.close()
             raise VideoDecodeError(path, "no usable timestamps: --decoder torchcodec cannot identify frames "
