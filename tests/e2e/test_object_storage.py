@@ -194,8 +194,9 @@ def test_webdataset_shards_at_a_url_are_read_in_place(s3, demo_data: Path, good_
     assert source.startswith(f"{url}/data-000000.tar#scene_000.cam_0.mp4@")
 
 
-def test_an_index_of_data_at_a_url_names_the_objects_and_encodes_like_the_url(s3, demo_data: Path, good_cache: Path,
-                                                                               tmp_path: Path) -> None:
+def test_an_index_of_data_at_a_url_names_the_objects_and_encodes_like_the_url(s3, s3_endpoint: str, demo_data: Path,
+                                                                               good_cache: Path, tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
     data = upload(s3, demo_data, "indexed", "videos")
@@ -208,6 +209,17 @@ def test_an_index_of_data_at_a_url_names_the_objects_and_encodes_like_the_url(s3
     encoded = invoke(["encode", index, "--out", out, *ENCODE_ARGS])
     assert encoded.exit_code == 0, encoded.output
     assert_same_tensors(load_tensors(out), load_tensors(good_cache))
+
+    # --storage-option reaches the objects a local index names (here the endpoint, the environment's is elsewhere),
+    # by a client opened afresh: not the one this process opened before for another endpoint
+    from vaecache.urls import set_data_storage_options
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")
+    set_data_storage_options({})  # as a new process starts: no client for DATA's objects yet
+    elsewhere = invoke(["encode", index, "--out", tmp_path / "with-options", *ENCODE_ARGS,
+                        "--storage-option", f"endpoint_url={s3_endpoint}"])
+    assert elsewhere.exit_code == 0, elsewhere.output
+    assert_same_tensors(load_tensors(tmp_path / "with-options"), load_tensors(good_cache))
 
 
 def test_hash_sources_streams_each_object_for_its_sha256(s3, demo_data: Path, tmp_path: Path) -> None:

@@ -37,6 +37,10 @@ def discover(data: Path, cameras: Sequence[str] | None = None, options: SourceOp
             raise DatasetError(f"{data}: no objects under this URL")
     else:
         data = Path(data)
+        if options.storage_options is not None:  # the objects at URLs a local index or table names: read with them,
+            from vaecache.urls import set_data_storage_options  # by a client opened afresh
+
+            set_data_storage_options(dict(options.storage_options))
         if not data.exists() and not is_brace_pattern(str(data)):
             raise DatasetError(f"{data}: dataset path does not exist")
     layout = next((layout for layout in LAYOUTS if layout.matches(data)), None)
