@@ -67,11 +67,11 @@ class ViewDecoder:
         return self._reader(path, fps)
 
     def open_ahead(self, sources: Sequence[tuple[Any, ...]]) -> None:
-        """Open the videos at URLs among `sources` ((source, identity or None, fps[, timeline or None, clip frames]))
-        side by side, then keep them as
-        `opened` does: each costs a store's round trips (a HEAD for its changed-file check, ranged GETs for its
-        header), which one camera after another would add up. A source whose check or open fails here is left for
-        `check` to refuse, naming the problem, exactly as without this."""
+        """Open the videos at URLs among `sources` ((source, identity or None, fps[, timeline or None, (first, last)
+        frame of the clip)]) side by side, then keep them as `opened` does: each costs a store's round trips (a HEAD
+        for its changed-file check, ranged GETs for its header), which one camera after another would add up. A
+        source whose check or open fails here is left for `check` to refuse, naming the problem, exactly as without
+        this."""
         todo: dict[str, tuple[tuple[int, int] | None, float | None, Timeline | None, tuple[int, int] | None]] = {}
         for source, identity, fps, *rest in sources:
             if isinstance(source, str) and is_url(source) and source not in self._readers and source not in todo:
