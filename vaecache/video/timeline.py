@@ -59,7 +59,7 @@ class Keyframe:
     frame: int
     """The keyframe's frame number (its index in presentation order)."""
     seek_ts: int
-    """Timestamp to seek to (its dts where known: demuxers index by it)."""
+    """Its dts where known (else its pts): what the reader seeks to where seeking by pts overshoots (an AVI index)."""
     pts: int
     byte_start: int = -1
     """Offset of its packet in the file; -1 unknown."""
