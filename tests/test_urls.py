@@ -90,3 +90,13 @@ def test_the_header_index_and_first_clip_are_fetched_side_by_side() -> None:
     assert reads._fetch(1_000_000, len(OBJECT)) == OBJECT[1_000_000:] and len(store.gets) == 3
     reads.fetch_planned()
     assert len(store.gets) == 3  # nothing planned is left to fetch
+
+
+def test_planned_ranges_fetched_side_by_side_stop_at_bytes_already_kept() -> None:
+    store = Store()
+    reads = PlannedReads(256 << 10, store.fetch, len(OBJECT), [(0, 4096)])
+    assert reads._fetch(60_000, 60_010) == OBJECT[60_000:60_010]  # read outside the plan: kept from 60,000
+    reads.plan(50_000, 90_000)
+    reads.fetch_planned()
+    assert (50_000, 60_000) in store.gets  # not over the kept piece
+    assert _read_through(reads, 50_000, 90_000) == OBJECT[50_000:90_000]

@@ -406,7 +406,7 @@ class PlannedReads:
         range (a container's header at its start and its index at its end)."""
         from concurrent.futures import ThreadPoolExecutor
 
-        wanted = [(start, min(end, start + self.blocksize)) for start, end in self._planned
+        wanted = [(start, min(end, start + self.blocksize, self._next_kept(start))) for start, end in self._planned
                   if not self._kept_at(start)]
         if len(wanted) < 2:
             return
@@ -417,6 +417,13 @@ class PlannedReads:
                 self.fetches += 1
                 self.fetched_bytes += len(data)
                 self._keep(start, data)
+
+    def _next_kept(self, position: int) -> int:
+        """Where the first kept piece after `position` starts (the object's size: none)."""
+        import bisect
+
+        index = bisect.bisect_right(self._pieces, position, key=lambda piece: piece[0])
+        return self._pieces[index][0] if index < len(self._pieces) else self.size
 
     def _kept_at(self, position: int) -> bool:
         import bisect

@@ -283,3 +283,21 @@ def test_manifest_records_both_tables_counts_and_hashes(tmp_path: Path) -> None:
     assert manifest["clips"]["count"] == 2 and manifest["failures"]["count"] == 1
     assert manifest["clips"]["sha256"] == _sha256(tmp_path / "clips.parquet")
     assert manifest["failures"]["sha256"] == _sha256(tmp_path / "failures.parquet")
+
+
+def test_a_clip_record_keeps_a_cut_of_a_constant_rate_timeline_only() -> None:
+    """A variable-frame-rate video's timeline packs every frame's time: a cut of it would repeat them whole in every
+    clip record, so none is kept (its re-reads index the video, as before)."""
+    from types import SimpleNamespace
+
+    from vaecache.cache.writer import _source_timelines
+    from vaecache.video.timeline import Keyframe, Timeline
+
+    constant = Timeline.build(list(range(0, 4800, 100)),
+                              [Keyframe(f, f * 100, f * 100, f * 10, f * 10 + 120) for f in range(0, 48, 12)])
+    varying = Timeline.build([0, 33, 67, 100, 133, 167], [Keyframe(0, 0, 0, 0, 50)])
+    clip = SimpleNamespace(cameras=("a", "b", "c"), frames=(13, 14, 15), timelines=(constant, varying, None))
+    assert _source_timelines(clip, {})["source_timelines"] == [constant.for_frames(13, 15).to_json(), None, None]
+    synced = _source_timelines(clip, {"camera_frames": {"a": [30, 31, 32]}})["source_timelines"]
+    assert synced[0] == constant.for_frames(30, 32).to_json()  # --sync timestamps: the camera's own frames
+    assert _source_timelines(SimpleNamespace(cameras=("b",), frames=(0, 1), timelines=(varying,)), {}) == {}

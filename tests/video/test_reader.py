@@ -594,3 +594,53 @@ def test_a_small_object_with_few_clips_is_read_whole_by_one_get(s3: Any, s3_endp
             assert isinstance(reader._url_file.cache, urls.PlannedReads)
     finally:
         urls.set_data_storage_options({})
+
+
+def test_a_run_probed_without_an_index_refuses_a_file_rewritten_before_it_is_decoded(tmp_path: Path) -> None:
+    """With a timeline the reader takes the frame count from the probe, not the file: the probe's size and mtime are
+    what catches a file rewritten between probing and decoding (the same frame count and size of frames)."""
+    import os
+
+    path = write_video(tmp_path / "v.mp4", LAYOUTS["h264-open-gop"], frames=24)
+    scene = Scene("v", ("video",), (str(path),))
+    planned, _ = plan_clips([scene], {"v": probe_scene(scene)}, SamplingConfig(num_frames=9))
+    clip = planned[0]
+    assert clip.timelines and clip.identity == ((path.stat().st_size, path.stat().st_mtime_ns),)
+    assert ViewBatchDataset([[clip]], [[0]], 32, 32)[0]["errors"] == {}
+    write_video(tmp_path / "other.mp4", LAYOUTS["hevc-bframes"], frames=24)
+    os.replace(tmp_path / "other.mp4", path)  # other bytes, the same frame count and size
+    _, reason, whole_file = ViewBatchDataset([[clip]], [[0]], 32, 32)[0]["errors"][0]
+    assert whole_file and reason.startswith("changed since it was probed")
+
+
+def test_a_decoder_reopens_a_video_given_another_clips_cut_of_its_timeline(layout_videos: dict,
+                                                                         references: dict) -> None:
+    """verify --reencode and decode read clip after clip with one ViewDecoder, each clip with its record's cut of
+    the timeline (its own keyframes): a reader opened with another clip's cut is not reused for it."""
+    name = "h264-open-gop"
+    path = str(layout_videos[name])
+    with open_video(path) as reader:
+        timeline = reader.timeline
+    decoder = ViewDecoder(32, 32)
+    try:
+        late, early = list(range(60, 68)), list(range(2, 10))
+        _assert_frames(name, decoder.frames(path, late, timeline=timeline.for_frames(60, 67)), references[name], late)
+        first = decoder.opened(path)
+        _assert_frames(name, decoder.frames(path, early, timeline=timeline.for_frames(2, 9)), references[name], early)
+        again = decoder.opened(path)
+        assert again is not first and again.given_timeline == timeline.for_frames(2, 9)
+        decoder.frames(path, [3, 4], timeline=timeline.for_frames(2, 9))
+        assert decoder.opened(path) is again  # the same cut: the same reader, continuing
+    finally:
+        decoder.close()
+
+
+def test_a_clip_records_damaged_or_missing_cut_is_read_by_demuxing(layout_videos: dict) -> None:
+    from vaecache.video.dataset import recorded_timelines
+
+    with open_video(str(layout_videos["h264-open-gop"])) as reader:
+        cut = reader.timeline.for_frames(0, 8).to_json()
+    damaged = cut.replace("|", "|*", 1)  # a packed frame list that is not one
+    record = {"cameras": ["a", "b", "c", "d"], "source_timelines": [cut, damaged, None, "v9|x"]}
+    assert [t is not None for t in recorded_timelines(record)] == [True, False, False, False]
+    assert recorded_timelines({"cameras": ["a"]}) == [None]  # a record written before timelines

@@ -338,8 +338,9 @@ class _OpenShard:
 
 def _source_timelines(clip: ClipLike, reading: dict[str, Any]) -> dict[str, Any]:
     """{"source_timelines": per camera, its probe's frame index cut to the keyframes of the frames this clip took
-    (vaecache.video.timeline.Timeline.for_frames; None for a camera without one)}, or nothing where the clip has
-    none: what a re-read of the clip (verify --reencode, decode, LatentCache.source_frames) seeks by."""
+    (vaecache.video.timeline.Timeline.for_frames; None for a camera without one, or whose frame times are a packed
+    list, a variable-frame-rate video's, which a cut would repeat whole in every clip record)}, or nothing where no
+    camera has one: what a re-read of the clip (verify --reencode, decode, LatentCache.source_frames) seeks by."""
     timelines = getattr(clip, "timelines", ())
     if not timelines:
         return {}
@@ -347,8 +348,11 @@ def _source_timelines(clip: ClipLike, reading: dict[str, Any]) -> dict[str, Any]
     found: list[str | None] = []
     for camera, timeline in zip(clip.cameras, timelines):
         frames = per_camera.get(camera) or clip.frames
-        try:
-            found.append(timeline.for_frames(frames[0], frames[-1]).to_json() if timeline is not None else None)
-        except ValueError:  # damaged: its decode failed already, naming it
-            found.append(None)
-    return {"source_timelines": found}
+        cut = None
+        if timeline is not None and timeline.pts_rule is not None:  # a packed frame list is kept whole: not per clip
+            try:
+                cut = timeline.for_frames(frames[0], frames[-1]).to_json()
+            except ValueError:  # damaged: its decode failed already, naming it
+                cut = None
+        found.append(cut)
+    return {"source_timelines": found} if any(found) else {}

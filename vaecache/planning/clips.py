@@ -403,7 +403,10 @@ class PlannedClips(Sequence[Clip]):
         timelines = tuple(probe.timeline for probe in cameras)
         if not any(timelines):
             timelines = ()
-        identity = tuple((probe.size, probe.mtime_ns) for probe in scene.probed) if scene.probed else ()
+        # a reader given a timeline takes the frame count from it, not from the file: the file's size and mtime, as
+        # probed, are what tells a file rewritten since (an index's, or this run's probes where it has timelines)
+        identity = (tuple((probe.size, probe.mtime_ns) for probe in scene.probed) if scene.probed
+                    else tuple((probe.size, probe.mtime_ns) for probe in cameras) if timelines else ())
         flags = self._done_flags
         at = self._planned_ends[position] - self._window_counts[position]
         clips = []

@@ -46,6 +46,9 @@ class ViewDecoder:
         source's `timeline` and the first and last frame of the `clip` it is opened for (open_camera)."""
         key = path.key if isinstance(path, FrameList) else path
         reader = self._readers.pop(key, None)
+        if reader is not None and timeline is not None and getattr(reader, "given_timeline", timeline) != timeline:
+            reader.close()  # opened with another clip's cut of the timeline (a clip record's): its keyframes only
+            reader = None
         if reader is None:
             reader = open_camera(path, self.backend, self.max_pixels, fps, self.held, timeline, clip)
         self._readers[key] = reader
@@ -380,15 +383,18 @@ def recorded_views(record: dict[str, Any]) -> list[tuple[Any, list[int]]]:
 def recorded_timelines(record: dict[str, Any]) -> list[Timeline | None]:
     """Per camera of a clip record, the frame index of its source around the clip's frames (`source_timelines`, what
     encode recorded from the probe; None where it recorded none: an image sequence, a cache written before them, a
-    value that is not one, whose reader then indexes the video as before)."""
+    value that is not one or is damaged, whose reader then indexes the video as before)."""
     found = record.get("source_timelines")
     if not isinstance(found, list) or len(found) != len(record["cameras"]):
         return [None] * len(record["cameras"])
     timelines: list[Timeline | None] = []
     for text in found:
         try:
-            timelines.append(Timeline.from_json(text, "") if text is not None else None)
-        except DatasetError:
+            timeline = Timeline.from_json(text, "") if text is not None else None
+            if timeline is not None:
+                timeline.keyframes()  # a damaged one is left out: its reader indexes the video, as before
+            timelines.append(timeline)
+        except (DatasetError, ValueError):
             timelines.append(None)
     return timelines
 

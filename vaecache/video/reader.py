@@ -103,7 +103,7 @@ class VideoReader:
         self._next_index = 0
         self._from_start = True
         self._count = 0
-        self._timeline = timeline
+        self._timeline = self._given_timeline = timeline
         try:
             if timeline is not None:
                 if not self._ranged:  # a ranged reader took it before opening
@@ -183,10 +183,18 @@ class VideoReader:
     @property
     def timeline(self) -> Timeline | None:
         """This video's frame index for its probe (vaecache.video.timeline), with the byte ranges opening it read
-        (an object at a URL); None for a video read by a straight decode (no usable timestamps)."""
-        if self._timeline is None and not self.sequential and self._pts is not None:
+        (an object at a URL); None for a video read by a straight decode (no usable timestamps) or without a packet
+        flagged keyframe."""
+        if self.sequential or not self._keyframes:  # no keyframe to seek to: a reader decodes from the start
+            return None
+        if self._timeline is None and self._pts is not None:
             self._timeline = Timeline.build(self._pts, self._keyframes, self._head, self.rotation)
-        return self._timeline if not self.sequential else None
+        return self._timeline
+
+    @property
+    def given_timeline(self) -> Timeline | None:
+        """The timeline this reader was opened with (None: it indexed the video itself)."""
+        return self._given_timeline
 
     def _check_budget(self, max_pixels: int) -> None:
         problem = frame_budget_problem(*self.frame_size, max_pixels)

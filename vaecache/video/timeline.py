@@ -207,8 +207,8 @@ class Timeline:
     def for_frames(self, first: int, last: int) -> Timeline:
         """This timeline with only the keyframes a read of frames `first`..`last` seeks to (the one at or before
         `first`, the two before it, as the reader may step back, through the last at or before `last`): what a clip
-        record keeps, the video's full index being its probe's. ValueError where it is damaged. Unpacks the
-        keyframes only (no frame list): a writer cuts one per clip."""
+        record keeps, the video's full index being its probe's. ValueError where it is damaged. With a frame rule it
+        unpacks the keyframes only (no frame list): a writer cuts one per clip."""
         count = self.frame_count()
         if count is None:
             raise ValueError("the frame times are damaged")
