@@ -71,6 +71,28 @@ def write_video(path: Path, frames: int, height: int, width: int, gop: int = 30)
     return path
 
 
+def serve_video(stack: contextlib.ExitStack, video: Path, tmp: Path, latency_ms: float) -> Path:
+    """`video` as s3://bench/video.mp4 on moto's server (kept running by `stack`), behind the latency proxy where
+    `latency_ms` > 0, DATA's filesystem made afresh towards it; returns the server's request log."""
+    import vaecache.urls as urls
+
+    log = tmp / "s3-server.log"
+    endpoint = stack.enter_context(bl.s3_server(log))
+    fs, _ = urls.open_filesystem("s3://bench")
+    fs.mkdir("bench")
+    fs.put(str(video), "bench/video.mp4")
+    if latency_ms > 0:
+        from _s3_latency import delaying_proxy
+
+        proxy = stack.enter_context(delaying_proxy(endpoint, latency_ms))
+        saved = os.environ["AWS_ENDPOINT_URL_S3"]
+        os.environ["AWS_ENDPOINT_URL_S3"] = proxy.endpoint
+        stack.callback(os.environ.__setitem__, "AWS_ENDPOINT_URL_S3", saved)
+    urls.set_data_storage_options({})
+    stack.callback(urls.set_data_storage_options, {})
+    return log
+
+
 def read_all(location: str, frames: int, clip_frames: int) -> tuple[float, str]:
     """(seconds, sha256 of every frame read): one reader, the index pass, then consecutive clips to the end."""
     from vaecache.video.backends import open_video
@@ -115,20 +137,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         bl.progress(f"writing {args.frames} frames of {width}x{height} (h264, CRF 10, half noise)")
         video = write_video(tmp / "video.mp4", args.frames, height, width)
         size = video.stat().st_size
-        log = tmp / "s3-server.log"
-        endpoint = stack.enter_context(bl.s3_server(log))
-        fs, _ = urls.open_filesystem("s3://bench")
-        fs.mkdir("bench")
-        fs.put(str(video), "bench/video.mp4")
-        if args.latency_ms > 0:
-            from _s3_latency import delaying_proxy
-
-            proxy = stack.enter_context(delaying_proxy(endpoint, args.latency_ms))
-            saved = os.environ["AWS_ENDPOINT_URL_S3"]
-            os.environ["AWS_ENDPOINT_URL_S3"] = proxy.endpoint
-            stack.callback(os.environ.__setitem__, "AWS_ENDPOINT_URL_S3", saved)
-        urls.set_data_storage_options({})  # DATA's filesystem made afresh, towards the proxy
-        stack.callback(urls.set_data_storage_options, {})
+        log = serve_video(stack, video, tmp, args.latency_ms)
         where = {"disk": str(video), "s3_prefetch": "s3://bench/video.mp4", "s3_foreground": "s3://bench/video.mp4"}
         prefetch = {"disk": urls.BLOCKS_KEPT, "s3_prefetch": urls.BLOCKS_KEPT, "s3_foreground": 0}
 
@@ -229,20 +238,7 @@ def clips_main(args: argparse.Namespace) -> dict[str, Any]:
         bl.progress(f"writing {frames} frames of {width}x{height} (h264, CRF 10, half noise, GOP {args.gop})")
         video = write_video(tmp / "video.mp4", frames, height, width, args.gop)
         size = video.stat().st_size
-        log = tmp / "s3-server.log"
-        endpoint = stack.enter_context(bl.s3_server(log))
-        fs, _ = urls.open_filesystem("s3://bench")
-        fs.mkdir("bench")
-        fs.put(str(video), "bench/video.mp4")
-        if args.latency_ms > 0:
-            from _s3_latency import delaying_proxy
-
-            proxy = stack.enter_context(delaying_proxy(endpoint, args.latency_ms))
-            saved = os.environ["AWS_ENDPOINT_URL_S3"]
-            os.environ["AWS_ENDPOINT_URL_S3"] = proxy.endpoint
-            stack.callback(os.environ.__setitem__, "AWS_ENDPOINT_URL_S3", saved)
-        urls.set_data_storage_options({})
-        stack.callback(urls.set_data_storage_options, {})
+        log = serve_video(stack, video, tmp, args.latency_ms)
         from vaecache.video.backends import open_video
 
         with open_video("s3://bench/video.mp4") as probing:  # as `vaecache index` records it

@@ -407,7 +407,7 @@ class PlannedReads:
         from concurrent.futures import ThreadPoolExecutor
 
         wanted = [(start, min(end, start + self.blocksize, self._next_kept(start))) for start, end in self._planned
-                  if not self._kept_at(start)]
+                  if not self._piece_at(start)[1]]
         if len(wanted) < 2:
             return
         with ThreadPoolExecutor(max_workers=len(wanted), thread_name_prefix="vaecache-ranges") as pool:
@@ -418,22 +418,19 @@ class PlannedReads:
                 self.fetched_bytes += len(data)
                 self._keep(start, data)
 
-    def _next_kept(self, position: int) -> int:
-        """Where the first kept piece after `position` starts (the object's size: none)."""
-        import bisect
-
-        index = bisect.bisect_right(self._pieces, position, key=lambda piece: piece[0])
-        return self._pieces[index][0] if index < len(self._pieces) else self.size
-
-    def _kept_at(self, position: int) -> bool:
+    def _piece_at(self, position: int) -> tuple[int, bool]:
+        """(index of the last kept piece starting at or before `position`, -1 for none; whether it holds it)."""
         import bisect
 
         index = bisect.bisect_right(self._pieces, position, key=lambda piece: piece[0]) - 1
-        return index >= 0 and position < self._pieces[index][0] + len(self._pieces[index][1])
+        return index, index >= 0 and position < self._pieces[index][0] + len(self._pieces[index][1])
+
+    def _next_kept(self, position: int) -> int:
+        """Where the first kept piece after `position` starts (the object's size: none)."""
+        index = self._piece_at(position)[0] + 1
+        return self._pieces[index][0] if index < len(self._pieces) else self.size
 
     def _fetch(self, start: int | None, stop: int | None) -> bytes:
-        import bisect
-
         start = 0 if start is None else start
         stop = self.size if stop is None else min(stop, self.size)
         if start >= stop:
@@ -442,8 +439,8 @@ class PlannedReads:
         position = start
         missed = False
         while position < stop:
-            index = bisect.bisect_right(self._pieces, position, key=lambda piece: piece[0]) - 1
-            if index >= 0 and position < self._pieces[index][0] + len(self._pieces[index][1]):
+            index, kept = self._piece_at(position)
+            if kept:
                 piece_start, data = self._pieces[index]
                 take = data[position - piece_start: stop - piece_start]
                 out += take

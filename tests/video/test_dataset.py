@@ -22,8 +22,8 @@ def test_videos_at_a_url_open_ahead_together_and_a_changed_one_is_still_refused(
     size, mtime = url_stat(changed)
     decoder = ViewDecoder(64, 64)
     try:
-        decoder.open_ahead([(good, url_stat(good), None), (changed, (size + 1, mtime), None),
-                            (str(local / "cam_0.mp4"), None, None)])
+        decoder.open_ahead([(good, url_stat(good), None, None, None), (changed, (size + 1, mtime), None, None, None),
+                            (str(local / "cam_0.mp4"), None, None, None, None)])
         assert list(decoder._readers) == [good]  # the local file opens when read; the changed one is not kept
         decoder.check(good, identity=url_stat(good))
         with pytest.raises(VideoDecodeError, match=r"cam_1\.mp4.*size"):
@@ -47,7 +47,7 @@ def test_a_changed_file_check_of_an_object_costs_no_request_of_its_own(s3: Any, 
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL_S3", counting.endpoint)
         set_data_storage_options({})  # a decode worker's own client: nothing listed, nothing cached
-        decoder.open_ahead([(video, identity, None) for video, identity in zip(videos[:2], identities)])
+        decoder.open_ahead([(video, identity, None, None, None) for video, identity in zip(videos[:2], identities)])
         decoder.check(videos[2], identity=identities[2])
         for video, identity in zip(videos, identities):
             decoder.check(video, identity=identity)
@@ -159,7 +159,7 @@ def test_episodes_opened_ahead_are_read_on_by_the_thread_that_asked(s3: Any, tmp
     mine = (os.getpid(), threading.get_ident())
     before = set(spans._readers)  # what earlier tests in this process left
     try:
-        decoder.open_ahead([(episode, None, None) for episode in episodes])
+        decoder.open_ahead([(episode, None, None, None, None) for episode in episodes])
         assert list(decoder._readers) == episodes
         assert set(spans._readers) - before <= {mine}  # no pool thread's readers left behind
         assert {f"{url}/a.mp4", f"{url}/b.mp4"} <= set(spans._readers[mine])

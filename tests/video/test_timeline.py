@@ -59,6 +59,8 @@ def test_a_damaged_timeline_is_found_where_it_is_used(text: str, problem: str) -
     timeline = Timeline.from_json(text, "index.jsonl:7")
     with pytest.raises(ValueError, match=problem):
         timeline.pts()
+    with pytest.raises(ValueError, match=problem):
+        timeline.check()
     assert timeline.frame_count() is None and not timeline.has_bytes
 
 
@@ -67,6 +69,8 @@ def test_damaged_packed_lists_are_found_where_they_are_unpacked() -> None:
     unordered = Timeline((0, 1, 10), None, pack(np.array([[5, 5, 20, 30], [0, 0, 10, 20]])))
     with pytest.raises(ValueError, match="ascending order"):
         unordered.keyframes()
+    with pytest.raises(ValueError, match="ascending order"):
+        unordered.check()
     outside = Timeline((0, 1, 3), None, good.keys_packed)  # keyframe 5 of a 3-frame video
     with pytest.raises(ValueError, match="frame numbers of the video"):
         outside.keyframes()

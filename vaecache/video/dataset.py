@@ -69,16 +69,17 @@ class ViewDecoder:
         """The reader of a camera source, opened once and kept among the last few."""
         return self._reader(path, fps)
 
-    def open_ahead(self, sources: Sequence[tuple[Any, ...]]) -> None:
-        """Open the videos at URLs among `sources` ((source, identity or None, fps[, timeline or None, (first, last)
-        frame of the clip)]) side by side, then keep them as `opened` does: each costs a store's round trips (a HEAD
+    def open_ahead(self, sources: Sequence[tuple[Any, tuple[int, int] | None, float | None, Timeline | None,
+                                                 tuple[int, int] | None]]) -> None:
+        """Open the videos at URLs among `sources` ((source, identity or None, fps, timeline or None, the clip's first
+        and last frame or None)) side by side, then keep them as `opened` does: each costs a store's round trips (a HEAD
         for its changed-file check, ranged GETs for its header), which one camera after another would add up. A
         source whose check or open fails here is left for `check` to refuse, naming the problem, exactly as without
         this."""
         todo: dict[str, tuple[tuple[int, int] | None, float | None, Timeline | None, tuple[int, int] | None]] = {}
-        for source, identity, fps, *rest in sources:
+        for source, *opening in sources:
             if isinstance(source, str) and is_url(source) and source not in self._readers and source not in todo:
-                todo[source] = (identity, fps, *rest, None, None)[:4]  # type: ignore[assignment]
+                todo[source] = tuple(opening)  # type: ignore[assignment]
         todo = dict(list(todo.items())[: self._cache_size])
         if len(todo) < 2:
             return
@@ -392,7 +393,7 @@ def recorded_timelines(record: dict[str, Any]) -> list[Timeline | None]:
         try:
             timeline = Timeline.from_json(text, "") if text is not None else None
             if timeline is not None:
-                timeline.keyframes()  # a damaged one is left out: its reader indexes the video, as before
+                timeline.check()  # a damaged one is left out: its reader indexes the video, as before
             timelines.append(timeline)
         except (DatasetError, ValueError):
             timelines.append(None)

@@ -198,6 +198,11 @@ class Timeline:
             raise ValueError("the keyframes are not frame numbers of the video in ascending order")
         return rows
 
+    def check(self) -> None:
+        """ValueError where a part is damaged, without listing a frame rule's times (what a reader's use would find)."""
+        count = self.pts_rule[2] if self.pts_rule is not None else len(self.pts())
+        self._key_rows(count)
+
     def keyframes(self) -> list[Keyframe]:
         """The keyframes in frame order (ValueError when damaged: out of range, unordered)."""
         pts = self.pts()
