@@ -59,3 +59,32 @@ def test_the_kandinsky5_image_latent_is_the_pipelines_first_latent_frame(demo_da
     verified = run_cli(["verify", tmp_path / "cache", "--reencode", "2"])
     assert verified.exit_code == 0, verified.output
     shutil.rmtree(tmp_path / "cache")
+
+
+def test_a_kandinsky5_cache_conditions_for_kandinsky5_and_its_musubi_export_leaves_the_set_out(demo_data, run_cli,
+                                                                                              tmp_path):
+    """A cache encoded for Kandinsky 5 (--model kandinsky5) needs no --condition-pipeline; musubi's k5 caching cuts its
+    latents_image from the video latents, so `export --arch k5` with the default --condition auto leaves a first-frame
+    set out instead of refusing (asked for by name, it is still refused)."""
+    from diffusers import AutoencoderKLHunyuanVideo
+    from safetensors.torch import load_file
+
+    from tests.export.test_export import HUNYUAN_TINY
+
+    torch.manual_seed(0)
+    AutoencoderKLHunyuanVideo(**HUNYUAN_TINY).save_pretrained(tmp_path / "vae")
+    result = run_cli(["encode", demo_data, "--out", tmp_path / "cache", "--vae", f"diffusers:{tmp_path / 'vae'}",
+                      "--model", "kandinsky5", "--num-frames", "5", "--size", "32x32", "--workers", "0",
+                      "--no-progress"])
+    assert result.exit_code == 0, result.output
+    result = run_cli(["embed", tmp_path / "cache", "--condition", "first-frame"])
+    assert result.exit_code == 0, result.output
+    latents = LatentCache(tmp_path / "cache")
+    assert latents.sets()["conditions"]["first-frame"].entry["fingerprint"]["pipeline"] == "kandinsky5"
+    exported = run_cli(["export", tmp_path / "cache", "--format", "musubi", "-o", tmp_path / "k5"])
+    assert exported.exit_code == 0, exported.output
+    first = next((tmp_path / "k5" / "cache").glob("*_k5.safetensors"))
+    assert sorted(load_file(first)) == ["latents_2x8x8_float32", "latents_image_2x8x8_float32"]
+    asked = run_cli(["export", tmp_path / "cache", "--format", "musubi", "-o", tmp_path / "no", "--condition",
+                     "first-frame"])
+    assert asked.exit_code == 2 and "stores no first-frame latents_image" in asked.output

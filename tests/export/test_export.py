@@ -238,6 +238,18 @@ def hunyuan_cache(demo_data: Path, tmp_path_factory: pytest.TempPathFactory, run
     return out
 
 
+@pytest.fixture(scope="module")
+def kandinsky5_cache(hunyuan_cache: Path, demo_data: Path, tmp_path_factory: pytest.TempPathFactory,
+                     run_cli) -> Path:
+    """The demo data encoded for Kandinsky 5 (--model kandinsky5) with hunyuan_cache's VAE. Read-only."""
+    out = tmp_path_factory.mktemp("kandinsky5") / "cache"
+    result = run_cli(["encode", demo_data, "--out", out, "--vae", f"diffusers:{hunyuan_cache.parent / 'vae'}",
+                      "--model", "kandinsky5", "--num-frames", "5", "--size", "32x32", "--workers", "0",
+                      "--no-progress"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
 def _musubi_files(target: Path) -> dict[str, dict[str, torch.Tensor]]:
     files = {}
     for path in sorted((target / "cache").iterdir()):
@@ -270,10 +282,19 @@ def test_musubi_conventions_are_musubis_arithmetic_in_every_dtype(good_cache: Pa
     assert torch.equal(k5["latents_image_2x8x8_bfloat16"], torch.cat([expected[:, :1], expected[:, -1:]], dim=1))
 
 
-def test_musubi_hunyuan_and_kandinsky5_exports(hunyuan_cache: Path, tmp_path: Path, run_cli) -> None:
+def test_musubi_hunyuan_and_kandinsky5_exports(hunyuan_cache: Path, kandinsky5_cache: Path, tmp_path: Path,
+                                               run_cli) -> None:
+    """hv from a HunyuanVideo cache, k5 from a Kandinsky 5 one (5-frame clips: both encodes are the whole clip, so the
+    latents are the same); each architecture refuses the other model's cache, naming the --model that makes it."""
     cache = LatentCache(hunyuan_cache)
+    assert LatentCache(kandinsky5_cache).manifest["vae"]["model"] == "kandinsky5"
     assert run_cli(["export", hunyuan_cache, "--format", "musubi", "-o", tmp_path / "hv"]).exit_code == 0
-    result = run_cli(["export", hunyuan_cache, "--format", "musubi", "-o", tmp_path / "k5", "--arch", "k5"])
+    refused = run_cli(["export", hunyuan_cache, "--format", "musubi", "-o", tmp_path / "no", "--arch", "k5"])
+    assert refused.exit_code == 2 and "encoded for HunyuanVideo" in refused.output
+    assert "encode it with --model kandinsky5" in refused.output and not (tmp_path / "no").exists()
+    refused = run_cli(["export", kandinsky5_cache, "--format", "musubi", "-o", tmp_path / "no", "--arch", "hv"])
+    assert refused.exit_code == 2 and "encode it with --model hunyuanvideo" in refused.output
+    result = run_cli(["export", kandinsky5_cache, "--format", "musubi", "-o", tmp_path / "k5"])  # k5: the default
     assert result.exit_code == 0, result.output
     assert "kandinsky5 caching stores them: latent * scaling_factor (the mean" in result.output
     hv, k5 = _musubi_files(tmp_path / "hv"), _musubi_files(tmp_path / "k5")
@@ -491,3 +512,20 @@ def test_export_option_combinations_are_refused_before_reading(good_cache: Path,
     result = run_cli(["export", good_cache, "-o", tmp_path / "x", *args])
     assert result.exit_code == 2 and message in result.output, result.output
     assert not (tmp_path / "x").exists()
+
+
+def test_each_musubi_key_is_named_by_its_own_tensors_dtype(tmp_path: Path) -> None:
+    """musubi names every key by its tensor's dtype: a bf16 HunyuanVideo 1.5 latent's latents_image is float32 (the
+    caching builds it in float32) and is named so, not after the latent."""
+    from safetensors.torch import load_file
+
+    from vaecache.export.musubi import MUSUBI_ARCHITECTURES, _write_latent_file
+
+    (tmp_path / "cache").mkdir()
+    latent = torch.randn(32, 2, 4, 4).to(torch.bfloat16)
+    condition = torch.randn(1, 32, 1, 4, 4)
+    _write_latent_file(tmp_path, "a.safetensors", MUSUBI_ARCHITECTURES["hv15"], latent, {}, {}, condition, None, 0,
+                       5, 4, 0, 0)
+    tensors = load_file(tmp_path / "cache" / "a.safetensors")
+    assert sorted(tensors) == ["latents_2x4x4_bfloat16", "latents_image_2x4x4_float32"]
+    assert tensors["latents_image_2x4x4_float32"].dtype == torch.float32

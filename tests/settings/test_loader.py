@@ -288,7 +288,8 @@ def test_bad_vae_specs(spec: str, match: str) -> None:
 
 def _every_encode_key(tmp_path: Path) -> Path:
     """A TOML file giving every setting encode takes (valid values), as one shared by encode and plan would."""
-    values = {"out": str(tmp_path / "out"), "vae": "builtin:tiny", "num_frames": 9, "size": "64x64", "frame_stride": 1,
+    values = {"out": str(tmp_path / "out"), "vae": "builtin:tiny", "model": "wan", "num_frames": 9, "size": "64x64",
+              "frame_stride": 1,
               "frames_policy": "longest", "fit": "cover", "decoder": "pyav", "window_stride": 9,
               "max_clips_per_scene": 4, "max_frame_pixels": 1 << 20, "cameras": ["cam_0", "cam_1"], "dtype": "fp32",
               "device": "cpu", "store": "mean-logvar", "seed": 3, "tiling": False, "compile": False,

@@ -117,3 +117,54 @@ def test_a_hunyuan_set_reads_back_verifies_and_exports_in_musubis_keys(demo_data
     (cache / "manifest.json").write_text(json.dumps(manifest))
     bad = run_cli(["verify", cache])
     assert bad.exit_code == 1 and f"prompt {removed[:12]} has no pooled output" in bad.output
+
+
+def test_musubis_convention_tokenizes_clip_as_its_pinned_transformers(demo_data, hunyuan_text, run_cli, tmp_path):
+    """musubi's HunyuanVideo and FramePack caching tokenize CLIP prompts with transformers 4.57's slow class, which runs
+    ftfy first: a caption with curly quotes gets other CLIP ids there. A set embedded in diffusers' convention is
+    exported for hv only where no caption differs; --text-convention musubi stores musubi's pooled output."""
+    from diffusers import AutoencoderKLHunyuanVideo
+    from safetensors import safe_open
+    from transformers import AutoTokenizer, CLIPTextModel
+
+    from tests.export.test_export import HUNYUAN_TINY
+    from vaecache.text.clip_slow import SlowClipTokenizer
+
+    captions = {"scene_000": "a “SALE” sign &amp; a red car", "scene_001": "two cameras, one road",
+                "scene_002": "night line two"}
+    torch.manual_seed(0)
+    AutoencoderKLHunyuanVideo(**HUNYUAN_TINY).save_pretrained(tmp_path / "vae")
+    index = tmp_path / "index.jsonl"
+    index.write_text("".join(json.dumps({"id": scene.name, "caption": captions[scene.name],
+                                         "cameras": {v.stem: str(v) for v in sorted(scene.glob("*.mp4"))}}) + "\n"
+                             for scene in sorted(demo_data.iterdir())))
+    cache = tmp_path / "cache"
+    assert run_cli(["encode", index, "--out", cache, "--vae", f"diffusers:{tmp_path / 'vae'}", "--num-frames", "5",
+                    "--size", "32x32", "--workers", "0", "--no-progress"]).exit_code == 0
+    for name, convention in (("pipeline", "pipeline"), ("musubi", "musubi")):
+        result = run_cli(["embed", cache, "--text-encoder", f"diffusers:{hunyuan_text}", "--set", name,
+                          "--text-convention", convention])
+        assert result.exit_code == 0, result.output
+    refused = run_cli(["export", cache, "--format", "musubi", "--text-set", "pipeline", "--out", tmp_path / "no"])
+    assert refused.exit_code == 2 and "scene_000/000000-000004's prompt" in refused.output
+    assert "--text-convention musubi --replace" in refused.output and not (tmp_path / "no").exists()
+    latents = LatentCache(cache)
+    tokenizer = SlowClipTokenizer.like(AutoTokenizer.from_pretrained(hunyuan_text / "tokenizer_2"))
+    clip = CLIPTextModel.from_pretrained(hunyuan_text / "text_encoder_2").eval()
+    texts = latents.sets()["text"]["musubi"]
+    assert texts.entry["fingerprint"]["pooled_encoder"]["tokenization"]["name"] == "slow-clip"
+    for item in latents:
+        ids = tokenizer([captions[item.scene]], max_length=77, truncation=True, padding="max_length",
+                        return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            pooled = clip(ids).pooler_output[0]
+        assert torch.equal(item["text_pooled/musubi"], pooled)
+        assert torch.equal(item["text/musubi"], item["text/pipeline"])  # the Llama rows are diffusers' in both
+        differs = item.scene == "scene_000"
+        assert torch.equal(item["text_pooled/musubi"], item["text_pooled/pipeline"]) != differs
+    target = tmp_path / "hv"
+    exported = run_cli(["export", cache, "--format", "musubi", "--text-set", "musubi", "--out", target])
+    assert exported.exit_code == 0, exported.output
+    for entry in (json.loads(line) for line in (target / "index.jsonl").read_text().splitlines()):
+        with safe_open(str(target / "cache" / f"{entry['item']}_hv_te.safetensors"), "pt") as handle:
+            assert torch.equal(handle.get_tensor("clipL_float32"), latents[entry["clip"]]["text_pooled/musubi"])

@@ -170,5 +170,6 @@ def test_the_musubi_convention_is_musubis_own_embedding(hunyuan15_text):
             assert embedding.glyph.shape == glyph.shape
             assert float((embedding.glyph - glyph).abs().max()) <= 1e-5 * float(glyph.abs().max())
     wan = build_wan_text_folder(hunyuan15_text.parent / "wan")
-    with pytest.raises(UsageError, match="--text-convention musubi applies to HunyuanVideo 1.5"):
+    with pytest.raises(UsageError,
+                       match=r"--text-convention musubi applies to HunyuanVideo \(and FramePack\), HunyuanVideo 1.5"):
         load_text_encoder(f"diffusers:{wan}", convention="musubi")

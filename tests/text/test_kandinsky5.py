@@ -13,8 +13,14 @@ import pytest
 import torch
 
 from tests.text.tiny_text import build_kandinsky5_text_folder
+from vaecache.errors import UsageError
+from vaecache.text.clip_slow import SlowClipTokenizer
 from vaecache.text.encoder import load_text_encoder
-from vaecache.text.families import KANDINSKY5_TEMPLATE, MUSUBI_KANDINSKY5_TEMPLATE
+from vaecache.text.families import (
+    KANDINSKY5_TEMPLATE,
+    MUSUBI_KANDINSKY5_IMAGE_TEMPLATE,
+    MUSUBI_KANDINSKY5_TEMPLATE,
+)
 from vaecache.training import LatentCache
 
 PROMPTS = ["a red car drives down a wet street at night", "", "  the robot &amp; arm   picks it up  ",
@@ -74,19 +80,21 @@ def test_each_prompt_equals_diffusers_encode_prompt_bit_for_bit(kandinsky5_text)
     assert fingerprint["pooled"] == {"length": 77, "hidden_size": 24, "masked": True}
 
 
-def musubi_kandinsky5(folder, prompt):
+def musubi_kandinsky5(folder, prompt, template=MUSUBI_KANDINSKY5_TEMPLATE, crop=129):
     """musubi's Kandinsky5TextEmbedder.encode for one video caption as its text_embedders.py (30c658c) writes it:
     the authors' video template, crop 129, the processor at max_length 512 + 129 padded to it, the model without an
     attention mask, hidden_states[-1][:, 129:], rows where the mask is set; CLIP pooler_output at 77 with the mask.
     scripts/check_musubi_export.py runs musubi's own code."""
     tokenizer, model, tokenizer_2, model_2 = parts(folder)
-    inputs = tokenizer([MUSUBI_KANDINSKY5_TEMPLATE.format(prompt)], max_length=512 + 129, truncation=True,
+    inputs = tokenizer([template.format(prompt)], max_length=512 + crop, truncation=True,
                        return_tensors="pt", padding="max_length")
     with torch.no_grad():
         hidden = model(input_ids=inputs["input_ids"], return_dict=True, output_hidden_states=True)["hidden_states"]
-        rows = hidden[-1][0, 129:][inputs["attention_mask"][0, 129:].bool()]
-        clip = tokenizer_2([prompt], max_length=77, truncation=True, add_special_tokens=True, padding="max_length",
-                           return_tensors="pt")
+        rows = hidden[-1][0, crop:][inputs["attention_mask"][0, crop:].bool()]
+        # musubi's pinned transformers tokenizes CLIP with the slow class (test_clip_slow.py holds vaecache's copy of
+        # it against transformers 4.57's own): "&amp;" is "&" there
+        clip = SlowClipTokenizer.like(tokenizer_2)([prompt], max_length=77, truncation=True, padding="max_length",
+                                                   return_tensors="pt")
         pooled = model_2(**clip)["pooler_output"][0]
     return rows, pooled
 
@@ -100,6 +108,23 @@ def test_the_musubi_convention_is_musubis_own_embedding(kandinsky5_text):
         for ours, theirs in ((embedding.rows, rows), (embedding.pooled, pooled)):
             assert ours.shape == theirs.shape
             assert float((ours - theirs).abs().max()) <= 1e-5 * float(theirs.abs().max())
+
+
+def test_the_image_template_is_what_musubis_caching_script_embeds_with(kandinsky5_text):
+    """musubi's kandinsky5_cache_text_encoder_outputs.py picks the image template (crop 41) for batches without a
+    frame count, which its caching builds: --k5-template image stores that; the pipeline convention refuses it."""
+    encoder = load_text_encoder(f"diffusers:{kandinsky5_text}", batch=2, convention="musubi", k5_template="image")
+    fingerprint = encoder.fingerprint()
+    assert fingerprint["template"] == MUSUBI_KANDINSKY5_IMAGE_TEMPLATE and fingerprint["crop_start"] == 41
+    for prompt, embedding in zip(PROMPTS, encoder.embed(PROMPTS)):
+        rows, pooled = musubi_kandinsky5(kandinsky5_text, prompt, MUSUBI_KANDINSKY5_IMAGE_TEMPLATE, 41)
+        for ours, theirs in ((embedding.rows, rows), (embedding.pooled, pooled)):
+            assert ours.shape == theirs.shape
+            assert float((ours - theirs).abs().max()) <= 1e-5 * float(theirs.abs().max())
+    video = load_text_encoder(f"diffusers:{kandinsky5_text}", batch=2, convention="musubi", k5_template="video")
+    assert video.fingerprint()["crop_start"] == 129
+    with pytest.raises(UsageError, match="--k5-template applies to a Kandinsky 5 pipeline with --text-convention"):
+        load_text_encoder(f"diffusers:{kandinsky5_text}", k5_template="image")
 
 
 def test_a_set_reads_back_verifies_reembeds_and_exports_as_musubis_k5_text_caches(demo_data, kandinsky5_text,
@@ -117,8 +142,8 @@ def test_a_set_reads_back_verifies_reembeds_and_exports_as_musubis_k5_text_cache
                                          "cameras": {v.stem: str(v) for v in sorted(scene.glob("*.mp4"))}}) + "\n"
                              for scene in sorted(demo_data.iterdir())))
     cache = tmp_path / "cache"
-    result = run_cli(["encode", index, "--out", cache, "--vae", f"diffusers:{tmp_path / 'vae'}", "--num-frames", "5",
-                      "--size", "32x32", "--workers", "0", "--no-progress"])
+    result = run_cli(["encode", index, "--out", cache, "--vae", f"diffusers:{tmp_path / 'vae'}", "--model",
+                      "kandinsky5", "--num-frames", "5", "--size", "32x32", "--workers", "0", "--no-progress"])
     assert result.exit_code == 0, result.output
     for name, convention in (("pipeline", "pipeline"), ("musubi", "musubi")):
         result = run_cli(["embed", cache, "--text-encoder", f"diffusers:{kandinsky5_text}", "--set", name,

@@ -72,13 +72,43 @@ def _train_tokenizer(folder: Path, special: list[str], template: str, pad: str, 
     PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=pad, unk_token="<unk>", **tokens).save_pretrained(folder)
 
 
+CLIP_CORPUS = CORPUS + ["“SALE” sign in the shop window, don’t stop", "full-width ＡＢＣ text &amp; more",
+                        "the robot's arm, it's raining"] * 4
+CLIP_SPLIT = r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
+
+
+def train_clip_tokenizer(folder: Path) -> None:
+    """CLIP's tokenizer as its model folders hold it (tokenizer.json beside vocab.json and merges.txt): a byte-level BPE
+    with CLIP's normalizer, pattern and `</w>` word ends, trained here; <|startoftext|> 0, <|endoftext|> 1 (also the
+    pad token, as CLIP-L's)."""
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import CLIPTokenizer
+
+    tok = Tokenizer(models.BPE(end_of_word_suffix="</w>", unk_token="<|endoftext|>"))
+    tok.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " "),
+                                           normalizers.Lowercase()])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(CLIP_SPLIT), behavior="removed", invert=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.train_from_iterator(CLIP_CORPUS, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|startoftext|>", "<|endoftext|>"], end_of_word_suffix="</w>",
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    model = json.loads(tok.to_str())["model"]
+    merges = [tuple(pair) if isinstance(pair, list) else tuple(pair.split(" ")) for pair in model["merges"]]
+    CLIPTokenizer(vocab=model["vocab"], merges=merges).save_pretrained(folder)
+    (folder / "vocab.json").write_text(json.dumps(model["vocab"], ensure_ascii=False), encoding="utf-8")
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges),
+                                       encoding="utf-8")
+
+
 def save_clip_text(folder: Path) -> None:
-    """A tiny CLIP text model (CLIP-L's layout, width 24), as HunyuanVideo's and Kandinsky 5's text_encoder_2."""
+    """A tiny CLIP text model (CLIP-L's layout, width 24), as HunyuanVideo's and Kandinsky 5's text_encoder_2, for
+    train_clip_tokenizer's ids (its pooled output is the first <|endoftext|>'s row)."""
     import transformers
 
     transformers.CLIPTextModel(transformers.CLIPTextConfig(
-        vocab_size=150, hidden_size=24, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        max_position_embeddings=77, pad_token_id=0, bos_token_id=2, eos_token_id=3)).eval().save_pretrained(
+        vocab_size=400, hidden_size=24, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=77, pad_token_id=1, bos_token_id=0, eos_token_id=1)).eval().save_pretrained(
         folder, safe_serialization=True)
 
 
@@ -90,9 +120,7 @@ def build_hunyuan_text_folder(root: Path, seed: int = 0) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     llama_special = ["<pad>", "<unk>", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
     _train_tokenizer(root / "tokenizer", llama_special, "<|begin_of_text|> $A", "<pad>", bos_token="<|begin_of_text|>")
-    clip_special = ["<pad>", "<unk>", "<|startoftext|>", "<|endoftext|>"]
-    _train_tokenizer(root / "tokenizer_2", clip_special, "<|startoftext|> $A <|endoftext|>", "<pad>",
-                     bos_token="<|startoftext|>", eos_token="<|endoftext|>")
+    train_clip_tokenizer(root / "tokenizer_2")
     torch.manual_seed(seed)
     transformers.LlamaModel(transformers.LlamaConfig(
         vocab_size=150, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
@@ -102,7 +130,7 @@ def build_hunyuan_text_folder(root: Path, seed: int = 0) -> Path:
     (root / "model_index.json").write_text(json.dumps({
         "_class_name": "HunyuanVideoPipeline", "_diffusers_version": "0.42.1",
         "text_encoder": ["transformers", "LlamaModel"], "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
-        "text_encoder_2": ["transformers", "CLIPTextModel"], "tokenizer_2": ["transformers", "PreTrainedTokenizerFast"],
+        "text_encoder_2": ["transformers", "CLIPTextModel"], "tokenizer_2": ["transformers", "CLIPTokenizer"],
     }))
     return root
 
@@ -201,9 +229,7 @@ def build_kandinsky5_text_folder(root: Path, seed: int = 0, pipeline: str = "Kan
     import shutil
 
     shutil.copytree(hv15 / "tokenizer", root / "tokenizer")
-    clip_special = ["<pad>", "<unk>", "<|startoftext|>", "<|endoftext|>"]
-    _train_tokenizer(root / "tokenizer_2", clip_special, "<|startoftext|> $A <|endoftext|>", "<pad>",
-                     bos_token="<|startoftext|>", eos_token="<|endoftext|>")
+    train_clip_tokenizer(root / "tokenizer_2")
     shutil.rmtree(hv15)
     torch.manual_seed(seed)
     transformers.Qwen2_5_VLForConditionalGeneration(transformers.Qwen2_5_VLConfig(

@@ -35,6 +35,7 @@ from vaecache.cache.reader import CacheReader
 from vaecache.cache.repair import damaged_shards, forget_hashed_shards, repair_progress, repair_strays
 from vaecache.cache.store import LocalStore
 from vaecache.errors import ManifestError, OutputError, UsageError
+from vaecache.models import unrecorded_vae_part
 
 log = logging.getLogger("vaecache")
 
@@ -179,13 +180,17 @@ def recorded_numerics_history(out: Path) -> list[dict[str, Any]]:
 
 
 def upgraded_fingerprint(fingerprint: dict[str, Any]) -> dict[str, Any]:
-    """A run fingerprint written by 0.3 in today's terms: its "max_views_per_forward" 1 (one view per
-    forward) is "views_per_forward" 1. A larger value batched views across clips, which no setting does now."""
+    """A run fingerprint written by an older vaecache in today's terms: 0.3's "max_views_per_forward" 1 (one view
+    per forward) is "views_per_forward" 1 (a larger value batched views across clips, which no setting does now);
+    a VAE part written before 0.7 recorded the model family gets its class's family and the encode that ran then
+    (vaecache.models.unrecorded_vae_part: HunyuanVideo's were tiled in time above 16 frames)."""
     parts = {}
     for name, part in fingerprint.items():
         if isinstance(part, dict) and part.get("max_views_per_forward") == 1 and "views_per_forward" not in part:
             part = {("views_per_forward" if key == "max_views_per_forward" else key): value
                     for key, value in part.items()}
+        if name == "vae" and isinstance(part, dict):
+            part = unrecorded_vae_part(part)
         parts[name] = part
     return parts
 

@@ -81,8 +81,13 @@ def embed(
                                              "store (index into hidden_states; default the last hidden state)."),
     text_convention: Optional[str] = typer.Option(None, "--text-convention", help="pipeline (default: the "
                                                   "pipeline's own prompt embedding, diffusers') | musubi "
-                                                  "(musubi-tuner's, where it embeds otherwise: HunyuanVideo 1.5, "
-                                                  "what its hv15 text caches hold)."),
+                                                  "(musubi-tuner's, where it embeds otherwise: HunyuanVideo and "
+                                                  "FramePack (CLIP tokenized by its pinned transformers' slow class), "
+                                                  "HunyuanVideo 1.5, Kandinsky 5: what its text caches hold)."),
+    k5_template: Optional[str] = typer.Option(None, "--k5-template", help="Kandinsky 5 with --text-convention "
+                                              "musubi: video (default: the template musubi's sampling uses) | image "
+                                              "(what musubi's caching script embeds with: its items have no frame "
+                                              "count)."),
     shard_size: str = typer.Option("256MiB", "--shard-size", help="Bytes per embeddings shard; a condition shard "
                                    "holds clips of this many bytes of float32 latents."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda[:N]."),
@@ -110,7 +115,7 @@ def embed(
                  "--caption-field": caption_field,
                  "--captions": captions, "--dtype": dtype,
                  "--compute-dtype": compute_dtype, "--text-batch": text_batch, "--text-length": text_length,
-                 "--text-layer": text_layer, "--text-convention": text_convention}
+                 "--text-layer": text_layer, "--text-convention": text_convention, "--k5-template": k5_template}
     given = [flag for flag, value in text_only.items() if value is not None]
     if text_encoder is None and given:
         raise UsageError(f"{', '.join(given)} appl{'y' if len(given) > 1 else 'ies'} to --text-encoder (the text set)")
@@ -136,7 +141,7 @@ def embed(
         captions=captions, replace=replace, dtype=dtype or "fp32", compute_dtype=compute_dtype or "fp32",
         batch=8 if text_batch is None else text_batch, shard_bytes=parse_bytes(shard_size), device=device,
         length=text_length, layer=text_layer, allow_pickle_weights=allow_pickle_weights, storage_options=storage,
-        convention=text_convention or "pipeline")
+        convention=text_convention or "pipeline", k5_template=k5_template)
     conditions = None if condition is None else ConditionRequest(
         out=out, kinds=condition, replace=replace, shard_bytes=parse_bytes(shard_size), device=device, vae=vae,
         allow_pickle_weights=allow_pickle_weights, storage_options=storage, image_encoder=image_encoder,

@@ -215,7 +215,7 @@ def _encoder(kind: str, entry: dict[str, Any], cache: Any, spec: str | None, dev
         from vaecache.vae.recorded import load_recorded_vae
 
         loaded["vae"] = load_recorded_vae(cache.store.location, cache.manifest, spec, device,
-                                          allow_pickle_weights=allow_pickle_weights)
+                                          allow_pickle_weights=allow_pickle_weights).pipeline_encode()
     runner = loaded["vae"]
     pipeline = condition_pipeline(cache.manifest.get("vae") or {}, (entry.get("fingerprint") or {}).get("pipeline"))
     return lambda frames, clip: runner.encode_views(condition_video(frames, kind, clip, pipeline)).mean

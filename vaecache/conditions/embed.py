@@ -105,7 +105,8 @@ class ConditionJob:
         self.vae = self.image = None
         if any(kind in LATENT_KINDS for kind in request.kinds):
             self.vae = loaded_on_every_rank(ctx, lambda: load_recorded_vae(
-                store.location, manifest, spec, device, allow_pickle_weights=request.allow_pickle_weights), "VAE")
+                store.location, manifest, spec, device, allow_pickle_weights=request.allow_pickle_weights),
+                "VAE").pipeline_encode()
         if "image-features" in request.kinds:
             from vaecache.conditions.images import ImageEncoder
 

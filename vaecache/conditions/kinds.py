@@ -79,15 +79,24 @@ def condition_pipeline(vae: dict, asked: str | None = "auto") -> str:
     """The image-to-video pipeline a cache's VAE record conditions for: the one `asked` (--condition-pipeline), else
     the VAE family's own ("wan" for any family without one: the refusal is check_condition_vae's; a Wan VAE with
     patch_size is Wan 2.2 TI2V's)."""
+    asked = _model_pipeline(vae, asked)
     if asked not in (None, "auto"):
         return str(asked)
     pipeline = PIPELINES.get(str(vae.get("family")), (WAN,))[0]
     return WAN_TI2V if pipeline == WAN and (vae.get("config") or {}).get("patch_size") else pipeline
 
 
+def _model_pipeline(vae: dict, asked: str | None) -> str | None:
+    """--condition-pipeline auto on a cache encoded for a model whose pipeline is one of those asked by name (a
+    Kandinsky 5 cache, `encode --model kandinsky5`): that pipeline."""
+    model = vae.get("model")
+    return model if asked in (None, "auto") and model in ASKED_PIPELINES else asked
+
+
 def pipeline_reference(vae: dict, asked: str | None = "auto") -> tuple[str, tuple[str, ...]]:
     """(the reference, the latent kinds) of the pipeline a cache's VAE record conditions for."""
     pipeline = condition_pipeline(vae, asked)
+    asked = _model_pipeline(vae, asked)
     if pipeline == WAN_TI2V:
         return WAN_TI2V_REFERENCE, ("first-frame",)
     if pipeline in ASKED_PIPELINES:
@@ -101,6 +110,7 @@ def check_condition_vae(vae: dict, where: str, kinds: tuple[str, ...] = LATENT_K
     """Refuse a cache whose VAE has no image-to-video pipeline vaecache follows for `kinds` (or not the one `asked`
     with --condition-pipeline), naming the supported ones."""
     family = vae.get("family")
+    asked = _model_pipeline(vae, asked)
     if asked not in (None, *CONDITION_PIPELINES):
         raise UsageError(f"--condition-pipeline must be one of {', '.join(CONDITION_PIPELINES)}, got {asked!r}")
     if asked in ASKED_PIPELINES and family != ASKED_PIPELINES[asked][0]:

@@ -170,11 +170,12 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
     vae = loaded_on_every_rank(ctx, lambda: load_vae(
         vae_config.spec, request.device, clip.dtype, tiling=clip.tiling, views_per_forward=job.views_per_forward,
         allow_pickle_weights=vae_config.allow_pickle_weights, compiled=clip.compiled,
-        channels_last=clip.channels_last, vae_config=vae_config.config,
+        channels_last=clip.channels_last, vae_config=vae_config.config, model=vae_config.model,
         # spatial mode runs diffusers' encoder band by band: auto is the reference there
         encoder_impl="reference" if parallel.sp_mode == "spatial" and clip.encoder_impl == "auto"
         else clip.encoder_impl), "VAE")
     vae.model.rule.check_buckets(clip.sampling.lengths, clip.sizes)
+    notes = [*notes, *family_notes(vae.model, vae_config.model)]
     if clip.store != "mean" and not vae.model.has_logvar:
         raise UsageError(f"--store {clip.store} needs the posterior log-variance, and {vae_config.spec} gives only a "
                          "mean; use --store mean")
@@ -186,6 +187,19 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
                    dataclasses.replace(clip, views_per_forward=job.views_per_forward), tuple(notes),
                    found.scenes[0].cameras if found.scenes else (),
                    probed.probes if request.keep_probes else {}, has_image_cameras(found.scenes))
+
+
+def family_notes(model: Any, asked: str | None) -> list[str]:
+    """What plan and encode say of the model family where the VAE class serves several and --model was not given."""
+    from vaecache.models import FAMILIES, families_of_class
+
+    serving = families_of_class(model.family)
+    if asked is not None or len(serving) < 2 or model.model not in FAMILIES:
+        return []
+    chosen = FAMILIES[model.model]
+    others = " or ".join(f"--model {family.name}" for family in serving[1:])
+    return [f"{model.family} serves {', '.join(family.name for family in serving)}: encoding for {chosen.label} "
+            f"({chosen.reference.description}); {others} encodes as that model's trainers do"]
 
 
 def has_image_cameras(scenes: Sequence[Scene]) -> bool:

@@ -32,12 +32,12 @@ from vaecache.export.common import (
     staging,
     write_new_file,
 )
+from vaecache.export.musubi_text import MUSUBI_FORMAT_VERSION, musubi_text_set, write_text_cache
+from vaecache.models import FAMILIES, encode_problem, recorded_family
 
 if TYPE_CHECKING:
     import torch
 
-MUSUBI_FORMAT_VERSION = "1.0.1"
-"""musubi-tuner's latent cache `format_version` metadata (dataset/cache_io.py, save_latent_cache_common)."""
 
 WAN_LATENTS_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
                     0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)
@@ -114,26 +114,32 @@ class MusubiArch:
     """musubi's caching stores a posterior sample; the export stores the mean (recorded in export.json)."""
     refused: str = ""
     """Why this architecture cannot be exported completely (then nothing is written)."""
+    models: tuple[str, ...] = ()
+    """The model families (vaecache.models) whose encode its trainers make: a cache encoded for another is refused."""
 
 
 MUSUBI_ARCHITECTURES: dict[str, MusubiArch] = {arch.short: arch for arch in (
-    MusubiArch("wan", "wan", "AutoencoderKLWan", 16, latents=_wan_latents,
+    MusubiArch("wan", "wan", "AutoencoderKLWan", 16, latents=_wan_latents, models=("wan",),
                convention="(mean - latents_mean) * (1 / latents_std) per channel in the stored dtype, as "
                           "musubi-tuner's WanVAE caches it (wan/modules/vae.py); its Wan trainer does not rescale"),
     MusubiArch("hv", "hunyuan_video", "AutoencoderKLHunyuanVideo", 16, latents=_raw_latents, samples=True,
+               models=("hunyuanvideo", "framepack"),
                convention="the raw latent (export.json `tensor` says mean or sample): musubi-tuner's HunyuanVideo "
                           "caching stores the unscaled latent (cache_latents.py) and its trainer multiplies by the "
                           "scaling factor (hv_train_network.py)"),
     MusubiArch("k5", "kandinsky5", "AutoencoderKLHunyuanVideo", 16, latents=_kandinsky5_latents, samples=True,
+               models=("kandinsky5",),
                convention="latent * scaling_factor (the mean, or the sample export.json `tensor` names), plus the "
                           "first and last latent frames as latents_image, as kandinsky5_cache_latents.py caches them; "
                           "its trainer does not rescale"),
     MusubiArch("fp", "framepack", "AutoencoderKLHunyuanVideo", 16, latents=_scaled_latents, samples=True,
+               models=("framepack", "hunyuanvideo"),
                convention="FramePack's sections (vaecache.export.framepack): latent * scaling_factor cut into "
                           "--fp-latent-window-size sections as fpack_cache_latents.py cuts them (--fp-mode inverted "
                           "or f1), each with its clean latents and indices and the first frame's SigLIP "
                           "image_embeddings; its trainer does not rescale"),
     MusubiArch("hv15", "hunyuan_video_1_5", "AutoencoderKLHunyuanVideo15", 32, latents=_raw_latents,
+               models=("hunyuanvideo-1.5",),
                convention="the raw posterior mean in the stored dtype: musubi-tuner's HunyuanVideo 1.5 caching stores "
                           "vae.encode(...)[0].mode() unscaled (hv_1_5_cache_latents.py:41-44) and its trainer "
                           "multiplies by VAE_SCALING_FACTOR (hv_1_5_train_network.py:369-371); with a first-frame set "
@@ -144,9 +150,9 @@ MUSUBI_ARCHITECTURES: dict[str, MusubiArch] = {arch.short: arch for arch in (
                "image dataset (one frame per item), not a video dataset"),
 )}
 """musubi-tuner's architectures by short name (dataset/architectures.py); the exportable ones name their VAE."""
-MUSUBI_ARCH_OF_FAMILY = {"AutoencoderKLWan": "wan", "AutoencoderKLHunyuanVideo": "hv",
-                         "AutoencoderKLHunyuanVideo15": "hv15"}
-"""The default --arch per VAE family. Kandinsky 5 also trains on HunyuanVideo latents: pass --arch k5."""
+MUSUBI_ARCH_OF_MODEL = {"wan": "wan", "hunyuanvideo": "hv", "framepack": "fp", "kandinsky5": "k5",
+                        "hunyuanvideo-1.5": "hv15"}
+"""The default --arch per model family (the cache's `vae.model`, vaecache.models)."""
 
 
 def musubi_arch(vae: dict[str, Any], channels: int, arch: str | None, where: Path | str) -> MusubiArch:
@@ -154,10 +160,11 @@ def musubi_arch(vae: dict[str, Any], channels: int, arch: str | None, where: Pat
     an ExportError saying why it cannot be: an unknown or refused architecture, another VAE family, channel count
     or normalization."""
     family = str(vae.get("family"))
-    short = arch or MUSUBI_ARCH_OF_FAMILY.get(family)
+    model, _ = recorded_family(vae)
+    short = arch or MUSUBI_ARCH_OF_MODEL.get(model.name if model is not None else "")
     if short is None:
-        raise ExportError(f"{where}: a {family} cache has no musubi-tuner architecture (musubi trains on "
-                          f"{', '.join(sorted(MUSUBI_ARCH_OF_FAMILY))} latents)")
+        raise ExportError(f"{where}: a {model.label if model is not None else family} cache has no musubi-tuner "
+                          f"architecture (musubi trains on {', '.join(sorted(MUSUBI_ARCH_OF_MODEL))} latents)")
     spec = MUSUBI_ARCHITECTURES.get(short)
     if spec is None:
         raise ExportError(f"--arch {short!r} is not a musubi-tuner architecture this export knows "
@@ -169,6 +176,11 @@ def musubi_arch(vae: dict[str, Any], channels: int, arch: str | None, where: Pat
     if channels != spec.channels:
         raise ExportError(f"{where}: --arch {short} needs {spec.channels}-channel latents, this {family} cache has "
                           f"{channels}")
+    if model is not None and model.name not in spec.models:
+        wanted = FAMILIES[spec.models[0]]
+        raise ExportError(f"{where}: --arch {short} trains on latents encoded as {wanted.label}'s trainers encode them "
+                          f"({wanted.reference.description}); this cache was encoded for {model.label} "
+                          f"({model.reference.description}): encode it with --model {wanted.name}")
     normalization = vae.get("normalization") or {}
     if short == "wan" and (tuple(normalization.get("latents_mean") or ()) != WAN_LATENTS_MEAN
                            or tuple(normalization.get("latents_std") or ()) != WAN_LATENTS_STD):
@@ -182,6 +194,18 @@ def musubi_arch(vae: dict[str, Any], channels: int, arch: str | None, where: Pat
         raise ExportError(f"{where}: the VAE records scaling_factor {normalization.get('scaling_factor')}, not "
                           f"HunyuanVideo's {HUNYUAN_SCALING_FACTOR} that musubi-tuner's {spec.full} training assumes")
     return spec
+
+
+def refuse_other_encodes(cache: Any, trainer: str, where: Path | str) -> None:
+    """An ExportError naming the clips whose latents `trainer` would not have made (vaecache.models.encode_problem:
+    the VAE's own tiling, or an older vaecache's time tiles), before anything is written."""
+    vae, settings = cache.manifest.get("vae") or {}, cache.manifest.get("settings") or {}
+    found = [(record["id"], why) for record in cache.records() if (why := encode_problem(vae, settings, record))]
+    if found:
+        clip, why = found[0]
+        raise ExportError(f"{where}: {len(found)} of {len(cache)} clips are not latents {trainer} makes (clip {clip}: "
+                          f"{why}); encode the cache again (vaecache encode ... --overwrite, on a device where every "
+                          "clip fits untiled)")
 
 
 def musubi_tensors(spec: MusubiArch, latent: torch.Tensor, normalization: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -223,9 +247,11 @@ def musubi_image_latent(spec: MusubiArch, condition: torch.Tensor, num_frames: i
 
 def musubi_condition_set(cache: Any, spec: MusubiArch, condition: str, where: Path | str) -> Any:
     """The ConditionSet whose first-frame latents the export writes as musubi's `latents_image`, or None ("none",
-    or "auto" without a first-frame set); an ExportError where musubi has no convention for what is asked."""
+    or "auto" without a first-frame set or for an architecture whose caching reads none: left out, as everything
+    musubi does not read is); an ExportError where musubi has no convention for what is asked."""
     kinds = [kind for kind in cache.condition_sets if kind != "image-features"]
-    if condition == "none" or (condition == "auto" and "first-frame" not in kinds):
+    if condition == "none" or (condition == "auto" and ("first-frame" not in kinds
+                                                        or spec.short not in FIRST_FRAME_ARCHS)):
         return None
     kind = "first-frame" if condition == "auto" else condition
     if kind == "first-last":
@@ -236,10 +262,15 @@ def musubi_condition_set(cache: Any, spec: MusubiArch, condition: str, where: Pa
     if kind not in kinds:
         raise ExportError(f"{where}: no condition set {kind!r} (sets: {', '.join(kinds) or 'none'}): vaecache embed "
                           f"{where} --condition {kind} adds it")
-    if spec.short not in ("wan", "hv15"):
+    if spec.short not in FIRST_FRAME_ARCHS:
         raise ExportError(f"{where}: musubi-tuner's {spec.full} caching stores no first-frame latents_image vaecache "
                           "writes (its Wan and HunyuanVideo 1.5 I2V ones are); pass --condition none")
     return cache.sets()["conditions"][kind]  # the kind's reader, as LatentCache's items read it
+
+
+FIRST_FRAME_ARCHS = ("wan", "hv15")
+"""The architectures whose I2V `latents_image` is a first-frame condition set's latent (Kandinsky 5's is cut from the
+video latents: `_kandinsky5_latents`)."""
 
 
 def musubi_image_features(cache: Any, spec: MusubiArch, condition: str, where: Path | str) -> tuple[Any, str]:
@@ -312,7 +343,7 @@ def _write_latent_file(folder: Path, name: str, spec: MusubiArch, latent: torch.
     if image_latents is not None:
         image = musubi_image_latent(spec, image_latents[view], count, temporal, normalization, latent.dtype)
         _, frames_l, _, _ = image.shape
-        tensors[f"latents_image_{frames_l}x{height_l}x{width_l}_{str(latent.dtype).removeprefix('torch.')}"] = image
+        tensors[f"latents_image_{frames_l}x{height_l}x{width_l}_{str(image.dtype).removeprefix('torch.')}"] = image
     if clip_features is not None and spec.short == "hv15":  # save_latent_cache_hunyuan_video_1_5
         tensors[f"siglip_{str(clip_features.dtype).removeprefix('torch.')}"] = clip_features[view].contiguous()
     elif clip_features is not None:  # cache_io.py save_latent_cache_wan: named by the latent's dtype
@@ -346,6 +377,7 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
     first = cache.record(0) if len(cache) else {}
     channels = next(iter((first.get("tensors") or {}).values()), {}).get("shape", [None, None])[1]
     spec = musubi_arch(vae, channels, arch, cache_dir)
+    refuse_other_encodes(cache, f"musubi-tuner's {spec.full} caching", cache_dir)
     key = "mean" if "mean" in stored else "sample" if spec.samples and "sample" in stored else None
     if key is None:
         raise ExportError(f"{cache_dir}: stores no posterior mean ({'/'.join(stored) or 'nothing'}); musubi-tuner's "
@@ -411,7 +443,7 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
                     index.add(clip=record["id"], scene=record["scene"], camera=camera, file=f"cache/{name}",
                               item=item, renamed=item != f"{record['scene']}-{camera}")
                 if texts is not None:
-                    written = _write_text_cache(folder, texts, spec, item, record["id"], te_items)
+                    written = write_text_cache(folder, texts, spec, item, record["id"], te_items)
                     files, size = files + bool(written), size + written
                 if item not in linked:
                     linked.add(item)
@@ -469,101 +501,6 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
                      "encode empty prompts; add captions (an index's \"caption\", a <video>.txt beside each video, "
                      "or <scene>/caption.txt) and encode again")
     return ExportSummary(str(target), "musubi", len(cache), files, size, index.renamed, tuple(notes))
-
-
-MUSUBI_TEXT_FAMILY = {"wan": "wan", "hv": "hunyuanvideo", "hv15": "hunyuanvideo-1.5-musubi", "k5": "kandinsky5-musubi",
-                      "fp": "hunyuanvideo"}
-"""The text-set family whose embeddings each musubi architecture's text-encoder cache holds."""
-
-
-def musubi_text_set(cache: Any, spec: MusubiArch, text_set: str, where: Path | str) -> Any:
-    """The TextSet to export as musubi text-encoder caches, or None ("none", or "auto" without exactly one set); an
-    ExportError where musubi keeps no such cache for the architecture or the set is not the family's."""
-    names = cache.text_sets
-    if text_set == "none" or (text_set == "auto" and len(names) != 1):
-        return None
-    name = names[0] if text_set == "auto" else text_set
-    if name not in names:
-        raise ExportError(f"{where}: no text set {name!r} (sets: {', '.join(names) or 'none'})")
-    texts = cache.sets()["text"][name]  # the kind's reader, as LatentCache's items read it
-    if spec.short == "k5" and texts.family == "kandinsky5":
-        raise ExportError(f"{where}: text set {name!r} holds diffusers' Kandinsky 5 conditioning, which is not "
-                          "musubi-tuner's: its kandinsky5/models/text_embedders.py uses the authors' template ('promt "
-                          "engineer'), crop 129 and the caption as given, so its text caches would differ; embed a "
-                          "set with --text-convention musubi (or pass --text-set none)")
-    if spec.short == "hv15" and texts.family == "hunyuanvideo-1.5":
-        raise ExportError(f"{where}: text set {name!r} holds diffusers' HunyuanVideo 1.5 conditioning, which is not "
-                          "musubi-tuner's: its hunyuan_video_1_5_text_encoder.py uses another system-message layout "
-                          "and crop, and ByT5 at 128 tokens with another glyph order, so its text caches would differ; "
-                          "embed a set with --text-convention musubi (or pass --text-set none)")
-    if MUSUBI_TEXT_FAMILY.get(spec.short) != texts.family:
-        raise ExportError(f"{where}: text set {name!r} ({texts.family or 'unknown'} family) cannot be exported for "
-                          f"--arch {spec.short}: musubi-tuner's text caches vaecache writes are Wan's (varlen_t5, "
-                          "from a wan set), HunyuanVideo's (llm and clipL, from a hunyuanvideo set) and HunyuanVideo "
-                          "1.5's and Kandinsky 5's (from sets embedded with --text-convention musubi); pass "
-                          "--text-set none")
-    return texts
-
-
-def _write_text_cache(folder: Path, texts: Any, spec: MusubiArch, item: str, clip: str,
-                      written: dict[str, tuple[str, str]]) -> int:
-    """`cache/<item>_<arch>_te.safetensors` as musubi's save_text_encoder_output_cache_wan writes it
-    (dataset/cache_io.py: `varlen_t5_<dtype>`, the prompt's rows; metadata architecture, caption1, format_version),
-    once per item; an ExportError where two clips of one item have different prompts (musubi keeps one caption
-    per item: it would train one clip on the other's caption). Returns the bytes written (0: already written)."""
-    key = texts.key(clip)
-    if item in written:
-        if written[item][0] != key:
-            raise ExportError(f"musubi item {item}: clips {written[item][1]} and {clip} have different captions in "
-                              f"text set {texts.name!r}; musubi-tuner keeps one caption per item (video), so they "
-                              "cannot be exported together: split the scene, or export without --text-set")
-        return 0
-    data = safetensors_bytes(musubi_text_tensors(spec, texts, clip),
-                             {"architecture": spec.full, "caption1": texts.text(clip),
-                              "format_version": MUSUBI_FORMAT_VERSION})
-    write_new_file(folder / "cache" / f"{item}_{spec.short}_te.safetensors", data)
-    written[item] = (key, clip)
-    return len(data)
-
-
-def musubi_text_tensors(spec: MusubiArch, texts: Any, clip: str) -> dict[str, torch.Tensor]:
-    """A clip's text-encoder cache tensors in musubi's keys (dataset/cache_io.py): Wan's
-    save_text_encoder_output_cache_wan, `varlen_t5_<dtype>` (the prompt's rows); HunyuanVideo's
-    save_text_encoder_output_cache, called for the LLM and for CLIP-L: `llm_<dtype>` (every row of the 256, as its
-    TextEncoder.encode crops them), `llm_mask` (the cropped attention mask, int64 as the tokenizer returns it),
-    `clipL_<dtype>` (the pooled output) and `clipL_mask` (CLIP's attention mask over its 77 tokens); HunyuanVideo
-    1.5's save_text_encoder_output_cache_hunyuan_video_1_5: `varlen_vl_embed_<dtype>` (Qwen2.5-VL's rows trimmed to
-    the mask, as hv_1_5_cache_text_encoder_outputs.py trims them) and `varlen_byt5_embed_<dtype>` (ByT5's rows of the
-    glyph text trimmed to its mask: none where the prompt quotes nothing); Kandinsky 5's
-    save_text_encoder_output_cache_kandinsky5: `text_embeds_<dtype>` (the rows trimmed to the mask),
-    `pooled_embed_<dtype>` (CLIP's pooled output) and `attention_mask` (bool, one per row, as its caching keeps it)."""
-    import torch
-
-    def dtype_name(tensor: torch.Tensor) -> str:
-        return str(tensor.dtype).removeprefix("torch.")
-
-    if spec.short == "wan":
-        rows = texts.rows(clip)
-        return {f"varlen_t5_{dtype_name(rows)}": rows.contiguous()}
-    if spec.short == "fp":  # save_text_encoder_output_cache_framepack, from a HunyuanVideo set
-        from vaecache.export.framepack import framepack_text_tensors
-
-        return framepack_text_tensors(texts, clip)
-    if spec.short == "k5":  # save_text_encoder_output_cache_kandinsky5: the rows, the pooled output, a bool mask
-        rows, pooled = texts.rows(clip), texts.pooled(clip)
-        return {f"text_embeds_{dtype_name(rows)}": rows.contiguous(),
-                f"pooled_embed_{dtype_name(pooled)}": pooled.contiguous(),
-                "attention_mask": torch.ones(rows.shape[0], dtype=torch.bool)}
-    if spec.short == "hv15":
-        rows, glyph = texts.rows(clip), texts.glyph(clip)
-        return {f"varlen_vl_embed_{dtype_name(rows)}": rows.contiguous(),
-                f"varlen_byt5_embed_{dtype_name(glyph)}": glyph.contiguous()}
-    embeds, mask = texts.padded(clip)
-    pooled = texts.pooled(clip)
-    clip_mask = torch.zeros(texts.pooled_length, dtype=torch.int64)
-    clip_mask[:texts.pooled_tokens(clip)] = 1
-    return {f"llm_{dtype_name(embeds)}": embeds.contiguous(), "llm_mask": mask.to(torch.int64),
-            f"clipL_{dtype_name(pooled)}": pooled.contiguous(), "clipL_mask": clip_mask}
 
 
 def _caption(record: dict[str, Any]) -> str:

@@ -44,7 +44,7 @@ PARTS = {"source": SourceConfig, "vae": VaeConfig, "decode": DecodeConfig, "para
 ROUTES: dict[str, tuple[tuple[str, str], ...]] = {
     "out": (("out", "location"),),
     "storage_options": (("source", "storage_options"), ("out", "storage_options")),
-    "vae": (("vae", "spec"),), "vae_config": (("vae", "config"),),
+    "vae": (("vae", "spec"),), "vae_config": (("vae", "config"),), "model": (("vae", "model"),),
     "allow_pickle_weights": (("vae", "allow_pickle_weights"),),
     "nuscenes_version": (("source", "nuscenes_version"),), "columns": (("source", "columns"),),
     "lerobot_state": (("source", "lerobot_state"),), "probe_workers": (("source", "probe_workers"),),

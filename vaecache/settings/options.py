@@ -128,6 +128,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("vae_config", "--vae-config", str, "The config.json (or diffusers folder) of a single checkpoint file whose "
            "model has no shipped config (Wan 2.1, Wan 2.2 TI2V-5B and LTX-Video 0.9.0-0.9.8 have one; SD-style "
            "AutoencoderKL and other sizes do not). Recorded."),
+    Option("model", "--model", str, "The model the latents are for, where the VAE class serves several "
+           "(AutoencoderKLHunyuanVideo: hunyuanvideo, the default, framepack or kandinsky5): each is encoded as its "
+           "own trainers encode it. Recorded."),
     Option("num_frames", "--num-frames", str, "Frames per clip, or frame buckets 17,33,49 (see --frames-policy); "
            "checked against the VAE's rule." + REQUIRED_NOTE, toml=(int, str, list), toml_items=int, required=True),
     Option("size", "--size", str, "HxW, or size buckets 480x832,832x480,624x624 or a preset (wan-480p, wan-720p): "

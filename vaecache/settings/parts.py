@@ -73,14 +73,24 @@ class VaeConfig:
     """--vae-config: the config of a single checkpoint file --vae (vaecache.vae.single_file)."""
     allow_pickle_weights: bool = False
     """Let a diffusers folder with only pickled .bin weights load (unpickling can run code)."""
+    model: str | None = None
+    """--model: the model family the latents are for, where the VAE class serves several (vaecache.models checks it
+    against the class at start-up; the VAE record holds the family resolved)."""
 
     def __post_init__(self) -> None:
         if not self.spec:
             raise UsageError("--vae is required (e.g. builtin:tiny, builtin:small, diffusers:/path/to/vae, "
                              "python:pkg.mod:factory)")
+        if self.model is not None:
+            from vaecache.models import FAMILIES
+
+            if self.model not in FAMILIES:
+                raise UsageError(f"--model {self.model!r} is not a model vaecache knows; models: "
+                                 f"{', '.join(FAMILIES)}")
 
     def to_record(self) -> dict[str, Any]:
-        return {"vae_spec": self.spec, **({"vae_config": self.config} if self.config else {})}
+        return {"vae_spec": self.spec, **({"vae_config": self.config} if self.config else {}),
+                **({"model": self.model} if self.model else {})}
 
 
 @dataclass(frozen=True)

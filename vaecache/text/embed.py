@@ -101,7 +101,8 @@ class TextJob:
         self.encoder = loaded_on_every_rank(ctx, lambda: load_text_encoder(
             request.text_encoder, device, compute_dtype=request.compute_dtype, dtype=request.dtype,
             length=request.length, layer=request.layer, batch=request.batch,
-            allow_pickle_weights=request.allow_pickle_weights, convention=request.convention), "text encoder")
+            allow_pickle_weights=request.allow_pickle_weights, convention=request.convention,
+            k5_template=request.k5_template), "text encoder")
         self.fingerprint = self.encoder.fingerprint()
         same_on_every_rank(ctx, self.fingerprint, "text encoder")
         self.clip_keys: list[tuple[str, str]] = []  # rank 0's: (clip, prompt key) of every clip, for the tables

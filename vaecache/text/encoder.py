@@ -26,6 +26,7 @@ import torch
 
 from vaecache.errors import UsageError, VaeSpecError, first_line
 from vaecache.settings.dtypes import recorded_name, torch_dtype
+from vaecache.text import clip_slow
 from vaecache.text.families import (
     TextFamily,
     check_text_spec,
@@ -248,16 +249,18 @@ class TextEncoder:
         inputs = self.pooled_tokenizer(prompts, padding="max_length", max_length=length, truncation=True,
                                        return_tensors="pt")
         full = self.pooled_tokenizer(prompts, truncation=False)["input_ids"]
-        mask = {"attention_mask": inputs.attention_mask.to(self.device)} if self.family.pooled_masked else {}
-        pooled = self.pooled_model(inputs.input_ids.to(self.device), output_hidden_states=False, **mask).pooler_output
-        counts = inputs.attention_mask.gt(0).sum(dim=1).tolist()
+        ids, attention = inputs["input_ids"], inputs["attention_mask"]
+        mask = {"attention_mask": attention.to(self.device)} if self.family.pooled_masked else {}
+        pooled = self.pooled_model(ids.to(self.device), output_hidden_states=False, **mask).pooler_output
+        counts = attention.gt(0).sum(dim=1).tolist()
         return [(pooled[i].to(self.dtype).cpu().clone(), int(n), len(full[i]) > length)
                 for i, n in enumerate(counts)]
 
 
 def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_dtype: str = "fp32",
                       dtype: str = "fp32", length: int | None = None, layer: int | None = None, batch: int = 8,
-                      allow_pickle_weights: bool = False, convention: str = "pipeline") -> TextEncoder:
+                      allow_pickle_weights: bool = False, convention: str = "pipeline",
+                      k5_template: str | None = None) -> TextEncoder:
     """The encoder of a --text-encoder SPEC on `device`, computing in `compute_dtype`, storing `dtype`. A
     UsageError or VaeSpecError (one line, naming the spec) for what cannot be loaded."""
     if batch < 1:
@@ -266,7 +269,7 @@ def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_
     if compute_dtype == "fp16":
         raise UsageError("--compute-dtype fp16 is not supported: T5 overflows in fp16 unless some layers stay in fp32, "
                          "as transformers' own loading keeps them; compute in fp32 or bf16 (and store fp16 if wanted)")
-    folders = text_encoder_folders(spec, length, layer, convention)
+    folders = text_encoder_folders(spec, length, layer, convention, k5_template)
     family = folders.family
     model_config = _read_config(folders.model, spec)
     check_text_shape(model_config, family, batch, spec, device)
@@ -293,6 +296,10 @@ def load_text_encoder(spec: str, device: torch.device | str = "cpu", *, compute_
     if folders.pooled is not None:  # HunyuanVideo, Kandinsky 5: text_encoder_2 (CLIP-L) beside the LLM
         pooled, identity["pooled_encoder"] = _load_second_encoder(folders.pooled, pooled_config, spec,
                                                                   allow_pickle_weights, device, compute)
+        if family.pooled_tokenization == clip_slow.NAME:  # musubi's pinned transformers: the slow CLIPTokenizer
+            pooled = (_slow_clip(pooled[0], folders.pooled[1], spec), pooled[1])
+            identity["pooled_encoder"]["tokenization"] = {"name": clip_slow.NAME, "reference": clip_slow.REFERENCE,
+                                                          "ftfy": installed_version("ftfy")}
     if folders.glyph is not None:  # HunyuanVideo 1.5: text_encoder_2 (ByT5) beside Qwen2.5-VL
         glyph, identity["glyph_encoder"] = _load_second_encoder(folders.glyph, glyph_config, spec,
                                                                 allow_pickle_weights, device, compute)
@@ -335,6 +342,14 @@ def _load_second_encoder(folders: tuple[Path, Path], config: Any, spec: str, all
     return (tokenizer, model), {**identity, "tokenizer_sha256": _tokenizer_hashes(tokenizer_dir)}
 
 
+def _slow_clip(tokenizer: Any, folder: Path, spec: str) -> clip_slow.SlowClipTokenizer:
+    try:
+        return clip_slow.SlowClipTokenizer.like(tokenizer)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise VaeSpecError(f"--text-encoder {spec}: {folder} is not CLIP's byte-level BPE tokenizer, which musubi's "
+                           f"convention tokenizes as its slow CLIPTokenizer does ({first_line(exc)})") from None
+
+
 def marker_crop(tokenizer: Any, family: TextFamily, spec: str) -> int:
     """musubi's get_qwen_tokens crop: the tokens of the template filled with "a photo of a cat", up to and including
     the first run of the marker's own tokens."""
@@ -348,7 +363,7 @@ def marker_crop(tokenizer: Any, family: TextFamily, spec: str) -> int:
 
 
 def text_encoder_folders(spec: str, length: int | None = None, layer: int | None = None,
-                         convention: str = "pipeline") -> TextFolders:
+                         convention: str = "pipeline", k5_template: str | None = None) -> TextFolders:
     """The folders a --text-encoder SPEC names, checked without loading a weight (encode checks them before the first
     video is read): the pipeline's model_index.json and family, the encoder's and tokenizer's folders. A UsageError
     or VaeSpecError (one line, naming the spec and the path) otherwise."""
@@ -364,7 +379,7 @@ def text_encoder_folders(spec: str, length: int | None = None, layer: int | None
         contents = read_json_file(index, "the pipeline's model_index.json")
         class_name = contents.get("_class_name", "") if isinstance(contents, dict) else ""
         try:
-            family = family_for_pipeline(str(class_name), f"--text-encoder {spec}", convention)
+            family = family_for_pipeline(str(class_name), f"--text-encoder {spec}", convention, k5_template)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         if length is not None or layer is not None:
@@ -377,8 +392,9 @@ def text_encoder_folders(spec: str, length: int | None = None, layer: int | None
         if length is None:
             raise UsageError(f"--text-encoder {spec}: a transformers:PATH encoder needs --text-length N (the tokens "
                              "each prompt is padded or truncated to)")
-        if convention != "pipeline":
-            raise UsageError(f"--text-convention {convention} applies to a pipeline folder (diffusers:PATH)")
+        if convention != "pipeline" or k5_template is not None:
+            raise UsageError(f"--{'text-convention' if convention != 'pipeline' else 'k5-template'} applies to a "
+                             "pipeline folder (diffusers:PATH)")
         family = generic_family(length)
         tokenizer_dir = model_dir / "tokenizer" if (model_dir / "tokenizer").is_dir() else model_dir
         resolved = f"transformers:{model_dir.resolve()}"

@@ -22,6 +22,7 @@ descriptions: MagicDriveDiT's T5).
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import re
 from dataclasses import dataclass
@@ -85,6 +86,9 @@ class TextFamily:
     crop_marker: str | None = None
     """The template's rows are cropped up to and including these tokens, found in the template tokenized (musubi's
     HunyuanVideo 1.5 `<|im_start|>user\n`); `crop_start` is then that count, set when the tokenizer is loaded."""
+    pooled_tokenization: str = "tokenizer"
+    """How the pooled encoder's prompt is tokenized: "tokenizer" (the folder's tokenizer as transformers loads it) or
+    "slow-clip" (vaecache.text.clip_slow: the slow CLIPTokenizer of musubi-tuner's pinned transformers 4.57)."""
 
     def __post_init__(self) -> None:
         if self.length < 1:
@@ -134,6 +138,14 @@ HUNYUAN = TextFamily("hunyuanvideo", 256, "none", "diffusers HunyuanVideoPipelin
                      "(DEFAULT_PROMPT_TEMPLATE, crop_start 95, hidden_states[-3], max_sequence_length=256) and "
                      "_get_clip_prompt_embeds (CLIP-L pooler_output, 77 tokens)", masked=True, full_length=True,
                      template=HUNYUAN_TEMPLATE, crop_start=95, layer=-3, pooled_length=77)
+HUNYUAN_MUSUBI = dataclasses.replace(
+    HUNYUAN, name="hunyuanvideo-musubi", pooled_tokenization="slow-clip",
+    reference="musubi-tuner 30c658c HunyuanVideo and FramePack text caching (hunyuan_model/text_encoder.py, "
+              "frame_pack/hunyuan.py encode_prompt_conds): the Llama rows as diffusers' HunyuanVideoPipeline computes "
+              "them, CLIP-L's pooled output of the prompt tokenized by transformers 4.57's slow CLIPTokenizer "
+              "(ftfy.fix_text first)")
+"""musubi-tuner's HunyuanVideo and FramePack text conditioning (`--text-convention musubi`): diffusers' but for CLIP's
+tokenization, which musubi's pinned transformers does with the slow class (vaecache.text.clip_slow)."""
 
 
 LTX2 = TextFamily("ltx2", 1024, "strip", "LTX-2's trainer (Lightricks/LTX-2 400fd31, ltx-trainer "
@@ -224,9 +236,25 @@ KANDINSKY5_MUSUBI = TextFamily("kandinsky5-musubi", 512, "none", "musubi-tuner k
                                "crop 129, padded to 512 + 129 without an attention mask, hidden_states[-1], rows "
                                "trimmed to the mask) and ClipTextEmbedder (pooler_output at 77 tokens)", masked=False,
                                template=MUSUBI_KANDINSKY5_TEMPLATE, crop_start=129, layer=-1, pooled_length=77,
-                               pooled_masked=True)
+                               pooled_masked=True, pooled_tokenization="slow-clip")
 """musubi-tuner's Kandinsky 5 text conditioning (`--text-convention musubi`), what its k5 text caches hold: the
-authors' template and crop, the prompt as given."""
+authors' template and crop, the prompt as given, CLIP tokenized by musubi's pinned transformers (the slow class)."""
+MUSUBI_KANDINSKY5_IMAGE_TEMPLATE = "\n".join([
+    "<|im_start|>system\nYou are a promt engineer. Describe the image by detailing the color, shape, size, texture, "
+    "quantity, text, spatial relationships of the objects and background:<|im_end|>",
+    "<|im_start|>user\n{}<|im_end|>"])
+"""musubi-tuner's Qwen2_5_VLTextEmbedder.PROMPT_TEMPLATE["template"]["image"] (kandinsky5/models/text_embedders.py,
+commit 30c658c), crop 41: what `kandinsky5_cache_text_encoder_outputs.py` embeds a batch with when no item in it has a
+frame count above 1 (:44-45), which is every batch its caching builds (`image_video_dataset.py:231`)."""
+KANDINSKY5_MUSUBI_IMAGE = dataclasses.replace(
+    KANDINSKY5_MUSUBI, template=MUSUBI_KANDINSKY5_IMAGE_TEMPLATE, crop_start=41,
+    reference="musubi-tuner kandinsky5_cache_text_encoder_outputs.py encode_and_save_batch (30c658c) as its caching "
+              "runs it: Qwen2_5_VLTextEmbedder with its image template (crop 41, padded to 512 + 41 without an "
+              "attention mask, hidden_states[-1], rows trimmed to the mask) and ClipTextEmbedder (pooler_output at 77 "
+              "tokens)")
+K5_TEMPLATES = ("video", "image")
+"""--k5-template: the Kandinsky 5 template musubi's convention embeds with (video: its sampling's; image: its caching
+script's, see KANDINSKY5_MUSUBI_IMAGE)."""
 
 
 def extract_glyph_texts(prompt: str) -> str | None:
@@ -240,22 +268,31 @@ def extract_glyph_texts(prompt: str) -> str | None:
 
 TEXT_CONVENTIONS = ("pipeline", "musubi")
 """--text-convention: the pipeline's own embedding (diffusers'), or musubi-tuner's where its trainer embeds otherwise
-(HunyuanVideo 1.5)."""
-MUSUBI_FAMILIES = {"hunyuanvideo-1.5": HUNYUAN15_MUSUBI, "kandinsky5": KANDINSKY5_MUSUBI}
+(HunyuanVideo's and FramePack's CLIP tokenization, HunyuanVideo 1.5, Kandinsky 5)."""
+MUSUBI_FAMILIES = {"hunyuanvideo": HUNYUAN_MUSUBI, "hunyuanvideo-1.5": HUNYUAN15_MUSUBI,
+                   "kandinsky5": KANDINSKY5_MUSUBI}
 
 
-def family_for_pipeline(class_name: str, where: str, convention: str = "pipeline") -> TextFamily:
-    """The family of a diffusers pipeline folder's model_index.json `_class_name` in a --text-convention; a
-    ValueError naming what is supported otherwise."""
+def family_for_pipeline(class_name: str, where: str, convention: str = "pipeline",
+                        k5_template: str | None = None) -> TextFamily:
+    """The family of a diffusers pipeline folder's model_index.json `_class_name` in a --text-convention (and, for
+    Kandinsky 5 in musubi's, a --k5-template); a ValueError naming what is supported otherwise."""
     family = _pipeline_family(class_name, where)
+    if k5_template is not None and k5_template not in K5_TEMPLATES:
+        raise ValueError(f"--k5-template must be one of {', '.join(K5_TEMPLATES)}, got {k5_template!r}")
+    if k5_template is not None and (family.name != "kandinsky5" or convention != "musubi"):
+        raise ValueError(f"{where}: --k5-template applies to a Kandinsky 5 pipeline with --text-convention musubi "
+                         "(diffusers' Kandinsky5T2VPipeline embeds with its video template)")
     if convention == "pipeline":
         return family
     if convention != "musubi":
         raise ValueError(f"--text-convention must be one of {', '.join(TEXT_CONVENTIONS)}, got {convention!r}")
     if family.name not in MUSUBI_FAMILIES:
-        raise ValueError(f"{where}: --text-convention musubi applies to HunyuanVideo 1.5 and Kandinsky 5 "
-                         "(musubi-tuner embeds the other architectures' prompts as the pipelines do), not "
-                         f"{class_name}")
+        raise ValueError(f"{where}: --text-convention musubi applies to HunyuanVideo (and FramePack), HunyuanVideo 1.5 "
+                         "and Kandinsky 5 (musubi-tuner embeds the other architectures' prompts as the pipelines do), "
+                         f"not {class_name}")
+    if family.name == "kandinsky5" and k5_template == "image":
+        return KANDINSKY5_MUSUBI_IMAGE
     return MUSUBI_FAMILIES[family.name]
 
 

@@ -87,14 +87,19 @@ class EmbedRequest:
     allow_pickle_weights: bool = False
     storage_options: tuple[tuple[str, Any], ...] = ()
     convention: str = "pipeline"
-    """--text-convention: the pipeline's embedding, or musubi-tuner's (HunyuanVideo 1.5)."""
+    """--text-convention: the pipeline's embedding, or musubi-tuner's (HunyuanVideo's CLIP, HunyuanVideo 1.5,
+    Kandinsky 5)."""
+    k5_template: str | None = None
+    """--k5-template: Kandinsky 5 in musubi's convention with its video template (None, "video") or its image one."""
 
     def __post_init__(self) -> None:
         from vaecache.settings.dtypes import check_dtype_name
-        from vaecache.text.families import TEXT_CONVENTIONS, check_text_spec
+        from vaecache.text.families import K5_TEMPLATES, TEXT_CONVENTIONS, check_text_spec
 
         if self.convention not in TEXT_CONVENTIONS:
             raise UsageError(f"--text-convention must be one of {', '.join(TEXT_CONVENTIONS)}, got {self.convention!r}")
+        if self.k5_template is not None and self.k5_template not in K5_TEMPLATES:
+            raise UsageError(f"--k5-template must be one of {', '.join(K5_TEMPLATES)}, got {self.k5_template!r}")
 
         check_text_spec(self.text_encoder)
         check_set_name(self.set_name)

@@ -7,10 +7,11 @@ import json
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
+from vaecache import models
 from vaecache.errors import UsageError, VaeSpecError, first_line
 from vaecache.settings.clip import ENCODER_IMPL_CHOICES
 from vaecache.settings.dtypes import check_dtype_name, torch_dtype
@@ -40,7 +41,8 @@ BUILTINS = ("builtin:tiny", "builtin:small")
 def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32", *, tiling: bool = False,
              views_per_forward: int = 1, tile_options: dict[str, Any] | None = None,
              allow_pickle_weights: bool = False, compiled: bool = False, channels_last: bool = False,
-             vae_config: str | None = None, encoder_impl: str = "auto") -> VaeRunner:
+             vae_config: str | None = None, encoder_impl: str = "auto", model: str | None = None,
+             reference: Mapping[str, Any] | None = None) -> VaeRunner:
     """Resolve a --vae SPEC (builtin:tiny|small, diffusers:PATH[#subfolder], a single checkpoint file PATH,
     python:module:function) and get it ready. `vae_config`: the config.json of a single checkpoint file whose family
     has no shipped config (vaecache.vae.single_file).
@@ -50,7 +52,9 @@ def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32",
     only, unless `allow_pickle_weights` lets a folder holding only pickled ``.bin`` weights load. `compiled`:
     the runner calls encode through torch.compile; `channels_last`: 3-d and 2-d convolution weights and every
     forward's input in channels-last memory format (both recorded in the fingerprint); `encoder_impl`: auto, fast
-    or reference (resolve_encoder_impl; the resolved one is recorded).
+    or reference (resolve_encoder_impl; the resolved one is recorded); `model`: the model family the latents are for
+    (--model; default: the VAE class's own, vaecache.models), whose trainers' encode every untiled forward runs, or
+    `reference`, the encode a cache recorded (decode and --reencode of a cache made before it was recorded).
     """
     check_vae_spec(spec, vae_config, allow_pickle_weights)
     check_dtype_name(dtype)
@@ -59,25 +63,26 @@ def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32",
     inject_oom = oom_hook_from_env()  # a malformed VAECACHE_FAULT is refused before any weight loads
     kind, _, rest = spec.partition(":")
     if kind == "builtin":
-        model = _load_builtin(rest, spec)
+        loaded = _load_builtin(rest, spec)
     elif kind == "python":
-        model = _load_python(rest, spec)
+        loaded = _load_python(rest, spec)
     else:  # diffusers:PATH, or a bare PATH: a folder, or one checkpoint file
         location = rest if kind == "diffusers" else spec
         target = Path(location.partition("#")[0] if kind == "diffusers" else location).expanduser()
         if target.is_file():
-            model = _load_file(target, spec, vae_config, allow_pickle_weights)
+            loaded = _load_file(target, spec, vae_config, allow_pickle_weights)
         else:
-            model = _load_diffusers(location, spec, allow_pickle_weights)
-    compute_dtype, dtype_note = _compute_dtype(model, dtype)
-    impl = resolve_encoder_impl(encoder_impl, model, tiling=tiling, compiled=compiled, device=device,
+            loaded = _load_diffusers(location, spec, allow_pickle_weights)
+    loaded = with_family(loaded, model, reference)
+    compute_dtype, dtype_note = _compute_dtype(loaded, dtype)
+    impl = resolve_encoder_impl(encoder_impl, loaded, tiling=tiling, compiled=compiled, device=device,
                                 compute_dtype=compute_dtype)
     exact_cuda_numerics(device)
-    module = model.module
+    module = loaded.module
     module.to(torch.device(device)).eval().requires_grad_(False)
     if compute_dtype != torch.float32:  # weights load as fp32; casting to fp32 again only makes diffusers warn
         module.to(compute_dtype)
-    tile_params = _setup_tiling(model, tiling, tile_options or {})
+    tile_params = _setup_tiling(loaded, tiling, tile_options or {})
     if channels_last:
         for param in module.parameters():
             if param.dim() in CHANNELS_LAST:
@@ -87,11 +92,24 @@ def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32",
         from vaecache.vae.wan_fast import production_description
 
         variant = production_description(module, device)
-    model = replace(model, device=torch.device(device), dtype=torch_dtype(dtype), compute_dtype=compute_dtype,
+    loaded = replace(loaded, device=torch.device(device), dtype=torch_dtype(dtype), compute_dtype=compute_dtype,
                     dtype_note=dtype_note, tiling=tiling, tile_params=tile_params,
                     views_per_forward=views_per_forward, compiled=compiled,
                     channels_last=channels_last, encoder_impl=impl, encoder_variant=variant)
-    return VaeRunner(model, inject_oom)
+    return VaeRunner(loaded, inject_oom)
+
+
+def with_family(loaded: VaeModel, model: str | None, reference: Mapping[str, Any] | None) -> VaeModel:
+    """The loaded VAE with its model family (vaecache.models): --model checked against the VAE's class, or the class's
+    own family; that family's frame rule and the encode its trainers make (or the one a cache recorded)."""
+    family = models.family_for(loaded.family, model, loaded.spec)
+    if family is None:
+        return loaded
+    chosen = family.reference_recorded(reference)
+    if chosen is None:
+        raise VaeSpecError(f"{loaded.spec}: the encode recorded for {family.label} ({dict(reference or {})}) is not "
+                           "one this vaecache knows")
+    return replace(loaded, model=family.name, reference=chosen, rule=family.rule(loaded.rule))
 
 
 FAST_ENCODER_CLASSES = ("AutoencoderKLWan",)

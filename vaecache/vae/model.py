@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from vaecache.models.base import ReferenceEncode
 from vaecache.settings.dtypes import recorded_name
 from vaecache.vae.rules import FrameRule
 from vaecache.weights import weights_sha256
@@ -26,6 +27,7 @@ class VaeModel:
     spec: str
     """The --vae spec it was loaded from; names the VAE in messages."""
     family: str
+    """The diffusers class (the manifest's historical name for it); the model family is `model`."""
     rule: FrameRule
     config: dict[str, Any]
     weights_sha256: str
@@ -57,6 +59,10 @@ class VaeModel:
     encoder_variant: str | None = None
     """With "fast": what decides its bits beyond the weights (wan_fast.production_description: memory format,
     chunk, kernels, padded channels), which depends on the device."""
+    model: str | None = None
+    """The model family the latents are for (vaecache.models; --model), None for a plugin no family declares."""
+    reference: ReferenceEncode | None = None
+    """How that family's trainers encode a clip: what every untiled forward runs."""
 
     def __post_init__(self) -> None:
         if self.views_per_forward < 1 or self.latent_channels < 0:
@@ -73,6 +79,8 @@ def fingerprint(model: VaeModel) -> dict[str, Any]:
     and the run settings that change latents (compute dtype, tiling and its tile sizes, views per forward)."""
     return {
         "family": model.family,
+        **({"model": model.model, "reference_encode": model.reference.record()}
+           if model.model is not None and model.reference is not None else {}),
         "config": model.config,
         "weights_sha256": model.weights_sha256,
         "spec": model.spec,

@@ -23,17 +23,18 @@ def load_recorded_vae(out: Path, manifest: dict[str, Any], spec: str, device: An
     `verify --reencode` and `vaecache decode` load through here."""
 
     clip_settings = ClipSettings.from_record(manifest.get("settings", {}))
-    vae = load_vae(spec, device, clip_settings.dtype, tiling=clip_settings.tiling,
-                   allow_pickle_weights=allow_pickle_weights, vae_config=manifest.get("settings", {}).get("vae_config"),
-                   views_per_forward=(clip_settings.views_per_forward
-                                      if isinstance(clip_settings.views_per_forward, int) else 1),
-                   compiled=clip_settings.compiled, channels_last=clip_settings.channels_last,
-                   encoder_impl=manifest.get("vae", {}).get("encoder_impl", "reference"))
     # encoder_variant depends on the device (compiled kernels on CUDA, eager on CPU): decode and --reencode on
     # another machine load the same VAE; the re-encode's tolerance covers the rounding
     machine = ("spec", "encoder_variant")
     recorded = upgraded_fingerprint({"vae": {k: v for k, v in manifest.get("vae", {}).items()
                                              if k not in machine}})["vae"]
+    vae = load_vae(spec, device, clip_settings.dtype, tiling=clip_settings.tiling,
+                   model=recorded.get("model"), reference=recorded.get("reference_encode"),
+                   allow_pickle_weights=allow_pickle_weights, vae_config=manifest.get("settings", {}).get("vae_config"),
+                   views_per_forward=(clip_settings.views_per_forward
+                                      if isinstance(clip_settings.views_per_forward, int) else 1),
+                   compiled=clip_settings.compiled, channels_last=clip_settings.channels_last,
+                   encoder_impl=manifest.get("vae", {}).get("encoder_impl", "reference"))
     given = {k: v for k, v in run_fingerprint_vae_part(vae).items() if k not in machine}
     if recorded != given:
         diffs = describe_differences(recorded, given)

@@ -3,6 +3,8 @@ and the ``EncodeResult`` that says what happened to every view."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import logging
 import math
 from collections import Counter
@@ -64,8 +66,22 @@ class VaeRunner:
         self._errors_in_a_row = 0
         # Compiled on first use, once per input shape (and again when tiling is switched for a retry).
         self._encode = torch.compile(model.module.encode) if model.compiled else model.module.encode
+        self._reference = self._encode
+        """What an untiled forward runs: the model family's trainers' encode (vaecache.models), where it is not the
+        module's own encode with tiling off (HunyuanVideo's whole-clip encode, Kandinsky 5's own tiles)."""
+        if model.reference is not None and model.reference.encode is not None:
+            reference = functools.partial(model.reference.encode, model.module)
+            self._reference = torch.compile(reference) if model.compiled else reference
         self._fast = fast_encoder(model) if model.encoder_impl == "fast" else None
         """The untiled forward's encoder where --encoder-impl fast (a tiled retry runs diffusers' own)."""
+
+    def pipeline_encode(self) -> VaeRunner:
+        """This runner with the module's own encode for untiled forwards, as a diffusers pipeline calls `vae.encode`
+        (image-to-video conditions follow their pipeline, not the latents' trainers: Kandinsky5I2VPipeline encodes
+        its image untiled where Kandinsky 5's trainers tile a large frame). Shares the model and the backoff state."""
+        runner = copy.copy(self)
+        runner._reference = self._encode
+        return runner
 
     # ----------------------------------------------------------------- shapes
 
@@ -284,8 +300,10 @@ class VaeRunner:
         try:
             if self._fast is not None and not tiled:
                 mean, logvar = _posterior(self._fast.posterior(batch))
-            else:
+            elif tiled:
                 mean, logvar = _posterior(self._encode(batch))
+            else:
+                mean, logvar = _posterior(self._reference(batch))
         finally:
             if switch:
                 model.module.disable_tiling()

@@ -29,6 +29,7 @@ from vaecache.cache.store import open_store
 from vaecache.cache.v1 import iter_v1_clip_records
 from vaecache.cache.writer import STATS_RTOL, tensor_stats
 from vaecache.errors import ClipTableError, ManifestError, OutputError, ShardHeaderError, UnsafePathError
+from vaecache.models import encode_problem, recorded_family
 from vaecache.settings.dtypes import SAFETENSORS_NAMES
 
 MAX_EXAMPLES = 5
@@ -211,7 +212,7 @@ def _verify(store: Any, commits: Any, quick: bool, threads: int | None, ctx: Any
     }
     declared_check = check_declarations(manifest, seen, listed_count, listed_bytes, len(failures))
     checks = [manifest_check, clips_check, shard_check, orphan_check, tensor_check, value_check, failures_check,
-              declared_check, *check_sets(cache, quick, summary)]
+              declared_check, encodes_check(manifest, seen), *check_sets(cache, quick, summary)]
     if commits.check_name:
         checks.append(_stray_check(stray_check, commits.problems(set(cache.shard_files())), deleted))
     return VerifyReport(str(store.location), complete=True, checks=checks, summary=summary, repaired=deleted)
@@ -276,6 +277,10 @@ class _Seen:
     """Bucket name -> [clips, views] of the records that name it."""
     readable: bool = True
     """False when the clip table stopped reading part-way (then no shard's records are known complete)."""
+    other_encodes: int = 0
+    """Clips whose latents are not the ones their model's trainers make (vaecache.models.encode_problem)."""
+    encode_examples: list[str] = field(default_factory=list)
+    """The first few of them, with why."""
 
 
 def scan_records(cache: CacheReader, check: Check, tensor_check: Check, listed: dict[str, dict[str, Any]],
@@ -293,6 +298,7 @@ def scan_records(cache: CacheReader, check: Check, tensor_check: Check, listed: 
         check.fail(f"{path.name}: sha256 differs from the manifest (records were edited or truncated)")
     previous: Any = None
     out_of_order = False
+    vae, settings = cache.manifest.get("vae") or {}, cache.manifest.get("settings") or {}
     try:
         bad_line = lambda lineno: check.fail(f"{path.name}:{lineno}: does not parse")  # noqa: E731
         for record in (iter_v1_clip_records(path, bad_line) if cache.version == 1 else cache.clip_records()):
@@ -318,6 +324,11 @@ def scan_records(cache: CacheReader, check: Check, tensor_check: Check, listed: 
                 check.fail(f"clip {clip_id}: {problem}")
             else:
                 check.ok()
+            other = encode_problem(vae, settings, record)
+            if other is not None:
+                seen.other_encodes += 1
+                if len(seen.encode_examples) < 3:
+                    seen.encode_examples.append(f"clip {clip_id}: {other}")
             file = f"{SHARDS_DIR}/{record.get('shard')}"
             if problem and record_problem(record):
                 continue  # an id or shard name that could name another file: never followed
@@ -486,6 +497,20 @@ def check_declarations(manifest: dict[str, Any], seen: _Seen, shards: int, shard
     if "shape" in latent and (latent["shape"] is None) != several:
         check.fail(f"latent.shape is {latent['shape']!r}, but the cache holds "
                    f"{'several latent shapes (see buckets)' if several else 'one latent shape'}")
+    return check
+
+
+def encodes_check(manifest: dict[str, Any], seen: _Seen) -> Check:
+    """Which clips hold latents their model's trainers would not have made (the VAE's own tiling, an older
+    vaecache's time tiles): a warning, not a failure (the cache is what it says), which trainer exports refuse."""
+    family, _ = recorded_family(manifest.get("vae") or {})
+    check = Check("reference encode")
+    check.ok(seen.clips - seen.other_encodes)
+    if seen.other_encodes:
+        model = f"{family.label}'s trainers" if family is not None else "the reference encode"
+        check.note = (f"warning: {seen.other_encodes} clip(s) not encoded as {model} encode "
+                      f"({'; '.join(seen.encode_examples)}); musubi exports refuse them: encode again with --overwrite "
+                      "where every clip fits untiled")
     return check
 
 

@@ -1,0 +1,41 @@
+"""HunyuanVideo (Tencent): its 3D causal VAE is diffusers' AutoencoderKLHunyuanVideo, encoded whole.
+
+Its trainers encode a clip in one pass, with no tiling in time or space: musubi-tuner's HunyuanVideo caching
+(commit 30c658c, `cache_latents.py:265`, `vae.encode(contents).latent_dist.sample()`) through its copy of the authors'
+AutoencoderKLCausal3D, whose temporal and spatial tiling are off unless asked (`hunyuan_model/
+autoencoder_kl_causal_3d.py:118-119`; `--vae_tiling` turns spatial tiling on). diffusers' class encodes clips over 16
+frames in overlapping time tiles by default (`use_framewise_encoding = True`, `tile_sample_min_num_frames = 16`:
+`autoencoder_kl_hunyuan_video.py:711,717,767`), which `disable_tiling()` leaves on: every latent frame of such a clip
+differs from the trainers'. The reference here runs the encoder and quant_conv over the whole clip, which is
+diffusers' `_encode` with both kinds of tiling off."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vaecache.models.base import Family, ReferenceEncode
+
+VAE_CLASS = "AutoencoderKLHunyuanVideo"
+SOURCE = ("musubi-tuner 30c658c cache_latents.py:265 and fpack_cache_latents.py:85 through "
+          "hunyuan_model/autoencoder_kl_causal_3d.py (use_temporal_tiling and use_spatial_tiling False, :118-119); "
+          "diffusers 0.42.1 autoencoder_kl_hunyuan_video.py:764-775 (_encode's untiled path)")
+
+
+def encode_whole(module: Any, x: Any) -> Any:
+    """The posterior of the whole clip: diffusers' `_encode` untiled (encoder, then quant_conv)."""
+    from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+
+    return DiagonalGaussianDistribution(module.quant_conv(module.encoder(x)))
+
+
+WHOLE = ReferenceEncode("untiled", "the whole clip in one pass: no tiling in time or space", SOURCE, encode_whole)
+DIFFUSERS_FRAMEWISE = ReferenceEncode(
+    "diffusers-framewise", "diffusers' default encode: clips over 16 frames in 17-frame time tiles every 12 frames, "
+    "blended", "diffusers autoencoder_kl_hunyuan_video.py:711-722 (use_framewise_encoding, the tile sizes)",
+    params={"time_tile": 17, "time_stride": 12}, time_tiles_above=16)
+"""What vaecache stored before it recorded the reference encode (0.6 and earlier): read back, never written."""
+
+FAMILY = Family("hunyuanvideo", "HunyuanVideo", (VAE_CLASS,), WHOLE, default_for=(VAE_CLASS,),
+                legacy_references=(DIFFUSERS_FRAMEWISE,))
+
+__all__ = ["DIFFUSERS_FRAMEWISE", "FAMILY", "VAE_CLASS", "WHOLE", "encode_whole"]
