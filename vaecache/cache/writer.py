@@ -117,6 +117,54 @@ def tensor_stats(tensor: torch.Tensor) -> dict[str, float]:
     return {"min": low, "max": high, "mean": mean, "std": math.sqrt(variance)}
 
 
+CHANNEL_AXIS = 1
+"""The channel axis of a clip's stored tensors, (cameras, channels, latent frames, h, w)."""
+
+
+def channel_stats(tensor: torch.Tensor) -> dict[str, list[float]]:
+    """Per latent channel, the mean and population std of a clip's tensor over its cameras, frames and pixels
+    (accumulated in float64, a channel at a time, as tensor_stats is): what `vaecache report` sums into the
+    cache's per-channel scale without reading a shard; verify recomputes them. A channel holding a non-finite
+    value has NaN for both (the writer then refuses the record, as for tensor_stats)."""
+    tensor = tensor.detach().to("cpu")
+    if tensor.dim() <= CHANNEL_AXIS:
+        return {"mean": [], "std": []}
+    means: list[float] = []
+    stds: list[float] = []
+    for channel in tensor.unbind(CHANNEL_AXIS):
+        stats = tensor_stats(channel)
+        finite = math.isfinite(stats["min"]) and math.isfinite(stats["max"])
+        means.append(stats["mean"] if finite else float("nan"))
+        stds.append(stats["std"] if finite else float("nan"))
+    return {"mean": means, "std": stds}
+
+
+def stats_problem(tensor: torch.Tensor, recorded: dict[str, float] | None,
+                   per_channel: dict[str, list[float]] | None = None) -> str | None:
+    """Why a stored tensor does not hold what its record says: a non-finite value, or statistics (per tensor, and
+    per channel where the record has them: caches written before them have none) other than recorded."""
+    found = tensor_stats(tensor)
+    if not (math.isfinite(found["min"]) and math.isfinite(found["max"])):
+        return f"has {int((~torch.isfinite(tensor)).sum())} non-finite value(s)"
+    if not recorded:
+        return "has no recorded stats"
+    for key in ("min", "max", "mean", "std"):
+        want, got = recorded.get(key), found[key]
+        if want is None or not math.isclose(got, want, rel_tol=STATS_RTOL, abs_tol=1e-9):
+            return f"{key} is {got:.6g}, recorded {want}"
+    if per_channel is None:
+        return None
+    now = channel_stats(tensor)
+    for key in ("mean", "std"):
+        want_all = per_channel.get(key) or []
+        if len(want_all) != len(now[key]):
+            return f"records {len(want_all)} channel {key}s, it has {len(now[key])} channels"
+        for channel, (got, want) in enumerate(zip(now[key], want_all)):
+            if want is None or not math.isclose(got, want, rel_tol=STATS_RTOL, abs_tol=1e-9):
+                return f"channel {channel} {key} is {got:.6g}, recorded {want}"
+    return None
+
+
 class ShardWriter:
     """Context manager: `add()` clips, shards roll at `shard_size` bytes or `commit_every_s` seconds after the last
     commit (whichever comes first: a hard kill loses at most that long of finished work), `close()` commits the
@@ -166,7 +214,8 @@ class ShardWriter:
         `reading` how its cameras were read (vaecache.video.dataset.clip_reading, plus "times": the seconds of each
         frame from the camera's first frame, as decoded).
 
-        The record is completed here and on the writer thread (`shard`, per-tensor `stats`) and nowhere else.
+        The record is completed here and on the writer thread (`shard`, per-tensor `stats` and per-channel
+        `channel_stats`) and nowhere else.
         `source_identity` is each source's size and mtime_ns (and sha256 with hash_sources) when its clip is
         committed, aligned with `sources` (an image-sequence camera's over the clip's frame files): `verify
         --dataset` tells from it which latents are stale."""
@@ -250,6 +299,7 @@ class ShardWriter:
                 record["shard"] = name
                 for entry in record["tensors"].values():
                     entry["stats"] = tensor_stats(tensors[entry["name"]])
+                    entry["channel_stats"] = channel_stats(tensors[entry["name"]])
             # One metadata key: safetensors writes metadata in hash-map order, so two keys would make
             # identical shards differ in bytes and sha256 from run to run.
             data = safetensors_save(tensors, metadata={"format": f"{FORMAT_NAME}/{FORMAT_VERSION}"})
