@@ -250,6 +250,12 @@ class ReconstructedChunk:
     decoded: list[torch.Tensor]
 
 
+def clip_size(record: dict[str, Any], clip_settings: Any) -> tuple[int, int]:
+    """(height, width) of a clip's frames: its bucket's, else the cache's (`clip_settings`, a ClipSettings)."""
+    bucket = record.get("bucket") if isinstance(record.get("bucket"), dict) else None
+    return (bucket["height"], bucket["width"]) if bucket else (clip_settings.height, clip_settings.width)
+
+
 class ClipDecoder:
     """The VAE a cache records, loaded once (or `settings.vae`, which must match the recorded fingerprint), and the
     way its clips' source frames are read: `chunks(record, latents)` decodes one clip after another, chunk by
@@ -280,9 +286,7 @@ class ClipDecoder:
         self.backend = backend_for_record((manifest.get("settings") or {}).get("decoder"))
 
     def size_of(self, record: dict[str, Any]) -> tuple[int, int]:
-        """(height, width) of the clip's frames: its bucket's, else the cache's."""
-        bucket = record.get("bucket") if isinstance(record.get("bucket"), dict) else None
-        return (bucket["height"], bucket["width"]) if bucket else (self.clip_settings.height, self.clip_settings.width)
+        return clip_size(record, self.clip_settings)
 
     def chunks(self, record: dict[str, Any], latents: torch.Tensor) -> Iterator[ReconstructedChunk]:
         """Decode `latents` (cameras, c, t, h, w), the clip's stored raw latents, `settings.chunk_frames` latent
@@ -319,6 +323,27 @@ class ClipDecoder:
                 done += count
         finally:
             source.close()
+
+
+def source_frames_at(record: dict[str, Any], manifest: dict[str, Any], positions: list[int]) -> list[torch.Tensor]:
+    """Per camera, the clip's frames at `positions` (indices into the clip's frames) exactly as encode read them
+    (its frame indices, the recorded backend, resize and fit to the clip's size): (len(positions), 3, H, W) float32
+    in [-1, 1]. What a clip shows where its latents are not decoded."""
+    from vaecache.settings.clip import ClipSettings
+    from vaecache.video.backends import backend_for_record
+    from vaecache.video.dataset import ViewDecoder, recorded_timelines, recorded_views
+
+    clip_settings = ClipSettings.from_record(manifest.get("settings", {}))
+    height, width = clip_size(record, clip_settings)
+    source = ViewDecoder(height, width, fit=clip_settings.fit,
+                         backend=backend_for_record((manifest.get("settings") or {}).get("decoder")),
+                         max_pixels=clip_settings.sampling.max_frame_pixels)
+    try:
+        return [source.decode(path, [wanted[p] for p in positions], (height, width), timeline=timeline)
+                .permute(1, 0, 2, 3) for (path, wanted), timeline in zip(recorded_views(record),
+                                                                          recorded_timelines(record))]
+    finally:
+        source.close()
 
 
 def stored_latents(tensors: dict[str, torch.Tensor]) -> tuple[str, torch.Tensor] | None:
@@ -421,4 +446,4 @@ def _lockstep(streams: list[Iterator[torch.Tensor]]) -> Iterator[list[torch.Tens
 
 __all__ = ["CameraMetrics", "ClipDecoder", "PreviewReport", "PreviewSettings", "ReconstructedChunk",
            "ReconstructionScore", "check_output", "decode_preview", "default_output", "grid_frames", "grid_size",
-           "stored_latents"]
+           "source_frames_at", "stored_latents"]

@@ -260,21 +260,17 @@ class LatentCache:
         resize and fit (its bucket's size), decoder backend and value range as the VAE's input and a decoder's
         output: the targets of a pixel loss. Read from the recorded sources; a source whose size, mtime (or sha256,
         where recorded) differs from what the record says raises SourceChangedError, as its latents are stale."""
-        from vaecache.cache.provenance import frames_identity, identity_change, source_identity
+        from vaecache.cache.provenance import changed_source
         from vaecache.settings.clip import ClipSettings
         from vaecache.video.backends import backend_for_record
         from vaecache.video.dataset import ViewDecoder, recorded_timelines, recorded_views
 
         record = key if isinstance(key, dict) else self.record(key)
-        files = record.get("frame_files") if isinstance(record.get("frame_files"), dict) else {}
-        for camera, path, recorded in zip(record["cameras"], record["sources"], record.get("source_identity") or []):
-            with_hash = bool(recorded.get("sha256"))
-            now = (frames_identity(files[camera], with_hash) if files.get(camera)
-                   else source_identity(path, with_hash))
-            change = identity_change(recorded, now)
-            if change is not None:
-                raise SourceChangedError(f"{path} ({camera} of clip {record['id']}): {change} since it was encoded; "
-                                         "its latents no longer match it")
+        changed = changed_source(record)
+        if changed is not None:
+            path, camera, change = changed
+            raise SourceChangedError(f"{path} ({camera} of clip {record['id']}): {change} since it was encoded; "
+                                     "its latents no longer match it")
         settings = self.manifest.get("settings") or {}
         clip = ClipSettings.from_record(settings)
         bucket = record.get("bucket") if isinstance(record.get("bucket"), dict) else None
