@@ -237,7 +237,7 @@ def _charts(folder: Path, contents: Any, failures: Any, scale: Any) -> dict[str,
               title="clips per bucket (height x width x frames)", xlabel="clips", horizontal=len(buckets) > 8)
     lengths = contents.lengths
     seconds = [row for row in lengths if row["seconds"] is not None]
-    if seconds:
+    if len({row["seconds"] for row in seconds}) > 1:  # one duration: the table says it
         histogram(path("durations"), [row["seconds"] for row in seconds], [row["clips"] for row in seconds],
                   title="clip durations (frames / fps)", xlabel="seconds")
     if len(contents.cameras) > 1:

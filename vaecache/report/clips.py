@@ -254,11 +254,12 @@ def _conditions(card: ClipCard, record: dict[str, Any], reader: CacheReader, dec
                 continue
             stored = SetShards(reader.store, entry, "size", f"condition set {kind!r}").open(
                 row["shard"], f"clip {card.id}").get_tensor(card.id)
-            rows = [_condition_frames(decoding, stored[c:c + 1], last) for c in range(stored.shape[0])]
+            frames = [frame for c in range(stored.shape[0]) for frame in _condition_frames(decoding, stored[c:c + 1],
+                                                                                            last)]
             image = f"{IMAGES}/clip-{card.number:03d}-condition-{number}.png"
-            write_strip(folder / image, rows)
-            card.conditions.append(ConditionView(kind, image, "decoded from the stored condition latents: the first "
-                                                 f"frame{' and the last' if last else ''}, a row per camera"))
+            write_strip(folder / image, [frames])
+            card.conditions.append(ConditionView(kind, image, "decoded from the stored condition latents: each "
+                                                 f"camera's first frame{' and last' if last else ''}, left to right"))
         except DECODE_ERRORS as exc:
             card.conditions.append(ConditionView(kind, None, f"cannot show it: {first_line(exc)}"))
 

@@ -14,6 +14,8 @@ from vaecache.report.tables import ClipTableSummary
 
 SET_COUNTS_SHOWN = ("prompts", "empty_prompt_clips", "truncated_prompts", "views", "skipped", "silenced")
 """A set record's counts the page shows beside its clips, where the record has them (text, conditions, audio)."""
+MODEL_SPECS = ("spec", "audio_vae", "image_encoder")
+"""A set record's keys naming the model that made it (text, audio, image-features sets)."""
 
 
 @dataclass
@@ -111,9 +113,10 @@ def contents_section(reader: CacheReader, summary: ClipTableSummary, failures: i
 def _made_with(record: dict[str, Any]) -> str:
     """What made a set, in a few words: its spec or its fingerprint's class and reference."""
     fingerprint = record.get("fingerprint") if isinstance(record.get("fingerprint"), dict) else {}
-    parts = [str(record.get("spec") or ""), str(fingerprint.get("class") or fingerprint.get("kind") or ""),
-             str(fingerprint.get("reference") or "")]
-    return "; ".join(part for part in parts if part) or "?"
+    model = fingerprint.get("vae") if isinstance(fingerprint.get("vae"), dict) else {}
+    parts = [*(record.get(key) for key in MODEL_SPECS), fingerprint.get("class"), model.get("class"),
+             model.get("family"), fingerprint.get("reference"), fingerprint.get("stored")]
+    return "; ".join(dict.fromkeys(str(part) for part in parts if isinstance(part, str) and part)) or "?"
 
 
 __all__ = ["ContentsSection", "SetRow", "contents_section"]
