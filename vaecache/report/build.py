@@ -177,6 +177,8 @@ def _build(reader: Any, folder: Path, settings: ReportSettings, say: Callable[[s
         "contents": contents.to_json(), "failures": failures.to_json(),
         "scale": scale.to_json() if scale is not None else {"problem": scale_problem},
         "decoder": {"reason": decoding.reason if decoding else "no clip sampled",
+                    "load_s": round(decoding.loaded_s, 3) if decoding else 0.0,
+                    "decode_s": round(sum(card.decode_s for card in cards), 3),
                     "seconds_per_megapixel": (round(decoding.budget.seconds_per_pixel * 1e6, 4)
                                               if decoding and decoding.budget else None)},
         "clips": [card.to_json() for card in cards], "text": [section.to_json() for section in texts],
