@@ -163,6 +163,10 @@ def test_a_report_replaces_a_report_and_nothing_else(good_cache: Path, run_cli: 
     assert "does not exist" in run_cli(["report", good_cache, "-o", tmp_path / "no" / "such"]).output
     missing = run_cli(["report", tmp_path / "nothing-here"])
     assert missing.exit_code == 2 and "no such folder" in missing.output
+    for flags in (["--device", "tpu"], ["--clips", "-1"], ["--decode-budget", "-5"]):
+        refused = run_cli(["report", good_cache, "-o", tmp_path / "flags", *flags])
+        assert refused.exit_code == 2 and refused.output.startswith("error: "), refused.output
+        assert not (tmp_path / "flags").exists()
 
 
 def test_without_the_report_extra_one_line_names_it(good_cache: Path, run_cli: Callable, tmp_path: Path,
@@ -189,3 +193,15 @@ def test_captions_and_file_names_are_escaped_in_the_page(good_cache: Path, tmp_p
     assert "&lt;script&gt;window.__pwned = 1&lt;/script&gt;&lt;img src=x onerror=&#34;window.__pwned = 2&#34;&gt;" \
         in html
     assert written.summary["text"][0]["repeated"] == [{"text": hostile, "clips": 3, "tokens": None}]
+
+
+def test_a_cache_in_object_storage_reports_as_its_local_copy(s3: Any, good_cache: Path, tmp_path: Path) -> None:
+    from tests.s3 import upload
+
+    url = upload(s3, good_cache, "reported")
+    remote = write_report(url, tmp_path / "remote", ReportSettings(clips=2, device="cpu")).summary
+    local = write_report(good_cache, tmp_path / "local", ReportSettings(clips=2, device="cpu")).summary
+    assert remote["cache"] == url and remote["sample"]["decoded"] == 2
+    assert remote["contents"] == local["contents"] and remote["failures"] == local["failures"]
+    assert remote["scale"] == local["scale"] and remote["text"] == local["text"]
+    assert [c["cameras"] for c in remote["clips"]] == [c["cameras"] for c in local["clips"]]  # same PSNR, SSIM

@@ -108,6 +108,10 @@ def write_report(out: Any, report_dir: Path | None = None, settings: ReportSetti
     store.check_present()
     folder = Path(report_dir) if report_dir is not None else default_report_dir(store.location)
     check_report_dir(folder)
+    if settings.clips:
+        from vaecache.distributed.context import resolve_device
+
+        resolve_device(settings.device)  # a --device typo is a usage error before any work
     reader = CacheReader(store)
     set_data_storage_options(storage_options)  # the recorded sources at URLs are read as encode read them
     staging = folder.parent / f".{folder.name}.tmp-{os.getpid()}"

@@ -6,7 +6,6 @@ the id-sorted table, lengths and cameras in small counters, per-channel statisti
 from __future__ import annotations
 
 import itertools
-import json
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -68,7 +67,6 @@ class ClipTableSummary:
     """Per-channel moments of `scale_key` over every clip whose record holds per-channel statistics."""
     with_channel_stats: int = 0
     """Clips whose record holds per-channel statistics of `scale_key` (written since they were recorded)."""
-    captions: list[str | None] | None = None
 
 
 def clip_batches(reader: CacheReader, columns: list[str]) -> Iterator[pa.RecordBatch]:
@@ -92,14 +90,10 @@ def clip_batches(reader: CacheReader, columns: list[str]) -> Iterator[pa.RecordB
         yield from rows.select(columns).to_batches()
 
 
-def summarize_clip_table(reader: CacheReader, captions_field: str | None = None) -> ClipTableSummary:
-    """One pass over the clip table's scene, cameras, frames, fps and tensor columns (and its `extra` JSON, only
-    when `captions_field` asks for each clip's metadata[captions_field], kept in table order)."""
+def summarize_clip_table(reader: CacheReader) -> ClipTableSummary:
+    """One pass over the clip table's scene, cameras, frames, fps and tensor columns."""
     summary = ClipTableSummary()
     columns = ["scene", "cameras", "frames", "fps", "tensor_keys", "tensor_shapes", "tensor_channel_stats"]
-    if captions_field is not None:
-        columns.append("extra")
-        summary.captions = []
     last_scene: str | None = None
     for batch in clip_batches(reader, columns):
         rows = batch.num_rows
@@ -121,22 +115,7 @@ def summarize_clip_table(reader: CacheReader, captions_field: str | None = None)
         for pair, count in Counter(zip(frame_counts.to_pylist(), batch.column("fps").to_pylist())).items():
             summary.lengths.add(pair, count)
         _add_scale(summary, batch)
-        if summary.captions is not None:
-            summary.captions.extend(_caption(text, captions_field) for text in batch.column("extra").to_pylist())
     return summary
-
-
-def _caption(extra: str | None, name: str | None) -> str | None:
-    from vaecache.cache.table import loads_extra
-
-    metadata = loads_extra(extra).get("metadata") if extra else None
-    if isinstance(metadata, str):
-        try:
-            metadata = json.loads(metadata)
-        except ValueError:
-            return None
-    value = metadata.get(name) if isinstance(metadata, dict) else None
-    return value if isinstance(value, str) else None
 
 
 def _add_scale(summary: ClipTableSummary, batch: pa.RecordBatch) -> None:
@@ -158,20 +137,19 @@ def _add_scale(summary: ClipTableSummary, batch: pa.RecordBatch) -> None:
         shape = (shapes[row] or [])[position] or []
         summary.shapes.add(tuple(shape))
         stats = channels[row][position] if channels[row] else None
-        if not stats or len(shape) < 2 or len(stats["mean"]) != shape[1]:
+        if not stats or len(shape) < 2 or not len(stats["mean"]) == len(stats["std"]) == shape[1]:
+            continue  # no statistics, or not of its shape's channels (verify names such a record)
+        if summary.moments is None:
+            summary.moments = MomentSum(shape[1])
+        if shape[1] != summary.moments.channels:
             continue
         counts.append(float(np.prod(shape)) / shape[1])
         means.append(stats["mean"])
         stds.append(stats["std"])
-    if not counts:
-        return
-    mean_array = np.asarray(means, dtype=np.float64)
-    if summary.moments is None:
-        summary.moments = MomentSum(mean_array.shape[1])
-    if mean_array.shape[1] != summary.moments.channels:
-        return  # a record of another channel count: not summed (verify names such a record)
-    summary.moments.add_clips(np.asarray(counts), mean_array, np.asarray(stds, dtype=np.float64))
-    summary.with_channel_stats += len(counts)
+    if counts:
+        summary.moments.add_clips(np.asarray(counts), np.asarray(means, dtype=np.float64),  # type: ignore[union-attr]
+                                  np.asarray(stds, dtype=np.float64))
+        summary.with_channel_stats += len(counts)
 
 
 def sample_positions(count: int, wanted: int, seed: int) -> list[int]:
