@@ -130,7 +130,7 @@ def test_a_clip_not_decoded_shows_its_source_and_says_why(good_cache: Path, tmp_
     assert "a diffusion decoder: 50 denoising steps a frame" in html and "source frames" in html
 
 
-def test_a_clip_whose_source_changed_is_not_shown(good_cache: Path, tmp_path: Path) -> None:
+def test_a_clip_whose_source_changed_shows_its_reconstruction_alone(good_cache: Path, tmp_path: Path) -> None:
     cache = Path(shutil.copytree(good_cache, tmp_path / "cache"))
 
     def touched(record: dict[str, Any]) -> None:
@@ -140,8 +140,13 @@ def test_a_clip_whose_source_changed_is_not_shown(good_cache: Path, tmp_path: Pa
     rewrite_clips(cache, touched)
     clips = write_report(cache, tmp_path / "report", ReportSettings(clips=3, device="cpu")).summary["clips"]
     changed = next(clip for clip in clips if clip["id"].startswith("scene_001/"))
-    assert changed["notes"][0].startswith("not shown: cam_1's source ") and "modified" in changed["notes"][0]
-    assert all(camera["strip"] is None for camera in changed["cameras"])
+    assert changed["notes"][0].startswith("cam_1's source ") and " modified (mtime " in changed["notes"][0]
+    assert "since the clip was encoded: no source frames are shown" in changed["notes"][0]
+    assert all(camera["reconstructed"] and camera["psnr_db"] is None for camera in changed["cameras"])
+    from PIL import Image
+
+    for camera in changed["cameras"]:  # one row: the 8 frames shown, reconstructed
+        assert Image.open(tmp_path / "report" / camera["strip"]).size == (8 * 64 + 7 * 2, 64)
     assert all(camera["reconstructed"] for clip in clips if clip is not changed for camera in clip["cameras"])
 
 

@@ -135,17 +135,20 @@ def clip_card(number: int, record: dict[str, Any], reader: CacheReader, decoding
     height, width = clip_size(record, ClipSettings.from_record(reader.manifest.get("settings") or {}))
     card = ClipCard(number, str(record["id"]), str(record.get("scene")), frames, record.get("fps"),
                     f"{height}x{width}", strip_positions(frames, strip_frames))
-    changed = changed_source(record)
-    if changed is not None:
-        path, camera, change = changed
-        card.notes.append(f"not shown: {camera}'s source {path} {change} since the clip was encoded (its latents no "
-                          "longer match it)")
-        card.cameras = [CameraView(str(camera), None, False) for camera in record["cameras"]]
-        return card
     pixels = len(record["cameras"]) * frames * height * width
     why = decoding.reason or (decoding.budget.refusal(pixels) if decoding.budget else None)
+    changed = changed_source(record)
     try:
-        if why is None:
+        if changed is not None:  # the frames there now are not the ones encoded: the reconstruction alone
+            path, camera, change = changed
+            card.notes.append(f"{camera}'s source {path} {change} since the clip was encoded: no source frames are "
+                              "shown and no PSNR or SSIM measured (the latents no longer match them)")
+            if why is None:
+                _reconstruction_only(card, record, reader, decoding, folder)
+            else:
+                card.notes.append(why)
+                card.cameras = [CameraView(str(name), None, False) for name in record["cameras"]]
+        elif why is None:
             _reconstruct(card, record, reader, decoding, folder)
         else:
             card.notes.append(why)
@@ -197,6 +200,33 @@ def _reconstruct(card: ClipCard, record: dict[str, Any], reader: CacheReader, de
             write_strip(folder / strip, [[s for s, _ in shown], [d for _, d in shown]])
         metrics = scores[view].result(camera)
         card.cameras.append(CameraView(str(camera), strip, True, round(metrics.psnr_db, 2), round(metrics.ssim, 4)))
+
+
+def _reconstruction_only(card: ClipCard, record: dict[str, Any], reader: CacheReader, decoding: Decoding,
+                         folder: Path) -> None:
+    """Each camera's reconstruction alone, where its sources cannot be read as they were encoded."""
+    from vaecache.decode.preview import stored_latents
+    from vaecache.vae.latent_decode import iter_decoded
+
+    stored = stored_latents(reader.clip_tensors(record))
+    if stored is None:
+        raise VaecacheError(f"clip {record['id']} stores neither mean nor sample")
+    wanted = set(card.shown_frames)
+    started = time.perf_counter()
+    try:
+        for view, camera in enumerate(record["cameras"]):
+            kept, done = [], 0
+            for piece in iter_decoded(decoding.decoder.model, stored[1][view:view + 1],
+                                      decoding.decoder.settings.chunk_frames):
+                frames = piece[0].permute(1, 0, 2, 3).float().cpu().clamp(-1, 1).numpy()
+                kept += [frames_uint8(frames[i:i + 1])[0] for i in range(len(frames)) if done + i in wanted]
+                done += len(frames)
+            strip = f"{IMAGES}/clip-{card.number:03d}-camera-{view}.png"
+            write_strip(folder / strip, [kept])
+            card.cameras.append(CameraView(str(camera), strip, True))
+    finally:
+        card.decode_s = round(time.perf_counter() - started, 3)
+        decoding.budget.spend(card.decode_s)  # type: ignore[union-attr]
 
 
 def _sources_only(card: ClipCard, record: dict[str, Any], reader: CacheReader, folder: Path) -> None:
