@@ -133,7 +133,7 @@ def write_report(out: Any, report_dir: Path | None = None, settings: ReportSetti
 
 
 def _build(reader: Any, folder: Path, settings: ReportSettings, say: Callable[[str], None]) -> dict[str, Any]:
-    from vaecache.report.clips import clip_card, open_decoding
+    from vaecache.report.clips import clip_card, open_decoding, sample_set_rows
     from vaecache.report.contents import contents_section
     from vaecache.report.failures import failures_section
     from vaecache.report.page import render_page
@@ -160,9 +160,10 @@ def _build(reader: Any, folder: Path, settings: ReportSettings, say: Callable[[s
         if decoding.reason:
             say(decoding.reason)
         prompts = clip_prompts(reader, records)
+        set_rows = sample_set_rows(reader, [record["id"] for record in records])
         for number, record in enumerate(records, 1):
             say(f"clip {number}/{len(records)}: {record['id']}")
-            card = clip_card(number, record, reader, decoding, folder, settings.strip_frames)
+            card = clip_card(number, record, reader, decoding, folder, settings.strip_frames, set_rows)
             card.caption, card.prompts = prompts[record["id"]].caption, prompts[record["id"]].sets
             cards.append(card)
     say("drawing the charts and the page")

@@ -125,8 +125,9 @@ def strip_positions(frames: int, wanted: int) -> list[int]:
 
 
 def clip_card(number: int, record: dict[str, Any], reader: CacheReader, decoding: Decoding, folder: Path,
-              strip_frames: int) -> ClipCard:
-    """One sampled clip's card, its files written under `folder` (IMAGES, SOUNDS)."""
+              strip_frames: int, set_rows: dict[str, dict[str, dict[str, dict[str, Any]]]]) -> ClipCard:
+    """One sampled clip's card, its files written under `folder` (IMAGES, SOUNDS); `set_rows` are the sample's rows
+    of the cache's condition and audio sets (sample_set_rows)."""
     from vaecache.cache.provenance import changed_source
     from vaecache.decode.preview import clip_size
     from vaecache.settings.clip import ClipSettings
@@ -155,8 +156,8 @@ def clip_card(number: int, record: dict[str, Any], reader: CacheReader, decoding
             _sources_only(card, record, reader, folder)
     except DECODE_ERRORS as exc:
         card.notes.append(f"cannot show this clip: {first_line(exc)}")
-    _conditions(card, record, reader, decoding, folder)
-    _sounds(card, record, reader, folder)
+    _conditions(card, record, reader, decoding, folder, set_rows.get("conditions") or {})
+    _sounds(card, record, reader, folder, set_rows.get("audio") or {})
     return card
 
 
@@ -239,6 +240,21 @@ def _sources_only(card: ClipCard, record: dict[str, Any], reader: CacheReader, f
         card.cameras.append(CameraView(str(camera), strip, False))
 
 
+SHOWN_SET_KINDS = ("conditions", "audio")
+"""The kinds of set whose item a clip's card shows: a condition decoded, a sound played."""
+
+
+def sample_set_rows(reader: CacheReader, ids: list[str]) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
+    """kind -> set -> clip id -> its row in the set's clip table, for the sampled clips `ids` (each table read once,
+    a batch at a time)."""
+    found: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+    for kind in SHOWN_SET_KINDS:
+        sets = reader.manifest.get(kind)
+        if isinstance(sets, dict):
+            found[kind] = {name: set_item_rows(reader, entry, ids) for name, entry in sorted(sets.items())}
+    return found
+
+
 def set_item_rows(reader: CacheReader, entry: dict[str, Any], ids: list[str]) -> dict[str, dict[str, Any]]:
     """The rows of a set's clip table (its manifest `entry`'s tables.clips) for clips `ids`, by clip id."""
     import pyarrow as pa
@@ -254,17 +270,17 @@ def set_item_rows(reader: CacheReader, entry: dict[str, Any], ids: list[str]) ->
     return found
 
 
-def _conditions(card: ClipCard, record: dict[str, Any], reader: CacheReader, decoding: Decoding,
-                folder: Path) -> None:
-    """Each image-to-video condition set's tensor for the clip, decoded by the recorded VAE: its first frame (and
-    last, for first-last), one row per camera."""
+def _conditions(card: ClipCard, record: dict[str, Any], reader: CacheReader, decoding: Decoding, folder: Path,
+                rows: dict[str, dict[str, dict[str, Any]]]) -> None:
+    """Each image-to-video condition set's tensor for the clip, decoded by the recorded VAE: each camera's first
+    frame (and last, for first-last), left to right."""
     from vaecache.cache.sets import SetShards
     from vaecache.vae.latent_decode import WHOLE
 
     for number, (kind, entry) in enumerate(sorted((reader.manifest.get("conditions") or {}).items())):
         fingerprint_kind = str((entry.get("fingerprint") or {}).get("kind") or kind)
         try:
-            row = set_item_rows(reader, entry, [card.id]).get(card.id)
+            row = (rows.get(kind) or {}).get(card.id)
             if row is None:
                 card.conditions.append(ConditionView(kind, None, "the set holds no condition for this clip"))
                 continue
@@ -313,7 +329,8 @@ def _condition_frames(decoding: Decoding, latents: Any, last: bool) -> list[np.n
     return [frames_uint8(f)[0] for f in chosen if f is not None]
 
 
-def _sounds(card: ClipCard, record: dict[str, Any], reader: CacheReader, folder: Path) -> None:
+def _sounds(card: ClipCard, record: dict[str, Any], reader: CacheReader, folder: Path,
+            rows: dict[str, dict[str, dict[str, Any]]]) -> None:
     """Each audio set's sound of the clip (the camera the set took it from), as a spectrogram and a WAV."""
     from vaecache.audio.track import record_audio
     from vaecache.report.plots import spectrogram
@@ -322,7 +339,7 @@ def _sounds(card: ClipCard, record: dict[str, Any], reader: CacheReader, folder:
     stride = ClipSettings.from_record(reader.manifest.get("settings") or {}).sampling.frame_stride
     for number, (name, entry) in enumerate(sorted((reader.manifest.get("audio") or {}).items())):
         try:
-            row = set_item_rows(reader, entry, [card.id]).get(card.id) or {}
+            row = (rows.get(name) or {}).get(card.id) or {}
             camera = row.get("camera") or None
             if str(row.get("audio") or "").startswith("skipped"):
                 card.sounds.append(SoundView(name, camera, note=f"no sound in the set: {row['audio']}"))
@@ -348,4 +365,4 @@ def _camera_of(record: dict[str, Any], path: str) -> str | None:
 
 
 __all__ = ["CameraView", "ClipCard", "ConditionView", "Decoding", "SoundView", "clip_card", "open_decoding",
-           "set_item_rows", "strip_positions"]
+           "sample_set_rows", "set_item_rows", "strip_positions"]

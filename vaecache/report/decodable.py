@@ -77,6 +77,8 @@ def measure_decoder(model: Any, channels: int, dtype: Any = None) -> float:
         pixels = 0
         for piece in iter_decoded(model, z, frames):
             pixels += piece.shape[2] * piece.shape[3] * piece.shape[4]
+        if getattr(model.device, "type", "cpu") == "cuda":  # the kernels have run, not only been queued
+            torch.cuda.synchronize(model.device)
         return time.perf_counter() - started, max(1, pixels)
 
     seconds, pixels = once()
