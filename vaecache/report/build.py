@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from vaecache.errors import NormalizationError, UsageError, first_line
+from vaecache.errors import NormalizationError, UsageError, VaecacheError, first_line
 
 REPORT_FORMAT = "vaecache-report"
 """report.json's `format`: what marks a folder as a report this command may replace."""
@@ -133,6 +133,7 @@ def write_report(out: Any, report_dir: Path | None = None, settings: ReportSetti
 
 
 def _build(reader: Any, folder: Path, settings: ReportSettings, say: Callable[[str], None]) -> dict[str, Any]:
+    from vaecache import __version__
     from vaecache.report.clips import clip_card, open_decoding, sample_set_rows
     from vaecache.report.contents import contents_section
     from vaecache.report.failures import failures_section
@@ -168,8 +169,6 @@ def _build(reader: Any, folder: Path, settings: ReportSettings, say: Callable[[s
             cards.append(card)
     say("drawing the charts and the page")
     charts = _charts(folder, contents, failures, scale)
-    from vaecache import __version__
-
     psnrs = [view.psnr_db for card in cards for view in card.cameras if view.psnr_db is not None]
     summary = {
         "format": REPORT_FORMAT, "version": REPORT_VERSION, "cache": str(reader.out), "vaecache": __version__,
@@ -211,10 +210,11 @@ def _scale(reader: Any, table: Any, settings: ReportSettings) -> tuple[Any, str 
         exact = True
     else:
         records = records_at(reader, sample_positions(table.clips, settings.scale_sample_clips, settings.seed))
-        tensors = (reader.clip_tensors(record)[key] for record in records if key in record.get("tensors", {}))
+        tensors = (reader.store.shard(reader.shard_of(record)).get_tensor(record["tensors"][key]["name"])
+                   for record in records if key in record.get("tensors", {}))
         try:
             mean, std = tensor_moments(tensors)
-        except (OSError, ValueError, KeyError) as exc:
+        except (VaecacheError, OSError, ValueError, KeyError) as exc:
             return None, f"the sampled clips' tensors do not read ({first_line(exc)})"
         source = (f"a sample of {len(records):,} of the {table.clips:,} clips' stored tensors: "
                   f"{table.with_channel_stats:,} clip records hold per-channel statistics (records written before "
@@ -261,9 +261,16 @@ def _charts(folder: Path, contents: Any, failures: Any, scale: Any) -> dict[str,
 
 
 def _replace(staging: Path, folder: Path) -> None:
-    """Put the staged report at `folder`: renamed into place, a report there before renamed aside and removed."""
+    """Put the staged report at `folder`: its files fsynced, renamed into place, a report there before renamed aside
+    and removed."""
     from vaecache.cache.io import fsync_dir
 
+    for path in sorted(staging.rglob("*")):  # whole on disk before the folder is renamed into place
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+    for path in [*sorted(p for p in staging.rglob("*") if p.is_dir()), staging]:
+        fsync_dir(path)
     aside = folder.parent / f".{folder.name}.old-{os.getpid()}"
     had = folder.exists()
     if had:

@@ -58,14 +58,13 @@ class TextSection:
     source: str
     """Where the prompts come from: a text set (its name) or the clips' metadata field."""
     clips: int = 0
-    distinct_note: str = ""
     repeated: list[RepeatedPrompt] = field(default_factory=list)
     empty_clips: int = 0
     empty_examples: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"source": self.source, "clips": self.clips, "empty_clips": self.empty_clips,
-                "empty_examples": self.empty_examples, "note": self.distinct_note,
+                "empty_examples": self.empty_examples,
                 "repeated": [{"text": p.text, "clips": p.clips, "tokens": p.tokens} for p in self.repeated]}
 
 
@@ -123,15 +122,23 @@ def caption_section(reader: CacheReader, caption_field: str = DEFAULT_CAPTION_FI
             for clip, extra in zip(batch.column("id").to_pylist(), batch.column("extra").to_pylist()):
                 yield clip, record_caption_of(extra, caption_field)
 
-    top, _ = frequent_items(lambda: (text for _, text in captions() if text and text.strip()), SHOWN_PROMPTS)
     section = TextSection(source=f"the clips' metadata field {caption_field!r} (no text set)")
+    passes = 0
+
+    def texts() -> Iterator[str]:  # the first of frequent_items' two passes also counts the clips without one
+        nonlocal passes
+        passes += 1
+        for clip, text in captions():
+            if text and text.strip():
+                yield text
+            elif passes == 1:
+                section.empty_clips += 1
+                if len(section.empty_examples) < SHOWN_EMPTY:
+                    section.empty_examples.append(clip)
+
+    top, total = frequent_items(texts, SHOWN_PROMPTS)
+    section.clips = total + section.empty_clips
     section.repeated = [RepeatedPrompt(str(text), count) for text, count in top if count > 1]
-    for clip, text in captions():
-        section.clips += 1
-        if not (text and text.strip()):
-            section.empty_clips += 1
-            if len(section.empty_examples) < SHOWN_EMPTY:
-                section.empty_examples.append(clip)
     return section
 
 
