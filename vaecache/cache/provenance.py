@@ -141,7 +141,7 @@ def identity_change(recorded: dict[str, Any], current: dict[str, Any] | None) ->
     return None
 
 
-__all__ = ["IdentityMemo", "frames_identity", "frames_sha256", "identity_change", "source_identities",
+__all__ = ["IdentityMemo", "changed_source", "frames_identity", "frames_sha256", "identity_change", "source_identities",
            "source_identity"]
 
 
