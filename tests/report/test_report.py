@@ -210,3 +210,14 @@ def test_a_cache_in_object_storage_reports_as_its_local_copy(s3: Any, good_cache
     assert remote["contents"] == local["contents"] and remote["failures"] == local["failures"]
     assert remote["scale"] == local["scale"] and remote["text"] == local["text"]
     assert [c["cameras"] for c in remote["clips"]] == [c["cameras"] for c in local["clips"]]  # same PSNR, SSIM
+
+
+def test_a_version_1_cache_reports_what_its_version_2_copy_does(good_cache: Path, tmp_path: Path) -> None:
+    from tests.cache.test_table import downgrade_to_v1
+
+    old = Path(shutil.copytree(good_cache, tmp_path / "v1"))
+    downgrade_to_v1(old)
+    v1 = write_report(old, tmp_path / "r1", ReportSettings(clips=1, device="cpu")).summary
+    v2 = write_report(good_cache, tmp_path / "r2", ReportSettings(clips=1, device="cpu")).summary
+    assert v1["contents"]["counts"] == v2["contents"]["counts"] and v1["scale"] == v2["scale"]
+    assert [c["id"] for c in v1["clips"]] == [c["id"] for c in v2["clips"]] and v1["sample"]["decoded"] == 1

@@ -73,6 +73,7 @@ def test_the_summary_streams_what_the_records_hold(cache: tuple[Path, list[dict[
     assert summary.views == sum(len(r["cameras"]) for r in records)
     assert summary.frames == sum(len(r["cameras"]) * len(r["frames"]) for r in records)
     assert dict(summary.cameras.counts) == Counter(c for r in records for c in r["cameras"])
+    assert dict(summary.cameras_per_clip.counts) == Counter(len(r["cameras"]) for r in records)
     assert dict(summary.lengths.counts) == Counter((len(r["frames"]), r["fps"]) for r in records)
     assert summary.scale_key == "mean" and summary.with_channel_stats == 190
     weights = [float(np.prod(r["tensors"]["mean"]["shape"])) / 4 for r in records]

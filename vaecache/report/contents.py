@@ -73,6 +73,8 @@ def contents_section(reader: CacheReader, summary: ClipTableSummary, failures: i
              ("scenes", f"{summary.scenes:,}"),
              ("cameras", ", ".join(f"{name} ({count:,})" for name, count in summary.cameras.most_common(12))
               + (f", and {len(summary.cameras.counts) - 12} more" if len(summary.cameras.counts) > 12 else "")),
+             ("cameras per clip", ", ".join(f"{n} ({count:,} clips)" for n, count in
+                                            sorted(summary.cameras_per_clip.counts.items()))),
              ("views (clips x cameras)", f"{summary.views:,}"), ("frames (all cameras)", f"{summary.frames:,}"),
              ("skipped inputs", f"{failures:,}"), ("shards", f"{len(shards):,}"),
              ("format", f"{manifest.get('format')} version {manifest.get('format_version')}, written "

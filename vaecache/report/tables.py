@@ -79,7 +79,6 @@ def clip_batches(reader: CacheReader, columns: list[str]) -> Iterator[pa.RecordB
             if not chunk:
                 return
             yield from rows_table(CLIP_TABLE, chunk).select(columns).to_batches()
-        return
     table = open_table(reader.table_source(reader.clips_name), CLIP_TABLE, where=reader.clips_path)
     present = [name for name in columns if name in present_columns(table, CLIP_TABLE)]
     for batch in table.iter_batches(batch_size=BATCH_ROWS, columns=present):
