@@ -149,14 +149,15 @@ def run_python_sha256(files: list[Path], digests: dict[str, str]) -> Callable[[]
 
 def split_verify(out: Path, files: list[Path]) -> dict[str, float]:
     """verify's per-shard steps timed one by one on one worker thread (as verify_cache(threads=1) runs them):
-    seconds summed over shards. Value checks compare with the stats recorded in the clip table, as verify does."""
+    seconds summed over shards. Value checks compare with the stats recorded in the clip table (per tensor and per
+    channel), as verify does."""
     from safetensors.torch import load as safetensors_load
 
     from vaecache.cache.reader import CacheReader
-    from vaecache.verify import integrity as V
+    from vaecache.cache.writer import stats_problem
 
-    recorded = {entry["name"]: entry.get("stats") for record in CacheReader(out).clip_records()
-                for entry in record["tensors"].values()}
+    recorded = {entry["name"]: (entry.get("stats"), entry.get("channel_stats"))
+                for record in CacheReader(out).clip_records() for entry in record["tensors"].values()}
 
     def steps() -> dict[str, float]:
         parts = {"read": 0.0, "hash": 0.0, "load": 0.0, "values": 0.0}
@@ -169,7 +170,7 @@ def split_verify(out: Path, files: list[Path]) -> dict[str, float]:
             tensors = safetensors_load(data)
             t3 = time.perf_counter()
             for name, tensor in tensors.items():
-                problem = V._value_problem(tensor, recorded.get(name))
+                problem = stats_problem(tensor, *recorded.get(name, (None, None)))  # as verify checks each tensor
                 if problem:
                     raise SystemExit(f"{path}: {name} {problem}")
             t4 = time.perf_counter()

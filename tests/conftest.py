@@ -60,7 +60,8 @@ torch.set_num_threads(1)
 # test of one of these kinds joins the slow tier by what it does.
 SLOW_FIXTURES = {"s3", "s3_endpoint"}
 SPAWNS = ("run_vaecache(", "run_torchrun(", "torchrun_cmd(", "subprocess.run(", "subprocess.Popen(", ".Process(",
-          "multiprocessing_context=", 'getfixturevalue("s3")', "run_timed(")
+          "multiprocessing_context=", 'getfixturevalue("s3")', "run_timed(", "Browser(")
+"""`Browser(` starts headless Chromium (tests/browser.py)."""
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = re.compile(r'load_script\("(\w+)"\)')
 """A benchmark script a test runs in-process (tests/test_bench_scripts.py): its own code is read for SPAWNS too."""

@@ -334,3 +334,14 @@ def test_bench_commits_counts_the_requests_a_resume_makes_per_way_of_storing_com
     # 200 records: one GET each; compacted every 256 there is no compacted object yet; finalize's is one
     assert gets == {"records only": 200, "crash-resume": 200, "finished": 1}
     assert all(run["same_logs"] for run in printed["runs"]) and printed["machine"]["cores_usable"] >= 1
+
+
+def test_bench_report_times_a_report_of_the_synthesized_cache_with_and_without_its_sample(capsys, tmp_path):
+    result = load_script("bench_report").main(["--clips-in-cache", "40", "--clips", "2", "--failures", "5",
+                                               "--captions", "10", "--repeats", "1", "--tmp", str(tmp_path)])
+    assert printed_json(capsys) == json.loads(json.dumps(result))
+    assert result["sample"]["decoded"] == 2 and result["tables"]["decoded"] == 0
+    for name in ("sample", "tables"):
+        run = result[name]["runs"][0]
+        assert run["clips_seen"] == 40 and run["scale_exact"] and result[name]["peak_rss_mb"] > 0
+    assert result["targets"] == {"seconds": 60.0, "peak_rss_mb": 2048.0} and result["machine"]["cores"] >= 1

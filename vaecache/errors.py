@@ -88,6 +88,10 @@ class InputError(VaecacheError):
     """An input could not be turned into latents (bad video, out of memory) and --on-error fail is set."""
 
 
+class MissingExtraError(UsageError):
+    """A command needs an optional extra that is not installed (the message names it: pip install 'vaecache[...]')."""
+
+
 class VaeSpecError(UsageError):
     """The --vae spec cannot be resolved into a model."""
 

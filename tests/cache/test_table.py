@@ -60,6 +60,21 @@ def test_a_record_read_back_equals_the_record_written(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == [tmp_path / "clips.parquet"]  # no temp file left
 
 
+def test_a_table_written_before_per_channel_stats_reads_as_records_without_them(tmp_path: Path) -> None:
+    with_channels = _record("s/000000-000008")
+    with_channels["tensors"]["mean"]["channel_stats"] = {"mean": [0.5, -0.25], "std": [1.0, 0.75]}
+    write_table(tmp_path / "clips.parquet", CLIP_TABLE, [with_channels, _record("t/000000-000008")])
+    assert [r["tensors"]["mean"].get("channel_stats") for r in iter_table(tmp_path / "clips.parquet", CLIP_TABLE)] \
+        == [{"mean": [0.5, -0.25], "std": [1.0, 0.75]}, None]
+    old = pq.read_table(tmp_path / "clips.parquet").drop_columns(["tensor_channel_stats"])  # as 0.6.0 wrote it
+    pq.write_table(old, tmp_path / "old.parquet")
+    back = list(iter_table(tmp_path / "old.parquet", CLIP_TABLE))
+    assert back == [_record("s/000000-000008"), _record("t/000000-000008")]
+    with pytest.raises(ClipTableError, match="no column tensor_stats"):  # a column that was always there is required
+        pq.write_table(old.drop_columns(["tensor_stats"]), tmp_path / "broken.parquet")
+        list(iter_table(tmp_path / "broken.parquet", CLIP_TABLE))
+
+
 def test_the_columns_a_trainer_reads_load_alone(tmp_path: Path) -> None:
     write_table(tmp_path / "clips.parquet", CLIP_TABLE, [_record("s/000000-000008", caption="hi")])
     table = pq.read_table(tmp_path / "clips.parquet", columns=["id", "shard", "tensor_names", "tensor_shapes"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any, Callable
@@ -20,7 +21,7 @@ from vaecache.cache.layout import CLIPS, FAILURES
 from vaecache.cache.manifest import read_manifest, write_manifest_last
 from vaecache.cache.store import open_store
 from vaecache.cache.table import CLIP_TABLE, FAILURE_TABLE, write_table
-from vaecache.cache.writer import ShardWriter
+from vaecache.cache.writer import ShardWriter, channel_stats
 from vaecache.errors import ManifestError, UsageError
 from vaecache.planning.clips import Clip
 from vaecache.settings.parts import OutConfig
@@ -249,8 +250,23 @@ def test_shard_writer_rolls_commits_and_logs(tmp_path: Path) -> None:
             assert clip["shard"] == path.name
             value = float(clip["frames"][0])
             assert clip["tensors"]["mean"] == {"name": f"{clip['id']}/mean", "shape": [4, 4], "dtype": "float32",
-                                               "stats": {"min": value, "max": value, "mean": value, "std": 0.0}}
+                                               "stats": {"min": value, "max": value, "mean": value, "std": 0.0},
+                                               "channel_stats": {"mean": [value] * 4, "std": [0.0] * 4}}
             assert clip["encode"] == {"tiled": False, "tiled_cameras": [], "units_per_forward": 1}
+
+
+def test_channel_stats_are_each_channels_mean_and_std_over_cameras_frames_and_pixels() -> None:
+    torch.manual_seed(0)
+    latents = torch.randn(2, 5, 3, 4, 6) * torch.arange(1, 6).view(1, 5, 1, 1, 1) + torch.arange(5).view(1, 5, 1, 1, 1)
+    stats = channel_stats(latents.to(torch.bfloat16))
+    per_channel = latents.to(torch.bfloat16).double().transpose(0, 1).reshape(5, -1)
+    assert stats["mean"] == pytest.approx(per_channel.mean(1).tolist(), rel=1e-12)
+    assert stats["std"] == pytest.approx(per_channel.std(1, correction=0).tolist(), rel=1e-12)
+    assert channel_stats(torch.zeros(1, 3, 1, 1, 1)) == {"mean": [0.0] * 3, "std": [0.0] * 3}
+    broken = latents.clone()
+    broken[1, 2, 0, 0, 0] = float("inf")
+    found = channel_stats(broken)
+    assert math.isnan(found["mean"][2]) and math.isnan(found["std"][2]) and math.isfinite(found["mean"][3])
 
 
 def test_a_shard_is_committed_after_commit_every_seconds_whatever_its_size(tmp_path: Path) -> None:

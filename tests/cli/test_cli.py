@@ -168,6 +168,10 @@ def test_demo_runs_end_to_end(run_cli: Callable, tmp_path: Path) -> None:
         assert (stream.width, stream.height) == (128, 128) and len(list(video.decode(stream))) == 9
     psnr = float(re.search(r"PSNR ([0-9.]+) dB, mean over cameras", " ".join(result.output.split())).group(1))
     assert 19.3 <= psnr < 100  # builtin:small is trained (20.3 dB measured on this held-out clip)
+    page = tmp_path / "demo" / "report" / "index.html"  # it ends with the cache's report, and says where
+    assert f"report: {page} (open it in a browser)" in result.output and page.is_file()
+    shown = json.loads((tmp_path / "demo" / "report" / "report.json").read_text())["clips"]
+    assert len(shown) == 3 and all(camera["psnr_db"] > 19 for clip in shown for camera in clip["cameras"])
 
     # the encode command the demo prints is the one it ran: the same bytes into another OUT
     printed = next(line.strip() for line in result.output.splitlines() if line.strip().startswith("vaecache encode "))

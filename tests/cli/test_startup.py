@@ -24,7 +24,8 @@ HEAVY = ("torch", "diffusers", "decord", "av")
 DEFERRED = ("numpy", "pyarrow", "safetensors", "fsspec", "PIL", "tomllib", "vaecache.cache", "vaecache.export",
             "vaecache.encode", "vaecache.sources", "vaecache.decode.preview", "vaecache.training", "vaecache.meter",
             "vaecache.settings.commands", "vaecache.settings.loader", "vaecache.settings.clip",
-            "vaecache.settings.buckets", "vaecache.settings.vae_specs", "vaecache.distributed.mesh")
+            "vaecache.settings.buckets", "vaecache.settings.vae_specs", "vaecache.distributed.mesh", "vaecache.report",
+            "matplotlib", "jinja2")
 """Light, but only a command that runs needs them: building the app and rendering --help load none."""
 
 # Runs the real console-script entry point in a fresh interpreter and reports which heavy modules it loaded.
@@ -56,7 +57,7 @@ STANDARD = ["--out", "OUT", "--vae", "builtin:tiny", "--num-frames", "9", "--siz
 
 @pytest.mark.parametrize("args", [["--help"], ["encode", "--help"], ["plan", "--help"], ["verify", "--help"],
                                   ["demo-data", "--help"], ["index", "--help"], ["inspect", "--help"],
-                                  ["export", "--help"], ["decode", "--help"]], ids=" ".join)
+                                  ["export", "--help"], ["decode", "--help"], ["report", "--help"]], ids=" ".join)
 def test_help_loads_no_heavy_module(args: list[str]) -> None:
     code, loaded, _ = _probe(args, HEAVY + DEFERRED)
     assert code in (0, None)

@@ -155,6 +155,29 @@ def alter_value(cache: Path) -> tuple[set[str], str]:
     return {"values finite and match stats"}, f"clip {CLIP}: logvar in {file} "
 
 
+def swap_channels_rehashed(cache: Path) -> tuple[set[str], str]:
+    """Channels 0 and 1 of a clip's mean exchanged in its shard (the shard rehashed): the same values, so the
+    per-tensor min, max, mean and std still agree with the record; only its per-channel statistics tell."""
+    from safetensors.torch import load_file, save_file
+
+    file = _shard_of(cache)
+    tensors = load_file(cache / file)
+    mean = tensors[f"{CLIP}/mean"]
+    tensors[f"{CLIP}/mean"] = mean[:, [1, 0, *range(2, mean.shape[1])]].contiguous()
+    save_file(tensors, cache / file, metadata={"format": "vaecache/2"})
+    _rehash_shard(cache, file)
+    return {"values finite and match stats"}, f"clip {CLIP}: mean in {file} channel 0 mean is "
+
+
+def edit_channel_stat_rehashed(cache: Path) -> tuple[set[str], str]:
+    def edit(record: dict[str, Any]) -> None:
+        record["tensors"]["logvar"]["channel_stats"]["std"][5] *= 1.5
+
+    _edit_clip_record(cache, edit)
+    _rehash_clips(cache)
+    return {"values finite and match stats"}, f"clip {CLIP}: logvar in {_shard_of(cache)} channel 5 std is "
+
+
 def duplicate_record(cache: Path) -> tuple[set[str], str]:
     records = _records(cache)
     _write_records(cache, records[:2] + [records[1]] + records[2:])
@@ -304,7 +327,7 @@ CORRUPTIONS = [manifest_with_nan, record_fps_nan_rehashed, shard_outside_out_reh
                shard_symlinked_out, clip_table_outside_out,
                id_encode_refuses_rehashed, declared_shape_differs, declared_dtype_differs, declared_counts_differ,
                truncate_shard, flip_byte, delete_shard, orphan_shard, edit_shape, edit_shape_rehashed,
-               swap_tensor_entries_rehashed, write_nan,
+               swap_tensor_entries_rehashed, write_nan, swap_channels_rehashed, edit_channel_stat_rehashed,
                alter_value, duplicate_record, delete_manifest, future_version, record_points_elsewhere, drop_record,
                edit_failures, flip_clip_table_byte, unsorted_records_rehashed]
 

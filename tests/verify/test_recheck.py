@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from vaecache.cache.reader import CacheReader
 from vaecache.cache.table import CLIP_TABLE, write_table
-from vaecache.cache.writer import tensor_stats
+from vaecache.cache.writer import channel_stats, tensor_stats
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 
 
@@ -47,6 +47,7 @@ def test_reencode_catches_a_tensor_altered_with_every_hash_and_stat_recomputed(c
     tensors[name] = tensors[name] * 1.5  # plausible values, all finite
     save_file(tensors, shard_path, metadata={"format": "vaecache/1"})
     victim["tensors"]["mean"]["stats"] = tensor_stats(tensors[name])
+    victim["tensors"]["mean"]["channel_stats"] = channel_stats(tensors[name])
     written = write_table(cache_copy / "clips.parquet", CLIP_TABLE, records)
     manifest = json.loads((cache_copy / "manifest.json").read_text())
     manifest["clips"]["sha256"] = written.sha256

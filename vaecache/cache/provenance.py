@@ -141,5 +141,19 @@ def identity_change(recorded: dict[str, Any], current: dict[str, Any] | None) ->
     return None
 
 
-__all__ = ["IdentityMemo", "frames_identity", "frames_sha256", "identity_change", "source_identities",
+__all__ = ["IdentityMemo", "changed_source", "frames_identity", "frames_sha256", "identity_change", "source_identities",
            "source_identity"]
+
+
+def changed_source(record: dict[str, Any]) -> tuple[str, str, str] | None:
+    """(source, camera, what changed) for the first camera of a clip record whose source's size, mtime (or sha256,
+    where recorded) differs from its recorded identity: the clip's latents no longer match it. None: all as
+    recorded (or nothing recorded)."""
+    files = record.get("frame_files") if isinstance(record.get("frame_files"), dict) else {}
+    for camera, path, recorded in zip(record["cameras"], record["sources"], record.get("source_identity") or []):
+        with_hash = bool(recorded.get("sha256"))
+        now = frames_identity(files[camera], with_hash) if files.get(camera) else source_identity(path, with_hash)
+        change = identity_change(recorded, now)
+        if change is not None:
+            return path, camera, change
+    return None

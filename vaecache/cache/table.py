@@ -3,8 +3,8 @@ nothing, a streaming writer (row group by row group) and a streaming reader.
 
 A clip record is the JSON object the shard writer completes. Its parts a trainer queries are columns
 (id, scene, shard, cameras, sources and their identity, frames, fps, times, and the tensors as parallel
-lists: keys, names, shapes, dtypes, stats); every other key (`encode`, metadata passed through from an
-index) is kept in the JSON column `extra`. A key whose value does not fit its column's type also goes to
+lists: keys, names, shapes, dtypes, stats, per-channel stats); every other key (`encode`, metadata passed through
+from an index) is kept in the JSON column `extra`. A key whose value does not fit its column's type also goes to
 `extra`, so a record read back equals the record written, whatever it holds. A null column means "key
 absent"; a null list element means "field absent" in that element.
 """
@@ -72,7 +72,9 @@ STATS_TYPE = pa.struct([("min", pa.float64()), ("max", pa.float64()), ("mean", p
 STATS_KEYS = ("min", "max", "mean", "std")
 _STATS_KEY_SET = frozenset(STATS_KEYS)
 _NO_STATS: dict[str, float] = {key: 0.0 for key in STATS_KEYS}
-TENSOR_FIELDS = ("name", "shape", "dtype", "stats")
+CHANNEL_STATS_TYPE = pa.struct([("mean", pa.list_(pa.float64())), ("std", pa.list_(pa.float64()))])
+CHANNEL_STATS_KEYS = frozenset({"mean", "std"})
+TENSOR_FIELDS = ("name", "shape", "dtype", "stats", "channel_stats")
 IDENTITY_FIELDS = ("size", "mtime_ns", "sha256")
 _TENSOR_FIELD_SET = frozenset(TENSOR_FIELDS)
 _IDENTITY_FIELD_SET = frozenset(IDENTITY_FIELDS)
@@ -91,8 +93,13 @@ CLIP_COLUMNS = (
 
 TENSOR_COLUMNS = {"tensor_keys": pa.list_(pa.string()), "tensor_names": pa.list_(pa.string()),
                   "tensor_shapes": pa.list_(pa.list_(pa.int64())), "tensor_dtypes": pa.list_(pa.string()),
-                  "tensor_stats": pa.list_(STATS_TYPE)}
-"""`tensors` ({key: {name, shape, dtype, stats}}) as parallel lists, one element per stored key, in record order."""
+                  "tensor_stats": pa.list_(STATS_TYPE), "tensor_channel_stats": pa.list_(CHANNEL_STATS_TYPE)}
+"""`tensors` ({key: {name, shape, dtype, stats, channel_stats}}) as parallel lists, one element per stored key, in
+record order."""
+
+ADDED_CLIP_COLUMNS = frozenset({"tensor_channel_stats"})
+"""Columns added to the clip table after its first version: a table written before lacks them, and reads as if
+they were null (the records hold no such key)."""
 
 IDENTITY_COLUMNS = {"source_sizes": pa.list_(pa.int64()), "source_mtimes_ns": pa.list_(pa.int64()),
                     "source_sha256": pa.list_(pa.string())}
@@ -123,6 +130,10 @@ def _tensors_fit(tensors: Any) -> bool:
         stats = entry.get("stats", _NO_STATS)
         if stats is not _NO_STATS and (type(stats) is not dict or stats.keys() != _STATS_KEY_SET
                                        or not set(map(type, stats.values())) <= _FLOAT):
+            return False
+        channels = entry.get("channel_stats")
+        if channels is not None and (type(channels) is not dict or channels.keys() != CHANNEL_STATS_KEYS
+                                     or not all(_is_float_list(v) for v in channels.values())):
             return False
     return True
 
@@ -175,6 +186,7 @@ def clip_row(record: dict[str, Any]) -> dict[str, Any]:
             row["tensor_shapes"] = [e.get("shape") for e in entries]
             row["tensor_dtypes"] = [e.get("dtype") for e in entries]
             row["tensor_stats"] = [e.get("stats") for e in entries]
+            row["tensor_channel_stats"] = [e.get("channel_stats") for e in entries]
             continue
         elif key == "source_identity" and _identity_fits(value):
             row["source_sizes"] = [item["size"] for item in value]
@@ -199,10 +211,12 @@ def clip_record(row: dict[str, Any]) -> dict[str, Any]:
     keys = row.get("tensor_keys")
     if keys is not None:
         tensors = {}
-        for key, name, shape, dtype, stats in zip(keys, row["tensor_names"], row["tensor_shapes"],
-                                                  row["tensor_dtypes"], row["tensor_stats"]):
+        channels = row.get("tensor_channel_stats") or [None] * len(keys)
+        for key, name, shape, dtype, stats, per_channel in zip(keys, row["tensor_names"], row["tensor_shapes"],
+                                                               row["tensor_dtypes"], row["tensor_stats"], channels):
             entry = {field: value for field, value in (("name", name), ("shape", shape), ("dtype", dtype),
-                                                        ("stats", stats)) if value is not None}
+                                                        ("stats", stats), ("channel_stats", per_channel))
+                     if value is not None}
             tensors[key] = entry
         record["tensors"] = tensors
     if row.get("extra"):
@@ -233,9 +247,15 @@ class TableKind:
     schema: pa.Schema
     to_row: Callable[[dict[str, Any]], dict[str, Any]]
     to_record: Callable[[dict[str, Any]], dict[str, Any]]
+    added: frozenset[str] = frozenset()
+    """Columns a table of this kind written before they existed lacks (read as null)."""
+
+    def required(self) -> list[str]:
+        """The columns every table of this kind has."""
+        return [name for name in self.schema.names if name not in self.added]
 
 
-CLIP_TABLE = TableKind("clips", CLIP_SCHEMA, clip_row, clip_record)
+CLIP_TABLE = TableKind("clips", CLIP_SCHEMA, clip_row, clip_record, ADDED_CLIP_COLUMNS)
 FAILURE_TABLE = TableKind("failures", FAILURE_SCHEMA, failure_row, failure_from_row)
 
 
@@ -315,7 +335,7 @@ def open_table(source: Any, kind: TableKind, where: Any = None) -> pq.ParquetFil
         raise ClipTableError(f"{path}: missing") from None
     except (pa.ArrowException, OSError) as exc:
         raise ClipTableError(f"{path}: not a readable Parquet file ({first_line(exc)})") from None
-    missing = [name for name in kind.schema.names if name not in table.schema_arrow.names]
+    missing = [name for name in kind.required() if name not in table.schema_arrow.names]
     if missing:
         raise ClipTableError(f"{path}: not a vaecache {kind.name} table (no column {', '.join(missing)})")
     return table
@@ -328,7 +348,7 @@ def iter_table(source: Any, kind: TableKind, batch_rows: int = READ_BATCH_ROWS,
     path = source if where is None else where
     number = 0
     try:
-        for batch in table.iter_batches(batch_size=batch_rows, columns=kind.schema.names):
+        for batch in table.iter_batches(batch_size=batch_rows, columns=present_columns(table, kind)):
             for row in batch.to_pylist():
                 try:
                     record = kind.to_record(row)
@@ -351,6 +371,21 @@ def iter_column(source: Any, kind: TableKind, column: str, batch_rows: int = 655
             yield from batch.column(0).to_pylist()
     except (pa.ArrowException, OSError) as exc:
         raise ClipTableError(f"{path}: does not read ({first_line(exc)})") from None
+
+
+def present_columns(table: pq.ParquetFile, kind: TableKind) -> list[str]:
+    """The kind's columns this table holds: all of them, but those added since it was written (TableKind.added)."""
+    names = set(table.schema_arrow.names)
+    return [name for name in kind.schema.names if name in names]
+
+
+def with_added_columns(rows: pa.Table, kind: TableKind) -> pa.Table:
+    """`rows` read from an older table, with each column added since (TableKind.added) appended as nulls, in the
+    kind's schema order: what a reader of the whole table expects."""
+    for name in kind.schema.names:
+        if name not in rows.column_names:
+            rows = rows.append_column(kind.schema.field(name), pa.nulls(rows.num_rows, kind.schema.field(name).type))
+    return rows.select(kind.schema.names)
 
 
 def table_rows(path: Path, kind: TableKind) -> int:
@@ -415,5 +450,5 @@ def read_row_log(path: Path) -> Iterator[pa.RecordBatch]:
 
 
 __all__ = ["CLIP_SCHEMA", "CLIP_TABLE", "FAILURE_SCHEMA", "FAILURE_TABLE", "ClipTableError", "RowLog", "TableKind",
-           "WrittenTable", "clip_record", "clip_row", "iter_column", "iter_table", "read_row_log", "rows_table",
-           "schema_of", "table_rows", "write_table", "write_tables"]
+           "WrittenTable", "clip_record", "clip_row", "iter_column", "iter_table", "present_columns", "read_row_log",
+           "rows_table", "schema_of", "table_rows", "with_added_columns", "write_table", "write_tables"]

@@ -117,6 +117,71 @@ def tensor_stats(tensor: torch.Tensor) -> dict[str, float]:
     return {"min": low, "max": high, "mean": mean, "std": math.sqrt(variance)}
 
 
+CHANNEL_AXIS = 1
+"""The channel axis of a clip's stored tensors, (cameras, channels, latent frames, h, w)."""
+
+
+def _channel_parts(tensor: torch.Tensor) -> list[dict[str, float]]:
+    """tensor_stats of each channel (axis CHANNEL_AXIS) of a clip's tensor, a channel at a time."""
+    tensor = tensor.detach().to("cpu")
+    if tensor.dim() <= CHANNEL_AXIS:
+        return []
+    return [tensor_stats(channel) for channel in tensor.unbind(CHANNEL_AXIS)]
+
+
+def _finite(stats: dict[str, float]) -> bool:
+    return math.isfinite(stats["min"]) and math.isfinite(stats["max"])
+
+
+def channel_stats(tensor: torch.Tensor) -> dict[str, list[float]]:
+    """Per latent channel, the mean and population std of a clip's tensor over its cameras, frames and pixels
+    (accumulated in float64, a channel at a time, as tensor_stats is): what `vaecache report` sums into the
+    cache's per-channel scale without reading a shard; verify recomputes them. A channel holding a non-finite
+    value has NaN for both (the writer then refuses the record, as for tensor_stats)."""
+    parts = _channel_parts(tensor)
+    return {"mean": [p["mean"] if _finite(p) else float("nan") for p in parts],
+            "std": [p["std"] if _finite(p) else float("nan") for p in parts]}
+
+
+def _merged(parts: list[dict[str, float]]) -> dict[str, float]:
+    """The whole tensor's min, max, mean and population std from its channels' (equal counts): the two moments
+    merged exactly (Chan et al.), equal to tensor_stats' up to the last bits of the float64 sums."""
+    low, high = min(p["min"] for p in parts), max(p["max"] for p in parts)
+    if not all(_finite(p) for p in parts):
+        return {"min": low, "max": high, "mean": float("nan"), "std": float("nan")}
+    mean = sum(p["mean"] for p in parts) / len(parts)
+    variance = sum(p["std"] ** 2 + (p["mean"] - mean) ** 2 for p in parts) / len(parts)
+    return {"min": low, "max": high, "mean": mean, "std": math.sqrt(variance)}
+
+
+def stats_problem(tensor: torch.Tensor, recorded: dict[str, float] | None,
+                  per_channel: dict[str, list[float]] | None = None) -> str | None:
+    """Why a stored tensor does not hold what its record says: a non-finite value, or statistics (per tensor, and
+    per channel where the record has them: caches written before them have none) other than recorded, each within
+    STATS_RTOL. Where the record has channel statistics, the tensor's are merged from its channels' (one pass over
+    the values for both)."""
+    parts = _channel_parts(tensor) if per_channel is not None and tensor.numel() else []
+    found = _merged(parts) if parts else tensor_stats(tensor)
+    if not (math.isfinite(found["min"]) and math.isfinite(found["max"])):
+        return f"has {int((~torch.isfinite(tensor)).sum())} non-finite value(s)"
+    if not recorded:
+        return "has no recorded stats"
+    for key in ("min", "max", "mean", "std"):
+        want, got = recorded.get(key), found[key]
+        if want is None or not math.isclose(got, want, rel_tol=STATS_RTOL, abs_tol=1e-9):
+            return f"{key} is {got:.6g}, recorded {want}"
+    if per_channel is None:
+        return None
+    for key in ("mean", "std"):
+        want_all, now = per_channel.get(key) or [], [p[key] for p in parts]
+        if len(want_all) != len(now):
+            return f"records {len(want_all)} channel {key}s, it has {len(now)} channels"
+        for channel, (got, want) in enumerate(zip(now, want_all)):
+            if want is None or not math.isclose(got, want, rel_tol=STATS_RTOL, abs_tol=1e-9):
+                return f"channel {channel} {key} is {got:.6g}, recorded {want}"
+    return None
+
+
 class ShardWriter:
     """Context manager: `add()` clips, shards roll at `shard_size` bytes or `commit_every_s` seconds after the last
     commit (whichever comes first: a hard kill loses at most that long of finished work), `close()` commits the
@@ -166,7 +231,8 @@ class ShardWriter:
         `reading` how its cameras were read (vaecache.video.dataset.clip_reading, plus "times": the seconds of each
         frame from the camera's first frame, as decoded).
 
-        The record is completed here and on the writer thread (`shard`, per-tensor `stats`) and nowhere else.
+        The record is completed here and on the writer thread (`shard`, per-tensor `stats` and per-channel
+        `channel_stats`) and nowhere else.
         `source_identity` is each source's size and mtime_ns (and sha256 with hash_sources) when its clip is
         committed, aligned with `sources` (an image-sequence camera's over the clip's frame files): `verify
         --dataset` tells from it which latents are stale."""
@@ -250,6 +316,7 @@ class ShardWriter:
                 record["shard"] = name
                 for entry in record["tensors"].values():
                     entry["stats"] = tensor_stats(tensors[entry["name"]])
+                    entry["channel_stats"] = channel_stats(tensors[entry["name"]])
             # One metadata key: safetensors writes metadata in hash-map order, so two keys would make
             # identical shards differ in bytes and sha256 from run to run.
             data = safetensors_save(tensors, metadata={"format": f"{FORMAT_NAME}/{FORMAT_VERSION}"})

@@ -19,6 +19,7 @@ from vaecache.cli.export import export
 from vaecache.cli.index import index
 from vaecache.cli.inspect import inspect
 from vaecache.cli.plan import plan
+from vaecache.cli.report import report
 from vaecache.cli.verify import verify
 from vaecache.errors import EXIT_INTERRUPTED
 
@@ -37,6 +38,7 @@ app.command("inspect")(inspect)
 app.command("export")(export)
 app.command("embed")(embed)
 app.command("decode")(decode)
+app.command("report")(report)
 app.command("demo-data")(demo_data)
 app.command("demo")(demo)
 
@@ -50,7 +52,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")) -> None:
-    """vaecache: index, encode, plan, verify, inspect, export, decode, demo-data, demo."""
+    """vaecache: index, encode, plan, verify, inspect, export, decode, report, demo-data, demo."""
 
 
 def main(args: list[str] | None = None) -> None:

@@ -6,6 +6,7 @@ import shlex
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from vaecache.cli.common import console, report_errors
 from vaecache.errors import EXIT_OK
@@ -37,8 +38,8 @@ def demo_data(
 def demo(
     root: Path = typer.Option(Path("vaecache-demo"), "--dir", help="Where demo data, the cache and the preview go."),
 ) -> None:
-    """Generate demo data, encode it with builtin:small, verify it, and decode one clip to a preview mp4 with
-    its PSNR against the source."""
+    """Generate demo data, encode it with builtin:small, verify it, decode one clip to a preview mp4 with its PSNR
+    against the source, and write the cache's report page."""
     from vaecache.cli.decode import report_table as preview_table
     from vaecache.cli.encode import summary_table
     from vaecache.cli.verify import report_table
@@ -52,15 +53,15 @@ def demo(
     from vaecache.training import LatentCache
     from vaecache.verify.integrity import verify_cache
 
-    data, out, preview = root / "data", root / "cache", root / "preview.mp4"
+    data, out, preview, report_dir = root / "data", root / "cache", root / "preview.mp4", root / "report"
     spec = DemoDataSpec(scenes=3, cameras=2, frames=17, height=64, width=64, fps=10, seed=0)
     write_demo_dataset(data, spec)
-    console.print(f"1/4 demo data: {spec.scenes} scenes x {spec.cameras} cameras of {spec.frames} frames in {data}",
+    console.print(f"1/5 demo data: {spec.scenes} scenes x {spec.cameras} cameras of {spec.frames} frames in {data}",
                   markup=False)
     cfg = EncodeConfig(SourceConfig(data), VaeConfig("builtin:small"),
                        ClipSettings(SamplingConfig(num_frames=9), 64, 64), OutConfig(out, overwrite=True),
                        decode=DecodeConfig(workers=0), progress=False)
-    console.print("2/4 encoding with builtin:small (a tiny Wan VAE trained on demo-style footage; these scenes "
+    console.print("2/5 encoding with builtin:small (a tiny Wan VAE trained on demo-style footage; these scenes "
                   "were held out of its training), the same as:")
     console.print("    " + shlex.join(["vaecache", "encode", str(data), "--out", str(out), "--vae", "builtin:small",
                                        "--num-frames", "9", "--size", "64x64", "--workers", "0", "--overwrite",
@@ -69,16 +70,33 @@ def demo(
         summary = run_encode(cfg, ctx)
     console.print(summary_table(summary))
     report = verify_cache(out)
-    console.print("3/4 verify")
+    console.print("3/5 verify")
     console.print(report_table(report))
     if not report.ok:
         raise typer.Exit(1)
     clip_id = LatentCache(out, verify="none").ids()[0]
-    console.print(f"4/4 preview: decoding clip {clip_id} (source above, reconstruction below)", markup=False)
+    console.print(f"4/5 preview: decoding clip {clip_id} (source above, reconstruction below)", markup=False)
     shown = decode_preview(out, clip_id, preview, overwrite=True, device="cpu")
     console.print(preview_table(shown))
     mean_psnr = sum(camera.psnr_db for camera in shown.cameras) / len(shown.cameras)
+    page = _demo_report(out, report_dir)
     console.print(f"preview: {preview} (PSNR {mean_psnr:.1f} dB, mean over cameras)\ndata: {data}\n"
                   f"cache: {out} (manifest.json, clips.parquet, shards/)\nlogs: {out / 'logs'}\n"
-                  f"next: vaecache verify {out}; vaecache decode {out} --clip ID", markup=False)
+                  f"report: {page}\n"
+                  f"next: vaecache verify {out}; vaecache decode {out} --clip ID; vaecache report {out}", markup=False)
     raise typer.Exit(EXIT_OK)
+
+
+def _demo_report(out: Path, report_dir: Path) -> str:
+    """Step 5: the cache's report page (vaecache report), or why not (the report extra is not installed)."""
+    from vaecache.errors import MissingExtraError
+    from vaecache.report.build import ReportSettings, write_report
+
+    console.print(f"5/5 report: the cache's page, the same as: vaecache report {out} --out {report_dir} --device cpu",
+                  markup=False, soft_wrap=True)
+    try:
+        written = write_report(out, report_dir, ReportSettings(device="cpu"))
+    except MissingExtraError as exc:
+        console.print(f"[yellow]note:[/yellow] no report: {escape(str(exc))}", soft_wrap=True)
+        return f"not written ({exc})"
+    return f"{written.page} (open it in a browser)"

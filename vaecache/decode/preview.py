@@ -105,7 +105,7 @@ class PreviewReport:
         return data
 
 
-class _Score:
+class ReconstructionScore:
     """Running PSNR/SSIM of one camera over the chunks of a clip."""
 
     def __init__(self) -> None:
@@ -240,6 +240,120 @@ def default_output(clip_id: str) -> Path:
     return Path(re.sub(r"[^A-Za-z0-9._-]+", "_", clip_id).strip("._") + ".mp4")
 
 
+@dataclass(frozen=True)
+class ReconstructedChunk:
+    """One chunk of a clip decoded: per camera, its source frames and the VAE's reconstruction of them, each
+    (T, 3, H, W) float32 in [-1, 1] on the CPU, and the clip frame the chunk starts at."""
+
+    start: int
+    sources: list[torch.Tensor]
+    decoded: list[torch.Tensor]
+
+
+def clip_size(record: dict[str, Any], clip_settings: Any) -> tuple[int, int]:
+    """(height, width) of a clip's frames: its bucket's, else the cache's (`clip_settings`, a ClipSettings)."""
+    bucket = record.get("bucket") if isinstance(record.get("bucket"), dict) else None
+    return (bucket["height"], bucket["width"]) if bucket else (clip_settings.height, clip_settings.width)
+
+
+class ClipDecoder:
+    """The VAE a cache records, loaded once (or `settings.vae`, which must match the recorded fingerprint), and the
+    way its clips' source frames are read: `chunks(record, latents)` decodes one clip after another, chunk by
+    chunk, beside the frames encode read. `vaecache decode` and `vaecache report` decode through it."""
+
+    def __init__(self, out: Any, manifest: dict[str, Any], settings: PreviewSettings) -> None:
+        from vaecache.distributed.context import resolve_device
+        from vaecache.settings.clip import ClipSettings
+        from vaecache.vae.latent_decode import decode_mode
+        from vaecache.vae.recorded import load_recorded_vae
+        from vaecache.video.backends import backend_for_record
+
+        self.settings, self.manifest = settings, manifest
+        self.spec = settings.vae or (manifest.get("settings") or {}).get("vae_spec")
+        self.device = resolve_device(settings.device)
+        vae = load_recorded_vae(out, manifest, self.spec, self.device,
+                                allow_pickle_weights=settings.allow_pickle_weights)
+        self.model = vae.model
+        if settings.tiling and not self.model.can_tile:
+            raise UsageError(f"--tiling: {self.model.spec} ({self.model.family}) has no enable_tiling()")
+        if self.model.can_tile:  # decoding tiles or not by --tiling alone; the guard above compared the encode's
+            if settings.tiling:
+                self.model.module.enable_tiling()
+            else:
+                self.model.module.disable_tiling()
+        self.mode = decode_mode(self.model)
+        self.clip_settings = ClipSettings.from_record(manifest.get("settings", {}))
+        self.backend = backend_for_record((manifest.get("settings") or {}).get("decoder"))
+
+    def size_of(self, record: dict[str, Any]) -> tuple[int, int]:
+        return clip_size(record, self.clip_settings)
+
+    def chunks(self, record: dict[str, Any], latents: torch.Tensor) -> Iterator[ReconstructedChunk]:
+        """Decode `latents` (cameras, c, t, h, w), the clip's stored raw latents, `settings.chunk_frames` latent
+        frames at a time per camera, and read the same frames of each camera's source exactly as encode read them
+        (the record's frame indices, backend, resize and fit). Raises VaecacheError when the VAE decodes more
+        frames than the clip has, or frames of another size."""
+        from vaecache.vae.latent_decode import iter_decoded
+        from vaecache.video.dataset import ViewDecoder, recorded_timelines, recorded_views
+
+        clip_id, frames = record["id"], list(record["frames"])
+        views = recorded_views(record)  # per camera: its source and its own frames (image files, synced frames)
+        timelines = recorded_timelines(record)  # and its frame index around them, where encode recorded it
+        height, width = self.size_of(record)
+        source = ViewDecoder(height, width, fit=self.clip_settings.fit, backend=self.backend,
+                             max_pixels=self.clip_settings.sampling.max_frame_pixels)
+        done = 0
+        try:
+            streams = [iter_decoded(self.model, latents[c:c + 1], self.settings.chunk_frames)
+                       for c in range(latents.shape[0])]
+            for pieces in _lockstep(streams):
+                # (T, 3, H, W); Wan clamps its output itself, other families may overshoot [-1, 1]
+                decoded = [piece[0].permute(1, 0, 2, 3).float().cpu().clamp(-1, 1) for piece in pieces]
+                count = decoded[0].shape[0]
+                if done + count > len(frames):
+                    raise VaecacheError(f"{self.model.spec} decoded more frames than clip {clip_id!r} has "
+                                        f"({len(frames)}): the latents do not come from this VAE's frame rule")
+                if tuple(decoded[0].shape[-2:]) != (height, width):
+                    raise VaecacheError(f"{self.model.spec} decoded {tuple(decoded[0].shape[-2:])} frames; clip "
+                                        f"{clip_id!r} is {height}x{width}")
+                sources = [source.decode(path, list(wanted[done:done + count]), (height, width),
+                                         timeline=timeline).permute(1, 0, 2, 3)
+                           for (path, wanted), timeline in zip(views, timelines)]
+                yield ReconstructedChunk(done, sources, decoded)
+                done += count
+        finally:
+            source.close()
+
+
+def source_frames_at(record: dict[str, Any], manifest: dict[str, Any], positions: list[int]) -> list[torch.Tensor]:
+    """Per camera, the clip's frames at `positions` (indices into the clip's frames) exactly as encode read them
+    (its frame indices, the recorded backend, resize and fit to the clip's size): (len(positions), 3, H, W) float32
+    in [-1, 1]. What a clip shows where its latents are not decoded."""
+    from vaecache.settings.clip import ClipSettings
+    from vaecache.video.backends import backend_for_record
+    from vaecache.video.dataset import ViewDecoder, recorded_timelines, recorded_views
+
+    clip_settings = ClipSettings.from_record(manifest.get("settings", {}))
+    height, width = clip_size(record, clip_settings)
+    source = ViewDecoder(height, width, fit=clip_settings.fit,
+                         backend=backend_for_record((manifest.get("settings") or {}).get("decoder")),
+                         max_pixels=clip_settings.sampling.max_frame_pixels)
+    try:
+        return [source.decode(path, [wanted[p] for p in positions], (height, width), timeline=timeline)
+                .permute(1, 0, 2, 3) for (path, wanted), timeline in zip(recorded_views(record),
+                                                                          recorded_timelines(record))]
+    finally:
+        source.close()
+
+
+def stored_latents(tensors: dict[str, torch.Tensor]) -> tuple[str, torch.Tensor] | None:
+    """The stored tensor a decode shows: the posterior `mean` (no noise) where stored, else the `sample`."""
+    for key in ("mean", "sample"):
+        if key in tensors:
+            return key, tensors[key]
+    return None
+
+
 def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = None,
                    settings: PreviewSettings | None = None, storage_options: dict[str, Any] | None = None,
                    **options: Any) -> PreviewReport:
@@ -257,14 +371,8 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
     output = Path(output) if output is not None else default_output(clip_id)
     check_output(output, settings.overwrite)
 
-    from vaecache.distributed.context import resolve_device
-    from vaecache.settings.clip import ClipSettings
     from vaecache.training import LatentCache
     from vaecache.urls import set_data_storage_options
-    from vaecache.vae.latent_decode import decode_mode, iter_decoded
-    from vaecache.vae.recorded import load_recorded_vae
-    from vaecache.video.backends import backend_for_record
-    from vaecache.video.dataset import ViewDecoder, recorded_timelines, recorded_views
 
     store.check_present()
     set_data_storage_options(storage_options)  # the recorded sources at URLs are read as encode read them
@@ -274,30 +382,13 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
     except KeyError:
         raise UsageError(f"{out}: no clip {clip_id!r} ({_near(cache.ids(), clip_id)})") from None
     tensors = cache.tensors_of(record)
-    latent_key = "mean" if "mean" in tensors else "sample" if "sample" in tensors else None
-    if latent_key is None:
+    stored = stored_latents(tensors)
+    if stored is None:
         raise UsageError(f"{out}: clip {clip_id!r} stores neither mean nor sample ({sorted(tensors)})")
-    latents = tensors[latent_key]  # (cameras, c, t, h, w), raw: what the decoder takes
+    latent_key, latents = stored  # (cameras, c, t, h, w), raw: what the decoder takes
     cameras, frames = list(record["cameras"]), list(record["frames"])
-    views = recorded_views(record)  # per camera: its source and its own frames (image files, synced frames)
-    timelines = recorded_timelines(record)  # and its frame index around them, where encode recorded it
-    manifest = cache.manifest
-    clip_settings = ClipSettings.from_record(manifest.get("settings", {}))
-    bucket = record.get("bucket") if isinstance(record.get("bucket"), dict) else None
-    height, width = (bucket["height"], bucket["width"]) if bucket else (clip_settings.height, clip_settings.width)
-
-    spec = settings.vae or (manifest.get("settings") or {}).get("vae_spec")
-    device = resolve_device(settings.device)
-    vae = load_recorded_vae(out, manifest, spec, device, allow_pickle_weights=settings.allow_pickle_weights)
-    model = vae.model
-    if settings.tiling and not model.can_tile:
-        raise UsageError(f"--tiling: {model.spec} ({model.family}) has no enable_tiling()")
-    if model.can_tile:  # decoding tiles or not by --tiling alone; the guard above already compared the encode's
-        if settings.tiling:
-            model.module.enable_tiling()
-        else:
-            model.module.disable_tiling()
-    mode = decode_mode(model)
+    decoder = ClipDecoder(out, cache.manifest, settings)
+    height, width = decoder.size_of(record)
 
     notes: list[str] = []
     fps = float(record.get("fps") or 0.0)
@@ -306,29 +397,14 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
         notes.append(f"the clip records no fps; the preview plays at {DEFAULT_FPS:g}")
     grid_h, grid_w = grid_size(height, width, len(cameras))
     writer = _Mp4Writer(output, grid_h, grid_w, fps, settings.crf)
-    source = ViewDecoder(height, width, fit=clip_settings.fit,  # the frames encode read: its recorded backend
-                         backend=backend_for_record((manifest.get("settings") or {}).get("decoder")),
-                         max_pixels=clip_settings.sampling.max_frame_pixels)
-    scores = [_Score() for _ in cameras]
+    scores = [ReconstructionScore() for _ in cameras]
     done = chunks = in_flight = 0
     try:
-        streams = [iter_decoded(model, latents[c:c + 1], settings.chunk_frames) for c in range(len(cameras))]
-        for pieces in _lockstep(streams):
-            # (T, 3, H, W); Wan clamps its output itself, other families may overshoot [-1, 1]
-            decoded = [piece[0].permute(1, 0, 2, 3).float().cpu().clamp(-1, 1) for piece in pieces]
-            count = decoded[0].shape[0]
-            if done + count > len(frames):
-                raise VaecacheError(f"{model.spec} decoded more frames than clip {clip_id!r} has ({len(frames)}): "
-                                    "the latents do not come from this VAE's frame rule")
-            if tuple(decoded[0].shape[-2:]) != (height, width):
-                raise VaecacheError(f"{model.spec} decoded {tuple(decoded[0].shape[-2:])} frames; clip {clip_id!r} "
-                                    f"is {height}x{width}")
-            sources = [source.decode(path, list(wanted[done:done + count]), (height, width),
-                                     timeline=timeline).permute(1, 0, 2, 3)
-                       for (path, wanted), timeline in zip(views, timelines)]
-            for score, src, dec in zip(scores, sources, decoded):
+        for chunk in decoder.chunks(record, latents):
+            for score, src, dec in zip(scores, chunk.sources, chunk.decoded):
                 score.add(src, dec)
-            writer.write(grid_frames(sources, decoded))
+            writer.write(grid_frames(chunk.sources, chunk.decoded))
+            count = chunk.decoded[0].shape[0]
             done += count
             chunks += 1
             in_flight = max(in_flight, count)
@@ -338,13 +414,11 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
     except BaseException:
         writer.abandon()
         raise
-    finally:
-        source.close()
     return PreviewReport(
-        out=str(out), clip=clip_id, output=str(output), vae=str(spec), latent_key=latent_key, frames=done, fps=fps,
-        size=(height, width), grid=(grid_h, grid_w), decode_mode=mode, chunk_frames=settings.chunk_frames,
-        chunks=chunks, max_frames_in_flight=in_flight, tiling=settings.tiling, device=str(device),
-        cameras=[score.result(camera) for score, camera in zip(scores, cameras)],
+        out=str(out), clip=clip_id, output=str(output), vae=str(decoder.spec), latent_key=latent_key, frames=done,
+        fps=fps, size=(height, width), grid=(grid_h, grid_w), decode_mode=decoder.mode,
+        chunk_frames=settings.chunk_frames, chunks=chunks, max_frames_in_flight=in_flight, tiling=settings.tiling,
+        device=str(decoder.device), cameras=[score.result(camera) for score, camera in zip(scores, cameras)],
         seconds=round(time.monotonic() - started, 3), notes=notes)
 
 
@@ -370,5 +444,6 @@ def _lockstep(streams: list[Iterator[torch.Tensor]]) -> Iterator[list[torch.Tens
         yield pieces
 
 
-__all__ = ["CameraMetrics", "PreviewReport", "PreviewSettings", "check_output", "decode_preview", "default_output",
-           "grid_frames", "grid_size"]
+__all__ = ["CameraMetrics", "ClipDecoder", "PreviewReport", "PreviewSettings", "ReconstructedChunk",
+           "ReconstructionScore", "check_output", "decode_preview", "default_output", "grid_frames", "grid_size",
+           "source_frames_at", "stored_latents"]

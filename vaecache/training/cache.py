@@ -16,7 +16,6 @@ from vaecache.cache.reader import CacheReader, record_problem
 from vaecache.cache.table import CLIP_TABLE
 from vaecache.errors import (
     IncompleteCacheError,
-    NormalizationError,
     OutputError,
     ShardChecksumError,
     ShardHeaderError,
@@ -149,9 +148,8 @@ class LatentCache:
 
     def _load_rows(self) -> Any:
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
-        from vaecache.cache.table import rows_table, schema_of
+        from vaecache.cache.table import open_table, present_columns, rows_table, schema_of, with_added_columns
         from vaecache.errors import ClipTableError
 
         reader, where = self._reader, self._clips_location
@@ -164,12 +162,13 @@ class LatentCache:
         if reader.version == 1:
             rows = rows_table(CLIP_TABLE, reader.clip_records())
         else:
+            table = open_table(reader.table_source(reader.clips_name), CLIP_TABLE, where)
             try:
-                rows = pq.read_table(reader.table_source(reader.clips_name), columns=CLIP_TABLE.schema.names)
+                rows = table.read(columns=present_columns(table, CLIP_TABLE))
             except (pa.ArrowException, OSError) as exc:
                 raise ClipTableError(f"{where}: does not read "
                                      f"({str(exc).splitlines()[0] if str(exc) else exc})") from None
-            rows = rows.replace_schema_metadata(schema_of(CLIP_TABLE).metadata)
+            rows = with_added_columns(rows, CLIP_TABLE).replace_schema_metadata(schema_of(CLIP_TABLE).metadata)
         if "count" in recorded and rows.num_rows != recorded["count"]:
             raise IncompleteCacheError(f"{where}: {rows.num_rows} clips, manifest.json records {recorded['count']}")
         return rows
@@ -261,21 +260,17 @@ class LatentCache:
         resize and fit (its bucket's size), decoder backend and value range as the VAE's input and a decoder's
         output: the targets of a pixel loss. Read from the recorded sources; a source whose size, mtime (or sha256,
         where recorded) differs from what the record says raises SourceChangedError, as its latents are stale."""
-        from vaecache.cache.provenance import frames_identity, identity_change, source_identity
+        from vaecache.cache.provenance import changed_source
         from vaecache.settings.clip import ClipSettings
         from vaecache.video.backends import backend_for_record
         from vaecache.video.dataset import ViewDecoder, recorded_timelines, recorded_views
 
         record = key if isinstance(key, dict) else self.record(key)
-        files = record.get("frame_files") if isinstance(record.get("frame_files"), dict) else {}
-        for camera, path, recorded in zip(record["cameras"], record["sources"], record.get("source_identity") or []):
-            with_hash = bool(recorded.get("sha256"))
-            now = (frames_identity(files[camera], with_hash) if files.get(camera)
-                   else source_identity(path, with_hash))
-            change = identity_change(recorded, now)
-            if change is not None:
-                raise SourceChangedError(f"{path} ({camera} of clip {record['id']}): {change} since it was encoded; "
-                                         "its latents no longer match it")
+        changed = changed_source(record)
+        if changed is not None:
+            path, camera, change = changed
+            raise SourceChangedError(f"{path} ({camera} of clip {record['id']}): {change} since it was encoded; "
+                                     "its latents no longer match it")
         settings = self.manifest.get("settings") or {}
         clip = ClipSettings.from_record(settings)
         bucket = record.get("bucket") if isinstance(record.get("bucket"), dict) else None
@@ -356,33 +351,20 @@ class LatentCache:
 
     def _constants(self, z: torch.Tensor) -> tuple[Any, Any, float]:
         """(shift, divisor, scale) such that normalize(z) = (z - shift) * scale / divisor, broadcast over the
-        channel axis (dim -4 of (..., C, F, H, W))."""
-        norm = self.normalization
-        where = self.out / "manifest.json"
-        formula = norm.get("formula")
-        if not formula:
-            raise NormalizationError(f"{where}: records no latent normalization for its VAE (vae.normalization)")
+        channel axis (dim -4 of (..., C, F, H, W)); vaecache.cache.normalization reads the recorded formula."""
+        from vaecache.cache.normalization import normalization_constants
 
-        def channels(name: str) -> torch.Tensor:
-            if name not in norm:
-                raise NormalizationError(f"{where}: normalization {formula!r} needs {name}, which is not recorded")
-            values = torch.tensor(norm[name], dtype=torch.float32)
-            if z.dim() < 4 or values.numel() != z.shape[-4]:
-                raise ValueError(f"{name} has {values.numel()} channels; z {tuple(z.shape)} has "
-                                 f"{z.shape[-4] if z.dim() >= 4 else '?'} at dim -4")
-            return values.view(-1, 1, 1, 1).to(z.device)
+        channel_count = z.shape[-4] if z.dim() >= 4 else 1
+        constants = normalization_constants(self.normalization, channel_count, self.out / "manifest.json")
+        if not constants.per_channel:
+            return constants.shift[0], 1.0, constants.scale
+        if z.dim() < 4:
+            raise ValueError(f"z {tuple(z.shape)} has no channel axis at dim -4")
 
-        scale = float(norm.get("scaling_factor", 1.0))
-        if "latents_mean" in formula:
-            return channels("latents_mean"), channels("latents_std"), scale
-        if "shift_factor" in formula:
-            return float(norm["shift_factor"]), 1.0, scale
-        if "scaling_factor" in formula:
-            if "scaling_factor" not in norm:
-                raise NormalizationError(f"{where}: normalization {formula!r} needs scaling_factor, "
-                                         "which is not recorded")
-            return 0.0, 1.0, scale
-        raise NormalizationError(f"{where}: unknown normalization formula {formula!r}")
+        def channels(values: tuple[float, ...]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32).view(-1, 1, 1, 1).to(z.device)
+
+        return channels(constants.shift), channels(constants.divisor), constants.scale
 
     def normalize(self, z: torch.Tensor) -> torch.Tensor:
         """Latents as the diffusion model sees them, by the recorded formula (e.g. Wan: (z - mean) / std per

@@ -16,7 +16,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-import torch
 from safetensors.torch import load as safetensors_load
 
 from vaecache.cache.commits import open_out
@@ -27,7 +26,7 @@ from vaecache.cache.provenance import IdentityMemo, frames_identity, identity_ch
 from vaecache.cache.reader import CacheReader, record_problem, shard_header
 from vaecache.cache.store import open_store
 from vaecache.cache.v1 import iter_v1_clip_records
-from vaecache.cache.writer import STATS_RTOL, tensor_stats
+from vaecache.cache.writer import stats_problem
 from vaecache.errors import ClipTableError, ManifestError, OutputError, ShardHeaderError, UnsafePathError
 from vaecache.models import encode_problem, recorded_family
 from vaecache.settings.dtypes import SAFETENSORS_NAMES
@@ -633,22 +632,9 @@ def _check_shard(shards: Any, file: str, shard: dict[str, Any], records: list[di
             tensor = tensors.get(entry.get("name"))
             if tensor is None:
                 continue
-            problem = _value_problem(tensor, entry.get("stats"))
+            problem = stats_problem(tensor, entry.get("stats"), entry.get("channel_stats"))
             if problem:
                 result["values"].append(f"clip {record['id']}: {key} in {file} {problem}")
             else:
                 result["values_ok"] += 1
     return result
-
-
-def _value_problem(tensor: torch.Tensor, recorded: dict[str, float] | None) -> str | None:
-    found = tensor_stats(tensor)
-    if not (math.isfinite(found["min"]) and math.isfinite(found["max"])):
-        return f"has {int((~torch.isfinite(tensor)).sum())} non-finite value(s)"
-    if not recorded:
-        return "has no recorded stats"
-    for key in ("min", "max", "mean", "std"):
-        want, got = recorded.get(key), found[key]
-        if want is None or not math.isclose(got, want, rel_tol=STATS_RTOL, abs_tol=1e-9):
-            return f"{key} is {got:.6g}, recorded {want}"
-    return None
