@@ -250,9 +250,42 @@ def train(args: TrainArgs, out: Path, log_every: int, eval_every: int = 0, heldo
                                      "heldout": "vaecache demo footage, seed 0, never trained on"})
     reloaded = load(out).state_dict()
     assert all(torch.equal(reloaded[k], v) for k, v in module.state_dict().items()), "reloaded weights differ"
+    metrics["statistics"] = measure_statistics(out)
     return {"config": config, "args": asdict(args), "out": str(out), "bytes": out.stat().st_size,
             "params": sum(p.numel() for p in module.parameters()), "train_seconds": round(train_s, 1),
             "torch": torch.__version__, "heldout": metrics}
+
+
+STATISTICS_CLIPS = 240
+"""Training clips whose posterior means give builtin:small's latents_mean and latents_std."""
+
+
+def measure_statistics(path: Path, clips: int = STATISTICS_CLIPS) -> dict[str, Any]:
+    """Per-channel mean and std of the posterior mean of the first `clips` training clips (17 frames at 64x64, the
+    pool the weights were trained on; the held-out demo footage is not used), written into the file's config as
+    latents_mean and latents_std (AutoencoderKLWan's normalization: `(z - latents_mean) / latents_std`), the
+    weights untouched. Without them the config took AutoencoderKLWan's defaults, Wan 2.1's statistics, which are
+    not this model's: its latents normalized to a std near 0.25."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    torch.set_num_threads(1)
+    module = load(path).eval()
+    pool = render_pool(clips)
+    with torch.no_grad():
+        means = torch.cat([module.encode(to_model(pool[i:i + 8])).latent_dist.mean for i in range(0, clips, 8)])
+    flat = means.transpose(0, 1).reshape(means.shape[1], -1).double()
+    mean = [round(float(v), 4) for v in flat.mean(1)]
+    std = [round(float(v), 4) for v in flat.std(1)]
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = dict(handle.metadata())
+    config = {**json.loads(metadata["config"]), "latents_mean": mean, "latents_std": std}
+    metadata.update(config=json.dumps(config), statistics=f"posterior mean of training clips 1..{clips} "
+                    "(render_pool), per channel")
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(load_file(str(path)), str(tmp), metadata=metadata)
+    tmp.replace(path)
+    return {"latents_mean": mean, "latents_std": std, "clips": clips}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,7 +298,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heldout-scenes", type=int, choices=(1, 2, 3), default=3,
                         help="evaluate on the first N held-out demo scenes (fewer only for smoke runs)")
     parser.add_argument("--eval-every", type=int, default=0, help="print the held-out PSNR every N steps (monitoring)")
+    parser.add_argument("--statistics-only", action="store_true",
+                        help="measure the latents' per-channel statistics of the weights in --out and record them "
+                             "(no training)")
     ns = parser.parse_args(argv)
+    if ns.statistics_only:
+        print(json.dumps(measure_statistics(ns.out)))
+        return 0
     args = TrainArgs(**{k: getattr(ns, k) for k in asdict(defaults)})
     if (args.steps < 1 or args.batch < 1 or args.pool < 1 or not 1 <= args.frames <= TRAIN_CLIP_FRAMES
             or (args.frames - 1) % 4 or not 8 <= args.crop <= 64 or args.crop % 8
