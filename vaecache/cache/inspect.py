@@ -74,23 +74,26 @@ def inspect_cache(out: Path | str, with_failures: bool = False,
 
 def set_summaries(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Every set the manifest lists, by kind (the built-in ones and those it records; vaecache.cache.kinds) and name:
-    clips, shards and bytes, from the manifest alone (no kind's module is imported)."""
+    clips, shards and bytes, from the manifest alone (no kind's module is imported), and for a kind declared outside
+    vaecache its module and, where no installed package declares it, why its sets cannot be read."""
+    from vaecache.cache.kinds import not_installed, recorded_kinds
     from vaecache.cache.layout import BUILTIN_SET_KINDS as BUILTIN_MODULES
-    from vaecache.cache.layout import KINDS_RECORD
 
-    declared = manifest.get(KINDS_RECORD) if isinstance(manifest.get(KINDS_RECORD), dict) else {}
+    declared = recorded_kinds(manifest)
     found: dict[str, dict[str, Any]] = {}
     for kind in [*BUILTIN_MODULES, *sorted(declared)]:
         sets = manifest.get(kind)
         if not isinstance(sets, dict) or not sets:
             continue
         found[kind] = {}
+        missing = not_installed(kind, declared[kind]) if kind in declared and kind not in BUILTIN_MODULES else None
         for name, record in sorted(sets.items()):
             record = record if isinstance(record, dict) else {}
             files = [*(record.get("shards") or []), *(record.get("tables") or {}).values()]
             found[kind][name] = {"clips": record.get("clips"), "shards": len(record.get("shards") or []),
                                  "bytes": sum(int(f.get("bytes", 0)) for f in files if isinstance(f, dict)),
-                                 **({"module": declared[kind]} if kind in declared else {})}
+                                 **({"module": declared[kind]} if kind in declared else {}),
+                                 **({"not_installed": missing} if missing else {})}
     return found
 
 

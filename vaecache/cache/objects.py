@@ -47,10 +47,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from vaecache.cache.io import whole_lines
+from vaecache.cache.kinds import recorded_kinds
 from vaecache.cache.layout import (
     CLIPS,
     FAILURES,
-    KINDS_RECORD,
     LOCK,
     LOGS_DIR,
     MANIFEST,
@@ -65,7 +65,7 @@ from vaecache.cache.lock import ObjectLock
 from vaecache.cache.outdir import FolderOut, PreparedOut, StrayFindings, begin_changes, prepare_out
 from vaecache.cache.progress import CommittedIds, committed_shards, progress_counts, progress_line_head
 from vaecache.cache.store import ObjectStore
-from vaecache.errors import OutputError, UsageError, VaecacheError
+from vaecache.errors import ManifestError, OutputError, UsageError, VaecacheError
 from vaecache.urls import Url
 
 log = logging.getLogger("vaecache")
@@ -388,8 +388,8 @@ class ObjectOut(FolderOut):
         declared = set()
         try:
             manifest = json.loads(self.store.read_if_present(MANIFEST) or b"{}")
-            declared = {name for name in (manifest.get(KINDS_RECORD) or {}) if isinstance(name, str)}
-        except (ValueError, AttributeError, OutputError):
+            declared = set(recorded_kinds(manifest if isinstance(manifest, dict) else {}))
+        except (ValueError, AttributeError, OutputError, ManifestError):
             pass  # a manifest that does not read records no kind: their folders stay, as anything foreign does
         for name in found:
             if (name in OWNED_ENTRIES or name in declared) and name != LOCK:

@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 
 from vaecache.cache.differences import describe_differences
 from vaecache.cache.io import AppendLog, atomic_write_bytes, atomic_write_json, read_json
+from vaecache.cache.kinds import recorded_kinds
 from vaecache.cache.layout import (
     BUILTIN_SET_KINDS,
     KINDS_RECORD,
@@ -121,7 +122,7 @@ def carried_sets(out: Path, recorded: dict[str, Any]) -> dict[str, Any]:
     of them."""
     if (out / MANIFEST).exists():
         manifest = read_json(out / MANIFEST, "manifest")
-        declared = manifest.get(KINDS_RECORD) if isinstance(manifest.get(KINDS_RECORD), dict) else {}
+        declared = recorded_kinds(manifest, str(out / MANIFEST))
         carried = {kind: manifest[kind] for kind in [*BUILTIN_SET_KINDS, *declared]
                    if isinstance(manifest.get(kind), dict) and manifest[kind]}
         if carried and declared:
@@ -140,8 +141,8 @@ def declared_kinds(out: Path) -> list[str]:
             found: Any = read_json(out / name, name)
             for key in where:
                 found = found.get(key) or {}
-            names.update(kind for kind in (found.get(KINDS_RECORD) or {}) if isinstance(kind, str))
-        except (OSError, ValueError, AttributeError, ManifestError):
+            names.update(recorded_kinds(found if isinstance(found, dict) else {}))
+        except (OSError, ValueError, AttributeError, ManifestError):  # a record that does not read names no folder
             continue
     return sorted(name for name in names if "/" not in name and not name.startswith("."))
 

@@ -262,7 +262,7 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
     from vaecache.training import LatentCache
     from vaecache.urls import set_data_storage_options
     from vaecache.vae.latent_decode import decode_mode, iter_decoded
-    from vaecache.vae.recorded import load_recorded_vae
+    from vaecache.vae.recorded import load_recorded_vae, recorded_spec
     from vaecache.video.backends import backend_for_record
     from vaecache.video.dataset import ViewDecoder, recorded_timelines, recorded_views
 
@@ -286,7 +286,7 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
     bucket = record.get("bucket") if isinstance(record.get("bucket"), dict) else None
     height, width = (bucket["height"], bucket["width"]) if bucket else (clip_settings.height, clip_settings.width)
 
-    spec = settings.vae or (manifest.get("settings") or {}).get("vae_spec")
+    spec = recorded_spec(manifest, settings.vae, f"{out}/manifest.json")
     device = resolve_device(settings.device)
     vae = load_recorded_vae(out, manifest, spec, device, allow_pickle_weights=settings.allow_pickle_weights)
     model = vae.model

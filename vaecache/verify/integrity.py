@@ -237,7 +237,7 @@ def check_sets(cache: CacheReader, quick: bool, summary: dict[str, Any]) -> list
             checks.append(bad)
             sets = {}
         else:
-            checks.extend(kind.verify_sets(cache, quick, Check))
+            checks.extend(_kind_checks(kind, sets, cache, quick))
         summary[kind.summary_key()] = sorted(sets)
     from vaecache.cache.layout import OWNED_ENTRIES
     from vaecache.cache.sets import unrecorded_set_folders
@@ -250,6 +250,19 @@ def check_sets(cache: CacheReader, quick: bool, summary: dict[str, Any]) -> list
                        "interrupted first embed of it): run that embed again, or delete the folder")
         checks.append(check)
     return checks
+
+
+def _kind_checks(kind: Any, sets: dict[str, Any], cache: CacheReader, quick: bool) -> list[Check]:
+    """A kind's own checks of its sets; where its verify_sets raises, one failed check naming the kind, the hook and
+    the sets it left unchecked (the rest of the report is kept)."""
+    from vaecache.cache.kinds import hook_problem
+
+    try:
+        return kind.verify_sets(cache, quick, Check)
+    except Exception as exc:  # noqa: BLE001  # a kind's own code: named, the other checks kept
+        check = Check(f"{kind.what}s")
+        check.fail(f"{hook_problem(kind, 'verify_sets', exc)}: {', '.join(map(repr, sorted(sets)))} not checked")
+        return [check]
 
 
 def _stray_check(check: Check, found: StrayFindings, deleted: list[str]) -> Check:

@@ -17,7 +17,7 @@ from vaecache.errors import ClipTableError, VaecacheError
 from vaecache.settings.clip import ClipSettings
 from vaecache.settings.commands import VerifyOptions
 from vaecache.settings.dtypes import RECORDED_NAMES, REENCODE_TOLERANCE
-from vaecache.vae.recorded import load_recorded_vae
+from vaecache.vae.recorded import load_recorded_vae, recorded_spec
 from vaecache.verify.integrity import Check, VerifyReport, check_sources, verify_cache
 
 """Default --reencode tolerance: max abs difference over max abs stored value, per stored dtype. On the
@@ -50,12 +50,25 @@ def verify(out: Any, options: VerifyOptions, ctx: Any = None,
         report.checks.append(check_reencode(cache.out, cache.manifest, cache, int(report.summary["clips"]), options,
                                             ctx))
         if ctx is None or ctx.info.rank == 0:
-            from vaecache.cache.kinds import cache_kinds
+            from vaecache.cache.kinds import cache_kinds, hook_problem
+            from vaecache.errors import VaecacheError
             from vaecache.verify.integrity import Check
 
-            for kind in cache_kinds(cache.manifest):
-                if cache.manifest.get(kind.name):
+            try:
+                kinds = cache_kinds(cache.manifest)
+            except VaecacheError:
+                kinds = []  # the integrity checks name the kind no installed package declares
+            for kind in kinds:
+                if not cache.manifest.get(kind.name):
+                    continue
+                try:
                     report.checks.extend(kind.reencode_sets(cache, options, ctx, Check))
+                except VaecacheError:
+                    raise
+                except Exception as exc:  # noqa: BLE001  # a kind's own code: named, the rest of the report kept
+                    failed = Check(f"{kind.what}s (re-encoded)")
+                    failed.fail(hook_problem(kind, "reencode_sets", exc))
+                    report.checks.append(failed)
     return report
 
 
@@ -137,7 +150,7 @@ def check_reencode(out: Any, manifest: dict[str, Any], cache: CacheReader, count
 
     settings = manifest.get("settings", {})
     clip_settings = ClipSettings.from_record(settings)
-    spec = options.vae or settings.get("vae_spec")
+    spec = recorded_spec(manifest, options.vae, f"{out}/manifest.json")
     check = Check(f"re-encode {options.reencode} clip(s) with {spec}")
     if not count:
         check.note = "no clips to re-encode"
