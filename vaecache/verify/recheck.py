@@ -11,6 +11,7 @@ from typing import Any, Callable
 import torch
 
 from vaecache.cache.layout import PROBES_DIR
+from vaecache.cache.provenance import IdentityMemo, frames_identity, identity_change
 from vaecache.cache.reader import CacheReader
 from vaecache.cache.store import Store, open_store
 from vaecache.errors import ClipTableError, VaecacheError
@@ -18,7 +19,7 @@ from vaecache.settings.clip import ClipSettings
 from vaecache.settings.commands import VerifyOptions
 from vaecache.settings.dtypes import RECORDED_NAMES, REENCODE_TOLERANCE
 from vaecache.vae.recorded import load_recorded_vae, recorded_spec
-from vaecache.verify.integrity import Check, VerifyReport, check_sources, verify_cache
+from vaecache.verify.integrity import Check, VerifyReport, verify_cache
 
 """Default --reencode tolerance: max abs difference over max abs stored value, per stored dtype. On the
 machine and device that encoded, a deterministic VAE re-encodes to exactly 0 (a thread count other than the
@@ -208,4 +209,53 @@ def check_reencode(out: Any, manifest: dict[str, Any], cache: CacheReader, count
             check.ok()
     check.note = (f"max abs difference {worst_all:.3g}, {worst_relative:.3g} of the stored max (tolerance "
                   f"{tolerance:g}{'' if options.tolerance is not None else ' for ' + dtype_name})")
+    return check
+
+
+def check_sources(cache: CacheReader) -> Check:
+    """Stale latents: each clip record's sources (size, mtime_ns, sha256 where recorded) against the files now.
+    One failure per changed file, naming its scene, what changed and how many clips were encoded from it."""
+    check = Check("sources unchanged since encoded")
+    memos = {False: IdentityMemo(False), True: IdentityMemo(True)}
+    changed: dict[str, list[Any]] = {}
+    unchanged: set[str] = set()
+    stale_clips = unrecorded = 0
+    for record in cache.clip_records():
+        identity = record.get("source_identity")
+        if not isinstance(identity, list):
+            unrecorded += 1
+            continue
+        stale = False
+        files = record.get("frame_files") if isinstance(record.get("frame_files"), dict) else {}
+        for camera, path, recorded in zip(record.get("cameras") or [], record.get("sources") or [], identity):
+            if files.get(camera):  # an image-sequence camera: its identity is that of the clip's own frame files
+                change = identity_change(recorded, frames_identity(files[camera], bool(recorded.get("sha256"))))
+                if change is not None:
+                    changed.setdefault(f"{path} ({camera} of {record.get('id')})",
+                                       [record.get("scene"), record.get("id"), 1, change])
+                    stale = True
+                else:
+                    unchanged.add(f"{path} ({camera} of {record.get('id')})")
+                continue
+            if path in changed:
+                changed[path][2] += 1
+                stale = True
+                continue
+            if path in unchanged:
+                continue
+            change = identity_change(recorded, memos[bool(recorded.get("sha256"))].get(path))
+            if change is None:
+                unchanged.add(path)
+            else:
+                changed[path] = [record.get("scene"), record.get("id"), 1, change]
+                stale = True
+        stale_clips += stale
+    check.ok(len(unchanged))
+    for path, (scene, first, clips, change) in sorted(changed.items()):
+        check.fail(f"scene {scene}: {path}: {change} since it was encoded; {clips} clip(s) stale (first {first})")
+    check.note = (f"{len(changed)} of {len(changed) + len(unchanged)} source file(s) changed since encoding, "
+                  f"{stale_clips} clip(s) with stale latents")
+    if unrecorded:
+        check.note += (f"; {unrecorded} clip record(s) carry no source identity (encoded before vaecache recorded "
+                       "it), not checked")
     return check
