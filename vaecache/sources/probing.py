@@ -136,6 +136,11 @@ def judge_scene(scene: Scene, found: Sequence[CameraProbe | VideoDecodeError],
     every camera needs frame times, and the usable frames are the reference camera's that lie where every camera
     has frames (SceneProbe.first and num_frames). `sync` None: only whether every camera is there and readable
     (`vaecache index`, whose index serves either rule)."""
+    for index, probe in enumerate(found):  # what an index claims is checked before anything is planned from it
+        claimed = probe.claim_problem() if isinstance(probe, CameraProbe) else None
+        if claimed is not None:
+            return SceneProbe(scene.scene_id, error=claimed, error_path=scene.paths[index],
+                              error_camera=scene.cameras[index])
     if (len(found) == 1 == len(scene.paths) and isinstance(found[0], CameraProbe) and scene.frame_range is None
             and scene.time_range is None and (sync is None or sync.mode == "frames")):
         only = found[0]  # one camera, whole video: nothing to compare (the common case of a big index)

@@ -16,7 +16,7 @@ from vaecache.cache.layout import id_problem
 from vaecache.errors import DatasetError, UsageError
 from vaecache.settings.clip import SyncConfig
 from vaecache.video.frames import FrameList
-from vaecache.video.timeline import Timeline
+from vaecache.video.timeline import MAX_FRAMES, Timeline
 
 PROBE_FIELDS: dict[str, type | tuple[type, ...]] = {
     "frames": int, "fps": (int, float), "width": int, "height": int, "codec": str, "size": int, "mtime_ns": int,
@@ -91,7 +91,8 @@ class CameraProbe:
                     and not rotation % 90 and (not timed or end_ns >= start_ns)):
                 return _new_camera_probe(frames, float(fps), width, height, sys.intern(codec), size, mtime_ns, rotation,
                                          start_ns if timed else None, end_ns if timed else None,
-                                         Timeline.from_json(timeline, where) if timeline is not None else None)
+                                         Timeline.from_json(timeline, where, frames) if timeline is not None
+                                         else None)
         except KeyError:
             pass
         for name, kind in PROBE_FIELDS.items():
@@ -110,11 +111,24 @@ class CameraProbe:
         try:
             return cls(raw["frames"], float(raw["fps"]), raw["width"], raw["height"], raw["codec"], raw["size"],
                        raw["mtime_ns"], raw.get("rotation", 0), raw.get("start_ns"), raw.get("end_ns"),
-                       Timeline.from_json(raw["timeline"], where) if "timeline" in raw else None)
+                       Timeline.from_json(raw["timeline"], where, raw["frames"]) if "timeline" in raw else None)
         except DatasetError:
             raise DatasetError(f"{where}: probe values out of range (frames, width, height and size must be "
                                f"positive, fps finite and >= 0, rotation a multiple of 90, start_ns <= end_ns, both "
                                f"or neither): {raw!r:.200}") from None
+
+    def claim_problem(self) -> str | None:
+        """What this probe claims that its file cannot hold, read from the probe alone (an index line's, checked before
+        anything is planned from it): more frames than the file has bytes (a frame takes at least one), more than a
+        timeline may list, a frame rule of another count than the probe's. None for a probe vaecache took."""
+        if self.frames > self.size or self.frames > MAX_FRAMES:
+            return (f"its probe claims {self.frames} frames in a file of {self.size} bytes (a frame takes at least one "
+                    f"byte, and a video at most {MAX_FRAMES} frames): run `vaecache index` again")
+        claimed = self.timeline.claimed_frames() if self.timeline is not None else None
+        if claimed is not None and claimed != self.frames:
+            return (f"its frame index claims {claimed} frames, its probe {self.frames}: run `vaecache index` "
+                    "again")
+        return None
 
     def matches(self, identity: tuple[int, int]) -> bool:
         """Whether a source of this (size, mtime_ns) (vaecache.video.identity.source_stat) is still the one

@@ -268,11 +268,13 @@ class LatentCache:
                     tensors.update(reader.item(record["id"]))
         return LatentItem(record["id"], tensors, record)
 
-    def source_frames(self, key: int | str | dict[str, Any]) -> torch.Tensor:
+    def source_frames(self, key: int | str | dict[str, Any], indexed: bool = True) -> torch.Tensor:
         """A clip's frames as encode saw them: (cameras, 3, T, H, W) float32 in [-1, 1], the same frame indices,
         resize and fit (its bucket's size), decoder backend and value range as the VAE's input and a decoder's
         output: the targets of a pixel loss. Read from the recorded sources; a source whose size, mtime (or sha256,
-        where recorded) differs from what the record says raises SourceChangedError, as its latents are stale."""
+        where recorded) differs from what the record says raises SourceChangedError, as its latents are stale.
+        `indexed`: seek by the frame index the record keeps (`source_timelines`, checked against the file where it
+        decodes); False finds the frames by the video's own packets (what verify --reencode checks the index by)."""
         from vaecache.cache.provenance import frames_identity, identity_change, source_identity
         from vaecache.settings.clip import ClipSettings
         from vaecache.video.backends import backend_for_record
@@ -295,8 +297,9 @@ class LatentCache:
         decoder = ViewDecoder(*size, fit=clip.fit, backend=backend_for_record(settings.get("decoder")),
                               max_pixels=clip.sampling.max_frame_pixels)
         try:
+            timelines = recorded_timelines(record) if indexed else [None] * len(record["cameras"])
             return torch.stack([decoder.decode(source, frames, size, timeline=timeline) for (source, frames), timeline
-                                in zip(recorded_views(record), recorded_timelines(record))])
+                                in zip(recorded_views(record), timelines)])
         finally:
             decoder.close()
 

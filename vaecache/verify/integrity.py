@@ -120,6 +120,7 @@ def verify_cache(out: Any, quick: bool = False, threads: int | None = None, ctx:
 def _verify(store: Any, commits: Any, quick: bool, threads: int | None, ctx: Any,
             on_progress: Callable[[int, int], None] | None, repair: bool) -> VerifyReport:
     from vaecache.verify.sets import check_sets  # it imports Check from here
+    from vaecache.verify.timelines import RecordedCuts
 
     rank, world = (ctx.info.rank, ctx.info.world_size) if ctx is not None else (0, 1)
     manifest_check = Check("manifest")
@@ -154,6 +155,7 @@ def _verify(store: Any, commits: Any, quick: bool, threads: int | None, ctx: Any
     tensor_check = Check("tensors match records")
     value_check = Check("values finite and match stats", skipped=quick)
     failures_check = Check("failures file")
+    cuts_check = Check("recorded frame indexes")
 
     listed = cache.shard_files()
     listed_bytes = sum(int(s.get("bytes") or 0) for s in listed.values())
@@ -173,8 +175,11 @@ def _verify(store: Any, commits: Any, quick: bool, threads: int | None, ctx: Any
     workers = threads or min(8, len(os.sched_getaffinity(0)))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         checks = _ShardChecks(shards, mine, pool, 2 * workers, quick, on_progress)
-        seen = scan_records(cache, clips_check, tensor_check, listed, checks.add)
+        cuts = RecordedCuts(store, cuts_check) if rank == 0 else None
+        seen = scan_records(cache, clips_check, tensor_check, listed, checks.add, cuts.add if cuts else None)
         results = checks.finish(all_records_read=seen.readable)
+    if cuts is not None:
+        cuts.finish()
     if world > 1:
         results = [result for part in ctx.all_gather_object(results) for result in part]
     for result in sorted(results, key=lambda r: r["file"]):
@@ -212,7 +217,8 @@ def _verify(store: Any, commits: Any, quick: bool, threads: int | None, ctx: Any
     }
     declared_check = check_declarations(manifest, seen, listed_count, listed_bytes, len(failures))
     checks = [manifest_check, clips_check, shard_check, orphan_check, tensor_check, value_check, failures_check,
-              declared_check, *check_sets(cache, quick, summary)]
+              declared_check, *([cuts_check] if cuts_check.passed or cuts_check.failed or cuts_check.note else []),
+              *check_sets(cache, quick, summary)]
     if commits.check_name:
         checks.append(_stray_check(stray_check, commits.problems(set(cache.shard_files())), deleted))
     return VerifyReport(str(store.location), complete=True, checks=checks, summary=summary, repaired=deleted)
@@ -245,9 +251,11 @@ class _Seen:
 
 
 def scan_records(cache: CacheReader, check: Check, tensor_check: Check, listed: dict[str, dict[str, Any]],
-                  to_shard: Callable[[str, dict[str, Any]], None]) -> _Seen:
+                  to_shard: Callable[[str, dict[str, Any]], None],
+                  observe: Callable[[dict[str, Any]], None] | None = None) -> _Seen:
     """One streaming pass over the clip records: the table's sha256, order (by id, so a repeated id is the
-    previous one), each record against the manifest; each record is handed to its shard's checks."""
+    previous one), each record against the manifest; each record is handed to its shard's checks (and to
+    `observe`, which checks what the record says of its sources)."""
     seen = _Seen()
     info = cache.manifest.get("clips") or {}
     path = cache.clips_path
@@ -284,6 +292,8 @@ def scan_records(cache: CacheReader, check: Check, tensor_check: Check, listed: 
                 check.fail(f"clip {clip_id}: {problem}")
             else:
                 check.ok()
+                if observe is not None:
+                    observe(record)
             file = f"{SHARDS_DIR}/{record.get('shard')}"
             if problem and record_problem(record):
                 continue  # an id or shard name that could name another file: never followed

@@ -3,23 +3,22 @@ against its source, re-planned and re-encoded with the recorded settings."""
 
 from __future__ import annotations
 
-import re
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from vaecache.cache.layout import PROBES_DIR
 from vaecache.cache.provenance import IdentityMemo, frames_identity, identity_change
 from vaecache.cache.reader import CacheReader
-from vaecache.cache.store import Store, open_store
+from vaecache.cache.store import open_store
 from vaecache.errors import ClipTableError, VaecacheError
 from vaecache.settings.clip import ClipSettings
 from vaecache.settings.commands import VerifyOptions
 from vaecache.settings.dtypes import RECORDED_NAMES, REENCODE_TOLERANCE
 from vaecache.vae.recorded import load_recorded_vae, recorded_spec
 from vaecache.verify.integrity import Check, VerifyReport, verify_cache
+from vaecache.verify.timelines import probe_files
 
 """Default --reencode tolerance: max abs difference over max abs stored value, per stored dtype. On the
 machine and device that encoded, a deterministic VAE re-encodes to exactly 0 (a thread count other than the
@@ -123,21 +122,6 @@ def check_coverage(manifest: dict[str, Any], cache: CacheReader, failures: list[
     return check
 
 
-def probe_files(store: Store, folder: Path) -> list[Path]:
-    """The probe records OUT holds (probes/rank-*.jsonl) as local files: in place in a folder, copied into `folder`
-    from a URL."""
-    pattern = re.compile(rf"{PROBES_DIR}/rank-[0-9]+\.jsonl")
-    names = sorted(name for name in store.listing(PROBES_DIR) if pattern.fullmatch(name))
-    if store.local:
-        return [store.path(name) for name in names]
-    copies = []
-    for name in names:
-        copy = folder / name.rsplit("/", 1)[-1]
-        copy.write_bytes(store.read(name))
-        copies.append(copy)
-    return copies
-
-
 def check_reencode(out: Any, manifest: dict[str, Any], cache: CacheReader, count: int, options: VerifyOptions,
                    ctx: Any = None) -> Check:
     """Decode and re-encode K clips chosen by a seed with the recorded VAE; compare with what is stored."""
@@ -147,7 +131,7 @@ def check_reencode(out: Any, manifest: dict[str, Any], cache: CacheReader, count
     from vaecache.encode.loop import clip_tensors
     from vaecache.planning.clips import Clip
     from vaecache.video.backends import backend_for_record
-    from vaecache.video.dataset import ViewDecoder, recorded_timelines, recorded_views
+    from vaecache.video.dataset import ViewDecoder, recorded_views
 
     settings = manifest.get("settings", {})
     clip_settings = ClipSettings.from_record(settings)
@@ -175,9 +159,8 @@ def check_reencode(out: Any, manifest: dict[str, Any], cache: CacheReader, count
                     tuple(record["frames"]), record.get("fps") or 0.0)
         bucket = record.get("bucket") if isinstance(record.get("bucket"), dict) else None
         size = (bucket["height"], bucket["width"]) if bucket else None
-        try:
-            views = torch.stack([decoder.decode(source, frames, size, timeline=timeline) for (source, frames), timeline
-                                 in zip(recorded_views(record), recorded_timelines(record))])
+        try:  # the frames found by the video's own packets, not by the frame index this verify also checks
+            views = torch.stack([decoder.decode(source, frames, size) for source, frames in recorded_views(record)])
         except VaecacheError as exc:
             results.append((record["id"], None, f"source does not decode any more ({exc})"))
             continue
