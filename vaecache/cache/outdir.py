@@ -62,9 +62,12 @@ class PreparedOut:
     """Clips committed by earlier attempts and kept (their ids went to prepare_out's `committed`)."""
     discarded_files: int
     complete: bool = False
+    """OUT already holds a finished cache made with these settings; it was left untouched (see begin_changes)."""
     damaged: tuple[str, ...] = ()
     """Committed shards found damaged and dropped ("file: problem"): their clips are encoded again."""
-    """OUT already holds a finished cache made with these settings; it was left untouched (see begin_changes)."""
+    rewritten: tuple[str, ...] = ()
+    """Objects of OUT's commit protocol written again from the commit records ("object: why"): a compacted object
+    that disagreed with them or did not read."""
 
     def __post_init__(self) -> None:
         if min(self.attempt, self.committed_clips, self.discarded_files) < 0:

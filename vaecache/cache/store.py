@@ -264,6 +264,8 @@ class ObjectStore(Store):
         self._listed: dict[str, int] | None = None
         """Inside `one_listing`: every object under OUT by name, from one listing, kept up to date with this
         process's own writes and deletes."""
+        self._etags: dict[str, str] = {}
+        """The ETag each object had when last listed, where the store gives one (`listed_etag`)."""
 
     @contextlib.contextmanager
     def one_listing(self, listed: dict[str, int] | None = None) -> Iterator[None]:
@@ -286,9 +288,29 @@ class ObjectStore(Store):
             return {}
         except Exception as exc:
             raise self._error("", "list", exc) from None
+        return self._sizes(found)
+
+    def _sizes(self, found: dict[str, dict[str, Any]]) -> dict[str, int]:
+        """A detailed listing's objects by name with their sizes; the ETags it gives are kept (`listed_etag`)."""
         start = len(self.root) + 1
-        return {path[start:]: int(info.get("size") or 0) for path, info in found.items()
-                if info.get("type", "file") != "directory"}
+        sizes = {}
+        for path, info in found.items():
+            if info.get("type", "file") == "directory":
+                continue
+            name = path[start:]
+            sizes[name] = int(info.get("size") or 0)
+            etag = info.get("ETag") or info.get("etag")
+            if isinstance(etag, str):
+                self._etags[name] = etag.strip('"')
+            else:
+                self._etags.pop(name, None)
+        return sizes
+
+    def listed_etag(self, name: str) -> str | None:
+        """The ETag object `name` had when OUT (or its folder) was last listed; None where the listing gave none or
+        this process wrote or deleted it since. S3 makes it the MD5 of an object's bytes where one PUT wrote them and
+        no KMS key encrypts them: then a copy of the bytes is known to be the object's without a GET."""
+        return self._etags.get(name)
 
     def key(self, name: str) -> str:
         return f"{self.root}/{name}" if name else self.root
@@ -388,9 +410,7 @@ class ObjectStore(Store):
             return {}
         except Exception as exc:
             raise self._error(folder, "list", exc) from None
-        start = len(self.root) + 1
-        return {path[start:]: int(info.get("size") or 0) for path, info in found.items()
-                if info.get("type", "file") != "directory"}
+        return self._sizes(found)
 
     def entries(self) -> set[str]:
         """The names right under OUT's URL (objects and prefixes); FileNotFoundError when neither OUT's prefix nor
@@ -448,6 +468,7 @@ class ObjectStore(Store):
             self._note_written(name, data)
 
     def _note_written(self, name: str, data: bytes) -> None:
+        self._etags.pop(name, None)
         if self._listed is not None:
             self._listed[name] = len(data)
 
@@ -471,6 +492,8 @@ class ObjectStore(Store):
             pass
         except Exception as exc:
             raise self._error(names[0], "delete", exc) from None
+        for name in names:
+            self._etags.pop(name, None)
         for name in names if self._listed is not None else ():
             self._listed.pop(name, None)
 
