@@ -307,14 +307,16 @@ def _quoted(value: Any) -> str:
 
 
 @contextmanager
-def kind_hook(kind: SetKind, hook: str, set_name: str | None = None, item: str | None = None) -> Iterator[None]:
-    """Run a kind's own code (`hook`: its readers, an item, its verify checks): a VaecacheError passes as it is, any
-    other exception becomes a KindHookError naming the kind (and its module), the set and the item."""
+def kind_hook(kind: SetKind, hook: str, set_name: str | None = None, item: str | None = None,
+              passing: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """Run a kind's own code (`hook`: its readers, an item, its verify checks): a VaecacheError (or one of `passing`,
+    what the hook's contract raises: a reader's KeyError for a clip its set lacks) passes as it is, any other exception
+    becomes a KindHookError naming the kind (and its module), the set and the item."""
     from vaecache.errors import KindHookError, VaecacheError
 
     try:
         yield
-    except VaecacheError:
+    except (VaecacheError, *passing):
         raise
     except Exception as exc:  # noqa: BLE001  # a kind's own failure, named in one line
         raise KindHookError(hook_problem(kind, hook, exc, set_name, item)) from exc

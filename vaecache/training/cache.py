@@ -264,7 +264,9 @@ class LatentCache:
         tensors = self.tensors_of(record)
         for kind in self.kinds():
             for name, reader in self.sets()[kind.name].items():
-                with kind_hook(kind, "item", name, f"clip {record['id']}"):
+                with kind_hook(kind, "item", name, f"clip {record['id']}", passing=(KeyError,)):
+                    if self.verify != "none" and hasattr(reader, "check_record"):
+                        reader.check_record(record)  # the item is the clip's own (text: its caption's prompt)
                     tensors.update(reader.item(record["id"]))
         return LatentItem(record["id"], tensors, record)
 
