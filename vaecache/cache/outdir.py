@@ -23,6 +23,7 @@ from vaecache.cache.layout import (
     PROBES_DIR,
     PROGRESS_DIR,
     RUN,
+    SHARD_SUFFIX,
     SHARDS_DIR,
     failures_path,
     probes_path,
@@ -445,8 +446,9 @@ class DiskOut(FolderOut):
         """Nothing to remove."""
 
     # --- verify --------------------------------------------------------------------------------------------------
-    check_name = None
-    """A shard file the manifest does not list is verify's orphan check: no check of the protocol's own."""
+    check_name = "progress lines"
+    """A shard file the manifest does not list is verify's orphan check; this protocol's own is that each shard the
+    manifest lists is still committed by a line of a progress log (as an object store's commit record)."""
 
     def counts(self) -> tuple[int, int]:
         """(committed clips, committed shards) of a run without a manifest."""
@@ -456,8 +458,25 @@ class DiskOut(FolderOut):
         """verify --repair: the stray shard files and temp files, deleted under OUT's lock."""
         return repair_strays(self.folder)
 
-    def problems(self, listed: set[str] | None) -> StrayFindings:
-        return StrayFindings([], 0)
+    def problems(self, listed: set[str] | None) -> StrayFindings | None:
+        """Each shard the finished manifest lists (`listed`) whose progress line is gone (the next encode would take it
+        for a stray, delete it and encode its clips again); None without a manifest (nothing to hold them to). A
+        cache written to an object store and copied here commits by its commit records (progress/commits/)."""
+        if listed is None:
+            return None
+        prefix = f"{SHARDS_DIR}/"
+        listed = {name for name in listed if name.startswith(prefix) and name.endswith(SHARD_SUFFIX)
+                  and "/" not in name[len(prefix):] and not name[len(prefix):].startswith(".")}  # the rest: named
+        claimed = {str(shard.get("file")) for shard in committed_shards(self.folder)}  # by the manifest check
+        commits = self.folder / PROGRESS_DIR / "commits"
+        if commits.is_dir():
+            claimed.update(f"{SHARDS_DIR}/{path.stem}{SHARD_SUFFIX}" for path in commits.glob("*.json"))
+        lost = sorted(listed - claimed)
+        problems = [f"{shard}: listed in the manifest, no progress line commits it any more (the next encode would "
+                    "take it for a stray, delete it and encode its clips again)" for shard in lost]
+        note = ("listed shard(s) lost their progress line: rerun the same encode command to encode their clips again"
+                if lost else None)
+        return StrayFindings(problems, len(listed) - len(lost), note)
 
 
 def _read_only(out: Path) -> bool:

@@ -145,8 +145,9 @@ def _verify(store: Any, commits: Any, quick: bool, threads: int | None, ctx: Any
             clips, shards = commits.counts()
             manifest_check.note = (f"incomplete: no final manifest; {clips} clips in {shards} shards are "
                                    "committed (rerun the same encode command to finish)")
-            if commits.check_name:
-                checks.append(_stray_check(stray_check, commits.problems(None), deleted))
+            found = commits.problems(None) if commits.check_name else None
+            if found is not None:
+                checks.append(_stray_check(stray_check, found, deleted))
         return VerifyReport(str(store.location), complete=False, checks=checks, repaired=deleted)
 
     clips_check = Check("clip records")
@@ -219,8 +220,9 @@ def _verify(store: Any, commits: Any, quick: bool, threads: int | None, ctx: Any
     checks = [manifest_check, clips_check, shard_check, orphan_check, tensor_check, value_check, failures_check,
               declared_check, *([cuts_check] if cuts_check.passed or cuts_check.failed or cuts_check.note else []),
               *check_sets(cache, quick, summary)]
-    if commits.check_name:
-        checks.append(_stray_check(stray_check, commits.problems(set(cache.shard_files())), deleted))
+    found = commits.problems(set(cache.shard_files())) if commits.check_name else None
+    if found is not None:
+        checks.append(_stray_check(stray_check, found, deleted))
     return VerifyReport(str(store.location), complete=True, checks=checks, summary=summary, repaired=deleted)
 
 
