@@ -166,6 +166,27 @@ def test_a_lock_that_is_no_longer_this_job_s_stops_finalize_before_the_manifest(
         out.close()
 
 
+def test_the_locks_release_deletes_only_the_lock_it_read_as_its_own(s3) -> None:
+    """The release deletes with If-Match on the ETag of the lock it read holding its token: a lock put there after
+    that read (another job's, taking over one it found stale) is left in place, where a plain delete removed it."""
+    make_bucket(s3, "lock-release")
+    url = "s3://lock-release/cache"
+    out = ObjectOut(url)
+    try:
+        out.acquire_lock("111")
+        assert out.lock.still_held()  # read: its token, its ETag
+        other = json.dumps({"host": "elsewhere", "pid": 1, "job_id": "222", "token": "theirs"}).encode()
+        s3.pipe("lock-release/cache/.lock", other)  # between that read and the delete
+        out.release_lock()
+        assert s3.cat("lock-release/cache/.lock") == other
+        s3.rm("lock-release/cache/.lock")
+        out.acquire_lock("333")
+        out.release_lock()  # still its own: deleted
+        assert ".lock" not in _objects(s3, url)
+    finally:
+        out.close()
+
+
 def test_the_lock_is_a_conditional_put_and_a_live_holder_refuses_a_second_job(s3, demo_data: Path) -> None:
     make_bucket(s3, "locked")
     url = "s3://locked/cache"
