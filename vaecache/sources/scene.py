@@ -294,6 +294,9 @@ class Skipped:
     path: str | None
     reason: str
     camera: str | None = None
+    incomplete: bool = False
+    """The input is damaged part-way (a WebDataset shard whose members stop before its end): what lies past the damage
+    is listed nowhere, so no failure record accounts for it (verify --dataset names it)."""
 
 
 @dataclass(frozen=True)

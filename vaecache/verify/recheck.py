@@ -117,6 +117,9 @@ def check_coverage(manifest: dict[str, Any], cache: CacheReader, failures: list[
             check.fail(f"clip {clip_id}: in the cache, no longer in the source")
     for clip_id in sorted(missing - failed_clips):
         check.fail(f"clip {clip_id}: in the source, missing from the cache")
+    for damaged in (skip for skip in found.rejected if skip.incomplete):  # its record accounts for no clip past it
+        check.fail(f"{damaged.path}: {damaged.reason}; what lies past the damage is in no clip, and its failure record "
+                   "accounts for none of it: repair or replace the input, then run the encode again")
     check.note = (f"{len(expected)} clips planned from {len(scenes)} scenes; {len(expected & failed_clips)} recorded "
                   f"as failed; {len(skipped)} scenes skipped")
     return check
