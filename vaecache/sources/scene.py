@@ -72,8 +72,10 @@ class CameraProbe:
         return found
 
     @classmethod
-    def from_json(cls, raw: Any, where: str) -> CameraProbe:
-        """Validate one index/cache record; a wrong or missing field is a DatasetError naming `where`."""
+    def from_json(cls, raw: Any, where: str, source: Any = None) -> CameraProbe:
+        """Validate one index/cache record; a wrong or missing field is a DatasetError naming `where`. `source`: the
+        camera's source, where known: one episode of a file (vaecache.video.spans) keeps the file's frame index,
+        bounded by the file's size rather than the episode's frame count."""
         if not isinstance(raw, dict):
             raise DatasetError(f"{where}: a probe must be an object with {', '.join(PROBE_FIELDS)}, got {raw!r:.80}")
         try:  # the common case, checked fast: every field present with its type, nothing else
@@ -91,8 +93,8 @@ class CameraProbe:
                     and not rotation % 90 and (not timed or end_ns >= start_ns)):
                 return _new_camera_probe(frames, float(fps), width, height, sys.intern(codec), size, mtime_ns, rotation,
                                          start_ns if timed else None, end_ns if timed else None,
-                                         Timeline.from_json(timeline, where, frames) if timeline is not None
-                                         else None)
+                                         Timeline.from_json(timeline, where, _bound(frames, size, source))
+                                         if timeline is not None else None)
         except KeyError:
             pass
         for name, kind in PROBE_FIELDS.items():
@@ -111,21 +113,24 @@ class CameraProbe:
         try:
             return cls(raw["frames"], float(raw["fps"]), raw["width"], raw["height"], raw["codec"], raw["size"],
                        raw["mtime_ns"], raw.get("rotation", 0), raw.get("start_ns"), raw.get("end_ns"),
-                       Timeline.from_json(raw["timeline"], where, raw["frames"]) if "timeline" in raw else None)
+                       Timeline.from_json(raw["timeline"], where, _bound(raw["frames"], raw["size"], source))
+                       if "timeline" in raw else None)
         except DatasetError:
             raise DatasetError(f"{where}: probe values out of range (frames, width, height and size must be "
                                f"positive, fps finite and >= 0, rotation a multiple of 90, start_ns <= end_ns, both "
                                f"or neither): {raw!r:.200}") from None
 
-    def claim_problem(self) -> str | None:
+    def claim_problem(self, episode: bool = False) -> str | None:
         """What this probe claims that its file cannot hold, read from the probe alone (an index line's, checked before
         anything is planned from it): more frames than the file has bytes (a frame takes at least one), more than a
-        timeline may list, a frame rule of another count than the probe's. None for a probe vaecache took."""
+        timeline may list, a frame rule of another count than the probe's (for one `episode` of a file, whose index
+        is the file's: fewer than the episode's, or more than the file has bytes). None for a probe vaecache took."""
         if self.frames > self.size or self.frames > MAX_FRAMES:
             return (f"its probe claims {self.frames} frames in a file of {self.size} bytes (a frame takes at least one "
                     f"byte, and a video at most {MAX_FRAMES} frames): run `vaecache index` again")
         claimed = self.timeline.claimed_frames() if self.timeline is not None else None
-        if claimed is not None and claimed != self.frames:
+        if claimed is not None and (claimed < self.frames or claimed > self.size if episode
+                                    else claimed != self.frames):
             return (f"its frame index claims {claimed} frames, its probe {self.frames}: run `vaecache index` "
                     "again")
         return None
@@ -134,6 +139,12 @@ class CameraProbe:
         """Whether a source of this (size, mtime_ns) (vaecache.video.identity.source_stat) is still the one
         probed."""
         return identity == (self.size, self.mtime_ns)
+
+
+def _bound(frames: int, size: int, source: Any) -> int:
+    """The most frames a probe's timeline may claim: its video's frame count, or for one episode of a file (whose
+    timeline is the file's) the file's size in bytes."""
+    return size if isinstance(source, str) and "#from_ns=" in source else frames
 
 
 _PROBE_SLOT_SETTERS = tuple(CameraProbe.__dict__[name].__set__ for name in PROBE_FIELDS)

@@ -99,6 +99,9 @@ class RecordedCuts:
         from vaecache.errors import DatasetError
         from vaecache.video.timeline import Timeline
 
+        if "#from_ns=" in source:  # one episode of a file keeps its probe's cut of the file's index as it is
+            return None if cut == probed[0] else ("its recorded frame index (source_timelines) is not its source's, "
+                                                  "as OUT's probe gives it (the clip table was altered)")
         if self._held is None or self._held[0] != source:
             self._held = (source, Timeline.from_json(probed[0], source, probed[1]))
         try:
