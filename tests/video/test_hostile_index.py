@@ -79,6 +79,25 @@ def test_a_hostile_index_line_fails_its_scene_by_name_and_the_run_goes_on(demo_i
     assert run_cli(["verify", out]).exit_code == 0
 
 
+def test_a_one_camera_line_claiming_what_its_file_cannot_hold_is_skipped_by_name(demo_index: Path, tmp_path: Path,
+                                                                                  run_cli) -> None:
+    """A "path" line (one camera, planned without judging its scene: nothing to compare) is checked alike."""
+    lines = []
+    for line in map(json.loads, demo_index.read_text().splitlines()):
+        probe = line["probe"]["cam_0"]
+        if line["id"] == "scene_001":
+            _rule(probe, count=10**12)
+        lines.append({"id": line["id"], "path": line["cameras"]["cam_0"], "probe": probe})
+    index = tmp_path / "paths.jsonl"
+    index.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out"
+    result = run_cli(["encode", index, "--out", out, *ENCODE_ARGS])
+    assert result.exit_code == 3, result.output
+    (failure,) = read_failures(out)
+    assert failure["scene"] == "scene_001" and failure["path"].endswith("scene_001/cam_0.mp4")
+    assert failure["reason"] == "its frame index claims 1000000000000 frames, its probe 17: run `vaecache index` again"
+
+
 def test_a_frame_rule_past_its_bound_is_damage_found_before_anything_is_listed() -> None:
     text = "v1|0,1024,1000000000000|" + pack(np.array([[0, 0, -1, -1]])) + "||0"
     timeline = Timeline.from_json(text, "here", frames=17)

@@ -58,7 +58,8 @@ def probe_file(path: str | FrameList, frame_rate: float | None = None, held: Hel
                                          "(damaged or truncated?)")
         return CameraProbe(len(reader), fps, width, height, reader.codec, identity[0], identity[1], reader.rotation,
                            times[0] if times else None, times[-1] if times else None,
-                           reader.timeline if isinstance(reader, (VideoReader, SpanReader)) else None)
+                           reader.timeline if isinstance(reader, (VideoReader, SpanReader)) else None,
+                           episode=isinstance(reader, SpanReader))
 
 
 def probe_scene(scene: Scene, sync: SyncConfig = FRAME_SYNC) -> SceneProbe:
@@ -138,9 +139,7 @@ def judge_scene(scene: Scene, found: Sequence[CameraProbe | VideoDecodeError],
     has frames (SceneProbe.first and num_frames). `sync` None: only whether every camera is there and readable
     (`vaecache index`, whose index serves either rule)."""
     for index, probe in enumerate(found):  # what an index claims is checked before anything is planned from it
-        path = scene.paths[index]
-        claimed = (probe.claim_problem(episode=isinstance(path, str) and "#from_ns=" in path)
-                   if isinstance(probe, CameraProbe) else None)
+        claimed = probe.claim_problem() if isinstance(probe, CameraProbe) else None
         if claimed is not None:
             return SceneProbe(scene.scene_id, error=claimed, error_path=scene.paths[index],
                               error_camera=scene.cameras[index])

@@ -289,6 +289,14 @@ class Timeline:
 _PREFIX = f"v{TIMELINE_VERSION}|"
 
 
+def checked_form(raw: Any, where: str) -> str:
+    """`raw` as a probe's `timeline` text, checked by its form only (Timeline.from_json's check, no Timeline built);
+    a wrong form is a DatasetError naming `where`."""
+    if type(raw) is not str or not raw.startswith(_PREFIX) or raw.count("|") != 4:
+        Timeline.from_json(raw, where)  # names the problem
+    return raw
+
+
 def merged(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     """Byte ranges [start, end) sorted, the overlapping and touching ones joined."""
     out: list[tuple[int, int]] = []
