@@ -32,12 +32,10 @@ from vaecache.export.common import (
     staging,
     write_new_file,
 )
+from vaecache.export.musubi_text import MUSUBI_FORMAT_VERSION, musubi_text_set, write_text_cache
 
 if TYPE_CHECKING:
     import torch
-
-MUSUBI_FORMAT_VERSION = "1.0.1"
-"""musubi-tuner's latent cache `format_version` metadata (dataset/cache_io.py, save_latent_cache_common)."""
 
 WAN_LATENTS_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
                     0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)
@@ -412,7 +410,7 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
                     index.add(clip=record["id"], scene=record["scene"], camera=camera, file=f"cache/{name}",
                               item=item, renamed=item != f"{record['scene']}-{camera}")
                 if texts is not None:
-                    written = _write_text_cache(folder, texts, spec, item, record["id"], te_items)
+                    written = write_text_cache(folder, texts, spec, item, record["id"], te_items)
                     files, size = files + bool(written), size + written
                 if item not in linked:
                     linked.add(item)
@@ -470,101 +468,6 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
                      "encode empty prompts; add captions (an index's \"caption\", a <video>.txt beside each video, "
                      "or <scene>/caption.txt) and encode again")
     return ExportSummary(str(target), "musubi", len(cache), files, size, index.renamed, tuple(notes))
-
-
-MUSUBI_TEXT_FAMILY = {"wan": "wan", "hv": "hunyuanvideo", "hv15": "hunyuanvideo-1.5-musubi", "k5": "kandinsky5-musubi",
-                      "fp": "hunyuanvideo"}
-"""The text-set family whose embeddings each musubi architecture's text-encoder cache holds."""
-
-
-def musubi_text_set(cache: Any, spec: MusubiArch, text_set: str, where: Path | str) -> Any:
-    """The TextSet to export as musubi text-encoder caches, or None ("none", or "auto" without exactly one set); an
-    ExportError where musubi keeps no such cache for the architecture or the set is not the family's."""
-    names = cache.text_sets
-    if text_set == "none" or (text_set == "auto" and len(names) != 1):
-        return None
-    name = names[0] if text_set == "auto" else text_set
-    if name not in names:
-        raise ExportError(f"{where}: no text set {name!r} (sets: {', '.join(names) or 'none'})")
-    texts = cache.sets()["text"][name]  # the kind's reader, as LatentCache's items read it
-    if spec.short == "k5" and texts.family == "kandinsky5":
-        raise ExportError(f"{where}: text set {name!r} holds diffusers' Kandinsky 5 conditioning, which is not "
-                          "musubi-tuner's: its kandinsky5/models/text_embedders.py uses the authors' template ('promt "
-                          "engineer'), crop 129 and the caption as given, so its text caches would differ; embed a "
-                          "set with --text-convention musubi (or pass --text-set none)")
-    if spec.short == "hv15" and texts.family == "hunyuanvideo-1.5":
-        raise ExportError(f"{where}: text set {name!r} holds diffusers' HunyuanVideo 1.5 conditioning, which is not "
-                          "musubi-tuner's: its hunyuan_video_1_5_text_encoder.py uses another system-message layout "
-                          "and crop, and ByT5 at 128 tokens with another glyph order, so its text caches would differ; "
-                          "embed a set with --text-convention musubi (or pass --text-set none)")
-    if MUSUBI_TEXT_FAMILY.get(spec.short) != texts.family:
-        raise ExportError(f"{where}: text set {name!r} ({texts.family or 'unknown'} family) cannot be exported for "
-                          f"--arch {spec.short}: musubi-tuner's text caches vaecache writes are Wan's (varlen_t5, "
-                          "from a wan set), HunyuanVideo's (llm and clipL, from a hunyuanvideo set) and HunyuanVideo "
-                          "1.5's and Kandinsky 5's (from sets embedded with --text-convention musubi); pass "
-                          "--text-set none")
-    return texts
-
-
-def _write_text_cache(folder: Path, texts: Any, spec: MusubiArch, item: str, clip: str,
-                      written: dict[str, tuple[str, str]]) -> int:
-    """`cache/<item>_<arch>_te.safetensors` as musubi's save_text_encoder_output_cache_wan writes it
-    (dataset/cache_io.py: `varlen_t5_<dtype>`, the prompt's rows; metadata architecture, caption1, format_version),
-    once per item; an ExportError where two clips of one item have different prompts (musubi keeps one caption
-    per item: it would train one clip on the other's caption). Returns the bytes written (0: already written)."""
-    key = texts.key(clip)
-    if item in written:
-        if written[item][0] != key:
-            raise ExportError(f"musubi item {item}: clips {written[item][1]} and {clip} have different captions in "
-                              f"text set {texts.name!r}; musubi-tuner keeps one caption per item (video), so they "
-                              "cannot be exported together: split the scene, or export without --text-set")
-        return 0
-    data = safetensors_bytes(musubi_text_tensors(spec, texts, clip),
-                             {"architecture": spec.full, "caption1": texts.text(clip),
-                              "format_version": MUSUBI_FORMAT_VERSION})
-    write_new_file(folder / "cache" / f"{item}_{spec.short}_te.safetensors", data)
-    written[item] = (key, clip)
-    return len(data)
-
-
-def musubi_text_tensors(spec: MusubiArch, texts: Any, clip: str) -> dict[str, torch.Tensor]:
-    """A clip's text-encoder cache tensors in musubi's keys (dataset/cache_io.py): Wan's
-    save_text_encoder_output_cache_wan, `varlen_t5_<dtype>` (the prompt's rows); HunyuanVideo's
-    save_text_encoder_output_cache, called for the LLM and for CLIP-L: `llm_<dtype>` (every row of the 256, as its
-    TextEncoder.encode crops them), `llm_mask` (the cropped attention mask, int64 as the tokenizer returns it),
-    `clipL_<dtype>` (the pooled output) and `clipL_mask` (CLIP's attention mask over its 77 tokens); HunyuanVideo
-    1.5's save_text_encoder_output_cache_hunyuan_video_1_5: `varlen_vl_embed_<dtype>` (Qwen2.5-VL's rows trimmed to
-    the mask, as hv_1_5_cache_text_encoder_outputs.py trims them) and `varlen_byt5_embed_<dtype>` (ByT5's rows of the
-    glyph text trimmed to its mask: none where the prompt quotes nothing); Kandinsky 5's
-    save_text_encoder_output_cache_kandinsky5: `text_embeds_<dtype>` (the rows trimmed to the mask),
-    `pooled_embed_<dtype>` (CLIP's pooled output) and `attention_mask` (bool, one per row, as its caching keeps it)."""
-    import torch
-
-    def dtype_name(tensor: torch.Tensor) -> str:
-        return str(tensor.dtype).removeprefix("torch.")
-
-    if spec.short == "wan":
-        rows = texts.rows(clip)
-        return {f"varlen_t5_{dtype_name(rows)}": rows.contiguous()}
-    if spec.short == "fp":  # save_text_encoder_output_cache_framepack, from a HunyuanVideo set
-        from vaecache.export.framepack import framepack_text_tensors
-
-        return framepack_text_tensors(texts, clip)
-    if spec.short == "k5":  # save_text_encoder_output_cache_kandinsky5: the rows, the pooled output, a bool mask
-        rows, pooled = texts.rows(clip), texts.pooled(clip)
-        return {f"text_embeds_{dtype_name(rows)}": rows.contiguous(),
-                f"pooled_embed_{dtype_name(pooled)}": pooled.contiguous(),
-                "attention_mask": torch.ones(rows.shape[0], dtype=torch.bool)}
-    if spec.short == "hv15":
-        rows, glyph = texts.rows(clip), texts.glyph(clip)
-        return {f"varlen_vl_embed_{dtype_name(rows)}": rows.contiguous(),
-                f"varlen_byt5_embed_{dtype_name(glyph)}": glyph.contiguous()}
-    embeds, mask = texts.padded(clip)
-    pooled = texts.pooled(clip)
-    clip_mask = torch.zeros(texts.pooled_length, dtype=torch.int64)
-    clip_mask[:texts.pooled_tokens(clip)] = 1
-    return {f"llm_{dtype_name(embeds)}": embeds.contiguous(), "llm_mask": mask.to(torch.int64),
-            f"clipL_{dtype_name(pooled)}": pooled.contiguous(), "clipL_mask": clip_mask}
 
 
 def _caption(record: dict[str, Any]) -> str:

@@ -137,7 +137,7 @@ def plan_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling:
                 if claimed is not None:
                     skipped.append(Skipped(scene.scene_id, scene.paths[0], claimed, scene.cameras[0]))
                     continue
-                start, stop, fps = 0, cameras[0].frames, cameras[0].fps
+                start, (stop, fps, *_) = 0, cameras[0].geometry()
             else:
                 probe = judge_scene(scene, scene.probed, sampling.sync)  # pure: the index gave the probe
         elif probe is None:
@@ -160,10 +160,9 @@ def plan_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling:
                                    f"too short: {stop - start} usable frames, one clip needs {shortest}"))
             continue
         if len(cameras) == 1:
-            only = cameras[0]
-            key: Any = (only.frames, only.width, only.height, only.rotation)
+            key: Any = cameras[0].geometry()
         else:
-            key = tuple((c.frames, c.width, c.height, c.rotation) for c in cameras)
+            key = tuple(camera.geometry() for camera in cameras)
         geometry = shared.get(key)  # equal tuples stored once, and the size bucket found once per geometry
         if geometry is None:
             expect = tuple((c.frames, c.width, c.height) for c in cameras)

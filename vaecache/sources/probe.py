@@ -98,6 +98,11 @@ class CameraProbe(bytes):
         numbers = PACKED.unpack_from(self)
         return numbers[8] if numbers[_FLAGS] & TIMED else None
 
+    def geometry(self) -> tuple[int, float, int, int, int]:
+        """(frames, fps, width, height, rotation), read at once (what planning asks of every scene)."""
+        frames, fps, width, height, _, _, rotation = PACKED.unpack_from(self)[:7]
+        return frames, fps, width, height, rotation
+
     @property
     def episode(self) -> bool:
         return bool(PACKED.unpack_from(self)[_FLAGS] & EPISODE)
@@ -191,8 +196,12 @@ class CameraProbe(bytes):
         if frames > size or frames > MAX_FRAMES:
             return (f"its probe claims {frames} frames in a file of {size} bytes (a frame takes at least one byte, "
                     f"and a video at most {MAX_FRAMES} frames): run `vaecache index` again")
-        text = self.timeline_text
-        claimed = Timeline._of_text(text).claimed_frames() if text is not None else None
+        start = PACKED.size + numbers[-1]
+        if len(self) <= start:
+            return None
+        rule = self[start:self.find(b"|", start + 3)].split(b"|")[-1]  # `v1|FIRST,STEP,COUNT|...`: its COUNT
+        claimed = int(rule.rsplit(b",", 1)[-1]) if rule.count(b",") == 2 and rule.rsplit(b",", 1)[-1].isdigit() \
+            else None
         if claimed is not None and (claimed < frames or claimed > size if episode else claimed != frames):
             return f"its frame index claims {claimed} frames, its probe {frames}: run `vaecache index` again"
         return None
