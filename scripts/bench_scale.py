@@ -359,12 +359,18 @@ def write_resume_index(path: Path, video: Path, args: argparse.Namespace) -> int
     """An index of the scenes the synthetic progress logs name and a tenth more (work left to do), each giving
     --clips-per-scene windows."""
     from vaecache.sources.probing import probe_file
+    from vaecache.video.timeline import Timeline
 
     probe = probe_file(str(video)).to_json()
+    frames = args.clips_per_scene * RESUME_FRAMES
+    if "timeline" in probe:  # its frame index as long as the line says (an index line's claims must agree)
+        timeline = Timeline.from_json(probe["timeline"], "probe")
+        probe["timeline"] = Timeline((*timeline.pts_rule[:2], frames), None, timeline.keys_packed, timeline.head,
+                                     timeline.rotation).to_json()
     scenes = -(-args.clips * 11 // (10 * args.clips_per_scene))
     with open(path, "w", encoding="utf-8") as handle:
         for i in range(scenes):
-            fields = {**probe, "frames": args.clips_per_scene * RESUME_FRAMES, "mtime_ns": probe["mtime_ns"] + i}
+            fields = {**probe, "frames": frames, "mtime_ns": probe["mtime_ns"] + i}
             handle.write(json.dumps({"id": f"scene_{i:08d}", "path": video.name, "probe": fields},
                                     separators=(",", ":")) + "\n")
     return scenes * args.clips_per_scene

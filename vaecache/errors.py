@@ -113,6 +113,16 @@ class UnsafePathError(ManifestError):
     symlink out) or an id that encode would refuse: nothing outside the cache is ever read."""
 
 
+class KindNotInstalledError(ManifestError):
+    """A cache's manifest records a kind of set that no installed package declares (a `vaecache.kinds` entry point):
+    the message names the kind and the module to install; nothing the manifest names is ever imported."""
+
+
+class KindHookError(VaecacheError):
+    """A set kind's own code (a hook of its declaration: its readers, an item, its verify checks) raised: the
+    message names the kind, the set and the hook, and verify keeps the rest of its report."""
+
+
 class EmptyCacheError(VaecacheError):
     """An encode committed no clip at all; an empty cache is refused, no manifest is written."""
 

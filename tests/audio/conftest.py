@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+import torch
 
 from tests.audio.sound import write_video_with_sound
 
@@ -28,3 +29,18 @@ def cache_with_sound(tmp_path_factory: pytest.TempPathFactory, run_cli: Callable
                       "--no-progress"])
     assert result.exit_code == 0, result.output
     return root / "out"
+
+
+@pytest.fixture(scope="session")
+def audio_vae(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random AutoencoderKLLTX2Audio (diffusers' own class), saved with save_pretrained."""
+    from diffusers import AutoencoderKLLTX2Audio
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLLTX2Audio(base_channels=16, ch_mult=(1, 2, 4), num_res_blocks=1, latent_channels=8,
+                                 mel_bins=64, output_channels=2)
+    vae.latents_mean.copy_(torch.randn(16) * 0.1)
+    vae.latents_std.copy_(torch.rand(16) + 0.5)
+    folder = tmp_path_factory.mktemp("audio-vae") / "audio_vae"
+    vae.save_pretrained(folder)
+    return folder

@@ -19,20 +19,6 @@ from vaecache.audio.mel import MelSpec, clip_mel
 from vaecache.training import LatentCache
 
 
-@pytest.fixture(scope="module")
-def audio_vae(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from diffusers import AutoencoderKLLTX2Audio
-
-    torch.manual_seed(0)
-    vae = AutoencoderKLLTX2Audio(base_channels=16, ch_mult=(1, 2, 4), num_res_blocks=1, latent_channels=8,
-                                 mel_bins=64, output_channels=2)
-    vae.latents_mean.copy_(torch.randn(16) * 0.1)
-    vae.latents_std.copy_(torch.rand(16) + 0.5)
-    folder = tmp_path_factory.mktemp("audio-vae") / "audio_vae"
-    vae.save_pretrained(folder)
-    return folder
-
-
 @pytest.fixture
 def sound_cache(cache_with_sound: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(cache_with_sound, tmp_path / "cache"))
@@ -45,6 +31,12 @@ def test_each_clip_holds_the_audio_vaes_mean_of_its_sound_and_one_without_sound_
     result = run_cli(["embed", sound_cache, "--audio-vae", f"diffusers:{audio_vae}"])
     assert result.exit_code == 0, result.output
     assert "added audio set 'default'" in result.output and "clips without sound: 2 skipped" in result.output
+    first_clips = [clip for clip in LatentCache(sound_cache).ids() if clip.split("/")[1].startswith("000000-")]
+    for clip in first_clips:  # each named, with why
+        assert f"{clip}: skipped: " in result.output and "its audio starts at 0.228000 s" in result.output
+    shown = run_cli(["inspect", sound_cache])
+    assert shown.exit_code == 0, shown.output
+    assert sum(f"  {clip}: skipped: " in shown.output for clip in first_clips) == 2
     manifest = json.loads((sound_cache / "manifest.json").read_text())
     record = manifest["audio"]["default"]
     assert (record["clips"], record["skipped"], record["silenced"]) == (len(list(LatentCache(sound_cache).ids())), 2, 0)
@@ -176,3 +168,24 @@ def test_verify_reencode_cuts_and_encodes_audio_again_and_names_an_altered_item(
     count = len(list(LatentCache(sound_cache).ids()))
     report = run_cli(["verify", sound_cache, "--reencode", str(count), "--quick"])
     assert report.exit_code == 1 and f"audio set default: clip {clip} re-encodes" in report.output, report.output
+
+
+def test_an_audio_camera_the_cache_lacks_is_refused_by_name_before_anything_is_computed(sound_cache: Path,
+                                                                                      audio_vae: Path,
+                                                                                      run_cli: Callable) -> None:
+    before = (sound_cache / "manifest.json").read_bytes()
+    result = run_cli(["embed", sound_cache, "--audio-vae", f"diffusers:{audio_vae}", "--audio-camera", "cam_9"])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert lines == [f"error: --audio-camera cam_9: no clip of {sound_cache} has that camera (cameras: cam_0, cam_1)"]
+    assert (sound_cache / "manifest.json").read_bytes() == before and not (sound_cache / "audio").exists()
+
+
+def test_encode_refuses_an_audio_camera_no_scene_has_before_probing(cache_with_sound: Path, audio_vae: Path,
+                                                                    run_cli: Callable, tmp_path: Path) -> None:
+    result = run_cli(["encode", cache_with_sound.parent / "data", "--out", tmp_path / "out", "--vae", "builtin:tiny",
+                      "--num-frames", "9", "--size", "32x32", "--workers", "0", "--no-progress", "--audio-vae",
+                      f"diffusers:{audio_vae}", "--audio-camera", "cam_9"])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines()[-1].startswith("error: --audio-camera cam_9: no scene of ")
+    assert "(cameras: cam_0, cam_1)" in result.output and not (tmp_path / "out" / "shards").exists()

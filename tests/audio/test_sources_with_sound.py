@@ -62,7 +62,8 @@ def test_the_sound_of_an_object_in_s3_is_cut_by_ranged_reads(s3: Any, tmp_path: 
 
 
 def test_the_sound_of_a_lerobot_episode_is_cut_from_its_file_at_the_episodes_frame_times(tmp_path: Path,
-                                                                                         run_cli: Callable) -> None:
+                                                                                         run_cli: Callable,
+                                                                                         audio_vae: Path) -> None:
     """A LeRobot v3.0 camera file holds episodes one after another: each clip's sound starts at the time of the file
     frame its first frame is (the episode's from_timestamp plus its own time, the frame LeRobotDataset picks), on the
     file's track, cut by sample index from what FFmpeg decodes of the whole file."""
@@ -107,3 +108,20 @@ def test_the_sound_of_a_lerobot_episode_is_cut_from_its_file_at_the_episodes_fra
                            torch.from_numpy(reference[:, first:first + count])), record["id"]
         seen.append(episode)
     assert sorted(set(seen)) == [0, 1] and len(seen) >= 4 and episodes[1] > 0  # the second starts inside the file
+    # and the audio set of those episodes: each clip's sound encoded, the camera its row names the file's
+    from diffusers import AutoencoderKLLTX2Audio
+
+    from vaecache.audio.latents import audio_posterior_mean
+    from vaecache.audio.mel import MelSpec, clip_mel
+
+    embedded = run_cli(["embed", tmp_path / "out", "--audio-vae", f"diffusers:{audio_vae}"])
+    assert embedded.exit_code == 0, embedded.output
+    vae = AutoencoderKLLTX2Audio.from_pretrained(audio_vae).eval()
+    spec = MelSpec.ltx2(dict(vae.config))
+    cache = LatentCache(tmp_path / "out")
+    for record in cache.records():
+        sound = cache.source_audio(record)
+        expected = audio_posterior_mean(vae, clip_mel(sound.samples, sound.rate, spec))[0]
+        assert torch.equal(cache[record["id"]].tensors["audio/default"], expected), record["id"]
+    rows = pq.read_table(tmp_path / "out" / cache.manifest["audio"]["default"]["tables"]["clips"]["file"]).to_pylist()
+    assert {row["camera"] for row in rows} == {CAMERAS[0]} and not any(row["audio"] for row in rows)

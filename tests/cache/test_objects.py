@@ -166,6 +166,27 @@ def test_a_lock_that_is_no_longer_this_job_s_stops_finalize_before_the_manifest(
         out.close()
 
 
+def test_the_locks_release_deletes_only_the_lock_it_read_as_its_own(s3) -> None:
+    """The release deletes with If-Match on the ETag of the lock it read holding its token: a lock put there after
+    that read (another job's, taking over one it found stale) is left in place, where a plain delete removed it."""
+    make_bucket(s3, "lock-release")
+    url = "s3://lock-release/cache"
+    out = ObjectOut(url)
+    try:
+        out.acquire_lock("111")
+        assert out.lock.still_held()  # read: its token, its ETag
+        other = json.dumps({"host": "elsewhere", "pid": 1, "job_id": "222", "token": "theirs"}).encode()
+        s3.pipe("lock-release/cache/.lock", other)  # between that read and the delete
+        out.release_lock()
+        assert s3.cat("lock-release/cache/.lock") == other
+        s3.rm("lock-release/cache/.lock")
+        out.acquire_lock("333")
+        out.release_lock()  # still its own: deleted
+        assert ".lock" not in _objects(s3, url)
+    finally:
+        out.close()
+
+
 def test_the_lock_is_a_conditional_put_and_a_live_holder_refuses_a_second_job(s3, demo_data: Path) -> None:
     make_bucket(s3, "locked")
     url = "s3://locked/cache"
@@ -567,3 +588,48 @@ def test_a_resume_reads_each_process_compacted_object_and_only_the_records_after
         assert s3.cat_file(f"compacting/cache/{commits[1]}") in lines
     finally:
         work.close()
+
+
+def _tamper_final(s3, bucket: str, old: bytes, new: bytes) -> str:
+    """final.jsonl with its first line's `old` made `new`: returns the commit record that line stands for."""
+    key = f"{bucket}/cache/progress/compacted/final.jsonl"
+    lines = s3.cat_file(key).splitlines(keepends=True)
+    assert old in lines[0], lines[0][:300]
+    lines[0] = lines[0].replace(old, new, 1)
+    s3.pipe(key, b"".join(lines))
+    shard = json.loads(lines[0])["shard"]["file"].rsplit("/", 1)[-1]
+    return f"progress/commits/{shard.removesuffix('.safetensors')}.json"
+
+
+@pytest.mark.parametrize("edit", [(b'"fps":10.0', b'"fps":12.5'), (b'"sha256":"', b'"sha256":"0')],
+                         ids=["a-clip-record-changed", "a-wrong-sha256"])
+def test_the_commit_record_is_the_truth_over_a_compacted_line_that_disagrees(
+        s3, demo_data: Path, good_cache: Path, tmp_path: Path, edit: tuple[bytes, bytes]) -> None:
+    """A line of progress/compacted/final.jsonl that is not its commit record's bytes is named by verify, never used
+    (the record is read instead: its listed ETag is not the line's MD5), and the rerun verify points to writes the
+    compacted object again from the records."""
+    bucket = f"disagree-{len(edit[1])}"
+    make_bucket(s3, bucket)
+    url = f"s3://{bucket}/cache"
+    assert _encode_here(url, demo_data, "--shard-size", "1").exit_code == 0
+    record = _tamper_final(s3, bucket, *edit)
+    checked = invoke(["verify", url])
+    assert checked.exit_code == 1, checked.output
+    said = " ".join(checked.output.split())
+    assert f"{record}: its line in progress/compacted/final.jsonl is not the record's" in said
+    assert "rerun the same encode command to write the compacted object again" in said
+
+    again = _encode_here(url, demo_data, "--shard-size", "1")  # the repair verify points to
+    assert again.exit_code == 0, again.output
+    assert "is already complete: nothing to encode" in again.output and "nothing changed" not in again.output
+    assert "repaired: s3://" in again.output and "final.jsonl: rewritten from the commit records" in again.output
+    commits = sorted(name for name in _objects(s3, url) if name.startswith("progress/commits/"))
+    final = s3.cat_file(f"{bucket}/cache/progress/compacted/final.jsonl")
+    assert sorted(final.splitlines()) == sorted(s3.cat_file(f"{bucket}/cache/{name}").strip() for name in commits)
+    assert invoke(["verify", url]).exit_code == 0
+
+    _tamper_final(s3, bucket, *edit)  # and a resume (the manifest gone) reads the record, not the line
+    s3.rm(f"{bucket}/cache/manifest.json")
+    resumed = _encode_here(url, demo_data, "--shard-size", "1")
+    assert resumed.exit_code == 0, resumed.output
+    _same_cache(s3, url, good_cache, tmp_path)

@@ -1,6 +1,8 @@
 """A kind of tensor declared outside vaecache (tests/cache/latent_mean.py) gets everything a built-in kind gets: it
 is embedded, verified (a removed tensor named with every hash recomputed), crash-safe, read by LatentCache in a
-DataLoader's worker processes and exported to WebDataset, with no change under vaecache/."""
+DataLoader's worker processes and exported to WebDataset, with no change under vaecache/. It is read where an
+installed package declares it (a `vaecache.kinds` entry point, tests/cache/installed_kinds.py); what a manifest names
+is never imported (tests/cache/test_kind_imports.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +14,21 @@ import shutil
 import pytest
 import torch
 
+from tests.cache.installed_kinds import child_path, install_kinds
 from tests.conftest import run_vaecache
 from vaecache.training import LatentCache
 
 KIND = ["--kind", "tests.cache.latent_mean", "--shard-size", "1"]  # one clip per shard: three shards
+
+
+@pytest.fixture(autouse=True)
+def installed(tmp_path, monkeypatch):
+    """The package declaring latent-mean installed: on sys.path here (and a spawned DataLoader worker's), on
+    PYTHONPATH for child processes."""
+    site = install_kinds(tmp_path / "site", {"latent-mean": "tests.cache.latent_mean"})
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", child_path(site))
+    return site
 
 
 def files_of(folder):
@@ -42,7 +55,7 @@ def test_a_kind_declared_outside_vaecache_is_embedded_recorded_and_read_by_laten
     assert [sorted(key for key in item.tensors if key.startswith("latent-mean")) for item in loader] == \
         [["latent-mean/default"]] * 3
     checked = run_vaecache("verify", cache, "--json", tmp_path / "report.json")  # another process: it finds the
-    assert checked.returncode == 0, checked.stdout + checked.stderr  # kind by the module the manifest records
+    assert checked.returncode == 0, checked.stdout + checked.stderr  # kind by the installed entry point
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["summary"]["latent-mean_sets"] == ["default"]
     assert [check["failed"] for check in report["checks"] if check["name"] == "latent-mean set default"] == [0]

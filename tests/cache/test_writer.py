@@ -312,8 +312,15 @@ def test_a_clip_record_keeps_a_cut_of_a_constant_rate_timeline_only() -> None:
     constant = Timeline.build(list(range(0, 4800, 100)),
                               [Keyframe(f, f * 100, f * 100, f * 10, f * 10 + 120) for f in range(0, 48, 12)])
     varying = Timeline.build([0, 33, 67, 100, 133, 167], [Keyframe(0, 0, 0, 0, 50)])
-    clip = SimpleNamespace(cameras=("a", "b", "c"), frames=(13, 14, 15), timelines=(constant, varying, None))
+    clip = SimpleNamespace(cameras=("a", "b", "c"), paths=("a.mp4", "b.mp4", "c.mp4"), frames=(13, 14, 15),
+                           timelines=(constant, varying, None))
     assert _source_timelines(clip, {})["source_timelines"] == [constant.for_frames(13, 15).to_json(), None, None]
     synced = _source_timelines(clip, {"camera_frames": {"a": [30, 31, 32]}})["source_timelines"]
     assert synced[0] == constant.for_frames(30, 32).to_json()  # --sync timestamps: the camera's own frames
-    assert _source_timelines(SimpleNamespace(cameras=("b",), frames=(0, 1), timelines=(varying,)), {}) == {}
+    assert _source_timelines(SimpleNamespace(cameras=("b",), paths=("b.mp4",), frames=(0, 1), timelines=(varying,)),
+                             {}) == {}
+    # one episode of a file: its probe's timeline is the file's cut to the episode (file frame numbers), kept as it is
+    episode = constant.for_frames(24, 40)
+    span = SimpleNamespace(cameras=("a",), paths=("f.mp4#from_ns=2400000000&frames=17&fps=10.0",), frames=(0, 1, 2),
+                           timelines=(episode,))
+    assert _source_timelines(span, {})["source_timelines"] == [episode.to_json()]

@@ -157,16 +157,19 @@ def _wait_for_reader(fifo: Path, proc: subprocess.Popen, timeout_s: float = 60) 
 
 
 def test_ctrl_c_during_start_up_is_one_line(demo_data: Path, tmp_path: Path) -> None:
-    # --config on a FIFO holds the CLI in start-up (reading its options, before the encode loop takes
-    # over the signals) for exactly as long as the test wants.
-    fifo = tmp_path / "config.toml"
+    # A --vae python: factory that reads a FIFO holds the CLI in start-up (loading the VAE, before the encode loop
+    # takes over the signals) for exactly as long as the test wants (a --config FIFO is refused at once).
+    fifo = tmp_path / "hold"
     os.mkfifo(fifo)
+    (tmp_path / "held_vae.py").write_text(f"def make():\n    open({str(fifo)!r}).read()\n    raise SystemExit(3)\n")
     out = tmp_path / "out"
     environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "VAECACHE_DEBUG")}
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), environ.get("PYTHONPATH")]))
     # A suite started in the background by a non-interactive shell inherits SIGINT ignored, and Python keeps
     # an ignored SIGINT ignored: give the CLI the default disposition a user's terminal gives it.
     proc = subprocess.Popen([sys.executable, "-m", "vaecache", "encode", str(demo_data), "--out", str(out),
-                             "--config", str(fifo)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             "--vae", "python:held_vae:make", "--num-frames", "9", "--size", "64x64", "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=environ, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     writer = _wait_for_reader(fifo, proc)
     try:

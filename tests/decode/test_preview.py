@@ -175,8 +175,8 @@ def test_decode_of_a_cache_writes_a_playable_grid_and_a_finite_table(good_cache:
     assert not list(tmp_path.glob(".*tmp*"))
 
 
-def test_decode_gives_back_the_frames_encode_read(identity_cache: Path, tmp_path: Path) -> None:
-    report = decode_preview(identity_cache, CLIP, tmp_path / "same.mp4", chunk_frames=2)
+def test_decode_gives_back_the_frames_encode_read(identity_cache: Path, identity_vae: str, tmp_path: Path) -> None:
+    report = decode_preview(identity_cache, CLIP, tmp_path / "same.mp4", chunk_frames=2, vae=identity_vae)
     assert report.latent_key == "mean" and report.size == (32, 48) and report.grid == (64, 96)
     assert [(c.psnr_db, c.ssim) for c in report.cameras] == [(PSNR_CAP_DB, 1.0)] * 2
     frames = _read_mp4(tmp_path / "same.mp4")["frames"]
@@ -189,20 +189,21 @@ def test_a_bucketed_contain_clip_is_read_at_its_bucket_size(demo_data: Path, tmp
                                                             identity_vae: str) -> None:
     out = tmp_path / "cache"
     encode_cli(demo_data, out, "--vae", identity_vae, "--size", "32x48,48x32", "--fit", "contain", "--store", "mean")
-    report = decode_preview(out, CLIP, tmp_path / "bucket.mp4")
+    report = decode_preview(out, CLIP, tmp_path / "bucket.mp4", vae=identity_vae)
     record = LatentCache(out).record(CLIP)
     assert report.size == (record["bucket"]["height"], record["bucket"]["width"])
     assert [(c.psnr_db, c.ssim) for c in report.cameras] == [(PSNR_CAP_DB, 1.0)] * 2  # padding included
 
 
-def test_an_existing_output_is_kept_without_overwrite(identity_cache: Path, tmp_path: Path, run_cli: Any) -> None:
+def test_an_existing_output_is_kept_without_overwrite(identity_cache: Path, identity_vae: str, tmp_path: Path,
+                                                     run_cli: Any) -> None:
     output = tmp_path / "kept.mp4"
     output.write_bytes(b"mine")
-    result = run_cli(["decode", identity_cache, "--clip", CLIP, "-o", output])
+    result = run_cli(["decode", identity_cache, "--clip", CLIP, "-o", output, "--vae", identity_vae])
     assert result.exit_code == 2
     assert result.output.strip() == f"error: {output}: exists; pass --overwrite to replace it"
     assert output.read_bytes() == b"mine"
-    result = run_cli(["decode", identity_cache, "--clip", CLIP, "-o", output, "--overwrite"])
+    result = run_cli(["decode", identity_cache, "--clip", CLIP, "-o", output, "--overwrite", "--vae", identity_vae])
     assert result.exit_code == 0, result.output
     assert len(_read_mp4(output)["frames"]) == 9
 

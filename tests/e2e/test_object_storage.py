@@ -375,7 +375,8 @@ def test_a_long_video_at_a_url_is_read_in_ranges_and_encodes_like_the_file_on_di
     assert len(ranges) > 3  # a header, an index and the GOPs, not one GET of the whole object
 
     # each clip record keeps its source's frame index around its frames: a re-read of the clip (a pixel loss's
-    # targets, verify --reencode, decode) seeks by it, demuxing nothing, and reads the clip's ranges of the object
+    # targets, decode) seeks by it, demuxing nothing, and reads the clip's ranges of the object; verify --reencode
+    # reads its frames by the video's own packets, never by the index it checks
     from vaecache.training import LatentCache
     from vaecache.urls import set_data_storage_options
     from vaecache.video.reader import VideoReader
@@ -391,7 +392,8 @@ def test_a_long_video_at_a_url_is_read_in_ranges_and_encodes_like_the_file_on_di
     def no_index(self: VideoReader) -> None:
         raise AssertionError(f"{self.path} was demuxed to index it")
 
-    monkeypatch.setattr(VideoReader, "_index", no_index)
-    assert torch.equal(LatentCache(tmp_path / "url").source_frames(records[30]["id"]), on_disk)
+    with monkeypatch.context() as patched:
+        patched.setattr(VideoReader, "_index", no_index)
+        assert torch.equal(LatentCache(tmp_path / "url").source_frames(records[30]["id"]), on_disk)
     checked = invoke(["verify", tmp_path / "url", "--reencode", "3", "--seed", "2"])
     assert checked.exit_code == 0, checked.output

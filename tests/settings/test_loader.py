@@ -196,6 +196,56 @@ def test_load_toml_names_a_value_of_the_wrong_type(tmp_path: Path, text: str, ma
         load_toml(path)
 
 
+def _hostile_config(tmp_path: Path, kind: str) -> Path:
+    import os
+
+    path = tmp_path / "hostile.toml"
+    if kind == "fifo":
+        os.mkfifo(path)  # opening it would block until a writer comes
+    elif kind == "device":
+        return Path("/dev/zero")  # never ends
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "latin-1":
+        path.write_bytes('vae = "builtin:tiny"\n# caf\xe9\n'.encode("latin-1"))
+    elif kind == "nested":
+        path.write_text("num-frames = " + "[" * 5000 + "]" * 5000 + "\n")
+    elif kind == "huge":
+        path.write_text("# padding\n" * 200_000)
+    elif kind == "twice":
+        path.write_text("num-frames = 9\nnum_frames = 17\n")
+    elif kind == "twice-in-encode":
+        path.write_text("[encode]\ntimeout = 60\ntimeout_s = 90\n")
+    return path
+
+
+@pytest.mark.parametrize(("kind", "match"), [
+    ("fifo", "--config is not a regular file"),
+    ("device", "--config is not a regular file"),
+    ("folder", "--config is not a regular file"),
+    ("latin-1", r"not valid TOML: not UTF-8 text \(byte 26\)"),
+    ("nested", "arrays or tables nested too deep"),
+    ("huge", "--config is 2000000 bytes, more than 1048576"),
+    ("twice", r"'num-frames' and 'num_frames' in the top level are one setting \(num_frames\) given twice"),
+    ("twice-in-encode", r"'timeout' and 'timeout_s' in \[encode\] are one setting \(timeout_s\) given twice"),
+])
+def test_a_hostile_config_file_is_one_line_and_exit_2_before_anything_is_done(tmp_path: Path, demo_data: Path,
+                                                                              run_cli, kind: str, match: str) -> None:
+    import re
+
+    path = _hostile_config(tmp_path, kind)
+    with pytest.raises(UsageError, match=match):
+        load_toml(path)
+    out = tmp_path / "out"
+    for command in (["encode", demo_data, "--out", out], ["plan", demo_data]):
+        result = run_cli([*command, "--config", path, "--vae", "builtin:tiny", "--num-frames", "9", "--size",
+                          "64x64"])
+        assert result.exit_code == 2, result.output
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {path}: ") and re.search(match, lines[0]), lines
+    assert not out.exists()
+
+
 EXAMPLE_CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.toml"))
 
 

@@ -92,14 +92,30 @@ def test_cameras_choose_and_a_wrong_name_is_refused(v3, tmp_path):
     assert refused.exit_code == 2 and "not video features here" in refused.output
 
 
-def test_an_index_of_a_lerobot_dataset_keeps_each_clip_s_tasks_and_state(v3, tmp_path):
+def test_an_index_of_a_lerobot_dataset_keeps_each_clip_s_tasks_and_state(v3, tmp_path, monkeypatch):
+    """...and each episode's frame index: its camera file's timeline cut to the episode, so a decode worker opens the
+    shared file demuxing nothing (and, at a URL, reads the episode's ranges, not the file)."""
+    from vaecache.video.reader import VideoReader
+    from vaecache.video.timeline import Timeline
+
     index = tmp_path / "index.jsonl"
     assert invoke(["index", v3, "-o", index, "--no-progress"]).exit_code == 0
     line = json.loads(index.read_text().splitlines()[1])
     assert line["lerobot_rows"]["episode"] == 1 and span_of(line["cameras"]["observation.images.top"]) is not None
-    for data, out in ((v3, "direct"), (index, "indexed")):
-        assert invoke(["encode", data, "--out", tmp_path / out, *ENCODE, "--lerobot-state"]).exit_code == 0
+    top = line["probe"]["observation.images.top"]
+    cut = Timeline.from_json(top["timeline"], "line 2", 10**6)
+    assert cut.pts_rule is not None and cut.pts_rule[2] > top["frames"]  # the file's, cut to the episode
+    assert invoke(["encode", v3, "--out", tmp_path / "direct", *ENCODE, "--lerobot-state"]).exit_code == 0
+
+    def demuxed(self):
+        raise AssertionError(f"{self.path} was demuxed to index it")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(VideoReader, "_index", demuxed)
+        indexed = invoke(["encode", index, "--out", tmp_path / "indexed", *ENCODE, "--lerobot-state"])
+    assert indexed.exit_code == 0, indexed.output
     assert_same_tensors(load_tensors(tmp_path / "direct"), load_tensors(tmp_path / "indexed"))
+    assert invoke(["verify", tmp_path / "indexed"]).exit_code == 0
     direct = {r["id"]: r["metadata"] for r in read_clips(tmp_path / "direct")}
     assert direct == {r["id"]: r["metadata"] for r in read_clips(tmp_path / "indexed")}
 

@@ -207,6 +207,10 @@ def test_a_shard_whose_members_do_not_account_for_its_bytes_is_a_recorded_failur
     (failure,) = read_failures(tmp_path / "out")
     assert failure["path"] == str(damaged) and failure["scene"] == "d-0.tar"
     assert f"its members end at byte {stop}" in failure["reason"] and "'b' and any after it" in failure["reason"]
+    coverage = invoke(["verify", tmp_path / "out", "--dataset", shards])  # its record accounts for nothing past it
+    assert coverage.exit_code == 1, coverage.output
+    said = " ".join(coverage.output.split())
+    assert f"{damaged}: its members end at byte {stop}" in said and "what lies past the damage is in no clip" in said
     # cut short inside a member, or bytes after the end-of-archive marker: the same record
     cut = _tar(tmp_path / "cut.tar", members)
     cut.write_bytes(cut.read_bytes()[:len(video) + 1536])

@@ -448,6 +448,15 @@ def test_verify_proves_each_clip_is_linked_to_its_own_caption_and_each_prompt_to
     bad = run_cli(["verify", cache])
     assert bad.exit_code == 1 and f"clip {first} is linked to prompt" in bad.output.replace("\n", " ")
     assert "but its own caption is prompt" in bad.output.replace("\n", " ")
+    # and the readers refuse the remapped item as they read it (one hash of the clip's own caption per item)
+    from vaecache.errors import ManifestError
+    from vaecache.training import LatentDataset
+
+    for reader in (LatentCache(cache), LatentDataset(cache, verify="sha256")):
+        with pytest.raises(ManifestError, match=f"text set 'default': clip {first} is linked to prompt .* but its own "
+                                                "caption is prompt"):
+            reader[0]
+    assert "text/default" in LatentCache(cache)[1].tensors  # a clip still linked to its own caption reads
 
     def edit_text(table):
         texts = table.column("text").to_pylist()
@@ -486,6 +495,10 @@ def test_a_captions_file_set_proves_its_links_from_the_captions_it_keeps_even_on
     report_file = tmp_path / "report.json"
     bad = run_cli(["verify", cache, "--json", report_file])
     assert bad.exit_code == 1 and f"clip {ids[0]} is linked to prompt" in bad.output.replace("\n", " ")
+    from vaecache.errors import ManifestError
+
+    with pytest.raises(ManifestError, match=f"clip {ids[1]} is linked to prompt"):  # from the captions it keeps
+        LatentCache(cache)[ids[1]]
     # a set embedded before the clip table kept captions, its file gone: a note, not a pass in silence
     _rewrite_table(cache, entry, "clips", lambda table: table.drop(["caption"]))
     (cache / "manifest.json").write_text(json.dumps(manifest))

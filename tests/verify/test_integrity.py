@@ -525,3 +525,29 @@ def test_repair_deletes_nothing_when_nothing_readable_says_what_is_committed(cac
     refused = run_cli(["verify", cache_copy, "--repair"])
     assert refused.exit_code == 1 and "no progress log says which shards are committed" in refused.output
     assert sorted(p.name for p in (cache_copy / "shards").iterdir()) == shards
+
+
+def test_a_listed_shard_whose_progress_line_is_gone_is_named_and_the_rerun_encodes_its_clips_again(
+        sharded_cache: Path, demo_data: Path, tmp_path: Path, run_cli: Callable) -> None:
+    """As an object store's verify names a listed shard without its commit record, a folder's names one without its
+    progress line: the next encode would take it for a stray; the rerun verify points to encodes its clips again."""
+    from tests.conftest import ENCODE_ARGS
+
+    cache = Path(shutil.copytree(sharded_cache, tmp_path / "cache"))
+    (log,) = sorted((cache / "progress").glob("rank-*.jsonl"))
+    lines = log.read_bytes().splitlines(keepends=True)
+    assert len(lines) >= 2
+    gone = json.loads(lines[0])["shard"]["file"]
+    log.write_bytes(b"".join(lines[1:]))
+    report_file = tmp_path / "report.json"
+    result = run_cli(["verify", cache, "--json", report_file])
+    assert result.exit_code == 1, result.output
+    (row,) = [check for check in json.loads(report_file.read_text())["checks"] if check["name"] == "progress lines"]
+    assert row["failed"] == 1 and row["passed"] == len(lines) - 1
+    assert row["problems"] == [f"{gone}: listed in the manifest, no progress line commits it any more (the next "
+                               "encode would take it for a stray, delete it and encode its clips again)"]
+    assert "rerun the same encode command to encode their clips again" in row["note"]
+    again = run_cli(["encode", demo_data, "--out", cache, *ENCODE_ARGS, "--shard-size", "50000"])
+    assert again.exit_code == 0, again.output
+    assert run_cli(["verify", cache]).exit_code == 0
+    assert [r["id"] for r in _records(cache)] == [r["id"] for r in _records(sharded_cache)]

@@ -26,6 +26,8 @@ from vaecache.cache.sets import Recomputed, generation_of, loaded_on_every_rank,
 from vaecache.errors import AudioMissingError, UsageError, VaecacheError, VaeSpecError
 
 MISSING_CHOICES = ("skip", "silence")
+NAMED_WITHOUT_SOUND = 10
+"""The clips without sound an audio embed's summary names, with why (`vaecache inspect` lists every one)."""
 AUDIO_VAE_CLASSES = ("AutoencoderKLLTX2Audio",)
 """The audio VAEs vaecache loads (diffusers' classes); MMAudio's (Kandinsky 6) is next."""
 
@@ -153,6 +155,20 @@ def audio_inputs(record: dict[str, Any], camera: str | None) -> str:
          record.get("fps"), record.get("cameras"), camera], sort_keys=True, default=str).encode()).hexdigest()
 
 
+def check_audio_camera(camera: str | None, records: Any, out: Any) -> None:
+    """--audio-camera names a camera of the cache's clips (a UsageError naming it and the cameras there are, before
+    the audio VAE loads and anything is computed)."""
+    if camera is None:
+        return
+    cameras: set[str] = set()
+    for record in records:
+        cameras.update(record.get("cameras") or ())
+        if camera in cameras:
+            return
+    raise UsageError(f"--audio-camera {camera}: no clip of {out} has that camera (cameras: "
+                     f"{', '.join(sorted(cameras)) or 'none'})")
+
+
 class AudioKind(SetKind):
     """Audio latent sets (vaecache.cache.kinds): one item per clip (its tensor named by its clip id), linked to the
     clip by the hash of its sources, frames and rate; a clip left out under `--audio-missing skip` holds none."""
@@ -208,6 +224,8 @@ class AudioJob:
         from vaecache.settings.clip import ClipSettings
 
         self.request, self.device = request, device
+        self.records = {record["id"]: record for record in CacheReader(store).clip_records()}
+        check_audio_camera(request.camera, self.records.values(), store.location)
         loaded = loaded_on_every_rank(ctx, lambda: load_audio_vae(request.audio_vae, device,
                                                                   request.allow_pickle_weights), "audio VAE")
         self.vae = loaded.module
@@ -216,7 +234,6 @@ class AudioJob:
                             "camera": request.camera, "missing": request.missing,
                             "stored": "posterior mean (C, T, F) in the VAE's dtype"}
         same_on_every_rank(ctx, self.fingerprint, "audio VAE")
-        self.records = {record["id"]: record for record in CacheReader(store).clip_records()}
         self.stride = ClipSettings.from_record(manifest.get("settings") or {}).sampling.frame_stride
         self.sources = AudioSources()  # each video's track and frame times, asked once for all its clips
 
@@ -261,6 +278,9 @@ class AudioJob:
         facts: dict[str, Any] = {"camera_asked": self.request.camera or "", "inputs": audio_inputs(
             record, self.request.camera)}
         try:
+            if self.request.camera is not None and self.request.camera not in record["cameras"]:
+                raise AudioMissingError(f"clip {clip} has no camera {self.request.camera!r} (cameras: "
+                                        f"{', '.join(record['cameras'])})")
             sound = record_audio(record, self.stride, self.request.camera, self.sources)
         except AudioMissingError as exc:
             if self.request.missing == "skip":
@@ -274,8 +294,7 @@ class AudioJob:
                                                "rate": self.mel.sample_rate, "first_sample": 0, "samples": count,
                                                "audio": f"silence: {exc}"})
         mean = audio_posterior_mean(self.vae, clip_mel(sound.samples, sound.rate, self.mel))[0].contiguous().cpu()
-        camera = record["cameras"][record["sources"].index(sound.path)]
-        return ComputedItem({clip: mean}, {**facts, **tensor_stats(mean), "camera": camera, "rate": sound.rate,
+        return ComputedItem({clip: mean}, {**facts, **tensor_stats(mean), "camera": sound.camera, "rate": sound.rate,
                                            "first_sample": sound.first_sample, "samples": sound.samples.shape[1],
                                            "audio": ""})
 
@@ -292,7 +311,8 @@ class AudioJob:
         record = {"generation": plan.generation, "fingerprint": plan.fingerprint, "clips": len(facts),
                   "skipped": skipped, "silenced": silenced, "normalization": normalization,
                   "audio_vae": absolute_audio_spec(self.request.audio_vae), **files}
-        return record, {"clips": len(facts), "skipped": skipped, "silenced": silenced}
+        named = sorted((clip, row["audio"]) for clip, row in facts.items() if row.get("audio"))[:NAMED_WITHOUT_SOUND]
+        return record, {"clips": len(facts), "skipped": skipped, "silenced": silenced, "without_sound": named}
 
 
 def check_audio_reencode(cache: Any, count: int, seed: int, device: Any, tolerance: float | None, check_type: type,

@@ -12,6 +12,7 @@ zeros."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -36,6 +37,8 @@ class ClipAudio:
     start_s: float
     """The clip's first frame time the window starts at, in seconds on the container's clock."""
     path: str
+    camera: str = ""
+    """The camera of the clip whose video it is cut from (record_audio), where known."""
 
     @property
     def duration_s(self) -> float:
@@ -248,5 +251,6 @@ def record_audio(record: dict[str, Any], frame_stride: int = 1, camera: str | No
         start = sources.frame_time(span.path, sources.file_frame(span, frames[0]))
     else:
         start = sources.frame_time(path, frames[0])
-    return cut_audio(file_of(path), AudioWindow.of_clip(start, len(frames), float(record["fps"]) / frame_stride))
+    sound = cut_audio(file_of(path), AudioWindow.of_clip(start, len(frames), float(record["fps"]) / frame_stride))
+    return dataclasses.replace(sound, camera=cameras[position])
 

@@ -10,8 +10,16 @@ import io
 import json
 from typing import Any, Callable, TypeVar
 
-from vaecache.cache.kinds import ComputedItem, SetKind, SetOutcome, SetRequest, arrow_type, module_record
-from vaecache.cache.layout import KINDS_RECORD
+from vaecache.cache.kinds import (
+    ComputedItem,
+    SetKind,
+    SetOutcome,
+    SetRequest,
+    arrow_type,
+    module_record,
+    recorded_kinds,
+)
+from vaecache.cache.layout import KINDS_RECORD, MANIFEST
 from vaecache.cache.sets import (
     COMMITS_DIR,
     MAX_OPEN_SET_SHARDS,
@@ -94,8 +102,6 @@ def _survey(store: Any, kind: Any, job: Any, plans: list[Any], manifest: dict[st
     """Rank 0, per plan: how it stands to the listed set (new, unchanged generation, follows, replaced; refused when
     made from other inputs without --replace), the shards already committed (the listed set's, when its generation is
     this one; an interrupted run's records), and the items the listed set holds that need no computing."""
-    from vaecache.cache.layout import MANIFEST
-
     listed = manifest.get(kind.name) or {}
     surveyed: dict[str, Any] = {}
     for plan in plans:
@@ -341,7 +347,7 @@ def _finish(store: Any, kind: Any, job: Any, plans: list[Any], manifest: dict[st
         records[plan.name] = record
         result["record"], result["extra"] = record, extra
     if records:
-        kinds = {**(manifest.get(KINDS_RECORD) or {}), **module_record(kind)}
+        kinds = {**recorded_kinds(manifest, store.where(MANIFEST)), **module_record(kind)}
         updated = {**manifest, kind.name: {**(manifest.get(kind.name) or {}), **records}}
         if kinds:
             updated[KINDS_RECORD] = kinds

@@ -68,30 +68,59 @@ def inspect_cache(out: Path | str, with_failures: bool = False,
                   **{f"{k}_table": v for k, v in tables.items()}},
         "failures": {"count": len(failures), "by_reason": reason_counts(failures),
                      **({"records": failures} if with_failures else {})},
-        "sets": set_summaries(manifest),
+        "sets": set_summaries(manifest, reader.store),
     }
 
 
-def set_summaries(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def set_summaries(manifest: dict[str, Any], store: Any = None) -> dict[str, dict[str, Any]]:
     """Every set the manifest lists, by kind (the built-in ones and those it records; vaecache.cache.kinds) and name:
-    clips, shards and bytes, from the manifest alone (no kind's module is imported)."""
+    clips, shards and bytes, from the manifest alone (no kind's module is imported), and for a kind declared outside
+    vaecache its module and, where no installed package declares it, why its sets cannot be read. With `store`, an
+    audio set's clips without sound are listed with why (from its clip table)."""
+    from vaecache.cache.kinds import not_installed, recorded_kinds
+    from vaecache.cache.layout import AUDIO_DIR
     from vaecache.cache.layout import BUILTIN_SET_KINDS as BUILTIN_MODULES
-    from vaecache.cache.layout import KINDS_RECORD
 
-    declared = manifest.get(KINDS_RECORD) if isinstance(manifest.get(KINDS_RECORD), dict) else {}
+    declared = recorded_kinds(manifest)
     found: dict[str, dict[str, Any]] = {}
     for kind in [*BUILTIN_MODULES, *sorted(declared)]:
         sets = manifest.get(kind)
         if not isinstance(sets, dict) or not sets:
             continue
         found[kind] = {}
+        missing = not_installed(kind, declared[kind]) if kind in declared and kind not in BUILTIN_MODULES else None
         for name, record in sorted(sets.items()):
             record = record if isinstance(record, dict) else {}
             files = [*(record.get("shards") or []), *(record.get("tables") or {}).values()]
             found[kind][name] = {"clips": record.get("clips"), "shards": len(record.get("shards") or []),
                                  "bytes": sum(int(f.get("bytes", 0)) for f in files if isinstance(f, dict)),
-                                 **({"module": declared[kind]} if kind in declared else {})}
+                                 **({"module": declared[kind]} if kind in declared else {}),
+                                 **({"not_installed": missing} if missing else {})}
+            if store is not None and kind == AUDIO_DIR and (record.get("skipped") or record.get("silenced")):
+                found[kind][name]["without_sound"] = clips_without_sound(store, record)
     return found
+
+
+def clips_without_sound(store: Any, record: dict[str, Any]) -> list[dict[str, str]]:
+    """An audio set's clips that hold no sound of their own (skipped, or silence in its place), each with why: its
+    clip table's `audio` column."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    entry = (record.get("tables") or {}).get("clips")
+    file = entry.get("file") if isinstance(entry, dict) else None
+    if not isinstance(file, str):
+        return []
+    from vaecache.errors import ClipTableError, first_line
+
+    try:
+        table = pq.read_table(io.BytesIO(store.read(store.checked_name(file, "audio set"))), columns=["id", "audio"])
+    except (OSError, ValueError, KeyError) as exc:  # pyarrow's errors are these
+        raise ClipTableError(f"{store.where(file)}: the audio set's clip table does not read ({first_line(exc)})") \
+            from None
+    return [{"id": clip, "reason": reason} for clip, reason in zip(table.column("id").to_pylist(),
+                                                                   table.column("audio").to_pylist()) if reason]
 
 
 def inspect_clip(out: Path | str, clip_id: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:

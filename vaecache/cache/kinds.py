@@ -5,21 +5,26 @@ shards split across ranks, commits, resume and repair, rows copied from the set 
 manifest write, the fault hook) is vaecache.cache.embedding.embed_sets, the same for every kind.
 
 The built-in kinds are text (vaecache.text.embed), conditions (vaecache.conditions.embed) and audio
-(vaecache.audio.embed). Another kind is a class
-in any importable module that calls `register(...)` at import; `embed_sets` records that module in the manifest
-(`"kinds": {name: module}`), so verify, LatentCache, the exports, subprocesses and DataLoader workers import it from
-the cache alone. docs/architecture.md walks through tests/cache/latent_mean.py, a kind declared outside the package.
+(vaecache.audio.embed). Another kind is a class that calls `register(...)` at import of its module, and code enters
+from installed packages only: a package declares its kind by a `vaecache.kinds` entry point (`NAME = MODULE` or
+`NAME = MODULE:CLASS`), or the user names the module on the command line (`vaecache embed --kind MODULE`, that run
+only). `embed_sets` records the module in the manifest (`"kinds": {name: module}`), but a reader never imports what a
+manifest names: verify, LatentCache, the exports, subprocesses and DataLoader workers find the kind among the
+installed entry points (by its name, or by the module the manifest records), and a kind no installed package
+declares is one line naming it and the module to install, nothing imported (the rule torch.load(weights_only=True)
+keeps). docs/architecture.md walks through tests/cache/latent_mean.py, a kind declared outside the package.
 """
 
 from __future__ import annotations
 
 import importlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 from vaecache.cache.layout import BUILTIN_SET_KINDS as BUILTIN_MODULES
 from vaecache.cache.layout import KINDS_RECORD
-from vaecache.errors import ManifestError, UsageError
+from vaecache.errors import KindNotInstalledError, ManifestError, UsageError, first_line
 
 COLUMN_TYPES = ("string", "int32", "int64", "float64", "bool", "list<bool>", "list<int32>", "list<float64>")
 
@@ -193,28 +198,137 @@ def register(kind: SetKind) -> SetKind:
     return kind
 
 
-def kind_named(name: str, module: str | None = None) -> SetKind:
-    """The kind `name`, its module imported first (a built-in's, or `module`)."""
+ENTRY_POINT_GROUP = "vaecache.kinds"
+"""The entry-point group by which an installed package declares a kind: `NAME = MODULE` (the module registers the
+kind at import) or `NAME = MODULE:CLASS` (a SetKind subclass, registered when loaded)."""
+MAX_RECORDED_NAME = 200
+"""The longest kind name or module name a manifest's kinds record may hold (a message quotes them)."""
+
+
+def recorded_kinds(manifest: dict[str, Any], where: str = "manifest.json") -> dict[str, str]:
+    """The manifest's record of kinds declared outside vaecache ({kind name: module}; {} where it has none), each
+    name a plain folder name and each module a dotted Python name; a ManifestError naming `where` otherwise."""
+    if KINDS_RECORD not in manifest:
+        return {}
+    recorded = manifest[KINDS_RECORD]
+    if not isinstance(recorded, dict):
+        raise ManifestError(f"{where}: \"{KINDS_RECORD}\" is not an object of kind names and modules, got "
+                            f"{_quoted(recorded)}")
+    for name, module in recorded.items():
+        if not _plain_name(name):
+            raise ManifestError(f"{where}: \"{KINDS_RECORD}\" names kind {_quoted(name)}, not a plain folder name")
+        if not isinstance(module, str) or not _module_name(module):
+            raise ManifestError(f"{where}: \"{KINDS_RECORD}\" gives kind {name!r} the module {_quoted(module)}, not "
+                                "a dotted Python module name")
+    return recorded
+
+
+def installed_kinds() -> dict[str, list[Any]]:
+    """The `vaecache.kinds` entry points of the installed packages, by name (metadata only: nothing imported)."""
+    from importlib.metadata import entry_points
+
+    found: dict[str, list[Any]] = {}
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        held = found.setdefault(point.name, [])
+        if all(other.value != point.value for other in held):  # one package seen twice on sys.path
+            held.append(point)
+    return found
+
+
+def not_installed(name: str, module: str | None) -> str | None:
+    """Why a reader would not read kind `name`'s sets (no installed package declares it), or None: it is built in,
+    registered, or an installed entry point declares it. Metadata only: nothing is imported."""
+    if name in _REGISTERED or name in BUILTIN_MODULES:
+        return None
+    installed = installed_kinds()
+    if name in installed or any(point.module == module for points in installed.values() for point in points):
+        return None
+    return (f"no installed package declares it (a `{ENTRY_POINT_GROUP}` entry point): install the package that "
+            f"provides {module or name} to read these sets; nothing was imported")
+
+
+def kind_named(name: str, module: str | None = None, where: str = "manifest.json") -> SetKind:
+    """The kind `name` a cache holds sets of: one this process has registered, a built-in one, or the one an installed
+    package declares by a `vaecache.kinds` entry point named `name` or pointing at `module` (the module the cache
+    records). Nothing else is imported: a kind no installed package declares is a KindNotInstalledError naming it and
+    `module`."""
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    if name in BUILTIN_MODULES:
+        importlib.import_module(BUILTIN_MODULES[name])
+        return _REGISTERED[name]
+    installed = installed_kinds()
+    points = installed.get(name) or [point for points in installed.values() for point in points
+                                     if module is not None and point.module == module]
+    declared_by = f"module {module}" if module else "no module"
+    if not points:
+        raise KindNotInstalledError(f"{where}: set kind {name!r} ({declared_by}) is declared by no installed "
+                                    f"package: install the package whose `{ENTRY_POINT_GROUP}` entry point declares "
+                                    f"{module or name} to read its sets; nothing was imported")
+    if len(points) > 1:
+        raise ManifestError(f"{where}: set kind {name!r} is declared by {len(points)} installed entry points "
+                            f"({', '.join(sorted(point.value for point in points))}): uninstall all but one")
+    (point,) = points
+    try:
+        loaded = point.load()
+    except Exception as exc:  # noqa: BLE001  # an installed package's own failure, named in one line
+        raise ManifestError(f"{where}: set kind {name!r}: its entry point {point.value} ({ENTRY_POINT_GROUP}) does "
+                            f"not load ({type(exc).__name__}: {first_line(exc)})") from None
+    if isinstance(loaded, type) and issubclass(loaded, SetKind) and loaded.name not in _REGISTERED:
+        register(loaded())
+    elif isinstance(loaded, SetKind) and loaded.name not in _REGISTERED:
+        register(loaded)
     if name not in _REGISTERED:
-        source = BUILTIN_MODULES.get(name) or module
-        if source is None:
-            raise UsageError(f"no set kind {name!r} is declared (kinds: {', '.join(sorted(_REGISTERED)) or 'none'})")
-        try:
-            importlib.import_module(source)
-        except ImportError as exc:
-            raise ManifestError(f"set kind {name!r}: its module {source} does not import ({exc})") from None
-        if name not in _REGISTERED:
-            raise ManifestError(f"set kind {name!r}: its module {source} does not register it")
+        raise ManifestError(f"{where}: set kind {name!r}: its entry point {point.value} ({ENTRY_POINT_GROUP}) does "
+                            "not declare it (no SetKind of that name registered)")
     return _REGISTERED[name]
 
 
-def cache_kinds(manifest: dict[str, Any]) -> list[SetKind]:
+def cache_kinds(manifest: dict[str, Any], where: str = "manifest.json") -> list[SetKind]:
     """Every kind a cache's manifest may hold sets of: the built-in ones, then those it records, in name order."""
-    recorded = manifest.get(KINDS_RECORD) or {}
-    if not isinstance(recorded, dict):
-        raise ManifestError(f"manifest.json: \"{KINDS_RECORD}\" is not an object of kind names and modules")
+    recorded = recorded_kinds(manifest, where)
     names = [*BUILTIN_MODULES, *sorted(name for name in recorded if name not in BUILTIN_MODULES)]
-    return [kind_named(name, recorded.get(name)) for name in names]
+    return [kind_named(name, recorded.get(name), where) for name in names]
+
+
+def _plain_name(name: Any) -> bool:
+    return (isinstance(name, str) and 0 < len(name) <= MAX_RECORDED_NAME and name.isprintable() and "/" not in name
+            and "\\" not in name and not name.startswith("."))
+
+
+def _module_name(module: str) -> bool:
+    return 0 < len(module) <= MAX_RECORDED_NAME and all(part.isidentifier() for part in module.split("."))
+
+
+def _quoted(value: Any) -> str:
+    """A value a manifest holds, quoted for a one-line message (cut short, never its newlines)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+@contextmanager
+def kind_hook(kind: SetKind, hook: str, set_name: str | None = None, item: str | None = None,
+              passing: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """Run a kind's own code (`hook`: its readers, an item, its verify checks): a VaecacheError (or one of `passing`,
+    what the hook's contract raises: a reader's KeyError for a clip its set lacks) passes as it is, any other exception
+    becomes a KindHookError naming the kind (and its module), the set and the item."""
+    from vaecache.errors import KindHookError, VaecacheError
+
+    try:
+        yield
+    except (VaecacheError, *passing):
+        raise
+    except Exception as exc:  # noqa: BLE001  # a kind's own failure, named in one line
+        raise KindHookError(hook_problem(kind, hook, exc, set_name, item)) from exc
+
+
+def hook_problem(kind: SetKind, hook: str, exc: BaseException, set_name: str | None = None,
+                 item: str | None = None) -> str:
+    """What a failing hook of `kind` says: the kind and its module, the hook, the set and the item, the error."""
+    where = "".join([f", {kind.what} {set_name!r}" if set_name is not None else "",
+                     f", {item}" if item is not None else ""])
+    return (f"set kind {kind.name!r} ({type(kind).__module__}): its {hook}{where} raised "
+            f"{type(exc).__name__}: {first_line(exc)}")
 
 
 def set_names(manifest: dict[str, Any], kind: SetKind) -> list[str]:
@@ -265,7 +379,7 @@ class SetRequest:
     def __post_init__(self) -> None:
         if self.shard_bytes < 1:
             raise UsageError(f"--shard-size must be at least 1 byte, got {self.shard_bytes}")
-        if not self.module or not all(part.isidentifier() for part in self.module.split(".")):
+        if not _module_name(self.module):
             raise UsageError(f"--kind must name a Python module (dotted), got {self.module!r}")
 
     def kind(self) -> SetKind:
@@ -281,5 +395,6 @@ class SetRequest:
         return declared[0]
 
 
-__all__ = ["ComputedItem", "SetJob", "SetKind", "SetOutcome", "SetPlan", "SetRequest", "cache_kinds",
-           "kind_named", "register", "set_names"]
+__all__ = ["ENTRY_POINT_GROUP", "ComputedItem", "SetJob", "SetKind", "SetOutcome", "SetPlan", "SetRequest",
+           "cache_kinds", "hook_problem", "installed_kinds", "kind_hook", "kind_named", "not_installed",
+           "recorded_kinds", "register", "set_names"]

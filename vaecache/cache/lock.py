@@ -132,6 +132,8 @@ class ObjectLock:
         self.store = store
         self._token: str | None = None
         self._confirmed = False
+        self._etag: str | None = None
+        """The ETag of the lock as this process last read it holding its token: what its release deletes on."""
 
     def acquire(self, job_id: str | None, alongside: Callable[[], T] | None = None) -> T | None:
         """Take the lock; `alongside`, where given, runs while the lock is read back (a round trip saved) and its
@@ -161,10 +163,11 @@ class ObjectLock:
                     continue  # another job took it over (or it was deleted) first: look again
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="vaecache-lock") as pool:
                 beside = pool.submit(alongside) if alongside is not None else None
-                holder = _holder(self.store.read_if_present(LOCK))
+                found = self.store.read_tagged(LOCK)
+                holder = _holder(found[0]) if found is not None else None
                 if holder is None or holder.get("token") != me["token"]:
                     raise locked_error(self.store.url, where, holder or {})
-                self._token = me["token"]
+                self._token, self._etag = me["token"], found[1] if found is not None else None
                 try:
                     return beside.result() if beside is not None else None
                 except BaseException:
@@ -183,17 +186,29 @@ class ObjectLock:
         in between."""
         if self._token is None:
             return False
-        holder = _holder(self.store.read_if_present(LOCK))
+        found = self.store.read_tagged(LOCK)
+        holder = _holder(found[0]) if found is not None else None
         self._confirmed = holder is not None and holder.get("token") == self._token
+        if self._confirmed and found is not None:
+            self._etag = found[1]
         return self._confirmed
 
     def release(self) -> None:
-        """Delete OUT/.lock if this process holds it (and it is still ours)."""
+        """Delete OUT/.lock if this process holds it (and it is still ours): by a DELETE conditional on the ETag it was
+        read with holding this process's token (If-Match), so a lock another job put there since is never deleted;
+        where the store cannot ask that (or gave no ETag), deleted as read."""
         if self._token is None:
             return
         if self._confirmed or self.still_held():
-            self.store.delete([LOCK])
-        self._token, self._confirmed = None, False
+            try:
+                if self._etag is None:
+                    raise NotImplementedError("no ETag")
+                if not self.store.delete_if(LOCK, self._etag):
+                    log.warning("%s: no longer this job's lock when released (replaced since): left in place",
+                                self.store.where(LOCK))
+            except NotImplementedError:
+                self.store.delete([LOCK])
+        self._token, self._confirmed, self._etag = None, False, None
 
     def holder(self) -> dict[str, Any] | None:
         """Who holds OUT/.lock now (None: nobody)."""

@@ -37,6 +37,7 @@ deleted at the end.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import re
@@ -47,10 +48,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from vaecache.cache.io import whole_lines
+from vaecache.cache.kinds import recorded_kinds
 from vaecache.cache.layout import (
     CLIPS,
     FAILURES,
-    KINDS_RECORD,
     LOCK,
     LOGS_DIR,
     MANIFEST,
@@ -65,7 +66,7 @@ from vaecache.cache.lock import ObjectLock
 from vaecache.cache.outdir import FolderOut, PreparedOut, StrayFindings, begin_changes, prepare_out
 from vaecache.cache.progress import CommittedIds, committed_shards, progress_counts, progress_line_head
 from vaecache.cache.store import ObjectStore
-from vaecache.errors import OutputError, UsageError, VaecacheError
+from vaecache.errors import ManifestError, OutputError, UsageError, VaecacheError
 from vaecache.urls import Url
 
 log = logging.getLogger("vaecache")
@@ -121,6 +122,9 @@ class ObjectOut(FolderOut):
         self.compact_every = COMPACT_EVERY
         self._chunk: list[bytes] = []
         """This process's commit records (their lines) since its last compacted object, in commit order."""
+        self.compaction_problems: list[str] = []
+        """What `pull_records` found wrong with the compacted objects (a line that is not its record's bytes, an object
+        that does not read): the records were used instead, and a rerun of the finished cache rewrites them."""
 
     def where(self, name: str = "") -> Url:
         return self.store.where(name)
@@ -170,7 +174,14 @@ class ObjectOut(FolderOut):
                 self.pull_records(finished=True)
                 prepared = prepare_out(self.work, fingerprint, overwrite, job_id, sources, committed,
                                        allow_other_numerics, extra_numerics, self.shard_problems, lock=False)
-                return prepared if prepared.complete else self.reconcile(prepared)
+                if not prepared.complete:
+                    return self.reconcile(prepared)
+                if self.compaction_problems:  # the records are the truth: the compacted object is made of them again
+                    self.compact_all()
+                    return dataclasses.replace(prepared, rewritten=(
+                        f"{self.where(FINAL_COMPACTED)}: rewritten from the commit records "
+                        f"({self.compaction_problems[0]})",))
+                return prepared
         except BaseException:
             self.release_lock()
             raise
@@ -286,6 +297,11 @@ class ObjectOut(FolderOut):
         if listed is not None:
             strays = [name for name in strays if name.startswith(f"{COMMITS_DIR}/")]
         problems = [_why_stray(name, listed) for name in strays]
+        compacted = Compacted.read(self.store, progress)
+        vouched = compacted.vouched_for(self.store)
+        records = self.store.read_many([name for name in compacted.lines if name in listing and name not in vouched])
+        disagreeing = compacted.disagreements(records)
+        problems += disagreeing
         lost = []
         if listed is not None and not disk_progress_logs(progress):  # a copied disk cache commits in its logs
             claimed = {committed_shard(name) for name in listing}
@@ -295,6 +311,9 @@ class ObjectOut(FolderOut):
         if lost:
             note: str | None = ("listed shard(s) lost their commit record: rerun the same encode command to encode "
                                 "their clips again")
+        elif disagreeing:
+            note = ("the commit records are the truth (a resume reads them instead of such lines): rerun the same "
+                    "encode command to write the compacted object again from them")
         else:
             note = "vaecache verify --repair (or the next encode) deletes them" if problems else None
         return StrayFindings(problems + lost, max(0, len(listing) - len(strays)), note)
@@ -321,10 +340,11 @@ class ObjectOut(FolderOut):
                              "grow it on disk and copy it again, or --overwrite to start over here")
         commits = [name for name in listed if committed_shard(name) is not None]
         failures = [name for name in listed if _FAILURE_LOG.fullmatch(name)]
-        held = {**compacted_records(self.store, [name for name in listed if name.startswith(f"{COMPACTED_DIR}/")]),
-                **(held or {})}
-        contents = self.store.read_many([name for name in commits if name not in held] + failures)
-        contents.update((name, held[name]) for name in commits if name in held)
+        compacted = Compacted.read(self.store, listed)
+        trusted = {**compacted.vouched_for(self.store), **(held or {})}  # this process's own lines, and those whose
+        contents = self.store.read_many([name for name in commits if name not in trusted] + failures)  # ETag agrees
+        self.compaction_problems = compacted.disagreements(contents)
+        contents.update((name, trusted[name]) for name in commits if name in trusted)
         logs: dict[int, list[bytes]] = {}
         for name in commits:  # a rank's commits sort in its commit order: attempt, then sequence
             data = contents.get(name)
@@ -388,8 +408,8 @@ class ObjectOut(FolderOut):
         declared = set()
         try:
             manifest = json.loads(self.store.read_if_present(MANIFEST) or b"{}")
-            declared = {name for name in (manifest.get(KINDS_RECORD) or {}) if isinstance(name, str)}
-        except (ValueError, AttributeError, OutputError):
+            declared = set(recorded_kinds(manifest if isinstance(manifest, dict) else {}))
+        except (ValueError, AttributeError, OutputError, ManifestError):
             pass  # a manifest that does not read records no kind: their folders stay, as anything foreign does
         for name in found:
             if (name in OWNED_ENTRIES or name in declared) and name != LOCK:
@@ -447,24 +467,54 @@ class ObjectOut(FolderOut):
         shutil.rmtree(self.work, ignore_errors=True)
 
 
+@dataclasses.dataclass
+class Compacted:
+    """What OUT's compacted objects hold: commit record name -> (its line, the compacted object holding it), and the
+    objects that do not read as progress lines (skipped: their records are read one by one)."""
+
+    lines: dict[str, tuple[bytes, str]]
+    unreadable: list[str]
+
+    @classmethod
+    def read(cls, store: ObjectStore, listed: Iterable[str]) -> Compacted:
+        """The compacted objects among the names `listed`, read side by side."""
+        names = [name for name in listed if name.startswith(f"{COMPACTED_DIR}/")]
+        found: dict[str, tuple[bytes, str]] = {}
+        unreadable = []
+        for name, data in store.read_many(names).items():
+            lines: dict[str, tuple[bytes, str]] = {}
+            try:
+                for line in data.splitlines(keepends=True):
+                    if not line.startswith(_LINE_HEAD) or not line.endswith(b"\n"):
+                        raise OutputError("not a progress line")
+                    shard, _ = progress_line_head(store.where(name), 0, line)  # type: ignore[arg-type]
+                    lines[commit_name(str(shard["file"]).rsplit("/", 1)[-1])] = (line, name)
+            except (VaecacheError, ValueError, KeyError, TypeError) as exc:
+                log.warning("%s: not a compacted object of commit records (%s); its records are read one by one",
+                            store.where(name), exc)
+                unreadable.append(f"{store.where(name)}: not a compacted object of commit records ({exc})")
+                continue
+            found.update(lines)
+        return cls(found, unreadable)
+
+    def vouched_for(self, store: ObjectStore) -> dict[str, bytes]:
+        """The lines whose record's listed ETag is their MD5 (the record's bytes, known without a GET); every other
+        record is read itself, the records being the truth."""
+        return {name: line for name, (line, _) in self.lines.items()
+                if store.listed_etag(name) == hashlib.md5(line, usedforsecurity=False).hexdigest()}
+
+    def disagreements(self, records: dict[str, bytes]) -> list[str]:
+        """Each compacted line that is not the bytes of its record (`records`: those read), and each compacted object
+        that does not read."""
+        return [*self.unreadable, *(f"{name}: its line in {self.lines[name][1]} is not the record's (the record is "
+                                    "the truth: the line is not used)" for name, data in sorted(records.items())
+                                    if name in self.lines and self.lines[name][0] != data)]
+
+
 def compacted_records(store: ObjectStore, names: list[str]) -> dict[str, bytes]:
     """Commit record name -> its line, from the compacted objects `names` (read side by side). One that does not
     read as progress lines is skipped with a warning: its records are then fetched one by one."""
-    found: dict[str, bytes] = {}
-    for name, data in store.read_many(names).items():
-        lines: dict[str, bytes] = {}
-        try:
-            for line in data.splitlines(keepends=True):
-                if not line.startswith(_LINE_HEAD) or not line.endswith(b"\n"):
-                    raise OutputError("not a progress line")
-                shard, _ = progress_line_head(store.where(name), 0, line)  # type: ignore[arg-type]
-                lines[commit_name(str(shard["file"]).rsplit("/", 1)[-1])] = line
-        except (VaecacheError, ValueError, KeyError, TypeError) as exc:
-            log.warning("%s: not a compacted object of commit records (%s); its records are read one by one",
-                        store.where(name), exc)
-            continue
-        found.update(lines)
-    return found
+    return {name: line for name, (line, _) in Compacted.read(store, names).lines.items()}
 
 
 def check_object_out(store: ObjectStore) -> set[str]:
@@ -507,5 +557,5 @@ def _why_stray(name: str, listed: set[str] | None) -> str:
     return f"{name}: shard object without a commit record (a crash between the shard and its commit)"
 
 
-__all__ = ["COMMITS_DIR", "COMPACTED_DIR", "COMPACT_EVERY", "ObjectOut", "check_object_out", "commit_name",
+__all__ = ["COMMITS_DIR", "COMPACTED_DIR", "COMPACT_EVERY", "Compacted", "ObjectOut", "check_object_out", "commit_name",
            "compacted_records", "committed_shard", "disk_progress_logs", "stray_objects"]

@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 
 from vaecache.cache.differences import describe_differences
 from vaecache.cache.io import AppendLog, atomic_write_bytes, atomic_write_json, read_json
+from vaecache.cache.kinds import recorded_kinds
 from vaecache.cache.layout import (
     BUILTIN_SET_KINDS,
     KINDS_RECORD,
@@ -22,6 +23,7 @@ from vaecache.cache.layout import (
     PROBES_DIR,
     PROGRESS_DIR,
     RUN,
+    SHARD_SUFFIX,
     SHARDS_DIR,
     failures_path,
     probes_path,
@@ -62,9 +64,12 @@ class PreparedOut:
     """Clips committed by earlier attempts and kept (their ids went to prepare_out's `committed`)."""
     discarded_files: int
     complete: bool = False
+    """OUT already holds a finished cache made with these settings; it was left untouched (see begin_changes)."""
     damaged: tuple[str, ...] = ()
     """Committed shards found damaged and dropped ("file: problem"): their clips are encoded again."""
-    """OUT already holds a finished cache made with these settings; it was left untouched (see begin_changes)."""
+    rewritten: tuple[str, ...] = ()
+    """Objects of OUT's commit protocol written again from the commit records ("object: why"): a compacted object
+    that disagreed with them or did not read."""
 
     def __post_init__(self) -> None:
         if min(self.attempt, self.committed_clips, self.discarded_files) < 0:
@@ -122,7 +127,7 @@ def carried_sets(out: Path, recorded: dict[str, Any]) -> dict[str, Any]:
     of them."""
     if (out / MANIFEST).exists():
         manifest = read_json(out / MANIFEST, "manifest")
-        declared = manifest.get(KINDS_RECORD) if isinstance(manifest.get(KINDS_RECORD), dict) else {}
+        declared = recorded_kinds(manifest, str(out / MANIFEST))
         carried = {kind: manifest[kind] for kind in [*BUILTIN_SET_KINDS, *declared]
                    if isinstance(manifest.get(kind), dict) and manifest[kind]}
         if carried and declared:
@@ -141,8 +146,8 @@ def declared_kinds(out: Path) -> list[str]:
             found: Any = read_json(out / name, name)
             for key in where:
                 found = found.get(key) or {}
-            names.update(kind for kind in (found.get(KINDS_RECORD) or {}) if isinstance(kind, str))
-        except (OSError, ValueError, AttributeError, ManifestError):
+            names.update(recorded_kinds(found if isinstance(found, dict) else {}))
+        except (OSError, ValueError, AttributeError, ManifestError):  # a record that does not read names no folder
             continue
     return sorted(name for name in names if "/" not in name and not name.startswith("."))
 
@@ -446,8 +451,9 @@ class DiskOut(FolderOut):
         """Nothing to remove."""
 
     # --- verify --------------------------------------------------------------------------------------------------
-    check_name = None
-    """A shard file the manifest does not list is verify's orphan check: no check of the protocol's own."""
+    check_name = "progress lines"
+    """A shard file the manifest does not list is verify's orphan check; this protocol's own is that each shard the
+    manifest lists is still committed by a line of a progress log (as an object store's commit record)."""
 
     def counts(self) -> tuple[int, int]:
         """(committed clips, committed shards) of a run without a manifest."""
@@ -457,8 +463,25 @@ class DiskOut(FolderOut):
         """verify --repair: the stray shard files and temp files, deleted under OUT's lock."""
         return repair_strays(self.folder)
 
-    def problems(self, listed: set[str] | None) -> StrayFindings:
-        return StrayFindings([], 0)
+    def problems(self, listed: set[str] | None) -> StrayFindings | None:
+        """Each shard the finished manifest lists (`listed`) whose progress line is gone (the next encode would take it
+        for a stray, delete it and encode its clips again); None without a manifest (nothing to hold them to). A
+        cache written to an object store and copied here commits by its commit records (progress/commits/)."""
+        if listed is None:
+            return None
+        prefix = f"{SHARDS_DIR}/"
+        listed = {name for name in listed if name.startswith(prefix) and name.endswith(SHARD_SUFFIX)
+                  and "/" not in name[len(prefix):] and not name[len(prefix):].startswith(".")}  # the rest: named
+        claimed = {str(shard.get("file")) for shard in committed_shards(self.folder)}  # by the manifest check
+        commits = self.folder / PROGRESS_DIR / "commits"
+        if commits.is_dir():
+            claimed.update(f"{SHARDS_DIR}/{path.stem}{SHARD_SUFFIX}" for path in commits.glob("*.json"))
+        lost = sorted(listed - claimed)
+        problems = [f"{shard}: listed in the manifest, no progress line commits it any more (the next encode would "
+                    "take it for a stray, delete it and encode its clips again)" for shard in lost]
+        note = ("listed shard(s) lost their progress line: rerun the same encode command to encode their clips again"
+                if lost else None)
+        return StrayFindings(problems, len(listed) - len(lost), note)
 
 
 def _read_only(out: Path) -> bool:

@@ -280,8 +280,9 @@ def verify_item_sets(cache: Any, kind: Any, quick: bool, check_type: type) -> li
     import pyarrow.parquet as pq
     from safetensors.torch import load as safetensors_load
 
+    from vaecache.cache.kinds import kind_hook
     from vaecache.cache.writer import STATS_RTOL, tensor_stats
-    from vaecache.errors import VaecacheError
+    from vaecache.errors import KindHookError, VaecacheError
 
     sets = cache.manifest.get(kind.name) or {}
     rows = unlisted_set_checks(cache, kind.name, kind.what, sets, check_type)
@@ -313,10 +314,12 @@ def verify_item_sets(cache: Any, kind: Any, quick: bool, check_type: type) -> li
                 clip, shard = row[kind.item_column], row[SHARD_COLUMN_NAME]
                 found = {tensor: value for tensor, value in tensors.get(shard, {}).items()
                          if tensor == clip or tensor.startswith(f"{clip}/")}
-                if kind.left_out(row):
+                with kind_hook(kind, "left_out", name, f"clip {clip}"):
+                    left_out = kind.left_out(row)
+                if left_out:
                     if found:
                         check.fail(f"{cache.store.where(shard)}: holds a tensor for clip {clip}, which its row says "
-                                   f"was left out ({kind.left_out(row)})")
+                                   f"was left out ({left_out})")
                     else:
                         check.ok()
                     continue
@@ -334,11 +337,14 @@ def verify_item_sets(cache: Any, kind: Any, quick: bool, check_type: type) -> li
                         check.fail(f"{cache.store.where(shard)}: clip {clip}'s tensor does not match the statistics "
                                    "its table records (altered, or another clip's)")
                         continue
-                problem = kind.check_item(cache, clip, found, row)
+                with kind_hook(kind, "check_item", name, f"clip {clip}"):
+                    problem = kind.check_item(cache, clip, found, row)
                 if problem:
                     check.fail(f"{cache.store.where(shard)}: clip {clip}: {problem}")
                     continue
                 check.ok()
+        except KindHookError as exc:
+            check.fail(str(exc))
         except (KeyError, TypeError, ValueError, OSError, VaecacheError) as exc:
             check.fail(f"{kind.what} {name}: {type(exc).__name__}: {exc}")
         rows.append(check)

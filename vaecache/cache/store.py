@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Iterator
@@ -24,14 +23,9 @@ from typing import Any, BinaryIO, Iterable, Iterator
 from vaecache.cache import io as cache_io
 from vaecache.cache.io import atomic_write_bytes
 from vaecache.cache.layout import inside, relative_inside
+from vaecache.cache.ranged import SAFETENSORS_DTYPES, RangedShard
 from vaecache.errors import OutputError, ShardHeaderError, UsageError
 from vaecache.urls import Url, location, open_filesystem, storage_problem
-
-SAFETENSORS_DTYPES = ("F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL")
-"""safetensors' dtype names (its format spec) that `RangedShard` reads (as torch dtypes of the same names)."""
-
-MAX_HEADER_BYTES = 100 << 20
-"""safetensors' own limit on a header (its format spec)."""
 
 
 class Store:
@@ -208,45 +202,6 @@ class LocalStore(Store):
             raise ShardHeaderError(f"{path}: safetensors header does not parse ({exc})") from None
 
 
-class RangedShard:
-    """One shard read by byte ranges: its safetensors header once (8-byte length, then the JSON), then each tensor's
-    bytes on request. The subset of safetensors' handle the readers use (``get_tensor``, ``keys``), plus the parsed
-    ``header``."""
-
-    def __init__(self, store: Store, name: str) -> None:
-        self.store, self.name, self.where = store, name, str(store.where(name))
-        try:
-            size = int.from_bytes(store.read_range(name, 0, 8), "little")
-            if not 2 <= size <= MAX_HEADER_BYTES:
-                raise ValueError(f"a header of {size} bytes")
-            header = json.loads(store.read_range(name, 8, 8 + size))
-            if not isinstance(header, dict):
-                raise ValueError("the header is not a JSON object")
-        except (OSError, ValueError) as exc:
-            raise ShardHeaderError(f"{self.where}: safetensors header does not read ({exc})") from None
-        self.header: dict[str, Any] = header
-        self.base = 8 + size
-
-    def keys(self) -> list[str]:
-        return [name for name, info in self.header.items() if name != "__metadata__" and isinstance(info, dict)]
-
-    def get_tensor(self, name: str) -> Any:
-        import torch
-
-        info = self.header.get(name)
-        if not isinstance(info, dict) or info.get("dtype") not in SAFETENSORS_DTYPES:
-            raise KeyError(name)
-        start, end = info["data_offsets"]
-        data = self.store.read_range(self.name, self.base + start, self.base + end)
-        dtype = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                 "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-                 "BOOL": torch.bool}[info["dtype"]]
-        if len(data) != end - start:
-            raise ShardHeaderError(f"{self.where}: {name} is cut short ({len(data)} of {end - start} bytes)")
-        return torch.frombuffer(bytearray(data), dtype=dtype).reshape(info["shape"]) if data else \
-            torch.empty(info["shape"], dtype=dtype)
-
-
 class ObjectStore(Store):
     """OUT at a URL (fsspec; S3 is the one tested, against a real S3-protocol server). Credentials and endpoint come
     the way every S3 tool takes them (the standard AWS environment and config files; ``AWS_ENDPOINT_URL_S3`` or
@@ -264,6 +219,8 @@ class ObjectStore(Store):
         self._listed: dict[str, int] | None = None
         """Inside `one_listing`: every object under OUT by name, from one listing, kept up to date with this
         process's own writes and deletes."""
+        self._etags: dict[str, str] = {}
+        """The ETag each object had when last listed, where the store gives one (`listed_etag`)."""
 
     @contextlib.contextmanager
     def one_listing(self, listed: dict[str, int] | None = None) -> Iterator[None]:
@@ -286,9 +243,29 @@ class ObjectStore(Store):
             return {}
         except Exception as exc:
             raise self._error("", "list", exc) from None
+        return self._sizes(found)
+
+    def _sizes(self, found: dict[str, dict[str, Any]]) -> dict[str, int]:
+        """A detailed listing's objects by name with their sizes; the ETags it gives are kept (`listed_etag`)."""
         start = len(self.root) + 1
-        return {path[start:]: int(info.get("size") or 0) for path, info in found.items()
-                if info.get("type", "file") != "directory"}
+        sizes = {}
+        for path, info in found.items():
+            if info.get("type", "file") == "directory":
+                continue
+            name = path[start:]
+            sizes[name] = int(info.get("size") or 0)
+            etag = info.get("ETag") or info.get("etag")
+            if isinstance(etag, str):
+                self._etags[name] = etag.strip('"')
+            else:
+                self._etags.pop(name, None)
+        return sizes
+
+    def listed_etag(self, name: str) -> str | None:
+        """The ETag object `name` had when OUT (or its folder) was last listed; None where the listing gave none or
+        this process wrote or deleted it since. S3 makes it the MD5 of an object's bytes where one PUT wrote them and
+        no KMS key encrypts them: then a copy of the bytes is known to be the object's without a GET."""
+        return self._etags.get(name)
 
     def key(self, name: str) -> str:
         return f"{self.root}/{name}" if name else self.root
@@ -388,9 +365,7 @@ class ObjectStore(Store):
             return {}
         except Exception as exc:
             raise self._error(folder, "list", exc) from None
-        start = len(self.root) + 1
-        return {path[start:]: int(info.get("size") or 0) for path, info in found.items()
-                if info.get("type", "file") != "directory"}
+        return self._sizes(found)
 
     def entries(self) -> set[str]:
         """The names right under OUT's URL (objects and prefixes); FileNotFoundError when neither OUT's prefix nor
@@ -448,6 +423,7 @@ class ObjectStore(Store):
             self._note_written(name, data)
 
     def _note_written(self, name: str, data: bytes) -> None:
+        self._etags.pop(name, None)
         if self._listed is not None:
             self._listed[name] = len(data)
 
@@ -471,6 +447,8 @@ class ObjectStore(Store):
             pass
         except Exception as exc:
             raise self._error(names[0], "delete", exc) from None
+        for name in names:
+            self._etags.pop(name, None)
         for name in names if self._listed is not None else ():
             self._listed.pop(name, None)
 
@@ -520,6 +498,34 @@ class ObjectStore(Store):
             if not_implemented(exc):
                 raise NotImplementedError(storage_problem(exc)) from None
             raise self._error(name, "write", exc) from None
+        return True
+
+
+    def delete_if(self, name: str, etag: str) -> bool:
+        """DELETE object `name` only if it is still the one read with `etag` (S3's DeleteObject If-Match); False when
+        it is not (replaced or gone). NotImplementedError where the client cannot ask it (a filesystem without
+        s3fs's request call)."""
+        call = getattr(self.fs, "_call_s3", None)
+        if call is None:
+            raise NotImplementedError(f"{type(self.fs).__name__} cannot delete conditionally")
+        from fsspec.asyn import sync
+
+        bucket, _, key = self.key(name).partition("/")
+        try:
+            sync(self.fs.loop, call, "delete_object", Bucket=bucket, Key=key, IfMatch=etag)
+        except FileNotFoundError:
+            return False
+        except Exception as exc:
+            if precondition_failed(exc):
+                return False
+            if not_implemented(exc):
+                raise NotImplementedError(storage_problem(exc)) from None
+            raise self._error(name, "delete", exc) from None
+        finally:
+            self.fs.invalidate_cache(self.key(name))
+        self._etags.pop(name, None)
+        if self._listed is not None:
+            self._listed.pop(name, None)
         return True
 
 

@@ -413,12 +413,13 @@ def _source_timelines(clip: ClipLike, reading: dict[str, Any]) -> dict[str, Any]
         return {}
     per_camera = reading.get("camera_frames") or {}
     found: list[str | None] = []
-    for camera, timeline in zip(clip.cameras, timelines):
+    for camera, path, timeline in zip(clip.cameras, clip.paths, timelines):
         frames = per_camera.get(camera) or clip.frames
         cut = None
         if timeline is not None and timeline.pts_rule is not None:  # a packed frame list is kept whole: not per clip
-            try:
-                cut = timeline.for_frames(frames[0], frames[-1]).to_json()
+            try:  # one episode of a file keeps the file's index cut to the episode (its file frames): kept as it is
+                cut = (timeline.to_json() if isinstance(path, str) and "#from_ns=" in path
+                       else timeline.for_frames(frames[0], frames[-1]).to_json())
             except ValueError:  # damaged: its decode failed already, naming it
                 cut = None
         found.append(cut)

@@ -173,6 +173,13 @@ def embed(
         if left:
             console.print(escape("  clips without sound: " + ", ".join(f"{count} {what}" for what, count in
                                                                         left.items())), soft_wrap=True)
+        named = outcome.extra.get("without_sound") or []
+        for clip, reason in named:
+            console.print(escape(f"    {clip}: {reason}"), soft_wrap=True)
+        more = sum(left.values()) - len(named)
+        if more > 0:
+            console.print(escape(f"    ... and {more} more (vaecache inspect {outcome.extra.get('out')} lists them)"),
+                          soft_wrap=True)
 
 
 def _print_condition_summary(summary) -> None:

@@ -130,7 +130,10 @@ def encode(
         tell_launcher(stopped, summary.exit_code)
     elif is_rank0:
         if summary.already_complete:
-            console.print(f"{escape(str(summary.out))} is already complete: nothing to encode, nothing changed")
+            console.print(f"{escape(str(summary.out))} is already complete: nothing to encode"
+                          + ("" if summary.rewritten else ", nothing changed"))
+        for rewritten in summary.rewritten:
+            console.print(f"[yellow]repaired:[/yellow] {escape(rewritten)}", soft_wrap=True)
         if summary.repaired:
             console.print(f"[yellow]repaired:[/yellow] {len(summary.repaired)} damaged shard(s) dropped and their "
                           f"clips encoded again ({escape('; '.join(summary.repaired[:3]))})", soft_wrap=True)

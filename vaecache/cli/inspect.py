@@ -45,6 +45,10 @@ def _summary_lines(info: dict[str, Any]) -> list[str]:
             lines.append(f"{kind} set {name}: {facts['clips']} clips, {facts['shards']} shard(s), "
                          f"{human_bytes(facts['bytes'])}" + (f" (declared by {facts['module']})"
                                                              if facts.get("module") else ""))
+            for left in facts.get("without_sound") or []:
+                lines.append(f"  {left['id']}: {left['reason']}")
+            if facts.get("not_installed"):
+                lines.append(f"  {kind} is not read: {facts['not_installed']}")
     return lines
 
 

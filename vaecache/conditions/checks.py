@@ -168,7 +168,7 @@ def check_condition_reencode(cache: Any, count: int, seed: int, device: Any, tol
         return []
     rows = []
     latents = LatentCache(cache.store, verify="none")
-    spec = vae_spec or (cache.manifest.get("settings") or {}).get("vae_spec")
+    spec = vae_spec
     loaded: dict[str, Any] = {}  # the cache's VAE, loaded once for every latent kind
     for kind in sorted(sets):
         check = check_type(f"re-encode {count} clip(s) of condition set {kind}")
@@ -185,7 +185,7 @@ def check_condition_reencode(cache: Any, count: int, seed: int, device: Any, tol
         recomputed = Recomputed(check, limit)
         for clip in random.Random(seed).sample(clips, min(count, len(clips))):
             try:
-                frames = latents.source_frames(clip)
+                frames = latents.source_frames(clip, indexed=False)  # not by the index verify checks
             except VaecacheError as exc:
                 check.fail(f"condition set {kind}: clip {clip}: its sources do not decode as recorded ({exc})")
                 continue
@@ -212,8 +212,9 @@ def _encoder(kind: str, entry: dict[str, Any], cache: Any, spec: str | None, dev
             raise VaecacheError(f"the image encoder at {image.spec} is not the recorded one ({'; '.join(differs[:3])})")
         return lambda frames, clip: image.features(frames)
     if "vae" not in loaded:
-        from vaecache.vae.recorded import load_recorded_vae
+        from vaecache.vae.recorded import load_recorded_vae, recorded_spec
 
+        spec = recorded_spec(cache.manifest, spec, cache.store.where("manifest.json"))
         loaded["vae"] = load_recorded_vae(cache.store.location, cache.manifest, spec, device,
                                           allow_pickle_weights=allow_pickle_weights).pipeline_encode()
     runner = loaded["vae"]

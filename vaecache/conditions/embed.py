@@ -95,15 +95,15 @@ class ConditionJob:
     def __init__(self, request: ConditionRequest, store: Any, manifest: dict[str, Any], ctx: Any,
                  device: Any) -> None:
         from vaecache.training import LatentCache
-        from vaecache.vae.recorded import load_recorded_vae
+        from vaecache.vae.recorded import load_recorded_vae, recorded_spec
 
         self.request, self.manifest, self.device = request, manifest, device
         if any(kind in LATENT_KINDS for kind in request.kinds):
             check_condition_vae(manifest.get("vae") or {}, str(store.where(MANIFEST)), request.kinds, request.pipeline)
         self.pipeline = condition_pipeline(manifest.get("vae") or {}, request.pipeline)
-        spec = request.vae or (manifest.get("settings") or {}).get("vae_spec")
         self.vae = self.image = None
         if any(kind in LATENT_KINDS for kind in request.kinds):
+            spec = recorded_spec(manifest, request.vae, store.where(MANIFEST))
             self.vae = loaded_on_every_rank(ctx, lambda: load_recorded_vae(
                 store.location, manifest, spec, device, allow_pickle_weights=request.allow_pickle_weights),
                 "VAE").pipeline_encode()

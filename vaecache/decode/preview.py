@@ -265,11 +265,11 @@ class ClipDecoder:
         from vaecache.distributed.context import resolve_device
         from vaecache.settings.clip import ClipSettings
         from vaecache.vae.latent_decode import decode_mode
-        from vaecache.vae.recorded import load_recorded_vae
+        from vaecache.vae.recorded import load_recorded_vae, recorded_spec
         from vaecache.video.backends import backend_for_record
 
         self.settings, self.manifest = settings, manifest
-        self.spec = settings.vae or (manifest.get("settings") or {}).get("vae_spec")
+        self.spec = recorded_spec(manifest, settings.vae, f"{out}/manifest.json")
         self.device = resolve_device(settings.device)
         vae = load_recorded_vae(out, manifest, self.spec, self.device,
                                 allow_pickle_weights=settings.allow_pickle_weights)

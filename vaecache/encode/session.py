@@ -112,6 +112,7 @@ def _prepare_and_encode(run: EncodeRun, preparation: Preparation, feed: DecodeFe
         summary.wall_s = time.perf_counter() - run.started
         summary.left_out_cameras = start.left_out_cameras
         summary.repaired = list(prepared.damaged)
+        summary.rewritten = list(prepared.rewritten)
         for name in summary.empty_buckets if rank == 0 else ():
             log.warning("bucket %s is empty: no scene was assigned to it", name)
         if summary.stopped:

@@ -142,6 +142,11 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
                                                            source.nuscenes_version, source.columns,
                                                            source.lerobot_state, source.storage_options))
     sampling = dataclasses.replace(sampling, sync=found.resolved_sync(sampling.sync))
+    camera = request.audio.camera if request.audio.vae is not None else None
+    if camera is not None and found.scenes and not any(camera in scene.cameras for scene in found.scenes):
+        cameras = sorted({name for scene in found.scenes for name in scene.cameras})
+        raise UsageError(f"--audio-camera {camera}: no scene of {source.location} has that camera (cameras: "
+                         f"{', '.join(cameras)})")
     recorded = request.out_ready() if request.out_ready is not None else Recorded()
     rank = ctx.info.rank if ctx is not None else 0
     threads = thread_budget(request.device, request.ranks_on_node, request.decode.workers, recorded.cpu_threads,

@@ -39,6 +39,8 @@ class EncodeSummary:
     """The signal that stopped this rank early (the cache is resumable, not complete)."""
     repaired: list[str] = field(default_factory=list)
     """Committed shards found damaged at start-up ("file: problem"), dropped and their clips encoded again."""
+    rewritten: list[str] = field(default_factory=list)
+    """Objects of OUT's commit protocol written again from the commit records ("object: why")."""
     left_out_cameras: dict[str, int] = field(default_factory=dict)
     """Cameras some scenes have that the chosen camera set does not encode -> how many scenes have each."""
     already_complete: bool = False

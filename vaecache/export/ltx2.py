@@ -106,6 +106,7 @@ def export_ltx2(cache_dir: Any, target: Path, audio_set: str = "auto", verify: s
     from vaecache.training import LatentCache
 
     cache = LatentCache(cache_dir, verify=verify, storage_options=storage_options)
+    cache.kinds()  # a kind of set no installed package declares is refused before anything is written
     family = (cache.manifest.get("vae") or {}).get("family")
     if family != FAMILY:
         raise ExportError(f"{cache.out}: its VAE is {family or 'unrecorded'}; LTX-2's trainer trains on the latents "

@@ -372,6 +372,7 @@ def export_musubi(cache_dir: Path | str, target: Path, arch: str | None = None, 
     from vaecache.training import LatentCache
 
     cache = LatentCache(cache_dir, verify=verify, storage_options=storage_options)  # a folder or a URL
+    cache.kinds()  # a kind of set no installed package declares is refused before anything is written
     vae = cache.manifest.get("vae") or {}
     stored = (cache.manifest.get("latent") or {}).get("store") or []
     first = cache.record(0) if len(cache) else {}

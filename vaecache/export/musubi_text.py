@@ -135,5 +135,5 @@ def musubi_text_tensors(spec: MusubiArch, texts: Any, clip: str) -> dict[str, to
             f"clipL_{dtype_name(pooled)}": pooled.contiguous(), "clipL_mask": clip_mask}
 
 
-__all__ = ["MUSUBI_TEXT_FAMILIES", "check_clip_tokenization", "musubi_text_set", "musubi_text_tensors",
-           "write_text_cache"]
+__all__ = ["MUSUBI_FORMAT_VERSION", "MUSUBI_TEXT_FAMILIES", "check_clip_tokenization", "musubi_text_set",
+           "musubi_text_tensors", "write_text_cache"]

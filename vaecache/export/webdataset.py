@@ -105,9 +105,9 @@ def export_webdataset(cache_dir: Path | str, target: Path, verify: str = "size",
     if energon == "on" and not energon_available():
         raise ExportError("--energon on: Megatron-Energon is not installed (pip install 'vaecache[energon]')")
     cache = LatentCache(cache_dir, verify=verify, storage_options=storage_options)  # a folder or a URL
-    from vaecache.cache.kinds import cache_kinds, module_record
+    from vaecache.cache.kinds import kind_hook, module_record
 
-    kinds = [(kind, list(cache.sets()[kind.name].values())) for kind in cache_kinds(cache.manifest)]
+    kinds = [(kind, list(cache.sets()[kind.name].values())) for kind in cache.kinds()]
     kinds = [(kind, readers) for kind, readers in kinds if readers]
     declared = {name: module for kind, _ in kinds for name, module in module_record(kind).items()}
     size = 0
@@ -136,9 +136,12 @@ def export_webdataset(cache_dir: Path | str, target: Path, verify: str = "size",
                 extra = {**record, "latent_shape": shape}
                 sample = {"__key__": key, "latents.safetensors": data}
                 for kind, readers in kinds:  # each set's stored tensors; decode_sample rebuilds the item's
-                    extra[kind.summary_key()] = {reader.name: reader.export_facts(record["id"]) for reader in readers}
-                    stored = {name: tensor for reader in readers
-                              for name, tensor in reader.export_tensors(record["id"]).items()}
+                    facts, stored = {}, {}
+                    for reader in readers:
+                        with kind_hook(kind, "export", reader.name, f"clip {record['id']}"):
+                            facts[reader.name] = reader.export_facts(record["id"])
+                            stored.update(reader.export_tensors(record["id"]))
+                    extra[kind.summary_key()] = facts
                     sample[kind.member()] = safetensors_bytes(stored, {"clip": record["id"]})
                     size += len(sample[kind.member()])
                 if declared:
@@ -183,17 +186,23 @@ def decode_sample(sample: dict[str, Any]) -> dict[str, Any]:
     parsed (Energon's default decoder)."""
     from safetensors.torch import load
 
-    from vaecache.cache.kinds import BUILTIN_MODULES, kind_named
+    from vaecache.cache.kinds import BUILTIN_MODULES, kind_hook, kind_named, recorded_kinds
+    from vaecache.cache.layout import KINDS_RECORD
 
     record = dict(sample["json"]) if isinstance(sample["json"], dict) else json.loads(sample["json"])
     shape = record.pop("latent_shape", None)
-    declared = record.pop("set_kinds", None) or {}
+    where = f"sample {str(sample.get('__key__'))[:80]!r}"
+    # a sample names the kinds it holds as a manifest does: only built-in and installed ones are read (nothing the
+    # sample names is imported)
+    declared = recorded_kinds({KINDS_RECORD: record.pop("set_kinds")} if "set_kinds" in record else {}, where)
     texts: dict[str, Any] = {}  # text/<set>, text_mask/<set>, condition/<kind>, ...: as LatentCache gives them
-    for name in [*BUILTIN_MODULES, *sorted(declared)]:
-        kind = kind_named(name, declared.get(name))
+    for name in [*BUILTIN_MODULES, *sorted(set(declared) - set(BUILTIN_MODULES))]:
+        kind = kind_named(name, declared.get(name), where)
         facts = record.pop(kind.summary_key(), None)
         if facts:
-            texts.update(kind.decode(load(sample[kind.member()]), facts))
+            stored = load(sample[kind.member()])
+            with kind_hook(kind, "decode", item=where):
+                texts.update(kind.decode(stored, facts))
     return {"__key__": sample["__key__"], **load(sample["latents.safetensors"]), **texts, "record": record,
             "latent_shape": tuple((key, tuple(dims)) for key, dims in sorted((shape or {}).items()))}
 

@@ -122,8 +122,7 @@ def plan_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling:
 
     With `sizes` ((H, W) buckets) every clip carries its Bucket: the scene's size is the one nearest in log
     aspect to its cameras' displayed sizes (buckets.nearest_size), its lengths those scene_lengths gives."""
-    usable: list[tuple[Scene, int, float, tuple[tuple[int, int, int], ...], tuple[tuple[int, int], ...],
-                       Sequence[CameraProbe]]] = []
+    usable = PlannedScenes()
     counts, stops, size_index = array("q"), array("q"), array("H")
     skipped: list[Skipped] = []
     shared: dict[Any, Any] = {}  # per camera geometry: (expect, displayed, size index)
@@ -134,7 +133,11 @@ def plan_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling:
         if probe is None and scene.probed is not None:
             if len(scene.probed) == 1 and scene.frame_range is None and scene.time_range is None and not by_time:
                 cameras = scene.probed  # judge_scene has nothing to compare: skip building its SceneProbe
-                start, stop, fps = 0, cameras[0].frames, cameras[0].fps
+                claimed = cameras[0].claim_problem()  # but what the index claims is checked, as judge_scene does
+                if claimed is not None:
+                    skipped.append(Skipped(scene.scene_id, scene.paths[0], claimed, scene.cameras[0]))
+                    continue
+                start, (stop, fps, *_) = 0, cameras[0].geometry()
             else:
                 probe = judge_scene(scene, scene.probed, sampling.sync)  # pure: the index gave the probe
         elif probe is None:
@@ -157,10 +160,9 @@ def plan_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling:
                                    f"too short: {stop - start} usable frames, one clip needs {shortest}"))
             continue
         if len(cameras) == 1:
-            only = cameras[0]
-            key: Any = (only.frames, only.width, only.height, only.rotation)
+            key: Any = cameras[0].geometry()
         else:
-            key = tuple((c.frames, c.width, c.height, c.rotation) for c in cameras)
+            key = tuple(camera.geometry() for camera in cameras)
         geometry = shared.get(key)  # equal tuples stored once, and the size bucket found once per geometry
         if geometry is None:
             expect = tuple((c.frames, c.width, c.height) for c in cameras)
@@ -174,12 +176,67 @@ def plan_clips(scenes: Sequence[Scene], probes: dict[str, SceneProbe], sampling:
                                    frame_budget_problem(camera.width, camera.height, sampling.max_frame_pixels),
                                    scene.cameras[geometry[3]]))
             continue
-        usable.append((scene, start, fps, geometry[0], geometry[1], cameras))  # the probes: a reference, no copy
+        usable.add(scene, start, fps, geometry, cameras)  # the probes: a reference, no copy
         counts.append(count)
         stops.append(stop)
         size_index.append(geometry[2])
-    return PlannedClips(tuple(usable), counts, sampling, sizes=tuple(sizes) if sizes else None, stops=stops,
+    return PlannedClips(usable, counts, sampling, sizes=tuple(sizes) if sizes else None, stops=stops,
                         size_index=size_index), skipped
+
+
+class PlannedScenes(Sequence[tuple[Any, ...]]):
+    """The usable scenes of a plan, column by column: entry `position` is (scene, first usable frame, fps, each
+    camera's (frames, width, height), each camera's displayed (width, height), the cameras' probes), built when
+    asked for. A plan of a million scenes holds a reference, two numbers and a geometry number per scene (about 30
+    bytes) where a tuple per scene took about 100."""
+
+    def __init__(self) -> None:
+        self._scenes: list[Scene] = []
+        self._starts, self._fps, self._geometry = array("q"), array("d"), array("I")
+        self._geometries: list[tuple[Any, Any]] = []
+        self._geometry_of: dict[int, int] = {}  # id of a shared geometry tuple -> its number
+        self._cameras: list[Sequence[CameraProbe] | None] = []
+        """The probes judge_scene kept, where they are not the scene's own `probed` (None: they are)."""
+
+    def add(self, scene: Scene, start: int, fps: float, geometry: tuple[Any, ...],
+            cameras: Sequence[CameraProbe]) -> None:
+        number = self._geometry_of.get(id(geometry))
+        if number is None:  # plan_clips shares one geometry tuple per camera geometry: stored once
+            number = self._geometry_of[id(geometry)] = len(self._geometries)
+            self._geometries.append((geometry[0], geometry[1], geometry))  # the tuple kept: its id stays its own
+        self._scenes.append(scene)
+        self._starts.append(start)
+        self._fps.append(fps)
+        self._geometry.append(number)
+        self._cameras.append(None if cameras is scene.probed else cameras)
+
+    def __len__(self) -> int:
+        return len(self._scenes)
+
+    @overload
+    def __getitem__(self, position: int) -> tuple[Any, ...]: ...
+
+    @overload
+    def __getitem__(self, position: slice) -> Sequence[tuple[Any, ...]]: ...
+
+    def __getitem__(self, position: int | slice) -> Any:
+        if isinstance(position, slice):
+            return [self[i] for i in range(*position.indices(len(self)))]
+        scene = self._scenes[position]
+        expect, displayed, _ = self._geometries[self._geometry[position]]
+        cameras = self._cameras[position]
+        return (scene, self._starts[position], self._fps[position], expect, displayed,
+                scene.probed if cameras is None else cameras)
+
+    def scene(self, position: int) -> Scene:
+        return self._scenes[position]
+
+    def start(self, position: int) -> int:
+        return self._starts[position]
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        for position in range(len(self)):
+            yield self[position]
 
 
 @dataclass(frozen=True)
@@ -242,7 +299,7 @@ class PlannedClips(Sequence[Clip]):
     scene), never the whole list. `with_done(mask)` is the same sequence less the clips already committed
     (one bit per planned clip); `without(ids)` the same from clip ids."""
 
-    def __init__(self, scenes: tuple[tuple[Any, ...], ...], counts: array, sampling: SamplingConfig,
+    def __init__(self, scenes: PlannedScenes, counts: array, sampling: SamplingConfig,
                  sizes: tuple[tuple[int, int], ...] | None = None, stops: array | None = None,
                  size_index: array | None = None, done: DoneMask | None = None) -> None:
         self._scenes, self._sampling = scenes, sampling
@@ -292,7 +349,7 @@ class PlannedClips(Sequence[Clip]):
     def locator(self) -> Callable[[str], int | None]:
         """A function giving the position of a clip id in the whole plan (committed clips included), None for
         a clip not planned. It holds a scene id -> position table: drop it when done."""
-        positions = {scene.scene_id: position for position, (scene, *_) in enumerate(self._scenes)}
+        positions = {self._scenes.scene(position).scene_id: position for position in range(len(self._scenes))}
         # the span (last - first + 1) tells the frame bucket: spans of distinct lengths differ
         by_span = {self._sampling.for_length(n).span: i for i, n in enumerate(self._sampling.lengths)}
         steps = [self._sampling.for_length(n).step for n in self._sampling.lengths]
@@ -309,7 +366,7 @@ class PlannedClips(Sequence[Clip]):
                     for part, count in self._parts(position):
                         parts[part] = (at, count)
                         at += count
-                last[0], last[1] = scene_id, (self._scenes[position][1], parts) if parts is not None else None
+                last[0], last[1] = scene_id, (self._scenes.start(position), parts) if parts is not None else None
             return last[1]
 
         def locate(clip_id: str) -> int | None:
@@ -334,12 +391,12 @@ class PlannedClips(Sequence[Clip]):
         """(frame bucket index, window count) of the scene at `position` (recomputed: nothing stored per clip)."""
         if len(self._sampling.lengths) == 1:
             return ((0, self._window_counts[position]),)
-        return scene_lengths(self._stops[position] - self._scenes[position][1], self._sampling)
+        return scene_lengths(self._stops[position] - self._scenes.start(position), self._sampling)
 
     def views_per_clip(self) -> int | None:
         """The camera count of every scene when they all have the same (a discovered dataset's do), else None."""
         if self._uniform_views is _UNKNOWN:
-            counts = {len(scene.cameras) for scene, *_ in self._scenes}
+            counts = {len(self._scenes.scene(position).cameras) for position in range(len(self._scenes))}
             self._uniform_views = counts.pop() if len(counts) == 1 else None
         return self._uniform_views  # type: ignore[return-value]
 
@@ -372,7 +429,7 @@ class PlannedClips(Sequence[Clip]):
         table = {bucket: [0, 0] for row in self._buckets for bucket in row}
         for bucket, position, count in self.bucket_parts():
             table[bucket][0] += count
-            table[bucket][1] += count * len(self._scenes[position][0].cameras)
+            table[bucket][1] += count * len(self._scenes.scene(position).cameras)
         return [(bucket, clips, views) for bucket, (clips, views) in table.items()]
 
     def scene_geometry(self, position: int) -> tuple[Scene, tuple[tuple[int, int], ...]]:
@@ -389,14 +446,14 @@ class PlannedClips(Sequence[Clip]):
 
     def scene_at(self, position: int) -> tuple[Scene, int]:
         """The scene at `position` in plan order and the clips it gives here (committed clips left out)."""
-        return self._scenes[position][0], self._ends[position] - (self._ends[position - 1] if position else 0)
+        return self._scenes.scene(position), self._ends[position] - (self._ends[position - 1] if position else 0)
 
     def views(self) -> int:
         """Views of the clips still to encode (a clip has one per camera)."""
         uniform = self.views_per_clip()
         if uniform is not None:
             return len(self) * uniform
-        return sum(self.scene_at(p)[1] * len(scene.cameras) for p, (scene, *_) in enumerate(self._scenes))
+        return sum(count * len(scene.cameras) for scene, count in map(self.scene_at, range(len(self._scenes))))
 
     def _scene_clips(self, position: int) -> list[Clip]:
         scene, start, fps, expect, displayed, cameras = self._scenes[position]
@@ -437,7 +494,7 @@ class PlannedClips(Sequence[Clip]):
         position = bisect.bisect_right(self._ends, lo)
         at_clip = self._ends[position - 1] if position else 0  # todo index of the scene's first clip
         while at_clip < hi:
-            views = len(self._scenes[position][0].cameras)
+            views = len(self._scenes.scene(position).cameras)
             at = self._planned_ends[position] - self._window_counts[position]
             for length, count in self._parts(position):
                 left = count - self._committed(at, count)

@@ -69,19 +69,51 @@ CLIP_FIELDS = frozenset(f.name for f in dataclasses.fields(ClipSettings)) - {
     "sampling", "height", "width", "size_buckets", "cameras"}
 
 
-def load_toml(path: Path, command: str = ENCODE) -> dict[str, Any]:
-    """A config file's settings by field name, in layers: the top level, then `[encode]`, then `[plan]` when the
-    command is plan (a later layer wins), each key checked against the option table."""
+MAX_CONFIG_BYTES = 1 << 20
+"""The largest --config file read: settings, not data (a larger file is refused before it is read)."""
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """A --config file's TOML, read with the care a captions file gets: a regular file (a FIFO would block, /dev/zero
+    never end, a folder not read), at most MAX_CONFIG_BYTES, UTF-8, nested no deeper than the parser can go. Anything
+    else is a UsageError naming the file and the problem."""
+    import stat
+
     try:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise UsageError(f"{path}: --config is not a regular file (a folder, a pipe or a device)")
+        if info.st_size > MAX_CONFIG_BYTES:
+            raise UsageError(f"{path}: --config is {info.st_size} bytes, more than {MAX_CONFIG_BYTES} (a settings file "
+                             "is small: is it the right file?)")
         with open(path, "rb") as handle:
-            raw = tomllib.load(handle)
+            data = handle.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise UsageError(f"{path}: config file not found") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read the config file ({exc.strerror or exc})") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise UsageError(f"{path}: --config grew past {MAX_CONFIG_BYTES} bytes while it was read")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not valid TOML: not UTF-8 text (byte {exc.start})") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise UsageError(f"{path}: not valid TOML for settings: arrays or tables nested too deep") from None
+
+
+def load_toml(path: Path, command: str = ENCODE) -> dict[str, Any]:
+    """A config file's settings by field name, in layers: the top level, then `[encode]`, then `[plan]` when the
+    command is plan (a later layer wins), each key checked against the option table; one setting given twice in one
+    table (`num-frames` and `num_frames`) is refused."""
+    raw = read_config(path)
     for name in COMMANDS:
         if name in raw and not isinstance(raw[name], dict):
-            raise UsageError(f"{path}: {name} must be a table ([{name}]) of settings, got {raw[name]!r}")
+            raise UsageError(f"{path}: {name} must be a table ([{name}]) of settings, got {raw[name]!r:.80}")
     layers = {None: {key: value for key, value in raw.items() if key not in COMMANDS}}
     layers.update((name, raw[name]) for name in COMMANDS if name in raw)
     values: dict[str, Any] = {}
@@ -89,9 +121,15 @@ def load_toml(path: Path, command: str = ENCODE) -> dict[str, Any]:
         unknown = sorted(key for key in layer if option_named(key) is None)
         if unknown:
             raise UsageError(unknown_keys_message(unknown, str(path)))
+        spelled: dict[str, str] = {}
         for key, value in layer.items():
             option = option_named(key)
             assert option is not None
+            if option.setting in spelled:
+                table = f"[{name}]" if name else "the top level"
+                raise UsageError(f"{path}: {spelled[option.setting]!r} and {key!r} in {table} are one setting "
+                                 f"({option.setting}) given twice: keep one")
+            spelled[option.setting] = key
             check_toml_value(option, value, str(path))
             if name in (None, ENCODE, command):
                 values[option.setting] = value

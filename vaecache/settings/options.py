@@ -272,8 +272,9 @@ def check_toml_value(option: Option, value: Any, where: str) -> None:
     """A TOML value of the type the option takes (a bool is never a number, a list holds its item type)."""
     allowed = option.toml_types
     if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-        raise UsageError(f"{where}: {option.setting} = {value!r} must be {' or '.join(t.__name__ for t in allowed)}")
+        kinds = " or ".join(t.__name__ for t in allowed)
+        raise UsageError(f"{where}: {option.setting} = {value!r:.80} must be {kinds}")
     if (isinstance(value, list) and option.toml_items is not None
             and not all(type(v) is option.toml_items for v in value)):
         item = option.toml_items.__name__
-        raise UsageError(f"{where}: {option.setting} = {value!r} must be {item} or a list of {item}")
+        raise UsageError(f"{where}: {option.setting} = {value!r:.80} must be {item} or a list of {item}")

@@ -229,7 +229,7 @@ def scenes_from_index(index: Path, options: SourceOptions) -> LayoutScenes:
             probed = None
             if probed_line:
                 if mapping is None:
-                    probed = (CameraProbe.from_json(record["probe"], f"{name_of_index}:{lineno}"),)
+                    probed = (CameraProbe.from_json(record["probe"], f"{name_of_index}:{lineno}", paths[0]),)
                 else:
                     probed = _parse_probe(record["probe"], names, mapping, f"{name_of_index}:{lineno}")
             metadata = None if metadata_keys.issuperset(record) else metadata_text(record)
@@ -441,7 +441,7 @@ def _parse_probe(raw: Any, names: tuple[str, ...], mapping: dict[str, Any],
             return None
         if name not in raw:
             raise DatasetError(f"{where}: \"probe\" lacks camera {name!r}")
-        probes.append(CameraProbe.from_json(raw[name], f"{where}: camera {name!r}"))
+        probes.append(CameraProbe.from_json(raw[name], f"{where}: camera {name!r}", mapping.get(name)))
     return tuple(probes)
 
 

@@ -359,7 +359,7 @@ def scenes_from_lerobot(root: Path, options: SourceOptions) -> LayoutScenes:
                 continue
             if probes is not None:
                 probes.append(CameraProbe(episode.length, fps, size[0], size[1], codecs[key], identity[0], identity[1],
-                                          0, 0, round((episode.length - 1) * 1e9 / fps)))
+                                          0, 0, round((episode.length - 1) * 1e9 / fps), episode=True))
         if problem is not None:
             rejected.append(Skipped(scene_id, problem[0], problem[2], problem[1]))
             continue

@@ -37,6 +37,7 @@ def probe_file(path: str | FrameList, frame_rate: float | None = None, held: Hel
     video at a URL the probe read whole is held in `held` (an encode's decode worker opens it again)."""
     from vaecache.video.backends import open_camera
     from vaecache.video.reader import VideoReader
+    from vaecache.video.spans import SpanReader
 
     name = path.key if isinstance(path, FrameList) else path
     try:
@@ -57,7 +58,8 @@ def probe_file(path: str | FrameList, frame_rate: float | None = None, held: Hel
                                          "(damaged or truncated?)")
         return CameraProbe(len(reader), fps, width, height, reader.codec, identity[0], identity[1], reader.rotation,
                            times[0] if times else None, times[-1] if times else None,
-                           reader.timeline if isinstance(reader, VideoReader) else None)
+                           reader.timeline if isinstance(reader, (VideoReader, SpanReader)) else None,
+                           episode=isinstance(reader, SpanReader))
 
 
 def probe_scene(scene: Scene, sync: SyncConfig = FRAME_SYNC) -> SceneProbe:
@@ -136,6 +138,11 @@ def judge_scene(scene: Scene, found: Sequence[CameraProbe | VideoDecodeError],
     every camera needs frame times, and the usable frames are the reference camera's that lie where every camera
     has frames (SceneProbe.first and num_frames). `sync` None: only whether every camera is there and readable
     (`vaecache index`, whose index serves either rule)."""
+    for index, probe in enumerate(found):  # what an index claims is checked before anything is planned from it
+        claimed = probe.claim_problem() if isinstance(probe, CameraProbe) else None
+        if claimed is not None:
+            return SceneProbe(scene.scene_id, error=claimed, error_path=scene.paths[index],
+                              error_camera=scene.cameras[index])
     if (len(found) == 1 == len(scene.paths) and isinstance(found[0], CameraProbe) and scene.frame_range is None
             and scene.time_range is None and (sync is None or sync.mode == "frames")):
         only = found[0]  # one camera, whole video: nothing to compare (the common case of a big index)
@@ -327,7 +334,7 @@ def read_probe_cache(paths: Iterable[Path]) -> ProbeCache:
             try:
                 record = loads(line)
                 if "probe" in record:
-                    cache[record["path"]] = CameraProbe.from_json(record["probe"], str(file))
+                    cache[record["path"]] = CameraProbe.from_json(record["probe"], str(file), record["path"])
                 else:
                     cache[record["path"]] = (int(record["size"]), int(record["mtime_ns"]), str(record["error"]))
             except (ValueError, KeyError, TypeError, DatasetError):  # UnicodeDecodeError is a ValueError

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, Sequence
@@ -15,123 +14,11 @@ from typing import Any, NamedTuple, Protocol, Sequence
 from vaecache.cache.layout import id_problem
 from vaecache.errors import DatasetError, UsageError
 from vaecache.settings.clip import SyncConfig
+from vaecache.sources.probe import CameraProbe
 from vaecache.video.frames import FrameList
-from vaecache.video.timeline import Timeline
-
-PROBE_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "frames": int, "fps": (int, float), "width": int, "height": int, "codec": str, "size": int, "mtime_ns": int,
-    "rotation": int, "start_ns": int, "end_ns": int, "timeline": str}
-"""What `vaecache index` records per camera, and the JSON type of each (see CameraProbe)."""
-_OPTIONAL_PROBE_FIELDS = {"rotation": 0, "start_ns": None, "end_ns": None, "timeline": None}
 
 SINGLE_CAMERA = "video"
 """The camera name of a scene that is one video (a folder of videos, a "path" index line) unless --cameras names it."""
-
-
-@dataclass(frozen=True, slots=True)
-class CameraProbe:
-    """What opening one video told us (or what an index says it would): the planner needs nothing else."""
-
-    frames: int
-    """Frames of a straight decode from the start (vaecache.video.reader.VideoReader's count)."""
-    fps: float
-    """Frames per second; 0.0 for an image sequence of unknown rate (no --fps, no frame times)."""
-    width: int
-    """Stored frame width in pixels, before the display rotation is applied."""
-    height: int
-    codec: str
-    size: int
-    """File size in bytes when probed; with mtime_ns it tells whether the file changed since."""
-    mtime_ns: int
-    rotation: int = 0
-    """Counter-clockwise display rotation in degrees (a multiple of 90) that decoding applies."""
-    start_ns: int | None = None
-    """The first frame's time in ns (video pts with the stream's start offset, an image timestamp); with end_ns
-    it tells `--sync timestamps` where the cameras of a scene overlap. None: the camera has no frame times."""
-    end_ns: int | None = None
-    """The last frame's time in ns."""
-    timeline: Timeline | None = None
-    """The video's frame index (vaecache.video.timeline): a reader opened with it demuxes nothing to seek, and reads
-    only a clip's bytes of an object at a URL. None: an image sequence, a video read by a straight decode, or a
-    probe recorded before timelines were (its reader indexes the video by demuxing it, as then)."""
-
-    def __post_init__(self) -> None:
-        if (self.frames < 1 or not 0 <= self.fps < math.inf or self.width < 1 or self.height < 1 or self.size < 1
-                or self.rotation % 90 or (self.start_ns is None) != (self.end_ns is None)
-                or (self.start_ns is not None and self.end_ns < self.start_ns)):  # type: ignore[operator]
-            raise DatasetError(f"probe {self}: frames, width, height and size must be positive, fps finite and >= 0, "
-                               "rotation a multiple of 90, start_ns and end_ns both given (end >= start) or neither")
-
-    def to_json(self) -> dict[str, Any]:
-        found = {"frames": self.frames, "fps": self.fps, "width": self.width, "height": self.height,
-                 "codec": self.codec, "size": self.size, "mtime_ns": self.mtime_ns, "rotation": self.rotation}
-        if self.start_ns is not None:
-            found["start_ns"], found["end_ns"] = self.start_ns, self.end_ns
-        if self.timeline is not None:
-            found["timeline"] = self.timeline.to_json()
-        return found
-
-    @classmethod
-    def from_json(cls, raw: Any, where: str) -> CameraProbe:
-        """Validate one index/cache record; a wrong or missing field is a DatasetError naming `where`."""
-        if not isinstance(raw, dict):
-            raise DatasetError(f"{where}: a probe must be an object with {', '.join(PROBE_FIELDS)}, got {raw!r:.80}")
-        try:  # the common case, checked fast: every field present with its type, nothing else
-            frames, fps, width, height, codec, size, mtime_ns = (raw["frames"], raw["fps"], raw["width"],
-                                                                 raw["height"], raw["codec"], raw["size"],
-                                                                 raw["mtime_ns"])
-            rotation = raw.get("rotation", 0)
-            start_ns, end_ns = raw.get("start_ns"), raw.get("end_ns")
-            timed = type(start_ns) is type(end_ns) is int
-            timeline = raw.get("timeline")
-            if (type(frames) is type(width) is type(height) is type(size) is type(mtime_ns) is type(rotation) is int
-                    and type(fps) in (float, int) and type(codec) is str
-                    and len(raw) == 7 + ("rotation" in raw) + 2 * timed + ("timeline" in raw)  # nothing unknown
-                    and frames > 0 and 0 <= fps < math.inf and width > 0 and height > 0 and size > 0
-                    and not rotation % 90 and (not timed or end_ns >= start_ns)):
-                return _new_camera_probe(frames, float(fps), width, height, sys.intern(codec), size, mtime_ns, rotation,
-                                         start_ns if timed else None, end_ns if timed else None,
-                                         Timeline.from_json(timeline, where) if timeline is not None else None)
-        except KeyError:
-            pass
-        for name, kind in PROBE_FIELDS.items():
-            value = raw.get(name, _OPTIONAL_PROBE_FIELDS.get(name))
-            if value is None and name in _OPTIONAL_PROBE_FIELDS:
-                continue
-            if value is None:
-                raise DatasetError(f"{where}: probe lacks \"{name}\" (needs {', '.join(PROBE_FIELDS)})")
-            if isinstance(value, bool) or not isinstance(value, kind):
-                expected = "a number" if kind == (int, float) else "a string" if kind is str else "an integer"
-                raise DatasetError(f"{where}: probe field \"{name}\" must be {expected}, got {value!r:.80}")
-        unknown = sorted(set(raw) - set(PROBE_FIELDS))
-        if unknown:
-            raise DatasetError(f"{where}: unknown probe field(s) {', '.join(map(repr, unknown))} "
-                               f"(known: {', '.join(PROBE_FIELDS)})")
-        try:
-            return cls(raw["frames"], float(raw["fps"]), raw["width"], raw["height"], raw["codec"], raw["size"],
-                       raw["mtime_ns"], raw.get("rotation", 0), raw.get("start_ns"), raw.get("end_ns"),
-                       Timeline.from_json(raw["timeline"], where) if "timeline" in raw else None)
-        except DatasetError:
-            raise DatasetError(f"{where}: probe values out of range (frames, width, height and size must be "
-                               f"positive, fps finite and >= 0, rotation a multiple of 90, start_ns <= end_ns, both "
-                               f"or neither): {raw!r:.200}") from None
-
-    def matches(self, identity: tuple[int, int]) -> bool:
-        """Whether a source of this (size, mtime_ns) (vaecache.video.identity.source_stat) is still the one
-        probed."""
-        return identity == (self.size, self.mtime_ns)
-
-
-_PROBE_SLOT_SETTERS = tuple(CameraProbe.__dict__[name].__set__ for name in PROBE_FIELDS)
-
-
-def _new_camera_probe(*values: Any) -> CameraProbe:
-    """CameraProbe(*values) for values from_json has just checked: set through the slots, skipping the frozen
-    dataclass's per-field __setattr__ and the repeated check (a million index lines each build one)."""
-    probe = object.__new__(CameraProbe)
-    for set_slot, value in zip(_PROBE_SLOT_SETTERS, values):
-        set_slot(probe, value)
-    return probe
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +167,9 @@ class Skipped:
     path: str | None
     reason: str
     camera: str | None = None
+    incomplete: bool = False
+    """The input is damaged part-way (a WebDataset shard whose members stop before its end): what lies past the damage
+    is listed nowhere, so no failure record accounts for it (verify --dataset names it)."""
 
 
 @dataclass(frozen=True)

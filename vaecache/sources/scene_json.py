@@ -33,7 +33,7 @@ def scene_from_json(raw: dict[str, Any]) -> Scene:
     where = f"scene {raw['id']!r} from rank 0"
     return Scene(raw["id"], tuple(raw["cameras"]), tuple(raw["paths"]),
                  tuple(raw["frame_range"]) if raw["frame_range"] is not None else None,  # type: ignore[arg-type]
-                 tuple(CameraProbe.from_json(probe, where) for probe in raw["probed"])
+                 tuple(CameraProbe.from_json(probe, where, path) for probe, path in zip(raw["probed"], raw["paths"]))
                  if raw["probed"] is not None else None,
                  raw["metadata"], _listing_from_json(raw["listing"]), raw["frame_rate"],
                  tuple(raw["time_range"]) if raw["time_range"] is not None else None)  # type: ignore[arg-type]

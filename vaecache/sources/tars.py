@@ -233,7 +233,7 @@ def scenes_from_shards(data: Path, options: SourceOptions) -> LayoutScenes:
                         camera_sets.append(names)
                     found.append((number, plain, scene))
             except TarShardError as exc:  # the samples before the damage go on
-                rejected.append(Skipped(qualifiers[number].replace("/", "~"), exc.shard, exc.reason))
+                rejected.append(Skipped(qualifiers[number].replace("/", "~"), exc.shard, exc.reason, incomplete=True))
     # Keys repeated across shards (a writer that numbers each shard's samples from 0) get the shard as a prefix
     scenes: list[Scene] = []
     for number, plain, item in found:

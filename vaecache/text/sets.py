@@ -26,7 +26,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -329,6 +329,7 @@ class TextSet:
         except FileNotFoundError as exc:
             raise ManifestError(f"{store.location}: text set {name!r}: a table is missing ({exc})") from None
         self._key_of = dict(zip(clips.column("id").to_pylist(), clips.column("key").to_pylist()))
+        self._own_key = own_prompt_key(self.entry, clips)
         self._shard_of = dict(zip(prompts.column("key").to_pylist(), prompts.column("shard").to_pylist()))
         self._text_of = dict(zip(prompts.column("key").to_pylist(), prompts.column("text").to_pylist()))
         self._tokens_of = dict(zip(prompts.column("key").to_pylist(), prompts.column("tokens").to_pylist()))
@@ -353,6 +354,19 @@ class TextSet:
             return self._key_of[clip]
         except KeyError:
             raise KeyError(f"clip {clip} has no embedding in text set {self.name!r}") from None
+
+    def check_record(self, record: dict[str, Any]) -> None:
+        """The prompt the set links clip `record` to is its own caption's (one hash, by the recorded cleaning), as
+        LatentCache reads it: a set whose clip table was remapped (and its hash recomputed) is refused here, not
+        handed to training. Nothing is checked where the cleaning cannot be repeated (verify's note says why)."""
+        if self._own_key is None or self.verify == "none":
+            return
+        clip = record["id"]
+        linked, own = self.key(clip), self._own_key(record)
+        if own is not None and linked != own:
+            raise ManifestError(f"{self.store.location}: text set {self.name!r}: clip {clip} is linked to prompt "
+                                f"{linked[:12]}, but its own caption is prompt {own[:12]} (the set's clip table was "
+                                "changed): `vaecache verify` names every such clip; embed the set again with --replace")
 
     def prompt_keys(self) -> list[str]:
         return list(self._shard_of)
@@ -449,6 +463,38 @@ class TextSet:
         """(length, hidden) as the pipeline returns it (Wan: zero rows after the prompt's; LTX-Video, CogVideoX:
         every row as stored) and the (length,) bool mask of the prompt's tokens."""
         return pipeline_tensor(self.rows(clip), self.length, self.tokens(clip), self.padding)
+
+
+def own_prompt_key(entry: dict[str, Any], clips: Any) -> Callable[[dict[str, Any]], str | None] | None:
+    """record -> the key of the clip's own caption cleaned as the set recorded (read from its metadata, or for a
+    --captions set from the caption its clip table keeps; None where it keeps none), or None where this vaecache
+    cannot repeat the set's cleaning (an unknown one, another ftfy)."""
+    from vaecache.text.families import CLEANINGS, installed_version
+
+    fingerprint = entry.get("fingerprint") or {}
+    cleaning, source = fingerprint.get("cleaning"), entry.get("captions") or {}
+    if cleaning not in CLEANINGS or (cleaning == "wan" and fingerprint.get("ftfy") != installed_version("ftfy")):
+        return None
+    clean = functools.lru_cache(maxsize=1 << 12)(lambda text: prompt_key(CLEANINGS[cleaning](text)))
+    if source.get("kind") == "file":
+        if "caption" not in clips.column_names:
+            return None
+        kept = dict(zip(clips.column("id").to_pylist(), clips.column("caption").to_pylist()))
+
+        def from_table(record: dict[str, Any]) -> str | None:
+            text = kept.get(record["id"], 0)
+            return clean(text or "") if text is None or isinstance(text, str) else None
+
+        return from_table
+    if source.get("kind") != "clip metadata":
+        return None
+    caption_field = str(source.get("field") or "caption")
+
+    def from_metadata(record: dict[str, Any]) -> str | None:
+        text = record_caption(record, caption_field)[0]
+        return clean(text or "") if text is None or isinstance(text, str) else None
+
+    return from_metadata
 
 
 def pipeline_tensor(rows: torch.Tensor, length: int, tokens: int,

@@ -11,7 +11,8 @@ import torch
 import torch.utils.data
 from safetensors import SafetensorError
 
-from vaecache.cache.layout import SHARDS_DIR, VERIFY_MODES
+from vaecache.cache.kinds import cache_kinds, kind_hook
+from vaecache.cache.layout import MANIFEST, SHARDS_DIR, VERIFY_MODES
 from vaecache.cache.reader import CacheReader, record_problem
 from vaecache.cache.table import CLIP_TABLE
 from vaecache.errors import (
@@ -103,6 +104,7 @@ class LatentCache:
         self._handles: dict[str, Any] = {}
         self._checked: set[str] = set()
         self._sets: dict[str, dict[str, Any]] | None = None
+        self._kinds: list[Any] | None = None
 
     @property
     def text_sets(self) -> list[str]:
@@ -114,12 +116,21 @@ class LatentCache:
         """Every set of the cache, by kind (vaecache.cache.kinds: text, conditions and any kind the manifest records)
         and name, each opened on first use: `sets()[kind][name].item(clip)` is what an item carries of it."""
         if self._sets is None:
-            from vaecache.cache.kinds import cache_kinds
-
-            self._sets = {kind.name: {reader.name: reader
-                                      for reader in kind.readers(self.store, self.manifest, self.verify)}
-                          for kind in cache_kinds(self.manifest)}
+            sets: dict[str, dict[str, Any]] = {}
+            for kind in self.kinds():
+                with kind_hook(kind, "readers"):
+                    sets[kind.name] = {reader.name: reader
+                                       for reader in kind.readers(self.store, self.manifest, self.verify)}
+            self._sets = sets
         return self._sets
+
+    def kinds(self) -> list[Any]:
+        """The kinds of set the cache may hold (vaecache.cache.kinds): the built-in ones and those its manifest records,
+        each found among the installed packages' entry points (what the manifest names is never imported); a
+        KindNotInstalledError naming a kind no installed package declares."""
+        if self._kinds is None:
+            self._kinds = cache_kinds(self.manifest, str(self._reader.store.where(MANIFEST)))
+        return self._kinds
 
     def text_embedding(self, clip_id: str, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """A clip's embedding in set `name`: (the padded tensor, its mask)."""
@@ -250,16 +261,21 @@ class LatentCache:
     def __getitem__(self, key: int | str) -> LatentItem:
         record = self.record(key)
         tensors = self.tensors_of(record)
-        for readers in self.sets().values():
-            for reader in readers.values():
-                tensors.update(reader.item(record["id"]))
+        for kind in self.kinds():
+            for name, reader in self.sets()[kind.name].items():
+                with kind_hook(kind, "item", name, f"clip {record['id']}", passing=(KeyError,)):
+                    if self.verify != "none" and hasattr(reader, "check_record"):
+                        reader.check_record(record)  # the item is the clip's own (text: its caption's prompt)
+                    tensors.update(reader.item(record["id"]))
         return LatentItem(record["id"], tensors, record)
 
-    def source_frames(self, key: int | str | dict[str, Any]) -> torch.Tensor:
+    def source_frames(self, key: int | str | dict[str, Any], indexed: bool = True) -> torch.Tensor:
         """A clip's frames as encode saw them: (cameras, 3, T, H, W) float32 in [-1, 1], the same frame indices,
         resize and fit (its bucket's size), decoder backend and value range as the VAE's input and a decoder's
         output: the targets of a pixel loss. Read from the recorded sources; a source whose size, mtime (or sha256,
-        where recorded) differs from what the record says raises SourceChangedError, as its latents are stale."""
+        where recorded) differs from what the record says raises SourceChangedError, as its latents are stale.
+        `indexed`: seek by the frame index the record keeps (`source_timelines`, checked against the file where it
+        decodes); False finds the frames by the video's own packets (what verify --reencode checks the index by)."""
         from vaecache.cache.provenance import changed_source
         from vaecache.settings.clip import ClipSettings
         from vaecache.video.backends import backend_for_record
@@ -278,8 +294,9 @@ class LatentCache:
         decoder = ViewDecoder(*size, fit=clip.fit, backend=backend_for_record(settings.get("decoder")),
                               max_pixels=clip.sampling.max_frame_pixels)
         try:
+            timelines = recorded_timelines(record) if indexed else [None] * len(record["cameras"])
             return torch.stack([decoder.decode(source, frames, size, timeline=timeline) for (source, frames), timeline
-                                in zip(recorded_views(record), recorded_timelines(record))])
+                                in zip(recorded_views(record), timelines)])
         finally:
             decoder.close()
 

@@ -82,10 +82,10 @@ class PixelDecoder(torch.nn.Module):
         fingerprint), loaded with the recorded dtype; ``options`` are the constructor's (chunk_frames, checkpoint)."""
         from vaecache.cache.reader import CacheReader
         from vaecache.distributed.context import resolve_device
-        from vaecache.vae.recorded import load_recorded_vae
+        from vaecache.vae.recorded import load_recorded_vae, recorded_spec
 
         cache = CacheReader(out, storage_options)
-        spec = vae or (cache.manifest.get("settings") or {}).get("vae_spec")
+        spec = recorded_spec(cache.manifest, vae, cache.store.where("manifest.json"))
         runner = load_recorded_vae(cache.out, cache.manifest, spec, resolve_device(str(device)),
                                    allow_pickle_weights=allow_pickle_weights)
         return cls(runner, **options)

@@ -16,6 +16,21 @@ from vaecache.vae.load import load_vae
 from vaecache.vae.runner import VaeRunner
 
 
+def recorded_spec(manifest: dict[str, Any], given: str | None, where: Any) -> str:
+    """The --vae spec to load the cache's VAE from: `given` (the user's --vae), else the one the manifest records. A
+    recorded `python:module:function` is code the cache names, never loaded from the record alone (a cache never
+    decides what a reader imports): a UsageError naming it, to be given as --vae by whoever vouches for it."""
+    if given:
+        return given
+    spec = (manifest.get("settings") or {}).get("vae_spec")
+    if not isinstance(spec, str) or not spec:
+        raise UsageError(f"{where}: records no VAE spec (settings.vae_spec): give --vae")
+    if spec.startswith("python:"):
+        raise UsageError(f"{where}: the VAE is recorded as {spec[:200]!r}, a Python factory: a cache never names code "
+                         "to run, so it is loaded only when you give it on the command line (--vae SPEC)")
+    return spec
+
+
 def load_recorded_vae(out: Path, manifest: dict[str, Any], spec: str, device: Any,
                       allow_pickle_weights: bool = False) -> VaeRunner:
     """The VAE that encoded OUT, loaded with the recorded settings (dtype, tiling, views per forward) from `spec`

@@ -2,8 +2,8 @@
 vaecache.cache.store). Produces a report (pure data); the CLI renders it.
 
 One module past 400 lines: every check reads the same manifest, clip table and shard headers, in one pass, and
-the report is what the verify table of docs/commands.md documents line by line. Source and re-encode checks are
-vaecache.verify.recheck (they need a VAE and a decoder).
+the report is what the verify table of docs/commands.md documents line by line. The checks of every kind's sets are
+vaecache.verify.sets; source and re-encode checks are vaecache.verify.recheck (they need a VAE and a decoder).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from vaecache.cache.commits import open_out
 from vaecache.cache.failures import reason_counts
 from vaecache.cache.layout import MANIFEST, SHARDS_DIR
 from vaecache.cache.outdir import StrayFindings
-from vaecache.cache.provenance import IdentityMemo, frames_identity, identity_change
 from vaecache.cache.reader import CacheReader, record_problem, shard_header
 from vaecache.cache.store import open_store
 from vaecache.cache.v1 import iter_v1_clip_records
@@ -120,6 +119,9 @@ def verify_cache(out: Any, quick: bool = False, threads: int | None = None, ctx:
 
 def _verify(store: Any, commits: Any, quick: bool, threads: int | None, ctx: Any,
             on_progress: Callable[[int, int], None] | None, repair: bool) -> VerifyReport:
+    from vaecache.verify.sets import check_sets  # it imports Check from here
+    from vaecache.verify.timelines import RecordedCuts
+
     rank, world = (ctx.info.rank, ctx.info.world_size) if ctx is not None else (0, 1)
     manifest_check = Check("manifest")
     try:
@@ -143,8 +145,9 @@ def _verify(store: Any, commits: Any, quick: bool, threads: int | None, ctx: Any
             clips, shards = commits.counts()
             manifest_check.note = (f"incomplete: no final manifest; {clips} clips in {shards} shards are "
                                    "committed (rerun the same encode command to finish)")
-            if commits.check_name:
-                checks.append(_stray_check(stray_check, commits.problems(None), deleted))
+            found = commits.problems(None) if commits.check_name else None
+            if found is not None:
+                checks.append(_stray_check(stray_check, found, deleted))
         return VerifyReport(str(store.location), complete=False, checks=checks, repaired=deleted)
 
     clips_check = Check("clip records")
@@ -153,6 +156,7 @@ def _verify(store: Any, commits: Any, quick: bool, threads: int | None, ctx: Any
     tensor_check = Check("tensors match records")
     value_check = Check("values finite and match stats", skipped=quick)
     failures_check = Check("failures file")
+    cuts_check = Check("recorded frame indexes")
 
     listed = cache.shard_files()
     listed_bytes = sum(int(s.get("bytes") or 0) for s in listed.values())
@@ -172,8 +176,11 @@ def _verify(store: Any, commits: Any, quick: bool, threads: int | None, ctx: Any
     workers = threads or min(8, len(os.sched_getaffinity(0)))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         checks = _ShardChecks(shards, mine, pool, 2 * workers, quick, on_progress)
-        seen = scan_records(cache, clips_check, tensor_check, listed, checks.add)
+        cuts = RecordedCuts(store, cuts_check) if rank == 0 else None
+        seen = scan_records(cache, clips_check, tensor_check, listed, checks.add, cuts.add if cuts else None)
         results = checks.finish(all_records_read=seen.readable)
+    if cuts is not None:
+        cuts.finish()
     if world > 1:
         results = [result for part in ctx.all_gather_object(results) for result in part]
     for result in sorted(results, key=lambda r: r["file"]):
@@ -211,45 +218,13 @@ def _verify(store: Any, commits: Any, quick: bool, threads: int | None, ctx: Any
     }
     declared_check = check_declarations(manifest, seen, listed_count, listed_bytes, len(failures))
     checks = [manifest_check, clips_check, shard_check, orphan_check, tensor_check, value_check, failures_check,
-              declared_check, encodes_check(manifest, seen), *check_sets(cache, quick, summary)]
-    if commits.check_name:
-        checks.append(_stray_check(stray_check, commits.problems(set(cache.shard_files())), deleted))
+              declared_check, encodes_check(manifest, seen),
+              *([cuts_check] if cuts_check.passed or cuts_check.failed or cuts_check.note else []),
+              *check_sets(cache, quick, summary)]
+    found = commits.problems(set(cache.shard_files())) if commits.check_name else None
+    if found is not None:
+        checks.append(_stray_check(stray_check, found, deleted))
     return VerifyReport(str(store.location), complete=True, checks=checks, summary=summary, repaired=deleted)
-
-
-def check_sets(cache: CacheReader, quick: bool, summary: dict[str, Any]) -> list[Check]:
-    """Every kind's checks of its sets (vaecache.cache.kinds), each kind's set names added to `summary`."""
-    from vaecache.cache.kinds import cache_kinds
-    from vaecache.errors import VaecacheError
-
-    try:
-        kinds = cache_kinds(cache.manifest)
-    except VaecacheError as exc:
-        check = Check("set kinds")
-        check.fail(str(exc))
-        return [check]
-    checks = []
-    for kind in kinds:
-        sets = cache.manifest.get(kind.name) or {}
-        if not isinstance(sets, dict):
-            bad = Check(f"{kind.what}s")
-            bad.fail(f"{cache.store.where('manifest.json')}: \"{kind.name}\" is not an object")
-            checks.append(bad)
-            sets = {}
-        else:
-            checks.extend(kind.verify_sets(cache, quick, Check))
-        summary[kind.summary_key()] = sorted(sets)
-    from vaecache.cache.layout import OWNED_ENTRIES
-    from vaecache.cache.sets import unrecorded_set_folders
-
-    unrecorded = unrecorded_set_folders(cache.store, {*OWNED_ENTRIES, *(kind.name for kind in kinds)})
-    if unrecorded:
-        check = Check("unrecorded sets")
-        for folder in unrecorded:
-            check.fail(f"{cache.store.where(folder)}: the shards of a kind of set the manifest does not record (an "
-                       "interrupted first embed of it): run that embed again, or delete the folder")
-        checks.append(check)
-    return checks
 
 
 def _stray_check(check: Check, found: StrayFindings, deleted: list[str]) -> Check:
@@ -283,9 +258,11 @@ class _Seen:
 
 
 def scan_records(cache: CacheReader, check: Check, tensor_check: Check, listed: dict[str, dict[str, Any]],
-                  to_shard: Callable[[str, dict[str, Any]], None]) -> _Seen:
+                  to_shard: Callable[[str, dict[str, Any]], None],
+                  observe: Callable[[dict[str, Any]], None] | None = None) -> _Seen:
     """One streaming pass over the clip records: the table's sha256, order (by id, so a repeated id is the
-    previous one), each record against the manifest; each record is handed to its shard's checks."""
+    previous one), each record against the manifest; each record is handed to its shard's checks (and to
+    `observe`, which checks what the record says of its sources)."""
     seen = _Seen()
     info = cache.manifest.get("clips") or {}
     path = cache.clips_path
@@ -323,6 +300,8 @@ def scan_records(cache: CacheReader, check: Check, tensor_check: Check, listed: 
                 check.fail(f"clip {clip_id}: {problem}")
             else:
                 check.ok()
+                if observe is not None:
+                    observe(record)
             other = encode_problem(vae, settings, record)
             if other is not None:
                 seen.other_encodes += 1
@@ -407,55 +386,6 @@ class _ShardChecks:
         for result in self.results:
             result["tensors"].extend(self.late.get(result["file"], []))
         return self.results
-
-
-def check_sources(cache: CacheReader) -> Check:
-    """Stale latents: each clip record's sources (size, mtime_ns, sha256 where recorded) against the files now.
-    One failure per changed file, naming its scene, what changed and how many clips were encoded from it."""
-    check = Check("sources unchanged since encoded")
-    memos = {False: IdentityMemo(False), True: IdentityMemo(True)}
-    changed: dict[str, list[Any]] = {}
-    unchanged: set[str] = set()
-    stale_clips = unrecorded = 0
-    for record in cache.clip_records():
-        identity = record.get("source_identity")
-        if not isinstance(identity, list):
-            unrecorded += 1
-            continue
-        stale = False
-        files = record.get("frame_files") if isinstance(record.get("frame_files"), dict) else {}
-        for camera, path, recorded in zip(record.get("cameras") or [], record.get("sources") or [], identity):
-            if files.get(camera):  # an image-sequence camera: its identity is that of the clip's own frame files
-                change = identity_change(recorded, frames_identity(files[camera], bool(recorded.get("sha256"))))
-                if change is not None:
-                    changed.setdefault(f"{path} ({camera} of {record.get('id')})",
-                                       [record.get("scene"), record.get("id"), 1, change])
-                    stale = True
-                else:
-                    unchanged.add(f"{path} ({camera} of {record.get('id')})")
-                continue
-            if path in changed:
-                changed[path][2] += 1
-                stale = True
-                continue
-            if path in unchanged:
-                continue
-            change = identity_change(recorded, memos[bool(recorded.get("sha256"))].get(path))
-            if change is None:
-                unchanged.add(path)
-            else:
-                changed[path] = [record.get("scene"), record.get("id"), 1, change]
-                stale = True
-        stale_clips += stale
-    check.ok(len(unchanged))
-    for path, (scene, first, clips, change) in sorted(changed.items()):
-        check.fail(f"scene {scene}: {path}: {change} since it was encoded; {clips} clip(s) stale (first {first})")
-    check.note = (f"{len(changed)} of {len(changed) + len(unchanged)} source file(s) changed since encoding, "
-                  f"{stale_clips} clip(s) with stale latents")
-    if unrecorded:
-        check.note += (f"; {unrecorded} clip record(s) carry no source identity (encoded before vaecache recorded "
-                       "it), not checked")
-    return check
 
 
 def check_declarations(manifest: dict[str, Any], seen: _Seen, shards: int, shard_bytes: int, failures: int) -> Check:

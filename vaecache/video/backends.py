@@ -41,7 +41,7 @@ def open_video(path: str, backend: Backend | None = None, max_pixels: int | None
     span = span_of(path)
     if backend is None or backend.choice == "pyav":
         threads = backend.threads if backend is not None else 0
-        return (SpanReader(span, threads, max_pixels) if span is not None
+        return (SpanReader(span, threads, max_pixels, timeline) if span is not None
                 else VideoReader(path, threads, max_pixels, held, timeline, clip))
     if member_of(path) is not None or span is not None or is_url(path):
         raise VideoDecodeError(path, f"--decoder {backend.choice} cannot read a video inside a tar, one episode of "

@@ -22,7 +22,7 @@ from vaecache.video.reader import VideoReader
 from vaecache.video.resize import resize_fit, to_model_range
 from vaecache.video.spans import adopt_readers
 from vaecache.video.sync import synchronized_frames
-from vaecache.video.timeline import Timeline
+from vaecache.video.timeline import MAX_FRAMES, Timeline
 
 Reader = VideoReader | ForeignReader | FrameSequence
 
@@ -389,9 +389,12 @@ def recorded_timelines(record: dict[str, Any]) -> list[Timeline | None]:
     if not isinstance(found, list) or len(found) != len(record["cameras"]):
         return [None] * len(record["cameras"])
     timelines: list[Timeline | None] = []
-    for text in found:
+    identities = record.get("source_identity") if isinstance(record.get("source_identity"), list) else []
+    for camera, text in enumerate(found):
+        identity = identities[camera] if camera < len(identities) and isinstance(identities[camera], dict) else {}
+        size = identity.get("size") if type(identity.get("size")) is int else MAX_FRAMES  # a frame takes a byte
         try:
-            timeline = Timeline.from_json(text, "") if text is not None else None
+            timeline = Timeline.from_json(text, "", size) if text is not None else None
             if timeline is not None:
                 timeline.check()  # a damaged one is left out: its reader indexes the video, as before
             timelines.append(timeline)

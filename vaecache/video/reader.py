@@ -19,10 +19,8 @@ straight decode share the reader's state, and splitting them would hand that sta
 from __future__ import annotations
 
 import bisect
-import errno
 import itertools
 from fractions import Fraction
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import av
@@ -31,9 +29,10 @@ from av.video.reformatter import VideoReformatter
 
 from vaecache.errors import FrameBudgetError, VideoDecodeError, first_line
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS, frame_budget_problem
-from vaecache.urls import PLANNED_READ_AHEAD, HeldObjects, PlannedReads, is_url, mtime_ns, open_url, whole_object
+from vaecache.urls import PLANNED_READ_AHEAD, HeldObjects, PlannedReads, is_url, mtime_ns, whole_object
 from vaecache.video.frames import checked_request
 from vaecache.video.members import member_of, open_member
+from vaecache.video.opening import URL_IO_BUFFER, RecordingReads, check_file, open_object, read_problem
 from vaecache.video.timeline import Keyframe, Timeline, gop_bytes, merged
 
 DECODER = "pyav-pts/1"
@@ -69,13 +68,13 @@ class VideoReader:
         self._span_end: int | None = None
         self._seek_by_pts = True
         if self._member is None and is_url(path):
-            self._url_file = _open_object(path, held, timeline, clip)  # its size comes with it
+            self._url_file = open_object(path, held, timeline, clip)  # its size comes with it
             self._ranged = isinstance(getattr(self._url_file, "cache", None), PlannedReads)
             if self._ranged:
                 assert timeline is not None
                 self._fetch_first(timeline, clip)
         elif self._member is None:
-            _check_file(path)
+            check_file(path)
         try:
             self._container = self._open(record=self._url_file is not None and timeline is None)
         except PermissionError:
@@ -86,7 +85,7 @@ class VideoReader:
             raise VideoDecodeError(path, f"not a readable video ({first_line(exc, 200)})") from None
         except OSError as exc:  # an object at a URL that cannot be read, or changed while it was read
             self.close()
-            raise VideoDecodeError(path, _read_problem(exc, "cannot read")) from None
+            raise VideoDecodeError(path, read_problem(exc, "cannot read")) from None
         if not self._container.streams.video:
             self.close()
             raise VideoDecodeError(path, "not a readable video (no video stream)")
@@ -150,7 +149,7 @@ class VideoReader:
             raise
         except OSError as exc:
             self.close()
-            raise VideoDecodeError(self.path, _read_problem(exc, "cannot read")) from None
+            raise VideoDecodeError(self.path, read_problem(exc, "cannot read")) from None
 
     def _index(self) -> tuple[list[int] | None, list[Keyframe]]:
         """Presentation-ordered pts of every shown frame and the keyframes, from packets alone; each keyframe with
@@ -315,7 +314,7 @@ class VideoReader:
             self._url_file.seek(0)  # a restart reads the object again from its start: the read-ahead may hold it
             if not record:  # ranged reads ask for what the probe's open asked for
                 return av.open(self._url_file, buffer_size=URL_IO_BUFFER) if self._ranged else av.open(self._url_file)
-            recorder = _RecordingReads(self._url_file)
+            recorder = RecordingReads(self._url_file)
             container = av.open(recorder, buffer_size=URL_IO_BUFFER)
             recorder.recording = False
             self._head = merged(recorder.ranges)
@@ -342,8 +341,30 @@ class VideoReader:
         return self._to_rgb.reformat(frame, format="rgb24").to_ndarray()
 
     def _decoded(self) -> Iterator[Any]:
+        checked = self._given_timeline is None or self._pts is None
         for packet in self._container.demux(self._stream):
+            if not checked and packet.size and not packet.is_discard and packet.pts is not None and packet.is_keyframe:
+                self._check_landing(packet.pts)  # where a decode from the start begins
+                checked = True
             yield from packet.decode()
+
+    def _check_landing(self, pts: int) -> None:
+        """A given frame index is checked against the file where that costs nothing: the keyframe a decode begins at
+        (after a seek, or from the start) must be one of the frames the index lists, and where it lies among the
+        index's keyframes, one of them. A mismatch (an index of another file, a frame rule shifted) is a decode
+        failure naming the video, so that no frame is taken by a wrong timestamp."""
+        if self._given_timeline is None or self._pts is None or not self._keyframes:
+            return
+        at = bisect.bisect_left(self._pts, pts)
+        listed = at < len(self._pts) and self._pts[at] == pts
+        keys = self._keyframes
+        if listed and (at < keys[0].frame or at > keys[-1].frame or any(key.frame == at for key in keys)):
+            return
+        said = (f"frame {at}, which the index does not list as a keyframe" if listed else
+                "a time the index gives no frame")
+        raise VideoDecodeError(self.path, f"its recorded frame index does not match the file: a keyframe decodes at "
+                                          f"pts {pts}, {said} (an index of another file, or altered); run `vaecache "
+                                          "index` again")
 
     def check_even(self, frames: Sequence[int]) -> None:
         """Refuse frames whose times do not follow their frame numbers evenly (a variable-frame-rate stretch):
@@ -383,7 +404,7 @@ class VideoReader:
                                               f"({first_line(exc, 200)})") from None
         except OSError as exc:  # an object at a URL: a read that failed after retries, or one changed since listed
             self._frames = None
-            raise VideoDecodeError(self.path, _read_problem(exc, f"reading frames {frames[0]}..{frames[-1]} "
+            raise VideoDecodeError(self.path, read_problem(exc, f"reading frames {frames[0]}..{frames[-1]} "
                                                                  "failed")) from None
         if self.rotation:
             array = np.ascontiguousarray(np.rot90(array, k=self.rotation // 90, axes=(1, 2)))
@@ -468,6 +489,7 @@ class VideoReader:
                 first = next((p for p in packets if p.size and not p.is_discard), None)
                 if first is None or first.pts is None or not first.is_keyframe:
                     continue
+                self._check_landing(first.pts)
                 landed = bisect.bisect_left(self._pts, first.pts)  # type: ignore[arg-type]
                 if landed >= len(self._pts) or self._pts[landed] != first.pts or landed > key.frame:  # type: ignore[index]
                     if target == key.pts and target != key.seek_ts:
@@ -531,97 +553,3 @@ class VideoReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _read_problem(exc: OSError, doing: str) -> str:
-    """Why a read of an object at a URL failed: changed since it was listed (every read is conditional on the
-    listed ETag, and the store refused it: s3fs's FileExpired), or `doing` and the error."""
-    if type(exc).__name__ == "FileExpired":
-        return ("changed since it was listed (the store no longer has the version it was planned from): its frames "
-                "may not be the ones planned; run again")
-    return f"{doing} ({first_line(exc, 200)})"
-
-
-URL_IO_BUFFER = 4 << 10
-"""Bytes FFmpeg asks per read of an object at a URL that a probe opens (recording what opening it reads: its
-timeline's `head`) or that is read in planned ranges: the head and how far a seek may be read through instead of
-jumped over are multiples of it (PyAV's default, 32 KiB, read eight times as much of a clip's surroundings; the
-bytes come from vaecache's read cache, not one GET each)."""
-RANGED_MIN_CLIPS = 8
-"""A video at a URL with a timeline that holds at least this many clips is read in ranges however small it is (a
-decode worker reads its clip's GOPs, not the object); a smaller one with fewer is read whole by its first GET."""
-
-
-def _open_object(path: str, held: HeldObjects | None = None, timeline: Timeline | None = None,
-                 clip: tuple[int, int] | None = None) -> Any:
-    """An object in object storage opened for ranged reads, checked there and not empty (VideoDecodeError naming it
-    otherwise). With a timeline that has byte ranges, its reads are planned (urls.PlannedReads: the container's
-    header and index, then each clip's GOPs); without, read ahead from front to back."""
-    plan: list[tuple[int, int]] | None = None
-    whole_if_small = True
-    if timeline is not None and timeline.has_bytes:
-        plan = list(timeline.head)
-        count = timeline.frame_count()
-        whole_if_small = not (clip and count and count >= RANGED_MIN_CLIPS * (clip[1] - clip[0] + 1))
-    try:
-        handle = open_url(path, held=held, sequential=plan is None, planned=plan, whole_if_small=whole_if_small)
-    except FileNotFoundError:
-        raise VideoDecodeError(path, "no such object") from None
-    except IsADirectoryError:
-        raise VideoDecodeError(path, "not an object (a prefix)") from None
-    except OSError as exc:
-        raise VideoDecodeError(path, f"cannot read ({first_line(exc, 200)})") from None
-    if not getattr(handle, "size", 1):
-        handle.close()
-        raise VideoDecodeError(path, "empty object (0 bytes)")
-    return handle
-
-
-class _RecordingReads:
-    """A file whose reads are kept as byte ranges while `recording` (what opening a container reads)."""
-
-    def __init__(self, file: Any) -> None:
-        self._file = file
-        self.recording = True
-        self.ranges: list[tuple[int, int]] = []
-
-    def read(self, size: int = -1) -> bytes:
-        start = self._file.tell()
-        data = self._file.read(size)
-        if self.recording and data:
-            self.ranges.append((start, start + len(data)))
-        return data
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self._file.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self._file.tell()
-
-    def seekable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return True
-
-
-def _check_file(path: str) -> None:
-    file = Path(path)
-    try:
-        size = file.stat().st_size
-    except FileNotFoundError:
-        raise VideoDecodeError(path, "broken symlink" if file.is_symlink() else "file not found") from None
-    except PermissionError:
-        raise VideoDecodeError(path, "permission denied") from None
-    except OSError as exc:
-        reason = "symlink loop" if exc.errno == errno.ELOOP else f"cannot read ({exc.strerror or exc})"
-        raise VideoDecodeError(path, reason) from None
-    if not file.is_file():
-        raise VideoDecodeError(path, "not a regular file")
-    if size == 0:
-        raise VideoDecodeError(path, "empty file (0 bytes)")
-    try:
-        with open(file, "rb"):
-            pass
-    except PermissionError:
-        raise VideoDecodeError(path, "permission denied") from None

@@ -67,15 +67,20 @@ _readers: dict[tuple[int, int], OrderedDict[str, Any]] = {}
 """(process, thread) -> its shared readers: a forked worker never uses a reader (and file offset) it inherited."""
 
 
-def _shared_reader(path: str, threads: int, max_pixels: int | None) -> Any:
+def _shared_reader(path: str, threads: int, max_pixels: int | None, timeline: Any = None) -> Any:
     """One VideoReader per file and thread, among the last few: the episodes of one file are read by one reader, which
-    continues forward from one episode to the next without re-indexing the file or seeking."""
+    continues forward from one episode to the next without re-indexing the file or seeking. With `timeline` (the file's
+    frame index cut to an episode's frames, as its probe keeps it) a reader opened with another episode's cut is
+    opened again with this one: nothing demuxed, and a file at a URL read in the episode's ranges."""
     from vaecache.video.reader import VideoReader
 
     mine = _readers.setdefault((os.getpid(), threading.get_ident()), OrderedDict())
     reader = mine.get(path)
+    if reader is not None and timeline is not None and reader.given_timeline != timeline:
+        mine.pop(path).close()
+        reader = None
     if reader is None:
-        reader = mine[path] = VideoReader(path, threads, max_pixels)
+        reader = mine[path] = VideoReader(path, threads, max_pixels, timeline=timeline)
         while len(mine) > _SHARED_READERS:
             mine.popitem(last=False)[1].close()
     mine.move_to_end(path)
@@ -113,10 +118,11 @@ class SpanReader:
 
     sequential = False
 
-    def __init__(self, span: EpisodeSpan, threads: int = 0, max_pixels: int | None = None) -> None:
+    def __init__(self, span: EpisodeSpan, threads: int = 0, max_pixels: int | None = None,
+                 timeline: Any = None) -> None:
         self.span = span
         self.path = span.reference
-        self._open_args = (threads, max_pixels)
+        self._open_args = (threads, max_pixels, timeline)
         inner = self._inner()
         times = inner.times_ns()
         tolerance = round(LEROBOT_TOLERANCE_S * 1e9)
@@ -185,6 +191,23 @@ class SpanReader:
     def file_frames(self) -> list[int]:
         """The frame of the file each of the episode's frames is."""
         return list(self._frames)
+
+    @property
+    def timeline(self) -> Any:
+        """The file's frame index cut to this episode's frames (file frame numbers, vaecache.video.timeline), what
+        its probe keeps: a decode worker opens the file with it, demuxing nothing. None where the file has a packed
+        frame list (a cut would repeat it whole for each episode) or no index."""
+        whole = getattr(self._inner(), "timeline", None)
+        if whole is None or whole.pts_rule is None:
+            return None
+        try:
+            return whole.for_frames(self._frames[0], self._frames[-1])
+        except ValueError:
+            return None
+
+    @property
+    def given_timeline(self) -> Any:
+        return self._open_args[2]
 
     def read(self, frames: Sequence[int]) -> np.ndarray:
         frames = self.check_request(frames)

@@ -33,6 +33,9 @@ TIMELINE_VERSION = 1
 probe-cache record with another is probed again."""
 KEY_COLUMNS = ("frame", "seek_ts", "byte_start", "byte_end")
 """Per keyframe, packed in this order; byte_start / byte_end -1: the container gave no byte positions."""
+MAX_FRAMES = 1 << 24
+"""The most frames a timeline may claim where nothing tells how many the video has (16.7 M: 77 hours at 60 fps); a
+probe's frame count, and the file's size in bytes (a frame takes at least one), bound it more tightly."""
 
 
 def pack(values: np.ndarray) -> str:
@@ -42,12 +45,19 @@ def pack(values: np.ndarray) -> str:
     return base64.b64encode(zlib.compress(deltas.astype("<i8").tobytes(), 9)).decode("ascii")
 
 
-def unpack(text: str, columns: int = 1) -> np.ndarray:
-    """The int64 array `pack` packed, shaped (n, columns) (or (n,) for one column); ValueError when damaged."""
+def unpack(text: str, columns: int = 1, max_rows: int = MAX_FRAMES) -> np.ndarray:
+    """The int64 array `pack` packed, shaped (n, columns) (or (n,) for one column); ValueError when damaged or when it
+    would hold more than `max_rows` rows (checked while inflating: nothing larger is ever allocated)."""
+    limit = 8 * columns * max_rows
     try:
-        raw = zlib.decompress(base64.b64decode(text.encode("ascii"), validate=True))
+        inflater = zlib.decompressobj()
+        raw = inflater.decompress(base64.b64decode(text.encode("ascii"), validate=True), limit + 1)
     except (ValueError, zlib.error) as exc:
         raise ValueError(f"not packed int64 deltas ({exc})") from None
+    if len(raw) > limit:
+        raise ValueError(f"its packed list holds more than {max_rows} rows, more than the video can have")
+    if not inflater.eof:
+        raise ValueError("not packed int64 deltas (the compressed stream is cut short)")
     if len(raw) % (8 * columns):
         raise ValueError(f"{len(raw)} bytes are not whole rows of {columns} int64")
     deltas = np.frombuffer(raw, dtype="<i8").reshape(-1, columns) if columns > 1 else np.frombuffer(raw, dtype="<i8")
@@ -73,7 +83,7 @@ class Timeline:
     Held as one short text (`text`: the pts rule or packed list, the packed keyframes, the head ranges, the
     rotation), its parts unpacked on first use: a planner of a million probed videos holds a million of these."""
 
-    __slots__ = ("text", "_parts")
+    __slots__ = ("text", "_parts", "_limit")
 
     def __init__(self, pts_rule: tuple[int, int, int] | None, pts_packed: str | None, keys_packed: str,
                  head: Sequence[tuple[int, int]] = (), rotation: int = 0) -> None:
@@ -87,13 +97,25 @@ class Timeline:
         ranges = ",".join(str(value) for part in head for value in part)
         self.text = f"v{TIMELINE_VERSION}|{pts}|{keys_packed}|{ranges}|{rotation}"
         self._parts: tuple[Any, ...] | None = None
+        self._limit = MAX_FRAMES
 
     @classmethod
-    def _of_text(cls, text: str) -> Timeline:
+    def _of_text(cls, text: str, limit: int = MAX_FRAMES) -> Timeline:
         found = object.__new__(cls)
-        found.text, found._parts = text, None
+        found.text, found._parts, found._limit = text, None, limit
         return found
 
+    def bounded(self, frames: int) -> Timeline:
+        """This timeline, allowed to claim at most `frames` frames (what its probe says the video has, or the file's
+        size in bytes): a claim past it is damage, found before anything of its size is allocated."""
+        if frames >= self._limit:
+            return self
+        return Timeline._of_text(self.text, max(1, frames))
+
+    @property
+    def limit(self) -> int:
+        """The most frames this timeline may claim (see `bounded`)."""
+        return self._limit
     def _unpacked(self) -> tuple[Any, ...]:
         """(rule, packed pts, packed keys, head, rotation), checked; ValueError naming what is wrong."""
         if self._parts is None:
@@ -106,6 +128,9 @@ class Timeline:
                 raise ValueError("pts, head and rotation are integers") from None
             if rule is not None and (len(rule) != 3 or rule[2] < 1 or (rule[2] > 1 and rule[1] < 1)):
                 raise ValueError(f"pts rule {rule}: [first, step, count] with a count >= 1 and a positive step")
+            if rule is not None and rule[2] > self._limit:
+                raise ValueError(f"its frame rule claims {rule[2]} frames, more than the video can have "
+                                 f"({self._limit})")
             ranges = tuple(zip(flat[::2], flat[1::2]))
             if len(flat) % 2 or turn % 90 or any(not 0 <= a < b for a, b in ranges):
                 raise ValueError("head is pairs [start, end) and rotation a multiple of 90")
@@ -144,11 +169,12 @@ class Timeline:
     def __repr__(self) -> str:
         return f"Timeline({self.text[:80]!r})"
 
-    def __getstate__(self) -> str:
-        return self.text
+    def __getstate__(self) -> tuple[str, int]:
+        return self.text, self._limit
 
-    def __setstate__(self, text: str) -> None:
-        self.text, self._parts = text, None
+    def __setstate__(self, state: str | tuple[str, int]) -> None:
+        self.text, self._limit = state if isinstance(state, tuple) else (state, MAX_FRAMES)
+        self._parts = None
 
     @classmethod
     def build(cls, pts: Sequence[int], keyframes: Sequence[Keyframe], head: Sequence[tuple[int, int]] = (),
@@ -173,13 +199,13 @@ class Timeline:
         if self.pts_rule is not None:
             first, step, count = self.pts_rule
             return list(range(first, first + step * count, step)) if count > 1 else [first]
-        return unpack(self.pts_packed).tolist()  # type: ignore[arg-type]
+        return unpack(self.pts_packed, 1, self._limit).tolist()  # type: ignore[arg-type]
 
     def pts(self) -> list[int]:
         """Every shown frame's pts, ascending (ValueError when the packed list is damaged or not ascending)."""
         if self.pts_rule is not None:
             return self._pts()  # a checked rule ascends
-        values = unpack(self.pts_packed)  # type: ignore[arg-type]
+        values = unpack(self.pts_packed, 1, self._limit)  # type: ignore[arg-type]
         if not len(values) or (np.diff(values) <= 0).any():
             raise ValueError("the frame times are not strictly ascending")
         return values.tolist()
@@ -193,7 +219,7 @@ class Timeline:
 
     def _key_rows(self, count: int) -> np.ndarray:
         """The packed keyframes as rows of KEY_COLUMNS, checked against a video of `count` frames."""
-        rows = unpack(self.keys_packed, len(KEY_COLUMNS)).reshape(-1, len(KEY_COLUMNS))
+        rows = unpack(self.keys_packed, len(KEY_COLUMNS), count).reshape(-1, len(KEY_COLUMNS))
         if not len(rows) or rows[0, 0] < 0 or rows[-1, 0] >= count or (np.diff(rows[:, 0]) <= 0).any():
             raise ValueError("the keyframes are not frame numbers of the video in ascending order")
         return rows
@@ -221,13 +247,13 @@ class Timeline:
         lo = max(0, int(np.searchsorted(rows[:, 0], first, side="right")) - 3)
         hi = max(lo + 1, int(np.searchsorted(rows[:, 0], last, side="right")))
         rule, packed, _, head, rotation = self._unpacked()
-        return Timeline(rule, packed, pack(rows[lo:hi]), head, rotation)
+        return Timeline(rule, packed, pack(rows[lo:hi]), head, rotation).bounded(self._limit)
 
     @property
     def has_bytes(self) -> bool:
         """Whether the keyframes carry byte ranges (a container that gives packet positions)."""
         try:
-            rows = unpack(self.keys_packed, len(KEY_COLUMNS)).tolist()
+            rows = unpack(self.keys_packed, len(KEY_COLUMNS), self._limit).tolist()
         except ValueError:
             return False
         return bool(rows) and all(row[2] >= 0 and row[3] > row[2] for row in rows)
@@ -239,17 +265,36 @@ class Timeline:
         return self.text
 
     @classmethod
-    def from_json(cls, raw: Any, where: str) -> Timeline:
+    def from_json(cls, raw: Any, where: str, frames: int = MAX_FRAMES) -> Timeline:
         """A probe's `timeline`, checked by its form only (its parts are checked, and its packed lists unpacked, where
         a reader uses it: a damaged one is then a decode failure naming the video); a wrong form is a DatasetError
-        naming `where`."""
+        naming `where`. `frames`: the most frames it may claim (its probe's count)."""
         if type(raw) is not str or not raw.startswith(_PREFIX) or raw.count("|") != 4:
             raise DatasetError(f"{where}: probe field \"timeline\" is not a frame index (version {TIMELINE_VERSION} "
                                f"is the text \"v{TIMELINE_VERSION}|PTS|KEYS|HEAD|ROTATION\"), got {raw!r:.80}")
-        return cls._of_text(raw)
+        return cls._of_text(raw, max(1, min(frames, MAX_FRAMES)))
+
+    def claimed_frames(self) -> int | None:
+        """The frame count a frame rule claims, read from the text alone (None: a packed list, or damaged)."""
+        pts = self.text.split("|", 2)[1]
+        parts = pts.split(",")
+        if pts.startswith("*") or len(parts) != 3:
+            return None
+        try:
+            return int(parts[2])
+        except ValueError:
+            return None
 
 
 _PREFIX = f"v{TIMELINE_VERSION}|"
+
+
+def checked_form(raw: Any, where: str) -> str:
+    """`raw` as a probe's `timeline` text, checked by its form only (Timeline.from_json's check, no Timeline built);
+    a wrong form is a DatasetError naming `where`."""
+    if type(raw) is not str or not raw.startswith(_PREFIX) or raw.count("|") != 4:
+        Timeline.from_json(raw, where)  # names the problem
+    return raw
 
 
 def merged(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
