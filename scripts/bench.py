@@ -332,7 +332,8 @@ def _upload_to_s3(stack: contextlib.ExitStack, data: Path, tmp: Path,
     the server; with `latency_ms` > 0 then start the delaying proxy in front of it and point the AWS environment at
     the proxy, so the runs that follow (DATA and OUT) go through it. Returns DATA's URL, the server's log, the log's
     end and the proxy (None without one) and the server's pid."""
-    from vaecache.urls import Url, open_filesystem
+    from vaecache.storage import open_filesystem
+    from vaecache.urls import Url
 
     log = tmp / "s3-server.log"
     endpoint = stack.enter_context(bl.s3_server(log, nice))

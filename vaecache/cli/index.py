@@ -41,7 +41,8 @@ def index(
     encode and plan; a nuScenes root's tables are read once here, into one line per scene."""
     check_dataset_exists(data)
     from vaecache.sources.indexing import IndexConfig
-    from vaecache.urls import location, parse_storage_options, set_data_storage_options
+    from vaecache.storage import set_data_storage_options
+    from vaecache.urls import location, parse_storage_options
 
     set_data_storage_options(dict(parse_storage_options(storage_option)))
     cfg = IndexConfig(data=location(data), output=output, cameras=parse_cameras(cameras) or None if cameras else None,

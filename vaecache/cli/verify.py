@@ -86,7 +86,8 @@ def verify(
         raise UsageError(f"--threads must be >= 1, got {threads}")
     check_json_target(json_file)
     from vaecache.meter import meter
-    from vaecache.urls import Url, location, parse_storage_options, set_data_storage_options
+    from vaecache.storage import set_data_storage_options
+    from vaecache.urls import Url, location, parse_storage_options
 
     storage_options = dict(parse_storage_options(storage_option))
     set_data_storage_options(storage_options)  # DATA at a URL (--dataset) is read with them too

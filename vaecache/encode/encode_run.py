@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from vaecache.settings.clip import ClipSettings
     from vaecache.settings.parts import OutConfig
     from vaecache.stop import StopRequest
-    from vaecache.urls import HeldObjects
+    from vaecache.storage import HeldObjects
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from vaecache.encode.summary import EncodeSummary
 from vaecache.meter import Advance, MeterFactory
 from vaecache.settings.commands import EncodeConfig
 from vaecache.stop import StopRequest
-from vaecache.urls import HeldObjects
+from vaecache.storage import HeldObjects
 
 log = logging.getLogger("vaecache")
 

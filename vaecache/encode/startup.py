@@ -34,8 +34,8 @@ from vaecache.settings.parts import (
 from vaecache.sources.discover import discover
 from vaecache.sources.probing import probe_dataset
 from vaecache.sources.scene import Scene, SceneProbe, SourceOptions
+from vaecache.storage import HeldObjects
 from vaecache.text.encoder import check_text_encoder
-from vaecache.urls import HeldObjects
 from vaecache.vae import VaeRunner, load_vae
 from vaecache.vae.specs import check_vae_spec, spec_family
 from vaecache.video.backends import Backend, resolve_decoder
