@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from vaecache.cache.differences import describe_differences
 from vaecache.cache.io import AppendLog, atomic_write_bytes, atomic_write_json, read_json
 from vaecache.cache.kinds import recorded_kinds
 from vaecache.cache.layout import (
@@ -36,6 +35,7 @@ from vaecache.cache.provenance import identity_change
 from vaecache.cache.reader import CacheReader
 from vaecache.cache.repair import damaged_shards, forget_hashed_shards, repair_progress, repair_strays
 from vaecache.cache.store import LocalStore
+from vaecache.differences import describe_differences
 from vaecache.errors import ManifestError, OutputError, UsageError
 from vaecache.models import unrecorded_vae_part
 

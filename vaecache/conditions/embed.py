@@ -14,7 +14,6 @@ import torch
 
 from vaecache.cache.kinds import ComputedItem, SetKind, SetPlan, register
 from vaecache.cache.layout import CONDITIONS_DIR, MANIFEST
-from vaecache.cache.sets import loaded_on_every_rank, same_on_every_rank
 from vaecache.conditions.kinds import LATENT_KINDS, check_condition_vae, condition_pipeline, condition_video
 from vaecache.conditions.sets import (
     CLIPS_TABLE,
@@ -28,6 +27,7 @@ from vaecache.conditions.sets import (
     set_generation,
     shard_cut,
 )
+from vaecache.distributed.agreement import loaded_on_every_rank, same_on_every_rank
 from vaecache.errors import VaecacheError
 
 

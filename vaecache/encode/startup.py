@@ -12,9 +12,9 @@ from typing import Any, Callable, Sequence
 import torch
 
 from vaecache.audio.embed import check_audio_vae
-from vaecache.cache.sets import loaded_on_every_rank
 from vaecache.conditions.kinds import LATENT_KINDS, check_condition_vae
 from vaecache.conditions.sets import check_condition_request
+from vaecache.distributed.agreement import loaded_on_every_rank
 from vaecache.distributed.liveness import set_doing
 from vaecache.encode.numerics import peer_numerics, run_numerics, thread_budget
 from vaecache.errors import InputError, UsageError

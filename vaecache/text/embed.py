@@ -14,7 +14,8 @@ import torch
 
 from vaecache.cache.kinds import ComputedItem, SetKind, SetPlan, register
 from vaecache.cache.layout import TEXT_DIR
-from vaecache.cache.sets import generation_of, loaded_on_every_rank, pack_shards, same_on_every_rank
+from vaecache.cache.sets import generation_of, pack_shards
+from vaecache.distributed.agreement import loaded_on_every_rank, same_on_every_rank
 from vaecache.text.sets import (
     CLIPS_TABLE,
     EMBEDDINGS_PREFIX,
