@@ -376,7 +376,7 @@ def test_everything_runs_without_decord(wide_video: Path, tmp_path: Path) -> Non
         "sys.modules['decord'] = None  # any 'import decord' now raises ImportError\n"
         "from vaecache.sources.scene import Scene\nfrom vaecache.sources.probing import probe_scene\n"
         "from vaecache.video.dataset import ViewDecoder\n"
-        "import vaecache.encode.run, vaecache.encode.dry_run, vaecache.verify.integrity\n"
+        "import vaecache.encode.command, vaecache.encode.dry_run, vaecache.verify.integrity\n"
         f"path = {str(wide_video)!r}\n"
         "probe = probe_scene(Scene('w', ('video',), (path,)))\n"
         "views = ViewDecoder(48, 48).decode(path, (1, 3, 6))\n"

@@ -46,7 +46,7 @@ def demo(
     from vaecache.decode.preview import decode_preview
     from vaecache.demodata import DemoDataSpec, write_demo_dataset
     from vaecache.distributed.context import distributed
-    from vaecache.encode.run import run_encode
+    from vaecache.encode.command import run_encode
     from vaecache.settings.clip import ClipSettings, SamplingConfig
     from vaecache.settings.commands import EncodeConfig
     from vaecache.settings.parts import DecodeConfig, OutConfig, SourceConfig, VaeConfig

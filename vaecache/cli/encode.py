@@ -80,7 +80,7 @@ def encode(
     check_json_target(json_file)
 
     from vaecache.distributed.context import distributed
-    from vaecache.encode.run import run_encode
+    from vaecache.encode.command import run_encode
     from vaecache.meter import meter
 
     parallel = cfg.parallel
