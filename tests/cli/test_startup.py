@@ -223,7 +223,7 @@ def test_encode_help_lists_the_required_options_first_and_no_bool_types(run_cli:
         assert "[required, or in --config]" in line, line
     flags = [found[0] for line in lines if (found := re.findall(r"│ (--[a-z-]+)", line))]
     assert flags[:4] == ["--out", "--vae", "--num-frames", "--size"], flags  # before every optional one
-    assert "More options" in result.output and "Usage: vaecache encode [OPTIONS] {DATA}" in result.output
+    assert "╭─ Input " in result.output and "Usage: vaecache encode [OPTIONS] {DATA}" in result.output
     tiling = next(line for line in lines if " --tiling " in line)
     assert "<bool>" not in tiling
 

@@ -15,12 +15,12 @@ from vaecache.errors import EXIT_OK
 @report_errors
 def demo_data(
     root: Path = typer.Argument(..., help="Folder to write DIR/<scene>/<camera>.mp4 into."),
-    scenes: int = typer.Option(3, "--scenes", help="Number of scenes."),
-    cameras: int = typer.Option(2, "--cameras", help="Cameras per scene."),
-    frames: int = typer.Option(17, "--frames", help="Frames per video."),
-    size: str = typer.Option("64x64", "--size", help="HxW of the videos (even numbers)."),
-    fps: int = typer.Option(10, "--fps", help="Frame rate."),
-    seed: int = typer.Option(0, "--seed", help="Seed: same seed, same videos."),
+    scenes: int = typer.Option(3, "--scenes", help="Number of scenes.", metavar="N"),
+    cameras: int = typer.Option(2, "--cameras", help="Cameras per scene.", metavar="N"),
+    frames: int = typer.Option(17, "--frames", help="Frames per video.", metavar="N"),
+    size: str = typer.Option("64x64", "--size", help="HxW of the videos (even numbers).", metavar="HxW"),
+    fps: int = typer.Option(10, "--fps", help="Frame rate.", metavar="N"),
+    seed: int = typer.Option(0, "--seed", help="Seed: same seed, same videos.", metavar="N"),
 ) -> None:
     """Write a deterministic synthetic multi-camera dataset as real h264 mp4 files."""
     from vaecache.settings.buckets import parse_size
@@ -36,7 +36,8 @@ def demo_data(
 
 @report_errors
 def demo(
-    root: Path = typer.Option(Path("vaecache-demo"), "--dir", help="Where demo data, the cache and the preview go."),
+    root: Path = typer.Option(Path("vaecache-demo"), "--dir", help="Where the data, the cache and the preview go.",
+                              metavar="DIR"),
 ) -> None:
     """Generate demo data, encode it with builtin:small, verify it, decode one clip to a preview mp4 with its PSNR
     against the source, and write the cache's report page."""

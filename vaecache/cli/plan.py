@@ -139,13 +139,13 @@ def _duration(seconds: float) -> str:
 @with_setting_flags(PLAN)
 def plan(
     data: DataArgument,
-    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file "
-                                             "('-': stdout)."),
+    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON here ('-': stdout).",
+                                             metavar="FILE"),
     config: ConfigOption = None,
     *,
     flags: dict[str, Any],
 ) -> None:
-    """Dry run: scenes, clips, latent shapes and bytes, the split over ranks, a measured ETA."""
+    """Dry run: clips, latent shapes and bytes, the split over ranks, a measured ETA."""
     check_dataset_exists(data)
     check_json_target(json_file)
     cfg = build_plan_config(data, flags, config, clip_ids=json_file is not None)  # only the JSON lists clip ids
