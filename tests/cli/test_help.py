@@ -13,6 +13,7 @@ import typer
 from vaecache.cli.app import app
 
 COMMANDS = sorted(typer.main.get_command(app).commands)
+COMMANDS_IN_ORDER = list(typer.main.get_command(app).commands)
 FIRST_RUN = {"encode": ["--out", "--vae", "--num-frames", "--size"], "plan": ["--vae", "--num-frames", "--size"],
              "index": ["--output"], "export": ["--format", "--out"]}
 
@@ -59,3 +60,8 @@ def test_encode_help_groups_the_rest_by_topic(run_cli: Callable) -> None:
     assert panels == ["Arguments", "Options", "Input", "Clips", "VAE and numerics", "Parallel and speed", "Output",
                       "Sets added once the cache is finished"]
     assert len(text.splitlines()) < 160  # was 447 lines before the panels and one-line helps
+
+
+def test_the_command_list_gives_each_command_one_line(run_cli: Callable) -> None:
+    rows = [row for row in help_at_80(run_cli, None).split("╭─ Commands ")[1].splitlines() if row.startswith("│")]
+    assert [row.split()[1] for row in rows] == COMMANDS_IN_ORDER

@@ -57,7 +57,8 @@ STANDARD = ["--out", "OUT", "--vae", "builtin:tiny", "--num-frames", "9", "--siz
 
 @pytest.mark.parametrize("args", [["--help"], ["encode", "--help"], ["plan", "--help"], ["verify", "--help"],
                                   ["demo-data", "--help"], ["index", "--help"], ["inspect", "--help"],
-                                  ["export", "--help"], ["decode", "--help"], ["report", "--help"]], ids=" ".join)
+                                  ["export", "--help"], ["decode", "--help"], ["report", "--help"],
+                                  ["embed", "--help"]], ids=" ".join)
 def test_help_loads_no_heavy_module(args: list[str]) -> None:
     code, loaded, _ = _probe(args, HEAVY + DEFERRED)
     assert code in (0, None)

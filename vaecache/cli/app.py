@@ -16,11 +16,11 @@ from vaecache.cli.demo import demo, demo_data
 from vaecache.cli.embed import embed
 from vaecache.cli.encode import encode
 from vaecache.cli.export import export
-from vaecache.cli.help import Command, Group
 from vaecache.cli.index import index
 from vaecache.cli.inspect import inspect
 from vaecache.cli.plan import plan
 from vaecache.cli.report import report
+from vaecache.cli.usage import Command, Group
 from vaecache.cli.verify import verify
 from vaecache.errors import EXIT_INTERRUPTED
 

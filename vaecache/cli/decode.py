@@ -54,7 +54,7 @@ def decode(
                                              metavar="FILE"),
     storage_option: StorageOption = None,
 ) -> None:
-    """Decode one clip beside its source to an mp4, with PSNR and SSIM per camera."""
+    """Decode one clip beside its source: an mp4, PSNR, SSIM."""
     from vaecache.cache.store import open_store
     from vaecache.decode.preview import PreviewSettings, check_output, default_output
     from vaecache.urls import parse_storage_options

@@ -22,7 +22,7 @@ def demo_data(
     fps: int = typer.Option(10, "--fps", help="Frame rate.", metavar="N"),
     seed: int = typer.Option(0, "--seed", help="Seed: same seed, same videos.", metavar="N"),
 ) -> None:
-    """Write a deterministic synthetic multi-camera dataset as real h264 mp4 files."""
+    """Write a synthetic multi-camera dataset of h264 mp4 files."""
     from vaecache.settings.buckets import parse_size
 
     height, width = parse_size(size)
@@ -39,8 +39,7 @@ def demo(
     root: Path = typer.Option(Path("vaecache-demo"), "--dir", help="Where the data, the cache and the preview go.",
                               metavar="DIR"),
 ) -> None:
-    """Generate demo data, encode it with builtin:small, verify it, decode one clip to a preview mp4 with its PSNR
-    against the source, and write the cache's report page."""
+    """Demo data encoded, verified, decoded and reported, in one go."""
     from vaecache.cli.decode import report_table as preview_table
     from vaecache.cli.encode import summary_table
     from vaecache.cli.verify import report_table

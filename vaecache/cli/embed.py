@@ -17,11 +17,12 @@ from vaecache.cli.common import console, human_bytes, report_errors
 from vaecache.cli.options import StorageOption
 
 if TYPE_CHECKING:
-    from vaecache.cache.kinds import KindEdges, SetOutcome
+    from vaecache.cache.kinds import SetOutcome
+    from vaecache.edges import KindEdges
 
 
 def _kind_parameters() -> list[inspect.Parameter]:
-    from vaecache.cache.kinds import kind_edges
+    from vaecache.edges import kind_edges
 
     return [inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=option.default,
                               annotation=Annotated[Optional[option.kind], typer.Option(  # type: ignore[valid-type]
@@ -64,9 +65,9 @@ def embed(
     *,
     given: dict[str, Any],
 ) -> None:
-    """Add sets to a finished cache: text embeddings, I2V conditions, audio latents."""
-    from vaecache.cache.kinds import EmbedShared, kind_edges
+    """Add text, I2V-condition or audio sets to a finished cache."""
     from vaecache.distributed.context import distributed
+    from vaecache.edges import EmbedShared, kind_edges
     from vaecache.errors import UsageError
     from vaecache.settings.options import parse_bytes
     from vaecache.urls import parse_storage_options

@@ -25,6 +25,7 @@ from vaecache.cli.common import (
     tell_launcher,
     write_json,
 )
+from vaecache.cli.early_checks import check_before_torch
 from vaecache.cli.embed import outcome_lines
 from vaecache.cli.options import ConfigOption, DataArgument, with_setting_flags
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, UsageError
@@ -75,10 +76,11 @@ def encode(
     *,
     flags: dict[str, Any],
 ) -> None:
-    """Encode a video dataset into safetensors latent shards and a manifest."""
+    """Encode a video dataset into latent shards and a manifest."""
     cfg = build_config(data, flags, config)
     check_usage_before_start(cfg)
     check_json_target(json_file)
+    check_before_torch(cfg, encode=True)
 
     from vaecache.distributed.context import distributed
     from vaecache.encode.command import run_encode
@@ -99,7 +101,7 @@ def encode(
             label, unit, console, enabled=is_rank0 and cfg.progress), on_failure=live)
         added = []  # each kind's sets asked of encode, once the cache is finished (complete, or with skipped inputs)
         if not summary.stopped and summary.exit_code in (EXIT_OK, EXIT_PARTIAL):
-            from vaecache.cache.kinds import kind_edges
+            from vaecache.edges import kind_edges
 
             for edges in kind_edges():
                 request = edges.encode_request(cfg)

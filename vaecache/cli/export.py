@@ -40,7 +40,7 @@ def export(
                                   metavar="NAME", rich_help_panel="ltx2"),
     storage_option: StorageOption = None,
 ) -> None:
-    """Export a cache for a trainer: musubi-tuner, WebDataset or LTX-2's trainer."""
+    """Export a cache for musubi-tuner, WebDataset or LTX-2."""
     from vaecache.cache.layout import VERIFY_MODES  # the cache and export packages load when export runs
     from vaecache.export import ENERGON_MODES, EXPORT_FORMATS, export_ltx2, export_musubi, export_webdataset
 

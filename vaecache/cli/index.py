@@ -37,7 +37,7 @@ def index(
                                   rich_help_panel="Ranks and progress", metavar=""),
     storage_option: StorageOption = None,
 ) -> None:
-    """Probe every camera once into a JSONL index that encode and plan read."""
+    """Probe every camera once into an index for encode and plan."""
     check_dataset_exists(data)
     from vaecache.sources.indexing import IndexConfig
     from vaecache.storage import set_data_storage_options

@@ -85,7 +85,7 @@ def inspect(
                                              metavar="FILE"),
     storage_option: StorageOption = None,
 ) -> None:
-    """What a cache holds, without a full verify: VAE, settings, shapes, counts."""
+    """What a cache holds: VAE, settings, shapes, counts."""
     from vaecache.cache.store import open_store
     from vaecache.urls import parse_storage_options
 

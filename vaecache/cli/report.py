@@ -25,7 +25,7 @@ def report(
                                         help="Seconds the decoding may take (default 300)."),
     storage_option: StorageOption = None,
 ) -> None:
-    """Write a static page about a cache: contents, failures, latent scale, clips."""
+    """Write a static HTML page about a cache."""
     from vaecache.report.build import ReportSettings, write_report
     from vaecache.urls import parse_storage_options
 

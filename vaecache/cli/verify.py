@@ -81,7 +81,7 @@ def verify(
     repair: bool = typer.Option(False, "--repair", help="Delete stray shards no commit claims.", metavar=""),
     storage_option: StorageOption = None,
 ) -> None:
-    """Prove a cache complete and intact (under torchrun, split over ranks)."""
+    """Prove a cache complete and intact."""
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
     check_json_target(json_file)

@@ -4,10 +4,13 @@ run prints of a condition set."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vaecache.cache.kinds import EmbedShared, KindEdges, KindOption, SetOutcome
+from vaecache.edges import EmbedShared, KindEdges, KindOption
 from vaecache.errors import UsageError
+
+if TYPE_CHECKING:
+    from vaecache.cache.kinds import SetOutcome
 
 VAE_ENCODED = {"first-frame", "first-last"}
 """The condition kinds the cache's own VAE encodes."""

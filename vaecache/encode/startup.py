@@ -11,9 +11,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from vaecache.cache.kinds import kind_edges
 from vaecache.distributed.agreement import loaded_on_every_rank
 from vaecache.distributed.liveness import set_doing
+from vaecache.edges import kind_edges
 from vaecache.encode.numerics import peer_numerics, run_numerics, thread_budget
 from vaecache.errors import InputError, UsageError
 from vaecache.meter import MeterFactory, meter_phase

@@ -5,10 +5,13 @@ run prints of a text set."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vaecache.cache.kinds import EmbedShared, KindEdges, KindOption, SetOutcome
+from vaecache.edges import EmbedShared, KindEdges, KindOption
 from vaecache.errors import UsageError
+
+if TYPE_CHECKING:
+    from vaecache.cache.kinds import SetOutcome
 
 
 class TextEdges(KindEdges):
