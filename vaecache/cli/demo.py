@@ -40,6 +40,10 @@ def demo(
                               metavar="DIR"),
 ) -> None:
     """Demo data encoded, verified, decoded and reported, in one go."""
+    from vaecache.cli.encode import starting_lines
+
+    say = starting_lines(True)
+    say("importing torch and diffusers")
     from vaecache.cli.decode import report_table as preview_table
     from vaecache.cli.encode import summary_table
     from vaecache.cli.verify import report_table
@@ -47,6 +51,7 @@ def demo(
     from vaecache.demodata import DemoDataSpec, write_demo_dataset
     from vaecache.distributed.context import distributed
     from vaecache.encode.command import run_encode
+    from vaecache.meter import meter
     from vaecache.settings.clip import ClipSettings, SamplingConfig
     from vaecache.settings.commands import EncodeConfig
     from vaecache.settings.parts import DecodeConfig, OutConfig, SourceConfig, VaeConfig
@@ -60,17 +65,18 @@ def demo(
                   markup=False)
     cfg = EncodeConfig(SourceConfig(data), VaeConfig("builtin:small"),
                        ClipSettings(SamplingConfig(num_frames=9), 64, 64), OutConfig(out, overwrite=True),
-                       decode=DecodeConfig(workers=0), progress=False)
+                       decode=DecodeConfig(workers=0))
     console.print("2/5 encoding with builtin:small (a tiny Wan VAE trained on demo-style footage; these scenes "
                   "were held out of its training), the same as:")
     console.print("    " + shlex.join(["vaecache", "encode", str(data), "--out", str(out), "--vae", "builtin:small",
-                                       "--num-frames", "9", "--size", "64x64", "--workers", "0", "--overwrite",
-                                       "--no-progress"]), markup=False, soft_wrap=True)
+                                       "--num-frames", "9", "--size", "64x64", "--workers", "0", "--overwrite"]),
+                  markup=False, soft_wrap=True)
     with distributed(sp_size=1, device="cpu") as ctx:
-        summary = run_encode(cfg, ctx)
+        summary = run_encode(cfg, ctx, meter=lambda label, unit: meter(label, unit, console), say=say)
     console.print(summary_table(summary))
+    console.print("3/5 verify: every shard hashed and its tensors checked, the same as: vaecache verify "
+                  f"{out}", markup=False, soft_wrap=True)
     report = verify_cache(out)
-    console.print("3/5 verify")
     console.print(report_table(report))
     if not report.ok:
         raise typer.Exit(1)

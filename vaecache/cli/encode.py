@@ -7,8 +7,9 @@ decoders load only for a command that will run.
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 from rich.markup import escape
@@ -20,6 +21,7 @@ from vaecache.cli.common import (
     console,
     failure_lines,
     human_bytes,
+    is_launcher_rank0,
     launcher_rank_world,
     report_errors,
     tell_launcher,
@@ -56,6 +58,16 @@ def check_usage_before_start(cfg: EncodeConfig, environ: dict[str, str] | None =
                          f"(or srun --ntasks {sp_size} vaecache encode ...)")
 
 
+def starting_lines(shown: bool) -> Callable[[str], None]:
+    """`say(text)`: one dim line on stderr as start-up begins each step (its first before torch is imported, so a
+    first run is never silent); nothing with --no-progress, nor on the ranks but rank 0 of a launcher."""
+    if not shown or not is_launcher_rank0():
+        return lambda text: None
+    started = time.perf_counter()
+    return lambda text: console.print(f"[dim]{time.perf_counter() - started:5.1f} s  {escape(text)} ...[/dim]",
+                                      soft_wrap=True)
+
+
 def summary_json(summary: EncodeSummary) -> dict[str, Any]:
     """What the summary table shows, as JSON (encode --json)."""
     payload = {field.name: getattr(summary, field.name) for field in dataclasses.fields(summary)}
@@ -81,6 +93,8 @@ def encode(
     check_usage_before_start(cfg)
     check_json_target(json_file)
     check_before_torch(cfg, encode=True)
+    say = starting_lines(cfg.progress)
+    say("importing torch and diffusers")
 
     from vaecache.distributed.context import distributed
     from vaecache.encode.command import run_encode
@@ -98,7 +112,8 @@ def encode(
                           "footage (for demos and tests, not for real video)")
         live = LiveFailures(cfg.out.location, ctx.info.rank, ctx.info.world_size)
         summary = run_encode(cfg, ctx, meter=lambda label, unit: meter(
-            label, unit, console, enabled=is_rank0 and cfg.progress), on_failure=live)
+            label, unit, console, enabled=is_rank0 and cfg.progress), on_failure=live,
+            say=say if is_rank0 else None)
         added = []  # each kind's sets asked of encode, once the cache is finished (complete, or with skipped inputs)
         if not summary.stopped and summary.exit_code in (EXIT_OK, EXIT_PARTIAL):
             from vaecache.edges import kind_edges

@@ -30,13 +30,15 @@ log = logging.getLogger("vaecache")
 
 def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None = None,
                meter: MeterFactory | None = None,
-               on_failure: Callable[[dict[str, Any]], None] | None = None) -> EncodeSummary:
+               on_failure: Callable[[dict[str, Any]], None] | None = None,
+               say: Callable[[str], None] | None = None) -> EncodeSummary:
     """Encode the dataset into OUT on this rank; returns the job-wide summary. Each stage gets its part of `cfg`:
     OUT's commit protocol `cfg.out`, start-up the parts it checks and resolves, the encode loop what it writes with.
 
     `on_progress(clips_done_now, clips_of_this_rank)` is called after each batch; `meter`, where given,
     shows the probing of this rank's scenes and then its clips; `on_failure(record)` gets each failure record
-    (an input that produced no clip) this rank writes, as it writes it."""
+    (an input that produced no clip) this rank writes, as it writes it; `say(text)`, where given, what start-up is
+    doing as it starts each step."""
     started = time.perf_counter()
     overwrite = cfg.out.overwrite
     held = HeldObjects()  # the small videos probing reads whole, for each decode worker's first batch
@@ -60,7 +62,7 @@ def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None 
                 start = start_up(StartRequest(
                     cfg.source, cfg.vae, cfg.clip, cfg.decode, cfg.parallel, ctx.device, ctx.info.world_size,
                     ctx.info.local_world_size, cfg.text, cfg.conditions, cfg.audio, probe_cache=out.probes_folder(),
-                    held=held, out_ready=out_ready), ctx, meter)
+                    held=held, out_ready=out_ready), ctx, meter, say)
             for note in start.notes if ctx.info.rank == 0 else ():
                 log.warning("%s", note)
             records = run_records(cfg, start, ctx.info.world_size)

@@ -121,7 +121,8 @@ class StartUp:
         return tuple(found[name] for name in sorted(found))
 
 
-def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None = None) -> StartUp:
+def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None = None,
+             say: Callable[[str], None] | None = None) -> StartUp:
     """Everything that can be checked without the VAE first (the decoder, DATA, the probes, the plan), then the
     VAE and what the settings need of it. Under several ranks (`ctx`) every rank plans alike (probing.probe_dataset
     shares the probes)."""
@@ -133,6 +134,8 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
         edges.check_at_start(request)
     backend = resolve_decoder(request.decode.decoder, request.device, request.decode.workers)
     sampling = clip.sampling
+    tell = say or (lambda text: None)  # what start-up is doing, as it starts each step (rank 0's terminal)
+    tell(f"listing the dataset {source.location}")
     found = discover(source.location, options=SourceOptions(clip.cameras, sampling.frame_rate,
                                                            source.nuscenes_version, source.columns,
                                                            source.lerobot_state, source.storage_options))
@@ -161,6 +164,7 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
         first = job.skipped[0]
         raise InputError(f"{first.path or first.scene_id}: {first.reason} (scene {first.scene_id}; --on-error fail)")
     set_doing(f"loading the VAE {vae_config.spec}")
+    tell(f"loading the VAE {vae_config.spec} and hashing its weights")
     if clip.encoder_impl == "auto" and recorded.encoder_impl is not None:
         clip = dataclasses.replace(clip, encoder_impl=recorded.encoder_impl)
     # every rank hears at once of a rank whose copy of the VAE does not load (a damaged file on its node's disk)
