@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from vaecache.cache.io import AppendLog, atomic_write_bytes, atomic_write_json, read_json
-from vaecache.cache.kinds import recorded_kinds
 from vaecache.cache.layout import (
     BUILTIN_SET_KINDS,
     KINDS_RECORD,
@@ -27,6 +26,7 @@ from vaecache.cache.layout import (
     failures_path,
     probes_path,
     progress_path,
+    recorded_kinds,
 )
 from vaecache.cache.lock import acquire_lock, release_lock
 from vaecache.cache.manifest import read_manifest

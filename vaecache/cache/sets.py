@@ -234,7 +234,7 @@ def verify_item_sets(cache: Any, kind: Any, quick: bool, check_type: type) -> li
     import pyarrow.parquet as pq
     from safetensors.torch import load as safetensors_load
 
-    from vaecache.cache.kinds import kind_hook
+    from vaecache.cache.hooks import kind_hook
     from vaecache.cache.writer import STATS_RTOL, tensor_stats
     from vaecache.errors import KindHookError, VaecacheError
 
