@@ -140,9 +140,9 @@ def _duration(seconds: float) -> str:
 @with_setting_flags(PLAN)
 def plan(
     data: DataArgument,
+    config: ConfigOption = None,
     json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON here ('-': stdout).",
                                              metavar="FILE"),
-    config: ConfigOption = None,
     *,
     flags: dict[str, Any],
 ) -> None:
