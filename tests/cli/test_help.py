@@ -65,3 +65,13 @@ def test_encode_help_groups_the_rest_by_topic(run_cli: Callable) -> None:
 def test_the_command_list_gives_each_command_one_line(run_cli: Callable) -> None:
     rows = [row for row in help_at_80(run_cli, None).split("╭─ Commands ")[1].splitlines() if row.startswith("│")]
     assert [row.split()[1] for row in rows] == COMMANDS_IN_ORDER
+
+
+def test_embed_help_has_a_panel_per_kind_from_the_kinds_own_declarations(run_cli: Callable) -> None:
+    from vaecache.edges import kind_edges
+
+    text = help_at_80(run_cli, "embed")
+    assert re.findall(r"╭─ (.+?) ─", text) == ["Arguments", "Options", *(edges.panel for edges in kind_edges())]
+    for edges in kind_edges():
+        panel = text.split(f"╭─ {edges.panel} ")[1].split("╰")[0]
+        assert re.findall(r"^│ (--[a-z0-9-]+)", panel, flags=re.M) == [option.flag for option in edges.options]
