@@ -4,7 +4,7 @@
 Three ways to encode the same clips, interleaved in every repeat (the order rotates between repeats):
 
 * encode_only: ``load_vae(spec).encode_views`` on batches decoded into memory beforehand: the ceiling;
-* vaecache: ``vaecache.encode.run.run_encode`` in ``vaecache.distributed.distributed()`` (one process) into a
+* vaecache: ``vaecache.encode.command.run_encode`` in ``vaecache.distributed.distributed()`` (one process) into a
   fresh OUT, decoding in ``--workers`` DataLoader processes, shards written by the writer thread;
 * naive: what a user writes first: decord VideoReader (Pillow for --input jpeg) per camera, ``F.interpolate``, one
   ``vae.model.module.encode(x).latent_dist`` per clip with all its cameras as one batch, ``torch.save``
@@ -241,7 +241,7 @@ def run_vaecache(args: argparse.Namespace, data: Path, out: Path, height: int, w
                  first_views: int) -> dict[str, Any]:
     import vaecache.encode.startup as startup
     from vaecache.distributed.context import distributed
-    from vaecache.encode.run import run_encode
+    from vaecache.encode.command import run_encode
     from vaecache.settings.clip import ClipSettings, SamplingConfig
     from vaecache.settings.commands import EncodeConfig
     from vaecache.settings.options import parse_bytes
@@ -332,7 +332,8 @@ def _upload_to_s3(stack: contextlib.ExitStack, data: Path, tmp: Path,
     the server; with `latency_ms` > 0 then start the delaying proxy in front of it and point the AWS environment at
     the proxy, so the runs that follow (DATA and OUT) go through it. Returns DATA's URL, the server's log, the log's
     end and the proxy (None without one) and the server's pid."""
-    from vaecache.urls import Url, open_filesystem
+    from vaecache.storage import open_filesystem
+    from vaecache.urls import Url
 
     log = tmp / "s3-server.log"
     endpoint = stack.enter_context(bl.s3_server(log, nice))

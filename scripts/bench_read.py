@@ -8,13 +8,13 @@ repeat running them in a rotated order:
 
 - disk: the local file;
 - s3_prefetch: the URL as vaecache reads it: the next block's GET under way while this one is read, and the blocks
-  the index pass fetched kept for the decode (vaecache.urls.BLOCKS_KEPT);
+  the index pass fetched kept for the decode (vaecache.storage.BLOCKS_KEPT);
 - s3_foreground: the URL read ahead in the foreground (BLOCKS_KEPT = 0, as before): every block waits for its GET,
   and the decode fetches again what the index pass read.
 
 Frames per second: the median over --repeats (index pass and decode together); `vs_disk`: each way's over the
 disk's, in the same run. `gets_per_read`: ranged GETs the server logged per read of the video. Every way's frames
-are compared with the disk read's (`identical`). Blocks are --block-mb (vaecache.urls.READ_BLOCK); moto streams
+are compared with the disk read's (`identical`). Blocks are --block-mb (vaecache.storage.READ_BLOCK); moto streams
 bodies at loopback speed, so what the proxy models is each request's round trip, not a bandwidth.
 
     python scripts/bench_read.py [--repeats 5] [--frames 150] [--size 480x640] [--latency-ms 30] [--block-mb 4]
@@ -74,11 +74,11 @@ def write_video(path: Path, frames: int, height: int, width: int, gop: int = 30)
 def serve_video(stack: contextlib.ExitStack, video: Path, tmp: Path, latency_ms: float) -> Path:
     """`video` as s3://bench/video.mp4 on moto's server (kept running by `stack`), behind the latency proxy where
     `latency_ms` > 0, DATA's filesystem made afresh towards it; returns the server's request log."""
-    import vaecache.urls as urls
+    import vaecache.storage as storage
 
     log = tmp / "s3-server.log"
     endpoint = stack.enter_context(bl.s3_server(log))
-    fs, _ = urls.open_filesystem("s3://bench")
+    fs, _ = storage.open_filesystem("s3://bench")
     fs.mkdir("bench")
     fs.put(str(video), "bench/video.mp4")
     if latency_ms > 0:
@@ -88,8 +88,8 @@ def serve_video(stack: contextlib.ExitStack, video: Path, tmp: Path, latency_ms:
         saved = os.environ["AWS_ENDPOINT_URL_S3"]
         os.environ["AWS_ENDPOINT_URL_S3"] = proxy.endpoint
         stack.callback(os.environ.__setitem__, "AWS_ENDPOINT_URL_S3", saved)
-    urls.set_data_storage_options({})
-    stack.callback(urls.set_data_storage_options, {})
+    storage.set_data_storage_options({})
+    stack.callback(storage.set_data_storage_options, {})
     return log
 
 
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--gop", type=int, default=30, help="clips: frames per GOP")
     parser.add_argument("--sample", type=int, default=20, help="clips: clips read, each by a fresh reader")
     parser.add_argument("--latency-ms", type=float, default=30.0)
-    parser.add_argument("--block-mb", type=float, default=4.0, help="bytes per ranged GET (vaecache.urls.READ_BLOCK)")
+    parser.add_argument("--block-mb", type=float, default=4.0, help="bytes per ranged GET (storage.READ_BLOCK)")
     parser.add_argument("--tmp", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.workload == "clips":
@@ -125,24 +125,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.clip_frames = args.clip_frames or 17
     height, width = (int(v) for v in (args.size or "480x640").lower().split("x"))
 
-    import vaecache.urls as urls
+    import vaecache.storage as storage
 
     read_frames = (args.frames // args.clip_frames) * args.clip_frames
     with contextlib.ExitStack() as stack:
-        stack.callback(setattr, urls, "READ_BLOCK", urls.READ_BLOCK)  # main() runs in-process in the tests
-        stack.callback(setattr, urls, "BLOCKS_KEPT", urls.BLOCKS_KEPT)
-        urls.READ_BLOCK = max(1 << 16, int(args.block_mb * (1 << 20)))
-        block = urls.READ_BLOCK
+        stack.callback(setattr, storage, "READ_BLOCK", storage.READ_BLOCK)  # main() runs in-process in the tests
+        stack.callback(setattr, storage, "BLOCKS_KEPT", storage.BLOCKS_KEPT)
+        storage.READ_BLOCK = max(1 << 16, int(args.block_mb * (1 << 20)))
+        block = storage.READ_BLOCK
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=args.tmp)))
         bl.progress(f"writing {args.frames} frames of {width}x{height} (h264, CRF 10, half noise)")
         video = write_video(tmp / "video.mp4", args.frames, height, width)
         size = video.stat().st_size
         log = serve_video(stack, video, tmp, args.latency_ms)
         where = {"disk": str(video), "s3_prefetch": "s3://bench/video.mp4", "s3_foreground": "s3://bench/video.mp4"}
-        prefetch = {"disk": urls.BLOCKS_KEPT, "s3_prefetch": urls.BLOCKS_KEPT, "s3_foreground": 0}
+        prefetch = {"disk": storage.BLOCKS_KEPT, "s3_prefetch": storage.BLOCKS_KEPT, "s3_foreground": 0}
 
         def one(way: str) -> tuple[float, str, int]:
-            urls.BLOCKS_KEPT = prefetch[way]
+            storage.BLOCKS_KEPT = prefetch[way]
             start = bl.s3_requests(log, 0)[1]
             seconds, digest = read_all(where[way], args.frames, args.clip_frames)
             gets = bl.s3_requests(log, start)[0].get("GET range", 0)
@@ -223,7 +223,7 @@ def read_clip(location: str, frames: list[int], timeline: Any) -> tuple[float, s
 def clips_main(args: argparse.Namespace) -> dict[str, Any]:
     import json
 
-    import vaecache.urls as urls
+    import vaecache.storage as storage
 
     repeats = args.repeats or 1
     clip_frames = args.clip_frames or 16
@@ -232,8 +232,8 @@ def clips_main(args: argparse.Namespace) -> dict[str, Any]:
     step = max(1, args.clips // args.sample)
     sampled = [list(range(c * clip_frames, (c + 1) * clip_frames)) for c in range(0, args.clips, step)][:args.sample]
     with contextlib.ExitStack() as stack:
-        stack.callback(setattr, urls, "READ_BLOCK", urls.READ_BLOCK)  # main() runs in-process in the tests
-        urls.READ_BLOCK = max(1 << 16, int(args.block_mb * (1 << 20)))
+        stack.callback(setattr, storage, "READ_BLOCK", storage.READ_BLOCK)  # main() runs in-process in the tests
+        storage.READ_BLOCK = max(1 << 16, int(args.block_mb * (1 << 20)))
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=args.tmp)))
         bl.progress(f"writing {frames} frames of {width}x{height} (h264, CRF 10, half noise, GOP {args.gop})")
         video = write_video(tmp / "video.mp4", frames, height, width, args.gop)
@@ -282,7 +282,7 @@ def clips_main(args: argparse.Namespace) -> dict[str, Any]:
                                  "at_10m_clips_mb": bl.rnd(hour / 200 * 10_000_000 / 1e6)},
         "sampled_clips": len(sampled),
         "latency_ms": args.latency_ms,
-        "block_bytes": urls.READ_BLOCK,
+        "block_bytes": storage.READ_BLOCK,
         "repeats": repeats,
         "machine": bl.machine_info(),
         "timed": "per sampled clip and way, a fresh reader: open, read the clip's frames, close; the median",

@@ -7,7 +7,7 @@ rotates between repeats), on the same clips:
 * encoder stage (per-clip latency): each rank decodes its views of every batch first, then, per batch,
   times ``encode_views(its views)`` + ``vaecache.parallel.gather_views`` (the pipeline's encoder stage)
   from the batch entering the encoder to all of its latents gathered on this rank;
-* end to end (throughput): ``vaecache.encode.run.run_encode`` with ``--sp-size`` S (decode workers, writer,
+* end to end (throughput): ``vaecache.encode.command.run_encode`` with ``--sp-size`` S (decode workers, writer,
   manifest) between two world barriers.
 
 DP-only is SP=1: every rank encodes all cameras of its own clips, no collectives per batch.
@@ -89,7 +89,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from vaecache.distributed.context import distributed
     from vaecache.distributed.mesh import make_mesh
-    from vaecache.encode.run import run_encode
+    from vaecache.encode.command import run_encode
     from vaecache.parallel import gather_views, plan_sp
     from vaecache.planning.clips import plan_clips
     from vaecache.planning.jobs import assign, batch_views, batched

@@ -69,7 +69,7 @@ def view_bytes(args: argparse.Namespace) -> int:
 def build_cache(args: argparse.Namespace, tmp: Path) -> Path:
     from vaecache.demodata import DemoDataSpec, write_demo_dataset
     from vaecache.distributed.context import distributed
-    from vaecache.encode.run import run_encode
+    from vaecache.encode.command import run_encode
     from vaecache.settings.buckets import parse_size
     from vaecache.settings.clip import ClipSettings, SamplingConfig
     from vaecache.settings.commands import EncodeConfig

@@ -166,9 +166,9 @@ def test_bench_scale_plans_index_lines_of_tar_members_and_time_ranges(capsys, tm
 
 
 def test_bench_read_reads_a_video_at_a_url_three_ways_with_the_same_frames(capsys):
-    import vaecache.urls as urls
+    import vaecache.storage as storage
 
-    settings = (urls.READ_BLOCK, urls.BLOCKS_KEPT)
+    settings = (storage.READ_BLOCK, storage.BLOCKS_KEPT)
     result = load_script("bench_read").main(["--repeats", "1", "--frames", "40", "--size", "96x128",
                                              "--block-mb", "0.0625", "--latency-ms", "5"])
     printed = printed_json(capsys)
@@ -177,7 +177,7 @@ def test_bench_read_reads_a_video_at_a_url_three_ways_with_the_same_frames(capsy
     # each block once with the blocks kept; read ahead in the foreground, the decode fetches them again
     assert printed["gets_per_read"]["s3_prefetch"] == printed["video"]["blocks"]
     assert printed["gets_per_read"]["s3_foreground"] > printed["video"]["blocks"]
-    assert (urls.READ_BLOCK, urls.BLOCKS_KEPT) == settings  # put back for what runs after it in this process
+    assert (storage.READ_BLOCK, storage.BLOCKS_KEPT) == settings  # put back for what runs after it in this process
 
 
 def test_bench_read_clips_reads_one_clip_of_a_long_video_with_and_without_its_timeline(capsys):

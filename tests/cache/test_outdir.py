@@ -15,9 +15,9 @@ from typing import Callable
 import pytest
 import torch
 
-from vaecache.cache.differences import describe_differences
 from vaecache.cache.lock import acquire_lock, lock_is_stale, release_lock
 from vaecache.cache.outdir import numerics_history
+from vaecache.differences import describe_differences
 from vaecache.errors import OutputError
 from vaecache.verify.integrity import verify_cache
 

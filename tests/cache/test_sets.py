@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 SCRIPT = textwrap.dedent("""
     import sys
-    from vaecache.cache.sets import loaded_on_every_rank, same_on_every_rank
+    from vaecache.distributed.agreement import loaded_on_every_rank, same_on_every_rank
     from vaecache.distributed.context import distributed
     from vaecache.weights import WeightsError
 
@@ -53,6 +53,6 @@ def test_a_rank_that_cannot_load_its_model_stops_every_rank_at_once_with_its_lin
 
 
 def test_loaded_on_one_process_is_the_load_itself():
-    from vaecache.cache.sets import loaded_on_every_rank
+    from vaecache.distributed.agreement import loaded_on_every_rank
 
     assert loaded_on_every_rank(None, lambda: 7, "VAE") == 7

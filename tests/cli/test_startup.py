@@ -57,7 +57,8 @@ STANDARD = ["--out", "OUT", "--vae", "builtin:tiny", "--num-frames", "9", "--siz
 
 @pytest.mark.parametrize("args", [["--help"], ["encode", "--help"], ["plan", "--help"], ["verify", "--help"],
                                   ["demo-data", "--help"], ["index", "--help"], ["inspect", "--help"],
-                                  ["export", "--help"], ["decode", "--help"], ["report", "--help"]], ids=" ".join)
+                                  ["export", "--help"], ["decode", "--help"], ["report", "--help"],
+                                  ["embed", "--help"]], ids=" ".join)
 def test_help_loads_no_heavy_module(args: list[str]) -> None:
     code, loaded, _ = _probe(args, HEAVY + DEFERRED)
     assert code in (0, None)
@@ -223,7 +224,7 @@ def test_encode_help_lists_the_required_options_first_and_no_bool_types(run_cli:
         assert "[required, or in --config]" in line, line
     flags = [found[0] for line in lines if (found := re.findall(r"│ (--[a-z-]+)", line))]
     assert flags[:4] == ["--out", "--vae", "--num-frames", "--size"], flags  # before every optional one
-    assert "More options" in result.output and "Usage: vaecache encode [OPTIONS] {DATA}" in result.output
+    assert "╭─ Input " in result.output and "Usage: vaecache encode [OPTIONS] {DATA}" in result.output
     tiling = next(line for line in lines if " --tiling " in line)
     assert "<bool>" not in tiling
 

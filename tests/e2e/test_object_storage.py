@@ -212,7 +212,7 @@ def test_an_index_of_data_at_a_url_names_the_objects_and_encodes_like_the_url(s3
 
     # --storage-option reaches the objects a local index names (here the endpoint, the environment's is elsewhere),
     # by a client opened afresh: not the one this process opened before for another endpoint
-    from vaecache.urls import set_data_storage_options
+    from vaecache.storage import set_data_storage_options
 
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")
     set_data_storage_options({})  # as a new process starts: no client for DATA's objects yet
@@ -325,7 +325,7 @@ def test_plan_reads_data_at_a_url_as_encode_does(s3, demo_data: Path) -> None:
 def test_an_object_changed_after_the_listing_is_not_read_as_the_listed_one(s3, demo_data: Path) -> None:
     from vaecache.errors import VideoDecodeError
     from vaecache.sources.urlpath import UrlPath
-    from vaecache.urls import url_stat
+    from vaecache.storage import url_stat
     from vaecache.video.reader import VideoReader
 
     data = upload(s3, demo_data, "changed-later", "videos")
@@ -377,8 +377,8 @@ def test_a_long_video_at_a_url_is_read_in_ranges_and_encodes_like_the_file_on_di
     # each clip record keeps its source's frame index around its frames: a re-read of the clip (a pixel loss's
     # targets, decode) seeks by it, demuxing nothing, and reads the clip's ranges of the object; verify --reencode
     # reads its frames by the video's own packets, never by the index it checks
+    from vaecache.storage import set_data_storage_options
     from vaecache.training import LatentCache
-    from vaecache.urls import set_data_storage_options
     from vaecache.video.reader import VideoReader
 
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)  # the counting proxy is gone

@@ -99,7 +99,7 @@ def test_a_generic_encoder_takes_a_length_and_a_layer(wan_text, tmp_path):
 
 
 def test_what_cannot_be_loaded_is_one_line_naming_the_spec(wan_text, tmp_path):
-    with pytest.raises(VaeSpecError, match="no such folder .*huggingface-cli download"):
+    with pytest.raises(VaeSpecError, match="no such folder .*hf download"):
         load_text_encoder("diffusers:Wan-AI/Wan2.1-T2V-1.3B-Diffusers")
     with pytest.raises(UsageError, match="needs --text-length"):
         load_text_encoder(f"transformers:{wan_text / 'text_encoder'}")

@@ -346,7 +346,7 @@ def test_the_webdataset_export_carries_each_set_read_back_as_latentcache_gives_i
 def test_ranks_that_loaded_different_encoders_are_refused_before_anything_is_written():
     import types
 
-    from vaecache.cache.sets import same_on_every_rank
+    from vaecache.distributed.agreement import same_on_every_rank
     from vaecache.errors import UsageError
 
     def ctx(*prints):

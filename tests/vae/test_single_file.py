@@ -72,7 +72,7 @@ def test_what_a_checkpoint_is_decides_the_answer(wan_files, demo_data, tmp_path)
     assert "--allow-pickle-weights" in refused(str(wan_files / "Wan2.1_VAE.pth"), "--vae-config",
                                                str(wan_files / "folder"))
     hub = refused("Wan-AI/Wan2.1-T2V-1.3B-Diffusers")
-    assert "huggingface-cli download Wan-AI/Wan2.1-T2V-1.3B-Diffusers --include 'vae/*'" in hub
+    assert "hf download Wan-AI/Wan2.1-T2V-1.3B-Diffusers --include 'vae/*'" in hub
     assert "diffusers:./Wan2.1-T2V-1.3B-Diffusers#vae" in hub
     assert "did you mean builtin:tiny" in refused("tiny")
     assert "--vae-config goes with a single checkpoint file" in refused("builtin:tiny", "--vae-config",

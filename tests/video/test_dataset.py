@@ -11,7 +11,7 @@ import pytest
 
 from tests.s3 import make_bucket, upload
 from vaecache.errors import VideoDecodeError
-from vaecache.urls import url_stat
+from vaecache.storage import url_stat
 from vaecache.video.dataset import ViewDecoder
 
 
@@ -36,7 +36,7 @@ def test_videos_at_a_url_open_ahead_together_and_a_changed_one_is_still_refused(
 def test_a_changed_file_check_of_an_object_costs_no_request_of_its_own(s3: Any, s3_endpoint: str, demo_data: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.s3 import StoreProxy
-    from vaecache.urls import set_data_storage_options
+    from vaecache.storage import set_data_storage_options
 
     make_bucket(s3, "one-head")
     url = upload(s3, demo_data, "one-head", "data")
@@ -77,7 +77,7 @@ def test_a_decode_worker_opens_objects_as_listed_without_a_head_and_refuses_a_ch
 
     from tests.s3 import StoreProxy
     from vaecache.sources.urlpath import UrlPath
-    from vaecache.urls import set_data_storage_options
+    from vaecache.storage import set_data_storage_options
 
     make_bucket(s3, "as-listed")
     url = upload(s3, demo_data, "as-listed", "data")
@@ -104,7 +104,7 @@ def test_a_decode_worker_opens_objects_as_listed_without_a_head_and_refuses_a_ch
 
 def test_a_held_object_opens_once_without_a_request_and_holding_keeps_to_its_budget(
         s3: Any, s3_endpoint: str, demo_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import vaecache.urls as urls
+    import vaecache.storage as storage
     from tests.s3 import StoreProxy
     from vaecache.sources.probing import probe_file
     from vaecache.sources.urlpath import UrlPath
@@ -115,28 +115,28 @@ def test_a_held_object_opens_once_without_a_request_and_holding_keeps_to_its_bud
     counting = StoreProxy(s3_endpoint, {})
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL_S3", counting.endpoint)
-        urls.set_data_storage_options({})
+        storage.set_data_storage_options({})
         assert UrlPath(url).exists()  # the run's listing
         probe_file(video)  # with nothing to hold in (plan, index, verify): nothing is held
-        held = urls.HeldObjects()
+        held = storage.HeldObjects()
         probe_file(video, held=held)  # a small video: read whole, and held
         size = held.held_bytes
         assert size == (demo_data / "scene_000" / "cam_0.mp4").stat().st_size
         before = counting.seen.get("GET", 0)
-        with urls.open_url(video, held=held) as handle:
+        with storage.open_url(video, held=held) as handle:
             assert handle.read() == (demo_data / "scene_000" / "cam_0.mp4").read_bytes()
         assert counting.seen.get("GET", 0) == before and held.held_bytes == 0  # no request; held once
-        with urls.open_url(video, held=held) as handle:
+        with storage.open_url(video, held=held) as handle:
             handle.read()
         assert counting.seen["GET"] == before + 1
 
-        budgeted = urls.HeldObjects(budget=size)
+        budgeted = storage.HeldObjects(budget=size)
         assert budgeted.hold(video, b"v" * size)
         assert not budgeted.hold(other, b"o")  # over the budget
         budgeted.keep_only([other])
         assert budgeted.held_bytes == 0 and budgeted.hold(other, b"o" * size)  # letting go gives the budget back
     finally:
-        urls.set_data_storage_options({})
+        storage.set_data_storage_options({})
         counting.close()
 
 
@@ -147,7 +147,7 @@ def test_episodes_opened_ahead_are_read_on_by_the_thread_that_asked(s3: Any, tmp
     import threading
 
     from tests.videos import LAYOUTS, write_video
-    from vaecache.urls import set_data_storage_options
+    from vaecache.storage import set_data_storage_options
     from vaecache.video import spans
 
     for name in ("a", "b"):

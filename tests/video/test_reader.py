@@ -21,6 +21,7 @@ from vaecache.sources.probing import probe_scene
 from vaecache.sources.scene import Scene
 from vaecache.video.backends import Backend, open_video
 from vaecache.video.dataset import ViewBatchDataset, ViewDecoder
+from vaecache.video.planned_reads import PlannedReads
 from vaecache.video.reader import DECODER
 from vaecache.video.resize import resize_cover_crop, to_model_range
 
@@ -375,7 +376,7 @@ def test_everything_runs_without_decord(wide_video: Path, tmp_path: Path) -> Non
         "sys.modules['decord'] = None  # any 'import decord' now raises ImportError\n"
         "from vaecache.sources.scene import Scene\nfrom vaecache.sources.probing import probe_scene\n"
         "from vaecache.video.dataset import ViewDecoder\n"
-        "import vaecache.encode.run, vaecache.encode.dry_run, vaecache.verify.integrity\n"
+        "import vaecache.encode.command, vaecache.encode.dry_run, vaecache.verify.integrity\n"
         f"path = {str(wide_video)!r}\n"
         "probe = probe_scene(Scene('w', ('video',), (path,)))\n"
         "views = ViewDecoder(48, 48).decode(path, (1, 3, 6))\n"
@@ -425,17 +426,17 @@ def test_a_video_at_a_url_over_many_blocks_is_read_frame_exactly_with_the_next_b
     windows, and an object replaced while open is refused as before."""
     import fsspec.caching
 
-    import vaecache.urls as urls
+    import vaecache.storage as storage
     from tests.s3 import make_bucket
 
     path = write_video(tmp_path / "video.mp4", LAYOUTS["h264-open-gop"], frames=72, height=192, width=288)
     make_bucket(s3, "blocks")
     s3.put(str(path), "blocks/video.mp4")
-    monkeypatch.setattr(urls, "READ_BLOCK", 64 << 10)  # PyAV reads 32 KiB at a time: blocks larger than that
-    monkeypatch.setattr(urls, "BLOCKS_KEPT", prefetch)
-    assert path.stat().st_size > 3 * urls.READ_BLOCK
+    monkeypatch.setattr(storage, "READ_BLOCK", 64 << 10)  # PyAV reads 32 KiB at a time: blocks larger than that
+    monkeypatch.setattr(storage, "BLOCKS_KEPT", prefetch)
+    assert path.stat().st_size > 3 * storage.READ_BLOCK
     reference = sequential_frames(path)
-    urls.set_data_storage_options({})
+    storage.set_data_storage_options({})
     try:
         with open_video("s3://blocks/video.mp4") as reader:
             cache = reader._url_file.cache
@@ -446,7 +447,7 @@ def test_a_video_at_a_url_over_many_blocks_is_read_frame_exactly_with_the_next_b
             with pytest.raises(VideoDecodeError, match="changed since it was listed"):
                 reader.read(list(range(0, 72, 8)))  # the whole object: more blocks than are kept, so one is fetched
     finally:
-        urls.set_data_storage_options({})
+        storage.set_data_storage_options({})
 
 
 def test_an_fsspec_that_does_not_close_the_background_cache_reads_ahead_in_the_foreground(
@@ -455,21 +456,21 @@ def test_an_fsspec_that_does_not_close_the_background_cache_reads_ahead_in_the_f
     there a large object is read as before."""
     import fsspec.caching
 
-    import vaecache.urls as urls
+    import vaecache.storage as storage
     from tests.s3 import make_bucket
 
     make_bucket(s3, "old-fsspec")
     s3.pipe("old-fsspec/object", bytes(range(256)) * 1024)
-    urls.set_data_storage_options({})
+    storage.set_data_storage_options({})
     try:
-        with urls.open_url("s3://old-fsspec/object", 64 << 10, sequential=True) as handle:
+        with storage.open_url("s3://old-fsspec/object", 64 << 10, sequential=True) as handle:
             assert isinstance(handle.cache, fsspec.caching.BackgroundBlockCache)
-        monkeypatch.setattr(urls, "_background_closes", lambda: False)
-        with urls.open_url("s3://old-fsspec/object", 64 << 10, sequential=True) as handle:
+        monkeypatch.setattr(storage, "_background_closes", lambda: False)
+        with storage.open_url("s3://old-fsspec/object", 64 << 10, sequential=True) as handle:
             assert isinstance(handle.cache, fsspec.caching.ReadAheadCache)
             assert handle.read() == bytes(range(256)) * 1024
     finally:
-        urls.set_data_storage_options({})
+        storage.set_data_storage_options({})
 
 
 # --------------------------------------------------------------------------- the frame index from the probe
@@ -532,7 +533,7 @@ def test_one_clip_of_a_long_object_reads_its_header_index_and_gops_not_the_objec
     header and index (ftyp, moov), the GOPs the clip's frames are decoded from (from the keyframe the demuxer seeks
     to) and at most one read-ahead block past them; the object's other bytes are never asked for, and the frames are
     those of a straight decode of the file."""
-    import vaecache.urls as urls
+    import vaecache.storage as storage
     from tests.s3 import StoreProxy, make_bucket
     from vaecache.video.timeline import gop_bytes
 
@@ -541,7 +542,7 @@ def test_one_clip_of_a_long_object_reads_its_header_index_and_gops_not_the_objec
     s3.put(str(path), "long/long.mp4")
     reference = sequential_frames(path)
     size = path.stat().st_size
-    urls.set_data_storage_options({})
+    storage.set_data_storage_options({})
     with open_video("s3://long/long.mp4") as probing:
         timeline = probing.timeline
     moov = max(end - start for start, end in timeline.head)
@@ -551,7 +552,7 @@ def test_one_clip_of_a_long_object_reads_its_header_index_and_gops_not_the_objec
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", counting.endpoint)
     try:
         for clip in ([*range(100, 116)], [*range(300, 332, 2)], [*range(464, 480)]):
-            urls.set_data_storage_options({})  # a fresh worker
+            storage.set_data_storage_options({})  # a fresh worker
             counting.paths.clear()
             with open_video("s3://long/long.mp4", timeline=timeline, clip=(clip[0], clip[-1])) as reader:
                 _assert_frames("one clip at a URL", reader.read(clip), reference, clip)
@@ -568,7 +569,7 @@ def test_one_clip_of_a_long_object_reads_its_header_index_and_gops_not_the_objec
             assert len(gets) == cache.fetches <= 6, gets
     finally:
         counting.close()
-        urls.set_data_storage_options({})
+        storage.set_data_storage_options({})
 
 
 def test_a_small_object_with_few_clips_is_read_whole_by_one_get(s3: Any, s3_endpoint: str, tmp_path: Path,
@@ -577,13 +578,13 @@ def test_a_small_object_with_few_clips_is_read_whole_by_one_get(s3: Any, s3_endp
     whole, as without one (one round trip, not one per range)."""
     import fsspec.caching
 
-    import vaecache.urls as urls
+    import vaecache.storage as storage
     from tests.s3 import make_bucket
 
     path = _long_video(tmp_path)
     make_bucket(s3, "few")
     s3.put(str(path), "few/long.mp4")
-    urls.set_data_storage_options({})
+    storage.set_data_storage_options({})
     try:
         with open_video("s3://few/long.mp4") as probing:
             timeline = probing.timeline
@@ -591,9 +592,9 @@ def test_a_small_object_with_few_clips_is_read_whole_by_one_get(s3: Any, s3_endp
             assert isinstance(reader._url_file.cache, fsspec.caching.ReadAheadCache)
             assert np.array_equal(reader.read([0, 119])[1], sequential_frames(path)[119])
         with open_video("s3://few/long.mp4", timeline=timeline, clip=(0, 59)) as reader:  # 8 clips of 60
-            assert isinstance(reader._url_file.cache, urls.PlannedReads)
+            assert isinstance(reader._url_file.cache, PlannedReads)
     finally:
-        urls.set_data_storage_options({})
+        storage.set_data_storage_options({})
 
 
 def test_a_run_probed_without_an_index_refuses_a_file_rewritten_before_it_is_decoded(tmp_path: Path) -> None:

@@ -22,7 +22,8 @@ import torch
 
 from vaecache.cache.kinds import ComputedItem, SetKind, SetPlan, register
 from vaecache.cache.layout import AUDIO_DIR
-from vaecache.cache.sets import Recomputed, generation_of, loaded_on_every_rank, pack_shards, same_on_every_rank
+from vaecache.cache.sets import Recomputed, generation_of, pack_shards
+from vaecache.distributed.agreement import loaded_on_every_rank, same_on_every_rank
 from vaecache.errors import AudioMissingError, UsageError, VaecacheError, VaeSpecError
 
 MISSING_CHOICES = ("skip", "silence")
@@ -325,7 +326,7 @@ def check_audio_reencode(cache: Any, count: int, seed: int, device: Any, toleran
     from vaecache.audio.latents import audio_posterior_mean
     from vaecache.audio.mel import clip_mel
     from vaecache.audio.track import AudioSources, record_audio
-    from vaecache.cache.differences import describe_differences
+    from vaecache.differences import describe_differences
     from vaecache.settings.clip import ClipSettings
 
     sets = cache.manifest.get(AUDIO_DIR) or {}

@@ -70,7 +70,7 @@ def _open_container(path: str) -> tuple[Any, Any]:
     if member is not None:
         handle = open_member(member)
     elif is_url(path):
-        from vaecache.urls import open_url
+        from vaecache.storage import open_url
 
         handle = open_url(path, sequential=True)
     else:

@@ -9,7 +9,6 @@ from typing import Any
 from vaecache.cache.failures import reason_counts
 from vaecache.cache.reader import CacheReader
 from vaecache.cache.table import CLIP_TABLE, open_table
-from vaecache.cache.writer import tensor_stats
 
 
 def latent_shapes(reader: CacheReader) -> list[dict[str, Any]]:
@@ -140,6 +139,8 @@ def inspect_clip(out: Path | str, clip_id: str, storage_options: dict[str, Any] 
 
         raise ShardChecksumError(f"{reader.store.where(reader.shard_of(record))}: not the shard manifest.json lists "
                                  "(missing from it, or of another size)")
+    from vaecache.cache.writer import tensor_stats  # torch: one clip's tensors are read
+
     tensors = {key: {"shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch."),
                      "stats": tensor_stats(tensor),
                      "recorded_stats": (record["tensors"][key] or {}).get("stats")}

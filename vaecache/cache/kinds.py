@@ -18,12 +18,12 @@ keeps). docs/architecture.md walks through tests/cache/latent_mean.py, a kind de
 from __future__ import annotations
 
 import importlib
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
 
+from vaecache.cache.hooks import hook_problem, kind_hook
 from vaecache.cache.layout import BUILTIN_SET_KINDS as BUILTIN_MODULES
-from vaecache.cache.layout import KINDS_RECORD
+from vaecache.cache.layout import KINDS_RECORD, module_name, recorded_kinds
 from vaecache.errors import KindNotInstalledError, ManifestError, UsageError, first_line
 
 COLUMN_TYPES = ("string", "int32", "int64", "float64", "bool", "list<bool>", "list<int32>", "list<float64>")
@@ -201,28 +201,6 @@ def register(kind: SetKind) -> SetKind:
 ENTRY_POINT_GROUP = "vaecache.kinds"
 """The entry-point group by which an installed package declares a kind: `NAME = MODULE` (the module registers the
 kind at import) or `NAME = MODULE:CLASS` (a SetKind subclass, registered when loaded)."""
-MAX_RECORDED_NAME = 200
-"""The longest kind name or module name a manifest's kinds record may hold (a message quotes them)."""
-
-
-def recorded_kinds(manifest: dict[str, Any], where: str = "manifest.json") -> dict[str, str]:
-    """The manifest's record of kinds declared outside vaecache ({kind name: module}; {} where it has none), each
-    name a plain folder name and each module a dotted Python name; a ManifestError naming `where` otherwise."""
-    if KINDS_RECORD not in manifest:
-        return {}
-    recorded = manifest[KINDS_RECORD]
-    if not isinstance(recorded, dict):
-        raise ManifestError(f"{where}: \"{KINDS_RECORD}\" is not an object of kind names and modules, got "
-                            f"{_quoted(recorded)}")
-    for name, module in recorded.items():
-        if not _plain_name(name):
-            raise ManifestError(f"{where}: \"{KINDS_RECORD}\" names kind {_quoted(name)}, not a plain folder name")
-        if not isinstance(module, str) or not _module_name(module):
-            raise ManifestError(f"{where}: \"{KINDS_RECORD}\" gives kind {name!r} the module {_quoted(module)}, not "
-                                "a dotted Python module name")
-    return recorded
-
-
 def installed_kinds() -> dict[str, list[Any]]:
     """The `vaecache.kinds` entry points of the installed packages, by name (metadata only: nothing imported)."""
     from importlib.metadata import entry_points
@@ -291,46 +269,6 @@ def cache_kinds(manifest: dict[str, Any], where: str = "manifest.json") -> list[
     return [kind_named(name, recorded.get(name), where) for name in names]
 
 
-def _plain_name(name: Any) -> bool:
-    return (isinstance(name, str) and 0 < len(name) <= MAX_RECORDED_NAME and name.isprintable() and "/" not in name
-            and "\\" not in name and not name.startswith("."))
-
-
-def _module_name(module: str) -> bool:
-    return 0 < len(module) <= MAX_RECORDED_NAME and all(part.isidentifier() for part in module.split("."))
-
-
-def _quoted(value: Any) -> str:
-    """A value a manifest holds, quoted for a one-line message (cut short, never its newlines)."""
-    text = repr(value)
-    return text if len(text) <= 80 else f"{text[:77]}..."
-
-
-@contextmanager
-def kind_hook(kind: SetKind, hook: str, set_name: str | None = None, item: str | None = None,
-              passing: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
-    """Run a kind's own code (`hook`: its readers, an item, its verify checks): a VaecacheError (or one of `passing`,
-    what the hook's contract raises: a reader's KeyError for a clip its set lacks) passes as it is, any other exception
-    becomes a KindHookError naming the kind (and its module), the set and the item."""
-    from vaecache.errors import KindHookError, VaecacheError
-
-    try:
-        yield
-    except (VaecacheError, *passing):
-        raise
-    except Exception as exc:  # noqa: BLE001  # a kind's own failure, named in one line
-        raise KindHookError(hook_problem(kind, hook, exc, set_name, item)) from exc
-
-
-def hook_problem(kind: SetKind, hook: str, exc: BaseException, set_name: str | None = None,
-                 item: str | None = None) -> str:
-    """What a failing hook of `kind` says: the kind and its module, the hook, the set and the item, the error."""
-    where = "".join([f", {kind.what} {set_name!r}" if set_name is not None else "",
-                     f", {item}" if item is not None else ""])
-    return (f"set kind {kind.name!r} ({type(kind).__module__}): its {hook}{where} raised "
-            f"{type(exc).__name__}: {first_line(exc)}")
-
-
 def set_names(manifest: dict[str, Any], kind: SetKind) -> list[str]:
     sets = manifest.get(kind.name) or {}
     return sorted(sets) if isinstance(sets, dict) else []
@@ -379,7 +317,7 @@ class SetRequest:
     def __post_init__(self) -> None:
         if self.shard_bytes < 1:
             raise UsageError(f"--shard-size must be at least 1 byte, got {self.shard_bytes}")
-        if not _module_name(self.module):
+        if not module_name(self.module):
             raise UsageError(f"--kind must name a Python module (dotted), got {self.module!r}")
 
     def kind(self) -> SetKind:

@@ -19,9 +19,10 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from vaecache.cache.v1 import CLIPS_V1, FAILURES_V1
-from vaecache.errors import UnsafePathError
+from vaecache.errors import ManifestError, UnsafePathError
 
 VERIFY_MODES = ("size", "sha256", "none")
 """How a reader checks a shard the first time it opens it: its byte count (size), its sha256 against the manifest
@@ -147,3 +148,44 @@ def inside(folder: Path, relative: object, what: str) -> Path:
     if not resolved.is_relative_to(root):
         raise UnsafePathError(f"{what}: {relative!r} leads out of {folder} through a symlink (to {resolved})")
     return path
+
+
+# ----------------------------------------------------------------------------- the manifest's record of kinds
+
+MAX_RECORDED_NAME = 200
+"""The longest kind name or module name a manifest's kinds record may hold (a message quotes them)."""
+
+
+def recorded_kinds(manifest: dict[str, Any], where: str = "manifest.json") -> dict[str, str]:
+    """The manifest's record of kinds declared outside vaecache ({kind name: module}; {} where it has none), each
+    name a plain folder name and each module a dotted Python name; a ManifestError naming `where` otherwise."""
+    if KINDS_RECORD not in manifest:
+        return {}
+    recorded = manifest[KINDS_RECORD]
+    if not isinstance(recorded, dict):
+        raise ManifestError(f"{where}: \"{KINDS_RECORD}\" is not an object of kind names and modules, got "
+                            f"{quoted(recorded)}")
+    for name, module in recorded.items():
+        if not plain_name(name):
+            raise ManifestError(f"{where}: \"{KINDS_RECORD}\" names kind {quoted(name)}, not a plain folder name")
+        if not isinstance(module, str) or not module_name(module):
+            raise ManifestError(f"{where}: \"{KINDS_RECORD}\" gives kind {name!r} the module {quoted(module)}, not "
+                                "a dotted Python module name")
+    return recorded
+
+
+def plain_name(name: Any) -> bool:
+    """A kind's name a manifest may hold: a plain folder name, printable and not too long."""
+    return (isinstance(name, str) and 0 < len(name) <= MAX_RECORDED_NAME and name.isprintable() and "/" not in name
+            and "\\" not in name and not name.startswith("."))
+
+
+def module_name(module: str) -> bool:
+    """A dotted Python module name a manifest may record (never imported from there)."""
+    return 0 < len(module) <= MAX_RECORDED_NAME and all(part.isidentifier() for part in module.split("."))
+
+
+def quoted(value: Any) -> str:
+    """A value a manifest holds, quoted for a one-line message (cut short, never its newlines)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."

@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from vaecache.cache.io import whole_lines
-from vaecache.cache.kinds import recorded_kinds
 from vaecache.cache.layout import (
     CLIPS,
     FAILURES,
@@ -61,6 +60,7 @@ from vaecache.cache.layout import (
     RUN,
     SHARD_SUFFIX,
     SHARDS_DIR,
+    recorded_kinds,
 )
 from vaecache.cache.lock import ObjectLock
 from vaecache.cache.outdir import FolderOut, PreparedOut, StrayFindings, begin_changes, prepare_out

@@ -10,9 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from vaecache.cache.differences import describe_differences
 from vaecache.cache.io import AppendLog, atomic_write_bytes, atomic_write_json, read_json
-from vaecache.cache.kinds import recorded_kinds
 from vaecache.cache.layout import (
     BUILTIN_SET_KINDS,
     KINDS_RECORD,
@@ -28,6 +26,7 @@ from vaecache.cache.layout import (
     failures_path,
     probes_path,
     progress_path,
+    recorded_kinds,
 )
 from vaecache.cache.lock import acquire_lock, release_lock
 from vaecache.cache.manifest import read_manifest
@@ -36,6 +35,7 @@ from vaecache.cache.provenance import identity_change
 from vaecache.cache.reader import CacheReader
 from vaecache.cache.repair import damaged_shards, forget_hashed_shards, repair_progress, repair_strays
 from vaecache.cache.store import LocalStore
+from vaecache.differences import describe_differences
 from vaecache.errors import ManifestError, OutputError, UsageError
 from vaecache.models import unrecorded_vae_part
 

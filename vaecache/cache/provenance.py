@@ -16,7 +16,8 @@ def source_identity(path: Any, with_hash: bool) -> dict[str, Any] | None:
     """{size, mtime_ns[, sha256]} of a source video, or of an image sequence's frames together (a FrameList, a frame
     folder or glob), or None when it cannot be read."""
     from vaecache.errors import VideoDecodeError
-    from vaecache.urls import is_url, url_sha256
+    from vaecache.storage import url_sha256
+    from vaecache.urls import is_url
     from vaecache.video.frames import frame_files, is_image_source
     from vaecache.video.identity import source_stat
     from vaecache.video.members import member_of, member_sha256
@@ -98,7 +99,7 @@ def frames_sha256(files: Sequence[str]) -> str:
     """sha256 over an image sequence's frame files' bytes, in order."""
     import hashlib
 
-    from vaecache.urls import open_location
+    from vaecache.storage import open_location
 
     digest = hashlib.sha256()
     for file in files:

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-import torch
 from safetensors import SafetensorError, safe_open
 
 from vaecache.cache.layout import (
@@ -28,6 +27,9 @@ from vaecache.cache.store import RangedShard, Store, open_store
 from vaecache.cache.table import CLIP_TABLE, FAILURE_TABLE, iter_column, iter_table
 from vaecache.cache.v1 import CLIPS_V1, FAILURES_V1, v1_records
 from vaecache.errors import ClipTableError, ManifestError, ShardHeaderError, UnsafePathError
+
+if TYPE_CHECKING:  # the tensors are read by safetensors, which imports torch when a shard is first read
+    import torch
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ from vaecache.cache.io import atomic_write_bytes
 from vaecache.cache.layout import inside, relative_inside
 from vaecache.cache.ranged import SAFETENSORS_DTYPES, RangedShard
 from vaecache.errors import OutputError, ShardHeaderError, UsageError
-from vaecache.urls import Url, location, open_filesystem, storage_problem
+from vaecache.storage import open_filesystem, storage_problem
+from vaecache.urls import Url, location
 
 
 class Store:

@@ -20,6 +20,7 @@ from vaecache.cli.index import index
 from vaecache.cli.inspect import inspect
 from vaecache.cli.plan import plan
 from vaecache.cli.report import report
+from vaecache.cli.usage import Command, Group
 from vaecache.cli.verify import verify
 from vaecache.errors import EXIT_INTERRUPTED
 
@@ -29,18 +30,19 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=Group,
 )
-app.command("index")(index)
-app.command("encode")(encode)
-app.command("plan")(plan)
-app.command("verify")(verify)
-app.command("inspect")(inspect)
-app.command("export")(export)
-app.command("embed")(embed)
-app.command("decode")(decode)
-app.command("report")(report)
-app.command("demo-data")(demo_data)
-app.command("demo")(demo)
+app.command("index", cls=Command)(index)
+app.command("encode", cls=Command)(encode)
+app.command("plan", cls=Command)(plan)
+app.command("verify", cls=Command)(verify)
+app.command("inspect", cls=Command)(inspect)
+app.command("export", cls=Command)(export)
+app.command("embed", cls=Command)(embed)
+app.command("decode", cls=Command)(decode)
+app.command("report", cls=Command)(report)
+app.command("demo-data", cls=Command)(demo_data)
+app.command("demo", cls=Command)(demo)
 
 
 def _version(value: bool) -> None:
@@ -51,7 +53,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="Print the version and exit.")) -> None:
+                                       metavar="", help="Print the version and exit.")) -> None:
     """vaecache: index, encode, plan, verify, inspect, export, decode, report, demo-data, demo."""
 
 

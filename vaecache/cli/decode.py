@@ -33,31 +33,28 @@ def report_table(report: PreviewReport) -> Table:
 
 @report_errors
 def decode(
-    out: str = typer.Argument(..., metavar="OUT", help="A folder written by vaecache encode, or its URL "
-                              "(s3://bucket/prefix)."),
-    clip: Optional[str] = typer.Option(None, "--clip", help="The clip to decode: its id, <scene>/<first>-<last> "
-                                       "source frame (e.g. scene_000/000000-000008; `vaecache inspect OUT --clips` "
-                                       "lists them). Default: the first clip."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="The mp4 to write (default: the clip id "
-                                          "with / as _, e.g. scene_000_000000-000008.mp4, in the current folder)."),
-    vae: Optional[str] = typer.Option(None, "--vae", help="VAE to decode with (default: the recorded spec); must "
-                                      "match the recorded fingerprint, as for verify --reencode."),
-    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N."),
-    chunk_frames: int = typer.Option(4, "--chunk-frames", help="Latent frames decoded at a time per camera (Wan: "
-                                     "1 latent frame = 4 frames): bounds the frames in flight; "
-                                     "the result is the same."),
-    tiling: bool = typer.Option(False, "--tiling", help="Decode with the VAE's spatial tiling: bounds one frame's "
-                                "activations, for frames too large to decode whole (tile seams may differ slightly).",
+    out: str = typer.Argument(..., metavar="OUT", help="A cache: a folder written by encode, or its s3:// URL."),
+    clip: Optional[str] = typer.Option(None, "--clip", help="The clip's id (default: the first clip).", metavar="ID"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o",
+                                          help="The mp4 to write (default: CLIP_ID.mp4 here).", metavar="MP4"),
+    vae: Optional[str] = typer.Option(None, "--vae", help="The VAE (default: the recorded spec).", metavar="SPEC",
+                                      rich_help_panel="VAE"),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N.", metavar="TEXT",
+                               rich_help_panel="VAE"),
+    chunk_frames: int = typer.Option(4, "--chunk-frames", help="Latent frames decoded at a time (same result).",
+                                     metavar="N", rich_help_panel="VAE"),
+    tiling: bool = typer.Option(False, "--tiling", help="Decode in tiles (frames too large to decode whole).",
+                                rich_help_panel="VAE",
                                 metavar=""),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output file.", metavar=""),
-    allow_pickle_weights: bool = typer.Option(False, "--allow-pickle-weights", help="Let a diffusers VAE folder "
-                                              "holding only pickled .bin weights load (pickle runs code).", metavar=""),
-    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file "
-                                             "('-': stdout)."),
+    allow_pickle_weights: bool = typer.Option(False, "--allow-pickle-weights",
+                                              help="Let pickled .bin weights load (runs code).",
+                                              rich_help_panel="VAE", metavar=""),
+    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON here ('-': stdout).",
+                                             metavar="FILE"),
     storage_option: StorageOption = None,
 ) -> None:
-    """Decode one clip's stored latents and compare with its source: mp4 grid (source above reconstruction,
-    one column per camera), PSNR and SSIM per camera."""
+    """Decode one clip beside its source: an mp4, PSNR, SSIM."""
     from vaecache.cache.store import open_store
     from vaecache.decode.preview import PreviewSettings, check_output, default_output
     from vaecache.urls import parse_storage_options

@@ -15,14 +15,14 @@ from vaecache.errors import EXIT_OK
 @report_errors
 def demo_data(
     root: Path = typer.Argument(..., help="Folder to write DIR/<scene>/<camera>.mp4 into."),
-    scenes: int = typer.Option(3, "--scenes", help="Number of scenes."),
-    cameras: int = typer.Option(2, "--cameras", help="Cameras per scene."),
-    frames: int = typer.Option(17, "--frames", help="Frames per video."),
-    size: str = typer.Option("64x64", "--size", help="HxW of the videos (even numbers)."),
-    fps: int = typer.Option(10, "--fps", help="Frame rate."),
-    seed: int = typer.Option(0, "--seed", help="Seed: same seed, same videos."),
+    scenes: int = typer.Option(3, "--scenes", help="Number of scenes.", metavar="N"),
+    cameras: int = typer.Option(2, "--cameras", help="Cameras per scene.", metavar="N"),
+    frames: int = typer.Option(17, "--frames", help="Frames per video.", metavar="N"),
+    size: str = typer.Option("64x64", "--size", help="HxW of the videos (even numbers).", metavar="HxW"),
+    fps: int = typer.Option(10, "--fps", help="Frame rate.", metavar="N"),
+    seed: int = typer.Option(0, "--seed", help="Seed: same seed, same videos.", metavar="N"),
 ) -> None:
-    """Write a deterministic synthetic multi-camera dataset as real h264 mp4 files."""
+    """Write a synthetic multi-camera dataset of h264 mp4 files."""
     from vaecache.settings.buckets import parse_size
 
     height, width = parse_size(size)
@@ -36,17 +36,22 @@ def demo_data(
 
 @report_errors
 def demo(
-    root: Path = typer.Option(Path("vaecache-demo"), "--dir", help="Where demo data, the cache and the preview go."),
+    root: Path = typer.Option(Path("vaecache-demo"), "--dir", help="Where the data, the cache and the preview go.",
+                              metavar="DIR"),
 ) -> None:
-    """Generate demo data, encode it with builtin:small, verify it, decode one clip to a preview mp4 with its PSNR
-    against the source, and write the cache's report page."""
+    """Demo data encoded, verified, decoded and reported, in one go."""
+    from vaecache.cli.encode import starting_lines
+
+    say = starting_lines(True)
+    say("importing torch and diffusers")
     from vaecache.cli.decode import report_table as preview_table
     from vaecache.cli.encode import summary_table
     from vaecache.cli.verify import report_table
     from vaecache.decode.preview import decode_preview
     from vaecache.demodata import DemoDataSpec, write_demo_dataset
     from vaecache.distributed.context import distributed
-    from vaecache.encode.run import run_encode
+    from vaecache.encode.command import run_encode
+    from vaecache.meter import meter
     from vaecache.settings.clip import ClipSettings, SamplingConfig
     from vaecache.settings.commands import EncodeConfig
     from vaecache.settings.parts import DecodeConfig, OutConfig, SourceConfig, VaeConfig
@@ -60,17 +65,18 @@ def demo(
                   markup=False)
     cfg = EncodeConfig(SourceConfig(data), VaeConfig("builtin:small"),
                        ClipSettings(SamplingConfig(num_frames=9), 64, 64), OutConfig(out, overwrite=True),
-                       decode=DecodeConfig(workers=0), progress=False)
+                       decode=DecodeConfig(workers=0))
     console.print("2/5 encoding with builtin:small (a tiny Wan VAE trained on demo-style footage; these scenes "
                   "were held out of its training), the same as:")
     console.print("    " + shlex.join(["vaecache", "encode", str(data), "--out", str(out), "--vae", "builtin:small",
-                                       "--num-frames", "9", "--size", "64x64", "--workers", "0", "--overwrite",
-                                       "--no-progress"]), markup=False, soft_wrap=True)
+                                       "--num-frames", "9", "--size", "64x64", "--workers", "0", "--overwrite"]),
+                  markup=False, soft_wrap=True)
     with distributed(sp_size=1, device="cpu") as ctx:
-        summary = run_encode(cfg, ctx)
+        summary = run_encode(cfg, ctx, meter=lambda label, unit: meter(label, unit, console), say=say)
     console.print(summary_table(summary))
+    console.print("3/5 verify: every shard hashed and its tensors checked, the same as: vaecache verify "
+                  f"{out}", markup=False, soft_wrap=True)
     report = verify_cache(out)
-    console.print("3/5 verify")
     console.print(report_table(report))
     if not report.ok:
         raise typer.Exit(1)

@@ -7,8 +7,9 @@ decoders load only for a command that will run.
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 from rich.markup import escape
@@ -20,11 +21,14 @@ from vaecache.cli.common import (
     console,
     failure_lines,
     human_bytes,
+    is_launcher_rank0,
     launcher_rank_world,
     report_errors,
     tell_launcher,
     write_json,
 )
+from vaecache.cli.early_checks import check_before_torch
+from vaecache.cli.embed import outcome_lines
 from vaecache.cli.options import ConfigOption, DataArgument, with_setting_flags
 from vaecache.errors import EXIT_OK, EXIT_PARTIAL, UsageError
 from vaecache.settings.options import ENCODE
@@ -54,6 +58,16 @@ def check_usage_before_start(cfg: EncodeConfig, environ: dict[str, str] | None =
                          f"(or srun --ntasks {sp_size} vaecache encode ...)")
 
 
+def starting_lines(shown: bool) -> Callable[[str], None]:
+    """`say(text)`: one dim line on stderr as start-up begins each step (its first before torch is imported, so a
+    first run is never silent); nothing with --no-progress, nor on the ranks but rank 0 of a launcher."""
+    if not shown or not is_launcher_rank0():
+        return lambda text: None
+    started = time.perf_counter()
+    return lambda text: console.print(f"[dim]{time.perf_counter() - started:5.1f} s  {escape(text)} ...[/dim]",
+                                      soft_wrap=True)
+
+
 def summary_json(summary: EncodeSummary) -> dict[str, Any]:
     """What the summary table shows, as JSON (encode --json)."""
     payload = {field.name: getattr(summary, field.name) for field in dataclasses.fields(summary)}
@@ -69,18 +83,21 @@ def summary_json(summary: EncodeSummary) -> dict[str, Any]:
 def encode(
     data: DataArgument,
     config: ConfigOption = None,
-    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the summary as JSON to this file "
-                                             "('-': stdout), from rank 0."),
+    json_file: Optional[Path] = typer.Option(None, "--json",
+                                             help="Also write the summary as JSON here ('-': stdout).", metavar="FILE"),
     *,
     flags: dict[str, Any],
 ) -> None:
-    """Encode a video dataset into safetensors latent shards plus a manifest."""
+    """Encode a video dataset into latent shards and a manifest."""
     cfg = build_config(data, flags, config)
     check_usage_before_start(cfg)
     check_json_target(json_file)
+    check_before_torch(cfg, encode=True)
+    say = starting_lines(cfg.progress)
+    say("importing torch and diffusers")
 
     from vaecache.distributed.context import distributed
-    from vaecache.encode.run import run_encode
+    from vaecache.encode.command import run_encode
     from vaecache.meter import meter
 
     parallel = cfg.parallel
@@ -95,34 +112,17 @@ def encode(
                           "footage (for demos and tests, not for real video)")
         live = LiveFailures(cfg.out.location, ctx.info.rank, ctx.info.world_size)
         summary = run_encode(cfg, ctx, meter=lambda label, unit: meter(
-            label, unit, console, enabled=is_rank0 and cfg.progress), on_failure=live)
-        embedded = None
-        if cfg.text.encoder and not summary.stopped and summary.exit_code in (EXIT_OK, EXIT_PARTIAL):
-            from vaecache.text.embed import embed_cache
-            from vaecache.text.sets import EmbedRequest
+            label, unit, console, enabled=is_rank0 and cfg.progress), on_failure=live,
+            say=say if is_rank0 else None)
+        added = []  # each kind's sets asked of encode, once the cache is finished (complete, or with skipped inputs)
+        if not summary.stopped and summary.exit_code in (EXIT_OK, EXIT_PARTIAL):
+            from vaecache.edges import kind_edges
 
-            embedded = embed_cache(EmbedRequest(out=str(cfg.out.location), text_encoder=cfg.text.encoder,
-                                                device=parallel.device, require_caption_field=False,
-                                                allow_pickle_weights=cfg.vae.allow_pickle_weights,
-                                                storage_options=cfg.out.storage_options), ctx=ctx)
-        conditioned = []
-        if cfg.conditions.kinds and not summary.stopped and summary.exit_code in (EXIT_OK, EXIT_PARTIAL):
-            from vaecache.conditions.embed import embed_conditions
-            from vaecache.conditions.sets import ConditionRequest
-
-            conditioned = embed_conditions(ConditionRequest(
-                out=str(cfg.out.location), kinds=cfg.conditions.kinds, device=parallel.device, vae=cfg.vae.spec,
-                allow_pickle_weights=cfg.vae.allow_pickle_weights, storage_options=cfg.out.storage_options,
-                image_encoder=cfg.conditions.image_encoder, image_convention=cfg.conditions.image_convention),
-                ctx=ctx)
-        sounded = []
-        if cfg.audio.vae and not summary.stopped and summary.exit_code in (EXIT_OK, EXIT_PARTIAL):
-            from vaecache.audio.embed import AudioRequest, embed_audio
-
-            sounded = embed_audio(AudioRequest(
-                out=str(cfg.out.location), audio_vae=cfg.audio.vae, camera=cfg.audio.camera,
-                missing=cfg.audio.missing, device=parallel.device, allow_pickle_weights=cfg.vae.allow_pickle_weights,
-                storage_options=cfg.out.storage_options), ctx=ctx)
+            for edges in kind_edges():
+                request = edges.encode_request(cfg)
+                if request is not None:
+                    added.extend((edges, edges.set_kind(request).what, outcome)
+                                 for outcome in edges.embed(request, ctx))
     if summary.stopped:
         stopped = (f"rank {ctx.info.rank} stopped by {summary.stopped}: committed shards are kept; rerun the same "
                    "command to resume")
@@ -141,20 +141,9 @@ def encode(
         if live.seen <= live.shown:  # the rest (other ranks', earlier runs') once more under the table
             for line in failure_lines(live.not_printed(summary.skipped), str(summary.out)):
                 console.print(escape(line), soft_wrap=True)
-        if embedded is not None:
-            state = "up to date" if embedded.unchanged else "replaced" if embedded.replaced else "added"
-            console.print(escape(f"text set 'default' {state}: {embedded.clips} clips, {embedded.prompts} distinct "
-                                 f"prompts, {embedded.truncated_prompts} truncated"), soft_wrap=True)
-        for done in conditioned:
-            state = "up to date" if done.unchanged else "replaced" if done.replaced else "added"
-            console.print(escape(f"condition set {done.kind!r} {state}: {done.clips} clips, {done.views} views"),
-                          soft_wrap=True)
-        for outcome in sounded:
-            state = ("up to date" if outcome.unchanged else "replaced" if outcome.replaced else
-                     "updated" if outcome.updated else "added")
-            console.print(escape(f"audio set {outcome.name!r} {state}: {outcome.extra['clips']} clips, "
-                                 f"{outcome.extra.get('skipped', 0)} skipped, {outcome.extra.get('silenced', 0)} "
-                                 "silenced (without sound)"), soft_wrap=True)
+        for edges, what, outcome in added:
+            for line in outcome_lines(edges, what, outcome):
+                console.print(escape(line), soft_wrap=True)
     if is_rank0 and json_file is not None:
         write_json(json_file, summary_json(summary))
     if summary.exit_code == EXIT_PARTIAL:  # torchrun reports any nonzero exit as a failure: say what it is

@@ -16,38 +16,31 @@ from vaecache.errors import UsageError
 
 @report_errors
 def export(
-    out: str = typer.Argument(..., metavar="OUT", help="A folder written by vaecache encode, or its URL "
-                              "(s3://bucket/prefix)."),
-    format: str = typer.Option(..., "--format", help="musubi (musubi-tuner's latent cache) | webdataset (tar shards) | "
-                               "ltx2 (LTX-2's trainer's .precomputed folder)."),
-    dest: Path = typer.Option(..., "--out", "-o", help="Folder to create (must not exist); written beside it as "
-                              ".NAME.tmp-PID and renamed when complete."),
-    arch: Optional[str] = typer.Option(None, "--arch", help="musubi: architecture short name (wan, hv, k5, fp, hv15; "
-                                       "qi is refused with the reason); default from the VAE family (Wan: wan, "
-                                       "HunyuanVideo: hv, HunyuanVideo 1.5: hv15)."),
-    fp_latent_window_size: int = typer.Option(9, "--fp-latent-window-size", help="musubi --arch fp: latent frames "
-                                              "per FramePack section (musubi's fp_latent_window_size); a clip must "
-                                              "have sections * 4 * window + 1 frames."),
-    fp_mode: str = typer.Option("inverted", "--fp-mode", help="musubi --arch fp: inverted (musubi's default "
-                                "sampling) | f1 (its --f1, vanilla sampling)."),
-    samples_per_tar: int = typer.Option(1000, "--samples-per-tar", help="webdataset: clips per tar shard (each tar "
-                                        "holds one latent shape)."),
-    energon: str = typer.Option("auto", "--energon", help="webdataset: prepare DIR for Megatron-Energon with its own "
-                                "`energon prepare`: auto (when installed) | on | off."),
-    verify: str = typer.Option("size", "--verify", help="Check each shard when first read: size | sha256 | none."),
-    text_set: str = typer.Option("auto", "--text-set", help="musubi: the text set (vaecache embed) written as "
-                                 "musubi's text-encoder caches: NAME | auto (the cache's only set, if it has one) | "
-                                 "none. ltx2: the LTX-2 text set written as conditions: NAME | auto (the cache's only "
-                                 "set of the ltx2 family, if it has one) | none."),
-    condition: str = typer.Option("auto", "--condition", help="musubi: the image-to-video condition written as "
-                                  "musubi's Wan I2V latents_image: auto (the cache's first-frame set, if it has one) | "
-                                  "first-frame | none (musubi has no first-last convention: refused)."),
-    audio_set: str = typer.Option("auto", "--audio-set", help="ltx2: the audio set (vaecache embed --audio-vae) "
-                                  "written as audio_latents: NAME | auto (the cache's only set, if it has one) | "
-                                  "none."),
+    out: str = typer.Argument(..., metavar="OUT", help="A cache: a folder written by encode, or its s3:// URL."),
+    format: str = typer.Option(..., "--format", help="musubi | webdataset | ltx2.", metavar="FORMAT"),
+    dest: Path = typer.Option(..., "--out", "-o", help="Folder to create (must not exist).", metavar="DIR"),
+    arch: Optional[str] = typer.Option(None, "--arch",
+                                       help="Architecture: wan, hv, k5, fp, hv15 (default: the VAE's).",
+                                       metavar="NAME", rich_help_panel="musubi"),
+    fp_latent_window_size: int = typer.Option(9, "--fp-latent-window-size",
+                                              help="--arch fp: latent frames per section.", metavar="N",
+                                              rich_help_panel="musubi"),
+    fp_mode: str = typer.Option("inverted", "--fp-mode", help="--arch fp: inverted (default) | f1.", metavar="MODE",
+                                rich_help_panel="musubi"),
+    samples_per_tar: int = typer.Option(1000, "--samples-per-tar", help="Clips per tar shard (default 1000).",
+                                        metavar="N", rich_help_panel="webdataset"),
+    energon: str = typer.Option("auto", "--energon", help="Prepare for Megatron-Energon: auto | on | off.",
+                                metavar="MODE", rich_help_panel="webdataset"),
+    verify: str = typer.Option("size", "--verify", help="Check each shard read: size | sha256 | none.", metavar="MODE"),
+    text_set: str = typer.Option("auto", "--text-set", help="Text set written: NAME | auto | none (ltx2 too).",
+                                 metavar="NAME", rich_help_panel="musubi"),
+    condition: str = typer.Option("auto", "--condition", help="I2V latents: auto | first-frame | none.",
+                                  metavar="KIND", rich_help_panel="musubi"),
+    audio_set: str = typer.Option("auto", "--audio-set", help="Audio set written: NAME | auto | none.",
+                                  metavar="NAME", rich_help_panel="ltx2"),
     storage_option: StorageOption = None,
 ) -> None:
-    """Export a cache to the layout a trainer reads: musubi-tuner, WebDataset (Megatron-Energon) or LTX-2's trainer."""
+    """Export a cache for musubi-tuner, WebDataset or LTX-2."""
     from vaecache.cache.layout import VERIFY_MODES  # the cache and export packages load when export runs
     from vaecache.export import ENERGON_MODES, EXPORT_FORMATS, export_ltx2, export_musubi, export_webdataset
 

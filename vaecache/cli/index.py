@@ -16,32 +16,32 @@ from vaecache.settings.options import DEFAULT_PROBE_WORKERS, parse_cameras, pars
 
 @report_errors
 def index(
-    data: str = typer.Argument(..., metavar="DATA", help="Dataset: DATA/<scene>/<camera>.mp4 or "
-                               "DATA/<scene>/<camera>/<frames>, a folder of videos or of frame folders, a .jsonl "
-                               "index, a .csv/.tsv/.parquet table, WebDataset .tar shards, a LeRobot dataset or a "
-                               "nuScenes root; or the s3:// URL of any of them."),
-    output: Path = typer.Option(..., "--output", "-o", help="The index to write (INDEX.jsonl); unusable scenes go to "
-                                "INDEX.rejected.jsonl beside it."),
-    cameras: Optional[str] = typer.Option(None, "--cameras", help="Comma-separated camera order "
-                                          "(default: names sorted)."),
-    workers: int = typer.Option(DEFAULT_PROBE_WORKERS, "--workers", help="Threads probing videos in each rank."),
-    fps: Optional[float] = typer.Option(None, "--fps", help="Frame rate of image-sequence cameras whose frames carry "
-                                        "no times (written into each line)."),
-    nuscenes_version: Optional[str] = typer.Option(None, "--nuscenes-version", help="Which tables of a nuScenes "
-                                                   "root (v1.0-mini, v1.0-trainval, ...)."),
-    column: Optional[str] = typer.Option(None, "--column", help="ROLE=NAME[,ROLE=NAME...]: which column of a "
-                                         ".csv/.tsv/.parquet table plays a role (path, id, start, end, start_frame, "
-                                         "end_frame, ranges)."),
-    timeout: float = typer.Option(1800.0, "--timeout", help="Seconds a rank waits for the others at the end."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress on rank 0: a bar in a terminal, "
-                                  "a line every 30 s (VAECACHE_PROGRESS_INTERVAL) in a log.", metavar=""),
+    data: str = typer.Argument(..., metavar="DATA",
+                               help="Dataset folder, index, table, .tar shards, LeRobot or nuScenes root, or s3:// "
+                                    "URL."),
+    output: Path = typer.Option(..., "--output", "-o", help="The index to write (INDEX.jsonl).", metavar="INDEX"),
+    cameras: Optional[str] = typer.Option(None, "--cameras", help="Camera order and selection: a,b,c.", metavar="A,B",
+                                          rich_help_panel="Input"),
+    workers: int = typer.Option(DEFAULT_PROBE_WORKERS, "--workers", help="Probe threads per rank.", metavar="N",
+                                rich_help_panel="Input"),
+    fps: Optional[float] = typer.Option(None, "--fps", help="Frame rate of image sequences without times.",
+                                        metavar="X", rich_help_panel="Input"),
+    nuscenes_version: Optional[str] = typer.Option(None, "--nuscenes-version",
+                                                   help="Which nuScenes tables (v1.0-mini, ...).", metavar="V",
+                                                   rich_help_panel="Input"),
+    column: Optional[str] = typer.Option(None, "--column", help="ROLE=NAME: a table's column for a role.",
+                                         metavar="ROLE=NAME", rich_help_panel="Input"),
+    timeout: float = typer.Option(1800.0, "--timeout", help="Seconds a rank waits for the others.", metavar="S",
+                                  rich_help_panel="Ranks and progress"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress on stderr (default on).",
+                                  rich_help_panel="Ranks and progress", metavar=""),
     storage_option: StorageOption = None,
 ) -> None:
-    """Probe every camera once (frame count, fps, size, codec, first and last frame time) into a JSONL index for
-    encode and plan; a nuScenes root's tables are read once here, into one line per scene."""
+    """Probe every camera once into an index for encode and plan."""
     check_dataset_exists(data)
     from vaecache.sources.indexing import IndexConfig
-    from vaecache.urls import location, parse_storage_options, set_data_storage_options
+    from vaecache.storage import set_data_storage_options
+    from vaecache.urls import location, parse_storage_options
 
     set_data_storage_options(dict(parse_storage_options(storage_option)))
     cfg = IndexConfig(data=location(data), output=output, cameras=parse_cameras(cameras) or None if cameras else None,

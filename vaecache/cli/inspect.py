@@ -76,19 +76,16 @@ def _clip_lines(info: dict[str, Any]) -> list[str]:
 
 @report_errors
 def inspect(
-    out: str = typer.Argument(..., metavar="OUT", help="A folder written by vaecache encode, or its URL "
-                              "(s3://bucket/prefix)."),
-    clip: Optional[str] = typer.Option(None, "--clip", help="Show this clip (id, e.g. scene_000/000000-000008): its "
-                                       "record and min/max/mean/std computed from its tensors (reads one shard)."),
-    failures: bool = typer.Option(False, "--failures", help="List every failure (skipped input): file or clip, "
-                                  "camera, reason (in the JSON too).", metavar=""),
-    clips: bool = typer.Option(False, "--clips", help="List every clip id, one per line (in the JSON too).",
+    out: str = typer.Argument(..., metavar="OUT", help="A cache: a folder written by encode, or its s3:// URL."),
+    clip: Optional[str] = typer.Option(None, "--clip", help="Show this clip: its record and statistics.", metavar="ID"),
+    failures: bool = typer.Option(False, "--failures", help="List every skipped input.", metavar=""),
+    clips: bool = typer.Option(False, "--clips", help="List every clip id.",
                                metavar=""),
-    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the result as JSON to this file "
-                                             "('-': stdout)."),
+    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write it as JSON here ('-': stdout).",
+                                             metavar="FILE"),
     storage_option: StorageOption = None,
 ) -> None:
-    """What a cache holds, without a full verify: VAE, settings, latent shapes, counts, bytes, failures."""
+    """What a cache holds: VAE, settings, shapes, counts."""
     from vaecache.cache.store import open_store
     from vaecache.urls import parse_storage_options
 

@@ -15,20 +15,15 @@ from typing import Annotated, Any, Callable, Optional, TypeVar
 
 import typer
 
-from vaecache.settings.options import Option, options_of
+from vaecache.settings.options import PANELS, Option, options_of
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-OTHER_PANEL = "More options"
-"""The --help panel of every option of encode and plan that has a default (--config and --json too); the required
-ones (and --help) are in Typer's first panel, "Options"."""
-
-
 def typer_parameter(option: Option, command: str) -> inspect.Parameter:
     names = [option.flag] + ([option.short] if option.short else [])
-    info = typer.Option(*names, help=option.help_for(command), metavar="" if option.kind is bool else None,
-                        rich_help_panel=None if option.required else OTHER_PANEL)
+    info = typer.Option(*names, help=option.help_for(command), metavar=option.value_name,
+                        rich_help_panel=option.panel)
     return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=None,
                              annotation=Annotated[Optional[option.kind], info])  # type: ignore[valid-type]
 
@@ -41,10 +36,6 @@ def with_setting_flags(command: str) -> Callable[[F], F]:
         signature = inspect.signature(fn, eval_str=True)
         own = [p for name, p in signature.parameters.items() if name != "flags"]
         options = options_of(command)
-        for parameter in own[1:]:  # --config, --json: with the other options, after the required ones
-            for info in (*getattr(parameter.annotation, "__metadata__", ()), parameter.default):
-                if isinstance(info, typer.models.OptionInfo):
-                    info.rich_help_panel = OTHER_PANEL
 
         @functools.wraps(fn)
         def command_function(*args: Any, **kwargs: Any) -> Any:
@@ -52,10 +43,13 @@ def with_setting_flags(command: str) -> Callable[[F], F]:
             return fn(*args, flags=flags, **kwargs)
 
         required = [typer_parameter(option, command) for option in options if option.required]
-        others = [typer_parameter(option, command) for option in options if not option.required]
-        # DATA, then the required options, then the rest: --help lists them in this order (keyword-only after DATA)
-        parameters = [*own[:1], *required, *others,
-                      *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[1:])]
+        others = [typer_parameter(option, command)
+                  for option in sorted((option for option in options if not option.required),
+                                       key=lambda option: PANELS.index(option.panel))]
+        # DATA, the required options, the command's own (--config, --json), then the rest by panel: --help lists a
+        # first run's options first
+        parameters = [*own[:1], *required, *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[1:]),
+                      *others]
         command_function.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
         command_function.__annotations__ = {p.name: p.annotation for p in parameters}
         del command_function.__wrapped__  # type: ignore[attr-defined]  # Typer reads __signature__, not fn's own
@@ -64,21 +58,18 @@ def with_setting_flags(command: str) -> Callable[[F], F]:
     return decorate
 
 
-def table_flag(name: str, command: str) -> Any:
+def table_flag(name: str, command: str, panel: str | None = None) -> Any:
     """The flag `name` of the option table as `command` takes it, for a command with its own signature: an
-    Annotated Optional type with Typer's option info (None when not given)."""
+    Annotated Optional type with Typer's option info (None when not given), in the --help panel `panel`."""
     option = next(option for option in options_of(command) if option.name == name)
-    info = typer.Option(option.flag, help=option.help_for(command))
+    info = typer.Option(option.flag, help=option.help_for(command), metavar=option.value_name, rich_help_panel=panel)
     return Annotated[Optional[option.kind], info]  # type: ignore[valid-type]
 
 
-StorageOption = table_flag("storage_option", "verify")
+StorageOption = table_flag("storage_option", "verify")  # with the command's first options: OUT may be a URL
 """--storage-option of verify, inspect, export and index (encode and plan take it through with_setting_flags)."""
 
 DataArgument = Annotated[str, typer.Argument(
-    metavar="DATA", help="Dataset: DATA/<scene>/<camera>.mp4 or DATA/<scene>/<camera>/<frames>, a folder of videos, a "
-                         ".jsonl index, a .csv/.tsv/.parquet table, WebDataset .tar shards (a file, a folder, or "
-                         "data-{000000..000099}.tar), a LeRobot dataset or a nuScenes root; or the s3:// URL of any "
-                         "of them.")]
-ConfigOption = Annotated[Optional[Path], typer.Option("--config", help="TOML file with these options (long flag "
-                                                                     "names as keys; flags win).")]
+    metavar="DATA", help="Dataset folder, index, table, .tar shards, LeRobot or nuScenes root, or s3:// URL.")]
+ConfigOption = Annotated[Optional[Path], typer.Option("--config", metavar="FILE", help="TOML file of these options "
+                                                                                   "(flags win).")]

@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 
 from vaecache.cli.common import check_dataset_exists, check_json_target, console, human_bytes, report_errors, write_json
+from vaecache.cli.early_checks import check_before_torch
 from vaecache.cli.options import ConfigOption, DataArgument, with_setting_flags
 from vaecache.settings.options import PLAN
 
@@ -139,16 +140,17 @@ def _duration(seconds: float) -> str:
 @with_setting_flags(PLAN)
 def plan(
     data: DataArgument,
-    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file "
-                                             "('-': stdout)."),
     config: ConfigOption = None,
+    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON here ('-': stdout).",
+                                             metavar="FILE"),
     *,
     flags: dict[str, Any],
 ) -> None:
-    """Dry run: scenes, clips, latent shapes and bytes, the split over ranks, a measured ETA."""
+    """Dry run: clips, shapes, bytes, ranks, a measured ETA."""
     check_dataset_exists(data)
     check_json_target(json_file)
     cfg = build_plan_config(data, flags, config, clip_ids=json_file is not None)  # only the JSON lists clip ids
+    check_before_torch(cfg, encode=False)
     from vaecache.encode.dry_run import build_plan
 
     report = build_plan(cfg)

@@ -14,25 +14,18 @@ from vaecache.cli.options import StorageOption
 
 @report_errors
 def report(
-    out: str = typer.Argument(..., metavar="OUT", help="A folder written by vaecache encode, or its URL "
-                              "(s3://bucket/prefix)."),
-    report_dir: Optional[Path] = typer.Option(None, "--out", "-o", metavar="REPORT_DIR", help="The folder to write "
-                                              "index.html and its images into (default: <OUT's name>-report in the "
-                                              "current folder). A report there before is replaced; any other "
-                                              "non-empty folder is refused."),
-    clips: int = typer.Option(12, "--clips", help="Clips to sample, decode and show (0: the tables alone)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the sample: the same cache, --clips and --seed show the "
-                             "same clips."),
-    device: str = typer.Option("auto", "--device", help="Where the sampled clips are decoded: auto | cpu | cuda | "
-                               "cuda:N."),
-    decode_budget: float = typer.Option(300.0, "--decode-budget", metavar="SECONDS", help="Seconds the decoding of "
-                                        "the sample may take: each clip is decoded only while its estimate (the "
-                                        "decoder timed on one latent frame) fits; the others show their source."),
+    out: str = typer.Argument(..., metavar="OUT", help="A cache: a folder written by encode, or its s3:// URL."),
+    report_dir: Optional[Path] = typer.Option(None, "--out", "-o", metavar="REPORT_DIR",
+                                              help="Folder for index.html (default: OUT-report here)."),
+    clips: int = typer.Option(12, "--clips", help="Clips to sample and decode (0: tables alone).", metavar="N"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the sample.", metavar="N"),
+    device: str = typer.Option("auto", "--device", help="Where clips are decoded: auto | cpu | cuda[:N].",
+                               metavar="TEXT"),
+    decode_budget: float = typer.Option(300.0, "--decode-budget", metavar="SECONDS",
+                                        help="Seconds the decoding may take (default 300)."),
     storage_option: StorageOption = None,
 ) -> None:
-    """Write a static page (index.html, its images and sounds) about the cache: its contents, every skipped input,
-    the scale of its latents per channel against the normalization, sampled clips beside their reconstruction, and
-    its most repeated and empty prompts."""
+    """Write a static HTML page about a cache."""
     from vaecache.report.build import ReportSettings, write_report
     from vaecache.urls import parse_storage_options
 

@@ -52,41 +52,42 @@ def problem_lines(report: VerifyReport) -> list[str]:
 
 @report_errors
 def verify(
-    out: str = typer.Argument(..., metavar="OUT", help="A folder written by vaecache encode, or its URL "
-                              "(s3://bucket/prefix)."),
-    quick: bool = typer.Option(False, "--quick", help="Skip hashing and value checks: sizes and headers only.",
+    out: str = typer.Argument(..., metavar="OUT", help="A cache: a folder written by encode, or its s3:// URL."),
+    quick: bool = typer.Option(False, "--quick", help="Sizes and headers only: no hashing.",
                                metavar=""),
-    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file "
-                                             "('-': stdout)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="Shards checked in parallel "
-                                          "(default: cores, up to 8)."),
-    dataset: Optional[str] = typer.Option(None, "--dataset", help="Re-plan clips from this source with the recorded "
-                                           "settings: list clips missing from the cache and "
-                                           "cached clips with no source."),
-    reencode: int = typer.Option(0, "--reencode", help="Decode and re-encode K clips (chosen by --seed) and compare."),
-    vae: Optional[str] = typer.Option(None, "--vae", help="VAE for --reencode (default: the recorded spec); must match "
-                                      "the recorded fingerprint."),
-    seed: int = typer.Option(0, "--seed", help="Which clips --reencode picks."),
-    device: str = typer.Option("auto", "--device", help="Device for --reencode: auto | cpu | cuda."),
-    tolerance: Optional[float] = typer.Option(None, "--tolerance", help="--reencode: allowed max abs difference as a "
-                                              "fraction of the stored max (default: 1e-6 fp32, 1e-3 fp16, 8e-3 bf16; "
-                                              "loosen it on another machine than the encode's)."),
-    allow_pickle_weights: bool = typer.Option(False, "--allow-pickle-weights", help="Let a diffusers VAE folder "
-                                              "holding only pickled .bin weights load (pickle runs code: "
-                                              "trust the folder).", metavar=""),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Hashing progress on rank 0: a bar in a "
-                                  "terminal, a line every 30 s (VAECACHE_PROGRESS_INTERVAL) in a log.", metavar=""),
-    repair: bool = typer.Option(False, "--repair", help="Delete stray shards: files or objects no commit record "
-                                "claims, or that the finished manifest does not list (refused while a job holds "
-                                "OUT's lock).", metavar=""),
+    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON here ('-': stdout).",
+                                             metavar="FILE"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Shards checked at once (default: cores, up to 8).",
+                                          metavar="N"),
+    dataset: Optional[str] = typer.Option(None, "--dataset",
+                                          help="Also check against DATA: clips missing, or without a source.",
+                                          metavar="DATA", rich_help_panel="Against the source"),
+    reencode: int = typer.Option(0, "--reencode", help="Decode and re-encode K clips and compare.", metavar="K",
+                                 rich_help_panel="Against the source"),
+    vae: Optional[str] = typer.Option(None, "--vae", help="--reencode: the VAE (default: the recorded spec).",
+                                      metavar="SPEC", rich_help_panel="Against the source"),
+    seed: int = typer.Option(0, "--seed", help="--reencode: which clips it picks.", metavar="N",
+                             rich_help_panel="Against the source"),
+    device: str = typer.Option("auto", "--device", help="--reencode: auto | cpu | cuda.", metavar="TEXT",
+                               rich_help_panel="Against the source"),
+    tolerance: Optional[float] = typer.Option(None, "--tolerance",
+                                              help="--reencode: allowed difference (of the max).", metavar="X",
+                                              rich_help_panel="Against the source"),
+    allow_pickle_weights: bool = typer.Option(False, "--allow-pickle-weights",
+                                              help="Let pickled .bin weights load (runs code).",
+                                              rich_help_panel="Against the source", metavar=""),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress on stderr (default on).",
+                                  metavar=""),
+    repair: bool = typer.Option(False, "--repair", help="Delete stray shards no commit claims.", metavar=""),
     storage_option: StorageOption = None,
 ) -> None:
-    """Prove a latent cache is complete and intact. Runs under torchrun to split the work across ranks."""
+    """Prove a cache complete and intact."""
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
     check_json_target(json_file)
     from vaecache.meter import meter
-    from vaecache.urls import Url, location, parse_storage_options, set_data_storage_options
+    from vaecache.storage import set_data_storage_options
+    from vaecache.urls import Url, location, parse_storage_options
 
     storage_options = dict(parse_storage_options(storage_option))
     set_data_storage_options(storage_options)  # DATA at a URL (--dataset) is read with them too

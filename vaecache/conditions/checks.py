@@ -202,8 +202,8 @@ def _encoder(kind: str, entry: dict[str, Any], cache: Any, spec: str | None, dev
     from vaecache.conditions.kinds import condition_pipeline, condition_video
 
     if kind == "image-features":
-        from vaecache.cache.differences import describe_differences
         from vaecache.conditions.images import ImageEncoder
+        from vaecache.differences import describe_differences
 
         recorded = (entry.get("fingerprint") or {}).get("image_encoder") or {}
         image = ImageEncoder(str(entry.get("image_encoder")), str(recorded.get("convention")), device)

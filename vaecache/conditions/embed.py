@@ -7,20 +7,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from typing import Any
 
 import torch
 
-from vaecache.cache.kinds import ComputedItem, SetKind, SetPlan, register
+from vaecache.cache.kinds import ComputedItem, SetKind, SetOutcome, SetPlan, register
 from vaecache.cache.layout import CONDITIONS_DIR, MANIFEST
-from vaecache.cache.sets import loaded_on_every_rank, same_on_every_rank
 from vaecache.conditions.kinds import LATENT_KINDS, check_condition_vae, condition_pipeline, condition_video
 from vaecache.conditions.sets import (
     CLIPS_TABLE,
     SHARD_PREFIX,
     ConditionRequest,
-    ConditionSummary,
     absolute_spec,
     clip_inputs,
     condition_fingerprint,
@@ -28,6 +25,7 @@ from vaecache.conditions.sets import (
     set_generation,
     shard_cut,
 )
+from vaecache.distributed.agreement import loaded_on_every_rank, same_on_every_rank
 from vaecache.errors import VaecacheError
 
 
@@ -195,33 +193,17 @@ class ConditionJob:
 CONDITIONS = register(ConditionKind())
 
 
-def embed_conditions(request: ConditionRequest, ctx: Any = None) -> list[ConditionSummary]:
+def embed_conditions(request: ConditionRequest, ctx: Any = None) -> list[SetOutcome]:
     """Add (or with `replace`, replace) the condition sets `request.kinds` to the finished cache at `request.out`,
     under OUT's lock (held by rank 0). Latents, the clip table and other sets are not touched.
 
     Clips are cut into shards by bytes in clip-table order; shard s is computed by rank s % world, each clip's
     frames decoded once for every kind asked, so the files do not depend on the world size. Committed shards are
     kept, a deleted or damaged one computed again, and a clip the set already held with the same frames copied
-    from it (vaecache.cache.embedding.embed_sets). Every rank returns the same summaries."""
+    from it (vaecache.cache.embedding.embed_sets). Every rank returns the same outcomes."""
     from vaecache.cache.embedding import embed_sets
 
-    started = time.perf_counter()
-    summaries = []
-    for outcome in embed_sets(CONDITIONS, request, ctx):
-        summary = ConditionSummary(outcome.name, outcome.extra["out"], clips=outcome.extra["clips"],
-                                   views=outcome.extra["views"], unchanged=outcome.unchanged,
-                                   replaced=outcome.replaced, updated=outcome.updated, computed=outcome.computed,
-                                   copied=outcome.copied, resumed=outcome.resumed, repaired=outcome.repaired)
-        if not outcome.unchanged:
-            record = outcome.record
-            summary.files = len(record["shards"]) + len(record["tables"])
-            summary.bytes = (sum(s["bytes"] for s in record["shards"])
-                             + sum(t["bytes"] for t in record["tables"].values()))
-            summary.backoffs = outcome.events
-            summary.tiled_clips = list(record.get("tiled_clips") or [])
-        summary.seconds = time.perf_counter() - started
-        summaries.append(summary)
-    return summaries
+    return embed_sets(CONDITIONS, request, ctx)
 
 
 __all__ = ["CONDITIONS", "ConditionJob", "ConditionKind", "embed_conditions"]

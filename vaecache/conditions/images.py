@@ -205,7 +205,7 @@ def _folders(spec: str) -> tuple[Path, Path]:
     if not root.is_dir():
         if "/" in location and not location.startswith((".", "/", "~")) and location.count("/") == 1:
             raise VaeSpecError(f"--image-encoder {spec}: {location} is not a local folder (a Hub id? download it "
-                               f"first: huggingface-cli download {location} --local-dir ./{location.split('/')[1]})")
+                               f"first: hf download {location} --local-dir ./{location.split('/')[1]})")
         raise VaeSpecError(f"--image-encoder {spec}: {root} is not a folder")
     if kind == "transformers":
         if not (root / "preprocessor_config.json").is_file():

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -97,33 +97,6 @@ class ConditionRequest:
             raise UsageError(f"--shard-size must be at least 1 byte, got {self.shard_bytes}")
 
 
-@dataclass
-class ConditionSummary:
-    kind: str
-    out: str
-    clips: int = 0
-    views: int = 0
-    files: int = 0
-    bytes: int = 0
-    seconds: float = 0.0
-    unchanged: bool = False
-    replaced: bool = False
-    updated: bool = False
-    """Rewritten for the cache's current clips with the same VAE or image encoder (no --replace needed)."""
-    backoffs: list[str] = field(default_factory=list)
-    tiled_clips: list[str] = field(default_factory=list)
-    """Clips whose condition the out-of-memory backoff encoded with the VAE's tiling (other latents than the
-    pipeline's untiled encode; recorded per camera in the set's clip table)."""
-    computed: int = 0
-    """Clips whose condition was computed (the rest were committed already, or copied from the set before)."""
-    copied: int = 0
-    """Clips copied from the set before: the cache grew, the VAE or image encoder and the clip's frames the same."""
-    resumed: int = 0
-    """Shards an interrupted embed had committed, kept."""
-    repaired: list[str] = field(default_factory=list)
-    """Shards of the listed set found missing or damaged, computed again."""
-
-
 def condition_fingerprint(manifest: dict[str, Any], kind: str, dtype: torch.dtype,
                           pipeline: str | None = "auto") -> dict[str, Any]:
     """What decides a set's bytes: the kind and reference, the cache's VAE (as recorded, with its encode
@@ -190,5 +163,5 @@ def absolute_spec(spec: str | None) -> str:
     return f"{kind}:{Path(location).expanduser().absolute()}"
 
 
-__all__ = ["ConditionRequest", "ConditionSummary", "clip_inputs", "condition_fingerprint", "image_fingerprint",
+__all__ = ["ConditionRequest", "clip_inputs", "condition_fingerprint", "image_fingerprint",
            "set_generation", "shard_cut"]

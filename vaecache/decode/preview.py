@@ -371,8 +371,8 @@ def decode_preview(out: str | Path, clip_id: str, output: str | Path | None = No
     output = Path(output) if output is not None else default_output(clip_id)
     check_output(output, settings.overwrite)
 
+    from vaecache.storage import set_data_storage_options
     from vaecache.training import LatentCache
-    from vaecache.urls import set_data_storage_options
 
     store.check_present()
     set_data_storage_options(storage_options)  # the recorded sources at URLs are read as encode read them

@@ -19,7 +19,7 @@ from vaecache.cache.outdir import PreparedOut
 from vaecache.cache.writer import ShardWriter, failure_record
 from vaecache.distributed.context import DistContext
 from vaecache.distributed.liveness import set_doing
-from vaecache.encode.encode_run import EncodeRun
+from vaecache.encode.run import EncodeRun
 from vaecache.encode.summary import EncodeSummary, RankCounters
 from vaecache.encode.transfer import views_on_device_ahead
 from vaecache.errors import InputError

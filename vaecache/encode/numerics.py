@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 import torch
 
-from vaecache.cache.differences import describe_differences
+from vaecache.differences import describe_differences
 from vaecache.distributed.context import DistContext
 from vaecache.errors import UsageError
 

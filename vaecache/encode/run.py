@@ -1,77 +1,61 @@
-"""The encode: plan -> decode (DataLoader workers) -> encode (SP group) -> gather -> write. `run_encode` hands
-each stage its part of the settings: OUT's commit protocol, start-up (vaecache.encode.startup), the run's records
-(vaecache.encode.fingerprint), and the encode into OUT (vaecache.encode.session)."""
+"""The run: one rank's encode as one object, handed down instead of threaded arguments: the rank's context, OUT
+(its commit protocol, over its store), what start-up found and resolved, the parts of the settings the encode loop
+reads, the stop flag and whom to report to."""
 
 from __future__ import annotations
 
-import logging
-import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
-from vaecache.cache.commits import open_out
-from vaecache.cache.provenance import source_identities
-from vaecache.cache.store import open_store
-from vaecache.distributed.context import DistContext
-from vaecache.encode.encode_run import EncodeRun, Reporting
-from vaecache.encode.fingerprint import run_records
-from vaecache.encode.numerics import torch_threads_kept
-from vaecache.encode.session import Preparation, encode_into
-from vaecache.encode.startup import Recorded, StartRequest, start_up
-from vaecache.encode.summary import EncodeSummary
-from vaecache.meter import Advance, MeterFactory
-from vaecache.settings.commands import EncodeConfig
-from vaecache.stop import StopRequest
-from vaecache.urls import HeldObjects
-
-log = logging.getLogger("vaecache")
+if TYPE_CHECKING:
+    from vaecache.cache.commits import CacheOut
+    from vaecache.distributed.context import DistContext
+    from vaecache.encode.startup import StartUp
+    from vaecache.meter import Advance, MeterFactory
+    from vaecache.settings.clip import ClipSettings
+    from vaecache.settings.parts import OutConfig
+    from vaecache.stop import StopRequest
+    from vaecache.storage import HeldObjects
 
 
-def run_encode(cfg: EncodeConfig, ctx: DistContext, on_progress: Advance | None = None,
-               meter: MeterFactory | None = None,
-               on_failure: Callable[[dict[str, Any]], None] | None = None) -> EncodeSummary:
-    """Encode the dataset into OUT on this rank; returns the job-wide summary. Each stage gets its part of `cfg`:
-    OUT's commit protocol `cfg.out`, start-up the parts it checks and resolves, the encode loop what it writes with.
+@dataclass(frozen=True)
+class Reporting:
+    """Whom an encode reports to: `on_progress(clips_done_now, clips_of_this_rank)` after each batch; `meter`
+    shows the probing of this rank's scenes and then its clips; `on_failure(record)` gets each failure record (an
+    input that produced no clip) this rank writes, as it writes it."""
 
-    `on_progress(clips_done_now, clips_of_this_rank)` is called after each batch; `meter`, where given,
-    shows the probing of this rank's scenes and then its clips; `on_failure(record)` gets each failure record
-    (an input that produced no clip) this rank writes, as it writes it."""
-    started = time.perf_counter()
-    overwrite = cfg.out.overwrite
-    held = HeldObjects()  # the small videos probing reads whole, for each decode worker's first batch
-    out = open_out(open_store(cfg.out.location, dict(cfg.out.storage_options)))  # a URL's work folder goes at the end
-    try:
-        with torch_threads_kept():
-            # Start-up writes nothing, so a Ctrl-C in it ends the command at once (the CLI prints one line).
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="vaecache-out") as pool:
-                # OUT usable as far as can be told before the fingerprint, and a URL's records fetched, while DATA
-                # is listed
-                pulled = pool.submit(out.pull_start) if not out.store.local else None
-                if pulled is None:
-                    out.pull_start()
+    on_progress: Advance | None = None
+    meter: MeterFactory | None = None
+    on_failure: Callable[[dict[str, Any]], None] | None = None
 
-                def out_ready() -> Recorded:
-                    if pulled is not None:
-                        pulled.result()
-                    return Recorded() if overwrite else Recorded(out.recorded_encoder_impl(),
-                                                                 out.recorded_cpu_threads())
 
-                start = start_up(StartRequest(
-                    cfg.source, cfg.vae, cfg.clip, cfg.decode, cfg.parallel, ctx.device, ctx.info.world_size,
-                    ctx.info.local_world_size, cfg.text, cfg.conditions, cfg.audio, probe_cache=out.probes_folder(),
-                    held=held, out_ready=out_ready), ctx, meter)
-            for note in start.notes if ctx.info.rank == 0 else ():
-                log.warning("%s", note)
-            records = run_records(cfg, start, ctx.info.world_size)
-            # what OUT is made from, recorded by rank 0
-            sources = source_identities(start.sources(), cfg.out.hash_sources) if ctx.info.rank == 0 else None
-            # From here on stop signals are caught, so one arriving while OUT is prepared or the manifest is
-            # written cannot kill the rank between commits; the encode loop polls the flag.
-            with StopRequest() as stop:
-                run = EncodeRun(ctx, out, start, stop, started, cfg.out, cfg.source.on_error, cfg.decode.workers,
-                                cfg.parallel.sp_mode, held, Reporting(on_progress, meter, on_failure))
-                summary = encode_into(run, Preparation(records, sources, overwrite, cfg.parallel.allow_other_numerics))
-    finally:
-        out.close()
-    summary.out = cfg.out.location
-    return summary
+@dataclass(frozen=True)
+class EncodeRun:
+    """One rank's encode, once start-up is done. `out` is OUT's commit protocol (vaecache.cache.commits.CacheOut:
+    DiskOut or ObjectOut); the disk code runs in `out.folder` (OUT itself, or this rank's work folder for OUT in
+    object storage)."""
+
+    ctx: DistContext
+    out: CacheOut
+    start: StartUp
+    stop: StopRequest
+    started: float
+    """time.perf_counter() when the command started."""
+    writing: OutConfig
+    """How shards are written and committed (size, interval, source hashing)."""
+    on_error: str
+    """--on-error: "fail" stops at the first input that cannot be used."""
+    workers: int
+    """Decode worker processes of this rank."""
+    sp_mode: str
+    held: HeldObjects | None
+    """The small videos at URLs probing read whole, for the decode workers' first batches."""
+    reporting: Reporting = Reporting()
+
+    @property
+    def clip(self) -> ClipSettings:
+        """The clip settings this run encodes with and records: start-up's resolution of the ones asked."""
+        return self.start.clip
+
+
+__all__ = ["EncodeRun", "Reporting"]

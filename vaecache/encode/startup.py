@@ -11,11 +11,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from vaecache.audio.embed import check_audio_vae
-from vaecache.cache.sets import loaded_on_every_rank
-from vaecache.conditions.kinds import LATENT_KINDS, check_condition_vae
-from vaecache.conditions.sets import check_condition_request
+from vaecache.distributed.agreement import loaded_on_every_rank
 from vaecache.distributed.liveness import set_doing
+from vaecache.edges import kind_edges
 from vaecache.encode.numerics import peer_numerics, run_numerics, thread_budget
 from vaecache.errors import InputError, UsageError
 from vaecache.meter import MeterFactory, meter_phase
@@ -34,8 +32,7 @@ from vaecache.settings.parts import (
 from vaecache.sources.discover import discover
 from vaecache.sources.probing import probe_dataset
 from vaecache.sources.scene import Scene, SceneProbe, SourceOptions
-from vaecache.text.encoder import check_text_encoder
-from vaecache.urls import HeldObjects
+from vaecache.storage import HeldObjects
 from vaecache.vae import VaeRunner, load_vae
 from vaecache.vae.specs import check_vae_spec, spec_family
 from vaecache.video.backends import Backend, resolve_decoder
@@ -124,7 +121,8 @@ class StartUp:
         return tuple(found[name] for name in sorted(found))
 
 
-def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None = None) -> StartUp:
+def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None = None,
+             say: Callable[[str], None] | None = None) -> StartUp:
     """Everything that can be checked without the VAE first (the decoder, DATA, the probes, the plan), then the
     VAE and what the settings need of it. Under several ranks (`ctx`) every rank plans alike (probing.probe_dataset
     shares the probes)."""
@@ -132,21 +130,18 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
     # a typo costs nothing: refused before any video is probed
     check_vae_spec(vae_config.spec, vae_config.config, vae_config.allow_pickle_weights)
     views_asked = one_view_family_views(vae_config.spec, clip.views_per_forward)
-    check_text_encoder(request.text.encoder)
-    condition_kinds = check_condition_request(request.conditions)
-    if request.audio.vae is not None:
-        check_audio_vae(request.audio.vae)
+    for edges in kind_edges():  # each set encode adds once the cache is finished: its options checked now
+        edges.check_at_start(request)
     backend = resolve_decoder(request.decode.decoder, request.device, request.decode.workers)
     sampling = clip.sampling
+    tell = say or (lambda text: None)  # what start-up is doing, as it starts each step (rank 0's terminal)
+    tell(f"listing the dataset {source.location}")
     found = discover(source.location, options=SourceOptions(clip.cameras, sampling.frame_rate,
                                                            source.nuscenes_version, source.columns,
                                                            source.lerobot_state, source.storage_options))
     sampling = dataclasses.replace(sampling, sync=found.resolved_sync(sampling.sync))
-    camera = request.audio.camera if request.audio.vae is not None else None
-    if camera is not None and found.scenes and not any(camera in scene.cameras for scene in found.scenes):
-        cameras = sorted({name for scene in found.scenes for name in scene.cameras})
-        raise UsageError(f"--audio-camera {camera}: no scene of {source.location} has that camera (cameras: "
-                         f"{', '.join(cameras)})")
+    for edges in kind_edges():
+        edges.check_scenes(request, found.scenes)
     recorded = request.out_ready() if request.out_ready is not None else Recorded()
     rank = ctx.info.rank if ctx is not None else 0
     threads = thread_budget(request.device, request.ranks_on_node, request.decode.workers, recorded.cpu_threads,
@@ -169,6 +164,7 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
         first = job.skipped[0]
         raise InputError(f"{first.path or first.scene_id}: {first.reason} (scene {first.scene_id}; --on-error fail)")
     set_doing(f"loading the VAE {vae_config.spec}")
+    tell(f"loading the VAE {vae_config.spec} and hashing its weights")
     if clip.encoder_impl == "auto" and recorded.encoder_impl is not None:
         clip = dataclasses.replace(clip, encoder_impl=recorded.encoder_impl)
     # every rank hears at once of a rank whose copy of the VAE does not load (a damaged file on its node's disk)
@@ -185,8 +181,8 @@ def start_up(request: StartRequest, ctx: Any = None, meter: MeterFactory | None 
         raise UsageError(f"--store {clip.store} needs the posterior log-variance, and {vae_config.spec} gives only a "
                          "mean; use --store mean")
     encoder.check(clip, vae.model, parallel.sp_size, vae_config.spec)
-    if any(kind in LATENT_KINDS for kind in condition_kinds):  # encode --condition: the VAE must have the pipeline
-        check_condition_vae(vae.model.fingerprint(), f"--vae {vae_config.spec}", condition_kinds)
+    for edges in kind_edges():  # a set the cache's own VAE computes: this VAE must serve it
+        edges.check_vae(request, vae.model.fingerprint())
     return StartUp(job, len(found.scenes), vae, dataclasses.replace(backend, threads=threads.decode), threads.torch,
                    numerics, other_numerics, tuple(probed.records), found.scenes, dict(found.left_out_cameras),
                    dataclasses.replace(clip, views_per_forward=job.views_per_forward), tuple(notes),

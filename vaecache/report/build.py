@@ -96,7 +96,7 @@ def write_report(out: Any, report_dir: Path | None = None, settings: ReportSetti
     from vaecache.cache.store import open_store
     from vaecache.report.page import require_jinja2
     from vaecache.report.plots import require_matplotlib
-    from vaecache.urls import set_data_storage_options
+    from vaecache.storage import set_data_storage_options
 
     require_matplotlib()
     require_jinja2()

@@ -136,6 +136,16 @@ def load_toml(path: Path, command: str = ENCODE) -> dict[str, Any]:
     return values
 
 
+REQUIRED = (
+    ("out", "--out", ": the folder the latent cache is written to", "--out OUT"),
+    ("vae", "--vae", " (builtin:tiny, builtin:small, diffusers:PATH[#subfolder] or python:module:function); there is "
+                     "no default, so a forgotten flag cannot produce silent garbage", "--vae builtin:small"),
+    ("num_frames", "--num-frames", " (frames per clip, e.g. 17 for Wan-style 1+4k VAEs)", "--num-frames 17"),
+    ("size", "--size HxW", " (e.g. 480x832)", "--size 480x832"),
+)
+"""The settings encode and plan need (plan: all but --out), with what each is; every one missing is named at once."""
+
+
 def load_settings(command: str, data: Path, flags: dict[str, Any], config_file: Path | None = None,
                   extra: dict[str, Any] | None = None) -> EncodeConfig | PlanConfig:
     """`command`'s settings from the flags (option name -> value; None: not given) over the TOML file, plus
@@ -147,12 +157,14 @@ def load_settings(command: str, data: Path, flags: dict[str, Any], config_file: 
         if setting in values:
             (parse_sizes if setting == "size" else parse_lengths)(values[setting])
     values = {setting: value for setting, value in values.items() if command in BY_SETTING[setting].commands}
-    if command == ENCODE and values.get("out") is None:
-        raise UsageError("--out is required: the folder the latent cache is written to")
-    if not values.get("vae"):
-        raise UsageError("--vae is required (builtin:tiny, builtin:small, diffusers:PATH[#subfolder] or "
-                         "python:module:function); there is no default, so a forgotten flag cannot produce silent "
-                         "garbage")
+    missing = [(flag, why, example) for setting, flag, why, example in REQUIRED
+               if (setting != "out" or command == ENCODE) and values.get(setting) in (None, "")]
+    if len(missing) == 1:
+        raise UsageError(f"{missing[0][0]} is required{missing[0][1]}")
+    if missing:
+        flags = [flag.split()[0] for flag, _, _ in missing]
+        raise UsageError(f"{', '.join(flags[:-1])} and {flags[-1]} are required (as flags or in --config), e.g. "
+                         + " ".join(example for _, _, example in missing))
     clip = clip_settings(values)
     rest = {setting: BY_SETTING[setting].parse(value) if BY_SETTING[setting].parse else value
             for setting, value in values.items()}

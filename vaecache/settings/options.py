@@ -99,6 +99,16 @@ class Option:
     """Flag or TOML value -> the field's value."""
     help_by_command: tuple[tuple[str, str], ...] = ()
     """Another help text for one command ((command, text), ...), where the setting means something else there."""
+    panel: str | None = None
+    """The --help panel it is listed in, by topic (None: the first, "Options", with what a first run needs)."""
+    metavar: str | None = None
+    """What --help shows for its value (default: from `kind`; a flag shows none)."""
+
+    @property
+    def value_name(self) -> str:
+        if self.metavar is not None:
+            return self.metavar
+        return {int: "N", float: "X", bool: ""}.get(self.kind, "TEXT")
 
     @property
     def setting(self) -> str:
@@ -115,134 +125,113 @@ class Option:
 
 
 REQUIRED_NOTE = " \\[required, or in --config]"
+"""Said of a required option in --help: the flag or a --config file gives it."""
+
+INPUT, CLIPS, MODEL, SPEED, OUTPUT, SETS, PLANNING = (
+    "Input", "Clips", "VAE and numerics", "Parallel and speed", "Output", "Sets added once the cache is finished",
+    "Planning")
+PANELS = (None, INPUT, CLIPS, MODEL, SPEED, PLANNING, OUTPUT, SETS)
+"""The --help panels of encode's and plan's options, by topic, in --help order (None: the first, with what a first
+run needs); docs/commands.md says each option in full."""
 
 OPTIONS: tuple[Option, ...] = (
-    Option("out", "--out", str, "Output folder for shards and manifest, or an object-store URL (s3://bucket/prefix)."
-           + REQUIRED_NOTE, frozenset({ENCODE}), short="-o", required=True, parse=location),
-    Option("storage_option", "--storage-option", list[str], "KEY=VALUE[,KEY=VALUE...], repeatable: passed to fsspec "
-           "for an s3:// DATA or OUT (e.g. anon=true, endpoint_url=http://minio:9000); credentials come from the AWS "
-           "environment and config files. Not recorded.", BOTH | CACHE_COMMANDS, field="storage_options",
-           toml=(str, list, dict), toml_items=str, parse=parse_storage_options),
-    Option("vae", "--vae", str, "builtin:tiny | builtin:small | diffusers:FOLDER\\[#subfolder] | FILE.safetensors | "
-           "python:module:function." + REQUIRED_NOTE, required=True),
-    Option("vae_config", "--vae-config", str, "The config.json (or diffusers folder) of a single checkpoint file whose "
-           "model has no shipped config (Wan 2.1, Wan 2.2 TI2V-5B and LTX-Video 0.9.0-0.9.8 have one; SD-style "
-           "AutoencoderKL and other sizes do not). Recorded."),
-    Option("model", "--model", str, "The model the latents are for, where the VAE class serves several "
-           "(AutoencoderKLHunyuanVideo: hunyuanvideo, the default, framepack or kandinsky5): each is encoded as its "
-           "own trainers encode it. Recorded."),
-    Option("num_frames", "--num-frames", str, "Frames per clip, or frame buckets 17,33,49 (see --frames-policy); "
-           "checked against the VAE's rule." + REQUIRED_NOTE, toml=(int, str, list), toml_items=int, required=True),
-    Option("size", "--size", str, "HxW, or size buckets 480x832,832x480,624x624 or a preset (wan-480p, wan-720p): "
-           "each scene goes to the bucket nearest in aspect (see --fit)." + REQUIRED_NOTE, toml=(str, list),
-           toml_items=str, required=True),
-    Option("frame_stride", "--frame-stride", int, "Use every S-th source frame (default 1)."),
-    Option("frames_policy", "--frames-policy", str, "With several --num-frames: longest (default: the longest that "
-           "fits each scene) | all (clips at every length that fits)."),
-    Option("fit", "--fit", str, "cover (default: resize to cover, centre-crop) | contain (resize to fit, pad mid "
-           "grey) | stretch. Recorded per clip with the crop box."),
-    Option("decoder", "--decoder", str, "auto (default: pyav here, the fastest byte-identical backend) | pyav | decord "
-           "(forward-only, byte-identical to pyav on the tests, slower) | torchcodec (cpu, or NVDEC with a CUDA "
-           "device; its pixels may differ from pyav's, so its latents do too). Recorded; a cache never mixes them."),
-    Option("window_stride", "--window-stride", int, "Source frames between clip starts (default: no overlap)."),
-    Option("max_clips_per_scene", "--max-clips-per-scene", int, "Keep the first K clips of each scene."),
-    Option("max_frame_pixels", "--max-frame-pixels", int, "Refuse (a recorded failure, decided from the probe or an "
-           "image's header before decoding) videos and image frames with more pixels than this (default 67108864 = "
-           "8192x8192)."),
-    Option("cameras", "--cameras", str, "Comma-separated camera order (default: names sorted; nuScenes: the surround "
-           "order).", toml=(str, list), toml_items=str, parse=parse_cameras),
-    Option("sync", "--sync", str, "frames (default: a clip takes the same frame indices of every camera; equal "
-           "lengths and rates required) | timestamps (each camera's frame nearest each reference frame's time)."),
-    Option("sync_reference", "--sync-reference", str, "With --sync timestamps: the camera whose frames give a clip's "
-           "times (default: the layout's, CAM_FRONT for nuScenes, else the first camera)."),
-    Option("sync_tolerance", "--sync-tolerance", float, "With --sync timestamps: seconds a camera's frame may lie "
-           "from the reference time (default: half that camera's frame period); beyond it, a recorded failure."),
-    Option("fps", "--fps", float, "Frame rate of image-sequence cameras whose frames carry no times (no "
-           "timestamps.txt, no timestamped names, no index \"fps\"). Recorded.", field="frame_rate"),
-    Option("nuscenes_version", "--nuscenes-version", str, "Which tables of a nuScenes root: v1.0-mini, "
-           "v1.0-trainval, ... (default: the only v1.0-* folder there)."),
-    Option("column", "--column", str, "ROLE=NAME[,ROLE=NAME...]: which column of a .csv/.tsv/.parquet table DATA "
-           "plays a role (path, id, start, end, start_frame, end_frame, ranges), e.g. "
-           "path=video_path,ranges=timestamp.",
-           field="columns", toml=(str, list), toml_items=str, parse=parse_columns),
-    Option("lerobot_state", "--lerobot-state/--no-lerobot-state", bool, "With a LeRobot dataset: each clip record "
-           "also carries its frames' numeric columns (observation.state, action, ...) under "
-           "metadata.lerobot_frames. Recorded."),
-    Option("dtype", "--dtype", str, "fp32 | bf16 | fp16 (or torch's names bfloat16, float16, float32): VAE compute and "
-           "stored dtype (default fp32)."),
-    Option("device", "--device", str, "auto | cpu | cuda (auto: cuda:LOCAL_RANK when available).",
-           help_by_command=((PLAN, "Where to measure: auto | cpu | cuda[:N] (default auto)."),)),
-    Option("store", "--store", str, "mean-logvar (default) | mean | sample",
-           help_by_command=((PLAN, "mean-logvar (default) | mean | sample: what is counted in bytes."),)),
-    Option("seed", "--seed", int, "Seed for --store sample noise (per clip and camera).", frozenset({ENCODE})),
-    Option("tiling", "--tiling/--no-tiling", bool, "Use the VAE's own tiling: less memory, different latents "
-           "(recorded)."),
-    Option("compile", "--compile/--no-compile", bool, "Run the encoder through torch.compile (compiled once per "
-           "input shape; its kernels may round differently: recorded).", field="compiled",
-           help_by_command=((PLAN, "Measure with the encoder compiled (torch.compile; the warm-up forward pays the "
-                                   "compile)."),)),
-    Option("channels_last", "--channels-last/--no-channels-last", bool, "Convolution weights and inputs in "
-           "channels-last memory format (other kernels, other rounding: recorded)."),
-    Option("encoder_impl", "--encoder-impl", str, "auto (default: fast where it is validated: Wan 2.1/2.2 in bf16 "
-           "on a Hopper GPU; else reference; a resume takes the recorded one) | fast (Wan 2.1/2.2: vaecache's "
-           "faster encoder over the same weights; latents within rounding of diffusers') | reference (diffusers' "
-           "own encode). Recorded; a resume never mixes them."),
-    Option("views_per_forward", "--views-per-forward", str, "auto | all | K: views of one clip per VAE forward "
-           "(default auto: all on CUDA, 1 on CPU; K must divide the cameras). Latents depend on K only, never on "
-           "batch, SP or world size (recorded); SP splits batches in units of K views.", toml=(int, str)),
-    Option("batch_size", "--batch-size", int, "Clips per batch (B*cameras views; default 1)."),
-    Option("workers", "--workers", int, "Decode worker processes per rank (default 2)."),
-    Option("probe_workers", "--probe-workers", int,
-           f"Threads probing videos in each rank (default {DEFAULT_PROBE_WORKERS})."),
-    Option("world_size", "--world-size", int, "Ranks to plan for (default 1).", frozenset({PLAN})),
-    Option("sp_size", "--sp-size", int, "Ranks per sequence-parallel group (world = DP x SP; default 1)."),
-    Option("sp_mode", "--sp-mode", str, "views (default): split the views of a batch over the SP group | spatial: "
-           "split every view's rows into bands (Wan VAEs; recorded)."),
-    Option("shard_size", "--shard-size", str, "Roll shards at this many bytes (default 256MiB).", frozenset({ENCODE}),
-           toml=(int, str), parse=parse_bytes),
-    Option("commit_every", "--commit-every", float, "Also commit a shard this many seconds after the last commit "
-           "(default 300; 0: by size only): a hard kill loses at most this long of finished work.", frozenset({ENCODE}),
-           field="commit_every_s"),
-    Option("on_error", "--on-error", str, "skip (default: record bad inputs, go on) | fail", frozenset({ENCODE})),
-    Option("overwrite", "--overwrite", bool, "Discard what OUT holds and start over.", frozenset({ENCODE})),
-    Option("text_encoder", "--text-encoder", str, "Once the cache is finished, embed the clips' captions with this "
-           "text encoder into its text set \"default\", as `vaecache embed OUT --text-encoder SPEC` does (its "
-           "defaults; embed itself takes the other choices).", frozenset({ENCODE})),
-    Option("condition", "--condition", str, "KIND[,KIND]: once the cache is finished, add its image-to-video "
-           "condition sets (first-frame | first-last) as `vaecache embed OUT --condition KIND` does: the cache's VAE "
-           "over each clip's first (and last) frame then zeros, as WanImageToVideoPipeline.prepare_latents builds "
-           "them (the frames are decoded again) | image-features (with --image-encoder).", frozenset({ENCODE})),
-    Option("image_encoder", "--image-encoder", str, "--condition image-features: the image encoder, diffusers:PATH "
-           "| transformers:PATH (as `vaecache embed` takes it).", frozenset({ENCODE})),
-    Option("image_convention", "--image-convention", str, "--condition image-features: wan-diffusers (default) | "
-           "wan-musubi | wan-flf2v-diffusers | framepack-diffusers | hunyuanvideo15-diffusers | hunyuanvideo15-musubi "
-           "(as `vaecache embed` takes it).", frozenset({ENCODE})),
-    Option("audio_vae", "--audio-vae", str, "Once the cache is finished, cut each clip's sound to its frames and "
-           "encode it with this audio VAE (diffusers:PATH[#audio_vae], an AutoencoderKLLTX2Audio; or LTX-2's release "
-           "file PATH.safetensors) into the audio set \"default\", as `vaecache embed OUT --audio-vae SPEC` does.",
-           frozenset({ENCODE})),
-    Option("audio_camera", "--audio-camera", str, "--audio-vae: whose video's sound (default: the first camera "
-           "with an audio track).", frozenset({ENCODE})),
-    Option("audio_missing", "--audio-missing", str, "--audio-vae: a clip without sound, skip (default) | silence "
-           "(as `vaecache embed` takes it).", frozenset({ENCODE})),
-    Option("hash_sources", "--hash-sources", bool, "Record each source video's sha256 (besides size and mtime): a "
-           "resume then tells changed content from a touched file.", frozenset({ENCODE})),
-    Option("allow_other_numerics", "--allow-other-numerics", bool, "Resume OUT on other numerics than it records "
-           "(another GPU model, torch or CPU thread count; ranks too may differ): latents added may differ in the "
-           "last bits; the manifest lists every numerics used.", frozenset({ENCODE})),
-    Option("allow_pickle_weights", "--allow-pickle-weights", bool, "Let a diffusers VAE folder holding only pickled "
-           ".bin weights load (pickle runs code: trust the folder)."),
-    Option("timeout", "--timeout", float, "Seconds before a stuck collective fails the job (default 1800).",
-           frozenset({ENCODE}), field="timeout_s"),
-    Option("liveness_timeout", "--liveness-timeout", float, "Seconds without a heartbeat before a stopped rank fails "
-           "the job, named with its host (default 60; 0: off).", frozenset({ENCODE}), field="liveness_timeout_s"),
-    Option("memory_budget", "--memory-budget", str, "Device memory per rank, e.g. 8GiB: report the largest "
-           "micro-batch that fits.", frozenset({PLAN}), toml=(int, str),
-           parse=lambda value: parse_bytes(value, "--memory-budget")),
-    Option("measure", "--measure/--no-measure", bool, "Encode one real clip to measure time and memory (default on).",
-           frozenset({PLAN})),
-    Option("progress", "--progress/--no-progress", bool, "Progress on rank 0: a bar in a terminal, a line every 30 s "
-           "(VAECACHE_PROGRESS_INTERVAL) in a log (default on).", frozenset({ENCODE})),
+    Option("out", "--out", str, "Cache folder, or an s3:// URL." + REQUIRED_NOTE, frozenset({ENCODE}), short="-o",
+           required=True, parse=location, metavar="OUT"),
+    Option("vae", "--vae", str, "builtin:small, diffusers:DIR, FILE.safetensors, ..." + REQUIRED_NOTE,
+           required=True, metavar="SPEC"),
+    Option("num_frames", "--num-frames", str, "Frames per clip (or buckets 17,33,49)." + REQUIRED_NOTE,
+           toml=(int, str, list), toml_items=int, required=True, metavar="N"),
+    Option("size", "--size", str, "HxW (or buckets, or a preset: wan-480p)." + REQUIRED_NOTE, toml=(str, list),
+           toml_items=str, required=True, metavar="HxW"),
+    Option("storage_option", "--storage-option", list[str], "KEY=VALUE for fsspec (s3://); repeatable.",
+           BOTH | CACHE_COMMANDS, field="storage_options", toml=(str, list, dict), toml_items=str,
+           parse=parse_storage_options, panel=INPUT, metavar="KEY=VALUE"),
+    Option("vae_config", "--vae-config", str, "config.json of a checkpoint file without one.", panel=MODEL,
+           metavar="FILE"),
+    Option("model", "--model", str, "The model the latents are for (e.g. framepack).", panel=MODEL, metavar="NAME"),
+    Option("frame_stride", "--frame-stride", int, "Every S-th source frame (default 1).", panel=CLIPS, metavar="S"),
+    Option("frames_policy", "--frames-policy", str, "longest (default) | all: lengths per scene.", panel=CLIPS),
+    Option("fit", "--fit", str, "cover (default) | contain | stretch.", panel=CLIPS),
+    Option("decoder", "--decoder", str, "auto (default) | pyav | decord | torchcodec.", panel=INPUT),
+    Option("window_stride", "--window-stride", int, "Source frames between clip starts.", panel=CLIPS),
+    Option("max_clips_per_scene", "--max-clips-per-scene", int, "Keep the first K clips of each scene.",
+           panel=CLIPS, metavar="K"),
+    Option("max_frame_pixels", "--max-frame-pixels", int, "Refuse larger frames (default 8192x8192).",
+           panel=INPUT),
+    Option("cameras", "--cameras", str, "Camera order and selection: a,b,c.", toml=(str, list), toml_items=str,
+           parse=parse_cameras, panel=INPUT, metavar="A,B"),
+    Option("sync", "--sync", str, "frames (default) | timestamps: pair cameras.", panel=INPUT),
+    Option("sync_reference", "--sync-reference", str, "--sync timestamps: the camera giving times.", panel=INPUT,
+           metavar="CAM"),
+    Option("sync_tolerance", "--sync-tolerance", float, "--sync timestamps: seconds a frame may lie.", panel=INPUT,
+           metavar="S"),
+    Option("fps", "--fps", float, "Frame rate of image sequences without times.", field="frame_rate",
+           panel=INPUT),
+    Option("nuscenes_version", "--nuscenes-version", str, "Which nuScenes tables (v1.0-mini, ...).", panel=INPUT,
+           metavar="V"),
+    Option("column", "--column", str, "ROLE=NAME: a table's column for a role.", field="columns", toml=(str, list),
+           toml_items=str, parse=parse_columns, panel=INPUT, metavar="ROLE=NAME"),
+    Option("lerobot_state", "--lerobot-state/--no-lerobot-state", bool, "LeRobot: records keep frames' numbers.",
+           panel=OUTPUT),
+    Option("dtype", "--dtype", str, "fp32 (default) | bf16 | fp16.", panel=MODEL),
+    Option("device", "--device", str, "auto (default) | cpu | cuda[:N].", panel=MODEL),
+    Option("store", "--store", str, "mean-logvar (default) | mean | sample.", panel=MODEL,
+           help_by_command=((PLAN, "mean-logvar (default) | mean | sample: counted."),)),
+    Option("seed", "--seed", int, "Seed of --store sample's noise.", frozenset({ENCODE}), panel=MODEL),
+    Option("tiling", "--tiling/--no-tiling", bool, "The VAE's own tiling (other latents).", panel=MODEL),
+    Option("compile", "--compile/--no-compile", bool, "Encode through torch.compile.", field="compiled",
+           panel=MODEL, help_by_command=((PLAN, "Measure with torch.compile."),)),
+    Option("channels_last", "--channels-last/--no-channels-last", bool, "Channels-last convolutions.",
+           panel=MODEL),
+    Option("encoder_impl", "--encoder-impl", str, "auto (default) | fast | reference.", panel=MODEL),
+    Option("views_per_forward", "--views-per-forward", str, "auto (default) | all | K views per forward.",
+           toml=(int, str), panel=MODEL),
+    Option("allow_pickle_weights", "--allow-pickle-weights", bool, "Let pickled .bin weights load (runs code).",
+           panel=MODEL),
+    Option("allow_other_numerics", "--allow-other-numerics", bool, "Resume on other GPU, torch or threads.",
+           frozenset({ENCODE}), panel=MODEL),
+    Option("batch_size", "--batch-size", int, "Clips per batch (default 1).", panel=SPEED),
+    Option("workers", "--workers", int, "Decode processes per rank (default 2).", panel=SPEED),
+    Option("probe_workers", "--probe-workers", int, f"Probe threads per rank (default {DEFAULT_PROBE_WORKERS}).",
+           panel=SPEED),
+    Option("world_size", "--world-size", int, "Ranks to plan for (default 1).", frozenset({PLAN}), panel=PLANNING),
+    Option("sp_size", "--sp-size", int, "Ranks per sequence-parallel group.", panel=SPEED),
+    Option("sp_mode", "--sp-mode", str, "views (default) | spatial (Wan VAEs).", panel=SPEED),
+    Option("timeout", "--timeout", float, "Seconds a collective waits (default 1800).", frozenset({ENCODE}),
+           field="timeout_s", panel=SPEED, metavar="S"),
+    Option("liveness_timeout", "--liveness-timeout", float, "Seconds without a heartbeat (default 60).",
+           frozenset({ENCODE}), field="liveness_timeout_s", panel=SPEED, metavar="S"),
+    Option("memory_budget", "--memory-budget", str, "Device memory per rank, e.g. 8GiB.", frozenset({PLAN}),
+           toml=(int, str), parse=lambda value: parse_bytes(value, "--memory-budget"), panel=PLANNING,
+           metavar="BYTES"),
+    Option("measure", "--measure/--no-measure", bool, "Encode one clip to measure (default on).",
+           frozenset({PLAN}), panel=PLANNING),
+    Option("shard_size", "--shard-size", str, "Roll shards at this size (default 256MiB).", frozenset({ENCODE}),
+           toml=(int, str), parse=parse_bytes, panel=OUTPUT, metavar="BYTES"),
+    Option("commit_every", "--commit-every", float, "Commit every S seconds too (default 300).",
+           frozenset({ENCODE}), field="commit_every_s", panel=OUTPUT, metavar="S"),
+    Option("on_error", "--on-error", str, "skip (default: record, go on) | fail.", frozenset({ENCODE}),
+           panel=OUTPUT),
+    Option("overwrite", "--overwrite", bool, "Discard what OUT holds; start over.", frozenset({ENCODE}),
+           panel=OUTPUT),
+    Option("hash_sources", "--hash-sources", bool, "Record each source video's sha256.", frozenset({ENCODE}),
+           panel=OUTPUT),
+    Option("progress", "--progress/--no-progress", bool, "Progress on stderr (default on).", frozenset({ENCODE}),
+           panel=OUTPUT),
+    Option("text_encoder", "--text-encoder", str, "Embed the captions: text set \"default\".", frozenset({ENCODE}),
+           panel=SETS, metavar="SPEC"),
+    Option("condition", "--condition", str, "first-frame | first-last | image-features.", frozenset({ENCODE}),
+           panel=SETS, metavar="KIND"),
+    Option("image_encoder", "--image-encoder", str, "--condition image-features: its encoder.",
+           frozenset({ENCODE}), panel=SETS, metavar="SPEC"),
+    Option("image_convention", "--image-convention", str, "--condition image-features: whose convention.",
+           frozenset({ENCODE}), panel=SETS, metavar="NAME"),
+    Option("audio_vae", "--audio-vae", str, "Encode each clip's sound: audio set \"default\".", frozenset({ENCODE}),
+           panel=SETS, metavar="SPEC"),
+    Option("audio_camera", "--audio-camera", str, "--audio-vae: whose sound (default: the first).",
+           frozenset({ENCODE}), panel=SETS, metavar="CAM"),
+    Option("audio_missing", "--audio-missing", str, "--audio-vae: skip (default) | silence.", frozenset({ENCODE}),
+           panel=SETS),
 )
 """In --help order."""
 

@@ -16,7 +16,7 @@ def hub_id_answer(spec: str) -> str:
     """One line for a --vae that names a Hugging Face Hub repository: how to get its VAE folder and what to pass."""
     local = spec.rsplit("/", 1)[1]
     return (f"--vae {spec} looks like a Hugging Face Hub id; vaecache reads local files only: download the VAE with "
-            f"`huggingface-cli download {spec} --include 'vae/*' --local-dir ./{local}` and pass "
+            f"`hf download {spec} --include 'vae/*' --local-dir ./{local}` and pass "
             f"--vae diffusers:./{local}#vae (a single file such as Wan2.1_VAE.pth: --vae PATH)")
 
 

@@ -38,7 +38,7 @@ def discover(data: Path, cameras: Sequence[str] | None = None, options: SourceOp
     else:
         data = Path(data)
         if options.storage_options is not None:  # the objects at URLs a local index or table names: read with them,
-            from vaecache.urls import set_data_storage_options  # by a client opened afresh
+            from vaecache.storage import set_data_storage_options  # by a client opened afresh
 
             set_data_storage_options(dict(options.storage_options))
         if not data.exists() and not is_brace_pattern(str(data)):

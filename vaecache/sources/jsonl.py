@@ -29,7 +29,8 @@ from vaecache.sources.scene import (
     Scene,
     SourceOptions,
 )
-from vaecache.urls import folder_of, is_url, open_url, url_join
+from vaecache.storage import open_url
+from vaecache.urls import folder_of, is_url, url_join
 from vaecache.video.frames import FrameList
 from vaecache.video.members import TarMember, member_of
 

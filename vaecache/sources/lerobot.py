@@ -36,7 +36,8 @@ from typing import Any, Iterator, Sequence
 
 from vaecache.errors import DatasetError
 from vaecache.sources.scene import CameraProbe, LayoutScenes, Scene, Skipped, SourceOptions
-from vaecache.urls import is_url, location_stat, open_location
+from vaecache.storage import location_stat, open_location
+from vaecache.urls import is_url
 from vaecache.video.spans import EpisodeSpan
 
 log = logging.getLogger("vaecache")

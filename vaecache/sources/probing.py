@@ -21,7 +21,8 @@ from vaecache.meter import Advance
 from vaecache.settings.clip import FRAME_SYNC, SyncConfig
 from vaecache.settings.options import DEFAULT_PROBE_WORKERS
 from vaecache.sources.scene import CameraProbe, Scene, SceneProbe
-from vaecache.urls import HeldObjects, is_url
+from vaecache.storage import HeldObjects
+from vaecache.urls import is_url
 from vaecache.video.frames import FrameList
 from vaecache.video.identity import source_stat
 

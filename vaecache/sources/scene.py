@@ -237,7 +237,7 @@ class SourceOptions:
     """--lerobot-state: each clip record of a LeRobot dataset carries its frames' state/action columns."""
     storage_options: tuple[tuple[str, Any], ...] | None = None
     """--storage-option: the fsspec options DATA at a URL is listed and read with (None: those the process was given
-    before, urls.set_data_storage_options)."""
+    before, storage.set_data_storage_options)."""
 
     def __post_init__(self) -> None:
         if self.frame_rate is not None and not 0 < self.frame_rate < math.inf:

@@ -31,7 +31,8 @@ from typing import Any, Iterator
 from vaecache.errors import CaptionError, DatasetError, TarShardError
 from vaecache.sources.braces import expand_braces, is_brace_pattern
 from vaecache.sources.scene import SINGLE_CAMERA, LayoutScenes, Scene, Skipped, SourceOptions
-from vaecache.urls import is_url, open_url, url_stat
+from vaecache.storage import open_url, url_stat
+from vaecache.urls import is_url
 from vaecache.video.frames import VIDEO_EXTENSIONS, natural_key
 from vaecache.video.members import TarMember
 

@@ -1,7 +1,7 @@
 """DATA at a URL (``s3://bucket/videos``), walked by the layouts like a local folder: a `UrlPath` answers the
 pathlib questions they ask (is_dir, iterdir, stat, read_text, ...) from one listing of DATA taken at start, and
 reads an object only when its bytes are asked for. Sources found this way are named by their URLs; the readers
-open them with ranged reads (vaecache.urls.open_url)."""
+open them with ranged reads (vaecache.storage.open_url)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from vaecache.errors import DatasetError
-from vaecache.urls import Url, data_filesystem, mtime_ns, storage_problem
+from vaecache.storage import data_filesystem, mtime_ns, storage_problem
+from vaecache.urls import Url
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class UrlListing:
 
     def __init__(self, url: Url, storage_options: tuple[tuple[str, Any], ...] | None = None) -> None:
         """`storage_options`: the fsspec options DATA is listed and read with, in this process and the ones forked
-        from it (None: those it was given before: urls.data_filesystem)."""
+        from it (None: those it was given before: storage.data_filesystem)."""
         self.url = url
         self.fs, self.root = data_filesystem(url, dict(storage_options) if storage_options is not None else None)
         self.root = self.root.rstrip("/")

@@ -275,7 +275,7 @@ def check_text_reembed(cache: Any, count: int, seed: int, device: Any, tolerance
     one (else a failure naming what differs)."""
     import random
 
-    from vaecache.cache.differences import describe_differences
+    from vaecache.differences import describe_differences
     from vaecache.text.encoder import load_text_encoder
     from vaecache.text.sets import TextSet
 

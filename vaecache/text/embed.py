@@ -7,14 +7,14 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import time
 from typing import Any
 
 import torch
 
-from vaecache.cache.kinds import ComputedItem, SetKind, SetPlan, register
+from vaecache.cache.kinds import ComputedItem, SetKind, SetOutcome, SetPlan, register
 from vaecache.cache.layout import TEXT_DIR
-from vaecache.cache.sets import generation_of, loaded_on_every_rank, pack_shards, same_on_every_rank
+from vaecache.cache.sets import generation_of, pack_shards
+from vaecache.distributed.agreement import loaded_on_every_rank, same_on_every_rank
 from vaecache.text.sets import (
     CLIPS_TABLE,
     EMBEDDINGS_PREFIX,
@@ -23,7 +23,6 @@ from vaecache.text.sets import (
     PROMPTS_TABLE,
     STAT_NAMES,
     EmbedRequest,
-    EmbedSummary,
     TextSet,
     clip_captions,
     feature_tensors,
@@ -215,7 +214,7 @@ class TextJob:
 TEXT = register(TextKind())
 
 
-def embed_cache(request: EmbedRequest, ctx: Any = None) -> EmbedSummary:
+def embed_cache(request: EmbedRequest, ctx: Any = None) -> list[SetOutcome]:
     """Add (or with `replace`, replace) the embedding set `request.set_name` to the finished cache at
     `request.out`, under OUT's lock (held by rank 0). Latents and the clip table are not touched.
 
@@ -223,32 +222,15 @@ def embed_cache(request: EmbedRequest, ctx: Any = None) -> EmbedSummary:
     holds the prompts of a fixed run of batches in key order and rank s % world embeds and writes it, so the
     files do not depend on the world size; rank 0 then writes both tables and the manifest. Committed shards are
     kept, a deleted or damaged one computed again, and a prompt the set already held copied from it
-    (vaecache.cache.embedding.embed_sets). Every rank returns the same summary."""
+    (vaecache.cache.embedding.embed_sets). Every rank returns the same outcome."""
     from vaecache.cache.embedding import embed_sets
-
-    started = time.perf_counter()
 
     def read_source() -> tuple[dict[str, str | None] | None, dict[str, Any]]:
         if request.captions is not None:
             return read_captions_file(request.captions)
         return None, {"kind": "clip metadata", "field": request.caption_field}
 
-    [outcome] = embed_sets(TEXT, request, ctx, before_lock=read_source)
-    summary = EmbedSummary(request.set_name, outcome.extra["out"], clips=outcome.extra["clips"],
-                           prompts=outcome.extra["prompts"], unchanged=outcome.unchanged, replaced=outcome.replaced,
-                           updated=outcome.updated, computed=outcome.computed, copied=outcome.copied,
-                           resumed=outcome.resumed, repaired=outcome.repaired)
-    if not outcome.unchanged:
-        record = outcome.record
-        summary.empty_clips, summary.truncated_prompts = record["empty_prompt_clips"], record["truncated_prompts"]
-        summary.truncated_examples = outcome.extra["examples"]
-        summary.empty_examples = outcome.extra["empty_examples"]
-        summary.truncated_pooled_prompts = int(record.get("truncated_pooled_prompts") or 0)
-        summary.files = len(record["shards"]) + len(record["tables"])
-        summary.bytes = (sum(s["bytes"] for s in record["shards"])
-                         + sum(t["bytes"] for t in record["tables"].values()))
-    summary.seconds = time.perf_counter() - started
-    return summary
+    return embed_sets(TEXT, request, ctx, before_lock=read_source)
 
 
 __all__ = ["TEXT", "TextJob", "TextKind", "embed_cache"]

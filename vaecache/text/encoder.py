@@ -508,7 +508,7 @@ def _local_folder(location: str, spec: str) -> Path:
     path = Path(location).expanduser()
     if path.is_dir():
         return path
-    hint = (" (vaecache reads local files only; a Hub id is downloaded first, e.g. `huggingface-cli download "
+    hint = (" (vaecache reads local files only; a Hub id is downloaded first, e.g. `hf download "
             f"{location} --local-dir DIR`, then --text-encoder with DIR)") if location.count("/") == 1 else ""
     raise VaeSpecError(f"--text-encoder {spec}: no such folder {path}{hint}")
 

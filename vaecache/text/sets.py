@@ -24,7 +24,7 @@ import hashlib
 import io
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -113,38 +113,6 @@ class EmbedRequest:
             raise UsageError(f"--shard-size must be at least 1 byte, got {self.shard_bytes}")
         if self.length is not None and self.length < 1:
             raise UsageError(f"--text-length must be >= 1, got {self.length}")
-
-
-@dataclass
-class EmbedSummary:
-    set_name: str
-    out: str
-    clips: int = 0
-    prompts: int = 0
-    """Distinct cleaned prompts (each embedded and stored once)."""
-    empty_clips: int = 0
-    empty_examples: list[str] = field(default_factory=list)
-    """The first clips (at most five, in table order) whose caption was missing, null or empty."""
-    truncated_prompts: int = 0
-    truncated_examples: list[str] = field(default_factory=list)
-    """Clip ids whose caption was cut to the family's length (the first few)."""
-    truncated_pooled_prompts: int = 0
-    """Prompts cut to the second encoder's length (HunyuanVideo's CLIP-L: 77 tokens)."""
-    files: int = 0
-    bytes: int = 0
-    seconds: float = 0.0
-    unchanged: bool = False
-    replaced: bool = False
-    updated: bool = False
-    """Rewritten for the cache's current clips with the same encoder and captions source (no --replace needed)."""
-    computed: int = 0
-    """Prompts the encoder ran on (the rest were committed already, or copied from the set before)."""
-    copied: int = 0
-    """Prompts copied from the set before: the cache grew, the encoder is the same."""
-    resumed: int = 0
-    """Shards an interrupted embed had committed, kept."""
-    repaired: list[str] = field(default_factory=list)
-    """Shards of the listed set found missing or damaged, computed again."""
 
 
 # ----------------------------------------------------------------------------- captions
@@ -530,7 +498,7 @@ def _entry_file(store: Any, name: str, entry: Any) -> str:
     return store.checked_name(file, f"text set {name}")
 
 
-__all__ = ["EmbedRequest", "EmbedSummary", "TextSet", "clip_captions", "feature_tensors", "pack_shards",
+__all__ = ["EmbedRequest", "TextSet", "clip_captions", "feature_tensors", "pack_shards",
            "pipeline_tensor",
            "plan_prompts", "prompt_key",
            "read_captions_file", "text_set_names"]

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vaecache.cache.differences import describe_differences
 from vaecache.cache.outdir import upgraded_fingerprint
+from vaecache.differences import describe_differences
 from vaecache.errors import UsageError
 from vaecache.settings.clip import ClipSettings
 from vaecache.vae.load import load_vae

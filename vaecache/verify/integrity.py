@@ -13,7 +13,7 @@ import math
 import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from safetensors.torch import load as safetensors_load
@@ -29,46 +29,7 @@ from vaecache.cache.writer import stats_problem
 from vaecache.errors import ClipTableError, ManifestError, OutputError, ShardHeaderError, UnsafePathError
 from vaecache.models import encode_problem, recorded_family
 from vaecache.settings.dtypes import SAFETENSORS_NAMES
-
-MAX_EXAMPLES = 5
-
-
-@dataclass
-class Check:
-    """One row of the report: how many items passed and failed, and the first failures named."""
-
-    name: str
-    passed: int = 0
-    failed: int = 0
-    problems: list[str] = field(default_factory=list)
-    note: str = ""
-    skipped: bool = False
-
-    def ok(self, count: int = 1) -> None:
-        self.passed += count
-
-    def fail(self, problem: str) -> None:
-        self.failed += 1
-        if len(self.problems) < MAX_EXAMPLES:
-            self.problems.append(problem)
-
-
-@dataclass
-class VerifyReport:
-    out: str
-    complete: bool
-    checks: list[Check]
-    summary: dict[str, Any] = field(default_factory=dict)
-    repaired: list[str] = field(default_factory=list)
-    """What `verify --repair` deleted before checking (stray shard files or objects)."""
-
-    @property
-    def ok(self) -> bool:
-        return self.complete and all(check.failed == 0 for check in self.checks)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"out": self.out, "ok": self.ok, "complete": self.complete, "summary": self.summary,
-                "repaired": self.repaired, "checks": [asdict(check) for check in self.checks]}
+from vaecache.verify.report import Check, VerifyReport
 
 
 class StoreShards:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from vaecache.cache.reader import CacheReader
-from vaecache.verify.integrity import Check
+from vaecache.verify.report import Check
 
 
 def check_sets(cache: CacheReader, quick: bool, summary: dict[str, Any]) -> list[Check]:

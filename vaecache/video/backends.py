@@ -11,7 +11,8 @@ import torch
 
 from vaecache.errors import UsageError, VideoDecodeError, first_line
 from vaecache.settings.parts import DECODER_CHOICES
-from vaecache.urls import HeldObjects, is_url
+from vaecache.storage import HeldObjects
+from vaecache.urls import is_url
 from vaecache.video.frames import FrameList, FrameSequence, is_image_source
 from vaecache.video.members import member_of
 from vaecache.video.reader import DECODER, VideoReader
@@ -35,7 +36,7 @@ def open_video(path: str, backend: Backend | None = None, max_pixels: int | None
                clip: tuple[int, int] | None = None) -> VideoReader | ForeignReader | SpanReader:
     """A frame-exact reader of `path` (PyAV unless `backend` says otherwise); every failure is a VideoDecodeError
     naming the file. With `max_pixels`, frames larger than that are refused before any is decoded. An object at a
-    URL that `held` holds is read from its bytes (urls.HeldObjects). `timeline` (its probe's frame index) and
+    URL that `held` holds is read from its bytes (storage.HeldObjects). `timeline` (its probe's frame index) and
     `clip` (the first and last frame of the clip it is opened for) go to the PyAV reader (VideoReader): no packet is
     demuxed to seek, and an object at a URL is read in ranges."""
     span = span_of(path)

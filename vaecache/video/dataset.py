@@ -14,7 +14,8 @@ import torch
 
 from vaecache.errors import DatasetError, VideoDecodeError
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS
-from vaecache.urls import HeldObjects, is_url
+from vaecache.storage import HeldObjects
+from vaecache.urls import is_url
 from vaecache.video.backends import PYAV, Backend, ForeignReader, open_camera
 from vaecache.video.frames import FrameList, FrameSequence, files_identity, is_image_source
 from vaecache.video.identity import identity_on_open, source_stat
@@ -36,7 +37,7 @@ class ViewDecoder:
                  held: HeldObjects | None = None) -> None:
         self.height, self.width, self.fit, self.backend, self.max_pixels = height, width, fit, backend, max_pixels
         self.held = held
-        """The small objects probing read whole, for their first open (urls.HeldObjects)."""
+        """The small objects probing read whole, for their first open (storage.HeldObjects)."""
         self._readers: OrderedDict[str, Reader] = OrderedDict()
         self._cache_size = cache_size
 
@@ -220,7 +221,7 @@ class ViewBatchDataset(torch.utils.data.Dataset):
         self.view_indices = [list(v) for v in view_indices]
         self.height, self.width, self.fit, self.backend, self.max_pixels = height, width, fit, backend, max_pixels
         self.held = held
-        """The small videos at URLs probing read whole, for the first batches' opens (urls.HeldObjects)."""
+        """The small videos at URLs probing read whole, for the first batches' opens (storage.HeldObjects)."""
         self._decoder: ViewDecoder | None = None
         self._condemned: dict[str, str] = {}
         """Path -> why the whole file failed (in this process)."""

@@ -23,7 +23,8 @@ import numpy as np
 
 from vaecache.errors import FrameBudgetError, VideoDecodeError
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS, frame_budget_problem
-from vaecache.urls import is_url, location_stat, read_location, url_children, url_glob
+from vaecache.storage import location_stat, read_location, url_children, url_glob
+from vaecache.urls import is_url
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
 VIDEO_EXTENSIONS = (".mp4", ".mov", ".mkv", ".avi", ".webm", ".m4v")

@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from vaecache.urls import is_url, url_stat
+from vaecache.storage import url_stat
+from vaecache.urls import is_url
 from vaecache.video.frames import files_identity, frame_files, is_image_source
 from vaecache.video.members import member_identity, member_of
 from vaecache.video.spans import file_of, span_of

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from vaecache.errors import VideoDecodeError
-from vaecache.urls import location_stat, open_location
+from vaecache.storage import location_stat, open_location
 
 _REFERENCE = re.compile(r"^(?P<tar>.+\.[tT][aA][rR])#(?P<name>.+)@(?P<offset>\d+)\+(?P<size>\d+)$", re.DOTALL)
 READ_BUFFER = 1 << 20

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from vaecache.errors import VideoDecodeError, first_line
-from vaecache.urls import HeldObjects, open_url
+from vaecache.storage import HeldObjects, open_url
+from vaecache.video.planned_reads import planned_reads
 from vaecache.video.timeline import Timeline
 
 
@@ -35,7 +36,7 @@ decode worker reads its clip's GOPs, not the object); a smaller one with fewer i
 def open_object(path: str, held: HeldObjects | None = None, timeline: Timeline | None = None,
                  clip: tuple[int, int] | None = None) -> Any:
     """An object in object storage opened for ranged reads, checked there and not empty (VideoDecodeError naming it
-    otherwise). With a timeline that has byte ranges, its reads are planned (urls.PlannedReads: the container's
+    otherwise). With a timeline that has byte ranges, its reads are planned (planned_reads.py: the container's
     header and index, then each clip's GOPs); without, read ahead from front to back."""
     plan: list[tuple[int, int]] | None = None
     whole_if_small = True
@@ -44,7 +45,8 @@ def open_object(path: str, held: HeldObjects | None = None, timeline: Timeline |
         count = timeline.frame_count()
         whole_if_small = not (clip and count and count >= RANGED_MIN_CLIPS * (clip[1] - clip[0] + 1))
     try:
-        handle = open_url(path, held=held, sequential=plan is None, planned=plan, whole_if_small=whole_if_small)
+        handle = open_url(path, held=held, sequential=plan is None,
+                          read_cache=planned_reads(plan) if plan is not None else None, whole_if_small=whole_if_small)
     except FileNotFoundError:
         raise VideoDecodeError(path, "no such object") from None
     except IsADirectoryError:

@@ -29,10 +29,12 @@ from av.video.reformatter import VideoReformatter
 
 from vaecache.errors import FrameBudgetError, VideoDecodeError, first_line
 from vaecache.settings.clip import DEFAULT_MAX_FRAME_PIXELS, frame_budget_problem
-from vaecache.urls import PLANNED_READ_AHEAD, HeldObjects, PlannedReads, is_url, mtime_ns, whole_object
+from vaecache.storage import HeldObjects, mtime_ns, whole_object
+from vaecache.urls import is_url
 from vaecache.video.frames import checked_request
 from vaecache.video.members import member_of, open_member
 from vaecache.video.opening import URL_IO_BUFFER, RecordingReads, check_file, open_object, read_problem
+from vaecache.video.planned_reads import PLANNED_READ_AHEAD, PlannedReads
 from vaecache.video.timeline import Keyframe, Timeline, gop_bytes, merged
 
 DECODER = "pyav-pts/1"
@@ -50,7 +52,7 @@ class VideoReader:
         """`max_pixels`: refuse (VideoDecodeError) a stream of larger frames before decoding anything; None checks
         only where opening must decode (a file without timestamps is counted frame by frame) against the
         default budget: probing a file reads its packets, never its pixels. An object at a URL that `held` holds is
-        read from its bytes (urls.HeldObjects).
+        read from its bytes (storage.HeldObjects).
 
         `timeline`: the video's frame index as its probe recorded it (vaecache.video.timeline): no packet is demuxed
         to find the frames, and an object at a URL is read in ranges, its container's header and index and then

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from vaecache.errors import VideoDecodeError
-from vaecache.urls import location_stat
+from vaecache.storage import location_stat
 from vaecache.video.frames import checked_request
 
 _REFERENCE = re.compile(r"^(?P<path>.+)#from_ns=(?P<from_ns>\d+)&frames=(?P<frames>\d+)&fps=(?P<fps>[0-9.eE+-]+)$",

@@ -17,9 +17,9 @@ import vaecache
 from vaecache.cache.manifest import manifest_header
 from vaecache.cache.outdir import PreparedOut
 from vaecache.distributed.liveness import set_doing
-from vaecache.encode.encode_run import EncodeRun
 from vaecache.encode.fingerprint import RunRecords
 from vaecache.encode.loop import DecodeFeed, encode_share, marking_done
+from vaecache.encode.run import EncodeRun
 from vaecache.encode.summary import EncodeSummary
 from vaecache.errors import OutputError
 from vaecache.meter import meter_phase

@@ -1,4 +1,4 @@
-"""The planned reads of an object (urls.PlannedReads): a planned range is fetched whole by one GET (a block at
+"""The planned reads of an object (PlannedReads): a planned range is fetched whole by one GET (a block at
 most), a read outside the plan fetches a small read-ahead past it, bytes are served from what was fetched, and the
 container's header, index and first clip go out side by side."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import threading
 import time
 
-from vaecache.urls import BLOCKS_KEPT, PLANNED_READ_AHEAD, PlannedReads
+from vaecache.storage import BLOCKS_KEPT
+from vaecache.video.planned_reads import PLANNED_READ_AHEAD, PlannedReads
 
 OBJECT = bytes(range(256)) * 4096  # 1 MiB
 
