@@ -76,7 +76,7 @@ def fast_encoder(vae: Any, variant: str) -> Any:
     """A WanFastEncoder for a variant name: c<chunk>-<eager|rows>[-contiguous][-padC[+C]]: temporal chunk, the
     pointwise kernels (eager, or compiled over rows with the convolution biases folded), NCDHW instead of NDHWC,
     activations of C channels padded to the next multiple of 128."""
-    from vaecache.vae.wan_fast import EAGER, CompiledRowKernels, WanFastEncoder
+    from vaecache.models._wan_fast import EAGER, CompiledRowKernels, WanFastEncoder
 
     chunk_text, impl, *rest = variant.split("-")
     kernels = {"eager": lambda: EAGER, "rows": lambda: CompiledRowKernels().kernels()}[impl]()

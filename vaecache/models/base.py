@@ -5,9 +5,90 @@ functions: importable without torch (the CLI reads a family before torch loads).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, Callable, Mapping
 
-from vaecache.vae.rules import FrameRule
+from vaecache.errors import VaeSpecError
+from vaecache.models.rules import FrameRule
+
+FP16_POLICIES = ("ok", "upcast", "refuse")
+
+
+def log2(value: Any, what: str) -> int:
+    """log2 of a config's power-of-two compression ratio, or a VaeSpecError naming the key."""
+    number = int(value)
+    if number < 1 or number & (number - 1):
+        raise VaeSpecError(f"{what} must be a power of two, got {value!r}")
+    return number.bit_length() - 1
+
+
+def config_constants(config: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """The keys of `config` that are set (not None), for a normalization record."""
+    return {key: config[key] for key in keys if config.get(key) is not None}
+
+
+def scale_normalization(config: Mapping[str, Any], module: Any) -> dict[str, Any]:
+    """The normalization of a VAE whose config holds its constants (scaling_factor, shift_factor, latents_mean/std):
+    diffusers' pipelines apply whichever the config sets."""
+    out = config_constants(config, ("scaling_factor", "shift_factor", "latents_mean", "latents_std"))
+    if config.get("invert_scale_latents"):
+        out["invert_scale_latents"] = True  # CogVideoX 1.5 I2V: image latents are divided by scaling_factor
+    if "shift_factor" in out:
+        out["formula"] = "(z - shift_factor) * scaling_factor"
+    elif "latents_mean" in out and "latents_std" in out:
+        out["formula"] = "(z - latents_mean) * scaling_factor / latents_std"
+    else:
+        out["formula"] = "z * scaling_factor"
+    return out
+
+
+@dataclass(frozen=True)
+class FastEncoder:
+    """A faster encoder vaecache runs over a VAE class's own weights (`--encoder-impl fast`), owned by its family."""
+
+    describes: str
+    """The models it encodes, in words ("Wan 2.1, Wan 2.2"), for messages."""
+    implementation: Callable[[], ModuleType]
+    """Imports its module (torch and triton) on first use: `production_encoder(module, device)`,
+    `production_description(module, device)`, `triton_available()`."""
+    validated: frozenset[tuple[str, str, tuple[int, int], int]] = frozenset()
+    """Where `--encoder-impl auto` picks it: (device kind, compute dtype, CUDA capability, the encoder's first
+    width), each measured faster than diffusers' encode and bitwise reproducible across processes."""
+
+
+@dataclass(frozen=True)
+class VaeClass:
+    """What vaecache knows of one diffusers VAE class, declared once by the family module that is its default."""
+
+    name: str
+    """diffusers' class name, as a config.json's `_class_name` gives it."""
+    rule: Callable[[Mapping[str, Any]], FrameRule]
+    """The frame and pixel rule read from a config, as the class's encoder reads it."""
+    channels_key: str
+    """The config key holding its latent channels."""
+    normalization: Callable[[Mapping[str, Any], Any], dict[str, Any]]
+    """(config, module or None) -> the constants and formula its pipelines normalize latents by (recorded)."""
+    per_frame: bool = False
+    """A 2D image VAE applied to every frame (one frame per forward)."""
+    fp16: str = "ok"
+    """"ok"; "upcast": compute in fp32 when config.force_upcast is set; "refuse"."""
+    fp16_reason: str = ""
+    one_view_per_forward: str = ""
+    """Why the class encodes one view per forward whatever --views-per-forward asks (empty: it batches views)."""
+    spatial_bands: bool = False
+    """Whether `--sp-mode spatial` (vaecache.parallel.spatial: rows in bands with halo exchange) runs its encoder."""
+    causal_chunk_decode: bool = False
+    """Whether its decoder is causal in time, fed one latent frame per call through a feature cache
+    (vaecache.vae.latent_decode decodes long clips a chunk at a time that way)."""
+    fast_encoder: FastEncoder | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"VaeClass name must be a diffusers class name, got {self.name!r}")
+        if self.fp16 not in FP16_POLICIES:
+            raise ValueError(f"VaeClass {self.name}: fp16 must be one of {FP16_POLICIES}, got {self.fp16!r}")
+        if self.fp16 != "ok" and not self.fp16_reason:
+            raise ValueError(f"VaeClass {self.name}: fp16 {self.fp16!r} needs its reason")
 
 
 @dataclass(frozen=True)
@@ -54,6 +135,16 @@ class Family:
     """Encodes caches made before the reference was recorded used, kept to read them back (decode, --reencode)."""
     frame_rule: Callable[[FrameRule], FrameRule] | None = None
     """The family's own frame rule from its VAE class's, where its reference encode accepts fewer frame counts."""
+    vaes: tuple[VaeClass, ...] = ()
+    """The VAE classes this family declares (the family whose module owns their facts: their default)."""
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.vae_classes:
+            raise ValueError(f"Family needs a name and at least one VAE class, got {self.name!r}")
+        stray = [vae.name for vae in self.vaes if vae.name not in self.vae_classes]
+        stray += [name for name in self.default_for if name not in self.vae_classes]
+        if stray:
+            raise ValueError(f"Family {self.name}: {', '.join(stray)} not among its vae_classes")
 
     def rule(self, vae_rule: FrameRule) -> FrameRule:
         return self.frame_rule(vae_rule) if self.frame_rule is not None else vae_rule
@@ -68,4 +159,5 @@ class Family:
         return None
 
 
-__all__ = ["Family", "ReferenceEncode"]
+__all__ = ["FP16_POLICIES", "Family", "FastEncoder", "ReferenceEncode", "VaeClass", "config_constants", "log2",
+           "scale_normalization"]

@@ -27,7 +27,7 @@ from typing import Any
 
 from vaecache.models.base import Family, ReferenceEncode
 from vaecache.models.hunyuanvideo import VAE_CLASS
-from vaecache.vae.rules import FrameRule
+from vaecache.models.rules import FrameRule
 
 TIME_TILE = 17
 """Frames per time tile (`get_enc_optimal_tiling`'s (1, 17, h, w), `apply_tiling`'s ft - 1 = 16 plus the causal
