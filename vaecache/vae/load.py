@@ -219,7 +219,12 @@ def _setup_tiling(model: VaeModel, tiling: bool, options: dict[str, Any]) -> dic
 
 
 def _can_tile(module: torch.nn.Module) -> bool:
-    return callable(getattr(module, "enable_tiling", None)) and callable(getattr(module, "disable_tiling", None))
+    if not (callable(getattr(module, "enable_tiling", None)) and callable(getattr(module, "disable_tiling", None))):
+        return False
+    from diffusers.models.autoencoders.vae import AutoencoderMixin
+
+    # diffusers gives every autoencoder enable_tiling(), which raises where the class has no tiling (no use_tiling)
+    return hasattr(module, "use_tiling") or not isinstance(module, AutoencoderMixin)
 
 
 def _clean_config(config: Any) -> dict[str, Any]:
