@@ -13,7 +13,7 @@ from types import ModuleType
 from typing import Any, Mapping
 
 from vaecache.errors import UsageError, VaeSpecError, first_line
-from vaecache.models.base import Family, FastEncoder, ReferenceEncode, VaeClass
+from vaecache.models.base import Family, FastEncoder, ReferenceEncode, SingleFileLayout, VaeClass
 from vaecache.models.rules import FrameRule
 
 ENTRY_POINT_GROUP = "vaecache.families"
@@ -195,6 +195,7 @@ def encode_problem(vae: Mapping[str, Any], settings: Mapping[str, Any], record: 
 
 
 __all__ = ["ENTRY_POINT_GROUP", "FAMILIES", "VAE_CLASSES", "FastEncoder", "Family", "FamilyPluginError", "FrameRule",
-           "ReferenceEncode", "Registry", "VaeClass", "built_in_modules", "encode_problem", "families_of_class",
+           "ReferenceEncode", "Registry", "SingleFileLayout", "VaeClass", "built_in_modules", "encode_problem",
+           "families_of_class",
            "family_for", "installed_families", "recorded_family", "registry", "require_vae_class", "rule_of_config",
            "supported_classes", "unrecorded_vae_part", "vae_class"]

@@ -5,8 +5,9 @@ functions: importable without torch (the CLI reads a family before torch loads).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from vaecache.errors import VaeSpecError
 from vaecache.models.rules import FrameRule
@@ -54,6 +55,46 @@ class FastEncoder:
     validated: frozenset[tuple[str, str, tuple[int, int], int]] = frozenset()
     """Where `--encoder-impl auto` picks it: (device kind, compute dtype, CUDA capability, the encoder's first
     width), each measured faster than diffusers' encode and bitwise reproducible across processes."""
+
+
+CONFIGS = Path(__file__).resolve().parent / "configs"
+"""The published configs of the VAEs read from single files, as diffusers builds them (shipped in the package)."""
+
+
+def no_shipped_config(shapes: Mapping[str, Any]) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class SingleFileLayout:
+    """A family's VAE as one checkpoint file in its original code's layout: how vaecache tells it from its keys, which
+    published config builds it, and how its tensors become the diffusers class's (diffusers keeps these facts in one
+    table, `loaders/single_file_model.py` SINGLE_FILE_LOADABLE_CLASSES). vaecache.vae.single_file reads it."""
+
+    name: str
+    """What the file is, in words ("Wan 2.2's VAE"), for messages."""
+    detects: Callable[[frozenset[str], Sequence[str], Mapping[str, Any]], bool]
+    """(its keys without a "vae." or "first_stage_model." prefix, its keys, its shapes by key) -> laid out so."""
+    vae_class: str | None = None
+    """The diffusers class it loads into; None: recognized, and refused with `refusal`."""
+    refusal: str = ""
+    config_name: Callable[[Mapping[str, Any]], str | None] = no_shipped_config
+    """(shapes) -> the file under CONFIGS of the release with these shapes, or None (then --vae-config)."""
+    no_config: str = ""
+    """Why no shipped config fits, where config_name finds none."""
+    converter: Callable[[], Callable[..., dict[str, Any]]] | None = None
+    """Imports the conversion `(config=, checkpoint=) -> state dict`; None: diffusers' own for the class
+    (SINGLE_FILE_LOADABLE_CLASSES[class]["checkpoint_mapping_fn"])."""
+    vae_keys: Callable[[list[str]], list[str]] | None = None
+    """The keys of the file's VAE part, by its converter's rule (a whole-model file holds others); None: every key."""
+    leftovers: tuple[str, ...] = ()
+    """Key prefixes (after the vae. prefix) of tensors its model does not use, dropped on purpose."""
+    siblings: tuple[str, ...] = ()
+    """Other classes a --vae-config may name for a file laid out so (the same keys at a size no release has)."""
+
+    def __post_init__(self) -> None:
+        if (self.vae_class is None) == (not self.refusal):
+            raise ValueError(f"SingleFileLayout {self.name}: either a VAE class it loads into or why it is refused")
 
 
 @dataclass(frozen=True)
@@ -137,6 +178,8 @@ class Family:
     """The family's own frame rule from its VAE class's, where its reference encode accepts fewer frame counts."""
     vaes: tuple[VaeClass, ...] = ()
     """The VAE classes this family declares (the family whose module owns their facts: their default)."""
+    single_files: tuple[SingleFileLayout, ...] = ()
+    """The checkpoint-file layouts of its VAE that vaecache reads (or recognizes and refuses, saying why)."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.vae_classes:
@@ -159,5 +202,5 @@ class Family:
         return None
 
 
-__all__ = ["FP16_POLICIES", "Family", "FastEncoder", "ReferenceEncode", "VaeClass", "config_constants", "log2",
-           "scale_normalization"]
+__all__ = ["CONFIGS", "FP16_POLICIES", "Family", "FastEncoder", "ReferenceEncode", "SingleFileLayout", "VaeClass",
+           "config_constants", "log2", "no_shipped_config", "scale_normalization"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from vaecache.errors import VaeSpecError
-from vaecache.models.base import Family, ReferenceEncode, VaeClass, log2, scale_normalization
+from vaecache.models.base import Family, ReferenceEncode, SingleFileLayout, VaeClass, log2, scale_normalization
 from vaecache.models.rules import FrameRule
 
 VAE_CLASS = "AutoencoderKLCogVideoX"
@@ -28,10 +28,17 @@ def frame_rule(config: Mapping[str, Any]) -> FrameRule:
 VAE = VaeClass(VAE_CLASS, frame_rule, "latent_channels", scale_normalization, fp16="upcast",
                fp16_reason="CogVideoX models other than 2B were trained in bf16 and give NaNs in fp16 "
                            "(zai-org/CogVideo#559, #637); its config sets force_upcast")
+SAT_FILE = SingleFileLayout(
+    "CogVideoX's SAT VAE",
+    lambda found, keys, shapes: ("encoder.down.0.block.0.conv1.conv.weight" in found
+                                 and "encoder.down.0.block.0.norm1.gamma" not in found),  # that is HunyuanVideo 1.5's
+    refusal="a CogVideoX VAE in its original (SAT) layout: diffusers has no single-file loader for it; convert it with "
+            "diffusers' scripts/convert_cogvideox_to_diffusers.py and pass --vae diffusers:FOLDER")
 UNTILED = ReferenceEncode("untiled", "diffusers' encode with its tiling off",
                           ('diffusers 0.42.1 autoencoder_kl_cogvideox.py _encode (num_sample_frames_batch_size 8, '
                           'use_tiling False)'))
 
-FAMILY = Family("cogvideox", "CogVideoX", (VAE_CLASS,), UNTILED, default_for=(VAE_CLASS,), vaes=(VAE,))
+FAMILY = Family("cogvideox", "CogVideoX", (VAE_CLASS,), UNTILED, default_for=(VAE_CLASS,), vaes=(VAE,),
+                single_files=(SAT_FILE,))
 
 __all__ = ["FAMILY", "UNTILED", "VAE", "VAE_CLASS", "frame_rule"]

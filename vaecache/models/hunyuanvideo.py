@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from vaecache.errors import VaeSpecError
-from vaecache.models.base import Family, ReferenceEncode, VaeClass, log2, scale_normalization
+from vaecache.models.base import Family, ReferenceEncode, SingleFileLayout, VaeClass, log2, scale_normalization
 from vaecache.models.rules import FrameRule
 
 VAE_CLASS = "AutoencoderKLHunyuanVideo"
@@ -57,7 +57,13 @@ DIFFUSERS_FRAMEWISE = ReferenceEncode(
     params={"time_tile": 17, "time_stride": 12}, time_tiles_above=16)
 """What vaecache stored before it recorded the reference encode (0.6 and earlier): read back, never written."""
 
+CHECKPOINT_FILE = SingleFileLayout(
+    "HunyuanVideo's VAE checkpoint",
+    lambda found, keys, shapes: "encoder.down_blocks.0.resnets.0.conv1.conv.weight" in found,
+    refusal="a HunyuanVideo VAE checkpoint: diffusers has no single-file loader for it; convert it with diffusers' "
+            "scripts/convert_hunyuan_video_to_diffusers.py and pass --vae diffusers:FOLDER")
+
 FAMILY = Family("hunyuanvideo", "HunyuanVideo", (VAE_CLASS,), WHOLE, default_for=(VAE_CLASS,),
-                legacy_references=(DIFFUSERS_FRAMEWISE,), vaes=(VAE,))
+                legacy_references=(DIFFUSERS_FRAMEWISE,), vaes=(VAE,), single_files=(CHECKPOINT_FILE,))
 
 __all__ = ["DIFFUSERS_FRAMEWISE", "FAMILY", "VAE", "VAE_CLASS", "WHOLE", "encode_whole", "frame_rule"]

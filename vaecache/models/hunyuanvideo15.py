@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from vaecache.errors import VaeSpecError
-from vaecache.models.base import Family, ReferenceEncode, VaeClass, scale_normalization
+from vaecache.models.base import Family, ReferenceEncode, SingleFileLayout, VaeClass, scale_normalization
 from vaecache.models.rules import FrameRule
 
 VAE_CLASS = "AutoencoderKLHunyuanVideo15"
@@ -36,11 +36,17 @@ VAE = VaeClass(VAE_CLASS, frame_rule, "latent_channels", scale_normalization,
                one_view_per_forward="diffusers' HunyuanVideo15 causal attention (autoencoder_kl_hunyuanvideo15.py, "
                                     "0.42) builds its mask for a batch it cannot broadcast: a forward of 2 or more "
                                     "views fails")
+RELEASE_FILE = SingleFileLayout(
+    "HunyuanVideo 1.5's release VAE", lambda found, keys, shapes: "encoder.down.0.block.0.norm1.gamma" in found,
+    refusal="a HunyuanVideo 1.5 VAE in its release layout (tencent/HunyuanVideo-1.5): diffusers has no single-file "
+            "loader for it; convert it with diffusers' scripts/convert_hunyuan_video1_5_to_diffusers.py and pass --vae "
+            "diffusers:FOLDER")
+"""Its RMS norms' `gamma` tell it from an SD VAE's layout."""
 UNTILED = ReferenceEncode("untiled", "diffusers' encode with its tiling off",
                           ('musubi-tuner 30c658c hv_1_5_cache_latents.py:41-44; diffusers 0.42.1 '
                           'autoencoder_kl_hunyuanvideo15.py _encode'))
 
 FAMILY = Family("hunyuanvideo-1.5", "HunyuanVideo 1.5", (VAE_CLASS,), UNTILED, default_for=(VAE_CLASS,),
-                vaes=(VAE,))
+                vaes=(VAE,), single_files=(RELEASE_FILE,))
 
 __all__ = ["FAMILY", "UNTILED", "VAE", "VAE_CLASS", "frame_rule"]

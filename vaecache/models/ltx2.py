@@ -6,7 +6,14 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from vaecache.errors import VaeSpecError
-from vaecache.models.base import Family, ReferenceEncode, VaeClass
+from vaecache.models._ltx2_file import (
+    AUDIO_PREFIX,
+    VIDEO_PREFIX,
+    convert_ltx2_video_vae,
+    is_ltx2_checkpoint,
+    video_config_name,
+)
+from vaecache.models.base import Family, ReferenceEncode, SingleFileLayout, VaeClass
 from vaecache.models.ltx_video import buffer_normalization
 from vaecache.models.rules import FrameRule
 
@@ -36,6 +43,24 @@ UNTILED = ReferenceEncode("untiled", "diffusers' encode with its tiling off",
                           ('diffusers 0.42.1 autoencoder_kl_ltx2.py:1169-1173; Lightricks/LTX-2 400fd31 ltx-trainer '
                           'scripts/process_videos.py'))
 
-FAMILY = Family("ltx-2", "LTX-2", (VAE_CLASS,), UNTILED, default_for=(VAE_CLASS,), vaes=(VAE,))
+SINGLE_FILES = (
+    # Lightricks/LTX-2 ltx_core/model/video_vae: a whole release file (vae.*, audio_vae.*, ...) or its video VAE alone
+    SingleFileLayout(
+        "LTX-2's release file or video VAE",
+        lambda found, keys, shapes: (any(key.startswith("per_channel_statistics") for key in found)
+                                     and is_ltx2_checkpoint(list(keys), dict(shapes))),
+        VAE_CLASS, config_name=lambda shapes: video_config_name(dict(shapes)),
+        no_config="its shapes are not those of a released LTX-2 video VAE (2.0, 2.3)",
+        converter=lambda: convert_ltx2_video_vae,
+        vae_keys=lambda keys: [key for key in keys if key.startswith(VIDEO_PREFIX)] or keys,
+        leftovers=("per_channel_statistics.",)),
+    SingleFileLayout("LTX-2's audio VAE alone",
+                     lambda found, keys, shapes: bool(keys) and all(key.startswith(AUDIO_PREFIX) for key in keys),
+                     refusal="LTX-2's audio VAE alone (audio_vae.*): pass it as --audio-vae, with the video VAE as "
+                             "--vae"),
+)
 
-__all__ = ["FAMILY", "UNTILED", "VAE", "VAE_CLASS", "frame_rule"]
+FAMILY = Family("ltx-2", "LTX-2", (VAE_CLASS,), UNTILED, default_for=(VAE_CLASS,), vaes=(VAE,),
+                single_files=SINGLE_FILES)
+
+__all__ = ["FAMILY", "SINGLE_FILES", "UNTILED", "VAE", "VAE_CLASS", "frame_rule"]

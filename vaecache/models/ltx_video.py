@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from vaecache.errors import VaeSpecError
-from vaecache.models.base import Family, ReferenceEncode, VaeClass
+from vaecache.models._ltx2_file import is_ltx2_checkpoint
+from vaecache.models.base import Family, ReferenceEncode, SingleFileLayout, VaeClass
 from vaecache.models.rules import FrameRule
 
 VAE_CLASS = "AutoencoderKLLTXVideo"
@@ -56,6 +57,37 @@ UNTILED = ReferenceEncode("untiled", "diffusers' encode with its tiling off",
                           ('diffusers 0.42.1 autoencoder_kl_ltx.py:1163-1167 (use_tiling, use_framewise_encoding '
                           'False)'))
 
-FAMILY = Family("ltx-video", "LTX-Video", (VAE_CLASS,), UNTILED, default_for=(VAE_CLASS,), vaes=(VAE,))
+def release_config(shapes: Mapping[str, Any]) -> str | None:
+    """The LTX-Video release whose VAE the keys are, told as diffusers' `infer_diffusers_model_type` tells them
+    (loaders/single_file_utils.py: the encoder's last width 2048 is 0.9.5 and later, a decoder time embedder 0.9.1,
+    else 0.9.0), its config as diffusers' scripts/convert_ltx_to_diffusers.py `get_vae_config` gives that release
+    (0.9.7 and 0.9.8 share 0.9.5's VAE)."""
+    last = shapes.get("vae.encoder.conv_out.conv.weight")
+    if last and len(last) > 1 and last[1] == 2048:
+        return "ltx-video-0.9.5_vae.json"
+    if "vae.decoder.last_time_embedder.timestep_embedder.linear_1.weight" in shapes:
+        return "ltx-video-0.9.1_vae.json"
+    if "vae.decoder.up_blocks.9.res_blocks.0.conv1.conv.weight" in shapes:
+        return "ltx-video-0.9.0_vae.json"
+    return None
 
-__all__ = ["FAMILY", "UNTILED", "VAE", "VAE_CLASS", "buffer_normalization", "frame_rule"]
+
+SINGLE_FILES = (
+    # Lightricks/LTX-Video ltx_video/models/autoencoders/causal_video_autoencoder.py, read by diffusers'
+    # convert_ltx_vae_checkpoint_to_diffusers (which takes the keys holding "vae.")
+    SingleFileLayout(
+        "LTX-Video's VAE",
+        lambda found, keys, shapes: (any(key.startswith("per_channel_statistics") for key in found)
+                                     and not is_ltx2_checkpoint(list(keys), dict(shapes))),
+        VAE_CLASS, config_name=release_config,
+        no_config="its keys are not those of a released LTX-Video VAE (0.9.0, 0.9.1, 0.9.5 to 0.9.8)",
+        vae_keys=lambda keys: [key for key in keys if "vae." in key], leftovers=("per_channel_statistics.",),
+        siblings=("AutoencoderKLLTX2Video",)),
+    # LTX-2's video VAE alone, at a size no release has, keeps LTX-Video's key layout: --vae-config's class says which
+)
+
+FAMILY = Family("ltx-video", "LTX-Video", (VAE_CLASS,), UNTILED, default_for=(VAE_CLASS,), vaes=(VAE,),
+                single_files=SINGLE_FILES)
+
+__all__ = ["FAMILY", "SINGLE_FILES", "UNTILED", "VAE", "VAE_CLASS", "buffer_normalization", "frame_rule",
+           "release_config"]
