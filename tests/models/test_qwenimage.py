@@ -84,3 +84,10 @@ def test_qwenimage_verify_reencode_and_webdataset_export(cache_dir: Path, tmp_pa
 def test_qwenimage_killed_encode_resumes_to_the_same_bytes(qwen_vae: Path, data: Path, cache_dir: Path,
                                                            tmp_path: Path) -> None:
     family_checks.assert_resume_after_kill(data, tmp_path / "cache", qwen_vae, FRAMES, SIZE, cache_dir)
+
+
+def test_qwenimage_musubi_export_names_why_musubi_cannot_take_it(cache_dir: Path, tmp_path: Path) -> None:
+    """The family's musubi architecture (qi) is an image one: the export refuses, saying so, before writing."""
+    result = family_checks.invoke(["export", cache_dir, "--format", "musubi", "--out", tmp_path / "musubi"])
+    assert result.exit_code == 2 and "Qwen-Image is an image architecture" in result.output
+    assert not (tmp_path / "musubi").exists()

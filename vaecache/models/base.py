@@ -180,6 +180,9 @@ class Family:
     """The VAE classes this family declares (the family whose module owns their facts: their default)."""
     single_files: tuple[SingleFileLayout, ...] = ()
     """The checkpoint-file layouts of its VAE that vaecache reads (or recognizes and refuses, saying why)."""
+    musubi_arch: str | None = None
+    """musubi-tuner's architecture (its short name, `export --format musubi --arch`) a cache for it exports as by
+    default; None: musubi-tuner does not train it."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.vae_classes:

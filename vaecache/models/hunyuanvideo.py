@@ -64,6 +64,7 @@ CHECKPOINT_FILE = SingleFileLayout(
             "scripts/convert_hunyuan_video_to_diffusers.py and pass --vae diffusers:FOLDER")
 
 FAMILY = Family("hunyuanvideo", "HunyuanVideo", (VAE_CLASS,), WHOLE, default_for=(VAE_CLASS,),
-                legacy_references=(DIFFUSERS_FRAMEWISE,), vaes=(VAE,), single_files=(CHECKPOINT_FILE,))
+                legacy_references=(DIFFUSERS_FRAMEWISE,), vaes=(VAE,), single_files=(CHECKPOINT_FILE,),
+                musubi_arch="hv")
 
 __all__ = ["DIFFUSERS_FRAMEWISE", "FAMILY", "VAE", "VAE_CLASS", "WHOLE", "encode_whole", "frame_rule"]

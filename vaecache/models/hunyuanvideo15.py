@@ -47,6 +47,6 @@ UNTILED = ReferenceEncode("untiled", "diffusers' encode with its tiling off",
                           'autoencoder_kl_hunyuanvideo15.py _encode'))
 
 FAMILY = Family("hunyuanvideo-1.5", "HunyuanVideo 1.5", (VAE_CLASS,), UNTILED, default_for=(VAE_CLASS,),
-                vaes=(VAE,), single_files=(RELEASE_FILE,))
+                vaes=(VAE,), single_files=(RELEASE_FILE,), musubi_arch="hv15")
 
 __all__ = ["FAMILY", "UNTILED", "VAE", "VAE_CLASS", "frame_rule"]

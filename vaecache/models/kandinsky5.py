@@ -183,7 +183,8 @@ TILES = ReferenceEncode(
     params={"time_tile": TIME_TILE, "time_stride": TIME_STRIDE, "space": "element bound 2**31, no memory term"},
     time_tiles_above=TIME_TILE, spatial_bands=False)
 
-FAMILY = Family("kandinsky5", "Kandinsky 5", (VAE_CLASS,), TILES, frame_rule=whole_clip_rule)
+FAMILY = Family("kandinsky5", "Kandinsky 5", (VAE_CLASS,), TILES, frame_rule=whole_clip_rule,
+                musubi_arch="k5")
 
 __all__ = ["FAMILY", "MEMORY_FREE_FOR_SAME_TILES", "TILES", "encode_tiled", "space_tiles", "uncovered_size",
            "whole_clip_rule"]

@@ -36,6 +36,7 @@ UNTILED = ReferenceEncode("untiled", "diffusers' encode with its tiling off",
                           "diffusers 0.42.1 autoencoder_kl_qwenimage.py _encode (use_tiling False); "
                           "pipeline_qwenimage_img2img.py:242-251 (the normalization)")
 
-FAMILY = Family("qwen-image", "Qwen-Image", (VAE_CLASS,), UNTILED, default_for=(VAE_CLASS,), vaes=(VAE,))
+FAMILY = Family("qwen-image", "Qwen-Image", (VAE_CLASS,), UNTILED, default_for=(VAE_CLASS,), vaes=(VAE,),
+                musubi_arch="qi")
 
 __all__ = ["FAMILY", "UNTILED", "VAE", "VAE_CLASS", "frame_rule"]

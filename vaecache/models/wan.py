@@ -133,7 +133,7 @@ UNTILED = ReferenceEncode("untiled", "diffusers' encode with its tiling off",
                           "tiling); diffusers 0.42.1 autoencoder_kl_wan.py _encode")
 
 FAMILY = Family("wan", "Wan", (VAE_CLASS,), UNTILED, default_for=(VAE_CLASS,), vaes=(VAE,),
-                single_files=SINGLE_FILES)
+                single_files=SINGLE_FILES, musubi_arch="wan")
 
 __all__ = ["FAMILY", "FAST", "SINGLE_FILES", "UNTILED", "VAE", "VAE_CLASS", "convert_wan22_vae", "fast_encoder_module",
            "frame_rule", "is_wan22_layout", "normalization", "wan22_key"]
