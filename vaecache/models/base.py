@@ -122,6 +122,9 @@ class VaeClass:
     """Whether its decoder is causal in time, fed one latent frame per call through a feature cache
     (vaecache.vae.latent_decode decodes long clips a chunk at a time that way)."""
     fast_encoder: FastEncoder | None = None
+    not_decoded_here: str = ""
+    """Why `vaecache report` shows its clips' sources without a reconstruction (a decoder that is not a plain
+    `decode(z)` in bounded time: a diffusion decoder); empty: the report decodes it within its time budget."""
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
