@@ -98,6 +98,26 @@ class SingleFileLayout:
 
 
 @dataclass(frozen=True)
+class ConditionPipeline:
+    """An image-to-video pipeline whose condition latents vaecache rebuilds from a cache's posterior means
+    (`vaecache embed --condition`, vaecache.conditions), for the VAE class of the family declaring it."""
+
+    name: str
+    """Recorded in a condition set's fingerprint (`pipeline`), `--condition-pipeline NAME` where `asked`."""
+    reference: str
+    """The pipeline code it reproduces, recorded beside the set."""
+    kinds: tuple[str, ...]
+    """The latent kinds it has (first-frame, first-last)."""
+    asked: bool = False
+    """Only when named with --condition-pipeline (or the cache was encoded for its family): another pipeline shares
+    the VAE class."""
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.kinds:
+            raise ValueError(f"ConditionPipeline needs a name and its kinds, got {self.name!r}, {self.kinds!r}")
+
+
+@dataclass(frozen=True)
 class VaeClass:
     """What vaecache knows of one diffusers VAE class, declared once by the family module that is its default."""
 
@@ -183,6 +203,8 @@ class Family:
     """The VAE classes this family declares (the family whose module owns their facts: their default)."""
     single_files: tuple[SingleFileLayout, ...] = ()
     """The checkpoint-file layouts of its VAE that vaecache reads (or recognizes and refuses, saying why)."""
+    conditions: tuple[ConditionPipeline, ...] = ()
+    """The image-to-video pipelines whose conditions vaecache rebuilds for its VAE class."""
     musubi_arch: str | None = None
     """musubi-tuner's architecture (its short name, `export --format musubi --arch`) a cache for it exports as by
     default; None: musubi-tuner does not train it."""
@@ -208,5 +230,5 @@ class Family:
         return None
 
 
-__all__ = ["CONFIGS", "FP16_POLICIES", "Family", "FastEncoder", "ReferenceEncode", "SingleFileLayout", "VaeClass",
-           "config_constants", "log2", "no_shipped_config", "scale_normalization"]
+__all__ = ["CONFIGS", "FP16_POLICIES", "ConditionPipeline", "Family", "FastEncoder", "ReferenceEncode",
+           "SingleFileLayout", "VaeClass", "config_constants", "log2", "no_shipped_config", "scale_normalization"]

@@ -6,7 +6,14 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from vaecache.errors import VaeSpecError
-from vaecache.models.base import Family, ReferenceEncode, SingleFileLayout, VaeClass, scale_normalization
+from vaecache.models.base import (
+    ConditionPipeline,
+    Family,
+    ReferenceEncode,
+    SingleFileLayout,
+    VaeClass,
+    scale_normalization,
+)
 from vaecache.models.rules import FrameRule
 
 VAE_CLASS = "AutoencoderKLHunyuanVideo15"
@@ -42,11 +49,15 @@ RELEASE_FILE = SingleFileLayout(
             "loader for it; convert it with diffusers' scripts/convert_hunyuan_video1_5_to_diffusers.py and pass --vae "
             "diffusers:FOLDER")
 """Its RMS norms' `gamma` tell it from an SD VAE's layout."""
+I2V = ConditionPipeline("hunyuanvideo-1.5",
+                        "diffusers HunyuanVideo15ImageToVideoPipeline.prepare_cond_latents_and_mask "
+                        "(pipelines/hunyuan_video1_5/pipeline_hunyuan_video1_5_image2video.py)", ("first-frame",))
 UNTILED = ReferenceEncode("untiled", "diffusers' encode with its tiling off",
                           ('musubi-tuner 30c658c hv_1_5_cache_latents.py:41-44; diffusers 0.42.1 '
                           'autoencoder_kl_hunyuanvideo15.py _encode'))
 
 FAMILY = Family("hunyuanvideo-1.5", "HunyuanVideo 1.5", (VAE_CLASS,), UNTILED, default_for=(VAE_CLASS,),
-                vaes=(VAE,), single_files=(RELEASE_FILE,), musubi_arch="hv15")
+                vaes=(VAE,), single_files=(RELEASE_FILE,), musubi_arch="hv15",
+                conditions=(I2V,))
 
 __all__ = ["FAMILY", "UNTILED", "VAE", "VAE_CLASS", "frame_rule"]

@@ -10,7 +10,15 @@ from types import ModuleType
 from typing import Any, Iterable, Mapping, Sequence
 
 from vaecache.errors import VaeSpecError
-from vaecache.models.base import Family, FastEncoder, ReferenceEncode, SingleFileLayout, VaeClass, config_constants
+from vaecache.models.base import (
+    ConditionPipeline,
+    Family,
+    FastEncoder,
+    ReferenceEncode,
+    SingleFileLayout,
+    VaeClass,
+    config_constants,
+)
 from vaecache.models.rules import FrameRule
 
 VAE_CLASS = "AutoencoderKLWan"
@@ -132,8 +140,12 @@ UNTILED = ReferenceEncode("untiled", "diffusers' encode with its tiling off",
                           "musubi-tuner 30c658c wan_cache_latents.py and wan/modules/vae.py (WanVAE.encode, no "
                           "tiling); diffusers 0.42.1 autoencoder_kl_wan.py _encode")
 
+I2V = ConditionPipeline("wan", "diffusers WanImageToVideoPipeline.prepare_latents (pipelines/wan/pipeline_wan_i2v.py)",
+                        ("first-frame", "first-last"))
+"""Wan 2.1 I2V, Wan 2.2 I2V A14B and FLF2V (a VAE with patch_size is Wan 2.2 TI2V's: vaecache.conditions.kinds)."""
+
 FAMILY = Family("wan", "Wan", (VAE_CLASS,), UNTILED, default_for=(VAE_CLASS,), vaes=(VAE,),
-                single_files=SINGLE_FILES, musubi_arch="wan")
+                single_files=SINGLE_FILES, conditions=(I2V,), musubi_arch="wan")
 
 __all__ = ["FAMILY", "FAST", "SINGLE_FILES", "UNTILED", "VAE", "VAE_CLASS", "convert_wan22_vae", "fast_encoder_module",
            "frame_rule", "is_wan22_layout", "normalization", "wan22_key"]
