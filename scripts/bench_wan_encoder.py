@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Wan encoder speed: diffusers' own encode against vaecache's fast Wan encoder (vaecache/vae/wan_fast.py), side
+"""Wan encoder speed: diffusers' own encode against vaecache's fast Wan encoder (vaecache/models/_wan_fast.py), side
 by side in one process under vaecache's CUDA settings (cuDNN heuristics, deterministic algorithms, no TF32).
 
 For each shape: the FLOP count of one encode (torch.utils.flop_counter), the reference encode in bf16 and fp32,
@@ -76,7 +76,7 @@ def fast_encoder(vae: Any, variant: str) -> Any:
     """A WanFastEncoder for a variant name: c<chunk>-<eager|rows>[-contiguous][-padC[+C]]: temporal chunk, the
     pointwise kernels (eager, or compiled over rows with the convolution biases folded), NCDHW instead of NDHWC,
     activations of C channels padded to the next multiple of 128."""
-    from vaecache.vae.wan_fast import EAGER, CompiledRowKernels, WanFastEncoder
+    from vaecache.models._wan_fast import EAGER, CompiledRowKernels, WanFastEncoder
 
     chunk_text, impl, *rest = variant.split("-")
     kernels = {"eager": lambda: EAGER, "rows": lambda: CompiledRowKernels().kernels()}[impl]()

@@ -220,8 +220,8 @@ def section_fast_encode(check: Check, family: str = "wan2.1") -> dict[str, Any]:
     import bench_wan_encoder as bw
     import torch
 
+    from vaecache.models._wan_fast import production_variant
     from vaecache.vae import load_vae
-    from vaecache.vae.wan_fast import production_variant
 
     compiled, pads = production_variant(check.device)
     variant = "c4-" + ("rows" if compiled else "eager") + ("-pad" + "+".join(map(str, pads)) if pads else "")

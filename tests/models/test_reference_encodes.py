@@ -167,7 +167,7 @@ def test_the_family_is_the_class_default_or_named_and_checked() -> None:
     assert family_for("AutoencoderKLHunyuanVideo", "framepack", "x").name == "framepack"
     assert family_for("AutoencoderKLWan", None, "x").name == "wan"
     assert family_for("RowwiseVae", None, "x") is None  # a plugin: no family, nothing recorded
-    rule = FAMILIES["kandinsky5"].rule(__import__("vaecache.vae.rules", fromlist=["FrameRule"]).FrameRule(
+    rule = FAMILIES["kandinsky5"].rule(__import__("vaecache.models.rules", fromlist=["FrameRule"]).FrameRule(
         4, 8, causal=True, label="AutoencoderKLHunyuanVideo"))
     assert [n for n in range(1, 50) if rule.frames_ok(n)] == [1, 5, 9, 13, 17, 25, 33, 41, 49]
     assert rule.describe().startswith("1 + 4k frames up to 17, then 1 + 8k")

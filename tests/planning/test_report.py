@@ -13,6 +13,7 @@ import pytest
 
 from vaecache.demodata import DemoDataSpec, write_demo_dataset
 from vaecache.encode.dry_run import build_plan
+from vaecache.models import VAE_CLASSES
 from vaecache.planning.clips import Clip
 from vaecache.planning.jobs import JobPlan
 from vaecache.planning.report import Measurement, dp_shares, fits_views_per_forward, pipeline_eta
@@ -21,7 +22,6 @@ from vaecache.settings.commands import PlanConfig
 from vaecache.settings.loader import clip_settings as pop_clip_options
 from vaecache.settings.loader import load_toml
 from vaecache.settings.parts import SourceConfig, VaeConfig
-from vaecache.vae import FAMILIES
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = DemoDataSpec(scenes=3, cameras=2, frames=17, height=32, width=32, fps=10, seed=1)
@@ -183,7 +183,7 @@ def test_example_config_parses_and_fits_its_vae(name: str) -> None:
     family, config = RELEASED[name]
     assert settings["vae"].startswith("diffusers:")
     clip = pop_clip_options(dict(settings))
-    FAMILIES[family].rule(config).check_buckets(clip.sampling.lengths, clip.sizes)
+    VAE_CLASSES[family].rule(config).check_buckets(clip.sampling.lengths, clip.sizes)
 
 
 def test_plan_with_a_missing_dataset_fails_before_the_vae_loads(run_cli, loud_vae, tmp_path: Path) -> None:

@@ -121,8 +121,12 @@ def test_a_clip_not_decoded_shows_its_source_and_says_why(good_cache: Path, tmp_
     for clip in small["clips"]:  # the decoder loads, but no clip's estimate fits the budget
         assert any(note.startswith("not decoded: its 0.07 million pixels would take about") for note in clip["notes"])
         assert all(not c["reconstructed"] and c["strip"] and c["psnr_db"] is None for c in clip["cameras"])
-    monkeypatch.setitem(__import__("vaecache.report.decodable", fromlist=["x"]).NOT_DECODED_HERE, "AutoencoderKLWan",
-                        "a diffusion decoder: 50 denoising steps a frame")
+    from dataclasses import replace
+
+    from vaecache.models import VAE_CLASSES
+
+    monkeypatch.setitem(VAE_CLASSES, "AutoencoderKLWan", replace(
+        VAE_CLASSES["AutoencoderKLWan"], not_decoded_here="a diffusion decoder: 50 denoising steps a frame"))
     refused = write_report(good_cache, tmp_path / "refused", ReportSettings(clips=1)).summary
     assert refused["decoder"]["reason"] == ("AutoencoderKLWan's decoder is not run by the report: a diffusion "
                                             "decoder: 50 denoising steps a frame")

@@ -10,6 +10,7 @@ import torch
 
 from vaecache.cache.writer import geometry_record
 from vaecache.errors import FrameRuleError, UsageError
+from vaecache.models.rules import FrameRule
 from vaecache.planning.clips import plan_clips
 from vaecache.planning.jobs import JobPlan, batched
 from vaecache.planning.report import bucket_histogram
@@ -18,7 +19,6 @@ from vaecache.settings.clip import ClipSettings, SamplingConfig
 from vaecache.settings.loader import clip_settings as pop_clip_options
 from vaecache.settings.loader import load_toml
 from vaecache.sources.scene import CameraProbe, Scene
-from vaecache.vae.rules import FrameRule
 from vaecache.video.resize import resize_fit, to_model_range
 
 SIZES = ((32, 56), (56, 32), (40, 40))

@@ -214,7 +214,7 @@ def ltx2_original(state: dict[str, Any]) -> dict[str, Any]:
     """A diffusers AutoencoderKLLTX2Video state dict in LTX-2's own checkpoint keys (ltx-core's video VAE: the
     encoder's and decoder's blocks numbered flat, each level's resnets then its resampler, the encoder's mid block
     last and the decoder's first, `res_blocks`, `per_channel_statistics`), under `vae.`: the inverse of diffusers'
-    scripts/convert_ltx2_to_diffusers.py renaming (vaecache.vae.ltx2_file.VIDEO_RENAMES; checked by running it)."""
+    scripts/convert_ltx2_to_diffusers.py renaming (vaecache.models._ltx2_file.VIDEO_RENAMES; checked by running it)."""
     levels = 1 + max(int(m[1]) for key in state if (m := re.match(r"^encoder\.down_blocks\.(\d+)\.", key)))
     out = {}
     for key, value in state.items():

@@ -157,8 +157,8 @@ def test_a_timestep_conditioned_decoder_is_never_taken_for_ltx2s_with_or_without
     import diffusers
 
     from tests.vae.original_layouts import ltx_original
-    from vaecache.vae.ltx2_file import video_config_name
-    from vaecache.vae.single_file import CONFIGS
+    from vaecache.models._ltx2_file import video_config_name
+    from vaecache.models.base import CONFIGS
 
     config = json.loads((CONFIGS / "ltx-video-0.9.5_vae.json").read_text())
     with torch.device("meta"):

@@ -380,7 +380,7 @@ def test_each_release_is_told_from_its_keys_and_its_shipped_config_takes_every_t
     import diffusers
     from diffusers.loaders.single_file_model import SINGLE_FILE_LOADABLE_CLASSES
 
-    from vaecache.vae.single_file import convert_wan22_vae, is_wan22_layout
+    from vaecache.models.wan import convert_wan22_vae, is_wan22_layout
 
     config = json.loads((CONFIGS / name).read_text())
     family = config["_class_name"]
@@ -389,7 +389,7 @@ def test_each_release_is_told_from_its_keys_and_its_shipped_config_takes_every_t
     state = module.state_dict()
     layout = original(state)
     shapes = {key: tuple(value.shape) for key, value in layout.items()} | extra
-    from vaecache.vae.ltx2_file import convert_ltx2_video_vae
+    from vaecache.models._ltx2_file import convert_ltx2_video_vae
 
     assert detect_family(shapes, None, shapes) == family
     assert shipped_config_name(family, shapes) == name

@@ -17,7 +17,8 @@ import torch
 
 from tests.vae.tiny_vaes import FAMILY_CONFIGS, LTX_MEAN, LTX_STD, RULES, SIZE
 from vaecache.errors import FrameRuleError, VaeSpecError
-from vaecache.vae import FAMILIES, VaeRunner, load_vae
+from vaecache.models import VAE_CLASSES
+from vaecache.vae import VaeRunner, load_vae
 
 
 def _load(models: dict[str, Path], key: str, **kwargs: Any) -> VaeRunner:
@@ -85,7 +86,7 @@ def test_encode_cli_stores_the_family_latents(models: dict[str, Path], data_root
     (clip,) = cache_io.clips(out)
     tensors = cache_io.tensors(out)
     vae = _load(models, key)
-    if FAMILIES[vae.model.family].one_view_per_forward:  # --views-per-forward all comes to 1, as recorded
+    if VAE_CLASSES[vae.model.family].one_view_per_forward:  # --views-per-forward all comes to 1, as recorded
         assert manifest["settings"]["views_per_forward"] == 1
         mean, logvar = _reference(vae, views[:, :, :frames])
     else:
@@ -117,8 +118,9 @@ def test_normalization_constants_per_family(models: dict[str, Path]) -> None:
 
 
 def test_unsupported_class_lists_supported_ones(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKLMochi"}))
-    with pytest.raises(VaeSpecError, match="'AutoencoderKLMochi' is not supported; supported: " + ", ".join(FAMILIES)):
+    (tmp_path / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKLAllegro"}))
+    supported = ", ".join(VAE_CLASSES)
+    with pytest.raises(VaeSpecError, match="'AutoencoderKLAllegro' is not supported; supported: " + supported):
         load_vae(f"diffusers:{tmp_path}")
 
 
@@ -137,7 +139,7 @@ def test_a_hunyuan15_config_its_encoder_cannot_run_is_refused_by_name() -> None:
     from vaecache.errors import VaeSpecError
 
     with pytest.raises(VaeSpecError, match="last block's 16 channels cannot hold 2 x 32 latent channels"):
-        FAMILIES["AutoencoderKLHunyuanVideo15"].rule({"block_out_channels": (8, 8, 16), "latent_channels": 32,
+        VAE_CLASSES["AutoencoderKLHunyuanVideo15"].rule({"block_out_channels": (8, 8, 16), "latent_channels": 32,
                                                       "spatial_compression_ratio": 4, "temporal_compression_ratio": 2})
-    rule = FAMILIES["AutoencoderKLHunyuanVideo15"].rule({})  # the release's: 16x space, 4x time
+    rule = VAE_CLASSES["AutoencoderKLHunyuanVideo15"].rule({})  # the release's: 16x space, 4x time
     assert (rule.temporal_factor, rule.spatial_factor, rule.causal) == (4, 16, True)

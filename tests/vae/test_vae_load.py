@@ -13,7 +13,8 @@ import torch
 
 from tests.vae.tiny_vaes import FAMILY_CONFIGS, SIZE, TILES
 from vaecache.errors import UsageError, VaeSpecError
-from vaecache.vae import FrameRule, VaeModel, VaeRunner, fingerprint, load_vae
+from vaecache.models.rules import FrameRule
+from vaecache.vae import VaeModel, VaeRunner, fingerprint, load_vae
 
 
 def _load(models: dict[str, Path], key: str, **kwargs: Any) -> VaeRunner:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vaecache.errors import FrameRuleError
-from vaecache.vae import FrameRule
+from vaecache.models.rules import FrameRule
 
 
 @pytest.mark.parametrize(("rule", "frames", "nearest"), [

@@ -1,4 +1,4 @@
-"""vaecache/vae/wan_fast.py against diffusers' own AutoencoderKLWan._encode, on CPU in fp32: the same latents within
+"""vaecache/models/_wan_fast.py against diffusers' own AutoencoderKLWan._encode, on CPU in fp32: the same latents within
 1e-5 of their largest magnitude for every frame count (1 + 4k and not), batch of views, temporal chunk and memory
 format, for Wan 2.1's and Wan 2.2's (residual, patchified) encoders."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from diffusers import AutoencoderKLWan
 
-from vaecache.vae.wan_fast import (
+from vaecache.models._wan_fast import (
     EAGER,
     CompiledRowKernels,
     Kernels,
@@ -158,14 +158,14 @@ def test_a_tiled_retry_runs_diffusers_tiled_encode(views):
 
 
 def test_fast_records_what_decides_its_bits_and_auto_stays_reference_off_the_validated_device():
+    from vaecache.models import vae_class
+    from vaecache.models._wan_fast import production_description
     from vaecache.vae import load_vae
-    from vaecache.vae.load import VALIDATED_FAST
-    from vaecache.vae.wan_fast import production_description
 
     model = load_vae("builtin:tiny", "cpu", encoder_impl="fast").model
     assert model.fingerprint()["encoder_variant"] == "ndhwc-chunk4-eager" == production_description(model.module, "cpu")
     assert load_vae("builtin:tiny", "cpu", encoder_impl="auto", dtype="bf16").model.encoder_impl == "reference"
-    assert ("AutoencoderKLWan", "cuda", "bfloat16", (9, 0), 96) in VALIDATED_FAST
+    assert ("cuda", "bfloat16", (9, 0), 96) in vae_class("AutoencoderKLWan").fast_encoder.validated
 
 
 def test_fast_is_refused_where_it_cannot_run(models):

@@ -40,7 +40,7 @@ class AudioRequest:
     out: str
     audio_vae: str
     """diffusers:PATH[#SUBFOLDER]: a folder holding an AutoencoderKLLTX2Audio (an LTX-2 pipeline's audio_vae); or
-    PATH.safetensors: an LTX-2 checkpoint file holding its audio VAE (vaecache.vae.ltx2_file)."""
+    PATH.safetensors: an LTX-2 checkpoint file holding its audio VAE (vaecache.models._ltx2_file)."""
     camera: str | None = None
     """Whose video's sound (default: the first camera whose video has an audio track)."""
     missing: str = "skip"

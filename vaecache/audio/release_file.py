@@ -1,5 +1,5 @@
 """LTX-2's audio VAE (`AutoencoderKLLTX2Audio`) from its release file (`--audio-vae PATH.safetensors`: the file
-vaecache.vae.ltx2_file reads the video VAE of, whose `audio_vae.*` tensors are the audio VAE): diffusers'
+vaecache.models._ltx2_file reads the video VAE of, whose `audio_vae.*` tensors are the audio VAE): diffusers'
 `convert_ltx2_audio_vae_to_diffusers` (the `audio_vae.` prefix and the statistics' names; its layers keep ltx-core's
 names). The config is the file's own (`config.audio_vae`: `model.params.ddconfig`, `preprocessing.stft`, read with
 ltx-core's defaults as `AudioEncoderConfigurator.from_metadata` reads them, ltx_core/model/audio_vae/
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from vaecache.errors import VaeSpecError, first_line
-from vaecache.vae.ltx2_file import AUDIO_PREFIX, DROPPED_STATISTICS, file_metadata_config
+from vaecache.models._ltx2_file import AUDIO_PREFIX, DROPPED_STATISTICS, file_metadata_config
 
 AUDIO_RELEASE_CONFIG = "ltx-2_audio_vae.json"
 LTX_CORE_AUDIO_DEFAULTS = {"ch": 128, "out_ch": 2, "ch_mult": [1, 2, 4], "num_res_blocks": 2,
@@ -90,7 +90,8 @@ def load_audio_single_file(path: Path) -> AudioFile:
     converted = convert_ltx2_audio_vae_to_diffusers(dict(tensors))
     kept = {key: value for key, value in converted.items()
             if not any(dropped in key for dropped in DROPPED_STATISTICS)}
-    check_complete(path, "AutoencoderKLLTX2Audio", source, module.state_dict(), tensors, kept)
+    check_complete(path, "AutoencoderKLLTX2Audio", source, module.state_dict(), tensors, kept,
+                   ("per_channel_statistics.",))
     module.load_state_dict(kept, strict=True)
     check_finite(module.state_dict(), str(path))
     return AudioFile(module.to(torch.float32).eval(), n_fft, file_sha256(path), source)

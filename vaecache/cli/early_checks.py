@@ -16,16 +16,13 @@ def known_frame_rule(spec: str, model: str | None) -> Any | None:
     (a diffusers folder's config.json `_class_name`; builtin:small's config in its weights file's header); None where
     only loading it tells (builtin:tiny, a single checkpoint file, a python: plugin). `model` (--model) is checked to
     train on that class, and its own rule taken (Kandinsky 5's)."""
-    from vaecache.models import family_for
-    from vaecache.vae.families import FAMILIES
+    from vaecache.models import rule_of_config, vae_class
 
     found = _class_and_config(spec)
-    if found is None or found[0] not in FAMILIES:
+    if found is None or vae_class(found[0]) is None:
         return None
     class_name, config = found
-    rule = FAMILIES[class_name].rule(config)
-    family = family_for(class_name, model, f"--vae {spec}")
-    return family.rule(rule) if family is not None else rule
+    return rule_of_config({**config, "_class_name": class_name}, model, f"--vae {spec}")
 
 
 def _class_and_config(spec: str) -> tuple[str, dict[str, Any]] | None:

@@ -41,25 +41,41 @@ from __future__ import annotations
 import torch
 
 from vaecache.errors import DatasetError, UsageError
+from vaecache.models import registry
 
 CONDITION_KINDS = ("first-frame", "first-last", "image-features")
 LATENT_KINDS = ("first-frame", "first-last")
 """The kinds encoded with the cache's VAE; image-features come from an image encoder (vaecache.conditions.images)."""
-REFERENCE = "diffusers WanImageToVideoPipeline.prepare_latents (pipelines/wan/pipeline_wan_i2v.py)"
-HUNYUAN15_REFERENCE = ("diffusers HunyuanVideo15ImageToVideoPipeline.prepare_cond_latents_and_mask "
-                       "(pipelines/hunyuan_video1_5/pipeline_hunyuan_video1_5_image2video.py)")
 WAN, WAN_TI2V, HUNYUAN15, KANDINSKY5 = "wan", "wan-ti2v", "hunyuanvideo-1.5", "kandinsky5"
-KANDINSKY5_REFERENCE = ("diffusers Kandinsky5I2VPipeline.prepare_latents's image latent "
-                        "(pipelines/kandinsky5/pipeline_kandinsky_i2v.py), its posterior mean")
-ASKED_PIPELINES = {KANDINSKY5: ("AutoencoderKLHunyuanVideo", KANDINSKY5_REFERENCE, ("first-frame",))}
-"""--condition-pipeline NAME -> (the VAE family it conditions with, its reference, its kinds): pipelines a cache's
-VAE does not tell, because another pipeline shares the VAE."""
+"""The pipelines by the name their family declares (vaecache.models: ConditionPipeline) and records: the arithmetic
+below is each one's."""
+
+
+def declared_pipelines() -> tuple[dict[str, tuple[str, str, tuple[str, ...]]],
+                                  dict[str, tuple[str, str, tuple[str, ...]]]]:
+    """(VAE class -> (its own pipeline, reference, kinds), --condition-pipeline NAME -> (the VAE class it conditions
+    with, reference, kinds)), as the model families declare them."""
+    own: dict[str, tuple[str, str, tuple[str, ...]]] = {}
+    asked: dict[str, tuple[str, str, tuple[str, ...]]] = {}
+    for family in registry().families.values():
+        for pipeline in family.conditions:
+            vae_class = family.vae_classes[0]
+            if pipeline.asked:
+                asked[pipeline.name] = (vae_class, pipeline.reference, pipeline.kinds)
+            else:
+                own[vae_class] = (pipeline.name, pipeline.reference, pipeline.kinds)
+    return own, asked
+
+
+PIPELINES, ASKED_PIPELINES = declared_pipelines()
+"""VAE class -> (the image-to-video pipeline whose condition vaecache reproduces, its reference, the kinds it has);
+--condition-pipeline NAME -> (the VAE class it conditions with, its reference, its kinds): pipelines a cache's VAE
+does not tell, because another pipeline shares the VAE."""
+REFERENCE = next(reference for name, reference, _ in PIPELINES.values() if name == WAN)
+"""Wan's, which its condition sets record (vaecache.conditions.sets)."""
 CONDITION_PIPELINES = ("auto", *ASKED_PIPELINES)
 WAN_TI2V_REFERENCE = ("diffusers WanImageToVideoPipeline.prepare_latents with expand_timesteps "
                       "(pipelines/wan/pipeline_wan_i2v.py, Wan 2.2 TI2V)")
-PIPELINES = {"AutoencoderKLWan": (WAN, REFERENCE, LATENT_KINDS),
-             "AutoencoderKLHunyuanVideo15": (HUNYUAN15, HUNYUAN15_REFERENCE, ("first-frame",))}
-"""VAE family -> (the image-to-video pipeline whose condition vaecache reproduces, its reference, the kinds it has)."""
 SUPPORTED_FAMILIES = (*PIPELINES, *(family for family, _, _ in ASKED_PIPELINES.values()))
 
 
@@ -117,9 +133,9 @@ def check_condition_vae(vae: dict, where: str, kinds: tuple[str, ...] = LATENT_K
         raise UsageError(f"{where}: --condition-pipeline {asked} conditions with a {ASKED_PIPELINES[asked][0]} "
                          f"cache; its VAE is {family or 'unrecorded'}")
     if family not in SUPPORTED_FAMILIES:
+        references = " and ".join(reference for _, reference, _ in PIPELINES.values())
         raise UsageError(f"{where}: its VAE is {family or 'unrecorded'}; image-to-video conditions follow "
-                         f"{REFERENCE} and {HUNYUAN15_REFERENCE}, for the VAE families "
-                         f"{', '.join(SUPPORTED_FAMILIES)}")
+                         f"{references}, for the VAE families {', '.join(SUPPORTED_FAMILIES)}")
     if family not in PIPELINES and asked in (None, "auto"):
         choices = [name for name, (owner, _, _) in ASKED_PIPELINES.items() if owner == family]
         raise UsageError(f"{where}: its VAE is {family}, which more than one image-to-video pipeline uses: name the "

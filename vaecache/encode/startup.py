@@ -212,15 +212,15 @@ def has_image_cameras(scenes: Sequence[Scene]) -> bool:
 
 
 def one_view_family_views(spec: str, asked: int | str) -> int | str:
-    """--views-per-forward for a VAE family that encodes one view per forward (vae.families.Family
+    """--views-per-forward for a VAE class that encodes one view per forward (vaecache.models.VaeClass
     .one_view_per_forward): 1 for auto and all (recorded as 1: what was run), a larger K refused naming why."""
-    from vaecache.vae.families import FAMILIES
+    from vaecache.models import vae_class
 
-    family = FAMILIES.get(spec_family(spec) or "")
-    if family is None or not family.one_view_per_forward:
+    vae = vae_class(spec_family(spec))
+    if vae is None or not vae.one_view_per_forward:
         return asked
     if isinstance(asked, int) and asked > 1:
-        raise UsageError(f"--views-per-forward {asked}: {family.name} encodes one view per forward "
-                         f"({family.one_view_per_forward})")
+        raise UsageError(f"--views-per-forward {asked}: {vae.name} encodes one view per forward "
+                         f"({vae.one_view_per_forward})")
     return 1
 

@@ -45,7 +45,8 @@ from vaecache.export.common import (
 )
 
 PRECOMPUTED = ".precomputed"
-FAMILY = "AutoencoderKLLTX2Video"
+MODEL = "ltx-2"
+"""The model family whose trainer reads this export (vaecache.models.ltx2): its VAE class's latents are exported."""
 
 
 def ltx_normalized(stored: torch.Tensor, normalization: dict[str, Any]) -> torch.Tensor:
@@ -107,10 +108,13 @@ def export_ltx2(cache_dir: Any, target: Path, audio_set: str = "auto", verify: s
 
     cache = LatentCache(cache_dir, verify=verify, storage_options=storage_options)
     cache.kinds()  # a kind of set no installed package declares is refused before anything is written
+    from vaecache.models import FAMILIES
+
     family = (cache.manifest.get("vae") or {}).get("family")
-    if family != FAMILY:
+    video_class = FAMILIES[MODEL].vae_classes[0]
+    if family != video_class:
         raise ExportError(f"{cache.out}: its VAE is {family or 'unrecorded'}; LTX-2's trainer trains on the latents "
-                          f"of its video VAE ({FAMILY})")
+                          f"of its video VAE ({video_class})")
     normalization = (cache.manifest.get("vae") or {}).get("normalization") or {}
     if not normalization.get("latents_mean") or not normalization.get("latents_std"):
         raise ExportError(f"{cache.out}: records no latents_mean/latents_std for its VAE (LTX-2's trainer trains on "

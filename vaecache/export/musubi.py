@@ -33,7 +33,7 @@ from vaecache.export.common import (
     write_new_file,
 )
 from vaecache.export.musubi_text import MUSUBI_FORMAT_VERSION, musubi_text_set, write_text_cache
-from vaecache.models import FAMILIES, encode_problem, recorded_family
+from vaecache.models import FAMILIES, encode_problem, families_of_class, recorded_family
 
 if TYPE_CHECKING:
     import torch
@@ -103,8 +103,6 @@ class MusubiArch:
     """Its short name (file names, `--arch`; dataset/architectures.py)."""
     full: str
     """Its full name (the `architecture` metadata of each file)."""
-    family: str | None = None
-    """The vaecache VAE family whose latents it trains on."""
     channels: int | None = None
     convention: str = ""
     """What the exported latent is, in words (export.json `convention`)."""
@@ -116,30 +114,37 @@ class MusubiArch:
     """Why this architecture cannot be exported completely (then nothing is written)."""
     models: tuple[str, ...] = ()
     """The model families (vaecache.models) whose encode its trainers make: a cache encoded for another is refused."""
+    scaling_factor: float | None = None
+    """The VAE scaling factor its training assumes (a VAE recording another is refused); None: not checked here."""
+
+    @property
+    def family(self) -> str | None:
+        """The diffusers VAE class whose latents it trains on: its first model family's."""
+        return FAMILIES[self.models[0]].vae_classes[0] if self.models else None
 
 
 MUSUBI_ARCHITECTURES: dict[str, MusubiArch] = {arch.short: arch for arch in (
-    MusubiArch("wan", "wan", "AutoencoderKLWan", 16, latents=_wan_latents, models=("wan",),
+    MusubiArch("wan", "wan", 16, latents=_wan_latents, models=("wan",),
                convention="(mean - latents_mean) * (1 / latents_std) per channel in the stored dtype, as "
                           "musubi-tuner's WanVAE caches it (wan/modules/vae.py); its Wan trainer does not rescale"),
-    MusubiArch("hv", "hunyuan_video", "AutoencoderKLHunyuanVideo", 16, latents=_raw_latents, samples=True,
-               models=("hunyuanvideo", "framepack"),
+    MusubiArch("hv", "hunyuan_video", 16, latents=_raw_latents, samples=True, models=("hunyuanvideo", "framepack"),
+               scaling_factor=HUNYUAN_SCALING_FACTOR,
                convention="the raw latent (export.json `tensor` says mean or sample): musubi-tuner's HunyuanVideo "
                           "caching stores the unscaled latent (cache_latents.py) and its trainer multiplies by the "
                           "scaling factor (hv_train_network.py)"),
-    MusubiArch("k5", "kandinsky5", "AutoencoderKLHunyuanVideo", 16, latents=_kandinsky5_latents, samples=True,
-               models=("kandinsky5",),
+    MusubiArch("k5", "kandinsky5", 16, latents=_kandinsky5_latents, samples=True, models=("kandinsky5",),
+               scaling_factor=HUNYUAN_SCALING_FACTOR,
                convention="latent * scaling_factor (the mean, or the sample export.json `tensor` names), plus the "
                           "first and last latent frames as latents_image, as kandinsky5_cache_latents.py caches them; "
                           "its trainer does not rescale"),
-    MusubiArch("fp", "framepack", "AutoencoderKLHunyuanVideo", 16, latents=_scaled_latents, samples=True,
-               models=("framepack", "hunyuanvideo"),
+    MusubiArch("fp", "framepack", 16, latents=_scaled_latents, samples=True, models=("framepack", "hunyuanvideo"),
+               scaling_factor=HUNYUAN_SCALING_FACTOR,
                convention="FramePack's sections (vaecache.export.framepack): latent * scaling_factor cut into "
                           "--fp-latent-window-size sections as fpack_cache_latents.py cuts them (--fp-mode inverted "
                           "or f1), each with its clean latents and indices and the first frame's SigLIP "
                           "image_embeddings; its trainer does not rescale"),
-    MusubiArch("hv15", "hunyuan_video_1_5", "AutoencoderKLHunyuanVideo15", 32, latents=_raw_latents,
-               models=("hunyuanvideo-1.5",),
+    MusubiArch("hv15", "hunyuan_video_1_5", 32, latents=_raw_latents, models=("hunyuanvideo-1.5",),
+               scaling_factor=HUNYUAN15_SCALING_FACTOR,
                convention="the raw posterior mean in the stored dtype: musubi-tuner's HunyuanVideo 1.5 caching stores "
                           "vae.encode(...)[0].mode() unscaled (hv_1_5_cache_latents.py:41-44) and its trainer "
                           "multiplies by VAE_SCALING_FACTOR (hv_1_5_train_network.py:369-371); with a first-frame set "
@@ -150,9 +155,6 @@ MUSUBI_ARCHITECTURES: dict[str, MusubiArch] = {arch.short: arch for arch in (
                "image dataset (one frame per item), not a video dataset"),
 )}
 """musubi-tuner's architectures by short name (dataset/architectures.py); the exportable ones name their VAE."""
-MUSUBI_ARCH_OF_MODEL = {"wan": "wan", "hunyuanvideo": "hv", "framepack": "fp", "kandinsky5": "k5",
-                        "hunyuanvideo-1.5": "hv15"}
-"""The default --arch per model family (the cache's `vae.model`, vaecache.models)."""
 
 
 def musubi_arch(vae: dict[str, Any], channels: int, arch: str | None, where: Path | str) -> MusubiArch:
@@ -161,10 +163,11 @@ def musubi_arch(vae: dict[str, Any], channels: int, arch: str | None, where: Pat
     or normalization."""
     family = str(vae.get("family"))
     model, _ = recorded_family(vae)
-    short = arch or MUSUBI_ARCH_OF_MODEL.get(model.name if model is not None else "")
+    short = arch or (model.musubi_arch if model is not None else None)
     if short is None:
+        trained = sorted(name for name, known in FAMILIES.items() if known.musubi_arch)
         raise ExportError(f"{where}: a {model.label if model is not None else family} cache has no musubi-tuner "
-                          f"architecture (musubi trains on {', '.join(sorted(MUSUBI_ARCH_OF_MODEL))} latents)")
+                          f"architecture (musubi trains on {', '.join(trained)} latents)")
     spec = MUSUBI_ARCHITECTURES.get(short)
     if spec is None:
         raise ExportError(f"--arch {short!r} is not a musubi-tuner architecture this export knows "
@@ -187,12 +190,10 @@ def musubi_arch(vae: dict[str, Any], channels: int, arch: str | None, where: Pat
         raise ExportError(f"{where}: the VAE records latents_mean/latents_std other than the Wan 2.1 statistics "
                           "musubi-tuner normalizes Wan latents with (wan/modules/vae.py); it is not the VAE musubi's "
                           "Wan models were trained on")
-    if family == "AutoencoderKLHunyuanVideo15" and normalization.get("scaling_factor") != HUNYUAN15_SCALING_FACTOR:
+    if spec.scaling_factor is not None and normalization.get("scaling_factor") != spec.scaling_factor:
+        owner = families_of_class(family)[0].label  # the model whose VAE it is
         raise ExportError(f"{where}: the VAE records scaling_factor {normalization.get('scaling_factor')}, not "
-                          f"HunyuanVideo 1.5's {HUNYUAN15_SCALING_FACTOR} that musubi-tuner's hv15 training assumes")
-    if family == "AutoencoderKLHunyuanVideo" and normalization.get("scaling_factor") != HUNYUAN_SCALING_FACTOR:
-        raise ExportError(f"{where}: the VAE records scaling_factor {normalization.get('scaling_factor')}, not "
-                          f"HunyuanVideo's {HUNYUAN_SCALING_FACTOR} that musubi-tuner's {spec.full} training assumes")
+                          f"{owner}'s {spec.scaling_factor} that musubi-tuner's {spec.full} training assumes")
     return spec
 
 

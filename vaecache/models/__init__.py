@@ -7,30 +7,125 @@ manifest). Importable without torch."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from types import ModuleType
 from typing import Any, Mapping
 
-from vaecache.errors import UsageError
-from vaecache.models import (
-    cogvideox,
-    framepack,
-    hunyuanvideo,
-    hunyuanvideo15,
-    image,
-    kandinsky5,
-    ltx2,
-    ltx_video,
-    wan,
-)
-from vaecache.models.base import Family, ReferenceEncode
+from vaecache.errors import UsageError, VaeSpecError, first_line
+from vaecache.models.base import Family, FastEncoder, ReferenceEncode, SingleFileLayout, VaeClass
+from vaecache.models.rules import FrameRule
 
-BUILT_IN: tuple[Family, ...] = (wan.FAMILY, hunyuanvideo.FAMILY, framepack.FAMILY, kandinsky5.FAMILY,
-                                hunyuanvideo15.FAMILY, cogvideox.FAMILY, ltx_video.FAMILY, ltx2.FAMILY, image.FAMILY)
-FAMILIES: dict[str, Family] = {family.name: family for family in BUILT_IN}
+ENTRY_POINT_GROUP = "vaecache.families"
+"""Installed packages declare families here: `name = "package.module:FAMILY"`, a `Family` (or a module holding one
+as FAMILY), loaded when the registry is first read."""
+
+
+class FamilyPluginError(UsageError):
+    """A `vaecache.families` entry point that cannot be loaded, or declares what another family already does."""
+
+
+class Registry:
+    """The families (built-in modules of this package, then installed entry points) and the VAE classes they
+    declare, read once."""
+
+    def __init__(self, families: list[Family]) -> None:
+        self.families: dict[str, Family] = {}
+        self.vae_classes: dict[str, VaeClass] = {}
+        for family in families:
+            if family.name in self.families:
+                raise FamilyPluginError(f"model family {family.name!r} is declared twice")
+            self.families[family.name] = family
+            for vae in family.vaes:
+                if vae.name in self.vae_classes:
+                    raise FamilyPluginError(f"VAE class {vae.name} is declared twice (family {family.name})")
+                self.vae_classes[vae.name] = vae
+
+
+def built_in_modules() -> list[ModuleType]:
+    """This package's family modules, by name: every public module holding a FAMILY (a leading underscore marks a
+    module a family owns and imports itself, with torch)."""
+    found = [importlib.import_module(f"{__name__}.{info.name}") for info in pkgutil.iter_modules(__path__)
+             if not info.name.startswith("_")]
+    return sorted((module for module in found if isinstance(getattr(module, "FAMILY", None), Family)),
+                  key=lambda module: module.__name__)
+
+
+def installed_families() -> list[Family]:
+    """The families installed packages declare (`vaecache.families` entry points); a broken one is a one-line
+    FamilyPluginError naming it."""
+    from importlib.metadata import entry_points
+
+    found: list[Family] = []
+    seen: set[str] = set()
+    for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda point: point.name):
+        if point.value in seen:  # one package seen twice on sys.path
+            continue
+        seen.add(point.value)
+        where = f"the {ENTRY_POINT_GROUP} entry point {point.name} = {point.value}"
+        try:
+            loaded = point.load()
+        except Exception as exc:  # noqa: BLE001 - any failure of someone else's import is reported as one line
+            raise FamilyPluginError(f"{where} cannot be loaded: {type(exc).__name__}: {first_line(exc)}") from None
+        family = getattr(loaded, "FAMILY", loaded) if isinstance(loaded, ModuleType) else loaded
+        if not isinstance(family, Family):
+            raise FamilyPluginError(f"{where} is a {type(family).__name__}, not a vaecache.models.Family")
+        found.append(family)
+    return found
+
+
+_REGISTRY: Registry | None = None
+
+
+def registry() -> Registry:
+    """The families and VAE classes vaecache knows, read on first use."""
+    global _REGISTRY
+    if _REGISTRY is None:
+        built_in = [module.FAMILY for module in built_in_modules()]
+        _REGISTRY = Registry(built_in + installed_families())
+    return _REGISTRY
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FAMILIES":
+        return registry().families
+    if name == "VAE_CLASSES":
+        return registry().vae_classes
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def vae_class(name: str | None) -> VaeClass | None:
+    """What vaecache knows of a diffusers VAE class (None: no family declares it)."""
+    return registry().vae_classes.get(name or "")
+
+
+def supported_classes() -> str:
+    """The VAE classes vaecache loads from a diffusers folder, for messages."""
+    return ", ".join(registry().vae_classes)
+
+
+def require_vae_class(name: Any, where: str) -> VaeClass:
+    """The VAE class a config.json's `_class_name` names, or a VaeSpecError listing the ones vaecache knows."""
+    found = vae_class(name) if isinstance(name, str) else None
+    if found is None:
+        raise VaeSpecError(f"{where}: VAE class {name!r} is not supported; supported: {supported_classes()} "
+                           "(anything else: --vae python:module:function)")
+    return found
+
+
+def rule_of_config(config: Mapping[str, Any], model: str | None = None, where: str = "config.json") -> FrameRule:
+    """The frame rule (frame counts and, through its size rule, frame sizes) a VAE of this config.json encodes for
+    `model` (--model; default: its class's own family), without torch: the class from `_class_name`, its rule read
+    from the config, then the family's own. A VaeSpecError or UsageError says what is wrong."""
+    vae = require_vae_class(config.get("_class_name"), where)
+    rule = vae.rule(config)
+    family = family_for(vae.name, model, where)
+    return family.rule(rule) if family is not None else rule
 
 
 def families_of_class(class_name: str) -> list[Family]:
     """The families that train on this VAE class's latents, its default first."""
-    serving = [family for family in FAMILIES.values() if class_name in family.vae_classes]
+    serving = [family for family in registry().families.values() if class_name in family.vae_classes]
     return sorted(serving, key=lambda family: class_name not in family.default_for)
 
 
@@ -40,9 +135,10 @@ def family_for(class_name: str, requested: str | None, where: str) -> Family | N
     serving = families_of_class(class_name)
     if requested is None:
         return serving[0] if serving else None
-    family = FAMILIES.get(requested)
+    families = registry().families
+    family = families.get(requested)
     if family is None:
-        raise UsageError(f"--model {requested!r} is not a model vaecache knows; models: {', '.join(FAMILIES)}")
+        raise UsageError(f"--model {requested!r} is not a model vaecache knows; models: {', '.join(families)}")
     if class_name not in family.vae_classes:
         others = ", ".join(f.name for f in serving) or "none: its latents are recorded without a model"
         raise UsageError(f"--model {requested}: {family.label} trains on {', '.join(family.vae_classes)} latents; "
@@ -56,7 +152,10 @@ def recorded_family(vae: Mapping[str, Any]) -> tuple[Family | None, ReferenceEnc
     above 16 frames), the family's own reference for every other class."""
     class_name = str(vae.get("family"))
     name = vae.get("model")
-    family = FAMILIES.get(name) if isinstance(name, str) else (families_of_class(class_name) or [None])[0]
+    if isinstance(name, str):
+        family = registry().families.get(name)
+    else:
+        family = (families_of_class(class_name) or [None])[0]
     if family is None:
         return None, None
     record = vae.get("reference_encode")
@@ -95,5 +194,8 @@ def encode_problem(vae: Mapping[str, Any], settings: Mapping[str, Any], record: 
     return None
 
 
-__all__ = ["BUILT_IN", "FAMILIES", "Family", "ReferenceEncode", "encode_problem", "families_of_class", "family_for",
-           "recorded_family", "unrecorded_vae_part"]
+__all__ = ["ENTRY_POINT_GROUP", "FAMILIES", "VAE_CLASSES", "FastEncoder", "Family", "FamilyPluginError", "FrameRule",
+           "ReferenceEncode", "Registry", "SingleFileLayout", "VaeClass", "built_in_modules", "encode_problem",
+           "families_of_class",
+           "family_for", "installed_families", "recorded_family", "registry", "require_vae_class", "rule_of_config",
+           "supported_classes", "unrecorded_vae_part", "vae_class"]

@@ -5,9 +5,154 @@ functions: importable without torch (the CLI reads a family before torch loads).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Mapping, Sequence
 
-from vaecache.vae.rules import FrameRule
+from vaecache.errors import VaeSpecError
+from vaecache.models.rules import FrameRule
+
+FP16_POLICIES = ("ok", "upcast", "refuse")
+
+
+def log2(value: Any, what: str) -> int:
+    """log2 of a config's power-of-two compression ratio, or a VaeSpecError naming the key."""
+    number = int(value)
+    if number < 1 or number & (number - 1):
+        raise VaeSpecError(f"{what} must be a power of two, got {value!r}")
+    return number.bit_length() - 1
+
+
+def config_constants(config: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """The keys of `config` that are set (not None), for a normalization record."""
+    return {key: config[key] for key in keys if config.get(key) is not None}
+
+
+def scale_normalization(config: Mapping[str, Any], module: Any) -> dict[str, Any]:
+    """The normalization of a VAE whose config holds its constants (scaling_factor, shift_factor, latents_mean/std):
+    diffusers' pipelines apply whichever the config sets."""
+    out = config_constants(config, ("scaling_factor", "shift_factor", "latents_mean", "latents_std"))
+    if config.get("invert_scale_latents"):
+        out["invert_scale_latents"] = True  # CogVideoX 1.5 I2V: image latents are divided by scaling_factor
+    if "shift_factor" in out:
+        out["formula"] = "(z - shift_factor) * scaling_factor"
+    elif "latents_mean" in out and "latents_std" in out:
+        out["formula"] = "(z - latents_mean) * scaling_factor / latents_std"
+    else:
+        out["formula"] = "z * scaling_factor"
+    return out
+
+
+@dataclass(frozen=True)
+class FastEncoder:
+    """A faster encoder vaecache runs over a VAE class's own weights (`--encoder-impl fast`), owned by its family."""
+
+    describes: str
+    """The models it encodes, in words ("Wan 2.1, Wan 2.2"), for messages."""
+    implementation: Callable[[], ModuleType]
+    """Imports its module (torch and triton) on first use: `production_encoder(module, device)`,
+    `production_description(module, device)`, `triton_available()`."""
+    validated: frozenset[tuple[str, str, tuple[int, int], int]] = frozenset()
+    """Where `--encoder-impl auto` picks it: (device kind, compute dtype, CUDA capability, the encoder's first
+    width), each measured faster than diffusers' encode and bitwise reproducible across processes."""
+
+
+CONFIGS = Path(__file__).resolve().parent / "configs"
+"""The published configs of the VAEs read from single files, as diffusers builds them (shipped in the package)."""
+
+
+def no_shipped_config(shapes: Mapping[str, Any]) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class SingleFileLayout:
+    """A family's VAE as one checkpoint file in its original code's layout: how vaecache tells it from its keys, which
+    published config builds it, and how its tensors become the diffusers class's (diffusers keeps these facts in one
+    table, `loaders/single_file_model.py` SINGLE_FILE_LOADABLE_CLASSES). vaecache.vae.single_file reads it."""
+
+    name: str
+    """What the file is, in words ("Wan 2.2's VAE"), for messages."""
+    detects: Callable[[frozenset[str], Sequence[str], Mapping[str, Any]], bool]
+    """(its keys without a "vae." or "first_stage_model." prefix, its keys, its shapes by key) -> laid out so."""
+    vae_class: str | None = None
+    """The diffusers class it loads into; None: recognized, and refused with `refusal`."""
+    refusal: str = ""
+    config_name: Callable[[Mapping[str, Any]], str | None] = no_shipped_config
+    """(shapes) -> the file under CONFIGS of the release with these shapes, or None (then --vae-config)."""
+    no_config: str = ""
+    """Why no shipped config fits, where config_name finds none."""
+    converter: Callable[[], Callable[..., dict[str, Any]]] | None = None
+    """Imports the conversion `(config=, checkpoint=) -> state dict`; None: diffusers' own for the class
+    (SINGLE_FILE_LOADABLE_CLASSES[class]["checkpoint_mapping_fn"])."""
+    vae_keys: Callable[[list[str]], list[str]] | None = None
+    """The keys of the file's VAE part, by its converter's rule (a whole-model file holds others); None: every key."""
+    leftovers: tuple[str, ...] = ()
+    """Key prefixes (after the vae. prefix) of tensors its model does not use, dropped on purpose."""
+    siblings: tuple[str, ...] = ()
+    """Other classes a --vae-config may name for a file laid out so (the same keys at a size no release has)."""
+
+    def __post_init__(self) -> None:
+        if (self.vae_class is None) == (not self.refusal):
+            raise ValueError(f"SingleFileLayout {self.name}: either a VAE class it loads into or why it is refused")
+
+
+@dataclass(frozen=True)
+class ConditionPipeline:
+    """An image-to-video pipeline whose condition latents vaecache rebuilds from a cache's posterior means
+    (`vaecache embed --condition`, vaecache.conditions), for the VAE class of the family declaring it."""
+
+    name: str
+    """Recorded in a condition set's fingerprint (`pipeline`), `--condition-pipeline NAME` where `asked`."""
+    reference: str
+    """The pipeline code it reproduces, recorded beside the set."""
+    kinds: tuple[str, ...]
+    """The latent kinds it has (first-frame, first-last)."""
+    asked: bool = False
+    """Only when named with --condition-pipeline (or the cache was encoded for its family): another pipeline shares
+    the VAE class."""
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.kinds:
+            raise ValueError(f"ConditionPipeline needs a name and its kinds, got {self.name!r}, {self.kinds!r}")
+
+
+@dataclass(frozen=True)
+class VaeClass:
+    """What vaecache knows of one diffusers VAE class, declared once by the family module that is its default."""
+
+    name: str
+    """diffusers' class name, as a config.json's `_class_name` gives it."""
+    rule: Callable[[Mapping[str, Any]], FrameRule]
+    """The frame and pixel rule read from a config, as the class's encoder reads it."""
+    channels_key: str
+    """The config key holding its latent channels."""
+    normalization: Callable[[Mapping[str, Any], Any], dict[str, Any]]
+    """(config, module or None) -> the constants and formula its pipelines normalize latents by (recorded)."""
+    per_frame: bool = False
+    """A 2D image VAE applied to every frame (one frame per forward)."""
+    fp16: str = "ok"
+    """"ok"; "upcast": compute in fp32 when config.force_upcast is set; "refuse"."""
+    fp16_reason: str = ""
+    one_view_per_forward: str = ""
+    """Why the class encodes one view per forward whatever --views-per-forward asks (empty: it batches views)."""
+    spatial_bands: bool = False
+    """Whether `--sp-mode spatial` (vaecache.parallel.spatial: rows in bands with halo exchange) runs its encoder."""
+    causal_chunk_decode: bool = False
+    """Whether its decoder is causal in time, fed one latent frame per call through a feature cache
+    (vaecache.vae.latent_decode decodes long clips a chunk at a time that way)."""
+    fast_encoder: FastEncoder | None = None
+    not_decoded_here: str = ""
+    """Why `vaecache report` shows its clips' sources without a reconstruction (a decoder that is not a plain
+    `decode(z)` in bounded time: a diffusion decoder); empty: the report decodes it within its time budget."""
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"VaeClass name must be a diffusers class name, got {self.name!r}")
+        if self.fp16 not in FP16_POLICIES:
+            raise ValueError(f"VaeClass {self.name}: fp16 must be one of {FP16_POLICIES}, got {self.fp16!r}")
+        if self.fp16 != "ok" and not self.fp16_reason:
+            raise ValueError(f"VaeClass {self.name}: fp16 {self.fp16!r} needs its reason")
 
 
 @dataclass(frozen=True)
@@ -54,6 +199,23 @@ class Family:
     """Encodes caches made before the reference was recorded used, kept to read them back (decode, --reencode)."""
     frame_rule: Callable[[FrameRule], FrameRule] | None = None
     """The family's own frame rule from its VAE class's, where its reference encode accepts fewer frame counts."""
+    vaes: tuple[VaeClass, ...] = ()
+    """The VAE classes this family declares (the family whose module owns their facts: their default)."""
+    single_files: tuple[SingleFileLayout, ...] = ()
+    """The checkpoint-file layouts of its VAE that vaecache reads (or recognizes and refuses, saying why)."""
+    conditions: tuple[ConditionPipeline, ...] = ()
+    """The image-to-video pipelines whose conditions vaecache rebuilds for its VAE class."""
+    musubi_arch: str | None = None
+    """musubi-tuner's architecture (its short name, `export --format musubi --arch`) a cache for it exports as by
+    default; None: musubi-tuner does not train it."""
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.vae_classes:
+            raise ValueError(f"Family needs a name and at least one VAE class, got {self.name!r}")
+        stray = [vae.name for vae in self.vaes if vae.name not in self.vae_classes]
+        stray += [name for name in self.default_for if name not in self.vae_classes]
+        if stray:
+            raise ValueError(f"Family {self.name}: {', '.join(stray)} not among its vae_classes")
 
     def rule(self, vae_rule: FrameRule) -> FrameRule:
         return self.frame_rule(vae_rule) if self.frame_rule is not None else vae_rule
@@ -68,4 +230,5 @@ class Family:
         return None
 
 
-__all__ = ["Family", "ReferenceEncode"]
+__all__ = ["CONFIGS", "FP16_POLICIES", "ConditionPipeline", "Family", "FastEncoder", "ReferenceEncode",
+           "SingleFileLayout", "VaeClass", "config_constants", "log2", "no_shipped_config", "scale_normalization"]

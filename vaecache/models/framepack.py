@@ -9,6 +9,6 @@ from __future__ import annotations
 from vaecache.models.base import Family
 from vaecache.models.hunyuanvideo import VAE_CLASS, WHOLE
 
-FAMILY = Family("framepack", "FramePack", (VAE_CLASS,), WHOLE)
+FAMILY = Family("framepack", "FramePack", (VAE_CLASS,), WHOLE, musubi_arch="fp")
 
 __all__ = ["FAMILY"]

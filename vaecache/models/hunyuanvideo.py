@@ -11,11 +11,33 @@ diffusers' `_encode` with both kinds of tiling off."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
-from vaecache.models.base import Family, ReferenceEncode
+from vaecache.errors import VaeSpecError
+from vaecache.models.base import Family, ReferenceEncode, SingleFileLayout, VaeClass, log2, scale_normalization
+from vaecache.models.rules import FrameRule
 
 VAE_CLASS = "AutoencoderKLHunyuanVideo"
+
+
+def frame_rule(config: Mapping[str, Any]) -> FrameRule:
+    # HunyuanVideoEncoder3D: block i halves space while i < log2(spatial ratio); time is halved by the
+    # last log2(4) non-final blocks (ratio 4) or the first log2(8) blocks (ratio 8). Causal: 1 + tk frames.
+    blocks = len(config.get("block_out_channels", (128, 256, 512, 512)))
+    spatial_levels = log2(config.get("spatial_compression_ratio", 8), "spatial_compression_ratio")
+    ratio = int(config.get("temporal_compression_ratio", 4))
+    time_levels = log2(ratio, "temporal_compression_ratio")
+    if ratio == 4:
+        temporal = sum(1 for i in range(blocks) if blocks - 1 - time_levels <= i < blocks - 1)
+    elif ratio == 8:
+        temporal = sum(1 for i in range(blocks) if i < time_levels)
+    else:
+        raise VaeSpecError(f"AutoencoderKLHunyuanVideo temporal_compression_ratio {ratio} is not supported (4 or 8)")
+    spatial = sum(1 for i in range(blocks) if i < spatial_levels)
+    return FrameRule(2 ** temporal, 2 ** spatial, causal=True, label="AutoencoderKLHunyuanVideo")
+
+
+VAE = VaeClass(VAE_CLASS, frame_rule, "latent_channels", scale_normalization)
 SOURCE = ("musubi-tuner 30c658c cache_latents.py:265 and fpack_cache_latents.py:85 through "
           "hunyuan_model/autoencoder_kl_causal_3d.py (use_temporal_tiling and use_spatial_tiling False, :118-119); "
           "diffusers 0.42.1 autoencoder_kl_hunyuan_video.py:764-775 (_encode's untiled path)")
@@ -35,7 +57,14 @@ DIFFUSERS_FRAMEWISE = ReferenceEncode(
     params={"time_tile": 17, "time_stride": 12}, time_tiles_above=16)
 """What vaecache stored before it recorded the reference encode (0.6 and earlier): read back, never written."""
 
-FAMILY = Family("hunyuanvideo", "HunyuanVideo", (VAE_CLASS,), WHOLE, default_for=(VAE_CLASS,),
-                legacy_references=(DIFFUSERS_FRAMEWISE,))
+CHECKPOINT_FILE = SingleFileLayout(
+    "HunyuanVideo's VAE checkpoint",
+    lambda found, keys, shapes: "encoder.down_blocks.0.resnets.0.conv1.conv.weight" in found,
+    refusal="a HunyuanVideo VAE checkpoint: diffusers has no single-file loader for it; convert it with diffusers' "
+            "scripts/convert_hunyuan_video_to_diffusers.py and pass --vae diffusers:FOLDER")
 
-__all__ = ["DIFFUSERS_FRAMEWISE", "FAMILY", "VAE_CLASS", "WHOLE", "encode_whole"]
+FAMILY = Family("hunyuanvideo", "HunyuanVideo", (VAE_CLASS,), WHOLE, default_for=(VAE_CLASS,),
+                legacy_references=(DIFFUSERS_FRAMEWISE,), vaes=(VAE,), single_files=(CHECKPOINT_FILE,),
+                musubi_arch="hv")
+
+__all__ = ["DIFFUSERS_FRAMEWISE", "FAMILY", "VAE", "VAE_CLASS", "WHOLE", "encode_whole", "frame_rule"]

@@ -25,9 +25,9 @@ from dataclasses import replace
 from math import ceil, sqrt
 from typing import Any
 
-from vaecache.models.base import Family, ReferenceEncode
+from vaecache.models.base import ConditionPipeline, Family, ReferenceEncode
 from vaecache.models.hunyuanvideo import VAE_CLASS
-from vaecache.vae.rules import FrameRule
+from vaecache.models.rules import FrameRule
 
 TIME_TILE = 17
 """Frames per time tile (`get_enc_optimal_tiling`'s (1, 17, h, w), `apply_tiling`'s ft - 1 = 16 plus the causal
@@ -183,7 +183,13 @@ TILES = ReferenceEncode(
     params={"time_tile": TIME_TILE, "time_stride": TIME_STRIDE, "space": "element bound 2**31, no memory term"},
     time_tiles_above=TIME_TILE, spatial_bands=False)
 
-FAMILY = Family("kandinsky5", "Kandinsky 5", (VAE_CLASS,), TILES, frame_rule=whole_clip_rule)
+I2V = ConditionPipeline("kandinsky5", "diffusers Kandinsky5I2VPipeline.prepare_latents's image latent "
+                        "(pipelines/kandinsky5/pipeline_kandinsky_i2v.py), its posterior mean", ("first-frame",),
+                        asked=True)
+"""Asked by name: HunyuanVideo's VAE serves other image-to-video pipelines too."""
+
+FAMILY = Family("kandinsky5", "Kandinsky 5", (VAE_CLASS,), TILES, frame_rule=whole_clip_rule,
+                musubi_arch="k5", conditions=(I2V,))
 
 __all__ = ["FAMILY", "MEMORY_FREE_FOR_SAME_TILES", "TILES", "encode_tiled", "space_tiles", "uncovered_size",
            "whole_clip_rule"]

@@ -3,13 +3,64 @@ trainer (ltx-trainer process_videos.py) encodes."""
 
 from __future__ import annotations
 
-from vaecache.models.base import Family, ReferenceEncode
+from typing import Any, Mapping
+
+from vaecache.errors import VaeSpecError
+from vaecache.models._ltx2_file import (
+    AUDIO_PREFIX,
+    VIDEO_PREFIX,
+    convert_ltx2_video_vae,
+    is_ltx2_checkpoint,
+    video_config_name,
+)
+from vaecache.models.base import Family, ReferenceEncode, SingleFileLayout, VaeClass
+from vaecache.models.ltx_video import buffer_normalization
+from vaecache.models.rules import FrameRule
 
 VAE_CLASS = "AutoencoderKLLTX2Video"
+
+
+def frame_rule(config: Mapping[str, Any]) -> FrameRule:
+    # LTX2VideoEncoder3d: patchify by patch_size (space) and patch_size_t (time), then each LTX2VideoDownBlock3D with
+    # spatio_temporal_scaling halves space and/or time by its downsample_type (conv and spatiotemporal both, spatial,
+    # temporal): LTX-2's (spatial, temporal, spatiotemporal, spatiotemporal) give 32x space and 8x time.
+    if int(config.get("patch_size_t", 1)) != 1:
+        raise VaeSpecError("AutoencoderKLLTX2Video with patch_size_t != 1 is not supported")
+    count = len(config.get("block_out_channels", (256, 512, 1024, 2048)))
+    scaling = config.get("spatio_temporal_scaling", (True,) * count)
+    scaling = [scaling] * count if isinstance(scaling, bool) else list(scaling)
+    kinds = list(config.get("downsample_type", ("spatial", "temporal", "spatiotemporal", "spatiotemporal")))
+    spatial = sum(1 for i in range(count) if scaling[i] and kinds[i] in ("conv", "spatiotemporal", "spatial"))
+    temporal = sum(1 for i in range(count) if scaling[i] and kinds[i] in ("conv", "spatiotemporal", "temporal"))
+    return FrameRule(2 ** temporal, int(config.get("patch_size", 4)) * 2 ** spatial, causal=True,
+                     label="AutoencoderKLLTX2Video")
+
+
+VAE = VaeClass(VAE_CLASS, frame_rule, "latent_channels", buffer_normalization, fp16="refuse",
+               fp16_reason="LTX-2's video VAE runs in bf16 or fp32 (its pipeline's dtype); fp16 is untested there: "
+                           "use --dtype bf16 or fp32")
 UNTILED = ReferenceEncode("untiled", "diffusers' encode with its tiling off",
                           ('diffusers 0.42.1 autoencoder_kl_ltx2.py:1169-1173; Lightricks/LTX-2 400fd31 ltx-trainer '
                           'scripts/process_videos.py'))
 
-FAMILY = Family("ltx-2", "LTX-2", (VAE_CLASS,), UNTILED, default_for=(VAE_CLASS,))
+SINGLE_FILES = (
+    # Lightricks/LTX-2 ltx_core/model/video_vae: a whole release file (vae.*, audio_vae.*, ...) or its video VAE alone
+    SingleFileLayout(
+        "LTX-2's release file or video VAE",
+        lambda found, keys, shapes: (any(key.startswith("per_channel_statistics") for key in found)
+                                     and is_ltx2_checkpoint(list(keys), dict(shapes))),
+        VAE_CLASS, config_name=lambda shapes: video_config_name(dict(shapes)),
+        no_config="its shapes are not those of a released LTX-2 video VAE (2.0, 2.3)",
+        converter=lambda: convert_ltx2_video_vae,
+        vae_keys=lambda keys: [key for key in keys if key.startswith(VIDEO_PREFIX)] or keys,
+        leftovers=("per_channel_statistics.",)),
+    SingleFileLayout("LTX-2's audio VAE alone",
+                     lambda found, keys, shapes: bool(keys) and all(key.startswith(AUDIO_PREFIX) for key in keys),
+                     refusal="LTX-2's audio VAE alone (audio_vae.*): pass it as --audio-vae, with the video VAE as "
+                             "--vae"),
+)
 
-__all__ = ["FAMILY", "UNTILED", "VAE_CLASS"]
+FAMILY = Family("ltx-2", "LTX-2", (VAE_CLASS,), UNTILED, default_for=(VAE_CLASS,), vaes=(VAE,),
+                single_files=SINGLE_FILES)
+
+__all__ = ["FAMILY", "SINGLE_FILES", "UNTILED", "VAE", "VAE_CLASS", "frame_rule"]

@@ -74,11 +74,9 @@ class SpatialEncoder:
 
     def check(self, clip: Any, vae: VaeModel, sp_size: int, spec: str) -> None:
         """--sp-mode spatial needs a Wan VAE without tiling and at least one latent row per rank."""
-        from vaecache.parallel.spatial import SUPPORTED_FAMILIES, plan_bands
+        from vaecache.parallel.spatial import check_banded, plan_bands
 
-        if vae.family not in SUPPORTED_FAMILIES:
-            raise UsageError(f"--sp-mode spatial supports {', '.join(SUPPORTED_FAMILIES)}; {spec} is {vae.family} "
-                             "(use --sp-mode views)")
+        check_banded(vae.family, spec)
         if clip.tiling:
             raise UsageError("--sp-mode spatial cannot be combined with --tiling")
         if clip.compiled or clip.channels_last:

@@ -57,8 +57,20 @@ from torch.distributed import ProcessGroup
 
 from vaecache.distributed.context import collective_errors
 from vaecache.errors import DistributedError, UsageError
+from vaecache.models import VaeClass, registry
 
-SUPPORTED_FAMILIES = ("AutoencoderKLWan",)
+
+def banded_classes() -> list[VaeClass]:
+    """The VAE classes whose family declares `spatial_bands`: their encoders this module runs band by band."""
+    return [vae for vae in registry().vae_classes.values() if vae.spatial_bands]
+
+
+def check_banded(class_name: str, where: str) -> None:
+    """A UsageError unless --sp-mode spatial runs this VAE class's encoder."""
+    supported = banded_classes()
+    if class_name not in {vae.name for vae in supported}:
+        raise UsageError(f"--sp-mode spatial supports {', '.join(vae.name for vae in supported)}; {where} is "
+                         f"{class_name} (use --sp-mode views)")
 
 
 # --------------------------------------------------------------------------- bands (pure)
@@ -320,9 +332,7 @@ def _encoder_levels(module: nn.Module) -> int:
 def banded(module: nn.Module, exchanger: HaloExchanger, plan: BandPlan) -> Iterator[UnsplitKernels]:
     """Swap the encoder's boundary-crossing layers for halo-exchanging ones, and run every convolution with the
     whole frame's kernel (UnsplitKernels), while the block runs."""
-    if type(module).__name__ not in SUPPORTED_FAMILIES:
-        raise UsageError(f"--sp-mode spatial supports {', '.join(SUPPORTED_FAMILIES)}; "
-                         f"{type(module).__name__} is not supported (use --sp-mode views)")
+    check_banded(type(module).__name__, "the module")
     if getattr(module, "use_tiling", False):
         raise UsageError("--sp-mode spatial cannot be combined with --tiling")
     patched: list[nn.Module] = []
@@ -391,5 +401,5 @@ def spatial_encode(module: nn.Module, x: Tensor, group: ProcessGroup | None) -> 
     return exchanger.gather_rows(local, rows, "latent bands")
 
 
-__all__ = ["BandPlan", "HaloExchanger", "SUPPORTED_FAMILIES", "UnsplitKernels", "banded", "halo_memory_format",
-           "plan_bands", "spatial_encode"]
+__all__ = ["BandPlan", "HaloExchanger", "UnsplitKernels", "banded", "banded_classes", "check_banded",
+           "halo_memory_format", "plan_bands", "spatial_encode"]

@@ -1,13 +1,13 @@
-"""Whether `vaecache report` decodes a cache's clips here: the one place that knows a VAE family's decoder by name,
-and the time budget that holds every other decoder to bounded time.
+"""Whether `vaecache report` decodes a cache's clips here, and the time budget that holds every decoder to bounded
+time.
 
 Two rules, in this order:
 
-1. A family listed in NOT_DECODED_HERE is never decoded by the report (its clips show their source frames and the
-   reason): a decoder that is not a plain `decode(z)` in bounded time, such as a diffusion decoder (many denoising
-   steps per frame) or a large ViT decoder without a device to run it on. The key is the manifest's `vae.family` (the
-   diffusers class name); the value says why, as the page will. No family vaecache encodes today is listed: each
-   decodes with `decode(z)` (vaecache.vae.latent_decode).
+1. A VAE class whose family declares `VaeClass.not_decoded_here` (vaecache.models) is never decoded by the report
+   (its clips show their source frames and the reason): a decoder that is not a plain `decode(z)` in bounded time,
+   such as a diffusion decoder (many denoising steps per frame) or a large ViT decoder without a device to run it on.
+   The class is the manifest's `vae.family`; the declaration says why, as the page will. No family vaecache encodes
+   today declares it: each decodes with `decode(z)` (vaecache.vae.latent_decode).
 2. Every other decoder is measured: before the first clip, one latent frame of 8x8 latent pixels is decoded and
    timed, and each sampled clip is decoded only while the estimate for its frames (that time per output pixel,
    times its cameras x frames x height x width) keeps the report within `decode_budget_s`. On a CPU a real video
@@ -22,17 +22,17 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-NOT_DECODED_HERE: dict[str, str] = {}
-"""VAE family (the manifest's `vae.family`) -> why the report shows its clips' sources without a reconstruction."""
-
 PROBE_LATENT = (1, 8, 8)
 """(latent frames, height, width) of the latent decoded to time a decoder."""
 
 
 def family_refusal(manifest: dict[str, Any]) -> str | None:
     """Why the cache's VAE family is not decoded by the report (rule 1), or None."""
+    from vaecache.models import vae_class
+
     family = str((manifest.get("vae") or {}).get("family") or "")
-    reason = NOT_DECODED_HERE.get(family)
+    declared = vae_class(family)
+    reason = declared.not_decoded_here if declared is not None else None
     return f"{family}'s decoder is not run by the report: {reason}" if reason else None
 
 
@@ -87,4 +87,4 @@ def measure_decoder(model: Any, channels: int, dtype: Any = None) -> float:
     return seconds / pixels
 
 
-__all__ = ["NOT_DECODED_HERE", "PROBE_LATENT", "DecodeBudget", "family_refusal", "measure_decoder"]
+__all__ = ["PROBE_LATENT", "DecodeBudget", "family_refusal", "measure_decoder"]

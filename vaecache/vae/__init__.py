@@ -2,13 +2,13 @@
 
 ``--vae`` takes one of:
 
-* ``builtin:tiny``: an untrained tiny AutoencoderKLWan with fixed random weights, for demos and tests.
-* ``builtin:small``: a small AutoencoderKLWan trained on demo-style synthetic footage
+* ``builtin:tiny``: an untrained tiny Wan VAE with fixed random weights, for demos and tests.
+* ``builtin:small``: a small Wan VAE trained on demo-style synthetic footage
   (``scripts/train_builtin_vae.py``), its fp16 weights shipped in the package (``vae/weights/``).
 * ``diffusers:PATH[#subfolder]``: a diffusers model folder; ``config.json``'s ``_class_name`` picks the
-  family: AutoencoderKLWan, AutoencoderKLHunyuanVideo, AutoencoderKLCogVideoX, AutoencoderKLLTXVideo,
-  or AutoencoderKL (a 2D image VAE applied to every frame; its latents are laid out (c, t, h, w) like
-  the video VAEs', with t equal to the number of frames). Frame and pixel rules come from the config.
+  VAE class, one a model family declares (``vaecache.models``, listed in docs/vaes.md; a 2D image VAE is applied to
+  every frame, its latents laid out (c, t, h, w) like the video VAEs', with t equal to the number of frames).
+  Frame and pixel rules come from the config, read as the family module says.
 * ``python:module.path:factory``: anything else, following the protocol below.
 
 Python plugin protocol
@@ -57,17 +57,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-_HOME = {"FAMILIES": "families", "SUPPORTED": "families", "Family": "families", "load_vae": "load",
-         "VaeModel": "model", "fingerprint": "model", "weights_sha256": "model", "FrameRule": "rules",
+_HOME = {"load_vae": "load", "VaeModel": "model", "fingerprint": "model", "weights_sha256": "model",
          "EncodeResult": "runner", "VaeRunner": "runner"}
 """Imported on first use (PEP 562), so that a light module of this package (single_file's key inspection, used to
 check --vae before any dataset is probed) does not pull in torch and diffusers."""
 
 if TYPE_CHECKING:
-    from vaecache.vae.families import FAMILIES, SUPPORTED, Family
     from vaecache.vae.load import load_vae
     from vaecache.vae.model import VaeModel, fingerprint, weights_sha256
-    from vaecache.vae.rules import FrameRule
     from vaecache.vae.runner import EncodeResult, VaeRunner
 
 
@@ -78,6 +75,6 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "FAMILIES", "SUPPORTED", "EncodeResult", "Family", "FrameRule", "VaeModel", "VaeRunner",
+    "EncodeResult", "VaeModel", "VaeRunner",
     "fingerprint", "load_vae", "weights_sha256",
 ]

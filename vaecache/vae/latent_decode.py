@@ -33,15 +33,20 @@ WHOLE = "whole"
 def decode_mode(model: VaeModel) -> str:
     """How `iter_decoded` decodes this model's latents (CHUNKED, PER_FRAME or WHOLE)."""
     module = model.module
-    if is_wan(module):
+    if decodes_causal_chunks(module):
         return CHUNKED
     if not callable(getattr(module, "decode", None)):
         raise UsageError(f"{model.spec}: the module has no decode(z) method, so its latents cannot be decoded")
     return PER_FRAME if model.per_frame else WHOLE
 
 
-def is_wan(module: torch.nn.Module) -> bool:
-    return (type(module).__name__ == "AutoencoderKLWan" and hasattr(module, "decoder")
+def decodes_causal_chunks(module: torch.nn.Module) -> bool:
+    """Whether the module's family declares a causal decoder fed one latent frame per call (VaeClass
+    .causal_chunk_decode) and the module has the parts that decode runs."""
+    from vaecache.models import vae_class
+
+    vae = vae_class(type(module).__name__)
+    return (vae is not None and vae.causal_chunk_decode and hasattr(module, "decoder")
             and hasattr(module, "post_quant_conv"))
 
 
@@ -151,5 +156,5 @@ def _wan_tiled_chunks(module: torch.nn.Module, z: torch.Tensor, chunk_frames: in
         yield wan_finish(module, torch.cat(result_rows, dim=3)[:, :, :, :sample_h, :sample_w])
 
 
-__all__ = ["CHUNKED", "PER_FRAME", "WHOLE", "decode_mode", "decoded_sample", "decoder_conv_count", "is_wan",
-           "iter_decoded", "wan_finish"]
+__all__ = ["CHUNKED", "PER_FRAME", "WHOLE", "decode_mode", "decoded_sample", "decoder_conv_count",
+           "decodes_causal_chunks", "iter_decoded", "wan_finish"]

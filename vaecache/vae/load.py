@@ -13,11 +13,11 @@ import torch
 
 from vaecache import models
 from vaecache.errors import UsageError, VaeSpecError, first_line
+from vaecache.models import FastEncoder, VaeClass, require_vae_class, vae_class
+from vaecache.models.rules import FrameRule
 from vaecache.settings.clip import ENCODER_IMPL_CHOICES
 from vaecache.settings.dtypes import check_dtype_name, torch_dtype
-from vaecache.vae.families import FAMILIES, SUPPORTED, Family
 from vaecache.vae.model import CHANNELS_LAST, VaeModel
-from vaecache.vae.rules import FrameRule
 from vaecache.vae.runner import VaeRunner, oom_hook_from_env
 from vaecache.vae.specs import check_vae_spec
 from vaecache.weights import check_finite, load_pretrained, weights_sha256
@@ -33,8 +33,10 @@ BUILTIN_TINY_CONFIG: dict[str, Any] = {
 }
 BUILTIN_TINY_SEED = 20240601
 BUILTIN_SMALL_WEIGHTS = Path(__file__).resolve().parent / "weights" / "builtin_small.safetensors"
-"""builtin:small: an AutoencoderKLWan trained on demo-style footage (scripts/train_builtin_vae.py); config in
+"""builtin:small: a Wan-architecture VAE trained on demo-style footage (scripts/train_builtin_vae.py); config in
 metadata."""
+BUILTIN_FAMILY = "wan"
+"""The model family whose VAE class the builtins are (BUILTIN_TINY_CONFIG is that class's config)."""
 BUILTINS = ("builtin:tiny", "builtin:small")
 
 
@@ -89,9 +91,7 @@ def load_vae(spec: str, device: torch.device | str = "cpu", dtype: str = "fp32",
                 param.data = param.data.contiguous(memory_format=CHANNELS_LAST[param.dim()])
     variant = None
     if impl == "fast":
-        from vaecache.vae.wan_fast import production_description
-
-        variant = production_description(module, device)
+        variant = _declared(loaded).fast_encoder.implementation().production_description(module, device)
     loaded = replace(loaded, device=torch.device(device), dtype=torch_dtype(dtype), compute_dtype=compute_dtype,
                     dtype_note=dtype_note, tiling=tiling, tile_params=tile_params,
                     views_per_forward=views_per_forward, compiled=compiled,
@@ -112,35 +112,35 @@ def with_family(loaded: VaeModel, model: str | None, reference: Mapping[str, Any
     return replace(loaded, model=family.name, reference=chosen, rule=family.rule(loaded.rule))
 
 
-FAST_ENCODER_CLASSES = ("AutoencoderKLWan",)
-"""The diffusers classes vaecache.vae.wan_fast encodes (Wan 2.1 and Wan 2.2 share the class)."""
-
-
-VALIDATED_FAST = {("AutoencoderKLWan", "cuda", "bfloat16", (9, 0), 96),
-                  ("AutoencoderKLWan", "cuda", "bfloat16", (9, 0), 160)}
-"""Where --encoder-impl auto picks the fast encoder: (class, device kind, compute dtype, CUDA capability, the
-encoder's first width: 96 is Wan 2.1's, 160 Wan 2.2 TI2V's). Measured on an H200 at 2.16x (Wan 2.1) and 1.72x
-(Wan 2.2) diffusers' encode, closer to an fp32 encode than diffusers' bf16 one, at no more memory, and bitwise equal
-across repeats and in a second process (docs/gpu.md)."""
+def _declared(model: VaeModel) -> Any:
+    """What the model's family declares of its class (vaecache.models.VaeClass), or None (a python: plugin)."""
+    return vae_class(type(model.module).__name__)
 
 
 def resolve_encoder_impl(requested: str, model: VaeModel, *, tiling: bool = False, compiled: bool = False,
                          device: torch.device | str = "cpu", compute_dtype: torch.dtype = torch.float32) -> str:
     """--encoder-impl: "fast" or "reference". The fast encoder equals diffusers' within rounding (1e-5 of the
     latent's scale in fp32 on CPU); auto picks it where it was also measured faster and bitwise reproducible
-    across processes (VALIDATED_FAST), else the reference; fast is refused where it cannot run. A resumed run
-    passes the recorded choice instead of auto (encode/run.py), so an upgrade never mixes the two in one cache."""
+    across processes (its family's FastEncoder.validated), else the reference; fast is refused where it cannot
+    run. A resumed run passes the recorded choice instead of auto (encode/command.py), so an upgrade never mixes the two
+    in one cache."""
     if requested not in ENCODER_IMPL_CHOICES:
         raise UsageError(f"--encoder-impl must be one of {', '.join(ENCODER_IMPL_CHOICES)}, got {requested!r}")
     if requested == "reference":
         return "reference"
     name = type(model.module).__name__
+    declared = _declared(model)
+    fast = declared.fast_encoder if declared is not None else None
     if requested == "auto":
-        return "fast" if (not tiling and not compiled and _fast_validated(name, model, device, compute_dtype)) \
-            else "reference"
-    if name not in FAST_ENCODER_CLASSES:
+        return "fast" if (fast is not None and not tiling and not compiled
+                          and _fast_validated(fast, model, device, compute_dtype)) else "reference"
+    if fast is None:
+        from vaecache.models import registry
+
+        runs = [f"{vae.name} ({vae.fast_encoder.describes})" for vae in registry().vae_classes.values()
+                if vae.fast_encoder is not None]
         raise UsageError(f"--encoder-impl fast: {model.spec} is {name}; the fast encoder runs "
-                         f"{', '.join(FAST_ENCODER_CLASSES)} (Wan 2.1, Wan 2.2): use --encoder-impl reference")
+                         f"{', '.join(runs)}: use --encoder-impl reference")
     if tiling:
         raise UsageError("--encoder-impl fast cannot be combined with --tiling (every forward would run diffusers' "
                          "tiled encode)")
@@ -149,16 +149,15 @@ def resolve_encoder_impl(requested: str, model: VaeModel, *, tiling: bool = Fals
     return "fast"
 
 
-def _fast_validated(name: str, model: VaeModel, device: torch.device | str, compute_dtype: torch.dtype) -> bool:
+def _fast_validated(fast: FastEncoder, model: VaeModel, device: torch.device | str,
+                    compute_dtype: torch.dtype) -> bool:
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return False
-    from vaecache.vae.wan_fast import triton_available
-
     width = getattr(getattr(model.module, "encoder", None), "conv_in", None)
-    key = (name, device.type, str(compute_dtype).removeprefix("torch."), torch.cuda.get_device_capability(device),
+    key = (device.type, str(compute_dtype).removeprefix("torch."), torch.cuda.get_device_capability(device),
            getattr(width, "out_channels", None))
-    return key in VALIDATED_FAST and triton_available()
+    return key in fast.validated and fast.implementation().triton_available()
 
 
 CUDA_NUMERICS = {"cudnn_benchmark": False, "cudnn_deterministic": True, "tf32": False}
@@ -183,14 +182,14 @@ def exact_cuda_numerics(device: torch.device | str) -> dict[str, bool]:
 def _compute_dtype(model: VaeModel, dtype: str) -> tuple[torch.dtype, str | None]:
     """The dtype the module runs in: refuse or upcast fp16 where a family is known to misbehave."""
     requested = torch_dtype(dtype)
-    family = FAMILIES.get(model.family)
-    if requested != torch.float16 or family is None or family.fp16 == "ok":
+    declared = vae_class(model.family)
+    if requested != torch.float16 or declared is None or declared.fp16 == "ok":
         return requested, None
-    if family.fp16 == "refuse":
-        raise UsageError(f"--dtype fp16 is refused for {model.family}: {family.fp16_reason}")
+    if declared.fp16 == "refuse":
+        raise UsageError(f"--dtype fp16 is refused for {model.family}: {declared.fp16_reason}")
     if model.config.get("force_upcast", True):
         note = (f"--dtype fp16: {model.family} runs in fp32 and its latents are stored as fp16, "
-                f"because {family.fp16_reason}")
+                f"because {declared.fp16_reason}")
         log.warning(note)
         return torch.float32, note
     return requested, None
@@ -205,7 +204,7 @@ def _setup_tiling(model: VaeModel, tiling: bool, options: dict[str, Any]) -> dic
         return {}
     try:
         module.enable_tiling(**options)
-    except TypeError:  # AutoencoderKL's enable_tiling() takes no sizes: set the attributes it reads
+    except TypeError:  # an image VAE's enable_tiling() takes no sizes: set the attributes it reads
         module.enable_tiling()
         unknown = [k for k in options if not hasattr(module, k)]
         if unknown:
@@ -220,7 +219,12 @@ def _setup_tiling(model: VaeModel, tiling: bool, options: dict[str, Any]) -> dic
 
 
 def _can_tile(module: torch.nn.Module) -> bool:
-    return callable(getattr(module, "enable_tiling", None)) and callable(getattr(module, "disable_tiling", None))
+    if not (callable(getattr(module, "enable_tiling", None)) and callable(getattr(module, "disable_tiling", None))):
+        return False
+    from diffusers.models.autoencoders.vae import AutoencoderMixin
+
+    # diffusers gives every autoencoder enable_tiling(), which raises where the class has no tiling (no use_tiling)
+    return hasattr(module, "use_tiling") or not isinstance(module, AutoencoderMixin)
 
 
 def _clean_config(config: Any) -> dict[str, Any]:
@@ -235,12 +239,22 @@ def _tile_params(module: torch.nn.Module) -> dict[str, Any]:
     return json.loads(json.dumps(params, sort_keys=True))
 
 
-def _family_model(module: torch.nn.Module, family: Family, spec: str, untrained: bool = False) -> VaeModel:
+def _family_model(module: torch.nn.Module, vae: VaeClass, spec: str, untrained: bool = False) -> VaeModel:
     config = _clean_config(module.config)
-    return VaeModel(module, spec, family.name, family.rule(config), config, weights_sha256(module),
-                    latent_channels=int(config.get(family.channels_key) or 0), untrained=untrained,
-                    normalization=family.normalization(config, module), per_frame=family.per_frame,
+    return VaeModel(module, spec, vae.name, vae.rule(config), config, weights_sha256(module),
+                    latent_channels=int(config.get(vae.channels_key) or 0), untrained=untrained,
+                    normalization=vae.normalization(config, module), per_frame=vae.per_frame,
                     can_tile=_can_tile(module))
+
+
+def _builtin_class() -> tuple[VaeClass, Any]:
+    """The VAE class the builtins are (BUILTIN_FAMILY's), and diffusers' class for it."""
+    import diffusers
+
+    from vaecache.models import registry
+
+    vae = registry().families[BUILTIN_FAMILY].vaes[0]
+    return vae, getattr(diffusers, vae.name)
 
 
 def _load_builtin(name: str, spec: str) -> VaeModel:
@@ -252,17 +266,15 @@ def _load_builtin(name: str, spec: str) -> VaeModel:
 
 
 def _builtin_tiny(spec: str) -> VaeModel:
-    from diffusers import AutoencoderKLWan
-
+    vae, cls = _builtin_class()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(BUILTIN_TINY_SEED)
-        module = AutoencoderKLWan(**BUILTIN_TINY_CONFIG)
-    return _family_model(module, FAMILIES["AutoencoderKLWan"], spec, untrained=True)
+        module = cls(**BUILTIN_TINY_CONFIG)
+    return _family_model(module, vae, spec, untrained=True)
 
 
 def _builtin_small(spec: str) -> VaeModel:
-    """The trained AutoencoderKLWan shipped in the package (scripts/train_builtin_vae.py): fp16 on disk, fp32 here."""
-    from diffusers import AutoencoderKLWan
+    """The trained VAE shipped in the package (scripts/train_builtin_vae.py): fp16 on disk, fp32 here."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -277,10 +289,11 @@ def _builtin_small(spec: str) -> VaeModel:
         raise VaeSpecError(f"{spec}: cannot read {path} ({first_line(exc)[:200]})") from None
     with torch.random.fork_rng(devices=[]):  # every tensor is overwritten; the seed only keeps RNG use quiet
         torch.manual_seed(BUILTIN_TINY_SEED)
-        module = AutoencoderKLWan(**config)
+        vae, cls = _builtin_class()
+        module = cls(**config)
     module.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=True)
     check_finite(module.state_dict(), str(path))
-    return _family_model(module, FAMILIES["AutoencoderKLWan"], spec, untrained=False)
+    return _family_model(module, vae, spec, untrained=False)
 
 
 def _load_diffusers(location: str, spec: str, allow_pickle_weights: bool) -> VaeModel:
@@ -297,12 +310,10 @@ def _load_diffusers(location: str, spec: str, allow_pickle_weights: bool) -> Vae
         hint = " (a pipeline folder? add #vae)" if (path / "vae" / "config.json").is_file() else ""
         raise VaeSpecError(f"{path}: no config.json (not a diffusers-format model folder){hint}")
     try:
-        family_name = json.loads(config_file.read_text()).get("_class_name")
+        class_name = json.loads(config_file.read_text()).get("_class_name")
     except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
         raise VaeSpecError(f"{config_file}: not valid JSON") from None
-    if family_name not in FAMILIES:
-        raise VaeSpecError(f"{config_file}: VAE class {family_name!r} is not supported; supported: {SUPPORTED} "
-                           "(anything else: --vae python:module:function)")
+    vae = require_vae_class(class_name, str(config_file))
     # Pickled weights can run arbitrary code when loaded: read them only when the user says so.
     has_safetensors = any(path.glob("*.safetensors"))
     pickled = sorted(p.name for p in path.glob("*.bin"))
@@ -312,10 +323,10 @@ def _load_diffusers(location: str, spec: str, allow_pickle_weights: bool) -> Vae
                            "this folder")
     import diffusers
 
-    module = load_pretrained(getattr(diffusers, family_name), path, allow_pickle_weights=allow_pickle_weights,
+    module = load_pretrained(getattr(diffusers, vae.name), path, allow_pickle_weights=allow_pickle_weights,
                              torch_dtype=torch.float32, low_cpu_mem_usage=False,
                              use_safetensors=has_safetensors or not allow_pickle_weights)
-    return _family_model(module, FAMILIES[family_name], spec)
+    return _family_model(module, vae, spec)
 
 
 def _load_file(path: Path, spec: str, vae_config: str | None, allow_pickle_weights: bool) -> VaeModel:
@@ -324,7 +335,7 @@ def _load_file(path: Path, spec: str, vae_config: str | None, allow_pickle_weigh
     from vaecache.vae.single_file import load_single_file
 
     loaded = load_single_file(path, Path(vae_config).expanduser() if vae_config else None, allow_pickle_weights)
-    model = _family_model(loaded.module, FAMILIES[loaded.family], spec)
+    model = _family_model(loaded.module, require_vae_class(loaded.family, str(path)), spec)
     recorded = {**model.config, "single_file_sha256": loaded.sha256}
     if loaded.skipped:
         recorded["single_file_skipped"] = loaded.skipped

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from vaecache.models.base import ReferenceEncode
+from vaecache.models.rules import FrameRule
 from vaecache.settings.dtypes import recorded_name
-from vaecache.vae.rules import FrameRule
 from vaecache.weights import weights_sha256
 
 CHANNELS_LAST = {5: torch.channels_last_3d, 4: torch.channels_last}
@@ -55,7 +55,7 @@ class VaeModel:
     channels_last: bool = False
     """Convolution weights (load_vae) and every forward's input (VaeRunner) are in channels-last format."""
     encoder_impl: str = "reference"
-    """"fast": VaeRunner encodes with vaecache.vae.wan_fast (Wan), "reference": with the module's own encode."""
+    """"fast": VaeRunner encodes with vaecache.models._wan_fast (Wan), "reference": with the module's own encode."""
     encoder_variant: str | None = None
     """With "fast": what decides its bits beyond the weights (wan_fast.production_description: memory format,
     chunk, kernels, padded channels), which depends on the device."""

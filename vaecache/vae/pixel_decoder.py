@@ -35,7 +35,7 @@ import torch
 from torch.utils.checkpoint import checkpoint as _checkpoint
 
 from vaecache.errors import UsageError
-from vaecache.vae.latent_decode import decoded_sample, decoder_conv_count, is_wan, wan_finish
+from vaecache.vae.latent_decode import decoded_sample, decoder_conv_count, decodes_causal_chunks, wan_finish
 
 WAN_CACHE_FRAMES = 2
 """diffusers' CACHE_T: the input frames a causal convolution keeps for the next call."""
@@ -69,7 +69,7 @@ class PixelDecoder(torch.nn.Module):
         self.per_frame = per_frame
         self.chunk_frames = chunk_frames
         self.checkpoint = checkpoint
-        self.mode = "causal-frames" if is_wan(module) else "per-frame" if per_frame else "whole"
+        self.mode = "causal-frames" if decodes_causal_chunks(module) else "per-frame" if per_frame else "whole"
         if self.mode == "whole" and checkpoint and getattr(module, "_supports_gradient_checkpointing", False):
             # The module's own checkpointing, left on: a backward recomputes through the same code path.
             module.enable_gradient_checkpointing()
@@ -258,7 +258,10 @@ def _resolve(vae: Any, device: str | torch.device | None, allow_pickle_weights: 
     if isinstance(vae, torch.nn.Module):
         if device is not None:
             vae.to(device)
-        per_frame = type(vae).__name__ == "AutoencoderKL"  # diffusers' 2D image VAE: one frame per forward
+        from vaecache.models import vae_class
+
+        declared = vae_class(type(vae).__name__)
+        per_frame = declared is not None and declared.per_frame  # a 2D image VAE: one frame per forward
         if not callable(getattr(vae, "decode", None)):
             raise UsageError(f"{type(vae).__name__} has no decode(z) method")
         return vae, per_frame

@@ -351,11 +351,14 @@ def _release_failed_forward(module: torch.nn.Module, device: torch.device) -> No
 
 
 def fast_encoder(model: VaeModel) -> Any:
-    """vaecache.vae.wan_fast's encoder for the module on its device (production_encoder: what model.encoder_variant
-    records)."""
-    from vaecache.vae.wan_fast import production_encoder
+    """The fast encoder its family declares (vaecache.models.FastEncoder) for the module on its device
+    (production_encoder: what model.encoder_variant records)."""
+    from vaecache.models import vae_class
 
-    return production_encoder(model.module, model.device)
+    declared = vae_class(type(model.module).__name__)
+    if declared is None or declared.fast_encoder is None:
+        raise UsageError(f"{model.spec}: no fast encoder is declared for {type(model.module).__name__}")
+    return declared.fast_encoder.implementation().production_encoder(model.module, model.device)
 
 
 def _posterior(output: Any) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -7,7 +7,7 @@ or its video VAE alone, read into diffusers' classes, strictly.
   `scripts/convert_ltx2_to_diffusers.py` (`LTX_2_3_VIDEO_VAE_RENAME_DICT`: 2.0's, plus 2.3's fourth decoder level;
   diffusers 0.42's single-file `convert_ltx2_vae_to_diffusers` has 2.0's only, so a 2.3 decoder would be left
   unmapped), the per-channel statistics' channel index and mean of stds dropped (`LTX_2_0_VAE_SPECIAL_KEYS_REMAP`).
-  The config is the release's (`get_ltx2_video_vae_config`, shipped in vaecache/vae/configs/), told from the
+  The config is the release's (`get_ltx2_video_vae_config`, shipped in vaecache/models/configs/), told from the
   encoder's widths, or --vae-config.
 - **Audio VAE** (`AutoencoderKLLTX2Audio`): vaecache.audio.release_file, from the same file.
 """
