@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 SEED = 20261126
-WAN21_CONFIG = json.loads((Path(__file__).resolve().parents[1] / "vaecache" / "vae" / "configs" /
+WAN21_CONFIG = json.loads((Path(__file__).resolve().parents[1] / "vaecache" / "models" / "configs" /
                            "wan2.1_vae.json").read_text())
 # Wan-AI/Wan2.2-TI2V-5B-Diffusers vae/config.json as diffusers' scripts/convert_wan_to_diffusers.py writes it
 # (vae22_diffusers_config); the 48 latents_mean/std are normalization constants that change no compute, so they are
