@@ -13,7 +13,7 @@ from vaecache.models._ltx2_file import (
     is_ltx2_checkpoint,
     video_config_name,
 )
-from vaecache.models.base import Family, ReferenceEncode, SingleFileLayout, VaeClass
+from vaecache.models.base import Family, ReferenceEncode, SingleFileLayout, TextEncoders, TextFamily, VaeClass
 from vaecache.models.ltx_video import buffer_normalization
 from vaecache.models.rules import FrameRule
 
@@ -60,7 +60,17 @@ SINGLE_FILES = (
                              "--vae"),
 )
 
+TEXT = TextEncoders(
+    ("LTX2Pipeline", "LTX2ImageToVideoPipeline", "LTX2ConditionPipeline"),
+    TextFamily("ltx2", 1024, "strip", "LTX-2's trainer (Lightricks/LTX-2 400fd31, ltx-trainer "
+               "scripts/process_captions.py): ltx-core's LTXGemmaTokenizer (strip, <bos> first, left padding to "
+               "1024), every Gemma hidden state, the checkpoint's feature extractor (V1 or V2) before the "
+               "connectors; diffusers LTX2Pipeline._get_gemma_prompt_embeds then LTX2TextConnectors' "
+               "normalization and text_proj_in", masked=True, full_length=True, padding="left", features="ltx2"))
+"""LTX-2 (diffusers' LTX2Pipeline folder: text_encoder/ a Gemma 3, tokenizer/, connectors/ the feature extractor's
+weights); vaecache.text.ltx2 holds its arithmetic."""
+
 FAMILY = Family("ltx-2", "LTX-2", (VAE_CLASS,), UNTILED, default_for=(VAE_CLASS,), vaes=(VAE,),
-                single_files=SINGLE_FILES)
+                single_files=SINGLE_FILES, text=TEXT)
 
 __all__ = ["FAMILY", "SINGLE_FILES", "UNTILED", "VAE", "VAE_CLASS", "frame_rule"]
