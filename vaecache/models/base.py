@@ -113,10 +113,27 @@ class ConditionPipeline:
     asked: bool = False
     """Only when named with --condition-pipeline (or the cache was encoded for its family): another pipeline shares
     the VAE class."""
+    arithmetic: Callable[[], Any] | None = None
+    """Imports its tensor arithmetic (torch), an object with `condition_video(frames, kind, clip)` (what is encoded
+    of each view's frames), `condition(mean, kind, num_frames, temporal_factor, normalization)` (the condition the
+    pipeline builds from the stored posterior mean; normalization: the VAE's recorded constants) and
+    `masks(mean, kind, num_frames, temporal_factor)` (the tensors it returns apart, by key)."""
+    needs: str = "latents_std"
+    """The normalization constant its arithmetic reads, which a cache's VAE record must hold: "latents_std"
+    (latents_mean too) or "scaling_factor"."""
+    selects: Callable[[Mapping[str, Any]], bool] | None = None
+    """(the VAE's config) -> whether a cache of this config conditions for it rather than for its class's other
+    pipeline (Wan 2.2 TI2V: a Wan VAE with patch_size); None: the class's pipeline otherwise."""
+    unnamed_record: bool = False
+    """Its sets record no pipeline name (they were made before it was recorded): a record without one is its."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.kinds:
             raise ValueError(f"ConditionPipeline needs a name and its kinds, got {self.name!r}, {self.kinds!r}")
+        if self.arithmetic is None:
+            raise ValueError(f"ConditionPipeline {self.name}: its arithmetic is missing")
+        if self.needs not in ("latents_std", "scaling_factor"):
+            raise ValueError(f"ConditionPipeline {self.name}: needs latents_std or scaling_factor, got {self.needs!r}")
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ again. docs/vaes.md says which to give it."""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import replace
 from math import ceil, sqrt
 from typing import Any
@@ -185,7 +186,8 @@ TILES = ReferenceEncode(
 
 I2V = ConditionPipeline("kandinsky5", "diffusers Kandinsky5I2VPipeline.prepare_latents's image latent "
                         "(pipelines/kandinsky5/pipeline_kandinsky_i2v.py), its posterior mean", ("first-frame",),
-                        asked=True)
+                        asked=True, needs="scaling_factor",
+                        arithmetic=lambda: importlib.import_module("vaecache.models._kandinsky5_conditions"))
 """Asked by name: HunyuanVideo's VAE serves other image-to-video pipelines too."""
 
 PROMPT_TEMPLATE = "\n".join([
