@@ -126,6 +126,8 @@ class ConditionPipeline:
     pipeline (Wan 2.2 TI2V: a Wan VAE with patch_size); None: the class's pipeline otherwise."""
     unnamed_record: bool = False
     """Its sets record no pipeline name (they were made before it was recorded): a record without one is its."""
+    first_frame_alone: bool = False
+    """It encodes the first frame by itself: its sets store (cameras, C, 1, h, w), whatever the clip's length."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.kinds:
@@ -317,6 +319,32 @@ class TextEncoders:
 
 
 @dataclass(frozen=True)
+class AudioVaeClass:
+    """An audio VAE whose latents a family's model trains on (`vaecache embed --audio-vae`), declared by that family;
+    vaecache.audio reads it."""
+
+    name: str
+    """diffusers' class name, as a config.json's `_class_name` gives it."""
+    mel: Callable[[Mapping[str, Any], int], dict[str, Any]]
+    """(its config, the STFT size) -> the log-mel its trainer feeds it, as vaecache.audio.mel.MelSpec's fields."""
+    normalization: Callable[[], Any]
+    """Imports its latents' normalization (torch): `normalize(mean, latents_mean, latents_std)` and `denormalize`."""
+    normalization_over: str
+    """What the normalization runs over, recorded in an audio set's normalization (`over`)."""
+    checkpoint_prefix: str = ""
+    """The key prefix of its tensors in its family's checkpoint file (`--audio-vae PATH.safetensors`); empty: read
+    from a diffusers folder only."""
+    checkpoint: str = ""
+    """What such a checkpoint file is, in words, for messages."""
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"AudioVaeClass name must be a diffusers class name, got {self.name!r}")
+        if bool(self.checkpoint_prefix) != bool(self.checkpoint):
+            raise ValueError(f"AudioVaeClass {self.name}: a checkpoint prefix and its file's description go together")
+
+
+@dataclass(frozen=True)
 class Family:
     """A model people train, as far as its VAE latents go: which class encodes them and how its trainers call it."""
 
@@ -344,6 +372,8 @@ class Family:
     default; None: musubi-tuner does not train it."""
     text: TextEncoders | None = None
     """Its pipelines' prompt embeddings that vaecache reproduces (vaecache.text); None: none."""
+    audio_vaes: tuple[AudioVaeClass, ...] = ()
+    """The audio VAEs whose latents its model trains on beside the video's (vaecache.audio)."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.vae_classes:
@@ -366,6 +396,6 @@ class Family:
         return None
 
 
-__all__ = ["CLEANINGS", "CONFIGS", "FP16_POLICIES", "ConditionPipeline", "Family", "FastEncoder", "ReferenceEncode",
-           "SingleFileLayout", "TextEncoders", "TextFamily", "VaeClass", "as_given", "config_constants", "log2",
-           "no_shipped_config", "scale_normalization", "wan_prompt_clean"]
+__all__ = ["CLEANINGS", "CONFIGS", "FP16_POLICIES", "AudioVaeClass", "ConditionPipeline", "Family", "FastEncoder",
+           "ReferenceEncode", "SingleFileLayout", "TextEncoders", "TextFamily", "VaeClass", "as_given",
+           "config_constants", "log2", "no_shipped_config", "scale_normalization", "wan_prompt_clean"]
