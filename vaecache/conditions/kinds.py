@@ -154,6 +154,6 @@ def pipeline_condition(mean: torch.Tensor, kind: str, num_frames: int, temporal_
     return _arithmetic(pipeline).condition(mean, kind, num_frames, temporal_factor, normalization)
 
 
-__all__ = ["ASKED_PIPELINES", "CONDITION_KINDS", "CONDITION_PIPELINES", "LATENT_KINDS", "PIPELINES", "REFERENCE",
-           "SUPPORTED_FAMILIES", "UNNAMED", "check_condition_vae", "condition_pipeline", "condition_video",
+__all__ = ["ASKED_PIPELINES", "BY_NAME", "CONDITION_KINDS", "CONDITION_PIPELINES", "LATENT_KINDS", "PIPELINES",
+           "REFERENCE", "SUPPORTED_FAMILIES", "UNNAMED", "check_condition_vae", "condition_pipeline", "condition_video",
            "parse_condition_kinds", "pipeline_condition", "pipeline_masks", "pipeline_reference"]

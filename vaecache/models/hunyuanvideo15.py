@@ -57,7 +57,7 @@ I2V = ConditionPipeline("hunyuanvideo-1.5",
                         "diffusers HunyuanVideo15ImageToVideoPipeline.prepare_cond_latents_and_mask "
                         "(pipelines/hunyuan_video1_5/pipeline_hunyuan_video1_5_image2video.py)", ("first-frame",),
                         arithmetic=lambda: importlib.import_module("vaecache.models._hunyuanvideo15_conditions"),
-                        needs="scaling_factor")
+                        needs="scaling_factor", first_frame_alone=True)
 UNTILED = ReferenceEncode("untiled", "diffusers' encode with its tiling off",
                           ('musubi-tuner 30c658c hv_1_5_cache_latents.py:41-44; diffusers 0.42.1 '
                           'autoencoder_kl_hunyuanvideo15.py _encode'))

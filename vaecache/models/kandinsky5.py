@@ -186,7 +186,7 @@ TILES = ReferenceEncode(
 
 I2V = ConditionPipeline("kandinsky5", "diffusers Kandinsky5I2VPipeline.prepare_latents's image latent "
                         "(pipelines/kandinsky5/pipeline_kandinsky_i2v.py), its posterior mean", ("first-frame",),
-                        asked=True, needs="scaling_factor",
+                        asked=True, needs="scaling_factor", first_frame_alone=True,
                         arithmetic=lambda: importlib.import_module("vaecache.models._kandinsky5_conditions"))
 """Asked by name: HunyuanVideo's VAE serves other image-to-video pipelines too."""
 

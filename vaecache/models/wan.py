@@ -155,7 +155,7 @@ I2V = ConditionPipeline("wan", "diffusers WanImageToVideoPipeline.prepare_latent
 TI2V = ConditionPipeline("wan-ti2v", "diffusers WanImageToVideoPipeline.prepare_latents with expand_timesteps "
                          "(pipelines/wan/pipeline_wan_i2v.py, Wan 2.2 TI2V)", ("first-frame",),
                          arithmetic=lambda: condition_arithmetic().TI2V,
-                         selects=lambda config: bool(config.get("patch_size")))
+                         selects=lambda config: bool(config.get("patch_size")), first_frame_alone=True)
 """Wan 2.2 TI2V-5B (its VAE has patch_size): the first frame alone, its mask apart."""
 
 TEXT = TextEncoders(
