@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def plan_memory(args: argparse.Namespace) -> dict[str, Any]:
     """The planning of --plan-clips clips in this process: seconds and the peak RSS it added."""
-    from vaecache.text.families import wan_prompt_clean
+    from vaecache.models.base import wan_prompt_clean
     from vaecache.text.sets import clip_captions, plan_prompts
 
     def records():

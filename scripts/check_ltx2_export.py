@@ -35,8 +35,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from vaecache import LatentCache  # noqa: E402
-from vaecache.audio.latents import normalize_audio_latents  # noqa: E402
 from vaecache.export.ltx2 import ltx2_conditions, ltx_normalized  # noqa: E402
+from vaecache.models._ltx2_audio import normalize as normalize_audio_latents  # noqa: E402
 from vaecache.settings.clip import ClipSettings  # noqa: E402
 
 

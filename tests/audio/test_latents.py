@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vaecache.audio.latents import audio_posterior_mean, denormalize_audio_latents, normalize_audio_latents
+from vaecache.audio.latents import audio_posterior_mean
 from vaecache.audio.mel import MelSpec, clip_mel
+from vaecache.models._ltx2_audio import denormalize as denormalize_audio_latents
+from vaecache.models._ltx2_audio import normalize as normalize_audio_latents
 
 
 @pytest.fixture(scope="module")

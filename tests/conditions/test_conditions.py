@@ -231,7 +231,8 @@ def test_what_embed_refuses_in_one_line_before_writing(cache, run_cli):
 
 
 def test_the_mask_and_normalization_are_the_pipelines_for_every_frame_count():
-    from vaecache.conditions.kinds import condition_mask, condition_video
+    from vaecache.conditions.kinds import condition_video
+    from vaecache.models._wan_conditions import condition_mask
 
     for count in (1, 5, 9, 81):
         mask = condition_mask("first-frame", count, 4, 2, 3)

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from tests.audio.sound import write_video_with_sound
-from vaecache.audio.latents import normalize_audio_latents
 from vaecache.export.ltx2 import ltx_normalized
+from vaecache.models._ltx2_audio import normalize as normalize_audio_latents
 from vaecache.training import LatentCache
 
 

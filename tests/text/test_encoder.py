@@ -12,8 +12,8 @@ import torch
 
 from tests.text.tiny_text import build_wan_text_folder
 from vaecache.errors import UsageError, VaeSpecError
+from vaecache.models.base import wan_prompt_clean
 from vaecache.text.encoder import load_text_encoder
-from vaecache.text.families import wan_prompt_clean
 
 PROMPTS = ["a red car  drives &amp;amp; down\tthe street", "", "the robot arm picks up the blue cube " * 60, "dog",
            "caf\u00c3\u00a9 at night"]

@@ -11,8 +11,8 @@ import torch
 
 from tests.text.tiny_text import build_hunyuan15_text_folder, build_wan_text_folder
 from vaecache.errors import UsageError
+from vaecache.models.hunyuanvideo15 import SYSTEM_MESSAGE as HUNYUAN15_SYSTEM
 from vaecache.text.encoder import load_text_encoder
-from vaecache.text.families import HUNYUAN15_SYSTEM
 
 PROMPTS = ["a red car drives down a wet street at night", "",
            'a sign that reads "OPEN" and a poster saying “SALE”, then "OPEN" again',
@@ -127,7 +127,7 @@ def musubi_hv15_reference(folder, prompt):
 
     from transformers import AutoTokenizer, ByT5Tokenizer, Qwen2_5_VLTextModel, T5EncoderModel
 
-    from vaecache.text.families import MUSUBI_HUNYUAN15_TEMPLATE
+    from vaecache.models.hunyuanvideo15 import MUSUBI_TEMPLATE as MUSUBI_HUNYUAN15_TEMPLATE
 
     tokenizer = AutoTokenizer.from_pretrained(folder / "tokenizer")
     example = tokenizer(MUSUBI_HUNYUAN15_TEMPLATE.format("a photo of a cat"), max_length=1024 + 256, padding=True,

@@ -14,13 +14,11 @@ import torch
 
 from tests.text.tiny_text import build_kandinsky5_text_folder
 from vaecache.errors import UsageError
+from vaecache.models.kandinsky5 import MUSUBI_IMAGE_TEMPLATE as MUSUBI_KANDINSKY5_IMAGE_TEMPLATE
+from vaecache.models.kandinsky5 import MUSUBI_TEMPLATE as MUSUBI_KANDINSKY5_TEMPLATE
+from vaecache.models.kandinsky5 import PROMPT_TEMPLATE as KANDINSKY5_TEMPLATE
 from vaecache.text.clip_slow import SlowClipTokenizer
 from vaecache.text.encoder import load_text_encoder
-from vaecache.text.families import (
-    KANDINSKY5_TEMPLATE,
-    MUSUBI_KANDINSKY5_IMAGE_TEMPLATE,
-    MUSUBI_KANDINSKY5_TEMPLATE,
-)
 from vaecache.training import LatentCache
 
 PROMPTS = ["a red car drives down a wet street at night", "", "  the robot &amp; arm   picks it up  ",

@@ -5,10 +5,11 @@ tables, the one manifest write) is the machinery's.
 
 Each clip's item is the posterior mean of the audio VAE over the clip's sound (vaecache.audio.track: cut exactly to
 its frames; vaecache.audio.mel: folded, resampled and turned into the log-mel the VAE takes), (C, T, F) in the VAE's
-dtype. The set's record holds the VAE's normalization constants as LTX-2 applies them (over the packed C x F
-features: vaecache.audio.latents.normalize_audio_latents). A clip whose video has no sound, or whose sound does not
-cover its window, follows `--audio-missing`: `skip` (its row records why and it holds no tensor) or `silence` (the
-latents of silence of the window's length, its row saying why)."""
+dtype. The set's record holds the VAE's normalization constants and what its family's normalization runs over
+(`AudioVaeClass`, declared with the VAE's family in vaecache.models: LTX-2's over the packed C x F features). A
+clip whose video has no sound, or whose sound does not cover its window, follows `--audio-missing`: `skip` (its row
+records why and it holds no tensor) or `silence` (the latents of silence of the window's length, its row saying
+why)."""
 
 from __future__ import annotations
 
@@ -25,12 +26,23 @@ from vaecache.cache.layout import AUDIO_DIR
 from vaecache.cache.sets import Recomputed, generation_of, pack_shards
 from vaecache.distributed.agreement import loaded_on_every_rank, same_on_every_rank
 from vaecache.errors import AudioMissingError, UsageError, VaecacheError, VaeSpecError
+from vaecache.models import registry
+from vaecache.models.base import AudioVaeClass
 
 MISSING_CHOICES = ("skip", "silence")
 NAMED_WITHOUT_SOUND = 10
 """The clips without sound an audio embed's summary names, with why (`vaecache inspect` lists every one)."""
-AUDIO_VAE_CLASSES = ("AutoencoderKLLTX2Audio",)
-"""The audio VAEs vaecache loads (diffusers' classes); MMAudio's (Kandinsky 6) is next."""
+
+
+def audio_vae_classes() -> dict[str, AudioVaeClass]:
+    """The audio VAEs vaecache loads (diffusers' classes), as the model families declare them."""
+    return {vae.name: vae for family in registry().families.values() for vae in family.audio_vaes}
+
+
+AUDIO_VAE_CLASSES = tuple(audio_vae_classes())
+CHECKPOINT_FILES = " or ".join(f"{vae.checkpoint} file PATH.safetensors" for vae in audio_vae_classes().values()
+                               if vae.checkpoint)
+"""How --audio-vae names a checkpoint file, for messages."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +80,7 @@ FILE_SUFFIXES = (".safetensors", ".sft")
 def check_audio_spec_form(spec: str) -> None:
     if not spec.startswith("diffusers:") and not spec.lower().endswith(FILE_SUFFIXES):
         raise UsageError(f"--audio-vae must be diffusers:PATH[#SUBFOLDER] (a folder holding an "
-                         f"{' or '.join(AUDIO_VAE_CLASSES)}) or an LTX-2 checkpoint file PATH.safetensors, got "
+                         f"{' or '.join(AUDIO_VAE_CLASSES)}) or {CHECKPOINT_FILES}, got "
                          f"{spec!r}")
 
 
@@ -84,9 +96,12 @@ def check_audio_vae(spec: str) -> None:
     path = Path(spec).expanduser()
     if not path.is_file():
         raise VaeSpecError(f"--audio-vae {spec}: no such file")
-    if not any(key.startswith("audio_vae.") for key in safetensors_header(path)):
-        raise VaeSpecError(f"--audio-vae {path}: no audio_vae.* tensors: not an LTX-2 checkpoint holding its audio "
-                           "VAE")
+    keys = safetensors_header(path)
+    if not any(key.startswith(vae.checkpoint_prefix) for vae in audio_vae_classes().values() if vae.checkpoint_prefix
+               for key in keys):
+        prefixes = " or ".join(f"{vae.checkpoint_prefix}* tensors: not {vae.checkpoint} holding its audio VAE"
+                               for vae in audio_vae_classes().values() if vae.checkpoint_prefix)
+        raise VaeSpecError(f"--audio-vae {path}: no {prefixes}")
 
 
 def audio_vae_folder(spec: str) -> Path:
@@ -230,7 +245,8 @@ class AudioJob:
         loaded = loaded_on_every_rank(ctx, lambda: load_audio_vae(request.audio_vae, device,
                                                                   request.allow_pickle_weights), "audio VAE")
         self.vae = loaded.module
-        self.mel = MelSpec.ltx2(dict(self.vae.config), n_fft=loaded.n_fft or request.n_fft)
+        self.declared = audio_vae_classes()[type(self.vae).__name__]
+        self.mel = MelSpec(**self.declared.mel(dict(self.vae.config), loaded.n_fft or request.n_fft))
         self.fingerprint = {"kind": AUDIO_DIR, "vae": audio_vae_fingerprint(self.vae), "mel": self.mel.to_record(),
                             "camera": request.camera, "missing": request.missing,
                             "stored": "posterior mean (C, T, F) in the VAE's dtype"}
@@ -308,7 +324,7 @@ class AudioJob:
         silenced = sum(1 for row in facts.values() if (row.get("audio") or "").startswith("silence"))
         normalization = {"latents_mean": self.vae.latents_mean.float().tolist(),
                          "latents_std": self.vae.latents_std.float().tolist(),
-                         "over": "channels x mel bins, packed (LTX-2: vaecache.audio.latents.normalize_audio_latents)"}
+                         "over": self.declared.normalization_over}
         record = {"generation": plan.generation, "fingerprint": plan.fingerprint, "clips": len(facts),
                   "skipped": skipped, "silenced": silenced, "normalization": normalization,
                   "audio_vae": absolute_audio_spec(self.request.audio_vae), **files}

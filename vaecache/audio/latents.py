@@ -1,10 +1,8 @@
-"""Audio latents: what an audio VAE makes of a clip's mel, and how LTX-2 normalizes it.
+"""Audio latents: what an audio VAE makes of a clip's mel.
 
-A cache stores the posterior mean of `AutoencoderKLLTX2Audio.encode(mel)` (diffusers' `latent_dist.mode()`, the first
-half of the encoder's channels: what ltx-core's `AudioEncoder` takes before it normalizes). LTX-2 normalizes over the
-packed features, not per latent channel: (batch, C, T, F) -> (batch, T, C * F), then (x - mean) / std with the
-VAE's `latents_mean` / `latents_std` of C * F entries (ltx-core's `AudioEncoder._normalize_latents` through its
-`AudioPatchifier`, and diffusers' `LTX2Pipeline._pack_audio_latents` + `_normalize_audio_latents`), then back."""
+A cache stores the posterior mean of the VAE's `encode(mel)` (diffusers' `latent_dist.mode()`, the first half of the
+encoder's channels: what LTX-2's ltx-core `AudioEncoder` takes before it normalizes). How the latents are normalized
+is the declaring family's (`AudioVaeClass.normalization`, e.g. models/_ltx2_audio.py)."""
 
 from __future__ import annotations
 
@@ -19,22 +17,3 @@ def audio_posterior_mean(vae: Any, mel: torch.Tensor) -> torch.Tensor:
     with torch.inference_mode():
         return vae.encode(mel.to(device=parameter.device, dtype=parameter.dtype)).latent_dist.mode()
 
-
-def normalize_audio_latents(mean: torch.Tensor, latents_mean: torch.Tensor, latents_std: torch.Tensor) -> torch.Tensor:
-    """LTX-2's normalization of (batch, C, T, F) audio latents over the C * F packed features."""
-    batch, channels, frames, bins = mean.shape
-    if latents_mean.numel() != channels * bins or latents_std.numel() != channels * bins:
-        raise ValueError(f"LTX-2 normalizes audio latents over channels x mel bins = {channels} x {bins} features; "
-                         f"the VAE records {latents_mean.numel()} means and {latents_std.numel()} deviations")
-    packed = mean.transpose(1, 2).flatten(2, 3)
-    packed = (packed - latents_mean.to(packed)) / latents_std.to(packed)
-    return packed.unflatten(2, (channels, bins)).transpose(1, 2)
-
-
-def denormalize_audio_latents(latents: torch.Tensor, latents_mean: torch.Tensor,
-                              latents_std: torch.Tensor) -> torch.Tensor:
-    """The inverse of normalize_audio_latents (what LTX-2's decode path applies)."""
-    batch, channels, frames, bins = latents.shape
-    packed = latents.transpose(1, 2).flatten(2, 3)
-    packed = packed * latents_std.to(packed) + latents_mean.to(packed)
-    return packed.unflatten(2, (channels, bins)).transpose(1, 2)

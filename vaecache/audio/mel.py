@@ -68,11 +68,11 @@ class MelSpec:
 
     @classmethod
     def ltx2(cls, vae_config: dict[str, Any], n_fft: int = 1024) -> MelSpec:
-        """ltx-core's AudioProcessor for an `AutoencoderKLLTX2Audio` config (diffusers' keys; `n_fft` is the
-        checkpoint's `preprocessing.stft.filter_length`, 1024 in LTX-2's)."""
-        return cls(sample_rate=int(vae_config.get("sample_rate", 16000)), n_fft=n_fft,
-                   hop_length=int(vae_config.get("mel_hop_length", 160)),
-                   mel_bins=int(vae_config.get("mel_bins") or 64), channels=int(vae_config.get("in_channels", 2)))
+        """LTX-2's audio VAE's mel as its family declares it (models/ltx2.py `AUDIO_VAE.mel`), for the callers that
+        name that VAE."""
+        from vaecache.models.ltx2 import AUDIO_VAE
+
+        return cls(**AUDIO_VAE.mel(vae_config, n_fft))
 
 
 def fold_channels(samples: torch.Tensor, channels: int = 2) -> torch.Tensor:

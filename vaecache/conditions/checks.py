@@ -83,7 +83,10 @@ def _check_set(cache: Any, kind: str, entry: Any, records: list[dict[str, Any]],
     stored = SAFETENSORS_NAMES.get(fingerprint.get("stored_dtype", ""))
     view_shape = list((fingerprint.get("image_encoder") or {}).get("view_shape") or [])
 
-    first_frame_alone = fingerprint.get("pipeline") in ("hunyuanvideo-1.5", "wan-ti2v", "kandinsky5")
+    from vaecache.conditions.kinds import BY_NAME
+
+    pipeline = BY_NAME.get(str(fingerprint.get("pipeline")))
+    first_frame_alone = pipeline is not None and pipeline.first_frame_alone
 
     def expected(clip: str) -> list[int]:
         latent = shapes[clip]

@@ -59,11 +59,11 @@ class ConditionKind(SetKind):
         return [ConditionSet(store, manifest, kind, verify) for kind in condition_set_names(manifest)]
 
     def decode(self, stored: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
-        from vaecache.conditions.kinds import pipeline_condition, pipeline_masks
+        from vaecache.conditions.kinds import UNNAMED, pipeline_condition, pipeline_masks
 
         tensors: dict[str, Any] = {}
         for kind, fact in sorted(facts.items()):
-            stored_tensor, pipeline = stored[f"condition/{kind}"], fact.get("pipeline", "wan")
+            stored_tensor, pipeline = stored[f"condition/{kind}"], fact.get("pipeline", UNNAMED.name)
             tensors[f"condition/{kind}"] = pipeline_condition(
                 stored_tensor, kind, int(fact["frames"]), int(fact["temporal_factor"]), fact["latents_mean"],
                 fact["latents_std"], pipeline, float(fact.get("scaling_factor", 1.0)))

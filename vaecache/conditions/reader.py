@@ -10,7 +10,7 @@ import torch
 
 from vaecache.cache.layout import CONDITIONS_DIR, MANIFEST
 from vaecache.cache.sets import SetShards
-from vaecache.conditions.kinds import pipeline_condition, pipeline_masks
+from vaecache.conditions.kinds import UNNAMED, pipeline_condition, pipeline_masks
 from vaecache.errors import ManifestError
 
 
@@ -35,7 +35,7 @@ class ConditionSet:
         self.latents_mean = list(normalization.get("latents_mean") or [])
         self.latents_std = list(normalization.get("latents_std") or [])
         self.temporal_factor = int((fingerprint.get("frame_rule") or {}).get("temporal_factor") or 1)
-        self.pipeline_name = str(fingerprint.get("pipeline") or "wan")
+        self.pipeline_name = str(fingerprint.get("pipeline") or UNNAMED.name)
         self.scaling_factor = float(normalization.get("scaling_factor") or 1.0)
         table = (self.entry.get("tables") or {}).get("clips")
         file = table.get("file") if isinstance(table, dict) else None
@@ -89,7 +89,7 @@ class ConditionSet:
         return {"frames": int(self._frames_of[clip]), "temporal_factor": self.temporal_factor,
                 "latents_mean": self.latents_mean, "latents_std": self.latents_std,
                 **({"pipeline": self.pipeline_name, "scaling_factor": self.scaling_factor}
-                   if self.pipeline_name != "wan" else {})}
+                   if self.pipeline_name != UNNAMED.name else {})}
 
     def pipeline(self, clip: str) -> torch.Tensor:
         """The tensor the pipeline uses: for first-frame and first-last, (cameras, temporal_factor + C, latent frames,

@@ -101,12 +101,12 @@ def condition_fingerprint(manifest: dict[str, Any], kind: str, dtype: torch.dtyp
                           pipeline: str | None = "auto") -> dict[str, Any]:
     """What decides a set's bytes: the kind and reference, the cache's VAE (as recorded, with its encode
     settings), the frame rule, the stored dtype."""
-    from vaecache.conditions.kinds import WAN, condition_pipeline, pipeline_reference
+    from vaecache.conditions.kinds import UNNAMED, condition_pipeline, pipeline_reference
 
     vae = {k: v for k, v in (manifest.get("vae") or {}).items() if k not in ("spec", "encoder_variant")}
     settings = manifest.get("settings") or {}
     resolved = condition_pipeline(vae, pipeline)
-    if resolved != WAN:  # (Wan 2.1's sets keep the record they always had)
+    if resolved != UNNAMED.name:  # (the sets of the pipeline first reproduced keep the record they always had)
         return {"kind": kind, "reference": pipeline_reference(vae, pipeline)[0], "pipeline": resolved, "vae": vae,
                 "vae_settings": {k: settings.get(k) for k in ("dtype", "tiling", "views_per_forward", "decoder")},
                 "frame_rule": manifest.get("frame_rule"), "stored_dtype": str(dtype).removeprefix("torch."),

@@ -102,7 +102,7 @@ def ltx2_conditions(texts: Any, clip: str) -> dict[str, torch.Tensor]:
 def export_ltx2(cache_dir: Any, target: Path, audio_set: str = "auto", verify: str = "sha256",
                 storage_options: dict[str, Any] | None = None, text_set: str = "auto") -> ExportSummary:
     """Write the LTX-2 trainer's precomputed folder for the cache at `cache_dir` into the new folder `target`."""
-    from vaecache.audio.latents import normalize_audio_latents
+    from vaecache.models._ltx2_audio import normalize as normalize_audio_latents
     from vaecache.settings.clip import ClipSettings
     from vaecache.training import LatentCache
 

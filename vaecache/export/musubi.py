@@ -229,7 +229,7 @@ def musubi_image_latent(spec: MusubiArch, condition: torch.Tensor, num_frames: i
     tensor of the clip's latent frames, then a float32 mask channel, 1 on latent frame 0: (C + 1, F, H, W)."""
     import torch
 
-    from vaecache.conditions.kinds import condition_mask
+    from vaecache.models._wan_conditions import condition_mask
 
     if spec.short == "hv15":
         channels, _, height, width = condition.shape

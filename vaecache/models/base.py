@@ -4,6 +4,8 @@ functions: importable without torch (the CLI reads a family before torch loads).
 
 from __future__ import annotations
 
+import html
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -111,10 +113,29 @@ class ConditionPipeline:
     asked: bool = False
     """Only when named with --condition-pipeline (or the cache was encoded for its family): another pipeline shares
     the VAE class."""
+    arithmetic: Callable[[], Any] | None = None
+    """Imports its tensor arithmetic (torch), an object with `condition_video(frames, kind, clip)` (what is encoded
+    of each view's frames), `condition(mean, kind, num_frames, temporal_factor, normalization)` (the condition the
+    pipeline builds from the stored posterior mean; normalization: the VAE's recorded constants) and
+    `masks(mean, kind, num_frames, temporal_factor)` (the tensors it returns apart, by key)."""
+    needs: str = "latents_std"
+    """The normalization constant its arithmetic reads, which a cache's VAE record must hold: "latents_std"
+    (latents_mean too) or "scaling_factor"."""
+    selects: Callable[[Mapping[str, Any]], bool] | None = None
+    """(the VAE's config) -> whether a cache of this config conditions for it rather than for its class's other
+    pipeline (Wan 2.2 TI2V: a Wan VAE with patch_size); None: the class's pipeline otherwise."""
+    unnamed_record: bool = False
+    """Its sets record no pipeline name (they were made before it was recorded): a record without one is its."""
+    first_frame_alone: bool = False
+    """It encodes the first frame by itself: its sets store (cameras, C, 1, h, w), whatever the clip's length."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.kinds:
             raise ValueError(f"ConditionPipeline needs a name and its kinds, got {self.name!r}, {self.kinds!r}")
+        if self.arithmetic is None:
+            raise ValueError(f"ConditionPipeline {self.name}: its arithmetic is missing")
+        if self.needs not in ("latents_std", "scaling_factor"):
+            raise ValueError(f"ConditionPipeline {self.name}: needs latents_std or scaling_factor, got {self.needs!r}")
 
 
 @dataclass(frozen=True)
@@ -182,6 +203,147 @@ class ReferenceEncode:
         return {"name": self.name, **dict(self.params)}
 
 
+def wan_prompt_clean(text: str) -> str:
+    """diffusers' pipeline_wan.prompt_clean, with ftfy required (diffusers skips it where ftfy is missing)."""
+    import ftfy
+
+    text = html.unescape(html.unescape(ftfy.fix_text(text))).strip()
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def as_given(text: str) -> str:
+    return text
+
+
+CLEANINGS = {"wan": wan_prompt_clean, "strip": str.strip, "none": as_given}
+"""A prompt's cleaning by its recorded name: "wan" diffusers' prompt_clean (Wan, Kandinsky 5), "strip" leading and
+trailing whitespace only, "none" as given."""
+
+
+@dataclass(frozen=True)
+class TextFamily:
+    """How one pipeline (in one convention) embeds a prompt, recorded in a text set's fingerprint."""
+
+    name: str
+    length: int
+    """Tokens the encoder runs at (the pipeline's padded length)."""
+    cleaning: str
+    """A key of CLEANINGS."""
+    reference: str
+    masked: bool = True
+    """The attention mask goes into the encoder (else the ids alone)."""
+    full_length: bool = False
+    """Every row of the padded length is stored (the padding rows depend on the padding); else the prompt's rows."""
+    template: str | None = None
+    """The prompt goes into this template ({} marks it) before tokenizing (HunyuanVideo's LLM)."""
+    crop_start: int = 0
+    """Tokens the encoder runs at `crop_start + length`, and the first `crop_start` rows (the template's) are
+    dropped."""
+    layer: int | None = None
+    """The hidden state stored (an index into hidden_states), else the last hidden state."""
+    pooled_length: int = 0
+    """A second encoder's pooled output is stored too (HunyuanVideo's CLIP-L), at this many tokens; 0: none."""
+    padding: str = "right"
+    """Where the padding tokens go ("left": LTX-2's Gemma; the mask marks the last `tokens` rows)."""
+    features: str = ""
+    """"ltx2": the stored rows are LTX-2's feature extractor output of every hidden state (vaecache.text.ltx2), not
+    one hidden state."""
+    chat_system: str | None = None
+    """The prompt goes into the tokenizer's chat template after this system message (HunyuanVideo 1.5's Qwen2.5-VL:
+    `apply_chat_template` with the generation prompt) before tokenizing; `crop_start` rows are then dropped."""
+    glyph_length: int = 0
+    """A second encoder's rows of the prompt's quoted glyph text are stored too (HunyuanVideo 1.5's ByT5), at this many
+    tokens; 0: none."""
+    glyph_texts: Callable[[str], str | None] | None = None
+    """(prompt) -> the glyph text the second encoder embeds, or None where the prompt quotes none."""
+    glyph_order: str = "diffusers"
+    """How glyph_texts gathers the quoted texts, recorded: "diffusers" or "musubi"."""
+    one_prompt: Callable[[], Callable[[Any, str], tuple[Any, int, bool]]] | None = None
+    """Imports the family's embedding of one prompt by itself, unpadded, where its encoder would see a batch's
+    padding (Kandinsky 5): `(text encoder, prompt) -> (rows in the compute dtype, tokens, truncated)`; None: batches
+    of the engine's fixed shape."""
+    pooled_masked: bool = False
+    """The pooled encoder gets the attention mask too (Kandinsky 5's `text_encoder_2(**inputs)`)."""
+    crop_marker: str | None = None
+    """The template's rows are cropped up to and including these tokens, found in the template tokenized (musubi's
+    HunyuanVideo 1.5 `<|im_start|>user\n`); `crop_start` is then that count, set when the tokenizer is loaded."""
+    pooled_tokenization: str = "tokenizer"
+    """How the pooled encoder's prompt is tokenized: "tokenizer" (the folder's tokenizer as transformers loads it) or
+    "slow-clip" (vaecache.text.clip_slow: the slow CLIPTokenizer of musubi-tuner's pinned transformers 4.57)."""
+
+    def __post_init__(self) -> None:
+        if self.length < 1:
+            raise ValueError(f"text family {self.name}: length must be >= 1, got {self.length}")
+        if self.cleaning not in CLEANINGS:
+            raise ValueError(f"text family {self.name}: unknown cleaning {self.cleaning!r}")
+        if self.padding not in ("left", "right"):
+            raise ValueError(f"text family {self.name}: padding must be left or right, got {self.padding!r}")
+        if bool(self.glyph_length) != (self.glyph_texts is not None):
+            raise ValueError(f"text family {self.name}: a glyph length needs its glyph_texts, and only it")
+        if self.one_prompt is not None and self.template is None:
+            raise ValueError(f"text family {self.name}: one_prompt embeds a template filled with the prompt")
+
+    @property
+    def alone(self) -> bool:
+        """Each prompt runs by itself, unpadded (`one_prompt`)."""
+        return self.one_prompt is not None
+
+    def clean(self, text: str) -> str:
+        return CLEANINGS[self.cleaning](text)
+
+
+@dataclass(frozen=True)
+class TextEncoders:
+    """The prompt embeddings a family's pipelines make (`--text-encoder diffusers:PATH` of one of its pipelines)."""
+
+    pipelines: tuple[str, ...]
+    """The diffusers pipelines (model_index.json `_class_name`) whose embedding `pipeline` is."""
+    pipeline: TextFamily
+    """The pipelines' own embedding (`--text-convention pipeline`)."""
+    musubi: TextFamily | None = None
+    """musubi-tuner's, where its trainer embeds otherwise (`--text-convention musubi`); None: as the pipeline."""
+    musubi_label: str = ""
+    """The model, in the message that lists where musubi's convention applies."""
+    musubi_templates: Mapping[str, TextFamily] = field(default_factory=dict)
+    """musubi's embedding by --k5-template (its video template is `musubi`'s)."""
+    not_yet: Mapping[str, str] = field(default_factory=dict)
+    """The family's pipelines whose embedding is not reproduced yet, and what it is (named in the refusal)."""
+
+    def __post_init__(self) -> None:
+        if not self.pipelines:
+            raise ValueError(f"TextEncoders {self.pipeline.name}: no pipelines")
+        if (self.musubi is None) != (not self.musubi_label):
+            raise ValueError(f"TextEncoders {self.pipeline.name}: musubi's embedding and its label go together")
+        if self.musubi_templates and self.musubi is None:
+            raise ValueError(f"TextEncoders {self.pipeline.name}: musubi templates without musubi's embedding")
+
+
+@dataclass(frozen=True)
+class AudioVaeClass:
+    """An audio VAE whose latents a family's model trains on (`vaecache embed --audio-vae`), declared by that family;
+    vaecache.audio reads it."""
+
+    name: str
+    """diffusers' class name, as a config.json's `_class_name` gives it."""
+    mel: Callable[[Mapping[str, Any], int], dict[str, Any]]
+    """(its config, the STFT size) -> the log-mel its trainer feeds it, as vaecache.audio.mel.MelSpec's fields."""
+    normalization: Callable[[], Any]
+    """Imports its latents' normalization (torch): `normalize(mean, latents_mean, latents_std)` and `denormalize`."""
+    normalization_over: str
+    """What the normalization runs over, recorded in an audio set's normalization (`over`)."""
+    checkpoint_prefix: str = ""
+    """The key prefix of its tensors in its family's checkpoint file (`--audio-vae PATH.safetensors`); empty: read
+    from a diffusers folder only."""
+    checkpoint: str = ""
+    """What such a checkpoint file is, in words, for messages."""
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"AudioVaeClass name must be a diffusers class name, got {self.name!r}")
+        if bool(self.checkpoint_prefix) != bool(self.checkpoint):
+            raise ValueError(f"AudioVaeClass {self.name}: a checkpoint prefix and its file's description go together")
+
+
 @dataclass(frozen=True)
 class Family:
     """A model people train, as far as its VAE latents go: which class encodes them and how its trainers call it."""
@@ -208,6 +370,10 @@ class Family:
     musubi_arch: str | None = None
     """musubi-tuner's architecture (its short name, `export --format musubi --arch`) a cache for it exports as by
     default; None: musubi-tuner does not train it."""
+    text: TextEncoders | None = None
+    """Its pipelines' prompt embeddings that vaecache reproduces (vaecache.text); None: none."""
+    audio_vaes: tuple[AudioVaeClass, ...] = ()
+    """The audio VAEs whose latents its model trains on beside the video's (vaecache.audio)."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.vae_classes:
@@ -230,5 +396,6 @@ class Family:
         return None
 
 
-__all__ = ["CONFIGS", "FP16_POLICIES", "ConditionPipeline", "Family", "FastEncoder", "ReferenceEncode",
-           "SingleFileLayout", "VaeClass", "config_constants", "log2", "no_shipped_config", "scale_normalization"]
+__all__ = ["CLEANINGS", "CONFIGS", "FP16_POLICIES", "AudioVaeClass", "ConditionPipeline", "Family", "FastEncoder",
+           "ReferenceEncode", "SingleFileLayout", "TextEncoders", "TextFamily", "VaeClass", "as_given",
+           "config_constants", "log2", "no_shipped_config", "scale_normalization", "wan_prompt_clean"]

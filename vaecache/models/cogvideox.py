@@ -6,7 +6,16 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from vaecache.errors import VaeSpecError
-from vaecache.models.base import Family, ReferenceEncode, SingleFileLayout, VaeClass, log2, scale_normalization
+from vaecache.models.base import (
+    Family,
+    ReferenceEncode,
+    SingleFileLayout,
+    TextEncoders,
+    TextFamily,
+    VaeClass,
+    log2,
+    scale_normalization,
+)
 from vaecache.models.rules import FrameRule
 
 VAE_CLASS = "AutoencoderKLCogVideoX"
@@ -38,7 +47,15 @@ UNTILED = ReferenceEncode("untiled", "diffusers' encode with its tiling off",
                           ('diffusers 0.42.1 autoencoder_kl_cogvideox.py _encode (num_sample_frames_batch_size 8, '
                           'use_tiling False)'))
 
+TEXT = TextEncoders(
+    ("CogVideoXPipeline", "CogVideoXImageToVideoPipeline", "CogVideoXVideoToVideoPipeline",
+     "CogVideoXFunControlPipeline"),
+    TextFamily("cogvideox", 226, "none", "diffusers CogVideoXPipeline._get_t5_prompt_embeds, "
+               "max_sequence_length=226", masked=False, full_length=True))
+"""diffusers `pipelines/cogvideo/pipeline_cogvideox.py`, `CogVideoXPipeline._get_t5_prompt_embeds` (copied into its
+I2V, V2V and Fun pipelines): as LTX-Video's, at 226 tokens, every row stored."""
+
 FAMILY = Family("cogvideox", "CogVideoX", (VAE_CLASS,), UNTILED, default_for=(VAE_CLASS,), vaes=(VAE,),
-                single_files=(SAT_FILE,))
+                single_files=(SAT_FILE,), text=TEXT)
 
 __all__ = ["FAMILY", "UNTILED", "VAE", "VAE_CLASS", "frame_rule"]

@@ -11,10 +11,20 @@ diffusers' `_encode` with both kinds of tiling off."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Mapping
 
 from vaecache.errors import VaeSpecError
-from vaecache.models.base import Family, ReferenceEncode, SingleFileLayout, VaeClass, log2, scale_normalization
+from vaecache.models.base import (
+    Family,
+    ReferenceEncode,
+    SingleFileLayout,
+    TextEncoders,
+    TextFamily,
+    VaeClass,
+    log2,
+    scale_normalization,
+)
 from vaecache.models.rules import FrameRule
 
 VAE_CLASS = "AutoencoderKLHunyuanVideo"
@@ -63,8 +73,35 @@ CHECKPOINT_FILE = SingleFileLayout(
     refusal="a HunyuanVideo VAE checkpoint: diffusers has no single-file loader for it; convert it with diffusers' "
             "scripts/convert_hunyuan_video_to_diffusers.py and pass --vae diffusers:FOLDER")
 
+PROMPT_TEMPLATE = (
+    "<|start_header_id|>system<|end_header_id|>\n\nDescribe the video by detailing the following aspects: "
+    "1. The main content and theme of the video."
+    "2. The color, shape, size, texture, quantity, text, and spatial relationships of the objects."
+    "3. Actions, events, behaviors temporal relationships, physical movement changes of the objects."
+    "4. background environment, light, style and atmosphere."
+    "5. camera angles, movements, and transitions used in the video:<|eot_id|>"
+    "<|start_header_id|>user<|end_header_id|>\n\n{}<|eot_id|>"
+)
+"""diffusers' pipeline_hunyuan_video.DEFAULT_PROMPT_TEMPLATE (0.42.1: lines 70-81, crop_start 95), the template
+musubi-tuner calls "dit-llm-encode-video" (hunyuan_model/text_encoder.py)."""
+PIPELINE_TEXT = TextFamily("hunyuanvideo", 256, "none", "diffusers HunyuanVideoPipeline._get_llama_prompt_embeds "
+                           "(DEFAULT_PROMPT_TEMPLATE, crop_start 95, hidden_states[-3], max_sequence_length=256) and "
+                           "_get_clip_prompt_embeds (CLIP-L pooler_output, 77 tokens)", masked=True, full_length=True,
+                           template=PROMPT_TEMPLATE, crop_start=95, layer=-3, pooled_length=77)
+MUSUBI_TEXT = replace(
+    PIPELINE_TEXT, name="hunyuanvideo-musubi", pooled_tokenization="slow-clip",
+    reference="musubi-tuner 30c658c HunyuanVideo and FramePack text caching (hunyuan_model/text_encoder.py, "
+              "frame_pack/hunyuan.py encode_prompt_conds): the Llama rows as diffusers' HunyuanVideoPipeline computes "
+              "them, CLIP-L's pooled output of the prompt tokenized by transformers 4.57's slow CLIPTokenizer "
+              "(ftfy.fix_text first)")
+"""musubi-tuner's HunyuanVideo and FramePack text conditioning (`--text-convention musubi`): diffusers' but for CLIP's
+tokenization, which musubi's pinned transformers does with the slow class (vaecache.text.clip_slow)."""
+TEXT = TextEncoders(("HunyuanVideoPipeline",), PIPELINE_TEXT, MUSUBI_TEXT, "HunyuanVideo (and FramePack)",
+                    not_yet={"HunyuanVideoImageToVideoPipeline":
+                             "hunyuanvideo image-to-video (a LLaVA template with the image)"})
+
 FAMILY = Family("hunyuanvideo", "HunyuanVideo", (VAE_CLASS,), WHOLE, default_for=(VAE_CLASS,),
                 legacy_references=(DIFFUSERS_FRAMEWISE,), vaes=(VAE,), single_files=(CHECKPOINT_FILE,),
-                musubi_arch="hv")
+                musubi_arch="hv", text=TEXT)
 
 __all__ = ["DIFFUSERS_FRAMEWISE", "FAMILY", "VAE", "VAE_CLASS", "WHOLE", "encode_whole", "frame_rule"]

@@ -21,11 +21,12 @@ again. docs/vaes.md says which to give it."""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import replace
 from math import ceil, sqrt
 from typing import Any
 
-from vaecache.models.base import ConditionPipeline, Family, ReferenceEncode
+from vaecache.models.base import ConditionPipeline, Family, ReferenceEncode, TextEncoders, TextFamily
 from vaecache.models.hunyuanvideo import VAE_CLASS
 from vaecache.models.rules import FrameRule
 
@@ -185,11 +186,72 @@ TILES = ReferenceEncode(
 
 I2V = ConditionPipeline("kandinsky5", "diffusers Kandinsky5I2VPipeline.prepare_latents's image latent "
                         "(pipelines/kandinsky5/pipeline_kandinsky_i2v.py), its posterior mean", ("first-frame",),
-                        asked=True)
+                        asked=True, needs="scaling_factor", first_frame_alone=True,
+                        arithmetic=lambda: importlib.import_module("vaecache.models._kandinsky5_conditions"))
 """Asked by name: HunyuanVideo's VAE serves other image-to-video pipelines too."""
 
+PROMPT_TEMPLATE = "\n".join([
+    "<|im_start|>system\nYou are a prompt engineer. Describe the video in detail.",
+    "Describe how the camera moves or shakes, describe the zoom and view angle, whether it follows the objects.",
+    "Describe the location of the video, main characters or objects and their action.",
+    "Describe the dynamism of the video and presented actions.",
+    "Name the visual style of the video: whether it is a professional footage, user generated content, some kind of "
+    "animation, video game or scren content.",
+    "Describe the visual effects, postprocessing and transitions if they are presented in the video.",
+    "Pay attention to the order of key actions shown in the scene.<|im_end|>",
+    "<|im_start|>user\n{}<|im_end|>",
+])
+"""diffusers' Kandinsky5T2VPipeline.prompt_template (0.42.1, `pipeline_kandinsky.py`: its `__init__`; the I2V
+pipeline's is the same)."""
+
+
+def one_prompt_encode() -> Any:
+    from vaecache.models._kandinsky5_text import encode_one_prompt
+
+    return encode_one_prompt
+
+
+PIPELINE_TEXT = TextFamily("kandinsky5", 512, "wan", "diffusers Kandinsky5T2VPipeline.encode_prompt: prompt_clean, "
+                           "_encode_prompt_qwen (prompt_template, its text truncation at 512 tokens, no attention "
+                           "mask, hidden_states[-1], the first 128 rows cropped; one prompt alone) and "
+                           "_encode_prompt_clip (CLIP pooler_output at 77 tokens)", masked=False,
+                           template=PROMPT_TEMPLATE, crop_start=128, layer=-1, pooled_length=77,
+                           one_prompt=one_prompt_encode, pooled_masked=True)
+"""Kandinsky 5 (T2V, I2V): Qwen2.5-VL's rows of the prompt alone (every row is the prompt's: no padding), its length
+the pipeline's cu_seqlens, and CLIP-L's pooled output."""
+MUSUBI_TEMPLATE = "\n".join([
+    "<|im_start|>system\nYou are a promt engineer. Describe the video in detail.",
+    *PROMPT_TEMPLATE.split("\n")[2:]])
+"""musubi-tuner's Qwen2_5_VLTextEmbedder.PROMPT_TEMPLATE["template"]["video"] (kandinsky5/models/text_embedders.py,
+commit 30c658c: the Kandinsky 5 authors' own, "promt" as they spell it)."""
+MUSUBI_TEXT = TextFamily("kandinsky5-musubi", 512, "none", "musubi-tuner kandinsky5_cache_text_encoder_outputs"
+                         ".py encode_and_save_batch (30c658c): Qwen2_5_VLTextEmbedder (its video template, "
+                         "crop 129, padded to 512 + 129 without an attention mask, hidden_states[-1], rows "
+                         "trimmed to the mask) and ClipTextEmbedder (pooler_output at 77 tokens)", masked=False,
+                         template=MUSUBI_TEMPLATE, crop_start=129, layer=-1, pooled_length=77,
+                         pooled_masked=True, pooled_tokenization="slow-clip")
+"""musubi-tuner's Kandinsky 5 text conditioning (`--text-convention musubi`), what its k5 text caches hold: the
+authors' template and crop, the prompt as given, CLIP tokenized by musubi's pinned transformers (the slow class)."""
+MUSUBI_IMAGE_TEMPLATE = "\n".join([
+    "<|im_start|>system\nYou are a promt engineer. Describe the image by detailing the color, shape, size, texture, "
+    "quantity, text, spatial relationships of the objects and background:<|im_end|>",
+    "<|im_start|>user\n{}<|im_end|>"])
+"""musubi-tuner's Qwen2_5_VLTextEmbedder.PROMPT_TEMPLATE["template"]["image"] (kandinsky5/models/text_embedders.py,
+commit 30c658c), crop 41: what `kandinsky5_cache_text_encoder_outputs.py` embeds a batch with when no item in it has a
+frame count above 1 (:44-45), which is every batch its caching builds (`image_video_dataset.py:231`)."""
+MUSUBI_IMAGE_TEXT = replace(
+    MUSUBI_TEXT, template=MUSUBI_IMAGE_TEMPLATE, crop_start=41,
+    reference="musubi-tuner kandinsky5_cache_text_encoder_outputs.py encode_and_save_batch (30c658c) as its caching "
+              "runs it: Qwen2_5_VLTextEmbedder with its image template (crop 41, padded to 512 + 41 without an "
+              "attention mask, hidden_states[-1], rows trimmed to the mask) and ClipTextEmbedder (pooler_output at 77 "
+              "tokens)")
+TEXT = TextEncoders(("Kandinsky5T2VPipeline", "Kandinsky5I2VPipeline"), PIPELINE_TEXT, MUSUBI_TEXT, "Kandinsky 5",
+                    musubi_templates={"video": MUSUBI_TEXT, "image": MUSUBI_IMAGE_TEXT})
+"""--k5-template: the template musubi's convention embeds with (video: its sampling's; image: its caching script's,
+see MUSUBI_IMAGE_TEXT)."""
+
 FAMILY = Family("kandinsky5", "Kandinsky 5", (VAE_CLASS,), TILES, frame_rule=whole_clip_rule,
-                musubi_arch="k5", conditions=(I2V,))
+                musubi_arch="k5", conditions=(I2V,), text=TEXT)
 
 __all__ = ["FAMILY", "MEMORY_FREE_FOR_SAME_TILES", "TILES", "encode_tiled", "space_tiles", "uncovered_size",
            "whole_clip_rule"]

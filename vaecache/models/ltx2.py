@@ -3,6 +3,7 @@ trainer (ltx-trainer process_videos.py) encodes."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Mapping
 
 from vaecache.errors import VaeSpecError
@@ -13,7 +14,15 @@ from vaecache.models._ltx2_file import (
     is_ltx2_checkpoint,
     video_config_name,
 )
-from vaecache.models.base import Family, ReferenceEncode, SingleFileLayout, VaeClass
+from vaecache.models.base import (
+    AudioVaeClass,
+    Family,
+    ReferenceEncode,
+    SingleFileLayout,
+    TextEncoders,
+    TextFamily,
+    VaeClass,
+)
 from vaecache.models.ltx_video import buffer_normalization
 from vaecache.models.rules import FrameRule
 
@@ -60,7 +69,34 @@ SINGLE_FILES = (
                              "--vae"),
 )
 
+TEXT = TextEncoders(
+    ("LTX2Pipeline", "LTX2ImageToVideoPipeline", "LTX2ConditionPipeline"),
+    TextFamily("ltx2", 1024, "strip", "LTX-2's trainer (Lightricks/LTX-2 400fd31, ltx-trainer "
+               "scripts/process_captions.py): ltx-core's LTXGemmaTokenizer (strip, <bos> first, left padding to "
+               "1024), every Gemma hidden state, the checkpoint's feature extractor (V1 or V2) before the "
+               "connectors; diffusers LTX2Pipeline._get_gemma_prompt_embeds then LTX2TextConnectors' "
+               "normalization and text_proj_in", masked=True, full_length=True, padding="left", features="ltx2"))
+"""LTX-2 (diffusers' LTX2Pipeline folder: text_encoder/ a Gemma 3, tokenizer/, connectors/ the feature extractor's
+weights); vaecache.text.ltx2 holds its arithmetic."""
+
+
+def audio_mel(config: Mapping[str, Any], n_fft: int) -> dict[str, Any]:
+    """ltx-core's AudioProcessor for an `AutoencoderKLLTX2Audio` config (diffusers' keys; `n_fft` is the checkpoint's
+    `preprocessing.stft.filter_length`, 1024 in LTX-2's)."""
+    return {"sample_rate": int(config.get("sample_rate", 16000)), "n_fft": n_fft,
+            "hop_length": int(config.get("mel_hop_length", 160)), "mel_bins": int(config.get("mel_bins") or 64),
+            "channels": int(config.get("in_channels", 2))}
+
+
+AUDIO_VAE = AudioVaeClass("AutoencoderKLLTX2Audio", audio_mel,
+                          lambda: importlib.import_module("vaecache.models._ltx2_audio"),
+                          "channels x mel bins, packed (LTX-2: vaecache.audio.latents.normalize_audio_latents)",
+                          checkpoint_prefix=AUDIO_PREFIX, checkpoint="an LTX-2 checkpoint")
+"""LTX-2's audio VAE: the log-mel of ltx-core's AudioProcessor (vaecache.audio.mel), its latents normalized over the
+packed channels x mel bins (models/_ltx2_audio.py); read from a diffusers folder or the release file's audio_vae.*
+tensors (vaecache.audio.release_file)."""
+
 FAMILY = Family("ltx-2", "LTX-2", (VAE_CLASS,), UNTILED, default_for=(VAE_CLASS,), vaes=(VAE,),
-                single_files=SINGLE_FILES)
+                single_files=SINGLE_FILES, text=TEXT, audio_vaes=(AUDIO_VAE,))
 
 __all__ = ["FAMILY", "SINGLE_FILES", "UNTILED", "VAE", "VAE_CLASS", "frame_rule"]

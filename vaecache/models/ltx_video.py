@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from vaecache.errors import VaeSpecError
 from vaecache.models._ltx2_file import is_ltx2_checkpoint
-from vaecache.models.base import Family, ReferenceEncode, SingleFileLayout, VaeClass
+from vaecache.models.base import Family, ReferenceEncode, SingleFileLayout, TextEncoders, TextFamily, VaeClass
 from vaecache.models.rules import FrameRule
 
 VAE_CLASS = "AutoencoderKLLTXVideo"
@@ -86,8 +86,18 @@ SINGLE_FILES = (
     # LTX-2's video VAE alone, at a size no release has, keeps LTX-Video's key layout: --vae-config's class says which
 )
 
+TEXT = TextEncoders(
+    ("LTXPipeline", "LTXImageToVideoPipeline"),
+    TextFamily("ltx-video", 128, "none", "diffusers LTXPipeline._get_t5_prompt_embeds, max_sequence_length=128",
+               masked=False, full_length=True),
+    not_yet={"LTXConditionPipeline": "ltx-video (its own prompt embedding)"})
+"""diffusers `pipelines/ltx/pipeline_ltx.py`, `LTXPipeline._get_t5_prompt_embeds` (shared by the image-to-video
+pipeline): the prompt as given (no cleaning) to 128 tokens with padding and truncation, T5 on the ids alone without
+the attention mask: every row, the padding's too, depends on the padding, so the full length is stored (LTX also
+returns the mask; vaecache stores the token count and rebuilds it)."""
+
 FAMILY = Family("ltx-video", "LTX-Video", (VAE_CLASS,), UNTILED, default_for=(VAE_CLASS,), vaes=(VAE,),
-                single_files=SINGLE_FILES)
+                single_files=SINGLE_FILES, text=TEXT)
 
 __all__ = ["FAMILY", "SINGLE_FILES", "UNTILED", "VAE", "VAE_CLASS", "buffer_normalization", "frame_rule",
            "release_config"]

@@ -16,6 +16,8 @@ from vaecache.models.base import (
     FastEncoder,
     ReferenceEncode,
     SingleFileLayout,
+    TextEncoders,
+    TextFamily,
     VaeClass,
     config_constants,
 )
@@ -140,12 +142,35 @@ UNTILED = ReferenceEncode("untiled", "diffusers' encode with its tiling off",
                           "musubi-tuner 30c658c wan_cache_latents.py and wan/modules/vae.py (WanVAE.encode, no "
                           "tiling); diffusers 0.42.1 autoencoder_kl_wan.py _encode")
 
+
+
+def condition_arithmetic() -> ModuleType:
+    return importlib.import_module("vaecache.models._wan_conditions")
+
+
 I2V = ConditionPipeline("wan", "diffusers WanImageToVideoPipeline.prepare_latents (pipelines/wan/pipeline_wan_i2v.py)",
-                        ("first-frame", "first-last"))
-"""Wan 2.1 I2V, Wan 2.2 I2V A14B and FLF2V (a VAE with patch_size is Wan 2.2 TI2V's: vaecache.conditions.kinds)."""
+                        ("first-frame", "first-last"), arithmetic=lambda: condition_arithmetic().I2V,
+                        unnamed_record=True)
+"""Wan 2.1 I2V, Wan 2.2 I2V A14B and FLF2V."""
+TI2V = ConditionPipeline("wan-ti2v", "diffusers WanImageToVideoPipeline.prepare_latents with expand_timesteps "
+                         "(pipelines/wan/pipeline_wan_i2v.py, Wan 2.2 TI2V)", ("first-frame",),
+                         arithmetic=lambda: condition_arithmetic().TI2V,
+                         selects=lambda config: bool(config.get("patch_size")), first_frame_alone=True)
+"""Wan 2.2 TI2V-5B (its VAE has patch_size): the first frame alone, its mask apart."""
+
+TEXT = TextEncoders(
+    ("WanPipeline", "WanImageToVideoPipeline", "WanVideoToVideoPipeline", "WanVACEPipeline"),
+    TextFamily("wan", 512, "wan", "diffusers WanPipeline._get_t5_prompt_embeds, max_sequence_length=512"))
+"""diffusers `pipelines/wan/pipeline_wan.py` (0.42): `WanPipeline._get_t5_prompt_embeds` cleans each prompt with
+`prompt_clean` (ftfy's `fix_text` where ftfy is installed, `html.unescape` twice, strip, runs of whitespace to one
+space), tokenizes to `max_sequence_length` with padding and truncation, runs the UMT5 encoder with the attention
+mask, and keeps each prompt's first `mask.sum()` rows followed by zero rows; `__call__` passes 512 (its
+`encode_prompt` default is 226). The I2V, V2V and VACE pipelines share that function. vaecache stores the unpadded
+rows (the zero rows are zeros by construction) and pads again on read."""
 
 FAMILY = Family("wan", "Wan", (VAE_CLASS,), UNTILED, default_for=(VAE_CLASS,), vaes=(VAE,),
-                single_files=SINGLE_FILES, conditions=(I2V,), musubi_arch="wan")
+                single_files=SINGLE_FILES, conditions=(TI2V, I2V), musubi_arch="wan", text=TEXT)
 
-__all__ = ["FAMILY", "FAST", "SINGLE_FILES", "UNTILED", "VAE", "VAE_CLASS", "convert_wan22_vae", "fast_encoder_module",
-           "frame_rule", "is_wan22_layout", "normalization", "wan22_key"]
+__all__ = ["FAMILY", "FAST", "I2V", "SINGLE_FILES", "TEXT", "TI2V", "UNTILED", "VAE", "VAE_CLASS",
+           "condition_arithmetic", "convert_wan22_vae", "fast_encoder_module", "frame_rule", "is_wan22_layout",
+           "normalization", "wan22_key"]

@@ -204,7 +204,8 @@ def _check_links(cache: Any, name: str, entry: dict[str, Any], key_of: dict[str,
     import functools
 
     from vaecache.errors import DatasetError
-    from vaecache.text.families import CLEANINGS, installed_version
+    from vaecache.models.base import CLEANINGS
+    from vaecache.text.families import installed_version
     from vaecache.text.sets import prompt_key, read_captions_file, record_caption
 
     for key, text in sorted(texts.items()):

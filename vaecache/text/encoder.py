@@ -142,9 +142,9 @@ class TextEncoder:
     @torch.no_grad()
     def embed(self, prompts: list[str]) -> list[TextEmbedding]:
         """The rows of each (already cleaned) prompt, computed in batches of `batch` prompts (each prompt alone where
-        the family runs it so: Kandinsky 5)."""
+        the family embeds it so)."""
         found: list[TextEmbedding] = []
-        if self.family.alone:  # each prompt by itself (Kandinsky 5): no batch, no padding
+        if self.family.alone:
             return [self._alone(prompt) for prompt in prompts]
         for start in range(0, len(prompts), self.batch):
             chunk = prompts[start:start + self.batch]
@@ -152,25 +152,10 @@ class TextEncoder:
         return found
 
     def _alone(self, prompt: str) -> TextEmbedding:
-        """One prompt by itself, as Kandinsky5T2VPipeline._encode_prompt_qwen runs a batch of one: the template
-        filled, its text cut where its tokens pass crop + length (the tokens past length - 2 of the prompt's,
-        decoded, removed from the text's end), tokenized to at most crop + length, run without an attention mask,
-        hidden_states[layer] from crop on (every row the prompt's: nothing is padded)."""
-        family = self.family
-        crop, allowed = family.crop_start, family.crop_start + family.length
-        text = family.template.format(prompt)
-        ids = self.tokenizer([text], return_tensors="pt", padding="longest")["input_ids"]
-        truncated = ids.shape[-1] > allowed
-        if truncated:
-            removed = self.tokenizer.decode(ids[0][crop:-2][family.length - 2:])
-            if len(removed) > 0:
-                text = text[:-len(removed)]
-        inputs = self.tokenizer([text], max_length=allowed, truncation=True, return_tensors="pt", padding=True)
-        hidden = self.model(input_ids=inputs.input_ids.to(self.device), output_hidden_states=True).hidden_states
-        rows = hidden[self.layer][0, crop:].to(self.compute_dtype)
-        count = int(inputs.attention_mask[0, crop:].sum())
+        """One prompt by itself, by the family's own encode of it, with its pooled output."""
+        rows, count, truncated = self.family.one_prompt()(self, prompt)
         pooled = self._pooled_batch([prompt])[0]
-        return TextEmbedding(rows[:count].to(self.dtype).cpu().clone(), count, truncated, *pooled)
+        return TextEmbedding(rows.to(self.dtype).cpu().clone(), count, truncated, *pooled)
 
     def _embed_batch(self, prompts: list[str]) -> list[TextEmbedding]:
         if self.projection is not None:
@@ -216,10 +201,8 @@ class TextEncoder:
     def _glyph_rows(self, prompt: str) -> tuple[torch.Tensor, int, bool]:
         """The glyph encoder's rows of the prompt's quoted text (diffusers' _get_byt5_prompt_embeds, one prompt at
         a time as it runs them), trimmed to its mask, its token count and truncation; no rows where it quotes none."""
-        from vaecache.text.families import extract_glyph_texts, musubi_glyph_texts
-
         length = self.family.glyph_length
-        glyph_text = (musubi_glyph_texts if self.family.glyph_order == "musubi" else extract_glyph_texts)(prompt)
+        glyph_text = self.family.glyph_texts(prompt)
         if glyph_text is None:
             return torch.zeros((0, self.glyph_hidden_size), dtype=self.dtype), 0, False
         inputs = self.glyph_tokenizer(glyph_text, padding="max_length", max_length=length, truncation=True,

@@ -94,12 +94,12 @@ class EmbedRequest:
 
     def __post_init__(self) -> None:
         from vaecache.settings.dtypes import check_dtype_name
-        from vaecache.text.families import K5_TEMPLATES, TEXT_CONVENTIONS, check_text_spec
+        from vaecache.text.families import TEXT_CONVENTIONS, check_text_spec, musubi_templates
 
         if self.convention not in TEXT_CONVENTIONS:
             raise UsageError(f"--text-convention must be one of {', '.join(TEXT_CONVENTIONS)}, got {self.convention!r}")
-        if self.k5_template is not None and self.k5_template not in K5_TEMPLATES:
-            raise UsageError(f"--k5-template must be one of {', '.join(K5_TEMPLATES)}, got {self.k5_template!r}")
+        if self.k5_template is not None and self.k5_template not in musubi_templates():
+            raise UsageError(f"--k5-template must be one of {', '.join(musubi_templates())}, got {self.k5_template!r}")
 
         check_text_spec(self.text_encoder)
         check_set_name(self.set_name)
@@ -437,7 +437,8 @@ def own_prompt_key(entry: dict[str, Any], clips: Any) -> Callable[[dict[str, Any
     """record -> the key of the clip's own caption cleaned as the set recorded (read from its metadata, or for a
     --captions set from the caption its clip table keeps; None where it keeps none), or None where this vaecache
     cannot repeat the set's cleaning (an unknown one, another ftfy)."""
-    from vaecache.text.families import CLEANINGS, installed_version
+    from vaecache.models.base import CLEANINGS
+    from vaecache.text.families import installed_version
 
     fingerprint = entry.get("fingerprint") or {}
     cleaning, source = fingerprint.get("cleaning"), entry.get("captions") or {}
