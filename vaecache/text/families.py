@@ -15,14 +15,13 @@ TEXT_CONVENTIONS = ("pipeline", "musubi")
 
 
 def declared_text() -> list[TextEncoders]:
-    """The families' text declarations, in the order their refusals list them."""
-    declared = [family.text for family in registry().families.values() if family.text is not None]
-    return declared[::-1]  # the built-in modules sort by name; the lists have named Wan's pipelines first
+    """The families' text declarations, in the registry's order (the order their refusals list them)."""
+    return [family.text for family in registry().families.values() if family.text is not None]
 
 
 def musubi_templates() -> tuple[str, ...]:
     """--k5-template: the templates musubi's convention can embed with where a family has several."""
-    return tuple(dict.fromkeys(name for text in declared_text()[::-1] for name in text.musubi_templates))
+    return tuple(dict.fromkeys(name for text in declared_text() for name in text.musubi_templates))
 
 
 def family_for_pipeline(class_name: str, where: str, convention: str = "pipeline",
@@ -41,7 +40,7 @@ def family_for_pipeline(class_name: str, where: str, convention: str = "pipeline
     if convention != "musubi":
         raise ValueError(f"--text-convention must be one of {', '.join(TEXT_CONVENTIONS)}, got {convention!r}")
     if text.musubi is None:
-        labels = [other.musubi_label for other in declared_text()[::-1] if other.musubi is not None]
+        labels = [other.musubi_label for other in declared_text() if other.musubi is not None]
         raise ValueError(f"{where}: --text-convention musubi applies to {', '.join(labels[:-1])} and {labels[-1]} "
                          "(musubi-tuner embeds the other architectures' prompts as the pipelines do), "
                          f"not {class_name}")
